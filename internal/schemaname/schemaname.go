@@ -1,0 +1,68 @@
+// Package schemaname validates the configurable schema name and derives the
+// names built from it: the quoted identifier used in SQL, the NOTIFY channel
+// and the advisory-lock keys.
+package schemaname
+
+import (
+	"strings"
+	"unicode/utf8"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/internal/lockkey"
+)
+
+// Default is the schema used when a config leaves the name empty.
+const Default = "annals"
+
+// MaxLen is the longest schema name accepted, in bytes. PostgreSQL truncates
+// identifiers at 63 bytes and the NOTIFY channel appends "_events" to the name.
+const MaxLen = 56
+
+// ErrInvalid is returned for a schema name that cannot be used.
+var ErrInvalid = errors.New("invalid schema name")
+
+// Or returns name, or Default when name is empty.
+func Or(name string) string {
+	if name == "" {
+		return Default
+	}
+	return name
+}
+
+// Validate checks that name can be used as the annals schema. Any character
+// that PostgreSQL accepts in a quoted identifier is allowed except NUL and '$'
+// (function bodies are dollar-quoted).
+func Validate(name string) error {
+	switch {
+	case name == "":
+		return errors.Wrap(ErrInvalid, "schema name is empty")
+	case len(name) > MaxLen:
+		return errors.Wrapf(ErrInvalid, "schema name %q is %d bytes; at most %d are allowed", name, len(name), MaxLen)
+	case !utf8.ValidString(name):
+		return errors.Wrapf(ErrInvalid, "schema name %q is not valid UTF-8", name)
+	case strings.ContainsRune(name, 0):
+		return errors.Wrap(ErrInvalid, "schema name contains a NUL byte")
+	case strings.ContainsRune(name, '$'):
+		return errors.Wrapf(ErrInvalid, "schema name %q contains '$', which annals does not allow", name)
+	}
+	return nil
+}
+
+// Ident returns name quoted as a SQL identifier, e.g. "annals" or "My ""Schema""".
+func Ident(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+// Literal returns s quoted as a SQL string literal.
+func Literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// Channel returns the NOTIFY channel on which appends to the schema announce
+// the new head position: the schema name followed by "_events".
+func Channel(name string) string { return name + "_events" }
+
+// AppendLockKey returns the transaction-scoped advisory-lock key that
+// serializes the numbering of appends in the schema.
+func AppendLockKey(name string) (int32, int32) { return lockkey.Pair(name + ":append") }
+
+// MigrateLockKey returns the session advisory-lock key held while migrating the schema.
+func MigrateLockKey(name string) (int32, int32) { return lockkey.Pair(name + ":migrate") }

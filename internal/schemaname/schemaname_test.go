@@ -1,0 +1,35 @@
+package schemaname
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/errors"
+)
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{"annals", "My Schema", `we"ird`, "ünï-cøde", strings.Repeat("a", MaxLen)} {
+		if err := Validate(ok); err != nil {
+			t.Errorf("Validate(%q) = %v, want nil", ok, err)
+		}
+	}
+	for _, bad := range []string{"", strings.Repeat("a", MaxLen+1), "a$b", "a\x00b", "\xff"} {
+		if err := Validate(bad); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Validate(%q) = %v, want ErrInvalid", bad, err)
+		}
+	}
+}
+
+func TestIdentAndLiteral(t *testing.T) {
+	t.Parallel()
+	if got := Ident(`a"b`); got != `"a""b"` {
+		t.Errorf("Ident = %s", got)
+	}
+	if got := Literal(`it's`); got != `'it''s'` {
+		t.Errorf("Literal = %s", got)
+	}
+	if Channel("annals") != "annals_events" {
+		t.Errorf("Channel = %s", Channel("annals"))
+	}
+}

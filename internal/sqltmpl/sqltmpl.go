@@ -1,0 +1,111 @@
+// Package sqltmpl renders the embedded .sql files: it substitutes the schema
+// (and other values) into text/template placeholders and splits a file into
+// named statements.
+//
+// A file holds one or more statements, each introduced by a line
+//
+//	-- name: InsertThing
+//
+// Placeholders use text/template syntax; the data always has the fields
+// Schema (quoted identifier), SchemaLiteral (quoted string literal),
+// Channel (quoted string literal), AppendLockK1 and AppendLockK2.
+package sqltmpl
+
+import (
+	"bufio"
+	"bytes"
+	"strings"
+	"text/template"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/annals-dev/annals/internal/schemaname"
+)
+
+// Data is what a template sees.
+type Data struct {
+	Schema        string
+	SchemaLiteral string
+	Channel       string
+	AppendLockK1  int32
+	AppendLockK2  int32
+}
+
+// NewData returns the template data for a (validated) schema name.
+func NewData(schema string) Data {
+	k1, k2 := schemaname.AppendLockKey(schema)
+	return Data{
+		Schema:        schemaname.Ident(schema),
+		SchemaLiteral: schemaname.Literal(schema),
+		Channel:       schemaname.Literal(schemaname.Channel(schema)),
+		AppendLockK1:  k1,
+		AppendLockK2:  k2,
+	}
+}
+
+// Render executes src as a template with data.
+func Render(name, src string, data Data) (string, error) {
+	t, err := template.New(name).Option("missingkey=error").Parse(src)
+	if err != nil {
+		return "", errors.Wrapf(err, "parse SQL template %s", name)
+	}
+	var buf bytes.Buffer
+	if err := t.Execute(&buf, data); err != nil {
+		return "", errors.Wrapf(err, "render SQL template %s", name)
+	}
+	return buf.String(), nil
+}
+
+// Named renders src and splits it into statements keyed by their "-- name:" line.
+func Named(file, src string, data Data) (map[string]string, error) {
+	out, err := Render(file, src, data)
+	if err != nil {
+		return nil, err
+	}
+	queries := map[string]string{}
+	var name string
+	var body strings.Builder
+	flush := func() error {
+		if name == "" {
+			if !onlyComments(body.String()) {
+				return errors.Newf("%s: SQL before the first -- name: line", file)
+			}
+			return nil
+		}
+		if _, dup := queries[name]; dup {
+			return errors.Newf("%s: query %s defined twice", file, name)
+		}
+		queries[name] = strings.TrimSpace(body.String())
+		return nil
+	}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "-- name:"); ok {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+			name = strings.TrimSpace(rest)
+			body.Reset()
+			continue
+		}
+		body.WriteString(line)
+		body.WriteByte('\n')
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	return queries, nil
+}
+
+// onlyComments reports whether sql holds nothing but blank lines and -- comments.
+func onlyComments(sql string) bool {
+	for _, line := range strings.Split(sql, "\n") {
+		line = strings.TrimSpace(line)
+		if line != "" && !strings.HasPrefix(line, "--") {
+			return false
+		}
+	}
+	return true
+}
