@@ -1,0 +1,270 @@
+package migrations
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io"
+	"log/slog"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/sqltmpl"
+)
+
+//go:embed sql/*.sql
+var files embed.FS
+
+//go:embed bookkeeping.sql
+var bookkeepingSQL string
+
+func bookkeeping(schema string) (map[string]string, error) {
+	return sqltmpl.Named("bookkeeping.sql", bookkeepingSQL, sqltmpl.NewData(schema))
+}
+
+// Config configures Up, Status and Script. A nil *Config means defaults.
+type Config struct {
+	// Schema is the PostgreSQL schema that holds the annals tables.
+	// Defaults to "annals".
+	Schema string
+	// Logger receives one line per applied migration.
+	// Defaults to a logger that discards everything.
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	out.Schema = schemaname.Or(out.Schema)
+	if err := schemaname.Validate(out.Schema); err != nil {
+		return out, err
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return out, nil
+}
+
+// Migration is one versioned step of the schema, rendered for a schema name.
+type Migration struct {
+	// Version orders the migrations; it starts at 1 and has no gaps.
+	Version int
+	// Name is the file name without its version and extension, e.g. "events".
+	Name string
+	// SQL is the statement text with the schema name filled in.
+	SQL string
+}
+
+// State is a migration and whether the database has it.
+type State struct {
+	Migration
+	// Applied reports whether the migration is recorded in schema_migrations.
+	Applied bool
+	// AppliedAt is when it was applied; zero when it is pending.
+	AppliedAt time.Time
+}
+
+// All returns every migration this version of annals knows, rendered for the
+// configured schema, in version order.
+func All(cfg *Config) ([]Migration, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return render(c.Schema)
+}
+
+func render(schema string) ([]Migration, error) {
+	entries, err := files.ReadDir("sql")
+	if err != nil {
+		return nil, errors.Wrap(err, "read embedded migrations")
+	}
+	data := sqltmpl.NewData(schema)
+	var out []Migration
+	for _, e := range entries {
+		base := strings.TrimSuffix(e.Name(), ".sql")
+		num, name, ok := strings.Cut(base, "_")
+		version, err := strconv.Atoi(num)
+		if !ok || err != nil || version <= 0 {
+			return nil, errors.Newf("embedded migration %s is not named NNNN_name.sql", e.Name())
+		}
+		src, err := files.ReadFile(path.Join("sql", e.Name()))
+		if err != nil {
+			return nil, errors.Wrapf(err, "read embedded migration %s", e.Name())
+		}
+		sql, err := sqltmpl.Render(e.Name(), string(src), data)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Migration{Version: version, Name: name, SQL: sql})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	for i, m := range out {
+		if m.Version != i+1 {
+			return nil, errors.Newf("embedded migrations are not numbered 1..n: found version %d at position %d", m.Version, i+1)
+		}
+	}
+	return out, nil
+}
+
+// Script returns the whole schema as one SQL script, for teams that apply
+// migrations with their own tool. It creates the schema if needed and does not
+// touch schema_migrations; each migration is introduced by a comment.
+func Script(cfg *Config) (string, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return "", err
+	}
+	ms, err := render(c.Schema)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- annals schema for %s: %d migration(s).\n", schemaname.Ident(c.Schema), len(ms))
+	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", schemaname.Ident(c.Schema))
+	for _, m := range ms {
+		fmt.Fprintf(&b, "\n-- annals migration %04d: %s\n%s\n", m.Version, m.Name, strings.TrimSpace(m.SQL))
+	}
+	return b.String(), nil
+}
+
+// Up applies every pending migration in version order and returns the ones it
+// applied (none when the schema is current). It is safe to call from several
+// processes at once and to call again.
+func Up(ctx context.Context, pool *pgxpool.Pool, cfg *Config) ([]Migration, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	ms, err := render(c.Schema)
+	if err != nil {
+		return nil, err
+	}
+	q, err := bookkeeping(c.Schema)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, errors.Wrap(err, "migrations: acquire connection")
+	}
+	defer conn.Release()
+
+	k1, k2 := schemaname.MigrateLockKey(c.Schema)
+	if _, err := conn.Exec(ctx, q["Lock"], k1, k2); err != nil {
+		return nil, errors.Wrap(err, "migrations: take the migration lock")
+	}
+	defer func() {
+		// A cancelled ctx must not leave the lock on a connection that goes
+		// back to the pool: unlock with a fresh context, or close the conn.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, q["Unlock"], k1, k2); err != nil {
+			_ = conn.Conn().Close(uctx)
+		}
+	}()
+
+	if _, err := conn.Exec(ctx, q["Bootstrap"]); err != nil {
+		return nil, errors.Wrapf(err, "migrations: create schema %s", schemaname.Ident(c.Schema))
+	}
+	applied, err := appliedVersions(ctx, conn.Conn(), q["Applied"])
+	if err != nil {
+		return nil, err
+	}
+	var done []Migration
+	for _, m := range ms {
+		if _, ok := applied[m.Version]; ok {
+			continue
+		}
+		start := time.Now()
+		err := pgx.BeginFunc(ctx, conn.Conn(), func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, q["Record"], m.Version, m.Name)
+			return err
+		})
+		if err != nil {
+			return done, errors.Wrapf(err, "migrations: apply %04d_%s", m.Version, m.Name)
+		}
+		c.Logger.InfoContext(ctx, "annals: applied migration",
+			slog.Int("version", m.Version), slog.String("name", m.Name),
+			slog.String("schema", c.Schema), slog.Duration("took", time.Since(start)))
+		done = append(done, m)
+	}
+	return done, nil
+}
+
+// Status reports every known migration and whether it is applied. Versions
+// recorded in the database that this binary does not know (a newer annals
+// migrated it) are returned too, with an empty SQL.
+func Status(ctx context.Context, pool *pgxpool.Pool, cfg *Config) ([]State, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	ms, err := render(c.Schema)
+	if err != nil {
+		return nil, err
+	}
+	q, err := bookkeeping(c.Schema)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, errors.Wrap(err, "migrations: acquire connection")
+	}
+	defer conn.Release()
+	var exists bool
+	if err := conn.QueryRow(ctx, q["TableExists"]).Scan(&exists); err != nil {
+		return nil, errors.Wrap(err, "migrations: look for schema_migrations")
+	}
+	applied := map[int]appliedRow{}
+	if exists {
+		if applied, err = appliedVersions(ctx, conn.Conn(), q["Applied"]); err != nil {
+			return nil, err
+		}
+	}
+	var out []State
+	for _, m := range ms {
+		a, ok := applied[m.Version]
+		out = append(out, State{Migration: m, Applied: ok, AppliedAt: a.at})
+		delete(applied, m.Version)
+	}
+	for v, a := range applied {
+		out = append(out, State{Migration: Migration{Version: v, Name: a.name}, Applied: true, AppliedAt: a.at})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
+
+type appliedRow struct {
+	name string
+	at   time.Time
+}
+
+func appliedVersions(ctx context.Context, conn *pgx.Conn, query string) (map[int]appliedRow, error) {
+	rows, err := conn.Query(ctx, query)
+	if err != nil {
+		return nil, errors.Wrap(err, "migrations: read schema_migrations")
+	}
+	out := map[int]appliedRow{}
+	var v int
+	var a appliedRow
+	_, err = pgx.ForEachRow(rows, []any{&v, &a.name, &a.at}, func() error {
+		out[v] = a
+		return nil
+	})
+	return out, errors.Wrap(err, "migrations: read schema_migrations")
+}
