@@ -1,0 +1,5 @@
+package annalstest
+
+import "testing"
+
+func TestMain(m *testing.M) { Main(m) }

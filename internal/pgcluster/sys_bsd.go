@@ -1,0 +1,11 @@
+//go:build darwin || freebsd || netbsd || openbsd || dragonfly
+
+package pgcluster
+
+import "syscall"
+
+// setDeathSignal does nothing: only Linux has a parent-death signal.
+func setDeathSignal(*syscall.SysProcAttr, syscall.Signal) {}
+
+// zombie reports false: without /proc, a zombie counts as alive.
+func zombie(int) bool { return false }
