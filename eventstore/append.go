@@ -1,0 +1,279 @@
+package eventstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+
+	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// AppendResult describes one successful append.
+type AppendResult struct {
+	// StreamID is the stream appended to.
+	StreamID string
+	// StreamVersion is the version of the append's last event: the stream's
+	// version after the append, and the expected version for the next one.
+	// (For an idempotent re-append it is the stored version of that event.)
+	StreamVersion int64
+	// Events holds the position of each appended event, in order.
+	Events []AppendedEvent
+}
+
+// AppendedEvent is the stored position of one appended event.
+type AppendedEvent struct {
+	// ID is the event's ID.
+	ID uuid.UUID
+	// GlobalSequence is its position in the log.
+	GlobalSequence int64
+	// StreamVersion is its version in the stream.
+	StreamVersion int64
+}
+
+// Append appends events to streamID in one transaction of its own, if the
+// stream's version matches expected. The lock that orders positions, the
+// insert and the commit travel in one round trip.
+//
+// Errors: ErrWrongExpectedVersion (errors.As *WrongExpectedVersionError for
+// the actual version), ErrInvalidEvent, ErrUnknownEventType and
+// ErrEventIDConflict; in every case nothing is written.
+func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVersion, events ...EventData) (AppendResult, error) {
+	args, err := s.encode(streamID, expected, events)
+	if err != nil {
+		return AppendResult{}, err
+	}
+	rows, err := s.pool.Query(ctx, s.q.append, args.stream, args.expected, args.payload)
+	return collectAppend(rows, err, args)
+}
+
+// AppendTx appends events to streamID inside tx. The append takes the
+// log's ordering lock, which is held until tx ends: make the append the last
+// statement of tx and commit promptly, or use Transact, which does both.
+func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expected ExpectedVersion, events ...EventData) (AppendResult, error) {
+	args, err := s.encode(streamID, expected, events)
+	if err != nil {
+		return AppendResult{}, err
+	}
+	rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, args.payload)
+	return collectAppend(rows, err, args)
+}
+
+// Batch stages appends inside Transact. Its methods are not safe for
+// concurrent use.
+type Batch struct {
+	s       *Store
+	appends []appendArgs
+}
+
+// Append validates and encodes an append and stages it to run after the
+// transaction body returns. Invalid input is reported here, at once.
+func (b *Batch) Append(streamID string, expected ExpectedVersion, events ...EventData) error {
+	args, err := b.s.encode(streamID, expected, events)
+	if err != nil {
+		return err
+	}
+	b.appends = append(b.appends, args)
+	return nil
+}
+
+// Transact runs fn in a new transaction; fn does its own work with tx (it
+// must not commit or roll back) and stages appends on b. Then the staged
+// appends and the COMMIT are sent together in one round trip, so the log's
+// ordering lock is held only for the server-side time of the appends and the
+// commit, never for a network round trip or for fn's work.
+//
+// If fn returns an error, or any append fails, the transaction rolls back
+// and nothing of it is kept. The results are in staging order.
+func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx, b *Batch) error) ([]AppendResult, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, errors.Wrap(err, "eventstore: acquire connection")
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return nil, errors.Wrap(err, "eventstore: begin")
+	}
+	// Once the batch below has committed, Rollback is a no-op on the server
+	// ("no transaction in progress") and pgx reports nothing we need.
+	rollback := func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }
+
+	b := &Batch{s: s}
+	if err := fn(ctx, tx, b); err != nil {
+		rollback()
+		return nil, err
+	}
+	if conn.Conn().PgConn().TxStatus() != 'T' {
+		rollback()
+		return nil, errors.New("eventstore: the Transact body ended its transaction (it must not commit or roll back)")
+	}
+	if len(b.appends) == 0 {
+		return nil, errors.Wrap(tx.Commit(ctx), "eventstore: commit")
+	}
+
+	batch := &pgx.Batch{}
+	for _, a := range b.appends {
+		batch.Queue(s.q.append, a.stream, a.expected, a.payload)
+	}
+	batch.Queue("COMMIT")
+	br := conn.SendBatch(ctx, batch)
+	results := make([]AppendResult, 0, len(b.appends))
+	for _, a := range b.appends {
+		rows, qerr := br.Query()
+		res, err := collectAppend(rows, qerr, a)
+		if err != nil {
+			_ = br.Close()
+			rollback()
+			return nil, err
+		}
+		results = append(results, res)
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		rollback()
+		return nil, errors.Wrap(err, "eventstore: commit")
+	}
+	if tag.String() != "COMMIT" {
+		rollback()
+		return nil, errors.Newf("eventstore: commit answered %q: the transaction was rolled back", tag.String())
+	}
+	if conn.Conn().PgConn().TxStatus() != 'I' {
+		return nil, errors.New("eventstore: transaction still open after COMMIT")
+	}
+	return results, nil
+}
+
+// appendArgs are the encoded arguments of one append_events call.
+type appendArgs struct {
+	stream   string
+	expected any
+	exp      ExpectedVersion
+	payload  []byte
+	count    int
+}
+
+// encode validates an append on the client and renders the JSON array that
+// append_events takes. Everything the SQL function would reject for bad
+// input is rejected here first, so a bad append costs no round trip.
+func (s *Store) encode(streamID string, expected ExpectedVersion, events []EventData) (appendArgs, error) {
+	if streamID == "" {
+		return appendArgs{}, invalidf("stream ID is empty")
+	}
+	exp, err := expected.sqlArg()
+	if err != nil {
+		return appendArgs{}, err
+	}
+	if len(events) == 0 {
+		return appendArgs{}, invalidf("append to stream %q has no events", streamID)
+	}
+	var buf bytes.Buffer
+	buf.WriteByte('[')
+	seen := make(map[uuid.UUID]struct{}, len(events))
+	for i, e := range events {
+		name := e.Type
+		if reg, ok := s.registry.NameOf(e.Data); ok {
+			if name != "" && name != reg {
+				return appendArgs{}, invalidf("event %d: Type %q differs from %q, the name registered for %T", i+1, name, reg, e.Data)
+			}
+			name = reg
+		}
+		if name == "" {
+			if e.Data == nil {
+				return appendArgs{}, invalidf("event %d has no type and no data", i+1)
+			}
+			return appendArgs{}, errors.Wrapf(ErrUnknownEventType, "event %d: %T is not registered and EventData.Type is empty", i+1, e.Data)
+		}
+		data, err := encodeData(e.Data)
+		if err != nil {
+			return appendArgs{}, errors.Wrapf(err, "event %d (%s)", i+1, name)
+		}
+		var meta []byte
+		if !e.Metadata.IsZero() {
+			if meta, err = json.Marshal(e.Metadata); err != nil {
+				return appendArgs{}, invalidf("event %d (%s): metadata: %v", i+1, name, err)
+			}
+		}
+		if n := len(data) + len(meta); n > s.maxBytes {
+			return appendArgs{}, invalidf("event %d (%s) is %d bytes; the limit is %d", i+1, name, n, s.maxBytes)
+		}
+		id := e.ID
+		if id == uuid.Nil {
+			if id, err = uuid.NewV7(); err != nil {
+				return appendArgs{}, errors.Wrap(err, "generate event ID")
+			}
+		}
+		if _, dup := seen[id]; dup {
+			return appendArgs{}, invalidf("event ID %s appears twice in one append", id)
+		}
+		seen[id] = struct{}{}
+		typ, _ := json.Marshal(name)
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		buf.WriteString(`{"event_id":"`)
+		buf.WriteString(id.String())
+		buf.WriteString(`","type":`)
+		buf.Write(typ)
+		buf.WriteString(`,"data":`)
+		buf.Write(data)
+		if meta != nil {
+			buf.WriteString(`,"metadata":`)
+			buf.Write(meta)
+		}
+		buf.WriteByte('}')
+	}
+	buf.WriteByte(']')
+	return appendArgs{stream: streamID, expected: exp, exp: expected, payload: buf.Bytes(), count: len(events)}, nil
+}
+
+// encodeData returns the JSON of an event payload, which must be an object or array.
+func encodeData(v any) ([]byte, error) {
+	var raw []byte
+	switch d := v.(type) {
+	case nil:
+		return nil, invalidf("data is nil; it must be a JSON object or array")
+	case json.RawMessage:
+		raw = d
+	case []byte:
+		raw = d
+	default:
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, invalidf("data does not encode to JSON: %v", err)
+		}
+		raw = b
+	}
+	trimmed := bytes.TrimLeft(raw, " \t\r\n")
+	if len(trimmed) == 0 || (trimmed[0] != '{' && trimmed[0] != '[') {
+		return nil, invalidf("data must be a JSON object or array")
+	}
+	if !json.Valid(trimmed) {
+		return nil, invalidf("data is not valid JSON")
+	}
+	return trimmed, nil
+}
+
+func collectAppend(rows pgx.Rows, err error, a appendArgs) (AppendResult, error) {
+	if err != nil {
+		return AppendResult{}, translate(err, a.stream, a.exp)
+	}
+	res := AppendResult{StreamID: a.stream, Events: make([]AppendedEvent, 0, a.count)}
+	var ev AppendedEvent
+	_, err = pgx.ForEachRow(rows, []any{&ev.ID, &ev.GlobalSequence, &ev.StreamVersion}, func() error {
+		res.Events = append(res.Events, ev)
+		return nil
+	})
+	if err != nil {
+		return AppendResult{}, translate(err, a.stream, a.exp)
+	}
+	if len(res.Events) != a.count {
+		return AppendResult{}, errors.Newf("eventstore: append_events returned %d rows for %d events", len(res.Events), a.count)
+	}
+	res.StreamVersion = res.Events[len(res.Events)-1].StreamVersion
+	return res, nil
+}

@@ -1,0 +1,103 @@
+package eventstore
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// SQLSTATE codes raised by annals.append_events and the events table.
+// They are part of the SQL API (docs/sql-api.md).
+const (
+	// CodeWrongExpectedVersion: the stream's version is not the expected one.
+	// The error's DETAIL is a JSON object with stream_id, expected_version
+	// and actual_version.
+	CodeWrongExpectedVersion = "AN001"
+	// CodeInvalidEvent: the input is malformed; nothing was written.
+	CodeInvalidEvent = "AN002"
+	// CodeEventIDConflict: an event ID in the append is already stored as a
+	// different event (or only some of the append's events are stored).
+	CodeEventIDConflict = "AN003"
+	// CodeAppendOnly: an UPDATE, DELETE or TRUNCATE of the events table.
+	CodeAppendOnly = "AN004"
+)
+
+var (
+	// ErrWrongExpectedVersion is matched (errors.Is) by an append whose
+	// expected version did not hold. Use errors.As with
+	// *WrongExpectedVersionError to read the actual version.
+	ErrWrongExpectedVersion = errors.New("wrong expected version")
+
+	// ErrStreamNotFound is returned when reading a stream that has no events,
+	// and is also matched by a WrongExpectedVersionError for StreamExists.
+	ErrStreamNotFound = errors.New("stream not found")
+
+	// ErrInvalidEvent is matched by every rejection of malformed input: an
+	// empty stream ID or event type, data that is not a JSON object or array,
+	// an oversized payload, a bad expected version. Nothing is written.
+	ErrInvalidEvent = errors.New("invalid event")
+
+	// ErrUnknownEventType is returned when a Go value has no registered event
+	// type name, or a stored event's type has no registered Go type.
+	ErrUnknownEventType = errors.New("unknown event type")
+
+	// ErrEventIDConflict is returned when an event ID is already stored for a
+	// different event. Re-appending exactly the same events is not an error.
+	ErrEventIDConflict = errors.New("event ID already used by a different event")
+
+	// ErrAppendOnly is returned when something tries to change or delete stored events.
+	ErrAppendOnly = errors.New("events are append-only")
+)
+
+// WrongExpectedVersionError reports an append whose expected version did not
+// hold. It matches ErrWrongExpectedVersion, and ErrStreamNotFound when the
+// stream does not exist.
+type WrongExpectedVersionError struct {
+	// StreamID is the stream appended to.
+	StreamID string
+	// Expected is the expected version the append carried.
+	Expected ExpectedVersion
+	// Actual is the stream's version at the time of the append (0: no stream).
+	Actual int64
+}
+
+func (e *WrongExpectedVersionError) Error() string {
+	return fmt.Sprintf("wrong expected version for stream %q: expected %s, actual %d", e.StreamID, e.Expected, e.Actual)
+}
+
+// Is makes errors.Is match ErrWrongExpectedVersion, and ErrStreamNotFound when
+// the stream does not exist.
+func (e *WrongExpectedVersionError) Is(target error) bool {
+	return target == ErrWrongExpectedVersion || (target == ErrStreamNotFound && e.Actual == 0)
+}
+
+func invalidf(format string, args ...any) error {
+	return errors.WithStackDepth(errors.Wrapf(ErrInvalidEvent, format, args...), 1)
+}
+
+// translate maps the SQLSTATEs of append_events to the package's typed errors.
+func translate(err error, streamID string, expected ExpectedVersion) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.Code {
+	case CodeWrongExpectedVersion:
+		var d struct {
+			Actual int64 `json:"actual_version"`
+		}
+		if jerr := json.Unmarshal([]byte(pgErr.Detail), &d); jerr != nil {
+			return errors.Wrapf(err, "annals: cannot read the actual version from %q", pgErr.Detail)
+		}
+		return errors.WithStack(&WrongExpectedVersionError{StreamID: streamID, Expected: expected, Actual: d.Actual})
+	case CodeInvalidEvent:
+		return errors.Wrap(ErrInvalidEvent, pgErr.Message)
+	case CodeEventIDConflict:
+		return errors.Wrap(ErrEventIDConflict, pgErr.Message)
+	case CodeAppendOnly:
+		return errors.Wrap(ErrAppendOnly, pgErr.Message)
+	}
+	return err
+}

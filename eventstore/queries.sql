@@ -1,0 +1,25 @@
+-- Statements of the eventstore package. {{.Schema}} is the quoted schema name.
+
+-- name: Append
+SELECT event_id, global_sequence, stream_version
+  FROM {{.Schema}}.append_events($1, $2, $3);
+
+-- name: ReadAll
+SELECT global_sequence, event_id, stream_id, stream_version, event_type, data, metadata, recorded_at
+  FROM {{.Schema}}.events
+ WHERE global_sequence >= $1
+ ORDER BY global_sequence
+ LIMIT $2;
+
+-- name: ReadStream
+SELECT global_sequence, event_id, stream_id, stream_version, event_type, data, metadata, recorded_at
+  FROM {{.Schema}}.events
+ WHERE stream_id = $1 AND stream_version >= $2
+ ORDER BY stream_version
+ LIMIT $3;
+
+-- name: StreamVersion
+SELECT version FROM {{.Schema}}.streams WHERE stream_id = $1;
+
+-- name: Head
+SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events;

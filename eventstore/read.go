@@ -1,0 +1,123 @@
+package eventstore
+
+import (
+	"context"
+	"iter"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+)
+
+// ReadAll yields every event with a position of at least from, in position
+// (commit) order, fetching a page at a time. Positions may have holes (left
+// by rolled-back appends) but never appear out of order: a reader that has
+// seen position N has seen every committed event below N.
+//
+// Each page is read into memory before its events are yielded, so the loop
+// body may use the same pool. Stop early by breaking out of the loop.
+func (s *Store) ReadAll(ctx context.Context, from int64) iter.Seq2[Event, error] {
+	return func(yield func(Event, error) bool) {
+		next := from
+		for {
+			page, err := s.page(ctx, s.q.readAll, next, s.pageSize)
+			if err != nil {
+				yield(Event{}, errors.Wrap(err, "eventstore: read all"))
+				return
+			}
+			for _, e := range page {
+				if !yield(e, nil) {
+					return
+				}
+			}
+			if len(page) < s.pageSize {
+				return
+			}
+			next = page[len(page)-1].GlobalSequence + 1
+		}
+	}
+}
+
+// ReadStream yields the events of streamID with a version of at least
+// fromVersion (versions start at 1), in version order. A stream with no
+// events yields ErrStreamNotFound.
+func (s *Store) ReadStream(ctx context.Context, streamID string, fromVersion int64) iter.Seq2[Event, error] {
+	return func(yield func(Event, error) bool) {
+		if streamID == "" {
+			yield(Event{}, invalidf("stream ID is empty"))
+			return
+		}
+		next := fromVersion
+		first := true
+		for {
+			page, err := s.page(ctx, s.q.readStream, next, s.pageSize, streamID)
+			if err != nil {
+				yield(Event{}, errors.Wrapf(err, "eventstore: read stream %q", streamID))
+				return
+			}
+			if first && len(page) == 0 {
+				if _, err := s.StreamVersion(ctx, streamID); err != nil {
+					yield(Event{}, err)
+				}
+				return
+			}
+			first = false
+			for _, e := range page {
+				if !yield(e, nil) {
+					return
+				}
+			}
+			if len(page) < s.pageSize {
+				return
+			}
+			next = page[len(page)-1].StreamVersion + 1
+		}
+	}
+}
+
+// StreamVersion returns the current version of streamID, or
+// ErrStreamNotFound when it has no events.
+func (s *Store) StreamVersion(ctx context.Context, streamID string) (int64, error) {
+	var v int64
+	err := s.pool.QueryRow(ctx, s.q.streamVersion, streamID).Scan(&v)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, errors.Wrapf(ErrStreamNotFound, "stream %q", streamID)
+	}
+	return v, errors.Wrapf(err, "eventstore: read version of stream %q", streamID)
+}
+
+// page runs one paged read. The stream form takes (stream, from, limit);
+// the log form takes (from, limit).
+func (s *Store) page(ctx context.Context, query string, from int64, limit int, stream ...string) ([]Event, error) {
+	var rows pgx.Rows
+	var err error
+	if len(stream) == 1 {
+		rows, err = s.pool.Query(ctx, query, stream[0], from, limit)
+	} else {
+		rows, err = s.pool.Query(ctx, query, from, limit)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ScanEvents(rows, limit)
+}
+
+// ScanEvents reads rows with the columns global_sequence, event_id,
+// stream_id, stream_version, event_type, data, metadata, recorded_at (the
+// events table's order) into events, closing rows. sizeHint preallocates.
+func ScanEvents(rows pgx.Rows, sizeHint int) ([]Event, error) {
+	out := make([]Event, 0, sizeHint)
+	var e Event
+	var meta []byte
+	_, err := pgx.ForEachRow(rows, []any{&e.GlobalSequence, &e.ID, &e.StreamID, &e.StreamVersion, &e.Type, &e.Data, &meta, &e.RecordedAt}, func() error {
+		ev := e
+		if len(meta) > 0 {
+			if err := ev.Metadata.UnmarshalJSON(meta); err != nil {
+				return errors.Wrapf(err, "event %d", ev.GlobalSequence)
+			}
+		}
+		out = append(out, ev)
+		e.Data = nil
+		return nil
+	})
+	return out, err
+}

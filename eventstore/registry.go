@@ -1,0 +1,124 @@
+package eventstore
+
+import (
+	"encoding/json"
+	"reflect"
+	"sync"
+
+	"github.com/cockroachdb/errors"
+)
+
+// Registry maps event type names to Go types and back, so that appends can
+// name events from their Go values and reads can decode them into typed
+// values. It is safe for concurrent use.
+type Registry struct {
+	mu     sync.RWMutex
+	byName map[string]reflect.Type
+	byType map[reflect.Type]string
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{byName: map[string]reflect.Type{}, byType: map[reflect.Type]string{}}
+}
+
+// Register records that events of type name decode into T (and that a T
+// appended without a Type is named name). A name or Go type may be registered
+// once; registering the same pair again is a no-op.
+func Register[T any](r *Registry, name string) error {
+	t := reflect.TypeFor[T]()
+	if name == "" {
+		return invalidf("cannot register %s under an empty event type name", t)
+	}
+	if t.Kind() == reflect.Pointer {
+		return invalidf("register the element type of %s, not a pointer", t)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if have, ok := r.byName[name]; ok && have != t {
+		return errors.Newf("event type %q is already registered for %s", name, have)
+	}
+	if have, ok := r.byType[t]; ok && have != name {
+		return errors.Newf("%s is already registered as event type %q", t, have)
+	}
+	r.byName[name] = t
+	r.byType[t] = name
+	return nil
+}
+
+// MustRegister is Register that panics on error, for package initialization.
+func MustRegister[T any](r *Registry, name string) {
+	if err := Register[T](r, name); err != nil {
+		panic(err)
+	}
+}
+
+// NameOf returns the event type name registered for v's Go type (v may be a
+// pointer to it).
+func (r *Registry) NameOf(v any) (string, bool) {
+	t := reflect.TypeOf(v)
+	if t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	name, ok := r.byType[t]
+	return name, ok
+}
+
+// Types returns the registered event type names.
+func (r *Registry) Types() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]string, 0, len(r.byName))
+	for n := range r.byName {
+		out = append(out, n)
+	}
+	return out
+}
+
+// Decode decodes e's data into a new value of the Go type registered for
+// e.Type and returns it (a T, not a *T). An unregistered type returns
+// ErrUnknownEventType.
+func (r *Registry) Decode(e Event) (any, error) {
+	r.mu.RLock()
+	t, ok := r.byName[e.Type]
+	r.mu.RUnlock()
+	if !ok {
+		return nil, errors.Wrapf(ErrUnknownEventType, "event %d has type %q, which is not registered", e.GlobalSequence, e.Type)
+	}
+	p := reflect.New(t)
+	if err := json.Unmarshal(e.Data, p.Interface()); err != nil {
+		return nil, errors.Wrapf(err, "decode event %d of type %q into %s", e.GlobalSequence, e.Type, t)
+	}
+	return p.Elem().Interface(), nil
+}
+
+// Envelope is a stored event with its payload decoded into T. Data shadows
+// the embedded Event.Data (the raw JSON, still reachable as e.Event.Data).
+type Envelope[T any] struct {
+	Event
+	// Data is the decoded payload.
+	Data T
+}
+
+// Decode decodes e into an Envelope[T]. It fails with ErrUnknownEventType
+// when e.Type is not the name registered for T.
+func Decode[T any](r *Registry, e Event) (Envelope[T], error) {
+	var env Envelope[T]
+	t := reflect.TypeFor[T]()
+	r.mu.RLock()
+	name, ok := r.byType[t]
+	r.mu.RUnlock()
+	if !ok {
+		return env, errors.Wrapf(ErrUnknownEventType, "%s is not registered", t)
+	}
+	if name != e.Type {
+		return env, errors.Wrapf(ErrUnknownEventType, "event %d has type %q, not %q (%s)", e.GlobalSequence, e.Type, name, t)
+	}
+	if err := json.Unmarshal(e.Data, &env.Data); err != nil {
+		return env, errors.Wrapf(err, "decode event %d of type %q into %s", e.GlobalSequence, e.Type, t)
+	}
+	env.Event = e
+	return env, nil
+}

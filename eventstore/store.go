@@ -1,0 +1,114 @@
+package eventstore
+
+import (
+	"context"
+	_ "embed"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/sqltmpl"
+)
+
+//go:embed queries.sql
+var queriesSQL string
+
+// DefaultMaxEventBytes is the default limit on one event's data plus metadata.
+const DefaultMaxEventBytes = 1 << 20
+
+// Config configures a Store. A nil *Config means defaults.
+type Config struct {
+	// Schema is the PostgreSQL schema holding the annals tables (created by
+	// the migrations package). Defaults to "annals".
+	Schema string
+	// Registry names Go event types for appends and decodes reads.
+	// Defaults to a new, empty Registry.
+	Registry *Registry
+	// MaxEventBytes is the largest accepted size of one event's data plus
+	// metadata, in bytes; larger events are rejected with ErrInvalidEvent
+	// before anything is sent. Defaults to DefaultMaxEventBytes (1 MiB).
+	MaxEventBytes int
+	// PageSize is how many events ReadAll and ReadStream fetch per query.
+	// Defaults to 500.
+	PageSize int
+}
+
+// Store appends events to and reads events from the annals schema through a
+// connection pool. It is safe for concurrent use.
+type Store struct {
+	pool     *pgxpool.Pool
+	schema   string
+	registry *Registry
+	maxBytes int
+	pageSize int
+	q        queries
+}
+
+type queries struct {
+	append, readAll, readStream, streamVersion, head string
+}
+
+// New returns a Store on pool. The schema must have been migrated (see the
+// migrations package); New itself does not touch the database.
+func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if pool == nil {
+		return nil, errors.New("eventstore: pool is nil")
+	}
+	c.Schema = schemaname.Or(c.Schema)
+	if err := schemaname.Validate(c.Schema); err != nil {
+		return nil, err
+	}
+	if c.Registry == nil {
+		c.Registry = NewRegistry()
+	}
+	if c.MaxEventBytes < 0 || c.PageSize < 0 {
+		return nil, errors.New("eventstore: MaxEventBytes and PageSize must not be negative")
+	}
+	if c.MaxEventBytes == 0 {
+		c.MaxEventBytes = DefaultMaxEventBytes
+	}
+	if c.PageSize == 0 {
+		c.PageSize = 500
+	}
+	named, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(c.Schema))
+	if err != nil {
+		return nil, err
+	}
+	return &Store{
+		pool:     pool,
+		schema:   c.Schema,
+		registry: c.Registry,
+		maxBytes: c.MaxEventBytes,
+		pageSize: c.PageSize,
+		q: queries{
+			append:        named["Append"],
+			readAll:       named["ReadAll"],
+			readStream:    named["ReadStream"],
+			streamVersion: named["StreamVersion"],
+			head:          named["Head"],
+		},
+	}, nil
+}
+
+// Schema returns the schema the store works in.
+func (s *Store) Schema() string { return s.schema }
+
+// Registry returns the store's event type registry.
+func (s *Store) Registry() *Registry { return s.registry }
+
+// Pool returns the store's connection pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Head returns the position of the newest committed event (0 for an empty
+// log). Because positions are commit order, every event at or below it is
+// visible to any reader that starts after Head returns.
+func (s *Store) Head(ctx context.Context) (int64, error) {
+	var head int64
+	err := s.pool.QueryRow(ctx, s.q.head).Scan(&head)
+	return head, errors.Wrap(err, "eventstore: read head")
+}
