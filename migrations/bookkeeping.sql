@@ -21,4 +21,5 @@ INSERT INTO {{.Schema}}.schema_migrations (version, name) VALUES ($1, $2);
 SELECT version, name, applied_at FROM {{.Schema}}.schema_migrations;
 
 -- name: TableExists
-SELECT to_regclass({{.SchemaLiteral}} || '.schema_migrations') IS NOT NULL;
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables
+               WHERE schemaname = {{.SchemaLiteral}} AND tablename = 'schema_migrations');
