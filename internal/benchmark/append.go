@@ -1,0 +1,241 @@
+package benchmark
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/lockkey"
+	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/migrations"
+)
+
+//go:embed bench.sql
+var benchSQL string
+
+// AppendConfig configures RunAppend. A nil *AppendConfig means defaults.
+type AppendConfig struct {
+	// Schema is the schema the benchmark creates, migrates and uses; its
+	// events are left behind for inspection. Defaults to "annals_bench".
+	Schema string
+	// Writers lists the numbers of concurrent writers. Defaults to 1, 4, 16.
+	Writers []int
+	// Batches lists the numbers of events per append. Defaults to 1, 100.
+	Batches []int
+	// Duration is how long each measurement runs. Defaults to 3s.
+	Duration time.Duration
+	// Progress receives a line as each measurement starts. Defaults to none.
+	Progress io.Writer
+}
+
+// AppendResult is one combination of writers and batch size.
+type AppendResult struct {
+	Writers int `json:"writers"`
+	Batch   int `json:"batch"`
+	// Events per second of each contender.
+	Raw       float64 `json:"raw_insert_events_per_sec"`
+	RawLocked float64 `json:"raw_insert_locked_events_per_sec"`
+	Annals    float64 `json:"annals_events_per_sec"`
+	// Ratios of annals to the baselines.
+	VsRaw       float64 `json:"annals_vs_raw"`
+	VsRawLocked float64 `json:"annals_vs_raw_locked"`
+}
+
+// AppendReport is the outcome of RunAppend.
+type AppendReport struct {
+	Server            string         `json:"server_version"`
+	Fsync             string         `json:"fsync"`
+	SynchronousCommit string         `json:"synchronous_commit"`
+	DurationPerRun    string         `json:"duration_per_run"`
+	Results           []AppendResult `json:"results"`
+}
+
+func (c *AppendConfig) withDefaults() AppendConfig {
+	var out AppendConfig
+	if c != nil {
+		out = *c
+	}
+	if out.Schema == "" {
+		out.Schema = "annals_bench"
+	}
+	if len(out.Writers) == 0 {
+		out.Writers = []int{1, 4, 16}
+	}
+	if len(out.Batches) == 0 {
+		out.Batches = []int{1, 100}
+	}
+	if out.Duration <= 0 {
+		out.Duration = 3 * time.Second
+	}
+	if out.Progress == nil {
+		out.Progress = io.Discard
+	}
+	return out
+}
+
+// RunAppend measures append throughput. The pool must allow at least as
+// many connections as the largest writer count.
+func RunAppend(ctx context.Context, pool *pgxpool.Pool, cfg *AppendConfig) (*AppendReport, error) {
+	c := cfg.withDefaults()
+	if err := schemaname.Validate(c.Schema); err != nil {
+		return nil, err
+	}
+	for _, w := range c.Writers {
+		if w < 1 || w > int(pool.Config().MaxConns) {
+			return nil, errors.Newf("benchmark: %d writers need 1..%d pool connections", w, pool.Config().MaxConns)
+		}
+	}
+	for _, b := range c.Batches {
+		if b < 1 {
+			return nil, errors.Newf("benchmark: batch size %d must be at least 1", b)
+		}
+	}
+	if _, err := migrations.Up(ctx, pool, &migrations.Config{Schema: c.Schema}); err != nil {
+		return nil, err
+	}
+	q, err := sqltmpl.Named("bench.sql", benchSQL, sqltmpl.NewData(c.Schema))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := pool.Exec(ctx, q["Setup"]); err != nil {
+		return nil, errors.Wrap(err, "benchmark: create the baseline table")
+	}
+	defer func() { _, _ = pool.Exec(context.WithoutCancel(ctx), q["Teardown"]) }()
+	store, err := eventstore.New(pool, &eventstore.Config{Schema: c.Schema})
+	if err != nil {
+		return nil, err
+	}
+	rep := &AppendReport{DurationPerRun: c.Duration.String()}
+	if err := pool.QueryRow(ctx, q["Settings"]).Scan(&rep.Fsync, &rep.SynchronousCommit, &rep.Server); err != nil {
+		return nil, errors.Wrap(err, "benchmark: read server settings")
+	}
+	k1, k2 := lockkey.Pair(c.Schema + ":bench-baseline")
+	run := 0
+	for _, w := range c.Writers {
+		for _, b := range c.Batches {
+			run++
+			r := AppendResult{Writers: w, Batch: b}
+			fmt.Fprintf(c.Progress, "append %d/%d: %d writer(s), %d event(s) per append ...\n", run, len(c.Writers)*len(c.Batches), w, b)
+			contenders := []struct {
+				out *float64
+				fn  appendFunc
+			}{
+				{&r.Raw, rawAppend(q["RawInsert"], "", 0, 0)},
+				{&r.RawLocked, rawAppend(q["RawInsert"], q["Lock"], k1, k2)},
+				{&r.Annals, func(ctx context.Context, _ *pgxpool.Pool, stream string, version int64, _ []byte, events []eventstore.EventData) error {
+					_, err := store.Append(ctx, stream, eventstore.Exact(version), events...)
+					return err
+				}},
+			}
+			for i, ct := range contenders {
+				rate, err := measure(ctx, pool, fmt.Sprintf("r%d-%d-%d", run, i, w), w, b, c.Duration, ct.fn)
+				if err != nil {
+					return nil, err
+				}
+				*ct.out = rate
+			}
+			r.VsRaw = r.Annals / r.Raw
+			r.VsRawLocked = r.Annals / r.RawLocked
+			rep.Results = append(rep.Results, r)
+		}
+	}
+	return rep, nil
+}
+
+// appendFunc appends the events (also given as their JSON payload) at the
+// stream's current version.
+type appendFunc func(ctx context.Context, pool *pgxpool.Pool, stream string, version int64, payload []byte, events []eventstore.EventData) error
+
+func rawAppend(insert, lock string, k1, k2 int32) appendFunc {
+	return func(ctx context.Context, pool *pgxpool.Pool, stream string, version int64, payload []byte, _ []eventstore.EventData) error {
+		batch := &pgx.Batch{}
+		if lock != "" {
+			batch.Queue(lock, k1, k2)
+		}
+		batch.Queue(insert, stream, version, payload)
+		// A batch without BEGIN runs as one implicit transaction in one round trip.
+		return pool.SendBatch(ctx, batch).Close()
+	}
+}
+
+// measure runs writers concurrently for d, each appending batches of n events
+// to streams of its own, and returns events per second.
+func measure(ctx context.Context, pool *pgxpool.Pool, prefix string, writers, n int, d time.Duration, fn appendFunc) (float64, error) {
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	start := time.Now()
+	deadline := start.Add(d)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stream := fmt.Sprintf("%s-w%d", prefix, w)
+			var version int64
+			for time.Now().Before(deadline) {
+				events, payload := makeEvents(n)
+				if err := fn(ctx, pool, stream, version, payload, events); err != nil {
+					errs <- errors.Wrapf(err, "writer %d", w)
+					return
+				}
+				version += int64(n)
+				total.Add(int64(n))
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, err
+	}
+	return float64(total.Load()) / elapsed.Seconds(), nil
+}
+
+var payloadNote = strings.Repeat("x", 120)
+
+// makeEvents returns n events of about 200 bytes and the JSON array the SQL
+// function and the raw baselines take.
+func makeEvents(n int) ([]eventstore.EventData, []byte) {
+	events := make([]eventstore.EventData, n)
+	type item struct {
+		EventID uuid.UUID      `json:"event_id"`
+		Type    string         `json:"type"`
+		Data    map[string]any `json:"data"`
+	}
+	items := make([]item, n)
+	for i := range events {
+		id, _ := uuid.NewV7()
+		data := map[string]any{"amount": i, "currency": "EUR", "note": payloadNote}
+		events[i] = eventstore.EventData{ID: id, Type: "bench.deposited", Data: data}
+		items[i] = item{id, "bench.deposited", data}
+	}
+	payload, _ := json.Marshal(items)
+	return events, payload
+}
+
+// WriteAppendTable prints the report as an aligned table.
+func WriteAppendTable(w io.Writer, rep *AppendReport) error {
+	fmt.Fprintf(w, "append throughput, events/s (PostgreSQL %s, fsync=%s, synchronous_commit=%s, %s per run)\n",
+		rep.Server, rep.Fsync, rep.SynchronousCommit, rep.DurationPerRun)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "writers\tevents/append\traw insert\traw insert + lock\tannals\tannals/raw\tannals/raw+lock\t")
+	for _, r := range rep.Results {
+		fmt.Fprintf(tw, "%d\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t\n", r.Writers, r.Batch, r.Raw, r.RawLocked, r.Annals, r.VsRaw, r.VsRawLocked)
+	}
+	return tw.Flush()
+}

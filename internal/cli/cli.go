@@ -1,0 +1,154 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/schemaname"
+)
+
+// Exit codes.
+const (
+	ExitOK      = 0
+	ExitFailure = 1
+	ExitUsage   = 2
+)
+
+// usageError marks a mistake in the command line: exit code 2.
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// env is what every command shares.
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	databaseURL    string
+	schema         string
+}
+
+// Run executes the annals command line with args (without the program name)
+// and returns the process exit code.
+func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return run(ctx, args, stdin, stdout, stderr, os.Getenv)
+}
+
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	e := &env{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv}
+	root := e.rootCommand()
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	var ue usageError
+	if errors.As(err, &ue) || errors.Is(err, eventstore.ErrInvalidEvent) || errors.Is(err, schemaname.ErrInvalid) {
+		fmt.Fprintf(stderr, "annals: %s\n", oneLine(err))
+		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+		return ExitUsage
+	}
+	var ee exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	fmt.Fprintf(stderr, "annals: %s\n", oneLine(err))
+	return ExitFailure
+}
+
+// exitError ends the process with a code and no message (for `dev -- CMD`,
+// which passes on the child's exit code).
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+func oneLine(err error) string {
+	return strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", " ")
+}
+
+func (e *env) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "annals",
+		Short: "annals: an event store and subscription runner on PostgreSQL",
+		Long: `annals works against any PostgreSQL database given by --database-url or $DATABASE_URL.
+Exit codes: 0 success, 1 failure, 2 bad flags or arguments.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&e.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL)")
+	root.PersistentFlags().StringVar(&e.schema, "schema", schemaname.Default, "schema holding the annals tables")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(e.migrateCommand(), e.appendCommand(), e.readCommand(), e.devCommand(), e.benchCommand())
+	for _, c := range root.Commands() {
+		wrapArgs(c)
+	}
+	return root
+}
+
+// wrapArgs makes argument-count errors usage errors.
+func wrapArgs(c *cobra.Command) {
+	if c.Args == nil {
+		return
+	}
+	check := c.Args
+	c.Args = func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return usageError{err}
+		}
+		return nil
+	}
+}
+
+func (e *env) validSchema() error {
+	if err := schemaname.Validate(e.schema); err != nil {
+		return usageError{err}
+	}
+	return nil
+}
+
+// connect opens a pool on the configured database.
+func (e *env) connect(ctx context.Context, maxConns ...int32) (*pgxpool.Pool, error) {
+	if err := e.validSchema(); err != nil {
+		return nil, err
+	}
+	url := e.databaseURL
+	if url == "" {
+		url = e.getenv("DATABASE_URL")
+	}
+	if url == "" {
+		return nil, usagef("no database: set --database-url or DATABASE_URL (try 'annals dev' for a throwaway one)")
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, usagef("invalid database URL: %v", err)
+	}
+	cfg.MaxConns = 4
+	if len(maxConns) == 1 {
+		cfg.MaxConns = maxConns[0]
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, errors.Wrap(err, "connect")
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, errors.Wrapf(err, "connect to %s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	}
+	return pool, nil
+}

@@ -1,0 +1,251 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/annals-dev/annals/annalstest"
+)
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// annals runs the command line in-process against url (empty: no database).
+func annals(t *testing.T, url string, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	getenv := func(k string) string {
+		if k == "DATABASE_URL" {
+			return url
+		}
+		return ""
+	}
+	code := run(context.Background(), args, strings.NewReader(""), &out, &errOut, getenv)
+	return result{code, out.String(), errOut.String()}
+}
+
+func TestCLIEndToEnd(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	const schema = `cli "Schema"`
+
+	r := annals(t, db.URL, "migrate", "--schema", schema)
+	if r.code != 0 || !strings.Contains(r.stdout, "applied 0001_events") {
+		t.Fatalf("migrate: %+v", r)
+	}
+	if r = annals(t, db.URL, "migrate", "--schema", schema); r.code != 0 || !strings.Contains(r.stdout, "up to date") {
+		t.Fatalf("second migrate: %+v", r)
+	}
+	if r = annals(t, db.URL, "migrate", "--status", "--schema", schema); r.code != 0 || !strings.Contains(r.stdout, "0001  events") || strings.Contains(r.stdout, "pending") {
+		t.Fatalf("migrate --status: %+v", r)
+	}
+
+	r = annals(t, db.URL, "append", "--schema", schema, "order-1", "order.placed", `{"total": 100}`, "--expected-version", "no-stream",
+		"--metadata", `{"correlation_id":"c-1"}`)
+	if r.code != 0 || !strings.Contains(r.stdout, "version 1, position 1") {
+		t.Fatalf("append: %+v", r)
+	}
+	if r = annals(t, db.URL, "append", "--schema", schema, "order-1", "order.shipped", `{}`, "--expected-version", "1"); r.code != 0 {
+		t.Fatalf("append 2: %+v", r)
+	}
+	if r = annals(t, db.URL, "append", "--schema", schema, "order-2", "order.placed", `[1,2]`); r.code != 0 {
+		t.Fatalf("append 3: %+v", r)
+	}
+
+	r = annals(t, db.URL, "read", "--schema", schema)
+	if r.code != 0 {
+		t.Fatalf("read: %+v", r)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 4 || !strings.HasPrefix(lines[0], "POSITION") || !strings.Contains(lines[1], "order.placed") || !strings.Contains(lines[3], "order-2") {
+		t.Fatalf("read table:\n%s", r.stdout)
+	}
+
+	r = annals(t, db.URL, "read", "order-1", "--format", "jsonl", "--schema", schema)
+	if r.code != 0 {
+		t.Fatalf("read jsonl: %+v", r)
+	}
+	sc := bufio.NewScanner(strings.NewReader(r.stdout))
+	var objs []map[string]json.RawMessage
+	for sc.Scan() {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("jsonl line %q: %v", sc.Text(), err)
+		}
+		objs = append(objs, m)
+	}
+	if len(objs) != 2 {
+		t.Fatalf("jsonl gave %d lines: %s", len(objs), r.stdout)
+	}
+	var keys []string
+	for k := range objs[0] {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	want := []string{"data", "event_id", "event_type", "global_sequence", "metadata", "recorded_at", "stream_id", "stream_version"}
+	if !reflect.DeepEqual(keys, want) {
+		t.Fatalf("jsonl keys %v, want %v", keys, want)
+	}
+	if string(objs[0]["data"]) != `{"total":100}` && string(objs[0]["data"]) != `{"total": 100}` {
+		t.Fatalf("data = %s", objs[0]["data"])
+	}
+	if string(objs[0]["metadata"]) != `{"correlation_id":"c-1"}` || string(objs[1]["metadata"]) != "null" {
+		t.Fatalf("metadata = %s, %s", objs[0]["metadata"], objs[1]["metadata"])
+	}
+
+	if r = annals(t, db.URL, "read", "--from", "2", "--limit", "1", "--format", "jsonl", "--schema", schema); r.code != 0 ||
+		strings.Count(r.stdout, "\n") != 1 || !strings.Contains(r.stdout, `"global_sequence":2`) {
+		t.Fatalf("read --from 2 --limit 1: %+v", r)
+	}
+
+	// Failures (not usage mistakes) exit 1.
+	r = annals(t, db.URL, "append", "--schema", schema, "order-1", "order.placed", `{}`, "--expected-version", "no-stream")
+	if r.code != 1 || !strings.Contains(r.stderr, "wrong expected version") || !strings.Contains(r.stderr, "actual 2") {
+		t.Fatalf("conflicting append: %+v", r)
+	}
+	if r = annals(t, db.URL, "read", "missing", "--schema", schema); r.code != 1 || !strings.Contains(r.stderr, "stream not found") {
+		t.Fatalf("read missing stream: %+v", r)
+	}
+
+	// Bad flags and arguments exit 2 and change nothing.
+	bad := [][]string{
+		{"append", "s", "t"},
+		{"append", "s", "t", `{"a":`},
+		{"append", "s", "t", `5`},
+		{"append", "", "t", `{}`},
+		{"append", "s", "", `{}`},
+		{"append", "s", "t", `{}`, "--expected-version", "soon"},
+		{"append", "s", "t", `{}`, "--expected-version", "-4"},
+		{"append", "s", "t", `{}`, "--metadata", `[1]`},
+		{"append", "s", "t", `{}`, "--event-id", `x`},
+		{"append", "s", "t", `{}`, "--nope"},
+		{"read", "--format", "xml"},
+		{"read", "--from", "-1"},
+		{"read", "--limit", "many"},
+		{"read", "a", "b"},
+		{"migrate", "extra"},
+		{"migrate", "--print", "--status"},
+		{"read", "--schema", "bad$schema"},
+		{"dev", "--port", "70000"},
+	}
+	for _, args := range bad {
+		if !strings.Contains(strings.Join(args, " "), "--schema") {
+			args = append(args, "--schema", schema)
+		}
+		r := annals(t, db.URL, args...)
+		if r.code != 2 || r.stderr == "" || strings.Contains(r.stderr, "goroutine") || strings.Contains(r.stderr, ".go:") {
+			t.Errorf("annals %s: code %d, stderr %q", strings.Join(args, " "), r.code, r.stderr)
+		}
+	}
+	if r = annals(t, "", "read"); r.code != 2 || !strings.Contains(r.stderr, "DATABASE_URL") {
+		t.Errorf("no database: %+v", r)
+	}
+	r = annals(t, db.URL, "read", "--format", "jsonl", "--schema", schema)
+	if n := strings.Count(r.stdout, "\n"); n != 3 {
+		t.Fatalf("bad commands changed the log: %d events now", n)
+	}
+}
+
+func TestMigratePrint(t *testing.T) {
+	t.Parallel()
+	r := annals(t, "", "migrate", "--print", "--schema", `My "Schema"`)
+	if r.code != 0 {
+		t.Fatalf("%+v", r)
+	}
+	for _, want := range []string{`CREATE SCHEMA IF NOT EXISTS "My ""Schema"""`, `CREATE TABLE "My ""Schema""".events`, `FUNCTION "My ""Schema""".append_events`} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("--print output lacks %s", want)
+		}
+	}
+	// The printed script is complete: applying it with psql-like simple
+	// protocol gives a working schema.
+	db := annalstest.NewDB(t, nil)
+	if _, err := db.Pool.Exec(context.Background(), r.stdout); err != nil {
+		t.Fatalf("applying --print output: %v", err)
+	}
+	if _, err := db.Pool.Exec(context.Background(), `SELECT * FROM "My ""Schema""".append_events('s', 0, '[{"type":"t","data":{}}]')`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The real binary maps outcomes to exit codes.
+func TestBinaryExitCodes(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	bin := filepath.Join(t.TempDir(), "annals")
+	build := exec.Command("go", "build", "-o", bin, "github.com/annals-dev/annals/cmd/annals")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	runBin := func(args ...string) (int, string) {
+		c := exec.Command(bin, args...)
+		c.Env = append(os.Environ(), "DATABASE_URL="+db.URL)
+		out, _ := c.CombinedOutput()
+		return c.ProcessState.ExitCode(), string(out)
+	}
+	if code, out := runBin("append", "s", "t", `{"ok":true}`); code != 0 {
+		t.Fatalf("append: %d %s", code, out)
+	}
+	if code, out := runBin("append", "s", "t", `not json`); code != 2 {
+		t.Fatalf("bad JSON: %d %s", code, out)
+	}
+	if code, out := runBin("append", "s", "t", `{}`, "--expected-version", "no-stream"); code != 1 {
+		t.Fatalf("conflict: %d %s", code, out)
+	}
+	if code, out := runBin("read", "--format", "jsonl"); code != 0 || strings.Count(out, "\n") != 1 {
+		t.Fatalf("read: %d %s", code, out)
+	}
+}
+
+// annals bench --quick is the smoke test of the benchmark suite: it runs
+// every contender briefly and prints the ratio table.
+func TestBenchQuick(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	jsonPath := filepath.Join(t.TempDir(), "out", "append.json")
+	r := annals(t, db.URL, "bench", "--quick", "--writers", "1,2", "--batch", "1,10", "--json", jsonPath)
+	if r.code != 0 {
+		t.Fatalf("bench: %+v", r)
+	}
+	if !strings.Contains(r.stdout, "annals/raw") || strings.Count(r.stdout, "\n") != 6 {
+		t.Fatalf("bench table:\n%s", r.stdout)
+	}
+	raw, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Results []struct {
+			Writers int     `json:"writers"`
+			Batch   int     `json:"batch"`
+			Raw     float64 `json:"raw_insert_events_per_sec"`
+			Annals  float64 `json:"annals_events_per_sec"`
+			VsRaw   float64 `json:"annals_vs_raw"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 4 {
+		t.Fatalf("%d results, want 4", len(rep.Results))
+	}
+	for _, res := range rep.Results {
+		if res.Raw <= 0 || res.Annals <= 0 || res.VsRaw <= 0 {
+			t.Fatalf("empty measurement: %+v", res)
+		}
+	}
+	if r = annals(t, db.URL, "bench", "--writers", "0"); r.code != 2 {
+		t.Fatalf("bench --writers 0: %+v", r)
+	}
+}
