@@ -1,0 +1,54 @@
+# annals: the two commands are `make demo` and `make test`.
+#
+# Both start a throwaway PostgreSQL cluster from the local server binaries
+# (installing Debian's postgresql package first when they are missing and we
+# run as root), unless a database is given:
+#   make demo: DATABASE_URL, if set, is used instead.
+#   make test: ANNALS_TEST_DATABASE_URL, if set, is used instead (tests create
+#              and drop their own databases on that server).
+
+GO          ?= go
+ANNALS      := $(GO) run ./cmd/annals
+TEST_FLAGS  ?= -race -count=1 -timeout 30m
+BENCH_FLAGS ?=
+
+.PHONY: all test vet demo bench postgres build fmt
+
+all: build
+
+build:
+	$(GO) build ./...
+
+postgres:
+	@bash scripts/ensure-postgres.sh
+
+vet:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+
+test: vet
+ifdef ANNALS_TEST_DATABASE_URL
+	$(GO) test $(TEST_FLAGS) ./...
+else
+	@$(MAKE) --no-print-directory postgres
+	$(ANNALS) dev --fsync=false -- $(GO) test $(TEST_FLAGS) ./...
+endif
+
+demo:
+ifdef DATABASE_URL
+	$(GO) run ./examples/quickstart
+else
+	@$(MAKE) --no-print-directory postgres
+	$(ANNALS) dev -- $(GO) run ./examples/quickstart
+endif
+
+# Benchmarks need fsync on: a throwaway cluster with durable commits, or
+# DATABASE_URL. Figures go to stdout and bench-results/.
+bench:
+ifdef DATABASE_URL
+	$(ANNALS) bench --json bench-results/append.json $(BENCH_FLAGS)
+else
+	@$(MAKE) --no-print-directory postgres
+	$(ANNALS) dev -- $(ANNALS) bench --json bench-results/append.json $(BENCH_FLAGS)
+endif
