@@ -1,0 +1,353 @@
+package advisorylock
+
+import (
+	"context"
+	_ "embed"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/sqltmpl"
+)
+
+//go:embed queries.sql
+var queriesSQL string
+
+// q holds the statements of queries.sql. They use no placeholder, so they
+// are rendered once.
+var q = func() struct{ tryLock, unlock, held, rollback string } {
+	named, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(schemaname.Default))
+	if err != nil {
+		panic(err) // the file is embedded: a test catches this
+	}
+	return struct{ tryLock, unlock, held, rollback string }{
+		tryLock:  named["TryLock"],
+		unlock:   named["Unlock"],
+		held:     named["Held"],
+		rollback: named["Rollback"],
+	}
+}()
+
+// closeTimeout bounds closing a connection, and rolling back a transaction
+// that a Do left open, when the caller's context does not.
+const closeTimeout = 5 * time.Second
+
+// Lock is a session-level advisory lock held by a dedicated connection. It
+// is safe for concurrent use; Do, Verify and Release take turns on the
+// connection. See the package documentation for its life cycle.
+type Lock struct {
+	key    string
+	k1, k2 int32
+	pid    uint32
+	conn   *pgx.Conn
+	sock   net.Conn    // under conn; Release closes it to cut a Do short
+	ctxh   *ctxHandler // conn's context handler
+	logger *slog.Logger
+
+	// turn is the right to use conn, held by Do, Verify and Release. While
+	// nobody holds it, the watcher goroutine waits on conn.
+	turn chan struct{}
+	// The watcher, started and stopped only by whoever holds turn.
+	stopWatching context.CancelFunc
+	watcherDone  chan struct{}
+	watchers     atomic.Int32 // watcher goroutines that started and have not returned, for the tests
+
+	mu       sync.Mutex
+	err      error         // why the lock is no longer held; nil while held
+	done     chan struct{} // closed when err is set
+	released bool          // Release was called
+}
+
+// TryAcquire opens a new connection with connConfig (which must come from
+// pgx.ParseConfig; it is copied, not changed) and tries to take the advisory
+// lock Key(key) on it with pg_try_advisory_lock. If another session holds
+// the lock it closes the connection and returns an error matching
+// ErrNotAcquired; it never waits for the lock.
+//
+// The connection is the lock's alone: it is not pooled, and it lives until
+// Release or loss. Point connConfig at PostgreSQL directly or at a pooler in
+// session mode (see the package documentation). ctx bounds connecting and
+// the lock attempt only.
+func TryAcquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *Config) (*Lock, error) {
+	if connConfig == nil {
+		return nil, errors.New("advisorylock: connConfig is nil")
+	}
+	if connConfig.DialFunc == nil || connConfig.BuildContextWatcherHandler == nil || connConfig.BuildFrontend == nil {
+		return nil, errors.New("advisorylock: connConfig was not created by pgx.ParseConfig")
+	}
+	if key == "" {
+		return nil, errors.New("advisorylock: key is empty")
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	cc, handler := c.connConfig(connConfig)
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, errors.Wrapf(connectHint(err), "advisorylock: key %q: connect", key)
+	}
+	k1, k2 := Key(key)
+	var ok bool
+	if err := conn.QueryRow(ctx, q.tryLock, k1, k2).Scan(&ok); err != nil {
+		return nil, errors.CombineErrors(errors.Wrapf(err, "advisorylock: key %q: try lock", key), closeConn(ctx, conn))
+	}
+	if !ok {
+		return nil, errors.CombineErrors(errors.Wrapf(ErrNotAcquired, "advisorylock: key %q", key), closeConn(ctx, conn))
+	}
+	l := &Lock{
+		key:    key,
+		k1:     k1,
+		k2:     k2,
+		pid:    conn.PgConn().PID(),
+		conn:   conn,
+		sock:   conn.PgConn().Conn(),
+		ctxh:   handler(conn.PgConn()),
+		logger: c.Logger,
+		turn:   make(chan struct{}, 1),
+		done:   make(chan struct{}),
+	}
+	l.startWatching()
+	l.logger.DebugContext(ctx, "advisorylock: acquired", slog.String("key", key), slog.Uint64("pid", uint64(l.pid)))
+	return l, nil
+}
+
+// connectHint explains the one connection error a default Config can cause.
+func connectHint(err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if strings.Contains(err.Error(), "client_connection_check_interval") {
+		return errors.Wrap(err, "Config.CheckInterval needs a PostgreSQL 14 or later server on Linux; set it to -1 to leave it unset")
+	}
+	return err
+}
+
+// Key returns the string the lock was acquired for.
+func (l *Lock) Key() string { return l.key }
+
+// PID returns the process ID of the lock's server backend, as in
+// pg_stat_activity.pid and pg_locks.pid.
+func (l *Lock) PID() uint32 { return l.pid }
+
+// Lost returns a channel that is closed when the lock is no longer held:
+// when it is lost, and also when it is released. Err says which.
+//
+// While no Do runs, a goroutine waits on the lock's connection, so the loss
+// of the session (the backend terminated, the server gone, the socket dead)
+// closes the channel as soon as the client's socket reports it. During a Do
+// the loss is noticed when fn's next statement fails.
+func (l *Lock) Lost() <-chan struct{} { return l.done }
+
+// Err returns nil while the lock is held; once Lost is closed it returns an
+// error matching ErrLost (wrapping the cause) or ErrReleased.
+func (l *Lock) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Do runs fn with exclusive use of the lock's connection. Work that must be
+// fenced by the lock goes here: a transaction fn runs on conn can only
+// commit while the session, and with it the lock, is alive. fn must not
+// close conn, keep it after returning, or leave a transaction open (Do rolls
+// it back and returns an error).
+//
+// Calls to Do, Verify and Release take turns, so fn must not call them on
+// the same Lock. ctx bounds the wait for the turn, and fn should use it for
+// its statements. With pgx's default context handling a statement whose
+// context ends closes the connection, which ends the session and loses the
+// lock. A connConfig whose BuildContextWatcherHandler returns a
+// pgconn.CancelRequestContextWatcherHandler (with a DeadlineDelay of some
+// seconds) has the server cancel the statement instead, and the lock stays.
+//
+// If the connection is closed when fn returns, the lock is lost: Do returns
+// an error that matches ErrLost and fn's error. After loss or Release, Do
+// returns Err without calling fn.
+func (l *Lock) Do(ctx context.Context, fn func(conn *pgx.Conn) error) error {
+	if fn == nil {
+		return errors.New("advisorylock: Do with a nil fn")
+	}
+	if err := l.takeTurn(ctx); err != nil {
+		return err
+	}
+	defer l.endTurn()
+
+	err := fn(l.conn)
+	if l.conn.IsClosed() {
+		cause := err
+		if cause == nil {
+			cause = errors.New("the connection was closed")
+		}
+		l.markLost(cause)
+		if err == nil {
+			return l.Err()
+		}
+		return errors.Wrapf(errors.Mark(err, ErrLost), "advisorylock: key %q: %s", l.key, ErrLost)
+	}
+	if l.conn.PgConn().TxStatus() != 'I' {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+		defer cancel()
+		_, rerr := l.conn.Exec(rctx, q.rollback)
+		if rerr != nil && l.conn.IsClosed() {
+			l.markLost(rerr)
+		}
+		err = errors.CombineErrors(err, errors.CombineErrors(
+			errors.Newf("advisorylock: key %q: fn returned with a transaction open; it was rolled back", l.key),
+			errors.Wrap(rerr, "rollback")))
+	}
+	return err
+}
+
+// Verify asks the server whether the lock's session still holds the lock
+// (pg_locks). It returns nil if it does. If it does not, or the connection
+// is gone, the lock is marked lost and Verify returns Err. Other failures
+// (ctx ending while it waits for its turn, say) are returned as they are.
+// As in Do, ctx ending during the query closes the connection by default.
+//
+// The watcher notices a dead session by itself; Verify also catches a lock
+// that was unlocked on a live session (pg_advisory_unlock_all in a Do).
+func (l *Lock) Verify(ctx context.Context) error {
+	if err := l.takeTurn(ctx); err != nil {
+		return err
+	}
+	defer l.endTurn()
+	var held bool
+	err := l.conn.QueryRow(ctx, q.held, l.k1, l.k2).Scan(&held)
+	switch {
+	case err != nil && l.conn.IsClosed():
+		l.markLost(err)
+		return l.Err()
+	case err != nil:
+		return errors.Wrapf(err, "advisorylock: key %q: verify", l.key)
+	case !held:
+		l.markLost(errors.New("the session no longer holds it"))
+		return l.Err()
+	}
+	return nil
+}
+
+// Release unlocks the lock and closes its connection. It is safe to call
+// more than once and after loss; only the first call does anything. It
+// closes Lost, and Err then matches ErrReleased (unless the lock was lost
+// before).
+//
+// Release waits for a running Do to return. If ctx ends first, it closes
+// the socket under the Do, which ends the session and so frees the lock
+// once the server notices, and returns ctx's error. If the unlock shows that
+// the session no longer held the lock, Release returns an error matching
+// ErrLost: whatever ran under the lock since the loss was not protected.
+func (l *Lock) Release(ctx context.Context) error {
+	l.mu.Lock()
+	if l.released {
+		l.mu.Unlock()
+		return nil
+	}
+	l.released = true
+	l.mu.Unlock()
+
+	select {
+	case l.turn <- struct{}{}:
+	default:
+		select {
+		case l.turn <- struct{}{}:
+		case <-ctx.Done():
+			l.setDone(l.releasedErr())
+			return errors.CombineErrors(
+				errors.Wrapf(ctx.Err(), "advisorylock: key %q: release: Do still running; its connection was closed", l.key),
+				l.sock.Close()) // the holder of the turn sees it and finishes closing conn
+		}
+	}
+	defer func() { <-l.turn }()
+	l.stopWatcher()
+
+	var err error
+	if l.Err() == nil && !l.conn.IsClosed() {
+		var was bool
+		if qerr := l.conn.QueryRow(ctx, q.unlock, l.k1, l.k2).Scan(&was); qerr != nil {
+			err = errors.Wrapf(qerr, "advisorylock: key %q: unlock (closing the connection frees it once the server notices)", l.key)
+		} else if !was {
+			l.markLost(errors.New("the session no longer held it at release"))
+			err = l.Err()
+		}
+	}
+	l.setDone(l.releasedErr())
+	err = errors.CombineErrors(err, errors.Wrapf(l.conn.Close(ctx), "advisorylock: key %q: close", l.key))
+	l.logger.DebugContext(ctx, "advisorylock: released", slog.String("key", l.key), slog.Uint64("pid", uint64(l.pid)))
+	return err
+}
+
+// takeTurn waits for exclusive use of the connection and stops the watcher.
+// It fails if the lock is no longer held.
+func (l *Lock) takeTurn(ctx context.Context) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	select {
+	case l.turn <- struct{}{}:
+	case <-ctx.Done():
+		return errors.Wrapf(ctx.Err(), "advisorylock: key %q: wait for the connection", l.key)
+	}
+	l.stopWatcher()
+	if err := l.Err(); err != nil {
+		l.endTurn()
+		return err
+	}
+	return nil
+}
+
+// endTurn hands the connection back to the watcher, or closes it if the lock
+// is no longer held, and gives up the turn.
+func (l *Lock) endTurn() {
+	if l.Err() == nil {
+		if l.conn.IsClosed() {
+			l.markLost(errors.New("the connection was closed"))
+		} else {
+			l.startWatching()
+		}
+	}
+	if l.Err() != nil && !l.conn.IsClosed() {
+		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+		if err := l.conn.Close(ctx); err != nil {
+			l.logger.Debug("advisorylock: close after loss", slog.String("key", l.key), slog.Any("err", err))
+		}
+		cancel()
+	}
+	<-l.turn
+}
+
+// markLost records that the lock was lost because of cause.
+func (l *Lock) markLost(cause error) {
+	err := errors.Wrapf(errors.Mark(cause, ErrLost), "advisorylock: key %q: %s", l.key, ErrLost)
+	if l.setDone(err) {
+		l.logger.Warn("advisorylock: lock lost", slog.String("key", l.key), slog.Uint64("pid", uint64(l.pid)), slog.Any("err", cause))
+	}
+}
+
+func (l *Lock) releasedErr() error { return errors.Wrapf(ErrReleased, "advisorylock: key %q", l.key) }
+
+// setDone sets Err and closes Lost, unless that happened already.
+func (l *Lock) setDone(err error) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return false
+	}
+	l.err = err
+	close(l.done)
+	return true
+}
+
+// closeConn closes a connection that never became a Lock.
+func closeConn(ctx context.Context, conn *pgx.Conn) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+	defer cancel()
+	return errors.Wrap(conn.Close(ctx), "advisorylock: close")
+}
