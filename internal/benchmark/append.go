@@ -136,8 +136,8 @@ func RunAppend(ctx context.Context, pool *pgxpool.Pool, cfg *AppendConfig) (*App
 			}{
 				{&r.Raw, rawAppend(q["RawInsert"], "", 0, 0)},
 				{&r.RawLocked, rawAppend(q["RawInsert"], q["Lock"], k1, k2)},
-				{&r.Annals, func(ctx context.Context, _ *pgxpool.Pool, stream string, version int64, _ []byte, events []eventstore.EventData) error {
-					_, err := store.Append(ctx, stream, eventstore.Exact(version), events...)
+				{&r.Annals, func(ctx context.Context, _ *pgxpool.Pool, stream string, version int64, n int) error {
+					_, err := store.Append(ctx, stream, eventstore.Exact(version), makeEvents(n)...)
 					return err
 				}},
 			}
@@ -156,12 +156,16 @@ func RunAppend(ctx context.Context, pool *pgxpool.Pool, cfg *AppendConfig) (*App
 	return rep, nil
 }
 
-// appendFunc appends the events (also given as their JSON payload) at the
-// stream's current version.
-type appendFunc func(ctx context.Context, pool *pgxpool.Pool, stream string, version int64, payload []byte, events []eventstore.EventData) error
+// appendFunc appends n new events at the stream's current version. Each
+// contender builds its own input, so each pays for encoding it once.
+type appendFunc func(ctx context.Context, pool *pgxpool.Pool, stream string, version int64, n int) error
 
 func rawAppend(insert, lock string, k1, k2 int32) appendFunc {
-	return func(ctx context.Context, pool *pgxpool.Pool, stream string, version int64, payload []byte, _ []eventstore.EventData) error {
+	return func(ctx context.Context, pool *pgxpool.Pool, stream string, version int64, n int) error {
+		payload, err := makePayload(n)
+		if err != nil {
+			return err
+		}
 		batch := &pgx.Batch{}
 		if lock != "" {
 			batch.Queue(lock, k1, k2)
@@ -187,8 +191,7 @@ func measure(ctx context.Context, pool *pgxpool.Pool, prefix string, writers, n 
 			stream := fmt.Sprintf("%s-w%d", prefix, w)
 			var version int64
 			for time.Now().Before(deadline) {
-				events, payload := makeEvents(n)
-				if err := fn(ctx, pool, stream, version, payload, events); err != nil {
+				if err := fn(ctx, pool, stream, version, n); err != nil {
 					errs <- errors.Wrapf(err, "writer %d", w)
 					return
 				}
@@ -208,24 +211,36 @@ func measure(ctx context.Context, pool *pgxpool.Pool, prefix string, writers, n 
 
 var payloadNote = strings.Repeat("x", 120)
 
-// makeEvents returns n events of about 200 bytes and the JSON array the SQL
-// function and the raw baselines take.
-func makeEvents(n int) ([]eventstore.EventData, []byte) {
+// eventData is the payload of one benchmark event, about 200 bytes of JSON.
+func eventData(i int) map[string]any {
+	return map[string]any{"amount": i, "currency": "EUR", "note": payloadNote}
+}
+
+// makeEvents returns n events for the annals contender.
+func makeEvents(n int) []eventstore.EventData {
 	events := make([]eventstore.EventData, n)
+	for i := range events {
+		id, _ := uuid.NewV7()
+		events[i] = eventstore.EventData{ID: id, Type: "bench.deposited", Data: eventData(i)}
+	}
+	return events
+}
+
+// makePayload returns the JSON array of n events for the raw contenders, in
+// the shape append_events takes.
+func makePayload(n int) ([]byte, error) {
 	type item struct {
 		EventID uuid.UUID      `json:"event_id"`
 		Type    string         `json:"type"`
 		Data    map[string]any `json:"data"`
 	}
 	items := make([]item, n)
-	for i := range events {
+	for i := range items {
 		id, _ := uuid.NewV7()
-		data := map[string]any{"amount": i, "currency": "EUR", "note": payloadNote}
-		events[i] = eventstore.EventData{ID: id, Type: "bench.deposited", Data: data}
-		items[i] = item{id, "bench.deposited", data}
+		items[i] = item{id, "bench.deposited", eventData(i)}
 	}
-	payload, _ := json.Marshal(items)
-	return events, payload
+	b, err := json.Marshal(items)
+	return b, errors.Wrap(err, "benchmark: encode payload")
 }
 
 // WriteAppendTable prints the report as an aligned table.
