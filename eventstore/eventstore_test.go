@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
@@ -629,5 +630,61 @@ func TestAppendLockKeyMatchesSQL(t *testing.T) {
 	}
 	if s1 != k1 || s2 != k2 {
 		t.Fatalf("Go key (%d,%d) != SQL key (%d,%d)", k1, k2, s1, s2)
+	}
+}
+
+// Each append announces the new head on the schema's channel at commit, so
+// subscribers can wake up instead of polling.
+func TestAppendNotifies(t *testing.T) {
+	t.Parallel()
+	for _, schema := range []string{"annals", `Other "Schema"`} {
+		t.Run(schema, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			db := annalstest.NewDB(t, &annalstest.Options{Schema: schema})
+			store, err := eventstore.New(db.Pool, &eventstore.Config{Schema: schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn, err := pgx.Connect(ctx, db.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(context.Background())
+			if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{schemaname.Channel(schema)}.Sanitize()); err != nil {
+				t.Fatal(err)
+			}
+			res, err := store.Append(ctx, "s", eventstore.Any,
+				eventstore.EventData{Type: "t", Data: json.RawMessage(`{}`)}, eventstore.EventData{Type: "t", Data: json.RawMessage(`{}`)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, err := conn.WaitForNotification(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := fmt.Sprint(res.Events[1].GlobalSequence); n.Payload != want || n.Channel != schemaname.Channel(schema) {
+				t.Fatalf("notification %q on %q, want %q on %q", n.Payload, n.Channel, want, schemaname.Channel(schema))
+			}
+			// A rolled-back append announces nothing.
+			tx, err := db.Pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := store.AppendTx(ctx, tx, "s", eventstore.Any, eventstore.EventData{Type: "t", Data: json.RawMessage(`{}`)}); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			res, err = store.Append(ctx, "s", eventstore.Any, eventstore.EventData{Type: "t", Data: json.RawMessage(`{}`)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n, err = conn.WaitForNotification(ctx); err != nil || n.Payload != fmt.Sprint(res.Events[0].GlobalSequence) {
+				t.Fatalf("after a rollback got %v, %v; want the next commit's head %d", n, err, res.Events[0].GlobalSequence)
+			}
+		})
 	}
 }
