@@ -1,0 +1,509 @@
+package catchup
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/advisorylock"
+	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/sqltmpl"
+)
+
+//go:embed queries.sql
+var queriesSQL string
+
+// Batch is what a Processor gets: the events after After that match the
+// subscription, and Through, the position the batch covers (events between
+// the last matching one and Through did not match and are done too).
+type Batch struct {
+	// After is the position the batch starts after (the cursor).
+	After int64
+	// Events are the matching events, in position order (may be empty).
+	Events []eventstore.Event
+	// Through is the position through which the batch accounts for every event.
+	Through int64
+}
+
+// Lease is one process's leadership of a subscriber partition.
+type Lease struct {
+	// Subscriber and Partition identify the checkpoint row.
+	Subscriber string
+	Partition  int
+	// Epoch is the fencing epoch this leadership claimed.
+	Epoch int64
+	// Start is the checkpoint position when the leadership began.
+	Start int64
+	// Lock is the advisory lock; nil for an ephemeral subscription.
+	Lock *advisorylock.Lock
+
+	checkpoints *checkpoint.Store
+}
+
+// Ephemeral reports whether the lease belongs to a subscription without a
+// lock or a stored checkpoint.
+func (l *Lease) Ephemeral() bool { return l.Lock == nil }
+
+// Commit writes the checkpoint at position on db (the lock's connection or a
+// transaction on it), fenced by the lease's epoch: checkpoint.ErrFenced when
+// another leader has claimed the partition since. No-op when ephemeral.
+func (l *Lease) Commit(ctx context.Context, db checkpoint.DB, position int64) error {
+	if l.Ephemeral() {
+		return nil
+	}
+	return l.checkpoints.Commit(ctx, db, l.Subscriber, l.Partition, l.Epoch, position)
+}
+
+// Processor handles the batches of one subscription.
+type Processor interface {
+	// Start is called when a leadership (or an ephemeral run) begins, before
+	// the first batch.
+	Start(ctx context.Context, lease *Lease) error
+	// Process handles batch and returns the position through which its work
+	// is done (and its checkpoint, if it keeps one, is written or buffered):
+	// batch.Through on success; on failure, how far it got (batch.After if
+	// nowhere). The next batch starts after the returned position.
+	Process(ctx context.Context, lease *Lease, batch Batch) (int64, error)
+	// Idle is called before the subscription waits for new events and before
+	// the leadership ends: the moment to flush buffered checkpoints.
+	Idle(ctx context.Context, lease *Lease) error
+}
+
+// Subscription describes one subscriber partition to drive.
+type Subscription struct {
+	// Name is the subscriber's name: the checkpoint row and the lock key.
+	Name string
+	// Partition is this subscription's partition (0-based) of Partitions.
+	Partition int
+	// Partitions splits the subscriber by a stable hash of stream_id
+	// (annals.stream_partition). 0 or 1: unpartitioned.
+	Partitions int
+	// Filter selects event types; the zero Filter selects all.
+	Filter Filter
+	// BatchSize is the number of events read per batch.
+	BatchSize int
+	// Processor handles the batches.
+	Processor Processor
+	// Ephemeral subscriptions take no lock and keep no checkpoint: they start
+	// after StartAfter and keep their position in memory (a plain tail).
+	Ephemeral  bool
+	StartAfter int64
+}
+
+// Config configures an Engine. A nil *Config means defaults.
+type Config struct {
+	// Schema is the annals schema. Defaults to "annals".
+	Schema string
+	// Owner names this process in checkpoints.owner (the instance ID).
+	// Defaults to "host:pid".
+	Owner string
+	// PollInterval is how long a caught-up subscription waits for a signal
+	// before it reads again anyway. Defaults to 1s.
+	PollInterval time.Duration
+	// LockRetryInterval is how often a standby tries the lock, ±50% jitter.
+	// Defaults to 2s.
+	LockRetryInterval time.Duration
+	// RetryBackoff is the pause before a failed batch is tried again.
+	// Defaults to 500ms.
+	RetryBackoff time.Duration
+	// ShutdownTimeout bounds how long the batch in hand may run after the
+	// context ends before its context is cancelled. Defaults to 30s.
+	ShutdownTimeout time.Duration
+	// Lock configures the advisory locks' connections. Defaults to advisorylock's defaults.
+	Lock *advisorylock.Config
+	// Logger receives leadership changes and failures. Defaults to discarding.
+	Logger *slog.Logger
+	// OnLeadership is called with true when this process starts leading a
+	// subscriber partition and with false when it stops. Defaults to nothing.
+	OnLeadership func(sub string, partition int, epoch int64, leading bool)
+}
+
+// Engine drives subscriptions: leader election, catch-up, live tail.
+type Engine struct {
+	pool        *pgxpool.Pool
+	connConfig  *pgx.ConnConfig
+	schema      string
+	listener    *Listener
+	checkpoints *checkpoint.Store
+	cfg         Config
+	q           map[string]string
+}
+
+// NewEngine returns an Engine reading through pool. listener may be nil for
+// engines that only catch up (CatchUp); Run then polls.
+func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, error) {
+	if pool == nil {
+		return nil, errors.New("catchup: pool is nil")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Schema = schemaname.Or(c.Schema)
+	if err := schemaname.Validate(c.Schema); err != nil {
+		return nil, err
+	}
+	if c.Owner == "" {
+		c.Owner = DefaultOwner()
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.PollInterval, time.Second)
+	def(&c.LockRetryInterval, 2*time.Second)
+	def(&c.RetryBackoff, 500*time.Millisecond)
+	def(&c.ShutdownTimeout, 30*time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	cps, err := checkpoint.New(c.Schema)
+	if err != nil {
+		return nil, err
+	}
+	q, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(c.Schema))
+	if err != nil {
+		return nil, err
+	}
+	return &Engine{pool: pool, connConfig: pool.Config().ConnConfig, schema: c.Schema, listener: listener, checkpoints: cps, cfg: c, q: q}, nil
+}
+
+// LockKey returns the advisory-lock key of a subscriber partition:
+// "schema:subscriber:partition".
+func LockKey(schema, subscriber string, partition int) string {
+	return fmt.Sprintf("%s:%s:%d", schemaname.Or(schema), subscriber, partition)
+}
+
+// Head returns the newest position.
+func (e *Engine) Head(ctx context.Context) (int64, error) {
+	var h int64
+	err := e.pool.QueryRow(ctx, e.q["Head"]).Scan(&h)
+	return h, errors.Wrap(err, "catchup: read head")
+}
+
+// Run drives sub until ctx ends: it stands by until it holds the
+// subscription's lock, then leads (catch up, then live) until the lock is
+// lost, and stands by again. After ctx ends, the batch in hand finishes
+// (bounded by ShutdownTimeout), buffered checkpoints are flushed, and the
+// lock is released. It returns nil then.
+func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
+	if err := e.validate(sub); err != nil {
+		return err
+	}
+	procCtx, stop := e.processContext(ctx)
+	defer stop()
+	if sub.Ephemeral {
+		lease := &Lease{Subscriber: sub.Name, Partition: sub.Partition, Start: sub.StartAfter}
+		err := e.lead(ctx, procCtx, sub, lease, math.MaxInt64)
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	log := e.cfg.Logger.With(slog.String("subscriber", sub.Name), slog.Int("partition", sub.Partition))
+	backoff := e.cfg.RetryBackoff
+	for ctx.Err() == nil {
+		lease, err := e.acquire(ctx, sub)
+		if errors.Is(err, advisorylock.ErrNotAcquired) {
+			sleep(ctx, jitter(e.cfg.LockRetryInterval))
+			continue
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				log.WarnContext(ctx, "annals: cannot take the subscription lock", slog.Any("error", err))
+				sleep(ctx, jitter(backoff))
+				backoff = min(backoff*2, 30*time.Second)
+			}
+			continue
+		}
+		backoff = e.cfg.RetryBackoff
+		log.InfoContext(ctx, "annals: leading", slog.Int64("epoch", lease.Epoch), slog.Int64("checkpoint", lease.Start))
+		err = e.lead(ctx, procCtx, sub, lease, math.MaxInt64)
+		e.release(procCtx, lease)
+		if ctx.Err() != nil {
+			return nil
+		}
+		log.WarnContext(ctx, "annals: stopped leading", slog.Int64("epoch", lease.Epoch), slog.Any("error", err))
+		sleep(ctx, jitter(e.cfg.RetryBackoff))
+	}
+	return nil
+}
+
+// CatchUp processes sub through position target (typically the head when
+// called) and returns: it waits for the subscription's lock (a live leader
+// elsewhere blocks it), claims it, processes, flushes and releases.
+func (e *Engine) CatchUp(ctx context.Context, sub *Subscription, target int64) error {
+	if err := e.validate(sub); err != nil {
+		return err
+	}
+	if sub.Ephemeral {
+		lease := &Lease{Subscriber: sub.Name, Partition: sub.Partition, Start: sub.StartAfter}
+		return e.lead(ctx, ctx, sub, lease, target)
+	}
+	for {
+		lease, err := e.acquire(ctx, sub)
+		if errors.Is(err, advisorylock.ErrNotAcquired) {
+			if err := sleep(ctx, jitter(e.cfg.LockRetryInterval)); err != nil {
+				return errors.Wrapf(err, "catchup: waiting for the lock of %s/%d", sub.Name, sub.Partition)
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		err = e.lead(ctx, ctx, sub, lease, target)
+		e.release(ctx, lease)
+		return err
+	}
+}
+
+func (e *Engine) validate(sub *Subscription) error {
+	switch {
+	case sub == nil || sub.Processor == nil:
+		return errors.New("catchup: subscription without a processor")
+	case sub.Name == "":
+		return errors.New("catchup: subscription name is empty")
+	case sub.Partitions > 1 && (sub.Partition < 0 || sub.Partition >= sub.Partitions):
+		return errors.Newf("catchup: partition %d is outside 0..%d", sub.Partition, sub.Partitions-1)
+	case sub.Partitions <= 1 && sub.Partition != 0:
+		return errors.Newf("catchup: partition %d of an unpartitioned subscription", sub.Partition)
+	case sub.BatchSize < 0:
+		return errors.New("catchup: negative batch size")
+	}
+	return nil
+}
+
+// processContext returns the context batches run under: it outlives ctx by
+// up to ShutdownTimeout so that the batch in hand can finish.
+func (e *Engine) processContext(ctx context.Context) (context.Context, func()) {
+	procCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			select {
+			case <-done:
+			case <-time.After(e.cfg.ShutdownTimeout):
+				e.cfg.Logger.Warn("annals: shutdown timeout: cancelling the batch in hand")
+				cancel()
+			}
+		}
+	}()
+	return procCtx, func() { close(done); cancel() }
+}
+
+// acquire tries the lock and claims the checkpoint (bumping the epoch).
+func (e *Engine) acquire(ctx context.Context, sub *Subscription) (*Lease, error) {
+	lock, err := advisorylock.TryAcquire(ctx, e.connConfig, LockKey(e.schema, sub.Name, sub.Partition), e.cfg.Lock)
+	if err != nil {
+		return nil, err
+	}
+	lease := &Lease{Subscriber: sub.Name, Partition: sub.Partition, Lock: lock, checkpoints: e.checkpoints}
+	err = lock.Do(ctx, func(conn *pgx.Conn) error {
+		cp, err := e.checkpoints.Claim(ctx, conn, sub.Name, sub.Partition, e.cfg.Owner)
+		lease.Epoch, lease.Start = cp.Epoch, cp.Position
+		return err
+	})
+	if err != nil {
+		_ = lock.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	if e.cfg.OnLeadership != nil {
+		e.cfg.OnLeadership(sub.Name, sub.Partition, lease.Epoch, true)
+	}
+	return lease, nil
+}
+
+func (e *Engine) release(ctx context.Context, lease *Lease) {
+	if e.cfg.OnLeadership != nil {
+		e.cfg.OnLeadership(lease.Subscriber, lease.Partition, lease.Epoch, false)
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = lease.Lock.Release(rctx)
+}
+
+// lead processes batches from the lease's checkpoint until ctx ends, the
+// lock is lost, or (target < MaxInt64) the cursor reaches target.
+func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Lease, target int64) error {
+	var lost <-chan struct{}
+	if lease.Lock != nil {
+		lost = lease.Lock.Lost()
+	}
+	live := target == math.MaxInt64
+	var signal <-chan struct{}
+	if live && e.listener != nil {
+		var unsubscribe func()
+		signal, unsubscribe = e.listener.Subscribe()
+		defer unsubscribe()
+		// Listen before the first read, so nothing committed while catching up
+		// goes unnoticed. Without a listener within a poll interval, poll.
+		select {
+		case <-e.listener.Listening():
+		case <-time.After(e.cfg.PollInterval):
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	if err := sub.Processor.Start(procCtx, lease); err != nil {
+		return errors.Wrap(err, "catchup: start processor")
+	}
+	defer func() { _ = sub.Processor.Idle(procCtx, lease) }()
+
+	batchSize := sub.BatchSize
+	if batchSize <= 0 {
+		batchSize = 500
+	}
+	cursor := lease.Start
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		select {
+		case <-lost:
+			return lease.Lock.Err()
+		default:
+		}
+		if cursor >= target {
+			return nil
+		}
+		batch, err := e.read(ctx, sub, cursor, batchSize, target)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			e.cfg.Logger.WarnContext(ctx, "annals: read failed", slog.String("subscriber", sub.Name), slog.Any("error", err))
+			if !live {
+				return err
+			}
+			if err := e.wait(ctx, lost, nil, e.cfg.RetryBackoff); err != nil {
+				return err
+			}
+			continue
+		}
+		if batch.Through <= cursor {
+			if !live {
+				return nil // target is beyond the head: nothing more to read
+			}
+			if err := sub.Processor.Idle(procCtx, lease); err != nil {
+				if isFatal(err) {
+					return err
+				}
+				e.cfg.Logger.WarnContext(ctx, "annals: flushing the checkpoint failed", slog.String("subscriber", sub.Name), slog.Any("error", err))
+			}
+			if err := e.wait(ctx, lost, signal, e.cfg.PollInterval); err != nil {
+				return err
+			}
+			continue
+		}
+		done, err := sub.Processor.Process(procCtx, lease, batch)
+		if done > cursor {
+			cursor = done
+		}
+		if err != nil {
+			if isFatal(err) {
+				return err
+			}
+			e.cfg.Logger.WarnContext(ctx, "annals: batch failed; retrying",
+				slog.String("subscriber", sub.Name), slog.Int("partition", sub.Partition),
+				slog.Int64("after", cursor), slog.Any("error", err))
+			if err := e.wait(ctx, lost, nil, e.cfg.RetryBackoff); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// isFatal reports errors that end a leadership: fencing and a lost lock.
+func isFatal(err error) bool {
+	return errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, advisorylock.ErrLost) || errors.Is(err, advisorylock.ErrReleased)
+}
+
+// wait returns after d, on a signal, or with an error when the lock is lost;
+// nil when ctx ends (the caller checks ctx).
+func (e *Engine) wait(ctx context.Context, lost <-chan struct{}, signal <-chan struct{}, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-lost:
+		return errors.Wrap(advisorylock.ErrLost, "catchup: lock lost while waiting")
+	case <-signal:
+	case <-t.C:
+	}
+	return nil
+}
+
+// read fetches the next batch after cursor.
+func (e *Engine) read(ctx context.Context, sub *Subscription, after int64, limit int, target int64) (Batch, error) {
+	var regex *string
+	if re := sub.Filter.Regex(); re != "" {
+		regex = &re
+	}
+	rows, err := e.pool.Query(ctx, e.q["ReadBatch"], after, limit, regex, max(sub.Partitions, 1), sub.Partition, target)
+	if err != nil {
+		return Batch{}, errors.Wrap(err, "catchup: read batch")
+	}
+	b := Batch{After: after, Events: make([]eventstore.Event, 0, limit)}
+	var head int64
+	var pos *int64
+	var ev eventstore.Event
+	var meta []byte
+	var id, stream, typ *string
+	var version *int64
+	var recorded *time.Time
+	_, err = pgx.ForEachRow(rows, []any{&head, &pos, &id, &stream, &version, &typ, &ev.Data, &meta, &recorded}, func() error {
+		if pos == nil {
+			return nil // no events: the row only carries the head
+		}
+		e := eventstore.Event{GlobalSequence: *pos, StreamID: *stream, StreamVersion: *version, Type: *typ, Data: ev.Data, RecordedAt: *recorded}
+		if err := e.ID.UnmarshalText([]byte(*id)); err != nil {
+			return errors.Wrapf(err, "event %d: bad ID", *pos)
+		}
+		if len(meta) > 0 {
+			if err := e.Metadata.UnmarshalJSON(meta); err != nil {
+				return errors.Wrapf(err, "event %d", *pos)
+			}
+		}
+		b.Events = append(b.Events, e)
+		ev.Data = nil
+		return nil
+	})
+	if err != nil {
+		return Batch{}, errors.Wrap(err, "catchup: read batch")
+	}
+	b.Through = min(max(head, after), target)
+	if len(b.Events) == limit {
+		b.Through = b.Events[len(b.Events)-1].GlobalSequence
+	}
+	return b, nil
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d+1)
+}
+
+// sleep waits for d or until ctx ends (then returns its error).
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,161 @@
+package catchup
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/internal/schemaname"
+)
+
+// Listener holds the process's one LISTEN connection and fans wake-up
+// signals out to every local subscription. Signals are coalesced (a
+// subscription only learns "the head moved", never which events) and never
+// trusted as data: a subscription always re-reads from its checkpoint. When
+// the connection is lost, Listener reconnects with backoff and, once it
+// listens again, signals every subscription so that none waits for a
+// notification sent while nobody listened.
+type Listener struct {
+	connConfig *pgx.ConnConfig
+	channel    string
+	logger     *slog.Logger
+
+	mu        sync.Mutex
+	subs      map[chan struct{}]struct{}
+	listening chan struct{} // closed while LISTEN is active; replaced on loss
+	up        bool
+
+	reconnects atomic.Int64
+}
+
+// NewListener returns a Listener for the schema's channel on connections
+// made from connConfig (which is copied). logger may be nil.
+func NewListener(connConfig *pgx.ConnConfig, schema string, logger *slog.Logger) (*Listener, error) {
+	if connConfig == nil {
+		return nil, errors.New("catchup: listener needs a connection config")
+	}
+	schema = schemaname.Or(schema)
+	if err := schemaname.Validate(schema); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Listener{
+		connConfig: connConfig.Copy(),
+		channel:    schemaname.Channel(schema),
+		logger:     logger,
+		subs:       map[chan struct{}]struct{}{},
+		listening:  make(chan struct{}),
+	}, nil
+}
+
+// Subscribe returns a channel that receives a (coalesced) signal whenever
+// the head may have moved, and a function that unsubscribes.
+func (l *Listener) Subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	l.mu.Lock()
+	l.subs[ch] = struct{}{}
+	l.mu.Unlock()
+	return ch, func() {
+		l.mu.Lock()
+		delete(l.subs, ch)
+		l.mu.Unlock()
+	}
+}
+
+// Listening returns a channel that is closed while the listener's LISTEN is
+// active. After a loss, a new (open) channel is returned until it is back.
+func (l *Listener) Listening() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.listening
+}
+
+// Reconnects returns how many times the listener has had to reconnect.
+func (l *Listener) Reconnects() int64 { return l.reconnects.Load() }
+
+func (l *Listener) broadcast() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for ch := range l.subs {
+		select {
+		case ch <- struct{}{}:
+		default: // a signal is pending already: coalesced
+		}
+	}
+}
+
+func (l *Listener) setUp(up bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if up == l.up {
+		return
+	}
+	l.up = up
+	if up {
+		close(l.listening)
+	} else {
+		l.listening = make(chan struct{})
+	}
+}
+
+// Run listens until ctx ends, reconnecting with backoff (100 ms doubling to
+// 5 s, with jitter) after any failure. It returns nil when ctx ends.
+func (l *Listener) Run(ctx context.Context) error {
+	backoff := 100 * time.Millisecond
+	for first := true; ; first = false {
+		if !first {
+			l.reconnects.Add(1)
+		}
+		wasUp, err := l.listen(ctx)
+		l.setUp(false)
+		if ctx.Err() != nil {
+			return nil
+		}
+		l.logger.WarnContext(ctx, "annals: listener connection lost; reconnecting",
+			slog.String("channel", l.channel), slog.Any("error", err), slog.Duration("backoff", backoff))
+		// Subscriptions fall back to polling meanwhile; wake them to re-read now.
+		l.broadcast()
+		d := backoff/2 + rand.N(backoff/2+1)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(d):
+		}
+		if backoff *= 2; backoff > 5*time.Second {
+			backoff = 5 * time.Second
+		}
+		if wasUp { // it had been listening: start the backoff over
+			backoff = 100 * time.Millisecond
+		}
+	}
+}
+
+// listen runs one connection: LISTEN, then wait for notifications, until
+// the connection fails or ctx ends. wasUp reports whether LISTEN succeeded.
+func (l *Listener) listen(ctx context.Context) (wasUp bool, err error) {
+	conn, err := pgx.ConnectConfig(ctx, l.connConfig)
+	if err != nil {
+		return false, errors.Wrap(err, "catchup: connect listener")
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()); err != nil {
+		return false, errors.Wrap(err, "catchup: LISTEN")
+	}
+	l.setUp(true)
+	l.broadcast() // anything committed before LISTEN took effect: re-read
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return true, errors.Wrap(err, "catchup: wait for notification")
+		}
+		l.broadcast()
+	}
+}

@@ -1,0 +1,25 @@
+-- Statements of the catch-up engine.
+
+-- name: ReadBatch
+-- $1 after (exclusive), $2 limit, $3 type regex or NULL, $4 partitions,
+-- $5 partition, $6 upper bound (inclusive). The head comes from the same
+-- snapshot as the events: every committed event up to it is visible, so
+-- when fewer than $2 rows match, everything through the head (up to $6) has
+-- been considered and the checkpoint may move there.
+SELECT h.head, e.global_sequence, e.event_id, e.stream_id, e.stream_version,
+       e.event_type, e.data, e.metadata, e.recorded_at
+  FROM (SELECT coalesce(max(global_sequence), 0) AS head FROM {{.Schema}}.events) h
+  LEFT JOIN LATERAL (
+        SELECT ev.global_sequence, ev.event_id, ev.stream_id, ev.stream_version,
+               ev.event_type, ev.data, ev.metadata, ev.recorded_at
+          FROM {{.Schema}}.events ev
+         WHERE ev.global_sequence > $1
+           AND ev.global_sequence <= least(h.head, $6)
+           AND ($3::text IS NULL OR ev.event_type ~ $3)
+           AND ($4::int <= 1 OR {{.Schema}}.stream_partition(ev.stream_id, $4) = $5)
+         ORDER BY ev.global_sequence
+         LIMIT $2) e ON true
+ ORDER BY e.global_sequence;
+
+-- name: Head
+SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events;

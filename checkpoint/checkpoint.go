@@ -1,0 +1,228 @@
+package checkpoint
+
+import (
+	"context"
+	_ "embed"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/sqltmpl"
+)
+
+//go:embed queries.sql
+var queriesSQL string
+
+var (
+	// ErrFenced is returned by Commit when another leader has claimed the
+	// subscriber partition since this one did (the epoch moved on).
+	ErrFenced = errors.New("checkpoint: fenced off: another leader has claimed this subscriber partition")
+	// ErrNotFound is returned by Load for a subscriber partition with no checkpoint.
+	ErrNotFound = errors.New("checkpoint: not found")
+	// ErrInvalid is matched by bad arguments: empty subscriber, negative partition or position.
+	ErrInvalid = errors.New("checkpoint: invalid argument")
+)
+
+// DB is what the store runs its statements on: a *pgx.Conn, a pgx.Tx or a
+// *pgxpool.Pool.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Checkpoint is one subscriber partition's row.
+type Checkpoint struct {
+	// Subscriber is the subscriber's name.
+	Subscriber string
+	// Partition is the partition number, 0 for an unpartitioned subscriber.
+	Partition int
+	// Position is the global sequence of the last event processed (0: none).
+	Position int64
+	// Epoch is the fencing epoch of the current leader.
+	Epoch int64
+	// Owner is the instance that claimed the epoch ("" after an operator's Set).
+	Owner string
+	// UpdatedAt is when the row last changed.
+	UpdatedAt time.Time
+}
+
+// Store runs the checkpoint statements for one schema.
+type Store struct {
+	q map[string]string
+}
+
+// New returns a Store for the schema (default "annals").
+func New(schema string) (*Store, error) {
+	schema = schemaname.Or(schema)
+	if err := schemaname.Validate(schema); err != nil {
+		return nil, err
+	}
+	q, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(schema))
+	if err != nil {
+		return nil, err
+	}
+	return &Store{q: q}, nil
+}
+
+func validate(sub string, part int) error {
+	if sub == "" {
+		return errors.Wrap(ErrInvalid, "subscriber name is empty")
+	}
+	if part < 0 {
+		return errors.Wrapf(ErrInvalid, "partition %d is negative", part)
+	}
+	return nil
+}
+
+// Claim makes owner the leader of the subscriber partition: it creates the
+// row at position 0 or increments its epoch, and returns the row. Run it on
+// the connection that holds the partition's advisory lock.
+func (s *Store) Claim(ctx context.Context, db DB, sub string, part int, owner string) (Checkpoint, error) {
+	if err := validate(sub, part); err != nil {
+		return Checkpoint{}, err
+	}
+	c := Checkpoint{Subscriber: sub, Partition: part}
+	var o *string
+	err := db.QueryRow(ctx, s.q["Claim"], sub, part, owner).Scan(&c.Position, &c.Epoch, &o, &c.UpdatedAt)
+	if o != nil {
+		c.Owner = *o
+	}
+	return c, errors.Wrapf(err, "checkpoint: claim %s/%d", sub, part)
+}
+
+// Load returns the subscriber partition's checkpoint, or ErrNotFound.
+func (s *Store) Load(ctx context.Context, db DB, sub string, part int) (Checkpoint, error) {
+	if err := validate(sub, part); err != nil {
+		return Checkpoint{}, err
+	}
+	c := Checkpoint{Subscriber: sub, Partition: part}
+	var o *string
+	err := db.QueryRow(ctx, s.q["Load"], sub, part).Scan(&c.Position, &c.Epoch, &o, &c.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c, errors.Wrapf(ErrNotFound, "checkpoint %s/%d", sub, part)
+	}
+	if o != nil {
+		c.Owner = *o
+	}
+	return c, errors.Wrapf(err, "checkpoint: load %s/%d", sub, part)
+}
+
+// Commit moves the checkpoint to position if epoch is still the partition's
+// epoch; otherwise it fails with ErrFenced. It never moves it backwards.
+func (s *Store) Commit(ctx context.Context, db DB, sub string, part int, epoch, position int64) error {
+	if err := validate(sub, part); err != nil {
+		return err
+	}
+	if position < 0 {
+		return errors.Wrapf(ErrInvalid, "position %d is negative", position)
+	}
+	var got int64
+	err := db.QueryRow(ctx, s.q["Commit"], sub, part, epoch, position).Scan(&got)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return errors.Wrapf(ErrFenced, "commit %s/%d at epoch %d", sub, part, epoch)
+	}
+	return errors.Wrapf(err, "checkpoint: commit %s/%d", sub, part)
+}
+
+// Set moves the checkpoint to position unconditionally (an operator's
+// reset or skip) and bumps the epoch, so that a running leader is fenced off
+// and re-reads from the new position.
+func (s *Store) Set(ctx context.Context, db DB, sub string, part int, position int64) (Checkpoint, error) {
+	if err := validate(sub, part); err != nil {
+		return Checkpoint{}, err
+	}
+	if position < 0 {
+		return Checkpoint{}, errors.Wrapf(ErrInvalid, "position %d is negative", position)
+	}
+	c := Checkpoint{Subscriber: sub, Partition: part}
+	var o *string
+	err := db.QueryRow(ctx, s.q["Set"], sub, part, position).Scan(&c.Position, &c.Epoch, &o, &c.UpdatedAt)
+	return c, errors.Wrapf(err, "checkpoint: set %s/%d", sub, part)
+}
+
+// List returns every checkpoint, ordered by subscriber and partition.
+func (s *Store) List(ctx context.Context, db DB) ([]Checkpoint, error) {
+	rows, err := db.Query(ctx, s.q["List"])
+	if err != nil {
+		return nil, errors.Wrap(err, "checkpoint: list")
+	}
+	var out []Checkpoint
+	var c Checkpoint
+	var o *string
+	_, err = pgx.ForEachRow(rows, []any{&c.Subscriber, &c.Partition, &c.Position, &c.Epoch, &o, &c.UpdatedAt}, func() error {
+		c.Owner = ""
+		if o != nil {
+			c.Owner = *o
+		}
+		out = append(out, c)
+		return nil
+	})
+	return out, errors.Wrap(err, "checkpoint: list")
+}
+
+// Batcher keeps an observer's position in memory and writes it every N
+// events or every interval, and on Flush. Not safe for concurrent use.
+type Batcher struct {
+	commit   func(ctx context.Context, position int64) error
+	every    int
+	interval time.Duration
+	now      func() time.Time
+
+	position  int64 // in memory
+	flushed   int64 // last written
+	pending   int
+	lastFlush time.Time
+}
+
+// NewBatcher returns a Batcher that writes through commit (typically
+// Store.Commit on the lock's connection) every `every` events or
+// `interval`, whichever comes first. position is the starting (stored)
+// position. now may be nil (time.Now).
+func NewBatcher(commit func(ctx context.Context, position int64) error, position int64, every int, interval time.Duration, now func() time.Time) *Batcher {
+	if now == nil {
+		now = time.Now
+	}
+	if every < 1 {
+		every = 1
+	}
+	return &Batcher{commit: commit, every: every, interval: interval, now: now, position: position, flushed: position, lastFlush: now()}
+}
+
+// Advance records that everything through position is processed, counting
+// events handled since the last call, and writes when a threshold is met.
+func (b *Batcher) Advance(ctx context.Context, position int64, events int) error {
+	if position > b.position {
+		b.position = position
+	}
+	b.pending += events
+	if b.pending >= b.every || b.now().Sub(b.lastFlush) >= b.interval {
+		return b.Flush(ctx)
+	}
+	return nil
+}
+
+// Flush writes the in-memory position if it moved since the last write.
+func (b *Batcher) Flush(ctx context.Context) error {
+	if b.position == b.flushed {
+		b.pending = 0
+		b.lastFlush = b.now()
+		return nil
+	}
+	if err := b.commit(ctx, b.position); err != nil {
+		return err
+	}
+	b.flushed = b.position
+	b.pending = 0
+	b.lastFlush = b.now()
+	return nil
+}
+
+// Position returns the in-memory position.
+func (b *Batcher) Position() int64 { return b.position }
+
+// Flushed returns the last position written.
+func (b *Batcher) Flushed() int64 { return b.flushed }
