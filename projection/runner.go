@@ -1,0 +1,416 @@
+package projection
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/advisorylock"
+	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/sqltmpl"
+)
+
+//go:embed instances.sql
+var instancesSQL string
+
+// Config configures a Runner. A nil *Config means defaults.
+type Config struct {
+	// Schema is the annals schema. Defaults to "annals".
+	Schema string
+	// InstanceID names this process in the instance registry and in
+	// checkpoints. Defaults to "host:pid:" and a random suffix.
+	InstanceID string
+	// PollInterval is how long a caught-up subscriber waits for a NOTIFY
+	// before reading anyway. Defaults to 1s.
+	PollInterval time.Duration
+	// LockRetryInterval is how often a standby tries to become leader (±50%
+	// jitter). Defaults to 2s.
+	LockRetryInterval time.Duration
+	// RetryBackoff is the pause before a failed event is tried again.
+	// Defaults to 500ms.
+	RetryBackoff time.Duration
+	// HeartbeatInterval is how often the instance registry is updated.
+	// Defaults to 10s.
+	HeartbeatInterval time.Duration
+	// ShutdownTimeout bounds the graceful shutdown: the batch in hand may run
+	// this long after the context ends. Defaults to 30s.
+	ShutdownTimeout time.Duration
+	// Lock configures the advisory-lock connections. Defaults to advisorylock's defaults.
+	Lock *advisorylock.Config
+	// Logger receives leadership changes, retries and reconnects.
+	// Defaults to discarding.
+	Logger *slog.Logger
+}
+
+// Options configures one registered projection or observer. A nil *Options
+// means defaults.
+type Options struct {
+	// Types are event-type glob patterns (see catchup.Filter). Defaults to
+	// the handled types of a typed projection or observer, else all types.
+	Types []string
+	// Partitions splits the subscriber by a stable hash of the stream ID into
+	// this many partitions, each with its own lock and checkpoint, so that
+	// several instances share the work; per-stream order holds. Defaults to 1.
+	Partitions int
+	// BatchSize is the number of events read (and, for projections,
+	// committed) at a time. Defaults to 500.
+	BatchSize int
+	// CheckpointEvery and CheckpointInterval batch an observer's checkpoint
+	// writes: every N events or T, whichever comes first, and whenever it
+	// catches up. Defaults to 100 and 1s. Projections ignore them: their
+	// checkpoint commits with each batch.
+	CheckpointEvery    int
+	CheckpointInterval time.Duration
+}
+
+type registration struct {
+	name    string
+	opts    Options
+	filter  catchup.Filter
+	newProc func() catchup.Processor
+}
+
+// Runner runs registered projections and observers: it elects one leader
+// per subscriber partition across every process, catches up from the
+// checkpoint and follows the log live.
+type Runner struct {
+	pool   *pgxpool.Pool
+	cfg    Config
+	engine *catchup.Engine
+	q      map[string]string
+
+	mu       sync.Mutex
+	regs     []*registration
+	names    map[string]bool
+	running  bool
+	leading  map[leadKey]int64 // -> epoch
+	changed  chan struct{}
+	hostname string
+}
+
+type leadKey struct {
+	sub  string
+	part int
+}
+
+// NewRunner returns a Runner on pool.
+func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
+	if pool == nil {
+		return nil, errors.New("projection: pool is nil")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Schema = schemaname.Or(c.Schema)
+	if err := schemaname.Validate(c.Schema); err != nil {
+		return nil, err
+	}
+	host, _ := os.Hostname()
+	if c.InstanceID == "" {
+		c.InstanceID = catchup.DefaultOwner() + ":" + uuid.NewString()[:8]
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	r := &Runner{pool: pool, cfg: c, names: map[string]bool{}, leading: map[leadKey]int64{}, changed: make(chan struct{}, 1), hostname: host}
+	q, err := sqltmpl.Named("instances.sql", instancesSQL, sqltmpl.NewData(c.Schema))
+	if err != nil {
+		return nil, err
+	}
+	r.q = q
+	return r, nil
+}
+
+// InstanceID returns the instance's ID.
+func (r *Runner) InstanceID() string { return r.cfg.InstanceID }
+
+// Register adds a Projection or an Observer. It fails for an empty or
+// duplicate name, a handler that is neither (or both), invalid options or
+// glob patterns, and mistakes in typed handlers.
+func (r *Runner) Register(handler any, opts *Options) error {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	var name string
+	var newProc func() catchup.Processor
+	p, isProj := handler.(Projection)
+	obs, isObs := handler.(Observer)
+	switch {
+	case handler == nil:
+		return errors.New("projection: Register(nil)")
+	case isProj && isObs:
+		return errors.Newf("projection: %T is both a Projection and an Observer", handler)
+	case isProj:
+		name = p.Name()
+		newProc = func() catchup.Processor { return &txProcessor{p: p} }
+	case isObs:
+		name = obs.Name()
+		every, interval := o.CheckpointEvery, o.CheckpointInterval
+		if every <= 0 {
+			every = 100
+		}
+		if interval <= 0 {
+			interval = time.Second
+		}
+		newProc = func() catchup.Processor { return &observerProcessor{o: obs, every: every, interval: interval} }
+	default:
+		return errors.Newf("projection: %T is neither a Projection nor an Observer", handler)
+	}
+	if name == "" {
+		return errors.Newf("projection: %T has an empty name", handler)
+	}
+	if e, ok := handler.(interface{ Err() error }); ok && e.Err() != nil {
+		return e.Err()
+	}
+	if o.Partitions < 0 || o.BatchSize < 0 || o.CheckpointEvery < 0 || o.CheckpointInterval < 0 {
+		return errors.Newf("projection: %q: negative option", name)
+	}
+	if o.Partitions == 0 {
+		o.Partitions = 1
+	}
+	if o.Partitions > 1024 {
+		return errors.Newf("projection: %q: %d partitions; at most 1024", name, o.Partitions)
+	}
+	types := o.Types
+	if len(types) == 0 {
+		if tl, ok := handler.(TypeLister); ok {
+			if types = tl.EventTypes(); len(types) == 0 {
+				return errors.Newf("projection: %q handles no event types", name)
+			}
+		}
+	}
+	filter, err := catchup.ParseFilter(types)
+	if err != nil {
+		return errors.Wrapf(err, "projection: %q", name)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running {
+		return errors.New("projection: Register after Run started")
+	}
+	if r.names[name] {
+		return errors.Newf("projection: %q is registered twice", name)
+	}
+	r.names[name] = true
+	r.regs = append(r.regs, &registration{name: name, opts: o, filter: filter, newProc: newProc})
+	return nil
+}
+
+func (r *Runner) newEngine(listener *catchup.Listener) (*catchup.Engine, error) {
+	return catchup.NewEngine(r.pool, listener, &catchup.Config{
+		Schema:            r.cfg.Schema,
+		Owner:             r.cfg.InstanceID,
+		PollInterval:      r.cfg.PollInterval,
+		LockRetryInterval: r.cfg.LockRetryInterval,
+		RetryBackoff:      r.cfg.RetryBackoff,
+		ShutdownTimeout:   r.cfg.ShutdownTimeout,
+		Lock:              r.cfg.Lock,
+		Logger:            r.cfg.Logger,
+		OnLeadership:      r.onLeadership,
+	})
+}
+
+func (r *Runner) subscriptions() []*catchup.Subscription {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var subs []*catchup.Subscription
+	for _, reg := range r.regs {
+		for part := range reg.opts.Partitions {
+			subs = append(subs, &catchup.Subscription{
+				Name: reg.name, Partition: part, Partitions: reg.opts.Partitions,
+				Filter: reg.filter, BatchSize: reg.opts.BatchSize, Processor: reg.newProc(),
+			})
+		}
+	}
+	return subs
+}
+
+// Run runs every registered subscriber until ctx ends, then shuts down
+// gracefully (the batch in hand finishes within ShutdownTimeout, observer
+// checkpoints are flushed, locks released, the instance deregistered) and
+// returns nil. It returns an error only if it cannot start.
+func (r *Runner) Run(ctx context.Context) error {
+	r.mu.Lock()
+	if r.running {
+		r.mu.Unlock()
+		return errors.New("projection: Run called twice")
+	}
+	r.running = true
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.running = false
+		r.mu.Unlock()
+	}()
+	subs := r.subscriptions()
+	if len(subs) == 0 {
+		return errors.New("projection: nothing registered")
+	}
+	listener, err := catchup.NewListener(r.pool.Config().ConnConfig, r.cfg.Schema, r.cfg.Logger)
+	if err != nil {
+		return err
+	}
+	engine, err := r.newEngine(listener)
+	if err != nil {
+		return err
+	}
+	if err := r.register(ctx); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	listenCtx, stopListener := context.WithCancel(context.WithoutCancel(ctx))
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = listener.Run(listenCtx) }()
+	hbCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
+	hbDone := make(chan struct{})
+	go func() { defer close(hbDone); r.heartbeat(hbCtx) }()
+
+	var subWG sync.WaitGroup
+	for _, s := range subs {
+		subWG.Add(1)
+		go func() {
+			defer subWG.Done()
+			if err := engine.Run(ctx, s); err != nil {
+				r.cfg.Logger.ErrorContext(ctx, "annals: subscription ended", slog.String("subscriber", s.Name), slog.Any("error", err))
+			}
+		}()
+	}
+	subWG.Wait()
+	stopListener()
+	wg.Wait()
+	stopHeartbeat()
+	<-hbDone
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := r.pool.Exec(dctx, r.q["Deregister"], r.cfg.InstanceID); err != nil {
+		r.cfg.Logger.WarnContext(dctx, "annals: deregistering the instance failed", slog.Any("error", err))
+	}
+	return nil
+}
+
+// RunUntilCaughtUp processes every registered subscriber up to the head of
+// the log as it is when called, then returns. It waits for each subscriber
+// partition's lock, so it stands by while another instance leads it. For
+// tests, rebuilds and batch jobs.
+func (r *Runner) RunUntilCaughtUp(ctx context.Context) error {
+	subs := r.subscriptions()
+	if len(subs) == 0 {
+		return errors.New("projection: nothing registered")
+	}
+	engine, err := r.newEngine(nil)
+	if err != nil {
+		return err
+	}
+	head, err := engine.Head(ctx)
+	if err != nil {
+		return err
+	}
+	for _, s := range subs {
+		if err := r.catchUp(ctx, engine, s, head); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// catchUp retries a subscriber partition until it reaches head: handler
+// failures are retried after RetryBackoff, as in Run.
+func (r *Runner) catchUp(ctx context.Context, engine *catchup.Engine, s *catchup.Subscription, head int64) error {
+	for {
+		err := engine.CatchUp(ctx, s, head)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return errors.Wrapf(err, "projection: %q did not catch up", s.Name)
+		}
+		r.cfg.Logger.WarnContext(ctx, "annals: catching up failed; retrying", slog.String("subscriber", s.Name), slog.Any("error", err))
+		t := time.NewTimer(max(r.cfg.RetryBackoff, 10*time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Wrapf(err, "projection: %q did not catch up", s.Name)
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Runner) onLeadership(sub string, part int, epoch int64, leading bool) {
+	r.mu.Lock()
+	if leading {
+		r.leading[leadKey{sub, part}] = epoch
+	} else if r.leading[leadKey{sub, part}] == epoch {
+		delete(r.leading, leadKey{sub, part})
+	}
+	r.mu.Unlock()
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+}
+
+type leadEntry struct {
+	Subscriber string `json:"subscriber"`
+	Partition  int    `json:"partition"`
+	Epoch      int64  `json:"epoch"`
+}
+
+func (r *Runner) leadingJSON() []byte {
+	r.mu.Lock()
+	entries := make([]leadEntry, 0, len(r.leading))
+	for k, e := range r.leading {
+		entries = append(entries, leadEntry{k.sub, k.part, e})
+	}
+	r.mu.Unlock()
+	sort.Slice(entries, func(i, j int) bool {
+		if entries[i].Subscriber != entries[j].Subscriber {
+			return entries[i].Subscriber < entries[j].Subscriber
+		}
+		return entries[i].Partition < entries[j].Partition
+	})
+	b, _ := json.Marshal(entries)
+	return b
+}
+
+func (r *Runner) register(ctx context.Context) error {
+	_, err := r.pool.Exec(ctx, r.q["Register"], r.cfg.InstanceID, r.hostname, os.Getpid(), r.leadingJSON())
+	return errors.Wrap(err, "projection: register the instance")
+}
+
+// heartbeat updates the registry every HeartbeatInterval and at once when
+// leadership changes.
+func (r *Runner) heartbeat(ctx context.Context) {
+	t := time.NewTicker(r.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.changed:
+		}
+		tag, err := r.pool.Exec(ctx, r.q["Heartbeat"], r.cfg.InstanceID, r.leadingJSON())
+		if err == nil && tag.RowsAffected() == 0 {
+			err = r.register(ctx) // the row was removed (e.g. by an operator): re-register
+		}
+		if err != nil && ctx.Err() == nil {
+			r.cfg.Logger.WarnContext(ctx, "annals: heartbeat failed", slog.Any("error", err))
+		}
+	}
+}
