@@ -1,0 +1,264 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/annals-dev/annals/checkpoint"
+)
+
+func (e *env) checkpointCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "checkpoint",
+		Short: "Show or move a subscriber's checkpoint",
+		Long: `A checkpoint is the position of the last event a subscriber partition has processed.
+'get' shows it; 'set' moves it, which makes the subscriber process events again (moving
+back) or skip them (moving forward). See 'annals status' for every subscriber.`,
+		RunE: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("want a subcommand: get or set")
+			}
+			return usagef("unknown subcommand %q: want get or set", args[0])
+		},
+	}
+	cmd.AddCommand(e.checkpointGetCommand(), e.checkpointSetCommand())
+	for _, c := range cmd.Commands() {
+		wrapArgs(c)
+	}
+	return cmd
+}
+
+func (e *env) checkpointGetCommand() *cobra.Command {
+	var partition int
+	cmd := &cobra.Command{
+		Use:   "get SUBSCRIBER",
+		Short: "Print a subscriber partition's checkpoint position and epoch",
+		Long: `Print the checkpoint of SUBSCRIBER (partition --partition): its position, fencing
+epoch, owner and when it last changed. An unknown subscriber is a failure (exit 1).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sub := args[0]
+			if err := validSubscriber(sub, partition); err != nil {
+				return err
+			}
+			store, err := checkpoint.New(e.schema)
+			if err != nil {
+				return err
+			}
+			pool, err := e.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			c, err := store.Load(cmd.Context(), pool, sub, partition)
+			if errors.Is(err, checkpoint.ErrNotFound) {
+				return unknownSubscriber(sub, partition)
+			}
+			if err != nil {
+				return err
+			}
+			owner := c.Owner
+			if owner == "" {
+				owner = "none"
+			}
+			_, err = fmt.Fprintf(e.stdout, "%s/%d: position %d, epoch %d (owner %s, updated %s)\n",
+				sub, partition, c.Position, c.Epoch, owner, c.UpdatedAt.UTC().Format(timeLayout))
+			return err
+		},
+	}
+	cmd.Flags().IntVar(&partition, "partition", 0, "partition number (0 for an unpartitioned subscriber)")
+	return cmd
+}
+
+func (e *env) checkpointSetCommand() *cobra.Command {
+	var partition int
+	var yes, create bool
+	cmd := &cobra.Command{
+		Use:   "set SUBSCRIBER POSITION",
+		Short: "Move a subscriber partition's checkpoint (re-deliver or skip events)",
+		Long: `Move the checkpoint of SUBSCRIBER (partition --partition) to POSITION: the subscriber
+then processes the events after POSITION, again if it had processed them (moving back),
+and never those it skips (moving forward). POSITION is an integer from 0 (replay the
+whole log) to the head of the log. The fencing epoch is bumped, so a running leader stops
+and re-reads from POSITION instead of overwriting it.
+
+This is deliberate: on a terminal, set asks for confirmation; otherwise pass --yes.
+An unknown subscriber is a failure (exit 1) unless --create makes its checkpoint (to
+start a new subscriber somewhere other than the beginning).`,
+		Example: `  annals checkpoint set orders-view 0 --yes        # rebuild from the beginning
+  annals checkpoint set mailer 1234 --partition 3`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sub := args[0]
+			if err := validSubscriber(sub, partition); err != nil {
+				return err
+			}
+			position, err := strconv.ParseInt(args[1], 10, 64)
+			if err != nil || position < 0 {
+				return usagef("POSITION %q: want a non-negative integer", args[1])
+			}
+			store, err := checkpoint.New(e.schema)
+			if err != nil {
+				return err
+			}
+			q, err := e.queries()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			pool, err := e.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+
+			// Check and ask without holding any lock: a human may take a while.
+			old, err := store.Load(ctx, pool, sub, partition)
+			exists := err == nil
+			if errors.Is(err, checkpoint.ErrNotFound) {
+				if !create {
+					return errors.Newf("unknown subscriber %s/%d: it has no checkpoint (see 'annals status', or pass --create to make one)", sub, partition)
+				}
+			} else if err != nil {
+				return err
+			}
+			if err := checkHead(ctx, pool, q, position); err != nil {
+				return err
+			}
+			effect := moveEffect(sub, partition, old.Position, position, exists)
+			if !yes {
+				if !isTerminal(e.stdin) {
+					return usagef("stdin is not a terminal: pass --yes to %s", effect)
+				}
+				ok, err := confirm(e.stdin, e.stderr, "About to "+effect+". Continue?")
+				if err != nil {
+					return err
+				}
+				if !ok {
+					return errors.New("not confirmed: the checkpoint is unchanged")
+				}
+			}
+
+			var before, after checkpoint.Checkpoint
+			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				err := tx.QueryRow(ctx, q["LockCheckpoint"], sub, partition).Scan(&before.Position, &before.Epoch)
+				switch {
+				case errors.Is(err, pgx.ErrNoRows) && !create:
+					return unknownSubscriber(sub, partition) // deleted meanwhile
+				case errors.Is(err, pgx.ErrNoRows):
+					exists = false
+				case err != nil:
+					return errors.Wrap(err, "lock the checkpoint")
+				default:
+					exists = true
+				}
+				after, err = store.Set(ctx, tx, sub, partition, position)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if !exists {
+				_, err = fmt.Fprintf(e.stdout, "%s/%d: created at position %d, epoch %d\n", sub, partition, after.Position, after.Epoch)
+				return err
+			}
+			_, err = fmt.Fprintf(e.stdout, "%s/%d: position %d → %d, epoch %d → %d\n",
+				sub, partition, before.Position, after.Position, before.Epoch, after.Epoch)
+			return err
+		},
+	}
+	cmd.Flags().IntVar(&partition, "partition", 0, "partition number (0 for an unpartitioned subscriber)")
+	cmd.Flags().BoolVar(&yes, "yes", false, "do not ask for confirmation")
+	cmd.Flags().BoolVar(&create, "create", false, "create the checkpoint if the subscriber partition has none")
+	return cmd
+}
+
+func validSubscriber(sub string, partition int) error {
+	if sub == "" {
+		return usagef("SUBSCRIBER must not be empty")
+	}
+	if partition < 0 {
+		return usagef("--partition %d: want 0 or more", partition)
+	}
+	return nil
+}
+
+func unknownSubscriber(sub string, partition int) error {
+	return errors.Newf("unknown subscriber %s/%d: it has no checkpoint (see 'annals status')", sub, partition)
+}
+
+// checkHead refuses a position beyond the last event of the log.
+func checkHead(ctx context.Context, pool *pgxpool.Pool, q map[string]string, position int64) error {
+	var head int64
+	var now any
+	if err := pool.QueryRow(ctx, q["Head"]).Scan(&head, &now); err != nil {
+		return errors.Wrap(err, "read the head of the log")
+	}
+	if position > head {
+		return usagef("POSITION %d is beyond the head of the log (%d)", position, head)
+	}
+	return nil
+}
+
+// moveEffect says what moving the checkpoint from old to position does.
+func moveEffect(sub string, partition int, old, position int64, exists bool) string {
+	switch {
+	case !exists:
+		return fmt.Sprintf("create the checkpoint of %s/%d at position %d (it will start after it)", sub, partition, position)
+	case position < old:
+		return fmt.Sprintf("move %s/%d back from %d to %d (events at positions %d..%d will be processed again)",
+			sub, partition, old, position, position+1, old)
+	case position > old:
+		return fmt.Sprintf("move %s/%d forward from %d to %d (events at positions %d..%d will be skipped)",
+			sub, partition, old, position, old+1, position)
+	}
+	return fmt.Sprintf("set %s/%d to %d, where it is (its leader is fenced off and restarts from there)", sub, partition, position)
+}
+
+// isTerminal reports whether r is an interactive terminal: a character
+// device other than the null device. (golang.org/x/term would ask the
+// terminal driver; this avoids the dependency and errs on the safe side: a
+// pipe, a file or /dev/null is never a terminal.) A reader with an
+// IsTerminal method answers for itself, which lets tests stand in for one.
+func isTerminal(r io.Reader) bool {
+	if t, ok := r.(interface{ IsTerminal() bool }); ok {
+		return t.IsTerminal()
+	}
+	f, ok := r.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return false
+	}
+	if null, err := os.Stat(os.DevNull); err == nil && os.SameFile(fi, null) {
+		return false
+	}
+	return true
+}
+
+// confirm asks question on w and reads a y/N answer from r; anything but
+// y or yes (any case) is no.
+func confirm(r io.Reader, w io.Writer, question string) (bool, error) {
+	fmt.Fprintf(w, "%s [y/N] ", question)
+	line, err := bufio.NewReader(r).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, errors.Wrap(err, "read the answer")
+	}
+	switch strings.ToLower(strings.TrimSpace(line)) {
+	case "y", "yes":
+		return true, nil
+	}
+	return false, nil
+}

@@ -1,0 +1,74 @@
+-- Statements of the command line (`annals status`, `annals checkpoint`),
+-- rendered with the schema as {{.Schema}}. `annals status` runs Head,
+-- Subscribers and Instances in one read-only REPEATABLE READ transaction, so
+-- they see one snapshot and one now().
+
+-- name: Head
+-- The head of the log (0 when empty) and the server's clock.
+SELECT coalesce(max(global_sequence), 0), now()
+  FROM {{.Schema}}.events;
+
+-- name: Subscribers
+-- One row per subscriber partition. $1: staleness threshold in microseconds
+-- (an instance with an older heartbeat is not a live leader); $2: how many
+-- lagging events to count at most (the count stops at $2 + 1).
+--
+-- lag_events counts the events after the checkpoint, so holes left by
+-- rolled-back appends do not inflate it; it is bounded, one index range scan
+-- of at most $2 + 1 entries per partition. lag_seconds is the age of the
+-- oldest unprocessed event (0 when caught up). The leader is the live
+-- instance whose leads array holds {"subscriber", "partition"} of the row,
+-- preferring one that claims the checkpoint's current epoch.
+SELECT c.subscriber_id, c.partition, c.position, c.epoch, c.owner, c.updated_at,
+       lag.events,
+       coalesce(greatest(0, extract(epoch FROM now() - oldest.recorded_at))::float8, 0),
+       leader.instance_id, leader.epoch
+  FROM {{.Schema}}.checkpoints c
+ CROSS JOIN LATERAL (
+        SELECT count(*) AS events
+          FROM (SELECT 1
+                  FROM {{.Schema}}.events e
+                 WHERE e.global_sequence > c.position
+                 ORDER BY e.global_sequence
+                 LIMIT $2::bigint + 1) AS capped
+       ) AS lag
+  LEFT JOIN LATERAL (
+        SELECT e.recorded_at
+          FROM {{.Schema}}.events e
+         WHERE e.global_sequence > c.position
+         ORDER BY e.global_sequence
+         LIMIT 1
+       ) AS oldest ON true
+  LEFT JOIN LATERAL (
+        SELECT li.instance_id, li.epoch
+          FROM (SELECT i.instance_id, i.last_heartbeat,
+                       (SELECT max((x -> 'epoch')::numeric)::bigint
+                          FROM jsonb_array_elements(i.leads) AS x
+                         WHERE x @> jsonb_build_object('subscriber', c.subscriber_id, 'partition', c.partition)
+                           AND jsonb_typeof(x -> 'epoch') = 'number') AS epoch
+                  FROM {{.Schema}}.instances i
+                 WHERE i.last_heartbeat > now() - $1::bigint * interval '1 microsecond'
+                   AND i.leads @> jsonb_build_array(
+                           jsonb_build_object('subscriber', c.subscriber_id, 'partition', c.partition))
+               ) AS li
+         ORDER BY li.epoch IS NOT DISTINCT FROM c.epoch DESC, li.last_heartbeat DESC, li.instance_id
+         LIMIT 1
+       ) AS leader ON true
+ ORDER BY c.subscriber_id, c.partition;
+
+-- name: Instances
+-- Every registered runner instance. $1: staleness threshold in microseconds.
+SELECT instance_id, host, pid, started_at, last_heartbeat,
+       CASE WHEN jsonb_typeof(leads) = 'array' THEN leads ELSE '[]'::jsonb END,
+       last_heartbeat > now() - $1::bigint * interval '1 microsecond',
+       greatest(0, extract(epoch FROM now() - last_heartbeat))::float8
+  FROM {{.Schema}}.instances
+ ORDER BY instance_id;
+
+-- name: LockCheckpoint
+-- The checkpoint `annals checkpoint set` is about to overwrite, locked until
+-- its transaction ends so that the old value it prints is the one replaced.
+SELECT position, epoch
+  FROM {{.Schema}}.checkpoints
+ WHERE subscriber_id = $1 AND partition = $2
+   FOR UPDATE;

@@ -1,0 +1,289 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+)
+
+// lagCountLimit bounds the exact count of lagging events per subscriber
+// partition: beyond it, status reports head - position instead (an upper
+// bound, since rolled-back appends leave holes in the positions).
+const lagCountLimit = 10_000
+
+// defaultStaleAfter is three heartbeats of the runner (10 s each).
+const defaultStaleAfter = 30 * time.Second
+
+func (e *env) statusCommand() *cobra.Command {
+	var format string
+	var staleAfter time.Duration
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show each subscriber's checkpoint, lag and leader, and the runner instances",
+		Long: `For each subscriber partition: its checkpoint position, the head of the log, the lag
+in events and in seconds, the leading instance and the fencing epoch; then every runner
+instance, its heartbeat, whether it is live, and what it leads.
+
+Lag in events is the number of events after the checkpoint, counted exactly up to 10000;
+beyond that it is head - position, shown as ~N (an upper bound: rolled-back appends
+leave holes in the positions). Lag in seconds is the age of the oldest event after the
+checkpoint, 0 when caught up. An instance is stale when its last heartbeat is older
+than --stale-after; the leader of a partition is a live instance that lists it among
+those it leads, else the checkpoint's last owner is shown with "(no live leader)".
+All ages use the database server's clock.
+
+--format json writes one object:
+  {"schema", "head", "checked_at", "stale_after_seconds",
+   "subscribers": [{"subscriber", "partition", "position", "head", "lag_events",
+                    "lag_events_exact", "lag_seconds", "epoch", "owner", "leader",
+                    "leader_epoch", "updated_at"}],
+   "instances":   [{"instance_id", "host", "pid", "started_at", "last_heartbeat",
+                    "heartbeat_age_seconds", "live", "leads"}]}
+owner, leader and leader_epoch are null when unknown; leads is the instance's list of
+{"subscriber", "partition", "epoch"} as stored; both arrays are [] when empty.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if format != "table" && format != "json" {
+				return usagef("--format %q: want table or json", format)
+			}
+			if staleAfter <= 0 {
+				return usagef("--stale-after must be positive")
+			}
+			q, err := e.queries()
+			if err != nil {
+				return err
+			}
+			pool, err := e.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			st, err := loadStatus(cmd.Context(), pool, q, staleAfter)
+			if err != nil {
+				var pgErr *pgconn.PgError
+				if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+					return errors.Wrapf(err, "schema %q lacks the subscription tables (run 'annals migrate')", e.schema)
+				}
+				return err
+			}
+			st.Schema = e.schema
+			if format == "json" {
+				b, err := json.MarshalIndent(st, "", "  ")
+				if err != nil {
+					return errors.Wrap(err, "encode status")
+				}
+				_, err = fmt.Fprintf(e.stdout, "%s\n", b)
+				return err
+			}
+			return writeStatusTable(e.stdout, st)
+		},
+	}
+	cmd.Flags().StringVar(&format, "format", "table", "table or json")
+	cmd.Flags().DurationVar(&staleAfter, "stale-after", defaultStaleAfter, "an instance whose last heartbeat is older than this is stale")
+	return cmd
+}
+
+// StatusJSON is the output of `annals status --format json`.
+type StatusJSON struct {
+	// Schema is the annals schema inspected.
+	Schema string `json:"schema"`
+	// Head is the position of the last event in the log (0: empty).
+	Head int64 `json:"head"`
+	// CheckedAt is the database server's time of the snapshot.
+	CheckedAt time.Time `json:"checked_at"`
+	// StaleAfterSeconds is the --stale-after threshold.
+	StaleAfterSeconds float64 `json:"stale_after_seconds"`
+	// Subscribers has one element per subscriber partition, ordered by
+	// subscriber and partition.
+	Subscribers []SubscriberStatus `json:"subscribers"`
+	// Instances has one element per registered runner instance, ordered by ID.
+	Instances []InstanceStatus `json:"instances"`
+}
+
+// SubscriberStatus is one subscriber partition in StatusJSON.
+type SubscriberStatus struct {
+	Subscriber string `json:"subscriber"`
+	Partition  int    `json:"partition"`
+	// Position is the checkpoint: the last position processed.
+	Position int64 `json:"position"`
+	// Head is the position of the last event in the log.
+	Head int64 `json:"head"`
+	// LagEvents is the number of events after Position when
+	// LagEventsExact; otherwise (more than 10000) Head - Position, an upper
+	// bound.
+	LagEvents      int64 `json:"lag_events"`
+	LagEventsExact bool  `json:"lag_events_exact"`
+	// LagSeconds is the age of the oldest event after Position (0: caught up).
+	LagSeconds float64 `json:"lag_seconds"`
+	// Epoch is the checkpoint's fencing epoch.
+	Epoch int64 `json:"epoch"`
+	// Owner is the instance that claimed Epoch (null after an operator's set).
+	Owner *string `json:"owner"`
+	// Leader is the live instance leading the partition (null: none).
+	Leader *string `json:"leader"`
+	// LeaderEpoch is the epoch the leader claims to lead at (null: unknown).
+	LeaderEpoch *int64 `json:"leader_epoch"`
+	// UpdatedAt is when the checkpoint row last changed.
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// InstanceStatus is one runner instance in StatusJSON.
+type InstanceStatus struct {
+	InstanceID          string    `json:"instance_id"`
+	Host                string    `json:"host"`
+	PID                 int       `json:"pid"`
+	StartedAt           time.Time `json:"started_at"`
+	LastHeartbeat       time.Time `json:"last_heartbeat"`
+	HeartbeatAgeSeconds float64   `json:"heartbeat_age_seconds"`
+	// Live is false when the last heartbeat is older than --stale-after.
+	Live bool `json:"live"`
+	// Leads is the instance's leads column as stored: the subscriber
+	// partitions it leads, [{"subscriber", "partition", "epoch"}].
+	Leads json.RawMessage `json:"leads"`
+}
+
+// loadStatus reads the status in one snapshot.
+func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, staleAfter time.Duration) (*StatusJSON, error) {
+	st := &StatusJSON{
+		StaleAfterSeconds: staleAfter.Seconds(),
+		Subscribers:       []SubscriberStatus{},
+		Instances:         []InstanceStatus{},
+	}
+	stale := staleAfter.Microseconds()
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, q["Head"]).Scan(&st.Head, &st.CheckedAt); err != nil {
+			return errors.Wrap(err, "status: read the head")
+		}
+		rows, err := tx.Query(ctx, q["Subscribers"], stale, lagCountLimit)
+		if err != nil {
+			return errors.Wrap(err, "status: read the checkpoints")
+		}
+		var s SubscriberStatus
+		var counted int64
+		_, err = pgx.ForEachRow(rows, []any{&s.Subscriber, &s.Partition, &s.Position, &s.Epoch, &s.Owner, &s.UpdatedAt,
+			&counted, &s.LagSeconds, &s.Leader, &s.LeaderEpoch}, func() error {
+			s.Head = st.Head
+			s.LagEvents, s.LagEventsExact = counted, true
+			if counted > lagCountLimit {
+				s.LagEvents, s.LagEventsExact = max(st.Head-s.Position, counted), false
+			}
+			s.UpdatedAt = s.UpdatedAt.UTC()
+			st.Subscribers = append(st.Subscribers, s)
+			s = SubscriberStatus{} // the pointers must not be shared
+			return nil
+		})
+		if err != nil {
+			return errors.Wrap(err, "status: read the checkpoints")
+		}
+		rows, err = tx.Query(ctx, q["Instances"], stale)
+		if err != nil {
+			return errors.Wrap(err, "status: read the instances")
+		}
+		var in InstanceStatus
+		var leads []byte
+		_, err = pgx.ForEachRow(rows, []any{&in.InstanceID, &in.Host, &in.PID, &in.StartedAt, &in.LastHeartbeat,
+			&leads, &in.Live, &in.HeartbeatAgeSeconds}, func() error {
+			in.Leads = json.RawMessage(append([]byte(nil), leads...))
+			in.StartedAt, in.LastHeartbeat = in.StartedAt.UTC(), in.LastHeartbeat.UTC()
+			st.Instances = append(st.Instances, in)
+			return nil
+		})
+		return errors.Wrap(err, "status: read the instances")
+	})
+	st.CheckedAt = st.CheckedAt.UTC()
+	return st, err
+}
+
+func writeStatusTable(w io.Writer, st *StatusJSON) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if len(st.Subscribers) == 0 {
+		fmt.Fprintf(tw, "No subscribers yet: no checkpoints in schema %q (head of the log: %d).\n", st.Schema, st.Head)
+	} else {
+		fmt.Fprintln(tw, "SUBSCRIBER\tPARTITION\tPOSITION\tHEAD\tLAG\tLAG TIME\tEPOCH\tLEADER")
+		for _, s := range st.Subscribers {
+			lag := strconv.FormatInt(s.LagEvents, 10)
+			if !s.LagEventsExact {
+				lag = "~" + lag
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%d\t%s\n", s.Subscriber, s.Partition, s.Position, s.Head,
+				lag, formatSeconds(s.LagSeconds), s.Epoch, leaderText(s))
+		}
+	}
+	fmt.Fprintln(tw)
+	if len(st.Instances) == 0 {
+		fmt.Fprintln(tw, "No runner instances registered.")
+	} else {
+		fmt.Fprintln(tw, "INSTANCE\tHOST\tPID\tSTARTED\tLAST HEARTBEAT\tSTATE\tLEADS")
+		for _, in := range st.Instances {
+			state := "live"
+			if !in.Live {
+				state = "stale"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s (%s ago)\t%s\t%s\n", in.InstanceID, in.Host, in.PID,
+				in.StartedAt.Format(timeLayout), in.LastHeartbeat.Format(timeLayout),
+				formatSeconds(in.HeartbeatAgeSeconds), state, leadsText(in.Leads))
+		}
+	}
+	return tw.Flush()
+}
+
+const timeLayout = "2006-01-02 15:04:05Z"
+
+// leaderText is the LEADER column: the live leader, its epoch when it is not
+// the checkpoint's, or the last owner when no live instance leads.
+func leaderText(s SubscriberStatus) string {
+	switch {
+	case s.Leader != nil && s.LeaderEpoch != nil && *s.LeaderEpoch != s.Epoch:
+		return fmt.Sprintf("%s (at epoch %d)", *s.Leader, *s.LeaderEpoch)
+	case s.Leader != nil:
+		return *s.Leader
+	case s.Owner != nil && *s.Owner != "":
+		return *s.Owner + " (no live leader)"
+	}
+	return "(no live leader)"
+}
+
+// leadsText is the LEADS column: subscriber/partition, comma-separated, or
+// the stored JSON when it is not the expected list.
+func leadsText(raw json.RawMessage) string {
+	var leads []struct {
+		Subscriber string `json:"subscriber"`
+		Partition  int    `json:"partition"`
+	}
+	if err := json.Unmarshal(raw, &leads); err != nil {
+		return string(raw)
+	}
+	if len(leads) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(leads))
+	for i, l := range leads {
+		parts[i] = fmt.Sprintf("%s/%d", l.Subscriber, l.Partition)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// formatSeconds prints an age rounded to a precision that suits its size.
+func formatSeconds(sec float64) string {
+	d := time.Duration(sec * float64(time.Second))
+	switch {
+	case d <= 0:
+		return "0s"
+	case d < 10*time.Second:
+		return d.Round(10 * time.Millisecond).String()
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	}
+	return d.Round(time.Minute).String()
+}

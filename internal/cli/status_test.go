@@ -1,0 +1,389 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/checkpoint"
+)
+
+// sqlExec runs statements on the test database (setup the CLI cannot do:
+// checkpoints and instances are the runner's to write).
+func sqlExec(t *testing.T, db *annalstest.DB, sql string, args ...any) {
+	t.Helper()
+	if _, err := db.Pool.Exec(t.Context(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// statusJSON runs annals status --format json and decodes it.
+func statusJSON(t *testing.T, url string, args ...string) StatusJSON {
+	t.Helper()
+	r := annals(t, url, append([]string{"status", "--format", "json"}, args...)...)
+	if r.code != 0 {
+		t.Fatalf("status --format json: %+v", r)
+	}
+	var st StatusJSON
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("status JSON: %v\n%s", err, r.stdout)
+	}
+	return st
+}
+
+// tableLine returns the line of a table that starts with the given cells,
+// its cells separated by single spaces.
+func tableLine(t *testing.T, out string, cells ...string) string {
+	t.Helper()
+	for line := range strings.Lines(out) {
+		if f := strings.Fields(line); len(f) >= len(cells) && slices.Equal(f[:len(cells)], cells) {
+			return strings.Join(f, " ")
+		}
+	}
+	t.Fatalf("no line starting with %q in:\n%s", cells, out)
+	return ""
+}
+
+func TestStatus(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+
+	t.Run("Empty", func(t *testing.T) {
+		r := annals(t, db.URL, "status")
+		if r.code != 0 || !strings.Contains(r.stdout, "No subscribers yet") || !strings.Contains(r.stdout, "No runner instances") {
+			t.Fatalf("empty status: %+v", r)
+		}
+		r = annals(t, db.URL, "status", "--format", "json")
+		if r.code != 0 || !strings.Contains(r.stdout, `"subscribers": []`) || !strings.Contains(r.stdout, `"instances": []`) {
+			t.Fatalf("empty status JSON: %+v", r)
+		}
+	})
+
+	// The log: positions 1-3 recorded an hour ago, 4 a hole (a rolled-back
+	// append), 5-6 appended now. Head 6, but 5 events after position 0.
+	sqlExec(t, db, `INSERT INTO annals.events (global_sequence, event_id, stream_id, stream_version, event_type, data, recorded_at)
+		SELECT nextval('annals.events_global_sequence'), gen_random_uuid(), 'old-' || g, 1, 'old.thing', '{}', now() - interval '1 hour'
+		  FROM generate_series(1, 3) g`)
+	sqlExec(t, db, `SELECT nextval('annals.events_global_sequence')`)
+	for _, s := range []string{"new-1", "new-2"} {
+		if r := annals(t, db.URL, "append", s, "new.thing", `{}`); r.code != 0 {
+			t.Fatalf("append: %+v", r)
+		}
+	}
+	sqlExec(t, db, `INSERT INTO annals.checkpoints (subscriber_id, partition, position, epoch, owner) VALUES
+		('projector', 0, 0, 3, 'inst-live'),
+		('projector', 1, 6, 2, 'inst-live'),
+		('mailer',    0, 3, 1, 'inst-stale')`)
+	sqlExec(t, db, `INSERT INTO annals.instances (instance_id, host, pid, last_heartbeat, leads) VALUES
+		('inst-live',  'host-a', 101, now(), '[{"subscriber": "projector", "partition": 0, "epoch": 3}, {"subscriber": "projector", "partition": 1, "epoch": 2}]'),
+		('inst-stale', 'host-b', 202, now() - interval '5 minutes', '[{"subscriber": "mailer", "partition": 0, "epoch": 1}]')`)
+
+	t.Run("Table", func(t *testing.T) {
+		r := annals(t, db.URL, "status")
+		if r.code != 0 {
+			t.Fatalf("status: %+v", r)
+		}
+		if l := tableLine(t, r.stdout, "projector", "0"); l != "projector 0 0 6 5 1h0m0s 3 inst-live" {
+			t.Errorf("projector/0: %q", l)
+		}
+		if l := tableLine(t, r.stdout, "projector", "1"); l != "projector 1 6 6 0 0s 2 inst-live" {
+			t.Errorf("projector/1: %q", l)
+		}
+		if l := tableLine(t, r.stdout, "mailer", "0"); !strings.HasPrefix(l, "mailer 0 3 6 2 ") || !strings.HasSuffix(l, " 1 inst-stale (no live leader)") {
+			t.Errorf("mailer/0: %q", l)
+		}
+		if l := tableLine(t, r.stdout, "inst-live", "host-a", "101"); !strings.Contains(l, " live ") || !strings.HasSuffix(l, "projector/0, projector/1") {
+			t.Errorf("inst-live: %q", l)
+		}
+		if l := tableLine(t, r.stdout, "inst-stale", "host-b", "202"); !strings.Contains(l, " stale ") || !strings.HasSuffix(l, "mailer/0") {
+			t.Errorf("inst-stale: %q", l)
+		}
+	})
+
+	t.Run("JSON", func(t *testing.T) {
+		st := statusJSON(t, db.URL)
+		if st.Schema != "annals" || st.Head != 6 || st.StaleAfterSeconds != 30 || st.CheckedAt.IsZero() {
+			t.Fatalf("status header: %+v", st)
+		}
+		if len(st.Subscribers) != 3 || len(st.Instances) != 2 {
+			t.Fatalf("status: %+v", st)
+		}
+		m, p0, p1 := st.Subscribers[0], st.Subscribers[1], st.Subscribers[2] // ordered by subscriber, partition
+		if p0.Subscriber != "projector" || p0.Partition != 0 || p0.Position != 0 || p0.Head != 6 ||
+			p0.LagEvents != 5 || !p0.LagEventsExact || p0.Epoch != 3 ||
+			p0.Leader == nil || *p0.Leader != "inst-live" || p0.LeaderEpoch == nil || *p0.LeaderEpoch != 3 {
+			t.Errorf("projector/0: %+v", p0)
+		}
+		if p0.LagSeconds < 3600 || p0.LagSeconds > 3600+300 {
+			t.Errorf("projector/0 lag %.1fs, want about an hour", p0.LagSeconds)
+		}
+		if p1.Partition != 1 || p1.LagEvents != 0 || !p1.LagEventsExact || p1.LagSeconds != 0 || p1.Leader == nil || *p1.Leader != "inst-live" {
+			t.Errorf("projector/1: %+v", p1)
+		}
+		if m.Subscriber != "mailer" || m.Position != 3 || m.LagEvents != 2 || m.LagSeconds >= 600 ||
+			m.Leader != nil || m.LeaderEpoch != nil || m.Owner == nil || *m.Owner != "inst-stale" {
+			t.Errorf("mailer/0: %+v", m)
+		}
+		live, stale := st.Instances[0], st.Instances[1]
+		if live.InstanceID != "inst-live" || live.Host != "host-a" || live.PID != 101 || !live.Live || live.HeartbeatAgeSeconds > 60 {
+			t.Errorf("inst-live: %+v", live)
+		}
+		if stale.InstanceID != "inst-stale" || stale.Live || stale.HeartbeatAgeSeconds < 299 {
+			t.Errorf("inst-stale: %+v", stale)
+		}
+		var leads []struct {
+			Subscriber string `json:"subscriber"`
+			Partition  int    `json:"partition"`
+			Epoch      int64  `json:"epoch"`
+		}
+		if err := json.Unmarshal(live.Leads, &leads); err != nil || len(leads) != 2 || leads[1].Subscriber != "projector" || leads[1].Partition != 1 || leads[1].Epoch != 2 {
+			t.Errorf("inst-live leads %s (%v)", live.Leads, err)
+		}
+	})
+
+	t.Run("StaleAfter", func(t *testing.T) {
+		st := statusJSON(t, db.URL, "--stale-after", "10m")
+		if m := st.Subscribers[0]; m.Leader == nil || *m.Leader != "inst-stale" || !st.Instances[1].Live || st.StaleAfterSeconds != 600 {
+			t.Errorf("--stale-after 10m: mailer %+v, instance %+v", m, st.Instances[1])
+		}
+		// Nobody is live when the threshold is shorter than any heartbeat's age.
+		st = statusJSON(t, db.URL, "--stale-after", "1ns")
+		for _, s := range st.Subscribers {
+			if s.Leader != nil {
+				t.Errorf("--stale-after 1ns: %s/%d led by %s", s.Subscriber, s.Partition, *s.Leader)
+			}
+		}
+	})
+
+	t.Run("LeaderAtOlderEpoch", func(t *testing.T) {
+		// An operator's set bumps the epoch; until the leader claims again
+		// it leads at the old one, and the table says so.
+		if r := annals(t, db.URL, "checkpoint", "set", "projector", "6", "--partition", "1", "--yes"); r.code != 0 {
+			t.Fatalf("checkpoint set: %+v", r)
+		}
+		r := annals(t, db.URL, "status")
+		if l := tableLine(t, r.stdout, "projector", "1"); l != "projector 1 6 6 0 0s 3 inst-live (at epoch 2)" {
+			t.Errorf("projector/1 after set: %q", l)
+		}
+	})
+
+	t.Run("BadInput", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"status", "--format", "xml"},
+			{"status", "--format", "jsonl"},
+			{"status", "--stale-after", "0s"},
+			{"status", "--stale-after", "-1m"},
+			{"status", "--stale-after", "soon"},
+			{"status", "extra"},
+			{"status", "--schema", "bad$schema"},
+		} {
+			r := annals(t, db.URL, args...)
+			if r.code != 2 || r.stdout != "" || !strings.HasPrefix(r.stderr, "annals: ") || strings.Count(r.stderr, "\n") != 2 {
+				t.Errorf("annals %s: %+v", strings.Join(args, " "), r)
+			}
+		}
+		// A schema without the subscription tables is a failure, with a hint.
+		r := annals(t, db.URL, "status", "--schema", "nowhere")
+		if r.code != 1 || !strings.Contains(r.stderr, "annals migrate") || strings.Count(r.stderr, "\n") != 1 {
+			t.Errorf("status on a missing schema: %+v", r)
+		}
+	})
+
+	t.Run("QuotedSchema", func(t *testing.T) {
+		const schema = `odd "Status"`
+		if r := annals(t, db.URL, "migrate", "--schema", schema); r.code != 0 {
+			t.Fatalf("migrate: %+v", r)
+		}
+		if r := annals(t, db.URL, "status", "--schema", schema); r.code != 0 || !strings.Contains(r.stdout, `no checkpoints in schema "odd \"Status\""`) {
+			t.Fatalf("status: %+v", r)
+		}
+	})
+}
+
+// Beyond lagCountLimit events the lag is head - position, marked inexact.
+func TestStatusLagBeyondCountLimit(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	sqlExec(t, db, `INSERT INTO annals.events (global_sequence, event_id, stream_id, stream_version, event_type, data)
+		SELECT nextval('annals.events_global_sequence'), gen_random_uuid(), 's-' || g, 1, 't', '{}'
+		  FROM generate_series(1, $1::int) g`, lagCountLimit+5)
+	sqlExec(t, db, `SELECT nextval('annals.events_global_sequence')`) // a hole at the head
+	if r := annals(t, db.URL, "append", "last", "t", `{}`); r.code != 0 {
+		t.Fatalf("append: %+v", r)
+	}
+	head := int64(lagCountLimit + 7)
+	sqlExec(t, db, `INSERT INTO annals.checkpoints (subscriber_id, partition, position, epoch) VALUES ('far', 0, 1, 1), ('near', 0, 6, 1), ('over', 0, 5, 1)`)
+	st := statusJSON(t, db.URL)
+	if st.Head != head {
+		t.Fatalf("head %d, want %d", st.Head, head)
+	}
+	if far := st.Subscribers[0]; far.LagEventsExact || far.LagEvents != head-1 {
+		t.Errorf("far: %+v", far)
+	}
+	// Exactly lagCountLimit events after the checkpoint (7..10005 and
+	// 10007) are still counted; one more is not.
+	if near := st.Subscribers[1]; !near.LagEventsExact || near.LagEvents != lagCountLimit {
+		t.Errorf("near: %+v", near)
+	}
+	if over := st.Subscribers[2]; over.LagEventsExact || over.LagEvents != head-5 {
+		t.Errorf("over: %+v", over)
+	}
+	r := annals(t, db.URL, "status")
+	if l := tableLine(t, r.stdout, "far", "0"); !strings.Contains(l, " ~10006 ") {
+		t.Errorf("far: %q", l)
+	}
+}
+
+// ttyReader stands in for a terminal on stdin.
+type ttyReader struct{ io.Reader }
+
+func (ttyReader) IsTerminal() bool { return true }
+
+// annalsIn runs the command line with stdin.
+func annalsIn(t *testing.T, url string, stdin io.Reader, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	getenv := func(k string) string {
+		if k == "DATABASE_URL" {
+			return url
+		}
+		return ""
+	}
+	code := run(context.Background(), args, stdin, &out, &errOut, getenv)
+	return result{code, out.String(), errOut.String()}
+}
+
+func TestCheckpointCommand(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	for _, s := range []string{"a", "b", "c"} {
+		if r := annals(t, db.URL, "append", s, "t", `{}`); r.code != 0 {
+			t.Fatalf("append: %+v", r)
+		}
+	}
+	sqlExec(t, db, `INSERT INTO annals.checkpoints (subscriber_id, partition, position, epoch, owner) VALUES
+		('orders', 0, 1, 3, 'inst-1'), ('orders', 2, 2, 1, 'inst-2')`)
+	store, err := checkpoint.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func(t *testing.T, part int) checkpoint.Checkpoint {
+		t.Helper()
+		c, err := store.Load(t.Context(), db.Pool, "orders", part)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+
+	t.Run("Get", func(t *testing.T) {
+		if r := annals(t, db.URL, "checkpoint", "get", "orders"); r.code != 0 || !strings.HasPrefix(r.stdout, "orders/0: position 1, epoch 3 (owner inst-1, updated ") {
+			t.Errorf("get orders: %+v", r)
+		}
+		if r := annals(t, db.URL, "checkpoint", "get", "orders", "--partition", "2"); r.code != 0 || !strings.HasPrefix(r.stdout, "orders/2: position 2, epoch 1 ") {
+			t.Errorf("get orders --partition 2: %+v", r)
+		}
+		for _, args := range [][]string{{"nope"}, {"orders", "--partition", "1"}} {
+			r := annals(t, db.URL, append([]string{"checkpoint", "get"}, args...)...)
+			if r.code != 1 || r.stdout != "" || !strings.Contains(r.stderr, "unknown subscriber") || strings.Count(r.stderr, "\n") != 1 {
+				t.Errorf("get %v: %+v", args, r)
+			}
+		}
+	})
+
+	// Bad input exits 2 and changes nothing; so does an unconfirmed set.
+	t.Run("BadInput", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"checkpoint", "set", "orders", "--", "-1", "--yes"},
+			{"checkpoint", "set", "orders", "-1", "--yes"},
+			{"checkpoint", "set", "orders", "abc", "--yes"},
+			{"checkpoint", "set", "orders", "1.5", "--yes"},
+			{"checkpoint", "set", "orders", "", "--yes"},
+			{"checkpoint", "set", "orders", "4", "--yes"}, // beyond the head (3)
+			{"checkpoint", "set", "orders", "99999999999999999999", "--yes"},
+			{"checkpoint", "set", "orders", "2"}, // no --yes, stdin not a terminal
+			{"checkpoint", "set", "", "1", "--yes"},
+			{"checkpoint", "set", "orders", "1", "--partition", "-1", "--yes"},
+			{"checkpoint", "set", "orders", "--yes"},
+			{"checkpoint", "set", "orders", "1", "2", "--yes"},
+			{"checkpoint", "get"},
+			{"checkpoint", "get", "orders", "--partition", "x"},
+			{"checkpoint", "get", "orders", "--partition", "-2"},
+			{"checkpoint", "get", ""},
+			{"checkpoint"},
+			{"checkpoint", "bogus"},
+			{"checkpoint", "get", "orders", "--format", "json"},
+		} {
+			r := annals(t, db.URL, args...)
+			if r.code != 2 || r.stdout != "" || !strings.HasPrefix(r.stderr, "annals: ") || strings.Count(r.stderr, "\n") != 2 {
+				t.Errorf("annals %q: %+v", args, r)
+			}
+		}
+		if r := annals(t, db.URL, "checkpoint", "set", "orders", "4", "--yes"); !strings.Contains(r.stderr, "beyond the head of the log (3)") {
+			t.Errorf("beyond head: %q", r.stderr)
+		}
+		if r := annals(t, db.URL, "checkpoint", "set", "orders", "2"); !strings.Contains(r.stderr, "pass --yes") ||
+			!strings.Contains(r.stderr, "move orders/0 forward from 1 to 2 (events at positions 2..2 will be skipped)") {
+			t.Errorf("without --yes: %q", r.stderr)
+		}
+		// An unknown subscriber is a failure unless --create.
+		if r := annals(t, db.URL, "checkpoint", "set", "nope", "1", "--yes"); r.code != 1 || !strings.Contains(r.stderr, "unknown subscriber nope/0") || !strings.Contains(r.stderr, "--create") {
+			t.Errorf("set unknown: %+v", r)
+		}
+		if c := load(t, 0); c.Position != 1 || c.Epoch != 3 || c.Owner != "inst-1" {
+			t.Errorf("bad input changed orders/0: %+v", c)
+		}
+		if c := load(t, 2); c.Position != 2 || c.Epoch != 1 {
+			t.Errorf("bad input changed orders/2: %+v", c)
+		}
+		if _, err := store.Load(t.Context(), db.Pool, "nope", 0); !errors.Is(err, checkpoint.ErrNotFound) {
+			t.Errorf("set without --create made a checkpoint: %v", err)
+		}
+	})
+
+	t.Run("SetRoundTrip", func(t *testing.T) {
+		r := annals(t, db.URL, "checkpoint", "set", "orders", "3", "--yes")
+		if r.code != 0 || r.stdout != "orders/0: position 1 → 3, epoch 3 → 4\n" {
+			t.Fatalf("set: %+v", r)
+		}
+		if r = annals(t, db.URL, "checkpoint", "get", "orders"); r.code != 0 || !strings.HasPrefix(r.stdout, "orders/0: position 3, epoch 4 (owner none, ") {
+			t.Fatalf("get after set: %+v", r)
+		}
+		// The leader that claimed epoch 3 is fenced off.
+		if err := store.Commit(t.Context(), db.Pool, "orders", 0, 3, 3); !errors.Is(err, checkpoint.ErrFenced) {
+			t.Errorf("commit at the old epoch: %v", err)
+		}
+		// Back to the start: re-delivers everything.
+		if r = annals(t, db.URL, "checkpoint", "set", "orders", "0", "--partition", "2", "--yes"); r.code != 0 || r.stdout != "orders/2: position 2 → 0, epoch 1 → 2\n" {
+			t.Fatalf("set --partition 2: %+v", r)
+		}
+		if r = annals(t, db.URL, "checkpoint", "set", "fresh", "3", "--create", "--yes"); r.code != 0 || r.stdout != "fresh/0: created at position 3, epoch 1\n" {
+			t.Fatalf("set --create: %+v", r)
+		}
+	})
+
+	t.Run("Prompt", func(t *testing.T) {
+		before := load(t, 0)
+		for _, answer := range []string{"n\n", "\n", "", "yes please\n"} {
+			r := annalsIn(t, db.URL, ttyReader{strings.NewReader(answer)}, "checkpoint", "set", "orders", "1")
+			if r.code != 1 || !strings.Contains(r.stderr, "About to move orders/0 back from 3 to 1") || !strings.Contains(r.stderr, "[y/N]") ||
+				!strings.Contains(r.stderr, "not confirmed") {
+				t.Errorf("answer %q: %+v", answer, r)
+			}
+		}
+		if c := load(t, 0); c.Position != before.Position || c.Epoch != before.Epoch || !c.UpdatedAt.Equal(before.UpdatedAt) {
+			t.Fatalf("declined set changed the checkpoint: %+v, was %+v", c, before)
+		}
+		r := annalsIn(t, db.URL, ttyReader{strings.NewReader("Y\n")}, "checkpoint", "set", "orders", "1")
+		if r.code != 0 || r.stdout != "orders/0: position 3 → 1, epoch 4 → 5\n" {
+			t.Fatalf("confirmed set: %+v", r)
+		}
+	})
+}

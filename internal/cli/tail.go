@@ -1,0 +1,158 @@
+package cli
+
+import (
+	"context"
+	"strings"
+	"sync"
+
+	"github.com/cockroachdb/errors"
+	"github.com/spf13/cobra"
+
+	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/projection"
+)
+
+func (e *env) tailCommand() *cobra.Command {
+	var from int64
+	var follow bool
+	var subscriber, format string
+	var types []string
+	cmd := &cobra.Command{
+		Use:   "tail",
+		Short: "Follow the log through the subscription engine",
+		Long: `Print events from position --from (default: the beginning) through the head, and with
+--follow keep printing new events as they are committed, until interrupted.
+
+With --subscriber NAME, tail is a real observer: it resumes from NAME's checkpoint, stores
+its position, and is leader-elected, so two tails with the same name share one position
+(the second stands by). --types filters by event-type globs (order.*, *.shipped; '*' is
+one or more whole segments). --format jsonl prints one JSON object per event, flushed at
+once, with the keys of 'annals read'.`,
+		Example: `  annals tail --follow --format jsonl | jq .
+  annals tail --follow --subscriber audit-log --types 'order.*,payment.*'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if format != "table" && format != "jsonl" {
+				return usagef("--format %q: want table or jsonl", format)
+			}
+			if from < 0 {
+				return usagef("--from must not be negative")
+			}
+			if subscriber != "" && cmd.Flags().Changed("from") {
+				return usagef("--from cannot be combined with --subscriber: the checkpoint decides where a subscriber starts (see 'annals checkpoint set')")
+			}
+			if cmd.Flags().Changed("subscriber") && strings.TrimSpace(subscriber) == "" {
+				return usagef("--subscriber must not be empty")
+			}
+			filter, err := catchup.ParseFilter(types)
+			if err != nil {
+				return usageError{err}
+			}
+			pool, err := e.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			w := newEventWriter(e.stdout, format)
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			// A failed write (a closed pipe) ends the tail instead of being retried.
+			var mu sync.Mutex
+			var writeErr error
+			print := func(ev eventstore.Event) error {
+				mu.Lock()
+				defer mu.Unlock()
+				err := w.write(ev)
+				if err == nil && follow {
+					err = w.flush()
+				}
+				if err != nil && writeErr == nil {
+					writeErr = errors.Wrap(err, "tail: write")
+					cancel()
+				}
+				return err
+			}
+			finish := func(err error) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if writeErr != nil {
+					return writeErr
+				}
+				if err != nil {
+					return err
+				}
+				return w.flush()
+			}
+			if subscriber != "" {
+				r, err := projection.NewRunner(pool, &projection.Config{Schema: e.schema})
+				if err != nil {
+					return err
+				}
+				if err := r.Register(&tailObserver{name: subscriber, print: print}, &projection.Options{Types: types}); err != nil {
+					return usageError{err}
+				}
+				if follow {
+					return finish(r.Run(ctx))
+				}
+				return finish(r.RunUntilCaughtUp(ctx))
+			}
+			listener, err := catchup.NewListener(pool.Config().ConnConfig, e.schema, nil)
+			if err != nil {
+				return err
+			}
+			engine, err := catchup.NewEngine(pool, listener, &catchup.Config{Schema: e.schema})
+			if err != nil {
+				return err
+			}
+			sub := &catchup.Subscription{
+				Name: "annals-tail", Filter: filter, Ephemeral: true,
+				StartAfter: max(from-1, 0), Processor: &tailProcessor{print: print},
+			}
+			if !follow {
+				head, err := engine.Head(ctx)
+				if err != nil {
+					return err
+				}
+				return finish(engine.CatchUp(ctx, sub, head))
+			}
+			go func() { _ = listener.Run(ctx) }()
+			return finish(engine.Run(ctx, sub))
+		},
+	}
+	cmd.Flags().Int64Var(&from, "from", 0, "first position to print (without --subscriber)")
+	cmd.Flags().BoolVar(&follow, "follow", false, "keep following new events until interrupted")
+	cmd.Flags().StringVar(&subscriber, "subscriber", "", "run as a checkpointed, leader-elected observer with this name")
+	cmd.Flags().StringSliceVar(&types, "types", nil, "event-type globs, comma-separated (default: all)")
+	cmd.Flags().StringVar(&format, "format", "table", "table or jsonl")
+	return cmd
+}
+
+// tailObserver prints events as a named observer.
+type tailObserver struct {
+	name  string
+	print func(eventstore.Event) error
+}
+
+func (o *tailObserver) Name() string { return o.name }
+
+func (o *tailObserver) Handle(_ context.Context, ev eventstore.Event) error { return o.print(ev) }
+
+// tailProcessor prints the batches of an ephemeral subscription.
+type tailProcessor struct {
+	print func(eventstore.Event) error
+}
+
+func (p *tailProcessor) Start(context.Context, *catchup.Lease) error { return nil }
+func (p *tailProcessor) Idle(context.Context, *catchup.Lease) error  { return nil }
+
+func (p *tailProcessor) Process(_ context.Context, _ *catchup.Lease, b catchup.Batch) (int64, error) {
+	done := b.After
+	for _, ev := range b.Events {
+		if err := p.print(ev); err != nil {
+			return done, err
+		}
+		done = ev.GlobalSequence
+	}
+	return b.Through, nil
+}
