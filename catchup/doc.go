@@ -32,14 +32,16 @@
 //	            acquired            -> CLAIM
 //	CLAIM     checkpoint row: epoch = epoch + 1, owner = this instance;
 //	          cursor = its position -> READ
-//	READ      next batch after the cursor (see below)
+//	READ      next batch after the cursor (see below), with the checkpoint's epoch
+//	            epoch changed       -> RELEASE, STANDBY (an operator set the checkpoint)
 //	            events or skippable -> PROCESS
 //	            nothing new         -> IDLE
 //	PROCESS   the processor handles the batch; cursor = how far it got
 //	            ok                  -> READ
 //	            handler error       -> wait RetryBackoff, READ (the failing event again)
 //	            fenced / lock lost  -> RELEASE, STANDBY
-//	IDLE      flush buffered checkpoints; wait for a signal, PollInterval, or lock loss
+//	IDLE      write a buffered checkpoint if due; wait for a signal, PollInterval,
+//	          or lock loss
 //	            signal or timeout   -> READ
 //	            lock lost           -> RELEASE, STANDBY
 //	any state, context ended: finish the batch in hand (bounded by ShutdownTimeout),

@@ -75,9 +75,12 @@ type Processor interface {
 	// batch.Through on success; on failure, how far it got (batch.After if
 	// nowhere). The next batch starts after the returned position.
 	Process(ctx context.Context, lease *Lease, batch Batch) (int64, error)
-	// Idle is called before the subscription waits for new events and before
-	// the leadership ends: the moment to flush buffered checkpoints.
+	// Idle is called each time the subscription is about to wait for new
+	// events: the moment to write a buffered checkpoint that is due.
 	Idle(ctx context.Context, lease *Lease) error
+	// End is called when the leadership (or the run) ends, however it ends:
+	// write any buffered checkpoint now.
+	End(ctx context.Context, lease *Lease) error
 }
 
 // Subscription describes one subscriber partition to drive.
@@ -361,7 +364,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 	if err := sub.Processor.Start(procCtx, lease); err != nil {
 		return errors.Wrap(err, "catchup: start processor")
 	}
-	defer func() { _ = sub.Processor.Idle(procCtx, lease) }()
+	defer func() { _ = sub.Processor.End(procCtx, lease) }()
 
 	batchSize := sub.BatchSize
 	if batchSize <= 0 {
@@ -380,10 +383,13 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		if cursor >= target {
 			return nil
 		}
-		batch, err := e.read(ctx, sub, cursor, batchSize, target)
+		batch, err := e.read(ctx, sub, lease, cursor, batchSize, target)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
+			}
+			if isFatal(err) {
+				return err
 			}
 			e.cfg.Logger.WarnContext(ctx, "annals: read failed", slog.String("subscriber", sub.Name), slog.Any("error", err))
 			if !live {
@@ -448,24 +454,27 @@ func (e *Engine) wait(ctx context.Context, lost <-chan struct{}, signal <-chan s
 }
 
 // read fetches the next batch after cursor.
-func (e *Engine) read(ctx context.Context, sub *Subscription, after int64, limit int, target int64) (Batch, error) {
+// A leader (not an ephemeral subscription) whose epoch is no longer the
+// checkpoint's is told so with checkpoint.ErrFenced.
+func (e *Engine) read(ctx context.Context, sub *Subscription, lease *Lease, after int64, limit int, target int64) (Batch, error) {
 	var regex *string
 	if re := sub.Filter.Regex(); re != "" {
 		regex = &re
 	}
-	rows, err := e.pool.Query(ctx, e.q["ReadBatch"], after, limit, regex, max(sub.Partitions, 1), sub.Partition, target)
+	rows, err := e.pool.Query(ctx, e.q["ReadBatch"], after, limit, regex, max(sub.Partitions, 1), sub.Partition, target, sub.Name)
 	if err != nil {
 		return Batch{}, errors.Wrap(err, "catchup: read batch")
 	}
 	b := Batch{After: after, Events: make([]eventstore.Event, 0, limit)}
 	var head int64
+	var epoch *int64
 	var pos *int64
 	var ev eventstore.Event
 	var meta []byte
 	var id, stream, typ *string
 	var version *int64
 	var recorded *time.Time
-	_, err = pgx.ForEachRow(rows, []any{&head, &pos, &id, &stream, &version, &typ, &ev.Data, &meta, &recorded}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&head, &epoch, &pos, &id, &stream, &version, &typ, &ev.Data, &meta, &recorded}, func() error {
 		if pos == nil {
 			return nil // no events: the row only carries the head
 		}
@@ -484,6 +493,9 @@ func (e *Engine) read(ctx context.Context, sub *Subscription, after int64, limit
 	})
 	if err != nil {
 		return Batch{}, errors.Wrap(err, "catchup: read batch")
+	}
+	if lease.Lock != nil && (epoch == nil || *epoch != lease.Epoch) {
+		return Batch{}, errors.Wrapf(checkpoint.ErrFenced, "catchup: %s/%d: the checkpoint's epoch is no longer %d", sub.Name, sub.Partition, lease.Epoch)
 	}
 	b.Through = min(max(head, after), target)
 	if len(b.Events) == limit {

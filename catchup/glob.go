@@ -32,15 +32,20 @@ func ParseFilter(patterns []string) (Filter, error) {
 		return Filter{}, nil
 	}
 	alts := make([]string, 0, len(patterns))
+	all := false
 	for _, p := range patterns {
 		if p == "*" {
-			return Filter{patterns: patterns}, nil
+			all = true // still validate the other patterns
+			continue
 		}
 		re, err := globRegex(p)
 		if err != nil {
 			return Filter{}, err
 		}
 		alts = append(alts, re)
+	}
+	if all {
+		return Filter{patterns: patterns}, nil
 	}
 	src := "^(?:" + strings.Join(alts, "|") + ")$"
 	return Filter{patterns: patterns, re: regexp.MustCompile(src)}, nil

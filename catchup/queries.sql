@@ -2,13 +2,18 @@
 
 -- name: ReadBatch
 -- $1 after (exclusive), $2 limit, $3 type regex or NULL, $4 partitions,
--- $5 partition, $6 upper bound (inclusive). The head comes from the same
--- snapshot as the events: every committed event up to it is visible, so
--- when fewer than $2 rows match, everything through the head (up to $6) has
--- been considered and the checkpoint may move there.
-SELECT h.head, e.global_sequence, e.event_id, e.stream_id, e.stream_version,
+-- $5 partition, $6 upper bound (inclusive), $7 subscriber. The head comes
+-- from the same snapshot as the events: every committed event up to it is
+-- visible, so when fewer than $2 rows match, everything through the head (up
+-- to $6) has been considered and the checkpoint may move there. The
+-- checkpoint's epoch lets an idle leader notice that it has been fenced (an
+-- operator's checkpoint set) without waiting for its next commit.
+SELECT h.head, h.epoch, e.global_sequence, e.event_id, e.stream_id, e.stream_version,
        e.event_type, e.data, e.metadata, e.recorded_at
-  FROM (SELECT coalesce(max(global_sequence), 0) AS head FROM {{.Schema}}.events) h
+  FROM (SELECT coalesce(max(global_sequence), 0) AS head,
+               (SELECT c.epoch FROM {{.Schema}}.checkpoints c
+                 WHERE c.subscriber_id = $7 AND c.partition = $5) AS epoch
+          FROM {{.Schema}}.events) h
   LEFT JOIN LATERAL (
         SELECT ev.global_sequence, ev.event_id, ev.stream_id, ev.stream_version,
                ev.event_type, ev.data, ev.metadata, ev.recorded_at

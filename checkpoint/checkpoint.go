@@ -221,6 +221,15 @@ func (b *Batcher) Flush(ctx context.Context) error {
 	return nil
 }
 
+// FlushIfDue writes the in-memory position if it moved and the interval has
+// passed since the last write.
+func (b *Batcher) FlushIfDue(ctx context.Context) error {
+	if b.position == b.flushed || b.now().Sub(b.lastFlush) < b.interval {
+		return nil
+	}
+	return b.Flush(ctx)
+}
+
 // Position returns the in-memory position.
 func (b *Batcher) Position() int64 { return b.position }
 

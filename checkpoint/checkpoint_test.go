@@ -143,6 +143,14 @@ func TestBatcher(t *testing.T) {
 	if got := []int64{9, 11, 12}; len(writes) != len(got) || writes[0] != got[0] || writes[1] != got[1] || writes[2] != got[2] {
 		t.Fatalf("writes %v, want %v", writes, got)
 	}
+	must(b.Advance(ctx, 13, 0))
+	must(b.FlushIfDue(ctx)) // moved, but the interval has not passed
+	now = now.Add(2 * time.Second)
+	must(b.FlushIfDue(ctx))
+	must(b.FlushIfDue(ctx)) // nothing new
+	if len(writes) != 4 || writes[3] != 13 {
+		t.Fatalf("FlushIfDue writes %v, want a fourth write at 13", writes)
+	}
 	failing := checkpoint.NewBatcher(func(context.Context, int64) error { return errors.New("down") }, 0, 1, time.Second, clock)
 	if err := failing.Advance(ctx, 3, 1); err == nil || failing.Flushed() != 0 || failing.Position() != 3 {
 		t.Fatalf("a failed write must keep the position for the next flush: %v", err)

@@ -27,9 +27,8 @@
 //     lock cannot commit.
 //   - Observers: at-least-once; Handle gets the event (use e.ID to make side
 //     effects idempotent). Checkpoints are written every CheckpointEvery
-//     events or CheckpointInterval and whenever the observer catches up, so a
-//     crash re-delivers at most that many events; a graceful shutdown
-//     re-delivers none.
+//     events or CheckpointInterval (also while idle), so a crash re-delivers
+//     at most that many events; a graceful shutdown re-delivers none.
 //   - Every subscriber sees each stream's events in stream-version order,
 //     with partitions too.
 //   - A handler error (or panic) retries the event after RetryBackoff; the

@@ -20,6 +20,7 @@ type txProcessor struct {
 
 func (t *txProcessor) Start(context.Context, *catchup.Lease) error { return nil }
 func (t *txProcessor) Idle(context.Context, *catchup.Lease) error  { return nil }
+func (t *txProcessor) End(context.Context, *catchup.Lease) error   { return nil }
 
 func (t *txProcessor) Process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
 	failedAt, err := t.apply(ctx, lease, b.Events, b.Through)
@@ -95,7 +96,17 @@ func (p *observerProcessor) Process(ctx context.Context, lease *catchup.Lease, b
 	return b.Through, nil
 }
 
+// Idle writes the checkpoint when CheckpointInterval has passed since the
+// last write: an idle observer does not write once per event at low rates.
 func (p *observerProcessor) Idle(ctx context.Context, _ *catchup.Lease) error {
+	if p.batcher == nil {
+		return nil
+	}
+	return p.batcher.FlushIfDue(ctx)
+}
+
+// End writes the checkpoint: a graceful shutdown re-delivers nothing.
+func (p *observerProcessor) End(ctx context.Context, _ *catchup.Lease) error {
 	if p.batcher == nil {
 		return nil
 	}

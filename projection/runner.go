@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"reflect"
 	"sort"
 	"sync"
 	"time"
@@ -67,8 +68,8 @@ type Options struct {
 	// committed) at a time. Defaults to 500.
 	BatchSize int
 	// CheckpointEvery and CheckpointInterval batch an observer's checkpoint
-	// writes: every N events or T, whichever comes first, and whenever it
-	// catches up. Defaults to 100 and 1s. Projections ignore them: their
+	// writes: every N events or T, whichever comes first (also while idle),
+	// and when it stops. Defaults to 100 and 1s. Projections ignore them: their
 	// checkpoint commits with each batch.
 	CheckpointEvery    int
 	CheckpointInterval time.Duration
@@ -151,9 +152,10 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	var newProc func() catchup.Processor
 	p, isProj := handler.(Projection)
 	obs, isObs := handler.(Observer)
+	if v := reflect.ValueOf(handler); handler == nil || (v.Kind() == reflect.Pointer && v.IsNil()) {
+		return errors.Newf("projection: Register(%T(nil))", handler)
+	}
 	switch {
-	case handler == nil:
-		return errors.New("projection: Register(nil)")
 	case isProj && isObs:
 		return errors.Newf("projection: %T is both a Projection and an Observer", handler)
 	case isProj:

@@ -145,6 +145,7 @@ type tailProcessor struct {
 
 func (p *tailProcessor) Start(context.Context, *catchup.Lease) error { return nil }
 func (p *tailProcessor) Idle(context.Context, *catchup.Lease) error  { return nil }
+func (p *tailProcessor) End(context.Context, *catchup.Lease) error   { return nil }
 
 func (p *tailProcessor) Process(_ context.Context, _ *catchup.Lease, b catchup.Batch) (int64, error) {
 	done := b.After
