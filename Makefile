@@ -47,8 +47,8 @@ endif
 # DATABASE_URL. Figures go to stdout and bench-results/.
 bench:
 ifdef DATABASE_URL
-	$(ANNALS) bench --json bench-results/append.json $(BENCH_FLAGS)
+	$(ANNALS) bench --json bench-results/bench.json $(BENCH_FLAGS)
 else
 	@$(MAKE) --no-print-directory postgres
-	$(ANNALS) dev -- $(ANNALS) bench --json bench-results/append.json $(BENCH_FLAGS)
+	$(ANNALS) dev -- $(ANNALS) bench --json bench-results/bench.json $(BENCH_FLAGS)
 endif

@@ -3,7 +3,6 @@ package benchmark
 import (
 	"context"
 	_ "embed"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -226,21 +225,14 @@ func makeEvents(n int) []eventstore.EventData {
 	return events
 }
 
-// makePayload returns the JSON array of n events for the raw contenders, in
-// the shape append_events takes.
+// makePayload returns the JSON array of n new events for the raw
+// contenders, in the shape append_events takes.
 func makePayload(n int) ([]byte, error) {
-	type item struct {
-		EventID uuid.UUID      `json:"event_id"`
-		Type    string         `json:"type"`
-		Data    map[string]any `json:"data"`
+	ids := make([]uuid.UUID, n)
+	for i := range ids {
+		ids[i], _ = uuid.NewV7()
 	}
-	items := make([]item, n)
-	for i := range items {
-		id, _ := uuid.NewV7()
-		items[i] = item{id, "bench.deposited", eventData(i)}
-	}
-	b, err := json.Marshal(items)
-	return b, errors.Wrap(err, "benchmark: encode payload")
+	return payloadFor(ids)
 }
 
 // WriteAppendTable prints the report as an aligned table.

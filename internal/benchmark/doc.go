@@ -7,4 +7,19 @@
 // numbered by a sequence with no ordering lock and (b) the same INSERT under
 // a transaction-scoped advisory lock, each one statement per transaction in
 // one round trip. The three run back to back for every combination.
+//
+// Catch-up (catchup.go): a fresh log of N events read from the start, 500 at
+// a time, by a raw paged SELECT decoded with eventstore.ScanEvents, the same
+// with a checkpoint UPDATE per page, and a no-op Projection and a no-op
+// Observer through projection.Runner.RunUntilCaughtUp; events/s and ratios.
+//
+// Latency (latency.go): from just before Store.Append to the start of a live
+// Observer's Handle, at fixed append rates, beside a raw INSERT + NOTIFY in
+// one transaction read by a raw LISTEN connection; p50, p99, max and ratios.
+//
+// Takeover (takeover.go, child.go): two runner processes (the annals binary
+// re-executed as a hidden command) share a subscriber; the leader is killed
+// with SIGKILL and the time until the standby has claimed the checkpoint is
+// taken, per LockRetryInterval, beside a raw waiter blocked in
+// pg_advisory_lock getting the dead holder's lock.
 package benchmark

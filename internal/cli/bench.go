@@ -2,8 +2,13 @@ package cli
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -12,70 +17,288 @@ import (
 	"github.com/annals-dev/annals/internal/benchmark"
 )
 
+// benchmarks are the names --only accepts, in the order they run.
+var benchmarks = []string{"append", "catchup", "latency", "takeover"}
+
+// benchFlagsOf maps each benchmark to its own flags: given without --only,
+// they select their benchmarks alone.
+var benchFlagsOf = map[string][]string{
+	"append":   {"writers", "batch"},
+	"catchup":  {"events"},
+	"latency":  {"rates"},
+	"takeover": {"rounds", "lock-retry"},
+}
+
+// cliMainPackage is the main package of the annals command: the takeover
+// benchmark re-executes this binary, so it runs only from it.
+const cliMainPackage = "github.com/annals-dev/annals/cmd/annals"
+
+// benchJSON is the --json document. The append figures stay at the top
+// level, where they have always been; each other benchmark has its key.
+type benchJSON struct {
+	benchmark.Settings
+	DurationPerRun string                    `json:"duration_per_run,omitempty"`
+	Results        []benchmark.AppendResult  `json:"results,omitempty"`
+	Catchup        *benchmark.CatchupReport  `json:"catchup,omitempty"`
+	Latency        *benchmark.LatencyReport  `json:"latency,omitempty"`
+	Takeover       *benchmark.TakeoverReport `json:"takeover,omitempty"`
+}
+
 func (e *env) benchCommand() *cobra.Command {
 	var quick bool
 	var duration time.Duration
 	var jsonPath string
-	var writers, batches []int
+	var only []string
+	var writers, batches, rates []int
+	var events, rounds int
+	var lockRetry []time.Duration
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure annals against raw PostgreSQL doing the same work",
-		Long: `Measure append throughput (1, 4 and 16 writers; 1 and 100 events per append) beside a
-plain INSERT numbered by a sequence and the same INSERT under an advisory lock, in the same
-run, and print events/s and ratios. It creates and migrates the schema annals_bench in the
-target database. Run it against a database with fsync on: fsync-off clusters hide the cost
-of ordered commits. --quick runs tiny measurements (a smoke test).`,
+		Long: `Measure annals beside raw PostgreSQL doing the same work in the same run, and print
+figures and ratios (tables on stdout, progress on stderr). The benchmarks, chosen with
+--only (default: all of them, in this order):
+
+  append    append throughput (1, 4 and 16 writers; 1 and 100 events per append) beside
+            a plain INSERT numbered by a sequence and the same INSERT under an advisory
+            lock. Schema annals_bench.
+  catchup   catch-up throughput: fill a log of --events events, then read it all with a
+            raw paged SELECT, the same plus a checkpoint write per page, a no-op
+            Projection and a no-op Observer (Runner.RunUntilCaughtUp, 500 per batch).
+            Schema annals_bench_catchup.
+  latency   end-to-end latency from just before an append to the start of a live
+            observer's Handle, at each of --rates events/s for --duration, beside a raw
+            INSERT + NOTIFY read by a raw LISTEN connection. Schema annals_bench_latency.
+  takeover  leader takeover after SIGKILL: two runner processes (this binary, re-executed),
+            the leader killed --rounds times per --lock-retry interval, beside a raw
+            waiter blocked in pg_advisory_lock. Runs only from the annals binary (go run
+            ./cmd/annals bench works; go test does not). Schema annals_bench_takeover.
+
+Without --only, a benchmark's own flags (append: --writers, --batch; catchup: --events;
+latency: --rates; takeover: --rounds, --lock-retry) select that benchmark alone. The
+catch-up, latency and takeover schemas are dropped and recreated at the start and left
+behind for inspection. Run against a database with fsync on: fsync-off clusters hide the
+cost of ordered commits and checkpoint writes. --quick makes every benchmark tiny (a
+smoke test).`,
+		Example: `  annals bench --json bench-results/all.json
+  annals bench --only catchup --events 100000
+  annals bench --only takeover --lock-retry 2s,500ms,200ms --rounds 9`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			run, err := selectBenchmarks(cmd, only)
+			if err != nil {
+				return err
+			}
 			if duration < 0 {
 				return usagef("--duration must be positive")
 			}
-			cfg := &benchmark.AppendConfig{Writers: writers, Batches: batches, Duration: duration, Progress: e.stderr}
+			appendCfg := &benchmark.AppendConfig{Writers: writers, Batches: batches, Duration: duration, Progress: e.stderr}
+			catchupCfg := &benchmark.CatchupConfig{Events: events, Progress: e.stderr}
+			latencyCfg := &benchmark.LatencyConfig{Rates: rates, Duration: duration, Progress: e.stderr}
+			takeoverCfg := &benchmark.TakeoverConfig{LockRetry: lockRetry, Rounds: rounds, Progress: e.stderr}
 			if quick {
-				cfg.Duration = 200 * time.Millisecond
+				appendCfg.Duration = 200 * time.Millisecond
 				if len(writers) == 0 {
-					cfg.Writers = []int{1, 4}
+					appendCfg.Writers = []int{1, 4}
+				}
+				if !cmd.Flags().Changed("events") {
+					catchupCfg.Events = 5000
+				}
+				latencyCfg.Duration = 500 * time.Millisecond
+				if len(rates) == 0 {
+					latencyCfg.Rates = []int{100}
+				}
+				if !cmd.Flags().Changed("rounds") {
+					takeoverCfg.Rounds = 1
+				}
+				if !cmd.Flags().Changed("lock-retry") {
+					takeoverCfg.LockRetry = []time.Duration{200 * time.Millisecond}
 				}
 			}
-			for _, w := range cfg.Writers {
+			for _, w := range appendCfg.Writers {
 				if w < 1 || w > 64 {
 					return usagef("--writers %d: want 1..64", w)
 				}
 			}
-			for _, b := range cfg.Batches {
+			for _, b := range appendCfg.Batches {
 				if b < 1 || b > 10000 {
 					return usagef("--batch %d: want 1..10000", b)
 				}
 			}
-			pool, err := e.connect(cmd.Context(), 64)
+			if catchupCfg.Events < 1 || catchupCfg.Events > 100_000_000 {
+				return usagef("--events %d: want 1..100000000", catchupCfg.Events)
+			}
+			for _, r := range latencyCfg.Rates {
+				if r < 1 || r > 100_000 {
+					return usagef("--rates %d: want 1..100000 events/s", r)
+				}
+			}
+			if takeoverCfg.Rounds < 1 || takeoverCfg.Rounds > 1000 {
+				return usagef("--rounds %d: want 1..1000", takeoverCfg.Rounds)
+			}
+			for _, d := range takeoverCfg.LockRetry {
+				if d <= 0 {
+					return usagef("--lock-retry %s must be positive", d)
+				}
+			}
+
+			ctx := cmd.Context()
+			pool, err := e.connect(ctx, 64)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			rep, err := benchmark.RunAppend(cmd.Context(), pool, cfg)
+			settings, err := benchmark.ReadSettings(ctx, pool)
 			if err != nil {
 				return err
 			}
-			if err := benchmark.WriteAppendTable(e.stdout, rep); err != nil {
-				return err
+			doc := &benchJSON{Settings: settings}
+			tables := 0
+			// report prints a table and rewrites --json, so that a failure later
+			// in the run keeps the figures measured so far.
+			report := func(write func(io.Writer) error) error {
+				if tables > 0 {
+					fmt.Fprintln(e.stdout)
+				}
+				tables++
+				if err := write(e.stdout); err != nil {
+					return err
+				}
+				return writeBenchJSON(jsonPath, doc)
 			}
-			if jsonPath != "" {
-				b, err := json.MarshalIndent(rep, "", "  ")
+
+			if run["append"] {
+				rep, err := benchmark.RunAppend(ctx, pool, appendCfg)
 				if err != nil {
 					return err
 				}
-				if err := os.MkdirAll(filepath.Dir(jsonPath), 0o755); err != nil {
-					return errors.Wrap(err, "write --json")
+				doc.DurationPerRun, doc.Results = rep.DurationPerRun, rep.Results
+				if err := report(func(w io.Writer) error { return benchmark.WriteAppendTable(w, rep) }); err != nil {
+					return err
 				}
-				return errors.Wrap(os.WriteFile(jsonPath, append(b, '\n'), 0o644), "write --json")
+			}
+			if run["catchup"] {
+				rep, err := benchmark.RunCatchup(ctx, pool, catchupCfg)
+				if err != nil {
+					return err
+				}
+				doc.Catchup = rep
+				if err := report(func(w io.Writer) error { return benchmark.WriteCatchupTable(w, settings, rep) }); err != nil {
+					return err
+				}
+			}
+			if run["latency"] {
+				rep, err := benchmark.RunLatency(ctx, pool, latencyCfg)
+				if err != nil {
+					return err
+				}
+				doc.Latency = rep
+				if err := report(func(w io.Writer) error { return benchmark.WriteLatencyTable(w, settings, rep) }); err != nil {
+					return err
+				}
+			}
+			if run["takeover"] {
+				rep := &benchmark.TakeoverReport{}
+				if command, why := takeoverCommand(); why != "" {
+					rep.Skipped = why
+				} else {
+					url := e.databaseURL
+					if url == "" {
+						url = e.getenv("DATABASE_URL")
+					}
+					takeoverCfg.Command = command
+					// The URL travels in the environment, not on the command line.
+					takeoverCfg.Env = append(os.Environ(), "DATABASE_URL="+url)
+					if rep, err = benchmark.RunTakeover(ctx, pool, takeoverCfg); err != nil {
+						return err
+					}
+				}
+				doc.Takeover = rep
+				if err := report(func(w io.Writer) error { return benchmark.WriteTakeoverTable(w, settings, rep) }); err != nil {
+					return err
+				}
 			}
 			return nil
 		},
 	}
+	cmd.Flags().StringSliceVar(&only, "only", nil, "benchmarks to run: "+strings.Join(benchmarks, ",")+" (default all)")
 	cmd.Flags().BoolVar(&quick, "quick", false, "tiny measurements, for a smoke test")
-	cmd.Flags().DurationVar(&duration, "duration", 3*time.Second, "length of each measurement")
+	cmd.Flags().DurationVar(&duration, "duration", 3*time.Second, "length of each append measurement and of each latency rate")
 	cmd.Flags().StringVar(&jsonPath, "json", "", "also write the results as JSON to this file")
-	cmd.Flags().IntSliceVar(&writers, "writers", nil, "writer counts (default 1,4,16)")
-	cmd.Flags().IntSliceVar(&batches, "batch", nil, "events per append (default 1,100)")
+	cmd.Flags().IntSliceVar(&writers, "writers", nil, "append: writer counts (default 1,4,16)")
+	cmd.Flags().IntSliceVar(&batches, "batch", nil, "append: events per append (default 1,100)")
+	cmd.Flags().IntVar(&events, "events", 1_000_000, "catchup: events in the log (quick: 5000)")
+	cmd.Flags().IntSliceVar(&rates, "rates", nil, "latency: target appends per second (default 100,1000; quick: 100)")
+	cmd.Flags().IntVar(&rounds, "rounds", 5, "takeover: takeovers per lock retry interval (quick: 1)")
+	cmd.Flags().DurationSliceVar(&lockRetry, "lock-retry", []time.Duration{2 * time.Second, 200 * time.Millisecond},
+		"takeover: the standby's LockRetryInterval settings (quick: 200ms)")
+	cmd.AddCommand(e.benchChildCommand())
 	return cmd
+}
+
+// selectBenchmarks returns the benchmarks to run: --only, else those whose
+// own flags were given, else all.
+func selectBenchmarks(cmd *cobra.Command, only []string) (map[string]bool, error) {
+	run := map[string]bool{}
+	if cmd.Flags().Changed("only") {
+		for _, name := range only {
+			name = strings.TrimSpace(name)
+			if !slices.Contains(benchmarks, name) {
+				return nil, usagef("--only %q: want some of %s", name, strings.Join(benchmarks, ","))
+			}
+			run[name] = true
+		}
+		if len(run) == 0 {
+			return nil, usagef("--only: name at least one of %s", strings.Join(benchmarks, ","))
+		}
+		return run, nil
+	}
+	for name, flags := range benchFlagsOf {
+		for _, f := range flags {
+			if cmd.Flags().Changed(f) {
+				run[name] = true
+			}
+		}
+	}
+	if len(run) == 0 {
+		for _, name := range benchmarks {
+			run[name] = true
+		}
+	}
+	return run, nil
+}
+
+// takeoverCommand returns the command line of a takeover child process, or
+// why this process cannot start one.
+func takeoverCommand() ([]string, string) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Sprintf("cannot locate this executable: %v", err)
+	}
+	info, ok := debug.ReadBuildInfo()
+	if !ok || info.Path != cliMainPackage {
+		main := "unknown"
+		if ok {
+			main = info.Path
+		}
+		return nil, fmt.Sprintf("this process is %s (main package %s), not the annals command; the benchmark re-executes "+
+			"the annals binary as its runner processes (under go test the executable is the test binary). "+
+			"Run it from the CLI: go run ./cmd/annals bench --only takeover", filepath.Base(exe), main)
+	}
+	return []string{exe, "bench", "runner-child"}, ""
+}
+
+// writeBenchJSON writes doc to path (nothing when path is empty).
+func writeBenchJSON(path string, doc *benchJSON) error {
+	if path == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return errors.Wrap(err, "write --json")
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return errors.Wrap(err, "write --json")
+	}
+	return errors.Wrap(os.WriteFile(path, append(b, '\n'), 0o644), "write --json")
 }

@@ -1,0 +1,419 @@
+package benchmark
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/lockkey"
+	"github.com/annals-dev/annals/migrations"
+	"github.com/annals-dev/annals/projection"
+)
+
+// LatencyConfig configures RunLatency. A nil *LatencyConfig means defaults.
+type LatencyConfig struct {
+	// Schema is the schema the benchmark drops, recreates and leaves behind.
+	// Defaults to "annals_bench_latency".
+	Schema string
+	// Rates lists the target append rates, events per second. Defaults to
+	// 100, 1000.
+	Rates []int
+	// Duration is how long each rate is sustained, per contender. Defaults
+	// to 3s.
+	Duration time.Duration
+	// Writers is the number of concurrent writers sharing the ticks (one
+	// single-event append per tick). Defaults to 4.
+	Writers int
+	// PollInterval is the runner's poll interval: long enough that the
+	// figures measure the NOTIFY path. Defaults to 5s.
+	PollInterval time.Duration
+	// Progress receives a line as each measurement starts. Defaults to none.
+	Progress io.Writer
+}
+
+// LatencyResult is one target rate.
+type LatencyResult struct {
+	Rate   int `json:"target_events_per_sec"`
+	Events int `json:"events"`
+	// The rates the writers achieved.
+	AnnalsRate float64 `json:"annals_sent_events_per_sec"`
+	RawRate    float64 `json:"raw_sent_events_per_sec"`
+	// Time from just before the append to the start of the handler (annals)
+	// or to the decoding of the row by the raw listener.
+	Annals Latencies `json:"annals"`
+	Raw    Latencies `json:"raw"`
+	// Ratios of annals to raw.
+	P50VsRaw float64 `json:"p50_vs_raw"`
+	P99VsRaw float64 `json:"p99_vs_raw"`
+}
+
+// LatencyReport is the outcome of RunLatency.
+type LatencyReport struct {
+	Writers        int             `json:"writers"`
+	PollInterval   string          `json:"poll_interval"`
+	DurationPerRun string          `json:"duration_per_run"`
+	Results        []LatencyResult `json:"results"`
+}
+
+func (c *LatencyConfig) withDefaults() LatencyConfig {
+	var out LatencyConfig
+	if c != nil {
+		out = *c
+	}
+	if out.Schema == "" {
+		out.Schema = "annals_bench_latency"
+	}
+	if len(out.Rates) == 0 {
+		out.Rates = []int{100, 1000}
+	}
+	if out.Duration <= 0 {
+		out.Duration = 3 * time.Second
+	}
+	if out.Writers <= 0 {
+		out.Writers = 4
+	}
+	if out.PollInterval <= 0 {
+		out.PollInterval = 5 * time.Second
+	}
+	if out.Progress == nil {
+		out.Progress = io.Discard
+	}
+	return out
+}
+
+// RunLatency measures the time from an append to the start of a live
+// observer's handler, at each target rate, beside a raw LISTEN consumer of
+// a raw INSERT + NOTIFY. The pool must allow Writers + 2 connections.
+func RunLatency(ctx context.Context, pool *pgxpool.Pool, cfg *LatencyConfig) (*LatencyReport, error) {
+	c := cfg.withDefaults()
+	for _, r := range c.Rates {
+		if r < 1 || r > 100_000 {
+			return nil, errors.Newf("benchmark: rate %d events/s: want 1..100000", r)
+		}
+	}
+	if c.Writers+2 > int(pool.Config().MaxConns) {
+		return nil, errors.Newf("benchmark: %d writers need %d pool connections", c.Writers, c.Writers+2)
+	}
+	q, err := queries(c.Schema)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := pool.Exec(ctx, q["DropSchema"]); err != nil {
+		return nil, errors.Wrap(err, "benchmark: drop the latency schema")
+	}
+	if _, err := migrations.Up(ctx, pool, &migrations.Config{Schema: c.Schema}); err != nil {
+		return nil, err
+	}
+	if _, err := pool.Exec(ctx, q["Setup"]); err != nil {
+		return nil, errors.Wrap(err, "benchmark: create the baseline table")
+	}
+	store, err := eventstore.New(pool, &eventstore.Config{Schema: c.Schema})
+	if err != nil {
+		return nil, err
+	}
+
+	// The consumers run for the whole benchmark; each measurement gives them
+	// a fresh probe.
+	var annalsProbe, rawProbe atomic.Pointer[probe]
+	annalsProbe.Store(newProbe())
+	rawProbe.Store(newProbe())
+	runner, err := projection.NewRunner(pool, &projection.Config{Schema: c.Schema, PollInterval: c.PollInterval})
+	if err != nil {
+		return nil, err
+	}
+	if err := runner.Register(&latencyObserver{name: "bench-latency", probe: &annalsProbe}, &projection.Options{BatchSize: 500}); err != nil {
+		return nil, err
+	}
+	consumers, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	consumerErr := make(chan error, 2)
+	defer func() { stop(); wg.Wait() }()
+	wg.Add(2)
+	go func() { defer wg.Done(); consumerErr <- runner.Run(consumers) }()
+	listening := make(chan struct{})
+	go func() { defer wg.Done(); consumerErr <- rawListen(consumers, pool, q, &rawProbe, listening) }()
+	select {
+	case <-listening:
+	case err := <-consumerErr:
+		return nil, errors.Wrap(err, "benchmark: start the raw listener")
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+
+	k1, k2 := lockkey.Pair(c.Schema + ":bench-baseline")
+	versions := make([]int64, c.Writers) // each raw writer's stream version
+	rawSend := func(ctx context.Context, w int, id uuid.UUID) error {
+		payload, err := payloadFor([]uuid.UUID{id})
+		if err != nil {
+			return err
+		}
+		batch := &pgx.Batch{}
+		batch.Queue(q["Lock"], k1, k2)
+		batch.Queue(q["RawInsert"], fmt.Sprintf("raw-w%d", w), versions[w], payload)
+		batch.Queue(q["RawNotify"], "")
+		// One implicit transaction, one round trip, like Store.Append.
+		if err := pool.SendBatch(ctx, batch).Close(); err != nil {
+			return err
+		}
+		versions[w]++
+		return nil
+	}
+	annalsSend := func(ctx context.Context, w int, id uuid.UUID) error {
+		_, err := store.Append(ctx, fmt.Sprintf("annals-w%d", w), eventstore.Any,
+			eventstore.EventData{ID: id, Type: "bench.deposited", Data: eventData(w)})
+		return err
+	}
+
+	// Warm up: both consumers are live once they have seen one event each.
+	fmt.Fprintf(c.Progress, "latency: waiting for the runner to lead and listen ...\n")
+	for _, ct := range []struct {
+		probe *atomic.Pointer[probe]
+		send  func(context.Context, int, uuid.UUID) error
+	}{{&annalsProbe, annalsSend}, {&rawProbe, rawSend}} {
+		if _, _, err := measureLatency(ctx, ct.probe, 1, 1, 1, 30*time.Second+2*c.PollInterval, ct.send); err != nil {
+			return nil, errors.Wrap(err, "benchmark: latency warm-up")
+		}
+	}
+
+	rep := &LatencyReport{Writers: c.Writers, PollInterval: c.PollInterval.String(), DurationPerRun: c.Duration.String()}
+	for i, rate := range c.Rates {
+		n := max(int(float64(rate)*c.Duration.Seconds()), 2)
+		r := LatencyResult{Rate: rate, Events: n}
+		grace := 10*time.Second + 2*c.PollInterval
+		fmt.Fprintf(c.Progress, "latency %d/%d: %d events at %d/s ...\n", i+1, len(c.Rates), n, rate)
+		var err error
+		if r.AnnalsRate, r.Annals, err = measureLatency(ctx, &annalsProbe, rate, n, c.Writers, grace, annalsSend); err != nil {
+			return nil, errors.Wrap(err, "benchmark: latency of annals")
+		}
+		if r.RawRate, r.Raw, err = measureLatency(ctx, &rawProbe, rate, n, c.Writers, 10*time.Second, rawSend); err != nil {
+			return nil, errors.Wrap(err, "benchmark: latency of the raw baseline")
+		}
+		r.P50VsRaw = ratio(r.Annals.P50, r.Raw.P50)
+		r.P99VsRaw = ratio(r.Annals.P99, r.Raw.P99)
+		rep.Results = append(rep.Results, r)
+	}
+	return rep, nil
+}
+
+// measureLatency appends n events at rate per second, shared by writers
+// (each tick goes to the next free writer), and waits up to grace after the
+// last one for the consumer to have seen them all. It returns the rate the
+// writers achieved and the latencies.
+func measureLatency(ctx context.Context, pp *atomic.Pointer[probe], rate, n, writers int, grace time.Duration,
+	send func(ctx context.Context, w int, id uuid.UUID) error) (float64, Latencies, error) {
+	p := newProbe()
+	pp.Store(p)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	jobs := make(chan uuid.UUID, n)
+	errs := make(chan error, writers)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range jobs {
+				p.sent(id)
+				if err := send(ctx, w, id); err != nil {
+					errs <- errors.Wrapf(err, "writer %d", w)
+					cancel()
+					return
+				}
+			}
+		}()
+	}
+	ticker := time.NewTicker(time.Second / time.Duration(rate))
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		if i > 0 {
+			select {
+			case <-ticker.C:
+			case <-ctx.Done():
+			}
+		}
+		id, _ := uuid.NewV7()
+		jobs <- id
+	}
+	ticker.Stop()
+	close(jobs)
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, Latencies{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, Latencies{}, err
+	}
+	deadline := time.Now().Add(grace)
+	for missing := p.missing(); missing > 0; missing = p.missing() {
+		if time.Now().After(deadline) {
+			return 0, Latencies{}, errors.Newf("%d of %d events not seen by the consumer within %s", missing, n, grace)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, Latencies{}, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	achieved, ds := p.results()
+	return achieved, summarize(ds), nil
+}
+
+// probe pairs the time each event was sent with the time it was seen.
+type probe struct {
+	mu     sync.Mutex
+	sentAt map[uuid.UUID]time.Time
+	seenAt map[uuid.UUID]time.Time
+}
+
+func newProbe() *probe {
+	return &probe{sentAt: map[uuid.UUID]time.Time{}, seenAt: map[uuid.UUID]time.Time{}}
+}
+
+// sent records that id is about to be appended.
+func (p *probe) sent(id uuid.UUID) {
+	now := time.Now()
+	p.mu.Lock()
+	p.sentAt[id] = now
+	p.mu.Unlock()
+}
+
+// saw records that the consumer saw id at.
+func (p *probe) saw(id uuid.UUID, at time.Time) {
+	p.mu.Lock()
+	if _, dup := p.seenAt[id]; !dup {
+		p.seenAt[id] = at
+	}
+	p.mu.Unlock()
+}
+
+// missing returns how many sent events have not been seen.
+func (p *probe) missing() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for id := range p.sentAt {
+		if _, ok := p.seenAt[id]; !ok {
+			n++
+		}
+	}
+	return n
+}
+
+// results returns the achieved send rate and every event's latency.
+func (p *probe) results() (float64, []time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ds := make([]time.Duration, 0, len(p.sentAt))
+	var first, last time.Time
+	for id, t := range p.sentAt {
+		ds = append(ds, p.seenAt[id].Sub(t))
+		if first.IsZero() || t.Before(first) {
+			first = t
+		}
+		if t.After(last) {
+			last = t
+		}
+	}
+	rate := 0.0
+	if span := last.Sub(first); span > 0 {
+		rate = float64(len(p.sentAt)-1) / span.Seconds()
+	}
+	return rate, ds
+}
+
+// latencyObserver records when Handle starts for each event.
+type latencyObserver struct {
+	name  string
+	probe *atomic.Pointer[probe]
+}
+
+func (o *latencyObserver) Name() string { return o.name }
+
+func (o *latencyObserver) Handle(_ context.Context, e eventstore.Event) error {
+	now := time.Now()
+	o.probe.Load().saw(e.ID, now)
+	return nil
+}
+
+// rawListen is the raw consumer: LISTEN on a connection of its own and, on
+// each notification, read the rows after the last one seen.
+func rawListen(ctx context.Context, pool *pgxpool.Pool, q map[string]string, pp *atomic.Pointer[probe], listening chan<- struct{}) error {
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return errors.Wrap(err, "connect the raw listener")
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, q["RawListen"]); err != nil {
+		return errors.Wrap(err, "raw LISTEN")
+	}
+	close(listening)
+	const limit = 500
+	var after int64
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return errors.Wrap(err, "raw listener")
+		}
+		for {
+			rows, err := conn.Query(ctx, q["ReadRaw"], after, limit)
+			if err != nil {
+				return errors.Wrap(err, "raw listener: read")
+			}
+			events, err := eventstore.ScanEvents(rows, limit)
+			if err != nil {
+				return errors.Wrap(err, "raw listener: read")
+			}
+			p := pp.Load()
+			for _, e := range events {
+				p.saw(e.ID, time.Now())
+				after = e.GlobalSequence
+			}
+			if len(events) < limit {
+				break
+			}
+		}
+	}
+}
+
+// payloadFor returns the JSON array of one event per ID, in the shape
+// append_events takes.
+func payloadFor(ids []uuid.UUID) ([]byte, error) {
+	type item struct {
+		EventID uuid.UUID      `json:"event_id"`
+		Type    string         `json:"type"`
+		Data    map[string]any `json:"data"`
+	}
+	items := make([]item, len(ids))
+	for i, id := range ids {
+		items[i] = item{id, "bench.deposited", eventData(i)}
+	}
+	b, err := json.Marshal(items)
+	return b, errors.Wrap(err, "benchmark: encode payload")
+}
+
+// WriteLatencyTable prints the report as an aligned table.
+func WriteLatencyTable(w io.Writer, s Settings, rep *LatencyReport) error {
+	fmt.Fprintf(w, "end-to-end latency, ms: just before the append → start of the handler, an upper bound that includes the append's round trip (%s; %d writers, poll interval %s, %s per rate)\n",
+		s, rep.Writers, rep.PollInterval, rep.DurationPerRun)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "target/s\tannals sent/s\tannals p50\tp99\tmax\traw sent/s\traw p50\tp99\tmax\tp50 annals/raw\tp99 annals/raw\t")
+	for _, r := range rep.Results {
+		fmt.Fprintf(tw, "%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t\n", r.Rate,
+			r.AnnalsRate, r.Annals.P50, r.Annals.P99, r.Annals.Max,
+			r.RawRate, r.Raw.P50, r.Raw.P99, r.Raw.Max, r.P50VsRaw, r.P99VsRaw)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,160 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/annals-dev/annals/annalstest"
+)
+
+func TestBenchRunnerQuick(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	jsonPath := filepath.Join(t.TempDir(), "runner.json")
+	r := annals(t, db.URL, "bench", "--quick", "--only", "catchup,latency", "--json", jsonPath)
+	if r.code != 0 {
+		t.Fatalf("bench: %+v", r)
+	}
+	for _, want := range []string{"catch-up throughput", "projection (no-op)", "end-to-end latency", "p50 annals/raw"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Fatalf("bench output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	if strings.Contains(r.stdout, "append throughput") || strings.Contains(r.stdout, "takeover") {
+		t.Fatalf("--only catchup,latency ran more:\n%s", r.stdout)
+	}
+	raw, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Fsync   string            `json:"fsync"`
+		Results []json.RawMessage `json:"results"`
+		Catchup struct {
+			Events          int     `json:"events"`
+			Raw             float64 `json:"raw_read_events_per_sec"`
+			RawCheckpoint   float64 `json:"raw_read_checkpoint_events_per_sec"`
+			Projection      float64 `json:"projection_events_per_sec"`
+			Observer        float64 `json:"observer_events_per_sec"`
+			ProjectionVsRaw float64 `json:"projection_vs_raw"`
+			ObserverVsRaw   float64 `json:"observer_vs_raw"`
+		} `json:"catchup"`
+		Latency struct {
+			Results []struct {
+				Rate   int `json:"target_events_per_sec"`
+				Events int `json:"events"`
+				Annals struct {
+					Samples int     `json:"samples"`
+					P50     float64 `json:"p50_ms"`
+					P99     float64 `json:"p99_ms"`
+				} `json:"annals"`
+				Raw struct {
+					Samples int     `json:"samples"`
+					P50     float64 `json:"p50_ms"`
+					P99     float64 `json:"p99_ms"`
+				} `json:"raw"`
+				P50VsRaw float64 `json:"p50_vs_raw"`
+			} `json:"results"`
+		} `json:"latency"`
+		Takeover json.RawMessage `json:"takeover"`
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Fsync == "" || len(rep.Results) != 0 || rep.Takeover != nil {
+		t.Fatalf("unexpected top level: %s", raw)
+	}
+	c := rep.Catchup
+	if c.Events != 5000 || c.Raw <= 0 || c.RawCheckpoint <= 0 || c.Projection <= 0 || c.Observer <= 0 || c.ProjectionVsRaw <= 0 || c.ObserverVsRaw <= 0 {
+		t.Fatalf("catch-up: %+v", c)
+	}
+	if len(rep.Latency.Results) != 1 {
+		t.Fatalf("latency: %s", raw)
+	}
+	l := rep.Latency.Results[0]
+	if l.Rate != 100 || l.Events != 50 || l.Annals.Samples != 50 || l.Raw.Samples != 50 ||
+		l.Annals.P50 <= 0 || l.Annals.P99 < l.Annals.P50 || l.Raw.P50 <= 0 || l.Raw.P99 < l.Raw.P50 || l.P50VsRaw <= 0 {
+		t.Fatalf("latency: %+v", l)
+	}
+}
+
+func TestBenchTakeoverNeedsTheCLI(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	jsonPath := filepath.Join(t.TempDir(), "takeover.json")
+	// Under go test the executable is the test binary: the benchmark says so
+	// instead of re-executing it.
+	r := annals(t, db.URL, "bench", "--quick", "--only", "takeover", "--json", jsonPath)
+	if r.code != 0 || !strings.Contains(r.stdout, "takeover after SIGKILL: skipped") || !strings.Contains(r.stdout, "go run ./cmd/annals") {
+		t.Fatalf("bench --only takeover: %+v", r)
+	}
+	raw, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Takeover struct {
+			Skipped string `json:"skipped"`
+		} `json:"takeover"`
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil || rep.Takeover.Skipped == "" {
+		t.Fatalf("takeover JSON (%v): %s", err, raw)
+	}
+	if r = annals(t, db.URL, "bench", "--only", "append,nope"); r.code != 2 {
+		t.Fatalf("bench --only append,nope: %+v", r)
+	}
+}
+
+// The takeover benchmark re-executes the annals binary: run it from one.
+func TestBenchTakeoverBinary(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "annals")
+	build := exec.Command("go", "build", "-o", bin, "github.com/annals-dev/annals/cmd/annals")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	jsonPath := filepath.Join(dir, "takeover.json")
+	c := exec.Command(bin, "bench", "--quick", "--only", "takeover", "--json", jsonPath)
+	c.Env = append(os.Environ(), "DATABASE_URL="+db.URL)
+	var stdout, stderr bytes.Buffer
+	c.Stdout, c.Stderr = &stdout, &stderr
+	if err := c.Run(); err != nil {
+		t.Fatalf("bench --only takeover: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "runner standby") {
+		t.Fatalf("takeover table:\n%s", stdout.String())
+	}
+	raw, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Takeover struct {
+			Skipped string `json:"skipped"`
+			Raw     struct {
+				Median float64 `json:"median_ms"`
+			} `json:"raw"`
+			Results []struct {
+				LockRetry string    `json:"lock_retry_interval"`
+				Samples   []float64 `json:"samples_ms"`
+				Median    float64   `json:"median_ms"`
+				Max       float64   `json:"max_ms"`
+			} `json:"results"`
+		} `json:"takeover"`
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	tk := rep.Takeover
+	if tk.Skipped != "" || tk.Raw.Median <= 0 || len(tk.Results) != 1 || tk.Results[0].LockRetry != "200ms" ||
+		len(tk.Results[0].Samples) != 1 || tk.Results[0].Median <= 0 || tk.Results[0].Max < tk.Results[0].Median {
+		t.Fatalf("takeover: %s", raw)
+	}
+}
