@@ -34,6 +34,14 @@ type Batch struct {
 	Events []eventstore.Event
 	// Through is the position through which the batch accounts for every event.
 	Through int64
+	// Stopped is the reason the subscriber partition is halted (an operator
+	// must act), or "". A stopped subscription processes nothing.
+	Stopped string
+	// Redeliveries counts dead letters an operator released for re-delivery.
+	Redeliveries int
+	// Unresolved counts dead letters not yet resolved (open or released):
+	// while it is 0, no stream of the partition is parked.
+	Unresolved int
 }
 
 // Lease is one process's leadership of a subscriber partition.
@@ -49,6 +57,19 @@ type Lease struct {
 	Lock *advisorylock.Lock
 
 	checkpoints *checkpoint.Store
+	stopping    <-chan struct{}
+}
+
+// Stopping is closed when the run is shutting down: a processor waiting to
+// retry should give up its wait then (the batch in hand may still finish).
+func (l *Lease) Stopping() <-chan struct{} { return l.stopping }
+
+// Lost is closed when the lease's lock is lost (never, when ephemeral).
+func (l *Lease) Lost() <-chan struct{} {
+	if l.Lock == nil {
+		return nil
+	}
+	return l.Lock.Lost()
 }
 
 // Ephemeral reports whether the lease belongs to a subscription without a
@@ -75,6 +96,9 @@ type Processor interface {
 	// batch.Through on success; on failure, how far it got (batch.After if
 	// nowhere). The next batch starts after the returned position.
 	Process(ctx context.Context, lease *Lease, batch Batch) (int64, error)
+	// Redeliver is called when the batch read reports dead letters released
+	// by an operator: deliver them (in position order) and resolve them.
+	Redeliver(ctx context.Context, lease *Lease) error
 	// Idle is called each time the subscription is about to wait for new
 	// events: the moment to write a buffered checkpoint that is due.
 	Idle(ctx context.Context, lease *Lease) error
@@ -182,6 +206,10 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 	}
 	return &Engine{pool: pool, connConfig: pool.Config().ConnConfig, schema: c.Schema, listener: listener, checkpoints: cps, cfg: c, q: q}, nil
 }
+
+// ErrStopped is returned by CatchUp for a subscriber partition halted by
+// the Stop policy: an operator must retry or skip its dead letter.
+var ErrStopped = errors.New("catchup: subscriber is stopped")
 
 // LockKey returns the advisory-lock key of a subscriber partition:
 // "schema:subscriber:partition".
@@ -361,6 +389,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			return nil
 		}
 	}
+	lease.stopping = ctx.Done()
 	if err := sub.Processor.Start(procCtx, lease); err != nil {
 		return errors.Wrap(err, "catchup: start processor")
 	}
@@ -396,6 +425,28 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 				return err
 			}
 			if err := e.wait(ctx, lost, nil, e.cfg.RetryBackoff); err != nil {
+				return err
+			}
+			continue
+		}
+		if batch.Redeliveries > 0 {
+			if err := sub.Processor.Redeliver(procCtx, lease); err != nil {
+				if isFatal(err) {
+					return err
+				}
+				e.cfg.Logger.WarnContext(ctx, "annals: re-delivering dead letters failed",
+					slog.String("subscriber", sub.Name), slog.Int("partition", sub.Partition), slog.Any("error", err))
+				if err := e.wait(ctx, lost, nil, e.cfg.RetryBackoff); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if batch.Stopped != "" {
+			if !live {
+				return errors.Wrapf(ErrStopped, "%s/%d: %s", sub.Name, sub.Partition, batch.Stopped)
+			}
+			if err := e.wait(ctx, lost, signal, e.cfg.PollInterval); err != nil {
 				return err
 			}
 			continue
@@ -468,13 +519,15 @@ func (e *Engine) read(ctx context.Context, sub *Subscription, lease *Lease, afte
 	b := Batch{After: after, Events: make([]eventstore.Event, 0, limit)}
 	var head int64
 	var epoch *int64
+	var stopped *string
+	var retry, unresolved int
 	var pos *int64
 	var ev eventstore.Event
 	var meta []byte
 	var id, stream, typ *string
 	var version *int64
 	var recorded *time.Time
-	_, err = pgx.ForEachRow(rows, []any{&head, &epoch, &pos, &id, &stream, &version, &typ, &ev.Data, &meta, &recorded}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&head, &epoch, &stopped, &retry, &unresolved, &pos, &id, &stream, &version, &typ, &ev.Data, &meta, &recorded}, func() error {
 		if pos == nil {
 			return nil // no events: the row only carries the head
 		}
@@ -496,6 +549,12 @@ func (e *Engine) read(ctx context.Context, sub *Subscription, lease *Lease, afte
 	}
 	if lease.Lock != nil && (epoch == nil || *epoch != lease.Epoch) {
 		return Batch{}, errors.Wrapf(checkpoint.ErrFenced, "catchup: %s/%d: the checkpoint's epoch is no longer %d", sub.Name, sub.Partition, lease.Epoch)
+	}
+	if lease.Lock != nil {
+		b.Redeliveries, b.Unresolved = retry, unresolved
+		if stopped != nil {
+			b.Stopped = *stopped
+		}
 	}
 	b.Through = min(max(head, after), target)
 	if len(b.Events) == limit {

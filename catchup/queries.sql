@@ -7,13 +7,19 @@
 -- visible, so when fewer than $2 rows match, everything through the head (up
 -- to $6) has been considered and the checkpoint may move there. The
 -- checkpoint's epoch lets an idle leader notice that it has been fenced (an
--- operator's checkpoint set) without waiting for its next commit.
-SELECT h.head, h.epoch, e.global_sequence, e.event_id, e.stream_id, e.stream_version,
+-- operator's checkpoint set) without waiting for its next commit; the stop
+-- reason and the dead-letter counts tell it to halt, to re-deliver what an
+-- operator released, and whether any stream may be parked.
+SELECT h.head, h.epoch, h.stopped_reason, h.retry, h.unresolved, e.global_sequence, e.event_id, e.stream_id, e.stream_version,
        e.event_type, e.data, e.metadata, e.recorded_at
-  FROM (SELECT coalesce(max(global_sequence), 0) AS head,
-               (SELECT c.epoch FROM {{.Schema}}.checkpoints c
-                 WHERE c.subscriber_id = $7 AND c.partition = $5) AS epoch
-          FROM {{.Schema}}.events) h
+  FROM (SELECT (SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events) AS head,
+               c.epoch, c.stopped_reason, d.retry, d.unresolved
+          FROM (SELECT 1) one
+          LEFT JOIN {{.Schema}}.checkpoints c ON c.subscriber_id = $7 AND c.partition = $5
+          CROSS JOIN (SELECT count(*) FILTER (WHERE dl.status = 'retry') AS retry, count(*) AS unresolved
+                        FROM {{.Schema}}.dead_letters dl
+                       WHERE dl.subscriber_id = $7 AND dl.partition = $5
+                         AND dl.status IN ('open', 'retry')) d) h
   LEFT JOIN LATERAL (
         SELECT ev.global_sequence, ev.event_id, ev.stream_id, ev.stream_version,
                ev.event_type, ev.data, ev.metadata, ev.recorded_at

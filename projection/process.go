@@ -2,20 +2,143 @@ package projection
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
 )
 
+// failures is the failure handling both processors share: recording
+// attempts, waiting between retries, dead-lettering, parking and stopping.
+type failures struct {
+	name    string
+	q       map[string]string
+	retry   RetryPolicy
+	policy  DeadLetterPolicy
+	timeout time.Duration
+	clock   Clock
+	hooks   Hooks
+	logger  *slog.Logger
+}
+
+// parked maps a parked stream to whether it still has an open (unreleased)
+// dead letter: its later events are dead-lettered "open" then, or "retry"
+// (queued behind the released ones) when an operator has released it.
+type parked map[string]bool
+
+func (s parked) status(stream string) string {
+	if s[stream] {
+		return "open"
+	}
+	return "retry"
+}
+
+// loadParked returns the parked streams among the events' streams.
+func (f *failures) loadParked(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (parked, error) {
+	p := parked{}
+	if b.Unresolved == 0 || len(b.Events) == 0 {
+		return p, nil
+	}
+	seen := map[string]bool{}
+	var streams []string
+	for _, e := range b.Events {
+		if !seen[e.StreamID] {
+			seen[e.StreamID] = true
+			streams = append(streams, e.StreamID)
+		}
+	}
+	err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+		rows, err := conn.Query(ctx, f.q["ParkedStreams"], lease.Subscriber, lease.Partition, streams)
+		if err != nil {
+			return err
+		}
+		var s string
+		var open bool
+		_, err = pgx.ForEachRow(rows, []any{&s, &open}, func() error { p[s] = open; return nil })
+		return err
+	})
+	return p, errors.Wrap(err, "projection: read parked streams")
+}
+
+// recordFailure writes the attempt's failures row on the lock's connection
+// (outside any rolled-back transaction) and returns the attempt number.
+func (f *failures) recordFailure(ctx context.Context, lease *catchup.Lease, e eventstore.Event, cause error) (int, error) {
+	var attempt int
+	err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, f.q["RecordFailure"], lease.Subscriber, lease.Partition, e.ID, e.GlobalSequence, cause.Error()).Scan(&attempt)
+	})
+	return attempt, errors.Wrap(err, "projection: record a failed attempt")
+}
+
+// deadLetter writes the dead-letter row (and, under Stop, the stop reason) in
+// db, which for projections is the transaction that also moves the checkpoint.
+func (f *failures) deadLetter(ctx context.Context, db checkpoint.DB, lease *catchup.Lease, e eventstore.Event, reason, status string, cause error) error {
+	_, err := db.Exec(ctx, f.q["DeadLetter"], lease.Subscriber, lease.Partition, e.ID, e.GlobalSequence,
+		e.StreamID, e.Type, reason, cause.Error(), errorDetail(cause), status)
+	if err != nil {
+		return errors.Wrap(err, "projection: write a dead letter")
+	}
+	if reason == "failed" && f.policy == Stop {
+		msg := "event " + e.ID.String() + " failed: " + cause.Error()
+		if _, err := db.Exec(ctx, f.q["Stop"], lease.Subscriber, lease.Partition, lease.Epoch, msg); err != nil {
+			return errors.Wrap(err, "projection: stop the subscriber")
+		}
+	}
+	return nil
+}
+
+func (f *failures) parkedError(e eventstore.Event) error {
+	return errors.Newf("stream %q is parked for %q behind an earlier dead letter", e.StreamID, f.name)
+}
+
+// afterFailure records a failed attempt and either waits out the retry delay
+// (retry: true) or reports that the event must be dead-lettered.
+func (f *failures) afterFailure(ctx context.Context, lease *catchup.Lease, e eventstore.Event, cause error) (retry bool, err error) {
+	attempt, err := f.recordFailure(ctx, lease, e, cause)
+	if err != nil {
+		return false, err
+	}
+	if spent(f.retry, attempt, cause) {
+		f.logger.WarnContext(ctx, "annals: dead-lettering an event",
+			slog.String("subscriber", f.name), slog.Int64("position", e.GlobalSequence),
+			slog.String("stream", e.StreamID), slog.Int("attempts", attempt), slog.Any("error", cause))
+		if f.hooks.OnDeadLetter != nil {
+			f.hooks.OnDeadLetter(f.name, e, "failed", cause)
+		}
+		return false, nil
+	}
+	if f.hooks.OnRetry != nil {
+		f.hooks.OnRetry(f.name, e, attempt, cause)
+	}
+	d := f.retry.Delay(attempt)
+	f.logger.InfoContext(ctx, "annals: handler failed; retrying",
+		slog.String("subscriber", f.name), slog.Int64("position", e.GlobalSequence),
+		slog.Int("attempt", attempt), slog.Duration("delay", d), slog.Any("error", cause))
+	select {
+	case <-f.clock.After(d):
+		return true, nil
+	case <-lease.Stopping():
+		return false, errStopping
+	case <-lease.Lost():
+		return false, errors.Wrap(advisorylock.ErrLost, "projection: lock lost while waiting to retry")
+	}
+}
+
+// errStopping ends a batch early at shutdown: the attempt count is stored,
+// the next leader continues it.
+var errStopping = errors.New("projection: shutting down")
+
 // txProcessor runs a Projection: each batch in one transaction on the lock's
 // connection, with the fenced checkpoint update.
 type txProcessor struct {
 	p Projection
+	f *failures
 }
 
 func (t *txProcessor) Start(context.Context, *catchup.Lease) error { return nil }
@@ -23,44 +146,181 @@ func (t *txProcessor) Idle(context.Context, *catchup.Lease) error  { return nil 
 func (t *txProcessor) End(context.Context, *catchup.Lease) error   { return nil }
 
 func (t *txProcessor) Process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
-	failedAt, err := t.apply(ctx, lease, b.Events, b.Through)
-	if err == nil {
-		return b.Through, nil
-	}
-	if failedAt <= 0 {
+	park, err := t.f.loadParked(ctx, lease, b)
+	if err != nil {
 		return b.After, err
 	}
-	// The events before the failing one commit on their own, so the failing
-	// event is retried alone and its batch-mates are applied exactly once.
-	before := b.Events[:failedAt]
-	if _, err2 := t.apply(ctx, lease, before, before[len(before)-1].GlobalSequence); err2 != nil {
-		return b.After, errors.CombineErrors(err, err2)
+	cursor, events := b.After, b.Events
+	for {
+		failedAt, err := t.apply(ctx, lease, events, park, b.Through)
+		if err == nil {
+			return b.Through, nil
+		}
+		if failedAt < 0 {
+			return cursor, err
+		}
+		// The events before the failing one commit on their own, so that the
+		// failing event is retried alone and its batch-mates are applied once.
+		if failedAt > 0 {
+			before := events[:failedAt]
+			pos := before[len(before)-1].GlobalSequence
+			if _, err2 := t.apply(ctx, lease, before, park, pos); err2 != nil {
+				return cursor, errors.CombineErrors(err, err2)
+			}
+			cursor, events = pos, events[failedAt:]
+		}
+		e := events[0]
+		retry, ferr := t.f.afterFailure(ctx, lease, e, err)
+		switch {
+		case errors.Is(ferr, errStopping):
+			return cursor, nil
+		case ferr != nil:
+			return cursor, ferr
+		case retry:
+			continue
+		}
+		// Spent: the dead letter and the checkpoint move commit together.
+		err = t.inTx(ctx, lease, func(tx pgx.Tx) error {
+			if err := t.f.deadLetter(ctx, tx, lease, e, "failed", "open", err); err != nil {
+				return err
+			}
+			return lease.Commit(ctx, tx, e.GlobalSequence)
+		})
+		if err != nil {
+			return cursor, err
+		}
+		cursor, events = e.GlobalSequence, events[1:]
+		switch t.f.policy {
+		case Stop:
+			return cursor, nil // the next read sees the stop reason
+		case ParkStream:
+			park[e.StreamID] = true
+		}
 	}
-	return before[len(before)-1].GlobalSequence, err
 }
 
-// apply runs events in one transaction with the checkpoint at through. On a
-// handler error it returns the index of the failing event.
-func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []eventstore.Event, through int64) (int, error) {
+func (t *txProcessor) inTx(ctx context.Context, lease *catchup.Lease, fn func(tx pgx.Tx) error) error {
+	return lease.Lock.Do(ctx, func(conn *pgx.Conn) error { return pgx.BeginFunc(ctx, conn, fn) })
+}
+
+// apply runs events in one transaction with the checkpoint at through;
+// events of parked streams become dead letters instead. On a handler error
+// it returns the index of the failing event (-1 for any other error).
+func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []eventstore.Event, park parked, through int64) (int, error) {
 	failedAt := -1
-	err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
-		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			for i, e := range events {
-				if err := safely(func() error { return t.p.Handle(ctx, tx, e) }); err != nil {
-					failedAt = i
-					return errors.Wrapf(err, "projection %q: event %d (%s, stream %s v%d)", t.p.Name(), e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion)
+	var parkedNow []eventstore.Event
+	err := t.inTx(ctx, lease, func(tx pgx.Tx) error {
+		parkedNow = parkedNow[:0]
+		for i, e := range events {
+			if _, ok := park[e.StreamID]; ok {
+				if err := t.f.deadLetter(ctx, tx, lease, e, "parked", park.status(e.StreamID), t.f.parkedError(e)); err != nil {
+					return err
 				}
+				parkedNow = append(parkedNow, e)
+				continue
 			}
-			return lease.Commit(ctx, tx, through)
+			err := handle(ctx, t.f.timeout, func(ctx context.Context) error { return t.p.Handle(ctx, tx, e) })
+			if err != nil {
+				failedAt = i
+				return errors.Wrapf(err, "projection %q: event %d (%s, stream %s v%d)", t.p.Name(), e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion)
+			}
+		}
+		return lease.Commit(ctx, tx, through)
+	})
+	if err == nil && t.f.hooks.OnDeadLetter != nil {
+		for _, e := range parkedNow {
+			t.f.hooks.OnDeadLetter(t.f.name, e, "parked", t.f.parkedError(e))
+		}
+	}
+	return failedAt, err
+}
+
+// Redeliver re-delivers released dead letters in position order, each in a
+// transaction that also resolves it. A failure reopens it and the released
+// entries behind it in its stream, which stays parked.
+func (t *txProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error {
+	return redeliver(ctx, t.f, lease, func(e eventstore.Event, id int64) error {
+		return t.inTx(ctx, lease, func(tx pgx.Tx) error {
+			err := handle(ctx, t.f.timeout, func(ctx context.Context) error { return t.p.Handle(ctx, tx, e) })
+			if err != nil {
+				return handlerError{err}
+			}
+			_, err = tx.Exec(ctx, t.f.q["Resolve"], id)
+			return err
 		})
 	})
-	return failedAt, err
+}
+
+// handlerError marks a re-delivery failure as the handler's (not the database's).
+type handlerError struct{ error }
+
+func (h handlerError) Unwrap() error { return h.error }
+
+func redeliver(ctx context.Context, f *failures, lease *catchup.Lease, deliver func(e eventstore.Event, id int64) error) error {
+	type entry struct {
+		id int64
+		e  eventstore.Event
+	}
+	var entries []entry
+	err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+		rows, err := conn.Query(ctx, f.q["Released"], lease.Subscriber, lease.Partition, 500)
+		if err != nil {
+			return err
+		}
+		var id int64
+		var meta []byte
+		var e eventstore.Event
+		_, err = pgx.ForEachRow(rows, []any{&id, &e.GlobalSequence, &e.ID, &e.StreamID, &e.StreamVersion, &e.Type, &e.Data, &meta, &e.RecordedAt}, func() error {
+			ev := e
+			if len(meta) > 0 {
+				if err := ev.Metadata.UnmarshalJSON(meta); err != nil {
+					return err
+				}
+			}
+			entries = append(entries, entry{id, ev})
+			e.Data = nil
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return errors.Wrap(err, "projection: read released dead letters")
+	}
+	blocked := map[string]bool{}
+	for _, en := range entries {
+		if blocked[en.e.StreamID] {
+			continue // reopened with the entry before it
+		}
+		err := deliver(en.e, en.id)
+		var he handlerError
+		if err == nil {
+			continue
+		}
+		if !errors.As(err, &he) {
+			return err
+		}
+		blocked[en.e.StreamID] = true
+		if _, ferr := f.recordFailure(ctx, lease, en.e, he.error); ferr != nil {
+			return ferr
+		}
+		err = lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+			_, err := conn.Exec(ctx, f.q["Reopen"], lease.Subscriber, lease.Partition, en.id, en.e.StreamID, he.Error(), errorDetail(he.error))
+			return err
+		})
+		if err != nil {
+			return errors.Wrap(err, "projection: reopen a dead letter")
+		}
+		f.logger.WarnContext(ctx, "annals: re-delivery failed; the dead letter is open again",
+			slog.String("subscriber", f.name), slog.Int64("position", en.e.GlobalSequence), slog.Any("error", he.error))
+	}
+	return nil
 }
 
 // observerProcessor runs an Observer outside any transaction, with batched
 // checkpoints written through the lock's connection.
 type observerProcessor struct {
 	o        Observer
+	f        *failures
 	every    int
 	interval time.Duration
 	batcher  *checkpoint.Batcher
@@ -78,22 +338,88 @@ func (p *observerProcessor) Start(ctx context.Context, lease *catchup.Lease) err
 }
 
 func (p *observerProcessor) Process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
+	park, err := p.f.loadParked(ctx, lease, b)
+	if err != nil {
+		return b.After, err
+	}
 	done := b.After
-	for i, e := range b.Events {
-		if err := safely(func() error { return p.o.Handle(ctx, e) }); err != nil {
-			if ferr := p.batcher.Advance(ctx, done, i); ferr != nil {
-				return done, errors.CombineErrors(err, ferr)
+	handled := 0
+	for i := 0; i < len(b.Events); i++ {
+		e := b.Events[i]
+		if _, ok := park[e.StreamID]; ok {
+			if err := p.inLock(ctx, lease, func(conn *pgx.Conn) error {
+				return p.f.deadLetter(ctx, conn, lease, e, "parked", park.status(e.StreamID), p.f.parkedError(e))
+			}); err != nil {
+				return done, p.advance(ctx, done, handled, err)
 			}
-			return done, errors.Wrapf(err, "observer %q: event %d (%s, stream %s v%d)", p.o.Name(), e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion)
+			if p.f.hooks.OnDeadLetter != nil {
+				p.f.hooks.OnDeadLetter(p.f.name, e, "parked", p.f.parkedError(e))
+			}
+			done, handled = e.GlobalSequence, handled+1
+			continue
 		}
-		done = e.GlobalSequence
+		err := handle(ctx, p.f.timeout, func(ctx context.Context) error { return p.o.Handle(ctx, e) })
+		if err == nil {
+			done, handled = e.GlobalSequence, handled+1
+			continue
+		}
+		err = errors.Wrapf(err, "observer %q: event %d (%s, stream %s v%d)", p.o.Name(), e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion)
+		retry, ferr := p.f.afterFailure(ctx, lease, e, err)
+		switch {
+		case errors.Is(ferr, errStopping):
+			return done, p.advance(ctx, done, handled, nil)
+		case ferr != nil:
+			return done, p.advance(ctx, done, handled, ferr)
+		case retry:
+			i-- // the same event again
+			continue
+		}
+		if err := p.inLock(ctx, lease, func(conn *pgx.Conn) error {
+			return p.f.deadLetter(ctx, conn, lease, e, "failed", "open", err)
+		}); err != nil {
+			return done, p.advance(ctx, done, handled, err)
+		}
+		done, handled = e.GlobalSequence, handled+1
+		if p.f.policy == ParkStream {
+			park[e.StreamID] = true
+		}
+		if p.f.policy == Stop {
+			// Write the checkpoint now: the dead letter holds the event.
+			if err := p.advance(ctx, done, handled, nil); err != nil {
+				return done, err
+			}
+			return done, p.batcher.Flush(ctx)
+		}
 	}
-	if err := p.batcher.Advance(ctx, b.Through, len(b.Events)); err != nil {
-		// The events are handled; only the checkpoint write failed. Fencing
-		// ends the leadership; anything else is retried at the next flush.
-		return b.Through, err
+	return b.Through, p.advance(ctx, b.Through, handled, nil)
+}
+
+// advance moves the batched checkpoint and returns cause, or the write's error.
+func (p *observerProcessor) advance(ctx context.Context, pos int64, events int, cause error) error {
+	if err := p.batcher.Advance(ctx, pos, events); err != nil {
+		return errors.CombineErrors(cause, err)
 	}
-	return b.Through, nil
+	return cause
+}
+
+func (p *observerProcessor) inLock(ctx context.Context, lease *catchup.Lease, fn func(conn *pgx.Conn) error) error {
+	if lease.Ephemeral() {
+		return nil
+	}
+	return lease.Lock.Do(ctx, fn)
+}
+
+// Redeliver re-delivers released dead letters in position order.
+func (p *observerProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error {
+	return redeliver(ctx, p.f, lease, func(e eventstore.Event, id int64) error {
+		if err := handle(ctx, p.f.timeout, func(ctx context.Context) error { return p.o.Handle(ctx, e) }); err != nil {
+			return handlerError{err}
+		}
+		return lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+			_, err := conn.Exec(ctx, p.f.q["Resolve"], id)
+			return err
+		})
+	})
 }
 
 // Idle writes the checkpoint when CheckpointInterval has passed since the

@@ -25,6 +25,9 @@ import (
 //go:embed instances.sql
 var instancesSQL string
 
+//go:embed failures.sql
+var failuresSQL string
+
 // Config configures a Runner. A nil *Config means defaults.
 type Config struct {
 	// Schema is the annals schema. Defaults to "annals".
@@ -52,6 +55,14 @@ type Config struct {
 	// Logger receives leadership changes, retries and reconnects.
 	// Defaults to discarding.
 	Logger *slog.Logger
+	// Retry is the retry policy of every subscriber that sets none of its
+	// own. Defaults to 3 retries, 1s initial delay, ×2, at most 60s, ±20%.
+	Retry *RetryPolicy
+	// Clock times retry delays. Defaults to the wall clock.
+	Clock Clock
+	// Hooks are called on retries and dead letters (metrics, alerts).
+	// Defaults to none.
+	Hooks Hooks
 }
 
 // Options configures one registered projection or observer. A nil *Options
@@ -73,6 +84,14 @@ type Options struct {
 	// checkpoint commits with each batch.
 	CheckpointEvery    int
 	CheckpointInterval time.Duration
+	// Retry overrides Config.Retry for this subscriber.
+	Retry *RetryPolicy
+	// OnDeadLetter is what happens after an event is dead-lettered.
+	// Defaults to ParkStream for projections and SkipEvent for observers.
+	OnDeadLetter DeadLetterPolicy
+	// HandlerTimeout bounds each Handle call through its context; a timeout
+	// is a failed attempt. Defaults to 30s.
+	HandlerTimeout time.Duration
 }
 
 type registration struct {
@@ -90,6 +109,7 @@ type Runner struct {
 	cfg    Config
 	engine *catchup.Engine
 	q      map[string]string
+	fq     map[string]string // failures.sql
 
 	mu       sync.Mutex
 	regs     []*registration
@@ -134,6 +154,12 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 		return nil, err
 	}
 	r.q = q
+	if r.fq, err = sqltmpl.Named("failures.sql", failuresSQL, sqltmpl.NewData(c.Schema)); err != nil {
+		return nil, err
+	}
+	if c.Clock == nil {
+		r.cfg.Clock = realClock{}
+	}
 	return r, nil
 }
 
@@ -160,7 +186,10 @@ func (r *Runner) Register(handler any, opts *Options) error {
 		return errors.Newf("projection: %T is both a Projection and an Observer", handler)
 	case isProj:
 		name = p.Name()
-		newProc = func() catchup.Processor { return &txProcessor{p: p} }
+		if o.OnDeadLetter == DefaultPolicy {
+			o.OnDeadLetter = ParkStream
+		}
+		newProc = func() catchup.Processor { return &txProcessor{p: p, f: r.failures(name, o)} }
 	case isObs:
 		name = obs.Name()
 		every, interval := o.CheckpointEvery, o.CheckpointInterval
@@ -170,7 +199,12 @@ func (r *Runner) Register(handler any, opts *Options) error {
 		if interval <= 0 {
 			interval = time.Second
 		}
-		newProc = func() catchup.Processor { return &observerProcessor{o: obs, every: every, interval: interval} }
+		if o.OnDeadLetter == DefaultPolicy {
+			o.OnDeadLetter = SkipEvent
+		}
+		newProc = func() catchup.Processor {
+			return &observerProcessor{o: obs, f: r.failures(name, o), every: every, interval: interval}
+		}
 	default:
 		return errors.Newf("projection: %T is neither a Projection nor an Observer", handler)
 	}
@@ -180,8 +214,14 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	if e, ok := handler.(interface{ Err() error }); ok && e.Err() != nil {
 		return e.Err()
 	}
-	if o.Partitions < 0 || o.BatchSize < 0 || o.CheckpointEvery < 0 || o.CheckpointInterval < 0 {
+	if o.Partitions < 0 || o.BatchSize < 0 || o.CheckpointEvery < 0 || o.CheckpointInterval < 0 || o.HandlerTimeout < 0 {
 		return errors.Newf("projection: %q: negative option", name)
+	}
+	if o.OnDeadLetter < DefaultPolicy || o.OnDeadLetter > Stop {
+		return errors.Newf("projection: %q: unknown dead-letter policy %d", name, o.OnDeadLetter)
+	}
+	if o.Retry != nil && (o.Retry.MaxRetries < -1 || o.Retry.InitialDelay < 0 || o.Retry.MaxDelay < 0 || o.Retry.Jitter > 1) {
+		return errors.Newf("projection: %q: invalid retry policy %+v", name, *o.Retry)
 	}
 	if o.Partitions == 0 {
 		o.Partitions = 1
@@ -212,6 +252,25 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	r.names[name] = true
 	r.regs = append(r.regs, &registration{name: name, opts: o, filter: filter, newProc: newProc})
 	return nil
+}
+
+// failures returns the failure handling of one subscriber.
+func (r *Runner) failures(name string, o Options) *failures {
+	policy := RetryPolicy{}
+	if r.cfg.Retry != nil {
+		policy = *r.cfg.Retry
+	}
+	if o.Retry != nil {
+		policy = *o.Retry
+	}
+	timeout := o.HandlerTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	return &failures{
+		name: name, q: r.fq, retry: policy.withDefaults(), policy: o.OnDeadLetter,
+		timeout: timeout, clock: r.cfg.Clock, hooks: r.cfg.Hooks, logger: r.cfg.Logger,
+	}
 }
 
 func (r *Runner) newEngine(listener *catchup.Listener) (*catchup.Engine, error) {
@@ -339,7 +398,7 @@ func (r *Runner) catchUp(ctx context.Context, engine *catchup.Engine, s *catchup
 		if err == nil {
 			return nil
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || errors.Is(err, catchup.ErrStopped) {
 			return errors.Wrapf(err, "projection: %q did not catch up", s.Name)
 		}
 		r.cfg.Logger.WarnContext(ctx, "annals: catching up failed; retrying", slog.String("subscriber", s.Name), slog.Any("error", err))

@@ -147,6 +147,9 @@ func (p *tailProcessor) Start(context.Context, *catchup.Lease) error { return ni
 func (p *tailProcessor) Idle(context.Context, *catchup.Lease) error  { return nil }
 func (p *tailProcessor) End(context.Context, *catchup.Lease) error   { return nil }
 
+// Redeliver is never called: an ephemeral subscription has no dead letters.
+func (p *tailProcessor) Redeliver(context.Context, *catchup.Lease) error { return nil }
+
 func (p *tailProcessor) Process(_ context.Context, _ *catchup.Lease, b catchup.Batch) (int64, error) {
 	done := b.After
 	for _, ev := range b.Events {

@@ -1,0 +1,32 @@
+package annals_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/annals-dev/annals"
+)
+
+func TestPermanent(t *testing.T) {
+	t.Parallel()
+	base := errors.New("bad amount")
+	p := annals.Permanent(base)
+	if !annals.IsPermanent(p) || !errors.Is(p, base) || p.Error() != "bad amount" {
+		t.Fatalf("Permanent(%v) = %v", base, p)
+	}
+	wrapped := fmt.Errorf("handler: %w", errors.Wrap(p, "decode"))
+	if !annals.IsPermanent(wrapped) {
+		t.Fatal("the mark does not survive wrapping")
+	}
+	if annals.IsPermanent(base) || annals.Permanent(nil) != nil {
+		t.Fatal("unmarked error reported permanent, or Permanent(nil) != nil")
+	}
+}
+
+func ExamplePermanent() {
+	err := annals.Permanent(errors.New("order total is negative"))
+	fmt.Println(annals.IsPermanent(err), err)
+	// Output: true order total is negative
+}

@@ -1,0 +1,140 @@
+package projection
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/annals-dev/annals"
+	"github.com/annals-dev/annals/eventstore"
+)
+
+// RetryPolicy says how often and how fast a failing event is retried before
+// it is dead-lettered. The delay before retry n (n = 1, 2, …) is
+// InitialDelay × Multiplier^(n-1), capped at MaxDelay, ±Jitter.
+type RetryPolicy struct {
+	// MaxRetries is the number of retries after the first attempt, so an
+	// event is tried MaxRetries+1 times. Defaults to 3; -1 means no retries.
+	MaxRetries int
+	// InitialDelay is the delay before the first retry. Defaults to 1s.
+	InitialDelay time.Duration
+	// Multiplier grows the delay per retry. Defaults to 2.
+	Multiplier float64
+	// MaxDelay caps the delay. Defaults to 60s.
+	MaxDelay time.Duration
+	// Jitter is the fraction of the delay added or removed at random.
+	// Defaults to 0.2; -1 means none.
+	Jitter float64
+}
+
+func (p RetryPolicy) withDefaults() RetryPolicy {
+	switch {
+	case p.MaxRetries == 0:
+		p.MaxRetries = 3
+	case p.MaxRetries < 0:
+		p.MaxRetries = 0
+	}
+	if p.InitialDelay <= 0 {
+		p.InitialDelay = time.Second
+	}
+	if p.Multiplier < 1 {
+		p.Multiplier = 2
+	}
+	if p.MaxDelay <= 0 {
+		p.MaxDelay = 60 * time.Second
+	}
+	switch {
+	case p.Jitter == 0:
+		p.Jitter = 0.2
+	case p.Jitter < 0:
+		p.Jitter = 0
+	}
+	return p
+}
+
+// Delay returns the pause before retry number n (1-based).
+func (p RetryPolicy) Delay(n int) time.Duration {
+	d := float64(p.InitialDelay)
+	for i := 1; i < n && d < float64(p.MaxDelay); i++ {
+		d *= p.Multiplier
+	}
+	d = min(d, float64(p.MaxDelay))
+	if p.Jitter > 0 {
+		d *= 1 + p.Jitter*(2*rand.Float64()-1)
+	}
+	return time.Duration(d)
+}
+
+// DeadLetterPolicy is what happens after an event is dead-lettered.
+type DeadLetterPolicy int
+
+const (
+	// DefaultPolicy is ParkStream for projections and SkipEvent for observers.
+	DefaultPolicy DeadLetterPolicy = iota
+	// SkipEvent moves past the event; later events of its stream flow on.
+	SkipEvent
+	// ParkStream moves past the event and parks every later event of the
+	// same stream in the dead-letter table too, in order, until an operator
+	// releases the stream (annals dlq retry or skip). Other streams keep
+	// flowing; per-stream order is never broken.
+	ParkStream
+	// Stop halts the subscriber partition until an operator retries or
+	// skips the dead letter; other subscribers keep running.
+	Stop
+)
+
+func (p DeadLetterPolicy) String() string {
+	switch p {
+	case SkipEvent:
+		return "skip-event"
+	case ParkStream:
+		return "park-stream"
+	case Stop:
+		return "stop"
+	}
+	return "default"
+}
+
+// Clock is the time source of retry delays, so that tests can control it.
+type Clock interface {
+	Now() time.Time
+	After(d time.Duration) <-chan time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                         { return time.Now() }
+func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// Hooks are called on failures, for metrics and alerts. They must not block.
+type Hooks struct {
+	// OnRetry is called after a failed attempt that will be retried.
+	OnRetry func(subscriber string, e eventstore.Event, attempt int, err error)
+	// OnDeadLetter is called when an event is dead-lettered; reason is
+	// "failed" or "parked".
+	OnDeadLetter func(subscriber string, e eventstore.Event, reason string, err error)
+}
+
+// handle runs one handler call with the subscriber's timeout, turning a
+// panic into an error with its stack. A timeout counts as a failure.
+func handle(ctx context.Context, timeout time.Duration, fn func(ctx context.Context) error) error {
+	hctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := safely(func() error { return fn(hctx) })
+	if err != nil && hctx.Err() != nil && ctx.Err() == nil {
+		err = errors.Wrapf(err, "handler timed out after %s", timeout)
+	}
+	return err
+}
+
+// errorDetail is the full error with its stack, for the dead-letter table.
+func errorDetail(err error) string { return fmt.Sprintf("%+v", err) }
+
+// spent reports whether an event that failed its attempt-th time is done
+// retrying.
+func spent(p RetryPolicy, attempt int, err error) bool {
+	return annals.IsPermanent(err) || attempt > p.MaxRetries
+}

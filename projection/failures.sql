@@ -1,0 +1,64 @@
+-- What the runner records when handlers fail.
+
+-- name: RecordFailure
+-- One row per failed attempt; returns the attempt number (counting earlier
+-- runs too, so a crash-looping process does not retry forever).
+INSERT INTO {{.Schema}}.failures (subscriber_id, partition, event_id, global_sequence, attempt, error)
+SELECT $1, $2, $3, $4, coalesce(max(f.attempt), 0) + 1, $5
+  FROM {{.Schema}}.failures f
+ WHERE f.subscriber_id = $1 AND f.event_id = $3
+RETURNING attempt;
+
+-- name: DeadLetter
+-- $7 reason, $10 status. attempts and the failure times come from failures.
+INSERT INTO {{.Schema}}.dead_letters AS d
+       (subscriber_id, partition, event_id, global_sequence, stream_id, event_type,
+        reason, error, error_detail, attempts, status, first_failed_at, last_failed_at)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, count(f.id), $10, min(f.failed_at), max(f.failed_at)
+  FROM {{.Schema}}.failures f
+ WHERE f.subscriber_id = $1 AND f.event_id = $3
+ON CONFLICT (subscriber_id, event_id) DO UPDATE
+   SET reason = EXCLUDED.reason, error = EXCLUDED.error, error_detail = EXCLUDED.error_detail,
+       attempts = EXCLUDED.attempts, status = EXCLUDED.status,
+       first_failed_at = coalesce(d.first_failed_at, EXCLUDED.first_failed_at),
+       last_failed_at = EXCLUDED.last_failed_at, updated_at = clock_timestamp();
+
+-- name: ParkedStreams
+-- The streams of $3 that have unresolved dead letters, and whether any of
+-- them is still open (not yet released by an operator).
+SELECT stream_id, bool_or(status = 'open')
+  FROM {{.Schema}}.dead_letters
+ WHERE subscriber_id = $1 AND partition = $2 AND status IN ('open', 'retry')
+   AND stream_id = ANY($3)
+ GROUP BY stream_id;
+
+-- name: Stop
+UPDATE {{.Schema}}.checkpoints
+   SET stopped_reason = $4, stopped_at = clock_timestamp(), updated_at = clock_timestamp()
+ WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3;
+
+-- name: Released
+-- Dead letters an operator released, with their events, in position order.
+SELECT d.id, e.global_sequence, e.event_id, e.stream_id, e.stream_version, e.event_type,
+       e.data, e.metadata, e.recorded_at
+  FROM {{.Schema}}.dead_letters d
+  JOIN {{.Schema}}.events e ON e.global_sequence = d.global_sequence
+ WHERE d.subscriber_id = $1 AND d.partition = $2 AND d.status = 'retry'
+ ORDER BY d.global_sequence
+ LIMIT $3;
+
+-- name: Resolve
+UPDATE {{.Schema}}.dead_letters
+   SET status = 'resolved', updated_at = clock_timestamp()
+ WHERE id = $1 AND status = 'retry';
+
+-- name: Reopen
+-- A re-delivery failed: the entry and the released entries behind it in its
+-- stream go back to open (the stream stays parked, in order).
+UPDATE {{.Schema}}.dead_letters
+   SET status = 'open', updated_at = clock_timestamp(),
+       error = CASE WHEN id = $3 THEN $5 ELSE error END,
+       error_detail = CASE WHEN id = $3 THEN $6 ELSE error_detail END,
+       attempts = CASE WHEN id = $3 THEN attempts + 1 ELSE attempts END,
+       last_failed_at = CASE WHEN id = $3 THEN clock_timestamp() ELSE last_failed_at END
+ WHERE subscriber_id = $1 AND partition = $2 AND stream_id = $4 AND status = 'retry';
