@@ -1,0 +1,406 @@
+package projection_test
+
+// Child processes: the failover tests run each runner in a process of its
+// own (the test binary, re-executed), so that a leader can be killed with
+// SIGKILL the way a crashed or OOM-killed service dies: no deferred call, no
+// graceful release, only the kernel closing its sockets.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/advisorylock"
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/projection"
+)
+
+// childEnv holds a child's configuration (a JSON childSpec). When it is set,
+// TestMain runs the child instead of the tests.
+const childEnv = "ANNALS_PROJECTION_CHILD"
+
+// What a child runs.
+const (
+	// kindProjection runs recordingBalances, subscriber "balances".
+	kindProjection = "projection"
+	// kindObserver runs deliveryObserver, subscriber "notifier".
+	kindObserver = "observer"
+)
+
+// childMode says what a child runs and how.
+type childMode struct {
+	Kind string `json:"kind"`
+	// BatchSize, CheckpointEvery and CheckpointInterval go to
+	// projection.Options (zero: the defaults).
+	BatchSize          int           `json:"batch_size,omitempty"`
+	CheckpointEvery    int           `json:"checkpoint_every,omitempty"`
+	CheckpointInterval time.Duration `json:"checkpoint_interval,omitempty"`
+	// HandleDelay is how long the observer works on each event.
+	HandleDelay time.Duration `json:"handle_delay,omitempty"`
+}
+
+// subscriber returns the subscriber name the mode's handler registers.
+func (m childMode) subscriber() string {
+	if m.Kind == kindObserver {
+		return "notifier"
+	}
+	return "balances"
+}
+
+type childSpec struct {
+	childMode
+	URL      string `json:"url"`
+	Instance string `json:"instance"`
+}
+
+// childTables are what the children record, besides the balances of setup.
+// applied has one row per event a projection committed; its primary key
+// makes a second application of an event fail (and the batch with it)
+// instead of passing unnoticed. epoch is the checkpoint's epoch as the
+// applying transaction saw it. delivered has one row per delivery to an
+// observer, and no key: duplicates are allowed and counted.
+const childTables = `
+CREATE TABLE applied (
+    event_id        uuid PRIMARY KEY,
+    instance        text   NOT NULL,
+    global_sequence bigint NOT NULL,
+    epoch           bigint NOT NULL
+);
+CREATE TABLE delivered (
+    event_id        uuid   NOT NULL,
+    instance        text   NOT NULL,
+    global_sequence bigint NOT NULL
+);`
+
+// Child tuning: short enough that a takeover takes well under a second.
+const (
+	childLockRetry     = 200 * time.Millisecond
+	childPoll          = 200 * time.Millisecond
+	childRetryBackoff  = 500 * time.Millisecond
+	childCheckInterval = 100 * time.Millisecond
+)
+
+// runChild is the child's main: it runs a Runner until SIGTERM (a graceful
+// stop, exit status 0) or until its parent goes away. It returns the exit
+// status.
+func runChild(raw string) int {
+	var spec childSpec
+	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+		fmt.Fprintf(os.Stderr, "child: bad %s: %v\n", childEnv, err)
+		return 2
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).
+		With(slog.String("instance", spec.Instance))
+
+	// The parent holds the write end of our stdin: EOF means it died (a test
+	// that panicked or timed out), and a runner must not outlive it.
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		logger.Error("child: stdin closed, the parent is gone; exiting")
+		os.Exit(3)
+	}()
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+
+	cfg, err := pgxpool.ParseConfig(spec.URL)
+	if err != nil {
+		logger.Error("child: parse URL", slog.Any("error", err))
+		return 2
+	}
+	// Every connection of this process, the lock's included, carries the
+	// instance ID, so the parent can tell whose session holds the lock.
+	cfg.ConnConfig.RuntimeParams["application_name"] = spec.Instance
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		logger.Error("child: connect", slog.Any("error", err))
+		return 1
+	}
+	defer pool.Close()
+
+	reg := eventstore.NewRegistry()
+	eventstore.MustRegister[Deposited](reg, "account.deposited")
+	eventstore.MustRegister[Withdrawn](reg, "account.withdrawn")
+
+	r, err := projection.NewRunner(pool, &projection.Config{
+		InstanceID:        spec.Instance,
+		PollInterval:      childPoll,
+		LockRetryInterval: childLockRetry,
+		RetryBackoff:      childRetryBackoff,
+		HeartbeatInterval: time.Second,
+		ShutdownTimeout:   5 * time.Second,
+		Lock:              &advisorylock.Config{CheckInterval: childCheckInterval, Logger: logger},
+		Logger:            logger,
+	})
+	if err != nil {
+		logger.Error("child: new runner", slog.Any("error", err))
+		return 1
+	}
+	opts := &projection.Options{
+		BatchSize:          spec.BatchSize,
+		CheckpointEvery:    spec.CheckpointEvery,
+		CheckpointInterval: spec.CheckpointInterval,
+	}
+	var handler any
+	switch spec.Kind {
+	case kindProjection:
+		handler = recordingBalances(reg, spec.Instance)
+	case kindObserver:
+		handler = deliveryObserver(reg, pool, spec.Instance, spec.HandleDelay)
+	default:
+		logger.Error("child: unknown kind", slog.String("kind", spec.Kind))
+		return 2
+	}
+	if err := r.Register(handler, opts); err != nil {
+		logger.Error("child: register", slog.Any("error", err))
+		return 1
+	}
+	logger.Info("child: running", slog.String("kind", spec.Kind), slog.Int("pid", os.Getpid()))
+	if err := r.Run(ctx); err != nil {
+		logger.Error("child: run", slog.Any("error", err))
+		return 1
+	}
+	logger.Info("child: stopped gracefully")
+	return 0
+}
+
+// recordingBalances is the balances projection of runner_test.go that also
+// records each event it applies in applied, in the same statement (one round
+// trip per event) and so in the batch's transaction.
+func recordingBalances(reg *eventstore.Registry, instance string) *projection.Typed {
+	p := projection.New("balances", reg)
+	apply := func(ctx context.Context, tx pgx.Tx, e eventstore.Event, delta int) error {
+		_, err := tx.Exec(ctx, `
+			WITH rec AS (
+			    INSERT INTO applied (event_id, instance, global_sequence, epoch)
+			    VALUES ($1, $2, $3, (SELECT epoch FROM annals.checkpoints
+			                          WHERE subscriber_id = 'balances' AND partition = 0))
+			)
+			INSERT INTO balances (account, amount, events) VALUES ($4, $5, 1)
+			ON CONFLICT (account) DO UPDATE
+			   SET amount = balances.amount + EXCLUDED.amount, events = balances.events + 1`,
+			e.ID, instance, e.GlobalSequence, e.StreamID, delta)
+		return err
+	}
+	projection.On(p, func(ctx context.Context, tx pgx.Tx, e eventstore.Envelope[Deposited]) error {
+		return apply(ctx, tx, e.Event, e.Data.Amount)
+	})
+	projection.On(p, func(ctx context.Context, tx pgx.Tx, e eventstore.Envelope[Withdrawn]) error {
+		return apply(ctx, tx, e.Event, -e.Data.Amount)
+	})
+	return p
+}
+
+// deliveryObserver records every delivery in delivered, through the pool:
+// a side effect outside the runner's transaction, as an observer's is.
+func deliveryObserver(reg *eventstore.Registry, pool *pgxpool.Pool, instance string, delay time.Duration) *projection.TypedObserver {
+	o := projection.NewObserver("notifier", reg)
+	record := func(ctx context.Context, e eventstore.Event) error {
+		if delay > 0 { // simulated work on the event
+			t := time.NewTimer(delay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+		}
+		_, err := pool.Exec(ctx, `INSERT INTO delivered (event_id, instance, global_sequence) VALUES ($1, $2, $3)`,
+			e.ID, instance, e.GlobalSequence)
+		return err
+	}
+	projection.Observe(o, func(ctx context.Context, e eventstore.Envelope[Deposited]) error { return record(ctx, e.Event) })
+	projection.Observe(o, func(ctx context.Context, e eventstore.Envelope[Withdrawn]) error { return record(ctx, e.Event) })
+	return o
+}
+
+// child is a runner process started by startChild.
+type child struct {
+	t      testing.TB
+	id     string
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser // kept open: the child exits when it reads EOF
+	log    *syncBuffer    // its stdout and stderr
+	exited chan struct{}  // closed when it has exited and been waited for
+	err    error          // Wait's error, set before exited is closed
+}
+
+// startChild starts the test binary as a runner process named instanceID
+// (its instance ID and the application_name of its connections) on db. The
+// child is killed, at the latest, when the test ends, before db is dropped;
+// if the test failed, its log is shown.
+func startChild(t testing.TB, db *annalstest.DB, instanceID string, mode childMode) *child {
+	t.Helper()
+	spec, err := json.Marshal(childSpec{childMode: mode, URL: db.URL, Instance: instanceID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	// Under the race detector a process sleeps 1s before exiting, to let
+	// other goroutines report; that would count as the graceful stop's time.
+	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=50")
+	cmd.Env = append(os.Environ(), childEnv+"="+string(spec), "GORACE="+gorace)
+	c := &child{t: t, id: instanceID, cmd: cmd, log: &syncBuffer{}, exited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = c.log, c.log
+	if c.stdin, err = cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start child %s: %v", instanceID, err)
+	}
+	go func() {
+		c.err = cmd.Wait()
+		close(c.exited)
+	}()
+	t.Cleanup(func() {
+		if c.alive() {
+			_ = cmd.Process.Kill()
+		}
+		select {
+		case <-c.exited:
+		case <-time.After(10 * time.Second):
+			t.Errorf("child %s (pid %d) has not exited 10s after SIGKILL", c.id, cmd.Process.Pid)
+		}
+		out := c.log.String()
+		for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:"} {
+			if strings.Contains(out, bad) {
+				t.Errorf("child %s (pid %d) reported %q", c.id, cmd.Process.Pid, bad)
+			}
+		}
+		if t.Failed() {
+			t.Logf("log of child %s (pid %d, %s):\n%s", c.id, cmd.Process.Pid, c.state(), tail(out, 12000))
+		}
+	})
+	return c
+}
+
+// pid returns the child's process ID.
+func (c *child) pid() int { return c.cmd.Process.Pid }
+
+// alive reports whether the child has not exited yet.
+func (c *child) alive() bool {
+	select {
+	case <-c.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// state describes how the child is, for messages.
+func (c *child) state() string {
+	if c.alive() {
+		return "running"
+	}
+	if c.err == nil {
+		return "exited with status 0"
+	}
+	return "ended: " + c.err.Error()
+}
+
+// kill kills the child with SIGKILL and waits for it to be gone.
+func (c *child) kill() {
+	c.t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil && c.alive() {
+		c.t.Fatalf("SIGKILL child %s: %v", c.id, err)
+	}
+	select {
+	case <-c.exited:
+	case <-time.After(10 * time.Second):
+		c.t.Fatalf("child %s (pid %d) still runs 10s after SIGKILL", c.id, c.pid())
+	}
+}
+
+// term stops the child with SIGTERM, waits for it to exit, and fails the
+// test unless it exited with status 0 within timeout.
+func (c *child) term(timeout time.Duration) {
+	c.t.Helper()
+	c.sigterm()
+	c.waitStopped(timeout)
+}
+
+// sigterm sends the child SIGTERM: a graceful stop.
+func (c *child) sigterm() {
+	c.t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		c.t.Fatalf("SIGTERM child %s: %v (%s)", c.id, err, c.state())
+	}
+}
+
+// waitStopped waits for the child to exit after sigterm, and fails the test
+// unless it exited with status 0 within timeout.
+func (c *child) waitStopped(timeout time.Duration) {
+	c.t.Helper()
+	select {
+	case <-c.exited:
+	case <-time.After(timeout):
+		c.t.Fatalf("child %s (pid %d) did not stop within %v of SIGTERM; its log ends:\n%s", c.id, c.pid(), timeout, tail(c.log.String(), 4000))
+	}
+	if c.err != nil {
+		c.t.Fatalf("child %s did not stop gracefully on SIGTERM: %v; its log ends:\n%s", c.id, c.err, tail(c.log.String(), 4000))
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the writes of exec's copying
+// goroutines and the reads of the test.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// tail returns the last n bytes of s, from a line start where possible.
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[len(s)-n:]
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	return "[...]\n" + s
+}
+
+// eventually polls cond every 10 ms until it returns true or timeout has
+// passed, and returns how long it polled and whether cond held. Unlike
+// annalstest.WaitFor it leaves the failure to the caller, whose message can
+// say what the state was, and it measures.
+func eventually(timeout time.Duration, cond func() bool) (time.Duration, bool) {
+	start := time.Now()
+	for {
+		if cond() {
+			return time.Since(start), true
+		}
+		if time.Since(start) >= timeout {
+			return time.Since(start), false
+		}
+		time.Sleep(10 * time.Millisecond) // the polling period, not a wait for the condition
+	}
+}
