@@ -12,6 +12,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/advisorylock"
@@ -204,7 +206,15 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 	if err != nil {
 		return nil, err
 	}
-	return &Engine{pool: pool, connConfig: pool.Config().ConnConfig, schema: c.Schema, listener: listener, checkpoints: cps, cfg: c, q: q}, nil
+	// On the lock's connection a cancelled statement (a handler's timeout) must
+	// be cancelled on the server, not end the session: pgx's default closes
+	// the connection, which would release the lock and restart leadership on
+	// the same event forever instead of recording a failed attempt.
+	cc := pool.Config().ConnConfig.Copy()
+	cc.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: 5 * time.Second}
+	}
+	return &Engine{pool: pool, connConfig: cc, schema: c.Schema, listener: listener, checkpoints: cps, cfg: c, q: q}, nil
 }
 
 // ErrStopped is returned by CatchUp for a subscriber partition halted by
@@ -408,9 +418,6 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		case <-lost:
 			return lease.Lock.Err()
 		default:
-		}
-		if cursor >= target {
-			return nil
 		}
 		batch, err := e.read(ctx, sub, lease, cursor, batchSize, target)
 		if err != nil {

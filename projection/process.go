@@ -42,7 +42,7 @@ func (s parked) status(stream string) string {
 // loadParked returns the parked streams among the events' streams.
 func (f *failures) loadParked(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (parked, error) {
 	p := parked{}
-	if b.Unresolved == 0 || len(b.Events) == 0 {
+	if f.policy == SkipEvent || b.Unresolved == 0 || len(b.Events) == 0 {
 		return p, nil
 	}
 	seen := map[string]bool{}
@@ -300,18 +300,28 @@ func redeliver(ctx context.Context, f *failures, lease *catchup.Lease, deliver f
 			return err
 		}
 		blocked[en.e.StreamID] = true
-		if _, ferr := f.recordFailure(ctx, lease, en.e, he.error); ferr != nil {
+		cause := errors.Wrapf(he.error, "%q: re-delivery of event %d (%s, stream %s v%d)", f.name, en.e.GlobalSequence, en.e.Type, en.e.StreamID, en.e.StreamVersion)
+		if _, ferr := f.recordFailure(ctx, lease, en.e, cause); ferr != nil {
 			return ferr
 		}
 		err = lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
-			_, err := conn.Exec(ctx, f.q["Reopen"], lease.Subscriber, lease.Partition, en.id, en.e.StreamID, he.Error(), errorDetail(he.error))
+			_, err := conn.Exec(ctx, f.q["Reopen"], lease.Subscriber, lease.Partition, en.id, en.e.StreamID, cause.Error(), errorDetail(cause))
+			if err != nil || f.policy != Stop {
+				return err
+			}
+			// Under Stop, a failed re-delivery halts the partition again.
+			msg := "event " + en.e.ID.String() + " failed again: " + cause.Error()
+			_, err = conn.Exec(ctx, f.q["Stop"], lease.Subscriber, lease.Partition, lease.Epoch, msg)
 			return err
 		})
 		if err != nil {
 			return errors.Wrap(err, "projection: reopen a dead letter")
 		}
 		f.logger.WarnContext(ctx, "annals: re-delivery failed; the dead letter is open again",
-			slog.String("subscriber", f.name), slog.Int64("position", en.e.GlobalSequence), slog.Any("error", he.error))
+			slog.String("subscriber", f.name), slog.Int64("position", en.e.GlobalSequence), slog.Any("error", cause))
+		if f.policy == Stop {
+			return nil // the next read sees the stop reason; nothing after it runs
+		}
 	}
 	return nil
 }
