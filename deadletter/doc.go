@@ -1,0 +1,78 @@
+// Package deadletter lets an operator inspect and act on dead letters: the
+// events a subscriber could not process, kept in the dead_letters table
+// with the error, its stack and the attempt count. The command line's
+// `annals dlq` is built on it.
+//
+// The package works on the database alone (a *pgxpool.Pool); it needs no
+// running subscriber and imports nothing of the runner. The runner (package
+// projection) writes dead letters and re-delivers the released ones; this
+// package only moves them between statuses, and both meet in the table.
+//
+// # How events get here
+//
+// When a handler fails and its retry policy is spent (or the error is
+// marked annals.Permanent), the runner records the event with reason
+// "failed" and status open. Under the ParkStream policy the event's stream
+// is then parked for that subscriber partition: every later event of the
+// same stream is recorded too, untried, with reason "parked", so that the
+// stream's order is never broken while other streams flow on. Under the
+// Stop policy the runner also halts the subscriber partition
+// (checkpoints.stopped_reason is set) until an operator acts.
+//
+// A stream is parked for a subscriber partition while it has dead letters
+// with status open or retry.
+//
+// # Statuses
+//
+//	open      waits for an operator. The stream is parked.
+//	retry     released by an operator: the live runner re-delivers it, in
+//	          position order with the rest of its stream.
+//	resolved  re-delivered successfully. The stream flows again once none
+//	          of its dead letters is open or retry.
+//	skipped   an operator gave up on the event: resolved without delivery.
+//
+// # Lifecycle
+//
+//	        runner: failed, or parked behind a failure
+//	                        │
+//	                        ▼
+//	   ┌─────────────────► open ───────────── Skip ──────────┐
+//	   │                    │                                 ▼
+//	   │ re-delivery        │ Retry, RetryAll, or Skip     skipped
+//	   │ fails (runner)     │ of another entry of the         ▲
+//	   │                    ▼ stream                          │
+//	   └───────────────── retry ───────────── Skip ──────────┘
+//	                        │
+//	                        │ re-delivered (runner)
+//	                        ▼
+//	                    resolved
+//
+//	Purge deletes resolved and skipped dead letters last updated at or
+//	before a cutoff (and open and retry ones too, if asked).
+//
+// Retry(id) releases a whole parked stream: every open dead letter of the
+// same subscriber, partition and stream becomes retry, so that the runner
+// re-delivers the failed event and the events parked behind it in order; it
+// also clears the partition's Stop. Releasing only the failed event would
+// let the runner re-deliver it and then leave the stream parked behind
+// events nobody released. RetryAll does the same for every open dead letter
+// of a subscriber and resumes all its halted partitions. Skip marks one
+// dead letter skipped and releases the rest of its stream the same way.
+//
+// If a re-delivery fails, the runner puts the dead letter, and the released
+// ones behind it in its stream, back to open (with the new error).
+//
+// # Guarantees of the operations
+//
+// Each operation runs in one transaction (the ...Tx variants run in the
+// caller's), locks the dead letter it names first so that concurrent
+// operators take turns, and reports exactly what it changed in a Change.
+// Each is idempotent: Retry of a dead letter that is no longer open, Skip of
+// one already resolved or skipped, a second RetryAll or Purge change nothing
+// and say so. An unknown ID fails with ErrNotFound and changes nothing; a
+// bad argument fails with ErrInvalid.
+//
+// List pages newest first (creation time, then ID), which is the order of
+// the index dead_letters_newest: the first page is one index scan whatever
+// the filter.
+package deadletter

@@ -1,0 +1,105 @@
+-- Statements of the deadletter package, rendered with the schema as
+-- {{.Schema}}. Retry, RetryAll, Skip and Purge each run theirs in one
+-- transaction (see store.go).
+
+-- name: Get
+SELECT id, subscriber_id, partition, event_id, global_sequence, stream_id, event_type,
+       reason, error, error_detail, attempts, status, first_failed_at, last_failed_at,
+       created_at, updated_at
+  FROM {{.Schema}}.dead_letters
+ WHERE id = $1;
+
+-- name: List
+-- Newest first. An empty filter matches everything; $5 limit, $6 offset.
+-- The order is that of the index dead_letters_newest, so the first page is
+-- an index scan that stops after $5 + $6 matching rows.
+SELECT id, subscriber_id, partition, event_id, global_sequence, stream_id, event_type,
+       reason, error, error_detail, attempts, status, first_failed_at, last_failed_at,
+       created_at, updated_at
+  FROM {{.Schema}}.dead_letters
+ WHERE ($1 = '' OR subscriber_id = $1)
+   AND ($2 = '' OR stream_id = $2)
+   AND ($3 = '' OR event_type = $3)
+   AND ($4 = '' OR status = $4)
+ ORDER BY created_at DESC, id DESC
+ LIMIT $5 OFFSET $6;
+
+-- name: Lock
+-- The dead letter an operator acts on, with every unresolved dead letter of
+-- its stream for the same subscriber partition, locked until the
+-- transaction ends, so that operators (and the runner) take turns. Rows are
+-- locked in the order of the index dead_letters_unresolved, as LockOpen
+-- does and the runner's updates of a stream do, so that they cannot
+-- deadlock. The rows come back as they are once locked; the one whose id is
+-- $1 is always among them (unless it does not exist).
+SELECT d.id, d.subscriber_id, d.partition, d.stream_id, d.status
+  FROM {{.Schema}}.dead_letters d,
+       (SELECT subscriber_id, partition, stream_id FROM {{.Schema}}.dead_letters WHERE id = $1) t
+ WHERE d.subscriber_id = t.subscriber_id AND d.partition = t.partition AND d.stream_id = t.stream_id
+   AND (d.status IN ('open', 'retry') OR d.id = $1)
+ ORDER BY d.global_sequence, d.id
+   FOR UPDATE OF d;
+
+-- name: LockOpen
+-- Every open dead letter of subscriber $1, locked in index order (see Lock).
+SELECT id
+  FROM {{.Schema}}.dead_letters
+ WHERE subscriber_id = $1 AND status = 'open'
+ ORDER BY partition, stream_id, global_sequence, id
+   FOR UPDATE;
+
+-- name: MarkSkipped
+UPDATE {{.Schema}}.dead_letters
+   SET status = 'skipped', updated_at = clock_timestamp()
+ WHERE id = $1;
+
+-- name: ReleaseStream
+-- Marks for re-delivery every open dead letter of one stream of a subscriber
+-- partition; returns their IDs in the order the runner re-delivers them.
+WITH released AS (
+    UPDATE {{.Schema}}.dead_letters
+       SET status = 'retry', updated_at = clock_timestamp()
+     WHERE subscriber_id = $1 AND partition = $2 AND stream_id = $3 AND status = 'open'
+    RETURNING id, global_sequence
+)
+SELECT id FROM released ORDER BY global_sequence, id;
+
+-- name: ReleaseSubscriber
+-- Marks for re-delivery every open dead letter of a subscriber, in every
+-- partition; returns their IDs by partition, then re-delivery order.
+WITH released AS (
+    UPDATE {{.Schema}}.dead_letters
+       SET status = 'retry', updated_at = clock_timestamp()
+     WHERE subscriber_id = $1 AND status = 'open'
+    RETURNING id, partition, global_sequence
+)
+SELECT id FROM released ORDER BY partition, global_sequence, id;
+
+-- name: Resume
+-- Clears the Stop of subscriber $1, partition $2 (NULL: every partition);
+-- returns what was cleared, by partition.
+WITH stopped AS (
+    SELECT subscriber_id, partition, stopped_reason, stopped_at
+      FROM {{.Schema}}.checkpoints
+     WHERE subscriber_id = $1 AND ($2::integer IS NULL OR partition = $2)
+       AND stopped_reason IS NOT NULL
+       FOR UPDATE
+), resumed AS (
+    UPDATE {{.Schema}}.checkpoints c
+       SET stopped_reason = NULL, stopped_at = NULL, updated_at = clock_timestamp()
+      FROM stopped s
+     WHERE c.subscriber_id = s.subscriber_id AND c.partition = s.partition
+    RETURNING s.partition, s.stopped_reason, s.stopped_at
+)
+SELECT partition, stopped_reason, stopped_at FROM resumed ORDER BY partition;
+
+-- name: SubscriberKnown
+-- Whether the subscriber has ever had a dead letter or a checkpoint.
+SELECT EXISTS (SELECT 1 FROM {{.Schema}}.dead_letters WHERE subscriber_id = $1)
+    OR EXISTS (SELECT 1 FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1);
+
+-- name: Purge
+-- $1 cutoff (inclusive), $2 whether open and retry entries go too.
+DELETE FROM {{.Schema}}.dead_letters
+ WHERE updated_at <= $1
+   AND ($2 OR status IN ('resolved', 'skipped'));

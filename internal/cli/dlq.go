@@ -1,0 +1,558 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/annals-dev/annals/deadletter"
+)
+
+func (e *env) dlqCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dlq",
+		Short: "Inspect dead letters, retry or skip them, purge old ones",
+		Long: `A dead letter is an event a subscriber could not process (reason failed: its retry
+policy was spent or the error was permanent), or an event held back behind one in the
+same stream (reason parked). While a stream has open dead letters it is parked for
+that subscriber partition; other streams flow on. A subscriber under the Stop policy
+halts until an operator acts.
+
+Statuses: open (waits for an operator), retry (released: the live runner re-delivers
+it in position order, then marks it resolved, or open again if it fails), resolved,
+skipped (given up: never delivered).
+
+'retry ID' releases the dead letter's whole stream (every open dead letter of the same
+subscriber partition and stream) and resumes a stopped subscriber partition; 'skip ID'
+gives up on one event and releases the rest of its stream. Both are idempotent and say
+what they changed. An unknown ID or bad arguments exit 2 and change nothing.`,
+		RunE: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("want a subcommand: list, show, retry, skip or purge")
+			}
+			return usagef("unknown subcommand %q: want list, show, retry, skip or purge", args[0])
+		},
+	}
+	cmd.AddCommand(e.dlqListCommand(), e.dlqShowCommand(), e.dlqRetryCommand(), e.dlqSkipCommand(), e.dlqPurgeCommand())
+	for _, c := range cmd.Commands() {
+		wrapArgs(c)
+	}
+	return cmd
+}
+
+func (e *env) dlqListCommand() *cobra.Command {
+	var f deadletter.Filter
+	var status, format string
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List dead letters, newest first",
+		Long: `List dead letters, newest first (by creation time, then ID), --limit at a time
+(1 to 1000, default 100) after passing over --offset. The filters match exactly.
+--format jsonl writes one JSON object per dead letter with the dead_letters table's
+column names as keys (id, subscriber_id, partition, event_id, global_sequence,
+stream_id, event_type, reason, error, error_detail, attempts, status,
+first_failed_at, last_failed_at, created_at, updated_at; the failure times are null
+for a parked event).`,
+		Example: `  annals dlq list --subscriber orders-view --status open
+  annals dlq list --stream order-42 --format jsonl | jq .error`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if format != "table" && format != "jsonl" {
+				return usagef("--format %q: want table or jsonl", format)
+			}
+			if status != "" && !deadletter.Status(status).Valid() {
+				return usagef("--status %q: want open, retry, resolved or skipped", status)
+			}
+			if f.Limit < 1 || f.Limit > deadletter.MaxLimit {
+				return usagef("--limit %d: want 1 to %d", f.Limit, deadletter.MaxLimit)
+			}
+			if f.Offset < 0 {
+				return usagef("--offset %d: want 0 or more", f.Offset)
+			}
+			for _, name := range []string{"subscriber", "stream", "type"} {
+				if v, _ := cmd.Flags().GetString(name); cmd.Flags().Changed(name) && v == "" {
+					return usagef("--%s must not be empty", name)
+				}
+			}
+			f.Status = deadletter.Status(status)
+			return e.withDeadLetters(cmd.Context(), func(_ *pgxpool.Pool, store *deadletter.Store) error {
+				page, err := store.List(cmd.Context(), f)
+				if err != nil {
+					return err
+				}
+				if format == "jsonl" {
+					return writeDeadLettersJSONL(e.stdout, page.DeadLetters)
+				}
+				return writeDeadLettersTable(e.stdout, page, f)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&f.Subscriber, "subscriber", "", "only this subscriber's dead letters")
+	cmd.Flags().StringVar(&f.Stream, "stream", "", "only dead letters of this stream")
+	cmd.Flags().StringVar(&f.Type, "type", "", "only dead letters of this event type")
+	cmd.Flags().StringVar(&status, "status", "", "only dead letters with this status: open, retry, resolved or skipped")
+	cmd.Flags().IntVar(&f.Limit, "limit", deadletter.DefaultLimit, "how many to list, 1 to 1000")
+	cmd.Flags().IntVar(&f.Offset, "offset", 0, "how many matching dead letters to pass over first")
+	cmd.Flags().StringVar(&format, "format", "table", "table or jsonl")
+	return cmd
+}
+
+func (e *env) dlqShowCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "show ID",
+		Short: "Show every field of a dead letter, with its error and stack trace",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseDeadLetterID(args[0])
+			if err != nil {
+				return err
+			}
+			return e.withDeadLetters(cmd.Context(), func(_ *pgxpool.Pool, store *deadletter.Store) error {
+				d, err := store.Get(cmd.Context(), id)
+				if err != nil {
+					return deadLetterError(err, id)
+				}
+				return writeDeadLetter(e.stdout, d)
+			})
+		},
+	}
+}
+
+func (e *env) dlqRetryCommand() *cobra.Command {
+	var subscriber string
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "retry ID | --subscriber SUBSCRIBER --all",
+		Short: "Release a parked stream (or all of a subscriber's) for re-delivery",
+		Long: `retry ID marks for re-delivery every open dead letter of the stream of dead letter ID
+(for the same subscriber partition), so that the subscriber's live runner re-delivers
+them in position order, and resumes the subscriber partition if the Stop policy halted
+it. A dead letter that is not open changes nothing ("nothing to do").
+
+retry --subscriber SUBSCRIBER --all does so for every open dead letter of the subscriber,
+in all its partitions, and resumes every stopped partition of it.`,
+		Example: `  annals dlq retry 12
+  annals dlq retry --subscriber orders-view --all`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			bySubscriber := cmd.Flags().Changed("subscriber")
+			switch {
+			case len(args) == 1 && (bySubscriber || all):
+				return usagef("give either an ID or --subscriber SUBSCRIBER --all, not both")
+			case len(args) == 0 && !bySubscriber && !all:
+				return usagef("want a dead letter ID, or --subscriber SUBSCRIBER --all")
+			case len(args) == 0 && !all:
+				return usagef("--subscriber needs --all (retry every open dead letter of the subscriber)")
+			case len(args) == 0 && !bySubscriber:
+				return usagef("--all needs --subscriber SUBSCRIBER")
+			case len(args) == 0 && subscriber == "":
+				return usagef("--subscriber must not be empty")
+			}
+			var id int64
+			if len(args) == 1 {
+				var err error
+				if id, err = parseDeadLetterID(args[0]); err != nil {
+					return err
+				}
+			}
+			return e.withDeadLetters(cmd.Context(), func(_ *pgxpool.Pool, store *deadletter.Store) error {
+				if id == 0 {
+					c, err := store.RetryAll(cmd.Context(), subscriber)
+					if errors.Is(err, deadletter.ErrNotFound) {
+						return usagef("unknown subscriber %q: it has no dead letters and no checkpoint", subscriber)
+					}
+					if err != nil {
+						return err
+					}
+					if !c.Changed() {
+						_, err = fmt.Fprintf(e.stdout, "nothing to do: subscriber %s has no open dead letters and is not stopped\n", subscriber)
+						return err
+					}
+					return writeChange(e.stdout, c)
+				}
+				c, err := store.Retry(cmd.Context(), id)
+				if err != nil {
+					return deadLetterError(err, id)
+				}
+				if !c.Changed() {
+					_, err = fmt.Fprintf(e.stdout, "nothing to do: dead letter %d %s\n", id, statusPhrase(c.Was))
+					return err
+				}
+				return writeChange(e.stdout, c)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&subscriber, "subscriber", "", "with --all: the subscriber whose open dead letters to retry")
+	cmd.Flags().BoolVar(&all, "all", false, "retry every open dead letter of --subscriber")
+	return cmd
+}
+
+func (e *env) dlqSkipCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "skip ID",
+		Short: "Give up on a dead letter and let the rest of its stream flow on",
+		Long: `skip ID marks dead letter ID skipped: its event is never delivered to the subscriber.
+The other open dead letters of its stream (for the same subscriber partition) are
+marked for re-delivery, in position order, and the subscriber partition is resumed if
+the Stop policy halted it. A dead letter already resolved or skipped changes nothing.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseDeadLetterID(args[0])
+			if err != nil {
+				return err
+			}
+			return e.withDeadLetters(cmd.Context(), func(_ *pgxpool.Pool, store *deadletter.Store) error {
+				c, err := store.Skip(cmd.Context(), id)
+				if err != nil {
+					return deadLetterError(err, id)
+				}
+				if !c.Changed() {
+					_, err = fmt.Fprintf(e.stdout, "nothing to do: dead letter %d %s\n", id, statusPhrase(c.Was))
+					return err
+				}
+				return writeChange(e.stdout, c)
+			})
+		},
+	}
+}
+
+func (e *env) dlqPurgeCommand() *cobra.Command {
+	var olderThan string
+	var includeUnresolved bool
+	cmd := &cobra.Command{
+		Use:   "purge --older-than AGE",
+		Short: "Delete resolved and skipped dead letters older than AGE",
+		Long: `Delete the resolved and skipped dead letters last updated at least AGE ago, by the
+database server's clock (the cutoff is inclusive). AGE is a Go duration (90m, 12h)
+with an optional leading number of days: 30d, 1d12h, 0s (everything up to now).
+
+--include-unresolved deletes open and retry dead letters too: their events are then
+never re-delivered, like a skip that leaves no trace, and their streams flow on.`,
+		Example: `  annals dlq purge --older-than 30d`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !cmd.Flags().Changed("older-than") {
+				return usagef("want --older-than AGE (e.g. 30d)")
+			}
+			age, err := parseAge(olderThan)
+			if err != nil {
+				return usageError{errors.Wrapf(err, "--older-than %q", olderThan)}
+			}
+			q, err := e.queries()
+			if err != nil {
+				return err
+			}
+			return e.withDeadLetters(cmd.Context(), func(pool *pgxpool.Pool, store *deadletter.Store) error {
+				var head int64
+				var now time.Time
+				if err := pool.QueryRow(cmd.Context(), q["Head"]).Scan(&head, &now); err != nil {
+					return errors.Wrap(err, "read the server's clock")
+				}
+				cutoff := now.Add(-age).UTC()
+				n, err := store.Purge(cmd.Context(), cutoff, includeUnresolved)
+				if err != nil {
+					return err
+				}
+				which := "resolved or skipped"
+				if includeUnresolved {
+					which = "of any status"
+				}
+				if n == 0 {
+					_, err = fmt.Fprintf(e.stdout, "nothing to do: no dead letters %s last updated at or before %s\n", which, cutoff.Format(preciseLayout))
+					return err
+				}
+				_, err = fmt.Fprintf(e.stdout, "purged %s %s last updated at or before %s\n", countNoun(int(n), "dead letter"), which, cutoff.Format(preciseLayout))
+				return err
+			})
+		},
+	}
+	cmd.Flags().StringVar(&olderThan, "older-than", "", "delete dead letters last updated at least this long ago (30d, 12h, 1d12h)")
+	cmd.Flags().BoolVar(&includeUnresolved, "include-unresolved", false, "delete open and retry dead letters too")
+	return cmd
+}
+
+// withDeadLetters connects and runs fn with a deadletter.Store on the
+// --schema; a schema without the dead_letters table is reported with a hint.
+func (e *env) withDeadLetters(ctx context.Context, fn func(*pgxpool.Pool, *deadletter.Store) error) error {
+	if err := e.validSchema(); err != nil {
+		return err
+	}
+	pool, err := e.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store, err := deadletter.New(pool, &deadletter.Config{Schema: e.schema})
+	if err != nil {
+		return err
+	}
+	err = fn(pool, store)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return errors.Wrapf(err, "schema %q lacks the dead-letter tables (run 'annals migrate')", e.schema)
+	}
+	if errors.Is(err, deadletter.ErrInvalid) {
+		return usageError{err}
+	}
+	return err
+}
+
+// parseDeadLetterID parses a dead-letter ID argument.
+func parseDeadLetterID(s string) (int64, error) {
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id < 1 {
+		return 0, usagef("ID %q: want a dead letter ID, a positive integer (see 'annals dlq list')", s)
+	}
+	return id, nil
+}
+
+// deadLetterError makes an unknown ID a usage error (exit 2): the operator
+// named something that does not exist, and nothing changed.
+func deadLetterError(err error, id int64) error {
+	if errors.Is(err, deadletter.ErrNotFound) {
+		return usagef("no dead letter %d (see 'annals dlq list')", id)
+	}
+	return err
+}
+
+// maxAgeDays keeps an age within time.Duration (about 292 years).
+const maxAgeDays = math.MaxInt64 / int64(24*time.Hour)
+
+// parseAge parses a Go duration with an optional leading number of days:
+// 30d, 1d12h, 12h, 90m, 0s. It must not be negative.
+func parseAge(s string) (time.Duration, error) {
+	bad := errors.New("want a duration like 30d, 12h or 1d12h")
+	var days int64
+	before, rest, hasDays := strings.Cut(s, "d")
+	if !hasDays {
+		rest = s
+	} else {
+		if before == "" || strings.Trim(before, "0123456789") != "" {
+			return 0, bad
+		}
+		n, err := strconv.ParseInt(before, 10, 64)
+		if err != nil || n > maxAgeDays {
+			return 0, errors.New("too long")
+		}
+		days = n
+	}
+	var r time.Duration
+	if rest != "" || !hasDays {
+		if hasDays && (rest[0] == '+' || rest[0] == '-') {
+			return 0, bad
+		}
+		var err error
+		if r, err = time.ParseDuration(rest); err != nil {
+			return 0, bad
+		}
+		if r < 0 {
+			return 0, errors.New("must not be negative")
+		}
+	}
+	d := time.Duration(days) * 24 * time.Hour
+	if d > math.MaxInt64-r {
+		return 0, errors.New("too long")
+	}
+	return d + r, nil
+}
+
+// JSONLDeadLetter is one line of `annals dlq list --format jsonl`; its keys
+// are the dead_letters table's column names.
+type JSONLDeadLetter struct {
+	ID             int64     `json:"id"`
+	SubscriberID   string    `json:"subscriber_id"`
+	Partition      int       `json:"partition"`
+	EventID        uuid.UUID `json:"event_id"`
+	GlobalSequence int64     `json:"global_sequence"`
+	StreamID       string    `json:"stream_id"`
+	EventType      string    `json:"event_type"`
+	Reason         string    `json:"reason"`
+	Error          string    `json:"error"`
+	ErrorDetail    string    `json:"error_detail"`
+	Attempts       int       `json:"attempts"`
+	Status         string    `json:"status"`
+	// FirstFailedAt and LastFailedAt are null for a parked event.
+	FirstFailedAt *time.Time `json:"first_failed_at"`
+	LastFailedAt  *time.Time `json:"last_failed_at"`
+	CreatedAt     time.Time  `json:"created_at"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+}
+
+func optionalTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func writeDeadLettersJSONL(w io.Writer, dls []deadletter.DeadLetter) error {
+	enc := json.NewEncoder(w)
+	for _, d := range dls {
+		if err := enc.Encode(JSONLDeadLetter{
+			ID: d.ID, SubscriberID: d.Subscriber, Partition: d.Partition, EventID: d.EventID,
+			GlobalSequence: d.GlobalSequence, StreamID: d.StreamID, EventType: d.EventType,
+			Reason: string(d.Reason), Error: d.Error, ErrorDetail: d.ErrorDetail, Attempts: d.Attempts,
+			Status: string(d.Status), FirstFailedAt: optionalTime(d.FirstFailedAt), LastFailedAt: optionalTime(d.LastFailedAt),
+			CreatedAt: d.CreatedAt.UTC(), UpdatedAt: d.UpdatedAt.UTC(),
+		}); err != nil {
+			return errors.Wrap(err, "write dead letter")
+		}
+	}
+	return nil
+}
+
+// errorColumnWidth bounds the ERROR column of the list table.
+const errorColumnWidth = 60
+
+func writeDeadLettersTable(w io.Writer, page deadletter.Page, f deadletter.Filter) error {
+	if len(page.DeadLetters) == 0 {
+		var err error
+		if f.Subscriber == "" && f.Stream == "" && f.Type == "" && f.Status == "" && f.Offset == 0 {
+			_, err = fmt.Fprintln(w, "No dead letters.")
+		} else {
+			_, err = fmt.Fprintln(w, "No dead letters match.")
+		}
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSUBSCRIBER\tPARTITION\tSTREAM\tPOSITION\tTYPE\tREASON\tSTATUS\tATTEMPTS\tCREATED\tERROR")
+	for _, d := range page.DeadLetters {
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, d.Subscriber, d.Partition, d.StreamID,
+			d.GlobalSequence, d.EventType, d.Reason, d.Status, d.Attempts, d.CreatedAt.UTC().Format(timeLayout), summary(d.Error))
+	}
+	if page.More {
+		fmt.Fprintf(tw, "(more: --offset %d)\n", f.Offset+len(page.DeadLetters))
+	}
+	return tw.Flush()
+}
+
+// summary is the first line of an error, shortened for a table cell.
+func summary(s string) string {
+	s, _, cut := strings.Cut(s, "\n")
+	if r := []rune(s); len(r) > errorColumnWidth {
+		return string(r[:errorColumnWidth-1]) + "…"
+	}
+	if cut {
+		return s + " …"
+	}
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// preciseLayout shows the microseconds PostgreSQL keeps.
+const preciseLayout = "2006-01-02 15:04:05.000000Z"
+
+func writeDeadLetter(w io.Writer, d deadletter.DeadLetter) error {
+	at := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.UTC().Format(preciseLayout)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, f := range [][2]string{
+		{"id", strconv.FormatInt(d.ID, 10)},
+		{"subscriber_id", d.Subscriber},
+		{"partition", strconv.Itoa(d.Partition)},
+		{"event_id", d.EventID.String()},
+		{"global_sequence", strconv.FormatInt(d.GlobalSequence, 10)},
+		{"stream_id", d.StreamID},
+		{"event_type", d.EventType},
+		{"reason", string(d.Reason)},
+		{"status", string(d.Status)},
+		{"attempts", strconv.Itoa(d.Attempts)},
+		{"first_failed_at", at(d.FirstFailedAt)},
+		{"last_failed_at", at(d.LastFailedAt)},
+		{"created_at", at(d.CreatedAt)},
+		{"updated_at", at(d.UpdatedAt)},
+	} {
+		fmt.Fprintf(tw, "%s\t%s\n", f[0], f[1])
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	block := func(name, text string) {
+		fmt.Fprintf(w, "\n%s:\n", name)
+		if text == "" {
+			fmt.Fprintln(w, "(none)")
+			return
+		}
+		fmt.Fprint(w, text)
+		if !strings.HasSuffix(text, "\n") {
+			fmt.Fprintln(w)
+		}
+	}
+	block("error", d.Error)
+	block("error_detail", d.ErrorDetail)
+	return nil
+}
+
+// statusPhrase says why a dead letter with status s needs nothing done.
+func statusPhrase(s deadletter.Status) string {
+	switch s {
+	case deadletter.StatusRetry:
+		return "is already marked for retry"
+	case deadletter.StatusSkipped:
+		return "is already skipped"
+	}
+	return "is " + string(s)
+}
+
+// maxListedIDs bounds how many IDs a change message lists.
+const maxListedIDs = 20
+
+// writeChange prints what Retry, RetryAll or Skip changed, a line each.
+func writeChange(w io.Writer, c deadletter.Change) error {
+	var b strings.Builder
+	for _, id := range c.Skipped {
+		fmt.Fprintf(&b, "skipped dead letter %d\n", id)
+	}
+	if len(c.Retried) > 0 {
+		fmt.Fprintf(&b, "marked %s for retry: %s\n", countNoun(len(c.Retried), "dead letter"), idList(c.Retried))
+	}
+	for _, h := range c.Resumed {
+		since := ""
+		if !h.Since.IsZero() {
+			since = " since " + h.Since.UTC().Format(timeLayout)
+		}
+		reason := strings.ReplaceAll(strings.TrimSpace(h.Reason), "\n", " ")
+		fmt.Fprintf(&b, "resumed %s/%d (stopped%s: %s)\n", h.Subscriber, h.Partition, since, reason)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func countNoun(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// idList joins IDs with commas, eliding all but the first maxListedIDs.
+func idList(ids []int64) string {
+	parts := make([]string, 0, min(len(ids), maxListedIDs)+1)
+	for i, id := range ids {
+		if i == maxListedIDs {
+			parts = append(parts, fmt.Sprintf("… (%d more)", len(ids)-maxListedIDs))
+			break
+		}
+		parts = append(parts, strconv.FormatInt(id, 10))
+	}
+	return strings.Join(parts, ", ")
+}
