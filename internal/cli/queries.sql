@@ -22,7 +22,10 @@ SELECT coalesce(max(global_sequence), 0), now()
 SELECT c.subscriber_id, c.partition, c.position, c.epoch, c.owner, c.updated_at,
        lag.events,
        coalesce(greatest(0, extract(epoch FROM now() - oldest.recorded_at))::float8, 0),
-       leader.instance_id, leader.epoch
+       leader.instance_id, leader.epoch, c.stopped_reason, c.stopped_at,
+       (SELECT count(*) FROM {{.Schema}}.dead_letters d
+         WHERE d.subscriber_id = c.subscriber_id AND d.partition = c.partition
+           AND d.status IN ('open', 'retry'))
   FROM {{.Schema}}.checkpoints c
  CROSS JOIN LATERAL (
         SELECT count(*) AS events

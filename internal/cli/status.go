@@ -136,6 +136,12 @@ type SubscriberStatus struct {
 	LeaderEpoch *int64 `json:"leader_epoch"`
 	// UpdatedAt is when the checkpoint row last changed.
 	UpdatedAt time.Time `json:"updated_at"`
+	// StoppedReason is why the partition is halted by the Stop policy (null:
+	// running); StoppedAt is since when.
+	StoppedReason *string    `json:"stopped_reason"`
+	StoppedAt     *time.Time `json:"stopped_at"`
+	// DeadLetters counts its unresolved dead letters (open or released).
+	DeadLetters int64 `json:"dead_letters"`
 }
 
 // InstanceStatus is one runner instance in StatusJSON.
@@ -172,7 +178,7 @@ func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, st
 		var s SubscriberStatus
 		var counted int64
 		_, err = pgx.ForEachRow(rows, []any{&s.Subscriber, &s.Partition, &s.Position, &s.Epoch, &s.Owner, &s.UpdatedAt,
-			&counted, &s.LagSeconds, &s.Leader, &s.LeaderEpoch}, func() error {
+			&counted, &s.LagSeconds, &s.Leader, &s.LeaderEpoch, &s.StoppedReason, &s.StoppedAt, &s.DeadLetters}, func() error {
 			s.Head = st.Head
 			s.LagEvents, s.LagEventsExact = counted, true
 			if counted > lagCountLimit {
@@ -218,6 +224,20 @@ func writeStatusTable(w io.Writer, st *StatusJSON) error {
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%d\t%s\n", s.Subscriber, s.Partition, s.Position, s.Head,
 				lag, formatSeconds(s.LagSeconds), s.Epoch, leaderText(s))
+		}
+	}
+	for _, s := range st.Subscribers {
+		if s.StoppedReason != nil {
+			since := ""
+			if s.StoppedAt != nil {
+				since = " since " + s.StoppedAt.UTC().Format("2006-01-02 15:04:05Z")
+			}
+			fmt.Fprintf(tw, "STOPPED %s/%d%s: %s (act with 'annals dlq retry' or 'annals dlq skip')\n", s.Subscriber, s.Partition, since, *s.StoppedReason)
+		}
+	}
+	for _, s := range st.Subscribers {
+		if s.DeadLetters > 0 {
+			fmt.Fprintf(tw, "%s/%d has %d unresolved dead letter(s): annals dlq list --subscriber %s\n", s.Subscriber, s.Partition, s.DeadLetters, s.Subscriber)
 		}
 	}
 	fmt.Fprintln(tw)

@@ -387,3 +387,48 @@ func TestCheckpointCommand(t *testing.T) {
 		}
 	})
 }
+
+// A stopped subscriber and its dead letters show in status.
+func TestStatusShowsStoppedAndDeadLetters(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	ctx := context.Background()
+	if r := annals(t, db.URL, "append", "s-1", "t", `{}`); r.code != 0 {
+		t.Fatalf("append: %+v", r)
+	}
+	_, err := db.Pool.Exec(ctx, `
+		INSERT INTO annals.checkpoints (subscriber_id, partition, position, epoch, stopped_reason, stopped_at)
+		VALUES ('mailer', 0, 1, 1, 'event x failed: smtp down', now()), ('fine', 0, 1, 1, NULL, NULL);
+		INSERT INTO annals.dead_letters (subscriber_id, partition, event_id, global_sequence, stream_id, event_type, reason, error)
+		VALUES ('mailer', 0, gen_random_uuid(), 1, 's-1', 't', 'failed', 'smtp down'),
+		       ('mailer', 0, gen_random_uuid(), 1, 's-1', 't', 'parked', 'parked'),
+		       ('fine', 0, gen_random_uuid(), 1, 's-1', 't', 'failed', 'old')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE annals.dead_letters SET status = 'resolved' WHERE subscriber_id = 'fine'`); err != nil {
+		t.Fatal(err)
+	}
+	r := annals(t, db.URL, "status")
+	if r.code != 0 || !strings.Contains(r.stdout, "STOPPED mailer/0 since ") || !strings.Contains(r.stdout, ": event x failed: smtp down") ||
+		!strings.Contains(r.stdout, "mailer/0 has 2 unresolved dead letter(s)") || strings.Contains(r.stdout, "fine/0 has") || strings.Contains(r.stdout, "STOPPED fine") {
+		t.Fatalf("status:\n%s", r.stdout)
+	}
+	r = annals(t, db.URL, "status", "--format", "json")
+	var st StatusJSON
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range st.Subscribers {
+		switch s.Subscriber {
+		case "mailer":
+			if s.StoppedReason == nil || s.StoppedAt == nil || s.DeadLetters != 2 {
+				t.Fatalf("mailer: %+v", s)
+			}
+		case "fine":
+			if s.StoppedReason != nil || s.DeadLetters != 0 {
+				t.Fatalf("fine: %+v", s)
+			}
+		}
+	}
+}
