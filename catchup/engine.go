@@ -403,7 +403,13 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 	if err := sub.Processor.Start(procCtx, lease); err != nil {
 		return errors.Wrap(err, "catchup: start processor")
 	}
-	defer func() { _ = sub.Processor.End(procCtx, lease) }()
+	defer func() {
+		// A cancelled context must not cost the final flush; the lock still
+		// fences it.
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(procCtx), 5*time.Second)
+		defer cancel()
+		_ = sub.Processor.End(ectx, lease)
+	}()
 
 	batchSize := sub.BatchSize
 	if batchSize <= 0 {
@@ -412,7 +418,10 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 	cursor := lease.Start
 	for {
 		if ctx.Err() != nil {
-			return nil
+			if live {
+				return nil
+			}
+			return errors.Wrapf(ctx.Err(), "catchup: %s/%d stopped at %d before reaching %d", sub.Name, sub.Partition, cursor, target)
 		}
 		select {
 		case <-lost:

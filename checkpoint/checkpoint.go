@@ -230,6 +230,20 @@ func (b *Batcher) FlushIfDue(ctx context.Context) error {
 	return b.Flush(ctx)
 }
 
+// Committed records that position was written by the caller (in a
+// transaction of its own, e.g. with a dead letter): nothing is pending.
+func (b *Batcher) Committed(position int64) {
+	if position > b.position {
+		b.position = position
+	}
+	if position > b.flushed {
+		b.flushed = position
+	}
+	if b.position == b.flushed {
+		b.pending = 0
+	}
+}
+
 // Position returns the in-memory position.
 func (b *Batcher) Position() int64 { return b.position }
 

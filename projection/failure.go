@@ -131,7 +131,7 @@ func handle(ctx context.Context, timeout time.Duration, fn func(ctx context.Cont
 }
 
 // errorDetail is the full error with its stack, for the dead-letter table.
-func errorDetail(err error) string { return fmt.Sprintf("%+v", err) }
+func errorDetail(err error) string { return storable(fmt.Sprintf("%+v", err), 64<<10) }
 
 // spent reports whether an event that failed its attempt-th time is done
 // retrying.

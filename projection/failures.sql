@@ -21,12 +21,16 @@ ON CONFLICT (subscriber_id, event_id) DO UPDATE
    SET reason = EXCLUDED.reason, error = EXCLUDED.error, error_detail = EXCLUDED.error_detail,
        attempts = EXCLUDED.attempts, status = EXCLUDED.status,
        first_failed_at = coalesce(d.first_failed_at, EXCLUDED.first_failed_at),
-       last_failed_at = EXCLUDED.last_failed_at, updated_at = clock_timestamp();
+       last_failed_at = EXCLUDED.last_failed_at, updated_at = clock_timestamp()
+ -- An event read again (after a crash or a rewind) never turns an unresolved
+ -- entry into a parked one: its real error and stack stay.
+ WHERE NOT (d.status IN ('open', 'retry') AND EXCLUDED.reason = 'parked');
 
 -- name: ParkedStreams
--- The streams of $3 that have unresolved dead letters, and whether any of
--- them is still open (not yet released by an operator).
-SELECT stream_id, bool_or(status = 'open')
+-- The streams of $3 that have unresolved dead letters, whether any of them is
+-- still open (not yet released by an operator), and the first such position:
+-- only events after it are parked behind it.
+SELECT stream_id, bool_or(status = 'open'), min(global_sequence)
   FROM {{.Schema}}.dead_letters
  WHERE subscriber_id = $1 AND partition = $2 AND status IN ('open', 'retry')
    AND stream_id = ANY($3)

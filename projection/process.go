@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -27,16 +28,28 @@ type failures struct {
 	logger  *slog.Logger
 }
 
-// parked maps a parked stream to whether it still has an open (unreleased)
-// dead letter: its later events are dead-lettered "open" then, or "retry"
-// (queued behind the released ones) when an operator has released it.
-type parked map[string]bool
+// parked maps a parked stream to its state: whether it still has an open
+// (unreleased) dead letter — its later events are dead-lettered "open" then,
+// or "retry" (queued behind the released ones) — and the position of its
+// first unresolved dead letter: only events after it are parked.
+type parked map[string]parkState
+
+type parkState struct {
+	open  bool
+	first int64
+}
 
 func (s parked) status(stream string) string {
-	if s[stream] {
+	if s[stream].open {
 		return "open"
 	}
 	return "retry"
+}
+
+// holds reports whether e is parked behind an earlier dead letter.
+func (s parked) holds(e eventstore.Event) bool {
+	st, ok := s[e.StreamID]
+	return ok && e.GlobalSequence > st.first
 }
 
 // loadParked returns the parked streams among the events' streams.
@@ -59,19 +72,33 @@ func (f *failures) loadParked(ctx context.Context, lease *catchup.Lease, b catch
 			return err
 		}
 		var s string
-		var open bool
-		_, err = pgx.ForEachRow(rows, []any{&s, &open}, func() error { p[s] = open; return nil })
+		var st parkState
+		_, err = pgx.ForEachRow(rows, []any{&s, &st.open, &st.first}, func() error { p[s] = st; return nil })
 		return err
 	})
 	return p, errors.Wrap(err, "projection: read parked streams")
 }
+
+// storable makes an error text storable in a PostgreSQL text column (valid
+// UTF-8, no NUL bytes) and at most max bytes long, so that no error can make
+// its own recording fail.
+func storable(s string, max int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", `\x00`)
+	if len(s) > max {
+		s = strings.ToValidUTF8(s[:max], "") + " …(truncated)"
+	}
+	return s
+}
+
+func errorText(err error) string { return storable(err.Error(), 8<<10) }
 
 // recordFailure writes the attempt's failures row on the lock's connection
 // (outside any rolled-back transaction) and returns the attempt number.
 func (f *failures) recordFailure(ctx context.Context, lease *catchup.Lease, e eventstore.Event, cause error) (int, error) {
 	var attempt int
 	err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
-		return conn.QueryRow(ctx, f.q["RecordFailure"], lease.Subscriber, lease.Partition, e.ID, e.GlobalSequence, cause.Error()).Scan(&attempt)
+		return conn.QueryRow(ctx, f.q["RecordFailure"], lease.Subscriber, lease.Partition, e.ID, e.GlobalSequence, errorText(cause)).Scan(&attempt)
 	})
 	return attempt, errors.Wrap(err, "projection: record a failed attempt")
 }
@@ -80,15 +107,24 @@ func (f *failures) recordFailure(ctx context.Context, lease *catchup.Lease, e ev
 // db, which for projections is the transaction that also moves the checkpoint.
 func (f *failures) deadLetter(ctx context.Context, db checkpoint.DB, lease *catchup.Lease, e eventstore.Event, reason, status string, cause error) error {
 	_, err := db.Exec(ctx, f.q["DeadLetter"], lease.Subscriber, lease.Partition, e.ID, e.GlobalSequence,
-		e.StreamID, e.Type, reason, cause.Error(), errorDetail(cause), status)
+		e.StreamID, e.Type, reason, errorText(cause), errorDetail(cause), status)
 	if err != nil {
 		return errors.Wrap(err, "projection: write a dead letter")
 	}
 	if reason == "failed" && f.policy == Stop {
-		msg := "event " + e.ID.String() + " failed: " + cause.Error()
-		if _, err := db.Exec(ctx, f.q["Stop"], lease.Subscriber, lease.Partition, lease.Epoch, msg); err != nil {
-			return errors.Wrap(err, "projection: stop the subscriber")
-		}
+		return f.stop(ctx, db, lease, "event "+e.ID.String()+" failed: "+errorText(cause))
+	}
+	return nil
+}
+
+// stop halts the partition; fenced when the lease's epoch has moved on.
+func (f *failures) stop(ctx context.Context, db checkpoint.DB, lease *catchup.Lease, reason string) error {
+	tag, err := db.Exec(ctx, f.q["Stop"], lease.Subscriber, lease.Partition, lease.Epoch, storable(reason, 8<<10))
+	if err != nil {
+		return errors.Wrap(err, "projection: stop the subscriber")
+	}
+	if tag.RowsAffected() != 1 {
+		return errors.Wrapf(checkpoint.ErrFenced, "projection: stop %s/%d at epoch %d", lease.Subscriber, lease.Partition, lease.Epoch)
 	}
 	return nil
 }
@@ -194,7 +230,9 @@ func (t *txProcessor) Process(ctx context.Context, lease *catchup.Lease, b catch
 		case Stop:
 			return cursor, nil // the next read sees the stop reason
 		case ParkStream:
-			park[e.StreamID] = true
+			if _, ok := park[e.StreamID]; !ok {
+				park[e.StreamID] = parkState{open: true, first: e.GlobalSequence}
+			}
 		}
 	}
 }
@@ -212,7 +250,7 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 	err := t.inTx(ctx, lease, func(tx pgx.Tx) error {
 		parkedNow = parkedNow[:0]
 		for i, e := range events {
-			if _, ok := park[e.StreamID]; ok {
+			if park.holds(e) {
 				if err := t.f.deadLetter(ctx, tx, lease, e, "parked", park.status(e.StreamID), t.f.parkedError(e)); err != nil {
 					return err
 				}
@@ -241,14 +279,27 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 func (t *txProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error {
 	return redeliver(ctx, t.f, lease, func(e eventstore.Event, id int64) error {
 		return t.inTx(ctx, lease, func(tx pgx.Tx) error {
+			// Fenced like every write: a no-op checkpoint move checks the epoch.
+			if err := lease.Commit(ctx, tx, 0); err != nil {
+				return err
+			}
 			err := handle(ctx, t.f.timeout, func(ctx context.Context) error { return t.p.Handle(ctx, tx, e) })
 			if err != nil {
 				return handlerError{err}
 			}
-			_, err = tx.Exec(ctx, t.f.q["Resolve"], id)
-			return err
+			return resolve(ctx, tx, t.f, id)
 		})
 	})
+}
+
+// resolve marks a re-delivered dead letter resolved; if an operator skipped
+// it meanwhile (no row changes), the delivery's transaction rolls back.
+func resolve(ctx context.Context, db checkpoint.DB, f *failures, id int64) error {
+	tag, err := db.Exec(ctx, f.q["Resolve"], id)
+	if err == nil && tag.RowsAffected() != 1 {
+		err = errors.Newf("projection: dead letter %d was no longer marked for retry", id)
+	}
+	return err
 }
 
 // handlerError marks a re-delivery failure as the handler's (not the database's).
@@ -286,6 +337,11 @@ func redeliver(ctx context.Context, f *failures, lease *catchup.Lease, deliver f
 	if err != nil {
 		return errors.Wrap(err, "projection: read released dead letters")
 	}
+	if len(entries) == 0 {
+		// The batch read counted released entries that are gone now (an
+		// operator skipped or purged them): wait a retry interval, no spinning.
+		return errors.New("projection: the released dead letters were resolved by someone else")
+	}
 	blocked := map[string]bool{}
 	for _, en := range entries {
 		if blocked[en.e.StreamID] {
@@ -305,14 +361,14 @@ func redeliver(ctx context.Context, f *failures, lease *catchup.Lease, deliver f
 			return ferr
 		}
 		err = lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
-			_, err := conn.Exec(ctx, f.q["Reopen"], lease.Subscriber, lease.Partition, en.id, en.e.StreamID, cause.Error(), errorDetail(cause))
-			if err != nil || f.policy != Stop {
-				return err
-			}
-			// Under Stop, a failed re-delivery halts the partition again.
-			msg := "event " + en.e.ID.String() + " failed again: " + cause.Error()
-			_, err = conn.Exec(ctx, f.q["Stop"], lease.Subscriber, lease.Partition, lease.Epoch, msg)
-			return err
+			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, f.q["Reopen"], lease.Subscriber, lease.Partition, en.id, en.e.StreamID, errorText(cause), errorDetail(cause))
+				if err != nil || f.policy != Stop {
+					return err
+				}
+				// Under Stop, a failed re-delivery halts the partition again.
+				return f.stop(ctx, tx, lease, "event "+en.e.ID.String()+" failed again: "+errorText(cause))
+			})
 		})
 		if err != nil {
 			return errors.Wrap(err, "projection: reopen a dead letter")
@@ -356,7 +412,15 @@ func (p *observerProcessor) Process(ctx context.Context, lease *catchup.Lease, b
 	handled := 0
 	for i := 0; i < len(b.Events); i++ {
 		e := b.Events[i]
-		if _, ok := park[e.StreamID]; ok {
+		// A leader that lost its lock, or a run shutting down, delivers no more.
+		select {
+		case <-lease.Lost():
+			return done, p.advance(ctx, done, handled, errors.Wrap(advisorylock.ErrLost, "projection: lock lost"))
+		case <-lease.Stopping():
+			return done, p.advance(ctx, done, handled, nil)
+		default:
+		}
+		if park.holds(e) {
 			if err := p.inLock(ctx, lease, func(conn *pgx.Conn) error {
 				return p.f.deadLetter(ctx, conn, lease, e, "parked", park.status(e.StreamID), p.f.parkedError(e))
 			}); err != nil {
@@ -384,21 +448,27 @@ func (p *observerProcessor) Process(ctx context.Context, lease *catchup.Lease, b
 			i-- // the same event again
 			continue
 		}
+		// Everything before e is delivered or dead-lettered, so the dead
+		// letter (and a stop) and the checkpoint at e commit together.
 		if err := p.inLock(ctx, lease, func(conn *pgx.Conn) error {
-			return p.f.deadLetter(ctx, conn, lease, e, "failed", "open", err)
+			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				if err := p.f.deadLetter(ctx, tx, lease, e, "failed", "open", err); err != nil {
+					return err
+				}
+				return lease.Commit(ctx, tx, e.GlobalSequence)
+			})
 		}); err != nil {
 			return done, p.advance(ctx, done, handled, err)
 		}
-		done, handled = e.GlobalSequence, handled+1
+		done, handled = e.GlobalSequence, 0
+		p.batcher.Committed(done)
 		if p.f.policy == ParkStream {
-			park[e.StreamID] = true
+			if _, ok := park[e.StreamID]; !ok {
+				park[e.StreamID] = parkState{open: true, first: e.GlobalSequence}
+			}
 		}
 		if p.f.policy == Stop {
-			// Write the checkpoint now: the dead letter holds the event.
-			if err := p.advance(ctx, done, handled, nil); err != nil {
-				return done, err
-			}
-			return done, p.batcher.Flush(ctx)
+			return done, nil // the next read sees the stop reason
 		}
 	}
 	return b.Through, p.advance(ctx, b.Through, handled, nil)
@@ -426,8 +496,12 @@ func (p *observerProcessor) Redeliver(ctx context.Context, lease *catchup.Lease)
 			return handlerError{err}
 		}
 		return lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
-			_, err := conn.Exec(ctx, p.f.q["Resolve"], id)
-			return err
+			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				if err := lease.Commit(ctx, tx, 0); err != nil {
+					return err
+				}
+				return resolve(ctx, tx, p.f, id)
+			})
 		})
 	})
 }
