@@ -48,7 +48,8 @@ endif
 bench:
 ifdef DATABASE_URL
 	$(ANNALS) bench --json bench-results/bench.json $(BENCH_FLAGS)
+	ANNALS_TEST_DATABASE_URL="$(DATABASE_URL)" $(GO) test -run '^$$' -bench . -benchtime 200x ./deadletter/
 else
 	@$(MAKE) --no-print-directory postgres
-	$(ANNALS) dev -- $(ANNALS) bench --json bench-results/bench.json $(BENCH_FLAGS)
+	$(ANNALS) dev -- sh -c '$(ANNALS) bench --json bench-results/bench.json $(BENCH_FLAGS) && $(GO) test -run "^$$" -bench . -benchtime 200x ./deadletter/'
 endif
