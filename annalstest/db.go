@@ -58,8 +58,8 @@ func NewDB(t testing.TB, opts *Options) *DB {
 	if opts != nil {
 		o = *opts
 	}
-	o.Schema = schemaname.Or(o.Schema)
-	if err := schemaname.Validate(o.Schema); err != nil {
+	var err error
+	if o.Schema, err = schemaname.Resolve(o.Schema); err != nil {
 		t.Fatalf("annalstest: %v", err)
 	}
 	srv, err := getServer()

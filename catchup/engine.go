@@ -179,8 +179,8 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 	if cfg != nil {
 		c = *cfg
 	}
-	c.Schema = schemaname.Or(c.Schema)
-	if err := schemaname.Validate(c.Schema); err != nil {
+	var err error
+	if c.Schema, err = schemaname.Resolve(c.Schema); err != nil {
 		return nil, err
 	}
 	if c.Owner == "" {

@@ -41,8 +41,8 @@ func NewListener(connConfig *pgx.ConnConfig, schema string, logger *slog.Logger)
 	if connConfig == nil {
 		return nil, errors.New("catchup: listener needs a connection config")
 	}
-	schema = schemaname.Or(schema)
-	if err := schemaname.Validate(schema); err != nil {
+	var err error
+	if schema, err = schemaname.Resolve(schema); err != nil {
 		return nil, err
 	}
 	if logger == nil {

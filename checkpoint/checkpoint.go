@@ -57,8 +57,8 @@ type Store struct {
 
 // New returns a Store for the schema (default "annals").
 func New(schema string) (*Store, error) {
-	schema = schemaname.Or(schema)
-	if err := schemaname.Validate(schema); err != nil {
+	var err error
+	if schema, err = schemaname.Resolve(schema); err != nil {
 		return nil, err
 	}
 	q, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(schema))

@@ -130,8 +130,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("deadletter: pool is nil")
 	}
-	c.Schema = schemaname.Or(c.Schema)
-	if err := schemaname.Validate(c.Schema); err != nil {
+	var err error
+	if c.Schema, err = schemaname.Resolve(c.Schema); err != nil {
 		return nil, err
 	}
 	q, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(c.Schema))

@@ -45,8 +45,8 @@ func (c *Config) withDefaults() (Config, error) {
 	if c != nil {
 		out = *c
 	}
-	out.Schema = schemaname.Or(out.Schema)
-	if err := schemaname.Validate(out.Schema); err != nil {
+	var err error
+	if out.Schema, err = schemaname.Resolve(out.Schema); err != nil {
 		return out, err
 	}
 	if out.Logger == nil {
@@ -142,21 +142,9 @@ func Script(cfg *Config) (string, error) {
 // applied (none when the schema is current). It is safe to call from several
 // processes at once and to call again.
 func Up(ctx context.Context, pool *pgxpool.Pool, cfg *Config) ([]Migration, error) {
-	c, err := cfg.withDefaults()
+	c, ms, q, conn, err := open(ctx, pool, cfg)
 	if err != nil {
 		return nil, err
-	}
-	ms, err := render(c.Schema)
-	if err != nil {
-		return nil, err
-	}
-	q, err := bookkeeping(c.Schema)
-	if err != nil {
-		return nil, err
-	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return nil, errors.Wrap(err, "migrations: acquire connection")
 	}
 	defer conn.Release()
 
@@ -209,21 +197,9 @@ func Up(ctx context.Context, pool *pgxpool.Pool, cfg *Config) ([]Migration, erro
 // recorded in the database that this binary does not know (a newer annals
 // migrated it) are returned too, with an empty SQL.
 func Status(ctx context.Context, pool *pgxpool.Pool, cfg *Config) ([]State, error) {
-	c, err := cfg.withDefaults()
+	_, ms, q, conn, err := open(ctx, pool, cfg)
 	if err != nil {
 		return nil, err
-	}
-	ms, err := render(c.Schema)
-	if err != nil {
-		return nil, err
-	}
-	q, err := bookkeeping(c.Schema)
-	if err != nil {
-		return nil, err
-	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return nil, errors.Wrap(err, "migrations: acquire connection")
 	}
 	defer conn.Release()
 	var exists bool
@@ -247,6 +223,28 @@ func Status(ctx context.Context, pool *pgxpool.Pool, cfg *Config) ([]State, erro
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
 	return out, nil
+}
+
+// open resolves the config, renders the migrations and the bookkeeping
+// statements, and acquires the connection Up and Status work on.
+func open(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (Config, []Migration, map[string]string, *pgxpool.Conn, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return c, nil, nil, nil, err
+	}
+	ms, err := render(c.Schema)
+	if err != nil {
+		return c, nil, nil, nil, err
+	}
+	q, err := bookkeeping(c.Schema)
+	if err != nil {
+		return c, nil, nil, nil, err
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return c, nil, nil, nil, errors.Wrap(err, "migrations: acquire connection")
+	}
+	return c, ms, q, conn, nil
 }
 
 type appliedRow struct {

@@ -134,8 +134,8 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	c.Schema = schemaname.Or(c.Schema)
-	if err := schemaname.Validate(c.Schema); err != nil {
+	var err error
+	if c.Schema, err = schemaname.Resolve(c.Schema); err != nil {
 		return nil, err
 	}
 	host, _ := os.Hostname()

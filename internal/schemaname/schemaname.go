@@ -28,6 +28,12 @@ func Or(name string) string {
 	return name
 }
 
+// Resolve returns name, or Default when it is empty, after validating it.
+func Resolve(name string) (string, error) {
+	name = Or(name)
+	return name, Validate(name)
+}
+
 // Validate checks that name can be used as the annals schema. Any character
 // that PostgreSQL accepts in a quoted identifier is allowed except NUL and '$'
 // (function bodies are dollar-quoted).
