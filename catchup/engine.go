@@ -44,6 +44,8 @@ type Batch struct {
 	// Unresolved counts dead letters not yet resolved (open or released):
 	// while it is 0, no stream of the partition is parked.
 	Unresolved int
+	// Head is the newest position when the batch was read.
+	Head int64
 }
 
 // Lease is one process's leadership of a subscriber partition.
@@ -156,6 +158,10 @@ type Config struct {
 	// OnLeadership is called with true when this process starts leading a
 	// subscriber partition and with false when it stops. Defaults to nothing.
 	OnLeadership func(sub string, partition int, epoch int64, leading bool)
+	// OnProgress is called after each read of a led partition with its
+	// cursor, the head, and the recording time of the oldest event not yet
+	// processed (zero when caught up), for lag metrics. Defaults to nothing.
+	OnProgress func(sub string, partition int, cursor, head int64, oldest time.Time)
 }
 
 // Engine drives subscriptions: leader election, catch-up, live tail.
@@ -445,6 +451,13 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			}
 			continue
 		}
+		if e.cfg.OnProgress != nil && !lease.Ephemeral() {
+			var oldest time.Time
+			if len(batch.Events) > 0 {
+				oldest = batch.Events[0].RecordedAt
+			}
+			e.cfg.OnProgress(sub.Name, sub.Partition, cursor, batch.Head, oldest)
+		}
 		if batch.Redeliveries > 0 {
 			if err := sub.Processor.Redeliver(procCtx, lease); err != nil {
 				if isFatal(err) {
@@ -572,6 +585,7 @@ func (e *Engine) read(ctx context.Context, sub *Subscription, lease *Lease, afte
 			b.Stopped = *stopped
 		}
 	}
+	b.Head = head
 	b.Through = min(max(head, after), target)
 	if len(b.Events) == limit {
 		b.Through = b.Events[len(b.Events)-1].GlobalSequence

@@ -4,10 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // AppendResult describes one successful append.
@@ -39,8 +46,10 @@ type AppendedEvent struct {
 // Errors: ErrWrongExpectedVersion (errors.As *WrongExpectedVersionError for
 // the actual version), ErrInvalidEvent, ErrUnknownEventType and
 // ErrEventIDConflict; in every case nothing is written.
-func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVersion, events ...EventData) (AppendResult, error) {
-	args, err := s.encode(streamID, expected, events)
+func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVersion, events ...EventData) (res AppendResult, err error) {
+	ctx, done := s.trace(ctx, "annals.append", streamID, expected, len(events))
+	defer func() { done(res, err) }()
+	args, err := s.encode(ctx, streamID, expected, events)
 	if err != nil {
 		return AppendResult{}, err
 	}
@@ -48,11 +57,41 @@ func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVe
 	return collectAppend(rows, err, args)
 }
 
+// trace starts the span of one append and returns the function that ends it
+// and records the append's metrics.
+func (s *Store) trace(ctx context.Context, name, streamID string, expected ExpectedVersion, n int) (context.Context, func(AppendResult, error)) {
+	start := time.Now()
+	ctx, span := s.tel.Tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+		attribute.String("annals.stream_id", streamID),
+		attribute.Int("annals.event_count", n),
+		attribute.String("annals.expected_version", expected.String()),
+	))
+	return ctx, func(res AppendResult, err error) {
+		outcome := "ok"
+		if err != nil {
+			outcome = "error"
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		} else if len(res.Events) > 0 {
+			span.SetAttributes(
+				attribute.Int64("annals.global_sequence.first", res.Events[0].GlobalSequence),
+				attribute.Int64("annals.global_sequence.last", res.Events[len(res.Events)-1].GlobalSequence),
+				attribute.Int64("annals.stream_version", res.StreamVersion),
+			)
+			s.tel.Events.Add(ctx, int64(len(res.Events)))
+		}
+		s.tel.Duration.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(telemetry.Outcome.String(outcome)))
+		span.End()
+	}
+}
+
 // AppendTx appends events to streamID inside tx. The append takes the
 // log's ordering lock, which is held until tx ends: make the append the last
 // statement of tx and commit promptly, or use Transact, which does both.
-func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expected ExpectedVersion, events ...EventData) (AppendResult, error) {
-	args, err := s.encode(streamID, expected, events)
+func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expected ExpectedVersion, events ...EventData) (res AppendResult, err error) {
+	ctx, done := s.trace(ctx, "annals.append", streamID, expected, len(events))
+	defer func() { done(res, err) }()
+	args, err := s.encode(ctx, streamID, expected, events)
 	if err != nil {
 		return AppendResult{}, err
 	}
@@ -64,13 +103,14 @@ func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 // concurrent use.
 type Batch struct {
 	s       *Store
+	ctx     context.Context // the Transact span's, for trace context
 	appends []appendArgs
 }
 
 // Append validates and encodes an append and stages it to run after the
 // transaction body returns. Invalid input is reported here, at once.
 func (b *Batch) Append(streamID string, expected ExpectedVersion, events ...EventData) error {
-	args, err := b.s.encode(streamID, expected, events)
+	args, err := b.s.encode(b.ctx, streamID, expected, events)
 	if err != nil {
 		return err
 	}
@@ -86,7 +126,25 @@ func (b *Batch) Append(streamID string, expected ExpectedVersion, events ...Even
 //
 // If fn returns an error, or any append fails, the transaction rolls back
 // and nothing of it is kept. The results are in staging order.
-func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx, b *Batch) error) ([]AppendResult, error) {
+func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx, b *Batch) error) (results []AppendResult, err error) {
+	ctx, span := s.tel.Tracer.Start(ctx, "annals.transact", trace.WithSpanKind(trace.SpanKindProducer))
+	start := time.Now()
+	defer func() {
+		outcome := "ok"
+		if err != nil {
+			outcome = "error"
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		n := 0
+		for _, r := range results {
+			n += len(r.Events)
+		}
+		span.SetAttributes(attribute.Int("annals.append_count", len(results)), attribute.Int("annals.event_count", n))
+		s.tel.Events.Add(ctx, int64(n))
+		s.tel.Duration.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(telemetry.Outcome.String(outcome)))
+		span.End()
+	}()
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, errors.Wrap(err, "eventstore: acquire connection")
@@ -100,7 +158,7 @@ func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pg
 	// ("no transaction in progress") and pgx reports nothing we need.
 	rollback := func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }
 
-	b := &Batch{s: s}
+	b := &Batch{s: s, ctx: ctx}
 	if err := fn(ctx, tx, b); err != nil {
 		rollback()
 		return nil, err
@@ -119,7 +177,7 @@ func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pg
 	}
 	batch.Queue("COMMIT")
 	br := conn.SendBatch(ctx, batch)
-	results := make([]AppendResult, 0, len(b.appends))
+	results = make([]AppendResult, 0, len(b.appends))
 	for _, a := range b.appends {
 		rows, qerr := br.Query()
 		res, err := collectAppend(rows, qerr, a)
@@ -160,7 +218,7 @@ type appendArgs struct {
 // encode validates an append on the client and renders the JSON array that
 // append_events takes. Everything the SQL function would reject for bad
 // input is rejected here first, so a bad append costs no round trip.
-func (s *Store) encode(streamID string, expected ExpectedVersion, events []EventData) (appendArgs, error) {
+func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVersion, events []EventData) (appendArgs, error) {
 	if streamID == "" {
 		return appendArgs{}, invalidf("stream ID is empty")
 	}
@@ -193,8 +251,9 @@ func (s *Store) encode(streamID string, expected ExpectedVersion, events []Event
 			return appendArgs{}, errors.Wrapf(err, "event %d (%s)", i+1, name)
 		}
 		var meta []byte
-		if !e.Metadata.IsZero() {
-			if meta, err = json.Marshal(e.Metadata); err != nil {
+		md := withTraceContext(ctx, e.Metadata)
+		if !md.IsZero() {
+			if meta, err = json.Marshal(md); err != nil {
 				return appendArgs{}, invalidf("event %d (%s): metadata: %v", i+1, name, err)
 			}
 		}
@@ -229,6 +288,22 @@ func (s *Store) encode(streamID string, expected ExpectedVersion, events []Event
 	}
 	buf.WriteByte(']')
 	return appendArgs{stream: streamID, expected: exp, exp: expected, payload: buf.Bytes(), count: len(events)}, nil
+}
+
+// withTraceContext returns m with the W3C trace context of ctx's span added
+// (traceparent, tracestate), without changing the caller's map.
+func withTraceContext(ctx context.Context, m Metadata) Metadata {
+	extra := make(map[string]any, len(m.Extra)+2)
+	if !telemetry.Inject(ctx, extra) {
+		return m
+	}
+	for k, v := range m.Extra {
+		if _, set := extra[k]; !set {
+			extra[k] = v
+		}
+	}
+	m.Extra = extra
+	return m
 }
 
 // encodeData returns the JSON of an event payload, which must be an object or array.

@@ -8,6 +8,9 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // ExpectedVersion is the version a stream must have for an append to
@@ -104,6 +107,10 @@ type Metadata struct {
 	// Extra holds every other key, decoded as encoding/json does into any.
 	Extra map[string]any
 }
+
+// SpanContext returns the trace context of the span that appended the
+// event (W3C "traceparent" in Extra), or an invalid SpanContext.
+func (m Metadata) SpanContext() trace.SpanContext { return telemetry.Extract(m.Extra) }
 
 // IsZero reports whether m holds nothing.
 func (m Metadata) IsZero() bool {

@@ -6,9 +6,12 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 //go:embed queries.sql
@@ -32,6 +35,13 @@ type Config struct {
 	// PageSize is how many events ReadAll and ReadStream fetch per query.
 	// Defaults to 500.
 	PageSize int
+	// TracerProvider traces appends (a span per append, whose W3C trace
+	// context is stored in each event's metadata as "traceparent").
+	// Defaults to the global provider (otel.GetTracerProvider).
+	TracerProvider trace.TracerProvider
+	// MeterProvider receives annals.append.duration and annals.append.events.
+	// Defaults to the global provider (otel.GetMeterProvider).
+	MeterProvider metric.MeterProvider
 }
 
 // Store appends events to and reads events from the annals schema through a
@@ -43,6 +53,7 @@ type Store struct {
 	maxBytes int
 	pageSize int
 	q        queries
+	tel      *telemetry.Append
 }
 
 type queries struct {
@@ -79,7 +90,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	tel, err := telemetry.NewAppend(c.TracerProvider, c.MeterProvider)
+	if err != nil {
+		return nil, err
+	}
 	return &Store{
+		tel:      tel,
 		pool:     pool,
 		schema:   c.Schema,
 		registry: c.Registry,

@@ -7,9 +7,14 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/annals-dev/annals"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // RetryPolicy says how often and how fast a failing event is retried before
@@ -118,16 +123,64 @@ type Hooks struct {
 	OnDeadLetter func(subscriber string, e eventstore.Event, reason string, err error)
 }
 
-// handle runs one handler call with the subscriber's timeout, turning a
-// panic into an error with its stack. A timeout counts as a failure.
-func handle(ctx context.Context, timeout time.Duration, fn func(ctx context.Context) error) error {
-	hctx, cancel := context.WithTimeout(ctx, timeout)
+// handle runs one handler call for e in its span, with the subscriber's
+// timeout, turning a panic into an error with its stack. A timeout counts as
+// a failure. The span links to the span that appended e (or is its child
+// with Config.HandlerSpanParent).
+func (f *failures) handle(ctx context.Context, e eventstore.Event, fn func(ctx context.Context) error) error {
+	attempt := f.attempts[e.ID] + 1
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+		telemetry.Subscriber.String(f.name),
+		attribute.String("annals.event_type", e.Type),
+		attribute.String("annals.stream_id", e.StreamID),
+		attribute.Int64("annals.global_sequence", e.GlobalSequence),
+		attribute.String("annals.event_id", e.ID.String()),
+		attribute.Int("annals.attempt", attempt),
+	)}
+	if producer := e.Metadata.SpanContext(); producer.IsValid() {
+		if f.childSpans {
+			ctx = trace.ContextWithRemoteSpanContext(ctx, producer)
+		} else {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
+		}
+	}
+	ctx, span := f.tel.Tracer.Start(ctx, "annals.handle "+e.Type, opts...)
+	defer span.End()
+	start := time.Now()
+	hctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	err := safely(func() error { return fn(hctx) })
 	if err != nil && hctx.Err() != nil && ctx.Err() == nil {
-		err = errors.Wrapf(err, "handler timed out after %s", timeout)
+		err = errors.Wrapf(err, "handler timed out after %s", f.timeout)
 	}
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	} else {
+		delete(f.attempts, e.ID)
+	}
+	f.tel.Handler.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(telemetry.Subscriber.String(f.name), telemetry.Outcome.String(outcome)))
 	return err
+}
+
+// retrying counts a failed attempt that will be retried.
+func (f *failures) retrying(ctx context.Context, e eventstore.Event, attempt int, err error) {
+	f.attempts[e.ID] = attempt
+	f.tel.Retries.Add(ctx, 1, metric.WithAttributes(telemetry.Subscriber.String(f.name)))
+	if f.hooks.OnRetry != nil {
+		f.hooks.OnRetry(f.name, e, attempt, err)
+	}
+}
+
+// deadLettered counts a dead letter.
+func (f *failures) deadLettered(ctx context.Context, e eventstore.Event, reason string, err error) {
+	delete(f.attempts, e.ID)
+	f.tel.DeadLetters.Add(ctx, 1, metric.WithAttributes(telemetry.Subscriber.String(f.name), telemetry.Reason.String(reason)))
+	if f.hooks.OnDeadLetter != nil {
+		f.hooks.OnDeadLetter(f.name, e, reason, err)
+	}
 }
 
 // errorDetail is the full error with its stack, for the dead-letter table.

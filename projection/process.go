@@ -7,25 +7,31 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // failures is the failure handling both processors share: recording
 // attempts, waiting between retries, dead-lettering, parking and stopping.
 type failures struct {
-	name    string
-	q       map[string]string
-	retry   RetryPolicy
-	policy  DeadLetterPolicy
-	timeout time.Duration
-	clock   Clock
-	hooks   Hooks
-	logger  *slog.Logger
+	name       string
+	q          map[string]string
+	retry      RetryPolicy
+	policy     DeadLetterPolicy
+	timeout    time.Duration
+	clock      Clock
+	hooks      Hooks
+	logger     *slog.Logger
+	tel        *telemetry.Subscription
+	childSpans bool
+	// attempts of events being retried in this process (for span attributes).
+	attempts map[uuid.UUID]int
 }
 
 // parked maps a parked stream to its state: whether it still has an open
@@ -144,14 +150,10 @@ func (f *failures) afterFailure(ctx context.Context, lease *catchup.Lease, e eve
 		f.logger.WarnContext(ctx, "annals: dead-lettering an event",
 			slog.String("subscriber", f.name), slog.Int64("position", e.GlobalSequence),
 			slog.String("stream", e.StreamID), slog.Int("attempts", attempt), slog.Any("error", cause))
-		if f.hooks.OnDeadLetter != nil {
-			f.hooks.OnDeadLetter(f.name, e, "failed", cause)
-		}
+		f.deadLettered(ctx, e, "failed", cause)
 		return false, nil
 	}
-	if f.hooks.OnRetry != nil {
-		f.hooks.OnRetry(f.name, e, attempt, cause)
-	}
+	f.retrying(ctx, e, attempt, cause)
 	d := f.retry.Delay(attempt)
 	f.logger.InfoContext(ctx, "annals: handler failed; retrying",
 		slog.String("subscriber", f.name), slog.Int64("position", e.GlobalSequence),
@@ -257,7 +259,7 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 				parkedNow = append(parkedNow, e)
 				continue
 			}
-			err := handle(ctx, t.f.timeout, func(ctx context.Context) error { return t.p.Handle(ctx, tx, e) })
+			err := t.f.handle(ctx, e, func(ctx context.Context) error { return t.p.Handle(ctx, tx, e) })
 			if err != nil {
 				failedAt = i
 				return errors.Wrapf(err, "projection %q: event %d (%s, stream %s v%d)", t.p.Name(), e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion)
@@ -265,9 +267,9 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 		}
 		return lease.Commit(ctx, tx, through)
 	})
-	if err == nil && t.f.hooks.OnDeadLetter != nil {
+	if err == nil {
 		for _, e := range parkedNow {
-			t.f.hooks.OnDeadLetter(t.f.name, e, "parked", t.f.parkedError(e))
+			t.f.deadLettered(ctx, e, "parked", t.f.parkedError(e))
 		}
 	}
 	return failedAt, err
@@ -283,7 +285,7 @@ func (t *txProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error
 			if err := lease.Commit(ctx, tx, 0); err != nil {
 				return err
 			}
-			err := handle(ctx, t.f.timeout, func(ctx context.Context) error { return t.p.Handle(ctx, tx, e) })
+			err := t.f.handle(ctx, e, func(ctx context.Context) error { return t.p.Handle(ctx, tx, e) })
 			if err != nil {
 				return handlerError{err}
 			}
@@ -426,13 +428,11 @@ func (p *observerProcessor) Process(ctx context.Context, lease *catchup.Lease, b
 			}); err != nil {
 				return done, p.advance(ctx, done, handled, err)
 			}
-			if p.f.hooks.OnDeadLetter != nil {
-				p.f.hooks.OnDeadLetter(p.f.name, e, "parked", p.f.parkedError(e))
-			}
+			p.f.deadLettered(ctx, e, "parked", p.f.parkedError(e))
 			done, handled = e.GlobalSequence, handled+1
 			continue
 		}
-		err := handle(ctx, p.f.timeout, func(ctx context.Context) error { return p.o.Handle(ctx, e) })
+		err := p.f.handle(ctx, e, func(ctx context.Context) error { return p.o.Handle(ctx, e) })
 		if err == nil {
 			done, handled = e.GlobalSequence, handled+1
 			continue
@@ -492,7 +492,7 @@ func (p *observerProcessor) inLock(ctx context.Context, lease *catchup.Lease, fn
 // Redeliver re-delivers released dead letters in position order.
 func (p *observerProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error {
 	return redeliver(ctx, p.f, lease, func(e eventstore.Event, id int64) error {
-		if err := handle(ctx, p.f.timeout, func(ctx context.Context) error { return p.o.Handle(ctx, e) }); err != nil {
+		if err := p.f.handle(ctx, e, func(ctx context.Context) error { return p.o.Handle(ctx, e) }); err != nil {
 			return handlerError{err}
 		}
 		return lease.Lock.Do(ctx, func(conn *pgx.Conn) error {

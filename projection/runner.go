@@ -15,11 +15,14 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 //go:embed instances.sql
@@ -63,6 +66,16 @@ type Config struct {
 	// Hooks are called on retries and dead letters (metrics, alerts).
 	// Defaults to none.
 	Hooks Hooks
+	// TracerProvider traces handler calls: a span per event, linked to the
+	// span of the append that produced it. Defaults to the global provider.
+	TracerProvider trace.TracerProvider
+	// MeterProvider receives the runner's metrics (see internal/telemetry's
+	// doc for the list). Defaults to the global provider.
+	MeterProvider metric.MeterProvider
+	// HandlerSpanParent makes a handler's span a child of the producing
+	// append's span instead of linking to it (one trace across the event
+	// store). Defaults to false (a link).
+	HandlerSpanParent bool
 }
 
 // Options configures one registered projection or observer. A nil *Options
@@ -116,8 +129,16 @@ type Runner struct {
 	names    map[string]bool
 	running  bool
 	leading  map[leadKey]int64 // -> epoch
+	progress map[leadKey]progress
 	changed  chan struct{}
 	hostname string
+	tel      *telemetry.Subscription
+}
+
+// progress is the last known position of a led partition, for lag metrics.
+type progress struct {
+	cursor, head int64
+	oldest       time.Time
 }
 
 type leadKey struct {
@@ -148,7 +169,12 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	r := &Runner{pool: pool, cfg: c, names: map[string]bool{}, leading: map[leadKey]int64{}, changed: make(chan struct{}, 1), hostname: host}
+	tel, err := telemetry.NewSubscription(c.TracerProvider, c.MeterProvider)
+	if err != nil {
+		return nil, err
+	}
+	r := &Runner{pool: pool, cfg: c, names: map[string]bool{}, leading: map[leadKey]int64{},
+		progress: map[leadKey]progress{}, changed: make(chan struct{}, 1), hostname: host, tel: tel}
 	q, err := sqltmpl.Named("instances.sql", instancesSQL, sqltmpl.NewData(c.Schema))
 	if err != nil {
 		return nil, err
@@ -270,6 +296,7 @@ func (r *Runner) failures(name string, o Options) *failures {
 	return &failures{
 		name: name, q: r.fq, retry: policy.withDefaults(), policy: o.OnDeadLetter,
 		timeout: timeout, clock: r.cfg.Clock, hooks: r.cfg.Hooks, logger: r.cfg.Logger,
+		tel: r.tel, childSpans: r.cfg.HandlerSpanParent, attempts: map[uuid.UUID]int{},
 	}
 }
 
@@ -284,6 +311,7 @@ func (r *Runner) newEngine(listener *catchup.Listener) (*catchup.Engine, error) 
 		Lock:              r.cfg.Lock,
 		Logger:            r.cfg.Logger,
 		OnLeadership:      r.onLeadership,
+		OnProgress:        r.onProgress,
 	})
 }
 
@@ -334,6 +362,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err := r.register(ctx); err != nil {
 		return err
 	}
+	metrics, err := r.observe(listener)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = metrics.Unregister() }()
 	var wg sync.WaitGroup
 	listenCtx, stopListener := context.WithCancel(context.WithoutCancel(ctx))
 	wg.Add(1)
@@ -416,14 +449,55 @@ func (r *Runner) onLeadership(sub string, part int, epoch int64, leading bool) {
 	r.mu.Lock()
 	if leading {
 		r.leading[leadKey{sub, part}] = epoch
+		r.cfg.Logger.Info("annals: leadership acquired", slog.String("subscriber", sub), slog.Int("partition", part), slog.Int64("epoch", epoch))
 	} else if r.leading[leadKey{sub, part}] == epoch {
 		delete(r.leading, leadKey{sub, part})
+		delete(r.progress, leadKey{sub, part})
+		r.cfg.Logger.Info("annals: leadership released", slog.String("subscriber", sub), slog.Int("partition", part), slog.Int64("epoch", epoch))
 	}
 	r.mu.Unlock()
 	select {
 	case r.changed <- struct{}{}:
 	default:
 	}
+}
+
+func (r *Runner) onProgress(sub string, part int, cursor, head int64, oldest time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, leading := r.leading[leadKey{sub, part}]; leading {
+		r.progress[leadKey{sub, part}] = progress{cursor: cursor, head: head, oldest: oldest}
+	}
+}
+
+// observe registers the callback of the observable instruments: lag and
+// leadership per subscriber partition, listener reconnects.
+func (r *Runner) observe(listener *catchup.Listener) (metric.Registration, error) {
+	return r.tel.Meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		now := r.cfg.Clock.Now()
+		for _, reg := range r.regs {
+			for part := range reg.opts.Partitions {
+				k := leadKey{reg.name, part}
+				attrs := metric.WithAttributes(telemetry.Subscriber.String(reg.name), telemetry.Partition.Int(part))
+				_, leading := r.leading[k]
+				o.ObserveInt64(r.tel.Leader, map[bool]int64{true: 1, false: 0}[leading], attrs)
+				p, known := r.progress[k]
+				if !leading || !known {
+					continue
+				}
+				o.ObserveInt64(r.tel.Lag, max(p.head-p.cursor, 0), attrs)
+				age := 0.0
+				if !p.oldest.IsZero() {
+					age = max(now.Sub(p.oldest).Seconds(), 0)
+				}
+				o.ObserveFloat64(r.tel.LagTime, age, attrs)
+			}
+		}
+		o.ObserveInt64(r.tel.Reconnects, listener.Reconnects())
+		return nil
+	}, r.tel.Leader, r.tel.Lag, r.tel.LagTime, r.tel.Reconnects)
 }
 
 type leadEntry struct {
