@@ -12,6 +12,9 @@ type Latencies struct {
 	P50     float64 `json:"p50_ms"`
 	P99     float64 `json:"p99_ms"`
 	Max     float64 `json:"max_ms"`
+	// Quantiles are the 0th to 100th percentiles, in ms: the distribution
+	// the SVG plot draws.
+	Quantiles []float64 `json:"quantiles_ms"`
 }
 
 // summarize returns the nearest-rank percentiles of ds (which it sorts).
@@ -20,11 +23,16 @@ func summarize(ds []time.Duration) Latencies {
 		return Latencies{}
 	}
 	slices.Sort(ds)
+	q := make([]float64, 101)
+	for i := range q {
+		q[i] = ms(percentile(ds, float64(i)/100))
+	}
 	return Latencies{
-		Samples: len(ds),
-		P50:     ms(percentile(ds, 0.50)),
-		P99:     ms(percentile(ds, 0.99)),
-		Max:     ms(ds[len(ds)-1]),
+		Samples:   len(ds),
+		P50:       ms(percentile(ds, 0.50)),
+		P99:       ms(percentile(ds, 0.99)),
+		Max:       ms(ds[len(ds)-1]),
+		Quantiles: q,
 	}
 }
 

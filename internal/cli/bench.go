@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -195,6 +196,18 @@ smoke test).`,
 				doc.Latency = rep
 				if err := report(func(w io.Writer) error { return benchmark.WriteLatencyTable(w, settings, rep) }); err != nil {
 					return err
+				}
+				if jsonPath != "" {
+					// The distribution, as a plot next to the JSON.
+					svg := strings.TrimSuffix(jsonPath, filepath.Ext(jsonPath)) + "-latency.svg"
+					var buf bytes.Buffer
+					if err := benchmark.WriteLatencySVG(&buf, rep); err != nil {
+						return err
+					}
+					if err := os.WriteFile(svg, buf.Bytes(), 0o644); err != nil {
+						return errors.Wrap(err, "write the latency plot")
+					}
+					fmt.Fprintf(e.stderr, "latency plot: %s\n", svg)
 				}
 			}
 			if run["takeover"] {

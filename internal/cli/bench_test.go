@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -49,9 +50,11 @@ func TestBenchRunnerQuick(t *testing.T) {
 				Rate   int `json:"target_events_per_sec"`
 				Events int `json:"events"`
 				Annals struct {
-					Samples int     `json:"samples"`
-					P50     float64 `json:"p50_ms"`
-					P99     float64 `json:"p99_ms"`
+					Samples   int       `json:"samples"`
+					P50       float64   `json:"p50_ms"`
+					P99       float64   `json:"p99_ms"`
+					Max       float64   `json:"max_ms"`
+					Quantiles []float64 `json:"quantiles_ms"`
 				} `json:"annals"`
 				Raw struct {
 					Samples int     `json:"samples"`
@@ -80,6 +83,17 @@ func TestBenchRunnerQuick(t *testing.T) {
 	if l.Rate != 100 || l.Events != 50 || l.Annals.Samples != 50 || l.Raw.Samples != 50 ||
 		l.Annals.P50 <= 0 || l.Annals.P99 < l.Annals.P50 || l.Raw.P50 <= 0 || l.Raw.P99 < l.Raw.P50 || l.P50VsRaw <= 0 {
 		t.Fatalf("latency: %+v", l)
+	}
+	// The distribution: 101 non-decreasing quantiles, plotted next to the JSON.
+	if q := l.Annals.Quantiles; len(q) != 101 || q[50] != l.Annals.P50 || q[100] != l.Annals.Max || !slices.IsSorted(q) {
+		t.Fatalf("annals quantiles %v", q)
+	}
+	svg, err := os.ReadFile(strings.TrimSuffix(jsonPath, ".json") + "-latency.svg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(svg), "<svg ") || strings.Count(string(svg), "<polyline") != 2 || !strings.Contains(string(svg), "raw PostgreSQL 100/s") {
+		t.Fatalf("latency plot:\n%s", svg)
 	}
 }
 
