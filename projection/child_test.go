@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -52,6 +53,11 @@ type childMode struct {
 	CheckpointInterval time.Duration `json:"checkpoint_interval,omitempty"`
 	// HandleDelay is how long the observer works on each event.
 	HandleDelay time.Duration `json:"handle_delay,omitempty"`
+	// FailStream, if set, makes the projection fail every event of that
+	// stream (kindProjection only).
+	FailStream string `json:"fail_stream,omitempty"`
+	// Retry goes to projection.Config.Retry (nil: the defaults).
+	Retry *projection.RetryPolicy `json:"retry,omitempty"`
 }
 
 // subscriber returns the subscriber name the mode's handler registers.
@@ -145,6 +151,7 @@ func runChild(raw string) int {
 		RetryBackoff:      childRetryBackoff,
 		HeartbeatInterval: time.Second,
 		ShutdownTimeout:   5 * time.Second,
+		Retry:             spec.Retry,
 		Lock:              &advisorylock.Config{CheckInterval: childCheckInterval, Logger: logger},
 		Logger:            logger,
 	})
@@ -160,7 +167,11 @@ func runChild(raw string) int {
 	var handler any
 	switch spec.Kind {
 	case kindProjection:
-		handler = recordingBalances(reg, spec.Instance)
+		var p projection.Projection = recordingBalances(reg, spec.Instance)
+		if spec.FailStream != "" {
+			p = failingStream{Projection: p, stream: spec.FailStream, instance: spec.Instance}
+		}
+		handler = p
 	case kindObserver:
 		handler = deliveryObserver(reg, pool, spec.Instance, spec.HandleDelay)
 	default:
@@ -205,6 +216,21 @@ func recordingBalances(reg *eventstore.Registry, instance string) *projection.Ty
 		return apply(ctx, tx, e.Event, -e.Data.Amount)
 	})
 	return p
+}
+
+// failingStream is a projection that fails every event of one stream and
+// hands the others to the projection it wraps. Its error names the instance,
+// so that a failures row tells which process made the attempt.
+type failingStream struct {
+	projection.Projection
+	stream, instance string
+}
+
+func (f failingStream) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
+	if e.StreamID == f.stream {
+		return errors.Newf("child %s: stream %q always fails (event %d)", f.instance, f.stream, e.GlobalSequence)
+	}
+	return f.Projection.Handle(ctx, tx, e)
 }
 
 // deliveryObserver records every delivery in delivered, through the pool:
