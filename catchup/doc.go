@@ -32,14 +32,21 @@
 //	            acquired            -> CLAIM
 //	CLAIM     checkpoint row: epoch = epoch + 1, owner = this instance;
 //	          cursor = its position -> READ
-//	READ      next batch after the cursor (see below), with the checkpoint's epoch
+//	READ      next batch after the cursor (see below), with the checkpoint's epoch,
+//	          its stop reason and the partition's dead-letter counts
 //	            epoch changed       -> RELEASE, STANDBY (an operator set the checkpoint)
+//	            released entries    -> REDELIVER
+//	            stopped             -> IDLE (nothing is processed until an operator acts)
 //	            events or skippable -> PROCESS
 //	            nothing new         -> IDLE
 //	PROCESS   the processor handles the batch; cursor = how far it got
 //	            ok                  -> READ
-//	            handler error       -> wait RetryBackoff, READ (the failing event again)
+//	            handler error       -> the processor retries it by its policy, then
+//	                                   dead-letters it (package projection);
+//	                                   other errors: wait RetryBackoff, READ
 //	            fenced / lock lost  -> RELEASE, STANDBY
+//	REDELIVER the processor re-delivers dead letters an operator released, in
+//	          position order                 -> READ
 //	IDLE      write a buffered checkpoint if due; wait for a signal, PollInterval,
 //	          or lock loss
 //	            signal or timeout   -> READ

@@ -19,12 +19,13 @@
 // Stop policy the runner also halts the subscriber partition
 // (checkpoints.stopped_reason is set) until an operator acts.
 //
-// A stream is parked for a subscriber partition while it has dead letters
-// with status open or retry.
+// Under ParkStream (the default for projections), a stream is parked for a
+// subscriber partition while it has dead letters with status open or retry;
+// under SkipEvent (the default for observers) nothing is parked.
 //
 // # Statuses
 //
-//	open      waits for an operator. The stream is parked.
+//	open      waits for an operator (under ParkStream its stream is parked).
 //	retry     released by an operator: the live runner re-delivers it, in
 //	          position order with the rest of its stream.
 //	resolved  re-delivered successfully. The stream flows again once none

@@ -31,8 +31,18 @@
 //     at most that many events; a graceful shutdown re-delivers none.
 //   - Every subscriber sees each stream's events in stream-version order,
 //     with partitions too.
-//   - A handler error (or panic) retries the event after RetryBackoff; the
-//     runner never skips past it.
+//   - Failures are recorded, never lost: each failed attempt (an error, a
+//     panic with its stack, a HandlerTimeout) is a row in failures, retried
+//     by the subscriber's RetryPolicy (3 retries, 1 s ×2 up to 60 s by
+//     default; annals.Permanent errors are not retried). When the policy is
+//     spent the event becomes a dead letter, committed with the checkpoint
+//     move, and the DeadLetterPolicy applies: ParkStream (projections'
+//     default) holds back the rest of the stream in order, SkipEvent
+//     (observers' default) moves on, Stop halts the partition. Operators act
+//     with package deadletter or annals dlq; released entries are
+//     re-delivered by the live leader, in order.
+//   - Telemetry: a span per handler call, linked to the append that produced
+//     the event, and the metrics listed in internal/telemetry.
 //
 // The algorithm, with its state machine, is described in package catchup.
 package projection
