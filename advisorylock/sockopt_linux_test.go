@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/sys/unix"
 
 	"github.com/annals-dev/annals/annalstest"
@@ -23,6 +24,15 @@ func TestClientSocketOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Plain TCP, whatever the URL prefers: TLS would hide the socket.
+	cc.TLSConfig = nil
+	var plain []*pgconn.FallbackConfig
+	for _, f := range cc.Fallbacks {
+		if f.TLSConfig == nil {
+			plain = append(plain, f)
+		}
+	}
+	cc.Fallbacks = plain
 	for _, c := range []struct {
 		name                       string
 		cfg                        *Config
@@ -38,7 +48,9 @@ func TestClientSocketOptions(t *testing.T) {
 		t.Cleanup(func() { _ = l.Release(context.Background()) })
 		tcp, ok := l.sock.(*net.TCPConn)
 		if !ok {
-			t.Skipf("the lock's connection is a %T, not plain TCP (TLS or a Unix socket)", l.sock)
+			// The harness's servers are reached over plain TCP; a TLS or Unix
+			// socket URL in ANNALS_TEST_DATABASE_URL cannot test this.
+			t.Fatalf("the lock's connection is a %T, not plain TCP: point ANNALS_TEST_DATABASE_URL at host:port with sslmode=disable", l.sock)
 		}
 		raw, err := tcp.SyscallConn()
 		if err != nil {

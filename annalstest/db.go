@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"github.com/cockroachdb/errors"
 	"net/url"
 	"strings"
 	"testing"
@@ -54,54 +55,78 @@ const (
 // documentation); if there is none, NewDB fails the test with instructions.
 func NewDB(t testing.TB, opts *Options) *DB {
 	t.Helper()
+	db, closeDB, err := open(t.Context(), t.Name(), opts)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	t.Cleanup(func() {
+		if err := closeDB(); err != nil {
+			t.Errorf("%v", err)
+		}
+	})
+	return db
+}
+
+// Open is NewDB for code without a testing.TB (Example functions, a
+// TestMain, a benchmark harness): it returns the database and a function
+// that closes its pool and drops it. The first call chooses the server as
+// NewDB does; without annalstest.Main, a throwaway cluster it starts ends
+// with the process.
+func Open(ctx context.Context, opts *Options) (*DB, func() error, error) {
+	return open(ctx, "open", opts)
+}
+
+func open(ctx context.Context, label string, opts *Options) (*DB, func() error, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
 	}
 	var err error
 	if o.Schema, err = schemaname.Resolve(o.Schema); err != nil {
-		t.Fatalf("annalstest: %v", err)
+		return nil, nil, errors.Wrap(err, "annalstest")
 	}
 	srv, err := getServer()
 	if err != nil {
-		t.Fatalf("%v", err)
+		return nil, nil, err
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), setupFor)
+	ctx, cancel := context.WithTimeout(ctx, setupFor)
 	defer cancel()
 	tpl, err := srv.template(ctx, o.Schema)
 	if err != nil {
-		t.Fatalf("%v", err)
+		return nil, nil, err
 	}
 
-	name := newDBName(t.Name())
+	name := newDBName(label)
 	if _, err := srv.admin.Exec(ctx, bind("CloneTemplate", name, tpl)); err != nil {
-		t.Fatalf("annalstest: create database %s from %s: %v", name, tpl, err)
+		return nil, nil, errors.Wrapf(err, "annalstest: create database %s from %s", name, tpl)
 	}
-	t.Cleanup(func() {
-		// t.Context() is already cancelled when cleanups run.
+	drop := func() error {
+		// The caller's context may be over when the database is dropped.
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupFor)
 		defer cancel()
-		if _, err := srv.admin.Exec(ctx, bind("DropDatabase", name, "")); err != nil {
-			t.Errorf("annalstest: drop database %s: %v", name, err)
-		}
-	})
+		_, err := srv.admin.Exec(ctx, bind("DropDatabase", name, ""))
+		return errors.Wrapf(err, "annalstest: drop database %s", name)
+	}
 
 	db := &DB{URL: withDatabase(srv.adminURL, name), Name: name, Schema: o.Schema}
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
-		t.Fatalf("annalstest: parse %s: %v", db.URL, err)
+		return nil, nil, errors.CombineErrors(errors.Wrapf(err, "annalstest: parse %s", db.URL), drop())
 	}
 	if o.PoolConfig != nil {
 		o.PoolConfig(cfg)
 	}
 	if db.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
-		t.Fatalf("annalstest: connect to %s: %v", name, err)
+		return nil, nil, errors.CombineErrors(errors.Wrapf(err, "annalstest: connect to %s", name), drop())
 	}
-	t.Cleanup(db.Pool.Close) // runs before the drop: cleanups run last-in first-out
+	closeDB := func() error {
+		db.Pool.Close() // before the drop
+		return drop()
+	}
 	if err := db.Pool.Ping(ctx); err != nil {
-		t.Fatalf("annalstest: connect to %s: %v", name, err)
+		return nil, nil, errors.CombineErrors(errors.Wrapf(err, "annalstest: connect to %s", name), closeDB())
 	}
-	return db
+	return db, closeDB, nil
 }
 
 // newDBName returns a unique database name that shows which test made it.

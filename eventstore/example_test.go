@@ -2,19 +2,13 @@ package eventstore_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
-	"github.com/annals-dev/annals/internal/pgcluster"
-	"github.com/annals-dev/annals/migrations"
 )
 
 // The events of the examples: plain Go structs, encoded as JSON.
@@ -178,64 +172,12 @@ func ExampleStore_ReadStream() {
 }
 
 // exampleDB returns a pool on a new database with the annals schema, and a
-// function that closes the pool and drops the database.
-//
-// Examples cannot use annalstest.NewDB, which needs a testing.TB, so they
-// make their database themselves on the server the test harness would use:
-// the admin URL in ANNALS_TEST_DATABASE_URL (which `make test` always sets),
-// or else a throwaway cluster started from the local PostgreSQL server
-// binaries, which the returned function stops. If neither works it panics:
-// an example without a database must fail, not pass unseen.
+// function that closes it and drops the database. An example without a
+// database must fail, not pass unseen, so it panics when there is none.
 func exampleDB() (*pgxpool.Pool, func()) {
-	ctx := context.Background()
-	var undo []func()
-	done := func() {
-		for i := len(undo) - 1; i >= 0; i-- {
-			undo[i]()
-		}
-	}
-	fail := func(err error) {
-		done()
-		panic(fmt.Sprintf("example database: %v (set %s or install the PostgreSQL server)", err, annalstest.EnvDatabaseURL))
-	}
-
-	adminURL := os.Getenv(annalstest.EnvDatabaseURL)
-	if adminURL == "" {
-		cluster, err := pgcluster.Start(ctx, nil)
-		if err != nil {
-			fail(err)
-		}
-		undo = append(undo, func() { _ = cluster.Stop(context.Background()) })
-		adminURL = cluster.URL()
-	}
-	admin, err := pgx.Connect(ctx, adminURL)
+	db, closeDB, err := annalstest.Open(context.Background(), nil)
 	if err != nil {
-		fail(err)
+		panic(fmt.Sprintf("example database: %v", err))
 	}
-	undo = append(undo, func() { _ = admin.Close(context.Background()) })
-
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	name := "annals_example_" + hex.EncodeToString(b[:])
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE template0"); err != nil {
-		fail(err)
-	}
-	undo = append(undo, func() {
-		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
-	})
-
-	cfg, err := pgxpool.ParseConfig(adminURL)
-	if err != nil {
-		fail(err)
-	}
-	cfg.ConnConfig.Database = name
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		fail(err)
-	}
-	undo = append(undo, pool.Close)
-	if _, err := migrations.Up(ctx, pool, nil); err != nil {
-		fail(err)
-	}
-	return pool, done
+	return db.Pool, func() { _ = closeDB() }
 }
