@@ -55,6 +55,12 @@ const (
 // documentation); if there is none, NewDB fails the test with instructions.
 func NewDB(t testing.TB, opts *Options) *DB {
 	t.Helper()
+	if opts != nil {
+		if _, err := schemaname.Resolve(opts.Schema); err != nil {
+			t.Fatalf("annalstest: %v", err)
+			return nil
+		}
+	}
 	db, closeDB, err := open(t.Context(), t.Name(), opts)
 	if err != nil {
 		t.Fatalf("%v", err)
