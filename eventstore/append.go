@@ -229,6 +229,7 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 	if len(events) == 0 {
 		return appendArgs{}, invalidf("append to stream %q has no events", streamID)
 	}
+	tc := traceContext(ctx) // once per append, nil without an active span
 	var buf bytes.Buffer
 	buf.WriteByte('[')
 	seen := make(map[uuid.UUID]struct{}, len(events))
@@ -251,7 +252,7 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 			return appendArgs{}, errors.Wrapf(err, "event %d (%s)", i+1, name)
 		}
 		var meta []byte
-		md := withTraceContext(ctx, e.Metadata)
+		md := withTraceContext(tc, e.Metadata)
 		if !md.IsZero() {
 			if meta, err = json.Marshal(md); err != nil {
 				return appendArgs{}, invalidf("event %d (%s): metadata: %v", i+1, name, err)
@@ -290,17 +291,30 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 	return appendArgs{stream: streamID, expected: exp, exp: expected, payload: buf.Bytes(), count: len(events)}, nil
 }
 
-// withTraceContext returns m with the W3C trace context of ctx's span added
-// (traceparent, tracestate), without changing the caller's map.
-func withTraceContext(ctx context.Context, m Metadata) Metadata {
-	extra := make(map[string]any, len(m.Extra)+2)
-	if !telemetry.Inject(ctx, extra) {
+// traceContext returns the W3C trace context of ctx's span (traceparent,
+// tracestate), or nil when there is no valid span: no allocation then.
+func traceContext(ctx context.Context) map[string]any {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return nil
+	}
+	tc := make(map[string]any, 2)
+	if !telemetry.Inject(ctx, tc) {
+		return nil
+	}
+	return tc
+}
+
+// withTraceContext returns m with tc added, without changing the caller's map.
+func withTraceContext(tc map[string]any, m Metadata) Metadata {
+	if tc == nil {
 		return m
 	}
+	extra := make(map[string]any, len(m.Extra)+len(tc))
 	for k, v := range m.Extra {
-		if _, set := extra[k]; !set {
-			extra[k] = v
-		}
+		extra[k] = v
+	}
+	for k, v := range tc {
+		extra[k] = v
 	}
 	m.Extra = extra
 	return m

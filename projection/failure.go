@@ -128,24 +128,26 @@ type Hooks struct {
 // a failure. The span links to the span that appended e (or is its child
 // with Config.HandlerSpanParent).
 func (f *failures) handle(ctx context.Context, e eventstore.Event, fn func(ctx context.Context) error) error {
-	attempt := f.attempts[e.ID] + 1
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
-		telemetry.Subscriber.String(f.name),
-		attribute.String("annals.event_type", e.Type),
-		attribute.String("annals.stream_id", e.StreamID),
-		attribute.Int64("annals.global_sequence", e.GlobalSequence),
-		attribute.String("annals.event_id", e.ID.String()),
-		attribute.Int("annals.attempt", attempt),
-	)}
+	var link trace.SpanStartOption = trace.WithLinks()
 	if producer := e.Metadata.SpanContext(); producer.IsValid() {
 		if f.childSpans {
 			ctx = trace.ContextWithRemoteSpanContext(ctx, producer)
 		} else {
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
+			link = trace.WithLinks(trace.Link{SpanContext: producer})
 		}
 	}
-	ctx, span := f.tel.Tracer.Start(ctx, "annals.handle "+e.Type, opts...)
+	ctx, span := f.tel.Tracer.Start(ctx, "annals.handle "+e.Type, trace.WithSpanKind(trace.SpanKindConsumer), link)
 	defer span.End()
+	if span.IsRecording() { // no attribute allocations per event when nobody traces
+		span.SetAttributes(
+			telemetry.Subscriber.String(f.name),
+			attribute.String("annals.event_type", e.Type),
+			attribute.String("annals.stream_id", e.StreamID),
+			attribute.Int64("annals.global_sequence", e.GlobalSequence),
+			attribute.String("annals.event_id", e.ID.String()),
+			attribute.Int("annals.attempt", f.attempts[e.ID]+1),
+		)
+	}
 	start := time.Now()
 	hctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
@@ -153,22 +155,22 @@ func (f *failures) handle(ctx context.Context, e eventstore.Event, fn func(ctx c
 	if err != nil && hctx.Err() != nil && ctx.Err() == nil {
 		err = errors.Wrapf(err, "handler timed out after %s", f.timeout)
 	}
-	outcome := "ok"
+	outcome := f.okAttrs
 	if err != nil {
-		outcome = "error"
+		outcome = f.errAttrs
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
-	} else {
+	} else if len(f.attempts) > 0 {
 		delete(f.attempts, e.ID)
 	}
-	f.tel.Handler.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(telemetry.Subscriber.String(f.name), telemetry.Outcome.String(outcome)))
+	f.tel.Handler.Record(ctx, time.Since(start).Seconds(), outcome)
 	return err
 }
 
 // retrying counts a failed attempt that will be retried.
 func (f *failures) retrying(ctx context.Context, e eventstore.Event, attempt int, err error) {
 	f.attempts[e.ID] = attempt
-	f.tel.Retries.Add(ctx, 1, metric.WithAttributes(telemetry.Subscriber.String(f.name)))
+	f.tel.Retries.Add(ctx, 1, f.subAttrs)
 	if f.hooks.OnRetry != nil {
 		f.hooks.OnRetry(f.name, e, attempt, err)
 	}

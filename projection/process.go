@@ -9,6 +9,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
@@ -32,6 +33,8 @@ type failures struct {
 	childSpans bool
 	// attempts of events being retried in this process (for span attributes).
 	attempts map[uuid.UUID]int
+	// Metric attribute sets, built once rather than per event.
+	subAttrs, okAttrs, errAttrs metric.MeasurementOption
 }
 
 // parked maps a parked stream to its state: whether it still has an open

@@ -293,10 +293,14 @@ func (r *Runner) failures(name string, o Options) *failures {
 	if timeout <= 0 {
 		timeout = 30 * time.Second
 	}
+	sub := telemetry.Subscriber.String(name)
 	return &failures{
 		name: name, q: r.fq, retry: policy.withDefaults(), policy: o.OnDeadLetter,
 		timeout: timeout, clock: r.cfg.Clock, hooks: r.cfg.Hooks, logger: r.cfg.Logger,
 		tel: r.tel, childSpans: r.cfg.HandlerSpanParent, attempts: map[uuid.UUID]int{},
+		subAttrs: metric.WithAttributes(sub),
+		okAttrs:  metric.WithAttributes(sub, telemetry.Outcome.String("ok")),
+		errAttrs: metric.WithAttributes(sub, telemetry.Outcome.String("error")),
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/eventstore"
-	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/projection"
 )
 
@@ -89,14 +88,8 @@ func (c *CatchupConfig) withDefaults() CatchupConfig {
 // Observer catching up from the start.
 func RunCatchup(ctx context.Context, pool *pgxpool.Pool, cfg *CatchupConfig) (*CatchupReport, error) {
 	c := cfg.withDefaults()
-	q, err := queries(c.Schema)
+	q, err := freshSchema(ctx, pool, c.Schema)
 	if err != nil {
-		return nil, err
-	}
-	if _, err := pool.Exec(ctx, q["DropSchema"]); err != nil {
-		return nil, errors.Wrap(err, "benchmark: drop the catch-up schema")
-	}
-	if _, err := migrations.Up(ctx, pool, &migrations.Config{Schema: c.Schema}); err != nil {
 		return nil, err
 	}
 	if _, err := pool.Exec(ctx, q["CheckpointSetup"]); err != nil {

@@ -17,7 +17,6 @@ import (
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/lockkey"
-	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/projection"
 )
 
@@ -105,14 +104,8 @@ func RunLatency(ctx context.Context, pool *pgxpool.Pool, cfg *LatencyConfig) (*L
 	if c.Writers+2 > int(pool.Config().MaxConns) {
 		return nil, errors.Newf("benchmark: %d writers need %d pool connections", c.Writers, c.Writers+2)
 	}
-	q, err := queries(c.Schema)
+	q, err := freshSchema(ctx, pool, c.Schema)
 	if err != nil {
-		return nil, err
-	}
-	if _, err := pool.Exec(ctx, q["DropSchema"]); err != nil {
-		return nil, errors.Wrap(err, "benchmark: drop the latency schema")
-	}
-	if _, err := migrations.Up(ctx, pool, &migrations.Config{Schema: c.Schema}); err != nil {
 		return nil, err
 	}
 	if _, err := pool.Exec(ctx, q["Setup"]); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/migrations"
 )
 
 // Settings are the server settings that every figure depends on.
@@ -40,4 +41,20 @@ func queries(schema string) (map[string]string, error) {
 		return nil, err
 	}
 	return sqltmpl.Named("bench.sql", benchSQL, sqltmpl.NewData(schema))
+}
+
+// freshSchema drops the benchmark's schema, migrates it anew and returns its
+// rendered statements: every benchmark starts from an empty log.
+func freshSchema(ctx context.Context, pool *pgxpool.Pool, schema string) (map[string]string, error) {
+	q, err := queries(schema)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := pool.Exec(ctx, q["DropSchema"]); err != nil {
+		return nil, errors.Wrapf(err, "benchmark: drop schema %s", schema)
+	}
+	if _, err := migrations.Up(ctx, pool, &migrations.Config{Schema: schema}); err != nil {
+		return nil, err
+	}
+	return q, nil
 }

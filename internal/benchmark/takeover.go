@@ -18,8 +18,6 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/annals-dev/annals/migrations"
 )
 
 // TakeoverConfig configures RunTakeover. A nil *TakeoverConfig means
@@ -111,14 +109,8 @@ func RunTakeover(ctx context.Context, pool *pgxpool.Pool, cfg *TakeoverConfig) (
 			return nil, errors.Newf("benchmark: lock retry interval %s must be positive", d)
 		}
 	}
-	q, err := queries(c.Schema)
+	q, err := freshSchema(ctx, pool, c.Schema)
 	if err != nil {
-		return nil, err
-	}
-	if _, err := pool.Exec(ctx, q["DropSchema"]); err != nil {
-		return nil, errors.Wrap(err, "benchmark: drop the takeover schema")
-	}
-	if _, err := migrations.Up(ctx, pool, &migrations.Config{Schema: c.Schema}); err != nil {
 		return nil, err
 	}
 	rep := &TakeoverReport{Rounds: c.Rounds}
