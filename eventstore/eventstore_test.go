@@ -688,3 +688,35 @@ func TestAppendNotifies(t *testing.T) {
 		})
 	}
 }
+
+// Under REPEATABLE READ, an append whose snapshot predates a concurrent
+// append that created the same stream fails with a serialization failure
+// (40001, documented in docs/sql-api.md), and writes nothing.
+func TestAppendUnderRepeatableReadRacesToSerializationFailure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil)
+	for _, expected := range []eventstore.ExpectedVersion{eventstore.Any, eventstore.NoStream} {
+		stream := "rr-" + expected.String()
+		tx, err := b.db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var one int
+		if err := tx.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil { // take the snapshot
+			t.Fatal(err)
+		}
+		if _, err := b.store.Append(ctx, stream, eventstore.NoStream, eventstore.NewEvent(OrderShipped{})); err != nil {
+			t.Fatal(err)
+		}
+		_, err = b.store.AppendTx(ctx, tx, stream, expected, eventstore.NewEvent(OrderShipped{}))
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "40001" {
+			t.Fatalf("expected %s: err = %v, want SQLSTATE 40001", expected, err)
+		}
+		_ = tx.Rollback(ctx)
+		if v, err := b.store.StreamVersion(ctx, stream); err != nil || v != 1 {
+			t.Fatalf("stream %s at version %d (%v), want 1", stream, v, err)
+		}
+	}
+}
