@@ -127,6 +127,7 @@ type Runner struct {
 	mu       sync.Mutex
 	regs     []*registration
 	names    map[string]bool
+	services []namedService
 	running  bool
 	leading  map[leadKey]int64 // -> epoch
 	progress map[leadKey]progress
@@ -280,6 +281,68 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	return nil
 }
 
+// Service is background work that runs beside the subscribers for as long
+// as Run does, in every runner process: the scheduler's dispatcher is one.
+// Run should return when ctx ends; an error returned before that is logged
+// and Run is called again after RetryBackoff.
+type Service interface {
+	Run(ctx context.Context) error
+}
+
+type namedService struct {
+	name string
+	svc  Service
+}
+
+// AddService adds background work that Run runs beside the subscribers and
+// waits for at shutdown. Adding the same service under the same name again
+// is a no-op; another service under a used name is an error.
+func (r *Runner) AddService(name string, s Service) error {
+	if name == "" {
+		return errors.New("projection: AddService with an empty name")
+	}
+	if v := reflect.ValueOf(s); s == nil || (v.Kind() == reflect.Pointer && v.IsNil()) {
+		return errors.Newf("projection: AddService(%q, nil)", name)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running {
+		return errors.New("projection: AddService after Run started")
+	}
+	for _, ns := range r.services {
+		if ns.name == name {
+			if ns.svc == s {
+				return nil
+			}
+			return errors.Newf("projection: a different service is already added as %q", name)
+		}
+	}
+	r.services = append(r.services, namedService{name, s})
+	return nil
+}
+
+// runService runs s until ctx ends, restarting it after an error.
+func (r *Runner) runService(ctx context.Context, ns namedService) {
+	backoff := max(r.cfg.RetryBackoff, 100*time.Millisecond)
+	for {
+		err := safely(func() error { return ns.svc.Run(ctx) })
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			err = errors.New("returned before shutdown")
+		}
+		r.cfg.Logger.ErrorContext(ctx, "annals: service failed; restarting", slog.String("service", ns.name), slog.Any("error", err))
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // failures returns the failure handling of one subscriber.
 func (r *Runner) failures(name string, o Options) *failures {
 	policy := RetryPolicy{}
@@ -352,7 +415,10 @@ func (r *Runner) Run(ctx context.Context) error {
 		r.mu.Unlock()
 	}()
 	subs := r.subscriptions()
-	if len(subs) == 0 {
+	r.mu.Lock()
+	services := append([]namedService(nil), r.services...)
+	r.mu.Unlock()
+	if len(subs) == 0 && len(services) == 0 {
 		return errors.New("projection: nothing registered")
 	}
 	listener, err := catchup.NewListener(r.pool.Config().ConnConfig, r.cfg.Schema, r.cfg.Logger)
@@ -380,6 +446,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	go func() { defer close(hbDone); r.heartbeat(hbCtx) }()
 
 	var subWG sync.WaitGroup
+	for _, ns := range services {
+		subWG.Add(1)
+		go func() { defer subWG.Done(); r.runService(ctx, ns) }()
+	}
 	for _, s := range subs {
 		subWG.Add(1)
 		go func() {
