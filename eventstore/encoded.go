@@ -1,0 +1,51 @@
+package eventstore
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// EncodedAppend is an append validated and rendered ahead of time: event
+// IDs are assigned, types resolved through the Registry and payloads encoded.
+// The scheduler stores one in a timer row and appends it when the timer is
+// due; appending it twice is a no-op the second time (idempotent by event ID).
+type EncodedAppend struct {
+	// StreamID is the stream the events go to.
+	StreamID string `json:"stream_id"`
+	// Expected is the expected version the append checks.
+	Expected ExpectedVersion `json:"expected"`
+	// Events is the JSON array that annals.append_events takes.
+	Events json.RawMessage `json:"events"`
+	// Count is the number of events in Events.
+	Count int `json:"count"`
+}
+
+// Encode validates and renders an append without running it; the checks
+// are those of Append (empty stream ID, no events, unknown types, bad JSON,
+// oversized events), and so are the errors.
+func (s *Store) Encode(ctx context.Context, streamID string, expected ExpectedVersion, events ...EventData) (EncodedAppend, error) {
+	a, err := s.encode(ctx, streamID, expected, events)
+	if err != nil {
+		return EncodedAppend{}, err
+	}
+	return EncodedAppend{StreamID: a.stream, Expected: expected, Events: a.payload, Count: a.count}, nil
+}
+
+// AppendEncodedTx appends an EncodedAppend inside tx, with the caveats of
+// AppendTx (the ordering lock is held until tx ends).
+func (s *Store) AppendEncodedTx(ctx context.Context, tx pgx.Tx, a EncodedAppend) (res AppendResult, err error) {
+	ctx, done := s.trace(ctx, "annals.append", a.StreamID, a.Expected, a.Count)
+	defer func() { done(res, err) }()
+	exp, err := a.Expected.sqlArg()
+	if err != nil {
+		return AppendResult{}, err
+	}
+	if a.StreamID == "" || a.Count <= 0 || !json.Valid(a.Events) {
+		return AppendResult{}, invalidf("encoded append to stream %q is malformed", a.StreamID)
+	}
+	args := appendArgs{stream: a.StreamID, expected: exp, exp: a.Expected, payload: a.Events, count: a.Count}
+	rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, args.payload)
+	return collectAppend(rows, err, args)
+}
