@@ -1,0 +1,151 @@
+package aggregate
+
+import (
+	"reflect"
+
+	"github.com/cockroachdb/errors"
+)
+
+// Root is an event-sourced aggregate. Implement Apply and embed Base:
+//
+//	type Account struct {
+//		aggregate.Base
+//		Balance int
+//	}
+//
+//	func (a *Account) Apply(event any) error {
+//		switch e := event.(type) {
+//		case Opened:
+//			a.Balance = 0
+//		case Deposited:
+//			a.Balance += e.Amount
+//		default:
+//			return aggregate.ErrUnhandledEvent
+//		}
+//		return nil
+//	}
+//
+// Apply receives each event as the value the registry decodes (a T, not a
+// *T), both when the stream is replayed and when a command records a new
+// event with Record. It must only change state: no I/O, no validation that
+// could reject history. An error (ErrUnhandledEvent for a type the aggregate
+// does not know) stops the load; the repository names the event type,
+// stream and version in the error it returns.
+type Root interface {
+	Apply(event any) error
+	// root returns the embedded Base; only Base implements it, so an
+	// aggregate satisfies Root by embedding Base.
+	root() *Base
+}
+
+// Base tracks what the repository needs to know about an aggregate: its ID,
+// the stream version it was loaded or last saved at (the expected version of
+// the next save), and the events recorded since. Embed it (by value) in the
+// aggregate's struct. Its fields are unexported, so encoding/json leaves them
+// out of snapshots.
+type Base struct {
+	id          string
+	version     int64
+	uncommitted []any
+}
+
+func (b *Base) root() *Base { return b }
+
+// ID returns the aggregate's ID (not its stream ID).
+func (b *Base) ID() string { return b.id }
+
+// Version returns the stream version the aggregate was loaded or last saved
+// at: 0 for a new aggregate. Events recorded since are not counted.
+func (b *Base) Version() int64 { return b.version }
+
+// Uncommitted returns the events recorded since the aggregate was loaded or
+// last saved, in order. The slice must not be modified.
+func (b *Base) Uncommitted() []any { return b.uncommitted }
+
+// Record applies event to a and, if Apply accepts it, adds it to the events
+// the next Save appends. Commands call it once per decision:
+//
+//	func (a *Account) Deposit(amount int) error {
+//		if amount <= 0 {
+//			return errors.New("deposit must be positive")
+//		}
+//		return aggregate.Record(a, Deposited{Amount: amount})
+//	}
+//
+// A pointer event is recorded as the value it points to, as Apply would see
+// it after a round trip through the store. A nil event is an error.
+func Record(a Root, event any) error {
+	if event == nil {
+		return errors.Newf("aggregate %s: Record(nil)", typeName(a))
+	}
+	if v := reflect.ValueOf(event); v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return errors.Newf("aggregate %s: Record(%T(nil))", typeName(a), event)
+		}
+		event = v.Elem().Interface()
+	}
+	if err := a.Apply(event); err != nil {
+		return applyError(typeName(a), a.root().id, "", event, 0, err)
+	}
+	b := a.root()
+	b.uncommitted = append(b.uncommitted, event)
+	return nil
+}
+
+// FromHistory returns a new aggregate (from newAgg) with the given ID and
+// the events applied as its history: its version is len(history) and it has
+// no uncommitted events. It needs no database; the test kit and in-memory
+// replays use it.
+func FromHistory[A Root](newAgg func() A, id string, history ...any) (A, error) {
+	a := newAgg()
+	if isNil(a) {
+		var zero A
+		return zero, errors.Newf("aggregate: the constructor of %s returned nil", reflect.TypeFor[A]())
+	}
+	b := a.root()
+	b.id = id
+	for _, e := range history {
+		if err := a.Apply(e); err != nil {
+			var zero A
+			return zero, applyError(typeName(a), id, "", e, b.version+1, err)
+		}
+		b.version++
+	}
+	return a, nil
+}
+
+// applyError wraps an Apply failure with the aggregate, the event type (the
+// registered name when known, and the Go type) and the event's version.
+func applyError(aggType, id, eventType string, event any, version int64, err error) error {
+	what := reflect.TypeOf(event).String()
+	if eventType != "" {
+		what = eventType + " (" + what + ")"
+	}
+	if version > 0 {
+		return errors.Wrapf(err, "aggregate %s %q: apply event %s at version %d", aggType, id, what, version)
+	}
+	return errors.Wrapf(err, "aggregate %s %q: apply event %s", aggType, id, what)
+}
+
+func typeName(a any) string {
+	t := reflect.TypeOf(a)
+	if t == nil {
+		return "<nil>"
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.String()
+}
+
+func isNil(a any) bool {
+	if a == nil {
+		return true
+	}
+	v := reflect.ValueOf(a)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return v.IsNil()
+	}
+	return false
+}

@@ -1,0 +1,104 @@
+// Package aggregate is the DDD repository of annals: it loads event-sourced
+// aggregates from their streams (from a snapshot when there is one), runs
+// commands on them and saves the events they record with optimistic
+// concurrency.
+//
+// # Writing an aggregate
+//
+// An aggregate is a struct that embeds Base and has an Apply method that
+// folds one event into its state. Commands are ordinary methods: they check
+// the invariants against the current state and call Record for each
+// decision, which applies the event and queues it for the next save.
+//
+//	type Account struct {
+//		aggregate.Base
+//		Balance int `json:"balance"`
+//	}
+//
+//	func (a *Account) Apply(event any) error {
+//		switch e := event.(type) {
+//		case Opened:
+//		case Deposited:
+//			a.Balance += e.Amount
+//		case Withdrawn:
+//			a.Balance -= e.Amount
+//		default:
+//			return aggregate.ErrUnhandledEvent
+//		}
+//		return nil
+//	}
+//
+//	func (a *Account) Withdraw(amount int) error {
+//		if amount > a.Balance {
+//			return ErrInsufficientFunds
+//		}
+//		return aggregate.Record(a, Withdrawn{Amount: amount})
+//	}
+//
+// Events are registered in the store's eventstore.Registry (Register[T]);
+// Apply receives them as values of the registered Go types.
+//
+// # Using the repository
+//
+//	accounts, err := aggregate.NewRepository(store, "account",
+//		func() *Account { return &Account{} }, nil)
+//	acc, err := accounts.Create(ctx, "42", func(a *Account) error { return a.Open("Ada") })
+//	acc, err = accounts.Update(ctx, "42", func(a *Account) error { return a.Withdraw(30) })
+//
+// The aggregate "42" of type "account" lives in the stream "account-42"
+// (Config.StreamID changes the naming). Load replays the stream; Save
+// appends the recorded events expecting the stream to be at the version the
+// aggregate was loaded at, so a concurrent writer makes it fail with
+// eventstore.ErrWrongExpectedVersion rather than lose an update. Update
+// wraps load, command and save in a loop that retries such conflicts a
+// bounded number of times with a jittered backoff (Config.UpdateRetries,
+// Config.UpdateBackoff) and then fails with ErrConflict. Create saves a new
+// aggregate and fails with ErrAlreadyExists if the stream exists.
+//
+// Errors: ErrNotFound for a missing aggregate, ErrInvalidID for an empty ID,
+// and an error naming the event type, the Go type, the stream and the
+// version for an event the aggregate does not handle (ErrUnhandledEvent) or
+// the registry does not know (eventstore.ErrUnknownEventType).
+//
+// # Snapshots
+//
+// With Config.Snapshots, a Save that brings the stream to or past a multiple
+// of Every events also writes the aggregate's state (encoding/json of the
+// aggregate, or its Snapshotter methods) to the snapshots table, as a
+// statement of its own after the append has committed: it never holds the
+// log's ordering lock, and a failed write is logged, never returned. Load
+// reads the snapshot written with the configured SchemaVersion and replays
+// only the events after it; a snapshot of another schema version, or one
+// that no longer decodes, is ignored and the stream is replayed from its
+// first event. Snapshots are a cache: the table may be truncated at any
+// time. Its key is (aggregate type, stream, schema version), one row per
+// key, replaced only by a newer one, so that during a rolling deploy the
+// old and the new code each keep using their own snapshots. Config.OnLoad
+// reports what a load read (LoadStats).
+//
+// # Why an Apply method and an embedded Base
+//
+// Go event-sourcing libraries take one of two shapes. Most of them
+// (looplab/eventhorizon's AggregateBase, hallgren/eventsourcing's
+// AggregateRoot, Watermill's and Marten's examples) use an object with an
+// Apply (or Transition) method and an embedded base that tracks the ID,
+// the version and the uncommitted events. The decider pattern (Chassaing;
+// Emmett and Equinox in other languages) uses two pure functions,
+// decide(command, state) → events and evolve(state, event) → state, and
+// keeps the bookkeeping outside the state.
+//
+// annals uses the first shape. Commands stay methods on the aggregate
+// (acc.Withdraw(30)), which is what a Go reader of a DDD codebase expects
+// and what IDEs navigate; invariants are checked against fields, not by
+// threading a state value through functions; and one type parameter
+// (Repository[*Account]) removes every cast. What it costs: Apply takes an
+// `any` and dispatches with a type switch, so an unhandled event is found
+// at run time (Apply returns ErrUnhandledEvent and the repository names the
+// type) rather than at compile time; and the aggregate is a mutable value
+// that must not be shared between goroutines. A decider is easy to express
+// on top (Apply calls evolve; a command method calls decide and Record for
+// each event), while the reverse would force every user to write commands
+// as free functions. Unhandled events are errors rather than silently
+// skipped: an aggregate that ignores an event it should apply would make
+// decisions on wrong state.
+package aggregate

@@ -1,0 +1,30 @@
+package aggregate
+
+import "github.com/cockroachdb/errors"
+
+var (
+	// ErrNotFound is matched (errors.Is) by Load and Update of an aggregate
+	// whose stream has no events. The error also matches
+	// eventstore.ErrStreamNotFound.
+	ErrNotFound = errors.New("aggregate not found")
+
+	// ErrAlreadyExists is matched by Create when the aggregate's stream
+	// already has events. The error also matches
+	// eventstore.ErrWrongExpectedVersion.
+	ErrAlreadyExists = errors.New("aggregate already exists")
+
+	// ErrUnhandledEvent is what Apply returns for an event type the
+	// aggregate does not handle. The repository wraps it with the event's
+	// type name, Go type, stream and version.
+	ErrUnhandledEvent = errors.New("event type not handled by the aggregate")
+
+	// ErrInvalidID is matched by every call given an empty aggregate ID, or a
+	// stream name function that returns an empty stream ID. Nothing is read
+	// or written.
+	ErrInvalidID = errors.New("invalid aggregate ID")
+
+	// ErrConflict is matched by Update when every attempt lost the race
+	// against concurrent writers of the same aggregate (the retry budget is
+	// spent). The error also matches eventstore.ErrWrongExpectedVersion.
+	ErrConflict = errors.New("aggregate kept changing concurrently")
+)

@@ -1,0 +1,342 @@
+package aggregate
+
+import (
+	"context"
+	_ "embed"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/sqltmpl"
+)
+
+//go:embed queries.sql
+var queriesSQL string
+
+// Config configures a Repository. A nil *Config means defaults.
+type Config struct {
+	// StreamID names the stream of the aggregate with the given type and ID.
+	// It must be deterministic and return a non-empty name. Defaults to
+	// aggregateType + "-" + id, e.g. "account-42".
+	StreamID func(aggregateType, id string) string
+	// UpdateRetries is how many times Update tries again after losing a
+	// race (eventstore.ErrWrongExpectedVersion), reloading the aggregate and
+	// re-running the command each time. Defaults to 10; -1 means no retries.
+	UpdateRetries int
+	// UpdateBackoff is the pause before Update's first retry; retry n waits
+	// UpdateBackoff × 2^(n-1), at most 100 × UpdateBackoff, with ±50% jitter
+	// so that competing writers spread out. Defaults to 2ms.
+	UpdateBackoff time.Duration
+	// Snapshots enables snapshots for this aggregate type. Defaults to nil:
+	// every Load replays the whole stream.
+	Snapshots *SnapshotConfig
+	// Metadata, when set, returns the metadata (correlation and causation
+	// IDs, anything else) given to every event a Save appends, from the
+	// Save's context. Defaults to none.
+	Metadata func(ctx context.Context) eventstore.Metadata
+	// OnLoad, when set, is called after every successful Load with what the
+	// load read: for metrics, and for tests that check snapshots are used.
+	// It must not block. Defaults to none.
+	OnLoad func(LoadStats)
+	// Logger receives failed snapshot writes and unusable snapshots (both
+	// only cost speed). Defaults to discarding.
+	Logger *slog.Logger
+}
+
+// SnapshotConfig turns snapshots on for an aggregate type.
+type SnapshotConfig struct {
+	// Every writes a snapshot after a Save that brings the stream to or
+	// past a multiple of Every events. Required: at least 1.
+	Every int
+	// SchemaVersion is the version of the aggregate's snapshot shape. Load
+	// only uses a snapshot written with the same SchemaVersion; bump it
+	// whenever the aggregate's state (its JSON, or what Apply computes)
+	// changes, and loads replay from the first event until the next
+	// snapshot is written. Defaults to 1.
+	SchemaVersion int
+}
+
+// LoadStats describes one Load.
+type LoadStats struct {
+	// AggregateType, ID and StreamID identify what was loaded.
+	AggregateType, ID, StreamID string
+	// SnapshotVersion is the stream version of the snapshot the load
+	// started from; 0 when it replayed the stream from the first event.
+	SnapshotVersion int64
+	// EventsRead is the number of events read and applied.
+	EventsRead int
+	// Version is the aggregate's version after the load.
+	Version int64
+	// Duration is how long the load took.
+	Duration time.Duration
+}
+
+// Repository loads aggregates of one type from their streams and saves
+// their new events. It is safe for concurrent use (an aggregate value is
+// not: load one per goroutine).
+type Repository[A Root] struct {
+	store  *eventstore.Store
+	reg    *eventstore.Registry
+	typ    string
+	newAgg func() A
+	cfg    Config
+	q      map[string]string
+}
+
+// NewRepository returns the repository of the aggregate type named
+// aggregateType (e.g. "account"), whose empty values newAgg returns. Events
+// are appended to and read from store, and decoded with its registry: every
+// event type the aggregate records or applies must be registered there.
+func NewRepository[A Root](store *eventstore.Store, aggregateType string, newAgg func() A, cfg *Config) (*Repository[A], error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	switch {
+	case store == nil:
+		return nil, errors.New("aggregate: store is nil")
+	case aggregateType == "":
+		return nil, errors.New("aggregate: the aggregate type name is empty")
+	case newAgg == nil:
+		return nil, errors.Newf("aggregate %s: the constructor is nil", aggregateType)
+	case c.UpdateRetries < -1:
+		return nil, errors.Newf("aggregate %s: UpdateRetries %d; use -1 for none", aggregateType, c.UpdateRetries)
+	case c.UpdateBackoff < 0:
+		return nil, errors.Newf("aggregate %s: negative UpdateBackoff", aggregateType)
+	}
+	if c.StreamID == nil {
+		c.StreamID = func(typ, id string) string { return typ + "-" + id }
+	}
+	switch {
+	case c.UpdateRetries == 0:
+		c.UpdateRetries = 10
+	case c.UpdateRetries < 0:
+		c.UpdateRetries = 0
+	}
+	if c.UpdateBackoff == 0 {
+		c.UpdateBackoff = 2 * time.Millisecond
+	}
+	if c.Snapshots != nil {
+		s := *c.Snapshots
+		if s.Every < 1 || s.SchemaVersion < 0 {
+			return nil, errors.Newf("aggregate %s: invalid snapshot config %+v (Every must be at least 1)", aggregateType, s)
+		}
+		if s.SchemaVersion == 0 {
+			s.SchemaVersion = 1
+		}
+		c.Snapshots = &s
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if isNil(newAgg()) {
+		return nil, errors.Newf("aggregate %s: the constructor returned nil", aggregateType)
+	}
+	q, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(store.Schema()))
+	if err != nil {
+		return nil, err
+	}
+	return &Repository[A]{store: store, reg: store.Registry(), typ: aggregateType, newAgg: newAgg, cfg: c, q: q}, nil
+}
+
+// Type returns the aggregate type name.
+func (r *Repository[A]) Type() string { return r.typ }
+
+// StreamID returns the stream of the aggregate with the given ID.
+func (r *Repository[A]) StreamID(id string) string { return r.cfg.StreamID(r.typ, id) }
+
+func (r *Repository[A]) stream(id string) (string, error) {
+	if id == "" {
+		return "", errors.Wrapf(ErrInvalidID, "aggregate %s: the ID is empty", r.typ)
+	}
+	s := r.cfg.StreamID(r.typ, id)
+	if s == "" {
+		return "", errors.Wrapf(ErrInvalidID, "aggregate %s %q: Config.StreamID returned an empty stream ID", r.typ, id)
+	}
+	return s, nil
+}
+
+// New returns a new, empty aggregate with the given ID at version 0.
+// Saving it creates its stream; the save fails with
+// eventstore.ErrWrongExpectedVersion if the stream exists by then.
+func (r *Repository[A]) New(id string) (A, error) {
+	if _, err := r.stream(id); err != nil {
+		var zero A
+		return zero, err
+	}
+	a := r.newAgg()
+	a.root().id = id
+	return a, nil
+}
+
+// Load replays the aggregate's stream (from its newest usable snapshot, if
+// snapshots are on) and returns the aggregate at the stream's current
+// version. Errors: ErrNotFound when the stream has no events; ErrInvalidID;
+// ErrUnhandledEvent (or what Apply returned) and
+// eventstore.ErrUnknownEventType for an event the aggregate cannot apply,
+// named with its type and version.
+func (r *Repository[A]) Load(ctx context.Context, id string) (A, error) {
+	var zero A
+	start := time.Now()
+	stream, err := r.stream(id)
+	if err != nil {
+		return zero, err
+	}
+	a, ok := r.loadSnapshot(ctx, id, stream)
+	if !ok {
+		a = r.newAgg()
+		a.root().id = id
+	}
+	b := a.root()
+	stats := LoadStats{AggregateType: r.typ, ID: id, StreamID: stream, SnapshotVersion: b.version}
+	for e, err := range r.store.ReadStream(ctx, stream, b.version+1) {
+		if err != nil {
+			if errors.Is(err, eventstore.ErrStreamNotFound) {
+				return zero, errors.Mark(errors.Wrapf(err, "aggregate %s %q", r.typ, id), ErrNotFound)
+			}
+			return zero, errors.Wrapf(err, "aggregate %s %q: load", r.typ, id)
+		}
+		if e.StreamVersion != b.version+1 {
+			return zero, errors.Newf("aggregate %s %q: stream %q jumps from version %d to %d", r.typ, id, stream, b.version, e.StreamVersion)
+		}
+		ev, err := r.reg.Decode(e)
+		if err != nil {
+			return zero, errors.Wrapf(err, "aggregate %s %q: event %q at version %d", r.typ, id, e.Type, e.StreamVersion)
+		}
+		if err := a.Apply(ev); err != nil {
+			return zero, applyError(r.typ, id, e.Type, ev, e.StreamVersion, err)
+		}
+		b.version = e.StreamVersion
+		stats.EventsRead++
+	}
+	stats.Version = b.version
+	stats.Duration = time.Since(start)
+	if r.cfg.OnLoad != nil {
+		r.cfg.OnLoad(stats)
+	}
+	return a, nil
+}
+
+// Save appends the events recorded on a since it was loaded (or created
+// with New), expecting the stream to still be at the loaded version. On
+// success a is at the new version with nothing uncommitted, and a snapshot
+// is written if one is due (after the append has committed; a failed
+// snapshot write is logged and does not fail the save). Saving an aggregate
+// with no uncommitted events does nothing.
+//
+// Errors: eventstore.ErrWrongExpectedVersion when another writer appended
+// to the stream since a was loaded (load again and retry, or use Update);
+// eventstore.ErrUnknownEventType for an unregistered event; ErrInvalidID.
+// On error a is unchanged and nothing is written.
+func (r *Repository[A]) Save(ctx context.Context, a A) error {
+	if isNil(a) {
+		return errors.Newf("aggregate %s: Save(nil)", r.typ)
+	}
+	b := a.root()
+	stream, err := r.stream(b.id)
+	if err != nil {
+		return err
+	}
+	if len(b.uncommitted) == 0 {
+		return nil
+	}
+	var md eventstore.Metadata
+	if r.cfg.Metadata != nil {
+		md = r.cfg.Metadata(ctx)
+	}
+	events := make([]eventstore.EventData, len(b.uncommitted))
+	for i, e := range b.uncommitted {
+		events[i] = eventstore.EventData{Data: e, Metadata: md}
+	}
+	res, err := r.store.Append(ctx, stream, eventstore.Exact(b.version), events...)
+	if err != nil {
+		return errors.Wrapf(err, "aggregate %s %q: save %d event(s) at version %d", r.typ, b.id, len(events), b.version)
+	}
+	before := b.version
+	b.version = res.StreamVersion
+	b.uncommitted = nil
+	if s := r.cfg.Snapshots; s != nil && b.version/int64(s.Every) > before/int64(s.Every) {
+		r.saveSnapshot(ctx, a, stream)
+	}
+	return nil
+}
+
+// Create runs command on a new aggregate with the given ID and saves it,
+// creating its stream. It fails with ErrAlreadyExists (which also matches
+// eventstore.ErrWrongExpectedVersion) when the stream has events already.
+// A command that records nothing creates nothing. The command's own error
+// is returned as is.
+func (r *Repository[A]) Create(ctx context.Context, id string, command func(A) error) (A, error) {
+	var zero A
+	a, err := r.New(id)
+	if err != nil {
+		return zero, err
+	}
+	if err := command(a); err != nil {
+		return zero, err
+	}
+	if err := r.Save(ctx, a); err != nil {
+		if errors.Is(err, eventstore.ErrWrongExpectedVersion) {
+			err = errors.Mark(err, ErrAlreadyExists)
+		}
+		return zero, err
+	}
+	return a, nil
+}
+
+// Update loads the aggregate, runs command on it and saves it. When the
+// save loses a race against another writer (eventstore.ErrWrongExpectedVersion)
+// it waits a short jittered backoff, loads again and re-runs command, up to
+// Config.UpdateRetries times; command must therefore have no side effects
+// other than recording events. When the budget is spent the error matches
+// ErrConflict (and eventstore.ErrWrongExpectedVersion).
+//
+// The command's own error is returned as is, and nothing is saved. Update
+// of a missing aggregate fails with ErrNotFound (use Create).
+func (r *Repository[A]) Update(ctx context.Context, id string, command func(A) error) (A, error) {
+	var zero A
+	attempts := r.cfg.UpdateRetries + 1
+	var last error
+	for attempt := 1; attempt <= attempts; attempt++ {
+		if attempt > 1 {
+			t := time.NewTimer(r.backoff(attempt - 1))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return zero, errors.Wrapf(errors.CombineErrors(ctx.Err(), last), "aggregate %s %q: update", r.typ, id)
+			case <-t.C:
+			}
+		}
+		a, err := r.Load(ctx, id)
+		if err != nil {
+			return zero, err
+		}
+		if err := command(a); err != nil {
+			return zero, err
+		}
+		err = r.Save(ctx, a)
+		if err == nil {
+			return a, nil
+		}
+		if !errors.Is(err, eventstore.ErrWrongExpectedVersion) {
+			return zero, err
+		}
+		last = err
+	}
+	return zero, errors.Mark(errors.Wrapf(last, "aggregate %s %q: update gave up after %d attempt(s): the aggregate kept changing concurrently", r.typ, id, attempts), ErrConflict)
+}
+
+// backoff is the jittered pause before retry n (1-based).
+func (r *Repository[A]) backoff(n int) time.Duration {
+	d := r.cfg.UpdateBackoff
+	limit := 100 * r.cfg.UpdateBackoff
+	for i := 1; i < n && d < limit; i++ {
+		d *= 2
+	}
+	d = min(d, limit)
+	return time.Duration(float64(d) * (0.5 + rand.Float64()))
+}

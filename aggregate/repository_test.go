@@ -1,0 +1,298 @@
+package aggregate_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/annals-dev/annals/aggregate"
+	"github.com/annals-dev/annals/eventstore"
+)
+
+func TestRepository(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("LoadSaveRoundTrip", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := repo(t, b, nil)
+		a, err := r.New("1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Open("ada"); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Deposit(100); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Save(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		if a.Version() != 2 || len(a.Uncommitted()) != 0 {
+			t.Fatalf("after save: version %d, %d uncommitted; want 2, 0", a.Version(), len(a.Uncommitted()))
+		}
+		if err := a.Withdraw(30); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Save(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		got, err := r.Load(ctx, "1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.ID() != "1" || got.Version() != 3 || got.Owner != "ada" || got.Balance != 70 || len(got.Uncommitted()) != 0 {
+			t.Fatalf("loaded %+v (version %d), want ada/70 at version 3", *got, got.Version())
+		}
+		// The stream holds exactly the recorded events, under the default name.
+		var types []string
+		for e, err := range b.store.ReadStream(ctx, "account-1", 1) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			types = append(types, e.Type)
+		}
+		if want := "account.opened account.deposited account.withdrawn"; strings.Join(types, " ") != want {
+			t.Fatalf("stream holds %v, want %s", types, want)
+		}
+	})
+
+	t.Run("SaveWithoutChangesIsNoop", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := repo(t, b, nil)
+		a, _ := r.Create(ctx, "1", func(a *Account) error { return a.Open("ada") })
+		if err := r.Save(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		fresh, _ := r.New("2")
+		if err := r.Save(ctx, fresh); err != nil {
+			t.Fatal(err)
+		}
+		if n := streamLen(t, b, "account-1"); n != 1 {
+			t.Fatalf("stream has %d events, want 1", n)
+		}
+		if _, err := b.store.StreamVersion(ctx, "account-2"); !errors.Is(err, eventstore.ErrStreamNotFound) {
+			t.Fatalf("saving an empty new aggregate created its stream (%v)", err)
+		}
+	})
+
+	t.Run("StaleSaveConflicts", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := repo(t, b, nil)
+		if _, err := r.Create(ctx, "1", func(a *Account) error { return a.Open("ada") }); err != nil {
+			t.Fatal(err)
+		}
+		x, _ := r.Load(ctx, "1")
+		y, _ := r.Load(ctx, "1")
+		_ = x.Deposit(1)
+		_ = y.Deposit(2)
+		if err := r.Save(ctx, x); err != nil {
+			t.Fatal(err)
+		}
+		err := r.Save(ctx, y)
+		if !errors.Is(err, eventstore.ErrWrongExpectedVersion) {
+			t.Fatalf("stale save: %v, want ErrWrongExpectedVersion", err)
+		}
+		if y.Version() != 1 || len(y.Uncommitted()) != 1 {
+			t.Fatalf("a failed save changed the aggregate: version %d, %d uncommitted", y.Version(), len(y.Uncommitted()))
+		}
+		if _, err := r.Create(ctx, "1", func(a *Account) error { return a.Open("bob") }); !errors.Is(err, aggregate.ErrAlreadyExists) {
+			t.Fatalf("Create of an existing aggregate: %v, want ErrAlreadyExists", err)
+		}
+	})
+
+	t.Run("CustomStreamName", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := repo(t, b, &aggregate.Config{StreamID: func(typ, id string) string { return "bank/" + typ + "/" + id }})
+		if _, err := r.Create(ctx, "7", func(a *Account) error { return a.Open("ada") }); err != nil {
+			t.Fatal(err)
+		}
+		if n := streamLen(t, b, "bank/account/7"); n != 1 {
+			t.Fatalf("stream bank/account/7 has %d events", n)
+		}
+		if a, err := r.Load(ctx, "7"); err != nil || a.Owner != "ada" {
+			t.Fatalf("load: %v %+v", err, a)
+		}
+	})
+
+	t.Run("ConcurrentUpdatesApplyOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := repo(t, b, &aggregate.Config{UpdateRetries: 100})
+		if _, err := r.Create(ctx, "1", func(a *Account) error { return a.Open("ada") }); err != nil {
+			t.Fatal(err)
+		}
+		const workers, each = 8, 5
+		var wg sync.WaitGroup
+		errs := make(chan error, workers*each)
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range each {
+					amount := 1 + w*each + i // distinct amounts: the sum proves each landed once
+					if _, err := r.Update(ctx, "1", func(a *Account) error { return a.Deposit(amount) }); err != nil {
+						errs <- err
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		n := workers * each
+		a, err := r.Load(ctx, "1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := n * (n + 1) / 2; a.Balance != want || a.Deposits != n {
+			t.Fatalf("balance %d after %d deposits, want %d after %d", a.Balance, a.Deposits, want, n)
+		}
+		if got := streamLen(t, b, "account-1"); got != int64(n+1) {
+			t.Fatalf("stream has %d events, want %d", got, n+1)
+		}
+	})
+}
+
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("MissingAggregate", func(t *testing.T) {
+		t.Parallel()
+		r := repo(t, setup(t), nil)
+		_, err := r.Load(ctx, "nobody")
+		if !errors.Is(err, aggregate.ErrNotFound) || !errors.Is(err, eventstore.ErrStreamNotFound) {
+			t.Fatalf("Load of a missing aggregate: %v, want ErrNotFound", err)
+		}
+		if _, err := r.Update(ctx, "nobody", func(*Account) error { return nil }); !errors.Is(err, aggregate.ErrNotFound) {
+			t.Fatalf("Update of a missing aggregate: %v, want ErrNotFound", err)
+		}
+	})
+
+	t.Run("EmptyID", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := repo(t, b, nil)
+		if _, err := r.Load(ctx, ""); !errors.Is(err, aggregate.ErrInvalidID) {
+			t.Fatalf("Load(\"\"): %v", err)
+		}
+		if _, err := r.New(""); !errors.Is(err, aggregate.ErrInvalidID) {
+			t.Fatalf("New(\"\"): %v", err)
+		}
+		if _, err := r.Update(ctx, "", func(*Account) error { return nil }); !errors.Is(err, aggregate.ErrInvalidID) {
+			t.Fatalf("Update(\"\"): %v", err)
+		}
+		a := newAccount() // never given an ID
+		_ = a.Open("ada")
+		if err := r.Save(ctx, a); !errors.Is(err, aggregate.ErrInvalidID) {
+			t.Fatalf("Save without ID: %v", err)
+		}
+		if head, _ := b.store.Head(ctx); head != 0 {
+			t.Fatalf("bad input wrote %d events", head)
+		}
+		bad := repo(t, b, &aggregate.Config{StreamID: func(string, string) string { return "" }})
+		if _, err := bad.Load(ctx, "1"); !errors.Is(err, aggregate.ErrInvalidID) {
+			t.Fatalf("empty stream name: %v", err)
+		}
+	})
+
+	t.Run("UnhandledEventType", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := repo(t, b, nil)
+		if _, err := r.Create(ctx, "1", func(a *Account) error { return a.Open("ada") }); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.store.Append(ctx, "account-1", eventstore.Any, eventstore.NewEvent(Frozen{})); err != nil {
+			t.Fatal(err)
+		}
+		_, err := r.Load(ctx, "1")
+		if !errors.Is(err, aggregate.ErrUnhandledEvent) {
+			t.Fatalf("Load: %v, want ErrUnhandledEvent", err)
+		}
+		for _, want := range []string{`"account.frozen"`, "aggregate_test.Frozen", "aggregate account", "version 2"} {
+			if !strings.Contains(err.Error(), strings.Trim(want, `"`)) {
+				t.Errorf("error %q does not name %s", err, want)
+			}
+		}
+		// A type the registry does not know is named too.
+		if _, err := b.store.Append(ctx, "account-9", eventstore.Any, eventstore.EventData{Type: "account.mystery", Data: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = r.Load(ctx, "9")
+		if !errors.Is(err, eventstore.ErrUnknownEventType) || !strings.Contains(err.Error(), "account.mystery") {
+			t.Fatalf("Load of an unregistered type: %v", err)
+		}
+		// Recording an unhandled event fails at once and queues nothing.
+		a, _ := r.Load(ctx, "1")
+		if a != nil {
+			t.Fatal("load should have failed")
+		}
+		fresh, _ := r.New("2")
+		if err := aggregate.Record(fresh, Frozen{}); !errors.Is(err, aggregate.ErrUnhandledEvent) || len(fresh.Uncommitted()) != 0 {
+			t.Fatalf("Record of an unhandled event: %v, %d uncommitted", err, len(fresh.Uncommitted()))
+		}
+	})
+
+	t.Run("UpdateRetryBudgetSpent", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := repo(t, b, &aggregate.Config{UpdateRetries: 2})
+		if _, err := r.Create(ctx, "1", func(a *Account) error { return a.Open("ada") }); err != nil {
+			t.Fatal(err)
+		}
+		// The command races a writer that always wins: every attempt conflicts.
+		attempts := 0
+		_, err := r.Update(ctx, "1", func(a *Account) error {
+			attempts++
+			if _, err := b.store.Append(ctx, "account-1", eventstore.Any, eventstore.NewEvent(Deposited{Amount: 1})); err != nil {
+				return err
+			}
+			return a.Deposit(1000)
+		})
+		if !errors.Is(err, aggregate.ErrConflict) || !errors.Is(err, eventstore.ErrWrongExpectedVersion) {
+			t.Fatalf("Update: %v, want ErrConflict", err)
+		}
+		if attempts != 3 || !strings.Contains(err.Error(), "3 attempt") {
+			t.Fatalf("%d attempts (%v), want 3", attempts, err)
+		}
+		a, _ := r.Load(ctx, "1")
+		if a.Balance != 3 {
+			t.Fatalf("balance %d: a conflicting update was saved", a.Balance)
+		}
+		// A command's own error is returned as is and saves nothing.
+		if _, err := r.Update(ctx, "1", func(a *Account) error { return a.Withdraw(1 << 20) }); !errors.Is(err, errInsufficient) {
+			t.Fatalf("Update with a failing command: %v", err)
+		}
+	})
+
+	t.Run("BadConfig", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		for name, cfg := range map[string]*aggregate.Config{
+			"retries":   {UpdateRetries: -2},
+			"snapshots": {Snapshots: &aggregate.SnapshotConfig{Every: 0}},
+		} {
+			if _, err := aggregate.NewRepository(b.store, "account", newAccount, cfg); err == nil {
+				t.Errorf("%s: no error", name)
+			}
+		}
+		if _, err := aggregate.NewRepository(b.store, "", newAccount, nil); err == nil {
+			t.Error("empty type: no error")
+		}
+		if _, err := aggregate.NewRepository(b.store, "account", func() *Account { return nil }, nil); err == nil {
+			t.Error("nil constructor result: no error")
+		}
+	})
+}

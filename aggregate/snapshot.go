@@ -1,0 +1,80 @@
+package aggregate
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+)
+
+// Snapshotter is implemented by aggregates that encode their own snapshot
+// state. Without it a snapshot is the aggregate encoded with encoding/json
+// (its exported fields; Base is left out).
+type Snapshotter interface {
+	// MarshalSnapshot returns the aggregate's state.
+	MarshalSnapshot() ([]byte, error)
+	// UnmarshalSnapshot restores state written by MarshalSnapshot into a
+	// new, empty aggregate.
+	UnmarshalSnapshot(data []byte) error
+}
+
+// loadSnapshot returns the aggregate restored from its newest snapshot of
+// the configured schema version, with its ID and version set, or false when
+// there is none or it is unusable (logged: the load replays the stream).
+func (r *Repository[A]) loadSnapshot(ctx context.Context, id, stream string) (A, bool) {
+	var zero A
+	s := r.cfg.Snapshots
+	if s == nil {
+		return zero, false
+	}
+	var version int64
+	var state []byte
+	err := r.store.Pool().QueryRow(ctx, r.q["LoadSnapshot"], r.typ, stream, s.SchemaVersion).Scan(&version, &state)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return zero, false
+	}
+	if err == nil {
+		a := r.newAgg()
+		if sn, ok := any(a).(Snapshotter); ok {
+			err = sn.UnmarshalSnapshot(state)
+		} else {
+			err = json.Unmarshal(state, a)
+		}
+		if err == nil {
+			a.root().id = id
+			a.root().version = version
+			return a, true
+		}
+	}
+	if ctx.Err() == nil {
+		r.cfg.Logger.WarnContext(ctx, "annals: snapshot unusable; replaying the stream",
+			slog.String("aggregate", r.typ), slog.String("stream", stream), slog.Any("error", err))
+	}
+	return zero, false
+}
+
+// saveSnapshot writes a's state as the stream's snapshot. It runs after the
+// save's append has committed, as a statement of its own: it never holds
+// the log's ordering lock, and its failure only costs later loads time.
+func (r *Repository[A]) saveSnapshot(ctx context.Context, a A, stream string) {
+	b := a.root()
+	var state []byte
+	var err error
+	if sn, ok := any(a).(Snapshotter); ok {
+		state, err = sn.MarshalSnapshot()
+	} else {
+		state, err = json.Marshal(a)
+	}
+	if err == nil && !json.Valid(state) {
+		err = errors.New("the snapshot state is not valid JSON")
+	}
+	if err == nil {
+		_, err = r.store.Pool().Exec(ctx, r.q["SaveSnapshot"], r.typ, stream, r.cfg.Snapshots.SchemaVersion, b.version, json.RawMessage(state))
+	}
+	if err != nil {
+		r.cfg.Logger.WarnContext(ctx, "annals: writing a snapshot failed; the save stands",
+			slog.String("aggregate", r.typ), slog.String("stream", stream), slog.Int64("version", b.version), slog.Any("error", err))
+	}
+}
