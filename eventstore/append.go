@@ -252,7 +252,10 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 			return appendArgs{}, errors.Wrapf(err, "event %d (%s)", i+1, name)
 		}
 		var meta []byte
-		md := withTraceContext(tc, e.Metadata)
+		md, err := s.registry.stamp(name, withTraceContext(tc, e.Metadata))
+		if err != nil {
+			return appendArgs{}, invalidf("event %d (%s): %v", i+1, name, err)
+		}
 		if !md.IsZero() {
 			if meta, err = json.Marshal(md); err != nil {
 				return appendArgs{}, invalidf("event %d (%s): metadata: %v", i+1, name, err)

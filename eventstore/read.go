@@ -9,7 +9,10 @@ import (
 )
 
 // ReadAll yields every event with a position of at least from, in position
-// (commit) order, fetching a page at a time. Positions may have holes (left
+// (commit) order, fetching a page at a time. Events of types with
+// upcasters are yielded upcast to the current schema version (see
+// Registry.RegisterUpcaster); an upcast failure ends the iteration with an
+// error matching ErrUpcast. Positions may have holes (left
 // by rolled-back appends) but never appear out of order: a reader that has
 // seen position N has seen every committed event below N.
 //
@@ -25,6 +28,11 @@ func (s *Store) ReadAll(ctx context.Context, from int64) iter.Seq2[Event, error]
 				return
 			}
 			for _, e := range page {
+				e, err := s.registry.Upcast(e)
+				if err != nil {
+					yield(Event{}, err)
+					return
+				}
 				if !yield(e, nil) {
 					return
 				}
@@ -38,8 +46,8 @@ func (s *Store) ReadAll(ctx context.Context, from int64) iter.Seq2[Event, error]
 }
 
 // ReadStream yields the events of streamID with a version of at least
-// fromVersion (versions start at 1), in version order. A stream with no
-// events yields ErrStreamNotFound.
+// fromVersion (versions start at 1), in version order, upcast as ReadAll
+// does. A stream with no events yields ErrStreamNotFound.
 func (s *Store) ReadStream(ctx context.Context, streamID string, fromVersion int64) iter.Seq2[Event, error] {
 	return func(yield func(Event, error) bool) {
 		if streamID == "" {
@@ -62,6 +70,11 @@ func (s *Store) ReadStream(ctx context.Context, streamID string, fromVersion int
 			}
 			first = false
 			for _, e := range page {
+				e, err := s.registry.Upcast(e)
+				if err != nil {
+					yield(Event{}, err)
+					return
+				}
 				if !yield(e, nil) {
 					return
 				}

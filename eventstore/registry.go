@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"reflect"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cockroachdb/errors"
 )
@@ -15,6 +16,9 @@ type Registry struct {
 	mu     sync.RWMutex
 	byName map[string]reflect.Type
 	byType map[reflect.Type]string
+	// upcasters maps an event type to its chain (index i: version i+1 to
+	// i+2); replaced whole on registration, so reads need no lock.
+	upcasters atomic.Pointer[map[string][]Upcaster]
 }
 
 // NewRegistry returns an empty registry.
@@ -77,10 +81,15 @@ func (r *Registry) Types() []string {
 	return out
 }
 
-// Decode decodes e's data into a new value of the Go type registered for
-// e.Type and returns it (a T, not a *T). An unregistered type returns
-// ErrUnknownEventType.
+// Decode decodes e's data, upcast to the current schema version (see
+// RegisterUpcaster), into a new value of the Go type registered for e.Type
+// and returns it (a T, not a *T). An unregistered type returns
+// ErrUnknownEventType; a failed upcast ErrUpcast.
 func (r *Registry) Decode(e Event) (any, error) {
+	e, err := r.Upcast(e)
+	if err != nil {
+		return nil, err
+	}
 	r.mu.RLock()
 	t, ok := r.byName[e.Type]
 	r.mu.RUnlock()
@@ -102,8 +111,10 @@ type Envelope[T any] struct {
 	Data T
 }
 
-// Decode decodes e into an Envelope[T]. It fails with ErrUnknownEventType
-// when e.Type is not the name registered for T.
+// Decode decodes e into an Envelope[T], upcasting its data to the current
+// schema version first (the envelope's Event is the upcast event). It fails
+// with ErrUnknownEventType when e.Type is not the name registered for T,
+// and with ErrUpcast when the upcast fails.
 func Decode[T any](r *Registry, e Event) (Envelope[T], error) {
 	var env Envelope[T]
 	t := reflect.TypeFor[T]()
@@ -115,6 +126,10 @@ func Decode[T any](r *Registry, e Event) (Envelope[T], error) {
 	}
 	if name != e.Type {
 		return env, errors.Wrapf(ErrUnknownEventType, "event %d has type %q, not %q (%s)", e.GlobalSequence, e.Type, name, t)
+	}
+	e, err := r.Upcast(e)
+	if err != nil {
+		return env, err
 	}
 	if err := json.Unmarshal(e.Data, &env.Data); err != nil {
 		return env, errors.Wrapf(err, "decode event %d of type %q into %s", e.GlobalSequence, e.Type, t)
