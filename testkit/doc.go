@@ -1,0 +1,64 @@
+// Package testkit is the test kit for applications built on annals: it
+// tests the three kinds of code a service writes — aggregates, projections
+// and sagas — from the events they take and produce, against a real
+// PostgreSQL where a database is involved.
+//
+// # Aggregates: Given, When, Then
+//
+// Aggregate rules are tested without a database: given the events already
+// in the aggregate's stream, when a command runs, then these events are
+// produced (or this error is returned). See aggregate.go in this package
+// (testkit.Given …).
+//
+// # Projections and observers: ReplayProjection
+//
+// [ReplayProjection] replays events through a projection (or an observer,
+// or anything projection.Runner.Register accepts) into a fresh migrated
+// database and returns it, with the read model built, for the test to
+// query:
+//
+//	func TestBalances(t *testing.T) {
+//		t.Parallel()
+//		r := testkit.ReplayProjection(t, bank.Balances(reg), &testkit.ReplayOptions{Registry: reg},
+//			testkit.Stream("account-1", Opened{Owner: "Ann"}, Deposited{Amount: 100}),
+//			testkit.Stream("account-2", Opened{Owner: "Bob"}),
+//		)
+//		var amount int
+//		if err := r.Pool.QueryRow(t.Context(), `SELECT amount FROM balances WHERE id = 'account-1'`).Scan(&amount); err != nil {
+//			t.Fatal(err)
+//		}
+//		…
+//	}
+//
+// The replay is the production path, not a simulation of it: the events go
+// through eventstore (so they are encoded, validated and numbered as in
+// production) and the handler runs under projection.Runner.RunUntilCaughtUp,
+// in the runner's transactions, with its checkpoints. The read model's
+// tables come from ReplayOptions.Setup and from the projection's own Reset
+// (projection.Resetter), which runs first, as a rebuild would run it: a
+// projection whose Reset is "CREATE TABLE IF NOT EXISTS …; TRUNCATE …"
+// needs no set-up in its tests. [Replay.Append] appends more events and
+// continues from the checkpoint, for tests of incremental updates.
+//
+// The first handler error or panic fails the test at once, quoting the
+// error and the event (no retries: the kit registers the handler with
+// projection.Stop and no retry policy unless ReplayOptions.Options says
+// otherwise). Bad events (an unregistered type, an empty stream ID) fail it
+// before a database is made.
+//
+// Each replay gets its own database, cloned from a template, so tests may
+// run in parallel (t.Parallel) and never see each other's events. A replay
+// of 100 events into a fresh database takes about 0.15–0.3 s on a busy
+// 2-core machine, two thirds of it the CREATE DATABASE of the fresh
+// database (see BenchmarkReplayProjection100). The server is annalstest's: set
+// ANNALS_TEST_DATABASE_URL to an admin URL, or let annalstest start a
+// throwaway cluster from the local PostgreSQL binaries; call
+// annalstest.Main from TestMain so that cluster is stopped at the end:
+//
+//	func TestMain(m *testing.M) { annalstest.Main(m) }
+//
+// # Sagas: ReplaySaga
+//
+// ReplaySaga replays events through a saga and returns its state and the
+// effects (commands, timeouts) it produced. See saga.go in this package.
+package testkit
