@@ -1,0 +1,506 @@
+package scheduler
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/robfig/cron/v3"
+
+	"github.com/annals-dev/annals/eventstore"
+)
+
+// MissedPolicy says what a cron task does about ticks that no dispatcher
+// fired in time (every instance was down or paused longer than
+// Config.MissedGrace).
+type MissedPolicy int
+
+const (
+	// FireLatest fires once, for the latest missed tick, and goes on from
+	// there. The default.
+	FireLatest MissedPolicy = iota
+	// SkipMissed fires none of the missed ticks and waits for the next one.
+	SkipMissed
+)
+
+// String returns the policy's name as stored: "fire_latest" or "skip_missed".
+func (p MissedPolicy) String() string {
+	switch p {
+	case FireLatest:
+		return "fire_latest"
+	case SkipMissed:
+		return "skip_missed"
+	}
+	return "invalid"
+}
+
+func parsePolicy(s string) (MissedPolicy, error) {
+	switch s {
+	case "fire_latest":
+		return FireLatest, nil
+	case "skip_missed":
+		return SkipMissed, nil
+	}
+	return 0, errors.Newf("scheduler: unknown missed-tick policy %q", s)
+}
+
+// TickEventType is the type of the event a task appends when its Task.Event
+// is nil. Its data is a TickData object: {"task": NAME, "tick": RFC 3339 UTC}.
+const TickEventType = "annals.cron.tick"
+
+// TickData is the data of a TickEventType event.
+type TickData struct {
+	// Task is the task's name.
+	Task string `json:"task"`
+	// Tick is the scheduled time of the tick (not when it fired), in UTC.
+	Tick time.Time `json:"tick"`
+}
+
+// tickNamespace is the UUIDv5 namespace of tick event IDs.
+var tickNamespace = uuid.MustParse("6f1d4c3e-5a0b-4f6e-9c1a-2b7d8e9f0a11")
+
+// TickEventID is the event ID a tick's event gets (unless Task.Event sets
+// one): a UUIDv5 of the task name and the tick's instant, so a tick appended
+// twice would be one event.
+func TickEventID(task string, tick time.Time) uuid.UUID {
+	return uuid.NewSHA1(tickNamespace, []byte(task+"\x00"+tick.UTC().Format(time.RFC3339Nano)))
+}
+
+// Task is a recurring append: at each tick of Spec (read in TimeZone), an
+// event is appended to StreamID.
+type Task struct {
+	// Name identifies the task cluster-wide. Required.
+	Name string
+	// Spec is a cron expression: five fields (minute hour day-of-month month
+	// day-of-week), or six with a leading seconds field, or a descriptor
+	// (@yearly, @monthly, @weekly, @daily, @hourly, @every 1m30s). A
+	// "CRON_TZ=Zone " prefix sets the zone (then TimeZone must be empty or
+	// the same). Required.
+	Spec string
+	// TimeZone is the IANA zone the spec is read in, e.g. "Europe/Berlin".
+	// Defaults to "UTC". "Local" is refused: every process must agree.
+	TimeZone string
+	// StreamID is the stream the tick events go to. Required.
+	StreamID string
+	// Event returns the event to append for a tick (the tick's scheduled
+	// time, in TimeZone). Its ID defaults to TickEventID(Name, tick). An
+	// error skips this attempt; it is retried after Config.RetryBackoff.
+	// Defaults to a TickEventType event with TickData.
+	Event func(tick time.Time) (eventstore.EventData, error)
+	// Missed is the missed-tick policy. Defaults to FireLatest.
+	Missed MissedPolicy
+}
+
+// TaskInfo describes a stored cron task.
+type TaskInfo struct {
+	// Name, Spec, TimeZone, StreamID and Missed are the task's definition.
+	Name, Spec, TimeZone, StreamID string
+	Missed                         MissedPolicy
+	// Paused tasks fire nothing; ticks that fall while paused never fire.
+	Paused bool
+	// NextTick is the first tick after the last fired one (or after the
+	// definition took effect). When it is in the past the task is overdue:
+	// no running process has its Event registered, or it is being fired.
+	// Zero for a paused task or a spec that parses no more.
+	NextTick time.Time
+	// LastTick is the last tick fired (or skipped as missed); nil if none.
+	LastTick *time.Time
+	// ActiveSince is when the current definition took effect (or the task
+	// resumed); no earlier tick fires.
+	ActiveSince time.Time
+	// CreatedAt and UpdatedAt are the row's times (database clock).
+	CreatedAt, UpdatedAt time.Time
+	// Registered reports whether this process has the task's Event
+	// factory, i.e. whether its dispatcher fires the task.
+	Registered bool
+}
+
+var parser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// parseSpec parses spec in zone ("" means UTC) and returns the schedule and
+// the zone name to store.
+func parseSpec(spec, zone string) (cron.Schedule, string, error) {
+	spec = strings.TrimSpace(spec)
+	if spec == "" {
+		return nil, "", errors.Wrap(ErrInvalidTask, "empty cron expression")
+	}
+	if strings.HasPrefix(spec, "TZ=") || strings.HasPrefix(spec, "CRON_TZ=") {
+		eq := strings.IndexByte(spec, '=')
+		end := strings.IndexAny(spec, " \t")
+		if end < 0 {
+			return nil, "", errors.Wrapf(ErrInvalidTask, "cron expression %q has a zone but no schedule", spec)
+		}
+		prefixZone := spec[eq+1 : end]
+		if zone != "" && zone != prefixZone {
+			return nil, "", errors.Wrapf(ErrInvalidTask, "cron expression %q names zone %q but TimeZone is %q", spec, prefixZone, zone)
+		}
+		zone = prefixZone
+	}
+	if zone == "" {
+		zone = "UTC"
+	}
+	if zone == "Local" {
+		return nil, "", errors.Wrap(ErrInvalidTask, `time zone "Local" differs between machines; name an IANA zone such as "Europe/Berlin" or "UTC"`)
+	}
+	loc, err := time.LoadLocation(zone)
+	if err != nil {
+		return nil, "", errors.Wrapf(ErrInvalidTask, "unknown time zone %q: %v", zone, err)
+	}
+	sched, err := parser.Parse(spec)
+	if err != nil {
+		return nil, "", errors.Wrapf(ErrInvalidTask, "cron expression %q: %v", spec, err)
+	}
+	if ss, ok := sched.(*cron.SpecSchedule); ok && ss.Location == time.Local {
+		ss.Location = loc
+	}
+	return sched, zone, nil
+}
+
+// firstAfter returns the first tick of sched after t (zero: none within
+// five years).
+func firstAfter(sched cron.Schedule, t time.Time) time.Time { return sched.Next(t) }
+
+// latestDue returns the latest tick of sched in (after, now]. For @every
+// schedules the ticks are after + k·delay.
+func latestDue(sched cron.Schedule, after, now time.Time) (time.Time, bool) {
+	first := sched.Next(after)
+	if first.IsZero() || first.After(now) {
+		return time.Time{}, false
+	}
+	if cd, ok := sched.(cron.ConstantDelaySchedule); ok {
+		k := now.Sub(first) / cd.Delay
+		return first.Add(k * cd.Delay), true
+	}
+	// Start from the smallest recent window that holds a tick, so a task
+	// that was down for a year does not walk every tick of that year.
+	start := after
+	for _, w := range []time.Duration{time.Minute, time.Hour, 24 * time.Hour, 32 * 24 * time.Hour, 367 * 24 * time.Hour} {
+		s := now.Add(-w)
+		if !s.After(after) {
+			break
+		}
+		if t := sched.Next(s); !t.IsZero() && !t.After(now) {
+			start = s
+			break
+		}
+	}
+	t := sched.Next(start)
+	for range 10_000_000 {
+		n := sched.Next(t)
+		if n.IsZero() || n.After(now) {
+			break
+		}
+		t = n
+	}
+	return t, true
+}
+
+// nextAfter returns the first tick of sched after now, on the grid that
+// starts after `after` (which matters for @every).
+func nextAfter(sched cron.Schedule, after, now time.Time) time.Time {
+	if cd, ok := sched.(cron.ConstantDelaySchedule); ok {
+		first := sched.Next(after)
+		if first.After(now) {
+			return first
+		}
+		return first.Add((now.Sub(first)/cd.Delay + 1) * cd.Delay)
+	}
+	if after.After(now) {
+		return sched.Next(after)
+	}
+	return sched.Next(now)
+}
+
+// AddTask stores (or updates) the task's definition in cron_tasks and
+// registers its Event factory in this process: a process's dispatcher fires
+// only the tasks registered in it. Adding the same definition again (as
+// every process does at start) changes nothing stored; a changed definition
+// takes effect now (by the Clock), and no tick from before it fires. A new
+// task never fires ticks from before its creation. A paused task stays
+// paused.
+func (s *Scheduler) AddTask(ctx context.Context, t Task) error {
+	if t.Name == "" {
+		return errors.Wrap(ErrInvalidTask, "task name is empty")
+	}
+	if t.StreamID == "" {
+		return errors.Wrapf(ErrInvalidTask, "task %q has an empty stream ID", t.Name)
+	}
+	if t.Missed != FireLatest && t.Missed != SkipMissed {
+		return errors.Wrapf(ErrInvalidTask, "task %q has an unknown missed-tick policy %d", t.Name, int(t.Missed))
+	}
+	sched, zone, err := parseSpec(t.Spec, t.TimeZone)
+	if err != nil {
+		return errors.Wrapf(err, "task %q", t.Name)
+	}
+	now := s.cfg.Clock.Now()
+	if sched.Next(now).IsZero() {
+		return errors.Wrapf(ErrInvalidTask, "task %q: cron expression %q never fires", t.Name, t.Spec)
+	}
+	factory := t.Event
+	if factory == nil {
+		name := t.Name
+		factory = func(tick time.Time) (eventstore.EventData, error) {
+			return eventstore.EventData{Type: TickEventType, Data: TickData{Task: name, Tick: tick.UTC()}}, nil
+		}
+	}
+	if _, err := s.pool.Exec(ctx, s.q.upsertTask, t.Name, strings.TrimSpace(t.Spec), zone, t.StreamID, t.Missed.String(), now); err != nil {
+		return errors.Wrapf(err, "scheduler: store task %q", t.Name)
+	}
+	s.mu.Lock()
+	s.factories[t.Name] = factory
+	delete(s.retryAt, t.Name)
+	s.mu.Unlock()
+	s.signal()
+	return nil
+}
+
+// PauseTask pauses the task cluster-wide: it fires nothing until
+// ResumeTask. Pausing a paused task changes nothing.
+func (s *Scheduler) PauseTask(ctx context.Context, name string) error {
+	return s.taskCommand(ctx, "pause", s.q.pauseTask, name)
+}
+
+// ResumeTask resumes a paused task. Ticks that fell while it was paused
+// never fire; the next one after now (by the Clock) does. Resuming a task
+// that is not paused changes nothing.
+func (s *Scheduler) ResumeTask(ctx context.Context, name string) error {
+	return s.taskCommand(ctx, "resume", s.q.resumeTask, name, s.cfg.Clock.Now())
+}
+
+// DeleteTask deletes the task and its tick history cluster-wide and
+// unregisters it in this process (other processes keep their factory but
+// fire nothing for a task that is not stored).
+func (s *Scheduler) DeleteTask(ctx context.Context, name string) error {
+	if name == "" {
+		return errors.Wrap(ErrInvalidTask, "task name is empty")
+	}
+	var n int
+	if err := s.pool.QueryRow(ctx, s.q.deleteTask, name).Scan(&n); err != nil {
+		return errors.Wrapf(err, "scheduler: delete task %q", name)
+	}
+	s.mu.Lock()
+	delete(s.factories, name)
+	delete(s.retryAt, name)
+	s.mu.Unlock()
+	if n == 0 {
+		return errors.Wrapf(ErrUnknownTask, "no cron task %q", name)
+	}
+	return nil
+}
+
+func (s *Scheduler) taskCommand(ctx context.Context, verb, sql, name string, args ...any) error {
+	if name == "" {
+		return errors.Wrap(ErrInvalidTask, "task name is empty")
+	}
+	var got string
+	err := s.pool.QueryRow(ctx, sql, append([]any{name}, args...)...).Scan(&got)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return errors.Wrapf(ErrUnknownTask, "no cron task %q", name)
+	}
+	if err != nil {
+		return errors.Wrapf(err, "scheduler: %s task %q", verb, name)
+	}
+	s.signal()
+	return nil
+}
+
+// taskRow is a cron_tasks row.
+type taskRow struct {
+	name, spec, zone, stream, missed string
+	paused                           bool
+	activeSince                      time.Time
+	lastTick                         *time.Time
+	createdAt, updatedAt             time.Time
+}
+
+func (r *taskRow) scanArgs() []any {
+	return []any{&r.name, &r.spec, &r.zone, &r.stream, &r.missed, &r.paused, &r.activeSince, &r.lastTick, &r.createdAt, &r.updatedAt}
+}
+
+// anchor is the instant after which the task's ticks are due.
+func (r *taskRow) anchor() time.Time {
+	if r.lastTick != nil && r.lastTick.After(r.activeSince) {
+		return *r.lastTick
+	}
+	return r.activeSince
+}
+
+func (s *Scheduler) listTasks(ctx context.Context) ([]taskRow, error) {
+	rows, err := s.pool.Query(ctx, s.q.listTasks)
+	if err != nil {
+		return nil, errors.Wrap(err, "scheduler: list tasks")
+	}
+	var out []taskRow
+	var r taskRow
+	_, err = pgx.ForEachRow(rows, r.scanArgs(), func() error {
+		out = append(out, r)
+		return nil
+	})
+	return out, errors.Wrap(err, "scheduler: list tasks")
+}
+
+// Tasks lists every stored cron task, by name.
+func (s *Scheduler) Tasks(ctx context.Context) ([]TaskInfo, error) {
+	rows, err := s.listTasks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]TaskInfo, 0, len(rows))
+	for _, r := range rows {
+		p, _ := parsePolicy(r.missed)
+		info := TaskInfo{Name: r.name, Spec: r.spec, TimeZone: r.zone, StreamID: r.stream, Missed: p, Paused: r.paused,
+			LastTick: r.lastTick, ActiveSince: r.activeSince, CreatedAt: r.createdAt, UpdatedAt: r.updatedAt}
+		_, info.Registered = s.factories[r.name]
+		if sched, _, err := parseSpec(r.spec, r.zone); err == nil && !r.paused {
+			info.NextTick = firstAfter(sched, r.anchor())
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+// fireTasks fires the due tick of every task registered in this process.
+// It returns the ticks fired, the earliest time a task needs a look again
+// (zero: none), and whether a due task was held by another dispatcher.
+func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, next time.Time, contended bool, err error) {
+	s.mu.Lock()
+	registered := len(s.factories)
+	s.mu.Unlock()
+	if registered == 0 {
+		return 0, time.Time{}, false, nil
+	}
+	rows, err := s.listTasks(ctx)
+	if err != nil {
+		return 0, time.Time{}, false, err
+	}
+	earliest := func(t time.Time) {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	for _, r := range rows {
+		s.mu.Lock()
+		factory, ok := s.factories[r.name]
+		retryAt := s.retryAt[r.name]
+		s.mu.Unlock()
+		if !ok || r.paused {
+			continue
+		}
+		sched, _, perr := parseSpec(r.spec, r.zone)
+		if perr != nil {
+			s.cfg.Logger.ErrorContext(ctx, "annals: stored cron task does not parse; not firing it", "task", r.name, "error", perr)
+			continue
+		}
+		if now.Before(retryAt) {
+			earliest(retryAt)
+			continue
+		}
+		if _, due := latestDue(sched, r.anchor(), now); due {
+			ok, held, ferr := s.fireTask(ctx, r.name, factory, now)
+			if ferr != nil {
+				if ctx.Err() != nil {
+					return fired, next, contended, ferr
+				}
+				s.cfg.Logger.ErrorContext(ctx, "annals: cron tick failed; retrying later",
+					"task", r.name, "retry_in", s.cfg.RetryBackoff, "error", ferr)
+				s.mu.Lock()
+				s.retryAt[r.name] = now.Add(s.cfg.RetryBackoff)
+				s.mu.Unlock()
+				earliest(now.Add(s.cfg.RetryBackoff))
+				continue
+			}
+			if ok {
+				fired++
+			}
+			if held {
+				contended = true
+				continue
+			}
+			// Fired or skipped: the task's anchor is now its latest due tick.
+			earliest(nextAfter(sched, r.anchor(), now))
+			continue
+		}
+		earliest(nextAfter(sched, r.anchor(), now))
+	}
+	return fired, next, contended, nil
+}
+
+// fireTask fires (or, under SkipMissed, skips) the latest due tick of the
+// task in one transaction: lock the task row (skipping it if another
+// dispatcher holds it), re-read it, record the tick (unique per task and
+// tick) and advance last_tick, append the tick's event last, commit.
+func (s *Scheduler) fireTask(ctx context.Context, name string, factory func(time.Time) (eventstore.EventData, error), now time.Time) (fired, held bool, err error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return false, false, errors.Wrap(err, "scheduler: begin tick")
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var r taskRow
+	if err := tx.QueryRow(ctx, s.q.lockTask, name).Scan(r.scanArgs()...); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, true, nil // held by another dispatcher (or deleted)
+		}
+		return false, false, errors.Wrapf(err, "scheduler: lock task %q", name)
+	}
+	if r.paused {
+		return false, false, nil
+	}
+	sched, zone, err := parseSpec(r.spec, r.zone)
+	if err != nil {
+		return false, false, err
+	}
+	tick, due := latestDue(sched, r.anchor(), now)
+	if !due {
+		return false, false, nil // another dispatcher fired it meanwhile
+	}
+	if loc, lerr := time.LoadLocation(zone); lerr == nil {
+		tick = tick.In(loc)
+	}
+	policy, err := parsePolicy(r.missed)
+	if err != nil {
+		return false, false, err
+	}
+	if late := now.Sub(tick); late > s.cfg.MissedGrace {
+		if policy == SkipMissed {
+			if _, err := tx.Exec(ctx, s.q.skipTick, name, tick); err != nil {
+				return false, false, errors.Wrapf(err, "scheduler: skip missed tick of %q", name)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				return false, false, errors.Wrapf(err, "scheduler: skip missed tick of %q", name)
+			}
+			s.cfg.Logger.InfoContext(ctx, "annals: cron task missed its ticks; skipping them (SkipMissed)",
+				"task", name, "latest_missed", tick, "late", late)
+			return false, false, nil
+		}
+		s.cfg.Logger.InfoContext(ctx, "annals: cron task missed its ticks; firing the latest (FireLatest)",
+			"task", name, "tick", tick, "late", late)
+	}
+	ev, err := factory(tick)
+	if err != nil {
+		return false, false, errors.Wrapf(err, "scheduler: event of task %q for tick %s", name, tick)
+	}
+	if ev.ID == uuid.Nil {
+		ev.ID = TickEventID(name, tick)
+	}
+	var inserted int
+	if err := tx.QueryRow(ctx, s.q.recordTick, name, tick, ev.ID).Scan(&inserted); err != nil {
+		return false, false, errors.Wrapf(err, "scheduler: record tick of %q", name)
+	}
+	if inserted == 1 {
+		if _, err := s.store.AppendTx(ctx, tx, r.stream, eventstore.Any, ev); err != nil {
+			return false, false, errors.Wrapf(err, "scheduler: append tick of %q", name)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, false, errors.Wrapf(err, "scheduler: commit tick of %q", name)
+	}
+	if inserted == 1 {
+		s.ticksFired.Add(1)
+	}
+	return inserted == 1, false, nil
+}

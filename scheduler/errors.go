@@ -1,0 +1,22 @@
+package scheduler
+
+import "github.com/cockroachdb/errors"
+
+var (
+	// ErrInvalidTimer is matched by every rejection of a timer's input (a
+	// zero due time, an empty owner for CancelOwned). An append that
+	// eventstore.Encode rejects (empty stream ID, no events, bad JSON, unknown
+	// type) matches both ErrInvalidTimer and eventstore.ErrInvalidEvent (or
+	// eventstore.ErrUnknownEventType). Nothing is stored.
+	ErrInvalidTimer = errors.New("invalid timer")
+
+	// ErrInvalidTask is matched by every rejection of a cron task definition:
+	// an empty name or stream ID, a cron expression that does not parse or
+	// never fires, an unknown time zone, an unknown missed-tick policy.
+	// Nothing is stored.
+	ErrInvalidTask = errors.New("invalid cron task")
+
+	// ErrUnknownTask is returned by PauseTask, ResumeTask and DeleteTask for
+	// a name that has no task.
+	ErrUnknownTask = errors.New("unknown cron task")
+)

@@ -1,0 +1,143 @@
+-- Statements of the scheduler package, rendered with the schema as
+-- {{.Schema}}. Times compared with due_at and ticks are always parameters
+-- taken from the scheduler's Clock, never the database's now().
+
+-- name: InsertTimer
+-- One statement: the insert and the wake-up NOTIFY ($7 is the channel), which
+-- PostgreSQL sends when the surrounding transaction commits.
+WITH ins AS (
+    INSERT INTO {{.Schema}}.timers (id, due_at, stream_id, payload, owner)
+    VALUES ($1, $2, $3, $4, $5)
+    RETURNING id
+)
+SELECT pg_notify($6, $7) FROM ins;
+
+-- name: ClaimDue
+-- Claims and deletes up to $2 due timers in one statement. Rows another
+-- dispatcher holds are skipped, not waited for; the deletes only become
+-- visible if the claiming transaction (which also appends) commits.
+DELETE FROM {{.Schema}}.timers t
+ WHERE t.id IN (SELECT id FROM {{.Schema}}.timers
+                 WHERE failed_at IS NULL AND due_at <= $1
+                 ORDER BY due_at, id
+                 LIMIT $2
+                   FOR UPDATE SKIP LOCKED)
+RETURNING t.id, t.payload, t.attempts;
+
+-- name: LockTimers
+-- The slow path after a failed batch: lock the given timers (those still
+-- due and not claimed by anyone else) to fire them one by one.
+SELECT id, payload, attempts
+  FROM {{.Schema}}.timers
+ WHERE id = ANY($1) AND failed_at IS NULL AND due_at <= $2
+ ORDER BY due_at, id
+   FOR UPDATE SKIP LOCKED;
+
+-- name: DeleteTimer
+DELETE FROM {{.Schema}}.timers WHERE id = $1;
+
+-- name: FailTimer
+-- Records a failed attempt: $3 the new due time (retry) or $4 the time it
+-- failed for good (attempts spent), the other NULL.
+UPDATE {{.Schema}}.timers
+   SET attempts = attempts + 1,
+       last_error = $2,
+       due_at = coalesce($3, due_at),
+       failed_at = $4,
+       updated_at = clock_timestamp()
+ WHERE id = $1;
+
+-- name: CancelTimer
+-- Never waits for a dispatcher that holds the row: a timer being fired now
+-- is skipped (and fires).
+DELETE FROM {{.Schema}}.timers
+ WHERE id IN (SELECT id FROM {{.Schema}}.timers WHERE id = $1 FOR UPDATE SKIP LOCKED);
+
+-- name: CancelOwned
+DELETE FROM {{.Schema}}.timers
+ WHERE id IN (SELECT id FROM {{.Schema}}.timers WHERE owner = $1 FOR UPDATE SKIP LOCKED);
+
+-- name: NextDue
+-- The earliest due time of a timer that may still fire.
+SELECT min(due_at) FROM {{.Schema}}.timers WHERE failed_at IS NULL;
+
+-- name: ListTimers
+-- Failed timers first (they need an operator), then pending ones by due time.
+SELECT id, due_at, stream_id, owner, attempts, coalesce(last_error, ''), failed_at, created_at,
+       coalesce((payload->>'count')::int, 0),
+       coalesce(payload->'events'->0->>'type', '')
+  FROM {{.Schema}}.timers
+ ORDER BY failed_at IS NULL, due_at, id
+ LIMIT $1;
+
+-- name: TimerStats
+SELECT count(*) FILTER (WHERE failed_at IS NULL),
+       count(*) FILTER (WHERE failed_at IS NOT NULL),
+       min(due_at) FILTER (WHERE failed_at IS NULL)
+  FROM {{.Schema}}.timers;
+
+-- name: UpsertTask
+-- A changed definition (spec, zone, stream or policy) becomes active at $6:
+-- no tick from before it fires. Re-adding the same definition changes nothing.
+INSERT INTO {{.Schema}}.cron_tasks AS c (name, spec, time_zone, stream_id, missed, active_since)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (name) DO UPDATE
+   SET spec = excluded.spec, time_zone = excluded.time_zone, stream_id = excluded.stream_id,
+       missed = excluded.missed, active_since = excluded.active_since, updated_at = clock_timestamp()
+ WHERE (c.spec, c.time_zone, c.stream_id, c.missed)
+       IS DISTINCT FROM (excluded.spec, excluded.time_zone, excluded.stream_id, excluded.missed);
+
+-- name: PauseTask
+UPDATE {{.Schema}}.cron_tasks
+   SET paused = true, updated_at = clock_timestamp()
+ WHERE name = $1
+RETURNING name;
+
+-- name: ResumeTask
+-- Ticks that fell while the task was paused never fire: it is active again
+-- from $2. Resuming a running task changes nothing.
+UPDATE {{.Schema}}.cron_tasks
+   SET paused = false,
+       active_since = CASE WHEN paused THEN $2 ELSE active_since END,
+       updated_at = CASE WHEN paused THEN clock_timestamp() ELSE updated_at END
+ WHERE name = $1
+RETURNING name;
+
+-- name: DeleteTask
+WITH d AS (DELETE FROM {{.Schema}}.cron_tasks WHERE name = $1 RETURNING name),
+     t AS (DELETE FROM {{.Schema}}.cron_ticks WHERE task IN (SELECT name FROM d))
+SELECT count(*) FROM d;
+
+-- name: ListTasks
+SELECT name, spec, time_zone, stream_id, missed, paused, active_since, last_tick, created_at, updated_at
+  FROM {{.Schema}}.cron_tasks
+ ORDER BY name;
+
+-- name: LockTask
+-- The task a dispatcher is about to fire, locked until it commits. A task
+-- another dispatcher is firing is skipped, not waited for.
+SELECT name, spec, time_zone, stream_id, missed, paused, active_since, last_tick, created_at, updated_at
+  FROM {{.Schema}}.cron_tasks
+ WHERE name = $1
+   FOR UPDATE SKIP LOCKED;
+
+-- name: RecordTick
+-- In the transaction that appends the tick's event: the unique (task, tick)
+-- row, and the task's last tick. Returns 1 if the tick is new, 0 if it had
+-- been fired already.
+WITH t AS (
+    INSERT INTO {{.Schema}}.cron_ticks (task, tick, event_id)
+    VALUES ($1, $2, $3)
+    ON CONFLICT (task, tick) DO NOTHING
+    RETURNING 1
+), u AS (
+    UPDATE {{.Schema}}.cron_tasks SET last_tick = $2, updated_at = clock_timestamp() WHERE name = $1
+)
+SELECT count(*)::int FROM t;
+
+-- name: SkipTick
+-- A missed tick under SkipMissed: the task moves past it without firing.
+UPDATE {{.Schema}}.cron_tasks SET last_tick = $2, updated_at = clock_timestamp() WHERE name = $1;
+
+-- name: PruneTicks
+DELETE FROM {{.Schema}}.cron_ticks WHERE tick < $1;
