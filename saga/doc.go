@@ -1,0 +1,73 @@
+// Package saga runs process managers (sagas) on the annals log: long-running
+// processes that react to events, keep a typed state per instance and emit
+// effects (events, timers), exactly once.
+//
+//	s := saga.New[OrderState]("order-fulfilment", reg)
+//	saga.On(s, func(e eventstore.Envelope[OrderPlaced]) string { return e.Data.OrderID },
+//		func(ctx context.Context, inst *saga.Instance[OrderState], e eventstore.Envelope[OrderPlaced]) error {
+//			inst.State.Total = e.Data.Total
+//			id, err := inst.ScheduleAfter(ctx, 15*time.Minute, "order-"+inst.ID(), eventstore.NewEvent(PaymentDeadline{OrderID: inst.ID()}))
+//			inst.State.Deadline = id
+//			...
+//			_, err = inst.Append(ctx, "payment-"+inst.ID(), eventstore.NoStream, eventstore.NewEvent(RequestPayment{...}))
+//			return err
+//		})
+//	sched, _ := scheduler.New(store, nil)
+//	_ = saga.Register(runner, s, &saga.Config{Store: store, Scheduler: sched})
+//	_ = runner.Run(ctx)
+//
+// A saga is any Saga[S]: Name, Correlate (which instance an event belongs
+// to, or none) and Handle. New and On assemble one from typed handlers.
+//
+// # How it works
+//
+// Register adds the saga to a projection.Runner as a transactional
+// projection (subscriber name = saga name), so it gets the runner's leader
+// election, fencing, retries and dead letters. For each event, inside the
+// batch transaction the runner opened on the leader's lock connection:
+//
+//  1. Correlate routes the event to an instance ID (or skips it).
+//  2. The instance's row in saga_states (saga, correlation_id) is loaded:
+//     state (JSON), version, completed. A completed instance ignores the
+//     event. No row: a new instance with the zero state.
+//  3. Handle runs. Its effects run in the same transaction: Append
+//     (eventstore.AppendTx), Schedule and Cancel (the scheduler's, with the
+//     transaction).
+//  4. The state is saved: INSERT for a new instance, else UPDATE ... WHERE
+//     version = the loaded version (optimistic concurrency; a mismatch is
+//     ErrConflict). Completing also cancels the instance's pending timers
+//     (scheduler.CancelOwned with owner "saga:<name>:<id>").
+//
+// The runner commits the batch's states, effects and checkpoint together, so
+// a crash anywhere re-runs whole events or none: an effect is never applied
+// twice nor lost. Any error rolls the batch back from the failing event on;
+// the runner retries the event by its RetryPolicy and then dead-letters it.
+// Bad correlation (ok with an empty ID, an event a typed saga cannot
+// decode) and a state that cannot be decoded or encoded are marked
+// annals.Permanent: dead-lettered at once, with the saga and instance in the
+// message.
+//
+// # Ordering
+//
+// A saga is one subscriber partition (Options.Partitions > 1 is refused:
+// one instance's events may come from several streams, and partitions split
+// the log by stream). It sees events in log order, which is commit order and
+// stream-version order within each stream.
+//
+// # The batch size trade-off
+//
+// An effect appended in the batch transaction takes the log's ordering lock
+// (see eventstore.Store.AppendTx), held until the batch commits: every other
+// append in the database waits meanwhile. So a saga's default BatchSize is
+// small (DefaultBatchSize, 20). Larger batches give fewer commits (more
+// throughput for the saga) and longer stalls for other writers; a saga that
+// emits few effects can afford more.
+//
+// # Retention
+//
+// Completed instances are kept forever by default (they are what makes a
+// late or duplicate event harmless). With Config.Retention, the saga's
+// leader deletes completed rows older than that while it processes events,
+// at most once per PruneInterval and 1000 rows at a time; an event that
+// correlates to a pruned instance starts a new one.
+package saga

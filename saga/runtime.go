@@ -1,0 +1,190 @@
+package saga
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/projection"
+	"github.com/annals-dev/annals/scheduler"
+)
+
+//go:embed queries.sql
+var queriesSQL string
+
+// pruneBatch bounds the rows one prune deletes, so that a prune never makes
+// a batch transaction long.
+const pruneBatch = 1000
+
+// runtime is the untyped part of a registered saga.
+type runtime struct {
+	name      string
+	store     *eventstore.Store
+	sched     *scheduler.Scheduler
+	clock     projection.Clock
+	retention time.Duration
+	pruneInt  time.Duration
+	logger    *slog.Logger
+	q         map[string]string
+
+	mu        sync.Mutex
+	lastPrune time.Time
+}
+
+func newRuntime(name string, cfg *Config) (*runtime, error) {
+	q, err := queries(cfg.Store.Schema())
+	if err != nil {
+		return nil, err
+	}
+	rt := &runtime{name: name, store: cfg.Store, sched: cfg.Scheduler, clock: cfg.Clock,
+		retention: cfg.Retention, pruneInt: cfg.PruneInterval, logger: cfg.Logger, q: q}
+	if rt.clock == nil {
+		rt.clock = wallClock{}
+	}
+	if rt.pruneInt == 0 {
+		rt.pruneInt = DefaultPruneInterval
+	}
+	if rt.logger == nil {
+		rt.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return rt, nil
+}
+
+func queries(schema string) (map[string]string, error) {
+	schema, err := schemaname.Resolve(schema)
+	if err != nil {
+		return nil, err
+	}
+	return sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(schema))
+}
+
+func (rt *runtime) owner(id string) string { return "saga:" + rt.name + ":" + id }
+
+// prune deletes completed instances older than the retention, at most once
+// per PruneInterval, in the batch transaction.
+func (rt *runtime) prune(ctx context.Context, tx pgx.Tx) error {
+	if rt.retention <= 0 {
+		return nil
+	}
+	now := rt.clock.Now()
+	rt.mu.Lock()
+	due := rt.lastPrune.IsZero() || now.Sub(rt.lastPrune) >= rt.pruneInt
+	if due {
+		rt.lastPrune = now
+	}
+	rt.mu.Unlock()
+	if !due {
+		return nil
+	}
+	tag, err := tx.Exec(ctx, rt.q["Prune"], rt.name, now.Add(-rt.retention), pruneBatch)
+	if err != nil {
+		return errors.Wrapf(err, "saga %q: prune completed instances", rt.name)
+	}
+	if n := tag.RowsAffected(); n > 0 {
+		rt.logger.InfoContext(ctx, "annals: pruned completed saga instances", slog.String("saga", rt.name),
+			slog.Int64("deleted", n), slog.Duration("retention", rt.retention))
+	}
+	return nil
+}
+
+// adapter runs a Saga as a projection.Projection.
+type adapter[S any] struct {
+	saga Saga[S]
+	rt   *runtime
+}
+
+// Name returns the saga's name: the subscriber's.
+func (a *adapter[S]) Name() string { return a.saga.Name() }
+
+// Handle runs one event in the batch transaction: correlate, load, Handle,
+// save with a version check. The effects ran in tx during Handle.
+func (a *adapter[S]) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
+	rt := a.rt
+	var id string
+	var ok bool
+	if c, typed := a.saga.(correlator); typed {
+		var err error
+		if id, ok, err = c.correlate(e); err != nil {
+			return annals.Permanent(errors.Wrapf(err, "saga %q: correlate event %s (%s)", rt.name, e.ID, e.Type))
+		}
+	} else {
+		id, ok = a.saga.Correlate(e)
+	}
+	if !ok {
+		return nil
+	}
+	if id == "" {
+		return annals.Permanent(errors.Wrapf(eventstore.ErrInvalidEvent,
+			"saga %q: Correlate returned an empty instance ID for event %s (%s, stream %s v%d)",
+			rt.name, e.ID, e.Type, e.StreamID, e.StreamVersion))
+	}
+	if err := rt.prune(ctx, tx); err != nil {
+		return err
+	}
+	inst := &Instance[S]{id: id, event: e, tx: tx, rt: rt}
+	var raw []byte
+	var completed bool
+	err := tx.QueryRow(ctx, rt.q["Load"], rt.name, id).Scan(&raw, &inst.version, &completed)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		inst.isNew = true
+	case err != nil:
+		return errors.Wrapf(err, "saga %q instance %q: load state", rt.name, id)
+	case completed:
+		return nil // a completed instance ignores later events
+	default:
+		if err := json.Unmarshal(raw, &inst.State); err != nil {
+			return annals.Permanent(errors.Wrapf(err, "saga %q instance %q: decode state %.200s into %T", rt.name, id, raw, inst.State))
+		}
+	}
+	err = a.saga.Handle(ctx, inst, e)
+	inst.done = true
+	if err != nil {
+		return errors.Wrapf(err, "saga %q instance %q", rt.name, id)
+	}
+	state, err := json.Marshal(inst.State)
+	if err != nil {
+		return annals.Permanent(errors.Wrapf(err, "saga %q instance %q: encode state %T", rt.name, id, inst.State))
+	}
+	now := rt.clock.Now()
+	var tag interface{ RowsAffected() int64 }
+	if inst.isNew {
+		tag, err = tx.Exec(ctx, rt.q["Insert"], rt.name, id, state, inst.completed, now)
+	} else {
+		tag, err = tx.Exec(ctx, rt.q["Update"], rt.name, id, inst.version, state, inst.completed, now)
+	}
+	if err != nil {
+		return errors.Wrapf(err, "saga %q instance %q: save state", rt.name, id)
+	}
+	if tag.RowsAffected() != 1 {
+		return errors.Wrapf(ErrConflict, "saga %q instance %q: expected version %d", rt.name, id, inst.version)
+	}
+	if inst.completed && rt.sched != nil {
+		if _, err := rt.sched.CancelOwned(ctx, tx, rt.owner(id)); err != nil {
+			return errors.Wrapf(err, "saga %q instance %q: cancel its timers", rt.name, id)
+		}
+	}
+	return nil
+}
+
+// correlator is implemented by the typed sagas of this package, whose
+// correlation decodes the event and can fail.
+type correlator interface {
+	correlate(e eventstore.Event) (string, bool, error)
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time                         { return time.Now() }
+func (wallClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
