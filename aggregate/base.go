@@ -32,7 +32,12 @@ import (
 // does not know) stops the load; the repository names the event type,
 // stream and version in the error it returns.
 type Root interface {
+	// Apply folds one event into the aggregate's state.
 	Apply(event any) error
+	// ID, Version and Uncommitted are Base's.
+	ID() string
+	Version() int64
+	Uncommitted() []any
 	// root returns the embedded Base; only Base implements it, so an
 	// aggregate satisfies Root by embedding Base.
 	root() *Base
