@@ -1,0 +1,241 @@
+package testkit
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/annals-dev/annals/aggregate"
+	"github.com/annals-dev/annals/eventstore"
+)
+
+// AggregateScenario is a Given/When/Then test of an aggregate, run in
+// memory: Given the events already in its stream, When a command runs,
+// Then it records these events (or ThenError: it fails so).
+//
+//	testkit.Given(t, NewAccount, Opened{Owner: "Ann"}, Deposited{Amount: 100}).
+//		When(func(a *Account) error { return a.Withdraw(30) }).
+//		Then(Withdrawn{Amount: 30})
+//
+// The history is applied with aggregate.FromHistory (Apply, as a load
+// would), the command runs on the result, and the events it recorded
+// (aggregate.Record) are compared with the expected ones with
+// reflect.DeepEqual, in order. A mismatch fails the test (t.Errorf) with
+// both lists, one event a line, the first difference marked. The scenario
+// runs when Then or ThenError is called, once.
+type AggregateScenario[A aggregate.Root] struct {
+	t       testing.TB
+	newAgg  func() A
+	id      string
+	reg     *eventstore.Registry
+	history []any
+	command func(A) error
+}
+
+// Given starts a scenario for the aggregate newAgg returns, with the events
+// of its history (none for a new aggregate). Its ID is "test" unless
+// WithID says otherwise.
+func Given[A aggregate.Root](t testing.TB, newAgg func() A, history ...any) *AggregateScenario[A] {
+	return &AggregateScenario[A]{t: t, newAgg: newAgg, id: "test", history: history}
+}
+
+// WithID sets the aggregate's ID.
+func (s *AggregateScenario[A]) WithID(id string) *AggregateScenario[A] {
+	s.id = id
+	return s
+}
+
+// WithRegistry makes the scenario use events as the store would: every
+// history event and every expected and recorded event is encoded to JSON and
+// decoded through reg (upcasters included), so an unregistered event type
+// or a field that does not survive JSON fails the test. History events may
+// then also be given as stored, in an older schema version:
+//
+//	eventstore.EventData{Type: "account.opened", Data: json.RawMessage(`{"name":"Ann"}`)}
+//
+// (without a schema_version in its Metadata such an event is at version 1).
+func (s *AggregateScenario[A]) WithRegistry(reg *eventstore.Registry) *AggregateScenario[A] {
+	s.reg = reg
+	return s
+}
+
+// When sets the command: a function that calls the aggregate's command
+// methods (which record events with aggregate.Record).
+func (s *AggregateScenario[A]) When(command func(A) error) *AggregateScenario[A] {
+	s.command = command
+	return s
+}
+
+// Then runs the scenario and checks that the command succeeded and
+// recorded exactly the expected events, in order (none: Then()). It returns
+// the aggregate after the command, for checks of its state; on a failure
+// that left no aggregate it returns the zero A.
+func (s *AggregateScenario[A]) Then(expected ...any) A {
+	s.t.Helper()
+	a, recorded, err, ok := s.run()
+	if !ok {
+		return a
+	}
+	if err != nil {
+		s.t.Errorf("testkit: %s: the command failed: %v\nexpected %s", s.name(), err, aggList(expected, -1))
+		return a
+	}
+	if s.reg != nil {
+		var rerr error
+		if recorded, rerr = s.roundTrip(recorded, "recorded"); rerr != nil {
+			s.t.Errorf("testkit: %s: %v", s.name(), rerr)
+			return a
+		}
+		if expected, rerr = s.roundTrip(expected, "expected"); rerr != nil {
+			s.t.Errorf("testkit: %s: %v", s.name(), rerr)
+			return a
+		}
+	} else {
+		expected = aggDeref(expected)
+	}
+	if diff := aggFirstDiff(expected, recorded); diff >= 0 {
+		s.t.Errorf("testkit: %s: the command recorded other events than expected\nexpected %s\nrecorded %s",
+			s.name(), aggList(expected, diff), aggList(recorded, diff))
+	}
+	return a
+}
+
+// ThenError runs the scenario and checks that the command failed with an
+// error matching target (errors.Is); a nil target accepts any error. Events
+// the command recorded before failing are not checked: a failed command is
+// never saved.
+func (s *AggregateScenario[A]) ThenError(target error) A {
+	s.t.Helper()
+	a, recorded, err, ok := s.run()
+	if !ok {
+		return a
+	}
+	want := "an error"
+	if target != nil {
+		want = fmt.Sprintf("an error matching %q", target)
+	}
+	switch {
+	case err == nil:
+		s.t.Errorf("testkit: %s: expected %s, but the command succeeded and recorded %s", s.name(), want, aggList(recorded, -1))
+	case target != nil && !errors.Is(err, target):
+		s.t.Errorf("testkit: %s: expected %s, got %q", s.name(), want, err)
+	}
+	return a
+}
+
+// run builds the aggregate from its history and runs the command; ok is
+// false when the scenario itself is broken (reported).
+func (s *AggregateScenario[A]) run() (a A, recorded []any, err error, ok bool) {
+	s.t.Helper()
+	if s.newAgg == nil || s.command == nil {
+		s.t.Errorf("testkit: %s: Given needs a constructor and When a command", s.name())
+		return a, nil, nil, false
+	}
+	history := s.history
+	if s.reg != nil {
+		var herr error
+		if history, herr = s.roundTrip(history, "history"); herr != nil {
+			s.t.Errorf("testkit: %s: %v", s.name(), herr)
+			return a, nil, nil, false
+		}
+	}
+	a, herr := aggregate.FromHistory(s.newAgg, s.id, history...)
+	if herr != nil {
+		s.t.Errorf("testkit: %s: the given history does not apply: %v", s.name(), herr)
+		return a, nil, nil, false
+	}
+	err = aggSafely(func() error { return s.command(a) })
+	return a, append([]any(nil), a.Uncommitted()...), err, true
+}
+
+// roundTrip encodes each event as an append would and decodes it as a
+// read would.
+func (s *AggregateScenario[A]) roundTrip(events []any, what string) ([]any, error) {
+	out := make([]any, len(events))
+	for i, v := range events {
+		e := eventstore.Event{StreamID: s.id, StreamVersion: int64(i + 1)}
+		if d, isData := v.(eventstore.EventData); isData {
+			raw, err := json.Marshal(d.Data)
+			if rm, isRaw := d.Data.(json.RawMessage); isRaw {
+				raw, err = rm, nil
+			}
+			if err != nil {
+				return nil, errors.Wrapf(err, "%s event %d (%s)", what, i+1, d.Type)
+			}
+			e.Type, e.Data, e.Metadata = d.Type, raw, d.Metadata
+		} else {
+			name, known := s.reg.NameOf(v)
+			if !known {
+				return nil, errors.Wrapf(eventstore.ErrUnknownEventType, "%s event %d: %T is not registered", what, i+1, v)
+			}
+			raw, err := json.Marshal(v)
+			if err != nil {
+				return nil, errors.Wrapf(err, "%s event %d (%T)", what, i+1, v)
+			}
+			e.Type, e.Data = name, raw
+			e.Metadata.Extra = map[string]any{eventstore.SchemaVersionKey: s.reg.SchemaVersion(name)}
+		}
+		dec, err := s.reg.Decode(e)
+		if err != nil {
+			return nil, errors.Wrapf(err, "%s event %d", what, i+1)
+		}
+		out[i] = dec
+	}
+	return out, nil
+}
+
+func (s *AggregateScenario[A]) name() string {
+	return fmt.Sprintf("aggregate %s %q", reflect.TypeFor[A](), s.id)
+}
+
+// aggFirstDiff returns the index of the first difference, or -1.
+func aggFirstDiff(want, got []any) int {
+	for i := range max(len(want), len(got)) {
+		if i >= len(want) || i >= len(got) || !reflect.DeepEqual(want[i], got[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
+// aggList renders events one a line, marking the one at mark.
+func aggList(events []any, mark int) string {
+	if len(events) == 0 {
+		return "no events"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d event(s):", len(events))
+	for i, e := range events {
+		prefix := "   "
+		if i == mark {
+			prefix = "-> "
+		}
+		fmt.Fprintf(&b, "\n  %s%d. %T %+v", prefix, i+1, e, e)
+	}
+	return b.String()
+}
+
+func aggDeref(events []any) []any {
+	out := make([]any, len(events))
+	for i, e := range events {
+		if v := reflect.ValueOf(e); v.Kind() == reflect.Pointer && !v.IsNil() {
+			e = v.Elem().Interface()
+		}
+		out[i] = e
+	}
+	return out
+}
+
+// aggSafely runs a command, turning a panic into an error.
+func aggSafely(fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = errors.Newf("the command panicked: %v", r)
+		}
+	}()
+	return fn()
+}

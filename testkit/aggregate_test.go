@@ -1,0 +1,233 @@
+package testkit_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/annals-dev/annals/aggregate"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/testkit"
+)
+
+// The aggregate under test: a wallet.
+
+type gwOpened struct {
+	Owner string `json:"owner"`
+}
+
+type gwDeposited struct {
+	Amount int `json:"amount"`
+}
+
+type gwWithdrawn struct {
+	Amount int `json:"amount"`
+}
+
+type gwClosed struct{} // Wallet does not handle it
+
+var errNoFunds = errors.New("insufficient funds")
+
+type wallet struct {
+	aggregate.Base
+	Owner   string
+	Balance int
+}
+
+func newWallet() *wallet { return &wallet{} }
+
+func (w *wallet) Apply(event any) error {
+	switch e := event.(type) {
+	case gwOpened:
+		w.Owner = e.Owner
+	case gwDeposited:
+		w.Balance += e.Amount
+	case gwWithdrawn:
+		w.Balance -= e.Amount
+	default:
+		return aggregate.ErrUnhandledEvent
+	}
+	return nil
+}
+
+func (w *wallet) Withdraw(n int) error {
+	if n > w.Balance {
+		return errors.Wrapf(errNoFunds, "withdraw %d from %d", n, w.Balance)
+	}
+	return aggregate.Record(w, gwWithdrawn{Amount: n})
+}
+
+// gwTB records what the kit reports instead of failing the real test.
+type gwTB struct {
+	testing.TB // nil: the kit must only call Helper and Errorf
+	errs       []string
+}
+
+func (f *gwTB) Helper() {}
+func (f *gwTB) Errorf(format string, args ...any) {
+	f.errs = append(f.errs, fmt.Sprintf(format, args...))
+}
+
+// expectFailure checks that the kit reported exactly one failure holding
+// every fragment.
+func expectFailure(t *testing.T, f *gwTB, fragments ...string) {
+	t.Helper()
+	if len(f.errs) != 1 {
+		t.Fatalf("the kit reported %d failures, want 1: %q", len(f.errs), f.errs)
+	}
+	for _, frag := range fragments {
+		if !strings.Contains(f.errs[0], frag) {
+			t.Errorf("the failure message lacks %q:\n%s", frag, f.errs[0])
+		}
+	}
+}
+
+func TestGivenWhenThen(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Then", func(t *testing.T) {
+		t.Parallel()
+		w := testkit.Given(t, newWallet, gwOpened{Owner: "ann"}, gwDeposited{Amount: 100}).
+			When(func(w *wallet) error { return w.Withdraw(30) }).
+			Then(gwWithdrawn{Amount: 30})
+		if w.Balance != 70 || w.Version() != 2 || w.ID() != "test" {
+			t.Fatalf("aggregate after the command: %+v at %d", *w, w.Version())
+		}
+	})
+
+	t.Run("ThenNothing", func(t *testing.T) {
+		t.Parallel()
+		testkit.Given(t, newWallet).When(func(*wallet) error { return nil }).Then()
+	})
+
+	t.Run("ThenError", func(t *testing.T) {
+		t.Parallel()
+		testkit.Given(t, newWallet, gwOpened{Owner: "ann"}).WithID("w-1").
+			When(func(w *wallet) error { return w.Withdraw(1) }).
+			ThenError(errNoFunds)
+	})
+
+	t.Run("WithRegistry", func(t *testing.T) {
+		t.Parallel()
+		reg := eventstore.NewRegistry()
+		eventstore.MustRegister[gwOpened](reg, "wallet.opened")
+		eventstore.MustRegister[gwDeposited](reg, "wallet.deposited")
+		eventstore.MustRegister[gwWithdrawn](reg, "wallet.withdrawn")
+		// wallet.deposited v1 stored cents as a string.
+		reg.MustRegisterUpcaster("wallet.deposited", 1, func(d json.RawMessage) (json.RawMessage, error) {
+			var v1 struct {
+				Cents string `json:"cents"`
+			}
+			if err := json.Unmarshal(d, &v1); err != nil {
+				return nil, err
+			}
+			var n int
+			if _, err := fmt.Sscan(v1.Cents, &n); err != nil {
+				return nil, err
+			}
+			return json.Marshal(gwDeposited{Amount: n})
+		})
+		w := testkit.Given(t, newWallet,
+			gwOpened{Owner: "ann"},
+			eventstore.EventData{Type: "wallet.deposited", Data: json.RawMessage(`{"cents":"50"}`)}, // as stored, v1
+			gwDeposited{Amount: 25}, // current version
+		).WithRegistry(reg).
+			When(func(w *wallet) error { return w.Withdraw(75) }).
+			Then(gwWithdrawn{Amount: 75})
+		if w.Balance != 0 {
+			t.Fatalf("balance %d, want 0", w.Balance)
+		}
+	})
+}
+
+func TestGivenWhenThenReportsFailures(t *testing.T) {
+	t.Parallel()
+	opened := gwOpened{Owner: "ann"}
+
+	t.Run("OtherEvents", func(t *testing.T) {
+		t.Parallel()
+		f := &gwTB{}
+		testkit.Given(f, newWallet, opened, gwDeposited{Amount: 100}).
+			When(func(w *wallet) error { return w.Withdraw(30) }).
+			Then(gwWithdrawn{Amount: 20})
+		expectFailure(t, f, "recorded other events than expected",
+			"expected 1 event(s):\n  -> 1. testkit_test.gwWithdrawn {Amount:20}",
+			"recorded 1 event(s):\n  -> 1. testkit_test.gwWithdrawn {Amount:30}")
+	})
+
+	t.Run("MissingEvent", func(t *testing.T) {
+		t.Parallel()
+		f := &gwTB{}
+		testkit.Given(f, newWallet, opened, gwDeposited{Amount: 100}).
+			When(func(w *wallet) error { return w.Withdraw(30) }).
+			Then(gwWithdrawn{Amount: 30}, gwWithdrawn{Amount: 1})
+		expectFailure(t, f, "expected 2 event(s)", "     1. testkit_test.gwWithdrawn {Amount:30}", "  -> 2. testkit_test.gwWithdrawn {Amount:1}", "recorded 1 event(s)")
+	})
+
+	t.Run("UnexpectedEvent", func(t *testing.T) {
+		t.Parallel()
+		f := &gwTB{}
+		testkit.Given(f, newWallet, opened, gwDeposited{Amount: 100}).
+			When(func(w *wallet) error { return w.Withdraw(30) }).
+			Then()
+		expectFailure(t, f, "expected no events", "recorded 1 event(s)")
+	})
+
+	t.Run("CommandFailed", func(t *testing.T) {
+		t.Parallel()
+		f := &gwTB{}
+		testkit.Given(f, newWallet, opened).
+			When(func(w *wallet) error { return w.Withdraw(30) }).
+			Then(gwWithdrawn{Amount: 30})
+		expectFailure(t, f, "the command failed", "insufficient funds", "expected 1 event(s)")
+	})
+
+	t.Run("ExpectedErrorButSucceeded", func(t *testing.T) {
+		t.Parallel()
+		f := &gwTB{}
+		testkit.Given(f, newWallet, opened, gwDeposited{Amount: 100}).
+			When(func(w *wallet) error { return w.Withdraw(30) }).
+			ThenError(errNoFunds)
+		expectFailure(t, f, `expected an error matching "insufficient funds"`, "the command succeeded", "gwWithdrawn {Amount:30}")
+	})
+
+	t.Run("OtherError", func(t *testing.T) {
+		t.Parallel()
+		f := &gwTB{}
+		testkit.Given(f, newWallet, opened).
+			When(func(*wallet) error { return errors.New("disk on fire") }).
+			ThenError(errNoFunds)
+		expectFailure(t, f, "disk on fire")
+	})
+
+	t.Run("HistoryNotApplied", func(t *testing.T) {
+		t.Parallel()
+		f := &gwTB{}
+		testkit.Given(f, newWallet, opened, gwClosed{}).
+			When(func(*wallet) error { t.Error("the command ran on a broken history"); return nil }).
+			Then()
+		expectFailure(t, f, "history does not apply", "testkit_test.gwClosed", "version 2")
+	})
+
+	t.Run("Panic", func(t *testing.T) {
+		t.Parallel()
+		f := &gwTB{}
+		testkit.Given(f, newWallet).When(func(*wallet) error { panic("boom") }).Then()
+		expectFailure(t, f, "panicked: boom")
+	})
+
+	t.Run("UnregisteredEvent", func(t *testing.T) {
+		t.Parallel()
+		f := &gwTB{}
+		reg := eventstore.NewRegistry()
+		eventstore.MustRegister[gwOpened](reg, "wallet.opened")
+		eventstore.MustRegister[gwDeposited](reg, "wallet.deposited")
+		testkit.Given(f, newWallet, opened, gwDeposited{Amount: 100}).WithRegistry(reg).
+			When(func(w *wallet) error { return w.Withdraw(30) }).
+			Then(gwWithdrawn{Amount: 30})
+		expectFailure(t, f, "recorded event 1", "gwWithdrawn is not registered")
+	})
+}
