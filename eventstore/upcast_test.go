@@ -237,3 +237,31 @@ func TestUpcasterRegistration(t *testing.T) {
 		t.Fatalf("version after 1→2→3: %d", v)
 	}
 }
+
+// BenchmarkUpcast is the cost Registry.Upcast adds to each read event: a
+// type without upcasters, an event already at the current version, and a v1
+// event taken through two JSON upcasters.
+//
+//	go test -run '^$' -bench BenchmarkUpcast ./eventstore/
+func BenchmarkUpcast(b *testing.B) {
+	reg := eventstore.NewRegistry()
+	reg.MustRegisterUpcaster("member.joined", 1, rename)
+	reg.MustRegisterUpcaster("member.joined", 2, addTier)
+	current := eventstore.Metadata{Extra: map[string]any{eventstore.SchemaVersionKey: float64(3)}}
+	for _, c := range []struct {
+		name string
+		e    eventstore.Event
+	}{
+		{"NoUpcasters", eventstore.Event{Type: "order.placed", Data: []byte(`{"total":1}`)}},
+		{"Current", eventstore.Event{Type: "member.joined", Data: []byte(`{"full_name":"Ada","tier":"gold"}`), Metadata: current}},
+		{"V1ToV3", eventstore.Event{Type: "member.joined", Data: []byte(`{"name":"Ada"}`)}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := reg.Upcast(c.e); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
