@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"sync"
+
+	"github.com/google/uuid"
+
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/projection"
+)
+
+// reply appends a service's reply to a request. Observers are delivered
+// at least once, so the reply's ID is derived from the request's: appending
+// it again is a no-op.
+func reply(ctx context.Context, store *eventstore.Store, req eventstore.Event, data any) error {
+	_, err := store.Append(ctx, req.StreamID, eventstore.Any, eventstore.EventData{
+		ID:       uuid.NewSHA1(req.ID, []byte("reply")),
+		Data:     data,
+		Metadata: eventstore.Metadata{CausationID: req.ID.String(), CorrelationID: req.Metadata.CorrelationID},
+	})
+	return err
+}
+
+// stockService simulates a warehouse with 10 widgets. (Its stock is kept in
+// memory, which a real service would not do.)
+func stockService(reg *eventstore.Registry, store *eventstore.Store) *projection.TypedObserver {
+	var mu sync.Mutex
+	stock := map[string]int{"widget": 10}
+	reserved := map[string]int{}
+	o := projection.NewObserver("stock-service", reg)
+	projection.Observe(o, func(ctx context.Context, e eventstore.Envelope[ReserveStock]) error {
+		mu.Lock()
+		ok := stock[e.Data.SKU] >= e.Data.Qty
+		if ok {
+			stock[e.Data.SKU] -= e.Data.Qty
+			reserved[e.Data.OrderID] = e.Data.Qty
+		}
+		mu.Unlock()
+		if !ok {
+			return reply(ctx, store, e.Event, StockUnavailable{OrderID: e.Data.OrderID})
+		}
+		return reply(ctx, store, e.Event, StockReserved{OrderID: e.Data.OrderID})
+	})
+	projection.Observe(o, func(ctx context.Context, e eventstore.Envelope[ReleaseStock]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		stock["widget"] += reserved[e.Data.OrderID]
+		delete(reserved, e.Data.OrderID)
+		return nil
+	})
+	return o
+}
+
+// paymentService simulates a payment provider: bob's card is declined,
+// carol never pays, everyone else pays at once.
+func paymentService(reg *eventstore.Registry, store *eventstore.Store) *projection.TypedObserver {
+	o := projection.NewObserver("payment-service", reg)
+	projection.Observe(o, func(ctx context.Context, e eventstore.Envelope[RequestPayment]) error {
+		switch e.Data.Customer {
+		case "bob":
+			return reply(ctx, store, e.Event, PaymentFailed{OrderID: e.Data.OrderID, Reason: "card declined"})
+		case "carol":
+			return nil // no answer: the saga's deadline will pass
+		default:
+			return reply(ctx, store, e.Event, PaymentReceived{OrderID: e.Data.OrderID})
+		}
+	})
+	return o
+}
