@@ -5,10 +5,18 @@
 //
 // # Aggregates: Given, When, Then
 //
-// Aggregate rules are tested without a database: given the events already
-// in the aggregate's stream, when a command runs, then these events are
-// produced (or this error is returned). See aggregate.go in this package
-// (testkit.Given …).
+// Aggregate rules are tested in memory, without a database: given the
+// events already in the aggregate's stream, when a command runs, then it
+// records these events, or fails with this error ([Given],
+// [AggregateScenario]):
+//
+//	testkit.Given(t, NewAccount, Opened{Owner: "Ann"}, Deposited{Amount: 100}).
+//		When(func(a *Account) error { return a.Withdraw(130) }).
+//		ThenError(ErrInsufficientFunds)
+//
+// WithRegistry sends every event through JSON and the registry (upcasters
+// included), as the store would, so an unregistered type or a field that
+// does not survive encoding fails the test.
 //
 // # Projections and observers: ReplayProjection
 //
@@ -19,7 +27,7 @@
 //
 //	func TestBalances(t *testing.T) {
 //		t.Parallel()
-//		r := testkit.ReplayProjection(t, bank.Balances(reg), &testkit.ReplayOptions{Registry: reg},
+//		r := testkit.ReplayProjection(t, newBalances(reg), &testkit.ReplayOptions{Registry: reg},
 //			testkit.Stream("account-1", Opened{Owner: "Ann"}, Deposited{Amount: 100}),
 //			testkit.Stream("account-2", Opened{Owner: "Bob"}),
 //		)
@@ -56,6 +64,8 @@
 // annalstest.Main from TestMain so that cluster is stopped at the end:
 //
 //	func TestMain(m *testing.M) { annalstest.Main(m) }
+//
+// examples/bank/main_test.go uses the whole kit on a small service.
 //
 // # Sagas: ReplaySaga
 //
