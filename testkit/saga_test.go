@@ -1,0 +1,165 @@
+package testkit_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/saga"
+	"github.com/annals-dev/annals/testkit"
+)
+
+// The saga under test: a signed-up user gets a Welcome at once and, unless
+// they verify within a day, a Nudge; verifying or being nudged completes it.
+type signedUp struct {
+	User string `json:"user"`
+}
+
+type verified struct {
+	User string `json:"user"`
+}
+
+type verifyDeadline struct {
+	User string `json:"user"`
+}
+
+type welcome struct {
+	User string `json:"user"`
+}
+
+type nudge struct {
+	User string `json:"user"`
+}
+
+type onboarding struct {
+	Welcomed bool `json:"welcomed"`
+	Nudged   bool `json:"nudged"`
+	Verified bool `json:"verified"`
+}
+
+func sagaRegistry() *eventstore.Registry {
+	reg := eventstore.NewRegistry()
+	eventstore.MustRegister[signedUp](reg, "test.signedUp")
+	eventstore.MustRegister[verified](reg, "test.verified")
+	eventstore.MustRegister[verifyDeadline](reg, "test.verifyDeadline")
+	eventstore.MustRegister[welcome](reg, "test.welcome")
+	eventstore.MustRegister[nudge](reg, "test.nudge")
+	return reg
+}
+
+func onboardingSaga(reg *eventstore.Registry) *saga.Typed[onboarding] {
+	s := saga.New[onboarding]("onboarding", reg)
+	saga.On(s, func(e eventstore.Envelope[signedUp]) string { return e.Data.User },
+		func(ctx context.Context, inst *saga.Instance[onboarding], e eventstore.Envelope[signedUp]) error {
+			if e.Data.User == "mallory" {
+				return errors.New("mallory is not welcome")
+			}
+			inst.State.Welcomed = true
+			if _, err := inst.Append(ctx, "mail-"+inst.ID(), eventstore.NoStream, eventstore.NewEvent(welcome{User: inst.ID()})); err != nil {
+				return err
+			}
+			_, err := inst.ScheduleAfter(ctx, 24*time.Hour, "user-"+inst.ID(), eventstore.NewEvent(verifyDeadline{User: inst.ID()}))
+			return err
+		})
+	saga.On(s, func(e eventstore.Envelope[verified]) string { return e.Data.User },
+		func(ctx context.Context, inst *saga.Instance[onboarding], e eventstore.Envelope[verified]) error {
+			inst.State.Verified = true
+			inst.Complete()
+			return nil
+		})
+	saga.On(s, func(e eventstore.Envelope[verifyDeadline]) string { return e.Data.User },
+		func(ctx context.Context, inst *saga.Instance[onboarding], e eventstore.Envelope[verifyDeadline]) error {
+			inst.State.Nudged = true
+			inst.Complete()
+			_, err := inst.Append(ctx, "mail-"+inst.ID(), eventstore.Any, eventstore.NewEvent(nudge{User: inst.ID()}))
+			return err
+		})
+	return s
+}
+
+func effectTypes(es []eventstore.Event) []string {
+	out := make([]string, len(es))
+	for i, e := range es {
+		out[i] = e.StreamID + ":" + e.Type
+	}
+	return out
+}
+
+func TestReplaySaga(t *testing.T) {
+	t.Parallel()
+	reg := sagaRegistry()
+	opts := &testkit.SagaReplayOptions{ReplayOptions: testkit.ReplayOptions{Registry: reg}}
+
+	t.Run("DeadlineFires", func(t *testing.T) {
+		t.Parallel()
+		r := testkit.ReplaySaga(t, onboardingSaga(reg), opts, testkit.Stream("user-ann", signedUp{User: "ann"}))
+		if st := r.Instance(t, "ann"); !st.State.Welcomed || st.Completed {
+			t.Fatalf("ann: %+v", st)
+		}
+		if got := effectTypes(r.Effects(t)); strings.Join(got, " ") != "mail-ann:test.welcome" {
+			t.Fatalf("effects %q", got)
+		}
+		ts := r.Timers(t)
+		if len(ts) != 1 || !ts[0].DueAt.Equal(testkit.DefaultSagaStart.Add(24*time.Hour)) || ts[0].Owner != "saga:onboarding:ann" {
+			t.Fatalf("timers %+v; want one due a day after the start", ts)
+		}
+		if n := r.Advance(t, 23*time.Hour); n != 0 {
+			t.Fatalf("%d timers fired after 23h", n)
+		}
+		if n := r.Advance(t, time.Hour); n != 1 {
+			t.Fatalf("%d timers fired after 24h, want 1", n)
+		}
+		if st := r.Instance(t, "ann"); !st.State.Nudged || !st.Completed {
+			t.Fatalf("ann after the deadline: %+v", st)
+		}
+		want := "mail-ann:test.welcome user-ann:test.verifyDeadline mail-ann:test.nudge"
+		if got := effectTypes(r.Effects(t)); strings.Join(got, " ") != want {
+			t.Fatalf("effects %q, want %q", got, want)
+		}
+	})
+
+	t.Run("CompletedBeforeTheDeadline", func(t *testing.T) {
+		t.Parallel()
+		r := testkit.ReplaySaga(t, onboardingSaga(reg), opts, testkit.Stream("user-bob", signedUp{User: "bob"}))
+		r.Append(t, testkit.Stream("user-bob", verified{User: "bob"}))
+		if len(r.Timers(t)) != 0 {
+			t.Fatalf("timers left after completing: %+v", r.Timers(t))
+		}
+		if n := r.Advance(t, 48*time.Hour); n != 0 {
+			t.Fatalf("%d timers fired", n)
+		}
+		if st := r.Instance(t, "bob"); !st.State.Verified || st.State.Nudged || !st.Completed {
+			t.Fatalf("bob: %+v", st)
+		}
+	})
+
+	t.Run("HandlerErrorFailsTheTest", func(t *testing.T) {
+		t.Parallel()
+		ft := &replayTB{TB: t}
+		var r *testkit.SagaReplay[onboarding]
+		fatals := runReplayTB(ft, func() {
+			r = testkit.ReplaySaga(ft, onboardingSaga(reg), opts, testkit.Stream("user-mallory", signedUp{User: "mallory"}))
+		})
+		if len(fatals) != 1 || !strings.Contains(fatals[0], "mallory is not welcome") || !strings.Contains(fatals[0], `saga "onboarding" instance "mallory"`) {
+			t.Fatalf("fatals %q; want the handler's error", fatals)
+		}
+		if r != nil {
+			t.Fatal("ReplaySaga returned after failing the test")
+		}
+	})
+
+	t.Run("BadEventFailsBeforeADatabase", func(t *testing.T) {
+		t.Parallel()
+		ft := &replayTB{TB: t}
+		fatals := runReplayTB(ft, func() {
+			testkit.ReplaySaga(ft, onboardingSaga(reg), opts, struct{ X int }{1})
+		})
+		if len(fatals) != 1 || !strings.Contains(fatals[0], "not in ReplayOptions.Registry") {
+			t.Fatalf("fatals %q", fatals)
+		}
+	})
+}
