@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -96,6 +97,8 @@ func TestKilledClaimerLeavesItsTimersToOthers(t *testing.T) {
 
 	pids := make(chan uint32, 1)
 	release := make(chan struct{})
+	unblock := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unblock) // before the pools close, should the test fail early
 	a.afterClaim = func(tx pgx.Tx) {
 		pids <- tx.Conn().PgConn().PID()
 		<-release
@@ -119,7 +122,7 @@ func TestKilledClaimerLeavesItsTimersToOthers(t *testing.T) {
 	if err := db.Pool.QueryRow(t.Context(), `SELECT pg_terminate_backend($1, 5000)`, int32(pid)).Scan(&ok); err != nil || !ok {
 		t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
 	}
-	close(release)
+	unblock()
 	if err := <-aDone; err == nil {
 		t.Fatal("a's FireDue succeeded on a terminated connection")
 	}
@@ -230,6 +233,8 @@ func TestCancelDoesNotWaitForAFiringDispatcher(t *testing.T) {
 	}
 	claimed := make(chan struct{})
 	release := make(chan struct{})
+	unblock := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unblock)
 	s.afterClaim = func(pgx.Tx) {
 		close(claimed)
 		<-release
@@ -259,7 +264,7 @@ func TestCancelDoesNotWaitForAFiringDispatcher(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	close(release)
+	unblock()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

@@ -451,3 +451,28 @@ func TestAddTaskRejectsBadInput(t *testing.T) {
 		t.Error("a rejected task was registered")
 	}
 }
+
+// Even if a task's last tick is set back (an operator's edit, a restore),
+// a tick recorded in cron_ticks never fires again.
+func TestCronTickRowGuardsAFiredTick(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	clock := newFakeClock(t0)
+	s := newScheduler(t, db, &Config{Clock: clock})
+	if err := s.AddTask(t.Context(), Task{Name: "g", Spec: "* * * * *", StreamID: "g"}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(t0.Add(time.Minute))
+	if n := fireDue(t, s); n != 1 {
+		t.Fatalf("fired %d", n)
+	}
+	if _, err := db.Pool.Exec(t.Context(), `UPDATE annals.cron_tasks SET last_tick = NULL`); err != nil {
+		t.Fatal(err)
+	}
+	if n := fireDue(t, s); n != 0 || s.ticksFired.Load() != 1 || len(ticks(t, db, "g")) != 1 {
+		t.Fatalf("a recorded tick fired again: %d now, %d in all", n, s.ticksFired.Load())
+	}
+	if infos, _ := s.Tasks(t.Context()); infos[0].LastTick == nil || !infos[0].LastTick.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("last tick not restored: %+v", infos)
+	}
+}
