@@ -1,0 +1,262 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/spf13/cobra"
+
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/scheduler"
+)
+
+func (e *env) scheduleCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "schedule",
+		Short: "Inspect cron tasks and pending timers",
+		Long: `The scheduler package stores timers (delayed appends) and cron tasks in the database;
+every process that runs a scheduler dispatcher fires them, each exactly once.
+'schedule list' shows what is stored, from the database alone.`,
+		RunE: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("want a subcommand: list")
+			}
+			return usagef("unknown subcommand %q: want list", args[0])
+		},
+	}
+	cmd.AddCommand(e.scheduleListCommand())
+	for _, c := range cmd.Commands() {
+		wrapArgs(c)
+	}
+	return cmd
+}
+
+func (e *env) scheduleListCommand() *cobra.Command {
+	var format string
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List cron tasks, and timers: counts, next due, failed ones first",
+		Long: `List every cron task (spec, time zone, stream, missed-tick policy, paused or not, next
+tick, last fired tick), then the timers: how many are pending, when the next is due,
+how many have failed (their attempts are spent: kept, never retried, until cancelled),
+and up to --limit timers (1 to 1000, default 20), failed ones first, then by due time.
+
+A task's next tick is the first tick after its last fired one; "(overdue)" marks one
+in the past by this machine's clock: no running process has the task registered, or
+it is being fired right now. Times are UTC.
+
+--format json writes one object:
+  {"schema", "tasks": [{"name", "spec", "time_zone", "stream_id", "missed", "paused",
+                        "next_tick", "last_tick", "active_since"}],
+   "timers": {"pending", "failed", "next_due",
+              "list": [{"id", "due_at", "stream_id", "owner", "events", "event_type",
+                        "attempts", "last_error", "failed_at", "created_at"}]}}
+next_tick, last_tick, next_due and failed_at are null when there is none.`,
+		Example: `  annals schedule list
+  annals schedule list --format json | jq '.timers.failed'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if format != "table" && format != "json" {
+				return usagef("--format %q: want table or json", format)
+			}
+			if limit < 1 || limit > 1000 {
+				return usagef("--limit %d: want 1 to 1000", limit)
+			}
+			out, err := e.loadSchedule(cmd.Context(), limit)
+			if err != nil {
+				return err
+			}
+			if format == "json" {
+				b, err := json.MarshalIndent(out, "", "  ")
+				if err != nil {
+					return errors.Wrap(err, "encode schedule")
+				}
+				_, err = fmt.Fprintf(e.stdout, "%s\n", b)
+				return err
+			}
+			return writeScheduleTable(e.stdout, out, time.Now())
+		},
+	}
+	cmd.Flags().StringVar(&format, "format", "table", "table or json")
+	cmd.Flags().IntVar(&limit, "limit", 20, "how many timers to list, 1 to 1000")
+	return cmd
+}
+
+// ScheduleJSON is the output of `annals schedule list --format json`.
+type ScheduleJSON struct {
+	// Schema is the annals schema inspected.
+	Schema string `json:"schema"`
+	// Tasks has one element per cron task, by name.
+	Tasks []ScheduleTask `json:"tasks"`
+	// Timers summarizes and lists the stored timers.
+	Timers ScheduleTimers `json:"timers"`
+}
+
+// ScheduleTask is one cron task in ScheduleJSON.
+type ScheduleTask struct {
+	Name        string     `json:"name"`
+	Spec        string     `json:"spec"`
+	TimeZone    string     `json:"time_zone"`
+	StreamID    string     `json:"stream_id"`
+	Missed      string     `json:"missed"`
+	Paused      bool       `json:"paused"`
+	NextTick    *time.Time `json:"next_tick"`
+	LastTick    *time.Time `json:"last_tick"`
+	ActiveSince time.Time  `json:"active_since"`
+}
+
+// ScheduleTimers is the timers part of ScheduleJSON.
+type ScheduleTimers struct {
+	Pending int             `json:"pending"`
+	Failed  int             `json:"failed"`
+	NextDue *time.Time      `json:"next_due"`
+	List    []ScheduleTimer `json:"list"`
+}
+
+// ScheduleTimer is one timer in ScheduleJSON.
+type ScheduleTimer struct {
+	ID        string     `json:"id"`
+	DueAt     time.Time  `json:"due_at"`
+	StreamID  string     `json:"stream_id"`
+	Owner     *string    `json:"owner"`
+	Events    int        `json:"events"`
+	EventType string     `json:"event_type"`
+	Attempts  int        `json:"attempts"`
+	LastError *string    `json:"last_error"`
+	FailedAt  *time.Time `json:"failed_at"`
+	CreatedAt time.Time  `json:"created_at"`
+}
+
+func (e *env) loadSchedule(ctx context.Context, limit int) (*ScheduleJSON, error) {
+	pool, err := e.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	store, err := eventstore.New(pool, &eventstore.Config{Schema: e.schema})
+	if err != nil {
+		return nil, err
+	}
+	s, err := scheduler.New(store, nil)
+	if err != nil {
+		return nil, err
+	}
+	out, err := readSchedule(ctx, s, limit)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return nil, errors.Wrapf(err, "schema %q lacks the scheduler tables (run 'annals migrate')", e.schema)
+	}
+	if out != nil {
+		out.Schema = e.schema
+	}
+	return out, err
+}
+
+func readSchedule(ctx context.Context, s *scheduler.Scheduler, limit int) (*ScheduleJSON, error) {
+	tasks, err := s.Tasks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	stats, err := s.TimerStats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	timers, err := s.Timers(ctx, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := &ScheduleJSON{Tasks: []ScheduleTask{}, Timers: ScheduleTimers{Pending: stats.Pending, Failed: stats.Failed, NextDue: utcPtr(stats.NextDue), List: []ScheduleTimer{}}}
+	for _, t := range tasks {
+		st := ScheduleTask{Name: t.Name, Spec: t.Spec, TimeZone: t.TimeZone, StreamID: t.StreamID, Missed: t.Missed.String(),
+			Paused: t.Paused, LastTick: utcPtr(t.LastTick), ActiveSince: t.ActiveSince.UTC()}
+		if !t.NextTick.IsZero() {
+			st.NextTick = utcPtr(&t.NextTick)
+		}
+		out.Tasks = append(out.Tasks, st)
+	}
+	for _, t := range timers {
+		st := ScheduleTimer{ID: t.ID.String(), DueAt: t.DueAt.UTC(), StreamID: t.StreamID, Events: t.Events, EventType: t.EventType,
+			Attempts: t.Attempts, FailedAt: utcPtr(t.FailedAt), CreatedAt: t.CreatedAt.UTC()}
+		if t.Owner != "" {
+			st.Owner = &t.Owner
+		}
+		if t.LastError != "" {
+			st.LastError = &t.LastError
+		}
+		out.Timers.List = append(out.Timers.List, st)
+	}
+	return out, nil
+}
+
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func writeScheduleTable(w io.Writer, s *ScheduleJSON, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if len(s.Tasks) == 0 {
+		fmt.Fprintln(tw, "No cron tasks.")
+	} else {
+		fmt.Fprintln(tw, "TASK\tSPEC\tZONE\tSTREAM\tMISSED\tSTATE\tNEXT TICK\tLAST FIRED")
+		for _, t := range s.Tasks {
+			state, next := "active", "-"
+			if t.Paused {
+				state = "paused"
+			}
+			if t.NextTick != nil {
+				next = t.NextTick.Format(timeLayout)
+				if t.NextTick.Before(now) {
+					next += " (overdue)"
+				}
+			}
+			last := "-"
+			if t.LastTick != nil {
+				last = t.LastTick.Format(timeLayout)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Spec, t.TimeZone, t.StreamID, t.Missed, state, next, last)
+		}
+	}
+	fmt.Fprintln(tw)
+	tm := s.Timers
+	next := ""
+	if tm.NextDue != nil {
+		next = ", next due " + tm.NextDue.Format(timeLayout)
+	}
+	fmt.Fprintf(tw, "Timers: %s%s, %d failed.\n", countNoun(tm.Pending, "pending timer"), next, tm.Failed)
+	if len(tm.List) > 0 {
+		fmt.Fprintln(tw, "TIMER\tSTATE\tDUE\tSTREAM\tOWNER\tEVENTS\tATTEMPTS\tERROR")
+		for _, t := range tm.List {
+			state := "pending"
+			if t.FailedAt != nil {
+				state = "failed"
+			}
+			owner, errText := "-", "-"
+			if t.Owner != nil {
+				owner = *t.Owner
+			}
+			if t.LastError != nil {
+				errText = summary(*t.LastError)
+			}
+			events := fmt.Sprintf("%d × %s", t.Events, t.EventType)
+			if t.Events == 1 {
+				events = t.EventType
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", t.ID, state, t.DueAt.Format(timeLayout), t.StreamID, owner, events, t.Attempts, errText)
+		}
+		if shown := len(tm.List); shown < tm.Pending+tm.Failed {
+			fmt.Fprintf(tw, "(%d of %d shown: --limit)\n", shown, tm.Pending+tm.Failed)
+		}
+	}
+	return tw.Flush()
+}
