@@ -159,6 +159,7 @@ func (s *Scheduler) listen(ctx context.Context) {
 		}
 		s.cfg.Logger.WarnContext(ctx, "annals: scheduler listener lost its connection; reconnecting",
 			"channel", s.channel, "error", err, "backoff", backoff)
+		s.reconnects.Add(1)
 		s.signal()
 		t := time.NewTimer(backoff)
 		select {
@@ -180,12 +181,14 @@ func (s *Scheduler) listenOnce(ctx context.Context) (up bool, err error) {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
 		return false, errors.Wrap(err, "scheduler: LISTEN")
 	}
+	s.listenPID.Store(conn.PgConn().PID())
 	s.listenUp.Store(true)
 	s.signal()
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
 			return true, errors.Wrap(err, "scheduler: wait for notification")
 		}
+		s.notified.Add(1)
 		s.signal()
 	}
 }

@@ -1,7 +1,122 @@
 // Package scheduler appends events later: timers (one delayed append, e.g.
-// a saga's timeout) and cron tasks (an event at every tick of a cron
-// expression), each fired exactly once cluster-wide however many processes
-// run a dispatcher.
+// a saga's payment deadline) and cron tasks (an event at every tick of a
+// cron expression). Both live in the database, and each timer and each
+// cron tick fires exactly once however many processes run a dispatcher.
 //
-// See New, Schedule and AddTask; docs/scheduler.md is the user guide.
+//	sched, _ := scheduler.New(store, nil)
+//	id, _ := sched.Schedule(ctx, tx, time.Now().Add(30*time.Minute), "order-17",
+//		eventstore.EventData{Type: "order.payment_deadline", Data: deadline})
+//	_ = sched.AddTask(ctx, scheduler.Task{Name: "nightly", Spec: "30 2 * * *",
+//		TimeZone: "Europe/Berlin", StreamID: "reports"})
+//	runner.AddService("scheduler", sched) // or go sched.Run(ctx)
+//
+// docs/scheduler.md is the user guide.
+//
+// # Time
+//
+// Every due-time decision uses Config.Clock, never the database's now():
+// the dispatcher passes Clock.Now() into its queries. A test can therefore
+// drive timers and ticks with a fake clock (one with projection.Clock's
+// method set serves a runner and a scheduler). The dispatcher sleeps with
+// Clock.After until the next due time (at most PollInterval); a fake clock
+// should fire After channels when it is advanced. Two waits are in wall
+// time because they are not about due times: the back-off after a database
+// error, and ContentionBackoff, when due work is held by another dispatcher.
+//
+// # Timers
+//
+// Schedule validates and encodes the append at once (eventstore.Encode: bad
+// input is an error then, and event IDs are fixed), and stores it in the
+// timers table, in the caller's transaction if one is given: the timer
+// exists only if that transaction commits. The same statement sends a
+// NOTIFY on TimersChannel(schema), which PostgreSQL delivers at commit. A
+// timer whose time has passed already fires at once.
+//
+// A timer is pending until it fires, is cancelled, or fails for good:
+//
+//	pending --due, append ok--> deleted (fired, in the same transaction)
+//	pending --due, append fails--> pending, attempts+1, due_at = now + backoff
+//	pending --MaxAttempts failures, or a permanent error--> failed (kept, not retried)
+//	pending or failed --Cancel / CancelOwned--> deleted
+//
+// Permanent errors are those a retry cannot fix: an encoded append that is
+// malformed (eventstore.ErrInvalidEvent), an event ID stored already as a
+// different event, an unknown type. A wrong expected version is retried
+// (the stream may yet reach it). The backoff starts at RetryBackoff and
+// doubles up to MaxRetryBackoff. Failed timers show in Timers, TimerStats
+// and `annals schedule list`; cancel them to remove them.
+//
+// # The dispatcher
+//
+// Run loops over passes (FireDue is one pass). A pass claims due timers in
+// batches: one statement deletes up to BatchSize timers whose due_at is at
+// or before the clock's now, selected FOR UPDATE SKIP LOCKED, and returns
+// them; the same transaction appends each timer's events and commits. So:
+//
+//   - Exactly once: a timer's delete and its append commit together or not
+//     at all. Two dispatchers never claim the same row (the row lock), and
+//     a row deleted by a committed claim is gone for everyone after.
+//   - Several dispatchers share the work: SKIP LOCKED makes each take rows
+//     the others do not hold, without waiting.
+//   - A crashed claimer's transaction aborts with its session; its rows are
+//     unlocked and undeleted, claimable by the next pass of anyone.
+//   - Re-running an append is harmless anyway: the encoded events have
+//     fixed IDs, and the log treats a re-append of stored events as a no-op.
+//
+// If any append of a batch fails, the batch is rolled back and fired again
+// one timer at a time, each in a savepoint, so a failing timer records its
+// failure and the others fire. The first append of a claim takes the log's
+// ordering lock until the claim commits (see eventstore.AppendTx); claims
+// are therefore kept short: the delete comes first, then one append per
+// timer, then the commit.
+//
+// Between passes the dispatcher sleeps until the earliest due timer or cron
+// tick (by the clock), at most PollInterval, and wakes early on a NOTIFY
+// (a timer scheduled by any process), on AddTask or ResumeTask in this
+// process, and whenever its LISTEN connection (its own, not the pool's) is
+// re-established after a loss. When due work exists that another
+// dispatcher holds, it looks again after ContentionBackoff.
+//
+// Cancel and CancelOwned delete rows selected FOR UPDATE SKIP LOCKED: they
+// never wait for a dispatcher that holds a timer it is firing (which may be
+// waiting for the log's append lock held by the caller's own transaction).
+// They report false (or don't count) such a timer; it fires.
+//
+// # Cron tasks
+//
+// A Task is stored in cron_tasks by AddTask (an upsert; re-adding the same
+// definition, as every process does at start, changes nothing) and its
+// Event factory is registered in the process: a dispatcher fires only the
+// tasks registered in its process, so a process that lacks a task's code
+// never fires it. Specs are robfig/cron expressions with an optional
+// seconds field and descriptors, read in the task's IANA time zone.
+//
+// The due ticks of a task are those after its anchor — the later of its
+// last fired tick and active_since (set when the task is created, when its
+// definition changes, and when it resumes, so no tick from before those
+// moments ever fires) — up to the clock's now. A pass fires at most one
+// tick per task, the latest due one, in one transaction: lock the task row
+// FOR UPDATE SKIP LOCKED (a task another dispatcher is firing is skipped),
+// re-read it and recompute the due tick, insert the (task, tick) row into
+// cron_ticks (unique: a tick recorded once is never fired again), advance
+// last_tick, append the event last, commit. The event's ID defaults to
+// TickEventID(task, tick), a UUIDv5, as a third guard.
+//
+// Missed ticks. A tick is on time while it is at most MissedGrace (default
+// 1 min) old when a dispatcher gets to it, so a tick fired a few hundred
+// milliseconds (or seconds) late is not missed. If the latest due tick is
+// on time it fires, whatever the policy, and any older due ticks (missed
+// during an outage) are dropped. If even the latest due tick is older than
+// the grace, every due tick was missed: FireLatest fires the latest one
+// once; SkipMissed fires none. Either way the task then waits for its next
+// tick.
+//
+// Time zones and DST. Ticks are what the parser yields in the task's zone:
+// on the day clocks spring forward, a wall time that does not exist (02:30
+// in Europe/Berlin on 2026-03-29) has no tick; on the day they fall back, a
+// wall time that happens twice (02:30 on 2026-10-25) has two ticks, one
+// hour apart in UTC. Hourly and finer specs stay evenly spaced in UTC.
+// Use TimeZone "UTC" for exactly one tick per day.
+//
+// Fired tick rows are pruned after TickRetention (default 7 days).
 package scheduler

@@ -139,6 +139,9 @@ type Scheduler struct {
 	ticksFired atomic.Int64
 	sleeping   atomic.Int64 // dispatcher sleeps entered
 	listenUp   atomic.Bool
+	listenPID  atomic.Uint32 // backend PID of the LISTEN connection
+	reconnects atomic.Int64
+	notified   atomic.Int64    // notifications received
 	afterClaim func(tx pgx.Tx) // called inside a claim transaction once timers are claimed
 }
 

@@ -101,7 +101,8 @@ func TestNotifyWakesASleepingDispatcher(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, s)
-	annalstest.WaitFor(t, 10*time.Second, func() bool { return s.listenUp.Load() && s.sleeping.Load() > 0 })
+	// Asleep after the wake-up that LISTEN's start causes: 2 sleeps.
+	annalstest.WaitFor(t, 10*time.Second, func() bool { return s.listenUp.Load() && s.sleeping.Load() >= 2 })
 	// A nearer timer, already due, scheduled by the other process inside a
 	// transaction: only the NOTIFY sent at its commit can wake s.
 	tx, err := db.Pool.Begin(t.Context())
@@ -115,6 +116,9 @@ func TestNotifyWakesASleepingDispatcher(t *testing.T) {
 		t.Fatal(err)
 	}
 	annalstest.WaitFor(t, 10*time.Second, func() bool { return eventsIn(t, db, "near") == 1 })
+	if s.notified.Load() == 0 {
+		t.Error("the dispatcher fired the timer without a notification")
+	}
 	if eventsIn(t, db, "far") != 0 {
 		t.Error("the far timer fired")
 	}
@@ -274,4 +278,30 @@ func TestScheduleRejectsBadInput(t *testing.T) {
 	if _, err := New(s.store, &Config{Schema: "other"}); err == nil {
 		t.Error("a schema other than the store's accepted")
 	}
+}
+
+func TestListenerReconnectsAfterItsConnectionIsKilled(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	clock := newFakeClock(t0)
+	s := newScheduler(t, db, &Config{Clock: clock, PollInterval: time.Hour})
+	run(t, s)
+	annalstest.WaitFor(t, 10*time.Second, func() bool { return s.listenUp.Load() && s.sleeping.Load() > 0 })
+	pid := s.listenPID.Load()
+	var ok bool
+	if err := db.Pool.QueryRow(t.Context(), `SELECT pg_terminate_backend($1, 5000)`, int32(pid)).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
+	}
+	annalstest.WaitFor(t, 10*time.Second, func() bool {
+		return s.reconnects.Load() > 0 && s.listenUp.Load() && s.listenPID.Load() != pid
+	})
+	// The new connection listens: a timer scheduled by another process is
+	// announced to it, and fires.
+	before := s.notified.Load()
+	other := newScheduler(t, db, &Config{Clock: clock})
+	if _, err := other.Schedule(t.Context(), nil, t0, "after-reconnect", ev("x", map[string]any{})); err != nil {
+		t.Fatal(err)
+	}
+	annalstest.WaitFor(t, 10*time.Second, func() bool { return s.notified.Load() > before })
+	annalstest.WaitFor(t, 10*time.Second, func() bool { return eventsIn(t, db, "after-reconnect") == 1 })
 }
