@@ -69,6 +69,13 @@
 //
 // # Sagas: ReplaySaga
 //
-// ReplaySaga replays events through a saga and returns its state and the
-// effects (commands, timeouts) it produced. See saga.go in this package.
+// [ReplaySaga] replays events through a saga the same way (saga.Register on
+// a runner, RunUntilCaughtUp, in a fresh database), with a scheduler on a
+// [FakeClock], and returns what the saga made of them: its instances'
+// state ([SagaReplay.Instance]), the effects it appended
+// ([SagaReplay.Effects]) and its timers ([SagaReplay.Timers]).
+// [SagaReplay.Advance] moves the clock and fires the deadlines that fall
+// due, which the saga then handles; [SagaReplay.Append] adds events. Its
+// options embed ReplayOptions, and failures are reported as for
+// projections.
 package testkit
