@@ -96,6 +96,17 @@
 // stream_partition is its number. Each stream lives in one partition, so
 // per-stream order holds, and N instances can share the work.
 //
+// # Taking over (rebuilds)
+//
+// TakeOver makes an engine the leader of a partition at once, whoever leads
+// it: it bumps the checkpoint's epoch (fencing the leader, which releases
+// its lock at its next read or commit and stands by), then polls the lock
+// every 10 ms and takes it as soon as it is free, well before the standbys'
+// next jittered attempt; if a standby wins anyway and claims, it fences again,
+// until a bounded wait ends with ErrTakeOverTimeout. The caller then Drives
+// the lease through a target position and Releases it; meanwhile every other
+// instance stands by. Package projection's Rebuild is built on it.
+//
 // # Ephemeral subscriptions
 //
 // A subscription marked Ephemeral takes no lock and stores no checkpoint: it

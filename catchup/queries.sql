@@ -34,3 +34,17 @@ SELECT h.head, h.epoch, h.stopped_reason, h.retry, h.unresolved, e.global_sequen
 
 -- name: Head
 SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events;
+
+-- name: LockHolder
+-- The backend holding the two-int4 advisory lock ($1, $2) in this database,
+-- or no row when it is free. pg_locks shows the key as classid = k1 and
+-- objid = k2, both oid (unsigned 32-bit), with objsubid = 2.
+SELECT pid
+  FROM pg_locks
+ WHERE locktype = 'advisory'
+   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND classid = ($1::int4::int8 & 4294967295)::oid
+   AND objid = ($2::int4::int8 & 4294967295)::oid
+   AND objsubid = 2
+   AND granted
+ LIMIT 1;

@@ -1,0 +1,115 @@
+package catchup
+
+import (
+	"context"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/advisorylock"
+	"github.com/annals-dev/annals/internal/lockkey"
+)
+
+// ErrTakeOverTimeout is returned by TakeOver when the subscription's lock
+// could not be taken within the wait it was given.
+var ErrTakeOverTimeout = errors.New("catchup: timed out taking over the subscription's lock")
+
+// takeOverPoll is how often TakeOver looks at the lock while it waits for the
+// fenced leader to let go: much more often than a standby's LockRetryInterval,
+// so that TakeOver, not a standby, gets the lock when it is freed.
+const takeOverPoll = 10 * time.Millisecond
+
+// TakeOver makes this engine the leader of sub's partition now, whoever
+// leads it, and returns the lease; the caller drives it (Drive) and must
+// Release it. It fences the current leader by bumping the checkpoint's epoch
+// (as an operator's checkpoint set does: the leader notices at its next read
+// or commit, releases its lock and stands by), then takes the lock as soon as
+// it is free, polling every few milliseconds. If a standby takes the lock
+// first (and claims a newer epoch), TakeOver fences again. It gives up with
+// ErrTakeOverTimeout after wait (and when ctx ends, with ctx's error).
+func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Duration) (*Lease, error) {
+	if err := e.validate(sub); err != nil {
+		return nil, err
+	}
+	if sub.Ephemeral {
+		return nil, errors.New("catchup: TakeOver of an ephemeral subscription")
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		// Fence whoever leads: its next read or commit fails.
+		fenced, err := e.checkpoints.Claim(ctx, e.pool, sub.Name, sub.Partition, e.cfg.Owner)
+		if err != nil {
+			return nil, errors.Wrapf(err, "catchup: fence the leader of %s/%d", sub.Name, sub.Partition)
+		}
+		for {
+			holder, held, err := e.LockHolder(ctx, sub.Name, sub.Partition)
+			if err != nil {
+				return nil, err
+			}
+			if !held {
+				lease, err := e.acquire(ctx, sub)
+				if err == nil {
+					return lease, nil
+				}
+				if !errors.Is(err, advisorylock.ErrNotAcquired) {
+					return nil, err
+				}
+			}
+			if !time.Now().Before(deadline) {
+				return nil, errors.Wrapf(ErrTakeOverTimeout, "%s/%d: the lock is still held after %s (by backend pid %d)", sub.Name, sub.Partition, wait, holder)
+			}
+			if err := sleep(ctx, takeOverPoll); err != nil {
+				return nil, errors.Wrapf(err, "catchup: taking over %s/%d", sub.Name, sub.Partition)
+			}
+			cp, err := e.checkpoints.Load(ctx, e.pool, sub.Name, sub.Partition)
+			if err != nil {
+				return nil, errors.Wrapf(err, "catchup: taking over %s/%d", sub.Name, sub.Partition)
+			}
+			if cp.Epoch != fenced.Epoch {
+				break // a standby took the lock and claimed: fence it too
+			}
+		}
+	}
+}
+
+// Drive processes sub through position target with a lease the caller holds
+// (from TakeOver), starting at lease.Start, and returns without releasing the
+// lease. Handler failures follow the processor's policy; a read error, a
+// lost lock or fencing (checkpoint.ErrFenced) ends it with that error.
+func (e *Engine) Drive(ctx context.Context, sub *Subscription, lease *Lease, target int64) error {
+	if err := e.validate(sub); err != nil {
+		return err
+	}
+	if lease == nil || lease.Lock == nil {
+		return errors.New("catchup: Drive needs a lease with a lock (from TakeOver)")
+	}
+	if lease.Subscriber != sub.Name || lease.Partition != sub.Partition {
+		return errors.Newf("catchup: lease of %s/%d used for %s/%d", lease.Subscriber, lease.Partition, sub.Name, sub.Partition)
+	}
+	return e.lead(ctx, ctx, sub, lease, target)
+}
+
+// Release ends a leadership taken with TakeOver: it releases the lock (and
+// closes its connection). Safe to call twice.
+func (e *Engine) Release(ctx context.Context, lease *Lease) {
+	if lease == nil || lease.Lock == nil {
+		return
+	}
+	e.release(ctx, lease)
+}
+
+// LockHolder returns the backend process ID holding the lock of the
+// subscriber partition, and whether anyone holds it (a leader or a
+// TakeOver is active).
+func (e *Engine) LockHolder(ctx context.Context, subscriber string, partition int) (pid int32, held bool, err error) {
+	k1, k2 := lockkey.Pair(LockKey(e.schema, subscriber, partition))
+	err = e.pool.QueryRow(ctx, e.q["LockHolder"], k1, k2).Scan(&pid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, errors.Wrapf(err, "catchup: look up the lock of %s/%d", subscriber, partition)
+	}
+	return pid, true, nil
+}
