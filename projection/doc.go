@@ -44,5 +44,31 @@
 //   - Telemetry: a span per handler call, linked to the append that produced
 //     the event, and the metrics listed in internal/telemetry.
 //
+// # Rebuilding a projection
+//
+// Runner.Rebuild replays one registered projection from the start of the log
+// into a cleared read model while the service keeps running (mount the
+// commands of package projection/projectioncmd to do it from the command
+// line):
+//
+//	err := runner.Rebuild(ctx, "balances", &projection.RebuildOptions{
+//		OnProgress: func(p projection.RebuildProgress) { log.Printf("%d/%d", p.Done, p.Total) },
+//	})
+//
+// The projection must be a Resetter (a typed projection: call OnReset).
+// Rebuild fences the live leader of every partition (it bumps the
+// checkpoint's epoch, as annals checkpoint set does), takes the partitions'
+// locks as the leaders let go, and holds them: live instances stand by. In
+// one transaction it calls Reset, sets the checkpoints to 0 and settles the
+// subscriber's unresolved dead letters (the replay delivers those events
+// again); then it replays through the head, RebuildOptions.BatchSize events
+// per transaction (5,000 by default) each committed with its checkpoint,
+// reporting progress, and releases each partition's lock when done, so that
+// a live instance takes over from the rebuilt checkpoint. A rebuild that
+// dies midway loses nothing: the live instance takes the freed lock and
+// continues the replay from the last committed batch. Attempt counts of
+// earlier failures carry over, so an event that had spent its retries is
+// dead-lettered at its first failure in the replay.
+//
 // The algorithm, with its state machine, is described in package catchup.
 package projection

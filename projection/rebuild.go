@@ -1,0 +1,494 @@
+package projection
+
+import (
+	"context"
+	_ "embed"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/internal/sqltmpl"
+)
+
+//go:embed rebuild.sql
+var rebuildSQL string
+
+var (
+	// ErrUnknownProjection is returned by Rebuild for a name that is not
+	// registered with the runner; the message lists the registered names.
+	ErrUnknownProjection = errors.New("projection: unknown projection")
+	// ErrNotResetter is returned by Rebuild for a projection that cannot
+	// clear its read model: it does not implement Resetter, or it is a typed
+	// projection without OnReset. Replaying onto the old read model would
+	// apply every event twice.
+	ErrNotResetter = errors.New("projection: the projection cannot reset its read model")
+	// ErrObserver is returned by Rebuild for an observer: its side effects
+	// are outside the database and cannot be undone.
+	ErrObserver = errors.New("projection: observers cannot be rebuilt")
+	// ErrRebuildRunning is returned by Rebuild when another rebuild of the
+	// same projection holds one of its partitions.
+	ErrRebuildRunning = errors.New("projection: a rebuild of this projection is already running")
+)
+
+// RebuildOwnerPrefix starts the owner recorded in the checkpoints of a
+// subscriber while a rebuild leads it ("rebuild:" and the instance ID).
+const RebuildOwnerPrefix = "rebuild:"
+
+// RebuildOptions configures Runner.Rebuild. A nil *RebuildOptions means
+// defaults.
+type RebuildOptions struct {
+	// BatchSize is the number of events read and committed (with the
+	// checkpoint) per transaction. Defaults to 5,000.
+	BatchSize int
+	// LockTimeout bounds the wait for the live leaders to stand aside (they
+	// notice the rebuild at their next read or commit, within about a
+	// PollInterval, or when the batch in hand ends). Defaults to 1 minute.
+	LockTimeout time.Duration
+	// OnProgress is called after each committed batch and once at the end
+	// (with Done == Total). Defaults to nothing.
+	OnProgress func(RebuildProgress)
+}
+
+// RebuildProgress is how far a rebuild has come.
+type RebuildProgress struct {
+	// Projection is the projection being rebuilt.
+	Projection string
+	// Done is the number of events replayed so far (every partition).
+	Done int64
+	// Total is the number of events to replay: those the projection reads,
+	// up to the head of the log when the rebuild began.
+	Total int64
+	// Head is the position the rebuild replays through.
+	Head int64
+	// Elapsed is the time since the replay began (after the reset).
+	Elapsed time.Duration
+	// Rate is Done per second of Elapsed.
+	Rate float64
+	// ETA estimates the time left at Rate (0 when unknown or done).
+	ETA time.Duration
+	// Finished is set on the last call, when the replay reached Head.
+	Finished bool
+}
+
+// SubscriberInfo describes a registered projection or observer.
+type SubscriberInfo struct {
+	// Name is the subscriber's name.
+	Name string
+	// Observer is true for an observer, false for a projection.
+	Observer bool
+	// Rebuildable is true for a projection that can reset its read model
+	// (a Resetter; a typed projection with OnReset).
+	Rebuildable bool
+	// Partitions is the number of partitions (1: unpartitioned).
+	Partitions int
+	// Types are the event-type patterns it reads (empty: all).
+	Types []string
+}
+
+// Registered returns the registered projections and observers, by name.
+func (r *Runner) Registered() []SubscriberInfo {
+	r.mu.Lock()
+	regs := slices.Clone(r.regs)
+	r.mu.Unlock()
+	out := make([]SubscriberInfo, 0, len(regs))
+	for _, reg := range regs {
+		_, obs, why := rebuildable(reg)
+		out = append(out, SubscriberInfo{
+			Name: reg.name, Observer: obs, Rebuildable: why == nil, Partitions: reg.opts.Partitions,
+			Types: slices.Clone(reg.filter.Patterns()),
+		})
+	}
+	slices.SortFunc(out, func(a, b SubscriberInfo) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Schema returns the annals schema the runner works in.
+func (r *Runner) Schema() string { return r.cfg.Schema }
+
+// rebuildable returns the projection's Resetter, whether it is an observer,
+// and why it cannot be rebuilt (nil if it can).
+func rebuildable(reg *registration) (Resetter, bool, error) {
+	switch p := reg.newProc().(type) {
+	case *observerProcessor:
+		return nil, true, errors.Wrapf(ErrObserver, "%q is an observer (its side effects cannot be undone); "+
+			"to deliver events again, set its checkpoint (annals checkpoint set)", reg.name)
+	case *txProcessor:
+		if t, ok := p.p.(*Typed); ok && t.reset == nil {
+			return nil, false, errors.Wrapf(ErrNotResetter, "typed projection %q has no OnReset", reg.name)
+		}
+		res, ok := p.p.(Resetter)
+		if !ok {
+			return nil, false, errors.Wrapf(ErrNotResetter, "%q (%T) does not implement projection.Resetter", reg.name, p.p)
+		}
+		return res, false, nil
+	default:
+		return nil, false, errors.Newf("projection: %q: unexpected processor %T", reg.name, p)
+	}
+}
+
+// Rebuild replays the registered projection name from the start of the log
+// into a cleared read model, while the service keeps running:
+//
+//  1. It takes every partition's lock cluster-wide: it fences the live
+//     leader (bumps the checkpoint's epoch; the leader releases its lock at
+//     its next read or commit and stands by) and takes the lock as soon as
+//     it is free. Live instances stand by for the rest of the rebuild.
+//  2. In one transaction, fenced by the rebuild's epochs, it calls the
+//     projection's Reset, sets every partition's checkpoint to 0 (clearing a
+//     Stop) and settles the subscriber's unresolved dead letters (status
+//     skipped: the replay delivers those events again).
+//  3. It replays each partition through the head as it was at the reset,
+//     BatchSize events per transaction, each committed with its checkpoint,
+//     under the projection's usual retry and dead-letter policies, and calls
+//     OnProgress after each batch.
+//  4. It releases each partition's lock when it is done: a live instance
+//     takes over from the rebuilt checkpoint and processes what was
+//     appended meanwhile.
+//
+// If the rebuild stops midway (ctx ends, the process dies, its lock
+// connection is lost), nothing is lost or applied twice: the reset and the
+// checkpoint 0 committed together, and each batch committed with its
+// checkpoint, so a live instance takes the freed lock and simply continues
+// the replay from the last committed batch.
+//
+// It fails with ErrUnknownProjection, ErrObserver or ErrNotResetter (and
+// changes nothing) for a name it cannot rebuild, ErrRebuildRunning while
+// another rebuild of it runs, and catchup.ErrTakeOverTimeout when a lock is
+// not free within LockTimeout. Events are counted for progress with one
+// scan of the log up to the head.
+func (r *Runner) Rebuild(ctx context.Context, name string, opts *RebuildOptions) error {
+	var o RebuildOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.BatchSize < 0 || o.LockTimeout < 0 {
+		return errors.Newf("projection: rebuild %q: negative option", name)
+	}
+	if o.BatchSize == 0 {
+		o.BatchSize = 5000
+	}
+	if o.LockTimeout == 0 {
+		o.LockTimeout = time.Minute
+	}
+	reg, err := r.lookup(name)
+	if err != nil {
+		return err
+	}
+	res, _, err := rebuildable(reg)
+	if err != nil {
+		return err
+	}
+	rb, err := r.newRebuild(reg, res, o)
+	if err != nil {
+		return err
+	}
+	return rb.run(ctx)
+}
+
+// lookup returns the registration of name.
+func (r *Runner) lookup(name string) (*registration, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	names := make([]string, 0, len(r.regs))
+	for _, reg := range r.regs {
+		if reg.name == name {
+			return reg, nil
+		}
+		names = append(names, reg.name)
+	}
+	slices.Sort(names)
+	known := strings.Join(names, ", ")
+	if known == "" {
+		known = "none"
+	}
+	return nil, errors.Wrapf(ErrUnknownProjection, "%q is not registered (registered: %s)", name, known)
+}
+
+// rebuild is one run of Runner.Rebuild.
+type rebuild struct {
+	r      *Runner
+	reg    *registration
+	res    Resetter
+	opts   RebuildOptions
+	engine *catchup.Engine
+	cps    *checkpoint.Store
+	q      map[string]string
+	subs   []*catchup.Subscription
+	log    *slog.Logger
+
+	progress RebuildProgress
+	started  time.Time
+}
+
+func (r *Runner) newRebuild(reg *registration, res Resetter, o RebuildOptions) (*rebuild, error) {
+	engine, err := catchup.NewEngine(r.pool, nil, &catchup.Config{
+		Schema:          r.cfg.Schema,
+		Owner:           RebuildOwnerPrefix + r.cfg.InstanceID,
+		RetryBackoff:    r.cfg.RetryBackoff,
+		ShutdownTimeout: r.cfg.ShutdownTimeout,
+		Lock:            r.cfg.Lock,
+		Logger:          r.cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	cps, err := checkpoint.New(r.cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	q, err := sqltmpl.Named("rebuild.sql", rebuildSQL, sqltmpl.NewData(r.cfg.Schema))
+	if err != nil {
+		return nil, err
+	}
+	rb := &rebuild{r: r, reg: reg, res: res, opts: o, engine: engine, cps: cps, q: q,
+		log:      r.cfg.Logger.With(slog.String("projection", reg.name)),
+		progress: RebuildProgress{Projection: reg.name}}
+	for part := range reg.opts.Partitions {
+		rb.subs = append(rb.subs, &catchup.Subscription{
+			Name: reg.name, Partition: part, Partitions: reg.opts.Partitions, Filter: reg.filter,
+			BatchSize: o.BatchSize, Processor: &countingProcessor{Processor: reg.newProc(), done: rb.advance},
+		})
+	}
+	return rb, nil
+}
+
+func (rb *rebuild) run(ctx context.Context) (err error) {
+	name := rb.reg.name
+	if err := rb.refuseConcurrent(ctx); err != nil {
+		return err
+	}
+	leases, err := rb.takeOver(ctx)
+	defer func() {
+		for _, l := range leases {
+			rb.engine.Release(ctx, l) // a no-op for those already released
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	rb.log.InfoContext(ctx, "annals: rebuild: leading every partition; resetting")
+
+	head, err := rb.engine.Head(ctx)
+	if err != nil {
+		return err
+	}
+	totals, err := rb.count(ctx, head)
+	if err != nil {
+		return err
+	}
+	if err := rb.reset(ctx, leases); err != nil {
+		return err
+	}
+	rb.progress.Head = head
+	for _, n := range totals {
+		rb.progress.Total += n
+	}
+	rb.started = time.Now()
+	rb.log.InfoContext(ctx, "annals: rebuild: replaying", slog.Int64("head", head), slog.Int64("events", rb.progress.Total))
+
+	for part, sub := range rb.subs {
+		if err := rb.replay(ctx, sub, leases[part], head); err != nil {
+			return errors.Wrapf(err, "projection: rebuild %q: partition %d (a live instance continues the replay "+
+				"from the last committed batch)", name, part)
+		}
+		rb.engine.Release(ctx, leases[part]) // hand back to a live instance
+	}
+	rb.report(true)
+	rb.log.InfoContext(ctx, "annals: rebuild: done", slog.Int64("events", rb.progress.Done),
+		slog.Duration("elapsed", rb.progress.Elapsed))
+	return nil
+}
+
+// refuseConcurrent fails with ErrRebuildRunning while another rebuild leads
+// a partition (its owner is a rebuild and the lock is held): fencing it would
+// stop it halfway.
+func (rb *rebuild) refuseConcurrent(ctx context.Context) error {
+	for _, sub := range rb.subs {
+		cp, err := rb.cps.Load(ctx, rb.r.pool, sub.Name, sub.Partition)
+		if errors.Is(err, checkpoint.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if !strings.HasPrefix(cp.Owner, RebuildOwnerPrefix) {
+			continue
+		}
+		pid, held, err := rb.engine.LockHolder(ctx, sub.Name, sub.Partition)
+		if err != nil {
+			return err
+		}
+		if held {
+			return errors.Wrapf(ErrRebuildRunning, "%q partition %d is led by %s (backend pid %d)", sub.Name, sub.Partition, cp.Owner, pid)
+		}
+	}
+	return nil
+}
+
+// takeOver takes every partition's lock, concurrently, within LockTimeout.
+// It returns the leases it got, also on error (the caller releases them).
+func (rb *rebuild) takeOver(ctx context.Context) ([]*catchup.Lease, error) {
+	leases := make([]*catchup.Lease, len(rb.subs))
+	errs := make([]error, len(rb.subs))
+	var wg sync.WaitGroup
+	for i, sub := range rb.subs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			leases[i], errs[i] = rb.engine.TakeOver(ctx, sub, rb.opts.LockTimeout)
+		}()
+	}
+	wg.Wait()
+	got := leases[:0:0]
+	for _, l := range leases {
+		if l != nil {
+			got = append(got, l)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return got, errors.Wrapf(err, "projection: rebuild %q: take the subscriber's locks", rb.reg.name)
+	}
+	return leases, nil
+}
+
+// count returns the number of events to replay per partition.
+func (rb *rebuild) count(ctx context.Context, head int64) (map[int]int64, error) {
+	var regex *string
+	if re := rb.reg.filter.Regex(); re != "" {
+		regex = &re
+	}
+	rows, err := rb.r.pool.Query(ctx, rb.q["CountEvents"], head, regex, rb.reg.opts.Partitions)
+	if err != nil {
+		return nil, errors.Wrap(err, "projection: rebuild: count the events")
+	}
+	out := map[int]int64{}
+	var part int
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&part, &n}, func() error { out[part] = n; return nil })
+	return out, errors.Wrap(err, "projection: rebuild: count the events")
+}
+
+// reset clears the read model, sets every partition's checkpoint to 0 and
+// settles the dead letters, in one transaction on the first partition's lock
+// connection, each checkpoint fenced by its partition's epoch.
+func (rb *rebuild) reset(ctx context.Context, leases []*catchup.Lease) error {
+	err := leases[0].Lock.Do(ctx, func(conn *pgx.Conn) error {
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if err := safely(func() error { return rb.res.Reset(ctx, tx) }); err != nil {
+				return errors.Wrap(err, "Reset")
+			}
+			if _, err := tx.Exec(ctx, rb.q["SupersedeDeadLetters"], rb.reg.name); err != nil {
+				return errors.Wrap(err, "settle the dead letters")
+			}
+			for _, l := range leases {
+				tag, err := tx.Exec(ctx, rb.q["ResetCheckpoint"], l.Subscriber, l.Partition, l.Epoch)
+				if err != nil {
+					return errors.Wrap(err, "set the checkpoint to 0")
+				}
+				if tag.RowsAffected() != 1 {
+					return errors.Wrapf(checkpoint.ErrFenced, "partition %d at epoch %d", l.Partition, l.Epoch)
+				}
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return errors.Wrapf(err, "projection: rebuild %q: reset (nothing changed)", rb.reg.name)
+	}
+	for _, l := range leases {
+		l.Start = 0
+	}
+	return nil
+}
+
+// replay drives one partition through head. A read error is retried after
+// RetryBackoff from the committed checkpoint; fencing, a lost lock, a
+// stopped partition and the end of ctx end it.
+func (rb *rebuild) replay(ctx context.Context, sub *catchup.Subscription, lease *catchup.Lease, head int64) error {
+	for {
+		err := rb.engine.Drive(ctx, sub, lease, head)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, catchup.ErrStopped) ||
+			lease.Lock.Err() != nil {
+			return err
+		}
+		rb.log.WarnContext(ctx, "annals: rebuild: replay failed; retrying", slog.Int("partition", sub.Partition), slog.Any("error", err))
+		if err := sleepCtx(ctx, max(rb.r.cfg.RetryBackoff, 10*time.Millisecond)); err != nil {
+			return err
+		}
+		// Continue from what is committed, not from where the read failed.
+		var cp checkpoint.Checkpoint
+		err = lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+			var err error
+			cp, err = rb.cps.Load(ctx, conn, sub.Name, sub.Partition)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		lease.Start = cp.Position
+	}
+}
+
+// advance counts events replayed and reports progress.
+func (rb *rebuild) advance(n int) {
+	if n == 0 {
+		return
+	}
+	rb.progress.Done += int64(n)
+	rb.report(false)
+}
+
+func (rb *rebuild) report(finished bool) {
+	p := &rb.progress
+	p.Elapsed = time.Since(rb.started)
+	p.Rate, p.ETA = 0, 0
+	if s := p.Elapsed.Seconds(); s > 0 {
+		p.Rate = float64(p.Done) / s
+	}
+	if p.Rate > 0 && p.Done < p.Total {
+		p.ETA = time.Duration(float64(p.Total-p.Done) / p.Rate * float64(time.Second))
+	}
+	p.Finished = finished
+	if rb.opts.OnProgress != nil {
+		rb.opts.OnProgress(*p)
+	}
+}
+
+// countingProcessor reports how many events each batch got through.
+type countingProcessor struct {
+	catchup.Processor
+	done func(n int)
+}
+
+func (c *countingProcessor) Process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
+	pos, err := c.Processor.Process(ctx, lease, b)
+	n := 0
+	for _, e := range b.Events {
+		if e.GlobalSequence <= pos {
+			n++
+		}
+	}
+	c.done(n)
+	return pos, err
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,28 @@
+-- Statements of Runner.Rebuild.
+
+-- name: ResetCheckpoint
+-- Sets the checkpoint of a subscriber partition back to 0 (and clears a stop)
+-- if $3 is still its epoch: the rebuild's leadership is fenced like every
+-- leader's. Runs in the transaction that also calls the projection's Reset.
+UPDATE {{.Schema}}.checkpoints
+   SET position = 0, stopped_reason = NULL, stopped_at = NULL, updated_at = clock_timestamp()
+ WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3;
+
+-- name: SupersedeDeadLetters
+-- The rebuild delivers every event again, so the subscriber's unresolved dead
+-- letters are settled: an event that fails again is dead-lettered again (the
+-- entry goes back to open, with the new error). Without this, a stream parked
+-- before the rebuild would stay parked behind an event the rebuild applies.
+UPDATE {{.Schema}}.dead_letters
+   SET status = 'skipped', updated_at = clock_timestamp()
+ WHERE subscriber_id = $1 AND status IN ('open', 'retry');
+
+-- name: CountEvents
+-- The events a rebuild replays, per partition: $1 head (inclusive), $2 type
+-- regex or NULL, $3 partitions.
+SELECT CASE WHEN $3::int <= 1 THEN 0 ELSE {{.Schema}}.stream_partition(e.stream_id, $3) END AS part,
+       count(*)
+  FROM {{.Schema}}.events e
+ WHERE e.global_sequence <= $1
+   AND ($2::text IS NULL OR e.event_type ~ $2)
+ GROUP BY 1;
