@@ -35,12 +35,17 @@ else
 	$(ANNALS) dev --fsync=false -- $(GO) test $(TEST_FLAGS) ./...
 endif
 
+# demo: the bank service end to end (examples/bank: aggregate commands, events,
+# a live projection and observer, a rebuild); on a throwaway cluster the
+# quickstart runs first. The quickstart writes fixed streams, so it needs a
+# fresh database and is left out with DATABASE_URL; the bank demo can run
+# again on the same database.
 demo:
 ifdef DATABASE_URL
-	$(GO) run ./examples/quickstart
+	$(GO) run ./examples/bank demo
 else
 	@$(MAKE) --no-print-directory postgres
-	$(ANNALS) dev -- $(GO) run ./examples/quickstart
+	$(ANNALS) dev -- sh -c '$(GO) run ./examples/quickstart && echo && $(GO) run ./examples/bank demo'
 endif
 
 # Benchmarks need fsync on: a throwaway cluster with durable commits, or

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/aggregate"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/migrations"
+	"github.com/annals-dev/annals/projection"
+)
+
+// service is the bank service wired together: the event store, the
+// accounts repository and a runner with the balances projection and the
+// notifier registered. The demo and the projections commands share it.
+type service struct {
+	pool     *pgxpool.Pool
+	reg      *eventstore.Registry
+	store    *eventstore.Store
+	accounts *aggregate.Repository[*Account]
+	runner   *projection.Runner
+	mailer   *logMailer
+}
+
+// serviceOptions are what tests change.
+type serviceOptions struct {
+	// out receives the notifications.
+	out io.Writer
+	// logger receives the runner's logs. Defaults to discarding.
+	logger *slog.Logger
+	// pollInterval is the runner's PollInterval. Defaults to the runner's.
+	pollInterval time.Duration
+}
+
+// openService connects to url, creates or upgrades the annals schema and the
+// read model's table, and registers the subscribers on a new runner.
+func openService(ctx context.Context, url string, o serviceOptions) (_ *service, err error) {
+	if url == "" {
+		return nil, errors.New("set DATABASE_URL (or run `make demo`, which starts a throwaway PostgreSQL)")
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, errors.Wrap(err, "connect")
+	}
+	defer func() {
+		if err != nil {
+			pool.Close()
+		}
+	}()
+	// The annals schema (idempotent, safe from many processes), then the
+	// service's own table.
+	if _, err := migrations.Up(ctx, pool, nil); err != nil {
+		return nil, err
+	}
+	if err := createBalancesTable(ctx, pool); err != nil {
+		return nil, err
+	}
+	s := &service{pool: pool, reg: newRegistry(), mailer: newLogMailer(o.out)}
+	if s.store, err = eventstore.New(pool, &eventstore.Config{Registry: s.reg}); err != nil {
+		return nil, err
+	}
+	if s.accounts, err = aggregate.NewRepository(s.store, "account", newAccount, nil); err != nil {
+		return nil, err
+	}
+	if s.runner, err = projection.NewRunner(pool, &projection.Config{
+		Logger:       o.logger,
+		PollInterval: o.pollInterval,
+		// Retry a failing handler quickly in the demo; a service keeps the
+		// defaults (3 retries, 1 s, ×2).
+		Retry: &projection.RetryPolicy{MaxRetries: 2, InitialDelay: 100 * time.Millisecond},
+	}); err != nil {
+		return nil, err
+	}
+	if err := s.runner.Register(newBalances(s.reg), nil); err != nil {
+		return nil, err
+	}
+	if err := s.runner.Register(newNotifier(s.reg, s.mailer), nil); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *service) Close() { s.pool.Close() }
