@@ -72,7 +72,7 @@ func runDemo(ctx context.Context, stdout io.Writer, url string, o serviceOptions
 		{"withdraw", id("alice"), "", 1200_00},
 		{"withdraw", id("bob"), "", 500_00}, // more than Bob has
 		{"withdraw", id("bob"), "", 45_50},
-		{"open", id("alice"), "Alice", 0}, // twice
+		{"open", id("alice"), "Alice", 0},   // twice
 		{"deposit", id("carol"), "", 10_00}, // never opened
 		{"withdraw", id("alice"), "", 1300_00},
 	}
