@@ -167,6 +167,22 @@ func (f *failures) handle(ctx context.Context, e eventstore.Event, fn func(ctx c
 	return err
 }
 
+// deliver is handle for a handler that takes the event: e is upcast to its
+// type's current schema version first (Config.Registry), inside the
+// handler's span and timeout, so a failing upcaster is a failed attempt of
+// the handler — retried, then dead-lettered — never an engine error. Every
+// delivery path (batches, retries, re-delivered dead letters) goes through
+// it; the stored event and the dead-letter row keep the original data.
+func (f *failures) deliver(ctx context.Context, e eventstore.Event, fn func(ctx context.Context, e eventstore.Event) error) error {
+	return f.handle(ctx, e, func(ctx context.Context) error {
+		up, err := f.registry.Upcast(e)
+		if err != nil {
+			return err
+		}
+		return fn(ctx, up)
+	})
+}
+
 // retrying counts a failed attempt that will be retried.
 func (f *failures) retrying(ctx context.Context, e eventstore.Event, attempt int, err error) {
 	f.attempts[e.ID] = attempt

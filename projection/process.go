@@ -31,6 +31,8 @@ type failures struct {
 	logger     *slog.Logger
 	tel        *telemetry.Subscription
 	childSpans bool
+	// registry upcasts events before they reach the handler (nil: none).
+	registry *eventstore.Registry
 	// attempts of events being retried in this process (for span attributes).
 	attempts map[uuid.UUID]int
 	// Metric attribute sets, built once rather than per event.
@@ -262,7 +264,7 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 				parkedNow = append(parkedNow, e)
 				continue
 			}
-			err := t.f.handle(ctx, e, func(ctx context.Context) error { return t.p.Handle(ctx, tx, e) })
+			err := t.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return t.p.Handle(ctx, tx, e) })
 			if err != nil {
 				failedAt = i
 				return errors.Wrapf(err, "projection %q: event %d (%s, stream %s v%d)", t.p.Name(), e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion)
@@ -288,7 +290,7 @@ func (t *txProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error
 			if err := lease.Commit(ctx, tx, 0); err != nil {
 				return err
 			}
-			err := t.f.handle(ctx, e, func(ctx context.Context) error { return t.p.Handle(ctx, tx, e) })
+			err := t.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return t.p.Handle(ctx, tx, e) })
 			if err != nil {
 				return handlerError{err}
 			}
@@ -435,7 +437,7 @@ func (p *observerProcessor) Process(ctx context.Context, lease *catchup.Lease, b
 			done, handled = e.GlobalSequence, handled+1
 			continue
 		}
-		err := p.f.handle(ctx, e, func(ctx context.Context) error { return p.o.Handle(ctx, e) })
+		err := p.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return p.o.Handle(ctx, e) })
 		if err == nil {
 			done, handled = e.GlobalSequence, handled+1
 			continue
@@ -495,7 +497,7 @@ func (p *observerProcessor) inLock(ctx context.Context, lease *catchup.Lease, fn
 // Redeliver re-delivers released dead letters in position order.
 func (p *observerProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error {
 	return redeliver(ctx, p.f, lease, func(e eventstore.Event, id int64) error {
-		if err := p.f.handle(ctx, e, func(ctx context.Context) error { return p.o.Handle(ctx, e) }); err != nil {
+		if err := p.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return p.o.Handle(ctx, e) }); err != nil {
 			return handlerError{err}
 		}
 		return lease.Lock.Do(ctx, func(conn *pgx.Conn) error {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/internal/telemetry"
@@ -72,6 +73,14 @@ type Config struct {
 	// MeterProvider receives the runner's metrics (see internal/telemetry's
 	// doc for the list). Defaults to the global provider.
 	MeterProvider metric.MeterProvider
+	// Registry upcasts every event to its type's current schema version
+	// (eventstore.Registry.RegisterUpcaster) before any handler sees it,
+	// including retries and re-delivered dead letters; an upcaster error is
+	// a failed attempt (retried, then dead-lettered). Typed handlers (On,
+	// Observe) decode with eventstore.Decode[T], which upcasts with their own
+	// registry even without this. Defaults to nil: untyped handlers get
+	// events as stored.
+	Registry *eventstore.Registry
 	// HandlerSpanParent makes a handler's span a child of the producing
 	// append's span instead of linking to it (one trace across the event
 	// store). Defaults to false (a link).
@@ -360,7 +369,7 @@ func (r *Runner) failures(name string, o Options) *failures {
 	return &failures{
 		name: name, q: r.fq, retry: policy.withDefaults(), policy: o.OnDeadLetter,
 		timeout: timeout, clock: r.cfg.Clock, hooks: r.cfg.Hooks, logger: r.cfg.Logger,
-		tel: r.tel, childSpans: r.cfg.HandlerSpanParent, attempts: map[uuid.UUID]int{},
+		tel: r.tel, childSpans: r.cfg.HandlerSpanParent, registry: r.cfg.Registry, attempts: map[uuid.UUID]int{},
 		subAttrs: metric.WithAttributes(sub),
 		okAttrs:  metric.WithAttributes(sub, telemetry.Outcome.String("ok")),
 		errAttrs: metric.WithAttributes(sub, telemetry.Outcome.String("error")),
