@@ -1,0 +1,300 @@
+package projectioncmd
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/projection"
+)
+
+//go:embed queries.sql
+var queriesSQL string
+
+// Config configures the command tree. A nil *Config means defaults.
+type Config struct {
+	// Use is the name of the parent command. Defaults to "projections".
+	Use string
+	// ProgressInterval is how often a rebuild prints a progress line when
+	// stderr is not a terminal. Defaults to 2s.
+	ProgressInterval time.Duration
+}
+
+// commands is what the subcommands share.
+type commands struct {
+	runner *projection.Runner
+	pool   *pgxpool.Pool
+	cfg    Config
+	// terminal reports whether a stream (the command's stdin or stderr) is
+	// an interactive terminal; tests replace it.
+	terminal func(stream any) bool
+}
+
+// New returns the command tree for runner: "projections" with the
+// subcommands list, status and rebuild. pool must reach the runner's
+// database (the runner's own pool is the natural choice); the schema is the
+// runner's.
+func New(runner *projection.Runner, pool *pgxpool.Pool, cfg *Config) *cobra.Command {
+	return newCommands(runner, pool, cfg).root()
+}
+
+func newCommands(runner *projection.Runner, pool *pgxpool.Pool, cfg *Config) *commands {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Use == "" {
+		c.Use = "projections"
+	}
+	if c.ProgressInterval <= 0 {
+		c.ProgressInterval = 2 * time.Second
+	}
+	return &commands{runner: runner, pool: pool, cfg: c, terminal: isTerminal}
+}
+
+// isTerminal reports whether stream is a file descriptor of a terminal.
+func isTerminal(stream any) bool {
+	f, ok := stream.(interface{ Fd() uintptr })
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+func (c *commands) root() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   c.cfg.Use,
+		Short: "List, inspect and rebuild this service's projections",
+		Long: `List, inspect and rebuild the projections and observers this service registers.
+
+A partition's leader is the checkpoint's owner while a session holds its advisory lock
+("none" otherwise; "rebuild:…" while a rebuild leads it). Lag is the head of the log
+minus the checkpoint, in positions: an upper bound on the events still to process.`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: false,
+	}
+	cmd.AddCommand(c.listCommand(), c.statusCommand(), c.rebuildCommand())
+	return cmd
+}
+
+// partitionState is one subscriber partition as list and status show it.
+type partitionState struct {
+	partition    int
+	exists       bool // a checkpoint row exists
+	position     int64
+	epoch        int64
+	owner        string
+	stopped      string
+	updated      time.Time
+	deadLetters  int64
+	lockHeld     bool
+	lockPID      int32
+	head         int64
+	subscriberOf projection.SubscriberInfo
+}
+
+func (p partitionState) lag() int64 { return max(p.head-p.position, 0) }
+
+func (p partitionState) leader() string {
+	switch {
+	case !p.lockHeld:
+		return "none"
+	case p.owner == "":
+		return fmt.Sprintf("unknown (pid %d)", p.lockPID)
+	default:
+		return p.owner
+	}
+}
+
+// load reads the state of every partition of the subscribers.
+func (c *commands) load(ctx context.Context, subs []projection.SubscriberInfo) ([][]partitionState, int64, error) {
+	schema := c.runner.Schema()
+	q, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(schema))
+	if err != nil {
+		return nil, 0, err
+	}
+	engine, err := catchup.NewEngine(c.pool, nil, &catchup.Config{Schema: schema})
+	if err != nil {
+		return nil, 0, err
+	}
+	var head int64
+	if err := c.pool.QueryRow(ctx, q["Head"]).Scan(&head); err != nil {
+		return nil, 0, errors.Wrapf(err, "read the head of the log (is schema %q migrated?)", schema)
+	}
+	out := make([][]partitionState, len(subs))
+	for i, s := range subs {
+		parts := make([]partitionState, s.Partitions)
+		for p := range parts {
+			parts[p] = partitionState{partition: p, head: head, subscriberOf: s}
+		}
+		rows, err := c.pool.Query(ctx, q["Checkpoints"], s.Name)
+		if err != nil {
+			return nil, 0, errors.Wrapf(err, "read the checkpoints of %q", s.Name)
+		}
+		var st partitionState
+		_, err = pgx.ForEachRow(rows, []any{&st.partition, &st.position, &st.epoch, &st.owner, &st.stopped, &st.updated, &st.deadLetters}, func() error {
+			if st.partition >= 0 && st.partition < len(parts) {
+				st.exists, st.head, st.subscriberOf = true, head, s
+				parts[st.partition] = st
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, 0, errors.Wrapf(err, "read the checkpoints of %q", s.Name)
+		}
+		for p := range parts {
+			pid, held, err := engine.LockHolder(ctx, s.Name, p)
+			if err != nil {
+				return nil, 0, err
+			}
+			parts[p].lockPID, parts[p].lockHeld = pid, held
+		}
+		out[i] = parts
+	}
+	return out, head, nil
+}
+
+// selected returns the registered subscribers, or only name.
+func (c *commands) selected(name string) ([]projection.SubscriberInfo, error) {
+	all := c.runner.Registered()
+	if name == "" {
+		return all, nil
+	}
+	names := make([]string, 0, len(all))
+	for _, s := range all {
+		if s.Name == name {
+			return []projection.SubscriberInfo{s}, nil
+		}
+		names = append(names, s.Name)
+	}
+	known := strings.Join(names, ", ")
+	if known == "" {
+		known = "none"
+	}
+	return nil, errors.Wrapf(projection.ErrUnknownProjection, "%q is not registered (registered: %s)", name, known)
+}
+
+func kind(s projection.SubscriberInfo) string {
+	switch {
+	case s.Observer:
+		return "observer"
+	case s.Rebuildable:
+		return "projection"
+	default:
+		return "projection (no reset)"
+	}
+}
+
+func (c *commands) listCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "list",
+		Short: "List the registered projections and observers with checkpoint, head, lag and leader",
+		Long: `List the registered projections and observers, one line each: kind, partitions, the
+lowest checkpoint of its partitions ("-" before its first run), the head of the log, the
+lag (head minus the lowest checkpoint) and the leaders of its partitions.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			subs := c.runner.Registered()
+			states, _, err := c.load(cmd.Context(), subs)
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tKIND\tPARTITIONS\tCHECKPOINT\tHEAD\tLAG\tLEADER")
+			for i, s := range subs {
+				parts := states[i]
+				low, started := int64(0), true
+				var leaders []string
+				seen := map[string]bool{}
+				for j, p := range parts {
+					if !p.exists {
+						started = false
+					}
+					if j == 0 || p.position < low {
+						low = p.position
+					}
+					if l := p.leader(); !seen[l] && l != "none" {
+						seen[l] = true
+						leaders = append(leaders, l)
+					}
+				}
+				cp, lag := "-", "-"
+				head := int64(0)
+				if len(parts) > 0 {
+					head = parts[0].head
+				}
+				if started {
+					cp, lag = fmt.Sprint(low), fmt.Sprint(max(head-low, 0))
+				}
+				leader := strings.Join(leaders, ",")
+				if leader == "" {
+					leader = "none"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", s.Name, kind(s), s.Partitions, cp, head, lag, leader)
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func (c *commands) statusCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "status [NAME]",
+		Short: "Show every partition of the projections (or of NAME): checkpoint, lag, epoch, leader, stops, dead letters",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := ""
+			if len(args) == 1 {
+				name = args[0]
+			}
+			subs, err := c.selected(name)
+			if err != nil {
+				return err
+			}
+			states, head, err := c.load(cmd.Context(), subs)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "head of the log: %d\n", head)
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tKIND\tPARTITION\tCHECKPOINT\tLAG\tEPOCH\tLEADER\tLOCK PID\tDEAD LETTERS\tSTOPPED")
+			for i, s := range subs {
+				for _, p := range states[i] {
+					cp, lag, epoch := "-", "-", "-"
+					if p.exists {
+						cp, lag, epoch = fmt.Sprint(p.position), fmt.Sprint(p.lag()), fmt.Sprint(p.epoch)
+					}
+					pid, stopped := "-", "-"
+					if p.lockHeld {
+						pid = fmt.Sprint(p.lockPID)
+					}
+					if p.stopped != "" {
+						stopped = oneLine(p.stopped, 60)
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", s.Name, kind(s), p.partition, cp, lag, epoch,
+						p.leader(), pid, p.deadLetters, stopped)
+				}
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+// oneLine shortens s to one line of at most n runes.
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		s = string(r[:n-1]) + "…"
+	}
+	return s
+}
