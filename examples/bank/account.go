@@ -45,10 +45,15 @@ func newRegistry() *eventstore.Registry {
 
 // The account's rule violations. Commands return them and record nothing.
 var (
-	ErrAlreadyOpen       = errors.New("account is already open")
-	ErrNotOpen           = errors.New("account is not open")
-	ErrInvalidAmount     = errors.New("amount must be positive")
-	ErrNoOwner           = errors.New("an account needs an owner")
+	// ErrAlreadyOpen refuses opening an open account.
+	ErrAlreadyOpen = errors.New("account is already open")
+	// ErrNotOpen refuses deposits and withdrawals before the account opens.
+	ErrNotOpen = errors.New("account is not open")
+	// ErrInvalidAmount refuses amounts of zero or less.
+	ErrInvalidAmount = errors.New("amount must be positive")
+	// ErrNoOwner refuses opening an account without an owner.
+	ErrNoOwner = errors.New("an account needs an owner")
+	// ErrInsufficientFunds refuses a withdrawal larger than the balance.
 	ErrInsufficientFunds = errors.New("insufficient funds")
 )
 
@@ -58,9 +63,12 @@ var (
 // "account-<id>".
 type Account struct {
 	aggregate.Base
-	Owner   string `json:"owner"`
-	Open    bool   `json:"open"`
-	Balance int64  `json:"balance"`
+	// Owner is the account holder's name.
+	Owner string `json:"owner"`
+	// Open is set by AccountOpened.
+	Open bool `json:"open"`
+	// Balance is in cents; never below zero.
+	Balance int64 `json:"balance"`
 }
 
 // newAccount is the repository's constructor.

@@ -34,20 +34,16 @@ type step struct {
 	amount          int64
 }
 
-// runDemo runs the bank end to end against the database at url: the
+// runDemo runs the bank end to end on the service's database: the
 // service's runner follows the log live while commands on Account
 // aggregates append events; the projection keeps bank_balances and the
 // observer notifies large withdrawals; then the projection is rebuilt from
 // the log while the runner keeps running. Account IDs carry a random run
 // suffix, so the demo can run again on the same database.
-func runDemo(ctx context.Context, stdout io.Writer, url string, o serviceOptions) error {
-	out := &syncWriter{w: stdout}
-	o.out = out
-	s, err := openService(ctx, url, o)
-	if err != nil {
+func runDemo(ctx context.Context, s *service, out io.Writer) error {
+	if err := s.migrate(ctx); err != nil {
 		return err
 	}
-	defer s.Close()
 	run := uuid.NewString()[:4]
 	id := func(name string) string { return name + "-" + run }
 	p := func(format string, args ...any) { fmt.Fprintf(out, format, args...) }
@@ -141,7 +137,8 @@ func runDemo(ctx context.Context, stdout io.Writer, url string, o serviceOptions
 	if err := stop(); err != nil {
 		return err
 	}
-	p("\n6. The runner stopped gracefully.\n")
+	p("\n6. The runner stopped gracefully. Try `bank projections list`, `bank projections status`\n")
+	p("   and `bank projections rebuild %s --yes`.\n", balancesName)
 	return nil
 }
 

@@ -1,9 +1,14 @@
 // Command bank is a small event-sourced bank service built on annals: an
 // Account aggregate (open, deposit, withdraw, never below zero), a
 // transactional read model of balances (the bank.balances projection), an
-// observer that notifies large withdrawals.
+// observer that notifies large withdrawals, and the projections commands
+// for operators (package projectioncmd, mounted in this binary because a
+// rebuild needs the service's projection code).
 //
-//	bank [demo]   run the demo end to end (the default)
+//	bank [demo]                          run the demo end to end (the default)
+//	bank projections list                each projection's checkpoint, head, lag and leader
+//	bank projections status [NAME]       the same per partition, with stops and dead letters
+//	bank projections rebuild NAME --yes  rebuild a read model from the log, live
 //
 // It uses the database at DATABASE_URL (migrating the annals schema first),
 // or run it with a throwaway PostgreSQL: make demo.
@@ -21,20 +26,35 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/cockroachdb/errors"
 	"github.com/spf13/cobra"
+
+	"github.com/annals-dev/annals/projection/projectioncmd"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+	os.Exit(run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv))
 }
 
 // run executes the command line args and returns the exit code.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	root := rootCommand(stdout, getenv)
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	out := &syncWriter{w: stdout} // the observer prints from the runner's goroutine
+	svc, err := newService(getenv("DATABASE_URL"), serviceOptions{out: out})
+	switch {
+	case errors.Is(err, errNoDatabase):
+		svc = nil // commands say so when run; help works without a database
+	case err != nil:
+		fmt.Fprintf(stderr, "bank: %v\n", err)
+		return 1
+	default:
+		defer svc.Close()
+	}
+	root := rootCommand(svc, out)
 	root.SetArgs(args)
-	root.SetOut(stdout)
+	root.SetIn(stdin)
+	root.SetOut(out)
 	root.SetErr(stderr)
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintf(stderr, "bank: %v\n", err)
@@ -43,9 +63,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	return 0
 }
 
-func rootCommand(stdout io.Writer, getenv func(string) string) *cobra.Command {
+// rootCommand is the command tree; svc is nil without DATABASE_URL.
+func rootCommand(svc *service, out io.Writer) *cobra.Command {
 	demo := func(cmd *cobra.Command, _ []string) error {
-		return runDemo(cmd.Context(), stdout, getenv("DATABASE_URL"), serviceOptions{})
+		if svc == nil {
+			return errNoDatabase
+		}
+		return runDemo(cmd.Context(), svc, out)
 	}
 	root := &cobra.Command{
 		Use:   "bank",
@@ -63,5 +87,19 @@ It uses the database at $DATABASE_URL.`,
 		Args:  cobra.NoArgs,
 		RunE:  demo,
 	})
+	if svc == nil {
+		root.AddCommand(&cobra.Command{
+			Use:                "projections",
+			Short:              "List, inspect and rebuild this service's projections (needs DATABASE_URL)",
+			DisableFlagParsing: true,
+			RunE:               func(*cobra.Command, []string) error { return errNoDatabase },
+		})
+		return root
+	}
+	// The operators' commands, on the service's own runner: they know its
+	// projections. The schema is migrated first, as the service does.
+	projections := projectioncmd.New(svc.runner, svc.pool, nil)
+	projections.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return svc.migrate(cmd.Context()) }
+	root.AddCommand(projections)
 	return root
 }

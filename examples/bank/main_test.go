@@ -164,7 +164,7 @@ func TestDemoRuns(t *testing.T) {
 	}
 	for i, args := range [][]string{nil, {"demo"}} {
 		var stdout, stderr bytes.Buffer
-		if code := run(t.Context(), args, &stdout, &stderr, getenv); code != 0 {
+		if code := run(t.Context(), args, strings.NewReader(""), &stdout, &stderr, getenv); code != 0 {
 			t.Fatalf("run %d: exit code %d\nstdout:\n%s\nstderr:\n%s", i+1, code, stdout.String(), stderr.String())
 		}
 		out := stdout.String()
@@ -202,11 +202,70 @@ func TestDemoRuns(t *testing.T) {
 	}
 }
 
-func TestDemoWithoutDatabase(t *testing.T) {
+// Without DATABASE_URL every command says so; help still works.
+func TestWithoutDatabase(t *testing.T) {
 	t.Parallel()
+	for _, args := range [][]string{nil, {"demo"}, {"projections", "list"}} {
+		var stdout, stderr bytes.Buffer
+		code := run(t.Context(), args, strings.NewReader(""), &stdout, &stderr, func(string) string { return "" })
+		if code != 1 || !strings.Contains(stderr.String(), "set DATABASE_URL") {
+			t.Errorf("bank %v: exit code %d, stderr %q: want 1 and a hint to set DATABASE_URL", args, code, stderr.String())
+		}
+	}
 	var stdout, stderr bytes.Buffer
-	code := run(t.Context(), nil, &stdout, &stderr, func(string) string { return "" })
-	if code != 1 || !strings.Contains(stderr.String(), "set DATABASE_URL") {
-		t.Fatalf("exit code %d, stderr %q: want 1 and a hint to set DATABASE_URL", code, stderr.String())
+	if code := run(t.Context(), []string{"--help"}, strings.NewReader(""), &stdout, &stderr, func(string) string { return "" }); code != 0 ||
+		!strings.Contains(stdout.String(), "projections") {
+		t.Errorf("bank --help: exit code %d, output %q", code, stdout.String())
+	}
+}
+
+// The projections commands, mounted from projectioncmd, work on the
+// service's runner: list shows both subscribers, rebuild rebuilds the
+// balances from the log (and refuses an observer, and a script without
+// --yes).
+func TestProjectionsCommands(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	bank := func(args ...string) (int, string, string) {
+		var stdout, stderr bytes.Buffer
+		code := run(t.Context(), args, strings.NewReader(""), &stdout, &stderr, func(k string) string {
+			if k == "DATABASE_URL" {
+				return db.URL
+			}
+			return ""
+		})
+		return code, stdout.String(), stderr.String()
+	}
+	if code, out, errOut := bank("demo"); code != 0 {
+		t.Fatalf("demo: exit code %d\n%s\n%s", code, out, errOut)
+	}
+	before, err := listBalances(t.Context(), db.Pool, "")
+	if err != nil || len(before) != 2 {
+		t.Fatalf("bank_balances after the demo: %v, %v", before, err)
+	}
+
+	code, out, errOut := bank("projections", "list")
+	if code != 0 || !strings.Contains(out, balancesName) || !strings.Contains(out, notifierName) {
+		t.Fatalf("projections list: exit code %d\n%s\n%s", code, out, errOut)
+	}
+
+	// Make the read model wrong, then rebuild it from the log.
+	if _, err := db.Pool.Exec(t.Context(), `UPDATE bank_balances SET balance = -1`); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = bank("projections", "rebuild", balancesName, "--yes")
+	if code != 0 {
+		t.Fatalf("projections rebuild: exit code %d\n%s\n%s", code, out, errOut)
+	}
+	after, err := listBalances(t.Context(), db.Pool, "")
+	if err != nil || fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("bank_balances after the rebuild = %v (%v), want %v", after, err, before)
+	}
+
+	if code, out, errOut = bank("projections", "rebuild", notifierName, "--yes"); code != 1 || !strings.Contains(errOut, "observer") {
+		t.Errorf("rebuilding the observer: exit code %d\n%s\n%s; want 1 and a refusal", code, out, errOut)
+	}
+	if code, out, errOut = bank("projections", "rebuild", balancesName); code != 1 || !strings.Contains(errOut, "--yes") {
+		t.Errorf("rebuild without --yes from a script: exit code %d\n%s\n%s; want 1 and a refusal naming --yes", code, out, errOut)
 	}
 }

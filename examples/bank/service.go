@@ -27,7 +27,7 @@ type service struct {
 	mailer   *logMailer
 }
 
-// serviceOptions are what tests change.
+// serviceOptions configure the service.
 type serviceOptions struct {
 	// out receives the notifications.
 	out io.Writer
@@ -37,29 +37,21 @@ type serviceOptions struct {
 	pollInterval time.Duration
 }
 
-// openService connects to url, creates or upgrades the annals schema and the
-// read model's table, and registers the subscribers on a new runner.
-func openService(ctx context.Context, url string, o serviceOptions) (_ *service, err error) {
+// newService wires the service on the database at url without touching
+// it: the pool connects on first use. Call migrate before using it.
+func newService(url string, o serviceOptions) (_ *service, err error) {
 	if url == "" {
-		return nil, errors.New("set DATABASE_URL (or run `make demo`, which starts a throwaway PostgreSQL)")
+		return nil, errNoDatabase
 	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
-		return nil, errors.Wrap(err, "connect")
+		return nil, errors.Wrap(err, "DATABASE_URL")
 	}
 	defer func() {
 		if err != nil {
 			pool.Close()
 		}
 	}()
-	// The annals schema (idempotent, safe from many processes), then the
-	// service's own table.
-	if _, err := migrations.Up(ctx, pool, nil); err != nil {
-		return nil, err
-	}
-	if err := createBalancesTable(ctx, pool); err != nil {
-		return nil, err
-	}
 	s := &service{pool: pool, reg: newRegistry(), mailer: newLogMailer(o.out)}
 	if s.store, err = eventstore.New(pool, &eventstore.Config{Registry: s.reg}); err != nil {
 		return nil, err
@@ -85,4 +77,17 @@ func openService(ctx context.Context, url string, o serviceOptions) (_ *service,
 	return s, nil
 }
 
+// errNoDatabase is returned by every command without DATABASE_URL.
+var errNoDatabase = errors.New("set DATABASE_URL (or run `make demo`, which starts a throwaway PostgreSQL)")
+
+// migrate creates or upgrades the annals schema (idempotent, safe from many
+// processes), then the service's own table.
+func (s *service) migrate(ctx context.Context) error {
+	if _, err := migrations.Up(ctx, s.pool, nil); err != nil {
+		return err
+	}
+	return createBalancesTable(ctx, s.pool)
+}
+
+// Close closes the pool.
 func (s *service) Close() { s.pool.Close() }
