@@ -1,6 +1,10 @@
 package aggregate
 
-import "github.com/cockroachdb/errors"
+import (
+	"fmt"
+
+	"github.com/cockroachdb/errors"
+)
 
 var (
 	// ErrNotFound is matched (errors.Is) by Load and Update of an aggregate
@@ -28,3 +32,20 @@ var (
 	// spent). The error also matches eventstore.ErrWrongExpectedVersion.
 	ErrConflict = errors.New("aggregate kept changing concurrently")
 )
+
+// marked is err that also matches mark: errors.Is (the standard library's
+// and cockroachdb's) finds both mark and everything err wraps, and %+v
+// still prints err's stack. (errors.Mark of cockroachdb is not seen by the
+// standard library's errors.Is.)
+type marked struct {
+	err  error
+	mark error
+}
+
+func mark(err, m error) error { return &marked{err: err, mark: m} }
+
+func (e *marked) Error() string                        { return e.err.Error() }
+func (e *marked) Unwrap() error                        { return e.err }
+func (e *marked) Is(target error) bool                 { return target == e.mark }
+func (e *marked) Format(s fmt.State, verb rune)        { errors.FormatError(e, s, verb) }
+func (e *marked) SafeFormatError(errors.Printer) error { return e.err }

@@ -196,7 +196,7 @@ func (r *Repository[A]) Load(ctx context.Context, id string) (A, error) {
 	for e, err := range r.store.ReadStream(ctx, stream, b.version+1) {
 		if err != nil {
 			if errors.Is(err, eventstore.ErrStreamNotFound) {
-				return zero, errors.Mark(errors.Wrapf(err, "aggregate %s %q", r.typ, id), ErrNotFound)
+				return zero, mark(errors.Wrapf(err, "aggregate %s %q", r.typ, id), ErrNotFound)
 			}
 			return zero, errors.Wrapf(err, "aggregate %s %q: load", r.typ, id)
 		}
@@ -281,7 +281,7 @@ func (r *Repository[A]) Create(ctx context.Context, id string, command func(A) e
 	}
 	if err := r.Save(ctx, a); err != nil {
 		if errors.Is(err, eventstore.ErrWrongExpectedVersion) {
-			err = errors.Mark(err, ErrAlreadyExists)
+			err = mark(err, ErrAlreadyExists)
 		}
 		return zero, err
 	}
@@ -327,7 +327,7 @@ func (r *Repository[A]) Update(ctx context.Context, id string, command func(A) e
 		}
 		last = err
 	}
-	return zero, errors.Mark(errors.Wrapf(last, "aggregate %s %q: update gave up after %d attempt(s): the aggregate kept changing concurrently", r.typ, id, attempts), ErrConflict)
+	return zero, mark(errors.Wrapf(last, "aggregate %s %q: update gave up after %d attempt(s): the aggregate kept changing concurrently", r.typ, id, attempts), ErrConflict)
 }
 
 // backoff is the jittered pause before retry n (1-based).

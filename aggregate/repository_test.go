@@ -2,6 +2,8 @@ package aggregate_test
 
 import (
 	"context"
+	stderrors "errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -103,7 +105,7 @@ func TestRepository(t *testing.T) {
 		if y.Version() != 1 || len(y.Uncommitted()) != 1 {
 			t.Fatalf("a failed save changed the aggregate: version %d, %d uncommitted", y.Version(), len(y.Uncommitted()))
 		}
-		if _, err := r.Create(ctx, "1", func(a *Account) error { return a.Open("bob") }); !errors.Is(err, aggregate.ErrAlreadyExists) {
+		if _, err := r.Create(ctx, "1", func(a *Account) error { return a.Open("bob") }); !stderrors.Is(err, aggregate.ErrAlreadyExists) || !errors.Is(err, eventstore.ErrWrongExpectedVersion) {
 			t.Fatalf("Create of an existing aggregate: %v, want ErrAlreadyExists", err)
 		}
 	})
@@ -174,6 +176,13 @@ func TestBadInput(t *testing.T) {
 		_, err := r.Load(ctx, "nobody")
 		if !errors.Is(err, aggregate.ErrNotFound) || !errors.Is(err, eventstore.ErrStreamNotFound) {
 			t.Fatalf("Load of a missing aggregate: %v, want ErrNotFound", err)
+		}
+		// The standard library's errors.Is sees the same, and %+v keeps the stack.
+		if !stderrors.Is(err, aggregate.ErrNotFound) || !stderrors.Is(err, eventstore.ErrStreamNotFound) {
+			t.Fatalf("stdlib errors.Is does not match ErrNotFound: %v", err)
+		}
+		if s := fmt.Sprintf("%+v", err); !strings.Contains(s, "aggregate.(*Repository[...]).Load") {
+			t.Errorf("%%+v of the error has no stack:\n%s", s)
 		}
 		if _, err := r.Update(ctx, "nobody", func(*Account) error { return nil }); !errors.Is(err, aggregate.ErrNotFound) {
 			t.Fatalf("Update of a missing aggregate: %v, want ErrNotFound", err)
@@ -261,7 +270,7 @@ func TestBadInput(t *testing.T) {
 			}
 			return a.Deposit(1000)
 		})
-		if !errors.Is(err, aggregate.ErrConflict) || !errors.Is(err, eventstore.ErrWrongExpectedVersion) {
+		if !stderrors.Is(err, aggregate.ErrConflict) || !stderrors.Is(err, eventstore.ErrWrongExpectedVersion) || !errors.Is(err, aggregate.ErrConflict) {
 			t.Fatalf("Update: %v, want ErrConflict", err)
 		}
 		if attempts != 3 || !strings.Contains(err.Error(), "3 attempt") {

@@ -2,6 +2,7 @@ package eventstore
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"math"
 
@@ -147,7 +148,7 @@ func (r *Registry) Upcast(e Event) (Event, error) {
 	}
 	from, err := e.Metadata.SchemaVersion()
 	if err != nil {
-		return e, errors.Mark(errors.Wrapf(err, "event %d (%s, stream %s v%d)", e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion), ErrUpcast)
+		return e, upcastError(errors.Wrapf(err, "event %d (%s, stream %s v%d)", e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion), ErrUpcast)
 	}
 	current := len(chain) + 1
 	switch {
@@ -164,7 +165,7 @@ func (r *Registry) Upcast(e Event) (Event, error) {
 			err = errors.New("the upcaster returned invalid JSON")
 		}
 		if err != nil {
-			return e, errors.Mark(errors.Wrapf(err, "upcast event %d (%s, stream %s v%d) from schema version %d to %d",
+			return e, upcastError(errors.Wrapf(err, "upcast event %d (%s, stream %s v%d) from schema version %d to %d",
 				e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion, v, v+1), ErrUpcast)
 		}
 		data = out
@@ -203,3 +204,20 @@ func (r *Registry) stamp(name string, md Metadata) (Metadata, error) {
 	md.Extra = extra
 	return md, nil
 }
+
+// marked is err that also matches ErrUpcast: errors.Is (the standard
+// library's and cockroachdb's) finds ErrUpcast and everything err wraps, and
+// %+v still prints err's stack. (errors.Mark of cockroachdb is not seen by
+// the standard library's errors.Is.)
+type marked struct {
+	err  error
+	mark error
+}
+
+func upcastError(err, mark error) error { return &marked{err: err, mark: mark} }
+
+func (e *marked) Error() string                        { return e.err.Error() }
+func (e *marked) Unwrap() error                        { return e.err }
+func (e *marked) Is(target error) bool                 { return target == e.mark }
+func (e *marked) Format(s fmt.State, verb rune)        { errors.FormatError(e, s, verb) }
+func (e *marked) SafeFormatError(errors.Printer) error { return e.err }

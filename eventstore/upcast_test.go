@@ -3,6 +3,7 @@ package eventstore_test
 import (
 	"context"
 	"encoding/json"
+	stderrors "errors"
 	"strings"
 	"testing"
 
@@ -159,7 +160,7 @@ func TestUpcasting(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = collect(t, store.ReadStream(ctx, "member-1", 1))
-		if !errors.Is(err, eventstore.ErrUpcast) || !strings.Contains(err.Error(), "boom") || !strings.Contains(err.Error(), "member.joined") {
+		if !stderrors.Is(err, eventstore.ErrUpcast) || !strings.Contains(err.Error(), "boom") || !strings.Contains(err.Error(), "member.joined") {
 			t.Fatalf("ReadStream with a failing upcaster: %v, want ErrUpcast naming the event", err)
 		}
 		// An event newer than the registry knows (written by newer code).
