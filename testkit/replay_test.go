@@ -330,21 +330,28 @@ func hundredReplayEvents() []any {
 }
 
 // A replay of 100 events, fresh database included, stays well under a
-// second, so that hundreds of projection tests stay cheap.
+// second, so that hundreds of projection tests stay cheap. The best of three
+// replays is asserted: the machine (and the test server) may be busy with
+// other tests, and one slow CREATE DATABASE says nothing about the kit.
 func TestReplayProjection100IsFast(t *testing.T) {
 	// Not parallel: it measures wall time.
 	reg := replayRegistry()
 	events := hundredReplayEvents()
 	testkit.ReplayProjection(t, replayBalances(reg), &testkit.ReplayOptions{Registry: reg}, accOpened{Owner: "warm-up"})
-	start := time.Now()
-	r := testkit.ReplayProjection(t, replayBalances(reg), &testkit.ReplayOptions{Registry: reg}, events...)
-	took := time.Since(start)
-	if got := balanceRows(t, r); len(got) != 10 || got[3].Amount != 45 || got[3].Deposits != 9 {
-		t.Fatalf("balances = %v, want 10 accounts of 45 in 9 deposits", got)
+	best := time.Duration(1 << 62)
+	var took []time.Duration
+	for range 3 {
+		start := time.Now()
+		r := testkit.ReplayProjection(t, replayBalances(reg), &testkit.ReplayOptions{Registry: reg}, events...)
+		d := time.Since(start)
+		took, best = append(took, d), min(best, d)
+		if got := balanceRows(t, r); len(got) != 10 || got[3].Amount != 45 || got[3].Deposits != 9 {
+			t.Fatalf("balances = %v, want 10 accounts of 45 in 9 deposits", got)
+		}
 	}
-	t.Logf("replaying 100 events into a fresh database took %v", took)
-	if took >= time.Second {
-		t.Errorf("replaying 100 events took %v, want well under 1s", took)
+	t.Logf("replaying 100 events into a fresh database took %v (best %v)", took, best)
+	if best >= time.Second {
+		t.Errorf("replaying 100 events took %v at best, want well under 1s", took)
 	}
 }
 
