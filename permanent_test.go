@@ -1,7 +1,9 @@
 package annals_test
 
 import (
+	stderrors "errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/cockroachdb/errors"
@@ -19,6 +21,14 @@ func TestPermanent(t *testing.T) {
 	wrapped := fmt.Errorf("handler: %w", errors.Wrap(p, "decode"))
 	if !annals.IsPermanent(wrapped) {
 		t.Fatal("the mark does not survive wrapping")
+	}
+	// The standard library's errors.Is sees the mark too.
+	if !stderrors.Is(wrapped, annals.ErrPermanent) || !stderrors.Is(wrapped, base) {
+		t.Fatal("the standard library's errors.Is misses the mark or the cause")
+	}
+	// The cause's stack survives in %+v.
+	if s := fmt.Sprintf("%+v", p); !strings.Contains(s, "permanent_test.go") {
+		t.Fatalf("%%+v lost the stack: %s", s)
 	}
 	if annals.IsPermanent(base) || annals.Permanent(nil) != nil {
 		t.Fatal("unmarked error reported permanent, or Permanent(nil) != nil")
