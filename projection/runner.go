@@ -304,8 +304,10 @@ type namedService struct {
 }
 
 // AddService adds background work that Run runs beside the subscribers and
-// waits for at shutdown. Adding the same service under the same name again
-// is a no-op; another service under a used name is an error.
+// waits for at shutdown. Adding a service that is already added (under any
+// name) is a no-op, so that libraries (package saga) and the application can
+// both add the scheduler without running two dispatchers; another service
+// under a used name is an error.
 func (r *Runner) AddService(name string, s Service) error {
 	if name == "" {
 		return errors.New("projection: AddService with an empty name")
@@ -319,10 +321,10 @@ func (r *Runner) AddService(name string, s Service) error {
 		return errors.New("projection: AddService after Run started")
 	}
 	for _, ns := range r.services {
+		if ns.svc == s {
+			return nil
+		}
 		if ns.name == name {
-			if ns.svc == s {
-				return nil
-			}
 			return errors.Newf("projection: a different service is already added as %q", name)
 		}
 	}

@@ -39,6 +39,9 @@ func TestServiceRunsBesideSubscribers(t *testing.T) {
 	if err := r.AddService("flaky", svc); err != nil {
 		t.Fatalf("adding the same service twice: %v", err)
 	}
+	if err := r.AddService("flaky-again", svc); err != nil {
+		t.Fatalf("adding the same service under another name: %v", err)
+	}
 	if err := r.AddService("flaky", &flakyService{}); err == nil || !strings.Contains(err.Error(), "already added") {
 		t.Fatalf("a different service under a used name: %v", err)
 	}
@@ -52,6 +55,9 @@ func TestServiceRunsBesideSubscribers(t *testing.T) {
 	stop := h.run(r)
 	annalstest.WaitFor(t, 10*time.Second, func() bool { return svc.starts.Load() >= 2 }) // restarted after its error
 	stop()
+	if got := svc.starts.Load(); got != 2 {
+		t.Fatalf("the service ran %d times, want 2 (one failure, one run: added once)", got)
+	}
 	if got := svc.stopped.Load(); got != 1 {
 		t.Fatalf("the service saw its context end %d times, want 1 (Run waits for it)", got)
 	}
