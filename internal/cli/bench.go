@@ -19,7 +19,7 @@ import (
 )
 
 // benchmarks are the names --only accepts, in the order they run.
-var benchmarks = []string{"append", "catchup", "latency", "takeover"}
+var benchmarks = []string{"append", "catchup", "latency", "takeover", "rebuild"}
 
 // benchFlagsOf maps each benchmark to its own flags: given without --only,
 // they select their benchmarks alone.
@@ -28,6 +28,7 @@ var benchFlagsOf = map[string][]string{
 	"catchup":  {"events"},
 	"latency":  {"rates"},
 	"takeover": {"rounds", "lock-retry"},
+	"rebuild":  {"rebuild-events"},
 }
 
 // cliMainPackage is the main package of the annals command: the takeover
@@ -43,6 +44,7 @@ type benchJSON struct {
 	Catchup        *benchmark.CatchupReport  `json:"catchup,omitempty"`
 	Latency        *benchmark.LatencyReport  `json:"latency,omitempty"`
 	Takeover       *benchmark.TakeoverReport `json:"takeover,omitempty"`
+	Rebuild        *benchmark.RebuildReport  `json:"rebuild,omitempty"`
 }
 
 func (e *env) benchCommand() *cobra.Command {
@@ -51,7 +53,7 @@ func (e *env) benchCommand() *cobra.Command {
 	var jsonPath string
 	var only []string
 	var writers, batches, rates []int
-	var events, rounds int
+	var events, rounds, rebuildEvents int
 	var lockRetry []time.Duration
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -74,10 +76,14 @@ figures and ratios (tables on stdout, progress on stderr). The benchmarks, chose
             the leader killed --rounds times per --lock-retry interval, beside a raw
             waiter blocked in pg_advisory_lock. Runs only from the annals binary (go run
             ./cmd/annals bench works; go test does not). Schema annals_bench_takeover.
+  rebuild   rebuild throughput: fill a log of --rebuild-events events, then replay it into a
+            read model (a JSON decode and an upsert per event) with Runner.Rebuild, beside
+            a raw reset + paged replay in transactions of the same size (5000 events) with
+            a checkpoint UPDATE per transaction. Schema annals_bench_rebuild.
 
 Without --only, a benchmark's own flags (append: --writers, --batch; catchup: --events;
-latency: --rates; takeover: --rounds, --lock-retry) select that benchmark alone. The
-catch-up, latency and takeover schemas are dropped and recreated at the start and left
+latency: --rates; takeover: --rounds, --lock-retry; rebuild: --rebuild-events) select that
+benchmark alone. The catch-up, latency, takeover and rebuild schemas are dropped and recreated at the start and left
 behind for inspection. Run against a database with fsync on: fsync-off clusters hide the
 cost of ordered commits and checkpoint writes. --quick makes every benchmark tiny (a
 smoke test).`,
@@ -97,6 +103,7 @@ smoke test).`,
 			catchupCfg := &benchmark.CatchupConfig{Events: events, Progress: e.stderr}
 			latencyCfg := &benchmark.LatencyConfig{Rates: rates, Duration: duration, Progress: e.stderr}
 			takeoverCfg := &benchmark.TakeoverConfig{LockRetry: lockRetry, Rounds: rounds, Progress: e.stderr}
+			rebuildCfg := &benchmark.RebuildConfig{Events: rebuildEvents, Progress: e.stderr}
 			if quick {
 				appendCfg.Duration = 200 * time.Millisecond
 				if len(writers) == 0 {
@@ -115,6 +122,9 @@ smoke test).`,
 				if !cmd.Flags().Changed("lock-retry") {
 					takeoverCfg.LockRetry = []time.Duration{200 * time.Millisecond}
 				}
+				if !cmd.Flags().Changed("rebuild-events") {
+					rebuildCfg.Events = 5000
+				}
 			}
 			for _, w := range appendCfg.Writers {
 				if w < 1 || w > 64 {
@@ -128,6 +138,9 @@ smoke test).`,
 			}
 			if catchupCfg.Events < 1 || catchupCfg.Events > 100_000_000 {
 				return usagef("--events %d: want 1..100000000", catchupCfg.Events)
+			}
+			if rebuildCfg.Events < 1 || rebuildCfg.Events > 100_000_000 {
+				return usagef("--rebuild-events %d: want 1..100000000", rebuildCfg.Events)
 			}
 			for _, r := range latencyCfg.Rates {
 				if r < 1 || r > 100_000 {
@@ -231,6 +244,16 @@ smoke test).`,
 					return err
 				}
 			}
+			if run["rebuild"] {
+				rep, err := benchmark.RunRebuild(ctx, pool, rebuildCfg)
+				if err != nil {
+					return err
+				}
+				doc.Rebuild = rep
+				if err := report(func(w io.Writer) error { return benchmark.WriteRebuildTable(w, settings, rep) }); err != nil {
+					return err
+				}
+			}
 			return nil
 		},
 	}
@@ -241,6 +264,7 @@ smoke test).`,
 	cmd.Flags().IntSliceVar(&writers, "writers", nil, "append: writer counts (default 1,4,16)")
 	cmd.Flags().IntSliceVar(&batches, "batch", nil, "append: events per append (default 1,100)")
 	cmd.Flags().IntVar(&events, "events", 1_000_000, "catchup: events in the log (quick: 5000)")
+	cmd.Flags().IntVar(&rebuildEvents, "rebuild-events", 200_000, "rebuild: events in the log (quick: 5000)")
 	cmd.Flags().IntSliceVar(&rates, "rates", nil, "latency: target appends per second (default 100,1000; quick: 100)")
 	cmd.Flags().IntVar(&rounds, "rounds", 5, "takeover: takeovers per lock retry interval (quick: 1)")
 	cmd.Flags().DurationSliceVar(&lockRetry, "lock-retry", []time.Duration{2 * time.Second, 200 * time.Millisecond},
