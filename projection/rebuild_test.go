@@ -26,9 +26,10 @@ import (
 // applied event, with the number of times it was applied (n) and the
 // projection instance that applied it last (writer).
 type rbHarness struct {
-	t     *testing.T
-	db    *annalstest.DB
-	store *eventstore.Store
+	t       *testing.T
+	db      *annalstest.DB
+	store   *eventstore.Store
+	streams int // streams appended so far
 }
 
 const rbTables = `
@@ -85,19 +86,25 @@ func (p *rbProjection) Reset(ctx context.Context, tx pgx.Tx) error {
 var rbOptions = &projection.Options{Types: []string{"rb.deposited"}}
 
 // fill appends n rb.deposited events (and one rb.noise event per stream, not
-// read by the projection) in streams of perStream events, one append each.
+// read by the projection) in new streams of perStream events, one
+// append_events call each, with the payload built by the server.
 func (h *rbHarness) fill(n, perStream int) {
 	h.t.Helper()
-	ctx := h.t.Context()
-	for s := 0; n > 0; s++ {
+	for ; n > 0; h.streams++ {
 		k := min(perStream, n)
-		evs := make([]eventstore.EventData, 0, k+1)
-		for i := range k {
-			evs = append(evs, eventstore.EventData{Type: "rb.deposited", Data: map[string]int{"amount": s*perStream + i}})
-		}
-		evs = append(evs, eventstore.EventData{Type: "rb.noise", Data: map[string]int{"x": s}})
-		if _, err := h.store.Append(ctx, fmt.Sprintf("rb-%s-%d", h.t.Name(), s), eventstore.Any, evs...); err != nil {
+		var got int
+		err := h.db.Pool.QueryRow(h.t.Context(), `
+			SELECT count(*) FROM annals.append_events($1, 0, (
+			  SELECT jsonb_agg(jsonb_build_object('event_id', gen_random_uuid(),
+			           'type', CASE WHEN i < $2 THEN 'rb.deposited' ELSE 'rb.noise' END,
+			           'data', jsonb_build_object('amount', $3::int + i)) ORDER BY i)
+			    FROM generate_series(0, $2) i))`,
+			fmt.Sprintf("rb-%d", h.streams), k, h.streams*perStream).Scan(&got)
+		if err != nil {
 			h.t.Fatal(err)
+		}
+		if got != k+1 {
+			h.t.Fatalf("appended %d events, want %d", got, k+1)
 		}
 		n -= k
 	}
