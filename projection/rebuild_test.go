@@ -620,3 +620,22 @@ func TestRebuildBadInput(t *testing.T) {
 	}
 	h.checkReadModel(h.head())
 }
+
+// TestRebuildEmptyLog: a projection that never ran, over an empty log, is
+// rebuilt at once, with one final progress call of 0 of 0.
+func TestRebuildEmptyLog(t *testing.T) {
+	t.Parallel()
+	h := newRBHarness(t)
+	var calls []projection.RebuildProgress
+	err := h.rebuilder("empty", &rbProjection{name: "rb-empty", writer: "rebuild"}, rbOptions).Rebuild(t.Context(), "rb-empty",
+		&projection.RebuildOptions{OnProgress: func(p projection.RebuildProgress) { calls = append(calls, p) }})
+	if err != nil {
+		t.Fatalf("Rebuild: %+v", err)
+	}
+	if len(calls) != 1 || !calls[0].Finished || calls[0].Done != 0 || calls[0].Total != 0 {
+		t.Errorf("progress calls %+v; want one finished 0 of 0", calls)
+	}
+	if pos, owners := h.checkpointOf("rb-empty"); pos != 0 || len(owners) != 1 {
+		t.Errorf("checkpoint %d, owners %v", pos, owners)
+	}
+}
