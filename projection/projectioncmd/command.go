@@ -78,9 +78,12 @@ func (c *commands) root() *cobra.Command {
 A partition's leader is the checkpoint's owner while a session holds its advisory lock
 ("none" otherwise; "rebuild:…" while a rebuild leads it). Lag is the head of the log
 minus the checkpoint, in positions: an upper bound on the events still to process.`,
-		Args:          cobra.NoArgs,
+		Args:          cobra.NoArgs, // an unknown subcommand is an error, not help
 		SilenceUsage:  true,
 		SilenceErrors: false,
+		// Without a run function cobra would print help for any arguments
+		// and exit 0, also for a mistyped subcommand.
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(c.listCommand(), c.statusCommand(), c.rebuildCommand())
 	return cmd

@@ -182,6 +182,14 @@ func TestListAndStatus(t *testing.T) {
 	if r.err != nil || strings.Count(r.stdout, "inst-1") != 4 {
 		t.Errorf("status: %v\n%s", r.err, r.stdout)
 	}
+	r = b.execute(t, false, "", "bogus")
+	if r.err == nil || !strings.Contains(r.err.Error(), `unknown command "bogus"`) {
+		t.Errorf("a mistyped subcommand: %v (stdout %q)", r.err, r.stdout)
+	}
+	r = b.execute(t, false, "")
+	if r.err != nil || !strings.Contains(r.stdout, "rebuild") {
+		t.Errorf("no subcommand should print help: %v\n%s", r.err, r.stdout)
+	}
 	r = b.execute(t, false, "", "status", "nope")
 	if !errors.Is(r.err, projection.ErrUnknownProjection) || !strings.Contains(r.err.Error(), "registered: balances, mailer, sharded") {
 		t.Errorf("status nope: %v", r.err)
