@@ -172,3 +172,37 @@ func TestBenchTakeoverBinary(t *testing.T) {
 		t.Fatalf("takeover: %s", raw)
 	}
 }
+
+// The rebuild benchmark runs end to end in quick mode and reports both
+// contenders and their ratio.
+func TestBenchRebuildQuick(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	jsonPath := filepath.Join(t.TempDir(), "rebuild.json")
+	r := annals(t, db.URL, "bench", "--quick", "--only", "rebuild", "--json", jsonPath)
+	if r.code != 0 {
+		t.Fatalf("bench --only rebuild: %+v", r)
+	}
+	raw, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Rebuild struct {
+			Events       int     `json:"events"`
+			Raw          float64 `json:"raw_events_per_sec"`
+			Rebuild      float64 `json:"rebuild_events_per_sec"`
+			RebuildVsRaw float64 `json:"rebuild_vs_raw"`
+		} `json:"rebuild"`
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatalf("rebuild JSON (%v): %s", err, raw)
+	}
+	rb := rep.Rebuild
+	if rb.Events <= 0 || rb.Raw <= 0 || rb.Rebuild <= 0 || rb.RebuildVsRaw <= 0 {
+		t.Fatalf("rebuild report has empty figures: %+v\n%s", rb, raw)
+	}
+	if strings.Contains(r.stdout, "append throughput") || strings.Contains(r.stdout, "end-to-end latency") {
+		t.Fatalf("--only rebuild ran more:\n%s", r.stdout)
+	}
+}
