@@ -321,7 +321,7 @@ func (r *Runner) AddService(name string, s Service) error {
 		return errors.New("projection: AddService after Run started")
 	}
 	for _, ns := range r.services {
-		if ns.svc == s {
+		if sameService(ns.svc, s) {
 			return nil
 		}
 		if ns.name == name {
@@ -330,6 +330,14 @@ func (r *Runner) AddService(name string, s Service) error {
 	}
 	r.services = append(r.services, namedService{name, s})
 	return nil
+}
+
+// sameService reports whether a and b are the same service value; values of
+// a type that cannot be compared (a func type, a struct holding a map) are
+// never the same (comparing them would panic).
+func sameService(a, b Service) bool {
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	return ta == tb && ta.Comparable() && a == b
 }
 
 // runService runs s until ctx ends, restarting it after an error.

@@ -26,6 +26,11 @@ func (s *flakyService) Run(ctx context.Context) error {
 	return nil
 }
 
+// funcService is a Service of a non-comparable type.
+type funcService func(ctx context.Context) error
+
+func (f funcService) Run(ctx context.Context) error { return f(ctx) }
+
 func TestServiceRunsBesideSubscribers(t *testing.T) {
 	h := newLiveHarness(t)
 	r, err := projection.NewRunner(h.pool, testConfig(50*time.Millisecond))
@@ -44,6 +49,15 @@ func TestServiceRunsBesideSubscribers(t *testing.T) {
 	}
 	if err := r.AddService("flaky", &flakyService{}); err == nil || !strings.Contains(err.Error(), "already added") {
 		t.Fatalf("a different service under a used name: %v", err)
+	}
+	// Services of a type that cannot be compared are never taken for the
+	// same one (comparing them would panic).
+	wait := funcService(func(ctx context.Context) error { <-ctx.Done(); return nil })
+	if err := r.AddService("func-1", wait); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.AddService("func-2", wait); err != nil {
+		t.Fatal(err)
 	}
 	if err := r.AddService("", svc); err == nil {
 		t.Fatal("empty name accepted")
