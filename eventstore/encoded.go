@@ -34,18 +34,40 @@ func (s *Store) Encode(ctx context.Context, streamID string, expected ExpectedVe
 }
 
 // AppendEncodedTx appends an EncodedAppend inside tx, with the caveats of
-// AppendTx (the ordering lock is held until tx ends).
+// AppendTx (the ordering lock is held until tx ends). To append several and
+// commit in one round trip, stage them with Batch.AppendEncoded in Transact.
 func (s *Store) AppendEncodedTx(ctx context.Context, tx pgx.Tx, a EncodedAppend) (res AppendResult, err error) {
 	ctx, done := s.trace(ctx, "annals.append", a.StreamID, a.Expected, a.Count)
 	defer func() { done(res, err) }()
-	exp, err := a.Expected.sqlArg()
+	args, err := a.args()
 	if err != nil {
 		return AppendResult{}, err
 	}
-	if a.StreamID == "" || a.Count <= 0 || !json.Valid(a.Events) {
-		return AppendResult{}, invalidf("encoded append to stream %q is malformed", a.StreamID)
-	}
-	args := appendArgs{stream: a.StreamID, expected: exp, exp: a.Expected, payload: a.Events, count: a.Count}
 	rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, args.payload)
 	return collectAppend(rows, err, args)
+}
+
+// AppendEncoded stages an EncodedAppend inside Transact, like Append: it
+// runs after the transaction body returns, in the one round trip that also
+// commits. A malformed EncodedAppend (ErrInvalidEvent) is reported here, at
+// once, and stages nothing.
+func (b *Batch) AppendEncoded(a EncodedAppend) error {
+	args, err := a.args()
+	if err != nil {
+		return err
+	}
+	b.appends = append(b.appends, args)
+	return nil
+}
+
+// args checks a and returns its append_events arguments.
+func (a EncodedAppend) args() (appendArgs, error) {
+	exp, err := a.Expected.sqlArg()
+	if err != nil {
+		return appendArgs{}, err
+	}
+	if a.StreamID == "" || a.Count <= 0 || !json.Valid(a.Events) {
+		return appendArgs{}, invalidf("encoded append to stream %q is malformed", a.StreamID)
+	}
+	return appendArgs{stream: a.StreamID, expected: exp, exp: a.Expected, payload: a.Events, count: a.Count}, nil
 }

@@ -774,4 +774,44 @@ func TestEncodedAppend(t *testing.T) {
 	if _, err := store.AppendEncodedTx(ctx, tx, eventstore.EncodedAppend{StreamID: "s-1"}); !errors.Is(err, eventstore.ErrInvalidEvent) {
 		t.Fatalf("malformed encoded append: %v", err)
 	}
+
+	// Staged in Transact: the body's work, then the appends and the commit
+	// in one round trip; a re-append is a no-op there too, and a malformed
+	// one is refused when staged.
+	enc2, err := store.Encode(ctx, "s-2", eventstore.NoStream, eventstore.EventData{Type: "c", Data: map[string]int{"n": 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	results, err := store.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
+		if err := b.AppendEncoded(eventstore.EncodedAppend{StreamID: "s-2", Count: 1, Events: []byte("[")}); !errors.Is(err, eventstore.ErrInvalidEvent) {
+			t.Errorf("staging a malformed encoded append: %v", err)
+		}
+		if err := b.AppendEncoded(back); err != nil {
+			return err
+		}
+		return b.AppendEncoded(enc2)
+	})
+	if err != nil || len(results) != 2 || results[0].StreamVersion != 2 || results[1].StreamVersion != 1 {
+		t.Fatalf("Transact with encoded appends = %+v, %v", results, err)
+	}
+	if v, err := store.StreamVersion(ctx, "s-2"); err != nil || v != 1 {
+		t.Fatalf("stream s-2 version %d, %v; want 1", v, err)
+	}
+	// A failing staged append rolls the whole transaction back.
+	enc3, err := store.Encode(ctx, "s-2", eventstore.NoStream, eventstore.EventData{Type: "c", Data: map[string]int{"n": 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
+		if _, err := tx.Exec(ctx, `CREATE TABLE encoded_marker ()`); err != nil {
+			return err
+		}
+		return b.AppendEncoded(enc3) // NoStream, but s-2 exists now
+	}); !errors.Is(err, eventstore.ErrWrongExpectedVersion) {
+		t.Fatalf("failing encoded append in Transact: %v", err)
+	}
+	var marker *string
+	if err := db.Pool.QueryRow(ctx, `SELECT to_regclass('encoded_marker')::text`).Scan(&marker); err != nil || marker != nil {
+		t.Fatalf("the failed Transact kept its work: %v, %v", marker, err)
+	}
 }
