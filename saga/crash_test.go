@@ -24,6 +24,7 @@ import (
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/saga"
 )
 
 // modelInstance is what the counter saga must have made of one instance.
@@ -163,7 +164,7 @@ func compareWithModel(t *testing.T, b *bundle, withTimers bool) {
 			t.Fatal(err)
 		}
 		for id, w := range want {
-			n := pending["saga:counter:"+id]
+			n := pending[saga.Owner(counterName, id)]
 			if (w.completed && n != 0) || (!w.completed && n != 1) {
 				diffs = append(diffs, fmt.Sprintf("%s (completed %v): %d pending timers", id, w.completed, n))
 			}

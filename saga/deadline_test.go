@@ -55,7 +55,7 @@ func TestDeadlines(t *testing.T) {
 		if st.State.Timer == uuid.Nil {
 			t.Fatalf("no timer stored in the state: %+v", st)
 		}
-		if n := f.count(t, `SELECT count(*) FROM annals.timers WHERE owner = 'saga:counter:a' AND due_at = $1`, f.clock.Now().Add(10*time.Minute)); n != 1 {
+		if n := f.count(t, `SELECT count(*) FROM annals.timers WHERE owner = $1 AND due_at = $2`, "saga:7:counter:a", f.clock.Now().Add(10*time.Minute)); n != 1 {
 			t.Fatalf("%d timers of instance a due in 10 minutes, want 1", n)
 		}
 		f.clock.Advance(9 * time.Minute)
@@ -120,7 +120,7 @@ func TestDeadlines(t *testing.T) {
 			t.Fatalf("instance c: Cancel of its timer did not report true: %+v", st)
 		}
 		// d's timer is untouched.
-		if n := f.count(t, `SELECT count(*) FROM annals.timers WHERE owner = 'saga:counter:d'`); n != 1 {
+		if n := f.count(t, `SELECT count(*) FROM annals.timers WHERE owner = $1`, saga.Owner(counterName, "d")); n != 1 {
 			t.Fatalf("instance d has %d timers, want 1", n)
 		}
 		f.clock.Advance(time.Hour)

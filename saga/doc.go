@@ -36,7 +36,9 @@
 //  4. The state is saved: INSERT for a new instance, else UPDATE ... WHERE
 //     version = the loaded version (optimistic concurrency; a mismatch is
 //     ErrConflict). Completing also cancels the instance's pending timers
-//     (scheduler.CancelOwned with owner "saga:<name>:<id>").
+//     (scheduler.CancelOwned with owner Owner(name, id),
+//     "saga:<len(name)>:<name>:<id>": the length keeps the tags of two sagas
+//     apart even when names and IDs contain colons).
 //
 // The runner commits the batch's states, effects and checkpoint together, so
 // a crash anywhere re-runs whole events or none: an effect is never applied

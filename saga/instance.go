@@ -63,7 +63,7 @@ func (i *Instance[S]) Complete() { i.completed = true }
 func (i *Instance[S]) Completed() bool { return i.completed }
 
 // Owner returns the scheduler owner tag of the instance's timers:
-// "saga:<name>:<id>".
+// saga.Owner(name, id), "saga:<len(name)>:<name>:<id>".
 func (i *Instance[S]) Owner() string { return i.rt.owner(i.id) }
 
 func (i *Instance[S]) live() error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -69,7 +70,15 @@ func queries(schema string) (map[string]string, error) {
 	return sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(schema))
 }
 
-func (rt *runtime) owner(id string) string { return "saga:" + rt.name + ":" + id }
+func (rt *runtime) owner(id string) string { return Owner(rt.name, id) }
+
+// Owner returns the scheduler owner tag of the timers of saga name's
+// instance id: "saga:<len(name)>:<name>:<id>", e.g. "saga:5:order:o-17".
+// The name's length makes the tag unambiguous although names and IDs may
+// contain colons: saga "order" instance "fulfil:1" and saga "order:fulfil"
+// instance "1" get different tags, so completing one never cancels the
+// other's timers.
+func Owner(name, id string) string { return fmt.Sprintf("saga:%d:%s:%s", len(name), name, id) }
 
 // prune deletes completed instances older than the retention, at most once
 // per PruneInterval, in the batch transaction.

@@ -104,7 +104,7 @@ func TestReplaySaga(t *testing.T) {
 			t.Fatalf("effects %q", got)
 		}
 		ts := r.Timers(t)
-		if len(ts) != 1 || !ts[0].DueAt.Equal(testkit.DefaultSagaStart.Add(24*time.Hour)) || ts[0].Owner != "saga:onboarding:ann" {
+		if len(ts) != 1 || !ts[0].DueAt.Equal(testkit.DefaultSagaStart.Add(24*time.Hour)) || ts[0].Owner != "saga:10:onboarding:ann" {
 			t.Fatalf("timers %+v; want one due a day after the start", ts)
 		}
 		if n := r.Advance(t, 23*time.Hour); n != 0 {
