@@ -163,3 +163,69 @@ func TestReplaySaga(t *testing.T) {
 		}
 	})
 }
+
+// The ticker saga: started, it schedules a tick in 2 hours; each tick it
+// handles records Now() and schedules the next tick 2 hours later.
+type tickerStarted struct {
+	ID string `json:"id"`
+}
+
+type tick struct {
+	ID string `json:"id"`
+}
+
+type ticker struct {
+	Seen []time.Time `json:"seen"`
+}
+
+func tickerSaga(reg *eventstore.Registry) *saga.Typed[ticker] {
+	s := saga.New[ticker]("ticker", reg)
+	saga.On(s, func(e eventstore.Envelope[tickerStarted]) string { return e.Data.ID },
+		func(ctx context.Context, inst *saga.Instance[ticker], e eventstore.Envelope[tickerStarted]) error {
+			_, err := inst.ScheduleAfter(ctx, 2*time.Hour, "ticks-"+inst.ID(), eventstore.NewEvent(tick{ID: inst.ID()}))
+			return err
+		})
+	saga.On(s, func(e eventstore.Envelope[tick]) string { return e.Data.ID },
+		func(ctx context.Context, inst *saga.Instance[ticker], e eventstore.Envelope[tick]) error {
+			inst.State.Seen = append(inst.State.Seen, inst.Now())
+			_, err := inst.ScheduleAfter(ctx, 2*time.Hour, "ticks-"+inst.ID(), eventstore.NewEvent(tick{ID: inst.ID()}))
+			return err
+		})
+	return s
+}
+
+// Advance steps through each due time: a timer scheduled by a timer's
+// handler within the window fires in it, and each handler sees Now() equal
+// to its timer's due time.
+func TestReplaySagaAdvanceStepsThroughDueTimes(t *testing.T) {
+	t.Parallel()
+	reg := eventstore.NewRegistry()
+	eventstore.MustRegister[tickerStarted](reg, "test.tickerStarted")
+	eventstore.MustRegister[tick](reg, "test.tick")
+	r := testkit.ReplaySaga(t, tickerSaga(reg), &testkit.SagaReplayOptions{ReplayOptions: testkit.ReplayOptions{Registry: reg}},
+		testkit.Stream("t-1", tickerStarted{ID: "1"}))
+	start := testkit.DefaultSagaStart
+	seen := func() string {
+		var out []string
+		for _, s := range r.Instance(t, "1").State.Seen {
+			out = append(out, s.Sub(start).String())
+		}
+		return strings.Join(out, " ")
+	}
+
+	if n := r.Advance(t, 5*time.Hour); n != 2 {
+		t.Errorf("Advance(5h) fired %d timers, want 2 (at 2h and 4h)", n)
+	}
+	if got := seen(); got != "2h0m0s 4h0m0s" {
+		t.Errorf("after 5h the ticks saw Now() = start+[%s], want [2h0m0s 4h0m0s]", got)
+	}
+	if now := r.Clock.Now(); !now.Equal(start.Add(5 * time.Hour)) {
+		t.Errorf("the clock is at start+%v after Advance(5h)", now.Sub(start))
+	}
+	if ts := r.Timers(t); len(ts) != 1 || !ts[0].DueAt.Equal(start.Add(6*time.Hour)) {
+		t.Errorf("pending timers %+v; want one due at start+6h", ts)
+	}
+	if n := r.Advance(t, time.Hour); n != 1 || seen() != "2h0m0s 4h0m0s 6h0m0s" {
+		t.Errorf("Advance(1h) fired %d; ticks at start+[%s]; want 1 at 6h", n, seen())
+	}
+}
