@@ -1,8 +1,9 @@
 // Command ordersaga runs an order-fulfilment saga: for each order it asks a
 // stock service to reserve the goods and a payment service to take the
-// money, completes the order when both succeed, compensates (releases the
-// stock, refunds the payment) when either fails, and cancels the order if
-// the payment has not arrived before a deadline kept by the scheduler.
+// money, completes the order when both succeed, and cancels it when either
+// fails or the payment has not arrived before a deadline kept by the
+// scheduler. A cancelled order is compensated: reserved stock is released,
+// and a payment is refunded, even one that arrives after the deadline.
 //
 //	DATABASE_URL=postgres://… go run ./examples/ordersaga
 //
@@ -87,7 +88,13 @@ type (
 		OrderID string `json:"order_id"`
 		Reason  string `json:"reason"`
 	}
+	// CancelPayment asks the payment service not to take the money. It
+	// answers PaymentCancelled, or, if it settled the payment before,
+	// nothing more (its PaymentReceived or PaymentFailed is on the way).
 	CancelPayment struct {
+		OrderID string `json:"order_id"`
+	}
+	PaymentCancelled struct {
 		OrderID string `json:"order_id"`
 	}
 	RefundPayment struct {
@@ -110,21 +117,40 @@ func registry() *eventstore.Registry {
 	eventstore.MustRegister[PaymentReceived](reg, "payment.received")
 	eventstore.MustRegister[PaymentFailed](reg, "payment.failed")
 	eventstore.MustRegister[CancelPayment](reg, "payment.cancel")
+	eventstore.MustRegister[PaymentCancelled](reg, "payment.cancelled")
 	eventstore.MustRegister[RefundPayment](reg, "payment.refund")
 	return reg
 }
 
 // OrderState is the saga's state per order.
 type OrderState struct {
-	Amount    int               `json:"amount"`
-	Stock     string            `json:"stock"`   // "", "reserved", "unavailable"
-	Payment   string            `json:"payment"` // "", "paid", "failed", "timed out"
-	Deadline  scheduler.TimerID `json:"deadline"`
-	Cancelled bool              `json:"cancelled"`
-	Released  bool              `json:"released"`
-	Refunded  bool              `json:"refunded"`
-	Outcome   string            `json:"outcome"`
+	Amount int `json:"amount"`
+	// Stock is the stock service's answer: "", answerReserved or answerUnavailable.
+	Stock string `json:"stock"`
+	// Payment is the payment service's final answer: "", answerPaid,
+	// answerFailed (PaymentError says why) or answerCancelled.
+	Payment      string `json:"payment"`
+	PaymentError string `json:"payment_error,omitempty"`
+	// Deadline is the payment deadline's timer; TimedOut says it passed
+	// before the payment service answered.
+	Deadline scheduler.TimerID `json:"deadline"`
+	TimedOut bool              `json:"timed_out"`
+	// Cancelled says OrderCancelled was appended; Released and Refunded
+	// that the stock and the payment were compensated.
+	Cancelled bool   `json:"cancelled"`
+	Released  bool   `json:"released"`
+	Refunded  bool   `json:"refunded"`
+	Outcome   string `json:"outcome"`
 }
+
+// The services' answers, as OrderState records them.
+const (
+	answerReserved    = "reserved"
+	answerUnavailable = "unavailable"
+	answerPaid        = "paid"
+	answerFailed      = "failed"
+	answerCancelled   = "cancelled"
+)
 
 func main() {
 	if err := run(context.Background()); err != nil {

@@ -53,18 +53,38 @@ func stockService(reg *eventstore.Registry, store *eventstore.Store) *projection
 }
 
 // paymentService simulates a payment provider: bob's card is declined,
-// carol never pays, everyone else pays at once.
+// carol never pays, everyone else pays at once. Each payment gets exactly
+// one final answer: CancelPayment of a payment it has not settled answers
+// PaymentCancelled, of a settled one nothing. (It keeps the unsettled
+// payments in memory, which a real service would not do.)
 func paymentService(reg *eventstore.Registry, store *eventstore.Store) *projection.TypedObserver {
+	var mu sync.Mutex
+	unsettled := map[string]bool{}
 	o := projection.NewObserver("payment-service", reg)
 	projection.Observe(o, func(ctx context.Context, e eventstore.Envelope[RequestPayment]) error {
 		switch e.Data.Customer {
 		case "bob":
 			return reply(ctx, store, e.Event, PaymentFailed{OrderID: e.Data.OrderID, Reason: "card declined"})
 		case "carol":
-			return nil // no answer: the saga's deadline will pass
+			mu.Lock()
+			unsettled[e.Data.OrderID] = true // no answer: the saga's deadline will pass
+			mu.Unlock()
+			return nil
 		default:
 			return reply(ctx, store, e.Event, PaymentReceived{OrderID: e.Data.OrderID})
 		}
+	})
+	projection.Observe(o, func(ctx context.Context, e eventstore.Envelope[CancelPayment]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if !unsettled[e.Data.OrderID] {
+			return nil // settled already: its answer is in the log
+		}
+		if err := reply(ctx, store, e.Event, PaymentCancelled{OrderID: e.Data.OrderID}); err != nil {
+			return err // still unsettled: a retry answers
+		}
+		delete(unsettled, e.Data.OrderID)
+		return nil
 	})
 	return o
 }
