@@ -329,30 +329,39 @@ func hundredReplayEvents() []any {
 	return events
 }
 
+// replayAttempts bounds the attempts of TestReplayProjection100IsFast.
+const replayAttempts = 5
+
 // A replay of 100 events, fresh database included, stays well under a
-// second, so that hundreds of projection tests stay cheap. The best of three
-// replays is asserted: the machine (and the test server) may be busy with
-// other tests, and one slow CREATE DATABASE says nothing about the kit.
+// second, so that hundreds of projection tests stay cheap. CI runs it under
+// -race on two busy cores beside other packages' tests, so one slow replay
+// (a CREATE DATABASE queued behind others' work) says nothing about the
+// kit: it makes up to five attempts and passes at the first one under the
+// limit; it fails only if all five take a second or more. Each attempt's
+// time is logged; BenchmarkReplayProjection100 gives the steady figure.
 func TestReplayProjection100IsFast(t *testing.T) {
 	// Not parallel: it measures wall time.
 	reg := replayRegistry()
 	events := hundredReplayEvents()
 	testkit.ReplayProjection(t, replayBalances(reg), &testkit.ReplayOptions{Registry: reg}, accOpened{Owner: "warm-up"})
-	best := time.Duration(1 << 62)
+	const limit = time.Second
 	var took []time.Duration
-	for range 3 {
+	for attempt := 1; attempt <= replayAttempts; attempt++ {
+		it := &benchIterTB{TB: t} // drops each attempt's database before the next one
 		start := time.Now()
-		r := testkit.ReplayProjection(t, replayBalances(reg), &testkit.ReplayOptions{Registry: reg}, events...)
+		r := testkit.ReplayProjection(it, replayBalances(reg), &testkit.ReplayOptions{Registry: reg}, events...)
 		d := time.Since(start)
-		took, best = append(took, d), min(best, d)
+		took = append(took, d)
+		t.Logf("attempt %d: replaying 100 events into a fresh database took %v", attempt, d)
 		if got := balanceRows(t, r); len(got) != 10 || got[3].Amount != 45 || got[3].Deposits != 9 {
 			t.Fatalf("balances = %v, want 10 accounts of 45 in 9 deposits", got)
 		}
+		it.done()
+		if d < limit {
+			return
+		}
 	}
-	t.Logf("replaying 100 events into a fresh database took %v (best %v)", took, best)
-	if best >= time.Second {
-		t.Errorf("replaying 100 events took %v at best, want well under 1s", took)
-	}
+	t.Errorf("replaying 100 events took %v in %d attempts, want one under %v", took, replayAttempts, limit)
 }
 
 // benchIterTB runs the cleanups registered during one benchmark iteration (the
