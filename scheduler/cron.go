@@ -431,76 +431,81 @@ func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, ne
 }
 
 // fireTask fires (or, under SkipMissed, skips) the latest due tick of the
-// task in one transaction: lock the task row (skipping it if another
-// dispatcher holds it), re-read it, record the tick (unique per task and
-// tick) and advance last_tick, append the tick's event last, commit.
+// task in one transaction (eventstore.Store.Transact): lock the task row
+// (skipping it if another dispatcher holds it), re-read it, record the tick
+// (unique per task and tick) and advance last_tick; then the tick's append
+// and the COMMIT go in one round trip, so the log's ordering lock is held
+// only for their server-side time.
 func (s *Scheduler) fireTask(ctx context.Context, name string, factory func(time.Time) (eventstore.EventData, error), now time.Time) (fired, held bool, err error) {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return false, false, errors.Wrap(err, "scheduler: begin tick")
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	var r taskRow
-	if err := tx.QueryRow(ctx, s.q.lockTask, name).Scan(r.scanArgs()...); err != nil {
-		if errors.Is(err, pgx.ErrNoRows) {
-			return false, true, nil // held by another dispatcher (or deleted)
-		}
-		return false, false, errors.Wrapf(err, "scheduler: lock task %q", name)
-	}
-	if r.paused {
-		return false, false, nil
-	}
-	sched, zone, err := parseSpec(r.spec, r.zone)
-	if err != nil {
-		return false, false, err
-	}
-	tick, due := latestDue(sched, r.anchor(), now)
-	if !due {
-		return false, false, nil // another dispatcher fired it meanwhile
-	}
-	if loc, lerr := time.LoadLocation(zone); lerr == nil {
-		tick = tick.In(loc)
-	}
-	policy, err := parsePolicy(r.missed)
-	if err != nil {
-		return false, false, err
-	}
-	if late := now.Sub(tick); late > s.cfg.MissedGrace {
-		if policy == SkipMissed {
-			if _, err := tx.Exec(ctx, s.q.skipTick, name, tick); err != nil {
-				return false, false, errors.Wrapf(err, "scheduler: skip missed tick of %q", name)
+	inserted, staged := 0, false
+	var skipped time.Time
+	var late time.Duration
+	_, err = s.store.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
+		var r taskRow
+		if err := tx.QueryRow(ctx, s.q.lockTask, name).Scan(r.scanArgs()...); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				held = true // held by another dispatcher (or deleted)
+				return nil
 			}
-			if err := tx.Commit(ctx); err != nil {
-				return false, false, errors.Wrapf(err, "scheduler: skip missed tick of %q", name)
+			return errors.Wrapf(err, "scheduler: lock task %q", name)
+		}
+		if r.paused {
+			return nil
+		}
+		sched, zone, err := parseSpec(r.spec, r.zone)
+		if err != nil {
+			return err
+		}
+		tick, due := latestDue(sched, r.anchor(), now)
+		if !due {
+			return nil // another dispatcher fired it meanwhile
+		}
+		if loc, lerr := time.LoadLocation(zone); lerr == nil {
+			tick = tick.In(loc)
+		}
+		policy, err := parsePolicy(r.missed)
+		if err != nil {
+			return err
+		}
+		if late = now.Sub(tick); late > s.cfg.MissedGrace {
+			if policy == SkipMissed {
+				if _, err := tx.Exec(ctx, s.q.skipTick, name, tick); err != nil {
+					return errors.Wrapf(err, "scheduler: skip missed tick of %q", name)
+				}
+				skipped = tick
+				return nil
 			}
-			s.cfg.Logger.InfoContext(ctx, "annals: cron task missed its ticks; skipping them (SkipMissed)",
-				"task", name, "latest_missed", tick, "late", late)
-			return false, false, nil
+			s.cfg.Logger.InfoContext(ctx, "annals: cron task missed its ticks; firing the latest (FireLatest)",
+				"task", name, "tick", tick, "late", late)
 		}
-		s.cfg.Logger.InfoContext(ctx, "annals: cron task missed its ticks; firing the latest (FireLatest)",
-			"task", name, "tick", tick, "late", late)
-	}
-	ev, err := factory(tick)
-	if err != nil {
-		return false, false, errors.Wrapf(err, "scheduler: event of task %q for tick %s", name, tick)
-	}
-	if ev.ID == uuid.Nil {
-		ev.ID = TickEventID(name, tick)
-	}
-	var inserted int
-	if err := tx.QueryRow(ctx, s.q.recordTick, name, tick, ev.ID).Scan(&inserted); err != nil {
-		return false, false, errors.Wrapf(err, "scheduler: record tick of %q", name)
-	}
-	if inserted == 1 {
-		if _, err := s.store.AppendTx(ctx, tx, r.stream, eventstore.Any, ev); err != nil {
-			return false, false, errors.Wrapf(err, "scheduler: append tick of %q", name)
+		ev, err := factory(tick)
+		if err != nil {
+			return errors.Wrapf(err, "scheduler: event of task %q for tick %s", name, tick)
 		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return false, false, errors.Wrapf(err, "scheduler: commit tick of %q", name)
-	}
-	if inserted == 1 {
+		if ev.ID == uuid.Nil {
+			ev.ID = TickEventID(name, tick)
+		}
+		if err := tx.QueryRow(ctx, s.q.recordTick, name, tick, ev.ID).Scan(&inserted); err != nil {
+			return errors.Wrapf(err, "scheduler: record tick of %q", name)
+		}
+		if inserted == 1 {
+			if err := b.Append(r.stream, eventstore.Any, ev); err != nil {
+				return errors.Wrapf(err, "scheduler: append tick of %q", name)
+			}
+			staged = true
+		}
+		return nil
+	})
+	switch {
+	case err != nil && staged:
+		return false, false, errors.Wrapf(err, "scheduler: append tick of %q", name)
+	case err != nil:
+		return false, false, err
+	case !skipped.IsZero():
+		s.cfg.Logger.InfoContext(ctx, "annals: cron task missed its ticks; skipping them (SkipMissed)",
+			"task", name, "latest_missed", skipped, "late", late)
+	case inserted == 1:
 		s.ticksFired.Add(1)
 	}
-	return inserted == 1, false, nil
+	return inserted == 1, held, nil
 }

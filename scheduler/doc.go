@@ -49,9 +49,11 @@
 // # The dispatcher
 //
 // Run loops over passes (FireDue is one pass). A pass claims due timers in
-// batches: one statement deletes up to BatchSize timers whose due_at is at
-// or before the clock's now, selected FOR UPDATE SKIP LOCKED, and returns
-// them; the same transaction appends each timer's events and commits. So:
+// batches, each in one transaction (eventstore.Store.Transact): first one
+// statement deletes up to BatchSize timers whose due_at is at or before the
+// clock's now, selected FOR UPDATE SKIP LOCKED, and returns them; then every
+// claimed timer's append and the COMMIT are sent together, in one pipelined
+// round trip. So:
 //
 //   - Exactly once: a timer's delete and its append commit together or not
 //     at all. Two dispatchers never claim the same row (the row lock), and
@@ -63,12 +65,28 @@
 //   - Re-running an append is harmless anyway: the encoded events have
 //     fixed IDs, and the log treats a re-append of stored events as a no-op.
 //
-// If any append of a batch fails, the batch is rolled back and fired again
-// one timer at a time, each in a savepoint, so a failing timer records its
-// failure and the others fire. The first append of a claim takes the log's
-// ordering lock until the claim commits (see eventstore.AppendTx); claims
-// are therefore kept short: the delete comes first, then one append per
-// timer, then the commit.
+// What a claim holds, and for how long. The claimed timer rows are locked
+// (invisible to other dispatchers, which skip them) from the claim's DELETE
+// to its COMMIT: two round trips. The log's ordering lock, which every
+// append of the database needs, is taken by the claim's first append and
+// released by its COMMIT, both in the last round trip: it is held only for
+// the server-side time of the claim's appends (at most BatchSize) and the
+// commit, never across a network round trip. The one exception is a
+// pipeline whose append fails: the failed transaction keeps the lock until
+// the ROLLBACK that follows at once (one more round trip).
+//
+// If any append of a batch fails, the batch is rolled back and its timers
+// are fired one at a time, each in a transaction shaped the same way (claim
+// the row, then its append and the COMMIT in one round trip), so a failing
+// timer records its failure (in a separate statement that takes no append
+// lock) and the others fire.
+//
+// Order. Within one claim, timers are appended in due order (then by ID);
+// the claim sorts the deleted rows itself, since DELETE … RETURNING keeps no
+// order. Across claims there is no order: with several dispatchers (or
+// BatchSize smaller than the due backlog), two timers of one stream claimed
+// by different claims may be appended in either order, whatever their due
+// times. Use the expected version (Timer.Expected) where order matters.
 //
 // Between passes the dispatcher sleeps until the earliest due timer or cron
 // tick (by the clock), at most PollInterval, and wakes early on a NOTIFY
@@ -99,7 +117,8 @@
 // FOR UPDATE SKIP LOCKED (a task another dispatcher is firing is skipped),
 // re-read it and recompute the due tick, insert the (task, tick) row into
 // cron_ticks (unique: a tick recorded once is never fired again), advance
-// last_tick, append the event last, commit. The event's ID defaults to
+// last_tick; then the event's append and the COMMIT go in one round trip,
+// so a tick holds the log's ordering lock no longer than a claim does. The event's ID defaults to
 // TickEventID(task, tick), a UUIDv5, as a third guard.
 //
 // Missed ticks. A tick is on time while it is at most MissedGrace (default

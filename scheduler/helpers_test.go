@@ -19,11 +19,21 @@ var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 // connections, as another process would have).
 func newScheduler(t *testing.T, db *annalstest.DB, cfg *Config) *Scheduler {
 	t.Helper()
+	return newTracedScheduler(t, db, cfg, nil)
+}
+
+// newTracedScheduler is newScheduler with tr (if not nil) tracing every
+// round trip of the scheduler's pool.
+func newTracedScheduler(t *testing.T, db *annalstest.DB, cfg *Config, tr *lockTracer) *Scheduler {
+	t.Helper()
 	pcfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pcfg.MaxConns = 4
+	if tr != nil {
+		pcfg.ConnConfig.Tracer = tr
+	}
 	pool, err := pgxpool.NewWithConfig(t.Context(), pcfg)
 	if err != nil {
 		t.Fatal(err)

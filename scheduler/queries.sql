@@ -15,37 +15,38 @@ SELECT pg_notify($6, $7) FROM ins;
 -- name: ClaimDue
 -- Claims and deletes up to $2 due timers in one statement. Rows another
 -- dispatcher holds are skipped, not waited for; the deletes only become
--- visible if the claiming transaction (which also appends) commits.
+-- visible if the claiming transaction (which then appends) commits.
+-- RETURNING does not keep the subquery's order: the client sorts the claim
+-- by due_at, id before appending.
 DELETE FROM {{.Schema}}.timers t
  WHERE t.id IN (SELECT id FROM {{.Schema}}.timers
                  WHERE failed_at IS NULL AND due_at <= $1
                  ORDER BY due_at, id
                  LIMIT $2
                    FOR UPDATE SKIP LOCKED)
-RETURNING t.id, t.payload, t.attempts;
+RETURNING t.id, t.payload, t.attempts, t.due_at;
 
--- name: LockTimers
--- The slow path after a failed batch: lock the given timers (those still
--- due and not claimed by anyone else) to fire them one by one.
-SELECT id, payload, attempts
-  FROM {{.Schema}}.timers
- WHERE id = ANY($1) AND failed_at IS NULL AND due_at <= $2
- ORDER BY due_at, id
-   FOR UPDATE SKIP LOCKED;
-
--- name: DeleteTimer
-DELETE FROM {{.Schema}}.timers WHERE id = $1;
+-- name: ClaimTimer
+-- The slow path after a failed batch: claim one timer (if still due and not
+-- held by anyone else) in a transaction of its own.
+DELETE FROM {{.Schema}}.timers t
+ WHERE t.id IN (SELECT id FROM {{.Schema}}.timers
+                 WHERE id = $1 AND failed_at IS NULL AND due_at <= $2
+                   FOR UPDATE SKIP LOCKED)
+RETURNING t.id, t.payload, t.attempts, t.due_at;
 
 -- name: FailTimer
 -- Records a failed attempt: $3 the new due time (retry) or $4 the time it
--- failed for good (attempts spent), the other NULL.
+-- failed for good (attempts spent), the other NULL. $5 is the attempts count
+-- the attempt saw: if the row changed since (another dispatcher recorded a
+-- failure), nothing is updated.
 UPDATE {{.Schema}}.timers
    SET attempts = attempts + 1,
        last_error = $2,
        due_at = coalesce($3, due_at),
        failed_at = $4,
        updated_at = clock_timestamp()
- WHERE id = $1;
+ WHERE id = $1 AND attempts = $5 AND failed_at IS NULL;
 
 -- name: CancelTimer
 -- Never waits for a dispatcher that holds the row: a timer being fired now

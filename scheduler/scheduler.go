@@ -146,7 +146,7 @@ type Scheduler struct {
 }
 
 type queries struct {
-	insertTimer, claimDue, lockTimers, deleteTimer, failTimer, cancelTimer, cancelOwned,
+	insertTimer, claimDue, claimTimer, failTimer, cancelTimer, cancelOwned,
 	nextDue, listTimers, timerStats, upsertTask, pauseTask, resumeTask, deleteTask,
 	listTasks, lockTask, recordTick, skipTick, pruneTicks string
 }
@@ -177,8 +177,7 @@ func New(store *eventstore.Store, cfg *Config) (*Scheduler, error) {
 		q: queries{
 			insertTimer: named["InsertTimer"],
 			claimDue:    named["ClaimDue"],
-			lockTimers:  named["LockTimers"],
-			deleteTimer: named["DeleteTimer"],
+			claimTimer:  named["ClaimTimer"],
 			failTimer:   named["FailTimer"],
 			cancelTimer: named["CancelTimer"],
 			cancelOwned: named["CancelOwned"],

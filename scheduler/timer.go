@@ -1,13 +1,16 @@
 package scheduler
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/annals-dev/annals/eventstore"
 )
@@ -180,10 +183,51 @@ func (s *Scheduler) TimerStats(ctx context.Context) (TimerStats, error) {
 	return st, errors.Wrap(err, "scheduler: timer stats")
 }
 
+// claimed is a timer taken by a claim: deleted in the claim's transaction,
+// fired if that transaction commits.
 type claimed struct {
 	id       uuid.UUID
 	payload  []byte
 	attempts int
+	dueAt    time.Time
+}
+
+// scanArgs returns the destinations of a ClaimDue or ClaimTimer row.
+func (c *claimed) scanArgs() []any { return []any{&c.id, &c.payload, &c.attempts, &c.dueAt} }
+
+// sortClaim orders a claim by due time, then ID, as the claim selected it:
+// DELETE … RETURNING returns rows in no particular order.
+func sortClaim(batch []claimed) {
+	slices.SortFunc(batch, func(a, b claimed) int {
+		if c := a.dueAt.Compare(b.dueAt); c != 0 {
+			return c
+		}
+		return bytes.Compare(a.id[:], b.id[:]) // PostgreSQL's uuid order
+	})
+}
+
+// decode returns the timer's encoded append; a payload that is not one is a
+// permanent failure (eventstore.ErrInvalidEvent).
+func (c *claimed) decode() (eventstore.EncodedAppend, error) {
+	var enc eventstore.EncodedAppend
+	if err := json.Unmarshal(c.payload, &enc); err != nil {
+		return enc, errors.Wrap(eventstore.ErrInvalidEvent, "the timer's payload is not an encoded append: "+err.Error())
+	}
+	return enc, nil
+}
+
+// appendFailed reports whether err is the database's answer to an append
+// (a wrong expected version, a conflict, any statement error), as opposed to
+// a lost or terminated session (a FATAL error) or an ended context, after
+// which firing again now is pointless.
+func appendFailed(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Severity == "ERROR"
+	}
+	return errors.Is(err, eventstore.ErrWrongExpectedVersion) ||
+		errors.Is(err, eventstore.ErrInvalidEvent) || errors.Is(err, eventstore.ErrEventIDConflict) ||
+		errors.Is(err, eventstore.ErrUnknownEventType) || errors.Is(err, eventstore.ErrAppendOnly)
 }
 
 // fireTimers fires every timer due at now, a batch per transaction.
@@ -198,137 +242,147 @@ func (s *Scheduler) fireTimers(ctx context.Context, now time.Time) (int, error) 
 	}
 }
 
-// claimBatch claims up to BatchSize due timers, deleting them and appending
-// their events in one transaction. If any append fails, the transaction is
-// rolled back and the batch is fired one timer at a time instead, each in a
-// savepoint, so that a failing timer does not hold back the others.
+// claimBatch claims up to BatchSize due timers and fires them in one
+// transaction (eventstore.Store.Transact): first the claim, one DELETE …
+// RETURNING of the due rows it can lock, which takes no append lock; then
+// every timer's append and the COMMIT, sent together in one round trip, so
+// the log's ordering lock is held only for the server-side time of the
+// appends and the commit. The appends run in due order.
+//
+// If an append fails (or a payload does not decode), the transaction rolls
+// back and the claimed timers are fired one by one instead (fireOne), so
+// that a failing timer does not hold back the others.
 func (s *Scheduler) claimBatch(ctx context.Context, now time.Time) (claimedN, fired int, err error) {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return 0, 0, errors.Wrap(err, "scheduler: begin claim")
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after commit
-	rows, err := tx.Query(ctx, s.q.claimDue, now, s.cfg.BatchSize)
-	if err != nil {
-		return 0, 0, errors.Wrap(err, "scheduler: claim due timers")
-	}
 	var batch []claimed
-	var c claimed
-	if _, err := pgx.ForEachRow(rows, []any{&c.id, &c.payload, &c.attempts}, func() error {
-		batch = append(batch, claimed{c.id, append([]byte(nil), c.payload...), c.attempts})
-		return nil
-	}); err != nil {
-		return 0, 0, errors.Wrap(err, "scheduler: claim due timers")
-	}
-	if len(batch) == 0 {
-		return 0, 0, nil
-	}
-	if s.afterClaim != nil {
-		s.afterClaim(tx)
-	}
-	ok := true
-	for _, c := range batch {
-		var enc eventstore.EncodedAppend
-		if json.Unmarshal(c.payload, &enc) != nil {
-			ok = false
-			break
+	staged, undecodable := false, false
+	_, err = s.store.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
+		rows, err := tx.Query(ctx, s.q.claimDue, now, s.cfg.BatchSize)
+		if err != nil {
+			return errors.Wrap(err, "scheduler: claim due timers")
 		}
-		if _, err := s.store.AppendEncodedTx(ctx, tx, enc); err != nil {
-			if ctx.Err() != nil {
-				return len(batch), 0, errors.Wrap(err, "scheduler: fire timers")
+		var c claimed
+		if _, err := pgx.ForEachRow(rows, c.scanArgs(), func() error {
+			batch = append(batch, claimed{c.id, append([]byte(nil), c.payload...), c.attempts, c.dueAt})
+			return nil
+		}); err != nil {
+			return errors.Wrap(err, "scheduler: claim due timers")
+		}
+		if len(batch) == 0 {
+			return nil
+		}
+		sortClaim(batch)
+		if s.afterClaim != nil {
+			s.afterClaim(tx)
+		}
+		for i := range batch {
+			enc, err := batch[i].decode()
+			if err == nil {
+				err = b.AppendEncoded(enc)
 			}
-			ok = false
-			break
+			if err != nil {
+				undecodable = true
+				return err
+			}
 		}
-	}
-	if ok {
-		if err := tx.Commit(ctx); err != nil {
-			return len(batch), 0, errors.Wrap(err, "scheduler: commit fired timers")
-		}
+		staged = true
+		return nil
+	})
+	switch {
+	case err == nil:
 		s.fired.Add(int64(len(batch)))
 		return len(batch), len(batch), nil
+	case !staged && !undecodable:
+		return len(batch), 0, err // the claim itself failed: nothing was taken
+	case ctx.Err() != nil || (!undecodable && !appendFailed(err)):
+		return len(batch), 0, errors.Wrap(err, "scheduler: fire timers")
 	}
-	if err := tx.Rollback(ctx); err != nil {
-		return len(batch), 0, errors.Wrap(err, "scheduler: roll back failed batch")
+	for _, c := range batch {
+		ok, err := s.fireOne(ctx, now, c.id)
+		if err != nil {
+			return len(batch), fired, err
+		}
+		if ok {
+			fired++
+		}
 	}
-	ids := make([]uuid.UUID, len(batch))
-	for i, c := range batch {
-		ids[i] = c.id
-	}
-	fired, err = s.fireOneByOne(ctx, now, ids)
-	return len(batch), fired, err
+	return len(batch), fired, nil
 }
 
-// fireOneByOne fires the given timers (those still due and not held by
-// another dispatcher), each in a savepoint; a failing one records the
-// failure and is retried later or, its attempts spent, kept as failed.
-func (s *Scheduler) fireOneByOne(ctx context.Context, now time.Time, ids []uuid.UUID) (int, error) {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return 0, errors.Wrap(err, "scheduler: begin claim")
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, s.q.lockTimers, ids, now)
-	if err != nil {
-		return 0, errors.Wrap(err, "scheduler: lock timers")
-	}
-	var batch []claimed
+// fireOne fires one timer, if it is still due and no other dispatcher holds
+// it, in a transaction of its own shaped like a claim: delete the row, then
+// send its append and the COMMIT in one round trip. If the append fails,
+// the failure is recorded (fail): the timer is retried later or, its
+// attempts spent or the error permanent, kept as failed.
+func (s *Scheduler) fireOne(ctx context.Context, now time.Time, id uuid.UUID) (bool, error) {
 	var c claimed
-	if _, err := pgx.ForEachRow(rows, []any{&c.id, &c.payload, &c.attempts}, func() error {
-		batch = append(batch, claimed{c.id, append([]byte(nil), c.payload...), c.attempts})
-		return nil
-	}); err != nil {
-		return 0, errors.Wrap(err, "scheduler: lock timers")
-	}
-	fired := 0
-	for _, c := range batch {
-		sp, err := tx.Begin(ctx)
-		if err != nil {
-			return 0, errors.Wrap(err, "scheduler: savepoint")
-		}
-		var enc eventstore.EncodedAppend
-		ferr := json.Unmarshal(c.payload, &enc)
-		if ferr != nil {
-			ferr = errors.Wrap(eventstore.ErrInvalidEvent, "the timer's payload is not an encoded append: "+ferr.Error())
-		} else if _, ferr = s.store.AppendEncodedTx(ctx, sp, enc); ferr == nil {
-			if _, ferr = sp.Exec(ctx, s.q.deleteTimer, c.id); ferr == nil {
-				if err := sp.Commit(ctx); err != nil {
-					return 0, errors.Wrap(err, "scheduler: release savepoint")
-				}
-				fired++
-				continue
+	found, staged := false, false
+	var ferr error // why the timer could not be staged
+	_, err := s.store.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
+		if err := tx.QueryRow(ctx, s.q.claimTimer, id, now).Scan(c.scanArgs()...); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil // fired, cancelled or held by someone else meanwhile
 			}
+			return errors.Wrapf(err, "scheduler: claim timer %s", id)
 		}
-		if err := sp.Rollback(ctx); err != nil {
-			// The connection or the context is gone: nothing is recorded.
-			return 0, errors.Wrapf(errors.CombineErrors(ferr, err), "scheduler: fire timer %s", c.id)
+		found = true
+		enc, err := c.decode()
+		if err == nil {
+			err = b.AppendEncoded(enc)
 		}
-		attempt := c.attempts + 1
-		var retryAt, failedAt *time.Time
-		permanent := errors.Is(ferr, eventstore.ErrInvalidEvent) || errors.Is(ferr, eventstore.ErrEventIDConflict) ||
-			errors.Is(ferr, eventstore.ErrUnknownEventType)
-		if permanent || attempt >= s.cfg.MaxAttempts {
-			failedAt = &now
-		} else {
-			r := now.Add(s.backoff(attempt))
-			retryAt = &r
+		if err != nil {
+			ferr = err
+			return err
 		}
-		if _, err := tx.Exec(ctx, s.q.failTimer, c.id, ferr.Error(), retryAt, failedAt); err != nil {
-			return 0, errors.Wrapf(err, "scheduler: record failure of timer %s", c.id)
+		staged = true
+		return nil
+	})
+	switch {
+	case err == nil:
+		if found {
+			s.fired.Add(1)
 		}
-		if failedAt != nil {
-			s.cfg.Logger.ErrorContext(ctx, "annals: timer failed; it is kept and no longer retried",
-				"timer", c.id, "attempts", attempt, "permanent", permanent, "error", ferr)
-		} else {
-			s.cfg.Logger.WarnContext(ctx, "annals: timer failed; retrying later",
-				"timer", c.id, "attempts", attempt, "retry_at", *retryAt, "error", ferr)
-		}
+		return found, nil
+	case !found:
+		return false, err
+	case staged && (ctx.Err() != nil || !appendFailed(err)):
+		// The connection or the context is gone: nothing is recorded.
+		return false, errors.Wrapf(err, "scheduler: fire timer %s", id)
+	case staged:
+		ferr = err
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, errors.Wrap(err, "scheduler: commit fired timers")
+	return false, s.fail(ctx, now, c, ferr)
+}
+
+// fail records a failed attempt to fire c: it is retried after a backoff,
+// or kept as failed when its attempts are spent or ferr is permanent. The
+// update is skipped if the timer changed meanwhile (another dispatcher fired
+// it or recorded this attempt's failure).
+func (s *Scheduler) fail(ctx context.Context, now time.Time, c claimed, ferr error) error {
+	attempt := c.attempts + 1
+	var retryAt, failedAt *time.Time
+	permanent := errors.Is(ferr, eventstore.ErrInvalidEvent) || errors.Is(ferr, eventstore.ErrEventIDConflict) ||
+		errors.Is(ferr, eventstore.ErrUnknownEventType)
+	if permanent || attempt >= s.cfg.MaxAttempts {
+		failedAt = &now
+	} else {
+		r := now.Add(s.backoff(attempt))
+		retryAt = &r
 	}
-	s.fired.Add(int64(fired))
-	return fired, nil
+	tag, err := s.pool.Exec(ctx, s.q.failTimer, c.id, ferr.Error(), retryAt, failedAt, c.attempts)
+	if err != nil {
+		return errors.Wrapf(err, "scheduler: record failure of timer %s", c.id)
+	}
+	if tag.RowsAffected() == 0 {
+		return nil
+	}
+	if failedAt != nil {
+		s.cfg.Logger.ErrorContext(ctx, "annals: timer failed; it is kept and no longer retried",
+			"timer", c.id, "attempts", attempt, "permanent", permanent, "error", ferr)
+	} else {
+		s.cfg.Logger.WarnContext(ctx, "annals: timer failed; retrying later",
+			"timer", c.id, "attempts", attempt, "retry_at", *retryAt, "error", ferr)
+	}
+	return nil
 }
 
 // backoff returns the delay before attempt+1 after attempt failed ones.
