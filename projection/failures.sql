@@ -2,12 +2,25 @@
 
 -- name: RecordFailure
 -- One row per failed attempt; returns the attempt number (counting earlier
--- runs too, so a crash-looping process does not retry forever).
+-- runs too, so a crash-looping process does not retry forever). Fenced like
+-- every write of a leader: $6 must still be the checkpoint's epoch, or
+-- nothing is recorded and no row is returned (the leader was fenced by a new
+-- leader, a rebuild or an operator's checkpoint set). FOR SHARE waits for a
+-- claim in progress and re-checks the epoch after it commits.
 INSERT INTO {{.Schema}}.failures (subscriber_id, partition, event_id, global_sequence, attempt, error)
-SELECT $1, $2, $3, $4, coalesce(max(f.attempt), 0) + 1, $5
-  FROM {{.Schema}}.failures f
- WHERE f.subscriber_id = $1 AND f.event_id = $3
+SELECT $1, $2, $3, $4,
+       coalesce((SELECT max(f.attempt) FROM {{.Schema}}.failures f
+                  WHERE f.subscriber_id = $1 AND f.event_id = $3), 0) + 1,
+       $5
+  FROM {{.Schema}}.checkpoints c
+ WHERE c.subscriber_id = $1 AND c.partition = $2 AND c.epoch = $6
+   FOR SHARE OF c
 RETURNING attempt;
+
+-- name: Epoch
+-- The epoch of a subscriber partition's checkpoint: a leader waiting to
+-- retry a failing event checks that it still leads.
+SELECT epoch FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1 AND partition = $2;
 
 -- name: DeadLetter
 -- $7 reason, $10 status. attempts and the failure times come from failures.

@@ -105,13 +105,53 @@ func storable(s string, max int) string {
 func errorText(err error) string { return storable(err.Error(), 8<<10) }
 
 // recordFailure writes the attempt's failures row on the lock's connection
-// (outside any rolled-back transaction) and returns the attempt number.
+// (outside any rolled-back transaction) and returns the attempt number. It
+// is fenced by the lease's epoch: a fenced leader records nothing and gets
+// checkpoint.ErrFenced, which ends its leadership (the engine releases the
+// lock and stands by) instead of spending its retry budget while a rebuild
+// or an operator waits for the lock.
 func (f *failures) recordFailure(ctx context.Context, lease *catchup.Lease, e eventstore.Event, cause error) (int, error) {
 	var attempt int
 	err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
-		return conn.QueryRow(ctx, f.q["RecordFailure"], lease.Subscriber, lease.Partition, e.ID, e.GlobalSequence, errorText(cause)).Scan(&attempt)
+		return conn.QueryRow(ctx, f.q["RecordFailure"], lease.Subscriber, lease.Partition, e.ID, e.GlobalSequence,
+			errorText(cause), lease.Epoch).Scan(&attempt)
 	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, f.fenced(lease, "record a failed attempt")
+	}
 	return attempt, errors.Wrap(err, "projection: record a failed attempt")
+}
+
+func (f *failures) fenced(lease *catchup.Lease, doing string) error {
+	return errors.Wrapf(checkpoint.ErrFenced, "projection: %s of %s/%d: the checkpoint's epoch is no longer %d",
+		doing, lease.Subscriber, lease.Partition, lease.Epoch)
+}
+
+// fenceCheckInterval is how often a leader waiting out a retry delay checks
+// that it still leads (one indexed read of its checkpoint row), so that a
+// rebuild or an operator's checkpoint set that fences it gets its lock
+// within about this long rather than after the delay, which can be minutes.
+const fenceCheckInterval = time.Second
+
+// checkEpoch returns checkpoint.ErrFenced if the lease's epoch is no longer
+// the checkpoint's, and an advisorylock.ErrLost error if the lock is lost.
+// Any other error is nil: the check is an early exit, the fenced writes
+// (RecordFailure, the checkpoint commit) are the guarantee.
+func (f *failures) checkEpoch(ctx context.Context, lease *catchup.Lease) error {
+	var epoch int64
+	err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, f.q["Epoch"], lease.Subscriber, lease.Partition).Scan(&epoch)
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows) || (err == nil && epoch != lease.Epoch):
+		return f.fenced(lease, "wait to retry an event")
+	case errors.Is(err, advisorylock.ErrLost) || errors.Is(err, advisorylock.ErrReleased):
+		return err
+	case err != nil:
+		f.logger.DebugContext(ctx, "annals: checking the epoch while waiting to retry failed",
+			slog.String("subscriber", f.name), slog.Any("error", err))
+	}
+	return nil
 }
 
 // deadLetter writes the dead-letter row (and, under Stop, the stop reason) in
@@ -163,13 +203,29 @@ func (f *failures) afterFailure(ctx context.Context, lease *catchup.Lease, e eve
 	f.logger.InfoContext(ctx, "annals: handler failed; retrying",
 		slog.String("subscriber", f.name), slog.Int64("position", e.GlobalSequence),
 		slog.Int("attempt", attempt), slog.Duration("delay", d), slog.Any("error", cause))
-	select {
-	case <-f.clock.After(d):
-		return true, nil
-	case <-lease.Stopping():
-		return false, errStopping
-	case <-lease.Lost():
-		return false, errors.Wrap(advisorylock.ErrLost, "projection: lock lost while waiting to retry")
+	// The wait (on Clock) also checks the epoch every fenceCheckInterval of
+	// real time, and once more before the retry: a fenced leader lets go of
+	// its lock within about a second, and does not run (for an observer,
+	// repeat the side effects of) another attempt.
+	retryAt := f.clock.After(d)
+	tick := time.NewTicker(fenceCheckInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-retryAt:
+			if err := f.checkEpoch(ctx, lease); err != nil {
+				return false, err
+			}
+			return true, nil
+		case <-tick.C:
+			if err := f.checkEpoch(ctx, lease); err != nil {
+				return false, err
+			}
+		case <-lease.Stopping():
+			return false, errStopping
+		case <-lease.Lost():
+			return false, errors.Wrap(advisorylock.ErrLost, "projection: lock lost while waiting to retry")
+		}
 	}
 }
 
