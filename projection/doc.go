@@ -56,19 +56,26 @@
 //	})
 //
 // The projection must be a Resetter (a typed projection: call OnReset).
-// Rebuild fences the live leader of every partition (it bumps the
-// checkpoint's epoch, as annals checkpoint set does), takes the partitions'
-// locks as the leaders let go, and holds them: live instances stand by. In
-// one transaction it calls Reset, sets the checkpoints to 0 and settles the
-// subscriber's unresolved dead letters (the replay delivers those events
-// again); then it replays through the head, RebuildOptions.BatchSize events
-// per transaction (5,000 by default) each committed with its checkpoint,
-// reporting progress, and releases each partition's lock when done, so that
-// a live instance takes over from the rebuilt checkpoint. A rebuild that
-// dies midway loses nothing: the live instance takes the freed lock and
-// continues the replay from the last committed batch. Attempt counts of
-// earlier failures carry over, so an event that had spent its retries is
-// dead-lettered at its first failure in the replay.
+// Rebuild first takes the projection's rebuild lock (a session advisory
+// lock on RebuildLockKey, held for the whole run): a second rebuild of the
+// same projection, from any process, fails at once with ErrRebuildRunning.
+// It fences the live leader of every partition (it bumps the checkpoint's
+// epoch, as annals checkpoint set does), takes the partitions' locks as the
+// leaders let go, and holds them: live instances stand by. A leader lets go
+// at its next read or commit, or within about a second while it waits to
+// retry a failing event (it checks its epoch while it waits, and a fenced
+// leader can record no further failed attempt), so rebuilding to fix a
+// poison event does not wait out the retry policy. In one transaction it
+// calls Reset, sets the checkpoints to 0, settles the subscriber's
+// unresolved dead letters (the replay delivers those events again) and
+// deletes its recorded failed attempts, so that each event is retried by
+// the policy afresh during the replay; then it replays through the head,
+// RebuildOptions.BatchSize events per transaction (5,000 by default) each
+// committed with its checkpoint, reporting progress, and releases each
+// partition's lock when done, so that a live instance takes over from the
+// rebuilt checkpoint. A rebuild that dies midway loses nothing: the live
+// instance takes the freed lock and continues the replay from the last
+// committed batch.
 //
 // The algorithm, with its state machine, is described in package catchup.
 package projection

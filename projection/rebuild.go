@@ -12,8 +12,10 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
 
@@ -32,8 +34,9 @@ var (
 	// ErrObserver is returned by Rebuild for an observer: its side effects
 	// are outside the database and cannot be undone.
 	ErrObserver = errors.New("projection: observers cannot be rebuilt")
-	// ErrRebuildRunning is returned by Rebuild when another rebuild of the
-	// same projection holds one of its partitions.
+	// ErrRebuildRunning is returned by Rebuild, at once, when another rebuild
+	// of the same projection is running: it holds the projection's rebuild
+	// lock (RebuildLockKey), or leads one of its partitions.
 	ErrRebuildRunning = errors.New("projection: a rebuild of this projection is already running")
 )
 
@@ -136,14 +139,19 @@ func rebuildable(reg *registration) (Resetter, bool, error) {
 // Rebuild replays the registered projection name from the start of the log
 // into a cleared read model, while the service keeps running:
 //
+//  0. It takes the projection's rebuild lock (RebuildLockKey) for the whole
+//     run, or fails at once with ErrRebuildRunning.
 //  1. It takes every partition's lock cluster-wide: it fences the live
 //     leader (bumps the checkpoint's epoch; the leader releases its lock at
-//     its next read or commit and stands by) and takes the lock as soon as
+//     its next read or commit, or within about a second while it waits to
+//     retry a failing event, and stands by) and takes the lock as soon as
 //     it is free. Live instances stand by for the rest of the rebuild.
 //  2. In one transaction, fenced by the rebuild's epochs, it calls the
 //     projection's Reset, sets every partition's checkpoint to 0 (clearing a
-//     Stop) and settles the subscriber's unresolved dead letters (status
-//     skipped: the replay delivers those events again).
+//     Stop), settles the subscriber's unresolved dead letters (status
+//     skipped: the replay delivers those events again) and deletes its
+//     recorded failed attempts (the replay retries each event by the policy
+//     afresh).
 //  3. It replays each partition through the head as it was at the reset,
 //     BatchSize events per transaction, each committed with its checkpoint,
 //     under the projection's usual retry and dead-letter policies, and calls
@@ -259,8 +267,26 @@ func (r *Runner) newRebuild(reg *registration, res Resetter, o RebuildOptions) (
 	return rb, nil
 }
 
+// RebuildLockKey returns the key of the session advisory lock a rebuild of
+// the projection name holds for its whole run (advisorylock.Key gives the
+// pair of int4 keys): "rebuild:schema:name".
+func RebuildLockKey(schema, name string) string {
+	return "rebuild:" + schemaname.Or(schema) + ":" + name
+}
+
 func (rb *rebuild) run(ctx context.Context) (err error) {
 	name := rb.reg.name
+	ctx, stop, err := rb.lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	defer func() {
+		// A lost rebuild lock ends ctx: say so rather than "context canceled".
+		if cause := context.Cause(ctx); err != nil && cause != nil && cause != ctx.Err() {
+			err = errors.CombineErrors(err, cause)
+		}
+	}()
 	if err := rb.refuseConcurrent(ctx); err != nil {
 		return err
 	}
@@ -306,9 +332,42 @@ func (rb *rebuild) run(ctx context.Context) (err error) {
 	return nil
 }
 
+// lock takes the rebuild's own advisory lock (RebuildLockKey) on a dedicated
+// connection, or fails at once with ErrRebuildRunning: two rebuilds started
+// together cannot both pass, and the second would fence the first halfway.
+// The returned context ends when the lock is lost (the rebuild stops like an
+// interrupted one; a live instance continues the replay); stop releases it.
+func (rb *rebuild) lock(ctx context.Context) (context.Context, func(), error) {
+	key := RebuildLockKey(rb.r.cfg.Schema, rb.reg.name)
+	lock, err := advisorylock.TryAcquire(ctx, rb.r.pool.Config().ConnConfig, key, rb.r.cfg.Lock)
+	if errors.Is(err, advisorylock.ErrNotAcquired) {
+		return nil, nil, errors.Wrapf(ErrRebuildRunning, "%q: another session holds the rebuild lock %q", rb.reg.name, key)
+	}
+	if err != nil {
+		return nil, nil, errors.Wrapf(err, "projection: rebuild %q: take the rebuild lock", rb.reg.name)
+	}
+	lctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-lock.Lost():
+			cancel(errors.Wrapf(lock.Err(), "projection: rebuild %q: the rebuild lock was lost", rb.reg.name))
+		case <-lctx.Done():
+		}
+	}()
+	stop := func() {
+		cancel(nil)
+		rctx, done := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer done()
+		_ = lock.Release(rctx)
+	}
+	return lctx, stop, nil
+}
+
 // refuseConcurrent fails with ErrRebuildRunning while another rebuild leads
 // a partition (its owner is a rebuild and the lock is held): fencing it would
-// stop it halfway.
+// stop it halfway. The rebuild lock already keeps rebuilds apart; this also
+// covers a rebuild that leads partitions after losing its rebuild lock's
+// connection, until it notices.
 func (rb *rebuild) refuseConcurrent(ctx context.Context) error {
 	for _, sub := range rb.subs {
 		cp, err := rb.cps.Load(ctx, rb.r.pool, sub.Name, sub.Partition)
@@ -375,8 +434,8 @@ func (rb *rebuild) count(ctx context.Context, head int64) (map[int]int64, error)
 	return out, errors.Wrap(err, "projection: rebuild: count the events")
 }
 
-// reset clears the read model, sets every partition's checkpoint to 0 and
-// settles the dead letters, in one transaction on the first partition's lock
+// reset clears the read model, sets every partition's checkpoint to 0,
+// settles the dead letters and forgets the failed attempts, in one transaction on the first partition's lock
 // connection, each checkpoint fenced by its partition's epoch.
 func (rb *rebuild) reset(ctx context.Context, leases []*catchup.Lease) error {
 	err := leases[0].Lock.Do(ctx, func(conn *pgx.Conn) error {
@@ -386,6 +445,9 @@ func (rb *rebuild) reset(ctx context.Context, leases []*catchup.Lease) error {
 			}
 			if _, err := tx.Exec(ctx, rb.q["SupersedeDeadLetters"], rb.reg.name); err != nil {
 				return errors.Wrap(err, "settle the dead letters")
+			}
+			if _, err := tx.Exec(ctx, rb.q["ForgetFailures"], rb.reg.name); err != nil {
+				return errors.Wrap(err, "forget the failed attempts")
 			}
 			for _, l := range leases {
 				tag, err := tx.Exec(ctx, rb.q["ResetCheckpoint"], l.Subscriber, l.Partition, l.Epoch)

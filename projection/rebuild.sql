@@ -26,3 +26,11 @@ SELECT CASE WHEN $3::int <= 1 THEN 0 ELSE {{.Schema}}.stream_partition(e.stream_
  WHERE e.global_sequence <= $1
    AND ($2::text IS NULL OR e.event_type ~ $2)
  GROUP BY 1;
+
+-- name: ForgetFailures
+-- The failed attempts recorded before the rebuild: the replay starts every
+-- event's retry count afresh, so an event that failed before is retried by
+-- the policy again rather than dead-lettered at its first failure. Runs in
+-- the reset's transaction, after the rebuild fenced every earlier leader (a
+-- fenced leader records no more attempts).
+DELETE FROM {{.Schema}}.failures WHERE subscriber_id = $1;
