@@ -22,6 +22,41 @@ import (
 //go:embed queries.sql
 var queriesSQL string
 
+// ErrUsage marks every error that is a mistake in the command line rather
+// than a failure: a bad or unknown flag or flag value, a missing or extra
+// argument, a mistyped subcommand, a NAME that is not registered (or, for
+// rebuild, is an observer or cannot reset its read model), and rebuild
+// without --yes when stdin is not a terminal. Nothing has changed when it is
+// returned. Match it with errors.Is (the original error, such as
+// projection.ErrUnknownProjection or ErrNotConfirmed, still matches too) to
+// exit with a usage status, as the annals CLI does with 2:
+//
+//	if err := root.ExecuteContext(ctx); errors.Is(err, projectioncmd.ErrUsage) {
+//		os.Exit(2)
+//	} else if err != nil {
+//		os.Exit(1)
+//	}
+var ErrUsage = errors.New("projectioncmd: usage error")
+
+// usage marks err as a usage mistake (ErrUsage), keeping its message.
+func usage(err error) error {
+	if err == nil {
+		return nil
+	}
+	return errors.Mark(err, ErrUsage)
+}
+
+// markUsage makes cmd's and its subcommands' argument-count errors (and, via
+// cmd's flag error function, their flag errors) usage errors.
+func markUsage(cmd *cobra.Command) {
+	if check := cmd.Args; check != nil {
+		cmd.Args = func(cmd *cobra.Command, args []string) error { return usage(check(cmd, args)) }
+	}
+	for _, c := range cmd.Commands() {
+		markUsage(c)
+	}
+}
+
 // Config configures the command tree. A nil *Config means defaults.
 type Config struct {
 	// Use is the name of the parent command. Defaults to "projections".
@@ -86,6 +121,10 @@ minus the checkpoint, in positions: an upper bound on the events still to proces
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(c.listCommand(), c.statusCommand(), c.rebuildCommand())
+	// Flag errors of the subcommands too: cobra asks the nearest ancestor
+	// with a flag error function.
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usage(err) })
+	markUsage(cmd)
 	return cmd
 }
 
@@ -183,7 +222,7 @@ func (c *commands) selected(name string) ([]projection.SubscriberInfo, error) {
 	if known == "" {
 		known = "none"
 	}
-	return nil, errors.Wrapf(projection.ErrUnknownProjection, "%q is not registered (registered: %s)", name, known)
+	return nil, usage(errors.Wrapf(projection.ErrUnknownProjection, "%q is not registered (registered: %s)", name, known))
 }
 
 func kind(s projection.SubscriberInfo) string {

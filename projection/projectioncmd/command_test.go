@@ -11,6 +11,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
@@ -274,4 +275,62 @@ func TestRebuildCommand(t *testing.T) {
 			t.Errorf("after the rebuild: %d events, max n %d", n, maxN)
 		}
 	})
+}
+
+// TestUsageErrors: every mistake in the command line matches ErrUsage (and
+// still its own sentinel), changes nothing, and the failures that are not
+// mistakes (a declined confirmation) do not match it.
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.fill(t, 50)
+	if err := b.runner.RunUntilCaughtUp(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		also error // another sentinel the error must match, or nil
+		text string
+	}{
+		{[]string{"bogus"}, nil, `unknown command "bogus"`},
+		{[]string{"list", "extra"}, nil, `unknown command "extra"`},
+		{[]string{"list", "--nope"}, nil, "unknown flag: --nope"},
+		{[]string{"status", "a", "b"}, nil, "accepts at most 1 arg"},
+		{[]string{"status", "nope"}, projection.ErrUnknownProjection, "registered: balances, mailer, sharded"},
+		{[]string{"rebuild", "--yes"}, nil, "accepts 1 arg"},
+		{[]string{"rebuild", "balances", "sharded", "--yes"}, nil, "accepts 1 arg"},
+		{[]string{"rebuild", "balances", "--yes", "--batch-size", "abc"}, nil, `invalid argument "abc"`},
+		{[]string{"rebuild", "balances", "--yes", "--batch-size", "0"}, nil, "--batch-size 0"},
+		{[]string{"rebuild", "balances", "--yes", "--lock-timeout", "0s"}, nil, "--lock-timeout 0s"},
+		{[]string{"rebuild", "nope", "--yes"}, projection.ErrUnknownProjection, "not registered"},
+		{[]string{"rebuild", "mailer", "--yes"}, projection.ErrObserver, "is an observer"},
+		{[]string{"rebuild", "balances"}, ErrNotConfirmed, "pass --yes"},
+	} {
+		r := b.execute(t, false, "y\n", c.args...)
+		if !errors.Is(r.err, ErrUsage) || !strings.Contains(r.err.Error(), c.text) || (c.also != nil && !errors.Is(r.err, c.also)) {
+			t.Errorf("%v: err = %v; want ErrUsage with %q (and %v)", c.args, r.err, c.text, c.also)
+		}
+	}
+	if n, maxN := b.applied(t, "balances"); n != 50 || maxN != 1 {
+		t.Errorf("read model changed: %d events, max n %d", n, maxN)
+	}
+
+	// Mounted in a service's own tree, flag errors are still usage errors.
+	c := newCommands(b.runner, b.db.Pool, nil)
+	root := &cobra.Command{Use: "myservice", SilenceErrors: true, SilenceUsage: true}
+	root.AddCommand(c.root())
+	root.SetArgs([]string{"projections", "rebuild", "balances", "--batch-size", "x"})
+	root.SetOut(&bytes.Buffer{})
+	root.SetErr(&bytes.Buffer{})
+	if err := root.ExecuteContext(t.Context()); !errors.Is(err, ErrUsage) {
+		t.Errorf("mounted: err = %v; want ErrUsage", err)
+	}
+
+	// Not usage errors: a declined confirmation, a successful command.
+	if r := b.execute(t, true, "n\n", "rebuild", "balances"); !errors.Is(r.err, ErrNotConfirmed) || errors.Is(r.err, ErrUsage) {
+		t.Errorf("declined: err = %v; want ErrNotConfirmed, not ErrUsage", r.err)
+	}
+	if r := b.execute(t, false, "", "status", "balances"); r.err != nil {
+		t.Errorf("status balances: %v", r.err)
+	}
 }

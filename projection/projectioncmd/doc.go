@@ -28,6 +28,17 @@
 // in place on a terminal, otherwise a plain line every ProgressInterval (2 s
 // by default) and one at the end; the summary goes to stdout.
 //
+// # Errors and exit codes
+//
+// Every mistake in the command line returns an error matching ErrUsage
+// (errors.Is), and nothing changes: an unknown or malformed flag, a
+// --batch-size outside 1..1000000 or a non-positive --lock-timeout, a
+// missing or extra argument, a mistyped subcommand, a NAME that is not
+// registered (or, for rebuild, is an observer or cannot reset its read
+// model), and rebuild without --yes when stdin is not a terminal. Map it to
+// exit code 2 and other errors to 1, as the annals CLI does. An operator
+// answering no at the prompt gets ErrNotConfirmed alone (not a usage error).
+//
 // Interrupting the command (its context ends) stops the rebuild after the
 // batch in hand is rolled back; a live instance continues the replay from
 // the last committed batch, so nothing is lost or applied twice.

@@ -14,7 +14,8 @@ import (
 )
 
 // ErrNotConfirmed is returned by rebuild when the operator does not confirm,
-// or cannot be asked (stdin is not a terminal and --yes is missing).
+// or cannot be asked (stdin is not a terminal and --yes is missing; that
+// error also matches ErrUsage).
 var ErrNotConfirmed = errors.New("projectioncmd: rebuild not confirmed")
 
 func (c *commands) rebuildCommand() *cobra.Command {
@@ -38,10 +39,10 @@ committed batch. Asks for confirmation unless --yes; without a terminal, --yes i
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
 			if batch < 1 || batch > 1_000_000 {
-				return errors.Newf("--batch-size %d: want 1..1000000", batch)
+				return usage(errors.Newf("--batch-size %d: want 1..1000000", batch))
 			}
 			if lockTimeout <= 0 {
-				return errors.Newf("--lock-timeout %s: must be positive", lockTimeout)
+				return usage(errors.Newf("--lock-timeout %s: must be positive", lockTimeout))
 			}
 			subs, err := c.selected(name)
 			if err != nil {
@@ -49,9 +50,9 @@ committed batch. Asks for confirmation unless --yes; without a terminal, --yes i
 			}
 			switch s := subs[0]; {
 			case s.Observer:
-				return errors.Wrapf(projection.ErrObserver, "%q is an observer (its side effects cannot be undone)", name)
+				return usage(errors.Wrapf(projection.ErrObserver, "%q is an observer (its side effects cannot be undone)", name))
 			case !s.Rebuildable:
-				return errors.Wrapf(projection.ErrNotResetter, "%q cannot reset its read model (implement projection.Resetter, or call OnReset)", name)
+				return usage(errors.Wrapf(projection.ErrNotResetter, "%q cannot reset its read model (implement projection.Resetter, or call OnReset)", name))
 			}
 			if !yes {
 				if err := c.confirm(cmd, name); err != nil {
@@ -82,7 +83,7 @@ committed batch. Asks for confirmation unless --yes; without a terminal, --yes i
 func (c *commands) confirm(cmd *cobra.Command, name string) error {
 	in := cmd.InOrStdin()
 	if !c.terminal(in) {
-		return errors.Wrap(ErrNotConfirmed, "stdin is not a terminal: pass --yes to rebuild without confirmation")
+		return usage(errors.Wrap(ErrNotConfirmed, "stdin is not a terminal: pass --yes to rebuild without confirmation"))
 	}
 	fmt.Fprintf(cmd.ErrOrStderr(), "Rebuild %q? Its read model is cleared and every event replayed; "+
 		"the running instances stand by meanwhile. [y/N] ", name)
