@@ -10,8 +10,9 @@
 //	bank projections status [NAME]       the same per partition, with stops and dead letters
 //	bank projections rebuild NAME --yes  rebuild a read model from the log, live
 //
-// It uses the database at DATABASE_URL (migrating the annals schema first),
-// or run it with a throwaway PostgreSQL: make demo.
+// It uses the database at DATABASE_URL (demo and rebuild migrate the annals
+// schema first; list and status only read), or run it with a throwaway
+// PostgreSQL: make demo.
 //
 // Files: account.go (events and aggregate), balances.go and balances.sql
 // (the projection), notify.go (the observer), service.go (wiring),
@@ -87,19 +88,29 @@ It uses the database at $DATABASE_URL.`,
 		Args:  cobra.NoArgs,
 		RunE:  demo,
 	})
-	if svc == nil {
-		root.AddCommand(&cobra.Command{
-			Use:                "projections",
-			Short:              "List, inspect and rebuild this service's projections (needs DATABASE_URL)",
-			DisableFlagParsing: true,
-			RunE:               func(*cobra.Command, []string) error { return errNoDatabase },
-		})
-		return root
-	}
 	// The operators' commands, on the service's own runner: they know its
-	// projections. The schema is migrated first, as the service does.
-	projections := projectioncmd.New(svc.runner, svc.pool, nil)
-	projections.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return svc.migrate(cmd.Context()) }
+	// projections. Without a database the tree is still mounted, so that
+	// help works; its pre-run hook refuses to run a command. (projectioncmd
+	// uses the runner and the pool only when a command runs.)
+	var projections *cobra.Command
+	if svc == nil {
+		projections = projectioncmd.New(nil, nil, nil)
+	} else {
+		projections = projectioncmd.New(svc.runner, svc.pool, nil)
+	}
+	projections.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		switch {
+		case cmd == projections:
+			return nil // help
+		case svc == nil:
+			return errNoDatabase
+		case cmd.Name() == "rebuild":
+			// Rebuild writes: it migrates first, as the service does. list
+			// and status only read, and report an unmigrated database.
+			return svc.migrate(cmd.Context())
+		}
+		return nil
+	}
 	root.AddCommand(projections)
 	return root
 }

@@ -202,20 +202,89 @@ func TestDemoRuns(t *testing.T) {
 	}
 }
 
-// Without DATABASE_URL every command says so; help still works.
+// Without DATABASE_URL every command says so; help still works, also the
+// projections commands'.
 func TestWithoutDatabase(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{nil, {"demo"}, {"projections", "list"}} {
+	bank := func(args ...string) (int, string, string) {
 		var stdout, stderr bytes.Buffer
 		code := run(t.Context(), args, strings.NewReader(""), &stdout, &stderr, func(string) string { return "" })
-		if code != 1 || !strings.Contains(stderr.String(), "set DATABASE_URL") {
-			t.Errorf("bank %v: exit code %d, stderr %q: want 1 and a hint to set DATABASE_URL", args, code, stderr.String())
+		return code, stdout.String(), stderr.String()
+	}
+	for _, args := range [][]string{nil, {"demo"}, {"projections", "list"}, {"projections", "status"}, {"projections", "rebuild", balancesName, "--yes"}} {
+		if code, _, errOut := bank(args...); code != 1 || !strings.Contains(errOut, "set DATABASE_URL") {
+			t.Errorf("bank %v: exit code %d, stderr %q: want 1 and a hint to set DATABASE_URL", args, code, errOut)
 		}
 	}
-	var stdout, stderr bytes.Buffer
-	if code := run(t.Context(), []string{"--help"}, strings.NewReader(""), &stdout, &stderr, func(string) string { return "" }); code != 0 ||
-		!strings.Contains(stdout.String(), "projections") {
-		t.Errorf("bank --help: exit code %d, output %q", code, stdout.String())
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--help"}, "projections"},
+		{[]string{"projections", "--help"}, "rebuild"},
+		{[]string{"projections"}, "rebuild"},
+		{[]string{"projections", "rebuild", "--help"}, "--yes"},
+		{[]string{"help", "projections", "status"}, "status"},
+	} {
+		if code, out, errOut := bank(c.args...); code != 0 || !strings.Contains(out, c.want) || !strings.Contains(out, "Usage:") {
+			t.Errorf("bank %v: exit code %d, output %q, stderr %q; want 0 and help mentioning %q", c.args, code, out, errOut, c.want)
+		}
+	}
+}
+
+// projections list and status only read: they do not migrate the
+// database (the bank's table is not created, nor the annals schema);
+// rebuild migrates, as the service does.
+func TestReadOnlyCommandsDoNotMigrate(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	bank := func(args ...string) (int, string, string) {
+		var stdout, stderr bytes.Buffer
+		code := run(t.Context(), args, strings.NewReader(""), &stdout, &stderr, func(k string) string {
+			if k == "DATABASE_URL" {
+				return db.URL
+			}
+			return ""
+		})
+		return code, stdout.String(), stderr.String()
+	}
+	exists := func(sql string) bool {
+		t.Helper()
+		var ok bool
+		if err := db.Pool.QueryRow(t.Context(), sql).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	bankTable := `SELECT to_regclass('bank_balances') IS NOT NULL`
+	annalsSchema := `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = 'annals')`
+
+	// Migrated annals schema, no bank table: list and status work and
+	// create nothing.
+	for _, args := range [][]string{{"projections", "list"}, {"projections", "status"}} {
+		if code, out, errOut := bank(args...); code != 0 || !strings.Contains(out, balancesName) {
+			t.Fatalf("bank %v: exit code %d\n%s\n%s", args, code, out, errOut)
+		}
+		if exists(bankTable) {
+			t.Fatalf("bank %v created bank_balances: it migrated", args)
+		}
+	}
+	// No annals schema: list reports it, and does not create it.
+	if _, err := db.Pool.Exec(t.Context(), `DROP SCHEMA annals CASCADE`); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := bank("projections", "list"); code != 1 || !strings.Contains(errOut, "migrated") {
+		t.Errorf("list on an unmigrated database: exit code %d\n%s\n%s; want 1 and a hint that it is not migrated", code, out, errOut)
+	}
+	if exists(annalsSchema) {
+		t.Fatal("projections list created the annals schema")
+	}
+	// rebuild migrates first.
+	if code, out, errOut := bank("projections", "rebuild", balancesName, "--yes"); code != 0 {
+		t.Fatalf("rebuild on an unmigrated database: exit code %d\n%s\n%s", code, out, errOut)
+	}
+	if !exists(annalsSchema) || !exists(bankTable) {
+		t.Fatal("rebuild did not migrate the database")
 	}
 }
 
