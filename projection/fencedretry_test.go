@@ -64,8 +64,19 @@ func (c *retryCounter) hooks() projection.Hooks {
 // appends one event to poisonStream, which p fails.
 func (h *rbHarness) poisonedLive(p *poisoned, counter *retryCounter) {
 	h.t.Helper()
+	h.poisonedLiveWith(p, counter, false)
+}
+
+// poisonedLiveWith is poisonedLive; with mate, the poison event is appended
+// after a good event in the same transaction (so they share a batch) and the
+// engine's RetryBackoff is a minute.
+func (h *rbHarness) poisonedLiveWith(p *poisoned, counter *retryCounter, mate bool) {
+	h.t.Helper()
 	h.fill(20, 10)
 	cfg := testConfig(100 * time.Millisecond)
+	if mate {
+		cfg.RetryBackoff = time.Minute
+	}
 	cfg.InstanceID = "live-poisoned"
 	cfg.Retry = &projection.RetryPolicy{MaxRetries: 100, InitialDelay: time.Minute, Jitter: -1}
 	cfg.Hooks = counter.hooks()
@@ -91,6 +102,18 @@ func (h *rbHarness) poisonedLive(p *poisoned, counter *retryCounter) {
 		}
 	})
 	h.waitLiveAt(p.name, r.InstanceID(), 1, 15*time.Second)
+	if mate {
+		_, err := h.store.Transact(h.t.Context(), func(_ context.Context, _ pgx.Tx, b *eventstore.Batch) error {
+			if err := b.Append("rb-mate", eventstore.NoStream, eventstore.EventData{Type: "rb.deposited", Data: map[string]int{"amount": 3}}); err != nil {
+				return err
+			}
+			return b.Append(poisonStream, eventstore.NoStream, eventstore.EventData{Type: "rb.deposited", Data: map[string]int{"amount": 7}})
+		})
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		return
+	}
 	// Alone in its batch, so the failure goes straight to the retry path.
 	if _, err := h.store.Append(h.t.Context(), poisonStream, eventstore.NoStream,
 		eventstore.EventData{Type: "rb.deposited", Data: map[string]int{"amount": 7}}); err != nil {
@@ -178,6 +201,38 @@ func TestFencedLeaderRecordsNoAttempt(t *testing.T) {
 	if n, d := counter.retries.Load(), counter.deadLetters.Load(); n != 0 || d != 0 {
 		t.Errorf("the fenced leader recorded %d attempts and %d dead letters; want none", n, d)
 	}
+}
+
+// TestFencedBatchMateCommitLetsGo: the poison event shares its batch with a
+// good one; the leader is blocked in the poison handler when a rebuild fences
+// it. Committing the good event alone is then fenced, and that — not the
+// handler's error — must reach the engine, which lets go at once instead of
+// waiting its RetryBackoff (a minute here) to notice the fence on a re-read.
+func TestFencedBatchMateCommitLetsGo(t *testing.T) {
+	t.Parallel()
+	h := newRBHarness(t)
+	const sub = "rb-fenced-mate"
+	counter := &retryCounter{}
+	p := &poisoned{rbProjection: rbProjection{name: sub, writer: "live"}, entered: make(chan struct{}), block: make(chan struct{})}
+	h.poisonedLiveWith(p, counter, true)
+	select {
+	case <-p.entered:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the live leader never handled the poison event")
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- h.rebuilder("rebuilder", &rbProjection{name: sub, writer: "rebuild"}, rbOptions).
+			Rebuild(context.Background(), sub, &projection.RebuildOptions{LockTimeout: 10 * time.Second})
+	}()
+	annalstest.WaitFor(t, 10*time.Second, func() bool {
+		return h.queryInt(`SELECT count(*) FROM annals.checkpoints WHERE subscriber_id = $1 AND owner LIKE 'rebuild:%'`, sub) == 1
+	})
+	close(p.block)
+	if err := <-done; err != nil {
+		t.Fatalf("Rebuild (the fenced leader kept its lock?): %+v", err)
+	}
+	h.checkReadModel(h.head())
 }
 
 // flaky fails the event at position failAt its first fails times.

@@ -264,7 +264,9 @@ func (t *txProcessor) Process(ctx context.Context, lease *catchup.Lease, b catch
 			before := events[:failedAt]
 			pos := before[len(before)-1].GlobalSequence
 			if _, err2 := t.apply(ctx, lease, before, park, pos); err2 != nil {
-				return cursor, errors.CombineErrors(err, err2)
+				// err2 (fenced, lock lost, database down) decides what the
+				// engine does next; errors.Is does not see a secondary error.
+				return cursor, errors.CombineErrors(err2, err)
 			}
 			cursor, events = pos, events[failedAt:]
 		}
@@ -535,10 +537,12 @@ func (p *observerProcessor) Process(ctx context.Context, lease *catchup.Lease, b
 	return b.Through, p.advance(ctx, b.Through, handled, nil)
 }
 
-// advance moves the batched checkpoint and returns cause, or the write's error.
+// advance moves the batched checkpoint and returns cause, or the write's
+// error (first: a fenced or lost write decides what the engine does next, and
+// errors.Is does not see a secondary error) with cause attached.
 func (p *observerProcessor) advance(ctx context.Context, pos int64, events int, cause error) error {
 	if err := p.batcher.Advance(ctx, pos, events); err != nil {
-		return errors.CombineErrors(cause, err)
+		return errors.CombineErrors(err, cause)
 	}
 	return cause
 }
