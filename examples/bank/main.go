@@ -39,7 +39,8 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv))
 }
 
-// run executes the command line args and returns the exit code.
+// run executes the command line args and returns the exit code: 0, 1 for
+// a failure, 2 for a mistake in the command line.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
 	out := &syncWriter{w: stdout} // the observer prints from the runner's goroutine
 	svc, err := newService(getenv("DATABASE_URL"), serviceOptions{out: out})
@@ -57,11 +58,30 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	root.SetIn(stdin)
 	root.SetOut(out)
 	root.SetErr(stderr)
-	if err := root.ExecuteContext(ctx); err != nil {
+	err = root.ExecuteContext(ctx)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errUsage), errors.Is(err, projectioncmd.ErrUsage):
+		fmt.Fprintf(stderr, "bank: %v\n", err)
+		return 2 // a mistake in the command line; nothing was done
+	default:
 		fmt.Fprintf(stderr, "bank: %v\n", err)
 		return 1
 	}
-	return 0
+}
+
+// errUsage marks the bank's own command-line mistakes (an unknown command,
+// a bad flag, an extra argument); with projectioncmd.ErrUsage, the exit
+// code is 2.
+var errUsage = errors.New("bank: usage error")
+
+// noArgs is cobra.NoArgs, its error marked errUsage.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if err := cobra.NoArgs(cmd, args); err != nil {
+		return errors.Mark(err, errUsage)
+	}
+	return nil
 }
 
 // rootCommand is the command tree; svc is nil without DATABASE_URL.
@@ -77,15 +97,16 @@ func rootCommand(svc *service, out io.Writer) *cobra.Command {
 		Short: "An event-sourced bank service on annals (runs the demo without a command)",
 		Long: `bank is the annals example service. Without a command it runs the demo.
 It uses the database at $DATABASE_URL.`,
-		Args:          cobra.NoArgs,
+		Args:          noArgs,
 		RunE:          demo,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return errors.Mark(err, errUsage) })
 	root.AddCommand(&cobra.Command{
 		Use:   "demo",
 		Short: "Run commands → events → read model end to end, then rebuild the read model",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE:  demo,
 	})
 	// The operators' commands, on the service's own runner: they know its

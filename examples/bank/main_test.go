@@ -331,10 +331,26 @@ func TestProjectionsCommands(t *testing.T) {
 		t.Fatalf("bank_balances after the rebuild = %v (%v), want %v", after, err, before)
 	}
 
-	if code, out, errOut = bank("projections", "rebuild", notifierName, "--yes"); code != 1 || !strings.Contains(errOut, "observer") {
-		t.Errorf("rebuilding the observer: exit code %d\n%s\n%s; want 1 and a refusal", code, out, errOut)
+	// Mistakes in the command line exit with 2, and change nothing.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"projections", "rebuild", notifierName, "--yes"}, "observer"},
+		{[]string{"projections", "rebuild", balancesName}, "--yes"}, // from a script
+		{[]string{"projections", "rebuild", "nosuch", "--yes"}, "nosuch"},
+		{[]string{"projections", "rebuild"}, "arg"},
+		{[]string{"projections", "list", "--bogus"}, "bogus"},
+		{[]string{"projections", "lsit"}, "lsit"},
+		{[]string{"demo", "extra"}, "extra"},
+		{[]string{"--bogus"}, "bogus"},
+		{[]string{"nosuch"}, "nosuch"},
+	} {
+		if code, out, errOut = bank(c.args...); code != 2 || !strings.Contains(errOut, c.want) {
+			t.Errorf("bank %v: exit code %d\n%s\n%s; want 2 and an error naming %q", c.args, code, out, errOut, c.want)
+		}
 	}
-	if code, out, errOut = bank("projections", "rebuild", balancesName); code != 1 || !strings.Contains(errOut, "--yes") {
-		t.Errorf("rebuild without --yes from a script: exit code %d\n%s\n%s; want 1 and a refusal naming --yes", code, out, errOut)
+	if got, err := listBalances(t.Context(), db.Pool, ""); err != nil || fmt.Sprint(got) != fmt.Sprint(before) {
+		t.Errorf("bank_balances after the mistakes = %v (%v), want %v", got, err, before)
 	}
 }
