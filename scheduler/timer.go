@@ -36,8 +36,9 @@ type Timer struct {
 	// Events are the events to append, at least one. They are validated and
 	// encoded (IDs fixed) when the timer is scheduled.
 	Events []eventstore.EventData
-	// Owner is an optional tag, e.g. saga.Owner("order", "o-17") = "saga:5:order:o-17"; CancelOwned cancels
-	// every pending timer with it. Defaults to none.
+	// Owner is an optional tag (package saga uses saga.Owner(name, id), e.g.
+	// "saga:5:order:o-17"); CancelOwned cancels every pending timer with it.
+	// Defaults to none.
 	Owner string
 }
 
