@@ -6,18 +6,11 @@ package projection_test
 // graceful release, only the kernel closing its sockets.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/exec"
-	"os/signal"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,6 +21,7 @@ import (
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/childproc"
 	"github.com/annals-dev/annals/projection"
 )
 
@@ -113,27 +107,9 @@ func runChild(raw string) int {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).
 		With(slog.String("instance", spec.Instance))
 
-	// The parent holds the write end of our stdin: EOF means it died (a test
-	// that panicked or timed out), and a runner must not outlive it.
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		logger.Error("child: stdin closed, the parent is gone; exiting")
-		os.Exit(3)
-	}()
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	ctx, stop := childproc.Context(logger)
 	defer stop()
-
-	cfg, err := pgxpool.ParseConfig(spec.URL)
-	if err != nil {
-		logger.Error("child: parse URL", slog.Any("error", err))
-		return 2
-	}
-	// Every connection of this process, the lock's included, carries the
-	// instance ID, so the parent can tell whose session holds the lock.
-	cfg.ConnConfig.RuntimeParams["application_name"] = spec.Instance
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := childproc.Pool(ctx, spec.URL, spec.Instance)
 	if err != nil {
 		logger.Error("child: connect", slog.Any("error", err))
 		return 1
@@ -256,162 +232,17 @@ func deliveryObserver(reg *eventstore.Registry, pool *pgxpool.Pool, instance str
 	return o
 }
 
-// child is a runner process started by startChild.
-type child struct {
-	t      testing.TB
-	id     string
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser // kept open: the child exits when it reads EOF
-	log    *syncBuffer    // its stdout and stderr
-	exited chan struct{}  // closed when it has exited and been waited for
-	err    error          // Wait's error, set before exited is closed
-}
-
 // startChild starts the test binary as a runner process named instanceID
 // (its instance ID and the application_name of its connections) on db. The
 // child is killed, at the latest, when the test ends, before db is dropped;
 // if the test failed, its log is shown.
-func startChild(t testing.TB, db *annalstest.DB, instanceID string, mode childMode) *child {
+func startChild(t testing.TB, db *annalstest.DB, instanceID string, mode childMode) *childproc.Child {
 	t.Helper()
 	spec, err := json.Marshal(childSpec{childMode: mode, URL: db.URL, Instance: instanceID})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	// Under the race detector a process sleeps 1s before exiting, to let
-	// other goroutines report; that would count as the graceful stop's time.
-	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=50")
-	cmd.Env = append(os.Environ(), childEnv+"="+string(spec), "GORACE="+gorace)
-	c := &child{t: t, id: instanceID, cmd: cmd, log: &syncBuffer{}, exited: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = c.log, c.log
-	if c.stdin, err = cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start child %s: %v", instanceID, err)
-	}
-	go func() {
-		c.err = cmd.Wait()
-		close(c.exited)
-	}()
-	t.Cleanup(func() {
-		if c.alive() {
-			_ = cmd.Process.Kill()
-		}
-		select {
-		case <-c.exited:
-		case <-time.After(10 * time.Second):
-			t.Errorf("child %s (pid %d) has not exited 10s after SIGKILL", c.id, cmd.Process.Pid)
-		}
-		out := c.log.String()
-		for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:"} {
-			if strings.Contains(out, bad) {
-				t.Errorf("child %s (pid %d) reported %q", c.id, cmd.Process.Pid, bad)
-			}
-		}
-		if t.Failed() {
-			t.Logf("log of child %s (pid %d, %s):\n%s", c.id, cmd.Process.Pid, c.state(), tail(out, 12000))
-		}
-	})
-	return c
-}
-
-// pid returns the child's process ID.
-func (c *child) pid() int { return c.cmd.Process.Pid }
-
-// alive reports whether the child has not exited yet.
-func (c *child) alive() bool {
-	select {
-	case <-c.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// state describes how the child is, for messages.
-func (c *child) state() string {
-	if c.alive() {
-		return "running"
-	}
-	if c.err == nil {
-		return "exited with status 0"
-	}
-	return "ended: " + c.err.Error()
-}
-
-// kill kills the child with SIGKILL and waits for it to be gone.
-func (c *child) kill() {
-	c.t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil && c.alive() {
-		c.t.Fatalf("SIGKILL child %s: %v", c.id, err)
-	}
-	select {
-	case <-c.exited:
-	case <-time.After(10 * time.Second):
-		c.t.Fatalf("child %s (pid %d) still runs 10s after SIGKILL", c.id, c.pid())
-	}
-}
-
-// term stops the child with SIGTERM, waits for it to exit, and fails the
-// test unless it exited with status 0 within timeout.
-func (c *child) term(timeout time.Duration) {
-	c.t.Helper()
-	c.sigterm()
-	c.waitStopped(timeout)
-}
-
-// sigterm sends the child SIGTERM: a graceful stop.
-func (c *child) sigterm() {
-	c.t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		c.t.Fatalf("SIGTERM child %s: %v (%s)", c.id, err, c.state())
-	}
-}
-
-// waitStopped waits for the child to exit after sigterm, and fails the test
-// unless it exited with status 0 within timeout.
-func (c *child) waitStopped(timeout time.Duration) {
-	c.t.Helper()
-	select {
-	case <-c.exited:
-	case <-time.After(timeout):
-		c.t.Fatalf("child %s (pid %d) did not stop within %v of SIGTERM; its log ends:\n%s", c.id, c.pid(), timeout, tail(c.log.String(), 4000))
-	}
-	if c.err != nil {
-		c.t.Fatalf("child %s did not stop gracefully on SIGTERM: %v; its log ends:\n%s", c.id, c.err, tail(c.log.String(), 4000))
-	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the writes of exec's copying
-// goroutines and the reads of the test.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// tail returns the last n bytes of s, from a line start where possible.
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	s = s[len(s)-n:]
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		s = s[i+1:]
-	}
-	return "[...]\n" + s
+	return childproc.Start(t, instanceID, childEnv+"="+string(spec))
 }
 
 // eventually polls cond every 10 ms until it returns true or timeout has

@@ -26,6 +26,7 @@ import (
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/childproc"
 )
 
 // takeoverLimit is how soon a standby must lead after the leader is gone.
@@ -41,7 +42,7 @@ type fleet struct {
 	sub      string
 	k1, k2   int32 // the subscriber's advisory-lock key
 	rng      *rand.Rand
-	children []*child // every child ever started, for the log checks
+	children []*childproc.Child // every child ever started, for the log checks
 
 	// The highest checkpoint epoch and position seen: neither may go back.
 	seenEpoch, seenPos int64
@@ -60,7 +61,7 @@ func newFleet(t *testing.T, mode childMode) *fleet {
 	return f
 }
 
-func (f *fleet) start(instanceID string) *child {
+func (f *fleet) start(instanceID string) *childproc.Child {
 	f.t.Helper()
 	c := startChild(f.t, f.b.db, instanceID, f.mode)
 	f.children = append(f.children, c)
@@ -214,7 +215,7 @@ func (f *fleet) leadsEpoch(instance string, epoch int64) bool {
 
 // waitLeader waits until c leads: the checkpoint names it and its session
 // holds the lock.
-func (f *fleet) waitLeader(c *child, timeout time.Duration) cpState {
+func (f *fleet) waitLeader(c *childproc.Child, timeout time.Duration) cpState {
 	f.t.Helper()
 	var cp cpState
 	var h lockHolder
@@ -222,20 +223,20 @@ func (f *fleet) waitLeader(c *child, timeout time.Duration) cpState {
 	if _, ok := eventually(timeout, func() bool {
 		cp = f.checkpoint()
 		h, held = f.holder()
-		return cp.Owner == c.id && held && h.App == c.id
+		return cp.Owner == c.ID && held && h.App == c.ID
 	}); !ok {
 		f.t.Fatalf("%s does not lead after %v: checkpoint %s; lock holder %+v (held %v); %s is %s",
-			c.id, timeout, cp, h, held, c.id, c.state())
+			c.ID, timeout, cp, h, held, c.ID, c.State())
 	}
 	return cp
 }
 
 // waitRegistered waits until c's runner has registered its instance: it is
 // up and competing for the lock.
-func (f *fleet) waitRegistered(c *child) {
+func (f *fleet) waitRegistered(c *childproc.Child) {
 	f.t.Helper()
-	if _, ok := eventually(10*time.Second, func() bool { _, ok := f.leads(c.id); return ok }); !ok {
-		f.t.Fatalf("%s has not registered in annals.instances within 10s; it is %s", c.id, c.state())
+	if _, ok := eventually(10*time.Second, func() bool { _, ok := f.leads(c.ID); return ok }); !ok {
+		f.t.Fatalf("%s has not registered in annals.instances within 10s; it is %s", c.ID, c.State())
 	}
 }
 
@@ -398,11 +399,11 @@ func (f *fleet) checkNoDoubleApplication() {
 func (f *fleet) doubleApplications() string {
 	var b strings.Builder
 	for _, c := range f.children {
-		for line := range strings.Lines(c.log.String()) {
+		for line := range strings.Lines(c.Log()) {
 			if strings.Contains(line, "applied_pkey") {
 				i := strings.Index(line, "applied_pkey")
 				fmt.Fprintf(&b, "; %s tried to apply an event a second time (refused by applied's primary key): ...%s",
-					c.id, strings.TrimSpace(line[max(0, i-400):min(len(line), i+100)]))
+					c.ID, strings.TrimSpace(line[max(0, i-400):min(len(line), i+100)]))
 				break
 			}
 		}
@@ -415,7 +416,7 @@ func (f *fleet) doubleApplications() string {
 type slot struct {
 	name string
 	gen  int
-	c    *child
+	c    *childproc.Child
 }
 
 func (s *slot) instance() string { return fmt.Sprintf("%s.%d", s.name, s.gen) }
@@ -493,7 +494,7 @@ func (f *fleet) chaos(plan chaosPlan) []time.Duration {
 			head = f.head()
 			leader = byInstance(cp.Owner)
 			return cp.Epoch > lastEpoch && held && h.PID != lastPID && h.App == cp.Owner &&
-				leader != nil && leader.c.alive() &&
+				leader != nil && leader.c.Alive() &&
 				(cp.Position >= lastPos+step || cp.Position == head)
 		}); !ok {
 			t.Fatalf("kill %d: no live leader made progress within 20s: checkpoint %s, head %d, lock holder %+v (held %v); last kill at position %d, epoch %d%s",
@@ -501,7 +502,7 @@ func (f *fleet) chaos(plan chaosPlan) []time.Duration {
 		}
 
 		lastPos, lastEpoch, lastPID = cp.Position, cp.Epoch, h.PID
-		killed, killedAt := leader.c.id, cp.Position
+		killed, killedAt := leader.c.ID, cp.Position
 		if cp.Position < head {
 			busy++
 		}
@@ -511,7 +512,7 @@ func (f *fleet) chaos(plan chaosPlan) []time.Duration {
 		method := "SIGKILL"
 		start := time.Now()
 		if k%2 == 0 {
-			leader.c.kill()
+			leader.c.Kill()
 			leader.gen++
 			leader.c = f.start(leader.instance())
 		} else {
@@ -568,7 +569,7 @@ func TestLeaderElection(t *testing.T) {
 
 	// setup starts two runners of the balances projection: a, which leads,
 	// and b, a standby that is up and competing for the lock.
-	setup := func(t *testing.T) (*fleet, *child, *child) {
+	setup := func(t *testing.T) (*fleet, *childproc.Child, *childproc.Child) {
 		t.Helper()
 		f := newFleet(t, childMode{Kind: kindProjection, BatchSize: 100})
 		a := f.start("a")
@@ -584,27 +585,27 @@ func TestLeaderElection(t *testing.T) {
 		for round := 1; round <= 3; round++ {
 			f.appendEvents(200)
 			cp := f.waitCaughtUp(15 * time.Second)
-			if cp.Owner != a.id {
-				t.Fatalf("round %d: the checkpoint's owner is %q, want the leader %s", round, cp.Owner, a.id)
+			if cp.Owner != a.ID {
+				t.Fatalf("round %d: the checkpoint's owner is %q, want the leader %s", round, cp.Owner, a.ID)
 			}
-			if h, held := f.holder(); !held || h.App != a.id {
-				t.Fatalf("round %d: lock holder %+v (held %v), want a session of %s", round, h, held, a.id)
+			if h, held := f.holder(); !held || h.App != a.ID {
+				t.Fatalf("round %d: lock holder %+v (held %v), want a session of %s", round, h, held, a.ID)
 			}
-			if n := f.appliedBy(b.id); n != 0 {
-				t.Fatalf("round %d: the standby %s applied %d events while %s leads", round, b.id, n, a.id)
+			if n := f.appliedBy(b.ID); n != 0 {
+				t.Fatalf("round %d: the standby %s applied %d events while %s leads", round, b.ID, n, a.ID)
 			}
-			if n := f.appliedBy(a.id); n != cp.Position {
-				t.Fatalf("round %d: the leader %s applied %d events, want %d", round, a.id, n, cp.Position)
+			if n := f.appliedBy(a.ID); n != cp.Position {
+				t.Fatalf("round %d: the leader %s applied %d events, want %d", round, a.ID, n, cp.Position)
 			}
 		}
 		// The registry agrees: a leads at the current epoch, b leads nothing.
 		cp := f.checkpoint()
-		if _, ok := eventually(5*time.Second, func() bool { return f.leadsEpoch(a.id, cp.Epoch) }); !ok {
-			ls, _ := f.leads(a.id)
-			t.Fatalf("annals.instances: %s leads %+v, want %q at epoch %d", a.id, ls, f.sub, cp.Epoch)
+		if _, ok := eventually(5*time.Second, func() bool { return f.leadsEpoch(a.ID, cp.Epoch) }); !ok {
+			ls, _ := f.leads(a.ID)
+			t.Fatalf("annals.instances: %s leads %+v, want %q at epoch %d", a.ID, ls, f.sub, cp.Epoch)
 		}
-		if ls, ok := f.leads(b.id); !ok || len(ls) != 0 {
-			t.Fatalf("annals.instances: the standby %s leads %+v (registered %v), want nothing", b.id, ls, ok)
+		if ls, ok := f.leads(b.ID); !ok || len(ls) != 0 {
+			t.Fatalf("annals.instances: the standby %s leads %+v (registered %v), want nothing", b.ID, ls, ok)
 		}
 		if cp.Epoch != 1 {
 			t.Fatalf("epoch %d: the leadership changed hands while the leader lived", cp.Epoch)
@@ -660,8 +661,8 @@ func TestLeaderElection(t *testing.T) {
 		f.appendEvents(300)
 		before := f.waitCaughtUp(15 * time.Second)
 		gone := time.Now()
-		a.kill()
-		takeover(t, f, before, gone, "SIGKILL of the leader", func(cp cpState) bool { return cp.Owner == b.id })
+		a.Kill()
+		takeover(t, f, before, gone, "SIGKILL of the leader", func(cp cpState) bool { return cp.Owner == b.ID })
 	})
 
 	t.Run("TerminateLockSession", func(t *testing.T) {
@@ -670,8 +671,8 @@ func TestLeaderElection(t *testing.T) {
 		f.appendEvents(300)
 		before := f.waitCaughtUp(15 * time.Second)
 		h, held := f.holder()
-		if !held || h.App != a.id {
-			t.Fatalf("lock holder %+v (held %v), want a session of %s", h, held, a.id)
+		if !held || h.App != a.ID {
+			t.Fatalf("lock holder %+v (held %v), want a session of %s", h, held, a.ID)
 		}
 		gone := time.Now()
 		f.terminate(h.PID)
@@ -681,14 +682,14 @@ func TestLeaderElection(t *testing.T) {
 			nh, ok := f.holder()
 			return ok && nh.PID != h.PID && nh.App == cp.Owner
 		})
-		if !a.alive() {
-			t.Fatalf("%s exited after losing its lock's session (%s); a runner must go back to standby", a.id, a.state())
+		if !a.Alive() {
+			t.Fatalf("%s exited after losing its lock's session (%s); a runner must go back to standby", a.ID, a.State())
 		}
 		// The old leader noticed: its registry entry no longer claims the old epoch.
-		if _, ok := eventually(5*time.Second, func() bool { return !f.leadsEpoch(a.id, before.Epoch) }); !ok {
-			ls, _ := f.leads(a.id)
+		if _, ok := eventually(5*time.Second, func() bool { return !f.leadsEpoch(a.ID, before.Epoch) }); !ok {
+			ls, _ := f.leads(a.ID)
 			t.Errorf("%s still claims epoch %d in annals.instances 5s after losing its lock: %+v (new leader %s at epoch %d)",
-				a.id, before.Epoch, ls, cp.Owner, cp.Epoch)
+				a.ID, before.Epoch, ls, cp.Owner, cp.Epoch)
 		}
 	})
 
@@ -700,12 +701,12 @@ func TestLeaderElection(t *testing.T) {
 		gone := time.Now()
 		// The events come after the old leader has exited: until then it may
 		// legitimately finish the batch in hand.
-		a.term(15 * time.Second)
-		t.Logf("SIGTERM: %s exited after %v", a.id, time.Since(gone).Round(time.Millisecond))
-		if _, ok := f.leads(a.id); ok {
-			t.Errorf("%s is still registered in annals.instances after a graceful stop", a.id)
+		a.Term(15 * time.Second)
+		t.Logf("SIGTERM: %s exited after %v", a.ID, time.Since(gone).Round(time.Millisecond))
+		if _, ok := f.leads(a.ID); ok {
+			t.Errorf("%s is still registered in annals.instances after a graceful stop", a.ID)
 		}
-		takeover(t, f, before, gone, "SIGTERM of the leader", func(cp cpState) bool { return cp.Owner == b.id })
+		takeover(t, f, before, gone, "SIGTERM of the leader", func(cp cpState) bool { return cp.Owner == b.ID })
 	})
 }
 
@@ -769,19 +770,19 @@ func TestObserverAtLeastOnce(t *testing.T) {
 			n = f.queryInt(`SELECT count(*) FROM delivered`)
 			return n >= 200
 		}); !ok {
-			t.Fatalf("%s delivered %d events within 30s, want at least 200; it is %s", first.id, n, first.state())
+			t.Fatalf("%s delivered %d events within 30s, want at least 200; it is %s", first.ID, n, first.State())
 		}
 		if cp := f.checkpoint(); cp.Position != 0 {
 			t.Fatalf("the checkpoint is at %d before the stop; the test needs it unflushed (CheckpointEvery and CheckpointInterval are huge)", cp.Position)
 		}
-		first.term(15 * time.Second)
+		first.Term(15 * time.Second)
 
 		cp := f.checkpoint()
 		last := f.queryInt(`SELECT coalesce(max(global_sequence), 0) FROM delivered`)
 		delivered := f.queryInt(`SELECT count(*) FROM delivered`)
 		t.Logf("SIGTERM after %d deliveries: stopped with %d delivered, checkpoint %s", n, delivered, cp)
 		if cp.Position >= total {
-			t.Fatalf("%s delivered all %d events before the stop: the test did not stop it mid-way", first.id, total)
+			t.Fatalf("%s delivered all %d events before the stop: the test did not stop it mid-way", first.ID, total)
 		}
 		if cp.Position != last {
 			t.Fatalf("after a graceful stop the checkpoint is at %d, want %d, the last event delivered", cp.Position, last)
@@ -800,17 +801,17 @@ func TestObserverAtLeastOnce(t *testing.T) {
 			return distinct == total
 		}); !ok {
 			t.Fatalf("%s did not deliver the rest within 30s: %d of %d events delivered; checkpoint %s; %s is %s",
-				second.id, distinct, total, f.checkpoint(), second.id, second.state())
+				second.ID, distinct, total, f.checkpoint(), second.ID, second.State())
 		}
-		second.term(15 * time.Second)
+		second.Term(15 * time.Second)
 		if end, head := f.checkpoint(), f.head(); end.Position != head {
 			t.Fatalf("after the second graceful stop the checkpoint is %s, want the head %d", end, head)
 		}
 		if all := f.queryInt(`SELECT count(*) FROM delivered`); all != total {
 			t.Fatalf("%d deliveries of %d events: %d re-delivered after a graceful stop", all, total, all-total)
 		}
-		if n := f.queryInt(`SELECT count(*) FROM delivered WHERE instance = $1 AND global_sequence <= $2`, second.id, cp.Position); n != 0 {
-			t.Fatalf("%s re-delivered %d events at or before the flushed checkpoint %d", second.id, n, cp.Position)
+		if n := f.queryInt(`SELECT count(*) FROM delivered WHERE instance = $1 AND global_sequence <= $2`, second.ID, cp.Position); n != 0 {
+			t.Fatalf("%s re-delivered %d events at or before the flushed checkpoint %d", second.ID, n, cp.Position)
 		}
 	})
 }

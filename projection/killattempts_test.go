@@ -122,15 +122,15 @@ func TestFailureAttemptsSurviveKill(t *testing.T) {
 	var as []killAttempt
 	if _, ok := eventually(15*time.Second, func() bool {
 		as = killAttempts(f, bad.ID)
-		return len(as) >= 2 || !k1.alive()
+		return len(as) >= 2 || !k1.Alive()
 	}); !ok || len(as) < 2 {
-		t.Fatalf("attempts %v at the poison event within 15s, want 2; %s is %s", killAttemptNumbers(as), k1.id, k1.state())
+		t.Fatalf("attempts %v at the poison event within 15s, want 2; %s is %s", killAttemptNumbers(as), k1.ID, k1.State())
 	}
-	k1.kill()
+	k1.Kill()
 	killed := time.Since(start)
 	as = killAttempts(f, bad.ID)
 	if got := killAttemptNumbers(as); !slices.Equal(got, []int{1, 2}) {
-		t.Fatalf("attempts %v when %s was killed, want [1 2]: the kill must land in the %v wait for attempt 3", got, k1.id, delay)
+		t.Fatalf("attempts %v when %s was killed, want [1 2]: the kill must land in the %v wait for attempt 3", got, k1.ID, delay)
 	}
 	if gap := as[1].FailedAt.Sub(as[0].FailedAt); gap < delay {
 		t.Errorf("attempt 2 came %v after attempt 1, want at least the retry delay %v", gap, delay)
@@ -141,9 +141,9 @@ func TestFailureAttemptsSurviveKill(t *testing.T) {
 	// The events before the poison event were committed on their own, the
 	// checkpoint with them.
 	cp := f.checkpoint()
-	if n := f.appliedBy(k1.id); n != each || cp.Position != before[each-1] {
+	if n := f.appliedBy(k1.ID); n != each || cp.Position != before[each-1] {
 		t.Fatalf("after the kill: %s applied %d events, checkpoint %s; want the %d before the poison event, checkpoint at %d",
-			k1.id, n, cp, each, before[each-1])
+			k1.ID, n, cp, each, before[each-1])
 	}
 
 	// The second child goes on: attempt 3 at once, attempt 4 after the
@@ -158,10 +158,10 @@ func TestFailureAttemptsSurviveKill(t *testing.T) {
 		return len(ds) > 0 && cp.Position == head && applied == 2*each
 	}); !ok {
 		t.Fatalf("%s did not finish within 15s: dead letters %+v, checkpoint %s (head %d), %d events applied (want %d), attempts %v; %s is %s%s",
-			k2.id, ds, cp, head, applied, 2*each, killAttemptNumbers(killAttempts(f, bad.ID)), k2.id, k2.state(), f.doubleApplications())
+			k2.ID, ds, cp, head, applied, 2*each, killAttemptNumbers(killAttempts(f, bad.ID)), k2.ID, k2.State(), f.doubleApplications())
 	}
 	t.Logf("killed %s %v after its start; %s dead-lettered the event and caught up %v after the kill",
-		k1.id, killed.Round(time.Millisecond), k2.id, (time.Since(start) - killed).Round(time.Millisecond))
+		k1.ID, killed.Round(time.Millisecond), k2.ID, (time.Since(start) - killed).Round(time.Millisecond))
 
 	// The attempt count continued: 3 and 4 by the second child.
 	as = killAttempts(f, bad.ID)
@@ -169,9 +169,9 @@ func TestFailureAttemptsSurviveKill(t *testing.T) {
 		t.Errorf("attempts %v, want [1 2 3 4]: the second child must continue the count", got)
 	}
 	for i, a := range as {
-		by := k1.id
+		by := k1.ID
 		if i >= 2 {
-			by = k2.id
+			by = k2.ID
 		}
 		if !strings.Contains(a.Error, "child "+by+":") {
 			t.Errorf("attempt %d: error %q, want one made by %s", a.Attempt, a.Error, by)
@@ -198,12 +198,12 @@ func TestFailureAttemptsSurviveKill(t *testing.T) {
 	if n := f.queryInt(`SELECT count(*) FROM applied WHERE event_id = $1`, bad.ID); n != 0 {
 		t.Errorf("the poison event was applied %d times", n)
 	}
-	if n := f.queryInt(`SELECT count(*) FROM applied WHERE instance = $1 AND global_sequence = ANY($2)`, k1.id, before); n != each {
-		t.Errorf("%s applied %d of the %d events before the poison event", k1.id, n, each)
+	if n := f.queryInt(`SELECT count(*) FROM applied WHERE instance = $1 AND global_sequence = ANY($2)`, k1.ID, before); n != each {
+		t.Errorf("%s applied %d of the %d events before the poison event", k1.ID, n, each)
 	}
 	if n := f.queryInt(`SELECT count(*) FROM applied WHERE instance = $1 AND global_sequence = ANY($2)
-		AND epoch > (SELECT max(epoch) FROM applied WHERE instance = $3)`, k2.id, after, k1.id); n != each {
-		t.Errorf("%s applied %d of the %d events after the poison event at a later epoch than %s's", k2.id, n, each, k1.id)
+		AND epoch > (SELECT max(epoch) FROM applied WHERE instance = $3)`, k2.ID, after, k1.ID); n != each {
+		t.Errorf("%s applied %d of the %d events after the poison event at a later epoch than %s's", k2.ID, n, each, k1.ID)
 	}
 	// The read model: the other streams' balances are the log's, and the
 	// poison stream has none.

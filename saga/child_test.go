@@ -6,26 +6,17 @@ package saga_test
 // release, only the kernel closing its sockets.
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/exec"
-	"os/signal"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/childproc"
 	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/saga"
 	"github.com/annals-dev/annals/scheduler"
@@ -53,26 +44,9 @@ func runChild(raw string) int {
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).
 		With(slog.String("instance", spec.Instance))
-	// The parent holds the write end of stdin: EOF means it died, and a
-	// runner must not outlive it.
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		logger.Error("child: stdin closed, the parent is gone; exiting")
-		os.Exit(3)
-	}()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	ctx, stop := childproc.Context(logger)
 	defer stop()
-
-	cfg, err := pgxpool.ParseConfig(spec.URL)
-	if err != nil {
-		logger.Error("child: parse URL", slog.Any("error", err))
-		return 2
-	}
-	// Every connection carries the instance ID, so the parent can tell whose
-	// session holds the lock.
-	cfg.ConnConfig.RuntimeParams["application_name"] = spec.Instance
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := childproc.Pool(ctx, spec.URL, spec.Instance)
 	if err != nil {
 		logger.Error("child: connect", slog.Any("error", err))
 		return 1
@@ -117,113 +91,16 @@ func runChild(raw string) int {
 	return 0
 }
 
-// child is a runner process started by startChild.
-type child struct {
-	t      testing.TB
-	id     string
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser // kept open: the child exits when it reads EOF
-	log    *syncBuffer
-	exited chan struct{}
-	err    error
-}
-
 // startChild starts the test binary as a runner process named instanceID
 // on db. It is killed, at the latest, when the test ends; if the test
 // failed, its log is shown.
-func startChild(t testing.TB, db *annalstest.DB, instanceID string, timerAfter time.Duration) *child {
+func startChild(t testing.TB, db *annalstest.DB, instanceID string, timerAfter time.Duration) *childproc.Child {
 	t.Helper()
 	spec, err := json.Marshal(childSpec{URL: db.URL, Instance: instanceID, TimerAfter: timerAfter})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=50")
-	cmd.Env = append(os.Environ(), childEnv+"="+string(spec), "GORACE="+gorace)
-	c := &child{t: t, id: instanceID, cmd: cmd, log: &syncBuffer{}, exited: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = c.log, c.log
-	if c.stdin, err = cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start child %s: %v", instanceID, err)
-	}
-	go func() {
-		c.err = cmd.Wait()
-		close(c.exited)
-	}()
-	t.Cleanup(func() {
-		if c.alive() {
-			_ = cmd.Process.Kill()
-		}
-		select {
-		case <-c.exited:
-		case <-time.After(10 * time.Second):
-			t.Errorf("child %s (pid %d) has not exited 10s after SIGKILL", c.id, cmd.Process.Pid)
-		}
-		out := c.log.String()
-		for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:"} {
-			if strings.Contains(out, bad) {
-				t.Errorf("child %s (pid %d) reported %q", c.id, cmd.Process.Pid, bad)
-			}
-		}
-		if t.Failed() {
-			t.Logf("log of child %s (pid %d):\n%s", c.id, cmd.Process.Pid, tail(out, 8000))
-		}
-	})
-	return c
-}
-
-func (c *child) alive() bool {
-	select {
-	case <-c.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// kill kills the child with SIGKILL and waits for it to be gone.
-func (c *child) kill() {
-	c.t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil && c.alive() {
-		c.t.Fatalf("SIGKILL child %s: %v", c.id, err)
-	}
-	select {
-	case <-c.exited:
-	case <-time.After(10 * time.Second):
-		c.t.Fatalf("child %s still runs 10s after SIGKILL", c.id)
-	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes and reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// tail returns the last n bytes of s, from a line start where possible.
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	s = s[len(s)-n:]
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		s = s[i+1:]
-	}
-	return "[...]\n" + s
+	return childproc.Start(t, instanceID, childEnv+"="+string(spec))
 }
 
 // eventually polls cond every 10 ms until it holds or timeout has passed.

@@ -24,6 +24,7 @@ import (
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/childproc"
 	"github.com/annals-dev/annals/saga"
 )
 
@@ -298,7 +299,7 @@ func TestExactlyOnceThroughLeaderKills(t *testing.T) {
 	type slot struct {
 		name string
 		gen  int
-		c    *child
+		c    *childproc.Child
 	}
 	instance := func(s *slot) string { return fmt.Sprintf("%s.%d", s.name, s.gen) }
 	slots := make([]*slot, runners)
@@ -345,7 +346,7 @@ func TestExactlyOnceThroughLeaderKills(t *testing.T) {
 			c = checkpoint()
 			pid, app, held = holder()
 			leader = byInstance(c.owner)
-			return c.epoch > lastEpoch && held && pid != lastPID && app == c.owner && leader != nil && leader.c.alive() &&
+			return c.epoch > lastEpoch && held && pid != lastPID && app == c.owner && leader != nil && leader.c.Alive() &&
 				(c.pos >= lastPos+step || c.pos >= lastInput())
 		}) {
 			t.Fatalf("kill %d: no live leader made progress within 20s: checkpoint %+v, lock holder %d %q (held %v)", k+1, c, pid, app, held)
@@ -356,7 +357,7 @@ func TestExactlyOnceThroughLeaderKills(t *testing.T) {
 		method := "SIGKILL"
 		start := time.Now()
 		if k%2 == 0 {
-			leader.c.kill()
+			leader.c.Kill()
 			leader.gen++
 			leader.c = startChild(t, b.db, instance(leader), timerAfter)
 		} else {
