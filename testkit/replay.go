@@ -87,12 +87,69 @@ type Replay struct {
 	// stream versions), in log order.
 	Events []eventstore.Event
 
-	handler  any
-	opts     ReplayOptions
+	handler any
+	opts    ReplayOptions
+	runSettings
+}
+
+// runSettings are a replay's runner settings: the options' projection
+// Options and Config with the kit's defaults (no retries, Stop on the first
+// dead letter), and the handler errors the dead-letter hook reported.
+type runSettings struct {
 	reg      projection.Options
 	cfg      projection.Config
 	mu       sync.Mutex
-	failures []error // handler errors reported by the runner's dead-letter hook
+	failures []error
+}
+
+// defaults fills in opts's defaults and derives the runner settings from it.
+func (s *runSettings) defaults(opts *ReplayOptions) {
+	if opts.Registry == nil {
+		opts.Registry = eventstore.NewRegistry()
+	}
+	if opts.Stream == "" {
+		opts.Stream = DefaultStream
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = time.Minute
+	}
+	if opts.Options != nil {
+		s.reg = *opts.Options
+	}
+	if s.reg.Retry == nil {
+		s.reg.Retry = &projection.RetryPolicy{MaxRetries: -1}
+	}
+	if s.reg.OnDeadLetter == projection.DefaultPolicy {
+		s.reg.OnDeadLetter = projection.Stop
+	}
+	if opts.Config != nil {
+		s.cfg = *opts.Config
+	}
+	// Report the handler's own error, not only "the subscriber is stopped".
+	userHook := s.cfg.Hooks.OnDeadLetter
+	s.cfg.Hooks.OnDeadLetter = func(sub string, e eventstore.Event, reason string, err error) {
+		if reason == "failed" && s.reg.OnDeadLetter == projection.Stop {
+			s.mu.Lock()
+			s.failures = append(s.failures, err)
+			s.mu.Unlock()
+		}
+		if userHook != nil {
+			userHook(sub, e, reason, err)
+		}
+	}
+}
+
+// result returns the run's outcome: the handler errors reported since the
+// last call (with the event each failed on), else runErr.
+func (s *runSettings) result(runErr error) error {
+	s.mu.Lock()
+	failures := s.failures
+	s.failures = nil
+	s.mu.Unlock()
+	if len(failures) > 0 {
+		return errors.Wrap(errors.Join(failures...), "replay")
+	}
+	return errors.Wrap(runErr, "replay")
 }
 
 // ReplayProjection replays events through a projection (or an observer, or
@@ -124,39 +181,7 @@ func ReplayProjection(t testing.TB, handler any, opts *ReplayOptions, events ...
 	if opts != nil {
 		r.opts = *opts
 	}
-	if r.opts.Registry == nil {
-		r.opts.Registry = eventstore.NewRegistry()
-	}
-	if r.opts.Stream == "" {
-		r.opts.Stream = DefaultStream
-	}
-	if r.opts.Timeout <= 0 {
-		r.opts.Timeout = time.Minute
-	}
-	if r.opts.Options != nil {
-		r.reg = *r.opts.Options
-	}
-	if r.reg.Retry == nil {
-		r.reg.Retry = &projection.RetryPolicy{MaxRetries: -1}
-	}
-	if r.reg.OnDeadLetter == projection.DefaultPolicy {
-		r.reg.OnDeadLetter = projection.Stop
-	}
-	if r.opts.Config != nil {
-		r.cfg = *r.opts.Config
-	}
-	// Report the handler's own error, not only "the subscriber is stopped".
-	userHook := r.cfg.Hooks.OnDeadLetter
-	r.cfg.Hooks.OnDeadLetter = func(sub string, e eventstore.Event, reason string, err error) {
-		if reason == "failed" && r.reg.OnDeadLetter == projection.Stop {
-			r.mu.Lock()
-			r.failures = append(r.failures, err)
-			r.mu.Unlock()
-		}
-		if userHook != nil {
-			userHook(sub, e, reason, err)
-		}
-	}
+	r.defaults(&r.opts)
 	// Check what needs no database first: bad input costs nothing.
 	appends, err := r.plan(events)
 	if err != nil {
@@ -333,14 +358,5 @@ func (r *Replay) replay(ctx context.Context, appends []pendingAppend) error {
 	if err := runner.Register(r.handler, &r.reg); err != nil {
 		return err
 	}
-	runErr := runner.RunUntilCaughtUp(ctx)
-	r.mu.Lock()
-	failures := r.failures
-	r.failures = nil
-	r.mu.Unlock()
-	if len(failures) > 0 {
-		// The handler's error, with the event it failed on.
-		return errors.Wrap(errors.Join(failures...), "replay")
-	}
-	return errors.Wrap(runErr, "replay")
+	return r.result(runner.RunUntilCaughtUp(ctx))
 }

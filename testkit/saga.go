@@ -51,11 +51,7 @@ type SagaReplay[S any] struct {
 	plan   *Replay // argument checking and planning, as ReplayProjection does
 	opts   SagaReplayOptions
 	inputs map[uuid.UUID]bool
-	reg    projection.Options
-	cfg    projection.Config
-
-	mu       sync.Mutex
-	failures []error
+	runSettings
 }
 
 // ReplaySaga replays events through a saga, exactly as a production runner
@@ -81,38 +77,7 @@ func ReplaySaga[S any](t testing.TB, s saga.Saga[S], opts *SagaReplayOptions, ev
 	if r.opts.Start.IsZero() {
 		r.opts.Start = DefaultSagaStart
 	}
-	if r.opts.Registry == nil {
-		r.opts.Registry = eventstore.NewRegistry()
-	}
-	if r.opts.Stream == "" {
-		r.opts.Stream = DefaultStream
-	}
-	if r.opts.Timeout <= 0 {
-		r.opts.Timeout = time.Minute
-	}
-	if r.opts.Options != nil {
-		r.reg = *r.opts.Options
-	}
-	if r.reg.Retry == nil {
-		r.reg.Retry = &projection.RetryPolicy{MaxRetries: -1}
-	}
-	if r.reg.OnDeadLetter == projection.DefaultPolicy {
-		r.reg.OnDeadLetter = projection.Stop
-	}
-	if r.opts.Config != nil {
-		r.cfg = *r.opts.Config
-	}
-	userHook := r.cfg.Hooks.OnDeadLetter
-	r.cfg.Hooks.OnDeadLetter = func(sub string, e eventstore.Event, reason string, err error) {
-		if reason == "failed" && r.reg.OnDeadLetter == projection.Stop {
-			r.mu.Lock()
-			r.failures = append(r.failures, err)
-			r.mu.Unlock()
-		}
-		if userHook != nil {
-			userHook(sub, e, reason, err)
-		}
-	}
+	r.defaults(&r.opts.ReplayOptions)
 	r.plan = &Replay{opts: r.opts.ReplayOptions}
 	appends, err := r.plan.plan(events)
 	if err != nil {
@@ -297,15 +262,7 @@ func (r *SagaReplay[S]) replay(ctx context.Context, appends []pendingAppend) err
 		Retention: r.opts.Retention, Options: &reg}); err != nil {
 		return err
 	}
-	runErr := runner.RunUntilCaughtUp(ctx)
-	r.mu.Lock()
-	failures := r.failures
-	r.failures = nil
-	r.mu.Unlock()
-	if len(failures) > 0 {
-		return errors.Wrap(errors.Join(failures...), "replay")
-	}
-	return errors.Wrap(runErr, "replay")
+	return r.result(runner.RunUntilCaughtUp(ctx))
 }
 
 // FakeClock is a clock that moves only when told; it satisfies
