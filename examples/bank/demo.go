@@ -50,7 +50,7 @@ func runDemo(ctx context.Context, s *service, out io.Writer) error {
 
 	p("bank demo: commands → events → read model (run %s)\n\n", run)
 	p("1. The service's runner starts, live: the %s projection and the %s observer.\n", balancesName, notifierName)
-	p("   (The observer prints its \"notification:\" lines from the background, whenever it gets there.)\n")
+	p("   (The observer sends its notifications from the background: their lines appear as it gets there.)\n")
 	runCtx, stopRunner := context.WithCancel(ctx)
 	defer stopRunner()
 	runnerDone := make(chan error, 1)
