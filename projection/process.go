@@ -35,6 +35,9 @@ type failures struct {
 	registry *eventstore.Registry
 	// attempts of events being retried in this process (for span attributes).
 	attempts map[uuid.UUID]int
+	// purgeEvery and lastPurge pace purge (Config.FailurePurgeInterval).
+	purgeEvery time.Duration
+	lastPurge  time.Time
 	// Metric attribute sets, built once rather than per event.
 	subAttrs, okAttrs, errAttrs metric.MeasurementOption
 }
@@ -88,6 +91,24 @@ func (f *failures) loadParked(ctx context.Context, lease *catchup.Lease, b catch
 		return err
 	})
 	return p, errors.Wrap(err, "projection: read parked streams")
+}
+
+// purge deletes, at most every purgeEvery and only while caught up (from
+// Idle), the failed attempts of events at or below the partition's
+// checkpoint that did not end as dead letters. A failure is logged, not
+// returned: the rows are history, and the next purge tries again.
+func (f *failures) purge(ctx context.Context, lease *catchup.Lease) {
+	if f.purgeEvery <= 0 || lease.Ephemeral() || (!f.lastPurge.IsZero() && time.Since(f.lastPurge) < f.purgeEvery) {
+		return
+	}
+	f.lastPurge = time.Now()
+	err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, f.q["PurgeFailures"], lease.Subscriber, lease.Partition)
+		return err
+	})
+	if err != nil && ctx.Err() == nil {
+		f.logger.WarnContext(ctx, "annals: purging old failed attempts failed", slog.String("subscriber", f.name), slog.Any("error", err))
+	}
 }
 
 // storable makes an error text storable in a PostgreSQL text column (valid
@@ -241,8 +262,11 @@ type txProcessor struct {
 }
 
 func (t *txProcessor) Start(context.Context, *catchup.Lease) error { return nil }
-func (t *txProcessor) Idle(context.Context, *catchup.Lease) error  { return nil }
-func (t *txProcessor) End(context.Context, *catchup.Lease) error   { return nil }
+func (t *txProcessor) Idle(ctx context.Context, lease *catchup.Lease) error {
+	t.f.purge(ctx, lease)
+	return nil
+}
+func (t *txProcessor) End(context.Context, *catchup.Lease) error { return nil }
 
 func (t *txProcessor) Process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
 	park, err := t.f.loadParked(ctx, lease, b)
@@ -573,10 +597,11 @@ func (p *observerProcessor) Redeliver(ctx context.Context, lease *catchup.Lease)
 
 // Idle writes the checkpoint when CheckpointInterval has passed since the
 // last write: an idle observer does not write once per event at low rates.
-func (p *observerProcessor) Idle(ctx context.Context, _ *catchup.Lease) error {
+func (p *observerProcessor) Idle(ctx context.Context, lease *catchup.Lease) error {
 	if p.batcher == nil {
 		return nil
 	}
+	p.f.purge(ctx, lease)
 	return p.batcher.FlushIfDue(ctx)
 }
 
