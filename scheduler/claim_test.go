@@ -13,6 +13,7 @@ import (
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/locktrace"
 )
 
 // scheduleMany stores n timers due at `at`, each appending one event
@@ -54,7 +55,7 @@ func TestThreeDispatchersFireAThousandTimersExactlyOnce(t *testing.T) {
 	db := annalstest.NewDB(t, nil)
 	clock := newFakeClock(t0)
 	const n = 1000
-	tr := newLockTracer()
+	tr := locktrace.New()
 	var ss []*Scheduler
 	for range 3 {
 		ss = append(ss, newTracedScheduler(t, db, &Config{Clock: clock, BatchSize: 50, PollInterval: time.Hour}, tr))
@@ -71,7 +72,7 @@ func TestThreeDispatchersFireAThousandTimersExactlyOnce(t *testing.T) {
 		}
 		return true
 	})
-	_, before := tr.counts()
+	_, before := tr.Counts()
 
 	// A bystander appends in a loop while the dispatchers drain the timers:
 	// the claims must not make it wait long for the log's append lock.
@@ -115,7 +116,7 @@ func TestThreeDispatchersFireAThousandTimersExactlyOnce(t *testing.T) {
 	if sum != n {
 		t.Fatalf("the dispatchers fired %v timers, %d in all; want %d in all (a timer fired twice or not at all)", per, sum, n)
 	}
-	under, total := tr.counts()
+	under, total := tr.Counts()
 	slices.Sort(ds)
 	var p50, p99, worst time.Duration
 	if len(ds) > 0 {

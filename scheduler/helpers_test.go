@@ -10,6 +10,7 @@ import (
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/locktrace"
 )
 
 // t0 is the fake clocks' start: a whole second, like cron ticks.
@@ -24,7 +25,7 @@ func newScheduler(t *testing.T, db *annalstest.DB, cfg *Config) *Scheduler {
 
 // newTracedScheduler is newScheduler with tr (if not nil) tracing every
 // round trip of the scheduler's pool.
-func newTracedScheduler(t *testing.T, db *annalstest.DB, cfg *Config, tr *lockTracer) *Scheduler {
+func newTracedScheduler(t *testing.T, db *annalstest.DB, cfg *Config, tr *locktrace.Tracer) *Scheduler {
 	t.Helper()
 	pcfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/locktrace"
 )
 
 // A claim's timers are appended in due order, whatever order the database
@@ -64,7 +65,7 @@ func TestClaimsSendNoRoundTripUnderTheAppendLock(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	clock := newFakeClock(t0)
-	tr := newLockTracer()
+	tr := locktrace.New()
 	s := newTracedScheduler(t, db, &Config{Clock: clock, MaxAttempts: 2}, tr)
 	ctx := t.Context()
 	e := ev("x", map[string]any{})
@@ -78,7 +79,7 @@ func TestClaimsSendNoRoundTripUnderTheAppendLock(t *testing.T) {
 	if got := fireDue(t, s); got != 20 {
 		t.Fatalf("clean batch fired %d, want 20", got)
 	}
-	if under, total := tr.counts(); under != 0 {
+	if under, total := tr.Counts(); under != 0 {
 		t.Fatalf("clean batch: %d of %d round trips under the append lock", under, total)
 	}
 
@@ -116,8 +117,8 @@ func TestClaimsSendNoRoundTripUnderTheAppendLock(t *testing.T) {
 		t.Fatal("the cron tick did not fire")
 	}
 
-	under, total := tr.counts()
-	rb := tr.rollbacksUnderLock()
+	under, total := tr.Counts()
+	rb := tr.RollbacksUnderLock()
 	t.Logf("%d round trips, %d under the append lock, and %d ROLLBACKs after failed appends", total, under, rb)
 	if under != 0 {
 		t.Fatalf("%d of %d round trips were sent while a claim held the log's append lock; want 0", under, total)
