@@ -257,8 +257,9 @@ var errStopping = errors.New("projection: shutting down")
 // txProcessor runs a Projection: each batch in one transaction on the lock's
 // connection, with the fenced checkpoint update.
 type txProcessor struct {
-	p Projection
-	f *failures
+	p   Projection
+	f   *failures
+	cut CommitCutter // p's, or nil
 }
 
 func (t *txProcessor) Start(context.Context, *catchup.Lease) error { return nil }
@@ -275,9 +276,14 @@ func (t *txProcessor) Process(ctx context.Context, lease *catchup.Lease, b catch
 	}
 	cursor, events := b.After, b.Events
 	for {
-		failedAt, err := t.apply(ctx, lease, events, park, b.Through)
+		failedAt, cutAt, err := t.apply(ctx, lease, events, park, b.Through)
 		if err == nil {
-			return b.Through, nil
+			if cutAt < 0 {
+				return b.Through, nil
+			}
+			// Committed early, through events[cutAt] (see CommitCutter).
+			cursor, events = events[cutAt].GlobalSequence, events[cutAt+1:]
+			continue
 		}
 		if failedAt < 0 {
 			return cursor, err
@@ -287,10 +293,17 @@ func (t *txProcessor) Process(ctx context.Context, lease *catchup.Lease, b catch
 		if failedAt > 0 {
 			before := events[:failedAt]
 			pos := before[len(before)-1].GlobalSequence
-			if _, err2 := t.apply(ctx, lease, before, park, pos); err2 != nil {
-				// err2 (fenced, lock lost, database down) decides what the
-				// engine does next; errors.Is does not see a secondary error.
-				return cursor, errors.CombineErrors(err2, err)
+			for len(before) > 0 {
+				_, cut, err2 := t.apply(ctx, lease, before, park, pos)
+				if err2 != nil {
+					// err2 (fenced, lock lost, database down) decides what the
+					// engine does next; errors.Is does not see a secondary error.
+					return cursor, errors.CombineErrors(err2, err)
+				}
+				if cut < 0 {
+					break
+				}
+				cursor, before = before[cut].GlobalSequence, before[cut+1:]
 			}
 			cursor, events = pos, events[failedAt:]
 		}
@@ -332,12 +345,15 @@ func (t *txProcessor) inTx(ctx context.Context, lease *catchup.Lease, fn func(tx
 
 // apply runs events in one transaction with the checkpoint at through;
 // events of parked streams become dead letters instead. On a handler error
-// it returns the index of the failing event (-1 for any other error).
-func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []eventstore.Event, park parked, through int64) (int, error) {
-	failedAt := -1
+// it returns the index of the failing event (-1 for any other error). When
+// the projection is a CommitCutter that asks for a commit after events[i]
+// (not the last), the transaction commits there, with the checkpoint at
+// events[i], and apply returns cutAt i; otherwise cutAt is -1.
+func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []eventstore.Event, park parked, through int64) (failedAt, cutAt int, err error) {
+	failedAt, cutAt = -1, -1
 	var parkedNow []eventstore.Event
-	err := t.inTx(ctx, lease, func(tx pgx.Tx) error {
-		parkedNow = parkedNow[:0]
+	err = t.inTx(ctx, lease, func(tx pgx.Tx) error {
+		parkedNow, cutAt = parkedNow[:0], -1
 		for i, e := range events {
 			if park.holds(e) {
 				if err := t.f.deadLetter(ctx, tx, lease, e, "parked", park.status(e.StreamID), t.f.parkedError(e)); err != nil {
@@ -351,6 +367,10 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 				failedAt = i
 				return errors.Wrapf(err, "projection %q: event %d (%s, stream %s v%d)", t.p.Name(), e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion)
 			}
+			if t.cut != nil && i < len(events)-1 && t.cut.CommitAfter(e) {
+				cutAt = i
+				return lease.Commit(ctx, tx, e.GlobalSequence)
+			}
 		}
 		return lease.Commit(ctx, tx, through)
 	})
@@ -359,7 +379,7 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 			t.f.deadLettered(ctx, e, "parked", t.f.parkedError(e))
 		}
 	}
-	return failedAt, err
+	return failedAt, cutAt, err
 }
 
 // Redeliver re-delivers released dead letters in position order, each in a

@@ -33,6 +33,20 @@ type Observer interface {
 	Handle(ctx context.Context, e eventstore.Event) error
 }
 
+// CommitCutter is implemented by projections whose Handle may take the
+// log's ordering lock: by appending events in the batch's transaction, as
+// package saga's effects do. That lock is held until the transaction ends,
+// and every append in the database waits for it meanwhile; so after each
+// event for which CommitAfter reports true, the runner commits the batch's
+// transaction at once, with the checkpoint at that event, and handles the
+// rest of the batch in a new transaction. Events that take no lock still
+// share transactions.
+type CommitCutter interface {
+	// CommitAfter reports whether the transaction should commit right after
+	// e was handled (successfully) in it.
+	CommitAfter(e eventstore.Event) bool
+}
+
 // Resetter is implemented by projections that can clear their read model,
 // for rebuilds: Reset runs in the transaction that sets the checkpoint back.
 type Resetter interface {

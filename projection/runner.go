@@ -235,7 +235,8 @@ func (r *Runner) Register(handler any, opts *Options) error {
 		if o.OnDeadLetter == DefaultPolicy {
 			o.OnDeadLetter = ParkStream
 		}
-		newProc = func() catchup.Processor { return &txProcessor{p: p, f: r.failures(name, o)} }
+		cut, _ := p.(CommitCutter)
+		newProc = func() catchup.Processor { return &txProcessor{p: p, f: r.failures(name, o), cut: cut} }
 	case isObs:
 		name = obs.Name()
 		every, interval := o.CheckpointEvery, o.CheckpointInterval

@@ -56,14 +56,16 @@
 // the log by stream). It sees events in log order, which is commit order and
 // stream-version order within each stream.
 //
-// # The batch size trade-off
+// # Effects and the log's ordering lock
 //
 // An effect appended in the batch transaction takes the log's ordering lock
-// (see eventstore.Store.AppendTx), held until the batch commits: every other
-// append in the database waits meanwhile. So a saga's default BatchSize is
-// small (DefaultBatchSize, 20). Larger batches give fewer commits (more
-// throughput for the saga) and longer stalls for other writers; a saga that
-// emits few effects can afford more.
+// (see eventstore.Store.AppendTx), held until the transaction commits: every
+// other append in the database waits meanwhile. So the saga asks the runner
+// (projection.CommitCutter) to commit right after each event whose handler
+// appended: the lock is held for the rest of that event's work (its state
+// update, the checkpoint and the COMMIT), not for the rest of the batch.
+// Events that append nothing share transactions, up to BatchSize
+// (DefaultBatchSize). Append late in a handler, after its reads.
 //
 // # Retention
 //

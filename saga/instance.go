@@ -83,6 +83,7 @@ func (i *Instance[S]) Append(ctx context.Context, streamID string, expected even
 	if err := i.live(); err != nil {
 		return eventstore.AppendResult{}, err
 	}
+	i.rt.appended(i.event.ID) // even if it fails: the lock may be taken
 	res, err := i.rt.store.AppendTx(ctx, i.tx, streamID, expected, i.stamp(events)...)
 	return res, errors.Wrapf(err, "saga %q instance %q: append to %q", i.rt.name, i.id, streamID)
 }

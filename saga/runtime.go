@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals"
@@ -41,6 +42,16 @@ type runtime struct {
 
 	mu        sync.Mutex
 	lastPrune time.Time
+	// appendedBy is the event whose Handle last appended an effect: the
+	// runner commits right after it (see adapter.CommitAfter).
+	appendedBy uuid.UUID
+}
+
+// appended notes that the handling of event took the log's ordering lock.
+func (rt *runtime) appended(event uuid.UUID) {
+	rt.mu.Lock()
+	rt.appendedBy = event
+	rt.mu.Unlock()
 }
 
 func newRuntime(name string, cfg *Config) (*runtime, error) {
@@ -115,6 +126,16 @@ type adapter[S any] struct {
 
 // Name returns the saga's name: the subscriber's.
 func (a *adapter[S]) Name() string { return a.saga.Name() }
+
+// CommitAfter makes the runner commit the batch's transaction right after
+// an event whose handling appended an effect (projection.CommitCutter): an
+// append takes the log's ordering lock until its transaction commits, and
+// the rest of the batch must not run while every writer waits for it.
+func (a *adapter[S]) CommitAfter(e eventstore.Event) bool {
+	a.rt.mu.Lock()
+	defer a.rt.mu.Unlock()
+	return a.rt.appendedBy == e.ID
+}
 
 // Handle runs one event in the batch transaction: correlate, load, Handle,
 // save with a version check. The effects ran in tx during Handle.

@@ -32,11 +32,11 @@ type Saga[S any] interface {
 	Handle(ctx context.Context, inst *Instance[S], e eventstore.Event) error
 }
 
-// DefaultBatchSize is a saga's default projection.Options.BatchSize. It is
-// small because an effect appended while a batch runs takes the log's
-// ordering lock, which every other append in the database then waits for
-// until the batch commits.
-const DefaultBatchSize = 20
+// DefaultBatchSize is a saga's default projection.Options.BatchSize. The
+// batch transaction also commits right after each event whose handler
+// appended an effect (the append holds the log's ordering lock until then),
+// so only events that append nothing share a transaction.
+const DefaultBatchSize = 100
 
 // DefaultPruneInterval is the default Config.PruneInterval.
 const DefaultPruneInterval = time.Minute
