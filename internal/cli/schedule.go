@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
@@ -19,18 +20,20 @@ import (
 func (e *env) scheduleCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "schedule",
-		Short: "Inspect cron tasks and pending timers",
+		Short: "Inspect and manage cron tasks and pending timers",
 		Long: `The scheduler package stores timers (delayed appends) and cron tasks in the database;
 every process that runs a scheduler dispatcher fires them, each exactly once.
-'schedule list' shows what is stored, from the database alone.`,
+'schedule list' shows what is stored; pause, resume and delete act on a cron task and
+cancel on a timer, cluster-wide, from the database alone.`,
 		RunE: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return usagef("want a subcommand: list")
+				return usagef("want a subcommand: list, pause, resume, delete or cancel")
 			}
-			return usagef("unknown subcommand %q: want list", args[0])
+			return usagef("unknown subcommand %q: want list, pause, resume, delete or cancel", args[0])
 		},
 	}
-	cmd.AddCommand(e.scheduleListCommand())
+	cmd.AddCommand(e.scheduleListCommand(), e.scheduleTaskCommand("pause"), e.scheduleTaskCommand("resume"),
+		e.scheduleTaskCommand("delete"), e.scheduleCancelCommand())
 	for _, c := range cmd.Commands() {
 		wrapArgs(c)
 	}
@@ -134,29 +137,113 @@ type ScheduleTimer struct {
 	CreatedAt time.Time  `json:"created_at"`
 }
 
-func (e *env) loadSchedule(ctx context.Context, limit int) (*ScheduleJSON, error) {
+// withScheduler runs fn with a scheduler on the configured database; an
+// unmigrated schema is reported as such.
+func (e *env) withScheduler(ctx context.Context, fn func(s *scheduler.Scheduler) error) error {
 	pool, err := e.connect(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer pool.Close()
 	store, err := eventstore.New(pool, &eventstore.Config{Schema: e.schema})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s, err := scheduler.New(store, nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	out, err := readSchedule(ctx, s, limit)
+	err = fn(s)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return nil, errors.Wrapf(err, "schema %q lacks the scheduler tables (run 'annals migrate')", e.schema)
+		return errors.Wrapf(err, "schema %q lacks the scheduler tables (run 'annals migrate')", e.schema)
 	}
+	return err
+}
+
+func (e *env) loadSchedule(ctx context.Context, limit int) (*ScheduleJSON, error) {
+	var out *ScheduleJSON
+	err := e.withScheduler(ctx, func(s *scheduler.Scheduler) error {
+		var err error
+		out, err = readSchedule(ctx, s, limit)
+		return err
+	})
 	if out != nil {
 		out.Schema = e.schema
 	}
 	return out, err
+}
+
+// scheduleTaskCommand is 'schedule pause|resume|delete TASK'.
+func (e *env) scheduleTaskCommand(verb string) *cobra.Command {
+	short := map[string]string{
+		"pause":  "Pause a cron task cluster-wide: no tick fires until it is resumed",
+		"resume": "Resume a paused cron task: ticks that fell while it was paused never fire",
+		"delete": "Delete a cron task and its tick history cluster-wide",
+	}[verb]
+	long := short + "."
+	if verb == "delete" {
+		long += `
+A process that adds the task again at start (scheduler.AddTask) recreates it: remove it
+from the code first.`
+	}
+	return &cobra.Command{
+		Use:   verb + " TASK",
+		Short: short,
+		Long:  long,
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if name == "" {
+				return usagef("the task name is empty")
+			}
+			err := e.withScheduler(cmd.Context(), func(s *scheduler.Scheduler) error {
+				switch verb {
+				case "pause":
+					return s.PauseTask(cmd.Context(), name)
+				case "resume":
+					return s.ResumeTask(cmd.Context(), name)
+				default:
+					return s.DeleteTask(cmd.Context(), name)
+				}
+			})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%sd cron task %s\n", verb, name) // paused, resumed, deleted
+			return nil
+		},
+	}
+}
+
+// scheduleCancelCommand is 'schedule cancel TIMER-ID'.
+func (e *env) scheduleCancelCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "cancel TIMER-ID",
+		Short: "Cancel a pending or failed timer (its events are never appended)",
+		Long: `Cancel a pending or failed timer by its ID (see 'schedule list'). A timer that is being
+fired right now, or was fired already, cannot be cancelled: the command fails then.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := uuid.Parse(args[0])
+			if err != nil {
+				return usagef("timer ID %q: %v", args[0], err)
+			}
+			var ok bool
+			err = e.withScheduler(cmd.Context(), func(s *scheduler.Scheduler) error {
+				ok, err = s.Cancel(cmd.Context(), nil, id)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return errors.Newf("no pending timer %s (fired already, being fired, or never stored)", id)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "cancelled timer %s\n", id)
+			return nil
+		},
+	}
 }
 
 func readSchedule(ctx context.Context, s *scheduler.Scheduler, limit int) (*ScheduleJSON, error) {

@@ -119,3 +119,76 @@ func TestScheduleList(t *testing.T) {
 		t.Errorf("no database: %+v", r)
 	}
 }
+
+// pause, resume, delete and cancel act on the database alone; mistakes exit
+// 2, unknown tasks and timers exit 1, and neither changes anything.
+func TestScheduleManage(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	store, err := eventstore.New(db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := scheduler.New(store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddTask(ctx, scheduler.Task{Name: "nightly", Spec: "30 2 * * *", StreamID: "reports"}); err != nil {
+		t.Fatal(err)
+	}
+	timer, err := s.Schedule(ctx, nil, time.Now().Add(time.Hour), "order-1", eventstore.EventData{Type: "order.expired", Data: map[string]any{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused := func() bool {
+		tasks, err := s.Tasks(ctx)
+		if err != nil || len(tasks) != 1 {
+			t.Fatalf("tasks %+v, %v", tasks, err)
+		}
+		return tasks[0].Paused
+	}
+
+	for _, c := range []struct {
+		args []string
+		code int
+		out  string
+	}{
+		{[]string{"schedule", "pause"}, ExitUsage, ""},
+		{[]string{"schedule", "pause", "a", "b"}, ExitUsage, ""},
+		{[]string{"schedule", "pause", "nope"}, ExitFailure, `no cron task "nope"`},
+		{[]string{"schedule", "cancel", "not-a-uuid"}, ExitUsage, "not-a-uuid"},
+		{[]string{"schedule", "cancel", "0191d6a4-0000-7000-8000-000000000000"}, ExitFailure, "no pending timer"},
+		{[]string{"schedule", "bogus"}, ExitUsage, "unknown subcommand"},
+	} {
+		r := annals(t, db.URL, c.args...)
+		if r.code != c.code || !strings.Contains(r.stderr, c.out) {
+			t.Errorf("%v: %+v; want exit %d mentioning %q", c.args, r, c.code, c.out)
+		}
+	}
+	if paused() {
+		t.Fatal("a failed command paused the task")
+	}
+
+	if r := annals(t, db.URL, "schedule", "pause", "nightly"); r.code != ExitOK || r.stdout != "paused cron task nightly\n" || !paused() {
+		t.Fatalf("pause: %+v (paused %v)", r, paused())
+	}
+	if r := annals(t, db.URL, "schedule", "resume", "nightly"); r.code != ExitOK || r.stdout != "resumed cron task nightly\n" || paused() {
+		t.Fatalf("resume: %+v (paused %v)", r, paused())
+	}
+	if r := annals(t, db.URL, "schedule", "cancel", timer.String()); r.code != ExitOK || r.stdout != "cancelled timer "+timer.String()+"\n" {
+		t.Fatalf("cancel: %+v", r)
+	}
+	if r := annals(t, db.URL, "schedule", "cancel", timer.String()); r.code != ExitFailure {
+		t.Fatalf("cancel twice: %+v", r)
+	}
+	if r := annals(t, db.URL, "schedule", "delete", "nightly"); r.code != ExitOK || r.stdout != "deleted cron task nightly\n" {
+		t.Fatalf("delete: %+v", r)
+	}
+	if tasks, err := s.Tasks(ctx); err != nil || len(tasks) != 0 {
+		t.Fatalf("after delete: %+v, %v", tasks, err)
+	}
+	if r := annals(t, db.URL, "schedule", "list"); r.code != ExitOK || !strings.Contains(r.stdout, "No cron tasks.") || !strings.Contains(r.stdout, "0 pending timers") {
+		t.Fatalf("list after: %+v", r)
+	}
+}
