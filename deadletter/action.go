@@ -177,11 +177,11 @@ func (s *Store) PurgeTx(ctx context.Context, tx pgx.Tx, olderThan time.Time, inc
 	if olderThan.IsZero() {
 		return 0, errors.Wrap(ErrInvalid, "purge cutoff is the zero time")
 	}
-	tag, err := tx.Exec(ctx, s.q["Purge"], olderThan, includeUnresolved)
-	if err != nil {
+	var n int64
+	if err := tx.QueryRow(ctx, s.q["Purge"], olderThan, includeUnresolved).Scan(&n); err != nil {
 		return 0, errors.Wrap(err, "deadletter: purge")
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }
 
 // locked is the dead letter an action holds the row lock of.

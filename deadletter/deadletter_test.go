@@ -570,8 +570,22 @@ func TestDeadLetterPurge(t *testing.T) {
 	b := setup(t)
 	cutoff := time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC)
 	older := cutoff.Add(-time.Hour)
-	atCutoff := b.add(t, deadletter.DeadLetter{GlobalSequence: 1, Status: deadletter.StatusResolved, UpdatedAt: cutoff})
-	newer := b.add(t, deadletter.DeadLetter{GlobalSequence: 2, Status: deadletter.StatusResolved, UpdatedAt: cutoff.Add(time.Microsecond)})
+	purgedEvent, keptEvent := uuid.New(), uuid.New()
+	atCutoff := b.add(t, deadletter.DeadLetter{GlobalSequence: 1, EventID: purgedEvent, Status: deadletter.StatusResolved, UpdatedAt: cutoff})
+	newer := b.add(t, deadletter.DeadLetter{GlobalSequence: 2, EventID: keptEvent, Status: deadletter.StatusResolved, UpdatedAt: cutoff.Add(time.Microsecond)})
+	// Their failed attempts: a purged dead letter's go with it.
+	for _, ev := range []uuid.UUID{purgedEvent, keptEvent} {
+		if _, err := b.db.Pool.Exec(ctx, `INSERT INTO annals.failures (subscriber_id, event_id, global_sequence, attempt, error)
+			VALUES ('orders', $1, 1, 1, 'boom'), ('orders', $1, 1, 2, 'boom'), ('other', $1, 1, 1, 'boom')`, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	attempts := func(sub string, ev uuid.UUID) (n int) {
+		if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.failures WHERE subscriber_id = $1 AND event_id = $2`, sub, ev).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
 	skipped := b.add(t, deadletter.DeadLetter{GlobalSequence: 3, Status: deadletter.StatusSkipped, UpdatedAt: older})
 	open := b.add(t, deadletter.DeadLetter{GlobalSequence: 4, Status: deadletter.StatusOpen, UpdatedAt: older})
 	retry := b.add(t, deadletter.DeadLetter{GlobalSequence: 5, Status: deadletter.StatusRetry, UpdatedAt: cutoff})
@@ -600,6 +614,9 @@ func TestDeadLetterPurge(t *testing.T) {
 		if _, err := b.store.Get(ctx, id); !errors.Is(err, deadletter.ErrNotFound) {
 			t.Errorf("dead letter %d not purged: %v", id, err)
 		}
+	}
+	if a, k, o := attempts("orders", purgedEvent), attempts("orders", keptEvent), attempts("other", purgedEvent); a != 0 || k != 2 || o != 1 {
+		t.Errorf("failed attempts after Purge: purged entry's %d (want 0), kept entry's %d (want 2), another subscriber's %d (want 1)", a, k, o)
 	}
 	if n, err := b.store.Purge(ctx, cutoff, false); err != nil || n != 0 {
 		t.Fatalf("second Purge: %d, %v", n, err)

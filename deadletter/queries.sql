@@ -99,7 +99,17 @@ SELECT EXISTS (SELECT 1 FROM {{.Schema}}.dead_letters WHERE subscriber_id = $1)
     OR EXISTS (SELECT 1 FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1);
 
 -- name: Purge
--- $1 cutoff (inclusive), $2 whether open and retry entries go too.
-DELETE FROM {{.Schema}}.dead_letters
- WHERE updated_at <= $1
-   AND ($2 OR status IN ('resolved', 'skipped'));
+-- $1 cutoff (inclusive), $2 whether open and retry entries go too. The
+-- failed attempts of the purged entries' events go with them (they are
+-- kept only as a dead letter's history). Returns the entries purged.
+WITH gone AS (
+    DELETE FROM {{.Schema}}.dead_letters
+     WHERE updated_at <= $1
+       AND ($2 OR status IN ('resolved', 'skipped'))
+    RETURNING subscriber_id, event_id
+), attempts AS (
+    DELETE FROM {{.Schema}}.failures f
+     USING gone g
+     WHERE f.subscriber_id = g.subscriber_id AND f.event_id = g.event_id
+)
+SELECT count(*) FROM gone;

@@ -160,8 +160,6 @@ func (f *failures) handle(ctx context.Context, e eventstore.Event, fn func(ctx c
 		outcome = f.errAttrs
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
-	} else if len(f.attempts) > 0 {
-		delete(f.attempts, e.ID)
 	}
 	f.tel.Handler.Record(ctx, time.Since(start).Seconds(), outcome)
 	return err

@@ -17,18 +17,9 @@ SELECT $1, $2, $3, $4,
    FOR SHARE OF c
 RETURNING attempt;
 
--- name: PurgeFailures
--- The failed attempts of events this partition has since handled (at or
--- below its checkpoint) that did not end as dead letters: nobody needs them,
--- and kept they would count against the event if it is read again after a
--- rewind. The attempts of dead-lettered events stay (their history).
-DELETE FROM {{.Schema}}.failures f
- USING {{.Schema}}.checkpoints c
- WHERE c.subscriber_id = $1 AND c.partition = $2
-   AND f.subscriber_id = $1 AND f.partition = $2
-   AND f.global_sequence <= c.position
-   AND NOT EXISTS (SELECT 1 FROM {{.Schema}}.dead_letters d
-                    WHERE d.subscriber_id = f.subscriber_id AND d.event_id = f.event_id);
+-- name: ForgetFailures
+-- The failed attempts of an event that has now been handled.
+DELETE FROM {{.Schema}}.failures WHERE subscriber_id = $1 AND event_id = $2;
 
 -- name: Epoch
 -- The epoch of a subscriber partition's checkpoint: a leader waiting to

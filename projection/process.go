@@ -35,9 +35,6 @@ type failures struct {
 	registry *eventstore.Registry
 	// attempts of events being retried in this process (for span attributes).
 	attempts map[uuid.UUID]int
-	// purgeEvery and lastPurge pace purge (Config.FailurePurgeInterval).
-	purgeEvery time.Duration
-	lastPurge  time.Time
 	// Metric attribute sets, built once rather than per event.
 	subAttrs, okAttrs, errAttrs metric.MeasurementOption
 }
@@ -93,23 +90,26 @@ func (f *failures) loadParked(ctx context.Context, lease *catchup.Lease, b catch
 	return p, errors.Wrap(err, "projection: read parked streams")
 }
 
-// purge deletes, at most every purgeEvery and only while caught up (from
-// Idle), the failed attempts of events at or below the partition's
-// checkpoint that did not end as dead letters. A failure is logged, not
-// returned: the rows are history, and the next purge tries again.
-func (f *failures) purge(ctx context.Context, lease *catchup.Lease) {
-	if f.purgeEvery <= 0 || lease.Ephemeral() || (!f.lastPurge.IsZero() && time.Since(f.lastPurge) < f.purgeEvery) {
-		return
-	}
-	f.lastPurge = time.Now()
-	err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
-		_, err := conn.Exec(ctx, f.q["PurgeFailures"], lease.Subscriber, lease.Partition)
-		return err
-	})
-	if err != nil && ctx.Err() == nil {
-		f.logger.WarnContext(ctx, "annals: purging old failed attempts failed", slog.String("subscriber", f.name), slog.Any("error", err))
-	}
+// retried reports whether e failed in this process before (it has failed
+// attempts recorded that forget should delete once it succeeds).
+func (f *failures) retried(e eventstore.Event) bool {
+	_, ok := f.attempts[e.ID]
+	return ok
 }
+
+// forget deletes the failed attempts of an event that has now succeeded, in
+// db: for a projection, the transaction that applies it, so they go exactly
+// when it is applied. Kept, they would count against the event if it is
+// read again after a rewind, and the table would grow forever. The attempts
+// of dead-lettered events stay with their dead letter (dlq purge deletes
+// both).
+func (f *failures) forget(ctx context.Context, db checkpoint.DB, e eventstore.Event) error {
+	_, err := db.Exec(ctx, f.q["ForgetFailures"], f.name, e.ID)
+	return errors.Wrap(err, "projection: delete the failed attempts of a handled event")
+}
+
+// forgotten drops e from the attempts being tracked, after forget committed.
+func (f *failures) forgotten(e eventstore.Event) { delete(f.attempts, e.ID) }
 
 // storable makes an error text storable in a PostgreSQL text column (valid
 // UTF-8, no NUL bytes) and at most max bytes long, so that no error can make
@@ -263,11 +263,8 @@ type txProcessor struct {
 }
 
 func (t *txProcessor) Start(context.Context, *catchup.Lease) error { return nil }
-func (t *txProcessor) Idle(ctx context.Context, lease *catchup.Lease) error {
-	t.f.purge(ctx, lease)
-	return nil
-}
-func (t *txProcessor) End(context.Context, *catchup.Lease) error { return nil }
+func (t *txProcessor) Idle(context.Context, *catchup.Lease) error  { return nil }
+func (t *txProcessor) End(context.Context, *catchup.Lease) error   { return nil }
 
 func (t *txProcessor) Process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
 	park, err := t.f.loadParked(ctx, lease, b)
@@ -351,9 +348,9 @@ func (t *txProcessor) inTx(ctx context.Context, lease *catchup.Lease, fn func(tx
 // events[i], and apply returns cutAt i; otherwise cutAt is -1.
 func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []eventstore.Event, park parked, through int64) (failedAt, cutAt int, err error) {
 	failedAt, cutAt = -1, -1
-	var parkedNow []eventstore.Event
+	var parkedNow, forgotten []eventstore.Event
 	err = t.inTx(ctx, lease, func(tx pgx.Tx) error {
-		parkedNow, cutAt = parkedNow[:0], -1
+		parkedNow, forgotten, cutAt = parkedNow[:0], forgotten[:0], -1
 		for i, e := range events {
 			if park.holds(e) {
 				if err := t.f.deadLetter(ctx, tx, lease, e, "parked", park.status(e.StreamID), t.f.parkedError(e)); err != nil {
@@ -367,6 +364,12 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 				failedAt = i
 				return errors.Wrapf(err, "projection %q: event %d (%s, stream %s v%d)", t.p.Name(), e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion)
 			}
+			if t.f.retried(e) {
+				if err := t.f.forget(ctx, tx, e); err != nil {
+					return err
+				}
+				forgotten = append(forgotten, e)
+			}
 			if t.cut != nil && i < len(events)-1 && t.cut.CommitAfter(e) {
 				cutAt = i
 				return lease.Commit(ctx, tx, e.GlobalSequence)
@@ -377,6 +380,9 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 	if err == nil {
 		for _, e := range parkedNow {
 			t.f.deadLettered(ctx, e, "parked", t.f.parkedError(e))
+		}
+		for _, e := range forgotten {
+			t.f.forgotten(e)
 		}
 	}
 	return failedAt, cutAt, err
@@ -541,6 +547,13 @@ func (p *observerProcessor) Process(ctx context.Context, lease *catchup.Lease, b
 		}
 		err := p.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return p.o.Handle(ctx, e) })
 		if err == nil {
+			if p.f.retried(e) {
+				// Best effort: left behind, the rows only cost space.
+				if ferr := p.inLock(ctx, lease, func(conn *pgx.Conn) error { return p.f.forget(ctx, conn, e) }); ferr != nil {
+					p.f.logger.WarnContext(ctx, "annals: deleting the failed attempts of a handled event failed", slog.String("subscriber", p.f.name), slog.Any("error", ferr))
+				}
+				p.f.forgotten(e)
+			}
 			done, handled = e.GlobalSequence, handled+1
 			continue
 		}
@@ -617,11 +630,10 @@ func (p *observerProcessor) Redeliver(ctx context.Context, lease *catchup.Lease)
 
 // Idle writes the checkpoint when CheckpointInterval has passed since the
 // last write: an idle observer does not write once per event at low rates.
-func (p *observerProcessor) Idle(ctx context.Context, lease *catchup.Lease) error {
+func (p *observerProcessor) Idle(ctx context.Context, _ *catchup.Lease) error {
 	if p.batcher == nil {
 		return nil
 	}
-	p.f.purge(ctx, lease)
 	return p.batcher.FlushIfDue(ctx)
 }
 

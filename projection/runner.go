@@ -81,13 +81,6 @@ type Config struct {
 	// registry even without this. Defaults to nil: untyped handlers get
 	// events as stored.
 	Registry *eventstore.Registry
-	// FailurePurgeInterval is how often a caught-up leader deletes the
-	// failed-attempt rows (table failures) of events its checkpoint has
-	// passed without dead-lettering them: the table stays small, and an event
-	// read again after a rewind starts with its full retry budget. The rows
-	// of dead-lettered events are kept (their history). Defaults to 1 minute;
-	// negative disables the purge.
-	FailurePurgeInterval time.Duration
 	// HandlerSpanParent makes a handler's span a child of the producing
 	// append's span instead of linking to it (one trace across the event
 	// store). Defaults to false (a link).
@@ -202,9 +195,6 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	}
 	if c.Clock == nil {
 		r.cfg.Clock = realClock{}
-	}
-	if c.FailurePurgeInterval == 0 {
-		r.cfg.FailurePurgeInterval = time.Minute
 	}
 	return r, nil
 }
@@ -391,10 +381,9 @@ func (r *Runner) failures(name string, o Options) *failures {
 		name: name, q: r.fq, retry: policy.withDefaults(), policy: o.OnDeadLetter,
 		timeout: timeout, clock: r.cfg.Clock, hooks: r.cfg.Hooks, logger: r.cfg.Logger,
 		tel: r.tel, childSpans: r.cfg.HandlerSpanParent, registry: r.cfg.Registry, attempts: map[uuid.UUID]int{},
-		purgeEvery: r.cfg.FailurePurgeInterval,
-		subAttrs:   metric.WithAttributes(sub),
-		okAttrs:    metric.WithAttributes(sub, telemetry.Outcome.String("ok")),
-		errAttrs:   metric.WithAttributes(sub, telemetry.Outcome.String("error")),
+		subAttrs: metric.WithAttributes(sub),
+		okAttrs:  metric.WithAttributes(sub, telemetry.Outcome.String("ok")),
+		errAttrs: metric.WithAttributes(sub, telemetry.Outcome.String("error")),
 	}
 }
 
