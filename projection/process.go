@@ -250,6 +250,20 @@ func (f *failures) afterFailure(ctx context.Context, lease *catchup.Lease, e eve
 	}
 }
 
+// combine returns a and b as one error (either may be nil). errors.Is sees
+// only the primary error of a combination, and the engine releases the lock
+// on a fenced or lost lease (catchup's isFatal), so whichever of the two says
+// so comes first; otherwise a does.
+func combine(a, b error) error {
+	fatal := func(err error) bool {
+		return errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, advisorylock.ErrLost) || errors.Is(err, advisorylock.ErrReleased)
+	}
+	if !fatal(a) && fatal(b) {
+		a, b = b, a
+	}
+	return errors.CombineErrors(a, b)
+}
+
 // errStopping ends a batch early at shutdown: the attempt count is stored,
 // the next leader continues it.
 var errStopping = errors.New("projection: shutting down")
@@ -294,8 +308,8 @@ func (t *txProcessor) Process(ctx context.Context, lease *catchup.Lease, b catch
 				_, cut, err2 := t.apply(ctx, lease, before, park, pos)
 				if err2 != nil {
 					// err2 (fenced, lock lost, database down) decides what the
-					// engine does next; errors.Is does not see a secondary error.
-					return cursor, errors.CombineErrors(err2, err)
+					// engine does next.
+					return cursor, combine(err2, err)
 				}
 				if cut < 0 {
 					break
@@ -594,12 +608,11 @@ func (p *observerProcessor) Process(ctx context.Context, lease *catchup.Lease, b
 	return b.Through, p.advance(ctx, b.Through, handled, nil)
 }
 
-// advance moves the batched checkpoint and returns cause, or the write's
-// error (first: a fenced or lost write decides what the engine does next, and
-// errors.Is does not see a secondary error) with cause attached.
+// advance moves the batched checkpoint and returns cause, or both cause
+// and the write's error (see combine).
 func (p *observerProcessor) advance(ctx context.Context, pos int64, events int, cause error) error {
 	if err := p.batcher.Advance(ctx, pos, events); err != nil {
-		return errors.CombineErrors(err, cause)
+		return combine(err, cause)
 	}
 	return cause
 }
