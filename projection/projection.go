@@ -43,7 +43,9 @@ type Observer interface {
 // share transactions.
 type CommitCutter interface {
 	// CommitAfter reports whether the transaction should commit right after
-	// e was handled (successfully) in it.
+	// e was handled (successfully) in it. It is called right after that
+	// Handle call, on the goroutine of e's partition; a projection with
+	// several partitions is called from several goroutines.
 	CommitAfter(e eventstore.Event) bool
 }
 
