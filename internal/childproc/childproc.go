@@ -3,6 +3,7 @@ package childproc
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -110,7 +111,8 @@ func (c *Child) State() string {
 // Kill kills the child with SIGKILL and waits for it to be gone.
 func (c *Child) Kill() {
 	c.t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil && c.Alive() {
+	// ErrProcessDone: it exited meanwhile (Wait reaped it before exited closed).
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) && c.Alive() {
 		c.t.Fatalf("SIGKILL child %s: %v", c.ID, err)
 	}
 	select {

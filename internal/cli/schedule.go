@@ -149,7 +149,13 @@ func (e *env) withScheduler(ctx context.Context, fn func(s *scheduler.Scheduler)
 	if err != nil {
 		return err
 	}
-	s, err := scheduler.New(store, nil)
+	// Times this command writes (a resumed task's start) come from the
+	// database's clock, not this machine's, which may be skewed.
+	var dbNow time.Time
+	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&dbNow); err != nil {
+		return errors.Wrap(err, "read the database's clock")
+	}
+	s, err := scheduler.New(store, &scheduler.Config{Clock: offsetClock(time.Until(dbNow))})
 	if err != nil {
 		return err
 	}
@@ -160,6 +166,12 @@ func (e *env) withScheduler(ctx context.Context, fn func(s *scheduler.Scheduler)
 	}
 	return err
 }
+
+// offsetClock is the wall clock shifted by an offset (to the database's).
+type offsetClock time.Duration
+
+func (c offsetClock) Now() time.Time                         { return time.Now().Add(time.Duration(c)) }
+func (c offsetClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 func (e *env) loadSchedule(ctx context.Context, limit int) (*ScheduleJSON, error) {
 	var out *ScheduleJSON
