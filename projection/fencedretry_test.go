@@ -91,20 +91,7 @@ func (h *rbHarness) poisonedLiveWith(p *poisoned, counter *retryCounter, mate bo
 	if err := r.Register(p, rbOptions); err != nil {
 		h.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	h.t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				h.t.Errorf("Run: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			h.t.Errorf("Run did not return")
-		}
-	})
+	runInBackground(h.t, r)
 	h.waitLiveAt(p.name, r.InstanceID(), 1, 15*time.Second)
 	if mate {
 		_, err := h.store.Transact(h.t.Context(), func(_ context.Context, _ pgx.Tx, b *eventstore.Batch) error {

@@ -82,7 +82,11 @@ func testConfig(poll time.Duration) *projection.Config {
 // run runs r in the background until the returned stop is called (or the
 // test ends). stop cancels Run's context and fails the test unless Run
 // returns nil within 15 s.
-func (h *liveHarness) run(r *projection.Runner) (stop func()) {
+func (h *liveHarness) run(r *projection.Runner) (stop func()) { return runInBackground(h.t, r) }
+
+// runInBackground runs r until the returned stop is called or t ends; stop
+// fails t unless Run returns nil within 15 s.
+func runInBackground(t testing.TB, r *projection.Runner) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -93,14 +97,14 @@ func (h *liveHarness) run(r *projection.Runner) (stop func()) {
 			select {
 			case err := <-done:
 				if err != nil {
-					h.t.Errorf("Run: %v", err)
+					t.Errorf("Run: %v", err)
 				}
 			case <-time.After(15 * time.Second):
-				h.t.Errorf("Run did not return 15 s after its context ended")
+				t.Errorf("Run did not return 15 s after its context ended")
 			}
 		})
 	}
-	h.t.Cleanup(stop) // before the pool closes: cleanups run last-in first-out
+	t.Cleanup(stop) // before the pool closes: cleanups run last-in first-out
 	return stop
 }
 

@@ -184,20 +184,7 @@ func (h *rbHarness) liveRunner(id string, p *rbProjection, opts *projection.Opti
 	if err := r.Register(p, opts); err != nil {
 		h.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	h.t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				h.t.Errorf("Run: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			h.t.Errorf("Run did not return")
-		}
-	})
+	runInBackground(h.t, r)
 	return r
 }
 
