@@ -53,6 +53,14 @@ func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVe
 	if err != nil {
 		return AppendResult{}, err
 	}
+	if s.group == nil {
+		return s.appendAlone(ctx, args)
+	}
+	return s.group.append(ctx, args)
+}
+
+// appendAlone runs one append_events call as a transaction of its own.
+func (s *Store) appendAlone(ctx context.Context, args appendArgs) (AppendResult, error) {
 	rows, err := s.pool.Query(ctx, s.q.append, args.stream, args.expected, args.payload)
 	return collectAppend(rows, err, args)
 }
@@ -206,13 +214,27 @@ func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pg
 	return results, nil
 }
 
-// appendArgs are the encoded arguments of one append_events call.
+// appendArgs are the encoded arguments of one append: the JSON array that
+// append_events takes (payload), and the same events field by field for
+// append_batch (events; nil for an EncodedAppend, which carries only JSON).
 type appendArgs struct {
 	stream   string
 	expected any
 	exp      ExpectedVersion
 	payload  []byte
 	count    int
+	events   []encodedEvent
+	// callerIDs reports whether some event ID came from the caller (and may
+	// be stored already); IDs annals generated need no idempotency look-up.
+	callerIDs bool
+}
+
+// encodedEvent is one validated event of an append.
+type encodedEvent struct {
+	id   uuid.UUID
+	typ  string
+	data []byte
+	meta []byte
 }
 
 // encode validates an append on the client and renders the JSON array that
@@ -233,6 +255,8 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 	var buf bytes.Buffer
 	buf.WriteByte('[')
 	seen := make(map[uuid.UUID]struct{}, len(events))
+	encoded := make([]encodedEvent, 0, len(events))
+	callerIDs := false
 	for i, e := range events {
 		name := e.Type
 		if reg, ok := s.registry.NameOf(e.Data); ok {
@@ -269,7 +293,10 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 			if id, err = uuid.NewV7(); err != nil {
 				return appendArgs{}, errors.Wrap(err, "generate event ID")
 			}
+		} else {
+			callerIDs = true
 		}
+		encoded = append(encoded, encodedEvent{id: id, typ: name, data: data, meta: meta})
 		if _, dup := seen[id]; dup {
 			return appendArgs{}, invalidf("event ID %s appears twice in one append", id)
 		}
@@ -291,7 +318,8 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 		buf.WriteByte('}')
 	}
 	buf.WriteByte(']')
-	return appendArgs{stream: streamID, expected: exp, exp: expected, payload: buf.Bytes(), count: len(events)}, nil
+	return appendArgs{stream: streamID, expected: exp, exp: expected, payload: buf.Bytes(), count: len(events),
+		events: encoded, callerIDs: callerIDs}, nil
 }
 
 // traceContext returns the W3C trace context of ctx's span (traceparent,

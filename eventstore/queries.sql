@@ -4,6 +4,10 @@
 SELECT event_id, global_sequence, stream_version
   FROM {{.Schema}}.append_events($1, $2, $3);
 
+-- name: AppendBatch
+SELECT stream_id, status, event_id, global_sequence, stream_version, actual_version
+  FROM {{.Schema}}.append_batch($1, $2, $3, $4, $5, $6, $7, $8, $9);
+
 -- name: ReadAll
 SELECT global_sequence, event_id, stream_id, stream_version, event_type, data, metadata, recorded_at
   FROM {{.Schema}}.events

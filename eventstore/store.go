@@ -42,6 +42,9 @@ type Config struct {
 	// MeterProvider receives annals.append.duration and annals.append.events.
 	// Defaults to the global provider (otel.GetMeterProvider).
 	MeterProvider metric.MeterProvider
+	// GroupCommit configures how concurrent Append calls are coalesced into
+	// one transaction. Defaults to on, with the defaults of GroupCommit.
+	GroupCommit GroupCommit
 }
 
 // Store appends events to and reads events from the annals schema through a
@@ -54,10 +57,11 @@ type Store struct {
 	pageSize int
 	q        queries
 	tel      *telemetry.Append
+	group    *committer // nil when group commit is disabled
 }
 
 type queries struct {
-	append, readAll, readStream, streamVersion, head string
+	append, appendBatch, readAll, readStream, streamVersion, head string
 }
 
 // New returns a Store on pool. The schema must have been migrated (see the
@@ -94,7 +98,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{
+	gc, err := c.GroupCommit.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{
 		tel:      tel,
 		pool:     pool,
 		schema:   c.Schema,
@@ -103,12 +111,17 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		pageSize: c.PageSize,
 		q: queries{
 			append:        named["Append"],
+			appendBatch:   named["AppendBatch"],
 			readAll:       named["ReadAll"],
 			readStream:    named["ReadStream"],
 			streamVersion: named["StreamVersion"],
 			head:          named["Head"],
 		},
-	}, nil
+	}
+	if !gc.Disabled {
+		s.group = &committer{s: s, cfg: gc}
+	}
+	return s, nil
 }
 
 // Schema returns the schema the store works in.

@@ -18,6 +18,9 @@ type Data struct {
 	Channel       string
 	AppendLockK1  int32
 	AppendLockK2  int32
+	// SequenceName is the events sequence's qualified, quoted name as a
+	// string literal, for a ::regclass cast.
+	SequenceName string
 }
 
 // NewData returns the template data for a (validated) schema name.
@@ -29,6 +32,7 @@ func NewData(schema string) Data {
 		Channel:       schemaname.Literal(schemaname.Channel(schema)),
 		AppendLockK1:  k1,
 		AppendLockK2:  k2,
+		SequenceName:  schemaname.Literal(schemaname.Ident(schema) + ".events_global_sequence"),
 	}
 }
 

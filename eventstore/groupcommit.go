@@ -1,0 +1,301 @@
+package eventstore
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
+)
+
+// GroupCommit configures how Store.Append coalesces concurrent appends of a
+// process into one transaction. See the package documentation ("Group
+// commit") for the algorithm.
+type GroupCommit struct {
+	// Disabled makes every Append a transaction of its own (append_events),
+	// as AppendTx in a transaction of its own would be.
+	Disabled bool
+	// MaxEvents bounds the events of one group; an append larger than it
+	// still goes alone. Defaults to 2000.
+	MaxEvents int
+	// MaxInFlight is how many groups a Store sends at once. While one group
+	// holds the log's ordering lock through its commit, a second one can wait
+	// for the lock on the server, so the lock never waits for a round trip.
+	// Defaults to 2.
+	MaxInFlight int
+}
+
+func (g GroupCommit) withDefaults() (GroupCommit, error) {
+	if g.MaxEvents < 0 || g.MaxInFlight < 0 {
+		return g, errors.New("eventstore: GroupCommit.MaxEvents and MaxInFlight must not be negative")
+	}
+	if g.MaxEvents == 0 {
+		g.MaxEvents = 2000
+	}
+	if g.MaxInFlight == 0 {
+		g.MaxInFlight = 2
+	}
+	return g, nil
+}
+
+// pendingAppend is one Append waiting for its group's outcome.
+type pendingAppend struct {
+	ctx  context.Context
+	args appendArgs
+	done chan struct{}
+	// taken is set (under committer.mu) when a group took the append: from
+	// then on its outcome is decided by that group's statement.
+	taken bool
+	res   AppendResult
+	err   error
+}
+
+// committer coalesces concurrent Store.Append calls into calls of
+// append_batch, each one statement and so one transaction: one round trip,
+// one acquisition of the ordering lock and one WAL flush for the group.
+type committer struct {
+	s   *Store
+	cfg GroupCommit
+
+	mu       sync.Mutex
+	queue    []*pendingAppend
+	inFlight int
+}
+
+// append runs one append through a group and returns its own outcome.
+func (c *committer) append(ctx context.Context, args appendArgs) (AppendResult, error) {
+	p := &pendingAppend{ctx: ctx, args: args, done: make(chan struct{})}
+	c.mu.Lock()
+	c.queue = append(c.queue, p)
+	group := c.takeLocked()
+	c.mu.Unlock()
+	if group != nil {
+		// This caller has a free slot: it sends the group itself, which
+		// saves a hand-over to another goroutine when appends are not
+		// concurrent.
+		c.run(group)
+	}
+	select {
+	case <-p.done:
+		return p.res, p.err
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	if !p.taken {
+		if i := slices.Index(c.queue, p); i >= 0 {
+			c.queue = slices.Delete(c.queue, i, i+1)
+		}
+		c.mu.Unlock()
+		return AppendResult{}, errors.Wrap(ctx.Err(), "eventstore: append cancelled before it was sent; nothing was written")
+	}
+	c.mu.Unlock()
+	// The group is on its way: its outcome is the append's. Wait for it if
+	// it is already known, else report that it is unknown.
+	select {
+	case <-p.done:
+		return p.res, p.err
+	default:
+		return AppendResult{}, errors.Wrap(ctx.Err(), "eventstore: append cancelled while its group was committing; "+
+			"it may have been written (re-append the same event IDs to find out: that is idempotent)")
+	}
+}
+
+// takeLocked takes the next group from the queue if a slot is free: the
+// oldest appends, skipping (and leaving queued, in place) any whose stream is
+// already in the group or whose caller-chosen event ID is, up to MaxEvents.
+// It returns nil when no slot is free or nothing is queued.
+func (c *committer) takeLocked() []*pendingAppend {
+	if len(c.queue) == 0 || c.inFlight >= c.cfg.MaxInFlight {
+		return nil
+	}
+	var (
+		group   []*pendingAppend
+		events  int
+		streams = make(map[string]struct{}, len(c.queue))
+		ids     map[uuid.UUID]struct{}
+	)
+	rest := c.queue[:0]
+	for i, p := range c.queue {
+		if events >= c.cfg.MaxEvents {
+			rest = append(rest, c.queue[i:]...)
+			break
+		}
+		if _, dup := streams[p.args.stream]; dup || (len(group) > 0 && events+p.args.count > c.cfg.MaxEvents) ||
+			(p.args.callerIDs && sharesID(ids, p.args.events)) {
+			rest = append(rest, p)
+			continue
+		}
+		streams[p.args.stream] = struct{}{}
+		if p.args.callerIDs {
+			if ids == nil {
+				ids = make(map[uuid.UUID]struct{})
+			}
+			for _, e := range p.args.events {
+				ids[e.id] = struct{}{}
+			}
+		}
+		p.taken = true
+		group = append(group, p)
+		events += p.args.count
+	}
+	clear(c.queue[len(rest):])
+	c.queue = rest
+	c.inFlight++
+	return group
+}
+
+func sharesID(ids map[uuid.UUID]struct{}, events []encodedEvent) bool {
+	for _, e := range events {
+		if _, ok := ids[e.id]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// run sends a group, hands each member its outcome, and starts the next
+// group if appends are waiting.
+func (c *committer) run(group []*pendingAppend) {
+	c.send(group)
+	for _, p := range group {
+		close(p.done)
+	}
+	c.mu.Lock()
+	c.inFlight--
+	next := c.takeLocked()
+	c.mu.Unlock()
+	if next != nil {
+		go c.run(next)
+	}
+}
+
+// send runs append_batch for the group. Its context ends when every member's
+// context has ended: nobody is left waiting for the outcome.
+func (c *committer) send(group []*pendingAppend) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(group[0].ctx))
+	defer cancel()
+	waiting := int32(len(group))
+	for _, p := range group {
+		stop := context.AfterFunc(p.ctx, func() {
+			if atomic.AddInt32(&waiting, -1) == 0 {
+				cancel()
+			}
+		})
+		defer stop()
+	}
+
+	err := c.sendBatch(ctx, group)
+	if err == nil {
+		return
+	}
+	if len(group) == 1 {
+		group[0].res, group[0].err = AppendResult{}, err
+		return
+	}
+	// The group as a whole failed (not one append's expected version or
+	// event IDs: those are answered per append). Send each append alone, so
+	// that each gets its own outcome and a bad one cannot fail the others.
+	// Should the group have committed after all (a connection lost after
+	// COMMIT), re-sending is harmless: an append of stored event IDs is an
+	// idempotent re-append.
+	for _, p := range group {
+		p.res, p.err = c.s.appendAlone(ctx, p.args)
+	}
+}
+
+// sendBatch sends one append_batch statement and distributes its rows.
+func (c *committer) sendBatch(ctx context.Context, group []*pendingAppend) error {
+	n := 0
+	for _, p := range group {
+		n += p.args.count
+	}
+	var (
+		streams  = make([]string, len(group))
+		expected = make([]*int64, len(group))
+		index    = make([]int32, 0, n)
+		within   = make([]int32, 0, n)
+		ids      = make([]uuid.UUID, 0, n)
+		types    = make([]string, 0, n)
+		data     = make([]string, 0, n)
+		meta     = make([]string, 0, n)
+		check    = false
+		byStream = make(map[string]*pendingAppend, len(group))
+	)
+	for i, p := range group {
+		streams[i] = p.args.stream
+		if v, ok := p.args.expected.(int64); ok {
+			expected[i] = &v
+		}
+		check = check || p.args.callerIDs
+		byStream[p.args.stream] = p
+		p.res = AppendResult{StreamID: p.args.stream, Events: make([]AppendedEvent, 0, p.args.count)}
+		for j, e := range p.args.events {
+			index = append(index, int32(i+1))
+			within = append(within, int32(j+1))
+			ids = append(ids, e.id)
+			types = append(types, e.typ)
+			data = append(data, string(e.data))
+			meta = append(meta, string(e.meta))
+		}
+	}
+	rows, err := c.s.pool.Query(ctx, c.s.q.appendBatch, streams, expected, index, within, ids, types, data, meta, check)
+	if err != nil {
+		return translate(err, "", Any)
+	}
+	var (
+		stream         string
+		status         int16
+		id             uuid.UUID
+		seq, ver, actu *int64
+	)
+	for rows.Next() {
+		if err := rows.Scan(&stream, &status, &id, &seq, &ver, &actu); err != nil {
+			rows.Close()
+			return errors.Wrap(err, "eventstore: read append_batch result")
+		}
+		p := byStream[stream]
+		if p == nil {
+			rows.Close()
+			return errors.Newf("eventstore: append_batch answered for stream %q, which the group does not hold", stream)
+		}
+		switch status {
+		case 0, 3:
+			if seq == nil || ver == nil {
+				rows.Close()
+				return errors.New("eventstore: append_batch returned an event without a position")
+			}
+			p.res.Events = append(p.res.Events, AppendedEvent{ID: id, GlobalSequence: *seq, StreamVersion: *ver})
+		case 1:
+			var actual int64
+			if actu != nil {
+				actual = *actu
+			}
+			p.err = errors.WithStack(&WrongExpectedVersionError{StreamID: stream, Expected: p.args.exp, Actual: actual})
+		case 2:
+			p.err = errors.Wrapf(ErrEventIDConflict,
+				"annals: some events of the append to stream %q are already stored with other content, or only some of them are", stream)
+		default:
+			rows.Close()
+			return errors.Newf("eventstore: append_batch returned unknown status %d", status)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return translate(err, "", Any)
+	}
+	for _, p := range group {
+		if p.err != nil {
+			p.res = AppendResult{}
+			continue
+		}
+		if len(p.res.Events) != p.args.count {
+			return errors.Newf("eventstore: append_batch returned %d rows for the %d events of the append to %q",
+				len(p.res.Events), p.args.count, p.args.stream)
+		}
+		slices.SortFunc(p.res.Events, func(a, b AppendedEvent) int { return cmp.Compare(a.StreamVersion, b.StreamVersion) })
+		p.res.StreamVersion = p.res.Events[len(p.res.Events)-1].StreamVersion
+	}
+	return nil
+}

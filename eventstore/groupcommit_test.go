@@ -1,0 +1,456 @@
+package eventstore_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/schemaname"
+)
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// holdAppendLock takes the log's ordering lock in a transaction of its own
+// and returns the function that releases it. While it is held, every
+// append waits for it on the server.
+func holdAppendLock(t *testing.T, b *bundle) func() {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k1, k2 := schemaname.AppendLockKey("annals")
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, $2)`, k1, k2); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			if err := tx.Rollback(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// lockWaiters counts the sessions waiting for an advisory lock.
+func lockWaiters(t *testing.T, b *bundle) int {
+	t.Helper()
+	var n int
+	if err := b.db.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+type outcome struct {
+	res eventstore.AppendResult
+	err error
+}
+
+// oneGroup runs the appends so that they travel in one group: it holds the
+// ordering lock, fills the store's in-flight slots with appends of their own
+// that wait for it, queues the appends, then lets everything go.
+func oneGroup(t *testing.T, b *bundle, appends []func(ctx context.Context) (eventstore.AppendResult, error)) []outcome {
+	t.Helper()
+	ctx := context.Background()
+	release := holdAppendLock(t, b)
+	var wg sync.WaitGroup
+	for i := range 2 { // GroupCommit.MaxInFlight's default
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := b.store.Append(ctx, fmt.Sprintf("filler-%d-%s", i, uuid.NewString()), eventstore.NoStream,
+				eventstore.NewEvent(OrderPlaced{OrderID: "filler"})); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	waitFor(t, "two appends waiting for the ordering lock", func() bool { return lockWaiters(t, b) == 2 })
+	out := make([]outcome, len(appends))
+	for i, fn := range appends {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i].res, out[i].err = fn(ctx)
+		}()
+	}
+	waitFor(t, "the appends to queue", func() bool { return eventstore.QueuedAppends(b.store) == len(appends) })
+	release()
+	wg.Wait()
+	return out
+}
+
+// transactions returns how many transactions wrote the events of streams.
+func transactions(t *testing.T, b *bundle, streams ...string) int {
+	t.Helper()
+	var n int
+	if err := b.db.Pool.QueryRow(context.Background(),
+		`SELECT count(DISTINCT xmin::text) FROM annals.events WHERE stream_id = ANY($1)`, streams).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestGroupCommit(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ConcurrentAppendsShareATransaction", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil)
+		var fns []func(context.Context) (eventstore.AppendResult, error)
+		var streams []string
+		for i := range 10 {
+			s := fmt.Sprintf("order-%d", i)
+			streams = append(streams, s)
+			fns = append(fns, func(ctx context.Context) (eventstore.AppendResult, error) {
+				return b.store.Append(ctx, s, eventstore.NoStream,
+					eventstore.NewEvent(OrderPlaced{OrderID: s, Total: i}), eventstore.NewEvent(OrderShipped{OrderID: s}))
+			})
+		}
+		out := oneGroup(t, b, fns)
+		var positions []int64
+		for i, o := range out {
+			if o.err != nil {
+				t.Fatalf("append %d: %v", i, o.err)
+			}
+			if o.res.StreamVersion != 2 || len(o.res.Events) != 2 || o.res.StreamID != streams[i] {
+				t.Fatalf("append %d: result %+v", i, o.res)
+			}
+			if o.res.Events[0].StreamVersion != 1 || o.res.Events[1].GlobalSequence != o.res.Events[0].GlobalSequence+1 {
+				t.Fatalf("append %d: events %+v are not consecutive", i, o.res.Events)
+			}
+			positions = append(positions, o.res.Events[0].GlobalSequence, o.res.Events[1].GlobalSequence)
+		}
+		if n := transactions(t, b, streams...); n != 1 {
+			t.Fatalf("10 queued appends were written by %d transactions, want 1", n)
+		}
+		// The results are the stored rows.
+		for i, s := range streams {
+			evs, err := collect(t, b.store.ReadStream(context.Background(), s, 1))
+			if err != nil || len(evs) != 2 {
+				t.Fatalf("read %s: %v, %d events", s, err, len(evs))
+			}
+			for j, e := range evs {
+				if e.GlobalSequence != out[i].res.Events[j].GlobalSequence || e.ID != out[i].res.Events[j].ID {
+					t.Fatalf("%s event %d stored at %d (%s), reported at %d (%s)", s, j, e.GlobalSequence, e.ID,
+						out[i].res.Events[j].GlobalSequence, out[i].res.Events[j].ID)
+				}
+			}
+		}
+		seen := map[int64]bool{}
+		for _, p := range positions {
+			if seen[p] {
+				t.Fatalf("position %d reported twice", p)
+			}
+			seen[p] = true
+		}
+	})
+
+	t.Run("EachAppendHasItsOwnOutcome", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil)
+		ctx := context.Background()
+		// Prepare: a stream at version 1, and a stored event to re-append.
+		for _, st := range []string{"existing", "existing2"} {
+			if _, err := b.store.Append(ctx, st, eventstore.NoStream, eventstore.NewEvent(OrderPlaced{OrderID: "e"})); err != nil {
+				t.Fatal(err)
+			}
+		}
+		stored := eventstore.EventData{ID: uuid.New(), Data: OrderPlaced{OrderID: "again"}}
+		first, err := b.store.Append(ctx, "replayed", eventstore.NoStream, stored)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clash := eventstore.EventData{ID: stored.ID, Data: OrderPlaced{OrderID: "other content"}}
+		head := mustHead(t, b.store)
+
+		out := oneGroup(t, b, []func(context.Context) (eventstore.AppendResult, error){
+			func(ctx context.Context) (eventstore.AppendResult, error) { // ok
+				return b.store.Append(ctx, "fresh", eventstore.NoStream, eventstore.NewEvent(OrderPlaced{OrderID: "f"}))
+			},
+			func(ctx context.Context) (eventstore.AppendResult, error) { // wrong expected version
+				return b.store.Append(ctx, "existing", eventstore.Exact(5), eventstore.NewEvent(OrderShipped{OrderID: "e"}))
+			},
+			func(ctx context.Context) (eventstore.AppendResult, error) { // idempotent re-append
+				return b.store.Append(ctx, "replayed", eventstore.NoStream, stored)
+			},
+			func(ctx context.Context) (eventstore.AppendResult, error) { // event ID stored with other content
+				return b.store.Append(ctx, "clash", eventstore.Any, clash)
+			},
+			func(ctx context.Context) (eventstore.AppendResult, error) { // must not exist, but does
+				return b.store.Append(ctx, "existing2", eventstore.NoStream, eventstore.NewEvent(OrderShipped{OrderID: "e"}))
+			},
+			func(ctx context.Context) (eventstore.AppendResult, error) { // two appends to one stream: never in one group
+				return b.store.Append(ctx, "twice", eventstore.Any, eventstore.NewEvent(OrderShipped{OrderID: "t"}))
+			},
+			func(ctx context.Context) (eventstore.AppendResult, error) {
+				return b.store.Append(ctx, "twice", eventstore.Any, eventstore.NewEvent(OrderShipped{OrderID: "t"}))
+			},
+		})
+		if out[0].err != nil || out[0].res.StreamVersion != 1 || out[0].res.Events[0].GlobalSequence <= head {
+			t.Fatalf("fresh: %+v, %v", out[0].res, out[0].err)
+		}
+		var wev *eventstore.WrongExpectedVersionError
+		if !errors.As(out[1].err, &wev) || wev.Actual != 1 || wev.StreamID != "existing" || wev.Expected != eventstore.Exact(5) {
+			t.Fatalf("wrong version: %v", out[1].err)
+		}
+		if !errors.Is(out[1].err, eventstore.ErrWrongExpectedVersion) {
+			t.Fatalf("wrong version does not match ErrWrongExpectedVersion: %v", out[1].err)
+		}
+		if out[2].err != nil || len(out[2].res.Events) != 1 || out[2].res.Events[0] != first.Events[0] {
+			t.Fatalf("re-append: %+v, %v; first %+v", out[2].res, out[2].err, first)
+		}
+		if !errors.Is(out[3].err, eventstore.ErrEventIDConflict) {
+			t.Fatalf("clash: %v", out[3].err)
+		}
+		if !errors.As(out[4].err, &wev) || wev.Actual != 1 || wev.StreamID != "existing2" {
+			t.Fatalf("no stream: %v", out[4].err)
+		}
+		if out[5].err != nil || out[6].err != nil || out[5].res.StreamVersion+out[6].res.StreamVersion != 3 {
+			t.Fatalf("twice: %+v, %v; %+v, %v", out[5].res, out[5].err, out[6].res, out[6].err)
+		}
+		if n := transactions(t, b, "twice"); n != 2 {
+			t.Fatalf("two appends to one stream were written by %d transactions, want 2", n)
+		}
+		// Nothing of the failed appends was written.
+		var clashCount int
+		if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.streams WHERE stream_id = 'clash'`).Scan(&clashCount); err != nil || clashCount != 0 {
+			t.Fatalf("clash stream: %d, %v", clashCount, err)
+		}
+		for _, st := range []string{"existing", "existing2"} {
+			if v, err := b.store.StreamVersion(ctx, st); err != nil || v != 1 {
+				t.Fatalf("%s at version %d, %v; want 1", st, v, err)
+			}
+		}
+	})
+
+	t.Run("AFailingGroupFallsBackToSingleAppends", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil)
+		ctx := context.Background()
+		// A trigger that fails every insert into one stream stands for any
+		// error that aborts a whole statement.
+		if _, err := b.db.Pool.Exec(ctx, `
+			CREATE FUNCTION public.poison() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN
+				IF NEW.stream_id = 'poison' THEN RAISE EXCEPTION 'poisoned stream'; END IF;
+				RETURN NEW;
+			END $$;
+			CREATE TRIGGER poison BEFORE INSERT ON annals.events FOR EACH ROW EXECUTE FUNCTION public.poison();`); err != nil {
+			t.Fatal(err)
+		}
+		var fns []func(context.Context) (eventstore.AppendResult, error)
+		for i := range 5 {
+			s := fmt.Sprintf("healthy-%d", i)
+			if i == 2 {
+				s = "poison"
+			}
+			fns = append(fns, func(ctx context.Context) (eventstore.AppendResult, error) {
+				return b.store.Append(ctx, s, eventstore.NoStream, eventstore.NewEvent(OrderPlaced{OrderID: s}))
+			})
+		}
+		out := oneGroup(t, b, fns)
+		for i, o := range out {
+			if i == 2 {
+				if o.err == nil || !strings.Contains(o.err.Error(), "poisoned stream") {
+					t.Fatalf("poison: %v", o.err)
+				}
+				continue
+			}
+			if o.err != nil || o.res.StreamVersion != 1 {
+				t.Fatalf("healthy append %d: %+v, %v", i, o.res, o.err)
+			}
+		}
+		var n int
+		if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.events WHERE stream_id LIKE 'healthy-%'`).Scan(&n); err != nil || n != 4 {
+			t.Fatalf("%d healthy events stored (%v), want 4", n, err)
+		}
+	})
+
+	t.Run("CancelledWhileQueuedWritesNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil)
+		release := holdAppendLock(t, b)
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		for i := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := b.store.Append(ctx, fmt.Sprintf("filler-%d", i), eventstore.NoStream,
+					eventstore.NewEvent(OrderPlaced{OrderID: "filler"})); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		waitFor(t, "two appends waiting for the ordering lock", func() bool { return lockWaiters(t, b) == 2 })
+		cctx, cancel := context.WithCancel(ctx)
+		errc := make(chan error, 1)
+		go func() {
+			_, err := b.store.Append(cctx, "cancelled", eventstore.NoStream, eventstore.NewEvent(OrderPlaced{OrderID: "c"}))
+			errc <- err
+		}()
+		waitFor(t, "the append to queue", func() bool { return eventstore.QueuedAppends(b.store) == 1 })
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled append: %v", err)
+		}
+		if n := eventstore.QueuedAppends(b.store); n != 0 {
+			t.Fatalf("%d appends still queued after the cancel", n)
+		}
+		release()
+		wg.Wait()
+		if v, err := b.store.StreamVersion(ctx, "cancelled"); !errors.Is(err, eventstore.ErrStreamNotFound) {
+			t.Fatalf("cancelled stream at version %d (%v), want not found", v, err)
+		}
+	})
+
+	t.Run("Disabled", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, &eventstore.Config{GroupCommit: eventstore.GroupCommit{Disabled: true}})
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		var streams []string
+		for i := range 8 {
+			s := fmt.Sprintf("alone-%d", i)
+			streams = append(streams, s)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := b.store.Append(ctx, s, eventstore.NoStream, eventstore.NewEvent(OrderPlaced{OrderID: s})); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		if n := transactions(t, b, streams...); n != 8 {
+			t.Fatalf("8 appends without group commit were written by %d transactions, want 8", n)
+		}
+	})
+
+	t.Run("BadConfig", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil)
+		if _, err := eventstore.New(b.db.Pool, &eventstore.Config{GroupCommit: eventstore.GroupCommit{MaxEvents: -1}}); err == nil {
+			t.Fatal("a negative MaxEvents was accepted")
+		}
+	})
+}
+
+func TestAppendBatchSQL(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	call := func(streams []string, expected []*int64, appendIdx, index []int32, types, data []string) error {
+		ids := make([]uuid.UUID, len(types))
+		for i := range ids {
+			ids[i] = uuid.New()
+		}
+		meta := make([]string, len(types))
+		rows, err := b.db.Pool.Query(ctx, `SELECT * FROM annals.append_batch($1, $2, $3, $4, $5, $6, $7, $8, false)`,
+			streams, expected, appendIdx, index, ids, types, data, meta)
+		if err != nil {
+			return err
+		}
+		rows.Close()
+		return rows.Err()
+	}
+	one := func(v int64) *int64 { return &v }
+	obj := `{"a":1}`
+	for name, tc := range map[string]func() error{
+		"NoAppends": func() error { return call(nil, nil, nil, nil, nil, nil) },
+		"EmptyStream": func() error {
+			return call([]string{""}, []*int64{nil}, []int32{1}, []int32{1}, []string{"t"}, []string{obj})
+		},
+		"SameStreamTwice": func() error {
+			return call([]string{"s", "s"}, []*int64{nil, nil}, []int32{1, 2}, []int32{1, 1}, []string{"t", "t"}, []string{obj, obj})
+		},
+		"ExpectedBelowMinusOne": func() error {
+			return call([]string{"s"}, []*int64{one(-2)}, []int32{1}, []int32{1}, []string{"t"}, []string{obj})
+		},
+		"EmptyType": func() error {
+			return call([]string{"s"}, []*int64{nil}, []int32{1}, []int32{1}, []string{""}, []string{obj})
+		},
+		"NotJSON": func() error {
+			return call([]string{"s"}, []*int64{nil}, []int32{1}, []int32{1}, []string{"t"}, []string{"{nope"})
+		},
+		"ScalarData": func() error {
+			return call([]string{"s"}, []*int64{nil}, []int32{1}, []int32{1}, []string{"t"}, []string{"42"})
+		},
+		"EventsOutOfOrder": func() error {
+			return call([]string{"s", "u"}, []*int64{nil, nil}, []int32{2, 1}, []int32{1, 1}, []string{"t", "t"}, []string{obj, obj})
+		},
+		"IndexGap": func() error {
+			return call([]string{"s"}, []*int64{nil}, []int32{1, 1}, []int32{1, 3}, []string{"t", "t"}, []string{obj, obj})
+		},
+		"AppendWithoutEvents": func() error {
+			return call([]string{"s", "u"}, []*int64{nil, nil}, []int32{1}, []int32{1}, []string{"t"}, []string{obj})
+		},
+		"LengthsDiffer": func() error {
+			return call([]string{"s"}, []*int64{nil}, []int32{1}, []int32{1}, []string{"t", "t"}, []string{obj})
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			// Malformed JSON is refused by the json type's input function
+			// (22P02), as it is by append_events' jsonb parameter.
+			var pgErr *pgconn.PgError
+			if err := tc(); !errors.As(err, &pgErr) || (pgErr.Code != eventstore.CodeInvalidEvent && pgErr.Code != "22P02") {
+				t.Fatalf("got %v, want SQLSTATE %s", err, eventstore.CodeInvalidEvent)
+			}
+		})
+	}
+	if h := mustHead(t, b.store); h != 0 {
+		t.Fatalf("bad calls wrote events: head %d", h)
+	}
+
+	// A good call from SQL: two streams, positions in argument order.
+	rows, err := b.db.Pool.Query(ctx, `SELECT stream_id, status, global_sequence, stream_version
+		FROM annals.append_batch(ARRAY['x', 'y'], ARRAY[0, NULL]::bigint[], ARRAY[1, 1, 2], ARRAY[1, 2, 1],
+			ARRAY[gen_random_uuid(), gen_random_uuid(), gen_random_uuid()], ARRAY['t', 't', 't'],
+			ARRAY['{"n":1}', '{"n":2}', '[3]'], ARRAY[NULL, '', '{"m":1}'], false)
+		ORDER BY global_sequence`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		Stream   string
+		Status   int16
+		Pos, Ver int64
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []row{{"x", 0, 1, 1}, {"x", 0, 2, 2}, {"y", 0, 3, 1}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	var data, meta string
+	if err := b.db.Pool.QueryRow(ctx, `SELECT data::text, coalesce(metadata::text, 'null') FROM annals.events WHERE global_sequence = 3`).Scan(&data, &meta); err != nil || data != "[3]" || meta != `{"m":1}` {
+		t.Fatalf("stored %s %s (%v)", data, meta, err)
+	}
+}

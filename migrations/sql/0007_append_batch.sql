@@ -1,0 +1,178 @@
+-- annals schema: append_batch, the group-commit append.
+--
+-- append_batch appends several independent appends (each to its own stream,
+-- with its own expected version) in the caller's transaction, under one
+-- acquisition of the log's ordering lock, and reports an outcome per append
+-- instead of raising: one append's wrong expected version or event-ID
+-- conflict does not abort the others. The Go client coalesces concurrent
+-- Store.Append calls of a process into one call of this function, sent as one
+-- statement (its own transaction): one round trip, one commit, one WAL flush
+-- for the whole group.
+--
+-- Arguments (1-based; all arrays of one call describe one group):
+--   p_streams    text[]   the stream of each append; no stream twice
+--   p_expected   bigint[] each append's expected version, as in append_events
+--                         (NULL any, 0 no stream, -1 stream exists, N >= 1)
+--   p_append     int[]    per event: the index of its append in p_streams;
+--                         events are listed append by append, in order
+--   p_index      int[]    per event: its index within its append (1, 2, ...)
+--   p_ids        uuid[]   per event: its ID; no ID twice
+--   p_types      text[]   per event: its type
+--   p_data       text[]   per event: its data, a JSON object or array (stored
+--                         byte for byte as given)
+--   p_metadata   text[]   per event: its metadata, a JSON object, or NULL/''
+--   p_check_ids  boolean  whether some IDs came from the caller and may be
+--                         stored already (idempotent re-appends); a client
+--                         that generated every ID itself passes false and
+--                         saves the look-up
+--
+-- Positions are drawn for every event of the group; those of failed appends
+-- are left unused (holes, as a rolled-back append leaves).
+--
+-- Returns one row per event of each append that was written or found stored
+-- (status 0 written, 3 already stored: an idempotent re-append), and one row
+-- per failed append (status 1 wrong expected version, with actual_version;
+-- status 2 some of its event IDs are stored with other content, or only some
+-- are stored). stream_id says which append a row belongs to.
+CREATE FUNCTION {{.Schema}}.append_batch(
+    p_streams text[], p_expected bigint[], p_append int[], p_index int[], p_ids uuid[],
+    p_types text[], p_data text[], p_metadata text[], p_check_ids boolean)
+RETURNS TABLE (stream_id text, status smallint, event_id uuid, global_sequence bigint,
+               stream_version bigint, actual_version bigint)
+LANGUAGE plpgsql
+-- The statements below are planned once per session: planning them anew for
+-- each call (a custom plan) would cost more than running them.
+SET plan_cache_mode = force_generic_plan
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_appends  int := coalesce(cardinality(p_streams), 0);
+    v_events   int := coalesce(cardinality(p_ids), 0);
+    v_bad      boolean;
+    v_count    int[];
+    v_current  bigint[];
+    v_status   smallint[];
+    v_existing int[];
+    v_matching int[];
+    v_failed   boolean := false;
+    v_first    bigint;
+    v_now      timestamptz;
+    i          int;
+BEGIN
+    IF v_appends = 0 OR v_events = 0
+       OR coalesce(cardinality(p_expected), 0) <> v_appends
+       OR coalesce(cardinality(p_append), 0) <> v_events
+       OR coalesce(cardinality(p_index), 0) <> v_events
+       OR coalesce(cardinality(p_types), 0) <> v_events
+       OR coalesce(cardinality(p_data), 0) <> v_events
+       OR coalesce(cardinality(p_metadata), 0) <> v_events THEN
+        RAISE EXCEPTION 'annals: append_batch needs at least one append, one event, and arrays of matching lengths'
+            USING ERRCODE = 'AN002';
+    END IF;
+    -- Everything the arguments must satisfy, in one statement: streams
+    -- non-empty and distinct, expected versions valid; events listed append
+    -- by append (1, 2, ... n) and numbered 1, 2, ... within each; types
+    -- non-empty; data a JSON object or array and metadata a JSON object (the
+    -- casts check the syntax). It also counts each append's events.
+    SELECT bool_or(e.a IS NULL OR e.i IS NULL OR e.id IS NULL OR e.t IS NULL OR e.t = '' OR e.d IS NULL
+                   OR CASE WHEN e.ord = 1 THEN e.a <> 1 OR e.i <> 1
+                           WHEN e.a = p_append[e.ord - 1] THEN e.i <> p_index[e.ord - 1] + 1
+                           ELSE e.a <> p_append[e.ord - 1] + 1 OR e.i <> 1 END
+                   OR json_typeof(e.d::json) NOT IN ('object', 'array')
+                   OR (e.m IS NOT NULL AND e.m <> '' AND json_typeof(e.m::json) <> 'object'))
+           OR max(e.a) <> v_appends
+           OR EXISTS (SELECT 1 FROM unnest(p_streams, p_expected) AS a(s, x) WHERE a.s IS NULL OR a.s = '' OR a.x < -1)
+           OR (SELECT count(DISTINCT a.s) FROM unnest(p_streams) AS a(s)) <> v_appends,
+           array_agg(e.i ORDER BY e.ord) FILTER (WHERE e.ord = v_events OR p_append[e.ord + 1] <> e.a)
+      INTO v_bad, v_count
+      FROM unnest(p_append, p_index, p_ids, p_types, p_data, p_metadata) WITH ORDINALITY AS e(a, i, id, t, d, m, ord);
+    IF v_bad THEN
+        RAISE EXCEPTION 'annals: append_batch got an empty or repeated stream ID, an expected version below -1, an empty event type, events not listed append by append, or a payload that is not a JSON object or array'
+            USING ERRCODE = 'AN002';
+    END IF;
+
+    -- Serialize the numbering (the same lock as append_events) before
+    -- anything is read: what the statements below read is then current, and
+    -- positions become visible in commit order.
+    PERFORM pg_advisory_xact_lock({{.AppendLockK1}}, {{.AppendLockK2}});
+
+    SELECT array_agg(coalesce((SELECT s.version FROM {{.Schema}}.streams s WHERE s.stream_id = a.id), 0) ORDER BY a.n)
+      INTO v_current
+      FROM unnest(p_streams) WITH ORDINALITY AS a(id, n);
+    v_status := array_fill(0::smallint, ARRAY[v_appends]);
+
+    -- Idempotency: an append whose events are all stored (same IDs, stream,
+    -- type and data) is answered with the stored positions (status 3); one
+    -- that is partly stored, or stored with other content, fails (status 2).
+    IF p_check_ids THEN
+        SELECT array_agg(coalesce(x.existing, 0) ORDER BY g.n), array_agg(coalesce(x.matching, 0) ORDER BY g.n)
+          INTO v_existing, v_matching
+          FROM generate_series(1, v_appends) AS g(n)
+          LEFT JOIN (SELECT e.a, count(*)::int AS existing,
+                            count(*) FILTER (WHERE ev.stream_id = p_streams[e.a] AND ev.event_type = e.t
+                                               AND ev.data::jsonb = e.d::jsonb)::int AS matching
+                       FROM unnest(p_append, p_ids, p_types, p_data) AS e(a, id, t, d)
+                       JOIN {{.Schema}}.events ev ON ev.event_id = e.id
+                      GROUP BY e.a) x ON x.a = g.n;
+        FOR i IN 1 .. v_appends LOOP
+            IF v_existing[i] > 0 THEN
+                v_status[i] := CASE WHEN v_existing[i] = v_count[i] AND v_matching[i] = v_count[i] THEN 3 ELSE 2 END;
+                v_failed := true;
+            END IF;
+        END LOOP;
+    END IF;
+
+    -- Expected versions (status 1 when one does not hold).
+    FOR i IN 1 .. v_appends LOOP
+        IF v_status[i] = 0
+           AND ((p_expected[i] = -1 AND v_current[i] = 0)
+                OR (p_expected[i] >= 0 AND p_expected[i] <> v_current[i])) THEN
+            v_status[i] := 1;
+            v_failed := true;
+        END IF;
+    END LOOP;
+
+    IF v_failed THEN
+        RETURN QUERY
+            SELECT p_streams[g.n], v_status[g.n], NULL::uuid, NULL::bigint, NULL::bigint, v_current[g.n]
+              FROM generate_series(1, v_appends) AS g(n)
+             WHERE v_status[g.n] IN (1, 2);
+        RETURN QUERY
+            SELECT p_streams[e.a], 3::smallint, ev.event_id, ev.global_sequence, ev.stream_version, NULL::bigint
+              FROM unnest(p_append, p_ids) AS e(a, id)
+              JOIN {{.Schema}}.events ev ON ev.event_id = e.id
+             WHERE v_status[e.a] = 3;
+        IF NOT (0 = ANY (v_status)) THEN
+            RETURN;
+        END IF;
+    END IF;
+
+    v_now := clock_timestamp();
+    INSERT INTO {{.Schema}}.streams AS s (stream_id, version, created_at, updated_at)
+    SELECT a.id, v_current[a.n] + v_count[a.n], v_now, v_now
+      FROM unnest(p_streams) WITH ORDINALITY AS a(id, n)
+     WHERE v_status[a.n] = 0
+    ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at;
+
+    -- Under the lock nobody else draws from the sequence, so the block
+    -- [v_first, v_first + v_events) is ours: positions follow the order of the
+    -- events in the arguments.
+    v_first := nextval({{.SequenceName}}::regclass);
+    IF v_events > 1 THEN
+        PERFORM setval({{.SequenceName}}::regclass, v_first + v_events - 1);
+    END IF;
+
+    RETURN QUERY
+        INSERT INTO {{.Schema}}.events AS ev
+               (global_sequence, event_id, stream_id, stream_version, event_type, data, metadata, recorded_at)
+        SELECT v_first + e.ord - 1, e.id, p_streams[e.a], v_current[e.a] + e.i, e.t, e.d::json, nullif(e.m, '')::json, v_now
+          FROM unnest(p_append, p_index, p_ids, p_types, p_data, p_metadata) WITH ORDINALITY AS e(a, i, id, t, d, m, ord)
+         WHERE v_status[e.a] = 0
+        RETURNING ev.stream_id, 0::smallint, ev.event_id, ev.global_sequence, ev.stream_version, NULL::bigint;
+
+    PERFORM pg_notify({{.Channel}}, (v_first + v_events - 1)::text);
+END
+$fn$;
+
+COMMENT ON FUNCTION {{.Schema}}.append_batch(text[], bigint[], int[], int[], uuid[], text[], text[], text[], boolean) IS
+    'annals: several appends to distinct streams under one ordering lock, with an outcome per append (group commit). See docs/sql-api.md.';
