@@ -61,7 +61,7 @@ func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVe
 
 // appendAlone runs one append_events call as a transaction of its own.
 func (s *Store) appendAlone(ctx context.Context, args appendArgs) (AppendResult, error) {
-	rows, err := s.pool.Query(ctx, s.q.append, args.stream, args.expected, args.payload)
+	rows, err := s.pool.Query(ctx, s.q.append, args.stream, args.expected, args.json())
 	return collectAppend(rows, err, args)
 }
 
@@ -103,7 +103,7 @@ func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 	if err != nil {
 		return AppendResult{}, err
 	}
-	rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, args.payload)
+	rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, args.json())
 	return collectAppend(rows, err, args)
 }
 
@@ -181,7 +181,7 @@ func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pg
 
 	batch := &pgx.Batch{}
 	for _, a := range b.appends {
-		batch.Queue(s.q.append, a.stream, a.expected, a.payload)
+		batch.Queue(s.q.append, a.stream, a.expected, a.json())
 	}
 	batch.Queue("COMMIT")
 	br := conn.SendBatch(ctx, batch)
@@ -229,6 +229,39 @@ type appendArgs struct {
 	callerIDs bool
 }
 
+// json returns the JSON array that append_events takes, rendering it from
+// the events the first time.
+func (a *appendArgs) json() []byte {
+	if a.payload != nil {
+		return a.payload
+	}
+	n := 2
+	for _, e := range a.events {
+		n += 64 + len(e.typ) + len(e.data) + len(e.meta)
+	}
+	buf := make([]byte, 0, n)
+	buf = append(buf, '[')
+	for i, e := range a.events {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		typ, _ := json.Marshal(e.typ) // a string always marshals
+		buf = append(buf, `{"event_id":"`...)
+		buf = append(buf, e.id.String()...)
+		buf = append(buf, `","type":`...)
+		buf = append(buf, typ...)
+		buf = append(buf, `,"data":`...)
+		buf = append(buf, e.data...)
+		if e.meta != nil {
+			buf = append(buf, `,"metadata":`...)
+			buf = append(buf, e.meta...)
+		}
+		buf = append(buf, '}')
+	}
+	a.payload = append(buf, ']')
+	return a.payload
+}
+
 // encodedEvent is one validated event of an append.
 type encodedEvent struct {
 	id   uuid.UUID
@@ -252,8 +285,6 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 		return appendArgs{}, invalidf("append to stream %q has no events", streamID)
 	}
 	tc := traceContext(ctx) // once per append, nil without an active span
-	var buf bytes.Buffer
-	buf.WriteByte('[')
 	seen := make(map[uuid.UUID]struct{}, len(events))
 	encoded := make([]encodedEvent, 0, len(events))
 	callerIDs := false
@@ -301,24 +332,8 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 			return appendArgs{}, invalidf("event ID %s appears twice in one append", id)
 		}
 		seen[id] = struct{}{}
-		typ, _ := json.Marshal(name)
-		if i > 0 {
-			buf.WriteByte(',')
-		}
-		buf.WriteString(`{"event_id":"`)
-		buf.WriteString(id.String())
-		buf.WriteString(`","type":`)
-		buf.Write(typ)
-		buf.WriteString(`,"data":`)
-		buf.Write(data)
-		if meta != nil {
-			buf.WriteString(`,"metadata":`)
-			buf.Write(meta)
-		}
-		buf.WriteByte('}')
 	}
-	buf.WriteByte(']')
-	return appendArgs{stream: streamID, expected: exp, exp: expected, payload: buf.Bytes(), count: len(events),
+	return appendArgs{stream: streamID, expected: exp, exp: expected, count: len(events),
 		events: encoded, callerIDs: callerIDs}, nil
 }
 

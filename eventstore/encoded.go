@@ -30,7 +30,7 @@ func (s *Store) Encode(ctx context.Context, streamID string, expected ExpectedVe
 	if err != nil {
 		return EncodedAppend{}, err
 	}
-	return EncodedAppend{StreamID: a.stream, Expected: expected, Events: a.payload, Count: a.count}, nil
+	return EncodedAppend{StreamID: a.stream, Expected: expected, Events: a.json(), Count: a.count}, nil
 }
 
 // AppendEncodedTx appends an EncodedAppend inside tx, with the caveats of
@@ -43,7 +43,7 @@ func (s *Store) AppendEncodedTx(ctx context.Context, tx pgx.Tx, a EncodedAppend)
 	if err != nil {
 		return AppendResult{}, err
 	}
-	rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, args.payload)
+	rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, args.json())
 	return collectAppend(rows, err, args)
 }
 
