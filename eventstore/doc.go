@@ -21,6 +21,49 @@
 // Transact (the caller's work first, then the appends and COMMIT in one
 // round trip) arrange that; AppendTx leaves it to the caller.
 //
+// # Group commit
+//
+// Because the lock is held through COMMIT and its WAL flush, appends that
+// each commit on their own run one at a time, at the rate of the disk's
+// flushes (a few thousand per second), however many writers there are.
+// Store.Append therefore coalesces the concurrent appends of a process:
+//
+//   - Append validates and encodes its events, then queues itself.
+//   - If fewer than GroupCommit.MaxInFlight groups (default 2) are on their
+//     way, the appending goroutine takes a group at once and sends it itself:
+//     the oldest queued appends, at most one per stream (a later append to
+//     the same stream waits for the next group, so per-stream order is
+//     queue order) and no two sharing a caller-chosen event ID, up to
+//     GroupCommit.MaxEvents events. A lone writer thus sends its append
+//     without waiting for anybody.
+//   - A group is one call of the SQL function append_batch, one statement
+//     and so one transaction: one round trip, one acquisition of the
+//     ordering lock, one WAL flush for all its appends. append_batch decides
+//     every append on its own (written; wrong expected version, with the
+//     actual version; event IDs stored with other content; an idempotent
+//     re-append answered with the stored positions), so one append's
+//     failure never fails its group-mates. Positions are drawn for the whole
+//     group in argument order; a failed append leaves unused positions, as a
+//     rolled-back one does.
+//   - When a group finishes, its sender hands every member its outcome and,
+//     if appends are queued, starts the next group on a new goroutine. With
+//     two groups in flight, one waits for the lock on the server while the
+//     other commits, so the lock never waits for a network round trip.
+//   - A group that fails as a whole (an error no single outcome explains,
+//     such as a lost connection) is re-sent append by append through
+//     append_events, so each member learns its own outcome; re-sending an
+//     append that did commit is harmless, as it is an idempotent re-append.
+//   - A caller whose context ends while its append is still queued gets the
+//     context's error and nothing is written; once its group is on its way,
+//     the outcome is decided by the group (the caller is told it is
+//     unknown). A group's statement is cancelled only when every member's
+//     context has ended.
+//
+// Positions remain commit order, known when Append returns, and the
+// transactions of AppendTx and Transact are untouched (they commit on their
+// own, as the caller's transaction must). docs/architecture.md says why group
+// commit was chosen over a sequencer that numbers events after commit.
+//
 // # Appending
 //
 //	reg := eventstore.NewRegistry()
