@@ -445,12 +445,18 @@ func TestAppendBatchSQL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A refused call may have drawn positions (a hole), so compare from the first.
+	if len(got) == 3 {
+		for i := range got {
+			got[i].Pos -= got[0].Pos - 1
+		}
+	}
 	want := []row{{"x", 0, 1, 1}, {"x", 0, 2, 2}, {"y", 0, 3, 1}}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
 	var data, meta string
-	if err := b.db.Pool.QueryRow(ctx, `SELECT data::text, coalesce(metadata::text, 'null') FROM annals.events WHERE global_sequence = 3`).Scan(&data, &meta); err != nil || data != "[3]" || meta != `{"m":1}` {
+	if err := b.db.Pool.QueryRow(ctx, `SELECT data::text, coalesce(metadata::text, 'null') FROM annals.events WHERE stream_id = 'y'`).Scan(&data, &meta); err != nil || data != "[3]" || meta != `{"m":1}` {
 		t.Fatalf("stored %s %s (%v)", data, meta, err)
 	}
 }

@@ -72,14 +72,16 @@ BEGIN
     -- Everything the arguments must satisfy, in one statement: streams
     -- non-empty and distinct, expected versions valid; events listed append
     -- by append (1, 2, ... n) and numbered 1, 2, ... within each; types
-    -- non-empty; data a JSON object or array and metadata a JSON object (the
-    -- casts check the syntax). It also counts each append's events.
+    -- non-empty; data a JSON object or array and metadata a JSON object by
+    -- their first character (the json casts of the INSERT check the rest of
+    -- the syntax, and abort everything if it is wrong). It also counts each
+    -- append's events.
     SELECT bool_or(e.a IS NULL OR e.i IS NULL OR e.id IS NULL OR e.t IS NULL OR e.t = '' OR e.d IS NULL
                    OR CASE WHEN e.ord = 1 THEN e.a <> 1 OR e.i <> 1
                            WHEN e.a = p_append[e.ord - 1] THEN e.i <> p_index[e.ord - 1] + 1
                            ELSE e.a <> p_append[e.ord - 1] + 1 OR e.i <> 1 END
-                   OR json_typeof(e.d::json) NOT IN ('object', 'array')
-                   OR (e.m IS NOT NULL AND e.m <> '' AND json_typeof(e.m::json) <> 'object'))
+                   OR left(ltrim(e.d, E' \t\r\n'), 1) NOT IN ('{', '[')
+                   OR (e.m IS NOT NULL AND e.m <> '' AND left(ltrim(e.m, E' \t\r\n'), 1) <> '{'))
            OR max(e.a) <> v_appends
            OR EXISTS (SELECT 1 FROM unnest(p_streams, p_expected) AS a(s, x) WHERE a.s IS NULL OR a.s = '' OR a.x < -1)
            OR (SELECT count(DISTINCT a.s) FROM unnest(p_streams) AS a(s)) <> v_appends,
