@@ -292,7 +292,7 @@ func TestCheckpointCommand(t *testing.T) {
 		}
 		for _, args := range [][]string{{"nope"}, {"orders", "--partition", "1"}} {
 			r := annals(t, db.URL, append([]string{"checkpoint", "get"}, args...)...)
-			if r.code != 1 || r.stdout != "" || !strings.Contains(r.stderr, "unknown subscriber") || strings.Count(r.stderr, "\n") != 1 {
+			if r.code != ExitNotFound || r.stdout != "" || !strings.Contains(r.stderr, "unknown subscriber") || strings.Count(r.stderr, "\n") != 1 {
 				t.Errorf("get %v: %+v", args, r)
 			}
 		}
@@ -333,8 +333,8 @@ func TestCheckpointCommand(t *testing.T) {
 			!strings.Contains(r.stderr, "move orders/0 forward from 1 to 2 (events at positions 2..2 will be skipped)") {
 			t.Errorf("without --yes: %q", r.stderr)
 		}
-		// An unknown subscriber is a failure unless --create.
-		if r := annals(t, db.URL, "checkpoint", "set", "nope", "1", "--yes"); r.code != 1 || !strings.Contains(r.stderr, "unknown subscriber nope/0") || !strings.Contains(r.stderr, "--create") {
+		// An unknown subscriber is not found unless --create.
+		if r := annals(t, db.URL, "checkpoint", "set", "nope", "1", "--yes"); r.code != ExitNotFound || !strings.Contains(r.stderr, "unknown subscriber nope/0") || !strings.Contains(r.stderr, "--create") {
 			t.Errorf("set unknown: %+v", r)
 		}
 		if c := load(t, 0); c.Position != 1 || c.Epoch != 3 || c.Owner != "inst-1" {
