@@ -145,8 +145,10 @@ type Config struct {
 	// LockRetryInterval is how often a standby tries the lock, ±50% jitter.
 	// Defaults to 2s.
 	LockRetryInterval time.Duration
-	// RetryBackoff is the pause before a failed batch is tried again.
-	// Defaults to 500ms.
+	// RetryBackoff is the pause before a failed batch is tried again, and
+	// the first pause before the lock is tried again after a failure (the
+	// pause then doubles up to 1s, or RetryBackoff if longer). Defaults to
+	// 500ms.
 	RetryBackoff time.Duration
 	// ShutdownTimeout bounds how long the batch in hand may run after the
 	// context ends before its context is cancelled. Defaults to 30s.
@@ -271,7 +273,7 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 			if ctx.Err() == nil {
 				log.WarnContext(ctx, "annals: cannot take the subscription lock", slog.Any("error", err))
 				sleep(ctx, jitter(backoff))
-				backoff = min(backoff*2, 30*time.Second)
+				backoff = min(backoff*2, max(maxReconnectBackoff, e.cfg.RetryBackoff))
 			}
 			continue
 		}
@@ -287,6 +289,15 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 	}
 	return nil
 }
+
+// maxReconnectBackoff caps the doubling pause between attempts to take a
+// subscription's lock after a failure (the database is down, say). With the
+// ±50% jitter a runner tries again at least every 1.5 s, so it resumes within
+// about that (plus a connect and a claim) of the database accepting
+// connections again: a longer pause left projections idle for tens of
+// seconds after writes had resumed. A connection attempt per partition and
+// second is cheap, for PostgreSQL and for the log.
+const maxReconnectBackoff = time.Second
 
 // CatchUp processes sub through position target (typically the head when
 // called) and returns: it waits for the subscription's lock (a live leader
