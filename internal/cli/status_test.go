@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -102,7 +103,9 @@ func TestStatus(t *testing.T) {
 		if l := tableLine(t, r.stdout, "inst-live", "host-a", "101"); !strings.Contains(l, " live ") || !strings.HasSuffix(l, "projector/0, projector/1") {
 			t.Errorf("inst-live: %q", l)
 		}
-		if l := tableLine(t, r.stdout, "inst-stale", "host-b", "202"); !strings.Contains(l, " stale ") || !strings.HasSuffix(l, "mailer/0") {
+		// The age of the last heartbeat is shown: 5 minutes, plus the test's time.
+		if l := tableLine(t, r.stdout, "inst-stale", "host-b", "202"); !strings.Contains(l, " stale ") || !strings.HasSuffix(l, "mailer/0") ||
+			!regexp.MustCompile(` \(5m[0-9]+s ago\) `).MatchString(l) {
 			t.Errorf("inst-stale: %q", l)
 		}
 	})
