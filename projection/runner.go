@@ -58,7 +58,9 @@ type Config struct {
 	// anyone. Defaults to 10 × HeartbeatInterval.
 	InstanceExpiry time.Duration
 	// ShutdownTimeout bounds the graceful shutdown: the batch in hand may run
-	// this long after the context ends. Defaults to 30s.
+	// this long after the context ends; then its context is cancelled, and a
+	// batch still running a second later is abandoned (its transaction rolled
+	// back by closing its connection). Defaults to 30s.
 	ShutdownTimeout time.Duration
 	// Lock configures the advisory-lock connections. Defaults to advisorylock's defaults.
 	Lock *advisorylock.Config
