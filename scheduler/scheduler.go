@@ -73,13 +73,13 @@ type Config struct {
 	// looking again when due work exists but another dispatcher holds it.
 	// Defaults to 100 ms.
 	ContentionBackoff time.Duration
-	// ClaimTimeout bounds a claim's transaction (of timers or of a cron
-	// task's tick) on the server: idle in it, or running one statement of
-	// it, longer than this, its session is ended and the claim rolled back,
-	// so a dispatcher that hangs while connected cannot keep what it
-	// claimed; another dispatcher fires it (wall time, set with SET LOCAL
-	// idle_in_transaction_session_timeout and statement_timeout). It must
-	// exceed the time a claim's appends can take. Defaults to 10 s.
+	// ClaimTimeout bounds how long a claim's transaction (of timers or of a
+	// cron task's tick) may sit idle on the server: longer, and the server
+	// ends its session and rolls the claim back, so a dispatcher that hangs
+	// while connected cannot keep what it claimed; another dispatcher fires
+	// it. Wall time, set with SET LOCAL idle_in_transaction_session_timeout.
+	// A claim is idle only between its round trips (and while a task's Event
+	// func runs), so this must exceed the slowest Event func. Defaults to 10 s.
 	ClaimTimeout time.Duration
 }
 

@@ -234,8 +234,8 @@ func appendFailed(err error) bool {
 
 // boundedClaim sends a claim transaction's first statement, sql with args
 // (read by the callback read sets on it), together with BoundClaim in one
-// round trip: from then on the transaction lives at most ClaimTimeout idle,
-// or in one statement, on the server.
+// round trip: from then on the transaction may sit idle at most ClaimTimeout
+// on the server.
 func (s *Scheduler) boundedClaim(ctx context.Context, tx pgx.Tx, read func(*pgx.QueuedQuery), sql string, args ...any) error {
 	b := &pgx.Batch{}
 	b.Queue(s.q.boundClaim, strconv.FormatInt(s.cfg.ClaimTimeout.Milliseconds(), 10))
