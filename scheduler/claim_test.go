@@ -209,11 +209,8 @@ func TestHungClaimerLosesItsTimersToOthers(t *testing.T) {
 		_, err := a.FireDue(context.Background())
 		aDone <- err
 	}()
-	<-claimed
+	<-claimed // a holds all n timers (one batch), and hangs
 	start := time.Now()
-	if got := fireDue(t, b); got != 0 {
-		t.Fatalf("b fired %d timers while a held them", got)
-	}
 	annalstest.WaitFor(t, 10*time.Second, func() bool {
 		_, err := b.FireDue(t.Context())
 		return err == nil && timerRows(t, db) == 0
