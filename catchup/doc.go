@@ -20,7 +20,7 @@
 // subscription that is busy finds one pending signal, however many arrived).
 // A signal only means "the head may have moved"; it carries no data a
 // subscription relies on. When the connection is lost, the Listener
-// reconnects with backoff (100 ms doubling to 5 s, jittered); subscriptions
+// reconnects with backoff (100 ms doubling to 1 s, jittered); subscriptions
 // poll meanwhile, and on every (re)connect the Listener signals all of them so
 // they re-read whatever was announced while nobody listened.
 //

@@ -145,11 +145,14 @@ type Config struct {
 	// LockRetryInterval is how often a standby tries the lock, ±50% jitter.
 	// Defaults to 2s.
 	LockRetryInterval time.Duration
-	// RetryBackoff is the pause before a failed batch is tried again.
-	// Defaults to 500ms.
+	// RetryBackoff is the pause before a failed batch is tried again, and
+	// the first pause before the lock is tried again after a failure (the
+	// pause then doubles up to 1s, or RetryBackoff if longer). Defaults to
+	// 500ms.
 	RetryBackoff time.Duration
 	// ShutdownTimeout bounds how long the batch in hand may run after the
-	// context ends before its context is cancelled. Defaults to 30s.
+	// context ends before its context is cancelled; a batch that ignores
+	// that for another second is abandoned (see Run). Defaults to 30s.
 	ShutdownTimeout time.Duration
 	// Lock configures the advisory locks' connections. Defaults to advisorylock's defaults.
 	Lock *advisorylock.Config
@@ -244,7 +247,10 @@ func (e *Engine) Head(ctx context.Context) (int64, error) {
 // subscription's lock, then leads (catch up, then live) until the lock is
 // lost, and stands by again. After ctx ends, the batch in hand finishes
 // (bounded by ShutdownTimeout), buffered checkpoints are flushed, and the
-// lock is released. It returns nil then.
+// lock is released. It returns nil then. A batch that ignores the end of its
+// context for a second more is abandoned: its connection is closed under it
+// (the transaction rolls back, the next leader processes it again) and Run
+// returns without waiting for the handler.
 func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 	if err := e.validate(sub); err != nil {
 		return err
@@ -271,13 +277,18 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 			if ctx.Err() == nil {
 				log.WarnContext(ctx, "annals: cannot take the subscription lock", slog.Any("error", err))
 				sleep(ctx, jitter(backoff))
-				backoff = min(backoff*2, 30*time.Second)
+				backoff = min(backoff*2, max(maxReconnectBackoff, e.cfg.RetryBackoff))
 			}
 			continue
 		}
 		backoff = e.cfg.RetryBackoff
 		log.InfoContext(ctx, "annals: leading", slog.Int64("epoch", lease.Epoch), slog.Int64("checkpoint", lease.Start))
-		err = e.lead(ctx, procCtx, sub, lease, math.MaxInt64)
+		abandoned, err := e.leadBounded(ctx, procCtx, sub, lease)
+		if abandoned {
+			log.WarnContext(ctx, "annals: the batch in hand did not stop after ShutdownTimeout; abandoned it",
+				slog.Int64("epoch", lease.Epoch), slog.Duration("shutdown_timeout", e.cfg.ShutdownTimeout))
+			return nil
+		}
 		e.release(procCtx, lease)
 		if ctx.Err() != nil {
 			return nil
@@ -287,6 +298,15 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 	}
 	return nil
 }
+
+// maxReconnectBackoff caps the doubling pause between attempts to take a
+// subscription's lock after a failure (the database is down, say). With the
+// ±50% jitter a runner tries again at least every 1.5 s, so it resumes within
+// about that (plus a connect and a claim) of the database accepting
+// connections again: a longer pause left projections idle for tens of
+// seconds after writes had resumed. A connection attempt per partition and
+// second is cheap, for PostgreSQL and for the log.
+const maxReconnectBackoff = time.Second
 
 // CatchUp processes sub through position target (typically the head when
 // called) and returns: it waits for the subscription's lock (a live leader
@@ -330,6 +350,43 @@ func (e *Engine) validate(sub *Subscription) error {
 		return errors.New("catchup: negative batch size")
 	}
 	return nil
+}
+
+// abandonGrace is how long Run waits, after the batch in hand's context was
+// cancelled (ShutdownTimeout after Run's), for the batch to return before it
+// abandons it. A statement on the lock's connection is cancelled by the
+// server at once, so a batch that honours its context returns well within it.
+const abandonGrace = time.Second
+
+// leadBounded leads until lead returns, or until the batch in hand has
+// ignored the end of procCtx for abandonGrace (a handler stuck outside the
+// database). Then it does not wait for it: it releases the lease with an
+// ended context, which closes the lock's connection under the batch, so its
+// transaction rolls back and the lock is free for the next leader, which
+// processes the batch again; and it returns abandoned. The goroutine running
+// the batch ends when the handler returns.
+func (e *Engine) leadBounded(ctx, procCtx context.Context, sub *Subscription, lease *Lease) (abandoned bool, err error) {
+	leadDone := make(chan error, 1)
+	go func() { leadDone <- e.lead(ctx, procCtx, sub, lease, math.MaxInt64) }()
+	procDone := procCtx.Done()
+	var grace <-chan time.Time
+	for {
+		select {
+		case err := <-leadDone:
+			return false, err
+		case <-procDone:
+			procDone = nil
+			grace = time.After(abandonGrace)
+		case <-grace:
+			if e.cfg.OnLeadership != nil {
+				e.cfg.OnLeadership(lease.Subscriber, lease.Partition, lease.Epoch, false)
+			}
+			ended, cancel := context.WithCancel(context.Background())
+			cancel()
+			_ = lease.Lock.Release(ended)
+			return true, nil
+		}
+	}
 }
 
 // processContext returns the context batches run under: it outlives ctx by

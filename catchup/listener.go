@@ -108,7 +108,9 @@ func (l *Listener) setUp(up bool) {
 }
 
 // Run listens until ctx ends, reconnecting with backoff (100 ms doubling to
-// 5 s, with jitter) after any failure. It returns nil when ctx ends.
+// 1 s, with jitter) after any failure, so that subscriptions are woken again
+// within a second of the database accepting connections, whatever their
+// PollInterval. It returns nil when ctx ends.
 func (l *Listener) Run(ctx context.Context) error {
 	backoff := 100 * time.Millisecond
 	for first := true; ; first = false {
@@ -130,8 +132,8 @@ func (l *Listener) Run(ctx context.Context) error {
 			return nil
 		case <-time.After(d):
 		}
-		if backoff *= 2; backoff > 5*time.Second {
-			backoff = 5 * time.Second
+		if backoff *= 2; backoff > time.Second {
+			backoff = time.Second
 		}
 		if wasUp { // it had been listening: start the backoff over
 			backoff = 100 * time.Millisecond

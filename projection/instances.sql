@@ -14,3 +14,11 @@ UPDATE {{.Schema}}.instances
 
 -- name: Deregister
 DELETE FROM {{.Schema}}.instances WHERE instance_id = $1;
+
+-- name: Expire
+-- Rows of instances that stopped heartbeating (a process that died without
+-- deregistering). $1: the expiry in microseconds; $2: this instance, never
+-- expired by itself.
+DELETE FROM {{.Schema}}.instances
+ WHERE last_heartbeat < clock_timestamp() - $1::bigint * interval '1 microsecond'
+   AND instance_id <> $2;

@@ -51,8 +51,16 @@ type Config struct {
 	// HeartbeatInterval is how often the instance registry is updated.
 	// Defaults to 10s.
 	HeartbeatInterval time.Duration
+	// InstanceExpiry is how old another instance's last heartbeat may get
+	// before this runner deletes its row from the registry (a process that
+	// died without deregistering), checked at every heartbeat. It must exceed
+	// every instance's HeartbeatInterval; a negative value never expires
+	// anyone. Defaults to 10 × HeartbeatInterval.
+	InstanceExpiry time.Duration
 	// ShutdownTimeout bounds the graceful shutdown: the batch in hand may run
-	// this long after the context ends. Defaults to 30s.
+	// this long after the context ends; then its context is cancelled, and a
+	// batch still running a second later is abandoned (its transaction rolled
+	// back by closing its connection). Defaults to 30s.
 	ShutdownTimeout time.Duration
 	// Lock configures the advisory-lock connections. Defaults to advisorylock's defaults.
 	Lock *advisorylock.Config
@@ -175,6 +183,9 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	}
 	if c.HeartbeatInterval <= 0 {
 		c.HeartbeatInterval = 10 * time.Second
+	}
+	if c.InstanceExpiry == 0 {
+		c.InstanceExpiry = 10 * c.HeartbeatInterval
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -637,6 +648,12 @@ func (r *Runner) heartbeat(ctx context.Context) {
 		tag, err := r.pool.Exec(ctx, r.q["Heartbeat"], r.cfg.InstanceID, r.leadingJSON())
 		if err == nil && tag.RowsAffected() == 0 {
 			err = r.register(ctx) // the row was removed (e.g. by an operator): re-register
+		}
+		if err == nil && r.cfg.InstanceExpiry > 0 {
+			tag, err = r.pool.Exec(ctx, r.q["Expire"], r.cfg.InstanceExpiry.Microseconds(), r.cfg.InstanceID)
+			if n := tag.RowsAffected(); err == nil && n > 0 {
+				r.cfg.Logger.InfoContext(ctx, "annals: expired stale instances", slog.Int64("count", n), slog.Duration("expiry", r.cfg.InstanceExpiry))
+			}
 		}
 		if err != nil && ctx.Err() == nil {
 			r.cfg.Logger.WarnContext(ctx, "annals: heartbeat failed", slog.Any("error", err))

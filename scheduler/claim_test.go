@@ -184,6 +184,89 @@ func TestKilledClaimerLeavesItsTimersToOthers(t *testing.T) {
 	}
 }
 
+// A dispatcher that hangs in the middle of its claim, connected, loses the
+// claimed timers after ClaimTimeout: the server ends its session and
+// another dispatcher fires them, each once.
+func TestHungClaimerLosesItsTimersToOthers(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	clock := newFakeClock(t0)
+	const n = 40
+	a := newScheduler(t, db, &Config{Clock: clock, ClaimTimeout: 300 * time.Millisecond})
+	b := newScheduler(t, db, &Config{Clock: clock})
+	scheduleMany(t, db, a, n, t0)
+
+	claimed := make(chan struct{})
+	release := make(chan struct{})
+	unblock := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unblock) // before the pools close, should the test fail early
+	a.afterClaim = func(pgx.Tx) {
+		close(claimed)
+		<-release // hung, its connection open
+	}
+	aDone := make(chan error, 1)
+	go func() {
+		_, err := a.FireDue(context.Background())
+		aDone <- err
+	}()
+	<-claimed // a holds all n timers (one batch), and hangs
+	start := time.Now()
+	annalstest.WaitFor(t, 10*time.Second, func() bool {
+		_, err := b.FireDue(t.Context())
+		return err == nil && timerRows(t, db) == 0
+	})
+	t.Logf("b fired the hung claim's timers %v after the claim", time.Since(start).Round(time.Millisecond))
+	unblock()
+	if err := <-aDone; err == nil {
+		t.Fatal("a's FireDue succeeded after its session was ended")
+	}
+	checkEachOnce(t, db, n)
+	if a.fired.Load() != 0 || b.fired.Load() != n {
+		t.Errorf("a fired %d, b %d; want 0 and %d", a.fired.Load(), b.fired.Load(), n)
+	}
+}
+
+// The same holds for a cron task: a dispatcher hung while it holds the
+// task's row loses it after ClaimTimeout, and another fires the tick.
+func TestHungCronDispatcherLosesTheTaskToOthers(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	clock := newFakeClock(t0)
+	a := newScheduler(t, db, &Config{Clock: clock, ClaimTimeout: 300 * time.Millisecond})
+	b := newScheduler(t, db, &Config{Clock: clock})
+	claimed := make(chan struct{})
+	release := make(chan struct{})
+	unblock := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unblock)
+	var once sync.Once
+	hang := func(time.Time) (eventstore.EventData, error) {
+		once.Do(func() { close(claimed); <-release })
+		return ev("tick", map[string]any{"n": 0}), nil
+	}
+	task := Task{Name: "hung", Spec: "* * * * *", StreamID: "cron-hung", Event: hang}
+	if err := a.AddTask(t.Context(), task); err != nil {
+		t.Fatal(err)
+	}
+	task.Event = func(time.Time) (eventstore.EventData, error) { return ev("tick", map[string]any{"n": 0}), nil }
+	if err := b.AddTask(t.Context(), task); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Minute)
+	aDone := make(chan error, 1)
+	go func() {
+		_, err := a.FireDue(context.Background())
+		aDone <- err
+	}()
+	<-claimed
+	annalstest.WaitFor(t, 10*time.Second, func() bool {
+		_, err := b.FireDue(t.Context())
+		return err == nil && eventsIn(t, db, "cron-hung") == 1
+	})
+	unblock()
+	<-aDone
+	checkEachOnce(t, db, 1)
+}
+
 func TestFailingTimerIsRetriedThenKeptAsFailedWithoutHoldingBackOthers(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)

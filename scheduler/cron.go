@@ -442,7 +442,10 @@ func (s *Scheduler) fireTask(ctx context.Context, name string, factory func(time
 	var late time.Duration
 	_, err = s.store.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
 		var r taskRow
-		if err := tx.QueryRow(ctx, s.q.lockTask, name).Scan(r.scanArgs()...); err != nil {
+		err := s.boundedClaim(ctx, tx, func(q *pgx.QueuedQuery) {
+			q.QueryRow(func(row pgx.Row) error { return row.Scan(r.scanArgs()...) })
+		}, s.q.lockTask, name)
+		if err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				held = true // held by another dispatcher (or deleted)
 				return nil

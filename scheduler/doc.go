@@ -61,7 +61,11 @@
 //   - Several dispatchers share the work: SKIP LOCKED makes each take rows
 //     the others do not hold, without waiting.
 //   - A crashed claimer's transaction aborts with its session; its rows are
-//     unlocked and undeleted, claimable by the next pass of anyone.
+//     unlocked and undeleted, claimable by the next pass of anyone. A hung
+//     one's too, after Config.ClaimTimeout: each claim transaction begins
+//     with SET LOCAL idle_in_transaction_session_timeout (BoundClaim,
+//     pipelined with the claim), so the server ends a session that sits
+//     idle in a claim longer than that.
 //   - Re-running an append is harmless anyway: the encoded events have
 //     fixed IDs, and the log treats a re-append of stored events as a no-op.
 //

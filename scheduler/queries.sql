@@ -12,6 +12,16 @@ WITH ins AS (
 )
 SELECT pg_notify($6, $7) FROM ins;
 
+-- name: BoundClaim
+-- The first statement of every claim's transaction, sent in one round trip
+-- with the claim itself: a dispatcher that hangs while its transaction holds
+-- claimed rows (or a task's row) loses its session after $1 idle, so its
+-- rows go back to the other dispatchers. No statement_timeout: an append
+-- that waits for the log's lock behind a long transaction would then fail,
+-- and count as a failed attempt of its timers. $1: the timeout in
+-- milliseconds, as text. Local to the transaction.
+SELECT set_config('idle_in_transaction_session_timeout', $1::text, true);
+
 -- name: ClaimDue
 -- Claims and deletes up to $2 due timers in one statement. Rows another
 -- dispatcher holds are skipped, not waited for; the deletes only become

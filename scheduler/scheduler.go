@@ -73,6 +73,14 @@ type Config struct {
 	// looking again when due work exists but another dispatcher holds it.
 	// Defaults to 100 ms.
 	ContentionBackoff time.Duration
+	// ClaimTimeout bounds how long a claim's transaction (of timers or of a
+	// cron task's tick) may sit idle on the server: longer, and the server
+	// ends its session and rolls the claim back, so a dispatcher that hangs
+	// while connected cannot keep what it claimed; another dispatcher fires
+	// it. Wall time, set with SET LOCAL idle_in_transaction_session_timeout.
+	// A claim is idle only between its round trips (and while a task's Event
+	// func runs), so this must exceed the slowest Event func. Defaults to 10 s.
+	ClaimTimeout time.Duration
 }
 
 func (c *Config) withDefaults(storeSchema string) (Config, error) {
@@ -93,7 +101,8 @@ func (c *Config) withDefaults(storeSchema string) (Config, error) {
 		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if out.PollInterval < 0 || out.BatchSize < 0 || out.MaxAttempts < 0 || out.RetryBackoff < 0 ||
-		out.MaxRetryBackoff < 0 || out.MissedGrace < 0 || out.TickRetention < 0 || out.ContentionBackoff < 0 {
+		out.MaxRetryBackoff < 0 || out.MissedGrace < 0 || out.TickRetention < 0 || out.ContentionBackoff < 0 ||
+		out.ClaimTimeout < 0 {
 		return out, errors.New("scheduler: Config durations and counts must not be negative")
 	}
 	def := func(d *time.Duration, v time.Duration) {
@@ -107,6 +116,7 @@ func (c *Config) withDefaults(storeSchema string) (Config, error) {
 	def(&out.MissedGrace, time.Minute)
 	def(&out.TickRetention, 7*24*time.Hour)
 	def(&out.ContentionBackoff, 100*time.Millisecond)
+	def(&out.ClaimTimeout, 10*time.Second)
 	if out.BatchSize == 0 {
 		out.BatchSize = 100
 	}
@@ -146,7 +156,7 @@ type Scheduler struct {
 }
 
 type queries struct {
-	insertTimer, claimDue, claimTimer, failTimer, cancelTimer, cancelOwned,
+	boundClaim, insertTimer, claimDue, claimTimer, failTimer, cancelTimer, cancelOwned,
 	nextDue, listTimers, timerStats, upsertTask, pauseTask, resumeTask, deleteTask,
 	listTasks, lockTask, recordTick, skipTick, pruneTicks string
 }
@@ -175,6 +185,7 @@ func New(store *eventstore.Store, cfg *Config) (*Scheduler, error) {
 		retryAt:   map[string]time.Time{},
 		wake:      make(chan struct{}, 1),
 		q: queries{
+			boundClaim:  named["BoundClaim"],
 			insertTimer: named["InsertTimer"],
 			claimDue:    named["ClaimDue"],
 			claimTimer:  named["ClaimTimer"],

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -231,6 +232,17 @@ func appendFailed(err error) bool {
 		errors.Is(err, eventstore.ErrUnknownEventType) || errors.Is(err, eventstore.ErrAppendOnly)
 }
 
+// boundedClaim sends a claim transaction's first statement, sql with args
+// (read by the callback read sets on it), together with BoundClaim in one
+// round trip: from then on the transaction may sit idle at most ClaimTimeout
+// on the server.
+func (s *Scheduler) boundedClaim(ctx context.Context, tx pgx.Tx, read func(*pgx.QueuedQuery), sql string, args ...any) error {
+	b := &pgx.Batch{}
+	b.Queue(s.q.boundClaim, strconv.FormatInt(s.cfg.ClaimTimeout.Milliseconds(), 10))
+	read(b.Queue(sql, args...))
+	return tx.SendBatch(ctx, b).Close()
+}
+
 // fireTimers fires every timer due at now, a batch per transaction.
 func (s *Scheduler) fireTimers(ctx context.Context, now time.Time) (int, error) {
 	total := 0
@@ -257,15 +269,17 @@ func (s *Scheduler) claimBatch(ctx context.Context, now time.Time) (claimedN, fi
 	var batch []claimed
 	staged, undecodable := false, false
 	_, err = s.store.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
-		rows, err := tx.Query(ctx, s.q.claimDue, now, s.cfg.BatchSize)
+		err := s.boundedClaim(ctx, tx, func(q *pgx.QueuedQuery) {
+			q.Query(func(rows pgx.Rows) error {
+				var c claimed
+				_, err := pgx.ForEachRow(rows, c.scanArgs(), func() error {
+					batch = append(batch, claimed{c.id, append([]byte(nil), c.payload...), c.attempts, c.dueAt})
+					return nil
+				})
+				return err
+			})
+		}, s.q.claimDue, now, s.cfg.BatchSize)
 		if err != nil {
-			return errors.Wrap(err, "scheduler: claim due timers")
-		}
-		var c claimed
-		if _, err := pgx.ForEachRow(rows, c.scanArgs(), func() error {
-			batch = append(batch, claimed{c.id, append([]byte(nil), c.payload...), c.attempts, c.dueAt})
-			return nil
-		}); err != nil {
 			return errors.Wrap(err, "scheduler: claim due timers")
 		}
 		if len(batch) == 0 {
@@ -319,7 +333,10 @@ func (s *Scheduler) fireOne(ctx context.Context, now time.Time, id uuid.UUID) (b
 	found, staged := false, false
 	var ferr error // why the timer could not be staged
 	_, err := s.store.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
-		if err := tx.QueryRow(ctx, s.q.claimTimer, id, now).Scan(c.scanArgs()...); err != nil {
+		err := s.boundedClaim(ctx, tx, func(q *pgx.QueuedQuery) {
+			q.QueryRow(func(row pgx.Row) error { return row.Scan(c.scanArgs()...) })
+		}, s.q.claimTimer, id, now)
+		if err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil // fired, cancelled or held by someone else meanwhile
 			}

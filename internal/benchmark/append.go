@@ -123,6 +123,10 @@ func RunAppend(ctx context.Context, pool *pgxpool.Pool, cfg *AppendConfig) (*App
 		return nil, errors.Wrap(err, "benchmark: read server settings")
 	}
 	k1, k2 := lockkey.Pair(c.Schema + ":bench-baseline")
+	// The annals streams stay in the schema after a run: each run appends to
+	// streams of its own, so the next one on the same database starts at
+	// version 0 again.
+	runID := uuid.NewString()[:8]
 	run := 0
 	for _, w := range c.Writers {
 		for _, b := range c.Batches {
@@ -141,7 +145,7 @@ func RunAppend(ctx context.Context, pool *pgxpool.Pool, cfg *AppendConfig) (*App
 				}},
 			}
 			for i, ct := range contenders {
-				rate, err := measure(ctx, pool, fmt.Sprintf("r%d-%d-%d", run, i, w), w, b, c.Duration, ct.fn)
+				rate, err := measure(ctx, pool, fmt.Sprintf("%s-r%d-%d-%d", runID, run, i, w), w, b, c.Duration, ct.fn)
 				if err != nil {
 					return nil, err
 				}

@@ -44,7 +44,7 @@ func (e *env) checkpointGetCommand() *cobra.Command {
 		Use:   "get SUBSCRIBER",
 		Short: "Print a subscriber partition's checkpoint position and epoch",
 		Long: `Print the checkpoint of SUBSCRIBER (partition --partition): its position, fencing
-epoch, owner and when it last changed. An unknown subscriber is a failure (exit 1).`,
+epoch, owner and when it last changed. An unknown subscriber exits 3 (not found).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sub := args[0]
@@ -93,7 +93,7 @@ whole log) to the head of the log. The fencing epoch is bumped, so a running lea
 and re-reads from POSITION instead of overwriting it.
 
 This is deliberate: on a terminal, set asks for confirmation; otherwise pass --yes.
-An unknown subscriber is a failure (exit 1) unless --create makes its checkpoint (to
+An unknown subscriber exits 3 (not found) unless --create makes its checkpoint (to
 start a new subscriber somewhere other than the beginning).`,
 		Example: `  annals checkpoint set orders-view 0 --yes        # rebuild from the beginning
   annals checkpoint set mailer 1234 --partition 3`,
@@ -127,7 +127,7 @@ start a new subscriber somewhere other than the beginning).`,
 			exists := err == nil
 			if errors.Is(err, checkpoint.ErrNotFound) {
 				if !create {
-					return errors.Newf("unknown subscriber %s/%d: it has no checkpoint (see 'annals status', or pass --create to make one)", sub, partition)
+					return notFoundf("unknown subscriber %s/%d: it has no checkpoint (see 'annals status', or pass --create to make one)", sub, partition)
 				}
 			} else if err != nil {
 				return err
@@ -194,7 +194,7 @@ func validSubscriber(sub string, partition int) error {
 }
 
 func unknownSubscriber(sub string, partition int) error {
-	return errors.Newf("unknown subscriber %s/%d: it has no checkpoint (see 'annals status')", sub, partition)
+	return notFoundf("unknown subscriber %s/%d: it has no checkpoint (see 'annals status')", sub, partition)
 }
 
 // checkHead refuses a position beyond the last event of the log.

@@ -13,14 +13,22 @@ import (
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/migrations"
 )
 
-// Exit codes.
+// Exit codes. They are documented in the root command's help and in
+// docs/operations.md.
 const (
-	ExitOK      = 0
-	ExitFailure = 1
-	ExitUsage   = 2
+	ExitOK       = 0
+	ExitFailure  = 1
+	ExitUsage    = 2 // bad flags, arguments or input: nothing changed
+	ExitNotFound = 3 // what the command names does not exist: nothing changed
 )
+
+// exitCodesHelp is the exit-code paragraph of the root command's help.
+const exitCodesHelp = `Exit codes: 0 success; 1 failure; 2 bad flags, arguments or input (an unknown
+command, a malformed value or event, an invalid schema name); 3 not found (the dead letter,
+cron task, timer, subscriber or stream named does not exist). Exit 2 and 3 change nothing.`
 
 // usageError marks a mistake in the command line: exit code 2.
 type usageError struct{ err error }
@@ -30,6 +38,17 @@ func (u usageError) Unwrap() error { return u.err }
 
 func usagef(format string, args ...any) error {
 	return usageError{fmt.Errorf(format, args...)}
+}
+
+// notFoundError marks something the command line names that does not exist
+// (a dead letter, cron task, timer, subscriber or stream): exit code 3.
+type notFoundError struct{ err error }
+
+func (n notFoundError) Error() string { return n.err.Error() }
+func (n notFoundError) Unwrap() error { return n.err }
+
+func notFoundf(format string, args ...any) error {
+	return notFoundError{fmt.Errorf(format, args...)}
 }
 
 // env is what every command shares.
@@ -68,7 +87,16 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if errors.As(err, &ee) {
 		return ee.code
 	}
+	if migrations.IsNotMigrated(err) && !strings.Contains(err.Error(), "annals migrate") {
+		// Found on the error path only: the happy path pays no check.
+		fmt.Fprintf(stderr, "annals: schema %q is missing or not migrated: 'annals migrate' creates it (%s)\n", e.schema, oneLine(err))
+		return ExitFailure
+	}
 	fmt.Fprintf(stderr, "annals: %s\n", oneLine(err))
+	var nf notFoundError
+	if errors.As(err, &nf) {
+		return ExitNotFound
+	}
 	return ExitFailure
 }
 
@@ -86,15 +114,35 @@ func (e *env) rootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "annals",
 		Short: "annals: an event store and subscription runner on PostgreSQL",
-		Long: `annals works against any PostgreSQL database given by --database-url or $DATABASE_URL.
-Exit codes: 0 success, 1 failure, 2 bad flags or arguments.`,
+		Long: "annals works against any PostgreSQL database given by --database-url or $DATABASE_URL.\n" +
+			exitCodesHelp,
+		// Without Args and RunE, cobra reports an unknown command as a plain
+		// error (exit 1); here it is a usage error like any other.
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			return usagef("unknown command %q for %q", args[0], cmd.CommandPath())
+		},
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().StringVar(&e.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL)")
 	root.PersistentFlags().StringVar(&e.schema, "schema", schemaname.Default, "schema holding the annals tables")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(e.migrateCommand(), e.appendCommand(), e.readCommand(), e.statusCommand(), e.checkpointCommand(), e.dlqCommand(), e.tailCommand(), e.devCommand(), e.benchCommand(), e.scheduleCommand())
+	root.AddCommand(
+		e.migrateCommand(),
+		e.appendCommand(),
+		e.readCommand(),
+		e.statusCommand(),
+		e.checkpointCommand(),
+		e.dlqCommand(),
+		e.tailCommand(),
+		e.devCommand(),
+		e.benchCommand(),
+		e.scheduleCommand(),
+	)
 	for _, c := range root.Commands() {
 		wrapArgs(c)
 	}

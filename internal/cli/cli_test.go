@@ -114,7 +114,7 @@ func TestCLIEndToEnd(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, "wrong expected version") || !strings.Contains(r.stderr, "actual 2") {
 		t.Fatalf("conflicting append: %+v", r)
 	}
-	if r = annals(t, db.URL, "read", "missing", "--schema", schema); r.code != 1 || !strings.Contains(r.stderr, "stream not found") {
+	if r = annals(t, db.URL, "read", "missing", "--schema", schema); r.code != ExitNotFound || !strings.Contains(r.stderr, "stream not found") {
 		t.Fatalf("read missing stream: %+v", r)
 	}
 
@@ -137,6 +137,7 @@ func TestCLIEndToEnd(t *testing.T) {
 		{"migrate", "extra"},
 		{"migrate", "--print", "--status"},
 		{"read", "--schema", "bad$schema"},
+		{"nosuchcommand"},
 		{"dev", "--port", "70000"},
 	}
 	for _, args := range bad {
@@ -248,4 +249,52 @@ func TestBenchQuick(t *testing.T) {
 	if r = annals(t, db.URL, "bench", "--writers", "0"); r.code != 2 {
 		t.Fatalf("bench --writers 0: %+v", r)
 	}
+}
+
+func TestExitCodes(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+
+	t.Run("UnknownCommand", func(t *testing.T) {
+		r := annals(t, db.URL, "nosuchcommand")
+		if r.code != ExitUsage || r.stdout != "" || r.stderr != "annals: unknown command \"nosuchcommand\" for \"annals\"\nRun 'annals --help' for usage.\n" {
+			t.Errorf("%+v", r)
+		}
+		if r := annals(t, db.URL); r.code != ExitOK || !strings.Contains(r.stdout, "Exit codes: 0 success; 1 failure; 2 bad") {
+			t.Errorf("annals without arguments: %+v", r)
+		}
+	})
+
+	t.Run("NotFound", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"read", "nosuchstream"},
+			{"dlq", "show", "99"},
+			{"schedule", "pause", "nosuchtask"},
+			{"schedule", "cancel", "0191d6a4-0000-7000-8000-000000000000"},
+			{"checkpoint", "get", "nosuchsubscriber"},
+		} {
+			r := annals(t, db.URL, args...)
+			if r.code != ExitNotFound || r.stdout != "" || !strings.HasPrefix(r.stderr, "annals: ") || strings.Count(r.stderr, "\n") != 1 {
+				t.Errorf("annals %q: %+v", args, r)
+			}
+		}
+	})
+
+	// A schema that was never migrated says so and names the fix, whatever
+	// the command touches first (a function: 3F000, a table: 42P01).
+	t.Run("NotMigrated", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"append", "s", "t", `{}`},
+			{"read"},
+			{"read", "s"},
+			{"tail"},
+			{"checkpoint", "get", "x"},
+		} {
+			r := annals(t, db.URL, append(args, "--schema", "never_migrated")...)
+			want := `annals: schema "never_migrated" is missing or not migrated: 'annals migrate' creates it (`
+			if r.code != ExitFailure || !strings.HasPrefix(r.stderr, want) || strings.Count(r.stderr, "\n") != 1 {
+				t.Errorf("annals %q: %+v", args, r)
+			}
+		}
+	})
 }

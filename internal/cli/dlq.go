@@ -37,7 +37,8 @@ skipped (given up: never delivered).
 'retry ID' releases the dead letter's whole stream (every open dead letter of the same
 subscriber partition and stream) and resumes a stopped subscriber partition; 'skip ID'
 gives up on one event and releases the rest of its stream. Both are idempotent and say
-what they changed. An unknown ID or bad arguments exit 2 and change nothing.`,
+what they changed. Bad arguments exit 2, an unknown ID or subscriber exits 3; both
+change nothing.`,
 		RunE: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usagef("want a subcommand: list, show, retry, skip or purge")
@@ -171,7 +172,7 @@ in all its partitions, and resumes every stopped partition of it.`,
 				if id == 0 {
 					c, err := store.RetryAll(cmd.Context(), subscriber)
 					if errors.Is(err, deadletter.ErrNotFound) {
-						return usagef("unknown subscriber %q: it has no dead letters and no checkpoint", subscriber)
+						return notFoundf("unknown subscriber %q: it has no dead letters and no checkpoint", subscriber)
 					}
 					if err != nil {
 						return err
@@ -318,11 +319,11 @@ func parseDeadLetterID(s string) (int64, error) {
 	return id, nil
 }
 
-// deadLetterError makes an unknown ID a usage error (exit 2): the operator
-// named something that does not exist, and nothing changed.
+// deadLetterError makes an unknown ID a not-found error (exit 3): the
+// operator named something that does not exist, and nothing changed.
 func deadLetterError(err error, id int64) error {
 	if errors.Is(err, deadletter.ErrNotFound) {
-		return usagef("no dead letter %d (see 'annals dlq list')", id)
+		return notFoundf("no dead letter %d (see 'annals dlq list')", id)
 	}
 	return err
 }

@@ -58,6 +58,9 @@ recorded_at.`,
 			w := newEventWriter(e.stdout, format)
 			var n int64
 			for ev, err := range events {
+				if errors.Is(err, eventstore.ErrStreamNotFound) {
+					return notFoundError{err}
+				}
 				if err != nil {
 					return err
 				}

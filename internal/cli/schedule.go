@@ -193,7 +193,7 @@ func (e *env) scheduleTaskCommand(verb string) *cobra.Command {
 		"resume": "Resume a paused cron task: ticks that fell while it was paused never fire",
 		"delete": "Delete a cron task and its tick history cluster-wide",
 	}[verb]
-	long := short + "."
+	long := short + ". An unknown task exits 3 (not found)."
 	if verb == "delete" {
 		long += `
 A process that adds the task again at start (scheduler.AddTask) recreates it: remove it
@@ -219,6 +219,9 @@ from the code first.`
 					return s.DeleteTask(cmd.Context(), name)
 				}
 			})
+			if errors.Is(err, scheduler.ErrUnknownTask) {
+				return notFoundError{err}
+			}
 			if err != nil {
 				return err
 			}
@@ -234,7 +237,8 @@ func (e *env) scheduleCancelCommand() *cobra.Command {
 		Use:   "cancel TIMER-ID",
 		Short: "Cancel a pending or failed timer (its events are never appended)",
 		Long: `Cancel a pending or failed timer by its ID (see 'schedule list'). A timer that is being
-fired right now, or was fired already, cannot be cancelled: the command fails then.`,
+fired right now, or was fired already, cannot be cancelled: the command exits 3 (not
+found) then.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := uuid.Parse(args[0])
@@ -250,7 +254,7 @@ fired right now, or was fired already, cannot be cancelled: the command fails th
 				return err
 			}
 			if !ok {
-				return errors.Newf("no pending timer %s (fired already, being fired, or never stored)", id)
+				return notFoundf("no pending timer %s (fired already, being fired, or never stored)", id)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "cancelled timer %s\n", id)
 			return nil

@@ -156,9 +156,11 @@ func TestScheduleManage(t *testing.T) {
 	}{
 		{[]string{"schedule", "pause"}, ExitUsage, ""},
 		{[]string{"schedule", "pause", "a", "b"}, ExitUsage, ""},
-		{[]string{"schedule", "pause", "nope"}, ExitFailure, `no cron task "nope"`},
+		{[]string{"schedule", "pause", "nope"}, ExitNotFound, `no cron task "nope"`},
+		{[]string{"schedule", "resume", "nope"}, ExitNotFound, `no cron task "nope"`},
+		{[]string{"schedule", "delete", "nope"}, ExitNotFound, `no cron task "nope"`},
 		{[]string{"schedule", "cancel", "not-a-uuid"}, ExitUsage, "not-a-uuid"},
-		{[]string{"schedule", "cancel", "0191d6a4-0000-7000-8000-000000000000"}, ExitFailure, "no pending timer"},
+		{[]string{"schedule", "cancel", "0191d6a4-0000-7000-8000-000000000000"}, ExitNotFound, "no pending timer"},
 		{[]string{"schedule", "bogus"}, ExitUsage, "unknown subcommand"},
 	} {
 		r := annals(t, db.URL, c.args...)
@@ -179,7 +181,7 @@ func TestScheduleManage(t *testing.T) {
 	if r := annals(t, db.URL, "schedule", "cancel", timer.String()); r.code != ExitOK || r.stdout != "cancelled timer "+timer.String()+"\n" {
 		t.Fatalf("cancel: %+v", r)
 	}
-	if r := annals(t, db.URL, "schedule", "cancel", timer.String()); r.code != ExitFailure {
+	if r := annals(t, db.URL, "schedule", "cancel", timer.String()); r.code != ExitNotFound {
 		t.Fatalf("cancel twice: %+v", r)
 	}
 	if r := annals(t, db.URL, "schedule", "delete", "nightly"); r.code != ExitOK || r.stdout != "deleted cron task nightly\n" {

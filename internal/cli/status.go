@@ -39,7 +39,8 @@ Lag in events is the number of events after the checkpoint, counted exactly up t
 beyond that it is head - position, shown as ~N (an upper bound: rolled-back appends
 leave holes in the positions). Lag in seconds is the age of the oldest event after the
 checkpoint, 0 when caught up. An instance is stale when its last heartbeat is older
-than --stale-after; the leader of a partition is a live instance that lists it among
+than --stale-after (live runners delete rows older than their InstanceExpiry,
+by default 10 heartbeats); the leader of a partition is a live instance that lists it among
 those it leads, else the checkpoint's last owner is shown with "(no live leader)".
 All ages use the database server's clock.
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -102,7 +103,9 @@ func TestStatus(t *testing.T) {
 		if l := tableLine(t, r.stdout, "inst-live", "host-a", "101"); !strings.Contains(l, " live ") || !strings.HasSuffix(l, "projector/0, projector/1") {
 			t.Errorf("inst-live: %q", l)
 		}
-		if l := tableLine(t, r.stdout, "inst-stale", "host-b", "202"); !strings.Contains(l, " stale ") || !strings.HasSuffix(l, "mailer/0") {
+		// The age of the last heartbeat is shown: 5 minutes, plus the test's time.
+		if l := tableLine(t, r.stdout, "inst-stale", "host-b", "202"); !strings.Contains(l, " stale ") || !strings.HasSuffix(l, "mailer/0") ||
+			!regexp.MustCompile(` \(5m[0-9]+s ago\) `).MatchString(l) {
 			t.Errorf("inst-stale: %q", l)
 		}
 	})
@@ -292,7 +295,7 @@ func TestCheckpointCommand(t *testing.T) {
 		}
 		for _, args := range [][]string{{"nope"}, {"orders", "--partition", "1"}} {
 			r := annals(t, db.URL, append([]string{"checkpoint", "get"}, args...)...)
-			if r.code != 1 || r.stdout != "" || !strings.Contains(r.stderr, "unknown subscriber") || strings.Count(r.stderr, "\n") != 1 {
+			if r.code != ExitNotFound || r.stdout != "" || !strings.Contains(r.stderr, "unknown subscriber") || strings.Count(r.stderr, "\n") != 1 {
 				t.Errorf("get %v: %+v", args, r)
 			}
 		}
@@ -333,8 +336,8 @@ func TestCheckpointCommand(t *testing.T) {
 			!strings.Contains(r.stderr, "move orders/0 forward from 1 to 2 (events at positions 2..2 will be skipped)") {
 			t.Errorf("without --yes: %q", r.stderr)
 		}
-		// An unknown subscriber is a failure unless --create.
-		if r := annals(t, db.URL, "checkpoint", "set", "nope", "1", "--yes"); r.code != 1 || !strings.Contains(r.stderr, "unknown subscriber nope/0") || !strings.Contains(r.stderr, "--create") {
+		// An unknown subscriber is not found unless --create.
+		if r := annals(t, db.URL, "checkpoint", "set", "nope", "1", "--yes"); r.code != ExitNotFound || !strings.Contains(r.stderr, "unknown subscriber nope/0") || !strings.Contains(r.stderr, "--create") {
 			t.Errorf("set unknown: %+v", r)
 		}
 		if c := load(t, 0); c.Position != 1 || c.Epoch != 3 || c.Owner != "inst-1" {

@@ -360,6 +360,34 @@ func (c *Cluster) Restart(ctx context.Context) error {
 	return nil
 }
 
+// Down stops the server (fast shutdown) and leaves it stopped, its data
+// directory kept: connections are refused until [Cluster.Up]. It returns
+// [ErrStopped] after [Cluster.Stop].
+func (c *Cluster) Down(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return ErrStopped
+	}
+	c.stopServer(ctx)
+	return nil
+}
+
+// Up starts the server again after [Cluster.Down], on the same data directory
+// and port, and returns once it accepts connections (within the 100 ms of
+// its readiness polling). A server already up is left alone.
+func (c *Cluster) Up(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return ErrStopped
+	}
+	if c.proc != nil {
+		return nil
+	}
+	return c.startServer(ctx)
+}
+
 // Stop shuts the server down and removes its directory. It asks for a fast
 // shutdown (SIGINT) and, if the server has not exited when ctx ends or after
 // 30 seconds, an immediate one (SIGQUIT), then kills the process group. Stop

@@ -1,0 +1,49 @@
+package pgcluster
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Down refuses connections and keeps the data; Up serves it again on the
+// same port; both fail after Stop.
+func TestDownUp(t *testing.T) {
+	t.Parallel()
+	c, err := Start(t.Context(), nil)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	conn := connect(t, c.URL())
+	if _, err := conn.Exec(t.Context(), "CREATE TABLE kept (n int); INSERT INTO kept VALUES (7)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Down(t.Context()); err != nil {
+		t.Fatalf("Down: %v", err)
+	}
+	if conn, err := pgx.Connect(t.Context(), c.URL()); err == nil {
+		_ = conn.Close(context.Background())
+		t.Fatal("connected to a cluster that is down")
+	}
+	if err := c.Up(t.Context()); err != nil {
+		t.Fatalf("Up: %v", err)
+	}
+	if err := c.Up(t.Context()); err != nil {
+		t.Fatalf("Up when up: %v", err)
+	}
+	var n int
+	if err := connect(t, c.URL()).QueryRow(t.Context(), "SELECT n FROM kept").Scan(&n); err != nil || n != 7 {
+		t.Fatalf("after Up: %d, %v", n, err)
+	}
+	if err := c.Stop(context.Background()); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if err := c.Down(t.Context()); !errors.Is(err, ErrStopped) {
+		t.Errorf("Down after Stop: %v", err)
+	}
+	if err := c.Up(t.Context()); !errors.Is(err, ErrStopped) {
+		t.Errorf("Up after Stop: %v", err)
+	}
+}

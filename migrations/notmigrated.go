@@ -1,0 +1,30 @@
+package migrations
+
+import (
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrNotMigrated is matched (errors.Is) by the errors that [MarkNotMigrated]
+// marks: PostgreSQL refused a statement because the annals schema, or one of
+// its tables, does not exist. The database was never migrated (run [Up] or
+// `annals migrate`), or the configured schema name is not the one migrated.
+var ErrNotMigrated = errors.New("annals schema not migrated")
+
+// MarkNotMigrated returns err marked with [ErrNotMigrated] when PostgreSQL
+// reported an undefined schema (SQLSTATE 3F000, invalid_schema_name) or an
+// undefined table (42P01, undefined_table), and err unchanged otherwise. It
+// only inspects err, so calling it on an error path costs no round trip.
+func MarkNotMigrated(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "3F000" || pgErr.Code == "42P01") {
+		return errors.Mark(err, ErrNotMigrated)
+	}
+	return err
+}
+
+// IsNotMigrated reports whether err says that the annals schema or one of its
+// tables does not exist: errors.Is(MarkNotMigrated(err), ErrNotMigrated).
+func IsNotMigrated(err error) bool {
+	return errors.Is(MarkNotMigrated(err), ErrNotMigrated)
+}
