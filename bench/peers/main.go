@@ -155,10 +155,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := os.Setenv("DATABASE_URL", cfg.DatabaseURL); err != nil {
 		return err
 	}
+	start := time.Now()
 	rep, err := measure(ctx, cfg, stderr)
 	if err != nil {
 		return err
 	}
+	fmt.Fprintf(stderr, "peers: done in %s\n", time.Since(start).Round(time.Second))
 	if cfg.Output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
