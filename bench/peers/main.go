@@ -65,7 +65,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.Rounds, "rounds", 3, "interleaved rounds; figures are medians")
 	fs.DurationVar(&c.Duration, "duration", 3*time.Second, "length of each append measurement")
 	fs.IntVar(&c.CatchupEvents, "catchup-events", 200_000, "events in the catch-up log")
-	fs.DurationVar(&c.CatchupLimit, "catchup-limit", 30*time.Second, "longest catch-up read; a slower reader's rate is taken over what it read")
+	fs.DurationVar(&c.CatchupLimit, "catchup-limit", 20*time.Second, "longest catch-up read; a slower reader's rate is taken over what it read")
 	fs.DurationVar(&c.TailDuration, "tail-duration", 4*time.Second, "how long the 16 writers append in the correctness check")
 	fs.DurationVar(&c.Hold, "hold", 2*time.Second, "how long the unrelated writing transaction stays open in the correctness check")
 	fs.DurationVar(&c.Drain, "drain", 3*time.Second, "after the writers stop, how long the tailing reader may go without a new event before the rest count as skipped")
@@ -176,11 +176,13 @@ func measure(ctx context.Context, cfg *config, progress io.Writer) (*report, err
 		return nil, err
 	}
 	defer pool.Close()
-	rep := &report{Rounds: cfg.Rounds, Duration: cfg.Duration.String(), Contenders: cfg.Contenders}
+	rep := &report{Rounds: cfg.Rounds, Duration: cfg.Duration.String(), Contenders: cfg.Contenders, CatchupLimit: cfg.CatchupLimit.String()}
 	if err := pool.QueryRow(ctx, query("Settings", "")).Scan(&rep.Server, &rep.Fsync, &rep.SynchronousCommit); err != nil {
 		return nil, errors.Wrap(err, "read server settings")
 	}
-	fmt.Fprintf(progress, "peers: PostgreSQL %s, fsync=%s, synchronous_commit=%s\n", rep.Server, rep.Fsync, rep.SynchronousCommit)
+	rep.LoadBefore = loadAverage()
+	defer func() { rep.LoadAfter = loadAverage() }()
+	fmt.Fprintf(progress, "peers: PostgreSQL %s, fsync=%s, synchronous_commit=%s, load average %s\n", rep.Server, rep.Fsync, rep.SynchronousCommit, rep.LoadBefore)
 	byName := map[string]*contender{}
 	var all []*contender
 	for _, n := range cfg.Contenders {
@@ -287,6 +289,18 @@ func measure(ctx context.Context, cfg *config, progress io.Writer) (*report, err
 	}
 	rep.finish()
 	return rep, nil
+}
+
+// loadAverage returns the machine's 1-, 5- and 15-minute load averages
+// (Linux), or "" where they cannot be read: the figures of a busy machine
+// are noisier.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(3, len(f))], " ")
 }
 
 // rotate returns s rotated left by k.

@@ -18,11 +18,17 @@ type report struct {
 	Rounds            int      `json:"rounds"`
 	Duration          string   `json:"duration_per_cell"`
 	Contenders        []string `json:"contenders"`
+	// LoadBefore and LoadAfter are the load averages (1, 5, 15 minutes) of
+	// the machine running the benchmark, when it can read them.
+	LoadBefore string `json:"load_average_before,omitempty"`
+	LoadAfter  string `json:"load_average_after,omitempty"`
 	// Appends are the append workloads, Catchup the catch-up read (the raw
 	// contender's figure is a paged reader scanning into []byte).
-	Appends []*row      `json:"appends"`
-	Catchup *row        `json:"catchup,omitempty"`
-	Tail    *tailReport `json:"tailing_check,omitempty"`
+	Appends []*row `json:"appends"`
+	// CatchupLimit bounds each catch-up read (see cell.Partial).
+	CatchupLimit string      `json:"catchup_limit"`
+	Catchup      *row        `json:"catchup,omitempty"`
+	Tail         *tailReport `json:"tailing_check,omitempty"`
 }
 
 // row is one workload: a cell per contender.
@@ -104,6 +110,9 @@ func median(xs []float64) float64 {
 func writeText(w io.Writer, rep *report) error {
 	fmt.Fprintf(w, "PostgreSQL %s, fsync=%s, synchronous_commit=%s; medians of %d interleaved rounds of %s per append cell.\n",
 		rep.Server, rep.Fsync, rep.SynchronousCommit, rep.Rounds, rep.Duration)
+	if rep.LoadBefore != "" {
+		fmt.Fprintf(w, "Load average (1, 5, 15 min) of this machine: %s before, %s after.\n", rep.LoadBefore, rep.LoadAfter)
+	}
 	fmt.Fprintf(w, "Figures are ratios to annals (above 1.00: faster than annals); annals' own rate in parentheses.\n\n")
 	head := []string{"workload"}
 	for _, n := range rep.Contenders {
@@ -129,7 +138,7 @@ func writeText(w io.Writer, rep *report) error {
 					s = "raw paged read into `[]byte`: " + s
 				}
 				if c.Partial {
-					s += " (read for the limit)"
+					s += " (over the first " + rep.CatchupLimit + " of the read)"
 				}
 				cols = append(cols, s)
 			}
