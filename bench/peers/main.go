@@ -116,6 +116,9 @@ func main() {
 	} else {
 		err = run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	}
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "peers: %v\n", err)
 		os.Exit(1)
