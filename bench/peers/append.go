@@ -89,7 +89,7 @@ func appendFor(ctx context.Context, c *contender, prefix string, writers, batch 
 
 // measureAppend runs workload w for contender c (in this process or in
 // w.Procs child processes) and returns events per second.
-func measureAppend(ctx context.Context, cfg *config, c *contender, w workload, prefix string) (float64, error) {
+func measureAppend(ctx context.Context, cfg *config, c *contender, w workload, prefix string, progress io.Writer) (float64, error) {
 	if w.Procs <= 1 {
 		n, elapsed, err := appendFor(ctx, c, prefix, w.Writers, w.Batch, time.Now(), cfg.Duration, nil)
 		if err != nil {
@@ -124,6 +124,9 @@ func measureAppend(ctx context.Context, cfg *config, c *contender, w workload, p
 		}
 		events += results[p].Events
 		longest = max(longest, time.Duration(results[p].ElapsedNanos))
+		if late := time.Duration(results[p].LateNanos); late > 0 {
+			fmt.Fprintf(progress, "warning: child %d started appending %s late (-child-start %s); its share is undercounted\n", p, late.Round(time.Millisecond), cfg.ChildStartDelay)
+		}
 	}
 	return float64(events) / longest.Seconds(), nil
 }
@@ -148,6 +151,9 @@ func (a childArgs) flags() []string {
 type childResult struct {
 	Events       int64 `json:"events"`
 	ElapsedNanos int64 `json:"elapsed_ns"`
+	// LateNanos is how long after the common start the child was ready to
+	// append (0 when it was ready in time).
+	LateNanos int64 `json:"late_ns"`
 }
 
 // childCommand is the first argument that makes this program a child.
@@ -203,11 +209,12 @@ func childMain(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	start := time.Unix(0, startNanos)
+	late := max(time.Since(start), 0)
 	n, elapsed, err := appendFor(ctx, c, a.StreamPrefix, a.Writers, a.Batch, start, a.Duration, nil)
 	if err != nil {
 		return err
 	}
-	return json.NewEncoder(stdout).Encode(childResult{Events: n, ElapsedNanos: int64(elapsed)})
+	return json.NewEncoder(stdout).Encode(childResult{Events: n, ElapsedNanos: int64(elapsed), LateNanos: int64(late)})
 }
 
 // warm opens n connections of pool, so that no measurement pays for connecting.

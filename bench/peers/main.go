@@ -226,7 +226,7 @@ func measure(ctx context.Context, cfg *config, progress io.Writer) (*report, err
 				if err := c.reset(ctx); err != nil {
 					return nil, err
 				}
-				rate, err := measureAppend(ctx, cfg, c, w, fmt.Sprintf("r%d", round))
+				rate, err := measureAppend(ctx, cfg, c, w, fmt.Sprintf("r%d", round), progress)
 				if err != nil {
 					return nil, errors.Wrapf(err, "%s, %s", w.Label, c.name)
 				}
