@@ -11,8 +11,9 @@ GO          ?= go
 ANNALS      := $(GO) run ./cmd/annals
 TEST_FLAGS  ?= -race -count=1 -timeout 30m
 BENCH_FLAGS ?=
+PEERS_FLAGS ?=
 
-.PHONY: all test vet demo bench postgres build fmt
+.PHONY: all test vet demo bench bench-peers postgres build fmt
 
 all: build
 
@@ -57,4 +58,15 @@ ifdef DATABASE_URL
 else
 	@$(MAKE) --no-print-directory postgres
 	$(ANNALS) dev -- sh -c '$(ANNALS) bench --json bench-results/bench.json $(BENCH_FLAGS) && $(GO) test -run "^$$" -bench . -benchtime 200x ./deadletter/'
+endif
+
+# bench-peers: annals beside raw INSERTs and watermill-sql v4 (bench/peers, a
+# module of its own so the library gains no peer dependency), fsync on as
+# above. Markdown tables to stdout; PEERS_FLAGS='--output json' for JSON.
+bench-peers:
+ifdef DATABASE_URL
+	cd bench/peers && $(GO) run . $(PEERS_FLAGS)
+else
+	@$(MAKE) --no-print-directory postgres
+	$(ANNALS) dev -- sh -c 'cd bench/peers && $(GO) run . $(PEERS_FLAGS)'
 endif
