@@ -29,7 +29,7 @@
 // Store.Append therefore coalesces the concurrent appends of a process:
 //
 //   - Append validates and encodes its events, then queues itself.
-//   - If fewer than GroupCommit.MaxInFlight groups (default 2) are on their
+//   - If fewer than GroupCommit.MaxInFlight groups (default 1) are on their
 //     way, the appending goroutine takes a group at once and sends it itself:
 //     the oldest queued appends, at most one per stream (a later append to
 //     the same stream waits for the next group, so per-stream order is
@@ -46,9 +46,11 @@
 //     group in argument order; a failed append leaves unused positions, as a
 //     rolled-back one does.
 //   - When a group finishes, its sender hands every member its outcome and,
-//     if appends are queued, starts the next group on a new goroutine. With
-//     two groups in flight, one waits for the lock on the server while the
-//     other commits, so the lock never waits for a network round trip.
+//     if appends are queued, starts the next group on a new goroutine: the
+//     appends that queued while a group was committing travel together in
+//     the next one, so groups grow with the load. (More groups in flight
+//     would let one wait for the lock while another commits, but would split
+//     the waiting appends and pay one WAL flush per group under the lock.)
 //   - A group that fails as a whole (an error no single outcome explains,
 //     such as a lost connection) is re-sent append by append through
 //     append_events, so each member learns its own outcome; re-sending an

@@ -21,10 +21,14 @@ type GroupCommit struct {
 	// MaxEvents bounds the events of one group; an append larger than it
 	// still goes alone. Defaults to 2000.
 	MaxEvents int
-	// MaxInFlight is how many groups a Store sends at once. While one group
-	// holds the log's ordering lock through its commit, a second one can wait
-	// for the lock on the server, so the lock never waits for a round trip.
-	// Defaults to 2.
+	// MaxInFlight is how many groups a Store sends at once. With more than
+	// one, the next group waits for the log's ordering lock on the server
+	// while the previous one commits, so the lock never waits for a round
+	// trip; but the waiting appends are split between the groups, and every
+	// group pays a WAL flush of its own under the lock. One in flight makes
+	// the largest groups, which measured faster with 4 and 16 writers and
+	// much faster when several processes append (docs/benchmarks.md).
+	// Defaults to 1.
 	MaxInFlight int
 }
 
@@ -36,7 +40,7 @@ func (g GroupCommit) withDefaults() (GroupCommit, error) {
 		g.MaxEvents = 2000
 	}
 	if g.MaxInFlight == 0 {
-		g.MaxInFlight = 2
+		g.MaxInFlight = 1
 	}
 	return g, nil
 }

@@ -66,6 +66,10 @@ func lockWaiters(t *testing.T, b *bundle) int {
 	return n
 }
 
+// twoInFlight configures a store that sends up to two groups at once, which
+// oneGroup expects.
+var twoInFlight = &eventstore.Config{GroupCommit: eventstore.GroupCommit{MaxInFlight: 2}}
+
 type outcome struct {
 	res eventstore.AppendResult
 	err error
@@ -79,7 +83,7 @@ func oneGroup(t *testing.T, b *bundle, appends []func(ctx context.Context) (even
 	ctx := context.Background()
 	release := holdAppendLock(t, b)
 	var wg sync.WaitGroup
-	for i := range 2 { // GroupCommit.MaxInFlight's default
+	for i := range 2 { // the store's GroupCommit.MaxInFlight (twoInFlight)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -120,7 +124,7 @@ func TestGroupCommit(t *testing.T) {
 
 	t.Run("ConcurrentAppendsShareATransaction", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, nil)
+		b := setup(t, twoInFlight)
 		var fns []func(context.Context) (eventstore.AppendResult, error)
 		var streams []string
 		for i := range 10 {
@@ -172,7 +176,7 @@ func TestGroupCommit(t *testing.T) {
 
 	t.Run("EachAppendHasItsOwnOutcome", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, nil)
+		b := setup(t, twoInFlight)
 		ctx := context.Background()
 		// Prepare: a stream at version 1, and a stored event to re-append.
 		for _, st := range []string{"existing", "existing2"} {
@@ -250,7 +254,7 @@ func TestGroupCommit(t *testing.T) {
 
 	t.Run("AFailingGroupFallsBackToSingleAppends", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, nil)
+		b := setup(t, twoInFlight)
 		ctx := context.Background()
 		// A trigger that fails every insert into one stream stands for any
 		// error that aborts a whole statement.
@@ -293,7 +297,7 @@ func TestGroupCommit(t *testing.T) {
 
 	t.Run("CancelledWhileQueuedWritesNothing", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, nil)
+		b := setup(t, twoInFlight)
 		release := holdAppendLock(t, b)
 		ctx := context.Background()
 		var wg sync.WaitGroup
