@@ -14,76 +14,97 @@ CREATE FUNCTION {{.Schema}}.check_event_input(p_stream_id text, p_expected_versi
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fn$
 DECLARE
-    v_count int;
-    v_bad   record;
+    v_count int := CASE WHEN jsonb_typeof(p_events) = 'array' THEN jsonb_array_length(p_events) ELSE 0 END;
+    v_ord   int;
+    v_e     jsonb;
+    v_type  text;
+    v_md    jsonb;
+    v_field text;
+    v_why   text;
+    v_limit int;
+    v_size  bigint;
 BEGIN
-    IF octet_length(p_stream_id) > 512 THEN
-        RAISE EXCEPTION 'annals: stream_id is % bytes; the limit is 512', octet_length(p_stream_id)
-            USING ERRCODE = 'AN002',
-                  DETAIL = json_build_object('event', 0, 'field', 'stream_id', 'limit', 512,
-                                             'actual', octet_length(p_stream_id))::text;
-    END IF;
-    IF p_stream_id ~ E'[\\x01-\\x1f\\x7f-\\x9f]' THEN
-        RAISE EXCEPTION 'annals: stream_id % contains a control character', quote_literal(p_stream_id)
-            USING ERRCODE = 'AN002', DETAIL = '{"event": 0, "field": "stream_id"}';
-    END IF;
-    IF coalesce(p_stream_id, '') !~ E'[^ \\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]' THEN
-        RAISE EXCEPTION 'annals: stream_id is empty or only whitespace'
-            USING ERRCODE = 'AN002', DETAIL = '{"event": 0, "field": "stream_id"}';
-    END IF;
-    v_count := CASE WHEN jsonb_typeof(p_events) = 'array' THEN jsonb_array_length(p_events) ELSE 0 END;
-    IF p_expected_version > 9223372036854775807 - v_count THEN
+    -- Fast path first: one expression for the stream and one per event, so
+    -- the common case costs a few simple expression evaluations. The first
+    -- regular expression matches a name with no control character (C0, DEL,
+    -- C1) and at least one character that is not white space (the Unicode
+    -- White_Space set, as Go's unicode.IsSpace).
+    IF NOT (octet_length(p_stream_id) <= 512
+            AND coalesce(p_stream_id, '') ~ E'^[^\\x01-\\x1f\\x7f-\\x9f]*[^\\x01-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\x01-\\x1f\\x7f-\\x9f]*$'
+            AND (p_expected_version IS NULL OR p_expected_version <= 9223372036854775807 - v_count)) THEN
+        IF octet_length(p_stream_id) > 512 THEN
+            RAISE EXCEPTION 'annals: stream_id is % bytes; the limit is 512', octet_length(p_stream_id)
+                USING ERRCODE = 'AN002',
+                      DETAIL = json_build_object('event', 0, 'field', 'stream_id', 'limit', 512,
+                                                 'actual', octet_length(p_stream_id))::text;
+        ELSIF p_stream_id ~ E'[\\x01-\\x1f\\x7f-\\x9f]' THEN
+            RAISE EXCEPTION 'annals: stream_id % contains a control character', quote_literal(p_stream_id)
+                USING ERRCODE = 'AN002', DETAIL = '{"event": 0, "field": "stream_id"}';
+        ELSIF coalesce(p_stream_id, '') !~ E'^[^\\x01-\\x1f\\x7f-\\x9f]*[^\\x01-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\x01-\\x1f\\x7f-\\x9f]*$' THEN
+            RAISE EXCEPTION 'annals: stream_id is empty or only whitespace'
+                USING ERRCODE = 'AN002', DETAIL = '{"event": 0, "field": "stream_id"}';
+        END IF;
         RAISE EXCEPTION 'annals: expected_version % leaves no room for % more events', p_expected_version, v_count
             USING ERRCODE = 'AN002', DETAIL = '{"event": 0, "field": "expected_version"}';
     END IF;
-    IF v_count = 0 THEN
-        RETURN;
-    END IF;
 
-    SELECT t.ord, x.d INTO v_bad
-      FROM jsonb_array_elements(p_events) WITH ORDINALITY AS t(e, ord)
-     CROSS JOIN LATERAL (
-            SELECT CASE WHEN jsonb_typeof(t.e->'type') = 'string' THEN t.e->>'type' END AS typ,
-                   CASE WHEN jsonb_typeof(t.e->'metadata') = 'object' THEN t.e->'metadata' END AS md) v
-     CROSS JOIN LATERAL (
-            SELECT CASE WHEN jsonb_typeof(v.md->'schema_version') = 'number'
-                        THEN (v.md->>'schema_version')::numeric END AS sv) n
-     CROSS JOIN LATERAL (
-            SELECT CASE
-                WHEN octet_length(v.typ) > 256 THEN
-                    json_build_object('field', 'type', 'limit', 256, 'actual', octet_length(v.typ),
-                                      'reason', format('is %s bytes; the limit is 256', octet_length(v.typ)))
-                WHEN v.typ ~ E'[\\x01-\\x1f\\x7f-\\x9f]' THEN
-                    json_build_object('field', 'type', 'reason', 'contains a control character')
-                WHEN coalesce(v.typ, '') !~ E'[^ \\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]' THEN
-                    json_build_object('field', 'type', 'reason', 'is empty or only whitespace')
-                WHEN v.md IS NOT NULL AND EXISTS (SELECT 1 FROM jsonb_object_keys(v.md) k WHERE octet_length(k) > 256) THEN
-                    json_build_object('field', 'metadata', 'limit', 256,
-                                      'actual', (SELECT max(octet_length(k)) FROM jsonb_object_keys(v.md) k),
-                                      'reason', 'has a key longer than 256 bytes')
-                WHEN coalesce(jsonb_typeof(v.md->'correlation_id'), 'string') <> 'string'
-                  OR coalesce(jsonb_typeof(v.md->'causation_id'), 'string') <> 'string'
-                  OR coalesce(jsonb_typeof(v.md->'traceparent'), 'string') <> 'string'
-                  OR coalesce(jsonb_typeof(v.md->'tracestate'), 'string') <> 'string' THEN
-                    json_build_object('field', 'metadata', 'reason',
-                                      'has a reserved key (correlation_id, causation_id, traceparent, tracestate) that is not a string')
-                WHEN v.md->'schema_version' IS NOT NULL
-                 AND (n.sv IS NULL OR n.sv < 1 OR n.sv > 2147483647 OR n.sv <> trunc(n.sv)) THEN
-                    json_build_object('field', 'metadata', 'reason', 'has a reserved key schema_version that is not a positive integer')
-                WHEN octet_length((t.e->'data')::text) + coalesce(octet_length(v.md::text), 0) > 67108864 THEN
-                    json_build_object('field', 'data+metadata', 'limit', 67108864,
-                                      'actual', octet_length((t.e->'data')::text) + coalesce(octet_length(v.md::text), 0),
-                                      'reason', 'is larger than 64 MiB as stored')
-               END AS d) x
-     WHERE x.d IS NOT NULL
-     ORDER BY t.ord
-     LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'annals: event % of % % %', v_bad.ord, v_count, v_bad.d->>'field', v_bad.d->>'reason'
+    FOR v_ord IN 1..v_count LOOP
+        v_e := p_events->(v_ord - 1);
+        v_type := CASE WHEN jsonb_typeof(v_e->'type') = 'string' THEN v_e->>'type' END;
+        v_md := CASE WHEN jsonb_typeof(v_e->'metadata') = 'object' THEN v_e->'metadata' END;
+        IF octet_length(v_type) <= 256
+           AND v_type ~ E'^[^\\x01-\\x1f\\x7f-\\x9f]*[^\\x01-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\x01-\\x1f\\x7f-\\x9f]*$'
+           AND (v_md IS NULL
+                OR (coalesce(jsonb_typeof(v_md->'correlation_id'), 'string') = 'string'
+                    AND coalesce(jsonb_typeof(v_md->'causation_id'), 'string') = 'string'
+                    AND coalesce(jsonb_typeof(v_md->'traceparent'), 'string') = 'string'
+                    AND coalesce(jsonb_typeof(v_md->'tracestate'), 'string') = 'string'
+                    AND CASE WHEN v_md->'schema_version' IS NULL THEN true
+                             WHEN jsonb_typeof(v_md->'schema_version') = 'number'
+                             THEN (v_md->>'schema_version')::numeric BETWEEN 1 AND 2147483647
+                                  AND (v_md->>'schema_version')::numeric = trunc((v_md->>'schema_version')::numeric)
+                             ELSE false END))
+           AND coalesce(octet_length((v_e->'data')::text), 0) + coalesce(octet_length(v_md::text), 0) <= 67108864 THEN
+            -- No key can be longer than 256 bytes in a smaller object.
+            IF pg_column_size(v_md) > 256 THEN
+                v_size := (SELECT max(octet_length(k)) FROM jsonb_object_keys(v_md) k);
+                IF v_size > 256 THEN
+                    RAISE EXCEPTION 'annals: event % of % metadata has a key of % bytes; the limit is 256', v_ord, v_count, v_size
+                        USING ERRCODE = 'AN002',
+                              DETAIL = json_build_object('event', v_ord, 'field', 'metadata', 'limit', 256, 'actual', v_size)::text;
+                END IF;
+            END IF;
+            CONTINUE;
+        END IF;
+
+        -- Slow path: say which check failed.
+        v_limit := NULL;
+        v_size := NULL;
+        IF octet_length(v_type) > 256 THEN
+            v_field := 'type'; v_limit := 256; v_size := octet_length(v_type);
+            v_why := format('is %s bytes; the limit is 256', v_size);
+        ELSIF v_type ~ E'[\\x01-\\x1f\\x7f-\\x9f]' THEN
+            v_field := 'type'; v_why := 'contains a control character';
+        ELSIF coalesce(v_type, '') !~ E'^[^\\x01-\\x1f\\x7f-\\x9f]*[^\\x01-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\x01-\\x1f\\x7f-\\x9f]*$' THEN
+            v_field := 'type'; v_why := 'is empty or only whitespace';
+        ELSIF octet_length((v_e->'data')::text) + coalesce(octet_length(v_md::text), 0) > 67108864 THEN
+            v_field := 'data+metadata'; v_limit := 67108864;
+            v_size := octet_length((v_e->'data')::text) + coalesce(octet_length(v_md::text), 0);
+            v_why := format('is %s bytes as stored; the limit is 67108864 (64 MiB)', v_size);
+        ELSIF v_md->'schema_version' IS NOT NULL
+              AND coalesce(jsonb_typeof(v_md->'correlation_id'), 'string') = 'string'
+              AND coalesce(jsonb_typeof(v_md->'causation_id'), 'string') = 'string'
+              AND coalesce(jsonb_typeof(v_md->'traceparent'), 'string') = 'string'
+              AND coalesce(jsonb_typeof(v_md->'tracestate'), 'string') = 'string' THEN
+            v_field := 'metadata'; v_why := 'has a reserved key schema_version that is not a positive integer';
+        ELSE
+            v_field := 'metadata';
+            v_why := 'has a reserved key (correlation_id, causation_id, traceparent, tracestate) that is not a string';
+        END IF;
+        RAISE EXCEPTION 'annals: event % of % % %', v_ord, v_count, v_field, v_why
             USING ERRCODE = 'AN002',
-                  DETAIL = json_build_object('event', v_bad.ord, 'field', v_bad.d->>'field',
-                                             'limit', (v_bad.d->>'limit')::int, 'actual', (v_bad.d->>'actual')::bigint)::text;
-    END IF;
+                  DETAIL = json_build_object('event', v_ord, 'field', v_field, 'limit', v_limit, 'actual', v_size)::text;
+    END LOOP;
 END
 $fn$;
 
