@@ -182,7 +182,7 @@ BEGIN
         RAISE EXCEPTION 'annals: the same event_id appears twice in one append' USING ERRCODE = 'AN002';
     END IF;
 
-    -- Size and content limits (0007_input_limits), shared with other append functions.
+    -- Input limits, checked by a function other append functions share.
     PERFORM {{.Schema}}.check_event_input(p_stream_id, p_expected_version, p_events);
 
     -- Serialize the numbering. Taken before any row lock so that transactions
