@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
@@ -274,8 +275,11 @@ type encodedEvent struct {
 // append_events takes. Everything the SQL function would reject for bad
 // input is rejected here first, so a bad append costs no round trip.
 func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVersion, events []EventData) (appendArgs, error) {
-	if streamID == "" {
-		return appendArgs{}, invalidf("stream ID is empty")
+	if err := checkName(0, "stream_id", streamID, MaxStreamIDBytes); err != nil {
+		return appendArgs{}, err
+	}
+	if err := checkExpected(expected, len(events)); err != nil {
+		return appendArgs{}, err
 	}
 	exp, err := expected.sqlArg()
 	if err != nil {
@@ -300,24 +304,35 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 			if e.Data == nil {
 				return appendArgs{}, invalidf("event %d has no type and no data", i+1)
 			}
-			return appendArgs{}, errors.Wrapf(ErrUnknownEventType, "event %d: %T is not registered and EventData.Type is empty", i+1, e.Data)
+			// Both a type the registry lacks and input without a type: it
+			// matches ErrUnknownEventType and ErrInvalidEvent.
+			return appendArgs{}, upcastError(errors.Wrapf(ErrUnknownEventType, "event %d: %T is not registered and EventData.Type is empty", i+1, e.Data), ErrInvalidEvent)
 		}
-		data, err := encodeData(e.Data)
+		if err := checkName(i+1, "type", name, MaxEventTypeBytes); err != nil {
+			return appendArgs{}, err
+		}
+		data, err := encodeData(i+1, e.Data)
 		if err != nil {
-			return appendArgs{}, errors.Wrapf(err, "event %d (%s)", i+1, name)
+			return appendArgs{}, err
+		}
+		if err := checkMetadata(i+1, e.Metadata); err != nil {
+			return appendArgs{}, err
 		}
 		var meta []byte
 		md, err := s.registry.stamp(name, withTraceContext(tc, e.Metadata))
 		if err != nil {
-			return appendArgs{}, invalidf("event %d (%s): %v", i+1, name, err)
+			return appendArgs{}, &InvalidEventError{Event: i + 1, Field: "metadata", Reason: err.Error()}
 		}
 		if !md.IsZero() {
 			if meta, err = json.Marshal(md); err != nil {
 				return appendArgs{}, invalidf("event %d (%s): metadata: %v", i+1, name, err)
 			}
+			if why := checkJSONText(meta, true); why != "" {
+				return appendArgs{}, &InvalidEventError{Event: i + 1, Field: "metadata", Reason: why}
+			}
 		}
 		if n := len(data) + len(meta); n > s.maxBytes {
-			return appendArgs{}, invalidf("event %d (%s) is %d bytes; the limit is %d", i+1, name, n, s.maxBytes)
+			return appendArgs{}, tooLong(i+1, "data+metadata", n, s.maxBytes)
 		}
 		id := e.ID
 		if id == uuid.Nil {
@@ -366,12 +381,14 @@ func withTraceContext(tc map[string]any, m Metadata) Metadata {
 	return m
 }
 
-// encodeData returns the JSON of an event payload, which must be an object or array.
-func encodeData(v any) ([]byte, error) {
+// encodeData returns the JSON of the payload of event n (1-based), which
+// must be an object or array that PostgreSQL's jsonb can hold.
+func encodeData(n int, v any) ([]byte, error) {
 	var raw []byte
+	marshalled := false
 	switch d := v.(type) {
 	case nil:
-		return nil, invalidf("data is nil; it must be a JSON object or array")
+		return nil, &InvalidEventError{Event: n, Field: "data", Reason: "is nil; it must be a JSON object or array"}
 	case json.RawMessage:
 		raw = d
 	case []byte:
@@ -379,16 +396,24 @@ func encodeData(v any) ([]byte, error) {
 	default:
 		b, err := json.Marshal(v)
 		if err != nil {
-			return nil, invalidf("data does not encode to JSON: %v", err)
+			return nil, &InvalidEventError{Event: n, Field: "data", Reason: "does not encode to JSON: " + err.Error()}
 		}
-		raw = b
+		raw, marshalled = b, true
 	}
 	trimmed := bytes.TrimLeft(raw, " \t\r\n")
 	if len(trimmed) == 0 || (trimmed[0] != '{' && trimmed[0] != '[') {
-		return nil, invalidf("data must be a JSON object or array")
+		return nil, &InvalidEventError{Event: n, Field: "data", Reason: "must be a JSON object or array"}
 	}
 	if !json.Valid(trimmed) {
-		return nil, invalidf("data is not valid JSON")
+		return nil, &InvalidEventError{Event: n, Field: "data", Reason: "is not valid JSON"}
+	}
+	// encoding/json's output is valid UTF-8; raw bytes need not be, and
+	// json.Valid does not check.
+	if !marshalled && !utf8.Valid(trimmed) {
+		return nil, &InvalidEventError{Event: n, Field: "data", Reason: "is not valid UTF-8"}
+	}
+	if why := checkJSONText(trimmed, marshalled); why != "" {
+		return nil, &InvalidEventError{Event: n, Field: "data", Reason: why}
 	}
 	return trimmed, nil
 }

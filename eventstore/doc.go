@@ -94,9 +94,14 @@
 //
 // # Errors
 //
-// Bad input (empty stream ID or type, data that is not a JSON object or
-// array, an event over Config.MaxEventBytes, a malformed expected version)
-// fails with ErrInvalidEvent before anything is sent. The SQL function checks
-// the same rules for producers in other languages and reports them with the
-// SQLSTATEs listed in errors.go and docs/sql-api.md.
+// Bad input fails with ErrInvalidEvent before anything is sent: a stream ID
+// or type that is empty, only whitespace, over its byte limit
+// (MaxStreamIDBytes, MaxEventTypeBytes), not UTF-8 or holding control
+// characters; data that is not a JSON object or array or that PostgreSQL
+// cannot store; an event over Config.MaxEventBytes; a misused reserved
+// metadata key; a malformed or overflowing expected version. Most are an
+// *InvalidEventError naming the event, field and limit. The SQL function
+// checks the same rules for producers in other languages and reports them
+// with the SQLSTATEs listed in errors.go and docs/sql-api.md (AN002 comes
+// back to Go as an *InvalidEventError too).
 package eventstore

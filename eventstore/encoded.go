@@ -23,8 +23,8 @@ type EncodedAppend struct {
 }
 
 // Encode validates and renders an append without running it; the checks
-// are those of Append (empty stream ID, no events, unknown types, bad JSON,
-// oversized events), and so are the errors.
+// are those of Append (stream ID and type limits, no events, unknown types,
+// bad JSON, oversized events, reserved metadata keys), and so are the errors.
 func (s *Store) Encode(ctx context.Context, streamID string, expected ExpectedVersion, events ...EventData) (EncodedAppend, error) {
 	a, err := s.encode(ctx, streamID, expected, events)
 	if err != nil {
@@ -62,11 +62,17 @@ func (b *Batch) AppendEncoded(a EncodedAppend) error {
 
 // args checks a and returns its append_events arguments.
 func (a EncodedAppend) args() (appendArgs, error) {
+	if err := checkName(0, "stream_id", a.StreamID, MaxStreamIDBytes); err != nil {
+		return appendArgs{}, err
+	}
+	if err := checkExpected(a.Expected, a.Count); err != nil {
+		return appendArgs{}, err
+	}
 	exp, err := a.Expected.sqlArg()
 	if err != nil {
 		return appendArgs{}, err
 	}
-	if a.StreamID == "" || a.Count <= 0 || !json.Valid(a.Events) {
+	if a.Count <= 0 || !json.Valid(a.Events) {
 		return appendArgs{}, invalidf("encoded append to stream %q is malformed", a.StreamID)
 	}
 	return appendArgs{stream: a.StreamID, expected: exp, exp: a.Expected, payload: a.Events, count: a.Count}, nil

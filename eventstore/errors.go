@@ -34,9 +34,14 @@ var (
 	// and is also matched by a WrongExpectedVersionError for StreamExists.
 	ErrStreamNotFound = errors.New("stream not found")
 
-	// ErrInvalidEvent is matched by every rejection of malformed input: an
-	// empty stream ID or event type, data that is not a JSON object or array,
-	// an oversized payload, a bad expected version. Nothing is written.
+	// ErrInvalidEvent is matched by every rejection of malformed input,
+	// whether the Go client or the SQL function (SQLSTATE AN002) found it: a
+	// stream ID or event type that is empty, only whitespace, too long, not
+	// UTF-8 or holds control characters; data that is not a JSON object or
+	// array or that PostgreSQL cannot store; an oversized event; a reserved
+	// metadata key misused; a bad expected version (see the limits in
+	// limits.go and docs/guarantees.md). Most are an *InvalidEventError
+	// (errors.As) naming the event, the field and the limit. Nothing is written.
 	ErrInvalidEvent = errors.New("invalid event")
 
 	// ErrUnknownEventType is returned when a Go value has no registered event
@@ -93,11 +98,28 @@ func translate(err error, streamID string, expected ExpectedVersion) error {
 		}
 		return errors.WithStack(&WrongExpectedVersionError{StreamID: streamID, Expected: expected, Actual: d.Actual})
 	case CodeInvalidEvent:
-		return errors.Wrap(ErrInvalidEvent, pgErr.Message)
+		return errors.WithStack(invalidFromSQL(pgErr))
 	case CodeEventIDConflict:
 		return errors.Wrap(ErrEventIDConflict, pgErr.Message)
 	case CodeAppendOnly:
 		return errors.Wrap(ErrAppendOnly, pgErr.Message)
 	}
 	return err
+}
+
+// invalidFromSQL turns an AN002 error into an *InvalidEventError. The checks
+// of check_event_input put {"event", "field", "limit", "actual"} in the
+// error's DETAIL; older checks carry only a message.
+func invalidFromSQL(pgErr *pgconn.PgError) *InvalidEventError {
+	var d struct {
+		Event  int    `json:"event"`
+		Field  string `json:"field"`
+		Limit  int    `json:"limit"`
+		Actual int    `json:"actual"`
+	}
+	e := &InvalidEventError{Reason: pgErr.Message, sqlMessage: true}
+	if pgErr.Detail != "" && json.Unmarshal([]byte(pgErr.Detail), &d) == nil && d.Field != "" {
+		e.Event, e.Field, e.Limit, e.Actual = d.Event, d.Field, d.Limit, d.Actual
+	}
+	return e
 }

@@ -52,7 +52,7 @@ func (v ExpectedVersion) sqlArg() (any, error) {
 	case v >= StreamExists:
 		return int64(v), nil
 	}
-	return nil, invalidf("expected version %d is not Any, NoStream, StreamExists or a version >= 1", int64(v))
+	return nil, checkExpected(v, 0)
 }
 
 // EventData is an event to append.

@@ -34,7 +34,7 @@ type bundle struct {
 	reg   *eventstore.Registry
 }
 
-func setup(t *testing.T, cfg *eventstore.Config) *bundle {
+func setup(t testing.TB, cfg *eventstore.Config) *bundle {
 	t.Helper()
 	db := annalstest.NewDB(t, nil)
 	reg := eventstore.NewRegistry()

@@ -369,12 +369,16 @@ func TestAppendBatchSQL(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	ctx := context.Background()
+	var meta []string // per event; nil: none
 	call := func(streams []string, expected []*int64, appendIdx, index []int32, types, data []string) error {
 		ids := make([]uuid.UUID, len(types))
 		for i := range ids {
 			ids[i] = uuid.New()
 		}
-		meta := make([]string, len(types))
+		if meta == nil {
+			meta = make([]string, len(types))
+		}
+		defer func() { meta = nil }()
 		rows, err := b.db.Pool.Query(ctx, `SELECT * FROM annals.append_batch($1, $2, $3, $4, $5, $6, $7, $8, false)`,
 			streams, expected, appendIdx, index, ids, types, data, meta)
 		if err != nil {
@@ -413,6 +417,40 @@ func TestAppendBatchSQL(t *testing.T) {
 		},
 		"AppendWithoutEvents": func() error {
 			return call([]string{"s", "u"}, []*int64{nil, nil}, []int32{1}, []int32{1}, []string{"t"}, []string{obj})
+		},
+		"StreamOverLimit": func() error {
+			return call([]string{strings.Repeat("s", eventstore.MaxStreamIDBytes+1)}, []*int64{nil}, []int32{1}, []int32{1}, []string{"t"}, []string{obj})
+		},
+		"StreamOnlyWhitespace": func() error {
+			return call([]string{" \u3000"}, []*int64{nil}, []int32{1}, []int32{1}, []string{"t"}, []string{obj})
+		},
+		"StreamControlCharacter": func() error {
+			return call([]string{"a\x01b"}, []*int64{nil}, []int32{1}, []int32{1}, []string{"t"}, []string{obj})
+		},
+		"TypeOverLimit": func() error {
+			return call([]string{"s"}, []*int64{nil}, []int32{1}, []int32{1}, []string{strings.Repeat("t", eventstore.MaxEventTypeBytes+1)}, []string{obj})
+		},
+		"TypeOnlyWhitespace": func() error {
+			return call([]string{"s"}, []*int64{nil}, []int32{1}, []int32{1}, []string{"  "}, []string{obj})
+		},
+		"ExpectedOverflows": func() error {
+			return call([]string{"s"}, []*int64{one(1<<63 - 1)}, []int32{1}, []int32{1}, []string{"t"}, []string{obj})
+		},
+		"MetadataNotObject": func() error {
+			meta = []string{"[1]"}
+			return call([]string{"s"}, []*int64{nil}, []int32{1}, []int32{1}, []string{"t"}, []string{obj})
+		},
+		"MetadataReservedKeyType": func() error {
+			meta = []string{`{"correlation_id": 7}`}
+			return call([]string{"s"}, []*int64{nil}, []int32{1}, []int32{1}, []string{"t"}, []string{obj})
+		},
+		"MetadataSchemaVersionNotPositive": func() error {
+			meta = []string{`{"schema_version": 0}`}
+			return call([]string{"s"}, []*int64{nil}, []int32{1}, []int32{1}, []string{"t"}, []string{obj})
+		},
+		"MetadataKeyOverLimit": func() error {
+			meta = []string{`{"` + strings.Repeat("k", eventstore.MaxMetadataKeyBytes+1) + `": 1}`}
+			return call([]string{"s"}, []*int64{nil}, []int32{1}, []int32{1}, []string{"t"}, []string{obj})
 		},
 		"LengthsDiffer": func() error {
 			return call([]string{"s"}, []*int64{nil}, []int32{1}, []int32{1}, []string{"t", "t"}, []string{obj})
@@ -460,8 +498,8 @@ func TestAppendBatchSQL(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
-	var data, meta string
-	if err := b.db.Pool.QueryRow(ctx, `SELECT data::text, coalesce(metadata::text, 'null') FROM annals.events WHERE stream_id = 'y'`).Scan(&data, &meta); err != nil || data != "[3]" || meta != `{"m":1}` {
-		t.Fatalf("stored %s %s (%v)", data, meta, err)
+	var storedData, storedMeta string
+	if err := b.db.Pool.QueryRow(ctx, `SELECT data::text, coalesce(metadata::text, 'null') FROM annals.events WHERE stream_id = 'y'`).Scan(&storedData, &storedMeta); err != nil || storedData != "[3]" || storedMeta != `{"m":1}` {
+		t.Fatalf("stored %s %s (%v)", storedData, storedMeta, err)
 	}
 }

@@ -29,8 +29,12 @@ type Config struct {
 	// Defaults to a new, empty Registry.
 	Registry *Registry
 	// MaxEventBytes is the largest accepted size of one event's data plus
-	// metadata, in bytes; larger events are rejected with ErrInvalidEvent
-	// before anything is sent. Defaults to DefaultMaxEventBytes (1 MiB).
+	// metadata, in bytes (the JSON as sent); larger events are rejected with
+	// ErrInvalidEvent before anything is sent. At most MaxEventBytesLimit
+	// (64 MiB), which the SQL function enforces. Defaults to
+	// DefaultMaxEventBytes (1 MiB): far above any event that records a fact,
+	// small enough that one append cannot hold a connection or the append
+	// lock for long.
 	MaxEventBytes int
 	// PageSize is how many events ReadAll and ReadStream fetch per query.
 	// Defaults to 500.
@@ -83,6 +87,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	}
 	if c.MaxEventBytes < 0 || c.PageSize < 0 {
 		return nil, errors.New("eventstore: MaxEventBytes and PageSize must not be negative")
+	}
+	if c.MaxEventBytes > MaxEventBytesLimit {
+		return nil, errors.Newf("eventstore: MaxEventBytes %d is over MaxEventBytesLimit (%d)", c.MaxEventBytes, MaxEventBytesLimit)
 	}
 	if c.MaxEventBytes == 0 {
 		c.MaxEventBytes = DefaultMaxEventBytes

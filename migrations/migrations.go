@@ -141,12 +141,27 @@ func Script(cfg *Config) (string, error) {
 // Up applies every pending migration in version order and returns the ones it
 // applied (none when the schema is current). It is safe to call from several
 // processes at once and to call again.
+//
+// Up is all or nothing: the schema's creation, every pending migration and
+// their records in schema_migrations run in one transaction (PostgreSQL's DDL
+// is transactional), so a migration that fails leaves the database as it was
+// before the call, without a half-made schema. A schema name that is refused
+// (schemaname.ErrInvalid) is refused before any SQL is sent.
 func Up(ctx context.Context, pool *pgxpool.Pool, cfg *Config) ([]Migration, error) {
+	return up(ctx, pool, cfg, nil)
+}
+
+// up is Up; edit, when not nil, changes the migrations to apply (tests use it
+// to add one that fails).
+func up(ctx context.Context, pool *pgxpool.Pool, cfg *Config, edit func([]Migration) []Migration) ([]Migration, error) {
 	c, ms, q, conn, err := open(ctx, pool, cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Release()
+	if edit != nil {
+		ms = edit(ms)
+	}
 
 	k1, k2 := schemaname.MigrateLockKey(c.Schema)
 	if _, err := conn.Exec(ctx, q["Lock"], k1, k2); err != nil {
@@ -162,33 +177,40 @@ func Up(ctx context.Context, pool *pgxpool.Pool, cfg *Config) ([]Migration, erro
 		}
 	}()
 
-	if _, err := conn.Exec(ctx, q["Bootstrap"]); err != nil {
-		return nil, errors.Wrapf(err, "migrations: create schema %s", schemaname.Ident(c.Schema))
-	}
-	applied, err := appliedVersions(ctx, conn.Conn(), q["Applied"])
+	// READ COMMITTED whatever the connection's default: under the lock, each
+	// statement must see what an Up that held it before has committed.
+	var done []Migration
+	var took []time.Duration
+	err = pgx.BeginTxFunc(ctx, conn.Conn(), pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, q["Bootstrap"]); err != nil {
+			return errors.Wrapf(err, "migrations: create schema %s", schemaname.Ident(c.Schema))
+		}
+		applied, err := appliedVersions(ctx, tx, q["Applied"])
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			if _, ok := applied[m.Version]; ok {
+				continue
+			}
+			start := time.Now()
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return errors.Wrapf(err, "migrations: apply %04d_%s (nothing was applied)", m.Version, m.Name)
+			}
+			if _, err := tx.Exec(ctx, q["Record"], m.Version, m.Name); err != nil {
+				return errors.Wrapf(err, "migrations: record %04d_%s (nothing was applied)", m.Version, m.Name)
+			}
+			done, took = append(done, m), append(took, time.Since(start))
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	var done []Migration
-	for _, m := range ms {
-		if _, ok := applied[m.Version]; ok {
-			continue
-		}
-		start := time.Now()
-		err := pgx.BeginFunc(ctx, conn.Conn(), func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, m.SQL); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, q["Record"], m.Version, m.Name)
-			return err
-		})
-		if err != nil {
-			return done, errors.Wrapf(err, "migrations: apply %04d_%s", m.Version, m.Name)
-		}
+	for i, m := range done {
 		c.Logger.InfoContext(ctx, "annals: applied migration",
 			slog.Int("version", m.Version), slog.String("name", m.Name),
-			slog.String("schema", c.Schema), slog.Duration("took", time.Since(start)))
-		done = append(done, m)
+			slog.String("schema", c.Schema), slog.Duration("took", took[i]))
 	}
 	return done, nil
 }
@@ -252,7 +274,12 @@ type appliedRow struct {
 	at   time.Time
 }
 
-func appliedVersions(ctx context.Context, conn *pgx.Conn, query string) (map[int]appliedRow, error) {
+// querier is what appliedVersions reads with: a connection or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func appliedVersions(ctx context.Context, conn querier, query string) (map[int]appliedRow, error) {
 	rows, err := conn.Query(ctx, query)
 	if err != nil {
 		return nil, errors.Wrap(err, "migrations: read schema_migrations")

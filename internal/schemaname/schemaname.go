@@ -34,9 +34,14 @@ func Resolve(name string) (string, error) {
 	return name, Validate(name)
 }
 
-// Validate checks that name can be used as the annals schema. Any character
-// that PostgreSQL accepts in a quoted identifier is allowed except NUL and '$'
-// (function bodies are dollar-quoted).
+// Validate checks that name can be used as the annals schema. It runs before
+// any SQL is sent, so a refused name leaves nothing behind. Any character that
+// PostgreSQL accepts in a quoted identifier is allowed (quotes, backslashes,
+// semicolons, "--", unicode: every use of the name in SQL is a quoted
+// identifier or a quoted literal) except NUL, which PostgreSQL cannot store,
+// and '$': the migrations' function bodies are dollar-quoted ($fn$ ... $fn$),
+// and a name holding a dollar-quote tag would end a body early. Refusing '$'
+// is simpler and safer than choosing a tag per name.
 func Validate(name string) error {
 	switch {
 	case name == "":
@@ -56,8 +61,21 @@ func Validate(name string) error {
 // Ident returns name quoted as a SQL identifier, e.g. "annals" or "My ""Schema""".
 func Ident(name string) string { return pgx.Identifier{name}.Sanitize() }
 
-// Literal returns s quoted as a SQL string literal.
-func Literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+// Literal returns s quoted as a SQL string literal that means s whatever the
+// session's standard_conforming_strings: an escape string in which
+// backslashes and apostrophes are doubled:
+//
+//	Literal(`it's a\b`) == `E'it''s a\\b'`
+func Literal(s string) string { return "E'" + literalReplacer.Replace(s) + "'" }
+
+var literalReplacer = strings.NewReplacer(`\`, `\\`, "'", "''")
+
+// QualifiedLiteral returns the quoted literal of the quoted, schema-qualified
+// name of object, e.g. E'"annals"."events_global_sequence"', for functions
+// that take a name as text or regclass (nextval, setval, to_regclass).
+func QualifiedLiteral(schema, object string) string {
+	return Literal(pgx.Identifier{schema, object}.Sanitize())
+}
 
 // Channel returns the NOTIFY channel on which appends to the schema announce
 // the new head position: the schema name followed by "_events".

@@ -26,8 +26,11 @@ func TestIdentAndLiteral(t *testing.T) {
 	if got := Ident(`a"b`); got != `"a""b"` {
 		t.Errorf("Ident = %s", got)
 	}
-	if got := Literal(`it's`); got != `'it''s'` {
+	if got := Literal(`it's a\b`); got != `E'it''s a\\b'` {
 		t.Errorf("Literal = %s", got)
+	}
+	if got := QualifiedLiteral(`we"ird's`, "seq"); got != `E'"we""ird''s"."seq"'` {
+		t.Errorf("QualifiedLiteral = %s", got)
 	}
 	if Channel("annals") != "annals_events" {
 		t.Errorf("Channel = %s", Channel("annals"))

@@ -8,5 +8,8 @@
 //
 // Placeholders use text/template syntax; the data always has the fields
 // Schema (quoted identifier), SchemaLiteral (quoted string literal),
-// Channel (quoted string literal), AppendLockK1 and AppendLockK2.
+// Channel (quoted string literal), EventsSequence (regclass constant),
+// AppendLockK1 and AppendLockK2. Every one is complete SQL syntax: a
+// placeholder never goes inside quotes written in the template, where a name
+// holding a quote would end the string (TestNoPlaceholderInsideQuotes).
 package sqltmpl

@@ -11,28 +11,34 @@ import (
 	"github.com/annals-dev/annals/internal/schemaname"
 )
 
-// Data is what a template sees.
+// Data is what a template sees. Every string field is already quoted: a
+// template must never put a placeholder inside quotes of its own (a test
+// checks every .sql file of the module for that).
 type Data struct {
-	Schema        string
+	// Schema is the schema as a quoted identifier: "annals".
+	Schema string
+	// SchemaLiteral is the schema name as a quoted literal: E'annals'.
 	SchemaLiteral string
-	Channel       string
-	AppendLockK1  int32
-	AppendLockK2  int32
-	// SequenceName is the events sequence's qualified, quoted name as a
-	// string literal, for a ::regclass cast.
-	SequenceName string
+	// Channel is the NOTIFY channel of appends as a quoted literal: E'annals_events'.
+	Channel string
+	// EventsSequence is the events' position sequence as a regclass
+	// constant: E'"annals"."events_global_sequence"'::regclass.
+	EventsSequence string
+	// AppendLockK1 and AppendLockK2 are the key of the append lock.
+	AppendLockK1 int32
+	AppendLockK2 int32
 }
 
 // NewData returns the template data for a (validated) schema name.
 func NewData(schema string) Data {
 	k1, k2 := schemaname.AppendLockKey(schema)
 	return Data{
-		Schema:        schemaname.Ident(schema),
-		SchemaLiteral: schemaname.Literal(schema),
-		Channel:       schemaname.Literal(schemaname.Channel(schema)),
-		AppendLockK1:  k1,
-		AppendLockK2:  k2,
-		SequenceName:  schemaname.Literal(schemaname.Ident(schema) + ".events_global_sequence"),
+		Schema:         schemaname.Ident(schema),
+		SchemaLiteral:  schemaname.Literal(schema),
+		Channel:        schemaname.Literal(schemaname.Channel(schema)),
+		EventsSequence: schemaname.QualifiedLiteral(schema, "events_global_sequence") + "::regclass",
+		AppendLockK1:   k1,
+		AppendLockK2:   k2,
 	}
 }
 

@@ -12,7 +12,7 @@ func TestNamedSplitsAndRenders(t *testing.T) {
 	if got, want := q["A"], `SELECT 1 FROM "we""ird".t;`; got != want {
 		t.Errorf("A = %q, want %q", got, want)
 	}
-	if got, want := q["B"], `SELECT 'we"ird';`; got != want {
+	if got, want := q["B"], `SELECT E'we"ird';`; got != want {
 		t.Errorf("B = %q, want %q", got, want)
 	}
 }

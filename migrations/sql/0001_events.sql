@@ -182,9 +182,9 @@ BEGIN
 
     -- Under the lock nobody else draws from the sequence, so the block
     -- [v_first, v_first + v_count) is ours and in stream-version order.
-    v_first := nextval('{{.Schema}}.events_global_sequence');
+    v_first := nextval({{.EventsSequence}});
     IF v_count > 1 THEN
-        PERFORM setval('{{.Schema}}.events_global_sequence', v_first + v_count - 1);
+        PERFORM setval({{.EventsSequence}}, v_first + v_count - 1);
     END IF;
 
     RETURN QUERY

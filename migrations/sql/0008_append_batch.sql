@@ -34,6 +34,25 @@
 -- per failed append (status 1 wrong expected version, with actual_version;
 -- status 2 some of its event IDs are stored with other content, or only some
 -- are stored). stream_id says which append a row belongs to.
+-- metadata_ok reports whether an event's metadata object keeps the rules of
+-- check_event_input: keys of at most 256 bytes; correlation_id,
+-- causation_id, traceparent and tracestate strings; schema_version a
+-- positive int4.
+CREATE FUNCTION {{.Schema}}.metadata_ok(p_md jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN jsonb_typeof(p_md) = 'object'
+   AND coalesce(jsonb_typeof(p_md->'correlation_id'), 'string') = 'string'
+   AND coalesce(jsonb_typeof(p_md->'causation_id'), 'string') = 'string'
+   AND coalesce(jsonb_typeof(p_md->'traceparent'), 'string') = 'string'
+   AND coalesce(jsonb_typeof(p_md->'tracestate'), 'string') = 'string'
+   AND CASE WHEN p_md->'schema_version' IS NULL THEN true
+            WHEN jsonb_typeof(p_md->'schema_version') = 'number'
+            THEN (p_md->>'schema_version')::numeric BETWEEN 1 AND 2147483647
+                 AND (p_md->>'schema_version')::numeric = trunc((p_md->>'schema_version')::numeric)
+            ELSE false END
+   AND (pg_column_size(p_md) <= 256
+        OR NOT EXISTS (SELECT 1 FROM jsonb_object_keys(p_md) k WHERE octet_length(k) > 256));
+
 CREATE FUNCTION {{.Schema}}.append_batch(
     p_streams text[], p_expected bigint[], p_append int[], p_index int[], p_ids uuid[],
     p_types text[], p_data text[], p_metadata text[], p_check_ids boolean)
@@ -69,8 +88,12 @@ BEGIN
         RAISE EXCEPTION 'annals: append_batch needs at least one append, one event, and arrays of matching lengths'
             USING ERRCODE = 'AN002';
     END IF;
-    -- Everything the arguments must satisfy, in one statement: streams
-    -- non-empty and distinct, expected versions valid; events listed append
+    -- Everything the arguments must satisfy, in one statement: the input
+    -- limits of check_event_input (stream IDs of 1..512 and types of 1..256
+    -- bytes with no control character and not only white space, metadata
+    -- keys of at most 256 bytes and reserved keys of the right type, at most
+    -- 64 MiB of data and metadata per event); streams distinct, expected
+    -- versions valid; events listed append
     -- by append (1, 2, ... n) and numbered 1, 2, ... within each; types
     -- non-empty; data a JSON object or array and metadata a JSON object by
     -- their first character (the json casts of the INSERT check the rest of
@@ -81,9 +104,15 @@ BEGIN
                            WHEN e.a = p_append[e.ord - 1] THEN e.i <> p_index[e.ord - 1] + 1
                            ELSE e.a <> p_append[e.ord - 1] + 1 OR e.i <> 1 END
                    OR left(ltrim(e.d, E' \t\r\n'), 1) NOT IN ('{', '[')
-                   OR (e.m IS NOT NULL AND e.m <> '' AND left(ltrim(e.m, E' \t\r\n'), 1) <> '{'))
+                   OR NOT (octet_length(e.t) <= 256 AND e.t ~ E'^[^\\x01-\\x1f\\x7f-\\x9f]*[^\\x01-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\x01-\\x1f\\x7f-\\x9f]*$')
+                   OR octet_length(e.d) + coalesce(octet_length(e.m), 0) > 67108864
+                   OR (e.m IS NOT NULL AND e.m <> ''
+                       AND (left(ltrim(e.m, E' \t\r\n'), 1) <> '{'
+                            OR NOT {{.Schema}}.metadata_ok(e.m::jsonb))))
            OR max(e.a) <> v_appends
-           OR EXISTS (SELECT 1 FROM unnest(p_streams, p_expected) AS a(s, x) WHERE a.s IS NULL OR a.s = '' OR a.x < -1)
+           OR EXISTS (SELECT 1 FROM unnest(p_streams, p_expected) AS a(s, x)
+                       WHERE a.s IS NULL OR a.x < -1 OR a.x > 9223372036854775807 - v_events
+                          OR NOT (octet_length(a.s) <= 512 AND a.s ~ E'^[^\\x01-\\x1f\\x7f-\\x9f]*[^\\x01-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\x01-\\x1f\\x7f-\\x9f]*$'))
            OR (SELECT count(DISTINCT a.s) FROM unnest(p_streams) AS a(s)) <> v_appends,
            array_agg(e.i ORDER BY e.ord) FILTER (WHERE e.ord = v_events OR p_append[e.ord + 1] <> e.a)
       INTO v_bad, v_count
@@ -159,9 +188,9 @@ BEGIN
     -- Under the lock nobody else draws from the sequence, so the block
     -- [v_first, v_first + v_events) is ours: positions follow the order of the
     -- events in the arguments.
-    v_first := nextval({{.SequenceName}}::regclass);
+    v_first := nextval({{.EventsSequence}});
     IF v_events > 1 THEN
-        PERFORM setval({{.SequenceName}}::regclass, v_first + v_events - 1);
+        PERFORM setval({{.EventsSequence}}, v_first + v_events - 1);
     END IF;
 
     RETURN QUERY
