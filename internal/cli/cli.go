@@ -94,7 +94,7 @@ Exit codes: 0 success, 1 failure, 2 bad flags or arguments.`,
 	root.PersistentFlags().StringVar(&e.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL)")
 	root.PersistentFlags().StringVar(&e.schema, "schema", schemaname.Default, "schema holding the annals tables")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(e.migrateCommand(), e.appendCommand(), e.readCommand(), e.statusCommand(), e.checkpointCommand(), e.dlqCommand(), e.tailCommand(), e.devCommand(), e.benchCommand(), e.scheduleCommand())
+	root.AddCommand(e.migrateCommand(), e.appendCommand(), e.readCommand(), e.statusCommand(), e.checkpointCommand(), e.dlqCommand(), e.tailCommand(), e.devCommand(), e.benchCommand(), e.scheduleCommand(), e.grantCommand(), e.verifyCommand())
 	for _, c := range root.Commands() {
 		wrapArgs(c)
 	}
