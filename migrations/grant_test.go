@@ -510,3 +510,60 @@ func TestPrivilegesMigrationTakesDirectWrites(t *testing.T) {
 		fmt.Sprintf(`CREATE TRIGGER sneaky BEFORE INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s()`, events, rel(legacy, "events_append_only")),
 	)
 }
+
+// TestSearchPathIsPinned: append_events runs with its owner's rights, so
+// an unqualified name in its body that a caller could resolve to a function
+// of its own would run that function as the owner. The writer gets a schema
+// of its own, puts a jsonb_typeof there that inserts a forged row, and puts
+// its schema first in search_path: with the migrated function nothing is
+// forged; with the SET clause removed (the control) the forgery succeeds,
+// which is what the pin prevents.
+func TestSearchPathIsPinned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	w := newRole(t, db, migrations.Writer)
+	evil := pgx.Identifier{w.Name + "_own"}.Sanitize()
+	if _, err := db.Pool.Exec(ctx, fmt.Sprintf("CREATE SCHEMA %s AUTHORIZATION %s", evil, pgx.Identifier{w.Name}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.Pool.Exec(ctx, "DROP SCHEMA "+evil+" CASCADE") })
+	conn, err := w.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, fmt.Sprintf(`CREATE FUNCTION %[1]s.jsonb_typeof(j jsonb) RETURNS text LANGUAGE plpgsql AS $f$
+		BEGIN
+		    INSERT INTO annals.events (global_sequence, event_id, stream_id, stream_version, event_type, data)
+		    VALUES (999999, gen_random_uuid(), 'forged', 1, 'Forged', '{}') ON CONFLICT DO NOTHING;
+		    RETURN pg_catalog.jsonb_typeof(j);
+		END $f$;
+		SET search_path = %[1]s, pg_catalog`, evil)); err != nil {
+		t.Fatal(err)
+	}
+	forged := func() bool {
+		var n int
+		if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM annals.events WHERE global_sequence = 999999").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
+	appendRaw := `SELECT * FROM annals.append_events('s', NULL, '[{"type": "T", "data": {}}]')`
+	if _, err := conn.Exec(ctx, appendRaw); err != nil {
+		t.Fatalf("append with the writer's search_path: %v", err)
+	}
+	if forged() {
+		t.Fatal("the writer's function ran as the owner: a row was forged at 999999")
+	}
+	// The control: without the pin the same call forges.
+	if _, err := db.Pool.Exec(ctx, "ALTER FUNCTION annals.append_events(text, bigint, jsonb) RESET search_path"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, appendRaw); err != nil {
+		t.Fatalf("append without the pin: %v", err)
+	}
+	if !forged() {
+		t.Error("control: without the pinned search_path the forgery did not happen either; the test proves nothing")
+	}
+}
