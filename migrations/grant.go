@@ -25,7 +25,8 @@ type RoleKind string
 // events or streams, so none can write the log but through the append
 // functions, which run as the schema's owner.
 const (
-	// Reader reads the log (events and streams) and nothing else.
+	// Reader reads the log (events and streams, and the checkpoints and dead
+	// letters the catch-up engine's read looks at) and writes nothing.
 	Reader RoleKind = "reader"
 	// Writer reads and appends (EXECUTE on the append functions), and loads
 	// and saves aggregate snapshots: an application service.

@@ -19,6 +19,9 @@ GRANT SELECT ON {{.Schema}}.schema_migrations TO {{.Role}};
 -- name: read
 -- Read the log (eventstore Read*, catch-up reads, aggregate loads).
 GRANT SELECT ON {{.Schema}}.events, {{.Schema}}.streams TO {{.Role}};
+-- The catch-up engine's read (catchup ReadBatch, also in annals tail) looks
+-- at the subscriber's checkpoint and dead letters in the same statement.
+GRANT SELECT ON {{.Schema}}.checkpoints, {{.Schema}}.dead_letters TO {{.Role}};
 
 -- name: append
 -- Every function that appends to the log, one line each.

@@ -232,7 +232,8 @@ func TestWriterRole(t *testing.T) {
 	denyAll(t, w,
 		fmt.Sprintf(`INSERT INTO %s (subscriber_id) VALUES ('x')`, rel(db, "checkpoints")),
 		fmt.Sprintf(`DELETE FROM %s`, rel(db, "snapshots")),
-		fmt.Sprintf(`SELECT * FROM %s`, rel(db, "dead_letters")),
+		fmt.Sprintf(`DELETE FROM %s`, rel(db, "dead_letters")),
+		fmt.Sprintf(`SELECT * FROM %s`, rel(db, "timers")),
 	)
 }
 
@@ -288,7 +289,7 @@ func TestReaderRole(t *testing.T) {
 	}
 	denyAll(t, r,
 		fmt.Sprintf(`INSERT INTO %s (subscriber_id) VALUES ('x')`, rel(db, "checkpoints")),
-		fmt.Sprintf(`SELECT * FROM %s`, rel(db, "checkpoints")),
+		fmt.Sprintf(`SELECT * FROM %s`, rel(db, "saga_states")),
 	)
 }
 

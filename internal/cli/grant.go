@@ -15,7 +15,7 @@ func (e *env) grantCommand() *cobra.Command {
 		Use:   "grant writer|reader|runner|operator ROLE",
 		Short: "Give an existing role what one job needs in the annals schema",
 		Long: `Grant an existing PostgreSQL role exactly the privileges of one job:
-  reader    reads the log (events, streams)
+  reader    reads the log (events, streams; checkpoints and dead letters for 'annals tail')
   writer    reads and appends (through the append functions only), saves aggregate snapshots
   runner    runs projections, sagas and the scheduler: checkpoints, instances, failures,
             dead letters, timers, cron tasks, saga states; appends through the functions

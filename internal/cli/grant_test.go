@@ -88,8 +88,10 @@ func TestGrantCommand(t *testing.T) {
 		if r := annals(t, readerURL, "append", "order-1", "order.placed", `{"total": 1}`); r.code != ExitFailure || !strings.Contains(r.stderr, "permission denied") {
 			t.Fatalf("append as the reader: %+v", r)
 		}
-		if r := annals(t, readerURL, "read"); r.code != 0 || !strings.Contains(r.stdout, "order-1") {
-			t.Fatalf("read as the reader: %+v", r)
+		for _, args := range [][]string{{"read"}, {"tail"}} {
+			if r := annals(t, readerURL, args...); r.code != 0 || !strings.Contains(r.stdout, "order-1") {
+				t.Errorf("%v as the reader: %+v", args, r)
+			}
 		}
 		if r := annals(t, operatorURL, "checkpoint", "set", "mailer", "1", "--create", "--yes"); r.code != 0 {
 			t.Fatalf("checkpoint set as the operator: %+v", r)
