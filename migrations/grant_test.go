@@ -18,6 +18,7 @@ import (
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/projection"
+	"github.com/annals-dev/annals/saga"
 	"github.com/annals-dev/annals/scheduler"
 )
 
@@ -293,6 +294,12 @@ func TestReaderRole(t *testing.T) {
 	)
 }
 
+// fine is the payload of the "Fine" events; sagaState the saga's state.
+type (
+	fine      struct{}
+	sagaState struct{ Seen int }
+)
+
 // failingObserver fails every event of type "Poison".
 type failingObserver struct{ name string }
 
@@ -323,7 +330,34 @@ func TestRunnerAndOperatorRoles(t *testing.T) {
 		}
 	}
 
-	// The runner: checkpoints, instances, failures and a dead letter.
+	// The runner: checkpoints, instances, failures and a dead letter; a
+	// saga that keeps state, schedules a timer, appends and completes
+	// (which cancels the timer).
+	rstore, err := eventstore.New(run.Pool, &eventstore.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched, err := scheduler.New(rstore, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := eventstore.NewRegistry()
+	if err := eventstore.Register[fine](reg, "Fine"); err != nil {
+		t.Fatal(err)
+	}
+	sg := saga.New[sagaState]("roles-saga", reg)
+	saga.On(sg, func(e eventstore.Envelope[fine]) string { return e.StreamID },
+		func(ctx context.Context, inst *saga.Instance[sagaState], e eventstore.Envelope[fine]) error {
+			inst.State.Seen++
+			if _, err := inst.ScheduleAfter(ctx, time.Hour, "later-"+inst.ID(), eventstore.EventData{Type: "Later", Data: map[string]int{}}); err != nil {
+				return err
+			}
+			if _, err := inst.Append(ctx, "saga-out-"+inst.ID(), eventstore.NoStream, eventstore.EventData{Type: "SagaDid", Data: map[string]int{}}); err != nil {
+				return err
+			}
+			inst.Complete()
+			return nil
+		})
 	const sub = "roles-observer"
 	runner, err := projection.NewRunner(run.Pool, &projection.Config{
 		Schema:            db.Schema,
@@ -337,6 +371,9 @@ func TestRunnerAndOperatorRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := runner.Register(failingObserver{sub}, &projection.Options{OnDeadLetter: projection.SkipEvent}); err != nil {
+		t.Fatal(err)
+	}
+	if err := saga.Register(runner, sg, &saga.Config{Store: rstore, Scheduler: sched}); err != nil {
 		t.Fatal(err)
 	}
 	rctx, cancel := context.WithCancel(ctx)
@@ -369,9 +406,16 @@ func TestRunnerAndOperatorRoles(t *testing.T) {
 	}
 	checkpoints, instances := rel(db, "checkpoints"), rel(db, "instances")
 	annalstest.WaitFor(t, 20*time.Second, func() bool {
-		return q(fmt.Sprintf("SELECT coalesce(max(position), 0) FROM %s WHERE subscriber_id = $1", checkpoints), sub) == 3 &&
+		return q(fmt.Sprintf("SELECT coalesce(max(position), 0) FROM %s WHERE subscriber_id = $1", checkpoints), sub) >= 3 &&
+			q(fmt.Sprintf("SELECT count(*) FROM %s WHERE completed", rel(db, "saga_states"))) == 2 &&
 			q(fmt.Sprintf("SELECT count(*) FROM %s", instances)) == 1
-	}) // the runner checkpoints the head and registers
+	}) // the runner checkpoints the head, the saga completes two instances, the runner registers
+	if n := q(fmt.Sprintf("SELECT count(*) FROM %s WHERE event_type = 'SagaDid'", rel(db, "events"))); n != 2 {
+		t.Errorf("the saga appended %d events, want 2", n)
+	}
+	if n := q(fmt.Sprintf("SELECT count(*) FROM %s", rel(db, "timers"))); n != 0 {
+		t.Errorf("%d timers left, want the completed instances' timers cancelled", n)
+	}
 	if n := q(fmt.Sprintf("SELECT count(*) FROM %s WHERE subscriber_id = $1", rel(db, "failures")), sub); n != 2 {
 		t.Errorf("%d failed attempts recorded, want 2", n)
 	}
@@ -382,14 +426,6 @@ func TestRunnerAndOperatorRoles(t *testing.T) {
 	}
 
 	// The scheduler as the runner: a timer that appends, a cron task.
-	rstore, err := eventstore.New(run.Pool, &eventstore.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sched, err := scheduler.New(rstore, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := sched.Schedule(ctx, nil, time.Now().Add(-time.Second), "timed", eventstore.EventData{Type: "Timed", Data: map[string]int{}}); err != nil {
 		t.Fatalf("runner schedules: %v", err)
 	}
