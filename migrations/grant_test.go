@@ -300,6 +300,23 @@ type (
 	sagaState struct{ Seen int }
 )
 
+// countingProjection counts the events it handles and whether it was reset.
+type countingProjection struct {
+	name  string
+	n     int
+	reset bool
+}
+
+func (p *countingProjection) Name() string { return p.name }
+func (p *countingProjection) Handle(context.Context, pgx.Tx, eventstore.Event) error {
+	p.n++
+	return nil
+}
+func (p *countingProjection) Reset(context.Context, pgx.Tx) error {
+	p.reset = true
+	return nil
+}
+
 // failingObserver fails every event of type "Poison".
 type failingObserver struct{ name string }
 
@@ -481,6 +498,22 @@ func TestRunnerAndOperatorRoles(t *testing.T) {
 	}
 	if tasks, err := osched.Tasks(ctx); err != nil || len(tasks) != 0 {
 		t.Fatalf("tasks after delete: %v, %v", tasks, err)
+	}
+	// A rebuild by the operator: resets the checkpoint, settles dead
+	// letters, forgets failures, replays.
+	orunner, err := projection.NewRunner(op.Pool, &projection.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted := &countingProjection{name: "roles-projection"}
+	if err := orunner.Register(counted, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := orunner.Rebuild(ctx, counted.name, nil); err != nil {
+		t.Fatalf("operator rebuild: %v", err)
+	}
+	if counted.n == 0 || !counted.reset {
+		t.Fatalf("rebuild handled %d events, reset %v", counted.n, counted.reset)
 	}
 }
 
