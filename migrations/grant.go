@@ -113,9 +113,13 @@ func Grant(ctx context.Context, pool *pgxpool.Pool, role string, kind RoleKind, 
 		return err
 	}
 	c, _ := cfg.withDefaults() // validated by GrantSQL
+	blocks, err := grantBlocks(c.Schema, role)
+	if err != nil {
+		return err
+	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var exists bool
-		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1)", role).Scan(&exists); err != nil {
+		if err := tx.QueryRow(ctx, blocks["role_exists"][0], role).Scan(&exists); err != nil {
 			return errors.Wrap(err, "migrations: look up the role")
 		}
 		if !exists {

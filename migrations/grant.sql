@@ -7,7 +7,8 @@
 --   operator: schema, read, append, run, operate
 --
 -- {{.Schema}} is the schema and {{.Role}} the role, both quoted identifiers.
--- One statement per line. Nothing here grants INSERT, UPDATE, DELETE or
+-- One statement per line. The group role_exists is Grant's own check, not
+-- a privilege. Nothing here grants INSERT, UPDATE, DELETE or
 -- TRUNCATE on events or streams: the log is written only through the
 -- functions of the append group, which run as the schema's owner.
 
@@ -59,3 +60,6 @@ GRANT DELETE ON {{.Schema}}.dead_letters, {{.Schema}}.cron_tasks TO {{.Role}};
 -- log's head with the position sequence (reading it draws no number).
 GRANT SELECT ON {{.Schema}}.snapshots TO {{.Role}};
 GRANT SELECT ON SEQUENCE {{.Schema}}.events_global_sequence TO {{.Role}};
+
+-- name: role_exists
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1);
