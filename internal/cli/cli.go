@@ -142,6 +142,8 @@ func (e *env) rootCommand() *cobra.Command {
 		e.devCommand(),
 		e.benchCommand(),
 		e.scheduleCommand(),
+		e.grantCommand(),
+		e.verifyCommand(),
 	)
 	for _, c := range root.Commands() {
 		wrapArgs(c)

@@ -59,6 +59,11 @@ CREATE FUNCTION {{.Schema}}.append_batch(
 RETURNS TABLE (stream_id text, status smallint, event_id uuid, global_sequence bigint,
                stream_version bigint, actual_version bigint)
 LANGUAGE plpgsql
+-- Like append_events, it runs with its owner's rights and a pinned
+-- search_path: it is the only way for other roles to write the log
+-- (migrations.Grant gives EXECUTE to writers, runners and operators).
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 -- The statements below are planned once per session: planning them anew for
 -- each call (a custom plan) would cost more than running them.
 SET plan_cache_mode = force_generic_plan
@@ -204,6 +209,29 @@ BEGIN
     PERFORM pg_notify({{.Channel}}, (v_first + v_events - 1)::text);
 END
 $fn$;
+
+REVOKE ALL ON FUNCTION {{.Schema}}.append_batch(text[], bigint[], int[], int[], uuid[], text[], text[], text[], boolean) FROM PUBLIC;
+
+-- Whoever may append through append_events may append through append_batch:
+-- an upgraded database keeps its roles able to append from the Go client
+-- (whose Store.Append calls append_batch) without running annals grant again.
+DO $grants$
+DECLARE
+    v_schema constant text := {{.SchemaLiteral}};
+    r record;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(a.grantee)) AS who
+          FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid = pg_catalog.format('%I.append_events(text, bigint, jsonb)', v_schema)::pg_catalog.regprocedure
+           AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
+    LOOP
+        EXECUTE pg_catalog.format(
+            'GRANT EXECUTE ON FUNCTION %I.append_batch(text[], bigint[], int[], int[], uuid[], text[], text[], text[], boolean) TO %s',
+            v_schema, r.who);
+    END LOOP;
+END
+$grants$;
 
 COMMENT ON FUNCTION {{.Schema}}.append_batch(text[], bigint[], int[], int[], uuid[], text[], text[], text[], boolean) IS
     'annals: several appends to distinct streams under one ordering lock, with an outcome per append (group commit). See docs/sql-api.md.';

@@ -1,0 +1,69 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/cockroachdb/errors"
+	"github.com/spf13/cobra"
+
+	"github.com/annals-dev/annals/migrations"
+)
+
+func (e *env) grantCommand() *cobra.Command {
+	var print bool
+	cmd := &cobra.Command{
+		Use:   "grant writer|reader|runner|operator ROLE",
+		Short: "Give an existing role what one job needs in the annals schema",
+		Long: `Grant an existing PostgreSQL role exactly the privileges of one job:
+  reader    reads the log (events, streams; checkpoints and dead letters for 'annals tail')
+  writer    reads and appends (through the append functions only), saves aggregate snapshots
+  runner    runs projections, sagas and the scheduler: checkpoints, instances, failures,
+            dead letters, timers, cron tasks, saga states; appends through the functions
+  operator  a runner that also purges dead letters and deletes cron tasks, and reads every
+            annals table: dlq, checkpoint set, schedule, status, verify, rebuilds
+No role gets INSERT, UPDATE, DELETE or TRUNCATE on events or streams. Run it as the
+schema's owner (the role that ran 'annals migrate'); the role must exist (CREATE ROLE).
+--print writes the SQL instead of running it.`,
+		Example: `  annals grant writer orders_app
+  annals grant runner orders_worker --schema orders
+  annals grant operator oncall --print`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			kind, err := migrations.ParseRoleKind(args[0])
+			if err != nil {
+				return usageError{err}
+			}
+			role := args[1]
+			cfg := &migrations.Config{Schema: e.schema}
+			if err := e.validSchema(); err != nil {
+				return err
+			}
+			stmts, err := migrations.GrantSQL(role, kind, cfg)
+			if errors.Is(err, migrations.ErrInvalidRoleKind) {
+				return usageError{err}
+			} else if err != nil {
+				return err
+			}
+			if print {
+				for _, s := range stmts {
+					if _, err := fmt.Fprintln(e.stdout, s); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			pool, err := e.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			if err := migrations.Grant(cmd.Context(), pool, role, kind, cfg); err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(e.stdout, "granted %s to %s (%d statements)\n", kind, role, len(stmts))
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&print, "print", false, "print the SQL instead of running it")
+	return cmd
+}

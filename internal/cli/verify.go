@@ -1,0 +1,174 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/spf13/cobra"
+
+	"github.com/annals-dev/annals/verify"
+)
+
+func (e *env) verifyCommand() *cobra.Command {
+	var (
+		format, baseline, writeBaseline string
+		interval, pageSize, maxProblems int
+	)
+	cmd := &cobra.Command{
+		Use:   "verify",
+		Short: "Check the log for rows written, changed or removed outside annals",
+		Long: `Read the whole log from one snapshot and report what appends through annals never
+produce: a gap, duplicate or disorder in a stream's versions, a streams row that disagrees
+with its events, a position above the position sequence (a forged row).
+
+--baseline FILE also compares the log with an earlier run's digest (a running SHA-256 with
+a checkpoint every --interval events) and reports every range of positions whose rows
+changed. --write-baseline FILE writes this run's digest (it may be the same file), only
+when no problem was found. Keep baselines outside the database: whoever can rewrite both
+the log and its baseline can hide anything.
+
+Exit codes: 0 clean, 1 problems found (or a failure), 2 bad flags or arguments.
+Progress goes to stderr; --format json writes the report as one JSON object.`,
+		Example: `  annals verify --write-baseline /secure/annals.baseline
+  annals verify --baseline /secure/annals.baseline --write-baseline /secure/annals.baseline
+  annals verify --format json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if format != "text" && format != "json" {
+				return usagef("--format %q: want text or json", format)
+			}
+			if interval < 1 || pageSize < 1 || maxProblems < 1 {
+				return usagef("--interval, --page-size and --max-problems must be at least 1")
+			}
+			cfg := &verify.Config{Schema: e.schema, Interval: interval, PageSize: pageSize, MaxProblems: maxProblems}
+			if baseline != "" {
+				f, err := os.Open(baseline)
+				if err != nil {
+					return usagef("--baseline: %v", err)
+				}
+				cfg.Baseline, err = verify.ReadBaseline(f)
+				_ = f.Close()
+				if err != nil {
+					return usagef("--baseline %s: %v", baseline, err)
+				}
+			}
+			pool, err := e.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			start, last := time.Now(), time.Now()
+			cfg.Progress = func(p verify.Progress) {
+				if time.Since(last) < time.Second {
+					return
+				}
+				last = time.Now()
+				pct := 100.0
+				if p.Head > 0 {
+					pct = 100 * float64(p.Position) / float64(p.Head)
+				}
+				fmt.Fprintf(e.stderr, "verify: position %d of %d (%.0f%%), %d events, %s\n",
+					p.Position, p.Head, pct, p.Events, time.Since(start).Round(time.Second))
+			}
+			rep, err := verify.Log(cmd.Context(), pool, cfg)
+			if errors.Is(err, verify.ErrBadBaseline) {
+				return usageError{err}
+			} else if err != nil {
+				return err
+			}
+			wrote := ""
+			if writeBaseline != "" && rep.OK() {
+				if err := writeBaselineFile(writeBaseline, rep.Baseline); err != nil {
+					return err
+				}
+				wrote = writeBaseline
+			}
+			if format == "json" {
+				out := struct {
+					*verify.Report
+					OK            bool   `json:"ok"`
+					BaselineWrote string `json:"baseline_written,omitempty"`
+				}{rep, rep.OK(), wrote}
+				enc := json.NewEncoder(e.stdout)
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(out); err != nil {
+					return err
+				}
+			} else if err := writeVerifyText(e, rep, baseline, wrote); err != nil {
+				return err
+			}
+			if !rep.OK() {
+				if writeBaseline != "" {
+					fmt.Fprintf(e.stderr, "annals: baseline not written: the log has problems\n")
+				}
+				return exitError{ExitFailure}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&format, "format", "text", "text or json")
+	cmd.Flags().StringVar(&format, "output", "text", "same as --format")
+	_ = cmd.Flags().MarkHidden("output")
+	cmd.Flags().StringVar(&baseline, "baseline", "", "compare with the baseline in FILE")
+	cmd.Flags().StringVar(&writeBaseline, "write-baseline", "", "write this run's baseline to FILE (only when clean)")
+	cmd.Flags().IntVar(&interval, "interval", 10000, "events per checkpoint of a new baseline")
+	cmd.Flags().IntVar(&pageSize, "page-size", 5000, "rows per read")
+	cmd.Flags().IntVar(&maxProblems, "max-problems", 100, "how many problems to list (all are counted)")
+	return cmd
+}
+
+func writeVerifyText(e *env, rep *verify.Report, baseline, wrote string) error {
+	w := e.stdout
+	fmt.Fprintf(w, "schema %s: %d events in %d streams, head %d", rep.Schema, rep.Events, rep.Streams, rep.Head)
+	if rep.Sequence != nil {
+		fmt.Fprintf(w, ", sequence %d", *rep.Sequence)
+	}
+	fmt.Fprintf(w, "\ndigest %s\n", rep.Digest)
+	if baseline != "" {
+		fmt.Fprintf(w, "compared with baseline %s (head %d)\n", baseline, rep.BaselineHead)
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+	for _, p := range rep.Problems {
+		fmt.Fprintf(w, "PROBLEM %s: %s\n", p.Kind, p.Message)
+	}
+	if more := rep.ProblemCount - len(rep.Problems); more > 0 {
+		fmt.Fprintf(w, "... and %d more problems\n", more)
+	}
+	if rep.OK() {
+		fmt.Fprintln(w, "ok: no problems found")
+	} else {
+		fmt.Fprintf(w, "%d problems found\n", rep.ProblemCount)
+	}
+	if wrote != "" {
+		fmt.Fprintf(w, "baseline written to %s\n", wrote)
+	}
+	return nil
+}
+
+// writeBaselineFile writes b to path through a temporary file in the same
+// directory, so that a crash never leaves half a baseline.
+func writeBaselineFile(path string, b *verify.Baseline) error {
+	f, err := os.CreateTemp(filepath.Dir(path), ".annals-baseline-*")
+	if err != nil {
+		return errors.Wrap(err, "write the baseline")
+	}
+	defer func() { _ = os.Remove(f.Name()) }()
+	if err := b.Write(f); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return errors.Wrap(err, "write the baseline")
+	}
+	if err := f.Close(); err != nil {
+		return errors.Wrap(err, "write the baseline")
+	}
+	return errors.Wrap(os.Rename(f.Name(), path), "write the baseline")
+}

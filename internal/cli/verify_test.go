@@ -1,0 +1,85 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/annals-dev/annals/annalstest"
+)
+
+func TestVerifyCommand(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	dir := t.TempDir()
+	base := filepath.Join(dir, "log.baseline")
+	for _, s := range []string{"a", "b", "a"} {
+		if r := annals(t, db.URL, "append", s, "T", `{"x": 1}`); r.code != 0 {
+			t.Fatalf("append: %+v", r)
+		}
+	}
+	r := annals(t, db.URL, "verify", "--write-baseline", base, "--interval", "2")
+	if r.code != 0 || !strings.Contains(r.stdout, "ok: no problems found") || !strings.Contains(r.stdout, "baseline written") {
+		t.Fatalf("verify a clean log: %+v", r)
+	}
+	if _, err := os.Stat(base); err != nil {
+		t.Fatal(err)
+	}
+	if r := annals(t, db.URL, "verify", "--baseline", base, "--write-baseline", base); r.code != 0 {
+		t.Fatalf("verify against its own baseline: %+v", r)
+	}
+	before, err := os.ReadFile(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The owner rewrites an event.
+	if _, err := db.Pool.Exec(context.Background(), `ALTER TABLE annals.events DISABLE TRIGGER events_append_only;
+		UPDATE annals.events SET data = '{"x": 2}' WHERE global_sequence = 2;
+		ALTER TABLE annals.events ENABLE TRIGGER events_append_only`); err != nil {
+		t.Fatal(err)
+	}
+	r = annals(t, db.URL, "verify", "--baseline", base, "--write-baseline", base, "--output", "json")
+	if r.code != ExitFailure {
+		t.Fatalf("verify a changed log: %+v", r)
+	}
+	var rep struct {
+		OK       bool `json:"ok"`
+		Problems []struct {
+			Kind     string `json:"kind"`
+			After    int64  `json:"after"`
+			Position int64  `json:"position"`
+		} `json:"problems"`
+		ProblemCount int `json:"problem_count"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("%v: %s", err, r.stdout)
+	}
+	if rep.OK || rep.ProblemCount != 1 || rep.Problems[0].Kind != "changed" || rep.Problems[0].After != 0 || rep.Problems[0].Position != 2 {
+		t.Fatalf("report: %+v", rep)
+	}
+	if after, _ := os.ReadFile(base); string(after) != string(before) {
+		t.Error("the baseline was overwritten although the log has problems")
+	}
+
+	for _, args := range [][]string{
+		{"verify", "--format", "xml"},
+		{"verify", "--baseline", filepath.Join(dir, "missing")},
+		{"verify", "--interval", "0"},
+		{"verify", "extra"},
+	} {
+		if r := annals(t, db.URL, args...); r.code != ExitUsage {
+			t.Errorf("%v: exit %d, want 2: %+v", args, r.code, r)
+		}
+	}
+	garbage := filepath.Join(dir, "garbage")
+	if err := os.WriteFile(garbage, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if r := annals(t, db.URL, "verify", "--baseline", garbage); r.code != ExitUsage {
+		t.Errorf("a file that is not a baseline: %+v", r)
+	}
+}

@@ -1,0 +1,172 @@
+package migrations
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"strings"
+	"text/template"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/internal/schemaname"
+)
+
+//go:embed grant.sql
+var grantSQL string
+
+// RoleKind is the job of a database role, for [Grant].
+type RoleKind string
+
+// The kinds of role [Grant] knows. Each gets USAGE on the schema and SELECT
+// on events and streams; none gets INSERT, UPDATE, DELETE or TRUNCATE on
+// events or streams, so none can write the log but through the append
+// functions, which run as the schema's owner.
+const (
+	// Reader reads the log (events and streams, and the checkpoints and dead
+	// letters the catch-up engine's read looks at) and writes nothing.
+	Reader RoleKind = "reader"
+	// Writer reads and appends (EXECUTE on the append functions), and loads
+	// and saves aggregate snapshots: an application service.
+	Writer RoleKind = "writer"
+	// Runner runs projections, observers, sagas and the scheduler: it appends
+	// through the functions and writes checkpoints, instances, failures, dead
+	// letters, timers, cron tasks and ticks, and saga states. A projection's
+	// own read-model tables are the application's to grant.
+	Runner RoleKind = "runner"
+	// Operator is a runner that also purges dead letters, deletes cron tasks
+	// and reads every annals table: `annals dlq`, `annals checkpoint set`,
+	// `annals schedule`, `annals status`, `annals verify` and rebuilds.
+	Operator RoleKind = "operator"
+)
+
+// RoleKinds lists the kinds in order of increasing rights.
+var RoleKinds = []RoleKind{Reader, Writer, Runner, Operator}
+
+// grantGroups maps each kind to the groups of grant.sql it gets.
+var grantGroups = map[RoleKind][]string{
+	Reader:   {"schema", "read"},
+	Writer:   {"schema", "read", "append", "snapshots"},
+	Runner:   {"schema", "read", "append", "run"},
+	Operator: {"schema", "read", "append", "run", "operate"},
+}
+
+// ParseRoleKind returns the kind named s ("reader", "writer", "runner" or
+// "operator"), or an error matching [ErrInvalidRoleKind].
+func ParseRoleKind(s string) (RoleKind, error) {
+	k := RoleKind(strings.ToLower(strings.TrimSpace(s)))
+	if _, ok := grantGroups[k]; !ok {
+		return "", errors.Wrapf(ErrInvalidRoleKind, "%q: want reader, writer, runner or operator", s)
+	}
+	return k, nil
+}
+
+var (
+	// ErrInvalidRoleKind is returned for a [RoleKind] that is not one of
+	// [RoleKinds], and for an empty role name.
+	ErrInvalidRoleKind = errors.New("migrations: invalid role kind")
+	// ErrRoleNotFound is returned by [Grant] when the role does not exist:
+	// Grant never creates roles (create it with CREATE ROLE first).
+	ErrRoleNotFound = errors.New("migrations: role does not exist")
+)
+
+// GrantSQL returns the statements that give role what a role of kind needs in
+// the configured schema, one statement per string, in the order [Grant] runs
+// them. The role name appears only as a quoted identifier.
+func GrantSQL(role string, kind RoleKind, cfg *Config) ([]string, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	groups, ok := grantGroups[kind]
+	if !ok {
+		return nil, errors.Wrapf(ErrInvalidRoleKind, "%q: want reader, writer, runner or operator", string(kind))
+	}
+	if role == "" || strings.ContainsRune(role, 0) {
+		return nil, errors.Wrap(ErrInvalidRoleKind, "the role name must be non-empty and contain no NUL byte")
+	}
+	blocks, err := grantBlocks(c.Schema, role)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, g := range groups {
+		b, ok := blocks[g]
+		if !ok {
+			return nil, errors.AssertionFailedf("grant.sql has no group %q", g)
+		}
+		out = append(out, b...)
+	}
+	return out, nil
+}
+
+// Grant gives the existing role exactly what a role of kind needs in the
+// configured schema (see [RoleKind]), in one transaction. It must run as the
+// schema's owner (the role that ran [Up]) or a superuser. It only adds
+// privileges: to take a kind's rights away, REVOKE them. A role that does
+// not exist is an error matching [ErrRoleNotFound].
+func Grant(ctx context.Context, pool *pgxpool.Pool, role string, kind RoleKind, cfg *Config) error {
+	stmts, err := GrantSQL(role, kind, cfg)
+	if err != nil {
+		return err
+	}
+	c, _ := cfg.withDefaults() // validated by GrantSQL
+	blocks, err := grantBlocks(c.Schema, role)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var exists bool
+		if err := tx.QueryRow(ctx, blocks["role_exists"][0], role).Scan(&exists); err != nil {
+			return errors.Wrap(err, "migrations: look up the role")
+		}
+		if !exists {
+			return errors.Wrapf(ErrRoleNotFound, "role %s (create it first: CREATE ROLE %s LOGIN ...)",
+				pgx.Identifier{role}.Sanitize(), pgx.Identifier{role}.Sanitize())
+		}
+		for _, s := range stmts {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return errors.Wrapf(err, "migrations: grant %s to %s in schema %s (is the schema migrated, and are you its owner?)",
+					kind, pgx.Identifier{role}.Sanitize(), schemaname.Ident(c.Schema))
+			}
+		}
+		return nil
+	})
+}
+
+// grantBlocks returns the statements of grant.sql by group, rendered for
+// schema and role. The file is split into statements before rendering, so a
+// name with a line break in it cannot change where one ends.
+func grantBlocks(schema, role string) (map[string][]string, error) {
+	data := struct{ Schema, Role string }{schemaname.Ident(schema), pgx.Identifier{role}.Sanitize()}
+	out := map[string][]string{}
+	group := ""
+	for i, line := range strings.Split(grantSQL, "\n") {
+		line = strings.TrimSpace(line)
+		if name, ok := strings.CutPrefix(line, "-- name:"); ok {
+			group = strings.TrimSpace(name)
+			continue
+		}
+		if line == "" || strings.HasPrefix(line, "--") {
+			continue
+		}
+		if group == "" || !strings.HasSuffix(line, ";") {
+			return nil, errors.AssertionFailedf("grant.sql:%d: not one statement on one line in a group", i+1)
+		}
+		t, err := template.New("grant.sql").Option("missingkey=error").Parse(line)
+		if err != nil {
+			return nil, errors.Wrapf(err, "parse grant.sql:%d", i+1)
+		}
+		var buf bytes.Buffer
+		if err := t.Execute(&buf, data); err != nil {
+			return nil, errors.Wrapf(err, "render grant.sql:%d", i+1)
+		}
+		out[group] = append(out[group], buf.String())
+	}
+	return out, nil
+}
+
+// String returns the kind's name.
+func (k RoleKind) String() string { return string(k) }

@@ -1,0 +1,66 @@
+-- The privileges `annals grant` (migrations.Grant) gives a role, in groups.
+-- A kind of role is a list of groups (see grant.go):
+--
+--   reader:   schema, read
+--   writer:   schema, read, append, snapshots
+--   runner:   schema, read, append, run
+--   operator: schema, read, append, run, operate
+--
+-- {{.Schema}} is the schema and {{.Role}} the role, both quoted identifiers.
+-- One statement per line. The group role_exists is Grant's own check, not
+-- a privilege. Nothing here grants INSERT, UPDATE, DELETE or
+-- TRUNCATE on events or streams: the log is written only through the
+-- functions of the append group, which run as the schema's owner.
+
+-- name: schema
+GRANT USAGE ON SCHEMA {{.Schema}} TO {{.Role}};
+-- Which migrations are applied: lets any role check the schema's version.
+GRANT SELECT ON {{.Schema}}.schema_migrations TO {{.Role}};
+
+-- name: read
+-- Read the log (eventstore Read*, catch-up reads, aggregate loads).
+GRANT SELECT ON {{.Schema}}.events, {{.Schema}}.streams TO {{.Role}};
+-- The catch-up engine's read (catchup ReadBatch, also in annals tail) looks
+-- at the subscriber's checkpoint and dead letters in the same statement.
+GRANT SELECT ON {{.Schema}}.checkpoints, {{.Schema}}.dead_letters TO {{.Role}};
+
+-- name: append
+-- Every function that appends to the log, one line each.
+GRANT EXECUTE ON FUNCTION {{.Schema}}.append_events(text, bigint, jsonb) TO {{.Role}};
+GRANT EXECUTE ON FUNCTION {{.Schema}}.append_batch(text[], bigint[], int[], int[], uuid[], text[], text[], text[], boolean) TO {{.Role}};
+
+-- name: snapshots
+-- aggregate: LoadSnapshot, SaveSnapshot (an upsert).
+GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.snapshots TO {{.Role}};
+
+-- name: run
+-- checkpoint: Claim, Load, Commit; projection: Stop, FOR SHARE in RecordFailure.
+GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.checkpoints TO {{.Role}};
+-- projection: Register, Heartbeat, Deregister (and expiry of dead instances).
+GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.instances TO {{.Role}};
+-- projection: RecordFailure, ForgetFailures (also on rebuild).
+GRANT SELECT, INSERT, DELETE ON {{.Schema}}.failures TO {{.Role}};
+GRANT USAGE ON SEQUENCE {{.Schema}}.failures_id_seq TO {{.Role}};
+-- projection: DeadLetter (an upsert), ParkedStreams, Released, Resolve, Reopen,
+-- and SupersedeDeadLetters on rebuild.
+GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.dead_letters TO {{.Role}};
+GRANT USAGE ON SEQUENCE {{.Schema}}.dead_letters_id_seq TO {{.Role}};
+-- scheduler: InsertTimer, ClaimDue, ClaimTimer, FailTimer, Cancel*.
+GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.timers TO {{.Role}};
+-- scheduler: UpsertTask (AddTask), LockTask, RecordTick, SkipTick, Pause/ResumeTask.
+GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.cron_tasks TO {{.Role}};
+-- scheduler: RecordTick, PruneTicks.
+GRANT SELECT, INSERT, DELETE ON {{.Schema}}.cron_ticks TO {{.Role}};
+-- saga: Load, Insert, Update, Prune.
+GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.saga_states TO {{.Role}};
+
+-- name: operate
+-- annals dlq purge; annals schedule delete.
+GRANT DELETE ON {{.Schema}}.dead_letters, {{.Schema}}.cron_tasks TO {{.Role}};
+-- annals status and annals verify read everything; verify compares the
+-- log's head with the position sequence (reading it draws no number).
+GRANT SELECT ON {{.Schema}}.snapshots TO {{.Role}};
+GRANT SELECT ON SEQUENCE {{.Schema}}.events_global_sequence TO {{.Role}};
+
+-- name: role_exists
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1);

@@ -1,0 +1,26 @@
+// Package verify checks an annals log for what appends through annals'
+// functions can never produce, and for rows changed since an earlier run.
+//
+// Roles granted by migrations.Grant cannot write the log except through the
+// append functions. The schema's owner and superusers still can: they can
+// switch the append-only trigger off (ALTER TABLE ... DISABLE TRIGGER,
+// session_replication_role) and insert, update or delete rows, and they
+// could recompute any digest kept in the database. [Log] is how such a
+// change is found: it reads the whole log from one snapshot and reports
+//
+//   - a stream whose versions have a gap, a duplicate, or go down as the
+//     position goes up (a row deleted, or inserted out of order);
+//   - a streams row that disagrees with the stream's events;
+//   - a position above the last one the position sequence handed out (a row
+//     not appended through the function: subscribers would jump past every
+//     event below it);
+//   - with a [Baseline] from an earlier run, every range of positions whose
+//     rows differ from it (any column of any row changed, a row deleted or
+//     inserted).
+//
+// A baseline is a running SHA-256 over the rows in position order, with a
+// checkpoint (position, digest of the range, running digest) every
+// Config.Interval events; a later run hashes the same ranges and compares.
+// It costs nothing at write time and is only as trustworthy as the place it
+// is kept: store it outside the database, out of the owner's reach.
+package verify

@@ -1,0 +1,34 @@
+-- Statements of the verify package. All run in one REPEATABLE READ READ ONLY
+-- transaction, so they see one snapshot of the log.
+
+-- name: Head
+SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events;
+
+-- name: CanReadSequence
+SELECT coalesce((SELECT pg_catalog.has_sequence_privilege(c.oid, 'SELECT')
+                   FROM pg_catalog.pg_class c
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                  WHERE n.nspname = {{.SchemaLiteral}} AND c.relname = 'events_global_sequence'), false);
+
+-- name: Sequence
+-- The last position append_events drew (0 if none). Sequences are not
+-- transactional: this is the value now, never lower than at the snapshot.
+SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {{.Schema}}.events_global_sequence;
+
+-- name: Events
+-- $1 after (exclusive), $2 limit. data and metadata as stored (json keeps
+-- the bytes as written).
+SELECT global_sequence, event_id, stream_id, stream_version, event_type,
+       data::text, metadata::text, recorded_at
+  FROM {{.Schema}}.events
+ WHERE global_sequence > $1
+ ORDER BY global_sequence
+ LIMIT $2;
+
+-- name: Streams
+-- $1 after (exclusive; '' first), $2 limit.
+SELECT stream_id, version
+  FROM {{.Schema}}.streams
+ WHERE stream_id > $1
+ ORDER BY stream_id
+ LIMIT $2;

@@ -1,0 +1,451 @@
+package verify
+
+import (
+	"context"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"hash"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/sqltmpl"
+)
+
+//go:embed queries.sql
+var queriesSQL string
+
+// Config configures [Log]. A nil *Config means defaults.
+type Config struct {
+	// Schema is the annals schema to verify. Defaults to "annals".
+	Schema string
+	// PageSize is how many rows each read returns. Defaults to 5000.
+	PageSize int
+	// Interval is how many events a checkpoint of the new baseline covers.
+	// Defaults to 10000.
+	Interval int
+	// Baseline, when set, is an earlier run's digest of the log: every range
+	// of positions whose rows differ from it is reported as [Changed].
+	// Defaults to nil: no comparison.
+	Baseline *Baseline
+	// MaxProblems is how many problems the report lists; the rest are only
+	// counted. Defaults to 100.
+	MaxProblems int
+	// Progress, when set, is called after each page of events.
+	// Defaults to nil.
+	Progress func(Progress)
+}
+
+// Progress is how far a run has read.
+type Progress struct {
+	// Position is the last position read; Head the highest one to read.
+	Position, Head int64
+	// Events is how many events have been read.
+	Events int64
+}
+
+// Kind classifies a [Problem].
+type Kind string
+
+// The problems [Log] reports. None of them can arise from appends through
+// annals' functions: each means a row was written, changed or removed some
+// other way (by the table's owner or a superuser).
+const (
+	// VersionGap: a stream's versions skip one or more numbers (a row was
+	// deleted, or one inserted with a later version).
+	VersionGap Kind = "version_gap"
+	// DuplicateVersion: two events of a stream have the same version.
+	DuplicateVersion Kind = "duplicate_version"
+	// OutOfOrder: an event has a lower stream version than an event of the
+	// same stream at a lower position (a row inserted out of order).
+	OutOfOrder Kind = "out_of_order"
+	// StreamVersion: streams.version is not the stream's highest event
+	// version.
+	StreamVersion Kind = "stream_version"
+	// StreamRowMissing: a stream has events but no row in streams.
+	StreamRowMissing Kind = "stream_row_missing"
+	// StreamWithoutEvents: a row in streams has no events.
+	StreamWithoutEvents Kind = "stream_without_events"
+	// BeyondSequence: an event's position is above every position the
+	// append function ever drew: it was not appended through it (a forged
+	// position, which subscribers would jump to).
+	BeyondSequence Kind = "beyond_sequence"
+	// Changed: the rows in a range of positions differ from the baseline
+	// (a row's content changed, a row was deleted or inserted).
+	Changed Kind = "changed"
+)
+
+// Problem is one inconsistency in the log.
+type Problem struct {
+	Kind Kind `json:"kind"`
+	// Position is the event's position; for Changed, the range's last
+	// position (inclusive). Zero for problems of the streams table.
+	Position int64 `json:"position,omitempty"`
+	// After is, for Changed, the position the range starts after.
+	After int64 `json:"after,omitempty"`
+	// StreamID and Version name the stream and the version concerned.
+	StreamID string `json:"stream_id,omitempty"`
+	Version  int64  `json:"version,omitempty"`
+	// Message says what is wrong in one line.
+	Message string `json:"message"`
+}
+
+// Report is the outcome of [Log].
+type Report struct {
+	// Schema is the schema verified.
+	Schema string `json:"schema"`
+	// Head is the highest position in the log (0 when it is empty).
+	Head int64 `json:"head"`
+	// Sequence is the last position the append function drew, or nil when
+	// the sequence could not be read (the role has no SELECT on it).
+	Sequence *int64 `json:"sequence"`
+	// Events and Streams count the events and the distinct streams in them.
+	Events  int64 `json:"events"`
+	Streams int64 `json:"streams"`
+	// Problems lists the first Config.MaxProblems problems in the order
+	// they were found; ProblemCount counts them all.
+	Problems     []Problem `json:"problems"`
+	ProblemCount int       `json:"problem_count"`
+	// BaselineHead is the head of the baseline compared against (0: none).
+	BaselineHead int64 `json:"baseline_head,omitempty"`
+	// Digest is the SHA-256 of the whole log as read, in position order
+	// (hex): equal digests mean equal logs.
+	Digest string `json:"digest"`
+	// Notes are what the run could not check.
+	Notes []string `json:"notes,omitempty"`
+	// Baseline is this run's digest of the log, to compare the next run
+	// with. Keep it outside the database, and only from a run without
+	// problems.
+	Baseline *Baseline `json:"-"`
+}
+
+// OK reports whether the run found no problem.
+func (r *Report) OK() bool { return r.ProblemCount == 0 }
+
+func (r *Report) add(max int, p Problem) {
+	r.ProblemCount++
+	if len(r.Problems) < max {
+		r.Problems = append(r.Problems, p)
+	}
+}
+
+// streamState is what the scan remembers of a stream.
+type streamState struct {
+	last    int64 // highest version seen so far
+	lastPos int64 // its position
+}
+
+// Log reads the whole log of the configured schema, in pages, from one
+// snapshot, and reports every inconsistency that appends through annals'
+// functions cannot produce: gaps, duplicates and disorder in a stream's
+// versions, streams rows that disagree with the events, positions above the
+// position sequence, and (with a baseline) every range of positions whose
+// rows changed since the baseline was taken. It needs SELECT on events and
+// streams (and on the sequence for the sequence check); it writes nothing.
+// It keeps one small entry per stream in memory.
+//
+// The run holds a REPEATABLE READ transaction open while it reads, which
+// keeps VACUUM from removing rows deleted meanwhile anywhere in the database.
+func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	q, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(c.Schema))
+	if err != nil {
+		return nil, err
+	}
+	if c.Baseline != nil {
+		if err := c.Baseline.valid(); err != nil {
+			return nil, err
+		}
+		if c.Baseline.Schema != c.Schema {
+			return nil, errors.Wrapf(ErrBadBaseline, "the baseline is of schema %q, not %q", c.Baseline.Schema, c.Schema)
+		}
+	}
+	rep := &Report{Schema: c.Schema, Problems: []Problem{}}
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, errors.Wrap(err, "verify: begin")
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	if err := tx.QueryRow(ctx, q["Head"]).Scan(&rep.Head); err != nil {
+		return nil, errors.Wrapf(err, "verify: read the head of %s", schemaname.Ident(c.Schema))
+	}
+	var canSeq bool
+	if err := tx.QueryRow(ctx, q["CanReadSequence"]).Scan(&canSeq); err != nil {
+		return nil, errors.Wrap(err, "verify: look up the position sequence")
+	}
+	if canSeq {
+		var seq int64
+		if err := tx.QueryRow(ctx, q["Sequence"]).Scan(&seq); err != nil {
+			return nil, errors.Wrap(err, "verify: read the position sequence")
+		}
+		rep.Sequence = &seq
+	} else {
+		rep.Notes = append(rep.Notes, "positions were not compared with the position sequence: no SELECT on it (annals grant operator gives it)")
+	}
+
+	seg := newSegmenter(c.Interval, c.Baseline)
+	streams := map[string]streamState{}
+	var (
+		after int64
+		row   eventRow
+		buf   []byte
+	)
+	for {
+		rows, err := tx.Query(ctx, q["Events"], after, c.PageSize)
+		if err != nil {
+			return nil, errors.Wrap(err, "verify: read events")
+		}
+		n := 0
+		_, err = pgx.ForEachRow(rows, row.targets(), func() error {
+			n++
+			rep.Events++
+			after = row.position
+			buf = row.encode(buf[:0])
+			seg.add(row.position, buf)
+			if rep.Sequence != nil && row.position > *rep.Sequence {
+				rep.add(c.MaxProblems, Problem{Kind: BeyondSequence, Position: row.position, StreamID: row.stream, Version: row.version,
+					Message: fmt.Sprintf("position %d is above the last position the append function drew (%d): the row was not appended through it", row.position, *rep.Sequence)})
+			}
+			st, seen := streams[row.stream]
+			switch {
+			case !seen && row.version != 1:
+				rep.add(c.MaxProblems, Problem{Kind: VersionGap, Position: row.position, StreamID: row.stream, Version: row.version,
+					Message: fmt.Sprintf("stream %q starts at version %d: versions 1 to %d are missing", row.stream, row.version, row.version-1)})
+			case seen && row.version == st.last+1:
+			case seen && row.version > st.last+1:
+				rep.add(c.MaxProblems, Problem{Kind: VersionGap, Position: row.position, StreamID: row.stream, Version: row.version,
+					Message: fmt.Sprintf("stream %q jumps from version %d (position %d) to %d (position %d): %s missing",
+						row.stream, st.last, st.lastPos, row.version, row.position, versionRange(st.last+1, row.version-1))})
+			case seen && row.version == st.last:
+				rep.add(c.MaxProblems, Problem{Kind: DuplicateVersion, Position: row.position, StreamID: row.stream, Version: row.version,
+					Message: fmt.Sprintf("stream %q has version %d twice: at positions %d and %d", row.stream, row.version, st.lastPos, row.position)})
+			case seen:
+				rep.add(c.MaxProblems, Problem{Kind: OutOfOrder, Position: row.position, StreamID: row.stream, Version: row.version,
+					Message: fmt.Sprintf("stream %q has version %d at position %d, after version %d at position %d", row.stream, row.version, row.position, st.last, st.lastPos)})
+			}
+			if !seen || row.version > st.last {
+				streams[row.stream] = streamState{last: row.version, lastPos: row.position}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, errors.Wrap(err, "verify: read events")
+		}
+		if c.Progress != nil {
+			c.Progress(Progress{Position: after, Head: rep.Head, Events: rep.Events})
+		}
+		if n < c.PageSize {
+			break
+		}
+	}
+	rep.Streams = int64(len(streams))
+
+	// The streams table against the events.
+	var from string
+	for {
+		rows, err := tx.Query(ctx, q["Streams"], from, c.PageSize)
+		if err != nil {
+			return nil, errors.Wrap(err, "verify: read streams")
+		}
+		var id string
+		var version int64
+		n := 0
+		_, err = pgx.ForEachRow(rows, []any{&id, &version}, func() error {
+			n++
+			from = id
+			st, ok := streams[id]
+			switch {
+			case !ok:
+				rep.add(c.MaxProblems, Problem{Kind: StreamWithoutEvents, StreamID: id, Version: version,
+					Message: fmt.Sprintf("stream %q is at version %d in streams but has no events", id, version)})
+			case st.last != version:
+				rep.add(c.MaxProblems, Problem{Kind: StreamVersion, StreamID: id, Version: version,
+					Message: fmt.Sprintf("stream %q is at version %d in streams, but its highest event is version %d", id, version, st.last)})
+			}
+			if ok {
+				st.lastPos = -1 // has its row
+				streams[id] = st
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, errors.Wrap(err, "verify: read streams")
+		}
+		if n < c.PageSize {
+			break
+		}
+	}
+	for id, st := range streams {
+		if st.lastPos != -1 {
+			rep.add(c.MaxProblems, Problem{Kind: StreamRowMissing, StreamID: id, Version: st.last,
+				Message: fmt.Sprintf("stream %q has events up to version %d but no row in streams", id, st.last)})
+		}
+	}
+
+	rep.Baseline, rep.Digest = seg.finish(rep.Head)
+	rep.Baseline.Schema = c.Schema
+	rep.Baseline.Events = rep.Events
+	if c.Baseline != nil {
+		rep.BaselineHead = c.Baseline.Head
+		for _, p := range seg.compare(c.Baseline) {
+			rep.add(c.MaxProblems, p)
+		}
+	}
+	return rep, nil
+}
+
+func versionRange(from, to int64) string {
+	if from == to {
+		return fmt.Sprintf("version %d is", from)
+	}
+	return fmt.Sprintf("versions %d to %d are", from, to)
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	var err error
+	if out.Schema, err = schemaname.Resolve(out.Schema); err != nil {
+		return out, err
+	}
+	if out.PageSize <= 0 {
+		out.PageSize = 5000
+	}
+	if out.Interval <= 0 {
+		out.Interval = 10000
+	}
+	if out.MaxProblems <= 0 {
+		out.MaxProblems = 100
+	}
+	return out, nil
+}
+
+// eventRow is one row of the log as read.
+type eventRow struct {
+	position, version int64
+	id                uuid.UUID
+	stream, typ, data string
+	metadata          *string
+	recordedAt        time.Time
+}
+
+func (r *eventRow) targets() []any {
+	return []any{&r.position, &r.id, &r.stream, &r.version, &r.typ, &r.data, &r.metadata, &r.recordedAt}
+}
+
+// encode appends the row's canonical form to b: every column, fixed-size
+// or length-prefixed, so that no two different rows encode the same.
+func (r *eventRow) encode(b []byte) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(r.position))
+	b = append(b, r.id[:]...)
+	b = appendString(b, r.stream)
+	b = binary.BigEndian.AppendUint64(b, uint64(r.version))
+	b = appendString(b, r.typ)
+	b = appendString(b, r.data)
+	if r.metadata == nil {
+		b = append(b, 0)
+	} else {
+		b = append(b, 1)
+		b = appendString(b, *r.metadata)
+	}
+	return binary.BigEndian.AppendUint64(b, uint64(r.recordedAt.UnixMicro()))
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// segmenter hashes the log in segments of positions: the boundaries of a
+// baseline where it has them, then one every interval events.
+type segmenter struct {
+	bounds    []int64 // baseline boundaries not yet reached
+	interval  int64
+	running   hash.Hash
+	seg       hash.Hash
+	segEvents int64
+	lastBound int64
+	out       []Checkpoint
+}
+
+func newSegmenter(interval int, base *Baseline) *segmenter {
+	s := &segmenter{interval: int64(interval), running: sha256.New(), seg: sha256.New()}
+	if base != nil {
+		for _, cp := range base.Checkpoints {
+			s.bounds = append(s.bounds, cp.Position)
+		}
+	}
+	return s
+}
+
+func (s *segmenter) add(pos int64, row []byte) {
+	for len(s.bounds) > 0 && s.bounds[0] < pos {
+		s.close(s.bounds[0])
+		s.bounds = s.bounds[1:]
+	}
+	_, _ = s.running.Write(row)
+	_, _ = s.seg.Write(row)
+	s.segEvents++
+	if len(s.bounds) == 0 && s.segEvents >= s.interval {
+		s.close(pos)
+	}
+}
+
+func (s *segmenter) close(pos int64) {
+	s.out = append(s.out, Checkpoint{
+		Position: pos,
+		Events:   s.segEvents,
+		Segment:  hex.EncodeToString(s.seg.Sum(nil)),
+		Running:  hex.EncodeToString(s.running.Sum(nil)),
+	})
+	s.seg.Reset()
+	s.segEvents = 0
+	s.lastBound = pos
+}
+
+// finish closes the last segments and returns the baseline and the digest
+// of the whole log.
+func (s *segmenter) finish(head int64) (*Baseline, string) {
+	for _, b := range s.bounds {
+		s.close(b)
+	}
+	s.bounds = nil
+	if s.segEvents > 0 {
+		s.close(head)
+	}
+	return &Baseline{Format: BaselineFormat, CreatedAt: time.Now().UTC(), Head: head,
+		Digest: hex.EncodeToString(s.running.Sum(nil)), Checkpoints: s.out}, hex.EncodeToString(s.running.Sum(nil))
+}
+
+// compare returns a Changed problem for every segment of base whose rows
+// differ now. The segmenter's first segments have base's boundaries.
+func (s *segmenter) compare(base *Baseline) []Problem {
+	var out []Problem
+	var after int64
+	for i, want := range base.Checkpoints {
+		got := s.out[i]
+		if got.Position != want.Position {
+			panic(fmt.Sprintf("verify: segment %d ends at %d, baseline at %d", i, got.Position, want.Position))
+		}
+		if got.Segment != want.Segment {
+			out = append(out, Problem{Kind: Changed, After: after, Position: want.Position,
+				Message: fmt.Sprintf("the events at positions %d to %d differ from the baseline (%d events now, %d then): rows were changed, deleted or inserted",
+					after+1, want.Position, got.Events, want.Events)})
+		}
+		after = want.Position
+	}
+	return out
+}
