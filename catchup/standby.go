@@ -106,7 +106,7 @@ func (s *standbys) wait(ctx context.Context, key string) (*advisorylock.Lock, er
 		}
 		select {
 		case <-stopped:
-		case <-time.After(5 * time.Second):
+		case <-time.After(time.Second): // a dial in progress, or a new waiter keeps it
 		}
 	}
 	return nil, errors.Wrapf(ctx.Err(), "catchup: standing by for %q", key)
