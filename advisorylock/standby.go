@@ -2,11 +2,14 @@ package advisorylock
 
 import (
 	"context"
+	"net"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Standby is one session that stands by for many locks at once: TryLock
@@ -15,9 +18,10 @@ import (
 // that stands by for many keys (every partition it does not lead) needs one
 // Standby, not a connection per key. See the package documentation.
 //
-// A Standby is not safe for concurrent use.
+// A Standby is not safe for concurrent use, except for Interrupt.
 type Standby struct {
 	conn    *pgx.Conn
+	sock    net.Conn
 	ctxh    *ctxHandler
 	cfg     Config
 	pid     uint32
@@ -25,6 +29,10 @@ type Standby struct {
 	keys    []string
 	k1, k2  []int32
 	claimed []int64 // TryLock's result rows, reused
+
+	mu          sync.Mutex
+	waiting     bool // a Wait reads the socket (under a read deadline)
+	interrupted bool // Interrupt came while no Wait read: the next Wait returns at once
 }
 
 // NewStandby opens a connection for a Standby with connConfig (as
@@ -45,7 +53,7 @@ func NewStandby(ctx context.Context, connConfig *pgx.ConnConfig, cfg *Config) (*
 			return nil, errors.CombineErrors(errors.Wrap(err, "advisorylock: standby: listen"), closeConn(ctx, conn))
 		}
 	}
-	return &Standby{conn: conn, ctxh: handler(conn.PgConn()), cfg: c, pid: conn.PgConn().PID()}, nil
+	return &Standby{conn: conn, sock: conn.PgConn().Conn(), ctxh: handler(conn.PgConn()), cfg: c, pid: conn.PgConn().PID()}, nil
 }
 
 // PID returns the process ID of the standby's server backend.
@@ -124,12 +132,10 @@ func (s *Standby) TryLock(ctx context.Context, keys []string) (lock *Lock, won [
 
 // drainNotifications drops the notifications pgx has buffered.
 func (s *Standby) drainNotifications() {
-	done, cancel := context.WithCancel(context.Background())
-	cancel()
 	for {
 		// With a done context pgx returns a buffered notification or,
 		// without one, an error before it touches the connection.
-		if n, _ := s.conn.WaitForNotification(done); n == nil {
+		if n, _ := s.conn.WaitForNotification(doneContext); n == nil {
 			return
 		}
 	}
@@ -137,30 +143,78 @@ func (s *Standby) drainNotifications() {
 
 // Wait returns after d, when a lock is announced released on the
 // ReleaseChannel (announced is then true; a notification that arrived
-// during the last TryLock counts), or when ctx ends (nil: the Standby stays
-// usable). It returns an error if the session is gone (the server closed
-// it, or the socket died); Close the Standby then.
+// during the last TryLock counts), when Interrupt is called (also if it was
+// called since the last Wait), or when ctx ends; the Standby stays usable.
+// It returns an error if the session is gone (the server closed it, or the
+// socket died); Close the Standby then.
+//
+// It waits with a read deadline on the socket, which pgconn survives (a
+// timeout is not fatal to it), not with a context: a standby waits about
+// fifty times a second, and this costs a timer and no goroutine.
 func (s *Standby) Wait(ctx context.Context, d time.Duration) (announced bool, err error) {
 	if s.spent {
 		return false, errors.New("advisorylock: standby: Wait after the session went to a Lock or was closed")
 	}
-	// The watch key makes the context handler cut the wait with a socket
-	// deadline, which pgconn survives (see ctxHandler), rather than by
-	// whatever the connConfig asked for.
-	wctx, cancel := context.WithTimeout(context.WithValue(ctx, watchKey{}, true), d)
-	defer cancel()
-	n, err := s.conn.WaitForNotification(wctx)
+	if n, _ := s.conn.WaitForNotification(doneContext); n != nil {
+		return true, nil // buffered during TryLock
+	}
+	s.mu.Lock()
+	if s.interrupted || ctx.Err() != nil {
+		s.interrupted = false
+		s.mu.Unlock()
+		return false, nil
+	}
+	s.waiting = true
+	err = s.sock.SetReadDeadline(time.Now().Add(d))
+	s.mu.Unlock()
+	if err != nil {
+		s.endWait()
+		return false, errors.Wrap(err, "advisorylock: standby: set the read deadline")
+	}
+	stop := context.AfterFunc(ctx, s.Interrupt)
+	n, err := s.conn.WaitForNotification(context.Background())
+	stop()
+	s.endWait()
 	switch {
 	case n != nil:
 		return true, nil
 	case err == nil:
 		return false, nil
-	case wctx.Err() != nil && !s.conn.IsClosed():
+	case pgconn.Timeout(err) && !s.conn.IsClosed():
 		return false, nil
 	default:
 		return false, errors.Wrap(err, "advisorylock: standby: session lost")
 	}
 }
+
+// endWait ends a Wait's read: no deadline, no interrupt pending (the caller
+// is about to poll anyway).
+func (s *Standby) endWait() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waiting, s.interrupted = false, false
+	_ = s.sock.SetReadDeadline(time.Time{}) // fails only on a closed socket, which the next use reports
+}
+
+// Interrupt makes the Wait in progress return at once, or, if none is in
+// progress, the next one. Safe to call from any goroutine, at any time (it
+// does nothing to a spent Standby's connection).
+func (s *Standby) Interrupt() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.waiting {
+		_ = s.sock.SetReadDeadline(time.Now()) // as in endWait
+		return
+	}
+	s.interrupted = true
+}
+
+// doneContext is a context that is already done.
+var doneContext = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
 
 // Close closes the standby's connection (which frees nothing it holds: a
 // Standby holds no lock between calls). A no-op once its session went to a

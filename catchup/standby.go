@@ -42,8 +42,9 @@ type standbys struct {
 	mu      sync.Mutex
 	waiting map[*waiter]struct{}
 	running bool
-	stopped chan struct{} // closed when the running poller returns
-	wake    chan struct{} // capacity 1: a partition started waiting
+	stopped chan struct{}         // closed when the running poller returns
+	current *advisorylock.Standby // the poller's session, nil while it has none
+	wake    chan struct{}         // capacity 1: the waiters changed (cuts a backoff short)
 }
 
 // waiter is a subscriber partition standing by.
@@ -73,11 +74,8 @@ func (s *standbys) wait(ctx context.Context, key string) (*advisorylock.Lock, er
 		s.stopped = make(chan struct{})
 		go s.poll(s.stopped)
 	}
+	s.changed()
 	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
 	select {
 	case r := <-w.got:
 		return r.lock, r.err
@@ -87,6 +85,11 @@ func (s *standbys) wait(ctx context.Context, key string) (*advisorylock.Lock, er
 	delete(s.waiting, w)
 	last := len(s.waiting) == 0
 	stopped := s.stopped
+	if last {
+		// Let the poller see that nobody waits and close its session, so
+		// that a stopped engine leaves no connection behind.
+		s.changed()
+	}
 	s.mu.Unlock()
 	select {
 	case r := <-w.got: // delivered before we left
@@ -98,18 +101,31 @@ func (s *standbys) wait(ctx context.Context, key string) (*advisorylock.Lock, er
 	default:
 	}
 	if last {
-		// Let the poller see that nobody waits and close its session, so
-		// that a stopped engine leaves no connection behind.
-		select {
-		case s.wake <- struct{}{}:
-		default:
-		}
 		select {
 		case <-stopped:
 		case <-time.After(time.Second): // a dial in progress, or a new waiter keeps it
 		}
 	}
 	return nil, errors.Wrapf(ctx.Err(), "catchup: standing by for %q", key)
+}
+
+// changed makes the poller look at the waiters now: it cuts the poller's
+// wait for the next poll (or its backoff) short. The caller holds s.mu.
+func (s *standbys) changed() {
+	if s.current != nil {
+		s.current.Interrupt()
+	}
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// setCurrent records the poller's session.
+func (s *standbys) setCurrent(sb *advisorylock.Standby) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.current = sb
 }
 
 // deliver hands w its result if it still waits, and reports whether it did.
@@ -133,6 +149,7 @@ func (s *standbys) keys() (keys []string, byKey map[string][]*waiter, ok bool) {
 	defer s.mu.Unlock()
 	if len(s.waiting) == 0 {
 		s.running = false
+		s.current = nil
 		close(s.stopped)
 		return nil, nil, false
 	}
@@ -199,10 +216,12 @@ func (s *standbys) poll(stopped chan struct{}) {
 				s.failAll(errors.Wrap(err, "catchup: open the standby session"))
 				continue
 			}
+			s.setCurrent(sb)
 		}
 		lock, won, err := sb.TryLock(ctx, keys)
 		switch {
 		case err == nil:
+			s.setCurrent(nil)
 			sb = nil // the session is the lock's now
 			s.hand(lock, byKey[keys[won[0]]])
 			// The other keys it found free go to new connections, in
@@ -217,6 +236,7 @@ func (s *standbys) poll(stopped chan struct{}) {
 			backoff = s.e.cfg.RetryBackoff
 		default:
 			log.Warn("annals: standby session failed; reconnecting", slog.Any("error", err))
+			s.setCurrent(nil)
 			closeCtx, cancel := context.WithTimeout(ctx, closeTimeout)
 			_ = sb.Close(closeCtx)
 			cancel()
@@ -225,32 +245,15 @@ func (s *standbys) poll(stopped chan struct{}) {
 			backoff = min(backoff*2, 30*time.Second)
 			continue
 		}
-		if err := s.waitPoll(sb, pollJitter(s.e.cfg.LockRetryInterval)); err != nil {
+		if _, err := sb.Wait(ctx, pollJitter(s.e.cfg.LockRetryInterval)); err != nil {
 			log.Warn("annals: standby session lost; reconnecting", slog.Any("error", err))
+			s.setCurrent(nil)
 			closeCtx, cancel := context.WithTimeout(ctx, closeTimeout)
 			_ = sb.Close(closeCtx)
 			cancel()
 			sb = nil
 		}
 	}
-}
-
-// waitPoll waits on the standby session for d, for a release notice, or
-// until a partition starts waiting.
-func (s *standbys) waitPoll(sb *advisorylock.Standby, d time.Duration) error {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		select {
-		case <-s.wake:
-			cancel()
-		case <-stop:
-		}
-	}()
-	_, err := sb.Wait(ctx, d)
-	return err
 }
 
 // sleep waits for d or until a partition starts (or stops) waiting.
