@@ -178,6 +178,45 @@ func TestStandby(t *testing.T) {
 		_ = got.Release(t.Context())
 	})
 
+	// Interrupt ends the Wait in progress, or the next one; so does ctx;
+	// the session stays usable after each.
+	t.Run("Interrupt", func(t *testing.T) {
+		t.Parallel()
+		b := newBundle(t)
+		b.acquire(t, "held", nil)
+		s := b.newStandby(t, nil)
+		quick := func(what string, wait func() (bool, error)) {
+			t.Helper()
+			start := time.Now()
+			announced, err := wait()
+			if announced || err != nil {
+				t.Fatalf("%s: Wait = %v, %v", what, announced, err)
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Fatalf("%s: Wait returned after %v, not at once", what, d)
+			}
+			if _, _, err := s.TryLock(t.Context(), []string{"held"}); !errors.Is(err, advisorylock.ErrNotAcquired) {
+				t.Fatalf("%s: TryLock after the Wait = %v, want ErrNotAcquired (a usable session)", what, err)
+			}
+		}
+		s.Interrupt()
+		quick("interrupted before", func() (bool, error) { return s.Wait(t.Context(), time.Minute) })
+		quick("interrupted during", func() (bool, error) {
+			go func() { time.Sleep(50 * time.Millisecond); s.Interrupt() }()
+			return s.Wait(t.Context(), time.Minute)
+		})
+		quick("context ends", func() (bool, error) {
+			ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+			defer cancel()
+			return s.Wait(ctx, time.Minute)
+		})
+		// An Interrupt consumed by a Wait does not end the next one.
+		start := time.Now()
+		if _, err := s.Wait(t.Context(), 100*time.Millisecond); err != nil || time.Since(start) < 100*time.Millisecond {
+			t.Fatalf("Wait after the interrupts = %v after %v, want nil after 100ms", err, time.Since(start))
+		}
+	})
+
 	t.Run("SessionLost", func(t *testing.T) {
 		t.Parallel()
 		b := newBundle(t)
