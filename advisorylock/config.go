@@ -68,7 +68,18 @@ type Config struct {
 	// lock is acquired or released. Defaults to a logger that discards
 	// everything.
 	Logger *slog.Logger
+	// ReleaseChannel, if set, is a notification channel (at most 63 bytes)
+	// that connects leaders with standbys: Lock.Release announces the
+	// released key on it (pg_notify, in the unlock's round trip), and a
+	// Standby LISTENs on it, so that a graceful handover takes effect at once
+	// instead of at the standby's next poll. A lock whose holder dies
+	// announces nothing; the standbys' polls find it free. Defaults to none.
+	ReleaseChannel string
 }
+
+// maxChannelLen is the longest notification channel name PostgreSQL takes
+// (NAMEDATALEN - 1).
+const maxChannelLen = 63
 
 func (c *Config) withDefaults() (Config, error) {
 	var out Config
@@ -102,6 +113,8 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, errors.Newf("advisorylock: KeepAliveIdle %s is not a whole number of seconds", out.KeepAliveIdle)
 	case out.KeepAliveInterval > 0 && out.KeepAliveInterval%time.Second != 0:
 		return out, errors.Newf("advisorylock: KeepAliveInterval %s is not a whole number of seconds", out.KeepAliveInterval)
+	case len(out.ReleaseChannel) > maxChannelLen:
+		return out, errors.Newf("advisorylock: ReleaseChannel %q is longer than %d bytes", out.ReleaseChannel, maxChannelLen)
 	}
 	return out, nil
 }

@@ -94,6 +94,58 @@
 // through it, also with notifications arriving). Do, Verify and Release take
 // turns: one uses the connection at a time.
 //
+// # Standing by for many locks: Standby
+//
+// A process that stands by for many keys (the partitions it does not lead)
+// should not hold a connection per key, nor open one per attempt. A Standby
+// is one session, set up like a lock's connection, that tries all of them in
+// one statement (pg_try_advisory_lock over unnest of the keys' halves):
+//
+//	sb, err := advisorylock.NewStandby(ctx, connConfig, cfg)
+//	for {
+//		lock, won, err := sb.TryLock(ctx, keys)
+//		if err == nil {
+//			// lock holds keys[won[0]] on sb's own session: no connection is
+//			// opened in the takeover path. keys[won[1:]] were free too and
+//			// have been given back: take them with TryAcquire.
+//			break
+//		}
+//		if !errors.Is(err, advisorylock.ErrNotAcquired) { ... sb.Close, reconnect }
+//		sb.Wait(ctx, interval) // or until a release is announced
+//	}
+//
+// A Standby holds no lock between calls, so nothing it does can keep a
+// leader from its lock, and its death frees nothing. Its poll costs one
+// round trip and a lookup in the server's lock table per key; while
+// standing by it is an idle session.
+//
+//	NewStandby ──► standing by ◄────────────┐
+//	(LISTEN on     │ TryLock                │ none free (ErrNotAcquired):
+//	ReleaseChannel)│                        │ Wait for the interval, or
+//	               ├────────────────────────┘ until a release is announced
+//	               │ some free: keep the first, give back the rest,
+//	               │ UNLISTEN, drop buffered notifications
+//	               ▼
+//	spent: its session is now a Lock's (held, idle; see Life cycle)
+//
+//	standing by ── session gone (Wait or TryLock fails) / Close ──► closed
+//
+// With Config.ReleaseChannel set, Release unlocks and announces the key on
+// that channel in one statement (pg_notify; the notification is delivered
+// when the statement commits, after the unlock), and a Standby LISTENs on
+// it, so a graceful handover does not wait for the next poll. A holder that
+// dies announces nothing; the standbys' next poll finds its lock free, since
+// PostgreSQL frees it within a millisecond of the session's end.
+//
+// # Waiting in the queue: Acquire
+//
+// Acquire takes a lock the blocking way, pg_advisory_lock: its session
+// queues and is granted the lock the moment the holder's session lets go.
+// Queued, it is ahead of every standby: pg_try_advisory_lock fails while
+// another session waits for the lock, so polling standbys cannot snatch it.
+// It costs a connection per waiting key, so it is for one-off takeovers (a
+// rebuild's), not for standing by.
+//
 // # PgBouncer and other poolers
 //
 // A pooler in transaction or statement pooling mode breaks session advisory

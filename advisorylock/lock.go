@@ -12,6 +12,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
@@ -22,16 +23,20 @@ var queriesSQL string
 
 // q holds the statements of queries.sql. They use no placeholder, so they
 // are rendered once.
-var q = func() struct{ tryLock, unlock, held, rollback string } {
+var q = func() struct{ tryLock, lock, unlock, unlockNotify, held, rollback, tryLocks, unlockAll string } {
 	named, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(schemaname.Default))
 	if err != nil {
 		panic(err) // the file is embedded: a test catches this
 	}
-	return struct{ tryLock, unlock, held, rollback string }{
-		tryLock:  named["TryLock"],
-		unlock:   named["Unlock"],
-		held:     named["Held"],
-		rollback: named["Rollback"],
+	return struct{ tryLock, lock, unlock, unlockNotify, held, rollback, tryLocks, unlockAll string }{
+		tryLock:      named["TryLock"],
+		lock:         named["Lock"],
+		unlock:       named["Unlock"],
+		unlockNotify: named["UnlockNotify"],
+		held:         named["Held"],
+		rollback:     named["Rollback"],
+		tryLocks:     named["TryLocks"],
+		unlockAll:    named["UnlockAll"],
 	}
 }()
 
@@ -50,6 +55,8 @@ type Lock struct {
 	sock   net.Conn    // under conn; Release closes it to cut a Do short
 	ctxh   *ctxHandler // conn's context handler
 	logger *slog.Logger
+	// channel is Config.ReleaseChannel: Release announces the key there.
+	channel string
 
 	// turn is the right to use conn, held by Do, Verify and Release. While
 	// nobody holds it, the watcher goroutine waits on conn.
@@ -76,20 +83,13 @@ type Lock struct {
 // session mode (see the package documentation). ctx bounds connecting and
 // the lock attempt only.
 func TryAcquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *Config) (*Lock, error) {
-	if connConfig == nil {
-		return nil, errors.New("advisorylock: connConfig is nil")
-	}
-	if connConfig.DialFunc == nil || connConfig.BuildContextWatcherHandler == nil || connConfig.BuildFrontend == nil {
-		return nil, errors.New("advisorylock: connConfig was not created by pgx.ParseConfig")
+	c, cc, handler, err := prepare(connConfig, cfg)
+	if err != nil {
+		return nil, err
 	}
 	if key == "" {
 		return nil, errors.New("advisorylock: key is empty")
 	}
-	c, err := cfg.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	cc, handler := c.connConfig(connConfig)
 	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return nil, errors.Wrapf(connectHint(err), "advisorylock: key %q: connect", key)
@@ -102,21 +102,74 @@ func TryAcquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg
 	if !ok {
 		return nil, errors.CombineErrors(errors.Wrapf(ErrNotAcquired, "advisorylock: key %q", key), closeConn(ctx, conn))
 	}
+	return newLock(ctx, key, conn, handler(conn.PgConn()), &c), nil
+}
+
+// Acquire is TryAcquire that waits for the lock: the new session queues
+// for it in pg_advisory_lock and gets it the moment its holder's session
+// lets go, ahead of every session that only tries (pg_try_advisory_lock
+// fails while another session waits in the queue). ctx bounds connecting
+// and the wait; when it ends the connection is closed, which takes the
+// session out of the queue, and the error wraps ctx's.
+func Acquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *Config) (*Lock, error) {
+	c, cc, handler, err := prepare(connConfig, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if key == "" {
+		return nil, errors.New("advisorylock: key is empty")
+	}
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, errors.Wrapf(connectHint(err), "advisorylock: key %q: connect", key)
+	}
+	k1, k2 := Key(key)
+	if _, err := conn.Exec(ctx, q.lock, k1, k2); err != nil {
+		if ctx.Err() != nil {
+			err = errors.CombineErrors(ctx.Err(), err)
+		}
+		return nil, errors.CombineErrors(errors.Wrapf(err, "advisorylock: key %q: wait for the lock", key), closeConn(ctx, conn))
+	}
+	return newLock(ctx, key, conn, handler(conn.PgConn()), &c), nil
+}
+
+// prepare checks connConfig and cfg and returns the lock connections'
+// settings (see Config.connConfig).
+func prepare(connConfig *pgx.ConnConfig, cfg *Config) (Config, *pgx.ConnConfig, func(*pgconn.PgConn) *ctxHandler, error) {
+	if connConfig == nil {
+		return Config{}, nil, nil, errors.New("advisorylock: connConfig is nil")
+	}
+	if connConfig.DialFunc == nil || connConfig.BuildContextWatcherHandler == nil || connConfig.BuildFrontend == nil {
+		return Config{}, nil, nil, errors.New("advisorylock: connConfig was not created by pgx.ParseConfig")
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return c, nil, nil, err
+	}
+	cc, handler := c.connConfig(connConfig)
+	return c, cc, handler, nil
+}
+
+// newLock returns the Lock of key, which conn's session holds, and starts
+// its watcher. conn must be idle, with no LISTEN active.
+func newLock(ctx context.Context, key string, conn *pgx.Conn, h *ctxHandler, c *Config) *Lock {
+	k1, k2 := Key(key)
 	l := &Lock{
-		key:    key,
-		k1:     k1,
-		k2:     k2,
-		pid:    conn.PgConn().PID(),
-		conn:   conn,
-		sock:   conn.PgConn().Conn(),
-		ctxh:   handler(conn.PgConn()),
-		logger: c.Logger,
-		turn:   make(chan struct{}, 1),
-		done:   make(chan struct{}),
+		key:     key,
+		k1:      k1,
+		k2:      k2,
+		pid:     conn.PgConn().PID(),
+		conn:    conn,
+		sock:    conn.PgConn().Conn(),
+		ctxh:    h,
+		logger:  c.Logger,
+		channel: c.ReleaseChannel,
+		turn:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
 	}
 	l.startWatching()
 	l.logger.DebugContext(ctx, "advisorylock: acquired", slog.String("key", key), slog.Uint64("pid", uint64(l.pid)))
-	return l, nil
+	return l
 }
 
 // connectHint explains the one connection error a default Config can cause.
@@ -271,7 +324,15 @@ func (l *Lock) Release(ctx context.Context) error {
 	var err error
 	if l.Err() == nil && !l.conn.IsClosed() {
 		var was bool
-		if qerr := l.conn.QueryRow(ctx, q.unlock, l.k1, l.k2).Scan(&was); qerr != nil {
+		var qerr error
+		if l.channel != "" {
+			// One round trip: the notice goes out when the statement's
+			// implicit transaction commits, after the unlock.
+			qerr = l.conn.QueryRow(ctx, q.unlockNotify, l.k1, l.k2, l.channel, l.key).Scan(&was, nil)
+		} else {
+			qerr = l.conn.QueryRow(ctx, q.unlock, l.k1, l.k2).Scan(&was)
+		}
+		if qerr != nil {
 			err = errors.Wrapf(qerr, "advisorylock: key %q: unlock (closing the connection frees it once the server notices)", l.key)
 		} else if !was {
 			l.markLost(errors.New("the session no longer held it at release"))

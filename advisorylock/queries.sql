@@ -5,8 +5,30 @@
 -- name: TryLock
 SELECT pg_try_advisory_lock($1::int4, $2::int4);
 
+-- name: Lock
+-- Waits in the lock queue until the lock is granted.
+SELECT pg_advisory_lock($1::int4, $2::int4);
+
 -- name: Unlock
 SELECT pg_advisory_unlock($1::int4, $2::int4);
+
+-- name: UnlockNotify
+-- Unlock and announce it: $3 is the channel, $4 the key. The notification is
+-- delivered when the statement's transaction commits, after the unlock.
+SELECT pg_advisory_unlock($1::int4, $2::int4), pg_notify($3::text, $4::text);
+
+-- name: TryLocks
+-- A standby's poll: tries every key of the arrays $1 (k1) and $2 (k2) once,
+-- in array order, and returns the 1-based positions of those it took.
+SELECT k.i
+  FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS k(k1, k2, i)
+ WHERE pg_try_advisory_lock(k.k1, k.k2)
+ ORDER BY k.i;
+
+-- name: UnlockAll
+-- Gives back the keys of the arrays $1 (k1) and $2 (k2).
+SELECT count(*) FILTER (WHERE pg_advisory_unlock(k.k1, k.k2))
+  FROM unnest($1::int4[], $2::int4[]) AS k(k1, k2);
 
 -- name: Held
 -- pg_locks shows a two-int4 advisory key as classid = k1 and objid = k2,

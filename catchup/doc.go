@@ -26,10 +26,14 @@
 //
 // # Per subscriber partition: the state machine
 //
-//	STANDBY   pg_try_advisory_lock(k1, k2), k = md5("schema:subscriber:partition"),
-//	          on a dedicated connection.
-//	            not acquired        -> wait LockRetryInterval (±50%), STANDBY
-//	            acquired            -> CLAIM
+//	STANDBY   registered with the engine's standby poller (below), which tries
+//	          pg_try_advisory_lock(k1, k2), k = md5("schema:subscriber:partition"),
+//	          for every waiting partition at once, on one standby session
+//	            not acquired        -> next poll: LockRetryInterval (20 ms ±25%),
+//	                                   or at once when a release is announced
+//	            acquired            -> that session is now the partition's lock
+//	                                   connection -> CLAIM
+//	            session unusable    -> wait RetryBackoff (doubling, jittered), STANDBY
 //	CLAIM     checkpoint row: epoch = epoch + 1, owner = this instance;
 //	          cursor = its position -> READ
 //	READ      next batch after the cursor (see below), with the checkpoint's epoch,
@@ -51,13 +55,82 @@
 //	          or lock loss
 //	            signal or timeout   -> READ
 //	            lock lost           -> RELEASE, STANDBY
+//	RELEASE   unlock and announce it on "<schema>_locks" (one statement), close
+//	          the lock's connection; after a loss or fencing wait RetryBackoff,
+//	          then STANDBY
 //	any state, context ended: finish the batch in hand (bounded by ShutdownTimeout),
-//	          flush, release the lock, return.
+//	          flush, RELEASE, return.
 //
-// Standing by costs one connection attempt per LockRetryInterval. A leader
-// that crashes frees its lock when its session ends (the lock connection sets
-// client_connection_check_interval and TCP keepalives so that this happens
-// in about a second, not when a running query ends or hours later).
+// # Standing by and taking over
+//
+// Takeover time is the time from a leader's end to a standby's claim. The
+// server's part is under a millisecond: PostgreSQL frees a dead session's
+// advisory locks as the backend exits, and the lock connection sets
+// client_connection_check_interval and TCP keepalives so that the backend
+// notices a dead client in about a second even in the middle of a query, and
+// a vanished host within seconds, not when the query ends or hours later.
+// The rest is how soon a standby asks, and that is the engine's design:
+//
+//   - One standby session per engine (per process, as a Runner has one
+//     engine), not one per partition. Every partition the engine does not
+//     lead registers with the standby poller and waits. The poller holds one
+//     advisorylock.Standby and, every LockRetryInterval (default 20 ms, ±25%
+//     so that processes drift apart), runs one statement that tries the
+//     locks of all waiting partitions (pg_try_advisory_lock over unnest). A
+//     lock it wins is taken on the standby session itself, which becomes
+//     that partition's lock connection: the takeover path opens no
+//     connection. The poller then opens a new standby session if partitions
+//     still wait, and closes it when none does; a process that leads
+//     everything it runs holds none. If one poll wins several locks (a
+//     leader of several partitions died), the first keeps the session and
+//     the others are given back at once and taken, in parallel, each on a
+//     new connection of its own (a lead needs its own connection), racing
+//     other standbys fairly; the next poll tries them too.
+//   - A graceful release is announced: Release unlocks and sends the key
+//     with pg_notify on "<schema>_locks" in one statement, and standby
+//     sessions LISTEN on that channel, so a graceful handover (shutdown,
+//     fencing) is taken over at once, not at the next poll. Leaders never
+//     notify in the append path (a notifying commit is serialized).
+//   - A crash announces nothing: the next poll finds the lock free. The kill
+//     lands anywhere in the 15–25 ms cycle, so the wait is about 10 ms on
+//     average (the residual of a uniform 15–25 ms renewal) and at most 25
+//     ms, plus the poll's and the claim's round trips.
+//   - Fencing is unchanged: after the lock, CLAIM bumps the epoch on the
+//     lock's connection, a processor commits only on that connection with
+//     UPDATE … WHERE epoch = mine, and a lost lock (the watcher sees the
+//     session end) or a changed epoch ends the leadership. The standby
+//     session is set up like any lock connection (check interval,
+//     keepalives, user timeout), since it may become one.
+//
+// Costs: per standby process one idle connection and one round trip per 20
+// ms (about 50 tiny statements a second, each a lock-table probe per
+// waiting partition), against one connection attempt (a backend start) per
+// partition per 2 s before. See docs/benchmarks.md for the takeover figures
+// and for append throughput with and without polling standbys.
+//
+// Alternatives considered. (1) Each standby partition waiting in the lock
+// queue (pg_advisory_lock) is granted the lock in under a millisecond, but
+// needs a blocked connection per partition per standby process: too many
+// connections for a process standing by for hundreds of partitions. (2) A
+// wake-up: each leader holds an "instance liveness" lock as well, and a
+// standby blocks one extra connection in pg_advisory_lock on it; granted the
+// moment the leader's session ends, it tries the partition locks at once.
+// It reacts in about a millisecond, but one blocked connection waits for
+// one leader: with partitions led by several instances a standby needs a
+// connection per leader instance (or falls back to polling for the rest),
+// the liveness lock must follow every lead's connection (a lead holds its
+// own session, so the liveness lock does not die with a single lead's
+// session), and a leader that lost only one partition's session wakes
+// nobody. Polling at 20 ms meets the target (median ≤ 50 ms, max ≤ 250 ms)
+// with one connection and no coupling between leaders and standbys, and the
+// graceful case, the common one, is announced. (3) LISTEN alone covers only
+// graceful releases.
+//
+// TakeOver (rebuilds) must win against standbys that poll every 20 ms and
+// are woken by the release notice, so it does not poll: it fences the leader
+// and waits in the lock's queue (advisorylock.Acquire). PostgreSQL grants a
+// released lock to the queued session, and pg_try_advisory_lock fails while
+// a session queues, so no standby can snatch it.
 //
 // The listener subscription is made, and LISTEN is confirmed active (or a
 // poll interval has passed), before the first read, so an event committed
@@ -100,10 +173,11 @@
 //
 // TakeOver makes an engine the leader of a partition at once, whoever leads
 // it: it bumps the checkpoint's epoch (fencing the leader, which releases
-// its lock at its next read or commit and stands by), then polls the lock
-// every 10 ms and takes it as soon as it is free, well before the standbys'
-// next jittered attempt; if a standby wins anyway and claims, it fences again,
-// until a bounded wait ends with ErrTakeOverTimeout. The caller then Drives
+// its lock at its next read or commit and stands by), then waits for the
+// lock in PostgreSQL's lock queue, where it gets it the moment the leader
+// lets go, ahead of every standby; if a standby took the lock and claimed
+// before TakeOver queued, it fences again (it checks every 10 ms), until a
+// bounded wait ends with ErrTakeOverTimeout. The caller then Drives
 // the lease through a target position and Releases it; meanwhile every other
 // instance stands by. Package projection's Rebuild is built on it.
 //

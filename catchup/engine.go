@@ -142,8 +142,10 @@ type Config struct {
 	// PollInterval is how long a caught-up subscription waits for a signal
 	// before it reads again anyway. Defaults to 1s.
 	PollInterval time.Duration
-	// LockRetryInterval is how often a standby tries the lock, ±50% jitter.
-	// Defaults to 2s.
+	// LockRetryInterval is how often a standby process polls the locks of
+	// the partitions it stands by for, all in one statement on one session,
+	// ±25% jitter. Defaults to DefaultLockRetryInterval (20ms). A leader that
+	// stops gracefully hands over at once, whatever the interval.
 	LockRetryInterval time.Duration
 	// RetryBackoff is the pause before a failed batch is tried again, and
 	// the first pause before the lock is tried again after a failure (the
@@ -176,6 +178,7 @@ type Engine struct {
 	checkpoints *checkpoint.Store
 	cfg         Config
 	q           map[string]string
+	standbys    *standbys
 }
 
 // NewEngine returns an Engine reading through pool. listener may be nil for
@@ -201,7 +204,7 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 		}
 	}
 	def(&c.PollInterval, time.Second)
-	def(&c.LockRetryInterval, 2*time.Second)
+	def(&c.LockRetryInterval, DefaultLockRetryInterval)
 	def(&c.RetryBackoff, 500*time.Millisecond)
 	def(&c.ShutdownTimeout, 30*time.Second)
 	if c.Logger == nil {
@@ -223,7 +226,10 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 	cc.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: 5 * time.Second}
 	}
-	return &Engine{pool: pool, connConfig: cc, schema: c.Schema, listener: listener, checkpoints: cps, cfg: c, q: q}, nil
+	c.Lock = lockConfig(c.Lock, c.Schema)
+	e := &Engine{pool: pool, connConfig: cc, schema: c.Schema, listener: listener, checkpoints: cps, cfg: c, q: q}
+	e.standbys = newStandbys(e)
+	return e, nil
 }
 
 // ErrStopped is returned by CatchUp for a subscriber partition halted by
@@ -268,11 +274,7 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 	log := e.cfg.Logger.With(slog.String("subscriber", sub.Name), slog.Int("partition", sub.Partition))
 	backoff := e.cfg.RetryBackoff
 	for ctx.Err() == nil {
-		lease, err := e.acquire(ctx, sub)
-		if errors.Is(err, advisorylock.ErrNotAcquired) {
-			sleep(ctx, jitter(e.cfg.LockRetryInterval))
-			continue
-		}
+		lease, err := e.standBy(ctx, sub)
 		if err != nil {
 			if ctx.Err() == nil {
 				log.WarnContext(ctx, "annals: cannot take the subscription lock", slog.Any("error", err))
@@ -319,21 +321,13 @@ func (e *Engine) CatchUp(ctx context.Context, sub *Subscription, target int64) e
 		lease := &Lease{Subscriber: sub.Name, Partition: sub.Partition, Start: sub.StartAfter}
 		return e.lead(ctx, ctx, sub, lease, target)
 	}
-	for {
-		lease, err := e.acquire(ctx, sub)
-		if errors.Is(err, advisorylock.ErrNotAcquired) {
-			if err := sleep(ctx, jitter(e.cfg.LockRetryInterval)); err != nil {
-				return errors.Wrapf(err, "catchup: waiting for the lock of %s/%d", sub.Name, sub.Partition)
-			}
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		err = e.lead(ctx, ctx, sub, lease, target)
-		e.release(ctx, lease)
-		return err
+	lease, err := e.standBy(ctx, sub)
+	if err != nil {
+		return errors.Wrapf(err, "catchup: waiting for the lock of %s/%d", sub.Name, sub.Partition)
 	}
+	err = e.lead(ctx, ctx, sub, lease, target)
+	e.release(ctx, lease)
+	return err
 }
 
 func (e *Engine) validate(sub *Subscription) error {
@@ -407,28 +401,6 @@ func (e *Engine) processContext(ctx context.Context) (context.Context, func()) {
 		}
 	}()
 	return procCtx, func() { close(done); cancel() }
-}
-
-// acquire tries the lock and claims the checkpoint (bumping the epoch).
-func (e *Engine) acquire(ctx context.Context, sub *Subscription) (*Lease, error) {
-	lock, err := advisorylock.TryAcquire(ctx, e.connConfig, LockKey(e.schema, sub.Name, sub.Partition), e.cfg.Lock)
-	if err != nil {
-		return nil, err
-	}
-	lease := &Lease{Subscriber: sub.Name, Partition: sub.Partition, Lock: lock, checkpoints: e.checkpoints}
-	err = lock.Do(ctx, func(conn *pgx.Conn) error {
-		cp, err := e.checkpoints.Claim(ctx, conn, sub.Name, sub.Partition, e.cfg.Owner)
-		lease.Epoch, lease.Start = cp.Epoch, cp.Position
-		return err
-	})
-	if err != nil {
-		_ = lock.Release(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	if e.cfg.OnLeadership != nil {
-		e.cfg.OnLeadership(sub.Name, sub.Partition, lease.Epoch, true)
-	}
-	return lease, nil
 }
 
 func (e *Engine) release(ctx context.Context, lease *Lease) {

@@ -15,18 +15,19 @@ import (
 // could not be taken within the wait it was given.
 var ErrTakeOverTimeout = errors.New("catchup: timed out taking over the subscription's lock")
 
-// takeOverPoll is how often TakeOver looks at the lock while it waits for the
-// fenced leader to let go: much more often than a standby's LockRetryInterval,
-// so that TakeOver, not a standby, gets the lock when it is freed.
+// takeOverPoll is how often TakeOver checks, while it waits in the lock's
+// queue, whether a standby claimed the partition before it queued.
 const takeOverPoll = 10 * time.Millisecond
 
 // TakeOver makes this engine the leader of sub's partition now, whoever
 // leads it, and returns the lease; the caller drives it (Drive) and must
 // Release it. It fences the current leader by bumping the checkpoint's epoch
 // (as an operator's checkpoint set does: the leader notices at its next read
-// or commit, releases its lock and stands by), then takes the lock as soon as
-// it is free, polling every few milliseconds. If a standby takes the lock
-// first (and claims a newer epoch), TakeOver fences again. It gives up with
+// or commit, releases its lock and stands by) and waits for the lock in
+// PostgreSQL's lock queue, where it gets the lock the moment the leader lets
+// go, ahead of every standby (a standby only tries the lock, and trying
+// fails while someone queues). If a standby took the lock and claimed before
+// TakeOver queued, TakeOver fences again. It gives up with
 // ErrTakeOverTimeout after wait (and when ctx ends, with ctx's error).
 func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Duration) (*Lease, error) {
 	if err := e.validate(sub); err != nil {
@@ -35,39 +36,56 @@ func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Dura
 	if sub.Ephemeral {
 		return nil, errors.New("catchup: TakeOver of an ephemeral subscription")
 	}
-	deadline := time.Now().Add(wait)
+	// Fence whoever leads: its next read or commit fails.
+	fenced, err := e.checkpoints.Claim(ctx, e.pool, sub.Name, sub.Partition, e.cfg.Owner)
+	if err != nil {
+		return nil, errors.Wrapf(err, "catchup: fence the leader of %s/%d", sub.Name, sub.Partition)
+	}
+	qctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	type result struct {
+		lock *advisorylock.Lock
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		lock, err := advisorylock.Acquire(qctx, e.connConfig, LockKey(e.schema, sub.Name, sub.Partition), e.cfg.Lock)
+		got <- result{lock, err}
+	}()
+	tick := time.NewTicker(takeOverPoll)
+	defer tick.Stop()
 	for {
-		// Fence whoever leads: its next read or commit fails.
-		fenced, err := e.checkpoints.Claim(ctx, e.pool, sub.Name, sub.Partition, e.cfg.Owner)
-		if err != nil {
-			return nil, errors.Wrapf(err, "catchup: fence the leader of %s/%d", sub.Name, sub.Partition)
+		select {
+		case r := <-got:
+			if r.err != nil {
+				if ctx.Err() == nil && qctx.Err() != nil {
+					holder, _, _ := e.LockHolder(context.WithoutCancel(ctx), sub.Name, sub.Partition)
+					return nil, errors.Wrapf(ErrTakeOverTimeout, "%s/%d: the lock is still held after %s (by backend pid %d)", sub.Name, sub.Partition, wait, holder)
+				}
+				return nil, errors.Wrapf(r.err, "catchup: taking over %s/%d", sub.Name, sub.Partition)
+			}
+			return e.claim(ctx, sub, r.lock)
+		case <-tick.C:
 		}
-		for {
-			holder, held, err := e.LockHolder(ctx, sub.Name, sub.Partition)
-			if err != nil {
-				return nil, err
+		cp, err := e.checkpoints.Load(qctx, e.pool, sub.Name, sub.Partition)
+		if err != nil {
+			if qctx.Err() != nil {
+				continue // the queued wait ends too, and says why
 			}
-			if !held {
-				lease, err := e.acquire(ctx, sub)
-				if err == nil {
-					return lease, nil
+			cancel()
+			if r := <-got; r.lock != nil {
+				_ = r.lock.Release(context.WithoutCancel(ctx))
+			}
+			return nil, errors.Wrapf(err, "catchup: taking over %s/%d", sub.Name, sub.Partition)
+		}
+		if cp.Epoch != fenced.Epoch {
+			// A standby took the lock and claimed before we queued: fence it too.
+			if fenced, err = e.checkpoints.Claim(qctx, e.pool, sub.Name, sub.Partition, e.cfg.Owner); err != nil && qctx.Err() == nil {
+				cancel()
+				if r := <-got; r.lock != nil {
+					_ = r.lock.Release(context.WithoutCancel(ctx))
 				}
-				if !errors.Is(err, advisorylock.ErrNotAcquired) {
-					return nil, err
-				}
-			}
-			if !time.Now().Before(deadline) {
-				return nil, errors.Wrapf(ErrTakeOverTimeout, "%s/%d: the lock is still held after %s (by backend pid %d)", sub.Name, sub.Partition, wait, holder)
-			}
-			if err := sleep(ctx, takeOverPoll); err != nil {
-				return nil, errors.Wrapf(err, "catchup: taking over %s/%d", sub.Name, sub.Partition)
-			}
-			cp, err := e.checkpoints.Load(ctx, e.pool, sub.Name, sub.Partition)
-			if err != nil {
-				return nil, errors.Wrapf(err, "catchup: taking over %s/%d", sub.Name, sub.Partition)
-			}
-			if cp.Epoch != fenced.Epoch {
-				break // a standby took the lock and claimed: fence it too
+				return nil, errors.Wrapf(err, "catchup: fence the leader of %s/%d", sub.Name, sub.Partition)
 			}
 		}
 	}

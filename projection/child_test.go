@@ -52,6 +52,10 @@ type childMode struct {
 	FailStream string `json:"fail_stream,omitempty"`
 	// Retry goes to projection.Config.Retry (nil: the defaults).
 	Retry *projection.RetryPolicy `json:"retry,omitempty"`
+	// Defaults runs the runner's leader election at its defaults
+	// (LockRetryInterval, PollInterval, the lock's CheckInterval) instead of
+	// the child tuning below.
+	Defaults bool `json:"defaults,omitempty"`
 }
 
 // subscriber returns the subscriber name the mode's handler registers.
@@ -120,7 +124,7 @@ func runChild(raw string) int {
 	eventstore.MustRegister[Deposited](reg, "account.deposited")
 	eventstore.MustRegister[Withdrawn](reg, "account.withdrawn")
 
-	r, err := projection.NewRunner(pool, &projection.Config{
+	cfg := &projection.Config{
 		InstanceID:        spec.Instance,
 		PollInterval:      childPoll,
 		LockRetryInterval: childLockRetry,
@@ -130,7 +134,11 @@ func runChild(raw string) int {
 		Retry:             spec.Retry,
 		Lock:              &advisorylock.Config{CheckInterval: childCheckInterval, Logger: logger},
 		Logger:            logger,
-	})
+	}
+	if spec.Defaults {
+		cfg.PollInterval, cfg.LockRetryInterval, cfg.Lock = 0, 0, &advisorylock.Config{Logger: logger}
+	}
+	r, err := projection.NewRunner(pool, cfg)
 	if err != nil {
 		logger.Error("child: new runner", slog.Any("error", err))
 		return 1

@@ -42,8 +42,9 @@ type Config struct {
 	// PollInterval is how long a caught-up subscriber waits for a NOTIFY
 	// before reading anyway. Defaults to 1s.
 	PollInterval time.Duration
-	// LockRetryInterval is how often a standby tries to become leader (±50%
-	// jitter). Defaults to 2s.
+	// LockRetryInterval is how often a standby process polls the locks of
+	// the partitions it stands by for (one statement on one connection, ±25%
+	// jitter). Defaults to 20ms (catchup.DefaultLockRetryInterval).
 	LockRetryInterval time.Duration
 	// RetryBackoff is the pause before a failed event is tried again.
 	// Defaults to 500ms.

@@ -24,7 +24,7 @@ type ChildConfig struct {
 	InstanceID string
 	// Subscriber is the name of the no-op projection.
 	Subscriber string
-	// LockRetry is the runner's LockRetryInterval.
+	// LockRetry is the runner's LockRetryInterval (0: its default).
 	LockRetry time.Duration
 	// Raw makes the process hold a session advisory lock on a connection
 	// instead of running a Runner (the baseline).

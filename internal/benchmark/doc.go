@@ -19,7 +19,8 @@
 //
 // Takeover (takeover.go, child.go): two runner processes (the annals binary
 // re-executed as a hidden command) share a subscriber; the leader is killed
-// with SIGKILL and the time until the standby has claimed the checkpoint is
-// taken, per LockRetryInterval, beside a raw waiter blocked in
+// with SIGKILL (20 times by default) and the time until the standby has
+// claimed the checkpoint is taken, per LockRetryInterval (the default alone by
+// default), then the same after graceful stops, beside a raw waiter blocked in
 // pg_advisory_lock getting the dead holder's lock.
 package benchmark

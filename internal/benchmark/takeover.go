@@ -18,6 +18,8 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/catchup"
 )
 
 // TakeoverConfig configures RunTakeover. A nil *TakeoverConfig means
@@ -33,12 +35,16 @@ type TakeoverConfig struct {
 	// Env is the children's environment; it must let them connect to the
 	// same database (DATABASE_URL). Defaults to os.Environ().
 	Env []string
-	// LockRetry lists the standby's LockRetryInterval settings to measure.
-	// Defaults to 2s (the runner's default) and 200ms.
+	// LockRetry lists the standby's LockRetryInterval settings to measure;
+	// 0 is the runner's default. Defaults to the default alone.
 	LockRetry []time.Duration
-	// Rounds is the number of takeovers measured per setting (and of
-	// handovers of the raw baseline). Defaults to 5.
+	// Rounds is the number of takeovers after SIGKILL measured per setting
+	// (and of handovers of the raw baseline). Defaults to 20.
 	Rounds int
+	// Graceful is the number of graceful handovers measured at the first
+	// setting: the leader is stopped (its Runner's context ends), releases
+	// its lock and announces it. Defaults to 5; negative: none.
+	Graceful int
 	// Progress receives a line as each measurement starts. Defaults to none.
 	Progress io.Writer
 }
@@ -54,6 +60,8 @@ type TakeoverStats struct {
 // TakeoverResult is one LockRetryInterval setting.
 type TakeoverResult struct {
 	LockRetry string `json:"lock_retry_interval"`
+	// Graceful says the leader was stopped gracefully, not killed.
+	Graceful bool `json:"graceful,omitempty"`
 	TakeoverStats
 	// MedianVsRaw is the ratio of the median to the raw baseline's median.
 	MedianVsRaw float64 `json:"median_vs_raw"`
@@ -82,10 +90,13 @@ func (c *TakeoverConfig) withDefaults() TakeoverConfig {
 		out.Env = os.Environ()
 	}
 	if len(out.LockRetry) == 0 {
-		out.LockRetry = []time.Duration{2 * time.Second, 200 * time.Millisecond}
+		out.LockRetry = []time.Duration{0}
 	}
 	if out.Rounds <= 0 {
-		out.Rounds = 5
+		out.Rounds = 20
+	}
+	if out.Graceful == 0 {
+		out.Graceful = 5
 	}
 	if out.Progress == nil {
 		out.Progress = io.Discard
@@ -97,7 +108,8 @@ func (c *TakeoverConfig) withDefaults() TakeoverConfig {
 // run the same subscriber; the leader is killed and the time until the
 // other has claimed the checkpoint (epoch bumped, owner = itself) is taken,
 // Rounds times per LockRetry setting, the killed process being replaced by
-// a new standby each time. The baseline is a raw waiter blocked in
+// a new standby each time; then the same with Graceful graceful stops at
+// the first setting. The baseline is a raw waiter blocked in
 // pg_advisory_lock while a child holds the lock and is killed.
 func RunTakeover(ctx context.Context, pool *pgxpool.Pool, cfg *TakeoverConfig) (*TakeoverReport, error) {
 	c := cfg.withDefaults()
@@ -105,8 +117,8 @@ func RunTakeover(ctx context.Context, pool *pgxpool.Pool, cfg *TakeoverConfig) (
 		return nil, errors.New("benchmark: takeover needs the child command")
 	}
 	for _, d := range c.LockRetry {
-		if d <= 0 {
-			return nil, errors.Newf("benchmark: lock retry interval %s must be positive", d)
+		if d < 0 {
+			return nil, errors.Newf("benchmark: lock retry interval %s is negative", d)
 		}
 	}
 	q, err := freshSchema(ctx, pool, c.Schema)
@@ -128,13 +140,23 @@ func RunTakeover(ctx context.Context, pool *pgxpool.Pool, cfg *TakeoverConfig) (
 	rep.Raw = &rs
 
 	for i, d := range c.LockRetry {
-		fmt.Fprintf(c.Progress, "takeover %d/%d: lock retry interval %s, %d round(s) ...\n", i+1, len(c.LockRetry), d, c.Rounds)
-		ds, err := runnerTakeovers(ctx, pool, q, c, i, d)
+		fmt.Fprintf(c.Progress, "takeover %d/%d: SIGKILL, lock retry interval %s, %d round(s) ...\n", i+1, len(c.LockRetry), retryName(d), c.Rounds)
+		ds, err := runnerTakeovers(ctx, pool, q, c, fmt.Sprint(i), d, c.Rounds, false)
 		if err != nil {
-			return nil, errors.Wrapf(err, "benchmark: takeover with lock retry %s", d)
+			return nil, errors.Wrapf(err, "benchmark: takeover with lock retry %s", retryName(d))
 		}
 		st := takeoverStats(ds)
-		rep.Results = append(rep.Results, TakeoverResult{LockRetry: d.String(), TakeoverStats: st, MedianVsRaw: ratio(st.Median, rs.Median)})
+		rep.Results = append(rep.Results, TakeoverResult{LockRetry: retryName(d), TakeoverStats: st, MedianVsRaw: ratio(st.Median, rs.Median)})
+	}
+	if c.Graceful > 0 {
+		d := c.LockRetry[0]
+		fmt.Fprintf(c.Progress, "takeover: graceful stop, lock retry interval %s, %d round(s) ...\n", retryName(d), c.Graceful)
+		ds, err := runnerTakeovers(ctx, pool, q, c, "graceful", d, c.Graceful, true)
+		if err != nil {
+			return nil, errors.Wrapf(err, "benchmark: graceful handover with lock retry %s", retryName(d))
+		}
+		st := takeoverStats(ds)
+		rep.Results = append(rep.Results, TakeoverResult{LockRetry: retryName(d), Graceful: true, TakeoverStats: st, MedianVsRaw: ratio(st.Median, rs.Median)})
 	}
 	return rep, nil
 }
@@ -151,10 +173,22 @@ func takeoverStats(ds []time.Duration) TakeoverStats {
 	return st
 }
 
-// runnerTakeovers measures c.Rounds takeovers of one subscriber with the
-// standby retrying the lock every d.
-func runnerTakeovers(ctx context.Context, pool *pgxpool.Pool, q map[string]string, c TakeoverConfig, setting int, d time.Duration) ([]time.Duration, error) {
-	sub := fmt.Sprintf("bench-takeover-%d", setting)
+// retryName names a LockRetryInterval setting.
+func retryName(d time.Duration) string {
+	if d == 0 {
+		return fmt.Sprintf("%s (default)", catchup.DefaultLockRetryInterval)
+	}
+	return d.String()
+}
+
+// runnerTakeovers measures rounds takeovers of one subscriber with the
+// standby polling the lock every d (0: the default), the leader killed with
+// SIGKILL or, if graceful, stopped gracefully.
+func runnerTakeovers(ctx context.Context, pool *pgxpool.Pool, q map[string]string, c TakeoverConfig, setting string, d time.Duration, rounds int, graceful bool) ([]time.Duration, error) {
+	sub := "bench-takeover-" + setting
+	if d == 0 {
+		d = catchup.DefaultLockRetryInterval
+	}
 	var children []*child
 	defer func() {
 		for _, ch := range children {
@@ -182,10 +216,10 @@ func runnerTakeovers(ctx context.Context, pool *pgxpool.Pool, q map[string]strin
 		return nil, err
 	}
 	var out []time.Duration
-	for r := range c.Rounds {
-		// Kill at a random point of the standby's retry cycle (it tried
-		// once when it started, then every d ±50%).
-		if err := sleep(ctx, d+rand.N(2*d)); err != nil {
+	for r := range rounds {
+		// Kill at a random point of the standby's poll cycle, once it has
+		// settled (connected, registered, polling).
+		if err := sleep(ctx, 300*time.Millisecond+rand.N(2*d)); err != nil {
 			return nil, err
 		}
 		var epoch int64
@@ -197,7 +231,11 @@ func runnerTakeovers(ctx context.Context, pool *pgxpool.Pool, q map[string]strin
 			return nil, errors.Newf("round %d: %s leads, want %s", r+1, owner, leader.id)
 		}
 		killed := time.Now()
-		if err := leader.cmd.Process.Kill(); err != nil {
+		if graceful {
+			if err := leader.stdin.Close(); err != nil {
+				return nil, errors.Wrap(err, "stop the leader")
+			}
+		} else if err := leader.cmd.Process.Kill(); err != nil {
 			return nil, errors.Wrap(err, "SIGKILL the leader")
 		}
 		claimed, err := waitForLeader(ctx, pool, q, sub, standby.id, epoch, 30*time.Second+3*d)
@@ -207,9 +245,9 @@ func runnerTakeovers(ctx context.Context, pool *pgxpool.Pool, q map[string]strin
 		took := claimed.Sub(killed)
 		out = append(out, took)
 		<-leader.exited
-		fmt.Fprintf(c.Progress, "takeover: round %d/%d: %s took over after %.0f ms\n", r+1, c.Rounds, standby.id, ms(took))
+		fmt.Fprintf(c.Progress, "takeover: round %d/%d: %s took over after %.1f ms\n", r+1, rounds, standby.id, ms(took))
 		leader = standby
-		if r < c.Rounds-1 {
+		if r < rounds-1 {
 			if standby, err = start(); err != nil {
 				return nil, err
 			}
@@ -435,14 +473,18 @@ func WriteTakeoverTable(w io.Writer, s Settings, rep *TakeoverReport) error {
 		_, err := fmt.Fprintf(w, "leader takeover after SIGKILL: skipped: %s\n", rep.Skipped)
 		return err
 	}
-	fmt.Fprintf(w, "leader takeover after SIGKILL, ms: kill → the standby has claimed the checkpoint (%s; %d round(s) per row)\n", s, rep.Rounds)
+	fmt.Fprintf(w, "leader takeover, ms: SIGKILL (or graceful stop) of the leader → the standby has claimed the checkpoint (%s)\n", s)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "contender\tlock retry interval\tmedian\tmax\tmedian/raw\t")
+	fmt.Fprintln(tw, "contender\tlock retry interval\trounds\tmedian\tmax\tmedian/raw\t")
 	if rep.Raw != nil {
-		fmt.Fprintf(tw, "raw: waiter blocked in pg_advisory_lock\t-\t%.1f\t%.1f\t1.00\t\n", rep.Raw.Median, rep.Raw.Max)
+		fmt.Fprintf(tw, "raw: waiter blocked in pg_advisory_lock, SIGKILL\t-\t%d\t%.1f\t%.1f\t1.00\t\n", len(rep.Raw.Samples), rep.Raw.Median, rep.Raw.Max)
 	}
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "runner standby\t%s\t%.1f\t%.1f\t%.0f\t\n", r.LockRetry, r.Median, r.Max, r.MedianVsRaw)
+		what := "runner standby, SIGKILL"
+		if r.Graceful {
+			what = "runner standby, graceful stop"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f\t%.1f\t%.1f\t\n", what, r.LockRetry, len(r.Samples), r.Median, r.Max, r.MedianVsRaw)
 	}
 	return tw.Flush()
 }

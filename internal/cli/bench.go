@@ -72,9 +72,9 @@ figures and ratios (tables on stdout, progress on stderr). The benchmarks, chose
   latency   end-to-end latency from just before an append to the start of a live
             observer's Handle, at each of --rates events/s for --duration, beside a raw
             INSERT + NOTIFY read by a raw LISTEN connection. Schema annals_bench_latency.
-  takeover  leader takeover after SIGKILL: two runner processes (this binary, re-executed),
-            the leader killed --rounds times per --lock-retry interval, beside a raw
-            waiter blocked in pg_advisory_lock. Runs only from the annals binary (go run
+  takeover  leader takeover: two runner processes (this binary, re-executed), the leader
+            killed with SIGKILL --rounds times per --lock-retry interval, then stopped
+            gracefully 5 times, beside a raw waiter blocked in pg_advisory_lock. Runs only from the annals binary (go run
             ./cmd/annals bench works; go test does not). Schema annals_bench_takeover.
   rebuild   rebuild throughput: fill a log of --rebuild-events events, then replay it into a
             read model (a JSON decode and an upsert per event) with Runner.Rebuild, beside
@@ -89,7 +89,7 @@ cost of ordered commits and checkpoint writes. --quick makes every benchmark tin
 smoke test).`,
 		Example: `  annals bench --json bench-results/all.json
   annals bench --only catchup --events 100000
-  annals bench --only takeover --lock-retry 2s,500ms,200ms --rounds 9`,
+  annals bench --only takeover --lock-retry 0,100ms,2s --rounds 20`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			run, err := selectBenchmarks(cmd, only)
@@ -119,9 +119,7 @@ smoke test).`,
 				if !cmd.Flags().Changed("rounds") {
 					takeoverCfg.Rounds = 1
 				}
-				if !cmd.Flags().Changed("lock-retry") {
-					takeoverCfg.LockRetry = []time.Duration{200 * time.Millisecond}
-				}
+				takeoverCfg.Graceful = 1
 				if !cmd.Flags().Changed("rebuild-events") {
 					rebuildCfg.Events = 5000
 				}
@@ -151,8 +149,8 @@ smoke test).`,
 				return usagef("--rounds %d: want 1..1000", takeoverCfg.Rounds)
 			}
 			for _, d := range takeoverCfg.LockRetry {
-				if d <= 0 {
-					return usagef("--lock-retry %s must be positive", d)
+				if d < 0 {
+					return usagef("--lock-retry %s must not be negative", d)
 				}
 			}
 
@@ -266,9 +264,9 @@ smoke test).`,
 	cmd.Flags().IntVar(&events, "events", 1_000_000, "catchup: events in the log (quick: 5000)")
 	cmd.Flags().IntVar(&rebuildEvents, "rebuild-events", 200_000, "rebuild: events in the log (quick: 5000)")
 	cmd.Flags().IntSliceVar(&rates, "rates", nil, "latency: target appends per second (default 100,1000; quick: 100)")
-	cmd.Flags().IntVar(&rounds, "rounds", 5, "takeover: takeovers per lock retry interval (quick: 1)")
-	cmd.Flags().DurationSliceVar(&lockRetry, "lock-retry", []time.Duration{2 * time.Second, 200 * time.Millisecond},
-		"takeover: the standby's LockRetryInterval settings (quick: 200ms)")
+	cmd.Flags().IntVar(&rounds, "rounds", 20, "takeover: takeovers after SIGKILL per lock retry interval (quick: 1)")
+	cmd.Flags().DurationSliceVar(&lockRetry, "lock-retry", []time.Duration{0},
+		"takeover: the standby's LockRetryInterval settings, 0 = the default (20ms)")
 	cmd.AddCommand(e.benchChildCommand())
 	return cmd
 }

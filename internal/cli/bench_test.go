@@ -161,6 +161,7 @@ func TestBenchTakeoverBinary(t *testing.T) {
 			} `json:"raw"`
 			Results []struct {
 				LockRetry string    `json:"lock_retry_interval"`
+				Graceful  bool      `json:"graceful"`
 				Samples   []float64 `json:"samples_ms"`
 				Median    float64   `json:"median_ms"`
 				Max       float64   `json:"max_ms"`
@@ -171,9 +172,14 @@ func TestBenchTakeoverBinary(t *testing.T) {
 		t.Fatal(err)
 	}
 	tk := rep.Takeover
-	if tk.Skipped != "" || tk.Raw.Median <= 0 || len(tk.Results) != 1 || tk.Results[0].LockRetry != "200ms" ||
-		len(tk.Results[0].Samples) != 1 || tk.Results[0].Median <= 0 || tk.Results[0].Max < tk.Results[0].Median {
+	// Quick: one SIGKILL and one graceful stop, at the default interval.
+	if tk.Skipped != "" || tk.Raw.Median <= 0 || len(tk.Results) != 2 || !tk.Results[1].Graceful || tk.Results[0].Graceful {
 		t.Fatalf("takeover: %s", raw)
+	}
+	for _, r := range tk.Results {
+		if r.LockRetry != "20ms (default)" || len(r.Samples) != 1 || r.Median <= 0 || r.Max < r.Median {
+			t.Fatalf("takeover: %s", raw)
+		}
 	}
 }
 

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"io"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -27,8 +26,8 @@ starts these to measure leader takeover; they are not meant to be run by hand.`,
 			if c.InstanceID == "" || c.Subscriber == "" {
 				return usagef("--instance-id and --subscriber are required")
 			}
-			if c.LockRetry <= 0 {
-				return usagef("--lock-retry must be positive")
+			if c.LockRetry < 0 {
+				return usagef("--lock-retry must not be negative")
 			}
 			pool, err := e.connect(cmd.Context(), 4)
 			if err != nil {
@@ -49,7 +48,7 @@ starts these to measure leader takeover; they are not meant to be run by hand.`,
 	}
 	cmd.Flags().StringVar(&c.InstanceID, "instance-id", "", "the runner's instance ID")
 	cmd.Flags().StringVar(&c.Subscriber, "subscriber", "", "the no-op projection's name")
-	cmd.Flags().DurationVar(&c.LockRetry, "lock-retry", 2*time.Second, "the runner's LockRetryInterval")
+	cmd.Flags().DurationVar(&c.LockRetry, "lock-retry", 0, "the runner's LockRetryInterval (0: its default)")
 	cmd.Flags().BoolVar(&c.Raw, "raw", false, "hold the baseline's advisory lock instead of running a runner")
 	return cmd
 }
