@@ -546,45 +546,17 @@ func (e *Engine) read(ctx context.Context, sub *Subscription, lease *Lease, afte
 		return Batch{}, errors.Wrap(err, "catchup: read batch")
 	}
 	b := Batch{After: after, Events: make([]eventstore.Event, 0, limit)}
-	var head int64
-	var epoch *int64
-	var stopped *string
-	var retry, unresolved int
-	var pos *int64
-	var ev eventstore.Event
-	var meta []byte
-	var id, stream, typ *string
-	var version *int64
-	var recorded *time.Time
-	_, err = pgx.ForEachRow(rows, []any{&head, &epoch, &stopped, &retry, &unresolved, &pos, &id, &stream, &version, &typ, &ev.Data, &meta, &recorded}, func() error {
-		if pos == nil {
-			return nil // no events: the row only carries the head
-		}
-		e := eventstore.Event{GlobalSequence: *pos, StreamID: *stream, StreamVersion: *version, Type: *typ, Data: ev.Data, RecordedAt: *recorded}
-		if err := e.ID.UnmarshalText([]byte(*id)); err != nil {
-			return errors.Wrapf(err, "event %d: bad ID", *pos)
-		}
-		if len(meta) > 0 {
-			if err := e.Metadata.UnmarshalJSON(meta); err != nil {
-				return errors.Wrapf(err, "event %d", *pos)
-			}
-		}
-		b.Events = append(b.Events, e)
-		ev.Data = nil
-		return nil
-	})
+	h, err := scanBatch(rows, &b)
 	if err != nil {
 		return Batch{}, errors.Wrap(err, "catchup: read batch")
 	}
-	if lease.Lock != nil && (epoch == nil || *epoch != lease.Epoch) {
+	if lease.Lock != nil && h.epoch != lease.Epoch {
 		return Batch{}, errors.Wrapf(checkpoint.ErrFenced, "catchup: %s/%d: the checkpoint's epoch is no longer %d", sub.Name, sub.Partition, lease.Epoch)
 	}
 	if lease.Lock != nil {
-		b.Redeliveries, b.Unresolved = retry, unresolved
-		if stopped != nil {
-			b.Stopped = *stopped
-		}
+		b.Redeliveries, b.Unresolved, b.Stopped = h.retry, h.unresolved, h.stopped
 	}
+	head := h.head
 	b.Head = head
 	b.Through = min(max(head, after), target)
 	if len(b.Events) == limit {

@@ -9,9 +9,13 @@
 -- checkpoint's epoch lets an idle leader notice that it has been fenced (an
 -- operator's checkpoint set) without waiting for its next commit; the stop
 -- reason and the dead-letter counts tell it to halt, to re-deliver what an
--- operator released, and whether any stream may be parked.
-SELECT h.head, h.epoch, h.stopped_reason, h.retry, h.unresolved, e.global_sequence, e.event_id, e.stream_id, e.stream_version,
-       e.event_type, e.data, e.metadata, e.recorded_at
+-- operator released, and whether any stream may be parked. No column is
+-- NULL (so the client scans into plain values): a missing checkpoint row
+-- has epoch -1, and when no event matches, the one row has position 0.
+SELECT h.head, coalesce(h.epoch, -1), coalesce(h.stopped_reason, ''), h.retry, h.unresolved,
+       coalesce(e.global_sequence, 0), coalesce(e.event_id, '00000000-0000-0000-0000-000000000000'),
+       coalesce(e.stream_id, ''), coalesce(e.stream_version, 0), coalesce(e.event_type, ''),
+       e.data, e.metadata, coalesce(e.recorded_at, 'epoch')
   FROM (SELECT (SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events) AS head,
                c.epoch, c.stopped_reason, d.retry, d.unresolved
           FROM (SELECT 1) one
