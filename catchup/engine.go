@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -62,7 +63,39 @@ type Lease struct {
 
 	checkpoints *checkpoint.Store
 	stopping    <-chan struct{}
+	changed     bool
+	commitSQL   string // CommitFenced
 }
+
+// CommitTx writes the checkpoint at position in tx, fenced by the lease's
+// epoch, and commits tx, in one round trip (the fenced update and COMMIT
+// pipelined). On success tx is committed and must not be used again (not
+// even rolled back); on failure it is not, and the caller rolls it back. A
+// fenced lease gets checkpoint.ErrFenced and nothing is committed.
+// Ephemeral leases only commit tx.
+func (l *Lease) CommitTx(ctx context.Context, tx pgx.Tx, position int64) error {
+	if l.Ephemeral() {
+		return tx.Commit(ctx)
+	}
+	if position < 0 {
+		return errors.Wrapf(checkpoint.ErrInvalid, "position %d is negative", position)
+	}
+	b := &pgx.Batch{}
+	b.Queue(l.commitSQL, l.Subscriber, l.Partition, l.Epoch, position)
+	b.Queue("COMMIT")
+	err := tx.SendBatch(ctx, b).Close()
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "annals: checkpoint fenced") {
+		return errors.Wrapf(checkpoint.ErrFenced, "commit %s/%d at epoch %d", l.Subscriber, l.Partition, l.Epoch)
+	}
+	return errors.Wrapf(err, "catchup: commit %s/%d at %d", l.Subscriber, l.Partition, position)
+}
+
+// Changed tells the engine that processing the batch in hand changed what
+// the next read reports besides events (the processor wrote a dead letter or
+// stopped the partition): a batch read ahead while it ran is discarded and
+// read again. Call it from Process only.
+func (l *Lease) Changed() { l.changed = true }
 
 // Stopping is closed when the run is shutting down: a processor waiting to
 // retry should give up its wait then (the batch in hand may still finish).
@@ -358,7 +391,7 @@ func (e *Engine) acquire(ctx context.Context, sub *Subscription) (*Lease, error)
 	if err != nil {
 		return nil, err
 	}
-	lease := &Lease{Subscriber: sub.Name, Partition: sub.Partition, Lock: lock, checkpoints: e.checkpoints}
+	lease := &Lease{Subscriber: sub.Name, Partition: sub.Partition, Lock: lock, checkpoints: e.checkpoints, commitSQL: e.q["CommitFenced"]}
 	err = lock.Do(ctx, func(conn *pgx.Conn) error {
 		cp, err := e.checkpoints.Claim(ctx, conn, sub.Name, sub.Partition, e.cfg.Owner)
 		lease.Epoch, lease.Start = cp.Epoch, cp.Position
@@ -422,6 +455,8 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		batchSize = 500
 	}
 	cursor := lease.Start
+	// ahead is the next batch, read while the previous one was processed.
+	var ahead *readAhead
 	for {
 		if ctx.Err() != nil {
 			if live {
@@ -434,7 +469,14 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			return lease.Lock.Err()
 		default:
 		}
-		batch, err := e.read(ctx, sub, lease, cursor, batchSize, target)
+		var batch Batch
+		var err error
+		if ahead != nil && ahead.after == cursor {
+			batch, err = ahead.batch, ahead.err
+		} else {
+			batch, err = e.read(ctx, sub, lease, cursor, batchSize, target)
+		}
+		ahead = nil
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -495,7 +537,28 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			}
 			continue
 		}
+		// Read the next batch while this one is processed (see "Reading
+		// ahead" in the package doc): only when this one is full, so more is
+		// likely there, and nothing about the partition is pending that its
+		// processing may change.
+		var next chan readAhead
+		if len(batch.Events) == batchSize && batch.Through < target &&
+			batch.Unresolved == 0 && batch.Redeliveries == 0 && batch.Stopped == "" {
+			next = make(chan readAhead, 1)
+			go func(after int64) {
+				b, err := e.read(ctx, sub, lease, after, batchSize, target)
+				next <- readAhead{after: after, batch: b, err: err}
+			}(batch.Through)
+		}
+		lease.changed = false
 		done, err := sub.Processor.Process(procCtx, lease, batch)
+		if next != nil {
+			// Always wait for it: no read outlives the batch loop.
+			r := <-next
+			if err == nil && done == batch.Through && !lease.changed {
+				ahead = &r
+			}
+		}
 		if done > cursor {
 			cursor = done
 		}
@@ -511,6 +574,13 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			}
 		}
 	}
+}
+
+// readAhead is a batch read while the one before it was processed.
+type readAhead struct {
+	after int64
+	batch Batch
+	err   error
 }
 
 // isFatal reports errors that end a leadership: fencing and a lost lock.

@@ -36,6 +36,22 @@ SELECT h.head, coalesce(h.epoch, -1), coalesce(h.stopped_reason, ''), h.retry, h
          LIMIT $2) e ON true
  ORDER BY e.global_sequence;
 
+-- name: CommitFenced
+-- A projection batch's fenced checkpoint move, sent in one round trip with
+-- the transaction's COMMIT (Lease.CommitTx): $1 subscriber, $2 partition,
+-- $3 epoch, $4 position. Pipelined, the COMMIT runs unless this statement
+-- fails, so a fenced move (no row with this epoch) must fail rather than
+-- change nothing: the cast of a message to int raises it (the message sits
+-- in a subquery, so that the planner cannot fold it into an error at plan
+-- time), and the client reports checkpoint.ErrFenced.
+WITH moved AS (
+    UPDATE {{.Schema}}.checkpoints
+       SET position = greatest(position, $4), updated_at = clock_timestamp()
+     WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3
+    RETURNING position)
+SELECT CASE WHEN (SELECT count(*) FROM moved) = 1 THEN 1
+            ELSE ('annals: checkpoint fenced, rows moved: ' || (SELECT count(*) FROM moved))::int END;
+
 -- name: Head
 SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events;
 

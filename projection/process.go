@@ -187,6 +187,7 @@ func (f *failures) checkEpoch(ctx context.Context, lease *catchup.Lease) error {
 // deadLetter writes the dead-letter row (and, under Stop, the stop reason) in
 // db, which for projections is the transaction that also moves the checkpoint.
 func (f *failures) deadLetter(ctx context.Context, db checkpoint.DB, lease *catchup.Lease, e eventstore.Event, reason, status string, cause error) error {
+	lease.Changed() // the next read's dead-letter counts change
 	_, err := db.Exec(ctx, f.q["DeadLetter"], lease.Subscriber, lease.Partition, e.ID, e.GlobalSequence,
 		e.StreamID, e.Type, reason, errorText(cause), errorDetail(cause), status)
 	if err != nil {
@@ -200,6 +201,7 @@ func (f *failures) deadLetter(ctx context.Context, db checkpoint.DB, lease *catc
 
 // stop halts the partition; fenced when the lease's epoch has moved on.
 func (f *failures) stop(ctx context.Context, db checkpoint.DB, lease *catchup.Lease, reason string) error {
+	lease.Changed() // the next read's stop reason changes
 	tag, err := db.Exec(ctx, f.q["Stop"], lease.Subscriber, lease.Partition, lease.Epoch, storable(reason, 8<<10))
 	if err != nil {
 		return errors.Wrap(err, "projection: stop the subscriber")
@@ -373,6 +375,31 @@ func (t *txProcessor) process(ctx context.Context, lease *catchup.Lease, b catch
 	}
 }
 
+// batchTx runs fn in a transaction on the lock's connection and commits it
+// together with the fenced checkpoint move to the position fn returns, in
+// one round trip (Lease.CommitTx): BEGIN, the handlers' statements, then
+// the checkpoint and COMMIT pipelined. Anything that fails rolls it back.
+func (t *txProcessor) batchTx(ctx context.Context, lease *catchup.Lease, fn func(tx pgx.Tx) (int64, error)) error {
+	return lease.Lock.Do(ctx, func(conn *pgx.Conn) (err error) {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return errors.Wrap(err, "projection: begin")
+		}
+		defer func() {
+			if err != nil {
+				// As pgx.BeginFunc does: the rollback's own error is not the
+				// story (a dead connection ends the transaction anyway).
+				_ = tx.Rollback(ctx)
+			}
+		}()
+		pos, err := fn(tx)
+		if err != nil {
+			return err
+		}
+		return lease.CommitTx(ctx, tx, pos)
+	})
+}
+
 func (t *txProcessor) inTx(ctx context.Context, lease *catchup.Lease, fn func(tx pgx.Tx) error) error {
 	return lease.Lock.Do(ctx, func(conn *pgx.Conn) error { return pgx.BeginFunc(ctx, conn, fn) })
 }
@@ -386,13 +413,13 @@ func (t *txProcessor) inTx(ctx context.Context, lease *catchup.Lease, fn func(tx
 func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []eventstore.Event, park parked, through int64) (failedAt, cutAt int, err error) {
 	failedAt, cutAt = -1, -1
 	var parkedNow, forgotten []eventstore.Event
-	err = t.inTx(ctx, lease, func(tx pgx.Tx) error {
+	err = t.batchTx(ctx, lease, func(tx pgx.Tx) (int64, error) {
 		parkedNow, forgotten, cutAt = parkedNow[:0], forgotten[:0], -1
 		handle := func(ctx context.Context, e eventstore.Event) error { return t.p.Handle(ctx, tx, e) }
 		for i, e := range events {
 			if park.holds(e) {
 				if err := t.f.deadLetter(ctx, tx, lease, e, "parked", park.status(e.StreamID), t.f.parkedError(e)); err != nil {
-					return err
+					return 0, err
 				}
 				parkedNow = append(parkedNow, e)
 				continue
@@ -400,20 +427,20 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 			err := t.f.deliver(ctx, e, handle)
 			if err != nil {
 				failedAt = i
-				return errors.Wrapf(err, "projection %q: event %d (%s, stream %s v%d)", t.p.Name(), e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion)
+				return 0, errors.Wrapf(err, "projection %q: event %d (%s, stream %s v%d)", t.p.Name(), e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion)
 			}
 			if t.f.retried(e) {
 				if err := t.f.forget(ctx, tx, e); err != nil {
-					return err
+					return 0, err
 				}
 				forgotten = append(forgotten, e)
 			}
 			if t.cut != nil && i < len(events)-1 && t.cut.CommitAfter(e) {
 				cutAt = i
-				return lease.Commit(ctx, tx, e.GlobalSequence)
+				return e.GlobalSequence, nil
 			}
 		}
-		return lease.Commit(ctx, tx, through)
+		return through, nil
 	})
 	if err == nil {
 		for _, e := range parkedNow {
