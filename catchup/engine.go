@@ -77,13 +77,27 @@ func (l *Lease) CommitTx(ctx context.Context, tx pgx.Tx, position int64) error {
 	if l.Ephemeral() {
 		return tx.Commit(ctx)
 	}
+	return l.CommitConn(ctx, tx.Conn(), false, position)
+}
+
+// CommitConn is CommitTx for a transaction run by hand on conn (the lock's
+// connection): with begin, the transaction has not been begun yet and BEGIN
+// is sent first in the same round trip (a batch that wrote nothing). On
+// failure the caller rolls back (after begin too: the transaction may be
+// open).
+func (l *Lease) CommitConn(ctx context.Context, conn *pgx.Conn, begin bool, position int64) error {
 	if position < 0 {
 		return errors.Wrapf(checkpoint.ErrInvalid, "position %d is negative", position)
 	}
 	b := &pgx.Batch{}
-	b.Queue(l.commitSQL, l.Subscriber, l.Partition, l.Epoch, position)
+	if begin {
+		b.Queue("BEGIN")
+	}
+	if !l.Ephemeral() {
+		b.Queue(l.commitSQL, l.Subscriber, l.Partition, l.Epoch, position)
+	}
 	b.Queue("COMMIT")
-	err := tx.SendBatch(ctx, b).Close()
+	err := conn.SendBatch(ctx, b).Close()
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "annals: checkpoint fenced") {
 		return errors.Wrapf(checkpoint.ErrFenced, "commit %s/%d at epoch %d", l.Subscriber, l.Partition, l.Epoch)

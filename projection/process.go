@@ -375,28 +375,31 @@ func (t *txProcessor) process(ctx context.Context, lease *catchup.Lease, b catch
 	}
 }
 
-// batchTx runs fn in a transaction on the lock's connection and commits it
+// inBatchTx runs fn in the batch's transaction on the lock's connection
+// (a batchTx: BEGIN is sent with the first statement) and commits it
 // together with the fenced checkpoint move to the position fn returns, in
-// one round trip (Lease.CommitTx): BEGIN, the handlers' statements, then
-// the checkpoint and COMMIT pipelined. Anything that fails rolls it back.
-func (t *txProcessor) batchTx(ctx context.Context, lease *catchup.Lease, fn func(tx pgx.Tx) (int64, error)) error {
+// one round trip (Lease.CommitConn): a batch whose handlers write nothing
+// costs one round trip, one that writes costs one more than its own
+// statements. Anything that fails rolls it back.
+func (t *txProcessor) inBatchTx(ctx context.Context, lease *catchup.Lease, fn func(tx pgx.Tx) (int64, error)) error {
 	return lease.Lock.Do(ctx, func(conn *pgx.Conn) (err error) {
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			return errors.Wrap(err, "projection: begin")
-		}
+		tx := &batchTx{ctx: ctx, conn: conn}
 		defer func() {
 			if err != nil {
-				// As pgx.BeginFunc does: the rollback's own error is not the
-				// story (a dead connection ends the transaction anyway).
-				_ = tx.Rollback(ctx)
+				tx.rollback(ctx)
 			}
 		}()
 		pos, err := fn(tx)
 		if err != nil {
 			return err
 		}
-		return lease.CommitTx(ctx, tx, pos)
+		begin := !tx.begun
+		tx.begun = true // if the commit fails, the transaction may be open
+		if err := lease.CommitConn(ctx, conn, begin, pos); err != nil {
+			return err
+		}
+		tx.ended = true
+		return nil
 	})
 }
 
@@ -413,7 +416,7 @@ func (t *txProcessor) inTx(ctx context.Context, lease *catchup.Lease, fn func(tx
 func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []eventstore.Event, park parked, through int64) (failedAt, cutAt int, err error) {
 	failedAt, cutAt = -1, -1
 	var parkedNow, forgotten []eventstore.Event
-	err = t.batchTx(ctx, lease, func(tx pgx.Tx) (int64, error) {
+	err = t.inBatchTx(ctx, lease, func(tx pgx.Tx) (int64, error) {
 		parkedNow, forgotten, cutAt = parkedNow[:0], forgotten[:0], -1
 		handle := func(ctx context.Context, e eventstore.Event) error { return t.p.Handle(ctx, tx, e) }
 		for i, e := range events {
