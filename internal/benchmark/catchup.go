@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -77,6 +80,21 @@ type CatchupReport struct {
 	// throughput the default telemetry costs (negative: within noise).
 	ProjectionTelemetryCost float64 `json:"projection_telemetry_cost"`
 	ObserverTelemetryCost   float64 `json:"observer_telemetry_cost"`
+	// Contenders has every contender's rounds and the CPU time this process
+	// spent per event (the client's side; the server's is not included): a
+	// figure that a busy machine disturbs far less than throughput.
+	Contenders []CatchupContender `json:"contenders"`
+}
+
+// CatchupContender is one contender's measurements.
+type CatchupContender struct {
+	Name string `json:"name"`
+	// EventsPerSec is the median of Rounds.
+	EventsPerSec float64   `json:"events_per_sec"`
+	Rounds       []float64 `json:"rounds_events_per_sec"`
+	// CPUPerEvent is the median, over the rounds, of this process's CPU
+	// time (user + system) per event, in nanoseconds.
+	CPUPerEvent float64 `json:"client_cpu_ns_per_event"`
 }
 
 func (c *CatchupConfig) withDefaults() CatchupConfig {
@@ -136,14 +154,14 @@ func catchupContenders(pool *pgxpool.Pool, q map[string]string, c CatchupConfig,
 		rep = &CatchupReport{}
 	}
 	return []catchupContender{
-		{"raw read", &rep.Raw, func(ctx context.Context) (int, error) {
+		{"raw read ([]byte payloads)", &rep.Raw, func(ctx context.Context) (int, error) {
 			return rawCatchup(ctx, pool, q, c.BatchSize, false)
 		}},
 		{"raw read + checkpoint", &rep.RawCheckpoint, func(ctx context.Context) (int, error) {
 			return rawCatchup(ctx, pool, q, c.BatchSize, true)
 		}},
-		{"projection", &rep.Projection, runner(true, projection)},
-		{"observer", &rep.Observer, runner(true, observer)},
+		{"projection (no-op)", &rep.Projection, runner(true, projection)},
+		{"observer (no-op)", &rep.Observer, runner(true, observer)},
 		{"projection, telemetry off", &rep.ProjectionNoTelemetry, runner(false, projection)},
 		{"observer, telemetry off", &rep.ObserverNoTelemetry, runner(false, observer)},
 	}
@@ -170,7 +188,7 @@ func prepareCatchup(ctx context.Context, pool *pgxpool.Pool, c CatchupConfig) (m
 }
 
 // RunCatchup fills a fresh schema with Events events, then measures, in
-// Rounds interleaved rounds of the same run, a raw paged read of the whole
+// Rounds interleaved rounds of the same run (odd rounds in reverse order), a raw paged read of the whole
 // log, the same with a checkpoint write per page, and a no-op Projection and
 // a no-op Observer catching up from the start, with and without telemetry.
 func RunCatchup(ctx context.Context, pool *pgxpool.Pool, cfg *CatchupConfig) (*CatchupReport, error) {
@@ -185,12 +203,23 @@ func RunCatchup(ctx context.Context, pool *pgxpool.Pool, cfg *CatchupConfig) (*C
 
 	contenders := catchupContenders(pool, q, c, rep)
 	rates := make([][]float64, len(contenders))
+	cpu := make([][]float64, len(contenders))
 	for round := range c.Rounds {
-		for i, ct := range contenders {
-			fmt.Fprintf(c.Progress, "catch-up round %d/%d, %d/%d: %s of %d events ...\n", round+1, c.Rounds, i+1, len(contenders), ct.name, c.Events)
+		for k := range contenders {
+			// Odd rounds run in reverse order, so that no contender always
+			// follows the same one (a drifting load favours neither).
+			i := k
+			if round%2 == 1 {
+				i = len(contenders) - 1 - k
+			}
+			ct := contenders[i]
+			fmt.Fprintf(c.Progress, "catch-up round %d/%d, %d/%d: %s of %d events ...\n", round+1, c.Rounds, k+1, len(contenders), ct.name, c.Events)
+			runtime.GC() // no contender pays for the garbage of the one before
+			cpu0 := processCPU()
 			start := time.Now()
 			n, err := ct.fn(ctx)
 			elapsed := time.Since(start)
+			cpu[i] = append(cpu[i], float64(processCPU()-cpu0)/float64(max(n, 1)))
 			if err != nil {
 				return nil, errors.Wrapf(err, "benchmark: catch-up %s", ct.name)
 			}
@@ -201,7 +230,9 @@ func RunCatchup(ctx context.Context, pool *pgxpool.Pool, cfg *CatchupConfig) (*C
 		}
 	}
 	for i, ct := range contenders {
+		rounds := slices.Clone(rates[i])
 		*ct.out = median(rates[i])
+		rep.Contenders = append(rep.Contenders, CatchupContender{Name: ct.name, EventsPerSec: *ct.out, Rounds: rounds, CPUPerEvent: median(cpu[i])})
 	}
 	rep.ProjectionVsRaw = ratio(rep.Projection, rep.Raw)
 	rep.ObserverVsRaw = ratio(rep.Observer, rep.Raw)
@@ -211,6 +242,15 @@ func RunCatchup(ctx context.Context, pool *pgxpool.Pool, cfg *CatchupConfig) (*C
 	rep.ProjectionTelemetryCost = 1 - ratio(rep.Projection, rep.ProjectionNoTelemetry)
 	rep.ObserverTelemetryCost = 1 - ratio(rep.Observer, rep.ObserverNoTelemetry)
 	return rep, nil
+}
+
+// processCPU returns the CPU time (user + system) this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // median returns the median of xs (which it sorts).
@@ -373,20 +413,14 @@ func (c *counter) Load() int { return int(c.v.Load()) }
 func WriteCatchupTable(w io.Writer, s Settings, rep *CatchupReport) error {
 	fmt.Fprintf(w, "catch-up throughput, events/s: %d events read %d at a time, median of %d interleaved rounds (%s)\n", rep.Events, rep.BatchSize, rep.Rounds, s)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "contender\tevents/s\tvs raw read\tvs raw read + checkpoint\t")
-	rows := []struct {
-		name string
-		rate float64
-	}{
-		{"raw read ([]byte payloads)", rep.Raw},
-		{"raw read + checkpoint", rep.RawCheckpoint},
-		{"projection (no-op)", rep.Projection},
-		{"observer (no-op)", rep.Observer},
-		{"projection, telemetry off", rep.ProjectionNoTelemetry},
-		{"observer, telemetry off", rep.ObserverNoTelemetry},
-	}
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%.2f\t\n", r.name, r.rate, ratio(r.rate, rep.Raw), ratio(r.rate, rep.RawCheckpoint))
+	fmt.Fprintln(tw, "contender\tevents/s\tvs raw read\tvs raw read + checkpoint\tclient CPU ns/event\trounds, events/s\t")
+	for _, ct := range rep.Contenders {
+		rounds := make([]string, len(ct.Rounds))
+		for i, r := range ct.Rounds {
+			rounds[i] = fmt.Sprintf("%.0f", r)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%.2f\t%.0f\t%s\t\n", ct.Name, ct.EventsPerSec, ratio(ct.EventsPerSec, rep.Raw),
+			ratio(ct.EventsPerSec, rep.RawCheckpoint), ct.CPUPerEvent, strings.Join(rounds, " "))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
