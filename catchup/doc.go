@@ -146,6 +146,19 @@
 // move past events that did not match; otherwise it covers through the last
 // event returned. A subscriber that matches nothing still advances.
 //
+// # Reading ahead
+//
+// While a full batch is processed (on the lock's connection), the next one
+// is read (on the pool), so that a long catch-up overlaps the read of batch
+// N+1 with handling and committing batch N. The read-ahead is made only when
+// nothing about the partition is pending (no unresolved or released dead
+// letters, no stop reason), and it is used only if batch N succeeded
+// completely (the processor returned its Through and no error) and the
+// processor did not call Lease.Changed (it wrote a dead letter or stopped the
+// partition, which changes what the next read reports). Otherwise it is
+// discarded and the batch read again. The read-ahead is always waited for
+// before the loop goes on; it never moves a checkpoint.
+//
 // # Processing and fencing
 //
 // A Processor handles each batch and reports how far it got. Transactional
@@ -156,6 +169,9 @@
 // or whose checkpoint an operator reset — cannot move it; it fails with
 // checkpoint.ErrFenced and the engine returns to standby, re-claiming (and
 // re-reading from the stored checkpoint) if it gets the lock again.
+// Lease.CommitTx and Lease.CommitConn send the fenced update and COMMIT in
+// one round trip: the update (CommitFenced) fails when fenced instead of
+// changing no row, so the pipelined COMMIT is skipped and nothing commits.
 //
 // A failed batch is retried after RetryBackoff from the position the
 // processor reports: for projections, the events before the failing one are

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -62,7 +63,53 @@ type Lease struct {
 
 	checkpoints *checkpoint.Store
 	stopping    <-chan struct{}
+	changed     bool
+	commitSQL   string // CommitFenced
 }
+
+// CommitTx writes the checkpoint at position in tx, fenced by the lease's
+// epoch, and commits tx, in one round trip (the fenced update and COMMIT
+// pipelined). On success tx is committed and must not be used again (not
+// even rolled back); on failure it is not, and the caller rolls it back. A
+// fenced lease gets checkpoint.ErrFenced and nothing is committed.
+// Ephemeral leases only commit tx.
+func (l *Lease) CommitTx(ctx context.Context, tx pgx.Tx, position int64) error {
+	if l.Ephemeral() {
+		return tx.Commit(ctx)
+	}
+	return l.CommitConn(ctx, tx.Conn(), false, position)
+}
+
+// CommitConn is CommitTx for a transaction run by hand on conn (the lock's
+// connection): with begin, the transaction has not been begun yet and BEGIN
+// is sent first in the same round trip (a batch that wrote nothing). On
+// failure the caller rolls back (after begin too: the transaction may be
+// open).
+func (l *Lease) CommitConn(ctx context.Context, conn *pgx.Conn, begin bool, position int64) error {
+	if position < 0 {
+		return errors.Wrapf(checkpoint.ErrInvalid, "position %d is negative", position)
+	}
+	b := &pgx.Batch{}
+	if begin {
+		b.Queue("BEGIN")
+	}
+	if !l.Ephemeral() {
+		b.Queue(l.commitSQL, l.Subscriber, l.Partition, l.Epoch, position)
+	}
+	b.Queue("COMMIT")
+	err := conn.SendBatch(ctx, b).Close()
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "annals: checkpoint fenced") {
+		return errors.Wrapf(checkpoint.ErrFenced, "commit %s/%d at epoch %d", l.Subscriber, l.Partition, l.Epoch)
+	}
+	return errors.Wrapf(err, "catchup: commit %s/%d at %d", l.Subscriber, l.Partition, position)
+}
+
+// Changed tells the engine that processing the batch in hand changed what
+// the next read reports besides events (the processor wrote a dead letter or
+// stopped the partition): a batch read ahead while it ran is discarded and
+// read again. Call it from Process only.
+func (l *Lease) Changed() { l.changed = true }
 
 // Stopping is closed when the run is shutting down: a processor waiting to
 // retry should give up its wait then (the batch in hand may still finish).
@@ -451,6 +498,8 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		batchSize = 500
 	}
 	cursor := lease.Start
+	// ahead is the next batch, read while the previous one was processed.
+	var ahead *readAhead
 	for {
 		if ctx.Err() != nil {
 			if live {
@@ -463,7 +512,14 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			return lease.Lock.Err()
 		default:
 		}
-		batch, err := e.read(ctx, sub, lease, cursor, batchSize, target)
+		var batch Batch
+		var err error
+		if ahead != nil && ahead.after == cursor {
+			batch, err = ahead.batch, ahead.err
+		} else {
+			batch, err = e.read(ctx, sub, lease, cursor, batchSize, target)
+		}
+		ahead = nil
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -524,7 +580,28 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			}
 			continue
 		}
+		// Read the next batch while this one is processed (see "Reading
+		// ahead" in the package doc): only when this one is full, so more is
+		// likely there, and nothing about the partition is pending that its
+		// processing may change.
+		var next chan readAhead
+		if len(batch.Events) == batchSize && batch.Through < target &&
+			batch.Unresolved == 0 && batch.Redeliveries == 0 && batch.Stopped == "" {
+			next = make(chan readAhead, 1)
+			go func(after int64) {
+				b, err := e.read(ctx, sub, lease, after, batchSize, target)
+				next <- readAhead{after: after, batch: b, err: err}
+			}(batch.Through)
+		}
+		lease.changed = false
 		done, err := sub.Processor.Process(procCtx, lease, batch)
+		if next != nil {
+			// Always wait for it: no read outlives the batch loop.
+			r := <-next
+			if err == nil && done == batch.Through && !lease.changed {
+				ahead = &r
+			}
+		}
 		if done > cursor {
 			cursor = done
 		}
@@ -540,6 +617,13 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			}
 		}
 	}
+}
+
+// readAhead is a batch read while the one before it was processed.
+type readAhead struct {
+	after int64
+	batch Batch
+	err   error
 }
 
 // isFatal reports errors that end a leadership: fencing and a lost lock.
@@ -575,45 +659,17 @@ func (e *Engine) read(ctx context.Context, sub *Subscription, lease *Lease, afte
 		return Batch{}, errors.Wrap(err, "catchup: read batch")
 	}
 	b := Batch{After: after, Events: make([]eventstore.Event, 0, limit)}
-	var head int64
-	var epoch *int64
-	var stopped *string
-	var retry, unresolved int
-	var pos *int64
-	var ev eventstore.Event
-	var meta []byte
-	var id, stream, typ *string
-	var version *int64
-	var recorded *time.Time
-	_, err = pgx.ForEachRow(rows, []any{&head, &epoch, &stopped, &retry, &unresolved, &pos, &id, &stream, &version, &typ, &ev.Data, &meta, &recorded}, func() error {
-		if pos == nil {
-			return nil // no events: the row only carries the head
-		}
-		e := eventstore.Event{GlobalSequence: *pos, StreamID: *stream, StreamVersion: *version, Type: *typ, Data: ev.Data, RecordedAt: *recorded}
-		if err := e.ID.UnmarshalText([]byte(*id)); err != nil {
-			return errors.Wrapf(err, "event %d: bad ID", *pos)
-		}
-		if len(meta) > 0 {
-			if err := e.Metadata.UnmarshalJSON(meta); err != nil {
-				return errors.Wrapf(err, "event %d", *pos)
-			}
-		}
-		b.Events = append(b.Events, e)
-		ev.Data = nil
-		return nil
-	})
+	h, err := scanBatch(rows, &b)
 	if err != nil {
 		return Batch{}, errors.Wrap(err, "catchup: read batch")
 	}
-	if lease.Lock != nil && (epoch == nil || *epoch != lease.Epoch) {
+	if lease.Lock != nil && h.epoch != lease.Epoch {
 		return Batch{}, errors.Wrapf(checkpoint.ErrFenced, "catchup: %s/%d: the checkpoint's epoch is no longer %d", sub.Name, sub.Partition, lease.Epoch)
 	}
 	if lease.Lock != nil {
-		b.Redeliveries, b.Unresolved = retry, unresolved
-		if stopped != nil {
-			b.Stopped = *stopped
-		}
+		b.Redeliveries, b.Unresolved, b.Stopped = h.retry, h.unresolved, h.stopped
 	}
+	head := h.head
 	b.Head = head
 	b.Through = min(max(head, after), target)
 	if len(b.Events) == limit {

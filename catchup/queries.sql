@@ -9,9 +9,13 @@
 -- checkpoint's epoch lets an idle leader notice that it has been fenced (an
 -- operator's checkpoint set) without waiting for its next commit; the stop
 -- reason and the dead-letter counts tell it to halt, to re-deliver what an
--- operator released, and whether any stream may be parked.
-SELECT h.head, h.epoch, h.stopped_reason, h.retry, h.unresolved, e.global_sequence, e.event_id, e.stream_id, e.stream_version,
-       e.event_type, e.data, e.metadata, e.recorded_at
+-- operator released, and whether any stream may be parked. No column is
+-- NULL (so the client scans into plain values): a missing checkpoint row
+-- has epoch -1, and when no event matches, the one row has position 0.
+SELECT h.head, coalesce(h.epoch, -1), coalesce(h.stopped_reason, ''), h.retry, h.unresolved,
+       coalesce(e.global_sequence, 0), coalesce(e.event_id, '00000000-0000-0000-0000-000000000000'),
+       coalesce(e.stream_id, ''), coalesce(e.stream_version, 0), coalesce(e.event_type, ''),
+       e.data, e.metadata, coalesce(e.recorded_at, 'epoch')
   FROM (SELECT (SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events) AS head,
                c.epoch, c.stopped_reason, d.retry, d.unresolved
           FROM (SELECT 1) one
@@ -31,6 +35,22 @@ SELECT h.head, h.epoch, h.stopped_reason, h.retry, h.unresolved, e.global_sequen
          ORDER BY ev.global_sequence
          LIMIT $2) e ON true
  ORDER BY e.global_sequence;
+
+-- name: CommitFenced
+-- A projection batch's fenced checkpoint move, sent in one round trip with
+-- the transaction's COMMIT (Lease.CommitTx): $1 subscriber, $2 partition,
+-- $3 epoch, $4 position. Pipelined, the COMMIT runs unless this statement
+-- fails, so a fenced move (no row with this epoch) must fail rather than
+-- change nothing: the cast of a message to int raises it (the message sits
+-- in a subquery, so that the planner cannot fold it into an error at plan
+-- time), and the client reports checkpoint.ErrFenced.
+WITH moved AS (
+    UPDATE {{.Schema}}.checkpoints
+       SET position = greatest(position, $4), updated_at = clock_timestamp()
+     WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3
+    RETURNING position)
+SELECT CASE WHEN (SELECT count(*) FROM moved) = 1 THEN 1
+            ELSE ('annals: checkpoint fenced, rows moved: ' || (SELECT count(*) FROM moved))::int END;
 
 -- name: Head
 SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events;

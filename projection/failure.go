@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime/debug"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -13,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/annals-dev/annals"
+	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
@@ -123,11 +125,52 @@ type Hooks struct {
 	OnDeadLetter func(subscriber string, e eventstore.Event, reason string, err error)
 }
 
-// handle runs one handler call for e in its span, with the subscriber's
-// timeout, turning a panic into an error with its stack. A timeout counts as
-// a failure. The span links to the span that appended e (or is its child
-// with Config.HandlerSpanParent).
-func (f *failures) handle(ctx context.Context, e eventstore.Event, fn func(ctx context.Context) error) error {
+// handlerFunc is a handler call: a Projection's Handle bound to its
+// transaction, or an Observer's.
+type handlerFunc func(ctx context.Context, e eventstore.Event) error
+
+// deliver runs one handler call for e: e is upcast to its type's current
+// schema version first (Config.Registry), inside the handler's timeout, so
+// a failing upcaster is a failed attempt of the handler — retried, then
+// dead-lettered — never an engine error; a panic becomes an error with its
+// stack, and a timeout counts as a failure. Every delivery path (batches,
+// retries, re-delivered dead letters) goes through it; the stored event and
+// the dead-letter row keep the original data.
+//
+// This is the hot loop of catch-up, so by default it does no per-event
+// telemetry and reuses the timeout context across calls (see handlerContext);
+// the batch has the span and the metrics (batchTelemetry). With
+// Config.HandlerSpans, each call gets its own span, linked to (or with
+// HandlerSpanParent a child of) the span that appended e, and an
+// annals.handler.duration record.
+func (f *failures) deliver(ctx context.Context, e eventstore.Event, fn handlerFunc) error {
+	if f.eventSpans && f.tel.Enabled {
+		return f.deliverTraced(ctx, e, fn)
+	}
+	hctx := f.handlerContext(ctx)
+	err := f.call(hctx, e, fn)
+	if err != nil && hctx.Err() != nil && ctx.Err() == nil {
+		err = errors.Wrapf(err, "handler timed out after %s", f.timeout)
+	}
+	return err
+}
+
+// call upcasts e and runs fn, turning a panic into an error with its stack.
+func (f *failures) call(ctx context.Context, e eventstore.Event, fn handlerFunc) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = errors.WithDetail(errors.Newf("handler panicked: %v", r), string(debug.Stack()))
+		}
+	}()
+	up, err := f.registry.Upcast(e)
+	if err != nil {
+		return err
+	}
+	return fn(ctx, up)
+}
+
+// deliverTraced is deliver with a span and a duration record per call.
+func (f *failures) deliverTraced(ctx context.Context, e eventstore.Event, fn handlerFunc) error {
 	var link trace.SpanStartOption = trace.WithLinks()
 	if producer := e.Metadata.SpanContext(); producer.IsValid() {
 		if f.childSpans {
@@ -151,7 +194,7 @@ func (f *failures) handle(ctx context.Context, e eventstore.Event, fn func(ctx c
 	start := time.Now()
 	hctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	err := safely(func() error { return fn(hctx) })
+	err := f.call(hctx, e, fn)
 	if err != nil && hctx.Err() != nil && ctx.Err() == nil {
 		err = errors.Wrapf(err, "handler timed out after %s", f.timeout)
 	}
@@ -165,20 +208,66 @@ func (f *failures) handle(ctx context.Context, e eventstore.Event, fn func(ctx c
 	return err
 }
 
-// deliver is handle for a handler that takes the event: e is upcast to its
-// type's current schema version first (Config.Registry), inside the
-// handler's span and timeout, so a failing upcaster is a failed attempt of
-// the handler — retried, then dead-lettered — never an engine error. Every
-// delivery path (batches, retries, re-delivered dead letters) goes through
-// it; the stored event and the dead-letter row keep the original data.
-func (f *failures) deliver(ctx context.Context, e eventstore.Event, fn func(ctx context.Context, e eventstore.Event) error) error {
-	return f.handle(ctx, e, func(ctx context.Context) error {
-		up, err := f.registry.Upcast(e)
+// handlerContext returns a context for one handler call, derived from ctx,
+// whose deadline is at least HandlerTimeout and at most HandlerTimeout plus
+// a slack (1% of it, at most 10ms) from now. Creating a timeout context per
+// event (a timer, and a child registered with the parent) was the largest
+// per-event cost of catch-up, so one context serves consecutive calls until
+// its deadline comes closer than HandlerTimeout; releaseContext cancels it
+// at the end of a batch.
+func (f *failures) handlerContext(ctx context.Context) context.Context {
+	now := time.Now()
+	if f.hctx != nil && f.hparent == ctx && f.hctx.Err() == nil && f.hdeadline.Sub(now) >= f.timeout {
+		return f.hctx
+	}
+	f.releaseContext()
+	slack := min(f.timeout/100, 10*time.Millisecond)
+	f.hdeadline = now.Add(f.timeout + slack)
+	f.hparent = ctx
+	f.hctx, f.hcancel = context.WithDeadline(ctx, f.hdeadline)
+	return f.hctx
+}
+
+// releaseContext cancels the shared handler context, if any.
+func (f *failures) releaseContext() {
+	if f.hcancel != nil {
+		f.hcancel()
+	}
+	f.hctx, f.hcancel, f.hparent = nil, nil, nil
+}
+
+// batchTelemetry starts the span of one batch (annals.batch, a consumer
+// span with the subscriber, partition and positions) and returns ctx with
+// it and the function that ends it, recording annals.batch.duration and
+// adding the events handled to annals.subscription.events.
+func (f *failures) batchTelemetry(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (context.Context, func(handled int, err error)) {
+	if !f.tel.Enabled {
+		return ctx, func(int, error) {}
+	}
+	start := time.Now()
+	ctx, span := f.tel.Tracer.Start(ctx, "annals.batch", trace.WithSpanKind(trace.SpanKindConsumer))
+	if span.IsRecording() {
+		span.SetAttributes(
+			telemetry.Subscriber.String(f.name),
+			telemetry.Partition.Int(lease.Partition),
+			attribute.Int64("annals.after", b.After),
+			attribute.Int64("annals.through", b.Through),
+			attribute.Int("annals.event_count", len(b.Events)),
+		)
+	}
+	return ctx, func(handled int, err error) {
+		outcome := f.okAttrs
 		if err != nil {
-			return err
+			outcome = f.errAttrs
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
 		}
-		return fn(ctx, up)
-	})
+		span.End()
+		f.tel.Batch.Record(ctx, time.Since(start).Seconds(), outcome)
+		if handled > 0 {
+			f.tel.Events.Add(ctx, int64(handled), f.subAttrs)
+		}
+	}
 }
 
 // retrying counts a failed attempt that will be retried.

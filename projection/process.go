@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"log/slog"
+	"sort"
 	"strings"
 	"time"
 
@@ -31,6 +32,14 @@ type failures struct {
 	logger     *slog.Logger
 	tel        *telemetry.Subscription
 	childSpans bool
+	// eventSpans: a span and a duration record per handler call
+	// (Config.HandlerSpans); otherwise per batch only.
+	eventSpans bool
+	// The handler context shared by consecutive calls (handlerContext).
+	hctx      context.Context
+	hcancel   context.CancelFunc
+	hparent   context.Context
+	hdeadline time.Time
 	// registry upcasts events before they reach the handler (nil: none).
 	registry *eventstore.Registry
 	// attempts of events being retried in this process (for span attributes).
@@ -178,6 +187,7 @@ func (f *failures) checkEpoch(ctx context.Context, lease *catchup.Lease) error {
 // deadLetter writes the dead-letter row (and, under Stop, the stop reason) in
 // db, which for projections is the transaction that also moves the checkpoint.
 func (f *failures) deadLetter(ctx context.Context, db checkpoint.DB, lease *catchup.Lease, e eventstore.Event, reason, status string, cause error) error {
+	lease.Changed() // the next read's dead-letter counts change
 	_, err := db.Exec(ctx, f.q["DeadLetter"], lease.Subscriber, lease.Partition, e.ID, e.GlobalSequence,
 		e.StreamID, e.Type, reason, errorText(cause), errorDetail(cause), status)
 	if err != nil {
@@ -191,6 +201,7 @@ func (f *failures) deadLetter(ctx context.Context, db checkpoint.DB, lease *catc
 
 // stop halts the partition; fenced when the lease's epoch has moved on.
 func (f *failures) stop(ctx context.Context, db checkpoint.DB, lease *catchup.Lease, reason string) error {
+	lease.Changed() // the next read's stop reason changes
 	tag, err := db.Exec(ctx, f.q["Stop"], lease.Subscriber, lease.Partition, lease.Epoch, storable(reason, 8<<10))
 	if err != nil {
 		return errors.Wrap(err, "projection: stop the subscriber")
@@ -280,7 +291,21 @@ func (t *txProcessor) Start(context.Context, *catchup.Lease) error { return nil 
 func (t *txProcessor) Idle(context.Context, *catchup.Lease) error  { return nil }
 func (t *txProcessor) End(context.Context, *catchup.Lease) error   { return nil }
 
-func (t *txProcessor) Process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
+// handledThrough counts the events of b at or before position done.
+func handledThrough(b catchup.Batch, done int64) int {
+	return sort.Search(len(b.Events), func(i int) bool { return b.Events[i].GlobalSequence > done })
+}
+
+func (t *txProcessor) Process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (done int64, err error) {
+	ctx, end := t.f.batchTelemetry(ctx, lease, b)
+	defer func() {
+		t.f.releaseContext()
+		end(handledThrough(b, done), err)
+	}()
+	return t.process(ctx, lease, b)
+}
+
+func (t *txProcessor) process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
 	park, err := t.f.loadParked(ctx, lease, b)
 	if err != nil {
 		return b.After, err
@@ -350,6 +375,34 @@ func (t *txProcessor) Process(ctx context.Context, lease *catchup.Lease, b catch
 	}
 }
 
+// inBatchTx runs fn in the batch's transaction on the lock's connection
+// (a batchTx: BEGIN is sent with the first statement) and commits it
+// together with the fenced checkpoint move to the position fn returns, in
+// one round trip (Lease.CommitConn): a batch whose handlers write nothing
+// costs one round trip, one that writes costs one more than its own
+// statements. Anything that fails rolls it back.
+func (t *txProcessor) inBatchTx(ctx context.Context, lease *catchup.Lease, fn func(tx pgx.Tx) (int64, error)) error {
+	return lease.Lock.Do(ctx, func(conn *pgx.Conn) (err error) {
+		tx := &batchTx{ctx: ctx, conn: conn}
+		defer func() {
+			if err != nil {
+				tx.rollback(ctx)
+			}
+		}()
+		pos, err := fn(tx)
+		if err != nil {
+			return err
+		}
+		begin := !tx.begun
+		tx.begun = true // if the commit fails, the transaction may be open
+		if err := lease.CommitConn(ctx, conn, begin, pos); err != nil {
+			return err
+		}
+		tx.ended = true
+		return nil
+	})
+}
+
 func (t *txProcessor) inTx(ctx context.Context, lease *catchup.Lease, fn func(tx pgx.Tx) error) error {
 	return lease.Lock.Do(ctx, func(conn *pgx.Conn) error { return pgx.BeginFunc(ctx, conn, fn) })
 }
@@ -363,33 +416,34 @@ func (t *txProcessor) inTx(ctx context.Context, lease *catchup.Lease, fn func(tx
 func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []eventstore.Event, park parked, through int64) (failedAt, cutAt int, err error) {
 	failedAt, cutAt = -1, -1
 	var parkedNow, forgotten []eventstore.Event
-	err = t.inTx(ctx, lease, func(tx pgx.Tx) error {
+	err = t.inBatchTx(ctx, lease, func(tx pgx.Tx) (int64, error) {
 		parkedNow, forgotten, cutAt = parkedNow[:0], forgotten[:0], -1
+		handle := func(ctx context.Context, e eventstore.Event) error { return t.p.Handle(ctx, tx, e) }
 		for i, e := range events {
 			if park.holds(e) {
 				if err := t.f.deadLetter(ctx, tx, lease, e, "parked", park.status(e.StreamID), t.f.parkedError(e)); err != nil {
-					return err
+					return 0, err
 				}
 				parkedNow = append(parkedNow, e)
 				continue
 			}
-			err := t.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return t.p.Handle(ctx, tx, e) })
+			err := t.f.deliver(ctx, e, handle)
 			if err != nil {
 				failedAt = i
-				return errors.Wrapf(err, "projection %q: event %d (%s, stream %s v%d)", t.p.Name(), e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion)
+				return 0, errors.Wrapf(err, "projection %q: event %d (%s, stream %s v%d)", t.p.Name(), e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion)
 			}
 			if t.f.retried(e) {
 				if err := t.f.forget(ctx, tx, e); err != nil {
-					return err
+					return 0, err
 				}
 				forgotten = append(forgotten, e)
 			}
 			if t.cut != nil && i < len(events)-1 && t.cut.CommitAfter(e) {
 				cutAt = i
-				return lease.Commit(ctx, tx, e.GlobalSequence)
+				return e.GlobalSequence, nil
 			}
 		}
-		return lease.Commit(ctx, tx, through)
+		return through, nil
 	})
 	if err == nil {
 		for _, e := range parkedNow {
@@ -406,6 +460,7 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 // transaction that also resolves it. A failure reopens it and the released
 // entries behind it in its stream, which stays parked.
 func (t *txProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error {
+	defer t.f.releaseContext()
 	return redeliver(ctx, t.f, lease, func(e eventstore.Event, id int64) error {
 		return t.inTx(ctx, lease, func(tx pgx.Tx) error {
 			// Fenced like every write: a no-op checkpoint move checks the epoch.
@@ -519,6 +574,7 @@ type observerProcessor struct {
 	every    int
 	interval time.Duration
 	batcher  *checkpoint.Batcher
+	handle   handlerFunc // o.Handle, bound once
 }
 
 func (p *observerProcessor) Start(ctx context.Context, lease *catchup.Lease) error {
@@ -532,7 +588,19 @@ func (p *observerProcessor) Start(ctx context.Context, lease *catchup.Lease) err
 	return nil
 }
 
-func (p *observerProcessor) Process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
+func (p *observerProcessor) Process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (done int64, err error) {
+	ctx, end := p.f.batchTelemetry(ctx, lease, b)
+	defer func() {
+		p.f.releaseContext()
+		end(handledThrough(b, done), err)
+	}()
+	return p.process(ctx, lease, b)
+}
+
+func (p *observerProcessor) process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
+	if p.handle == nil {
+		p.handle = p.o.Handle
+	}
 	park, err := p.f.loadParked(ctx, lease, b)
 	if err != nil {
 		return b.After, err
@@ -559,7 +627,7 @@ func (p *observerProcessor) Process(ctx context.Context, lease *catchup.Lease, b
 			done, handled = e.GlobalSequence, handled+1
 			continue
 		}
-		err := p.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return p.o.Handle(ctx, e) })
+		err := p.f.deliver(ctx, e, p.handle)
 		if err == nil {
 			if p.f.retried(e) {
 				// Best effort: left behind, the rows only cost space.
@@ -626,6 +694,7 @@ func (p *observerProcessor) inLock(ctx context.Context, lease *catchup.Lease, fn
 
 // Redeliver re-delivers released dead letters in position order.
 func (p *observerProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error {
+	defer p.f.releaseContext()
 	return redeliver(ctx, p.f, lease, func(e eventstore.Event, id int64) error {
 		if err := p.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return p.o.Handle(ctx, e) }); err != nil {
 			return handlerError{err}

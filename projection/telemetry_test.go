@@ -129,7 +129,7 @@ func TestTracingAcrossTheEventStore(t *testing.T) {
 					t.Fatalf("event %d carries %v, want the append span %v", e.GlobalSequence, sc, ap.SpanContext())
 				}
 			}
-			r, err := projection.NewRunner(tb.db.Pool, &projection.Config{TracerProvider: tb.tp, MeterProvider: tb.mp, HandlerSpanParent: child})
+			r, err := projection.NewRunner(tb.db.Pool, &projection.Config{TracerProvider: tb.tp, MeterProvider: tb.mp, HandlerSpans: true, HandlerSpanParent: child})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -191,7 +191,7 @@ func TestMetrics(t *testing.T) {
 		return nil
 	})
 	r, err := projection.NewRunner(tb.db.Pool, &projection.Config{
-		TracerProvider: tb.tp, MeterProvider: tb.mp, Clock: immediateClock{},
+		TracerProvider: tb.tp, MeterProvider: tb.mp, Clock: immediateClock{}, HandlerSpans: true,
 		Retry: &projection.RetryPolicy{MaxRetries: 2}, PollInterval: 100 * time.Millisecond,
 	})
 	if err != nil {
@@ -234,6 +234,69 @@ func TestMetrics(t *testing.T) {
 	}
 	if _, ok := ms["annals.listener.reconnects"]; !ok {
 		t.Error("annals.listener.reconnects not reported")
+	}
+}
+
+// Telemetry is per batch by default: an annals.batch span and the batch
+// metrics, no span or duration record per handler call. HandlerSpans adds
+// those.
+func TestHandlerSpansOffByDefault(t *testing.T) {
+	t.Parallel()
+	for _, perEvent := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Default", true: "HandlerSpans"}[perEvent], func(t *testing.T) {
+			t.Parallel()
+			tb := setupTelemetry(t)
+			ctx := context.Background()
+			const n = 7
+			for i := range n {
+				if _, err := tb.store.Append(ctx, "acct-"+string(rune('a'+i%2)), eventstore.Any, eventstore.NewEvent(Deposited{Amount: i})); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r, err := projection.NewRunner(tb.db.Pool, &projection.Config{TracerProvider: tb.tp, MeterProvider: tb.mp, HandlerSpans: perEvent})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Register(balances(tb.reg), &projection.Options{BatchSize: 3}); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.RunUntilCaughtUp(ctx); err != nil {
+				t.Fatal(err)
+			}
+			handles := tb.ended("annals.handle account.deposited")
+			ms := tb.collect(t)
+			handlerCalls := histCount(ms["annals.handler.duration"])
+			if perEvent {
+				if len(handles) != n || handlerCalls != n {
+					t.Fatalf("with HandlerSpans: %d handler spans and %d annals.handler.duration records, want %d", len(handles), handlerCalls, n)
+				}
+			} else if len(handles) != 0 || handlerCalls > 0 {
+				t.Fatalf("by default: %d handler spans and %d annals.handler.duration records, want none", len(handles), handlerCalls)
+			}
+			// Either way, a span and a duration record per batch (7 events, 3
+			// at a time: 3 batches), and the events counted.
+			batches := tb.ended("annals.batch")
+			if len(batches) != 3 {
+				t.Fatalf("%d annals.batch spans, want 3", len(batches))
+			}
+			total := 0
+			for _, b := range batches {
+				if sub, _ := attr(b, "annals.subscriber"); sub != "balances" || b.SpanKind() != trace.SpanKindConsumer {
+					t.Fatalf("batch span subscriber %q kind %v", sub, b.SpanKind())
+				}
+				c, _ := attr(b, "annals.event_count")
+				total += map[string]int{"1": 1, "3": 3}[c]
+			}
+			if total != n {
+				t.Fatalf("batch spans cover %d events, want %d", total, n)
+			}
+			if got := histCount(ms["annals.batch.duration"]); got != 3 {
+				t.Fatalf("annals.batch.duration count = %d, want 3", got)
+			}
+			if got := counter(ms["annals.subscription.events"]); got != n {
+				t.Fatalf("annals.subscription.events = %d, want %d", got, n)
+			}
+		})
 	}
 }
 

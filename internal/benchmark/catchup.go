@@ -4,8 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/projection"
 )
 
@@ -31,32 +36,65 @@ type CatchupConfig struct {
 	// FillBatch is the number of events per append_events call while
 	// filling the log. Defaults to 1,000.
 	FillBatch int
+	// Rounds is the number of interleaved rounds: each round runs every
+	// contender once, and each figure is the median of its rounds.
+	// Defaults to 3.
+	Rounds int
 	// Progress receives a line as each phase starts and while filling.
 	// Defaults to none.
 	Progress io.Writer
 }
 
 // CatchupReport is the outcome of RunCatchup: events per second of each
-// contender reading the whole log, and the runner's ratios to the raw reads.
+// contender reading the whole log (the median of Rounds), and the runner's
+// ratios to the raw reads.
 type CatchupReport struct {
 	Events      int     `json:"events"`
 	BatchSize   int     `json:"batch_size"`
+	Rounds      int     `json:"rounds"`
 	FillSeconds float64 `json:"fill_seconds"`
-	// Raw reads the log in pages with a plain SELECT and decodes the rows
-	// into eventstore.Event values.
+	// Raw reads the log in pages with a plain SELECT, scanning each row into
+	// Go values with the payloads as []byte (no JSON decoding): the floor
+	// for reading the log from Go.
 	Raw float64 `json:"raw_read_events_per_sec"`
-	// RawCheckpoint is Raw plus a durable checkpoint UPDATE (autocommit)
-	// after every page.
+	// RawCheckpoint is Raw plus a durable checkpoint UPDATE (autocommit: one
+	// commit) after every page.
 	RawCheckpoint float64 `json:"raw_read_checkpoint_events_per_sec"`
 	// Projection and Observer are a no-op Projection and a no-op Observer
-	// through Runner.RunUntilCaughtUp.
+	// through Runner.RunUntilCaughtUp, with the default telemetry (the
+	// global OpenTelemetry providers, no-op unless the program sets them).
 	Projection float64 `json:"projection_events_per_sec"`
 	Observer   float64 `json:"observer_events_per_sec"`
+	// ProjectionNoTelemetry and ObserverNoTelemetry are the same with the
+	// runner's telemetry switched off altogether (an internal switch): what
+	// telemetry with no-op providers costs is 1 - Projection/ProjectionNoTelemetry.
+	ProjectionNoTelemetry float64 `json:"projection_no_telemetry_events_per_sec"`
+	ObserverNoTelemetry   float64 `json:"observer_no_telemetry_events_per_sec"`
 
 	ProjectionVsRaw           float64 `json:"projection_vs_raw"`
 	ObserverVsRaw             float64 `json:"observer_vs_raw"`
 	ProjectionVsRawCheckpoint float64 `json:"projection_vs_raw_checkpoint"`
 	ObserverVsRawCheckpoint   float64 `json:"observer_vs_raw_checkpoint"`
+	ObserverVsProjection      float64 `json:"observer_vs_projection"`
+	// ProjectionTelemetryCost and ObserverTelemetryCost are the fractions of
+	// throughput the default telemetry costs (negative: within noise).
+	ProjectionTelemetryCost float64 `json:"projection_telemetry_cost"`
+	ObserverTelemetryCost   float64 `json:"observer_telemetry_cost"`
+	// Contenders has every contender's rounds and the CPU time this process
+	// spent per event (the client's side; the server's is not included): a
+	// figure that a busy machine disturbs far less than throughput.
+	Contenders []CatchupContender `json:"contenders"`
+}
+
+// CatchupContender is one contender's measurements.
+type CatchupContender struct {
+	Name string `json:"name"`
+	// EventsPerSec is the median of Rounds.
+	EventsPerSec float64   `json:"events_per_sec"`
+	Rounds       []float64 `json:"rounds_events_per_sec"`
+	// CPUPerEvent is the median, over the rounds, of this process's CPU
+	// time (user + system) per event, in nanoseconds.
+	CPUPerEvent float64 `json:"client_cpu_ns_per_event"`
 }
 
 func (c *CatchupConfig) withDefaults() CatchupConfig {
@@ -76,18 +114,62 @@ func (c *CatchupConfig) withDefaults() CatchupConfig {
 	if out.FillBatch <= 0 {
 		out.FillBatch = 1000
 	}
+	if out.Rounds <= 0 {
+		out.Rounds = 3
+	}
 	if out.Progress == nil {
 		out.Progress = io.Discard
 	}
 	return out
 }
 
-// RunCatchup fills a fresh schema with Events events, then measures, one
-// after the other in the same run, a raw paged read of the whole log, the
-// same with a checkpoint write per page, a no-op Projection and a no-op
-// Observer catching up from the start.
-func RunCatchup(ctx context.Context, pool *pgxpool.Pool, cfg *CatchupConfig) (*CatchupReport, error) {
-	c := cfg.withDefaults()
+// catchupContender is one way of reading the whole log: it returns the
+// number of events it handled.
+type catchupContender struct {
+	name string
+	out  *float64
+	fn   func(ctx context.Context) (int, error)
+}
+
+// catchupContenders returns the contenders, reporting into rep. Every call
+// of a runner contender uses a new subscriber (so it starts from 0).
+func catchupContenders(pool *pgxpool.Pool, q map[string]string, c CatchupConfig, rep *CatchupReport) []catchupContender {
+	var seq atomic.Int64
+	runner := func(telemetry bool, newHandler func(name string) (any, *counter)) func(ctx context.Context) (int, error) {
+		return func(ctx context.Context) (int, error) {
+			h, n := newHandler(fmt.Sprintf("bench-catchup-%d", seq.Add(1)))
+			err := runnerCatchup(ctx, pool, c, h, telemetry)
+			return n.Load(), err
+		}
+	}
+	projection := func(name string) (any, *counter) {
+		p := &noopProjection{name: name}
+		return p, &p.n
+	}
+	observer := func(name string) (any, *counter) {
+		o := &noopObserver{name: name}
+		return o, &o.n
+	}
+	if rep == nil {
+		rep = &CatchupReport{}
+	}
+	return []catchupContender{
+		{"raw read ([]byte payloads)", &rep.Raw, func(ctx context.Context) (int, error) {
+			return rawCatchup(ctx, pool, q, c.BatchSize, false)
+		}},
+		{"raw read + checkpoint", &rep.RawCheckpoint, func(ctx context.Context) (int, error) {
+			return rawCatchup(ctx, pool, q, c.BatchSize, true)
+		}},
+		{"projection (no-op)", &rep.Projection, runner(true, projection)},
+		{"observer (no-op)", &rep.Observer, runner(true, observer)},
+		{"projection, telemetry off", &rep.ProjectionNoTelemetry, runner(false, projection)},
+		{"observer, telemetry off", &rep.ObserverNoTelemetry, runner(false, observer)},
+	}
+}
+
+// prepareCatchup drops and recreates the schema, fills the log and vacuums
+// it; it returns the benchmark's statements.
+func prepareCatchup(ctx context.Context, pool *pgxpool.Pool, c CatchupConfig) (map[string]string, error) {
 	q, err := freshSchema(ctx, pool, c.Schema)
 	if err != nil {
 		return nil, err
@@ -95,8 +177,6 @@ func RunCatchup(ctx context.Context, pool *pgxpool.Pool, cfg *CatchupConfig) (*C
 	if _, err := pool.Exec(ctx, q["CheckpointSetup"]); err != nil {
 		return nil, errors.Wrap(err, "benchmark: create the baseline checkpoint table")
 	}
-	rep := &CatchupReport{Events: c.Events, BatchSize: c.BatchSize}
-	start := time.Now()
 	if err := fill(ctx, pool, q["Fill"], c); err != nil {
 		return nil, err
 	}
@@ -104,48 +184,85 @@ func RunCatchup(ctx context.Context, pool *pgxpool.Pool, cfg *CatchupConfig) (*C
 	if _, err := pool.Exec(ctx, q["Vacuum"]); err != nil {
 		return nil, errors.Wrap(err, "benchmark: vacuum the events table")
 	}
+	return q, nil
+}
+
+// RunCatchup fills a fresh schema with Events events, then measures, in
+// Rounds interleaved rounds of the same run (odd rounds in reverse order), a raw paged read of the whole
+// log, the same with a checkpoint write per page, and a no-op Projection and
+// a no-op Observer catching up from the start, with and without telemetry.
+func RunCatchup(ctx context.Context, pool *pgxpool.Pool, cfg *CatchupConfig) (*CatchupReport, error) {
+	c := cfg.withDefaults()
+	rep := &CatchupReport{Events: c.Events, BatchSize: c.BatchSize, Rounds: c.Rounds}
+	start := time.Now()
+	q, err := prepareCatchup(ctx, pool, c)
+	if err != nil {
+		return nil, err
+	}
 	rep.FillSeconds = time.Since(start).Seconds()
 
-	contenders := []struct {
-		name string
-		out  *float64
-		fn   func(ctx context.Context) (int, error)
-	}{
-		{"raw read", &rep.Raw, func(ctx context.Context) (int, error) {
-			return rawCatchup(ctx, pool, q, c.BatchSize, false)
-		}},
-		{"raw read + checkpoint", &rep.RawCheckpoint, func(ctx context.Context) (int, error) {
-			return rawCatchup(ctx, pool, q, c.BatchSize, true)
-		}},
-		{"projection", &rep.Projection, func(ctx context.Context) (int, error) {
-			p := &noopProjection{name: "bench-catchup-projection"}
-			err := runnerCatchup(ctx, pool, c, p)
-			return p.n.Load(), err
-		}},
-		{"observer", &rep.Observer, func(ctx context.Context) (int, error) {
-			o := &noopObserver{name: "bench-catchup-observer"}
-			err := runnerCatchup(ctx, pool, c, o)
-			return o.n.Load(), err
-		}},
+	contenders := catchupContenders(pool, q, c, rep)
+	rates := make([][]float64, len(contenders))
+	cpu := make([][]float64, len(contenders))
+	for round := range c.Rounds {
+		for k := range contenders {
+			// Odd rounds run in reverse order, so that no contender always
+			// follows the same one (a drifting load favours neither).
+			i := k
+			if round%2 == 1 {
+				i = len(contenders) - 1 - k
+			}
+			ct := contenders[i]
+			fmt.Fprintf(c.Progress, "catch-up round %d/%d, %d/%d: %s of %d events ...\n", round+1, c.Rounds, k+1, len(contenders), ct.name, c.Events)
+			runtime.GC() // no contender pays for the garbage of the one before
+			cpu0 := processCPU()
+			start := time.Now()
+			n, err := ct.fn(ctx)
+			elapsed := time.Since(start)
+			cpu[i] = append(cpu[i], float64(processCPU()-cpu0)/float64(max(n, 1)))
+			if err != nil {
+				return nil, errors.Wrapf(err, "benchmark: catch-up %s", ct.name)
+			}
+			if n != c.Events {
+				return nil, errors.Newf("benchmark: catch-up %s handled %d events, want %d", ct.name, n, c.Events)
+			}
+			rates[i] = append(rates[i], float64(n)/elapsed.Seconds())
+		}
 	}
 	for i, ct := range contenders {
-		fmt.Fprintf(c.Progress, "catch-up %d/%d: %s of %d events ...\n", i+1, len(contenders), ct.name, c.Events)
-		start := time.Now()
-		n, err := ct.fn(ctx)
-		elapsed := time.Since(start)
-		if err != nil {
-			return nil, errors.Wrapf(err, "benchmark: catch-up %s", ct.name)
-		}
-		if n != c.Events {
-			return nil, errors.Newf("benchmark: catch-up %s handled %d events, want %d", ct.name, n, c.Events)
-		}
-		*ct.out = float64(n) / elapsed.Seconds()
+		rounds := slices.Clone(rates[i])
+		*ct.out = median(rates[i])
+		rep.Contenders = append(rep.Contenders, CatchupContender{Name: ct.name, EventsPerSec: *ct.out, Rounds: rounds, CPUPerEvent: median(cpu[i])})
 	}
 	rep.ProjectionVsRaw = ratio(rep.Projection, rep.Raw)
 	rep.ObserverVsRaw = ratio(rep.Observer, rep.Raw)
 	rep.ProjectionVsRawCheckpoint = ratio(rep.Projection, rep.RawCheckpoint)
 	rep.ObserverVsRawCheckpoint = ratio(rep.Observer, rep.RawCheckpoint)
+	rep.ObserverVsProjection = ratio(rep.Observer, rep.Projection)
+	rep.ProjectionTelemetryCost = 1 - ratio(rep.Projection, rep.ProjectionNoTelemetry)
+	rep.ObserverTelemetryCost = 1 - ratio(rep.Observer, rep.ObserverNoTelemetry)
 	return rep, nil
+}
+
+// processCPU returns the CPU time (user + system) this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// median returns the median of xs (which it sorts).
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	if len(xs)%2 == 1 {
+		return xs[len(xs)/2]
+	}
+	return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
 }
 
 // fill appends c.Events events through append_events, FillBatch per call
@@ -196,9 +313,21 @@ func fill(ctx context.Context, pool *pgxpool.Pool, query string, c CatchupConfig
 	return ctx.Err()
 }
 
-// rawCatchup reads the whole log the way a hand-written consumer would: a
-// page at a time, decoded into eventstore.Event values, optionally writing a
-// checkpoint after each page. It returns the number of events read.
+// rawEvent is a row as the raw reader scans it: every column into a Go
+// value, the payloads as bytes, as stored (no JSON decoding).
+type rawEvent struct {
+	position, version int64
+	id                [16]byte
+	stream, typ       string
+	data, metadata    []byte
+	recorded          time.Time
+}
+
+// rawCatchup reads the whole log the way a careful hand-written consumer
+// would: a page at a time, each row scanned into a rawEvent (payloads as
+// []byte, which pgx copies out of its read buffer), optionally writing a
+// checkpoint (one autocommit UPDATE, so one commit) after each page. It
+// returns the number of events read.
 func rawCatchup(ctx context.Context, pool *pgxpool.Pool, q map[string]string, batch int, checkpoint bool) (int, error) {
 	var after int64
 	n := 0
@@ -207,29 +336,38 @@ func rawCatchup(ctx context.Context, pool *pgxpool.Pool, q map[string]string, ba
 		if err != nil {
 			return n, errors.Wrap(err, "read")
 		}
-		events, err := eventstore.ScanEvents(rows, batch)
+		page := make([]rawEvent, 0, batch)
+		var e rawEvent
+		_, err = pgx.ForEachRow(rows, []any{&e.position, &e.id, &e.stream, &e.version, &e.typ, &e.data, &e.metadata, &e.recorded}, func() error {
+			page = append(page, e)
+			return nil
+		})
 		if err != nil {
 			return n, errors.Wrap(err, "read")
 		}
-		for _, e := range events {
-			after = e.GlobalSequence
+		for _, e := range page {
+			after = e.position
 			n++
 		}
-		if checkpoint && len(events) > 0 {
+		if checkpoint && len(page) > 0 {
 			if _, err := pool.Exec(ctx, q["RawCheckpoint"], after); err != nil {
 				return n, errors.Wrap(err, "write the checkpoint")
 			}
 		}
-		if len(events) < batch {
+		if len(page) < batch {
 			return n, nil
 		}
 	}
 }
 
 // runnerCatchup runs handler from the start of the log to its head through
-// a Runner of its own.
-func runnerCatchup(ctx context.Context, pool *pgxpool.Pool, c CatchupConfig, handler any) error {
-	r, err := projection.NewRunner(pool, &projection.Config{Schema: c.Schema})
+// a Runner of its own, with the default telemetry or with none.
+func runnerCatchup(ctx context.Context, pool *pgxpool.Pool, c CatchupConfig, handler any, withTelemetry bool) error {
+	cfg := &projection.Config{Schema: c.Schema}
+	if !withTelemetry {
+		cfg.TracerProvider = telemetry.Off
+	}
+	r, err := projection.NewRunner(pool, cfg)
 	if err != nil {
 		return err
 	}
@@ -273,20 +411,21 @@ func (c *counter) Load() int { return int(c.v.Load()) }
 
 // WriteCatchupTable prints the report as an aligned table.
 func WriteCatchupTable(w io.Writer, s Settings, rep *CatchupReport) error {
-	fmt.Fprintf(w, "catch-up throughput, events/s: %d events read %d at a time (%s)\n", rep.Events, rep.BatchSize, s)
+	fmt.Fprintf(w, "catch-up throughput, events/s: %d events read %d at a time, median of %d interleaved rounds (%s)\n", rep.Events, rep.BatchSize, rep.Rounds, s)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "contender\tevents/s\tvs raw read\tvs raw read + checkpoint\t")
-	rows := []struct {
-		name string
-		rate float64
-	}{
-		{"raw read", rep.Raw},
-		{"raw read + checkpoint", rep.RawCheckpoint},
-		{"projection (no-op)", rep.Projection},
-		{"observer (no-op)", rep.Observer},
+	fmt.Fprintln(tw, "contender\tevents/s\tvs raw read\tvs raw read + checkpoint\tclient CPU ns/event\trounds, events/s\t")
+	for _, ct := range rep.Contenders {
+		rounds := make([]string, len(ct.Rounds))
+		for i, r := range ct.Rounds {
+			rounds[i] = fmt.Sprintf("%.0f", r)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%.2f\t%.0f\t%s\t\n", ct.Name, ct.EventsPerSec, ratio(ct.EventsPerSec, rep.Raw),
+			ratio(ct.EventsPerSec, rep.RawCheckpoint), ct.CPUPerEvent, strings.Join(rounds, " "))
 	}
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%.2f\t\n", r.name, r.rate, ratio(r.rate, rep.Raw), ratio(r.rate, rep.RawCheckpoint))
+	if err := tw.Flush(); err != nil {
+		return err
 	}
-	return tw.Flush()
+	_, err := fmt.Fprintf(w, "observer/projection %.2f; telemetry (no-op providers) costs projection %.1f%%, observer %.1f%%\n",
+		rep.ObserverVsProjection, 100*rep.ProjectionTelemetryCost, 100*rep.ObserverTelemetryCost)
+	return err
 }

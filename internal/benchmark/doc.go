@@ -9,9 +9,11 @@
 // one round trip. The three run back to back for every combination.
 //
 // Catch-up (catchup.go): a fresh log of N events read from the start, 500 at
-// a time, by a raw paged SELECT decoded with eventstore.ScanEvents, the same
-// with a checkpoint UPDATE per page, and a no-op Projection and a no-op
-// Observer through projection.Runner.RunUntilCaughtUp; events/s and ratios.
+// a time, by a raw paged SELECT scanning payloads into []byte, the same with
+// a checkpoint UPDATE per page, and a no-op Projection and a no-op Observer
+// through projection.Runner.RunUntilCaughtUp, with the default telemetry and
+// with it off; 3 interleaved rounds, medians, ratios and the client's CPU
+// time per event. BenchmarkCatchup runs the same contenders for profiling.
 //
 // Latency (latency.go): from just before Store.Append to the start of a live
 // Observer's Handle, at fixed append rates, beside a raw INSERT + NOTIFY in

@@ -66,9 +66,10 @@ figures and ratios (tables on stdout, progress on stderr). The benchmarks, chose
             a plain INSERT numbered by a sequence and the same INSERT under an advisory
             lock. Schema annals_bench.
   catchup   catch-up throughput: fill a log of --events events, then read it all with a
-            raw paged SELECT, the same plus a checkpoint write per page, a no-op
-            Projection and a no-op Observer (Runner.RunUntilCaughtUp, 500 per batch).
-            Schema annals_bench_catchup.
+            raw paged SELECT (payloads scanned into []byte), the same plus a checkpoint
+            write per page, a no-op Projection and a no-op Observer
+            (Runner.RunUntilCaughtUp, 500 per batch), each also with telemetry off;
+            3 interleaved rounds. Schema annals_bench_catchup.
   latency   end-to-end latency from just before an append to the start of a live
             observer's Handle, at each of --rates events/s for --duration, beside a raw
             INSERT + NOTIFY read by a raw LISTEN connection. Schema annals_bench_latency.

@@ -7,8 +7,10 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
 // Scope is the instrumentation scope name of annals.
@@ -63,12 +65,26 @@ func NewAppend(tp trace.TracerProvider, mp metric.MeterProvider) (*Append, error
 	return a, nil
 }
 
+// Off, given as the TracerProvider of NewSubscription, switches the
+// subscription's telemetry off altogether: no spans, no metric records, not
+// even no-op calls. It is not offered to users (telemetry stays on, with
+// no-op providers unless the program sets real ones); the catch-up benchmark
+// uses it to measure what that default costs.
+var Off trace.TracerProvider = off{}
+
+type off struct{ tracenoop.TracerProvider }
+
 // Subscription holds the consumer-side instruments. The gauges are
 // observed through a callback the runner registers with Observe.
 type Subscription struct {
+	// Enabled is false when the subscription was created with Off: callers
+	// skip every span and record then.
+	Enabled     bool
 	Tracer      trace.Tracer
 	Meter       metric.Meter
 	Handler     metric.Float64Histogram
+	Batch       metric.Float64Histogram
+	Events      metric.Int64Counter
 	Retries     metric.Int64Counter
 	DeadLetters metric.Int64Counter
 	Lag         metric.Int64ObservableGauge
@@ -79,14 +95,26 @@ type Subscription struct {
 
 // NewSubscription creates the consumer-side tracer and instruments.
 func NewSubscription(tp trace.TracerProvider, mp metric.MeterProvider) (*Subscription, error) {
+	_, isOff := tp.(off)
+	if isOff {
+		mp = metricnoop.NewMeterProvider()
+	}
 	tp, mp = Providers(tp, mp)
 	m := mp.Meter(Scope)
-	s := &Subscription{Tracer: tp.Tracer(Scope), Meter: m}
+	s := &Subscription{Enabled: !isOff, Tracer: tp.Tracer(Scope), Meter: m}
 	var err error
 	wrap := func(name string) error { return errors.Wrapf(err, "telemetry: %s", name) }
 	if s.Handler, err = m.Float64Histogram("annals.handler.duration", metric.WithUnit("s"),
 		metric.WithDescription("Duration of one handler call.")); err != nil {
 		return nil, wrap("annals.handler.duration")
+	}
+	if s.Batch, err = m.Float64Histogram("annals.batch.duration", metric.WithUnit("s"),
+		metric.WithDescription("Duration of processing one batch: its handler calls and, for projections, its transaction.")); err != nil {
+		return nil, wrap("annals.batch.duration")
+	}
+	if s.Events, err = m.Int64Counter("annals.subscription.events", metric.WithUnit("{event}"),
+		metric.WithDescription("Events handled (or dead-lettered) by a subscriber, counted per batch.")); err != nil {
+		return nil, wrap("annals.subscription.events")
 	}
 	if s.Retries, err = m.Int64Counter("annals.subscription.retries", metric.WithUnit("{retry}"),
 		metric.WithDescription("Failed handler attempts that will be retried.")); err != nil {
