@@ -13,7 +13,6 @@ import (
 	"github.com/annals-dev/annals/checkpoint"
 )
 
-
 // Lease.CommitTx sends the fenced checkpoint move and COMMIT in one round
 // trip: it commits the transaction's writes with the checkpoint, and when
 // the lease is fenced (here: an operator set the checkpoint, bumping its
