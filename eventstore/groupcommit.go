@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
@@ -30,6 +31,11 @@ type GroupCommit struct {
 	// much faster when several processes append (docs/benchmarks.md).
 	// Defaults to 1.
 	MaxInFlight int
+	// Linger is how long a finished group's successor waits, at most, for
+	// the appenders just answered to queue again before it is sent (only
+	// when other appends are already waiting; a lone append never waits).
+	// Defaults to 200µs; negative sends at once.
+	Linger time.Duration
 }
 
 func (g GroupCommit) withDefaults() (GroupCommit, error) {
@@ -41,6 +47,9 @@ func (g GroupCommit) withDefaults() (GroupCommit, error) {
 	}
 	if g.MaxInFlight == 0 {
 		g.MaxInFlight = 1
+	}
+	if g.Linger == 0 {
+		g.Linger = 200 * time.Microsecond
 	}
 	return g, nil
 }
@@ -67,6 +76,10 @@ type committer struct {
 	mu       sync.Mutex
 	queue    []*pendingAppend
 	inFlight int
+	// refill is closed when the queue reaches refillAt appends: a lingering
+	// group (see run) need not wait any longer.
+	refill   chan struct{}
+	refillAt int
 }
 
 // append runs one append through a group and returns its own outcome.
@@ -74,6 +87,10 @@ func (c *committer) append(ctx context.Context, args appendArgs) (AppendResult, 
 	p := &pendingAppend{ctx: ctx, args: args, done: make(chan struct{})}
 	c.mu.Lock()
 	c.queue = append(c.queue, p)
+	if c.refill != nil && len(c.queue) >= c.refillAt {
+		close(c.refill)
+		c.refill = nil
+	}
 	group := c.takeLocked()
 	c.mu.Unlock()
 	if group != nil {
@@ -168,12 +185,43 @@ func (c *committer) run(group []*pendingAppend) {
 		close(p.done)
 	}
 	c.mu.Lock()
-	c.inFlight--
-	next := c.takeLocked()
-	c.mu.Unlock()
-	if next != nil {
-		go c.run(next)
+	if (len(c.queue) == 0 && len(group) == 1) || c.cfg.Linger <= 0 {
+		c.inFlight--
+		next := c.takeLocked()
+		c.mu.Unlock()
+		if next != nil {
+			go c.run(next)
+		}
+		return
 	}
+	// Appends are waiting, or this group had several members. The members
+	// just answered are likely to append again at once (writers in a
+	// loop): give them up to Linger to queue, so that they travel in the
+	// next group instead of the one after it. Without this, a steady set of
+	// writers splits into cohorts that take turns (measured with 16
+	// writers: groups of 1 and 16 alternating, or of 8 and 8). The slot
+	// stays reserved meanwhile, so newcomers queue too. A lone appender
+	// (a group of one, nobody waiting) never waits.
+	want := len(c.queue) + len(group)
+	refill := make(chan struct{})
+	c.refill, c.refillAt = refill, want
+	c.mu.Unlock()
+	go func() {
+		t := time.NewTimer(c.cfg.Linger)
+		select {
+		case <-refill:
+		case <-t.C:
+		}
+		t.Stop()
+		c.mu.Lock()
+		c.refill = nil
+		c.inFlight--
+		next := c.takeLocked()
+		c.mu.Unlock()
+		if next != nil {
+			c.run(next)
+		}
+	}()
 }
 
 // send runs append_batch for the group. Its context ends when every member's

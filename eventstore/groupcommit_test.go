@@ -333,6 +333,38 @@ func TestGroupCommit(t *testing.T) {
 		}
 	})
 
+	t.Run("WritersInALoopTravelTogether", func(t *testing.T) {
+		t.Parallel()
+		// A long Linger, so that a slow (race-enabled, shared) machine still
+		// sees every writer queue again before the next group leaves.
+		b := setup(t, &eventstore.Config{GroupCommit: eventstore.GroupCommit{Linger: 100 * time.Millisecond}})
+		ctx := context.Background()
+		const writers, rounds = 8, 30
+		var wg sync.WaitGroup
+		var streams []string
+		for w := range writers {
+			s := fmt.Sprintf("loop-%d", w)
+			streams = append(streams, s)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for v := range rounds {
+					if _, err := b.store.Append(ctx, s, eventstore.Exact(int64(v)), eventstore.NewEvent(OrderPlaced{OrderID: s})); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		// Without lingering the writers split into cohorts that take turns
+		// (two or more transactions per round); with it, each round after
+		// the first is one group.
+		if n := transactions(t, b, streams...); n > rounds+rounds/4 {
+			t.Fatalf("%d writers × %d appends took %d transactions, want about %d", writers, rounds, n, rounds)
+		}
+	})
+
 	t.Run("Disabled", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, &eventstore.Config{GroupCommit: eventstore.GroupCommit{Disabled: true}})
