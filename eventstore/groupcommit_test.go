@@ -2,6 +2,7 @@ package eventstore_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -55,12 +56,15 @@ func holdAppendLock(t *testing.T, b *bundle) func() {
 	return release
 }
 
-// lockWaiters counts the sessions waiting for an advisory lock.
+// lockWaiters counts the sessions waiting for an advisory lock in the
+// test's database (other tests run in parallel in databases of their own).
 func lockWaiters(t *testing.T, b *bundle) int {
 	t.Helper()
 	var n int
 	if err := b.db.Pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n); err != nil {
+		`SELECT count(*) FROM pg_locks
+		  WHERE locktype = 'advisory' AND NOT granted
+		    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -495,10 +499,60 @@ func TestAppendBatchSQL(t *testing.T) {
 			if err := tc(); !errors.As(err, &pgErr) || (pgErr.Code != eventstore.CodeInvalidEvent && pgErr.Code != "22P02") {
 				t.Fatalf("got %v, want SQLSTATE %s", err, eventstore.CodeInvalidEvent)
 			}
+			if pgErr.Code == eventstore.CodeInvalidEvent {
+				var d struct{ Field string }
+				if jerr := json.Unmarshal([]byte(pgErr.Detail), &d); jerr != nil || d.Field == "" {
+					t.Fatalf("DETAIL %q does not name the field (%v)", pgErr.Detail, jerr)
+				}
+			}
 		})
 	}
-	if h := mustHead(t, b.store); h != 0 {
-		t.Fatalf("bad calls wrote events: head %d", h)
+	// Arrays that are not one-dimensional and 1-based, found by review: they
+	// used to make the subscripts miss, so versions could be forged (a gap,
+	// or an expected version bypassed on another stream).
+	if _, err := b.store.Append(ctx, "victim", eventstore.NoStream, eventstore.NewEvent(OrderPlaced{OrderID: "v"})); err != nil {
+		t.Fatal(err)
+	}
+	headBefore := mustHead(t, b.store)
+	for name, sql := range map[string]string{
+		"IndexNotOneBased": `SELECT * FROM annals.append_batch(ARRAY['gap'], ARRAY[NULL]::bigint[], ARRAY[1, 1],
+			'[2:3]={1,7}'::int[], ARRAY[gen_random_uuid(), gen_random_uuid()], ARRAY['t', 't'], ARRAY['{}', '{}'], ARRAY['', ''], false)`,
+		"IndexTwoDimensional": `SELECT * FROM annals.append_batch(ARRAY['gap'], ARRAY[NULL]::bigint[], ARRAY[1, 1, 1],
+			'{{1},{9},{2}}'::int[], ARRAY[gen_random_uuid(), gen_random_uuid(), gen_random_uuid()], ARRAY['t', 't', 't'],
+			ARRAY['{}', '{}', '{}'], ARRAY['', '', ''], false)`,
+		"StreamsNotOneBased": `SELECT * FROM annals.append_batch('[0:1]={big,victim}'::text[], ARRAY[NULL, 7]::bigint[], ARRAY[1, 2],
+			ARRAY[1, 1], ARRAY[gen_random_uuid(), gen_random_uuid()], ARRAY['t', 'Forged'], ARRAY['{}', '{}'], ARRAY['', ''], false)`,
+		"ExpectedNotOneBased": `SELECT * FROM annals.append_batch(ARRAY['big', 'victim'], '[0:1]={NULL,7}'::bigint[], ARRAY[1, 2],
+			ARRAY[1, 1], ARRAY[gen_random_uuid(), gen_random_uuid()], ARRAY['t', 'Forged'], ARRAY['{}', '{}'], ARRAY['', ''], false)`,
+		"SameIDTwice": `SELECT * FROM annals.append_batch(ARRAY['a', 'b'], ARRAY[NULL, NULL]::bigint[], ARRAY[1, 2], ARRAY[1, 1],
+			ARRAY['0193a1b2-7c3d-7e4f-8a5b-6c7d8e9f0a1b', '0193a1b2-7c3d-7e4f-8a5b-6c7d8e9f0a1b']::uuid[], ARRAY['t', 't'],
+			ARRAY['{}', '{}'], ARRAY['', ''], false)`,
+		"DataNotStorableAsJSONB": `SELECT * FROM annals.append_batch(ARRAY['nul'], ARRAY[NULL]::bigint[], ARRAY[1], ARRAY[1],
+			ARRAY[gen_random_uuid()], ARRAY['t'], ARRAY['{"a":"x\u0000y"}'], ARRAY[''], false)`,
+		"CheckIDsNull": `SELECT * FROM annals.append_batch(ARRAY['n'], ARRAY[NULL]::bigint[], ARRAY[1], ARRAY[1],
+			ARRAY[gen_random_uuid()], ARRAY['t'], ARRAY['{}'], ARRAY[''], NULL)`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			rows, err := b.db.Pool.Query(ctx, sql)
+			if err == nil {
+				rows.Close()
+				err = rows.Err()
+			}
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != eventstore.CodeInvalidEvent {
+				t.Fatalf("got %v, want SQLSTATE %s", err, eventstore.CodeInvalidEvent)
+			}
+			var d struct{ Field string }
+			if jerr := json.Unmarshal([]byte(pgErr.Detail), &d); jerr != nil || d.Field == "" {
+				t.Fatalf("DETAIL %q does not name the field (%v)", pgErr.Detail, jerr)
+			}
+		})
+	}
+	if h := mustHead(t, b.store); h != headBefore {
+		t.Fatalf("bad calls wrote events: head %d, was %d", h, headBefore)
+	}
+	if v, err := b.store.StreamVersion(ctx, "victim"); err != nil || v != 1 {
+		t.Fatalf("victim at version %d (%v), want 1", v, err)
 	}
 
 	// A good call from SQL: two streams, positions in argument order.

@@ -53,6 +53,111 @@ RETURN jsonb_typeof(p_md) = 'object'
    AND (pg_column_size(p_md) <= 256
         OR NOT EXISTS (SELECT 1 FROM jsonb_object_keys(p_md) k WHERE octet_length(k) > 256));
 
+-- jsonb_storable reports whether a JSON text can be stored as jsonb (no
+-- \u0000, no unpaired surrogate): what the Go client and append_events
+-- enforce. append_batch asks only for texts that hold a \u escape.
+CREATE FUNCTION {{.Schema}}.jsonb_storable(p_json text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    PERFORM p_json::jsonb;
+    RETURN true;
+EXCEPTION WHEN invalid_text_representation OR untranslatable_character OR invalid_parameter_value THEN
+    RETURN false;
+END
+$fn$;
+
+-- append_batch_refuse raises AN002 for the first rule of append_batch that
+-- its arguments break, with a DETAIL that names it as check_event_input
+-- does: {"event": n (1-based over all events of the call; 0 for an
+-- append's stream or expected version), "append": n, "field": ..., "limit",
+-- "actual"}. append_batch calls it only after its one-statement check
+-- found a problem, so the common case never pays for the diagnosis.
+CREATE FUNCTION {{.Schema}}.append_batch_refuse(
+    p_streams text[], p_expected bigint[], p_append int[], p_index int[], p_ids uuid[],
+    p_types text[], p_data text[], p_metadata text[])
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    v_appends int := cardinality(p_streams);
+    v_events  int := cardinality(p_ids);
+    v_name    constant text := E'^[^\\x01-\\x1f\\x7f-\\x9f]*[^\\x01-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\x01-\\x1f\\x7f-\\x9f]*$';
+    v_field   text;
+    v_why     text;
+    v_limit   bigint;
+    v_size    bigint;
+    v_at      int := 0;
+    v_append  int;
+    i         int;
+BEGIN
+    FOR i IN 1 .. v_appends LOOP
+        v_append := i;
+        IF octet_length(p_streams[i]) > 512 THEN
+            v_field := 'stream_id'; v_limit := 512; v_size := octet_length(p_streams[i]);
+            v_why := format('is %s bytes; the limit is 512', v_size);
+        ELSIF p_streams[i] IS NULL OR p_streams[i] !~ v_name THEN
+            v_field := 'stream_id'; v_why := 'is empty, only white space, or holds a control character';
+        ELSIF p_expected[i] < -1 THEN
+            v_field := 'expected_version'; v_why := 'is below -1';
+        ELSIF p_expected[i] > 9223372036854775807 - v_events THEN
+            v_field := 'expected_version'; v_why := 'leaves no room for the events';
+        ELSIF EXISTS (SELECT 1 FROM generate_series(1, i - 1) j WHERE p_streams[j] = p_streams[i]) THEN
+            v_field := 'stream_id'; v_why := 'appears in two appends of one call';
+        END IF;
+        EXIT WHEN v_field IS NOT NULL;
+    END LOOP;
+    IF v_field IS NULL THEN
+        v_append := NULL;
+        FOR i IN 1 .. v_events LOOP
+            v_at := i;
+            v_append := p_append[i];
+            IF p_append[i] IS NULL OR p_index[i] IS NULL
+               OR (CASE WHEN i = 1 THEN p_append[i] <> 1 OR p_index[i] <> 1
+                        WHEN p_append[i] = p_append[i - 1] THEN p_index[i] <> p_index[i - 1] + 1
+                        ELSE p_append[i] <> p_append[i - 1] + 1 OR p_index[i] <> 1 END)
+               OR (i = v_events AND p_append[i] <> v_appends) THEN
+                v_field := 'index'; v_why := 'breaks the order: events go append by append (1..n), numbered 1, 2, ... within each';
+            ELSIF p_ids[i] IS NULL OR EXISTS (SELECT 1 FROM generate_series(1, i - 1) j WHERE p_ids[j] = p_ids[i]) THEN
+                v_field := 'event_id'; v_why := 'is missing or appears twice in one call';
+            ELSIF octet_length(p_types[i]) > 256 THEN
+                v_field := 'type'; v_limit := 256; v_size := octet_length(p_types[i]);
+                v_why := format('is %s bytes; the limit is 256', v_size);
+            ELSIF p_types[i] IS NULL OR p_types[i] !~ v_name THEN
+                v_field := 'type'; v_why := 'is empty, only white space, or holds a control character';
+            ELSIF octet_length(p_data[i]) + coalesce(octet_length(p_metadata[i]), 0) > 67108864 THEN
+                v_field := 'data+metadata'; v_limit := 67108864;
+                v_size := octet_length(p_data[i]) + coalesce(octet_length(p_metadata[i]), 0);
+                v_why := format('is %s bytes; the limit is 67108864 (64 MiB)', v_size);
+            ELSIF p_data[i] IS NULL OR left(ltrim(p_data[i], E' \t\r\n'), 1) NOT IN ('{', '[') THEN
+                v_field := 'data'; v_why := 'is not a JSON object or array';
+            ELSIF NOT {{.Schema}}.jsonb_storable(p_data[i]) THEN
+                v_field := 'data'; v_why := 'is not JSON that jsonb can hold (a NUL character escape or an unpaired surrogate)';
+            ELSIF coalesce(p_metadata[i], '') <> ''
+                  AND (left(ltrim(p_metadata[i], E' \t\r\n'), 1) <> '{' OR NOT {{.Schema}}.jsonb_storable(p_metadata[i])) THEN
+                v_field := 'metadata'; v_why := 'is not a JSON object that jsonb can hold';
+            ELSIF coalesce(p_metadata[i], '') <> '' AND NOT {{.Schema}}.metadata_ok(p_metadata[i]::jsonb) THEN
+                v_field := 'metadata';
+                v_why := 'has a key over 256 bytes, or a reserved key of the wrong type (correlation_id, causation_id, traceparent, tracestate: strings; schema_version: a positive integer)';
+            END IF;
+            EXIT WHEN v_field IS NOT NULL;
+        END LOOP;
+        IF v_field IS NULL THEN
+            v_at := 0; v_append := NULL;
+            v_field := 'index'; v_why := 'leaves an append without events';
+        END IF;
+    END IF;
+    RAISE EXCEPTION 'annals: append_batch: % %', v_field, v_why
+        USING ERRCODE = 'AN002',
+              DETAIL = json_build_object('event', v_at, 'append', v_append, 'field', v_field,
+                                         'limit', v_limit, 'actual', v_size)::text;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION {{.Schema}}.append_batch_refuse(text[], bigint[], int[], int[], uuid[], text[], text[], text[]) FROM PUBLIC;
+
 CREATE FUNCTION {{.Schema}}.append_batch(
     p_streams text[], p_expected bigint[], p_append int[], p_index int[], p_ids uuid[],
     p_types text[], p_data text[], p_metadata text[], p_check_ids boolean)
@@ -83,38 +188,49 @@ DECLARE
     v_now      timestamptz;
     i          int;
 BEGIN
+    -- Every array: one-dimensional, 1-based, of the right length. (An array
+    -- such as '[0:1]={a,b}' would otherwise make the subscripts below point
+    -- at the wrong elements, or at none.)
     IF v_appends = 0 OR v_events = 0
-       OR coalesce(cardinality(p_expected), 0) <> v_appends
-       OR coalesce(cardinality(p_append), 0) <> v_events
-       OR coalesce(cardinality(p_index), 0) <> v_events
-       OR coalesce(cardinality(p_types), 0) <> v_events
-       OR coalesce(cardinality(p_data), 0) <> v_events
-       OR coalesce(cardinality(p_metadata), 0) <> v_events THEN
-        RAISE EXCEPTION 'annals: append_batch needs at least one append, one event, and arrays of matching lengths'
-            USING ERRCODE = 'AN002';
+       OR array_ndims(p_streams) <> 1 OR array_lower(p_streams, 1) <> 1
+       OR coalesce(array_ndims(p_expected), 0) <> 1 OR array_lower(p_expected, 1) <> 1
+       OR cardinality(p_expected) <> v_appends
+       OR array_ndims(p_ids) <> 1 OR array_lower(p_ids, 1) <> 1
+       OR coalesce(array_ndims(p_append), 0) <> 1 OR array_lower(p_append, 1) <> 1 OR cardinality(p_append) <> v_events
+       OR coalesce(array_ndims(p_index), 0) <> 1 OR array_lower(p_index, 1) <> 1 OR cardinality(p_index) <> v_events
+       OR coalesce(array_ndims(p_types), 0) <> 1 OR array_lower(p_types, 1) <> 1 OR cardinality(p_types) <> v_events
+       OR coalesce(array_ndims(p_data), 0) <> 1 OR array_lower(p_data, 1) <> 1 OR cardinality(p_data) <> v_events
+       OR coalesce(array_ndims(p_metadata), 0) <> 1 OR array_lower(p_metadata, 1) <> 1 OR cardinality(p_metadata) <> v_events
+       OR p_check_ids IS NULL THEN
+        RAISE EXCEPTION 'annals: append_batch needs at least one append and one event, in one-dimensional arrays that start at 1 and have matching lengths'
+            USING ERRCODE = 'AN002', DETAIL = '{"event": 0, "field": "arrays"}';
     END IF;
-    -- Everything the arguments must satisfy, in one statement: the input
-    -- limits of check_event_input (stream IDs of 1..512 and types of 1..256
-    -- bytes with no control character and not only white space, metadata
-    -- keys of at most 256 bytes and reserved keys of the right type, at most
-    -- 64 MiB of data and metadata per event); streams distinct, expected
-    -- versions valid; events listed append
-    -- by append (1, 2, ... n) and numbered 1, 2, ... within each; types
-    -- non-empty; data a JSON object or array and metadata a JSON object by
-    -- their first character (the json casts of the INSERT check the rest of
-    -- the syntax, and abort everything if it is wrong). It also counts each
-    -- append's events.
-    SELECT bool_or(e.a IS NULL OR e.i IS NULL OR e.id IS NULL OR e.t IS NULL OR e.t = '' OR e.d IS NULL
+    -- Everything else the arguments must satisfy, in one statement: the
+    -- input limits of check_event_input (stream IDs of 1..512 and types of
+    -- 1..256 bytes with no control character and not only white space,
+    -- metadata keys of at most 256 bytes and reserved keys of the right
+    -- type, at most 64 MiB of data and metadata per event, nothing jsonb
+    -- cannot hold); streams and event IDs distinct; expected versions valid;
+    -- events listed append by append (1, 2, ... n) and numbered 1, 2, ...
+    -- within each; data a JSON object or array and metadata a JSON object
+    -- by their first character (the json casts of the INSERT check the rest
+    -- of the syntax, and abort everything if it is wrong). It also counts
+    -- each append's events. Which rule was broken is worked out only when
+    -- one was (append_batch_refuse).
+    SELECT bool_or(e.a IS NULL OR e.i IS NULL OR e.id IS NULL OR e.t IS NULL OR e.d IS NULL
                    OR CASE WHEN e.ord = 1 THEN e.a <> 1 OR e.i <> 1
                            WHEN e.a = p_append[e.ord - 1] THEN e.i <> p_index[e.ord - 1] + 1
                            ELSE e.a <> p_append[e.ord - 1] + 1 OR e.i <> 1 END
-                   OR left(ltrim(e.d, E' \t\r\n'), 1) NOT IN ('{', '[')
                    OR NOT (octet_length(e.t) <= 256 AND e.t ~ E'^[^\\x01-\\x1f\\x7f-\\x9f]*[^\\x01-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\x01-\\x1f\\x7f-\\x9f]*$')
+                   OR left(ltrim(e.d, E' \t\r\n'), 1) NOT IN ('{', '[')
                    OR octet_length(e.d) + coalesce(octet_length(e.m), 0) > 67108864
+                   OR (strpos(e.d, E'\\u') > 0 AND NOT {{.Schema}}.jsonb_storable(e.d))
                    OR (e.m IS NOT NULL AND e.m <> ''
                        AND (left(ltrim(e.m, E' \t\r\n'), 1) <> '{'
+                            OR (strpos(e.m, E'\\u') > 0 AND NOT {{.Schema}}.jsonb_storable(e.m))
                             OR NOT {{.Schema}}.metadata_ok(e.m::jsonb))))
            OR max(e.a) <> v_appends
+           OR count(DISTINCT e.id) <> v_events
            OR EXISTS (SELECT 1 FROM unnest(p_streams, p_expected) AS a(s, x)
                        WHERE a.s IS NULL OR a.x < -1 OR a.x > 9223372036854775807 - v_events
                           OR NOT (octet_length(a.s) <= 512 AND a.s ~ E'^[^\\x01-\\x1f\\x7f-\\x9f]*[^\\x01-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\x01-\\x1f\\x7f-\\x9f]*$'))
@@ -122,9 +238,8 @@ BEGIN
            array_agg(e.i ORDER BY e.ord) FILTER (WHERE e.ord = v_events OR p_append[e.ord + 1] <> e.a)
       INTO v_bad, v_count
       FROM unnest(p_append, p_index, p_ids, p_types, p_data, p_metadata) WITH ORDINALITY AS e(a, i, id, t, d, m, ord);
-    IF v_bad THEN
-        RAISE EXCEPTION 'annals: append_batch got an empty or repeated stream ID, an expected version below -1, an empty event type, events not listed append by append, or a payload that is not a JSON object or array'
-            USING ERRCODE = 'AN002';
+    IF v_bad IS NOT FALSE OR cardinality(v_count) IS DISTINCT FROM v_appends THEN
+        PERFORM {{.Schema}}.append_batch_refuse(p_streams, p_expected, p_append, p_index, p_ids, p_types, p_data, p_metadata);
     END IF;
 
     -- Serialize the numbering (the same lock as append_events) before
@@ -141,6 +256,8 @@ BEGIN
     -- type and data) is answered with the stored positions (status 3); one
     -- that is partly stored, or stored with other content, fails (status 2).
     IF p_check_ids THEN
+        -- One index probe per event (LATERAL on the unique event_id), so
+        -- the plan cannot turn into a scan of the log.
         SELECT array_agg(coalesce(x.existing, 0) ORDER BY g.n), array_agg(coalesce(x.matching, 0) ORDER BY g.n)
           INTO v_existing, v_matching
           FROM generate_series(1, v_appends) AS g(n)
@@ -148,7 +265,8 @@ BEGIN
                             count(*) FILTER (WHERE ev.stream_id = p_streams[e.a] AND ev.event_type = e.t
                                                AND ev.data::jsonb = e.d::jsonb)::int AS matching
                        FROM unnest(p_append, p_ids, p_types, p_data) AS e(a, id, t, d)
-                       JOIN {{.Schema}}.events ev ON ev.event_id = e.id
+                       CROSS JOIN LATERAL (SELECT x.stream_id, x.event_type, x.data
+                                             FROM {{.Schema}}.events x WHERE x.event_id = e.id) ev
                       GROUP BY e.a) x ON x.a = g.n;
         FOR i IN 1 .. v_appends LOOP
             IF v_existing[i] > 0 THEN
@@ -176,7 +294,8 @@ BEGIN
         RETURN QUERY
             SELECT p_streams[e.a], 3::smallint, ev.event_id, ev.global_sequence, ev.stream_version, NULL::bigint
               FROM unnest(p_append, p_ids) AS e(a, id)
-              JOIN {{.Schema}}.events ev ON ev.event_id = e.id
+              CROSS JOIN LATERAL (SELECT x.event_id, x.global_sequence, x.stream_version
+                                    FROM {{.Schema}}.events x WHERE x.event_id = e.id) ev
              WHERE v_status[e.a] = 3;
         IF NOT (0 = ANY (v_status)) THEN
             RETURN;
