@@ -83,16 +83,9 @@ type Lock struct {
 // session mode (see the package documentation). ctx bounds connecting and
 // the lock attempt only.
 func TryAcquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *Config) (*Lock, error) {
-	c, cc, handler, err := prepare(connConfig, cfg)
+	c, conn, handler, err := connectFor(ctx, connConfig, key, cfg)
 	if err != nil {
 		return nil, err
-	}
-	if key == "" {
-		return nil, errors.New("advisorylock: key is empty")
-	}
-	conn, err := pgx.ConnectConfig(ctx, cc)
-	if err != nil {
-		return nil, errors.Wrapf(connectHint(err), "advisorylock: key %q: connect", key)
 	}
 	k1, k2 := Key(key)
 	var ok bool
@@ -112,16 +105,9 @@ func TryAcquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg
 // and the wait; when it ends the connection is closed, which takes the
 // session out of the queue, and the error wraps ctx's.
 func Acquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *Config) (*Lock, error) {
-	c, cc, handler, err := prepare(connConfig, cfg)
+	c, conn, handler, err := connectFor(ctx, connConfig, key, cfg)
 	if err != nil {
 		return nil, err
-	}
-	if key == "" {
-		return nil, errors.New("advisorylock: key is empty")
-	}
-	conn, err := pgx.ConnectConfig(ctx, cc)
-	if err != nil {
-		return nil, errors.Wrapf(connectHint(err), "advisorylock: key %q: connect", key)
 	}
 	k1, k2 := Key(key)
 	if _, err := conn.Exec(ctx, q.lock, k1, k2); err != nil {
@@ -131,6 +117,22 @@ func Acquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *C
 		return nil, errors.CombineErrors(errors.Wrapf(err, "advisorylock: key %q: wait for the lock", key), closeConn(ctx, conn))
 	}
 	return newLock(ctx, key, conn, handler(conn.PgConn()), &c), nil
+}
+
+// connectFor checks key and cfg and opens the lock's own connection for key.
+func connectFor(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *Config) (Config, *pgx.Conn, func(*pgconn.PgConn) *ctxHandler, error) {
+	c, cc, handler, err := prepare(connConfig, cfg)
+	if err != nil {
+		return c, nil, nil, err
+	}
+	if key == "" {
+		return c, nil, nil, errors.New("advisorylock: key is empty")
+	}
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return c, nil, nil, errors.Wrapf(connectHint(err), "advisorylock: key %q: connect", key)
+	}
+	return c, conn, handler, nil
 }
 
 // prepare checks connConfig and cfg and returns the lock connections'

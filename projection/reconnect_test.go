@@ -8,12 +8,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
-	"github.com/annals-dev/annals/internal/pgcluster"
-	"github.com/annals-dev/annals/migrations"
 )
 
 // countingHandler counts the log records whose message is msg.
@@ -42,26 +39,7 @@ func TestResumeAfterOutage(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cluster, err := pgcluster.Start(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := cluster.Stop(sctx); err != nil {
-			t.Error(err)
-		}
-	})
-	pool, err := pgxpool.New(ctx, cluster.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if _, err := migrations.Up(ctx, pool, nil); err != nil {
-		t.Fatal(err)
-	}
-	h := liveHarnessOn(t, pool)
+	cluster, h := clusterOfItsOwn(ctx, t)
 
 	probe := uuid.New()
 	var handledAt atomic.Int64 // unix nanoseconds

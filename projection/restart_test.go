@@ -131,26 +131,7 @@ func TestPostgresRestart(t *testing.T) {
 
 	setup := func(t *testing.T) (*pgcluster.Cluster, *liveHarness) {
 		t.Helper()
-		cluster, err := pgcluster.Start(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := cluster.Stop(sctx); err != nil {
-				t.Error(err)
-			}
-		})
-		pool, err := pgxpool.New(ctx, cluster.URL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		if _, err := migrations.Up(ctx, pool, nil); err != nil {
-			t.Fatal(err)
-		}
-		return cluster, liveHarnessOn(t, pool)
+		return clusterOfItsOwn(ctx, t)
 	}
 
 	cluster, h := setup(t)
@@ -237,4 +218,31 @@ func TestPostgresRestart(t *testing.T) {
 	if len(ids) != n {
 		t.Fatalf("the log holds %d events, want %d", len(ids), n)
 	}
+}
+
+// clusterOfItsOwn starts a throwaway cluster for a test that restarts or
+// stops PostgreSQL, migrates it, and returns it with a live harness on it;
+// both are stopped when the test ends.
+func clusterOfItsOwn(ctx context.Context, t *testing.T) (*pgcluster.Cluster, *liveHarness) {
+	t.Helper()
+	cluster, err := pgcluster.Start(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := cluster.Stop(sctx); err != nil {
+			t.Error(err)
+		}
+	})
+	pool, err := pgxpool.New(ctx, cluster.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := migrations.Up(ctx, pool, nil); err != nil {
+		t.Fatal(err)
+	}
+	return cluster, liveHarnessOn(t, pool)
 }
