@@ -12,6 +12,12 @@
 -- operator released, and whether any stream may be parked. No column is
 -- NULL (so the client scans into plain values): a missing checkpoint row
 -- has epoch -1, and when no event matches, the one row has position 0.
+--
+-- There is no ORDER BY outside the LATERAL: the one header row drives a
+-- nested loop over the ordered, limited events, which come out in position
+-- order; an outer ORDER BY made PostgreSQL sort the 500 wide rows again
+-- (EXPLAIN ANALYZE: 0.71 ms per page, 0.54 ms of it the sort). The client
+-- checks the order and restores it should a plan ever deliver otherwise.
 SELECT h.head, coalesce(h.epoch, -1), coalesce(h.stopped_reason, ''), h.retry, h.unresolved,
        coalesce(e.global_sequence, 0), coalesce(e.event_id, '00000000-0000-0000-0000-000000000000'),
        coalesce(e.stream_id, ''), coalesce(e.stream_version, 0), coalesce(e.event_type, ''),
@@ -33,8 +39,7 @@ SELECT h.head, coalesce(h.epoch, -1), coalesce(h.stopped_reason, ''), h.retry, h
            AND ($3::text IS NULL OR ev.event_type ~ $3)
            AND ($4::int <= 1 OR {{.Schema}}.stream_partition(ev.stream_id, $4) = $5)
          ORDER BY ev.global_sequence
-         LIMIT $2) e ON true
- ORDER BY e.global_sequence;
+         LIMIT $2) e ON true;
 
 -- name: CommitFenced
 -- A projection batch's fenced checkpoint move, sent in one round trip with

@@ -1,6 +1,9 @@
 package catchup
 
 import (
+	"cmp"
+	"slices"
+
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 
@@ -119,8 +122,16 @@ func scanBatch(rows pgx.Rows, b *Batch) (batchRow, error) {
 	})
 	out := *r
 	out.dest = nil
+	// The query returns the page in position order (an index scan feeding a
+	// LIMIT, no sort); the order is what the engine's guarantees rest on, so
+	// it is checked, and restored should a plan ever deliver otherwise.
+	if err == nil && !slices.IsSortedFunc(b.Events, byPosition) {
+		slices.SortFunc(b.Events, byPosition)
+	}
 	return out, err
 }
+
+func byPosition(a, b eventstore.Event) int { return cmp.Compare(a.GlobalSequence, b.GlobalSequence) }
 
 // emptyObject reports whether a JSON document is {} or null (metadata with
 // nothing in it), which needs no decoding.
