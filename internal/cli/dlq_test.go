@@ -465,7 +465,7 @@ func TestDlqBadInput(t *testing.T) {
 		{"dlq", "list", "--limit", "-1"},
 		{"dlq", "list", "--limit", "ten"},
 		{"dlq", "list", "--offset", "-1"},
-		{"dlq", "list", "--format", "json"},
+		{"dlq", "list", "--format", "yaml"},
 		{"dlq", "list", "--subscriber", ""},
 		{"dlq", "list", "extra"},
 		{"dlq", "list", "--schema", "bad$schema"},

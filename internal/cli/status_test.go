@@ -322,7 +322,7 @@ func TestCheckpointCommand(t *testing.T) {
 			{"checkpoint", "get", ""},
 			{"checkpoint"},
 			{"checkpoint", "bogus"},
-			{"checkpoint", "get", "orders", "--format", "json"},
+			{"checkpoint", "get", "orders", "--output", "jsonl"},
 		} {
 			r := annals(t, db.URL, args...)
 			if r.code != 2 || r.stdout != "" || !strings.HasPrefix(r.stderr, "annals: ") || strings.Count(r.stderr, "\n") != 2 {
