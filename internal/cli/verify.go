@@ -15,8 +15,8 @@ import (
 
 func (e *env) verifyCommand() *cobra.Command {
 	var (
-		baseline, writeBaseline string
-		format                  *string
+		baseline, writeBaseline         string
+		format                          *string
 		interval, pageSize, maxProblems int
 	)
 	cmd := &cobra.Command{
