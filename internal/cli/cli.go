@@ -128,6 +128,11 @@ func (e *env) rootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	// --version prints what 'annals version' prints. An embedded migration
+	// that does not load fails every command alike, so its error is left to them.
+	v, _ := buildVersion()
+	root.Version = v.String()
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.PersistentFlags().StringVar(&e.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL)")
 	root.PersistentFlags().StringVar(&e.schema, "schema", schemaname.Default, "schema holding the annals tables")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
@@ -144,6 +149,7 @@ func (e *env) rootCommand() *cobra.Command {
 		e.scheduleCommand(),
 		e.grantCommand(),
 		e.verifyCommand(),
+		e.versionCommand(),
 	)
 	for _, c := range root.Commands() {
 		wrapArgs(c)
