@@ -137,6 +137,21 @@ func TestOutput(t *testing.T) {
 		}
 	})
 
+	t.Run("EmptyListIsEmptyArray", func(t *testing.T) {
+		t.Parallel()
+		for _, args := range [][]string{
+			{"read", "--from", "100", "--output", "json"},
+			{"dlq", "list", "--subscriber", "nobody", "--output", "json"},
+		} {
+			if r := annals(t, db.URL, args...); r.code != ExitOK || r.stdout != "[]\n" {
+				t.Errorf("annals %q: %+v", args, r)
+			}
+		}
+		if r := annals(t, db.URL, "read", "--from", "100", "--output", "jsonl"); r.code != ExitOK || r.stdout != "" {
+			t.Errorf("read --output jsonl past the head: %+v", r)
+		}
+	})
+
 	t.Run("MigrateOutputNeedsStatus", func(t *testing.T) {
 		t.Parallel()
 		if r := annals(t, db.URL, "migrate", "--output", "json"); r.code != ExitUsage || !strings.Contains(r.stderr, "needs --status") {
