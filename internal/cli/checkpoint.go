@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
@@ -40,11 +41,14 @@ back) or skip them (moving forward). See 'annals status' for every subscriber.`,
 
 func (e *env) checkpointGetCommand() *cobra.Command {
 	var partition int
+	var format *string
 	cmd := &cobra.Command{
 		Use:   "get SUBSCRIBER",
 		Short: "Print a subscriber partition's checkpoint position and epoch",
 		Long: `Print the checkpoint of SUBSCRIBER (partition --partition): its position, fencing
-epoch, owner and when it last changed. An unknown subscriber exits 3 (not found).`,
+epoch, owner and when it last changed. An unknown subscriber exits 3 (not found).
+--output json writes one object: {"subscriber", "partition", "position", "epoch",
+"owner", "updated_at"}; owner is null when none.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sub := args[0]
@@ -67,6 +71,14 @@ epoch, owner and when it last changed. An unknown subscriber exits 3 (not found)
 			if err != nil {
 				return err
 			}
+			if *format == outputJSON {
+				out := CheckpointJSON{Subscriber: sub, Partition: partition, Position: c.Position,
+					Epoch: c.Epoch, UpdatedAt: c.UpdatedAt.UTC()}
+				if c.Owner != "" {
+					out.Owner = &c.Owner
+				}
+				return writeJSON(e.stdout, out)
+			}
 			owner := c.Owner
 			if owner == "" {
 				owner = "none"
@@ -77,7 +89,19 @@ epoch, owner and when it last changed. An unknown subscriber exits 3 (not found)
 		},
 	}
 	cmd.Flags().IntVar(&partition, "partition", 0, "partition number (0 for an unpartitioned subscriber)")
+	format = addOutputFlag(cmd, false, outputText, outputJSON)
 	return cmd
+}
+
+// CheckpointJSON is the output of `annals checkpoint get --output json`.
+type CheckpointJSON struct {
+	Subscriber string `json:"subscriber"`
+	Partition  int    `json:"partition"`
+	Position   int64  `json:"position"`
+	Epoch      int64  `json:"epoch"`
+	// Owner is the instance that claimed Epoch (null after an operator's set).
+	Owner     *string   `json:"owner"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 func (e *env) checkpointSetCommand() *cobra.Command {

@@ -128,6 +128,11 @@ func (e *env) rootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	// --version prints what 'annals version' prints. An embedded migration
+	// that does not load fails every command alike, so its error is left to them.
+	v, _ := buildVersion()
+	root.Version = v.String()
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.PersistentFlags().StringVar(&e.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL)")
 	root.PersistentFlags().StringVar(&e.schema, "schema", schemaname.Default, "schema holding the annals tables")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
@@ -144,8 +149,25 @@ func (e *env) rootCommand() *cobra.Command {
 		e.scheduleCommand(),
 		e.grantCommand(),
 		e.verifyCommand(),
+		e.versionCommand(),
 	)
+	// cobra's own completion command (annals completion bash|zsh|fish|
+	// powershell), made here rather than when executing so that a missing or
+	// unknown shell is a usage error like any other unknown subcommand. It
+	// keeps the writer it finds now, so stdout is set first.
+	root.SetOut(e.stdout)
+	root.SetErr(e.stderr)
+	root.InitDefaultCompletionCmd()
 	for _, c := range root.Commands() {
+		if c.Name() == "completion" {
+			c.Args = cobra.ArbitraryArgs
+			c.RunE = func(_ *cobra.Command, args []string) error {
+				if len(args) == 0 {
+					return usagef("want a shell: bash, zsh, fish or powershell")
+				}
+				return usagef("unknown shell %q: want bash, zsh, fish or powershell", args[0])
+			}
+		}
 		wrapArgs(c)
 	}
 	return root

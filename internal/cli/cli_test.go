@@ -72,7 +72,7 @@ func TestCLIEndToEnd(t *testing.T) {
 		t.Fatalf("read table:\n%s", r.stdout)
 	}
 
-	r = annals(t, db.URL, "read", "order-1", "--format", "jsonl", "--schema", schema)
+	r = annals(t, db.URL, "read", "order-1", "--output", "jsonl", "--schema", schema)
 	if r.code != 0 {
 		t.Fatalf("read jsonl: %+v", r)
 	}
@@ -104,7 +104,7 @@ func TestCLIEndToEnd(t *testing.T) {
 		t.Fatalf("metadata = %s, %s", objs[0]["metadata"], objs[1]["metadata"])
 	}
 
-	if r = annals(t, db.URL, "read", "--from", "2", "--limit", "1", "--format", "jsonl", "--schema", schema); r.code != 0 ||
+	if r = annals(t, db.URL, "read", "--from", "2", "--limit", "1", "--output", "jsonl", "--schema", schema); r.code != 0 ||
 		strings.Count(r.stdout, "\n") != 1 || !strings.Contains(r.stdout, `"global_sequence":2`) {
 		t.Fatalf("read --from 2 --limit 1: %+v", r)
 	}
@@ -130,7 +130,7 @@ func TestCLIEndToEnd(t *testing.T) {
 		{"append", "s", "t", `{}`, "--metadata", `[1]`},
 		{"append", "s", "t", `{}`, "--event-id", `x`},
 		{"append", "s", "t", `{}`, "--nope"},
-		{"read", "--format", "xml"},
+		{"read", "--output", "xml"},
 		{"read", "--from", "-1"},
 		{"read", "--limit", "many"},
 		{"read", "a", "b"},
@@ -152,7 +152,7 @@ func TestCLIEndToEnd(t *testing.T) {
 	if r = annals(t, "", "read"); r.code != 2 || !strings.Contains(r.stderr, "DATABASE_URL") {
 		t.Errorf("no database: %+v", r)
 	}
-	r = annals(t, db.URL, "read", "--format", "jsonl", "--schema", schema)
+	r = annals(t, db.URL, "read", "--output", "jsonl", "--schema", schema)
 	if n := strings.Count(r.stdout, "\n"); n != 3 {
 		t.Fatalf("bad commands changed the log: %d events now", n)
 	}
@@ -204,7 +204,7 @@ func TestBinaryExitCodes(t *testing.T) {
 	if code, out := runBin("append", "s", "t", `{}`, "--expected-version", "no-stream"); code != 1 {
 		t.Fatalf("conflict: %d %s", code, out)
 	}
-	if code, out := runBin("read", "--format", "jsonl"); code != 0 || strings.Count(out, "\n") != 1 {
+	if code, out := runBin("read", "--output", "jsonl"); code != 0 || strings.Count(out, "\n") != 1 {
 		t.Fatalf("read: %d %s", code, out)
 	}
 }

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -55,24 +54,22 @@ change nothing.`,
 
 func (e *env) dlqListCommand() *cobra.Command {
 	var f deadletter.Filter
-	var status, format string
+	var status string
+	var format *string
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List dead letters, newest first",
 		Long: `List dead letters, newest first (by creation time, then ID), --limit at a time
 (1 to 1000, default 100) after passing over --offset. The filters match exactly.
---format jsonl writes one JSON object per dead letter with the dead_letters table's
+--output jsonl writes one JSON object per dead letter (--output json: one array) with the dead_letters table's
 column names as keys (id, subscriber_id, partition, event_id, global_sequence,
 stream_id, event_type, reason, error, error_detail, attempts, status,
 first_failed_at, last_failed_at, created_at, updated_at; the failure times are null
 for a parked event).`,
 		Example: `  annals dlq list --subscriber orders-view --status open
-  annals dlq list --stream order-42 --format jsonl | jq .error`,
+  annals dlq list --stream order-42 --output jsonl | jq .error`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if format != "table" && format != "jsonl" {
-				return usagef("--format %q: want table or jsonl", format)
-			}
 			if status != "" && !deadletter.Status(status).Valid() {
 				return usagef("--status %q: want open, retry, resolved or skipped", status)
 			}
@@ -93,8 +90,8 @@ for a parked event).`,
 				if err != nil {
 					return err
 				}
-				if format == "jsonl" {
-					return writeDeadLettersJSONL(e.stdout, page.DeadLetters)
+				if *format != outputText {
+					return writeDeadLettersJSON(e.stdout, *format, page.DeadLetters)
 				}
 				return writeDeadLettersTable(e.stdout, page, f)
 			})
@@ -106,15 +103,18 @@ for a parked event).`,
 	cmd.Flags().StringVar(&status, "status", "", "only dead letters with this status: open, retry, resolved or skipped")
 	cmd.Flags().IntVar(&f.Limit, "limit", deadletter.DefaultLimit, "how many to list, 1 to 1000")
 	cmd.Flags().IntVar(&f.Offset, "offset", 0, "how many matching dead letters to pass over first")
-	cmd.Flags().StringVar(&format, "format", "table", "table or jsonl")
+	format = addOutputFlag(cmd, true, outputText, outputJSON, outputJSONL)
 	return cmd
 }
 
 func (e *env) dlqShowCommand() *cobra.Command {
-	return &cobra.Command{
+	var format *string
+	cmd := &cobra.Command{
 		Use:   "show ID",
 		Short: "Show every field of a dead letter, with its error and stack trace",
-		Args:  cobra.ExactArgs(1),
+		Long: `Show every field of a dead letter, with its error and stack trace. --output json
+writes one object with the keys of 'dlq list --output jsonl'.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := parseDeadLetterID(args[0])
 			if err != nil {
@@ -125,10 +125,15 @@ func (e *env) dlqShowCommand() *cobra.Command {
 				if err != nil {
 					return deadLetterError(err, id)
 				}
+				if *format == outputJSON {
+					return writeJSON(e.stdout, deadLetterJSON(d))
+				}
 				return writeDeadLetter(e.stdout, d)
 			})
 		},
 	}
+	format = addOutputFlag(cmd, false, outputText, outputJSON)
+	return cmd
 }
 
 func (e *env) dlqRetryCommand() *cobra.Command {
@@ -369,7 +374,8 @@ func parseAge(s string) (time.Duration, error) {
 	return d + r, nil
 }
 
-// JSONLDeadLetter is one line of `annals dlq list --format jsonl`; its keys
+// JSONLDeadLetter is one line of `annals dlq list --output jsonl` (and the
+// object of `annals dlq show --output json`); its keys
 // are the dead_letters table's column names.
 type JSONLDeadLetter struct {
 	ID             int64     `json:"id"`
@@ -399,20 +405,23 @@ func optionalTime(t time.Time) *time.Time {
 	return &u
 }
 
-func writeDeadLettersJSONL(w io.Writer, dls []deadletter.DeadLetter) error {
-	enc := json.NewEncoder(w)
-	for _, d := range dls {
-		if err := enc.Encode(JSONLDeadLetter{
-			ID: d.ID, SubscriberID: d.Subscriber, Partition: d.Partition, EventID: d.EventID,
-			GlobalSequence: d.GlobalSequence, StreamID: d.StreamID, EventType: d.EventType,
-			Reason: string(d.Reason), Error: d.Error, ErrorDetail: d.ErrorDetail, Attempts: d.Attempts,
-			Status: string(d.Status), FirstFailedAt: optionalTime(d.FirstFailedAt), LastFailedAt: optionalTime(d.LastFailedAt),
-			CreatedAt: d.CreatedAt.UTC(), UpdatedAt: d.UpdatedAt.UTC(),
-		}); err != nil {
-			return errors.Wrap(err, "write dead letter")
-		}
+func deadLetterJSON(d deadletter.DeadLetter) JSONLDeadLetter {
+	return JSONLDeadLetter{
+		ID: d.ID, SubscriberID: d.Subscriber, Partition: d.Partition, EventID: d.EventID,
+		GlobalSequence: d.GlobalSequence, StreamID: d.StreamID, EventType: d.EventType,
+		Reason: string(d.Reason), Error: d.Error, ErrorDetail: d.ErrorDetail, Attempts: d.Attempts,
+		Status: string(d.Status), FirstFailedAt: optionalTime(d.FirstFailedAt), LastFailedAt: optionalTime(d.LastFailedAt),
+		CreatedAt: d.CreatedAt.UTC(), UpdatedAt: d.UpdatedAt.UTC(),
 	}
-	return nil
+}
+
+// writeDeadLettersJSON writes dead letters as a JSON array or JSON lines.
+func writeDeadLettersJSON(w io.Writer, format string, dls []deadletter.DeadLetter) error {
+	out := make([]JSONLDeadLetter, len(dls))
+	for i, d := range dls {
+		out[i] = deadLetterJSON(d)
+	}
+	return writeJSONList(w, format, out)
 }
 
 // errorColumnWidth bounds the ERROR column of the list table.

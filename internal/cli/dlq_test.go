@@ -198,7 +198,7 @@ func TestDlqList(t *testing.T) {
 	}
 
 	t.Run("JSONL", func(t *testing.T) {
-		r := annals(t, db.URL, "dlq", "list", "--format", "jsonl", "--subscriber", "orders")
+		r := annals(t, db.URL, "dlq", "list", "--output", "jsonl", "--subscriber", "orders")
 		lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
 		if r.code != 0 || len(lines) != 3 {
 			t.Fatalf("jsonl: %+v", r)
@@ -465,7 +465,7 @@ func TestDlqBadInput(t *testing.T) {
 		{"dlq", "list", "--limit", "-1"},
 		{"dlq", "list", "--limit", "ten"},
 		{"dlq", "list", "--offset", "-1"},
-		{"dlq", "list", "--format", "json"},
+		{"dlq", "list", "--output", "yaml"},
 		{"dlq", "list", "--subscriber", ""},
 		{"dlq", "list", "extra"},
 		{"dlq", "list", "--schema", "bad$schema"},

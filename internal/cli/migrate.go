@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -10,17 +11,24 @@ import (
 
 func (e *env) migrateCommand() *cobra.Command {
 	var print, status bool
+	var format *string
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or upgrade the annals schema",
 		Long: `Apply pending migrations (safe to run from several processes at once).
 --print writes the whole schema as SQL instead, for goose, golang-migrate or atlas.
---status lists the migrations and whether each is applied.`,
+--status lists the migrations and whether each is applied; with --output json as one
+array, with --output jsonl one object a line: {"version", "name", "applied",
+"applied_at"} (applied_at null when pending). The schema version this binary migrates
+to is in 'annals version'.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg := &migrations.Config{Schema: e.schema}
 			if print && status {
 				return usagef("--print and --status cannot be combined")
+			}
+			if *format != outputText && !status {
+				return usagef("--output %s needs --status", *format)
 			}
 			if print {
 				if err := e.validSchema(); err != nil {
@@ -42,6 +50,17 @@ func (e *env) migrateCommand() *cobra.Command {
 				states, err := migrations.Status(cmd.Context(), pool, cfg)
 				if err != nil {
 					return err
+				}
+				if *format != outputText {
+					out := make([]MigrationJSON, len(states))
+					for i, s := range states {
+						out[i] = MigrationJSON{Version: s.Version, Name: s.Name, Applied: s.Applied}
+						if s.Applied {
+							at := s.AppliedAt.UTC()
+							out[i].AppliedAt = &at
+						}
+					}
+					return writeJSONList(e.stdout, *format, out)
 				}
 				for _, s := range states {
 					when := "pending"
@@ -67,5 +86,14 @@ func (e *env) migrateCommand() *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&print, "print", false, "print the schema SQL instead of applying it")
 	cmd.Flags().BoolVar(&status, "status", false, "list migrations and whether each is applied")
+	format = addOutputFlag(cmd, false, outputText, outputJSON, outputJSONL)
 	return cmd
+}
+
+// MigrationJSON is one migration in `annals migrate --status --output json`.
+type MigrationJSON struct {
+	Version   int        `json:"version"`
+	Name      string     `json:"name"`
+	Applied   bool       `json:"applied"`
+	AppliedAt *time.Time `json:"applied_at"`
 }

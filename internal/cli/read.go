@@ -18,19 +18,16 @@ import (
 
 func (e *env) readCommand() *cobra.Command {
 	var from, limit int64
-	var format string
+	var format *string
 	cmd := &cobra.Command{
 		Use:   "read [STREAM]",
 		Short: "Read events from the log or one stream",
 		Long: `Without STREAM, read the whole log from position --from; with STREAM, read that
-stream from version --from. --format jsonl writes one JSON object per event with the
+stream from version --from. --output jsonl writes one JSON object per event with the
 keys global_sequence, event_id, stream_id, stream_version, event_type, data, metadata,
-recorded_at.`,
+recorded_at; --output json writes them as one JSON array.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if format != "table" && format != "jsonl" {
-				return usagef("--format %q: want table or jsonl", format)
-			}
 			if from < 0 {
 				return usagef("--from must not be negative")
 			}
@@ -55,7 +52,7 @@ recorded_at.`,
 			} else {
 				events = store.ReadAll(cmd.Context(), from)
 			}
-			w := newEventWriter(e.stdout, format)
+			w := newEventWriter(e.stdout, *format)
 			var n int64
 			for ev, err := range events {
 				if errors.Is(err, eventstore.ErrStreamNotFound) {
@@ -71,16 +68,17 @@ recorded_at.`,
 					break
 				}
 			}
-			return w.flush()
+			return w.finish()
 		},
 	}
 	cmd.Flags().Int64Var(&from, "from", 0, "first position (log) or version (stream) to read")
 	cmd.Flags().Int64Var(&limit, "limit", 0, "stop after this many events (0: no limit)")
-	cmd.Flags().StringVar(&format, "format", "table", "table or jsonl")
+	format = addOutputFlag(cmd, true, outputText, outputJSON, outputJSONL)
 	return cmd
 }
 
-// JSONLEvent is the shape of one line of --format jsonl; its keys are the
+// JSONLEvent is the shape of one line of --output jsonl (and of one element
+// of --output json); its keys are the
 // events table's column names.
 type JSONLEvent struct {
 	GlobalSequence int64           `json:"global_sequence"`
@@ -93,18 +91,18 @@ type JSONLEvent struct {
 	RecordedAt     time.Time       `json:"recorded_at"`
 }
 
-// eventWriter prints events as a table or as JSON lines. JSON lines are
-// flushed one by one so that a pipe sees each event at once.
+// eventWriter prints events as a table, a JSON array or JSON lines. JSON
+// lines are flushed one by one so that a pipe sees each event at once.
 type eventWriter struct {
 	format string
 	out    *bufio.Writer
 	tw     *tabwriter.Writer
-	header bool
+	header bool // the table header or the array's opening bracket is written
 }
 
 func newEventWriter(w io.Writer, format string) *eventWriter {
 	ew := &eventWriter{format: format, out: bufio.NewWriter(w)}
-	if format == "table" {
+	if format == outputText {
 		ew.tw = tabwriter.NewWriter(ew.out, 0, 4, 2, ' ', 0)
 	}
 	return ew
@@ -119,7 +117,7 @@ func (w *eventWriter) write(e eventstore.Event) error {
 		}
 		meta = b
 	}
-	if w.format == "jsonl" {
+	if w.format != outputText {
 		line, err := json.Marshal(JSONLEvent{
 			GlobalSequence: e.GlobalSequence, EventID: e.ID, StreamID: e.StreamID,
 			StreamVersion: e.StreamVersion, EventType: e.Type, Data: e.Data,
@@ -127,6 +125,15 @@ func (w *eventWriter) write(e eventstore.Event) error {
 		})
 		if err != nil {
 			return errors.Wrap(err, "encode event")
+		}
+		if w.format == outputJSON {
+			sep := ",\n"
+			if !w.header {
+				sep, w.header = "[\n", true
+			}
+			w.out.WriteString(sep)
+			_, err = w.out.Write(line)
+			return err
 		}
 		w.out.Write(line)
 		w.out.WriteByte('\n')
@@ -143,6 +150,18 @@ func (w *eventWriter) write(e eventstore.Event) error {
 	_, err := fmt.Fprintf(w.tw, "%d\t%s\t%d\t%s\t%s\t%s\n", e.GlobalSequence, e.StreamID, e.StreamVersion, e.Type,
 		e.RecordedAt.UTC().Format("2006-01-02 15:04:05.000Z"), data)
 	return err
+}
+
+// finish closes the JSON array, if any, and flushes.
+func (w *eventWriter) finish() error {
+	if w.format == outputJSON {
+		if w.header {
+			w.out.WriteString("\n]\n")
+		} else {
+			w.out.WriteString("[]\n")
+		}
+	}
+	return w.flush()
 }
 
 func (w *eventWriter) flush() error {

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -41,7 +40,7 @@ cancel on a timer, cluster-wide, from the database alone.`,
 }
 
 func (e *env) scheduleListCommand() *cobra.Command {
-	var format string
+	var format *string
 	var limit int
 	cmd := &cobra.Command{
 		Use:   "list",
@@ -55,7 +54,7 @@ A task's next tick is the first tick after its last fired one; "(overdue)" marks
 in the past by this machine's clock: no running process has the task registered, or
 it is being fired right now. Times are UTC.
 
---format json writes one object:
+--output json writes one object:
   {"schema", "tasks": [{"name", "spec", "time_zone", "stream_id", "missed", "paused",
                         "next_tick", "last_tick", "active_since"}],
    "timers": {"pending", "failed", "next_due",
@@ -63,12 +62,9 @@ it is being fired right now. Times are UTC.
                         "attempts", "last_error", "failed_at", "created_at"}]}}
 next_tick, last_tick, next_due and failed_at are null when there is none.`,
 		Example: `  annals schedule list
-  annals schedule list --format json | jq '.timers.failed'`,
+  annals schedule list --output json | jq '.timers.failed'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if format != "table" && format != "json" {
-				return usagef("--format %q: want table or json", format)
-			}
 			if limit < 1 || limit > 1000 {
 				return usagef("--limit %d: want 1 to 1000", limit)
 			}
@@ -76,23 +72,18 @@ next_tick, last_tick, next_due and failed_at are null when there is none.`,
 			if err != nil {
 				return err
 			}
-			if format == "json" {
-				b, err := json.MarshalIndent(out, "", "  ")
-				if err != nil {
-					return errors.Wrap(err, "encode schedule")
-				}
-				_, err = fmt.Fprintf(e.stdout, "%s\n", b)
-				return err
+			if *format == outputJSON {
+				return writeJSON(e.stdout, out)
 			}
 			return writeScheduleTable(e.stdout, out, time.Now())
 		},
 	}
-	cmd.Flags().StringVar(&format, "format", "table", "table or json")
+	format = addOutputFlag(cmd, true, outputText, outputJSON)
 	cmd.Flags().IntVar(&limit, "limit", 20, "how many timers to list, 1 to 1000")
 	return cmd
 }
 
-// ScheduleJSON is the output of `annals schedule list --format json`.
+// ScheduleJSON is the output of `annals schedule list --output json`.
 type ScheduleJSON struct {
 	// Schema is the annals schema inspected.
 	Schema string `json:"schema"`

@@ -83,7 +83,7 @@ func TestScheduleList(t *testing.T) {
 		t.Errorf("--limit 1: %+v", r)
 	}
 
-	r = annals(t, db.URL, "schedule", "list", "--format", "json")
+	r = annals(t, db.URL, "schedule", "list", "--output", "json")
 	if r.code != ExitOK {
 		t.Fatalf("json: %+v", r)
 	}
@@ -104,7 +104,7 @@ func TestScheduleList(t *testing.T) {
 		{"schedule"},
 		{"schedule", "nope"},
 		{"schedule", "list", "extra"},
-		{"schedule", "list", "--format", "xml"},
+		{"schedule", "list", "--output", "xml"},
 		{"schedule", "list", "--limit", "0"},
 		{"schedule", "list", "--limit", "1001"},
 	} {

@@ -26,7 +26,7 @@ const lagCountLimit = 10_000
 const defaultStaleAfter = 30 * time.Second
 
 func (e *env) statusCommand() *cobra.Command {
-	var format string
+	var format *string
 	var staleAfter time.Duration
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -44,7 +44,7 @@ by default 10 heartbeats); the leader of a partition is a live instance that lis
 those it leads, else the checkpoint's last owner is shown with "(no live leader)".
 All ages use the database server's clock.
 
---format json writes one object:
+--output json writes one object:
   {"schema", "head", "checked_at", "stale_after_seconds",
    "subscribers": [{"subscriber", "partition", "position", "head", "lag_events",
                     "lag_events_exact", "lag_seconds", "epoch", "owner", "leader",
@@ -55,9 +55,6 @@ owner, leader and leader_epoch are null when unknown; leads is the instance's li
 {"subscriber", "partition", "epoch"} as stored; both arrays are [] when empty.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if format != "table" && format != "json" {
-				return usagef("--format %q: want table or json", format)
-			}
 			if staleAfter <= 0 {
 				return usagef("--stale-after must be positive")
 			}
@@ -79,23 +76,18 @@ owner, leader and leader_epoch are null when unknown; leads is the instance's li
 				return err
 			}
 			st.Schema = e.schema
-			if format == "json" {
-				b, err := json.MarshalIndent(st, "", "  ")
-				if err != nil {
-					return errors.Wrap(err, "encode status")
-				}
-				_, err = fmt.Fprintf(e.stdout, "%s\n", b)
-				return err
+			if *format == outputJSON {
+				return writeJSON(e.stdout, st)
 			}
 			return writeStatusTable(e.stdout, st)
 		},
 	}
-	cmd.Flags().StringVar(&format, "format", "table", "table or json")
+	format = addOutputFlag(cmd, true, outputText, outputJSON)
 	cmd.Flags().DurationVar(&staleAfter, "stale-after", defaultStaleAfter, "an instance whose last heartbeat is older than this is stale")
 	return cmd
 }
 
-// StatusJSON is the output of `annals status --format json`.
+// StatusJSON is the output of `annals status --output json`.
 type StatusJSON struct {
 	// Schema is the annals schema inspected.
 	Schema string `json:"schema"`

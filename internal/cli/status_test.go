@@ -28,7 +28,7 @@ func sqlExec(t *testing.T, db *annalstest.DB, sql string, args ...any) {
 // statusJSON runs annals status --format json and decodes it.
 func statusJSON(t *testing.T, url string, args ...string) StatusJSON {
 	t.Helper()
-	r := annals(t, url, append([]string{"status", "--format", "json"}, args...)...)
+	r := annals(t, url, append([]string{"status", "--output", "json"}, args...)...)
 	if r.code != 0 {
 		t.Fatalf("status --format json: %+v", r)
 	}
@@ -61,7 +61,7 @@ func TestStatus(t *testing.T) {
 		if r.code != 0 || !strings.Contains(r.stdout, "No subscribers yet") || !strings.Contains(r.stdout, "No runner instances") {
 			t.Fatalf("empty status: %+v", r)
 		}
-		r = annals(t, db.URL, "status", "--format", "json")
+		r = annals(t, db.URL, "status", "--output", "json")
 		if r.code != 0 || !strings.Contains(r.stdout, `"subscribers": []`) || !strings.Contains(r.stdout, `"instances": []`) {
 			t.Fatalf("empty status JSON: %+v", r)
 		}
@@ -179,8 +179,8 @@ func TestStatus(t *testing.T) {
 
 	t.Run("BadInput", func(t *testing.T) {
 		for _, args := range [][]string{
-			{"status", "--format", "xml"},
-			{"status", "--format", "jsonl"},
+			{"status", "--output", "xml"},
+			{"status", "--output", "jsonl"},
 			{"status", "--stale-after", "0s"},
 			{"status", "--stale-after", "-1m"},
 			{"status", "--stale-after", "soon"},
@@ -322,7 +322,7 @@ func TestCheckpointCommand(t *testing.T) {
 			{"checkpoint", "get", ""},
 			{"checkpoint"},
 			{"checkpoint", "bogus"},
-			{"checkpoint", "get", "orders", "--format", "json"},
+			{"checkpoint", "get", "orders", "--output", "jsonl"},
 		} {
 			r := annals(t, db.URL, args...)
 			if r.code != 2 || r.stdout != "" || !strings.HasPrefix(r.stderr, "annals: ") || strings.Count(r.stderr, "\n") != 2 {
@@ -417,7 +417,7 @@ func TestStatusShowsStoppedAndDeadLetters(t *testing.T) {
 		!strings.Contains(r.stdout, "mailer/0 has 2 unresolved dead letter(s)") || strings.Contains(r.stdout, "fine/0 has") || strings.Contains(r.stdout, "STOPPED fine") {
 		t.Fatalf("status:\n%s", r.stdout)
 	}
-	r = annals(t, db.URL, "status", "--format", "json")
+	r = annals(t, db.URL, "status", "--output", "json")
 	var st StatusJSON
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
 		t.Fatal(err)

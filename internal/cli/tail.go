@@ -16,7 +16,8 @@ import (
 func (e *env) tailCommand() *cobra.Command {
 	var from int64
 	var follow bool
-	var subscriber, format string
+	var subscriber string
+	var format *string
 	var types []string
 	cmd := &cobra.Command{
 		Use:   "tail",
@@ -27,15 +28,13 @@ func (e *env) tailCommand() *cobra.Command {
 With --subscriber NAME, tail is a real observer: it resumes from NAME's checkpoint, stores
 its position, and is leader-elected, so two tails with the same name share one position
 (the second stands by). --types filters by event-type globs (order.*, *.shipped; '*' is
-one or more whole segments). --format jsonl prints one JSON object per event, flushed at
-once, with the keys of 'annals read'.`,
-		Example: `  annals tail --follow --format jsonl | jq .
+one or more whole segments). --output jsonl prints one JSON object per event, flushed at
+once, with the keys of 'annals read' (there is no --output json: a tail has no end at
+which to close an array).`,
+		Example: `  annals tail --follow --output jsonl | jq .
   annals tail --follow --subscriber audit-log --types 'order.*,payment.*'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if format != "table" && format != "jsonl" {
-				return usagef("--format %q: want table or jsonl", format)
-			}
 			if from < 0 {
 				return usagef("--from must not be negative")
 			}
@@ -54,7 +53,7 @@ once, with the keys of 'annals read'.`,
 				return err
 			}
 			defer pool.Close()
-			w := newEventWriter(e.stdout, format)
+			w := newEventWriter(e.stdout, *format)
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			// A failed write (a closed pipe) ends the tail instead of being retried.
@@ -124,7 +123,7 @@ once, with the keys of 'annals read'.`,
 	cmd.Flags().BoolVar(&follow, "follow", false, "keep following new events until interrupted")
 	cmd.Flags().StringVar(&subscriber, "subscriber", "", "run as a checkpointed, leader-elected observer with this name")
 	cmd.Flags().StringSliceVar(&types, "types", nil, "event-type globs, comma-separated (default: all)")
-	cmd.Flags().StringVar(&format, "format", "table", "table or jsonl")
+	format = addOutputFlag(cmd, true, outputText, outputJSONL)
 	return cmd
 }
 

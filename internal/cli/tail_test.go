@@ -77,7 +77,7 @@ func TestTail(t *testing.T) {
 	appendEv("pay-1", "payment.received")
 
 	t.Run("ToHeadAndExit", func(t *testing.T) {
-		r := annals(t, db.URL, "tail", "--format", "jsonl", "--from", "2")
+		r := annals(t, db.URL, "tail", "--output", "jsonl", "--from", "2")
 		if r.code != 0 || strings.Count(r.stdout, "\n") != 2 || !strings.Contains(r.stdout, `"global_sequence":2`) {
 			t.Fatalf("tail --from 2: %+v", r)
 		}
@@ -88,7 +88,7 @@ func TestTail(t *testing.T) {
 	})
 
 	t.Run("FollowSeesNewEventsAtOnce", func(t *testing.T) {
-		out, stop := startTail(t, db.URL, "--follow", "--format", "jsonl", "--types", "*.shipped")
+		out, stop := startTail(t, db.URL, "--follow", "--output", "jsonl", "--types", "*.shipped")
 		annalstest.WaitFor(t, 10*time.Second, func() bool { return strings.Count(out.String(), "\n") == 1 })
 		appendEv("order-2", "order.shipped")
 		appendEv("order-2", "order.cancelled")
@@ -103,19 +103,19 @@ func TestTail(t *testing.T) {
 
 	t.Run("SubscriberSharesOnePosition", func(t *testing.T) {
 		// A named tail is an observer: the second run resumes after the first.
-		r := annals(t, db.URL, "tail", "--subscriber", "audit", "--format", "jsonl")
+		r := annals(t, db.URL, "tail", "--subscriber", "audit", "--output", "jsonl")
 		if r.code != 0 || strings.Count(r.stdout, "\n") < 3 {
 			t.Fatalf("first named tail: %+v", r)
 		}
 		appendEv("order-3", "order.placed")
-		r = annals(t, db.URL, "tail", "--subscriber", "audit", "--format", "jsonl")
+		r = annals(t, db.URL, "tail", "--subscriber", "audit", "--output", "jsonl")
 		if r.code != 0 || strings.Count(r.stdout, "\n") != 1 || !strings.Contains(r.stdout, "order-3") {
 			t.Fatalf("second named tail should print only the new event: %+v", r)
 		}
 		// Two followers with one name: one leads, the other stands by.
-		a, stopA := startTail(t, db.URL, "--follow", "--subscriber", "shared", "--format", "jsonl")
+		a, stopA := startTail(t, db.URL, "--follow", "--subscriber", "shared", "--output", "jsonl")
 		annalstest.WaitFor(t, 10*time.Second, func() bool { return strings.Count(a.String(), "\n") >= 6 })
-		b, stopB := startTail(t, db.URL, "--follow", "--subscriber", "shared", "--format", "jsonl")
+		b, stopB := startTail(t, db.URL, "--follow", "--subscriber", "shared", "--output", "jsonl")
 		appendEv("order-4", "order.placed")
 		annalstest.WaitFor(t, 10*time.Second, func() bool { return strings.Contains(a.String()+b.String(), "order-4") })
 		stopA()
@@ -127,7 +127,7 @@ func TestTail(t *testing.T) {
 
 	t.Run("BadInput", func(t *testing.T) {
 		for _, args := range [][]string{
-			{"tail", "--format", "xml"},
+			{"tail", "--output", "xml"},
 			{"tail", "--from", "-2"},
 			{"tail", "--types", "ord*"},
 			{"tail", "--types", "a..b"},

@@ -15,7 +15,8 @@ import (
 
 func (e *env) verifyCommand() *cobra.Command {
 	var (
-		format, baseline, writeBaseline string
+		baseline, writeBaseline         string
+		format                          *string
 		interval, pageSize, maxProblems int
 	)
 	cmd := &cobra.Command{
@@ -32,15 +33,12 @@ when no problem was found. Keep baselines outside the database: whoever can rewr
 the log and its baseline can hide anything.
 
 Exit codes: 0 clean, 1 problems found (or a failure), 2 bad flags or arguments.
-Progress goes to stderr; --format json writes the report as one JSON object.`,
+Progress goes to stderr; --output json writes the report as one JSON object.`,
 		Example: `  annals verify --write-baseline /secure/annals.baseline
   annals verify --baseline /secure/annals.baseline --write-baseline /secure/annals.baseline
-  annals verify --format json`,
+  annals verify --output json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if format != "text" && format != "json" {
-				return usagef("--format %q: want text or json", format)
-			}
 			if interval < 1 || pageSize < 1 || maxProblems < 1 {
 				return usagef("--interval, --page-size and --max-problems must be at least 1")
 			}
@@ -87,7 +85,7 @@ Progress goes to stderr; --format json writes the report as one JSON object.`,
 				}
 				wrote = writeBaseline
 			}
-			if format == "json" {
+			if *format == outputJSON {
 				out := struct {
 					*verify.Report
 					OK            bool   `json:"ok"`
@@ -110,9 +108,7 @@ Progress goes to stderr; --format json writes the report as one JSON object.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&format, "format", "text", "text or json")
-	cmd.Flags().StringVar(&format, "output", "text", "same as --format")
-	_ = cmd.Flags().MarkHidden("output")
+	format = addOutputFlag(cmd, true, outputText, outputJSON)
 	cmd.Flags().StringVar(&baseline, "baseline", "", "compare with the baseline in FILE")
 	cmd.Flags().StringVar(&writeBaseline, "write-baseline", "", "write this run's baseline to FILE (only when clean)")
 	cmd.Flags().IntVar(&interval, "interval", 10000, "events per checkpoint of a new baseline")

@@ -66,7 +66,7 @@ func TestVerifyCommand(t *testing.T) {
 	}
 
 	for _, args := range [][]string{
-		{"verify", "--format", "xml"},
+		{"verify", "--output", "xml"},
 		{"verify", "--baseline", filepath.Join(dir, "missing")},
 		{"verify", "--interval", "0"},
 		{"verify", "extra"},
