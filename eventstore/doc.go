@@ -29,12 +29,13 @@
 // Store.Append therefore coalesces the concurrent appends of a process:
 //
 //   - Append validates and encodes its events, then queues itself.
-//   - If fewer than GroupCommit.MaxInFlight groups (default 1) are on their
-//     way, the appending goroutine takes a group at once and sends it itself:
+//   - If no group is on its way (or a second may go: GroupCommit.MaxInFlight,
+//     default 2, for when at least ParallelEvents, default 200, events are
+//     queued), the appending goroutine takes a group at once and sends it itself:
 //     the oldest queued appends, at most one per stream (a later append to
 //     the same stream waits for the next group, so per-stream order is
 //     queue order) and no two sharing a caller-chosen event ID, up to
-//     GroupCommit.MaxEvents events. A lone writer thus sends its append
+//     GroupCommit.MaxEvents (400) events. A lone writer thus sends its append
 //     without waiting for anybody.
 //   - A group is one call of the SQL function append_batch, one statement
 //     and so one transaction: one round trip, one acquisition of the
@@ -54,7 +55,9 @@
 //     take turns: groups of 8 and 8, or 1 and 16. More groups in flight
 //     would let one wait for the lock while another commits, but would also
 //     split the waiting appends and pay one WAL flush per group under the
-//     lock.) A lone appender never waits.
+//     lock: so a second group goes only for large appends, whose encoding
+//     and checks then overlap the commit ahead.) A lone appender never
+//     waits.
 //   - A group that fails as a whole (an error no single outcome explains,
 //     such as a lost connection) is re-sent append by append through
 //     append_events, so each member learns its own outcome; re-sending an

@@ -20,22 +20,25 @@ type GroupCommit struct {
 	// as AppendTx in a transaction of its own would be.
 	Disabled bool
 	// MaxEvents bounds the events of one group; an append larger than it
-	// still goes alone. Defaults to 2000.
+	// still goes alone. Defaults to 400.
 	MaxEvents int
-	// MaxInFlight is how many groups a Store sends at once. With more than
-	// one, the next group waits for the log's ordering lock on the server
-	// while the previous one commits, so the lock never waits for a round
-	// trip; but the waiting appends are split between the groups, and every
-	// group pays a WAL flush of its own under the lock. One in flight makes
-	// the largest groups, which measured faster with 4 and 16 writers and
-	// much faster when several processes append (docs/benchmarks.md).
-	// Defaults to 1.
+	// MaxInFlight is how many groups a Store sends at once. Defaults to 2,
+	// but a group beyond the first leaves only when at least ParallelEvents
+	// events are queued: large appends then travel in several groups whose
+	// client-side encoding and server-side checks overlap the commit of the
+	// group ahead (4 writers × 100 events: 0.46× → 0.54–0.66× of raw inserts
+	// in the same runs), while small appends keep waiting for one group, so
+	// that all of them share its WAL flush (two groups of single events
+	// measured slower: 16 writers 1.31× → 1.03× of raw inserts).
 	MaxInFlight int
 	// Linger is how long a finished group's successor waits, at most, for
 	// the appenders just answered to queue again before it is sent (only
 	// when other appends are already waiting; a lone append never waits).
 	// Defaults to 200µs; negative sends at once.
 	Linger time.Duration
+	// ParallelEvents is how many events must be queued for a group beyond
+	// the first in flight to leave. Defaults to 200; negative: no minimum.
+	ParallelEvents int
 }
 
 func (g GroupCommit) withDefaults() (GroupCommit, error) {
@@ -43,10 +46,13 @@ func (g GroupCommit) withDefaults() (GroupCommit, error) {
 		return g, errors.New("eventstore: GroupCommit.MaxEvents and MaxInFlight must not be negative")
 	}
 	if g.MaxEvents == 0 {
-		g.MaxEvents = 2000
+		g.MaxEvents = 400
 	}
 	if g.MaxInFlight == 0 {
-		g.MaxInFlight = 1
+		g.MaxInFlight = 2
+	}
+	if g.ParallelEvents == 0 {
+		g.ParallelEvents = 200
 	}
 	if g.Linger == 0 {
 		g.Linger = 200 * time.Microsecond
@@ -131,6 +137,15 @@ func (c *committer) append(ctx context.Context, args appendArgs) (AppendResult, 
 func (c *committer) takeLocked() []*pendingAppend {
 	if len(c.queue) == 0 || c.inFlight >= c.cfg.MaxInFlight {
 		return nil
+	}
+	if c.inFlight > 0 && c.cfg.ParallelEvents > 0 { // a second group: only for many events
+		queued := 0
+		for _, p := range c.queue {
+			queued += p.args.count
+		}
+		if queued < c.cfg.ParallelEvents {
+			return nil
+		}
 	}
 	var (
 		group   []*pendingAppend

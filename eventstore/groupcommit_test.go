@@ -72,7 +72,7 @@ func lockWaiters(t *testing.T, b *bundle) int {
 
 // twoInFlight configures a store that sends up to two groups at once, which
 // oneGroup expects.
-var twoInFlight = &eventstore.Config{GroupCommit: eventstore.GroupCommit{MaxInFlight: 2}}
+var twoInFlight = &eventstore.Config{GroupCommit: eventstore.GroupCommit{MaxInFlight: 2, ParallelEvents: -1}}
 
 type outcome struct {
 	res eventstore.AppendResult
