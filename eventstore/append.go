@@ -289,7 +289,10 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 		return appendArgs{}, invalidf("append to stream %q has no events", streamID)
 	}
 	tc := traceContext(ctx) // once per append, nil without an active span
-	seen := make(map[uuid.UUID]struct{}, len(events))
+	var seen map[uuid.UUID]struct{} // IDs of this append, to refuse one twice; none needed for one event
+	if len(events) > 1 {
+		seen = make(map[uuid.UUID]struct{}, len(events))
+	}
 	encoded := make([]encodedEvent, 0, len(events))
 	callerIDs := false
 	for i, e := range events {
@@ -346,7 +349,9 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 		if _, dup := seen[id]; dup {
 			return appendArgs{}, invalidf("event ID %s appears twice in one append", id)
 		}
-		seen[id] = struct{}{}
+		if seen != nil {
+			seen[id] = struct{}{}
+		}
 	}
 	return appendArgs{stream: streamID, expected: exp, exp: expected, count: len(events),
 		events: encoded, callerIDs: callerIDs}, nil

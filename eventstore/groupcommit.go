@@ -219,6 +219,9 @@ func (c *committer) run(group []*pendingAppend) {
 	// (a group of one, nobody waiting) never waits.
 	want := len(c.queue) + len(group)
 	refill := make(chan struct{})
+	if c.refill != nil { // two groups in flight, both lingering: wake the first one now
+		close(c.refill)
+	}
 	c.refill, c.refillAt = refill, want
 	c.mu.Unlock()
 	go func() {
@@ -229,7 +232,9 @@ func (c *committer) run(group []*pendingAppend) {
 		}
 		t.Stop()
 		c.mu.Lock()
-		c.refill = nil
+		if c.refill == refill { // another group may linger now, with a refill of its own
+			c.refill = nil
+		}
 		c.inFlight--
 		next := c.takeLocked()
 		c.mu.Unlock()
