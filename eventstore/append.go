@@ -288,7 +288,7 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 	if len(events) == 0 {
 		return appendArgs{}, invalidf("append to stream %q has no events", streamID)
 	}
-	tc := traceContext(ctx) // once per append, nil without an active span
+	tc := traceContext(ctx)         // once per append, nil without an active span
 	var seen map[uuid.UUID]struct{} // IDs of this append, to refuse one twice; none needed for one event
 	if len(events) > 1 {
 		seen = make(map[uuid.UUID]struct{}, len(events))
