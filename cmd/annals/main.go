@@ -8,7 +8,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/annals-dev/annals/internal/cli"
+	"github.com/annals-dev/annals/cmd/annals/internal/cli"
 )
 
 func main() {

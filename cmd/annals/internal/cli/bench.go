@@ -15,7 +15,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/spf13/cobra"
 
-	"github.com/annals-dev/annals/internal/benchmark"
+	"github.com/annals-dev/annals/cmd/annals/internal/benchmark"
 )
 
 // benchmarks are the names --only accepts, in the order they run.

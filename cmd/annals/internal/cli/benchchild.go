@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/annals-dev/annals/internal/benchmark"
+	"github.com/annals-dev/annals/cmd/annals/internal/benchmark"
 )
 
 // benchChildCommand is `annals bench runner-child`, hidden: one process of
