@@ -161,16 +161,18 @@ func (b *clientBundle) total(t *testing.T) int64 {
 	return n
 }
 
-func (b *clientBundle) types(t *testing.T, stream string) []string {
+// types returns the event types of a stream, or the read error (a stream
+// that does not exist yet is one).
+func (b *clientBundle) types(t *testing.T, stream string) ([]string, error) {
 	t.Helper()
 	var out []string
 	for e, err := range b.client.ReadStream(t.Context(), stream, 1) {
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		out = append(out, e.Type)
 	}
-	return out
+	return out, nil
 }
 
 func TestClient(t *testing.T) {
@@ -215,16 +217,16 @@ func TestClient(t *testing.T) {
 			}
 			return nil
 		})
-		if got := b.types(t, "order-1"); len(got) != 1 {
-			t.Fatalf("order-1 before the deadline = %v", got)
+		if got, err := b.types(t, "order-1"); len(got) != 1 {
+			t.Fatalf("order-1 before the deadline = %v, %v", got, err)
 		}
 		b.clock.Advance(90 * time.Minute)
 		annalstest.WaitForErr(t, 30*time.Second, func() error {
-			if got := b.types(t, "order-1"); len(got) != 3 || got[1] != "cl.deadline_passed" || got[2] != "cl.order_expired" {
-				return errorf("order-1 = %v", got)
+			if got, err := b.types(t, "order-1"); len(got) != 3 || got[1] != "cl.deadline_passed" || got[2] != "cl.order_expired" {
+				return errorf("order-1 = %v, %v", got, err)
 			}
-			if got := b.types(t, "cl-ticks"); len(got) != 1 || got[0] != scheduler.TickEventType {
-				return errorf("cl-ticks = %v", got)
+			if got, err := b.types(t, "cl-ticks"); len(got) != 1 || got[0] != scheduler.TickEventType {
+				return errorf("cl-ticks = %v, %v", got, err)
 			}
 			return nil
 		})
