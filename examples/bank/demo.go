@@ -133,8 +133,8 @@ func runDemo(ctx context.Context, s *service, out io.Writer) error {
 	if err := s.client.Stop(ctx); err != nil {
 		return err
 	}
-	p("\n6. The runner stopped gracefully. Try `bank projections list`, `bank projections status`\n")
-	p("   and `bank projections rebuild %s --yes`.\n", balancesName)
+	p("\n6. The runner stopped gracefully (annals.Client.Stop). On a database that stays (DATABASE_URL),\n")
+	p("   try `go run ./examples/bank projections list | status | rebuild %s --yes`.\n", balancesName)
 	return nil
 }
 
