@@ -35,13 +35,15 @@ type Clock interface {
 // override the same settings in the per-part configs at the bottom.
 type Config struct {
 	// Registry names the Go event types, for appends, reads and typed
-	// handlers. Defaults to a new, empty registry (Client.Registry).
+	// handlers. Defaults to Store.Registry, else a new, empty registry
+	// (Client.Registry).
 	Registry *eventstore.Registry
 	// Schema is the PostgreSQL schema of the annals tables. Defaults to
 	// "annals".
 	Schema string
-	// Logger receives the runner's and the scheduler's logs (leadership,
-	// retries, reconnects, read-model setups). Defaults to discarding.
+	// Logger receives the runner's, the scheduler's and the sagas' logs
+	// (leadership, retries, reconnects, read-model setups). Defaults to
+	// Runner.Logger and Scheduler.Logger, else discarding.
 	Logger *slog.Logger
 	// Clock decides retry delays, timers, cron ticks and sagas' Now.
 	// Defaults to the wall clock.
@@ -108,9 +110,14 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if cfg != nil {
 		c = *cfg
 	}
+	if c.Registry == nil && c.Store != nil {
+		c.Registry = c.Store.Registry
+	}
 	if c.Registry == nil {
 		c.Registry = eventstore.NewRegistry()
 	}
+	// A part's own logger stays unless Config.Logger is set.
+	logger := c.Logger
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -135,7 +142,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if c.Runner != nil {
 		rc = *c.Runner
 	}
-	rc.Schema, rc.Registry, rc.Logger = c.Schema, c.Registry, c.Logger
+	rc.Schema, rc.Registry = c.Schema, c.Registry
+	if logger != nil {
+		rc.Logger = logger
+	}
 	if c.Clock != nil {
 		rc.Clock = c.Clock
 	}
@@ -157,7 +167,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if c.Scheduler != nil {
 		dc = *c.Scheduler
 	}
-	dc.Schema, dc.Logger = c.Schema, c.Logger
+	dc.Schema = c.Schema
+	if logger != nil {
+		dc.Logger = logger
+	}
 	if c.Clock != nil {
 		dc.Clock = c.Clock
 	}
