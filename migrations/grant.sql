@@ -53,6 +53,8 @@ GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.cron_tasks TO {{.Role}};
 GRANT SELECT, INSERT, DELETE ON {{.Schema}}.cron_ticks TO {{.Role}};
 -- saga: Load, Insert, Update, Prune.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.saga_states TO {{.Role}};
+-- projection: read-model setup (SetupVersion, RecordSetup), also on rebuild.
+GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.read_model_setups TO {{.Role}};
 
 -- name: operate
 -- annals dlq purge; annals schedule delete.

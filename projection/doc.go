@@ -44,6 +44,20 @@
 //   - Telemetry: a span per handler call, linked to the append that produced
 //     the event, and the metrics listed in internal/telemetry.
 //
+// # Read-model setup
+//
+// A projection declares what its read model needs with Typed.OnSetup (or by
+// implementing Setupper): a versioned setup function, typically
+// Statements("CREATE TABLE IF NOT EXISTS …"). Run and RunUntilCaughtUp (and
+// Runner.Setup, which they call) run it before the projection first runs,
+// and a rebuild before its Reset, in a transaction that first takes a
+// transaction-scoped advisory lock on the projection's setup key, then
+// checks and updates the version recorded in the read_model_setups table
+// (EnsureSetup). So it runs once per version per database, never
+// concurrently with itself, even when instances start at once; a failed
+// setup records nothing and the runner does not start. Bump the version to
+// run a changed setup once more.
+//
 // # Rebuilding a projection
 //
 // Runner.Rebuild replays one registered projection from the start of the log

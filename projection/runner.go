@@ -462,6 +462,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	if len(subs) == 0 && len(services) == 0 {
 		return errors.New("projection: nothing registered")
 	}
+	if err := r.Setup(ctx); err != nil {
+		return err
+	}
 	listener, err := catchup.NewListener(r.pool.Config().ConnConfig, r.cfg.Schema, r.cfg.Logger)
 	if err != nil {
 		return err
@@ -521,6 +524,9 @@ func (r *Runner) RunUntilCaughtUp(ctx context.Context) error {
 	subs := r.subscriptions()
 	if len(subs) == 0 {
 		return errors.New("projection: nothing registered")
+	}
+	if err := r.Setup(ctx); err != nil {
+		return err
 	}
 	engine, err := r.newEngine(nil)
 	if err != nil {
