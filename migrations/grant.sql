@@ -61,6 +61,10 @@ GRANT DELETE ON {{.Schema}}.dead_letters, {{.Schema}}.cron_tasks TO {{.Role}};
 -- log's head with the position sequence (reading it draws no number).
 GRANT SELECT ON {{.Schema}}.snapshots TO {{.Role}};
 GRANT SELECT ON SEQUENCE {{.Schema}}.events_global_sequence TO {{.Role}};
+-- The operator console (package console) records each action in audit_log
+-- and lists it; a trigger stamps the ID, time and role.
+GRANT SELECT, INSERT ON {{.Schema}}.audit_log TO {{.Role}};
+GRANT USAGE ON SEQUENCE {{.Schema}}.audit_log_id_seq TO {{.Role}};
 
 -- name: role_exists
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1);
