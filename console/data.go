@@ -1,11 +1,11 @@
 package console
 
 import (
+	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"slices"
-	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/cockroachdb/errors"

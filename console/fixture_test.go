@@ -103,8 +103,8 @@ func setup(t *testing.T, o *fixtureOpts) *fixture {
 		t.Fatal(err)
 	}
 	f.runner, err = projection.NewRunner(f.db.Pool, &projection.Config{Schema: f.db.Schema, PollInterval: 50 * time.Millisecond,
-		HeartbeatInterval: time.Second, MeterProvider: f.metrics.MeterProvider(),
-		Retry: &projection.RetryPolicy{MaxRetries: -1}})
+		HeartbeatInterval: time.Second, MeterProvider: f.metrics.MeterProvider(), HandlerSpans: true,
+		Retry: &projection.RetryPolicy{MaxRetries: 1, InitialDelay: 10 * time.Millisecond, Jitter: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}
