@@ -563,3 +563,57 @@ func TestRunnerHealth(t *testing.T) {
 		t.Errorf("lag %d, want 12", rep.Partitions[0].LagEvents)
 	}
 }
+
+// TestMounted mounts the console in a service's mux under /annals with an
+// Authorizer (the service's own login): links and forms stay under the
+// mount, the Authorizer's operator may write (recorded under its name), its
+// non-operator may not, and the token login is off.
+func TestMounted(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	con, err := console.New(f.db.Pool, &console.Config{Schema: f.db.Schema, BasePath: "/annals",
+		Authorizer: func(r *http.Request) (console.Principal, bool) {
+			switch r.Header.Get("X-User") {
+			case "grace":
+				return console.Principal{Name: "grace", Operator: true}, true
+			case "guest":
+				return console.Principal{Name: "guest"}, true
+			}
+			return console.Principal{}, false
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/annals/", http.StripPrefix("/annals", con))
+	mux.Handle("/readyz", console.RunnerHealth(f.runner, f.db.Pool, nil))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	c := &client{t: t, base: srv.URL + "/annals", hc: f.client(t).hc}
+	code, body := c.get("/dead-letters")
+	if code != 200 || !strings.Contains(body, `href="/annals/dead-letters/`) || !strings.Contains(body, `href="/annals/static/style.css"`) {
+		t.Fatalf("mounted page: %d, links not under /annals", code)
+	}
+	tok := csrfRe.FindStringSubmatch(body)
+	if tok == nil {
+		t.Fatal("no CSRF token")
+	}
+	form := url.Values{"csrf": {tok[1]}, "id": {strconv.FormatInt(f.dlID, 10)}}
+	if code, _, _ := c.post("/dead-letters/retry", form, "X-User", "guest"); code != http.StatusForbidden {
+		t.Errorf("a non-operator's retry: %d, want 403", code)
+	}
+	if code, _, _ := c.post("/login", url.Values{"csrf": {tok[1]}, "name": {"eve"}, "token": {""}}); code != http.StatusForbidden {
+		t.Errorf("token login without a token configured: %d, want 403", code)
+	}
+	f.mailer.failing.Store(false)
+	code, _, hdr := c.post("/dead-letters/retry", form, "X-User", "grace")
+	if code != http.StatusSeeOther || !strings.HasPrefix(hdr.Get("Location"), "/annals/dead-letters?") {
+		t.Fatalf("operator's retry: %d, Location %q", code, hdr.Get("Location"))
+	}
+	if log := auditLog(t, f.db); len(log) != 1 || log[0].Actor != "grace" {
+		t.Errorf("audit %+v, want grace", log)
+	}
+	if code := getCode(t, srv.URL+"/readyz"); code != 200 {
+		t.Errorf("/readyz of the service: %d", code)
+	}
+}
