@@ -1,10 +1,15 @@
 package console_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,6 +132,36 @@ func TestMetrics(t *testing.T) {
 		}
 		if !c.check(v) {
 			t.Errorf("%s%v = %v, want %s", c.name, c.labels, v, c.want)
+		}
+	}
+
+	// Every annals series is documented, and every series the Grafana
+	// dashboard charts exists.
+	docs, err := os.ReadFile(filepath.Join("..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range fams {
+		if strings.HasPrefix(name, "annals_") && !strings.Contains(string(docs), "`"+name+"`") {
+			t.Errorf("series %s is not documented in docs/operations.md", name)
+		}
+	}
+	dash, err := os.ReadFile(filepath.Join("..", "docs", "grafana-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parsed map[string]any
+	if err := json.Unmarshal(dash, &parsed); err != nil {
+		t.Fatalf("docs/grafana-dashboard.json: %v", err)
+	}
+	used := regexp.MustCompile(`annals_[a-z_]+`).FindAllString(string(dash), -1)
+	if len(used) < 10 {
+		t.Fatalf("the dashboard uses only %v", used)
+	}
+	for _, name := range used {
+		base := strings.TrimSuffix(name, "_bucket")
+		if _, ok := fams[base]; !ok && name != "annals_subscriber" && name != "annals_outcome" && name != "annals_reason" {
+			t.Errorf("the dashboard charts %s, which /metrics lacks", name)
 		}
 	}
 
