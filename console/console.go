@@ -89,7 +89,7 @@ type Console struct {
 	mux        *http.ServeMux
 	metrics    *Metrics
 	tpl        *templates
-	canOpOnce  sync.Mutex
+	canOpMu    sync.Mutex
 	canOp      *bool
 	canOpCheck time.Time
 }
@@ -201,8 +201,8 @@ func (c *Console) routes() {
 // canOperate reports whether the database role may do the console's writes,
 // asked at most every 30 seconds.
 func (c *Console) canOperate(ctx context.Context) bool {
-	c.canOpOnce.Lock()
-	defer c.canOpOnce.Unlock()
+	c.canOpMu.Lock()
+	defer c.canOpMu.Unlock()
 	if c.canOp != nil && c.cfg.Now().Sub(c.canOpCheck) < 30*time.Second {
 		return *c.canOp
 	}

@@ -67,8 +67,17 @@ func (c *Console) follow(w http.ResponseWriter, r *http.Request) {
 	fl.Flush()
 	tick := time.NewTicker(c.cfg.FollowInterval)
 	defer tick.Stop()
+	lastWrite := time.Now()
 	for {
-		evs, err := scanEvents(c.pool.Query(ctx, c.q["LogEvents"], after, followBatch, re, int64(1)<<62))
+		// Read the head first, then the events up to it: positions are
+		// commit order, so every event at or below a visible head is visible,
+		// and a follow whose filter matches nothing moves on to the head
+		// instead of scanning the same positions at every poll.
+		head, _, err := c.head(ctx, c.pool)
+		var evs []Event
+		if err == nil && head > after {
+			evs, err = scanEvents(c.pool.Query(ctx, c.q["LogEvents"], after, followBatch, re, head-after))
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -82,19 +91,26 @@ func (c *Console) follow(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(w, "id: %d\nevent: append\ndata: %s\n\n", e.Position, b)
 			after = e.Position
 		}
+		if len(evs) == followBatch {
+			fl.Flush()
+			continue // more waiting: read on at once
+		}
+		if err == nil && head > after {
+			after = head // nothing more matches up to the head
+		}
 		if len(evs) > 0 {
 			fl.Flush()
-		}
-		if len(evs) == followBatch {
-			continue // more waiting: read on at once
+			lastWrite = time.Now()
+		} else if time.Since(lastWrite) > 15*time.Second {
+			// A comment line now and then keeps proxies from closing an idle stream.
+			fmt.Fprint(w, ":\n\n")
+			fl.Flush()
+			lastWrite = time.Now()
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			// A comment line now and then tells the browser the stream is alive.
-			fmt.Fprint(w, ":\n\n")
-			fl.Flush()
 		}
 	}
 }
