@@ -89,10 +89,25 @@ func ids(r *http.Request) ([]int64, error) {
 // back is where an action on dead letters returns: the page it came from
 // when that is a console page, else the list.
 func (c *Console) back(r *http.Request) string {
-	if n := r.PostFormValue("next"); strings.HasPrefix(n, "/") && !strings.HasPrefix(n, "//") {
+	if n := r.PostFormValue("next"); localPath(n) {
 		return n
 	}
 	return "/dead-letters"
+}
+
+// localPath reports whether p is a path on this host: it starts with one
+// slash, and no slash or backslash follows it (browsers read "//x" and
+// "/\\x" as another host), and holds no control character.
+func localPath(p string) bool {
+	if len(p) < 1 || p[0] != '/' || (len(p) > 1 && (p[1] == '/' || p[1] == '\\')) {
+		return false
+	}
+	for _, r := range p {
+		if r < 0x20 || r == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *Console) dlqEach(w http.ResponseWriter, r *http.Request, p Principal, action string,

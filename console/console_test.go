@@ -318,6 +318,15 @@ func TestActions(t *testing.T) {
 		}
 	})
 
+	t.Run("NoOpenRedirect", func(t *testing.T) {
+		for _, next := range []string{"//evil.example/x", "/\\evil.example/x", "https://evil.example/", "/\tevil"} {
+			code, _, hdr := op.post("/dead-letters/retry", url.Values{"csrf": {tok}, "id": {id}, "next": {next}})
+			if loc := hdr.Get("Location"); code != http.StatusSeeOther || !strings.HasPrefix(loc, "/dead-letters?") {
+				t.Errorf("next=%q: %d, Location %q", next, code, loc)
+			}
+		}
+	})
+
 	// More dead letters for the bulk actions: three failures of a new stream.
 	f.mailer.failing.Store(true)
 	if _, err := f.store.Append(ctx, "order-9", eventstore.NoStream,
@@ -456,7 +465,7 @@ func TestActions(t *testing.T) {
 			}
 			actions = append(actions, a.Action)
 		}
-		want := "dlq.retry dlq.retry dlq.skip dlq.retry_all dlq.purge dlq.purge checkpoint.set cron.pause cron.resume"
+		want := "dlq.retry dlq.retry dlq.retry dlq.retry dlq.retry dlq.retry dlq.skip dlq.retry_all dlq.purge dlq.purge checkpoint.set cron.pause cron.resume"
 		if got := strings.Join(actions, " "); got != want {
 			t.Errorf("audit actions\n got %s\nwant %s", got, want)
 		}
