@@ -40,7 +40,8 @@ func TestPages(t *testing.T) {
 		{"/streams", 200, []string{"customer-7", "order-5"}},
 		{"/streams?prefix=order-", 200, []string{"order-1", "order-5"}},
 		{"/streams?prefix=order_", 200, []string{"No stream starts with"}}, // _ is not a wildcard
-		{"/streams/order-3", 200, []string{"payment.declined", "order.placed", "card expired"}},
+		{"/streams/order-3", 200, []string{"payment.declined", "order.placed", "card expired", "&#34;carrier&#34;: &#34;dhl&#34;"}},
+		{"/streams/order-1", 200, []string{"metadata", "&#34;user&#34;: &#34;alice&#34;"}},
 		{"/events", 200, []string{"customer.registered", "order.shipped", "Head of the log: 12"}},
 		{"/events?type=payment.*", 200, []string{"payment.declined"}},
 		{"/events?after=11", 200, []string{"customer.registered"}},

@@ -45,6 +45,7 @@ var funcs = template.FuncMap{
 	"add":      func(a, b int64) int64 { return a + b },
 	"upper":    strings.ToUpper,
 	"truncate": truncate,
+	"pretty":   pretty,
 	"lag": func(p Partition) string {
 		s := strconv.FormatInt(p.LagEvents, 10)
 		if !p.LagExact {
