@@ -19,6 +19,7 @@ import (
 	"github.com/annals-dev/annals/console"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/migrations"
+	"github.com/annals-dev/annals/projection"
 )
 
 // TestPages reads every page of the console against real data and checks
@@ -704,5 +705,52 @@ func TestConcurrentOperators(t *testing.T) {
 	}
 	if changes["dlq.retry"] != 1 || changes["dlq.skip"] != 1 || len(changes) != 2 {
 		t.Errorf("audit entries recording a change: %v, want one retry and one skip", changes)
+	}
+}
+
+// slowMailer fails like mailer but is retried an hour later.
+type slowMailer struct{ mailer }
+
+func (*slowMailer) Name() string { return "slowmail" }
+
+// TestFailuresInProgress: a subscriber waiting to retry a failed event
+// shows it on its page with the attempts, the error and when the runner
+// will try again (recorded by the runner from its retry policy).
+func TestFailuresInProgress(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	slow := &slowMailer{}
+	slow.failing.Store(true)
+	r, err := projection.NewRunner(f.db.Pool, &projection.Config{Schema: f.db.Schema, PollInterval: 50 * time.Millisecond,
+		ShutdownTimeout: time.Second, Retry: &projection.RetryPolicy{MaxRetries: 3, InitialDelay: time.Hour, MaxDelay: 2 * time.Hour, Jitter: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(slow, nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = r.Run(ctx)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	var retryAt time.Time
+	annalstest.WaitFor(t, 20*time.Second, func() bool {
+		return f.db.Pool.QueryRow(t.Context(), `SELECT retry_at FROM annals.failures WHERE subscriber_id = 'slowmail' AND retry_at IS NOT NULL`).Scan(&retryAt) == nil
+	})
+	if d := time.Until(retryAt); d < 59*time.Minute || d > 61*time.Minute {
+		t.Errorf("retry_at %s is %s away, want about an hour", retryAt, d)
+	}
+	code, body := f.client(t).get("/subscribers/slowmail")
+	if code != 200 {
+		t.Fatalf("GET /subscribers/slowmail: %d", code)
+	}
+	for _, want := range []string{`id="failures"`, "payment.declined", "order-3", "smtp: 550 mailbox unavailable",
+		`<td class="next-retry">` + retryAt.UTC().Format("2006-01-02 15:04:05Z") + "</td>"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("subscriber page lacks %q", want)
+		}
 	}
 }

@@ -28,7 +28,8 @@
 //	                     every FollowInterval, resumable with Last-Event-ID
 //	/events/{pos}        one event: data and metadata pretty-printed
 //	/subscribers/{name}  partitions (leader, epoch, checkpoint, lag, stop),
-//	                     failures in progress, checkpoint set
+//	                     failures in progress (with the next retry, which the
+//	                     runner records in failures.retry_at), checkpoint set
 //	/dead-letters[/{id}] list with filters, one with its error, stack and event;
 //	                     retry, skip (one or many), retry all, purge
 //	/scheduler           cron tasks with their next tick, pause and resume;

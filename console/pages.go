@@ -404,6 +404,7 @@ type failureRow struct {
 	First     time.Time
 	Last      time.Time
 	Error     string
+	NextRetry *time.Time
 	Stream    string
 	Type      string
 }
@@ -441,8 +442,9 @@ func (c *Console) subscriber(r *http.Request) (*view, error) {
 			return errors.Wrap(err, "read the failures")
 		}
 		var f failureRow
-		_, err = pgx.ForEachRow(rows, []any{&f.Partition, &f.EventID, &f.Position, &f.Attempts, &f.First, &f.Last, &f.Error, &f.Stream, &f.Type}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&f.Partition, &f.EventID, &f.Position, &f.Attempts, &f.First, &f.Last, &f.Error, &f.NextRetry, &f.Stream, &f.Type}, func() error {
 			d.Failures = append(d.Failures, f)
+			f = failureRow{} // the pointer must not be shared
 			return nil
 		})
 		return errors.Wrap(err, "read the failures")

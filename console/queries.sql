@@ -79,19 +79,26 @@ SELECT subscriber_id, status, count(*)
 -- name: Failures
 -- Failures in progress of one subscriber: events with failed attempts that
 -- are not (yet) dead letters, with their attempt count, first and last
--- failure and the last error. $1: subscriber; $2: at most this many events.
+-- failure, the last error and when the runner retries it (the last
+-- attempt's retry_at). $1: subscriber; $2: at most this many events.
 SELECT f.partition, f.event_id, f.global_sequence, count(*)::int, min(f.failed_at), max(f.failed_at),
-       (SELECT l.error FROM {{.Schema}}.failures l
-         WHERE l.subscriber_id = f.subscriber_id AND l.event_id = f.event_id
-         ORDER BY l.attempt DESC, l.id DESC LIMIT 1),
+       last.error, last.retry_at,
        coalesce(e.stream_id, ''), coalesce(e.event_type, '')
   FROM {{.Schema}}.failures f
   LEFT JOIN {{.Schema}}.events e ON e.global_sequence = f.global_sequence
+ CROSS JOIN LATERAL (
+        SELECT l.error, l.retry_at
+          FROM {{.Schema}}.failures l
+         WHERE l.subscriber_id = f.subscriber_id AND l.event_id = f.event_id
+         ORDER BY l.attempt DESC, l.id DESC
+         LIMIT 1
+       ) AS last
  WHERE f.subscriber_id = $1
    AND NOT EXISTS (SELECT 1 FROM {{.Schema}}.dead_letters d
                     WHERE d.subscriber_id = f.subscriber_id AND d.event_id = f.event_id
                       AND d.status IN ('open', 'resolved', 'skipped'))
- GROUP BY f.subscriber_id, f.partition, f.event_id, f.global_sequence, e.stream_id, e.event_type
+ GROUP BY f.subscriber_id, f.partition, f.event_id, f.global_sequence, e.stream_id, e.event_type,
+          last.error, last.retry_at
  ORDER BY f.global_sequence
  LIMIT $2;
 

@@ -38,8 +38,8 @@ GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.snapshots TO {{.Role}};
 GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.checkpoints TO {{.Role}};
 -- projection: Register, Heartbeat, Deregister (and expiry of dead instances).
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.instances TO {{.Role}};
--- projection: RecordFailure, ForgetFailures (also on rebuild).
-GRANT SELECT, INSERT, DELETE ON {{.Schema}}.failures TO {{.Role}};
+-- projection: RecordFailure, RetryAt, ForgetFailures (also on rebuild).
+GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.failures TO {{.Role}};
 GRANT USAGE ON SEQUENCE {{.Schema}}.failures_id_seq TO {{.Role}};
 -- projection: DeadLetter (an upsert), ParkedStreams, Released, Resolve, Reopen,
 -- and SupersedeDeadLetters on rebuild.

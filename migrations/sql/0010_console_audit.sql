@@ -65,3 +65,9 @@ CREATE TRIGGER audit_log_no_truncate
     BEFORE TRUNCATE ON {{.Schema}}.audit_log
     FOR EACH STATEMENT EXECUTE FUNCTION {{.Schema}}.audit_log_append_only();
 
+
+-- When the runner will next try an event that failed (now + its retry
+-- policy's delay, jitter included), so the console can show failures in
+-- progress with their next attempt. NULL for rows written before this
+-- migration and for the attempt that spent the policy (no retry follows).
+ALTER TABLE {{.Schema}}.failures ADD COLUMN retry_at timestamptz;
