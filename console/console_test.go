@@ -573,6 +573,33 @@ func TestRunnerHealth(t *testing.T) {
 	if _, rep := get(); rep.Partitions[0].LagEvents != 12 {
 		t.Errorf("lag %d, want 12", rep.Partitions[0].LagEvents)
 	}
+
+	// With the runner gone, the pages show what an operator must see: a
+	// stale instance (nobody expires it now), the subscriber standing by, a
+	// timer whose attempts are spent.
+	if _, err := f.db.Pool.Exec(t.Context(), `
+		INSERT INTO annals.instances (instance_id, host, pid, started_at, last_heartbeat, leads)
+		VALUES ('old-host:4242:dead', 'old-host', 4242, now() - interval '2 hours', now() - interval '1 hour',
+		        '[{"subscriber": "mailer", "partition": 0, "epoch": 1}]');
+		UPDATE annals.timers SET attempts = 5, last_error = 'wrong expected version: stream order-1 is at 2', failed_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	c := f.client(t)
+	for path, wants := range map[string][]string{
+		"/instances": {"old-host:4242:dead", "stale", "1h0m0s"},
+		"/":          {"standing by", "of 1 registered", `<a href="/instances">0</a>`},
+		"/scheduler": {"0 pending, 1 failed", "failed 20", "wrong expected version: stream order-1 is at 2"},
+	} {
+		code, body := c.get(path)
+		if code != 200 {
+			t.Fatalf("GET %s: %d", path, code)
+		}
+		for _, w := range wants {
+			if !strings.Contains(body, w) {
+				t.Errorf("GET %s lacks %q", path, w)
+			}
+		}
+	}
 }
 
 // TestMounted mounts the console in a service's mux under /annals with an
