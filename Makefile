@@ -13,7 +13,7 @@ TEST_FLAGS  ?= -race -count=1 -timeout 30m
 BENCH_FLAGS ?=
 PEERS_FLAGS ?=
 
-.PHONY: all test vet demo bench bench-peers postgres chromium screenshots build fmt
+.PHONY: all test vet demo bench bench-peers postgres build fmt
 
 all: build
 
@@ -25,6 +25,7 @@ postgres:
 
 # The console's browser test (console/browser_test.go) drives headless
 # Chromium; installed like PostgreSQL when missing.
+.PHONY: chromium screenshots
 chromium:
 	@bash scripts/ensure-chromium.sh
 
