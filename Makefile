@@ -23,6 +23,12 @@ build:
 postgres:
 	@bash scripts/ensure-postgres.sh
 
+# The console's browser test (console/browser_test.go) drives headless
+# Chromium; installed like PostgreSQL when missing.
+.PHONY: chromium screenshots
+chromium:
+	@bash scripts/ensure-chromium.sh
+
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
@@ -32,6 +38,7 @@ vet:
 # annalstest/pgcontainer is a module of its own (it keeps testcontainers and
 # the Docker client out of the library's go.mod); its tests need no cluster.
 test: vet
+	@$(MAKE) --no-print-directory chromium
 	cd annalstest/pgcontainer && $(GO) test $(TEST_FLAGS) ./...
 ifdef ANNALS_TEST_DATABASE_URL
 	$(GO) test $(TEST_FLAGS) ./...
@@ -110,4 +117,15 @@ ifdef DATABASE_URL
 else
 	@$(MAKE) --no-print-directory postgres
 	$(ANNALS) dev -- sh -c 'cd bench/peers && $(GO) run . $(PEERS_FLAGS)'
+endif
+
+# screenshots: re-take the console screenshots the README shows
+# (docs/screenshots/overview.png and dead-letter.png) with the browser test.
+screenshots:
+	@$(MAKE) --no-print-directory chromium
+ifdef ANNALS_TEST_DATABASE_URL
+	ANNALS_SCREENSHOTS=$(CURDIR)/docs/screenshots $(GO) test -count=1 -run '^TestBrowser$$' ./console/
+else
+	@$(MAKE) --no-print-directory postgres
+	$(ANNALS) dev --fsync=false -- env ANNALS_SCREENSHOTS=$(CURDIR)/docs/screenshots $(GO) test -count=1 -run '^TestBrowser$$' ./console/
 endif
