@@ -48,13 +48,18 @@ SELECT h.head, coalesce(h.epoch, -1), coalesce(h.stopped_reason, ''), h.retry, h
 -- fails, so a fenced move (no row with this epoch) must fail rather than
 -- change nothing: the cast of a message to int raises it (the message sits
 -- in a subquery, so that the planner cannot fold it into an error at plan
--- time), and the client reports checkpoint.ErrFenced.
+-- time), and the client reports checkpoint.ErrFenced. A move NOTIFYs the
+-- checkpoint channel ("position:partition:subscriber"), delivered at the
+-- COMMIT, for projection.Await.
 WITH moved AS (
     UPDATE {{.Schema}}.checkpoints
        SET position = greatest(position, $4), updated_at = clock_timestamp()
      WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3
-    RETURNING position)
-SELECT CASE WHEN (SELECT count(*) FROM moved) = 1 THEN 1
+    RETURNING position),
+notified AS (
+    SELECT pg_notify({{.CheckpointChannel}}, m.position || ':' || $2::int || ':' || $1::text)
+      FROM moved m WHERE $4::bigint > 0)
+SELECT CASE WHEN (SELECT count(*) FROM moved) = 1 AND (SELECT count(*) FROM notified) >= 0 THEN 1
             ELSE ('annals: checkpoint fenced, rows moved: ' || (SELECT count(*) FROM moved))::int END;
 
 -- name: Head
