@@ -48,18 +48,13 @@ SELECT h.head, coalesce(h.epoch, -1), coalesce(h.stopped_reason, ''), h.retry, h
 -- fails, so a fenced move (no row with this epoch) must fail rather than
 -- change nothing: the cast of a message to int raises it (the message sits
 -- in a subquery, so that the planner cannot fold it into an error at plan
--- time), and the client reports checkpoint.ErrFenced. A move NOTIFYs the
--- checkpoint channel ("position:partition:subscriber"), delivered at the
--- COMMIT, for projection.Await.
+-- time), and the client reports checkpoint.ErrFenced.
 WITH moved AS (
     UPDATE {{.Schema}}.checkpoints
        SET position = greatest(position, $4), updated_at = clock_timestamp()
      WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3
-    RETURNING position),
-notified AS (
-    SELECT pg_notify({{.CheckpointChannel}}, m.position || ':' || $2::int || ':' || $1::text)
-      FROM moved m WHERE $4::bigint > 0)
-SELECT CASE WHEN (SELECT count(*) FROM moved) = 1 AND (SELECT count(*) FROM notified) >= 0 THEN 1
+    RETURNING position)
+SELECT CASE WHEN (SELECT count(*) FROM moved) = 1 THEN 1
             ELSE ('annals: checkpoint fenced, rows moved: ' || (SELECT count(*) FROM moved))::int END;
 
 -- name: Head
@@ -78,3 +73,17 @@ SELECT pid
    AND objsubid = 2
    AND granted
  LIMIT 1;
+
+-- name: NotifyCheckpoint
+-- Sent after a batch's COMMIT, in the same round trip, as a transaction of
+-- its own: tells projection.Await that subscriber $3's partition $2 has
+-- committed through position $1 (channel payload "position:partition:
+-- subscriber"). Not inside the batch's transaction: a transaction that
+-- NOTIFYs holds PostgreSQL's notification-queue lock from its commit
+-- until its WAL flush is done, and every append NOTIFYs too, so each
+-- batch commit would add a WAL flush to the appends' serial chain. This
+-- transaction writes no data and commits without waiting for its flush
+-- (synchronous_commit off, for it alone), so it holds that lock only
+-- for a moment. A lost notification costs an awaiter its poll interval.
+SELECT set_config('synchronous_commit', 'off', true),
+       pg_notify({{.CheckpointChannel}}, $1::bigint::text || ':' || $2::int::text || ':' || $3::text);

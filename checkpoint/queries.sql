@@ -13,17 +13,10 @@ SELECT position, epoch, owner, updated_at
  WHERE subscriber_id = $1 AND partition = $2;
 
 -- name: Commit
--- A move also NOTIFYs the checkpoint channel ("position:partition:subscriber"),
--- delivered at COMMIT, for projection.Await. (A LEFT JOIN: the notification
--- must not decide whether a row comes back, which says the epoch held.)
-WITH c AS (
-    UPDATE {{.Schema}}.checkpoints
-       SET position = greatest(position, $4), updated_at = clock_timestamp()
-     WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3
-    RETURNING position)
-SELECT c.position
-  FROM c LEFT JOIN LATERAL (SELECT pg_notify({{.CheckpointChannel}}, c.position || ':' || $2::int || ':' || $1::text)
-                             WHERE $4::bigint > 0) n ON true;
+UPDATE {{.Schema}}.checkpoints
+   SET position = greatest(position, $4), updated_at = clock_timestamp()
+ WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3
+RETURNING position;
 
 -- name: Set
 INSERT INTO {{.Schema}}.checkpoints AS c (subscriber_id, partition, position, epoch, owner)

@@ -123,7 +123,8 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, args appendArgs) (Appen
 	}
 	if !plan.guard {
 		rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, args.json())
-		return collectAppend(rows, err, args)
+		res, err := collectAppend(rows, err, args)
+		return res, plan.explain(err, args)
 	}
 	// The append and its guard in one round trip.
 	batch := &pgx.Batch{}
@@ -132,6 +133,7 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, args appendArgs) (Appen
 	br := tx.SendBatch(ctx, batch)
 	rows, qerr := br.Query()
 	res, err := collectAppend(rows, qerr, args)
+	err = plan.explain(err, args)
 	if err == nil {
 		if _, gerr := br.Exec(); gerr != nil {
 			err = guardError(gerr)
@@ -224,6 +226,9 @@ func (s *Store) transact(ctx context.Context, fn func(ctx context.Context, tx pg
 		return nil, errors.Wrap(tx.Commit(ctx), "eventstore: commit")
 	}
 	plans := make([]inlinePlan, len(b.appends))
+	for i := range plans {
+		plans[i].pinned = -1
+	}
 	if s.inline != nil {
 		run := &inlineRun{s: s, versions: map[string]int64{}}
 		for i := range b.appends {
@@ -245,6 +250,7 @@ func (s *Store) transact(ctx context.Context, fn func(ctx context.Context, tx pg
 	for i, a := range b.appends {
 		rows, qerr := br.Query()
 		res, err := collectAppend(rows, qerr, a)
+		err = plans[i].explain(err, a)
 		if err == nil && plans[i].guard {
 			if _, gerr := br.Exec(); gerr != nil {
 				err = guardError(gerr)

@@ -147,6 +147,20 @@ type inlinePlan struct {
 	// by the InlineWritten check before COMMIT.
 	guard bool
 	ids   []uuid.UUID
+	// pinned: the inline projections ran at this version of a stream the
+	// caller appended to with Any or StreamExists, now the append's exact
+	// expected version (-1: not pinned).
+	pinned int64
+}
+
+// explain says why an append pinned by the inline projections failed with
+// a wrong expected version the caller did not ask for.
+func (p inlinePlan) explain(err error, a appendArgs) error {
+	if p.pinned < 0 || !errors.Is(err, ErrWrongExpectedVersion) {
+		return err
+	}
+	return errors.Wrapf(err, "eventstore: the inline projections ran at version %d of stream %q (expected %s), and another append to it committed first; retry",
+		p.pinned, a.stream, a.exp)
 }
 
 // apply runs the inline projections over the events of a in tx, before a is
@@ -159,7 +173,7 @@ type inlinePlan struct {
 func (r *inlineRun) apply(ctx context.Context, tx pgx.Tx, a *appendArgs) (inlinePlan, error) {
 	in := r.s.inline
 	if !in.wants(a) {
-		return inlinePlan{}, nil
+		return inlinePlan{pinned: -1}, nil
 	}
 	if a.events == nil {
 		evs, err := decodePayload(a.payload)
@@ -168,7 +182,7 @@ func (r *inlineRun) apply(ctx context.Context, tx pgx.Tx, a *appendArgs) (inline
 		}
 		a.events = evs
 	}
-	var plan inlinePlan
+	plan := inlinePlan{pinned: -1}
 	if a.callerIDs {
 		plan.ids = make([]uuid.UUID, len(a.events))
 		for i, e := range a.events {
@@ -179,7 +193,7 @@ func (r *inlineRun) apply(ctx context.Context, tx pgx.Tx, a *appendArgs) (inline
 			return inlinePlan{}, errors.Wrap(err, "eventstore: inline: look up event IDs")
 		}
 		if stored > 0 {
-			return inlinePlan{stored: true}, nil
+			return inlinePlan{stored: true, pinned: -1}, nil
 		}
 		plan.guard = true
 	}
@@ -198,6 +212,9 @@ func (r *inlineRun) apply(ctx context.Context, tx pgx.Tx, a *appendArgs) (inline
 		return inlinePlan{}, errors.WithStack(&WrongExpectedVersionError{StreamID: a.stream, Expected: exp, Actual: cur})
 	}
 	a.expected = cur // pinned: Any and StreamExists become the version read
+	if a.exp == Any || a.exp == StreamExists {
+		plan.pinned = cur
+	}
 	r.versions[a.stream] = cur + int64(len(a.events))
 	for i, ev := range a.events {
 		e := Event{ID: ev.id, StreamID: a.stream, StreamVersion: cur + int64(i) + 1, Type: ev.typ, Data: json.RawMessage(ev.data)}

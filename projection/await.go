@@ -71,11 +71,15 @@ func Await(ctx context.Context, pool *pgxpool.Pool, name string, position int64,
 }
 
 // Awaiter waits for projections' checkpoints (read-your-writes for
-// asynchronous projections). It listens on the schema's checkpoint channel,
-// which every checkpoint move NOTIFYs at commit, on one connection of its
-// own for all its waiters, and wakes them when a checkpoint they wait for
-// moves. Each waiter also reads the checkpoints every PollInterval, so a
-// lost notification costs at most that long. Safe for concurrent use.
+// asynchronous projections). It listens on the schema's checkpoint channel
+// on one connection of its own for all its waiters, and wakes them when a
+// checkpoint they wait for moves: the runner NOTIFYs that channel right
+// after each batch it commits (in the same round trip, as a transaction of
+// its own; see catchup's NotifyCheckpoint). Each waiter also reads the
+// checkpoints every PollInterval, so a lost notification, or a move that
+// sends none (a dead letter's, an observer's batched checkpoint, a
+// rebuild's, annals checkpoint set), costs at most that long. Safe for
+// concurrent use.
 type Awaiter struct {
 	pool    *pgxpool.Pool
 	channel string
@@ -141,17 +145,31 @@ func (a *Awaiter) Close() {
 
 // Await returns nil once the projection name's checkpoint has reached
 // position (see the package function Await), or a *BehindError when ctx ends
-// first.
+// first. For a partitioned projection it takes the number of partitions
+// to be the number of checkpoint rows the projection has: while its
+// partitions are first started that may be too few, and the partition
+// computed for position wrong; use AwaitPartitions (or Runner.Await), which
+// are told.
 func (a *Awaiter) Await(ctx context.Context, name string, position int64) error {
+	return a.AwaitPartitions(ctx, name, 0, position)
+}
+
+// AwaitPartitions is Await for a projection run with Options.Partitions =
+// partitions (0: unknown, as Await): it waits for the checkpoint of the
+// partition that position's stream belongs to.
+func (a *Awaiter) AwaitPartitions(ctx context.Context, name string, partitions int, position int64) error {
 	if name == "" {
 		return errors.New("projection: Await: empty projection name")
+	}
+	if partitions < 0 {
+		return errors.Newf("projection: Await: %d partitions", partitions)
 	}
 	if position <= 0 {
 		return nil
 	}
 	wake, ready := a.join()
 	defer a.leave()
-	part, err := a.partition(ctx, name, position)
+	part, err := a.partition(ctx, name, partitions, position)
 	if err != nil {
 		return a.behind(ctx, name, position, -1, err)
 	}
@@ -197,9 +215,9 @@ func (a *Awaiter) Await(ctx context.Context, name string, position int64) error 
 
 // partition returns the partition the event at position belongs to, or -1
 // for every partition (one partition, or the event is not found).
-func (a *Awaiter) partition(ctx context.Context, name string, position int64) (int, error) {
+func (a *Awaiter) partition(ctx context.Context, name string, partitions int, position int64) (int, error) {
 	var part int
-	err := a.pool.QueryRow(ctx, a.q["AwaitPartition"], name, position).Scan(&part)
+	err := a.pool.QueryRow(ctx, a.q["AwaitPartition"], name, position, partitions).Scan(&part)
 	return part, errors.Wrap(err, "projection: Await: find the partition")
 }
 
@@ -347,4 +365,28 @@ func (a *Awaiter) listenOnce(ctx context.Context, listening func()) error {
 		a.wake = make(chan struct{})
 		a.mu.Unlock()
 	}
+}
+
+// Await returns once the registered projection or observer name has
+// processed every event through position (read-your-writes: pass the
+// GlobalSequence of an append's last event), or a *BehindError when ctx
+// ends first. It knows the subscriber's partitions, and shares one
+// Awaiter (one LISTEN connection while anybody waits) across calls. The
+// runner need not be running in this process: any process's leader moves
+// the checkpoint.
+func (r *Runner) Await(ctx context.Context, name string, position int64) error {
+	reg, err := r.lookup(name)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	if r.awaiter == nil {
+		r.awaiter, err = NewAwaiter(r.pool, &AwaitOptions{Schema: r.cfg.Schema})
+	}
+	a := r.awaiter
+	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return a.AwaitPartitions(ctx, name, max(reg.opts.Partitions, 1), position)
 }

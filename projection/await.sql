@@ -1,12 +1,13 @@
 -- Statements of Await (await.go). {{.Schema}} is the quoted schema name.
 
 -- name: AwaitPartition
--- $1 subscriber, $2 position: the partition of the event at $2 when the
--- subscriber has several partitions (one checkpoint row each); otherwise,
--- or when no event is at $2, -1 (wait for every partition).
+-- $1 subscriber, $2 position, $3 partitions (0: as many as the subscriber
+-- has checkpoint rows): the partition of the event at $2 when there are
+-- several; otherwise, or when no event is at $2, -1 (every partition).
 SELECT coalesce((SELECT {{.Schema}}.stream_partition(e.stream_id, n.parts)
                    FROM {{.Schema}}.events e,
-                        (SELECT count(*)::int AS parts FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1) n
+                        (SELECT CASE WHEN $3::int > 0 THEN $3::int
+                                     ELSE (SELECT count(*)::int FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1) END AS parts) n
                   WHERE e.global_sequence = $2 AND n.parts > 1), -1);
 
 -- name: AwaitCheckpoints

@@ -15,7 +15,7 @@ import (
 
 // runBalances runs the balances projection in the background until the test
 // ends. The runner's own poll is long: it is woken by appends' notifications.
-func runBalances(t *testing.T, b *bundle, partitions int) {
+func runBalances(t *testing.T, b *bundle, partitions int) *projection.Runner {
 	t.Helper()
 	r, err := projection.NewRunner(b.db.Pool, &projection.Config{PollInterval: time.Minute})
 	if err != nil {
@@ -33,6 +33,7 @@ func runBalances(t *testing.T, b *bundle, partitions int) {
 			t.Error(err)
 		}
 	})
+	return r
 }
 
 func deposit(t *testing.T, b *bundle, stream string, amount int) int64 {
@@ -54,7 +55,10 @@ func TestAwait(t *testing.T) {
 	t.Run("ReturnsOnceTheProjectionHasTheEvent", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		runBalances(t, b, 3)
+		// Three partitions: each append is awaited in its stream's
+		// partition, while the runner starts them (Runner.Await knows how
+		// many there are), then through an Awaiter told the count.
+		r := runBalances(t, b, 3)
 		a, err := projection.NewAwaiter(b.db.Pool, &projection.AwaitOptions{PollInterval: noPoll})
 		if err != nil {
 			t.Fatal(err)
@@ -63,7 +67,11 @@ func TestAwait(t *testing.T) {
 		for i := range 20 {
 			pos := deposit(t, b, "acct-"+string(rune('a'+i%5)), 1)
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-			err := a.Await(ctx, "balances", pos)
+			if i < 10 {
+				err = r.Await(ctx, "balances", pos)
+			} else {
+				err = a.AwaitPartitions(ctx, "balances", 3, pos)
+			}
 			cancel()
 			if err != nil {
 				t.Fatalf("append %d: %v", i, err)
@@ -77,7 +85,8 @@ func TestAwait(t *testing.T) {
 				t.Fatalf("after Await of append %d the read model has %d events", i, events)
 			}
 		}
-		// The package function, one Awaiter per call.
+		// The package function, one Awaiter per call (it counts the
+		// partitions' checkpoint rows: all three exist by now).
 		pos := deposit(t, b, "acct-z", 5)
 		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 		defer cancel()
