@@ -3,12 +3,15 @@ package projection_test
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/locktrace"
 	"github.com/annals-dev/annals/projection"
@@ -101,4 +104,75 @@ func (r *roundTrips) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) 
 		}
 	}
 	return r.Typed.Handle(ctx, tx, e)
+}
+
+// BenchmarkInlineAppendLock compares, with 8 concurrent writers, appends
+// in transactions of their own (Transact; no group commit, so the ordering
+// lock is what they queue for): without an inline projection, with one
+// whose handler sends 3 statements per event (before the lock), and with
+// the same handler run after the append, under the lock. The lock's hold
+// time is what serializes the writers, so throughput shows it.
+//
+//	go run ./cmd/annals dev -- go test -run '^$' -bench BenchmarkInlineAppendLock -benchtime 2000x ./projection/
+func BenchmarkInlineAppendLock(b *testing.B) {
+	db := annalstest.NewDB(b, nil)
+	reg := eventstore.NewRegistry()
+	eventstore.MustRegister[Deposited](reg, "account.deposited")
+	eventstore.MustRegister[Withdrawn](reg, "account.withdrawn")
+	if _, err := db.Pool.Exec(b.Context(), `CREATE TABLE balances (account text PRIMARY KEY, amount bigint NOT NULL, events int NOT NULL, version bigint NOT NULL DEFAULT 0)`); err != nil {
+		b.Fatal(err)
+	}
+	heavy := &roundTrips{Typed: balancesWithVersion(reg, nil), n: 2}
+	plain, err := eventstore.New(db.Pool, &eventstore.Config{Registry: reg})
+	if err != nil {
+		b.Fatal(err)
+	}
+	inline, err := eventstore.New(db.Pool, &eventstore.Config{Registry: reg, Inline: []eventstore.InlineProjection{heavy}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var writer atomic.Int64
+	run := func(b *testing.B, appendOne func(ctx context.Context, stream string) error) {
+		b.SetParallelism(8 / max(1, runtime.GOMAXPROCS(0)))
+		start := time.Now()
+		b.RunParallel(func(pb *testing.PB) {
+			stream := fmt.Sprintf("%s-%d", b.Name(), writer.Add(1))
+			for pb.Next() {
+				if err := appendOne(b.Context(), stream); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "appends/s")
+	}
+	ev := eventstore.NewEvent(Deposited{Amount: 1})
+	b.Run("Plain", func(b *testing.B) {
+		run(b, func(ctx context.Context, stream string) error {
+			_, err := plain.Transact(ctx, func(ctx context.Context, tx pgx.Tx, batch *eventstore.Batch) error {
+				return batch.Append(stream, eventstore.Any, ev)
+			})
+			return err
+		})
+	})
+	b.Run("Inline", func(b *testing.B) {
+		run(b, func(ctx context.Context, stream string) error {
+			_, err := inline.Transact(ctx, func(ctx context.Context, tx pgx.Tx, batch *eventstore.Batch) error {
+				return batch.Append(stream, eventstore.Any, ev)
+			})
+			return err
+		})
+	})
+	b.Run("HandlerUnderTheLock", func(b *testing.B) {
+		run(b, func(ctx context.Context, stream string) error {
+			return pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+				res, err := plain.AppendTx(ctx, tx, stream, eventstore.Any, ev)
+				if err != nil {
+					return err
+				}
+				return heavy.Handle(ctx, tx, eventstore.Event{StreamID: stream, StreamVersion: res.StreamVersion,
+					Type: "account.deposited", Data: []byte(`{"amount":1}`)})
+			})
+		})
+	})
 }
