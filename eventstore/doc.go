@@ -82,9 +82,9 @@
 // from the append to COMMIT, the handlers run before the append, never
 // under the lock:
 //
-//  1. Append opens a transaction of its own (an append whose events no
-//     inline projection handles keeps the group-commit path); AppendTx and
-//     Transact use the caller's.
+//  1. Append opens a transaction of its own, so inline appends do not join
+//     group commit (an append whose events no inline projection handles
+//     keeps the group-commit path); AppendTx and Transact use the caller's.
 //  2. If some event IDs came from the caller, they are looked up: stored
 //     ones make the append an idempotent re-append or an ID conflict, sent
 //     as is, with no handler run.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"runtime/debug"
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
@@ -238,11 +239,11 @@ func (r *inlineRun) apply(ctx context.Context, tx pgx.Tx, a *appendArgs) (inline
 	return plan, nil
 }
 
-// safely calls fn, turning a panic into an error.
+// safely calls fn, turning a panic into an error with its stack.
 func safely(fn func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = errors.Newf("handler panicked: %v", r)
+			err = errors.WithDetail(errors.Newf("handler panicked: %v", r), string(debug.Stack()))
 		}
 	}()
 	return fn()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/projection"
+	"github.com/annals-dev/annals/scheduler"
 )
 
 // versions is a read model that records the last stream version it saw per
@@ -350,6 +352,42 @@ func TestInlineProjection(t *testing.T) {
 		}
 		if got := readBalances(t, b); got["acct-2"] != 4 {
 			t.Fatalf("read model %v, want acct-2 at 4", got)
+		}
+	})
+
+	t.Run("TransactAndTimers", func(t *testing.T) {
+		t.Parallel()
+		b := setupInline(t)
+		ctx := t.Context()
+		// Two staged appends to one stream in one Transact: the second is
+		// pinned after the first.
+		_, err := b.inline.Transact(ctx, func(ctx context.Context, tx pgx.Tx, batch *eventstore.Batch) error {
+			if err := batch.Append("acct-1", eventstore.Any, eventstore.NewEvent(Deposited{Amount: 1})); err != nil {
+				return err
+			}
+			return batch.Append("acct-1", eventstore.StreamExists, eventstore.NewEvent(Deposited{Amount: 2}), eventstore.NewEvent(Deposited{Amount: 3}))
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := readModel(t, b.bundle)["acct-1"]; got != (balanceRow{6, 3, 3}) {
+			t.Fatalf("read model %+v, want {6 3 3}", got)
+		}
+		// A timer fired by a scheduler on the inline store (an encoded
+		// append) is applied with its append.
+		sched, err := scheduler.New(b.inline, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sched.ScheduleTimer(ctx, nil, scheduler.Timer{At: time.Now().Add(-time.Second), StreamID: "acct-1",
+			Expected: eventstore.Any, Events: []eventstore.EventData{eventstore.NewEvent(Deposited{Amount: 4})}}); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := sched.FireDue(ctx); err != nil || n != 1 {
+			t.Fatalf("fired %d timers: %v", n, err)
+		}
+		if got := readModel(t, b.bundle)["acct-1"]; got != (balanceRow{10, 4, 4}) {
+			t.Fatalf("read model %+v after the timer, want {10 4 4}", got)
 		}
 	})
 
