@@ -88,6 +88,7 @@ type Awaiter struct {
 
 	mu      sync.Mutex
 	seen    map[awaitKey]int64 // positions notified, per subscriber partition
+	gen     uint64             // notifications received
 	wake    chan struct{}      // closed and replaced at each notification
 	waiters int
 	cancel  context.CancelFunc // of the listening goroutine; nil when none
@@ -224,6 +225,9 @@ func (a *Awaiter) partition(ctx context.Context, name string, partitions int, po
 // reached reads the checkpoints and reports whether the one(s) waited for
 // are at position; it also records them for notified.
 func (a *Awaiter) reached(ctx context.Context, name string, part int, position int64) (bool, error) {
+	a.mu.Lock()
+	gen := a.gen
+	a.mu.Unlock()
 	rows, err := a.pool.Query(ctx, a.q["AwaitCheckpoints"], name)
 	if err != nil {
 		return false, errors.Wrap(err, "projection: Await: read checkpoints")
@@ -234,11 +238,17 @@ func (a *Awaiter) reached(ctx context.Context, name string, part int, position i
 	if _, err := pgx.ForEachRow(rows, []any{&p, &pos}, func() error { found[p] = pos; return nil }); err != nil {
 		return false, errors.Wrap(err, "projection: Await: read checkpoints")
 	}
-	// The database's word replaces what notifications said: a checkpoint
-	// can move back (a rebuild, annals checkpoint set).
+	// The database's word replaces what notifications said, since a
+	// checkpoint can move back (a rebuild, annals checkpoint set); unless a
+	// notification came in while it was read, which may be newer.
 	a.mu.Lock()
 	for p, pos := range found {
-		a.seen[awaitKey{name, p}] = pos
+		k := awaitKey{name, p}
+		if a.gen == gen {
+			a.seen[k] = pos
+		} else {
+			a.seen[k] = max(a.seen[k], pos)
+		}
 	}
 	a.mu.Unlock()
 	return a.notified(name, part, position), nil
@@ -357,6 +367,7 @@ func (a *Awaiter) listenOnce(ctx context.Context, listening func()) error {
 		p, err1 := strconv.ParseInt(pos, 10, 64)
 		pt, err2 := strconv.Atoi(part)
 		a.mu.Lock()
+		a.gen++
 		if ok1 && ok2 && err1 == nil && err2 == nil {
 			k := awaitKey{sub, pt}
 			a.seen[k] = max(a.seen[k], p)
