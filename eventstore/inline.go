@@ -218,7 +218,10 @@ func (r *inlineRun) apply(ctx context.Context, tx pgx.Tx, a *appendArgs) (inline
 	}
 	r.versions[a.stream] = cur + int64(len(a.events))
 	for i, ev := range a.events {
-		e := Event{ID: ev.id, StreamID: a.stream, StreamVersion: cur + int64(i) + 1, Type: ev.typ, Data: json.RawMessage(ev.data)}
+		// A copy of the data: the append's payload is rendered from ev.data
+		// after the handlers ran.
+		e := Event{ID: ev.id, StreamID: a.stream, StreamVersion: cur + int64(i) + 1, Type: ev.typ,
+			Data: append(json.RawMessage(nil), ev.data...)}
 		if len(ev.meta) > 0 {
 			if err := json.Unmarshal(ev.meta, &e.Metadata); err != nil {
 				return inlinePlan{}, errors.Wrap(err, "eventstore: inline: decode metadata")

@@ -172,7 +172,7 @@ func (a *Awaiter) AwaitPartitions(ctx context.Context, name string, partitions i
 	defer a.leave()
 	part, err := a.partition(ctx, name, partitions, position)
 	if err != nil {
-		return a.behind(ctx, name, position, -1, err)
+		return a.failed(ctx, name, position, -1, err)
 	}
 	ticker := time.NewTicker(a.poll)
 	defer ticker.Stop()
@@ -190,7 +190,7 @@ func (a *Awaiter) AwaitPartitions(ctx context.Context, name string, partitions i
 		if read {
 			ok, err = a.reached(ctx, name, part, position)
 			if err != nil {
-				return a.behind(ctx, name, position, part, err)
+				return a.failed(ctx, name, position, part, err)
 			}
 		} else {
 			ok = a.notified(name, part, position)
@@ -272,6 +272,15 @@ func (a *Awaiter) notified(name string, part int, position int64) bool {
 		}
 	}
 	return found
+}
+
+// failed returns the error of a query that failed: a BehindError when ctx
+// has ended (the query failed because of it), else err.
+func (a *Awaiter) failed(ctx context.Context, name string, position int64, part int, err error) error {
+	if ctx.Err() != nil {
+		return a.behind(ctx, name, position, part, ctx.Err())
+	}
+	return err
 }
 
 // behind builds the BehindError of a wait that ends, reading how far behind
