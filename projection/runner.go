@@ -161,6 +161,7 @@ type Runner struct {
 	changed  chan struct{}
 	hostname string
 	tel      *telemetry.Subscription
+	awaiter  *Awaiter // Runner.Await's, made on first use
 }
 
 // progress is the last known position of a led partition, for lag metrics.
