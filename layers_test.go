@@ -33,6 +33,7 @@ var layers = map[string]int{
 	"scheduler":              5,
 	"aggregate":              5,
 	"verify":                 5,
+	"console":                6, // reads every layer below; mounted by cmd and services
 	"catchup":                4,
 	"checkpoint":             3,
 	"advisorylock":           3,
