@@ -63,6 +63,14 @@ type Config struct {
 	// from many processes at once.
 	SkipMigrations bool
 
+	// Inline lists projections applied in the transaction of each append
+	// that carries one of their event types, so that their read model is
+	// never behind the writer (eventstore.Config.Inline; a typed
+	// projection.Projection fits as is). Register the same projection with
+	// AddProjection under another name too when it must be rebuildable from
+	// the log. Added to Store.Inline.
+	Inline []eventstore.InlineProjection
+
 	// Store configures the event store further (page size, event size
 	// limit, group commit). Defaults to eventstore's defaults.
 	Store *eventstore.Config
@@ -126,6 +134,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		sc = *c.Store
 	}
 	sc.Schema, sc.Registry = c.Schema, c.Registry
+	sc.Inline = append(append([]eventstore.InlineProjection(nil), sc.Inline...), c.Inline...)
 	if c.TracerProvider != nil {
 		sc.TracerProvider = c.TracerProvider
 	}
@@ -245,6 +254,17 @@ func (c *Client) ReadAll(ctx context.Context, from int64) iter.Seq2[eventstore.E
 // StreamVersion returns a stream's version (0 when it does not exist).
 func (c *Client) StreamVersion(ctx context.Context, streamID string) (int64, error) {
 	return c.store.StreamVersion(ctx, streamID)
+}
+
+// Await returns once the registered projection, observer or saga name has
+// processed every event through position (read-your-writes: pass an
+// append's AppendResult.Position()), woken by the checkpoint's
+// notification rather than a poll. When ctx ends first it fails with a
+// *projection.BehindError that says how far behind the subscriber is. The
+// runner need not run in this process: whichever process leads the
+// subscriber moves its checkpoint.
+func (c *Client) Await(ctx context.Context, name string, position int64) error {
+	return c.runner.Await(ctx, name, position)
 }
 
 // Migrate creates or upgrades the annals schema (migrations.Up).

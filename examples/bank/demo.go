@@ -151,34 +151,37 @@ func (s *service) execute(ctx context.Context, st step) (*Account, error) {
 	return nil, errors.Newf("unknown command %q", st.verb)
 }
 
-// waitFor polls, with a deadline, until bank_balances shows every account at
-// the version its last command left it and the mailer has sent the
-// expected notifications.
+// waitFor returns once the projection and the notifier have processed the
+// whole log as it is now (read-your-writes with Client.Await: woken by
+// their checkpoints' notifications, no polling), then checks that the read
+// model shows every account at the version its last command left it.
 func (s *service) waitFor(ctx context.Context, versions map[string]int64, notifications int) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		rows, err := listBalances(ctx, s.pool, "")
-		if err != nil {
-			return err
-		}
-		caughtUp := 0
-		for _, r := range rows {
-			if v, ok := versions[r.AccountID]; ok && r.Version == v {
-				caughtUp++
-			}
-		}
-		if caughtUp == len(versions) && s.mailer.count() >= notifications {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return errors.Wrapf(ctx.Err(), "the projection has not caught up (%d of %d accounts)", caughtUp, len(versions))
-		case <-tick.C:
+	head, err := s.client.Store().Head(ctx)
+	if err != nil {
+		return err
+	}
+	for _, name := range []string{balancesName, notifierName} {
+		if err := s.client.Await(ctx, name, head); err != nil {
+			return err // a *projection.BehindError says how far behind it is
 		}
 	}
+	rows, err := listBalances(ctx, s.pool, "")
+	if err != nil {
+		return err
+	}
+	caughtUp := 0
+	for _, r := range rows {
+		if v, ok := versions[r.AccountID]; ok && r.Version == v {
+			caughtUp++
+		}
+	}
+	if caughtUp != len(versions) || s.mailer.count() < notifications {
+		return errors.Newf("at position %d the read model shows %d of %d accounts current and %d of %d notifications",
+			head, caughtUp, len(versions), s.mailer.count(), notifications)
+	}
+	return nil
 }
 
 func printBalances(w io.Writer, rows []balanceRow, only map[string]int64) {

@@ -142,7 +142,11 @@ func run(ctx context.Context) error {
 	}
 
 	// 6. The read model, once the projection has passed the last event.
-	if err := waitForCheckpoint(ctx, pool, "quickstart.balances", last); err != nil {
+	//    Client.Await is read-your-writes: it returns once the projection's
+	//    checkpoint has passed the position (woken by a notification).
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := client.Await(actx, "quickstart.balances", last); err != nil {
 		return err
 	}
 	fmt.Println("\nthe quickstart_balances read model (kept by the projection, live):")
@@ -154,25 +158,6 @@ func run(ctx context.Context) error {
 		fmt.Printf("  %-24s %4d\n", acct, amount)
 	}
 	return nil
-}
-
-// waitForCheckpoint polls, with a deadline, until the subscriber's
-// checkpoint has reached position.
-func waitForCheckpoint(ctx context.Context, pool *pgxpool.Pool, subscriber string, position int64) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	for {
-		var at int64
-		err := pool.QueryRow(ctx, `SELECT coalesce(max(position), 0) FROM annals.checkpoints WHERE subscriber_id = $1`, subscriber).Scan(&at)
-		if err == nil && at >= position {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return errors.Wrapf(ctx.Err(), "%s is at %d, not yet at %d (last error: %v)", subscriber, at, position, err)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }
 
 func runID() string {
