@@ -73,3 +73,18 @@ SELECT pid
    AND objsubid = 2
    AND granted
  LIMIT 1;
+
+-- name: LockStates
+-- The lock session's look at who holds what: of the two-int4 advisory keys
+-- in the arrays $1 (k1) and $2 (k2), the 1-based positions of those some
+-- session holds or waits for, and whether one holds it (granted). A key
+-- not returned is free. pg_locks is read once (materialized) and joined.
+WITH l AS MATERIALIZED (
+    SELECT classid, objid, bool_or(granted) AS granted
+      FROM pg_locks
+     WHERE locktype = 'advisory' AND objsubid = 2
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+     GROUP BY classid, objid)
+SELECT k.i, l.granted
+  FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS k(k1, k2, i)
+  JOIN l ON l.classid = (k.k1::int8 & 4294967295)::oid AND l.objid = (k.k2::int8 & 4294967295)::oid;

@@ -1,9 +1,12 @@
 package catchup
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -11,17 +14,26 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/advisorylock"
+	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/schemaname"
 )
 
 // DefaultLockRetryInterval is the default Config.LockRetryInterval: how
-// often a standby process polls the locks of every partition it stands by
+// often the lock session polls the locks of every partition it stands by
 // for. A takeover after a leader's crash then takes about half of it on
 // average (plus a round trip), and at most about 1.25× it.
 const DefaultLockRetryInterval = 20 * time.Millisecond
 
-// standbyDialTimeout bounds opening the standby session.
+// MaxMembers is the number of member slots of a balanced subscriber: at
+// most this many instances share its partitions; more run greedily (they
+// take any free partition, as an unbalanced subscriber does).
+const MaxMembers = 128
+
+// standbyDialTimeout bounds opening the lock session.
 const standbyDialTimeout = 30 * time.Second
+
+// closeTimeout bounds closing the lock session.
+const closeTimeout = 5 * time.Second
 
 // releaseChannel is the notification channel on which the engine's locks
 // announce a graceful release to the standbys (advisorylock.Config's
@@ -29,52 +41,165 @@ const standbyDialTimeout = 30 * time.Second
 // so it fits PostgreSQL's 63.
 func releaseChannel(schema string) string { return schema + "_locks" }
 
-// standbys is the engine's standing-by machinery: every subscriber
-// partition that waits for its lock registers here, and one goroutine polls
-// the locks of all of them on one session (an advisorylock.Standby) every
-// LockRetryInterval (jittered), or at once when a leader announces a
-// release. The session that wins a lock becomes that partition's lock
-// connection; the poller opens a new one while partitions still wait, and
-// closes it when none does. See the package documentation.
-type standbys struct {
+// memberKey is the lock key of member slot i of a balanced subscriber.
+func memberKey(schema, subscriber string, i int) string {
+	return fmt.Sprintf("%s:%s:member/%d", schemaname.Or(schema), subscriber, i)
+}
+
+// sessions is the engine's lock session: one connection (an
+// advisorylock.Standby) that holds every lock the engine holds for Run and
+// CatchUp (the member slots of balanced subscribers and the led partitions)
+// and polls, every LockRetryInterval (jittered) or at once when a release
+// is announced, for the partitions it stands by for. One goroutine (poll)
+// owns the connection; the rest of the engine talks to it through the
+// fields below and Interrupt. See "Balanced leadership" in the package
+// documentation.
+type sessions struct {
 	e *Engine
 
-	mu      sync.Mutex
-	waiting map[*waiter]struct{}
-	running bool
-	stopped chan struct{}         // closed when the running poller returns
-	current *advisorylock.Standby // the poller's session, nil while it has none
-	wake    chan struct{}         // capacity 1: the waiters changed (cuts a backoff short)
+	mu        sync.Mutex
+	waiting   map[*waiter]struct{}
+	held      map[string]*sharedLock
+	releases  []*releaseReq
+	groups    map[string]*group
+	departing []*group // left groups whose slot is still held
+	running   bool
+	stopped   chan struct{}         // closed when the running poller returns
+	current   *advisorylock.Standby // the poller's session, nil while it has none
+	wake      chan struct{}         // capacity 1: something changed (cuts a backoff short)
 }
 
 // waiter is a subscriber partition standing by.
 type waiter struct {
-	key string
-	got chan standbyResult // capacity 1; receives once
+	key  string
+	part int
+	g    *group // nil: take the lock whenever it is free
+	got  chan standbyResult
 }
 
 type standbyResult struct {
-	lock *advisorylock.Lock
+	lock *sharedLock
 	err  error
 }
 
-func newStandbys(e *Engine) *standbys {
-	return &standbys{e: e, waiting: map[*waiter]struct{}{}, wake: make(chan struct{}, 1)}
+// sharedLock is one lock held on the lock session.
+type sharedLock struct {
+	key  string
+	part int
+	g    *group
+
+	mu       sync.Mutex
+	err      error         // why it is no longer held
+	lost     chan struct{} // closed when err is set
+	handover chan struct{} // closed when the balancer asks the leader to hand over
+	leaving  bool          // handover was closed
 }
 
-// wait stands by for the lock of key until this process takes it, and
-// returns it. It returns an error when ctx ends, and when the standby
-// session cannot be opened (the caller backs off and stands by again).
-func (s *standbys) wait(ctx context.Context, key string) (*advisorylock.Lock, error) {
-	w := &waiter{key: key, got: make(chan standbyResult, 1)}
-	s.mu.Lock()
-	s.waiting[w] = struct{}{}
+func (l *sharedLock) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+func (l *sharedLock) end(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err == nil {
+		l.err = err
+		close(l.lost)
+	}
+}
+
+// releaseReq asks the poller to give a lock back (and announce it).
+type releaseReq struct {
+	lock *sharedLock
+	done chan struct{}
+}
+
+// group is this engine's membership in a balanced subscriber.
+type group struct {
+	name       string
+	partitions int
+	refs       int  // Runs of its partitions
+	leaving    bool // the runs' context ended, or none is left: give the slot back
+	slot       int  // held member slot, -1 none
+	members    int  // live members at the last poll (with this one)
+	pos        int  // this member's place in the rotation at the last poll
+	over       int  // consecutive polls that found more led than the target
+}
+
+func newSessions(e *Engine) *sessions {
+	return &sessions{e: e, waiting: map[*waiter]struct{}{}, held: map[string]*sharedLock{},
+		groups: map[string]*group{}, wake: make(chan struct{}, 1)}
+}
+
+// start runs the poller unless it runs. The caller holds s.mu.
+func (s *sessions) start() {
 	if !s.running {
 		s.running = true
 		s.stopped = make(chan struct{})
 		go s.poll(s.stopped)
 	}
 	s.changed()
+}
+
+// join makes the engine a member of the balanced subscriber name (with
+// partitions partitions) for one more Run; leave undoes it.
+func (s *sessions) join(name string, partitions int) *group {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.groups[name]
+	if g == nil || g.leaving {
+		if g != nil {
+			s.departing = append(s.departing, g)
+		}
+		g = &group{name: name, partitions: partitions, slot: -1}
+		s.groups[name] = g
+	}
+	g.refs++
+	s.start()
+	return g
+}
+
+// leave ends one Run's membership; the last gives the slot back.
+func (s *sessions) leave(g *group) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g.refs--; g.refs == 0 {
+		s.departLocked(g)
+	}
+}
+
+// depart gives g's member slot back now (its runs are shutting down), so
+// that the other members' shares grow before this one's partitions are
+// released.
+func (s *sessions) depart(g *group) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.departLocked(g)
+}
+
+func (s *sessions) departLocked(g *group) {
+	if g.leaving {
+		return
+	}
+	g.leaving = true
+	if s.groups[g.name] == g {
+		delete(s.groups, g.name)
+		s.departing = append(s.departing, g)
+	}
+	s.start()
+}
+
+// wait stands by for the lock of key until the lock session takes it for
+// this waiter, and returns it. It returns an error when ctx ends, and when
+// the lock session cannot be opened (the caller backs off and stands by
+// again).
+func (s *sessions) wait(ctx context.Context, key string, part int, g *group) (*sharedLock, error) {
+	w := &waiter{key: key, part: part, g: g, got: make(chan standbyResult, 1)}
+	s.mu.Lock()
+	s.waiting[w] = struct{}{}
+	s.start()
 	s.mu.Unlock()
 	select {
 	case r := <-w.got:
@@ -83,35 +208,42 @@ func (s *standbys) wait(ctx context.Context, key string) (*advisorylock.Lock, er
 	}
 	s.mu.Lock()
 	delete(s.waiting, w)
-	last := len(s.waiting) == 0
-	stopped := s.stopped
-	if last {
-		// Let the poller see that nobody waits and close its session, so
-		// that a stopped engine leaves no connection behind.
-		s.changed()
-	}
+	s.changed()
 	s.mu.Unlock()
 	select {
 	case r := <-w.got: // delivered before we left
 		if r.lock != nil {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_ = r.lock.Release(rctx)
-			cancel()
+			s.release(context.WithoutCancel(ctx), r.lock)
 		}
 	default:
-	}
-	if last {
-		select {
-		case <-stopped:
-		case <-time.After(time.Second): // a dial in progress, or a new waiter keeps it
-		}
 	}
 	return nil, errors.Wrapf(ctx.Err(), "catchup: standing by for %q", key)
 }
 
-// changed makes the poller look at the waiters now: it cuts the poller's
+// release gives l back on the lock session, announced, and waits until it
+// is (or ctx ends, or the session is lost, which frees it too).
+func (s *sessions) release(ctx context.Context, l *sharedLock) {
+	s.mu.Lock()
+	if l.Err() != nil || s.held[l.key] != l {
+		s.mu.Unlock()
+		return
+	}
+	r := &releaseReq{lock: l, done: make(chan struct{})}
+	s.releases = append(s.releases, r)
+	s.start()
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	select {
+	case <-r.done:
+	case <-l.lost:
+	case <-ctx.Done():
+	}
+}
+
+// changed makes the poller look at its state now: it cuts the poller's
 // wait for the next poll (or its backoff) short. The caller holds s.mu.
-func (s *standbys) changed() {
+func (s *sessions) changed() {
 	if s.current != nil {
 		s.current.Interrupt()
 	}
@@ -121,51 +253,396 @@ func (s *standbys) changed() {
 	}
 }
 
-// setCurrent records the poller's session.
-func (s *standbys) setCurrent(sb *advisorylock.Standby) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.current = sb
+// state is what one poll works on, copied under s.mu.
+type state struct {
+	releases  []*releaseReq
+	departing []*group
+	groups    []*group
+	byKey     map[string][]*waiter
+	keys      []string // distinct waited keys
 }
 
-// deliver hands w its result if it still waits, and reports whether it did.
-func (s *standbys) deliver(w *waiter, r standbyResult) bool {
+// snapshot copies the state; ok is false (and the poller ends) when there
+// is nothing to do and nothing held.
+func (s *sessions) snapshot(haveSession bool) (st state, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.waiting[w]; !ok {
-		return false
-	}
-	delete(s.waiting, w)
-	w.got <- r
-	return true
-}
-
-// keys returns the distinct keys waited for, in random order (no
-// partition is always first in line when one session wins several), and
-// the waiters of each. It ends the poller (returning ok false) when nobody
-// waits.
-func (s *standbys) keys() (keys []string, byKey map[string][]*waiter, ok bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.waiting) == 0 {
+	if len(s.waiting) == 0 && len(s.held) == 0 && len(s.releases) == 0 && len(s.groups) == 0 &&
+		(len(s.departing) == 0 || !haveSession) {
 		s.running = false
 		s.current = nil
+		s.departing = nil
 		close(s.stopped)
-		return nil, nil, false
+		return st, false
 	}
-	byKey = map[string][]*waiter{}
+	st.releases, s.releases = s.releases, nil
+	st.departing = slices.Clone(s.departing)
+	for _, g := range s.groups {
+		st.groups = append(st.groups, g)
+	}
+	st.byKey = map[string][]*waiter{}
 	for w := range s.waiting {
-		if byKey[w.key] == nil {
-			keys = append(keys, w.key)
+		if st.byKey[w.key] == nil {
+			st.keys = append(st.keys, w.key)
 		}
-		byKey[w.key] = append(byKey[w.key], w)
+		st.byKey[w.key] = append(st.byKey[w.key], w)
 	}
-	rand.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
-	return keys, byKey, true
+	return st, true
 }
 
-// failAll hands err to every waiter.
-func (s *standbys) failAll(err error) {
+// poll is the poller goroutine; it returns when nothing is waited for or held.
+func (s *sessions) poll(stopped chan struct{}) {
+	log := s.e.cfg.Logger
+	var sb *advisorylock.Standby
+	closeSession := func() {
+		if sb != nil {
+			s.setCurrent(nil)
+			ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+			_ = sb.Close(ctx)
+			cancel()
+			sb = nil
+		}
+	}
+	defer closeSession()
+	ctx := context.Background()
+	backoff := s.e.cfg.RetryBackoff
+	for {
+		st, ok := s.snapshot(sb != nil)
+		if !ok {
+			return
+		}
+		if sb == nil {
+			s.finishReleases(st.releases) // nothing is held without a session
+			s.dropDeparted(st.departing)
+			dctx, cancel := context.WithTimeout(ctx, standbyDialTimeout)
+			var err error
+			sb, err = advisorylock.NewStandby(dctx, s.e.connConfig, s.e.cfg.Lock)
+			cancel()
+			if err != nil {
+				sb = nil
+				// The waiters return the error (Run logs it and backs off,
+				// CatchUp fails with it), as a failed connect would.
+				s.failWaiters(errors.Wrap(err, "catchup: open the lock session"))
+				s.sleep(jitter(backoff))
+				backoff = min(backoff*2, max(maxReconnectBackoff, s.e.cfg.RetryBackoff))
+				continue
+			}
+			s.setCurrent(sb)
+			continue // look at the state again: it may have changed while dialling
+		}
+		if err := s.cycle(ctx, sb, st); err != nil {
+			log.Warn("annals: lock session failed; reconnecting", slog.Any("error", err))
+			s.lost(err)
+			closeSession()
+			s.sleep(jitter(backoff))
+			backoff = min(backoff*2, max(maxReconnectBackoff, s.e.cfg.RetryBackoff))
+			continue
+		}
+		backoff = s.e.cfg.RetryBackoff
+		if _, err := sb.Wait(ctx, pollJitter(s.e.cfg.LockRetryInterval)); err != nil {
+			log.Warn("annals: lock session lost; reconnecting", slog.Any("error", err))
+			s.lost(err)
+			closeSession()
+		}
+	}
+}
+
+// cycle is one poll on the session: give back what is released, see who
+// the members of each balanced subscriber are, ask leaders above their
+// share to hand over, and take free locks for the waiters.
+func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state) error {
+	// 1. Give back: released leads, and the slots of departed memberships
+	// (announced, so that the other members look at once).
+	var give []string
+	for _, r := range st.releases {
+		give = append(give, r.lock.key)
+	}
+	for _, g := range st.departing {
+		if g.slot >= 0 {
+			give = append(give, memberKey(s.e.schema, g.name, g.slot))
+		}
+	}
+	if len(give) > 0 {
+		if _, err := sb.Give(ctx, give); err != nil {
+			s.requeue(st.releases)
+			return err
+		}
+	}
+	s.finishReleases(st.releases)
+	s.dropDeparted(st.departing)
+
+	// 2. Who holds what: the member slots of every balanced subscriber
+	// and the partitions its waiters wait for, from pg_locks.
+	var probe []string
+	for _, g := range st.groups {
+		for i := range MaxMembers {
+			probe = append(probe, memberKey(s.e.schema, g.name, i))
+		}
+	}
+	for _, k := range st.keys {
+		if ws := st.byKey[k]; ws[0].g != nil {
+			probe = append(probe, k)
+		}
+	}
+	busy := map[string]bool{}    // held or queued for
+	granted := map[string]bool{} // held
+	if len(probe) > 0 {
+		if err := s.lockStates(ctx, sb, probe, busy, granted); err != nil {
+			return err
+		}
+	}
+
+	// 3. The share of each balanced subscriber, handovers, and what to take.
+	var take []string
+	takeSlot := map[string]*group{}
+	s.mu.Lock()
+	leads := map[*group]int{}
+	var ledOf = map[*group][]*sharedLock{}
+	for _, l := range s.held {
+		if l.g != nil && !l.leaving {
+			leads[l.g]++
+			ledOf[l.g] = append(ledOf[l.g], l)
+		}
+	}
+	s.mu.Unlock()
+	want := map[*group]int{}
+	for _, g := range st.groups {
+		var live []int
+		for i := range MaxMembers {
+			if granted[memberKey(s.e.schema, g.name, i)] {
+				live = append(live, i)
+			}
+		}
+		if g.slot < 0 {
+			free := -1
+			for i := range MaxMembers {
+				if !busy[memberKey(s.e.schema, g.name, i)] {
+					free = i
+					break
+				}
+			}
+			if free >= 0 {
+				k := memberKey(s.e.schema, g.name, free)
+				take = append(take, k)
+				takeSlot[k] = g
+				want[g] = 0 // take a share once a member
+			} else {
+				want[g] = g.partitions // every slot is taken: run greedily
+			}
+			continue
+		}
+		n := max(len(live), 1)
+		rank := max(slices.Index(live, g.slot), 0)
+		off := int(uint32(lockkeyHash(g.name)) % uint32(n))
+		pos := (rank - off + n) % n
+		target := g.partitions / n
+		if pos < g.partitions%n {
+			target++
+		}
+		g.members, g.pos = n, pos
+		led := leads[g]
+		if led > target {
+			if g.over++; g.over >= 2 {
+				// Over the share at two polls in a row (not a view one poll
+				// old): hand the excess over.
+				excess := ledOf[g]
+				rand.Shuffle(len(excess), func(i, j int) { excess[i], excess[j] = excess[j], excess[i] })
+				for _, l := range excess[:led-target] {
+					l.askHandover()
+				}
+				g.over = 0
+			}
+		} else {
+			g.over = 0
+		}
+		want[g] = max(target-led, 0)
+	}
+	// Free partitions for each balanced group, starting at a place that
+	// depends on this member's position so that members taking at the same
+	// poll take different ones.
+	freeOf := map[*group][]*waiter{}
+	for _, k := range st.keys {
+		ws := st.byKey[k]
+		if g := ws[0].g; g != nil {
+			if !busy[k] && want[g] > 0 {
+				freeOf[g] = append(freeOf[g], ws[0])
+			}
+			continue
+		}
+		take = append(take, k) // unbalanced: whenever free
+	}
+	for g, free := range freeOf {
+		slices.SortFunc(free, func(a, b *waiter) int { return cmp.Compare(a.part, b.part) })
+		start := 0
+		if g.members > 0 {
+			start = g.pos * len(free) / g.members
+		}
+		for i := range min(want[g], len(free)) {
+			take = append(take, free[(start+i)%len(free)].key)
+		}
+	}
+	if len(take) == 0 {
+		return nil
+	}
+	rand.Shuffle(len(take), func(i, j int) { take[i], take[j] = take[j], take[i] })
+	won, err := sb.Take(ctx, take)
+	if err != nil {
+		return err
+	}
+	var giveBack []string
+	for _, i := range won {
+		k := take[i]
+		if g := takeSlot[k]; g != nil {
+			s.mu.Lock()
+			if g.leaving {
+				giveBack = append(giveBack, k)
+			} else {
+				g.slot = slotOf(k)
+				s.changed() // compute the share at once
+			}
+			s.mu.Unlock()
+			continue
+		}
+		if !s.hand(k, st.byKey[k]) {
+			giveBack = append(giveBack, k)
+		}
+	}
+	if len(giveBack) > 0 {
+		if _, err := sb.Give(ctx, giveBack); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// slotOf returns the slot number at the end of a member key.
+func slotOf(key string) int {
+	i := len(key)
+	for i > 0 && key[i-1] >= '0' && key[i-1] <= '9' {
+		i--
+	}
+	n := 0
+	for _, c := range key[i:] {
+		n = n*10 + int(c-'0')
+	}
+	return n
+}
+
+// lockkeyHash is a stable hash of a subscriber name: it rotates which
+// members lead one partition more, so that several subscribers with the
+// same number of partitions do not all load the same instances.
+func lockkeyHash(name string) int32 {
+	k1, _ := lockkey.Pair(name)
+	return k1
+}
+
+// askHandover asks the leader of l to hand it over (finish the batch in
+// hand, flush, release).
+func (l *sharedLock) askHandover() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.leaving {
+		l.leaving = true
+		close(l.handover)
+	}
+}
+
+// lockStates looks up which of keys are held (granted) or waited for (busy)
+// by any session, in one statement on the lock session.
+func (s *sessions) lockStates(ctx context.Context, sb *advisorylock.Standby, keys []string, busy, granted map[string]bool) error {
+	k1, k2 := make([]int32, len(keys)), make([]int32, len(keys))
+	for i, k := range keys {
+		k1[i], k2[i] = lockkey.Pair(k)
+	}
+	return sb.Do(ctx, func(conn *pgx.Conn) error {
+		rows, err := conn.Query(ctx, s.e.q["LockStates"], k1, k2)
+		if err != nil {
+			return errors.Wrap(err, "catchup: read the lock states")
+		}
+		var i int64
+		var g bool
+		_, err = pgx.ForEachRow(rows, []any{&i, &g}, func() error {
+			busy[keys[i-1]] = true
+			if g {
+				granted[keys[i-1]] = true
+			}
+			return nil
+		})
+		return errors.Wrap(err, "catchup: read the lock states")
+	})
+}
+
+// hand gives the lock of key, just taken, to one of its waiters and
+// reports whether one still waited.
+func (s *sessions) hand(key string, ws []*waiter) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range ws {
+		if _, ok := s.waiting[w]; !ok {
+			continue
+		}
+		delete(s.waiting, w)
+		l := &sharedLock{key: key, part: w.part, g: w.g, lost: make(chan struct{}), handover: make(chan struct{})}
+		s.held[key] = l
+		w.got <- standbyResult{lock: l}
+		return true
+	}
+	return false
+}
+
+// finishReleases marks released locks given back.
+func (s *sessions) finishReleases(rs []*releaseReq) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range rs {
+		if s.held[r.lock.key] == r.lock {
+			delete(s.held, r.lock.key)
+		}
+		r.lock.end(errors.Wrapf(advisorylock.ErrReleased, "catchup: lock %q", r.lock.key))
+		close(r.done)
+	}
+}
+
+// requeue puts releases back for the next poll (the session failed).
+func (s *sessions) requeue(rs []*releaseReq) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.releases = append(rs, s.releases...)
+}
+
+// dropDeparted forgets departed memberships whose slot was given back.
+func (s *sessions) dropDeparted(gs []*group) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range gs {
+		g.slot = -1
+		s.departing = slices.DeleteFunc(s.departing, func(d *group) bool { return d == g })
+	}
+}
+
+// lost marks everything the session held lost: its end freed every lock.
+func (s *sessions) lost(cause error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, l := range s.held {
+		l.end(errors.Wrapf(errors.Mark(cause, advisorylock.ErrLost), "catchup: lock %q: %s", k, advisorylock.ErrLost))
+		delete(s.held, k)
+	}
+	for _, g := range s.groups {
+		g.slot, g.over = -1, 0
+	}
+	for _, g := range s.departing {
+		g.slot = -1
+	}
+	s.departing = nil
+	for _, r := range s.releases {
+		close(r.done)
+	}
+	s.releases = nil
+}
+
+// failWaiters hands err to every waiter.
+func (s *sessions) failWaiters(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for w := range s.waiting {
@@ -174,90 +651,15 @@ func (s *standbys) failAll(err error) {
 	}
 }
 
-// hand gives lock to one waiter of its key, or releases it if none waits.
-func (s *standbys) hand(lock *advisorylock.Lock, ws []*waiter) {
-	for _, w := range ws {
-		if s.deliver(w, standbyResult{lock: lock}) {
-			return
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = lock.Release(ctx)
+// setCurrent records the poller's session.
+func (s *sessions) setCurrent(sb *advisorylock.Standby) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.current = sb
 }
 
-// poll is the poller goroutine; it returns when nobody waits.
-func (s *standbys) poll(stopped chan struct{}) {
-	log := s.e.cfg.Logger
-	var sb *advisorylock.Standby
-	defer func() {
-		if sb != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-			_ = sb.Close(ctx)
-			cancel()
-		}
-	}()
-	ctx := context.Background()
-	backoff := s.e.cfg.RetryBackoff
-	for {
-		keys, byKey, ok := s.keys()
-		if !ok {
-			return
-		}
-		if sb == nil {
-			dctx, cancel := context.WithTimeout(ctx, standbyDialTimeout)
-			var err error
-			sb, err = advisorylock.NewStandby(dctx, s.e.connConfig, s.e.cfg.Lock)
-			cancel()
-			if err != nil {
-				sb = nil
-				// The waiters return the error (Run logs it and backs off,
-				// CatchUp fails with it), as TryAcquire's would.
-				s.failAll(errors.Wrap(err, "catchup: open the standby session"))
-				continue
-			}
-			s.setCurrent(sb)
-		}
-		lock, won, err := sb.TryLock(ctx, keys)
-		switch {
-		case err == nil:
-			s.setCurrent(nil)
-			sb = nil // the session is the lock's now
-			s.hand(lock, byKey[keys[won[0]]])
-			// The other keys it found free go to new connections, in
-			// parallel, racing other standbys fairly; the next poll (on a new
-			// session) tries them too.
-			for _, i := range won[1:] {
-				go s.tryAcquire(keys[i], byKey[keys[i]])
-			}
-			backoff = s.e.cfg.RetryBackoff
-			continue
-		case errors.Is(err, advisorylock.ErrNotAcquired):
-			backoff = s.e.cfg.RetryBackoff
-		default:
-			log.Warn("annals: standby session failed; reconnecting", slog.Any("error", err))
-			s.setCurrent(nil)
-			closeCtx, cancel := context.WithTimeout(ctx, closeTimeout)
-			_ = sb.Close(closeCtx)
-			cancel()
-			sb = nil
-			s.sleep(jitter(backoff))
-			backoff = min(backoff*2, 30*time.Second)
-			continue
-		}
-		if _, err := sb.Wait(ctx, pollJitter(s.e.cfg.LockRetryInterval)); err != nil {
-			log.Warn("annals: standby session lost; reconnecting", slog.Any("error", err))
-			s.setCurrent(nil)
-			closeCtx, cancel := context.WithTimeout(ctx, closeTimeout)
-			_ = sb.Close(closeCtx)
-			cancel()
-			sb = nil
-		}
-	}
-}
-
-// sleep waits for d or until a partition starts (or stops) waiting.
-func (s *standbys) sleep(d time.Duration) {
+// sleep waits for d or until something changes.
+func (s *sessions) sleep(d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -266,53 +668,56 @@ func (s *standbys) sleep(d time.Duration) {
 	}
 }
 
-// tryAcquire takes key on a connection of its own for one of ws.
-func (s *standbys) tryAcquire(key string, ws []*waiter) {
-	ctx, cancel := context.WithTimeout(context.Background(), standbyDialTimeout)
-	defer cancel()
-	lock, err := advisorylock.TryAcquire(ctx, s.e.connConfig, key, s.e.cfg.Lock)
-	if err != nil {
-		return // taken by someone else, or the next poll's to take
-	}
-	s.hand(lock, ws)
-}
-
 // pollJitter returns d ±25%: standby processes drift apart, yet the longest
 // wait stays close to d.
 func pollJitter(d time.Duration) time.Duration {
 	return d*3/4 + rand.N(d/2+1)
 }
 
-// closeTimeout bounds closing the standby session.
-const closeTimeout = 5 * time.Second
-
 // standBy waits, standing by, until this process holds sub's lock, then
 // claims the checkpoint (bumping the epoch) and returns the lease.
-func (e *Engine) standBy(ctx context.Context, sub *Subscription) (*Lease, error) {
-	lock, err := e.standbys.wait(ctx, LockKey(e.schema, sub.Name, sub.Partition))
+func (e *Engine) standBy(ctx context.Context, sub *Subscription, g *group) (*Lease, error) {
+	l, err := e.sessions.wait(ctx, LockKey(e.schema, sub.Name, sub.Partition), sub.Partition, g)
 	if err != nil {
 		return nil, err
 	}
-	return e.claim(ctx, sub, lock)
+	lease := e.newLease(sub)
+	lease.shared = l
+	return e.claim(ctx, lease)
 }
 
-// claim claims the checkpoint of sub for lock's holder: epoch + 1, owner =
-// this engine. On failure it releases the lock.
-func (e *Engine) claim(ctx context.Context, sub *Subscription, lock *advisorylock.Lock) (*Lease, error) {
-	lease := &Lease{Subscriber: sub.Name, Partition: sub.Partition, Lock: lock, checkpoints: e.checkpoints, commitSQL: e.q["CommitFenced"]}
-	err := lock.Do(ctx, func(conn *pgx.Conn) error {
-		cp, err := e.checkpoints.Claim(ctx, conn, sub.Name, sub.Partition, e.cfg.Owner)
+// newLease returns a lease of sub without a lock.
+func (e *Engine) newLease(sub *Subscription) *Lease {
+	return &Lease{Subscriber: sub.Name, Partition: sub.Partition, checkpoints: e.checkpoints,
+		commitSQL: e.q["CommitFenced"], pool: e.pool}
+}
+
+// claim claims the checkpoint of the lease's partition for its lock's
+// holder: epoch + 1, owner = this engine. On failure it releases the lock.
+func (e *Engine) claim(ctx context.Context, lease *Lease) (*Lease, error) {
+	err := lease.Do(ctx, func(conn *pgx.Conn) error {
+		cp, err := e.checkpoints.Claim(ctx, conn, lease.Subscriber, lease.Partition, e.cfg.Owner)
 		lease.Epoch, lease.Start = cp.Epoch, cp.Position
 		return err
 	})
 	if err != nil {
-		_ = lock.Release(context.WithoutCancel(ctx))
+		e.releaseLock(context.WithoutCancel(ctx), lease)
 		return nil, err
 	}
 	if e.cfg.OnLeadership != nil {
-		e.cfg.OnLeadership(sub.Name, sub.Partition, lease.Epoch, true)
+		e.cfg.OnLeadership(lease.Subscriber, lease.Partition, lease.Epoch, true)
 	}
 	return lease, nil
+}
+
+// releaseLock gives the lease's lock back (without OnLeadership).
+func (e *Engine) releaseLock(ctx context.Context, lease *Lease) {
+	switch {
+	case lease.Lock != nil:
+		_ = lease.Lock.Release(ctx)
+	case lease.shared != nil:
+		e.sessions.release(ctx, lease.shared)
+	}
 }
 
 // lockConfig returns cfg with the engine's release channel set, unless it

@@ -438,7 +438,7 @@ func (rb *rebuild) count(ctx context.Context, head int64) (map[int]int64, error)
 // settles the dead letters and forgets the failed attempts, in one transaction on the first partition's lock
 // connection, each checkpoint fenced by its partition's epoch.
 func (rb *rebuild) reset(ctx context.Context, leases []*catchup.Lease) error {
-	err := leases[0].Lock.Do(ctx, func(conn *pgx.Conn) error {
+	err := leases[0].Do(ctx, func(conn *pgx.Conn) error {
 		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			if err := safely(func() error { return rb.res.Reset(ctx, tx) }); err != nil {
 				return errors.Wrap(err, "Reset")
@@ -489,7 +489,7 @@ func (rb *rebuild) replay(ctx context.Context, sub *catchup.Subscription, lease 
 		}
 		// Continue from what is committed, not from where the read failed.
 		var cp checkpoint.Checkpoint
-		err = lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+		err = lease.Do(ctx, func(conn *pgx.Conn) error {
 			var err error
 			cp, err = rb.cps.Load(ctx, conn, sub.Name, sub.Partition)
 			return err

@@ -432,6 +432,7 @@ func (r *Runner) subscriptions() []*catchup.Subscription {
 			subs = append(subs, &catchup.Subscription{
 				Name: reg.name, Partition: part, Partitions: reg.opts.Partitions,
 				Filter: reg.filter, BatchSize: reg.opts.BatchSize, Processor: reg.newProc(),
+				Balance: true,
 			})
 		}
 	}
