@@ -20,6 +20,7 @@ import (
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
@@ -70,6 +71,8 @@ type Lease struct {
 	stopping    <-chan struct{}
 	changed     bool
 	commitSQL   string // CommitFenced
+	// CommitFencedHeld
+	commitHeldSQL string
 }
 
 // CommitTx writes the checkpoint at position in tx, fenced by the lease's
@@ -98,7 +101,11 @@ func (l *Lease) CommitConn(ctx context.Context, conn *pgx.Conn, begin bool, posi
 	if begin {
 		b.Queue("BEGIN")
 	}
-	if !l.Ephemeral() {
+	switch {
+	case l.shared != nil:
+		k1, k2 := lockkey.Pair(l.shared.key)
+		b.Queue(l.commitHeldSQL, l.Subscriber, l.Partition, l.Epoch, position, int32(l.shared.pid), k1, k2)
+	case !l.Ephemeral():
 		b.Queue(l.commitSQL, l.Subscriber, l.Partition, l.Epoch, position)
 	}
 	b.Queue("COMMIT")
@@ -173,6 +180,19 @@ func (l *Lease) Do(ctx context.Context, fn func(conn *pgx.Conn) error) error {
 	}
 	defer pc.Release()
 	conn := pc.Conn()
+	// If the lock is lost (or given back: an abandoned batch) while fn
+	// runs, end the connection's session under fn, so that its transaction
+	// rolls back now and its row locks do not hold up the next leader.
+	sock := conn.PgConn().Conn()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-l.shared.lost:
+			_ = sock.Close()
+		case <-done:
+		}
+	}()
 	err = fn(conn)
 	if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

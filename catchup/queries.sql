@@ -88,3 +88,23 @@ WITH l AS MATERIALIZED (
 SELECT k.i, l.granted
   FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS k(k1, k2, i)
   JOIN l ON l.classid = (k.k1::int8 & 4294967295)::oid AND l.objid = (k.k2::int8 & 4294967295)::oid;
+
+-- name: CommitFencedHeld
+-- CommitFenced for a lease held on the engine's lock session, while the
+-- batch runs on another connection: the move also needs the lock session
+-- ($5, its backend pid) to hold the partition's lock ($6, $7) as the
+-- statement runs, so that a leader whose lock session has ended commits
+-- nothing even before anyone else has claimed (the epoch fences it once
+-- someone has).
+WITH moved AS (
+    UPDATE {{.Schema}}.checkpoints
+       SET position = greatest(position, $4), updated_at = clock_timestamp()
+     WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3
+       AND EXISTS (SELECT 1 FROM pg_locks
+                    WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND pid = $5
+                      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                      AND classid = ($6::int4::int8 & 4294967295)::oid
+                      AND objid = ($7::int4::int8 & 4294967295)::oid)
+    RETURNING position)
+SELECT CASE WHEN (SELECT count(*) FROM moved) = 1 THEN 1
+            ELSE ('annals: checkpoint fenced, rows moved: ' || (SELECT count(*) FROM moved))::int END;

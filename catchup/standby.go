@@ -87,6 +87,7 @@ type sharedLock struct {
 	key  string
 	part int
 	g    *group
+	pid  uint32 // the lock session's backend
 
 	mu       sync.Mutex
 	err      error         // why it is no longer held
@@ -503,7 +504,7 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 			s.mu.Unlock()
 			continue
 		}
-		if !s.hand(k, st.byKey[k]) {
+		if !s.hand(k, st.byKey[k], sb.PID()) {
 			giveBack = append(giveBack, k)
 		}
 	}
@@ -574,7 +575,7 @@ func (s *sessions) lockStates(ctx context.Context, sb *advisorylock.Standby, key
 
 // hand gives the lock of key, just taken, to one of its waiters and
 // reports whether one still waited.
-func (s *sessions) hand(key string, ws []*waiter) bool {
+func (s *sessions) hand(key string, ws []*waiter, pid uint32) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, w := range ws {
@@ -582,7 +583,7 @@ func (s *sessions) hand(key string, ws []*waiter) bool {
 			continue
 		}
 		delete(s.waiting, w)
-		l := &sharedLock{key: key, part: w.part, g: w.g, lost: make(chan struct{}), handover: make(chan struct{})}
+		l := &sharedLock{key: key, part: w.part, g: w.g, pid: pid, lost: make(chan struct{}), handover: make(chan struct{})}
 		s.held[key] = l
 		w.got <- standbyResult{lock: l}
 		return true
@@ -689,7 +690,7 @@ func (e *Engine) standBy(ctx context.Context, sub *Subscription, g *group) (*Lea
 // newLease returns a lease of sub without a lock.
 func (e *Engine) newLease(sub *Subscription) *Lease {
 	return &Lease{Subscriber: sub.Name, Partition: sub.Partition, checkpoints: e.checkpoints,
-		commitSQL: e.q["CommitFenced"], pool: e.pool}
+		commitSQL: e.q["CommitFenced"], commitHeldSQL: e.q["CommitFencedHeld"], pool: e.pool}
 }
 
 // claim claims the checkpoint of the lease's partition for its lock's
