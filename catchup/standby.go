@@ -12,8 +12,10 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/annals-dev/annals/advisorylock"
+	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/schemaname"
 )
@@ -71,15 +73,21 @@ type sessions struct {
 
 // waiter is a subscriber partition standing by.
 type waiter struct {
-	key  string
-	part int
-	g    *group // nil: take the lock whenever it is free
-	got  chan standbyResult
+	key   string
+	sub   string
+	part  int
+	g     *group // nil: take the lock whenever it is free
+	got   chan standbyResult
+	taken bool // the poller took it out of waiting: a result is coming (s.mu)
 }
 
+// standbyResult is a waiter's lock, claimed (its checkpoint's epoch
+// bumped for this engine), or why it has none.
 type standbyResult struct {
-	lock *sharedLock
-	err  error
+	lock  *sharedLock
+	epoch int64
+	start int64
+	err   error
 }
 
 // sharedLock is one lock held on the lock session.
@@ -196,29 +204,28 @@ func (s *sessions) departLocked(g *group) {
 // this waiter, and returns it. It returns an error when ctx ends, and when
 // the lock session cannot be opened (the caller backs off and stands by
 // again).
-func (s *sessions) wait(ctx context.Context, key string, part int, g *group) (*sharedLock, error) {
-	w := &waiter{key: key, part: part, g: g, got: make(chan standbyResult, 1)}
+func (s *sessions) wait(ctx context.Context, key, sub string, part int, g *group) (standbyResult, error) {
+	w := &waiter{key: key, sub: sub, part: part, g: g, got: make(chan standbyResult, 1)}
 	s.mu.Lock()
 	s.waiting[w] = struct{}{}
 	s.start()
 	s.mu.Unlock()
 	select {
 	case r := <-w.got:
-		return r.lock, r.err
+		return r, r.err
 	case <-ctx.Done():
 	}
 	s.mu.Lock()
+	taken := w.taken
 	delete(s.waiting, w)
 	s.changed()
 	s.mu.Unlock()
-	select {
-	case r := <-w.got: // delivered before we left
-		if r.lock != nil {
+	if taken { // the poller is claiming it for us: take the result and give it back
+		if r := <-w.got; r.lock != nil {
 			s.release(context.WithoutCancel(ctx), r.lock)
 		}
-	default:
 	}
-	return nil, errors.Wrapf(ctx.Err(), "catchup: standing by for %q", key)
+	return standbyResult{}, errors.Wrapf(ctx.Err(), "catchup: standing by for %q", key)
 }
 
 // release gives l back on the lock session, announced, and waits until it
@@ -504,9 +511,28 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 			s.mu.Unlock()
 			continue
 		}
-		if !s.hand(k, st.byKey[k], sb.PID()) {
+		w := s.pick(st.byKey[k])
+		if w == nil {
 			giveBack = append(giveBack, k)
+			continue
 		}
+		// Claim on the session, in this poll: no pool connection is needed
+		// to take over.
+		var cp checkpoint.Checkpoint
+		cerr := sb.Do(ctx, func(conn *pgx.Conn) error {
+			var err error
+			cp, err = s.e.checkpoints.Claim(ctx, conn, w.sub, w.part, s.e.cfg.Owner)
+			return err
+		})
+		if cerr != nil {
+			w.got <- standbyResult{err: cerr}
+			if isConnErr(cerr) {
+				return cerr // the session's end frees what it took
+			}
+			giveBack = append(giveBack, k)
+			continue
+		}
+		s.hand(k, w, sb.PID(), cp)
 	}
 	if len(giveBack) > 0 {
 		if _, err := sb.Give(ctx, giveBack); err != nil {
@@ -573,22 +599,35 @@ func (s *sessions) lockStates(ctx context.Context, sb *advisorylock.Standby, key
 	})
 }
 
-// hand gives the lock of key, just taken, to one of its waiters and
-// reports whether one still waited.
-func (s *sessions) hand(key string, ws []*waiter, pid uint32) bool {
+// pick takes one of ws that still waits out of waiting (the lock of its
+// key was just taken for it), or returns nil.
+func (s *sessions) pick(ws []*waiter) *waiter {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, w := range ws {
-		if _, ok := s.waiting[w]; !ok {
-			continue
+		if _, ok := s.waiting[w]; ok {
+			delete(s.waiting, w)
+			w.taken = true
+			return w
 		}
-		delete(s.waiting, w)
-		l := &sharedLock{key: key, part: w.part, g: w.g, pid: pid, lost: make(chan struct{}), handover: make(chan struct{})}
-		s.held[key] = l
-		w.got <- standbyResult{lock: l}
-		return true
 	}
-	return false
+	return nil
+}
+
+// hand gives w the lock of key, taken and claimed on the session pid.
+func (s *sessions) hand(key string, w *waiter, pid uint32, cp checkpoint.Checkpoint) {
+	l := &sharedLock{key: key, part: w.part, g: w.g, pid: pid, lost: make(chan struct{}), handover: make(chan struct{})}
+	s.mu.Lock()
+	s.held[key] = l
+	s.mu.Unlock()
+	w.got <- standbyResult{lock: l, epoch: cp.Epoch, start: cp.Position}
+}
+
+// isConnErr reports whether err comes from a connection that is gone
+// rather than from the statement.
+func isConnErr(err error) bool {
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr)
 }
 
 // finishReleases marks released locks given back.
@@ -678,13 +717,16 @@ func pollJitter(d time.Duration) time.Duration {
 // standBy waits, standing by, until this process holds sub's lock, then
 // claims the checkpoint (bumping the epoch) and returns the lease.
 func (e *Engine) standBy(ctx context.Context, sub *Subscription, g *group) (*Lease, error) {
-	l, err := e.sessions.wait(ctx, LockKey(e.schema, sub.Name, sub.Partition), sub.Partition, g)
+	r, err := e.sessions.wait(ctx, LockKey(e.schema, sub.Name, sub.Partition), sub.Name, sub.Partition, g)
 	if err != nil {
 		return nil, err
 	}
 	lease := e.newLease(sub)
-	lease.shared = l
-	return e.claim(ctx, lease)
+	lease.shared, lease.Epoch, lease.Start = r.lock, r.epoch, r.start
+	if e.cfg.OnLeadership != nil {
+		e.cfg.OnLeadership(lease.Subscriber, lease.Partition, lease.Epoch, true)
+	}
+	return lease, nil
 }
 
 // newLease returns a lease of sub without a lock.
