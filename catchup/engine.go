@@ -252,9 +252,13 @@ type Subscription struct {
 	Name string
 	// Partition is this subscription's partition (0-based) of Partitions.
 	Partition int
-	// Partitions splits the subscriber by a stable hash of stream_id
-	// (annals.stream_partition). 0 or 1: unpartitioned.
+	// Partitions splits the subscriber by a stable hash
+	// (annals.stream_partition) of each event's partition key. 0 or 1:
+	// unpartitioned.
 	Partitions int
+	// PartitionBy is the partition key: PartitionByStream (the default,
+	// ""), PartitionByCategory, or PartitionByMetadataPrefix and a field.
+	PartitionBy string
 	// Filter selects event types; the zero Filter selects all.
 	Filter Filter
 	// BatchSize is the number of events read per batch.
@@ -512,7 +516,7 @@ func (e *Engine) validate(sub *Subscription) error {
 	case sub.BatchSize < 0:
 		return errors.New("catchup: negative batch size")
 	}
-	return nil
+	return ParsePartitionBy(sub.PartitionBy)
 }
 
 // abandonGrace is how long Run waits, after the batch in hand's context was
@@ -779,7 +783,11 @@ func (e *Engine) read(ctx context.Context, sub *Subscription, lease *Lease, afte
 	if re := sub.Filter.Regex(); re != "" {
 		regex = &re
 	}
-	rows, err := e.pool.Query(ctx, e.q["ReadBatch"], after, limit, regex, max(sub.Partitions, 1), sub.Partition, target, sub.Name)
+	key, err := parsePartitionBy(sub.PartitionBy)
+	if err != nil {
+		return Batch{}, err
+	}
+	rows, err := e.pool.Query(ctx, e.q["ReadBatch"], after, limit, regex, max(sub.Partitions, 1), sub.Partition, target, sub.Name, key.kind, key.field)
 	if err != nil {
 		return Batch{}, errors.Wrap(err, "catchup: read batch")
 	}

@@ -2,7 +2,9 @@
 
 -- name: ReadBatch
 -- $1 after (exclusive), $2 limit, $3 type regex or NULL, $4 partitions,
--- $5 partition, $6 upper bound (inclusive), $7 subscriber. The head comes
+-- $5 partition, $6 upper bound (inclusive), $7 subscriber, $8 the partition
+-- key ('stream', 'category': the stream ID up to its first '-', 'metadata':
+-- the metadata field $9 as text, '' when absent). The head comes
 -- from the same snapshot as the events: every committed event up to it is
 -- visible, so when fewer than $2 rows match, everything through the head (up
 -- to $6) has been considered and the checkpoint may move there. The
@@ -37,7 +39,10 @@ SELECT h.head, coalesce(h.epoch, -1), coalesce(h.stopped_reason, ''), h.retry, h
          WHERE ev.global_sequence > $1
            AND ev.global_sequence <= least(h.head, $6)
            AND ($3::text IS NULL OR ev.event_type ~ $3)
-           AND ($4::int <= 1 OR {{.Schema}}.stream_partition(ev.stream_id, $4) = $5)
+           AND ($4::int <= 1 OR {{.Schema}}.stream_partition(
+                   CASE $8::text WHEN 'category' THEN split_part(ev.stream_id, '-', 1)
+                                 WHEN 'metadata' THEN coalesce(ev.metadata ->> $9::text, '')
+                                 ELSE ev.stream_id END, $4) = $5)
          ORDER BY ev.global_sequence
          LIMIT $2) e ON true;
 

@@ -260,7 +260,7 @@ func (r *Runner) newRebuild(reg *registration, res Resetter, o RebuildOptions) (
 		progress: RebuildProgress{Projection: reg.name}}
 	for part := range reg.opts.Partitions {
 		rb.subs = append(rb.subs, &catchup.Subscription{
-			Name: reg.name, Partition: part, Partitions: reg.opts.Partitions, Filter: reg.filter,
+			Name: reg.name, Partition: part, Partitions: reg.opts.Partitions, PartitionBy: reg.opts.PartitionBy, Filter: reg.filter,
 			BatchSize: o.BatchSize, Processor: &countingProcessor{Processor: reg.newProc(), done: rb.advance},
 		})
 	}
@@ -423,7 +423,8 @@ func (rb *rebuild) count(ctx context.Context, head int64) (map[int]int64, error)
 	if re := rb.reg.filter.Regex(); re != "" {
 		regex = &re
 	}
-	rows, err := rb.r.pool.Query(ctx, rb.q["CountEvents"], head, regex, rb.reg.opts.Partitions)
+	kind, field := partitionKeyArgs(rb.reg.opts.PartitionBy)
+	rows, err := rb.r.pool.Query(ctx, rb.q["CountEvents"], head, regex, rb.reg.opts.Partitions, kind, field)
 	if err != nil {
 		return nil, errors.Wrap(err, "projection: rebuild: count the events")
 	}
@@ -553,4 +554,16 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// partitionKeyArgs returns the partition key's kind and metadata field as
+// the SQL of CountEvents takes them (catchup's ReadBatch does the same).
+func partitionKeyArgs(by string) (kind, field string) {
+	switch {
+	case by == catchup.PartitionByCategory:
+		return "category", ""
+	case strings.HasPrefix(by, catchup.PartitionByMetadataPrefix):
+		return "metadata", strings.TrimPrefix(by, catchup.PartitionByMetadataPrefix)
+	}
+	return "stream", ""
 }

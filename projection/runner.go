@@ -111,10 +111,17 @@ type Options struct {
 	// Types are event-type glob patterns (see catchup.Filter). Defaults to
 	// the handled types of a typed projection or observer, else all types.
 	Types []string
-	// Partitions splits the subscriber by a stable hash of the stream ID into
-	// this many partitions, each with its own lock and checkpoint, so that
-	// several instances share the work; per-stream order holds. Defaults to 1.
+	// Partitions splits the subscriber by a stable hash of the partition
+	// key (PartitionBy) into this many partitions, each with its own lock
+	// and checkpoint, which the runners running the subscriber share fairly
+	// (see package catchup, "Balanced leadership"); per-key order holds.
+	// Defaults to 1.
 	Partitions int
+	// PartitionBy is the partition key: "stream" (the stream ID, the
+	// default), "category" (the stream ID up to its first "-"), or
+	// "metadata:FIELD" (a top-level metadata field, e.g. a tenant ID). See
+	// catchup.PartitionByStream and the constants next to it.
+	PartitionBy string
 	// BatchSize is the number of events read (and, for projections,
 	// committed) at a time. Defaults to 500.
 	BatchSize int
@@ -299,6 +306,9 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	if err != nil {
 		return errors.Wrapf(err, "projection: %q", name)
 	}
+	if err := catchup.ParsePartitionBy(o.PartitionBy); err != nil {
+		return errors.Wrapf(err, "projection: %q", name)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.running {
@@ -430,7 +440,7 @@ func (r *Runner) subscriptions() []*catchup.Subscription {
 	for _, reg := range r.regs {
 		for part := range reg.opts.Partitions {
 			subs = append(subs, &catchup.Subscription{
-				Name: reg.name, Partition: part, Partitions: reg.opts.Partitions,
+				Name: reg.name, Partition: part, Partitions: reg.opts.Partitions, PartitionBy: reg.opts.PartitionBy,
 				Filter: reg.filter, BatchSize: reg.opts.BatchSize, Processor: reg.newProc(),
 				Balance: true,
 			})
