@@ -303,6 +303,19 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Lock configures the advisory locks' connections. Defaults to advisorylock's defaults.
 	Lock *advisorylock.Config
+	// ReadPool, if set, is where batches are read: a pool on a streaming
+	// replica of the database (a hot standby). Locks, claims, checkpoints,
+	// the batch header (epoch, stop reason, dead letters) and the
+	// processors' transactions stay on the primary. Positions are commit
+	// order and a replica replays commits in that order, so a replica shows
+	// a prefix of the log: a lagging one delays delivery, it never skips.
+	// Defaults to none: everything on the pool.
+	ReadPool *pgxpool.Pool
+	// ReadPollInterval is how long a caught-up subscription waits before
+	// reading again when it reads from ReadPool: a NOTIFY comes from the
+	// primary, possibly before the replica has the event. Defaults to
+	// 100ms, at most PollInterval.
+	ReadPollInterval time.Duration
 	// Logger receives leadership changes and failures. Defaults to discarding.
 	Logger *slog.Logger
 	// OnLeadership is called with true when this process starts leading a
@@ -352,6 +365,8 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 	def(&c.LockRetryInterval, DefaultLockRetryInterval)
 	def(&c.RetryBackoff, 500*time.Millisecond)
 	def(&c.ShutdownTimeout, 30*time.Second)
+	def(&c.ReadPollInterval, 100*time.Millisecond)
+	c.ReadPollInterval = min(c.ReadPollInterval, c.PollInterval)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -695,6 +710,13 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			continue
 		}
 		if batch.Through <= cursor {
+			if !live && e.cfg.ReadPool != nil && cursor < target {
+				// The replica has not replayed through target yet: wait for it.
+				if err := e.wait(ctx, lost, nil, e.cfg.ReadPollInterval); err != nil {
+					return err
+				}
+				continue
+			}
 			if !live {
 				return nil // target is beyond the head: nothing more to read
 			}
@@ -704,7 +726,11 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 				}
 				e.cfg.Logger.WarnContext(ctx, "annals: flushing the checkpoint failed", slog.String("subscriber", sub.Name), slog.Any("error", err))
 			}
-			if err := e.wait(ctx, lost, signal, e.cfg.PollInterval); err != nil {
+			idle := e.cfg.PollInterval
+			if e.cfg.ReadPool != nil {
+				idle = e.cfg.ReadPollInterval
+			}
+			if err := e.wait(ctx, lost, signal, idle); err != nil {
 				return err
 			}
 			continue
@@ -787,7 +813,11 @@ func (e *Engine) read(ctx context.Context, sub *Subscription, lease *Lease, afte
 	if err != nil {
 		return Batch{}, err
 	}
-	rows, err := e.pool.Query(ctx, e.q["ReadBatch"], after, limit, regex, max(sub.Partitions, 1), sub.Partition, target, sub.Name, key.kind, key.field)
+	readPool := e.pool
+	if e.cfg.ReadPool != nil {
+		readPool = e.cfg.ReadPool
+	}
+	rows, err := readPool.Query(ctx, e.q["ReadBatch"], after, limit, regex, max(sub.Partitions, 1), sub.Partition, target, sub.Name, key.kind, key.field)
 	if err != nil {
 		return Batch{}, errors.Wrap(err, "catchup: read batch")
 	}
@@ -795,6 +825,11 @@ func (e *Engine) read(ctx context.Context, sub *Subscription, lease *Lease, afte
 	h, err := scanBatch(rows, &b)
 	if err != nil {
 		return Batch{}, errors.Wrap(err, "catchup: read batch")
+	}
+	if e.cfg.ReadPool != nil && !lease.Ephemeral() {
+		if err := e.pool.QueryRow(ctx, e.q["ReadHeader"], sub.Name, sub.Partition).Scan(&h.epoch, &h.stopped, &h.retry, &h.unresolved); err != nil {
+			return Batch{}, errors.Wrap(err, "catchup: read the batch header")
+		}
 	}
 	if !lease.Ephemeral() && h.epoch != lease.Epoch {
 		return Batch{}, errors.Wrapf(checkpoint.ErrFenced, "catchup: %s/%d: the checkpoint's epoch is no longer %d", sub.Name, sub.Partition, lease.Epoch)

@@ -113,3 +113,16 @@ WITH moved AS (
     RETURNING position)
 SELECT CASE WHEN (SELECT count(*) FROM moved) = 1 THEN 1
             ELSE ('annals: checkpoint fenced, rows moved: ' || (SELECT count(*) FROM moved))::int END;
+
+-- name: ReadHeader
+-- ReadBatch's header from the primary when the events come from a read
+-- replica (Config.ReadPool): $1 subscriber, $2 partition. The checkpoint's
+-- epoch, stop reason and dead-letter counts must be the primary's, not a
+-- replica's that may lag behind this leader's own claim.
+SELECT coalesce(c.epoch, -1), coalesce(c.stopped_reason, ''), d.retry, d.unresolved
+  FROM (SELECT 1) one
+  LEFT JOIN {{.Schema}}.checkpoints c ON c.subscriber_id = $1 AND c.partition = $2
+ CROSS JOIN (SELECT count(*) FILTER (WHERE dl.status = 'retry') AS retry, count(*) AS unresolved
+               FROM {{.Schema}}.dead_letters dl
+              WHERE dl.subscriber_id = $1 AND dl.partition = $2
+                AND dl.status IN ('open', 'retry')) d;

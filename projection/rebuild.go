@@ -242,6 +242,7 @@ func (r *Runner) newRebuild(reg *registration, res Resetter, o RebuildOptions) (
 		RetryBackoff:    r.cfg.RetryBackoff,
 		ShutdownTimeout: r.cfg.ShutdownTimeout,
 		Lock:            r.cfg.Lock,
+		ReadPool:        r.cfg.ReadPool,
 		Logger:          r.cfg.Logger,
 	})
 	if err != nil {

@@ -65,6 +65,12 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Lock configures the advisory-lock connections. Defaults to advisorylock's defaults.
 	Lock *advisorylock.Config
+	// ReadPool, if set, is a pool on a streaming replica of the database:
+	// the subscribers' catch-up and live reads (and a rebuild's) go there,
+	// while locks, checkpoints and handler transactions stay on the
+	// primary. A lagging replica delays delivery and never skips (see
+	// catchup.Config.ReadPool). Defaults to none.
+	ReadPool *pgxpool.Pool
 	// Logger receives leadership changes, retries and reconnects.
 	// Defaults to discarding.
 	Logger *slog.Logger
@@ -427,6 +433,7 @@ func (r *Runner) newEngine(listener *catchup.Listener) (*catchup.Engine, error) 
 		RetryBackoff:      r.cfg.RetryBackoff,
 		ShutdownTimeout:   r.cfg.ShutdownTimeout,
 		Lock:              r.cfg.Lock,
+		ReadPool:          r.cfg.ReadPool,
 		Logger:            r.cfg.Logger,
 		OnLeadership:      r.onLeadership,
 		OnProgress:        r.onProgress,

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/annals-dev/annals/catchup"
@@ -16,7 +17,7 @@ import (
 func (e *env) tailCommand() *cobra.Command {
 	var from int64
 	var follow bool
-	var subscriber, partitionBy string
+	var subscriber, partitionBy, readURL string
 	var partitions int
 	var format *string
 	var types []string
@@ -32,7 +33,9 @@ its position, and is leader-elected, so two tails with the same name share one p
 partitions (by stream ID, or by --partition-by category or metadata:FIELD) that every tail
 running it shares fairly: two tails lead N/2 each, and when one stops or dies the other
 takes its partitions over within tens of milliseconds; each key's events are printed in
-order. --types filters by event-type globs (order.*, *.shipped; '*' is
+order. --read-url reads the events from a streaming replica (a hot standby) while
+locks and checkpoints stay on the primary; a lagging replica delays what is printed, it
+never skips. --types filters by event-type globs (order.*, *.shipped; '*' is
 one or more whole segments). --output jsonl prints one JSON object per event, flushed at
 once, with the keys of 'annals read' (there is no --output json: a tail has no end at
 which to close an array).`,
@@ -68,6 +71,13 @@ which to close an array).`,
 				return err
 			}
 			defer pool.Close()
+			var readPool *pgxpool.Pool
+			if readURL != "" {
+				if readPool, err = pgxpool.New(cmd.Context(), readURL); err != nil {
+					return usageError{errors.Wrap(err, "--read-url")}
+				}
+				defer readPool.Close()
+			}
 			w := newEventWriter(e.stdout, *format)
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
@@ -99,7 +109,7 @@ which to close an array).`,
 				return w.flush()
 			}
 			if subscriber != "" {
-				r, err := projection.NewRunner(pool, &projection.Config{Schema: e.schema})
+				r, err := projection.NewRunner(pool, &projection.Config{Schema: e.schema, ReadPool: readPool})
 				if err != nil {
 					return err
 				}
@@ -116,7 +126,7 @@ which to close an array).`,
 			if err != nil {
 				return err
 			}
-			engine, err := catchup.NewEngine(pool, listener, &catchup.Config{Schema: e.schema})
+			engine, err := catchup.NewEngine(pool, listener, &catchup.Config{Schema: e.schema, ReadPool: readPool})
 			if err != nil {
 				return err
 			}
@@ -141,6 +151,7 @@ which to close an array).`,
 	cmd.Flags().StringSliceVar(&types, "types", nil, "event-type globs, comma-separated (default: all)")
 	cmd.Flags().IntVar(&partitions, "partitions", 1, "with --subscriber: split it into this many partitions, shared by every tail running it")
 	cmd.Flags().StringVar(&partitionBy, "partition-by", "", "with --partitions: stream (default), category, or metadata:FIELD")
+	cmd.Flags().StringVar(&readURL, "read-url", "", "read the events from this streaming replica (locks and checkpoints stay on the primary)")
 	format = addOutputFlag(cmd, true, outputText, outputJSONL)
 	return cmd
 }
