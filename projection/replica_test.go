@@ -88,8 +88,12 @@ func TestReadReplica(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO replica_counts VALUES ($1, 1) ON CONFLICT (stream_id) DO UPDATE SET n = replica_counts.n + 1`, e.StreamID)
 		return err
 	}
-	projection.On(counter, func(ctx context.Context, tx pgx.Tx, e eventstore.Envelope[Deposited]) error { return count(ctx, tx, e.Event) })
-	projection.On(counter, func(ctx context.Context, tx pgx.Tx, e eventstore.Envelope[Withdrawn]) error { return count(ctx, tx, e.Event) })
+	projection.On(counter, func(ctx context.Context, tx pgx.Tx, e eventstore.Envelope[Deposited]) error {
+		return count(ctx, tx, e.Event)
+	})
+	projection.On(counter, func(ctx context.Context, tx pgx.Tx, e eventstore.Envelope[Withdrawn]) error {
+		return count(ctx, tx, e.Event)
+	})
 	watch := &orderRecorder{}
 	cfg := testConfig(time.Second)
 	cfg.ReadPool = readPool
