@@ -82,15 +82,16 @@ SELECT pid
 -- name: LockStates
 -- The lock session's look at who holds what: of the two-int4 advisory keys
 -- in the arrays $1 (k1) and $2 (k2), the 1-based positions of those some
--- session holds or waits for, and whether one holds it (granted). A key
--- not returned is free. pg_locks is read once (materialized) and joined.
+-- session holds or waits for, whether one holds it (granted) and the
+-- holder's backend pid (0 when none holds it). A key not returned is free.
+-- pg_locks is read once (materialized) and joined.
 WITH l AS MATERIALIZED (
-    SELECT classid, objid, bool_or(granted) AS granted
+    SELECT classid, objid, bool_or(granted) AS granted, coalesce(max(pid) FILTER (WHERE granted), 0) AS pid
       FROM pg_locks
      WHERE locktype = 'advisory' AND objsubid = 2
        AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
      GROUP BY classid, objid)
-SELECT k.i, l.granted
+SELECT k.i, l.granted, l.pid
   FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS k(k1, k2, i)
   JOIN l ON l.classid = (k.k1::int8 & 4294967295)::oid AND l.objid = (k.k2::int8 & 4294967295)::oid;
 

@@ -379,21 +379,19 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 	s.finishReleases(st.releases)
 	s.dropDeparted(st.departing)
 
-	// 2. Who holds what: the member slots of every balanced subscriber
-	// and the partitions its waiters wait for, from pg_locks.
+	// 2. Who holds what: the member slots and the partitions of every
+	// balanced subscriber, from pg_locks.
 	var probe []string
 	for _, g := range st.groups {
 		for i := range MaxMembers {
 			probe = append(probe, memberKey(s.e.schema, g.name, i))
 		}
-	}
-	for _, k := range st.keys {
-		if ws := st.byKey[k]; ws[0].g != nil {
-			probe = append(probe, k)
+		for p := range g.partitions {
+			probe = append(probe, LockKey(s.e.schema, g.name, p))
 		}
 	}
-	busy := map[string]bool{}    // held or queued for
-	granted := map[string]bool{} // held
+	busy := map[string]bool{}     // held or queued for
+	granted := map[string]int32{} // held: by this backend
 	if len(probe) > 0 {
 		if err := s.lockStates(ctx, sb, probe, busy, granted); err != nil {
 			return err
@@ -416,9 +414,10 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 	want := map[*group]int{}
 	for _, g := range st.groups {
 		var live []int
+		var pids []int32
 		for i := range MaxMembers {
-			if granted[memberKey(s.e.schema, g.name, i)] {
-				live = append(live, i)
+			if pid, ok := granted[memberKey(s.e.schema, g.name, i)]; ok {
+				live, pids = append(live, i), append(pids, pid)
 			}
 		}
 		if g.slot < 0 {
@@ -443,11 +442,33 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 		rank := max(slices.Index(live, g.slot), 0)
 		off := int(uint32(lockkeyHash(g.name)) % uint32(n))
 		pos := (rank - off + n) % n
-		target := g.partitions / n
-		if pos < g.partitions%n {
-			target++
-		}
 		g.members, g.pos = n, pos
+		target := g.partitions / n
+		if extra := g.partitions % n; extra > 0 && len(live) > 0 {
+			// The members that lead one more are those that lead the most
+			// now (sticky: a member joining takes nobody's extra one), ties
+			// broken by position; every member sees the same pg_locks and
+			// orders them alike.
+			leadsOf := map[int32]int{}
+			for p := range g.partitions {
+				if pid, ok := granted[LockKey(s.e.schema, g.name, p)]; ok {
+					leadsOf[pid]++
+				}
+			}
+			order := make([]int, len(live)) // indexes into live, by rank
+			for i := range order {
+				order[i] = i
+			}
+			slices.SortStableFunc(order, func(a, b int) int {
+				if c := cmp.Compare(leadsOf[pids[b]], leadsOf[pids[a]]); c != 0 {
+					return c
+				}
+				return cmp.Compare((a-off+n)%n, (b-off+n)%n)
+			})
+			if slices.Index(order, rank) < extra {
+				target++
+			}
+		}
 		led := leads[g]
 		if led > target {
 			if g.over++; g.over >= 2 {
@@ -576,7 +597,7 @@ func (l *sharedLock) askHandover() {
 
 // lockStates looks up which of keys are held (granted) or waited for (busy)
 // by any session, in one statement on the lock session.
-func (s *sessions) lockStates(ctx context.Context, sb *advisorylock.Standby, keys []string, busy, granted map[string]bool) error {
+func (s *sessions) lockStates(ctx context.Context, sb *advisorylock.Standby, keys []string, busy map[string]bool, granted map[string]int32) error {
 	k1, k2 := make([]int32, len(keys)), make([]int32, len(keys))
 	for i, k := range keys {
 		k1[i], k2[i] = lockkey.Pair(k)
@@ -588,10 +609,11 @@ func (s *sessions) lockStates(ctx context.Context, sb *advisorylock.Standby, key
 		}
 		var i int64
 		var g bool
-		_, err = pgx.ForEachRow(rows, []any{&i, &g}, func() error {
+		var pid int32
+		_, err = pgx.ForEachRow(rows, []any{&i, &g, &pid}, func() error {
 			busy[keys[i-1]] = true
 			if g {
-				granted[keys[i-1]] = true
+				granted[keys[i-1]] = pid
 			}
 			return nil
 		})
