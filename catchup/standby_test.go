@@ -178,9 +178,19 @@ func TestStandbyOneSessionForAllPartitions(t *testing.T) {
 	}
 	d := waitLeads(t, db, b, n, before, 10*time.Second)
 	t.Logf("b leads all %d partitions %v after a's lock sessions ended", n, d)
-	// The standby session holds all n locks: still one connection.
+	// The standby session holds all n locks: one session holds every lock
+	// of b, and b has no other connection besides its pool.
 	for range 5 {
-		if got := b.sessions(t, db); got != 1 {
+		var holders, locks int
+		if err := db.Pool.QueryRow(t.Context(), `
+			SELECT count(DISTINCT l.pid), count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+			 WHERE a.datname = current_database() AND l.locktype = 'advisory' AND l.granted AND a.application_name = 'b'`).Scan(&holders, &locks); err != nil {
+			t.Fatal(err)
+		}
+		if holders != 1 || locks != n {
+			t.Fatalf("b holds %d locks on %d sessions, want %d on 1", locks, holders, n)
+		}
+		if got := b.sessions(t, db); got > 1 {
 			t.Fatalf("the leader of %d partitions has %d connections besides its pool, want 1", n, got)
 		}
 		time.Sleep(30 * time.Millisecond)
