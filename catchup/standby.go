@@ -412,6 +412,12 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 	}
 	s.mu.Unlock()
 	want := map[*group]int{}
+	announce := false
+	defer func() {
+		if announce {
+			s.announceMembers(ctx, sb)
+		}
+	}()
 	for _, g := range st.groups {
 		var live []int
 		var pids []int32
@@ -442,6 +448,12 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 		rank := max(slices.Index(live, g.slot), 0)
 		off := int(uint32(lockkeyHash(g.name)) % uint32(n))
 		pos := (rank - off + n) % n
+		if g.members > 0 && g.members != n {
+			// Membership changed (a member died or joined): wake the other
+			// members' lock sessions so that they see it now, not at their
+			// next poll.
+			announce = true
+		}
 		g.members, g.pos = n, pos
 		target := g.partitions / n
 		if extra := g.partitions % n; extra > 0 && len(live) > 0 {
@@ -527,7 +539,8 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 				giveBack = append(giveBack, k)
 			} else {
 				g.slot = slotOf(k)
-				s.changed() // compute the share at once
+				announce = true // the members' shares change: wake them
+				s.changed()     // and compute ours at once
 			}
 			s.mu.Unlock()
 			continue
@@ -561,6 +574,20 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 		}
 	}
 	return nil
+}
+
+// announceMembers tells the other lock sessions, on the release channel,
+// that the membership changed, so that they poll at once. Best effort: a
+// session that misses it sees the change at its next poll.
+func (s *sessions) announceMembers(ctx context.Context, sb *advisorylock.Standby) {
+	channel := s.e.cfg.Lock.ReleaseChannel
+	if channel == "" {
+		return
+	}
+	_ = sb.Do(ctx, func(conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, "SELECT pg_notify($1, 'members')", channel)
+		return err
+	})
 }
 
 // slotOf returns the slot number at the end of a member key.
