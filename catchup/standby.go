@@ -135,6 +135,11 @@ type group struct {
 	members    int  // live members at the last poll (with this one)
 	pos        int  // this member's place in the rotation at the last poll
 	over       int  // consecutive polls that found more led than the target
+	// probe is how many member slots a poll looks at (0: all MaxMembers):
+	// twice the highest live slot seen, at least 16. Members take the
+	// lowest free slot, so the live ones are dense at the low end; a member
+	// seen once stays within the range (the range follows the highest).
+	probe int
 }
 
 func newSessions(e *Engine) *sessions {
@@ -383,7 +388,7 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 	// balanced subscriber, from pg_locks.
 	var probe []string
 	for _, g := range st.groups {
-		for i := range MaxMembers {
+		for i := range g.slots() {
 			probe = append(probe, memberKey(s.e.schema, g.name, i))
 		}
 		for p := range g.partitions {
@@ -421,25 +426,35 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 	for _, g := range st.groups {
 		var live []int
 		var pids []int32
-		for i := range MaxMembers {
+		probed := g.slots()
+		for i := range probed {
 			if pid, ok := granted[memberKey(s.e.schema, g.name, i)]; ok {
 				live, pids = append(live, i), append(pids, pid)
 			}
 		}
+		highest := -1
+		if len(live) > 0 {
+			highest = live[len(live)-1]
+		}
+		g.probe = min(MaxMembers, max(16, 2*(highest+1)))
 		if g.slot < 0 {
 			free := -1
-			for i := range MaxMembers {
+			for i := range probed {
 				if !busy[memberKey(s.e.schema, g.name, i)] {
 					free = i
 					break
 				}
 			}
-			if free >= 0 {
+			switch {
+			case free >= 0:
 				k := memberKey(s.e.schema, g.name, free)
 				take = append(take, k)
 				takeSlot[k] = g
 				want[g] = 0 // take a share once a member
-			} else {
+			case probed < MaxMembers:
+				g.probe = MaxMembers // look at every slot at the next poll
+				want[g] = 0
+			default:
 				want[g] = g.partitions // every slot is taken: run greedily
 			}
 			continue
@@ -590,6 +605,14 @@ func (s *sessions) announceMembers(ctx context.Context, sb *advisorylock.Standby
 	})
 }
 
+// slots returns how many member slots the next poll looks at.
+func (g *group) slots() int {
+	if g.probe <= 0 {
+		return MaxMembers
+	}
+	return g.probe
+}
+
 // slotOf returns the slot number at the end of a member key.
 func slotOf(key string) int {
 	i := len(key)
@@ -718,7 +741,7 @@ func (s *sessions) lost(cause error) {
 		delete(s.held, k)
 	}
 	for _, g := range s.groups {
-		g.slot, g.over = -1, 0
+		g.slot, g.over, g.probe = -1, 0, 0
 	}
 	for _, g := range s.departing {
 		g.slot = -1
