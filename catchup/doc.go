@@ -104,6 +104,16 @@
 //     flight is closed under it: its transaction rolls back at once and its
 //     row locks do not hold up the next leader.
 //
+// Costs: per process one connection and one poll per LockRetryInterval
+// (about 50 a second), whatever the number of partitions. A poll of an
+// engine with balanced subscribers reads pg_locks once (the whole lock
+// table, joined with the member slots and partitions it probes); measured
+// on the shared 2-core machine (load 16), 3 runners each running 4
+// subscribers of 16 partitions: each lock session's backend used 1.9% of a
+// core (about 0.4 ms per poll), against 0.45% for the single-statement
+// try-lock poll of a standby before balancing. LockRetryInterval trades
+// this linearly against takeover time.
+//
 // Connections of one process: 1 lock session + 1 listener + the pool's
 // MaxConns (the pool serves the batches in flight, the reads and the
 // read-ahead; a process leading P partitions of S subscribers processes at
