@@ -183,10 +183,14 @@ func (l *Lease) Do(ctx context.Context, fn func(conn *pgx.Conn) error) error {
 	// If the lock is lost (or given back: an abandoned batch) while fn
 	// runs, end the connection's session under fn, so that its transaction
 	// rolls back now and its row locks do not hold up the next leader.
+	// The watcher has returned before the connection goes back to the pool
+	// (deferred calls run last-in first-out), so it never closes a
+	// connection someone else has acquired since.
 	sock := conn.PgConn().Conn()
-	done := make(chan struct{})
-	defer close(done)
+	done, watched := make(chan struct{}), make(chan struct{})
+	defer func() { close(done); <-watched }()
 	go func() {
+		defer close(watched)
 		select {
 		case <-l.shared.lost:
 			_ = sock.Close()
