@@ -20,11 +20,15 @@
 //
 //   - One active processor per subscriber (or partition) across every
 //     process, elected with an md5-keyed advisory lock; the others stand by
-//     and take over within seconds when the leader dies.
+//     and take over within tens of milliseconds when the leader dies. The
+//     processes running a partitioned subscriber share its partitions
+//     fairly (⌊P/N⌋ or ⌈P/N⌉ each; Options.Partitions, PartitionBy), and a
+//     process holds all its locks on one connection (package catchup,
+//     "Balanced leadership" and "The lock session").
 //   - Projections: each batch of events and the checkpoint commit in one
-//     transaction on the lock's connection, fenced by the leader's epoch. A
-//     read-model write is applied exactly once; a leader that has lost its
-//     lock cannot commit.
+//     transaction (on a pool connection), fenced by the leader's epoch and
+//     by its lock session still holding the lock. A read-model write is
+//     applied exactly once; a leader that has lost its lock cannot commit.
 //   - Observers: at-least-once; Handle gets the event (use e.ID to make side
 //     effects idempotent). Checkpoints are written every CheckpointEvery
 //     events or CheckpointInterval (also while idle), so a crash re-delivers
