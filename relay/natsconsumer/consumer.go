@@ -224,6 +224,13 @@ func (c *Consumer) run(ctx context.Context, handle func(context.Context, deliver
 		}
 		for i := 0; i < len(ds); i++ {
 			d := ds[i]
+			if ctx.Err() != nil {
+				// Stopping: hand the rest back at once rather than after AckWait.
+				for _, rest := range ds[i:] {
+					_ = rest.msg.Nak()
+				}
+				return nil
+			}
 			if checkpoint != nil && *checkpoint > 0 && d.seq > *checkpoint+1 {
 				info, err := c.stream.Info(ctx)
 				if err != nil || info.State.FirstSeq <= *checkpoint+1 {
@@ -240,6 +247,9 @@ func (c *Consumer) run(ctx context.Context, handle func(context.Context, deliver
 					break
 				}
 				if ctx.Err() != nil {
+					for _, rest := range ds[i:] {
+						_ = rest.msg.Nak()
+					}
 					return nil
 				}
 				c.cfg.Logger.WarnContext(ctx, "annals: handling a relayed event failed; retrying",
