@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/sqltmpl"
 )
 
 // maxNameLen is PostgreSQL's identifier length (NAMEDATALEN - 1).
@@ -143,20 +144,16 @@ type SlotStatus struct {
 	WALStatus string `json:"wal_status"`
 }
 
-// SlotQuery is the monitoring query behind Slots (docs/operations.md).
-const SlotQuery = `SELECT slot_name, coalesce(database, ''), active, coalesce(active_pid, 0),
-       coalesce(confirmed_flush_lsn::text, ''),
-       coalesce(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), restart_lsn), 0)::bigint,
-       coalesce(wal_status, '')
-  FROM pg_catalog.pg_replication_slots
- WHERE slot_type = 'logical' AND slot_name LIKE 'annals\_%'
- ORDER BY slot_name`
-
-// Slots lists the annals replication slots of the cluster.
+// Slots lists the annals replication slots (named "annals_…") of the
+// current database, as docs/operations.md's monitoring query does.
 func Slots(ctx context.Context, db interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }) ([]SlotStatus, error) {
-	rows, err := db.Query(ctx, SlotQuery)
+	q, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(""))
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, q["Slots"])
 	if err != nil {
 		return nil, errors.Wrap(err, "walsource: list slots")
 	}
