@@ -59,6 +59,12 @@ type Config struct {
 	// AckTimeout bounds the wait for a batch's acknowledgements. Defaults to
 	// 10s.
 	AckTimeout time.Duration
+	// CheckpointInterval is how often the checkpoint commits while the relay
+	// is busy (always through acknowledged events only); it also commits
+	// whenever the relay is idle and when it stops. A crash costs no
+	// duplicates however far behind the checkpoint is (see the package doc),
+	// only re-reading. Defaults to 1s.
+	CheckpointInterval time.Duration
 	// WAL, when set, wakes the relay from its replication slot (package
 	// walsource) instead of NOTIFY. Defaults to nil: NOTIFY.
 	WAL *walsource.Wake
@@ -118,6 +124,9 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg *Config) (*Relay, error) {
 	if c.AckTimeout <= 0 {
 		c.AckTimeout = 10 * time.Second
 	}
+	if c.CheckpointInterval <= 0 {
+		c.CheckpointInterval = time.Second
+	}
 	if c.Replicas <= 0 {
 		c.Replicas = 1
 	}
@@ -132,7 +141,7 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg *Config) (*Relay, error) {
 		return nil, err
 	}
 	if r.js, err = jetstream.New(nc, jetstream.WithPublishAsyncTimeout(c.AckTimeout),
-		jetstream.WithPublishAsyncMaxPending(max(c.BatchSize, 256))); err != nil {
+		jetstream.WithPublishAsyncMaxPending(max(4*c.BatchSize, 1024))); err != nil {
 		return nil, errors.Wrap(err, "relay: JetStream")
 	}
 	return r, nil
