@@ -28,6 +28,7 @@ import (
 	"log"
 	"os"
 	"regexp"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,7 @@ var (
 	backlog  = flag.Int("backlog", 20000, "events in the relay throughput backlog")
 	writers  = flag.Int("writers", 8, "writers in the append throughput runs")
 	batch    = flag.Int("batch", 500, "relay batch size (and the raw publisher's ack window)")
+	cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the relay runs to this file")
 	only     = flag.String("only", "", "run only this part: latency, append, relay, jslatency")
 )
 
@@ -161,7 +163,11 @@ func run(ctx context.Context) error {
 			return err
 		}
 		for i := range 2 {
-			raw, err := b.rawPublish(ctx, fmt.Sprintf("RAW%d", i))
+			raw, err := b.rawPublish(ctx, fmt.Sprintf("RAW%d", i), false)
+			if err != nil {
+				return err
+			}
+			chained, err := b.rawPublish(ctx, fmt.Sprintf("CHAIN%d", i), true)
 			if err != nil {
 				return err
 			}
@@ -169,7 +175,8 @@ func run(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			fmt.Printf("  run %d: relay %8.0f events/s   raw publisher %8.0f events/s   relay/raw %.2f\n", i+1, rel, raw, rel/raw)
+			fmt.Printf("  run %d: relay %8.0f events/s   raw publisher %8.0f events/s (with the relay's expected-last-msg-id chain %8.0f)   relay/raw %.2f\n",
+			i+1, rel, raw, chained, rel/raw)
 		}
 
 	}
@@ -485,7 +492,7 @@ func (b *bench) backlogEvents(ctx context.Context) ([]eventstore.Event, error) {
 // rawPublish publishes the backlog's messages (as the relay builds them) to
 // a fresh stream like the relay's, pipelined in windows of 500 and waiting
 // for every ack, and returns events/s (messages built beforehand).
-func (b *bench) rawPublish(ctx context.Context, stream string) (float64, error) {
+func (b *bench) rawPublish(ctx context.Context, stream string, chained bool) (float64, error) {
 	evs, err := b.backlogEvents(ctx)
 	if err != nil {
 		return 0, err
@@ -508,10 +515,16 @@ func (b *bench) rawPublish(ctx context.Context, stream string) (float64, error) 
 		return 0, err
 	}
 	start := time.Now()
+	prev := ""
 	for i := 0; i < len(msgs); i += *batch {
 		var fs []jetstream.PubAckFuture
 		for _, m := range msgs[i:min(i+*batch, len(msgs))] {
-			f, err := js.PublishMsgAsync(m, jetstream.WithMsgID(m.Header.Get(relay.HeaderEventID)))
+			opts := []jetstream.PublishOpt{jetstream.WithMsgID(m.Header.Get(relay.HeaderEventID))}
+			if chained && prev != "" {
+				opts = append(opts, jetstream.WithExpectLastMsgID(prev))
+			}
+			prev = m.Header.Get(relay.HeaderEventID)
+			f, err := js.PublishMsgAsync(m, opts...)
 			if err != nil {
 				return 0, err
 			}
@@ -539,6 +552,17 @@ func (b *bench) relayCatchUp(ctx context.Context, stream string) (float64, error
 	}
 	if _, err := r.EnsureStream(ctx); err != nil {
 		return 0, err
+	}
+	if *cpuprof != "" {
+		f, err := os.Create(*cpuprof + "." + stream)
+		if err != nil {
+			return 0, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return 0, err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	start := time.Now()
 	if err := r.CatchUp(ctx); err != nil {
