@@ -176,7 +176,7 @@ func run(ctx context.Context) error {
 				return err
 			}
 			fmt.Printf("  run %d: relay %8.0f events/s   raw publisher %8.0f events/s (with the relay's expected-last-msg-id chain %8.0f)   relay/raw %.2f\n",
-			i+1, rel, raw, chained, rel/raw)
+				i+1, rel, raw, chained, rel/raw)
 		}
 
 	}
