@@ -8,7 +8,9 @@ SELECT coalesce((SELECT position FROM {{.Schema}}.checkpoints
 -- streams from each, how far it confirmed, and how much WAL it retains.
 SELECT slot_name, coalesce(database, ''), active, coalesce(active_pid, 0),
        coalesce(confirmed_flush_lsn::text, ''),
-       coalesce(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), restart_lsn), 0)::bigint,
+       -- 0 on a standby, where pg_current_wal_lsn() is not available
+       coalesce(CASE WHEN NOT pg_catalog.pg_is_in_recovery()
+                     THEN pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), restart_lsn) END, 0)::bigint,
        coalesce(wal_status, '')
   FROM pg_catalog.pg_replication_slots
  WHERE slot_type = 'logical' AND slot_name LIKE 'annals\_%' AND database = current_database()
