@@ -236,3 +236,42 @@ func TestSlotKeepsWhatIsNotCheckpointed(t *testing.T) {
 		t.Fatalf("after the checkpoint passed 25, the slot sent %v, want [26]", got)
 	}
 }
+
+// TestSourceTakesOverAnActiveSlot: a Source whose slot is still streamed by
+// a stale session (a former leader that has not noticed it lost its lock)
+// ends that session and streams; once the stale Source stops, the new one
+// receives every later commit.
+func TestSourceTakesOverAnActiveSlot(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	store, err := eventstore.New(db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := walsource.SlotName(db.Name, db.Schema, "takeover", 0)
+	dropSlotAtEnd(t, db.Pool, slot)
+	newSource := func(c *collector) *walsource.Source {
+		src, err := walsource.New(db.Pool, &walsource.Config{Slot: slot, OnCommit: c.onCommit, StatusInterval: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return src
+	}
+	activePID := func() int32 {
+		var pid int32
+		_ = db.Pool.QueryRow(t.Context(), `SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&pid)
+		return pid
+	}
+	var old, fresh collector
+	stopOld := runSource(t, newSource(&old))
+	annalstest.WaitFor(t, 10*time.Second, func() bool { return activePID() != 0 })
+	oldPID := activePID()
+	runSource(t, newSource(&fresh))
+	annalstest.WaitFor(t, 10*time.Second, func() bool { p := activePID(); return p != 0 && p != oldPID })
+	stopOld()
+	appendN(t, store, 0, 10)
+	annalstest.WaitFor(t, 10*time.Second, func() bool { return len(fresh.snapshot()) >= 10 })
+	if got := len(fresh.snapshot()); got != 10 {
+		t.Fatalf("the new Source received %d events, want 10", got)
+	}
+}
