@@ -5,30 +5,37 @@
 //
 // # How a relay runs
 //
-// A Relay is a subscriber like any other: Run drives a catch-up engine
-// subscription named Config.Name, so one relay of a name leads cluster-wide
-// (the md5-keyed advisory lock), standbys take over when it dies, and its
-// checkpoint is fenced by the leadership's epoch. It is woken by NOTIFY or,
-// with Config.WAL, by its own logical replication slot (package walsource);
+// A Relay is a subscriber like any other: Run registers its processor
+// with a projection.Runner (RegisterProcessor) under Config.Name, so one
+// relay of a name leads cluster-wide (the md5-keyed advisory lock),
+// standbys take over when it dies, its checkpoint is fenced by the
+// leadership's epoch, and the process registers as a runner instance
+// (annals status shows its leader and lag). It is woken by NOTIFY or, with
+// Config.WAL, by its own logical replication slot (package walsource);
 // either way it reads its batches from the events table, filtered by
 // Config.Types globs.
 //
 // For each batch it:
 //
-//  1. publishes every event, pipelined (PublishMsgAsync), to the subject
-//     the template makes (default "<prefix>.<event type>.<stream id>", each
-//     value escaped into one token by EscapeToken: bytes other than ASCII
-//     letters, digits, "-" and "_" become "%XX", so "order.placed" is the
-//     token "order%2Eplaced"), with headers: Nats-Msg-Id = the event ID,
-//     Nats-Expected-Last-Msg-Id = the ID of the event before it, and the
-//     Annals-* headers (position, event ID, stream ID, stream version, type,
-//     recorded at, correlation and causation IDs, the whole metadata) and
-//     the W3C trace context (traceparent, tracestate); the body is the
-//     event's data as stored;
-//  2. waits for the acknowledgements in order;
-//  3. commits the checkpoint through the last event of the unbroken run of
-//     acknowledgements (the batch's Through when all came), fenced by the
-//     epoch. The checkpoint never passes an event JetStream has not stored.
+//  1. publishes every event the stream does not hold yet, pipelined
+//     (PublishMsgAsync), to the subject the template makes (default
+//     "<prefix>.<event type>.<stream id>", each value escaped into one token
+//     by EscapeToken: bytes other than ASCII letters, digits, "-" and "_"
+//     become "%XX", so "order.placed" is the token "order%2Eplaced"), with
+//     headers: Nats-Msg-Id = the event ID, Nats-Expected-Last-Msg-Id = the
+//     ID of the event published before it, and the Annals-* headers
+//     (position, event ID, stream ID, stream version, type, recorded at,
+//     correlation and causation IDs, the whole metadata) and the W3C trace
+//     context (traceparent, tracestate); the body is the event's data as
+//     stored;
+//  2. collects the acknowledgements of the batches before it, in order
+//     (waiting up to AckTimeout), and those of its own that are in: a batch's
+//     acknowledgements are awaited while the next batch is published;
+//  3. every CheckpointInterval (and whenever the relay goes idle, waiting
+//     for every acknowledgement first, and when it stops) commits the
+//     checkpoint through the last event of the unbroken run of
+//     acknowledgements, fenced by the epoch. The checkpoint never passes an
+//     event JetStream has not stored.
 //
 // # Why exactly once
 //
@@ -68,8 +75,10 @@
 // # Failures
 //
 // A failed or unacknowledged publish (NATS down, a timeout after
-// AckTimeout) ends the batch: the checkpoint commits what was acknowledged,
-// the engine retries after RetryBackoff from there. A relay that lost its
-// lease cannot commit (fencing) and stands by; the new leader starts from
-// the checkpoint and the stream's newest message.
+// AckTimeout) commits what was acknowledged and ends the leadership (the
+// engine's cursor has moved past the batches in flight, and only a new
+// leadership starts again from the checkpoint); the relay stands by and
+// claims again after RetryBackoff, re-reading the stream's newest message.
+// A relay that lost its lease cannot commit (fencing) and stands by; the new
+// leader starts from the checkpoint and the stream's newest message.
 package relay

@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -16,6 +15,7 @@ import (
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/walsource"
 )
 
@@ -68,7 +68,8 @@ type Config struct {
 	// WAL, when set, wakes the relay from its replication slot (package
 	// walsource) instead of NOTIFY. Defaults to nil: NOTIFY.
 	WAL *walsource.Wake
-	// Owner names this process in the checkpoint. Defaults to "host:pid".
+	// Owner names this process in the checkpoint and the instance registry.
+	// Defaults to "host:pid:" and a random suffix.
 	Owner string
 	// PollInterval, LockRetryInterval and RetryBackoff go to the catch-up
 	// engine (catchup.Config). Default to 1s, 20ms and 500ms.
@@ -205,71 +206,50 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 	return s, nil
 }
 
-// Run relays until ctx ends: it ensures the stream, then stands by until it
-// leads the relay's subscription (one leader cluster-wide), publishes from
-// the checkpoint on, and stands by again if it loses the lead. It returns
-// nil when ctx ends, or an error if it cannot start.
+// Run relays until ctx ends: it ensures the stream, then runs the relay's
+// subscription in a projection.Runner, so it stands by until it leads (one
+// leader cluster-wide), publishes from the checkpoint on, and stands by
+// again if it loses the lead; the instance registers like any runner's, so
+// annals status shows it leading. It returns nil when ctx ends, or an error
+// if it cannot start.
 func (r *Relay) Run(ctx context.Context) error {
-	stream, err := r.EnsureStream(ctx)
+	runner, err := r.runner(ctx)
 	if err != nil {
 		return err
 	}
-	engine, runListener, err := r.engine()
-	if err != nil {
-		return err
-	}
-	var wg sync.WaitGroup
-	lctx, stopListener := context.WithCancel(ctx)
-	defer func() { stopListener(); wg.Wait() }()
-	if runListener != nil {
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = runListener(lctx) }()
-	}
-	return engine.Run(ctx, r.subscription(stream))
+	return runner.Run(ctx)
 }
 
 // CatchUp publishes every event up to the head as it is when called, then
 // returns (for batch jobs and tests). It waits for the relay's lock.
 func (r *Relay) CatchUp(ctx context.Context) error {
+	runner, err := r.runner(ctx)
+	if err != nil {
+		return err
+	}
+	return runner.RunUntilCaughtUp(ctx)
+}
+
+func (r *Relay) runner(ctx context.Context) (*projection.Runner, error) {
 	stream, err := r.EnsureStream(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	engine, _, err := r.engine()
-	if err != nil {
-		return err
-	}
-	head, err := engine.Head(ctx)
-	if err != nil {
-		return err
-	}
-	return engine.CatchUp(ctx, r.subscription(stream), head)
-}
-
-func (r *Relay) subscription(stream jetstream.Stream) *catchup.Subscription {
-	return &catchup.Subscription{
-		Name: r.cfg.Name, Filter: r.filter, BatchSize: r.cfg.BatchSize,
-		Processor: &publisher{r: r, stream: stream},
-	}
-}
-
-func (r *Relay) engine() (*catchup.Engine, func(context.Context) error, error) {
-	c := &catchup.Config{
-		Schema: r.cfg.Schema, Owner: r.cfg.Owner, PollInterval: r.cfg.PollInterval,
+	cfg := &projection.Config{
+		Schema: r.cfg.Schema, InstanceID: r.cfg.Owner, PollInterval: r.cfg.PollInterval,
 		LockRetryInterval: r.cfg.LockRetryInterval, RetryBackoff: r.cfg.RetryBackoff,
 		Lock: r.cfg.Lock, Logger: r.cfg.Logger,
 	}
 	if r.cfg.WAL != nil {
-		c.WakeFor = r.cfg.WAL.For
-		e, err := catchup.NewEngine(r.pool, nil, c)
-		return e, nil, err
+		cfg.Wake = r.cfg.WAL.For
 	}
-	l, err := catchup.NewListener(r.pool.Config().ConnConfig, r.cfg.Schema, r.cfg.Logger)
+	runner, err := projection.NewRunner(r.pool, cfg)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	e, err := catchup.NewEngine(r.pool, l, c)
-	return e, l.Run, err
+	err = runner.RegisterProcessor(r.cfg.Name, func() catchup.Processor { return &publisher{r: r, stream: stream} },
+		&projection.Options{Types: r.cfg.Types, BatchSize: r.cfg.BatchSize})
+	return runner, err
 }
 
 // lastStored returns the position and message ID of the newest message in

@@ -17,8 +17,8 @@ import (
 
 // TestRelayNATS: annals relay nats --once publishes the log to JetStream
 // (its stream created on the way) and says how far; bad flags exit 2; and
-// annals status lists the relay's replication slot (--wal) and the WAL it
-// retains.
+// annals status shows the running relay as a subscriber with a live leader,
+// and lists its replication slot (--wal) and the WAL it retains.
 func TestRelayNATS(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)
@@ -100,7 +100,11 @@ func TestRelayNATS(t *testing.T) {
 		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil {
 			return false
 		}
-		return len(st.ReplicationSlots) == 1 && st.ReplicationSlots[0].Active
+		led := false
+		for _, s := range st.Subscribers {
+			led = led || (s.Subscriber == "walrelay" && s.Leader != nil)
+		}
+		return led && len(st.ReplicationSlots) == 1 && st.ReplicationSlots[0].Active
 	})
 	if st.ReplicationSlots[0].Slot != slot {
 		t.Fatalf("status lists slot %q, want %q", st.ReplicationSlots[0].Slot, slot)
