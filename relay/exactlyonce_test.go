@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -40,6 +41,9 @@ func TestExactlyOnceInJetStream(t *testing.T) {
 		return childproc.Start(t, id, childEnv+"="+string(spec))
 	}
 	children := map[string]*childproc.Child{}
+	var all []*childproc.Child
+	start0 := start
+	start = func() *childproc.Child { c := start0(); all = append(all, c); return c }
 	for range 2 {
 		c := start()
 		children[c.ID] = c
@@ -143,6 +147,11 @@ func TestExactlyOnceInJetStream(t *testing.T) {
 		t.Fatalf("the monitor took only %d samples", samples.Load())
 	}
 	t.Logf("monitor: %d samples, %d violations", samples.Load(), violations.Load())
+	failed := 0
+	for _, c := range all {
+		failed += strings.Count(c.Log(), "relay publish failed")
+	}
+	t.Logf("leaderships ended by a failed publish (the NATS restart): %d", failed)
 	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
 }
 

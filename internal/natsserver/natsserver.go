@@ -59,6 +59,10 @@ func (s *Server) Restart() error {
 	return s.start()
 }
 
+// Up starts the server again after Stop, on the same port and store
+// directory.
+func (s *Server) Up() error { return s.start() }
+
 // Stop shuts the server down.
 func (s *Server) Stop() {
 	s.Shutdown()
