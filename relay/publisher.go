@@ -198,7 +198,12 @@ func (p *publisher) fail(ctx context.Context, lease *catchup.Lease, cause error)
 	}
 	p.r.cfg.Logger.WarnContext(ctx, "annals: relay publish failed; claiming again from the checkpoint",
 		slog.String("relay", p.r.cfg.Name), slog.Int64("checkpoint", p.committed), slog.Any("error", cause))
+	// What was in flight is abandoned, not acknowledged: nothing past acked
+	// may be committed by the End that follows (synced false: End is a
+	// no-op), and the next leadership starts from the checkpoint.
 	p.inflight = nil
+	p.through = p.acked
+	p.synced = false
 	return errors.Mark(errors.Wrap(cause, ErrPublish.Error()), checkpoint.ErrFenced)
 }
 
