@@ -65,6 +65,7 @@ type Lease struct {
 	stopping    <-chan struct{}
 	changed     bool
 	commitSQL   string // CommitFenced
+	notifySQL   string // NotifyCheckpoint
 }
 
 // CommitTx writes the checkpoint at position in tx, fenced by the lease's
@@ -97,12 +98,38 @@ func (l *Lease) CommitConn(ctx context.Context, conn *pgx.Conn, begin bool, posi
 		b.Queue(l.commitSQL, l.Subscriber, l.Partition, l.Epoch, position)
 	}
 	b.Queue("COMMIT")
-	err := conn.SendBatch(ctx, b).Close()
+	notify := !l.Ephemeral() && l.notifySQL != "" && position > 0
+	if notify {
+		b.Queue(l.notifySQL, position, l.Partition, l.Subscriber)
+	}
+	br := conn.SendBatch(ctx, b)
+	var err error
+	for range b.Len() - btoi(notify) {
+		if _, err = br.Exec(); err != nil {
+			break
+		}
+	}
+	if err == nil && notify {
+		// The batch has committed; a notification that fails (a full
+		// notification queue, say) only costs awaiters their poll, and must
+		// not make the caller think the commit failed.
+		_, _ = br.Exec()
+	}
+	if cerr := br.Close(); err == nil && !notify {
+		err = cerr
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "annals: checkpoint fenced") {
 		return errors.Wrapf(checkpoint.ErrFenced, "commit %s/%d at epoch %d", l.Subscriber, l.Partition, l.Epoch)
 	}
 	return errors.Wrapf(err, "catchup: commit %s/%d at %d", l.Subscriber, l.Partition, position)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // Changed tells the engine that processing the batch in hand changed what

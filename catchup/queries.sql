@@ -73,3 +73,17 @@ SELECT pid
    AND objsubid = 2
    AND granted
  LIMIT 1;
+
+-- name: NotifyCheckpoint
+-- Sent after a batch's COMMIT, in the same round trip, as a transaction of
+-- its own: tells projection.Await that subscriber $3's partition $2 has
+-- committed through position $1 (channel payload "position:partition:
+-- subscriber"). Not inside the batch's transaction: a transaction that
+-- NOTIFYs holds PostgreSQL's notification-queue lock from its commit
+-- until its WAL flush is done, and every append NOTIFYs too, so each
+-- batch commit would add a WAL flush to the appends' serial chain. This
+-- transaction writes no data and commits without waiting for its flush
+-- (synchronous_commit off, for it alone), so it holds that lock only
+-- for a moment. A lost notification costs an awaiter its poll interval.
+SELECT set_config('synchronous_commit', 'off', true),
+       pg_notify({{.CheckpointChannel}}, $1::bigint::text || ':' || $2::int::text || ':' || $3::text);

@@ -299,7 +299,7 @@ func (e *Engine) standBy(ctx context.Context, sub *Subscription) (*Lease, error)
 // claim claims the checkpoint of sub for lock's holder: epoch + 1, owner =
 // this engine. On failure it releases the lock.
 func (e *Engine) claim(ctx context.Context, sub *Subscription, lock *advisorylock.Lock) (*Lease, error) {
-	lease := &Lease{Subscriber: sub.Name, Partition: sub.Partition, Lock: lock, checkpoints: e.checkpoints, commitSQL: e.q["CommitFenced"]}
+	lease := &Lease{Subscriber: sub.Name, Partition: sub.Partition, Lock: lock, checkpoints: e.checkpoints, commitSQL: e.q["CommitFenced"], notifySQL: e.q["NotifyCheckpoint"]}
 	err := lock.Do(ctx, func(conn *pgx.Conn) error {
 		cp, err := e.checkpoints.Claim(ctx, conn, sub.Name, sub.Partition, e.cfg.Owner)
 		lease.Epoch, lease.Start = cp.Epoch, cp.Position

@@ -38,8 +38,8 @@ GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.snapshots TO {{.Role}};
 GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.checkpoints TO {{.Role}};
 -- projection: Register, Heartbeat, Deregister (and expiry of dead instances).
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.instances TO {{.Role}};
--- projection: RecordFailure, ForgetFailures (also on rebuild).
-GRANT SELECT, INSERT, DELETE ON {{.Schema}}.failures TO {{.Role}};
+-- projection: RecordFailure, RetryAt, ForgetFailures (also on rebuild).
+GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.failures TO {{.Role}};
 GRANT USAGE ON SEQUENCE {{.Schema}}.failures_id_seq TO {{.Role}};
 -- projection: DeadLetter (an upsert), ParkedStreams, Released, Resolve, Reopen,
 -- and SupersedeDeadLetters on rebuild.
@@ -53,6 +53,8 @@ GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.cron_tasks TO {{.Role}};
 GRANT SELECT, INSERT, DELETE ON {{.Schema}}.cron_ticks TO {{.Role}};
 -- saga: Load, Insert, Update, Prune.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.saga_states TO {{.Role}};
+-- projection: read-model setup (SetupVersion, RecordSetup), also on rebuild.
+GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.read_model_setups TO {{.Role}};
 
 -- name: operate
 -- annals dlq purge; annals schedule delete.
@@ -61,6 +63,10 @@ GRANT DELETE ON {{.Schema}}.dead_letters, {{.Schema}}.cron_tasks TO {{.Role}};
 -- log's head with the position sequence (reading it draws no number).
 GRANT SELECT ON {{.Schema}}.snapshots TO {{.Role}};
 GRANT SELECT ON SEQUENCE {{.Schema}}.events_global_sequence TO {{.Role}};
+-- The operator console (package console) records each action in audit_log
+-- and lists it; a trigger stamps the ID, time and role.
+GRANT SELECT, INSERT ON {{.Schema}}.audit_log TO {{.Role}};
+GRANT USAGE ON SEQUENCE {{.Schema}}.audit_log_id_seq TO {{.Role}};
 
 -- name: role_exists
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1);

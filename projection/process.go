@@ -152,6 +152,20 @@ func (f *failures) recordFailure(ctx context.Context, lease *catchup.Lease, e ev
 	return attempt, errors.Wrap(err, "projection: record a failed attempt")
 }
 
+// noteRetryAt records when the attempt's retry is due, for the operator
+// console. It is information only: a failure to write it is logged, never
+// returned (the wait and the retry do not depend on it).
+func (f *failures) noteRetryAt(ctx context.Context, lease *catchup.Lease, e eventstore.Event, attempt int, d time.Duration) {
+	err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, f.q["RetryAt"], lease.Subscriber, e.ID, attempt, d.Microseconds())
+		return err
+	})
+	if err != nil {
+		f.logger.DebugContext(ctx, "annals: recording when a failed event is retried failed",
+			slog.String("subscriber", f.name), slog.Any("error", err))
+	}
+}
+
 func (f *failures) fenced(lease *catchup.Lease, doing string) error {
 	return errors.Wrapf(checkpoint.ErrFenced, "projection: %s of %s/%d: the checkpoint's epoch is no longer %d",
 		doing, lease.Subscriber, lease.Partition, lease.Epoch)
@@ -232,6 +246,7 @@ func (f *failures) afterFailure(ctx context.Context, lease *catchup.Lease, e eve
 	}
 	f.retrying(ctx, e, attempt, cause)
 	d := f.retry.Delay(attempt)
+	f.noteRetryAt(ctx, lease, e, attempt, d)
 	f.logger.InfoContext(ctx, "annals: handler failed; retrying",
 		slog.String("subscriber", f.name), slog.Int64("position", e.GlobalSequence),
 		slog.Int("attempt", attempt), slog.Duration("delay", d), slog.Any("error", cause))

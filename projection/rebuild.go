@@ -440,6 +440,9 @@ func (rb *rebuild) count(ctx context.Context, head int64) (map[int]int64, error)
 func (rb *rebuild) reset(ctx context.Context, leases []*catchup.Lease) error {
 	err := leases[0].Lock.Do(ctx, func(conn *pgx.Conn) error {
 		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if err := rb.setupBeforeReset(ctx, tx); err != nil {
+				return err
+			}
 			if err := safely(func() error { return rb.res.Reset(ctx, tx) }); err != nil {
 				return errors.Wrap(err, "Reset")
 			}

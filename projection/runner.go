@@ -165,6 +165,7 @@ type Runner struct {
 	changed  chan struct{}
 	hostname string
 	tel      *telemetry.Subscription
+	awaiter  *Awaiter // Runner.Await's, made on first use
 }
 
 // progress is the last known position of a led partition, for lag metrics.
@@ -467,6 +468,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	if len(subs) == 0 && len(services) == 0 {
 		return errors.New("projection: nothing registered")
 	}
+	if err := r.Setup(ctx); err != nil {
+		return err
+	}
 	listener, err := catchup.NewListener(r.pool.Config().ConnConfig, r.cfg.Schema, r.cfg.Logger)
 	if err != nil {
 		return err
@@ -526,6 +530,9 @@ func (r *Runner) RunUntilCaughtUp(ctx context.Context) error {
 	subs := r.subscriptions()
 	if len(subs) == 0 {
 		return errors.New("projection: nothing registered")
+	}
+	if err := r.Setup(ctx); err != nil {
+		return err
 	}
 	engine, err := r.newEngine(nil)
 	if err != nil {
