@@ -19,11 +19,11 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
-	"github.com/annals-dev/annals/internal/natsserver"
 	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/relay"
 	"github.com/annals-dev/annals/relay/natsconsumer"
@@ -86,11 +86,15 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	ns, err := natsserver.Start(dir, 0)
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
 	if err != nil {
 		return err
 	}
-	defer ns.Stop()
+	go ns.Start()
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		return errors.New("the NATS server did not start within 10s")
+	}
 	fmt.Printf("NATS server with JetStream at %s\n", ns.ClientURL())
 	nc, err := nats.Connect(ns.ClientURL())
 	if err != nil {
