@@ -150,6 +150,7 @@ func (e *env) rootCommand() *cobra.Command {
 		e.grantCommand(),
 		e.verifyCommand(),
 		e.versionCommand(),
+		e.relayCommand(),
 		e.uiCommand(),
 	)
 	// cobra's own completion command (annals completion bash|zsh|fish|
