@@ -177,7 +177,7 @@ func (p *publisher) commit(ctx context.Context, lease *catchup.Lease) error {
 		return nil
 	}
 	pos := p.acked
-	if err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error { return lease.Commit(ctx, conn, pos) }); err != nil {
+	if err := lease.Do(ctx, func(conn *pgx.Conn) error { return lease.Commit(ctx, conn, pos) }); err != nil {
 		return err
 	}
 	p.committed = pos
