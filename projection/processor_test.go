@@ -22,7 +22,7 @@ func (p countingProcessor) End(context.Context, *catchup.Lease) error       { re
 
 func (p countingProcessor) Process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
 	*p.events += len(b.Events)
-	err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error { return lease.Commit(ctx, conn, b.Through) })
+	err := lease.Do(ctx, func(conn *pgx.Conn) error { return lease.Commit(ctx, conn, b.Through) })
 	return b.Through, err
 }
 
