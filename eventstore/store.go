@@ -62,6 +62,7 @@ type Store struct {
 	q        queries
 	tel      *telemetry.Append
 	group    *committer // nil when group commit is disabled
+	lc       lifecycleQueries
 }
 
 type queries struct {
@@ -127,6 +128,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	}
 	if !gc.Disabled {
 		s.group = &committer{s: s, cfg: gc}
+	}
+	if s.lc, err = newLifecycleQueries(c.Schema); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

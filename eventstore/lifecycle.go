@@ -1,0 +1,238 @@
+package eventstore
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/annals-dev/annals/internal/sqltmpl"
+)
+
+//go:embed lifecycle.sql
+var lifecycleSQL string
+
+// Reserved event types. Types starting with ReservedTypePrefix are written
+// only by annals (DeleteStream); an append that names one fails with
+// ErrInvalidEvent. Register the Go types below (RegisterLifecycleEvents) for
+// typed handlers to receive them.
+const (
+	// ReservedTypePrefix starts every event type annals reserves.
+	ReservedTypePrefix = "$stream."
+	// StreamDeletedType is the type of the event DeleteStream appends; its
+	// data decodes into StreamDeleted.
+	StreamDeletedType = "$stream.deleted"
+)
+
+// StreamDeleted is the data of a StreamDeletedType event: the last event
+// of a deleted stream (or of its life before it was recreated).
+type StreamDeleted struct {
+	// Hard is true for a hard delete: the stream takes no appends, ever.
+	Hard bool `json:"hard"`
+}
+
+// RegisterLifecycleEvents registers the Go types of annals' reserved
+// events (StreamDeleted) in r, so that Registry.Decode, Decode and typed
+// handlers (projection.On, saga handlers) can receive them.
+func RegisterLifecycleEvents(r *Registry) error {
+	return Register[StreamDeleted](r, StreamDeletedType)
+}
+
+func reservedType(name string) bool { return strings.HasPrefix(name, ReservedTypePrefix) }
+
+var (
+	// ErrStreamDeleted is matched (errors.Is) by reads of a deleted stream and
+	// by appends to a deleted stream that do not recreate it, and also by
+	// everything done to a hard-deleted stream. errors.As with
+	// *StreamDeletedError reads its version.
+	ErrStreamDeleted = errors.New("stream deleted")
+
+	// ErrStreamTombstoned is matched by a *StreamDeletedError of a
+	// hard-deleted stream: it can never be appended to again.
+	ErrStreamTombstoned = errors.New("stream hard-deleted")
+)
+
+// StreamDeletedError reports a deleted stream. It matches ErrStreamDeleted,
+// and ErrStreamTombstoned when Hard.
+type StreamDeletedError struct {
+	// StreamID is the stream.
+	StreamID string
+	// Version is the stream's version: that of its deletion event. An
+	// append with Exact(Version) recreates a stream that is not Hard.
+	Version int64
+	// Hard reports a hard delete (a tombstone).
+	Hard bool
+}
+
+func (e *StreamDeletedError) Error() string {
+	if e.Hard {
+		return fmt.Sprintf("stream %q is hard-deleted (version %d): it can never be appended to again", e.StreamID, e.Version)
+	}
+	return fmt.Sprintf("stream %q is deleted (version %d); an append expecting exactly version %d recreates it",
+		e.StreamID, e.Version, e.Version)
+}
+
+// Is makes errors.Is match ErrStreamDeleted, and ErrStreamTombstoned when Hard.
+func (e *StreamDeletedError) Is(target error) bool {
+	return target == ErrStreamDeleted || (target == ErrStreamTombstoned && e.Hard)
+}
+
+// streamDeletedFromSQL turns AN005/AN006 into a *StreamDeletedError.
+func streamDeletedFromSQL(pgErr *pgconn.PgError, streamID string) error {
+	d := struct {
+		StreamID string `json:"stream_id"`
+		Version  int64  `json:"version"`
+	}{StreamID: streamID}
+	if err := json.Unmarshal([]byte(pgErr.Detail), &d); err != nil {
+		return errors.Wrapf(pgErr, "annals: cannot read the stream from %q", pgErr.Detail)
+	}
+	return errors.WithStack(&StreamDeletedError{StreamID: d.StreamID, Version: d.Version, Hard: pgErr.Code == CodeStreamTombstoned})
+}
+
+// StreamState is the life-cycle state of a stream.
+type StreamState int16
+
+const (
+	// StreamLive: the stream takes appends and reads.
+	StreamLive StreamState = 0
+	// StreamSoftDeleted: reads fail with ErrStreamDeleted; an append
+	// expecting exactly its version recreates it.
+	StreamSoftDeleted StreamState = 1
+	// StreamHardDeleted: a tombstone; nothing can be appended, ever.
+	StreamHardDeleted StreamState = 2
+)
+
+func (s StreamState) String() string {
+	switch s {
+	case StreamLive:
+		return "live"
+	case StreamSoftDeleted:
+		return "deleted"
+	case StreamHardDeleted:
+		return "hard-deleted"
+	}
+	return fmt.Sprintf("StreamState(%d)", int16(s))
+}
+
+// StreamInfo describes a stream's row: its version, life-cycle state and
+// the first version reads return.
+type StreamInfo struct {
+	// StreamID is the stream.
+	StreamID string
+	// Version is the version of its last event.
+	Version int64
+	// State is live, deleted or hard-deleted.
+	State StreamState
+	// TruncateBefore is the first version reads return (0 or 1: all).
+	// Deleting sets it past the deletion event, so that a recreated stream
+	// reads from its first new event.
+	TruncateBefore int64
+	// CreatedAt and UpdatedAt are when the stream was first and last appended to.
+	CreatedAt, UpdatedAt time.Time
+}
+
+// DeleteOptions configures DeleteStream. A nil *DeleteOptions means a soft
+// delete with no metadata.
+type DeleteOptions struct {
+	// Hard makes the delete a tombstone: the stream can never be appended
+	// to again (ErrStreamTombstoned). Defaults to false: a soft delete,
+	// undone by an append that expects exactly the stream's version.
+	Hard bool
+	// Metadata is stored on the deletion event (e.g. who asked and why).
+	Metadata Metadata
+}
+
+type lifecycleQueries struct {
+	deleteStream, streamInfo string
+}
+
+func newLifecycleQueries(schema string) (lifecycleQueries, error) {
+	named, err := sqltmpl.Named("lifecycle.sql", lifecycleSQL, sqltmpl.NewData(schema))
+	if err != nil {
+		return lifecycleQueries{}, err
+	}
+	return lifecycleQueries{deleteStream: named["DeleteStream"], streamInfo: named["StreamInfo"]}, nil
+}
+
+// DeleteStream deletes streamID by appending one StreamDeletedType event to
+// it (projections and sagas see it like any event) and marking it deleted,
+// in one transaction of its own. expected is as for Append, except that
+// NoStream is refused (the stream must exist: deleting a stream with no
+// events fails with a *WrongExpectedVersionError matching ErrStreamNotFound).
+//
+// After a soft delete, reads of the stream fail with ErrStreamDeleted until
+// an append with Exact(version of the deletion event) recreates it; its
+// versions then continue, and reads start after the deletion event. After a
+// hard delete every append fails with ErrStreamTombstoned. Deleting a
+// deleted stream again fails with ErrStreamDeleted, unless the new delete
+// is hard. The events stay in the log (ReadAll and subscriptions see them)
+// until the scavenger removes them.
+func (s *Store) DeleteStream(ctx context.Context, streamID string, expected ExpectedVersion, opts *DeleteOptions) (AppendResult, error) {
+	return s.deleteStream(ctx, s.pool, streamID, expected, opts)
+}
+
+// DeleteStreamTx is DeleteStream inside tx. Like AppendTx it takes the
+// log's ordering lock until tx ends: make it the last statement of tx.
+func (s *Store) DeleteStreamTx(ctx context.Context, tx pgx.Tx, streamID string, expected ExpectedVersion, opts *DeleteOptions) (AppendResult, error) {
+	return s.deleteStream(ctx, tx, streamID, expected, opts)
+}
+
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func (s *Store) deleteStream(ctx context.Context, q querier, streamID string, expected ExpectedVersion, opts *DeleteOptions) (res AppendResult, err error) {
+	ctx, done := s.trace(ctx, "annals.delete_stream", streamID, expected, 1)
+	defer func() { done(res, err) }()
+	var o DeleteOptions
+	if opts != nil {
+		o = *opts
+	}
+	if err := checkName(0, "stream_id", streamID, MaxStreamIDBytes); err != nil {
+		return AppendResult{}, err
+	}
+	if expected == NoStream {
+		return AppendResult{}, &InvalidEventError{Field: "expected_version", Reason: "is NoStream; a delete needs a stream"}
+	}
+	exp, err := expected.sqlArg()
+	if err != nil {
+		return AppendResult{}, err
+	}
+	if err := checkMetadata(1, o.Metadata); err != nil {
+		return AppendResult{}, err
+	}
+	var meta []byte
+	if md := withTraceContext(traceContext(ctx), o.Metadata); !md.IsZero() {
+		if meta, err = json.Marshal(md); err != nil {
+			return AppendResult{}, invalidf("delete of stream %q: metadata: %v", streamID, err)
+		}
+	}
+	var metaArg any // NULL, not a JSON null, without metadata
+	if meta != nil {
+		metaArg = string(meta)
+	}
+	rows, err := q.Query(ctx, s.lc.deleteStream, streamID, exp, o.Hard, metaArg)
+	return collectAppend(rows, err, appendArgs{stream: streamID, exp: expected, count: 1})
+}
+
+// StreamInfo returns streamID's row, deleted or not: version, state and
+// truncation. A stream with no events returns ErrStreamNotFound.
+func (s *Store) StreamInfo(ctx context.Context, streamID string) (StreamInfo, error) {
+	info := StreamInfo{StreamID: streamID}
+	var state int16
+	err := s.pool.QueryRow(ctx, s.lc.streamInfo, streamID).Scan(&info.Version, &state, &info.TruncateBefore, &info.CreatedAt, &info.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return StreamInfo{}, errors.Wrapf(ErrStreamNotFound, "stream %q", streamID)
+	}
+	if err != nil {
+		return StreamInfo{}, errors.Wrapf(err, "eventstore: read stream %q", streamID)
+	}
+	info.State = StreamState(state)
+	return info, nil
+}
