@@ -28,6 +28,8 @@ GRANT SELECT ON {{.Schema}}.checkpoints, {{.Schema}}.dead_letters TO {{.Role}};
 -- Every function that appends to the log, one line each.
 GRANT EXECUTE ON FUNCTION {{.Schema}}.append_events(text, bigint, jsonb) TO {{.Role}};
 GRANT EXECUTE ON FUNCTION {{.Schema}}.append_batch(text[], bigint[], int[], int[], uuid[], text[], text[], text[], boolean) TO {{.Role}};
+-- eventstore DeleteStream (annals stream delete): appends a "$stream.deleted" event.
+GRANT EXECUTE ON FUNCTION {{.Schema}}.delete_stream(text, bigint, boolean, jsonb) TO {{.Role}};
 
 -- name: snapshots
 -- aggregate: LoadSnapshot, SaveSnapshot (an upsert).

@@ -150,6 +150,7 @@ func (e *env) rootCommand() *cobra.Command {
 		e.grantCommand(),
 		e.verifyCommand(),
 		e.versionCommand(),
+		e.streamCommand(),
 	)
 	// cobra's own completion command (annals completion bash|zsh|fish|
 	// powershell), made here rather than when executing so that a missing or

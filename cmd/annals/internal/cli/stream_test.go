@@ -1,0 +1,71 @@
+package cli
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/annals-dev/annals/annalstest"
+)
+
+func TestStreamDeleteAndInfo(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	for i := 0; i < 2; i++ {
+		if r := annals(t, db.URL, "append", "order-1", "order.placed", `{"total": 1}`); r.code != 0 {
+			t.Fatalf("append: %+v", r)
+		}
+	}
+	if r := annals(t, db.URL, "append", "customer-7", "customer.registered", `{"name": "Ada"}`); r.code != 0 {
+		t.Fatalf("append: %+v", r)
+	}
+
+	r := annals(t, db.URL, "stream", "delete", "order-1", "--expected-version", "2", "--reason", "test")
+	if r.code != 0 || r.stdout != "order-1 deleted at version 3, position 4\n" {
+		t.Fatalf("stream delete: %+v", r)
+	}
+	if r = annals(t, db.URL, "read", "order-1"); r.code != 1 || !strings.Contains(r.stderr, "deleted") {
+		t.Fatalf("read of a deleted stream: %+v", r)
+	}
+	r = annals(t, db.URL, "stream", "info", "order-1", "--output", "json")
+	var info StreamInfoJSON
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &info) != nil || info.State != "deleted" || info.Version != 3 || info.TruncateBefore != 4 {
+		t.Fatalf("stream info: %+v %+v", r, info)
+	}
+	// Recreate with the expected version, through the CLI's append.
+	if r = annals(t, db.URL, "append", "order-1", "order.placed", `{"total": 2}`, "--expected-version", "3"); r.code != 0 {
+		t.Fatalf("recreate: %+v", r)
+	}
+	if r = annals(t, db.URL, "read", "order-1", "--output", "jsonl"); r.code != 0 || strings.Count(r.stdout, "\n") != 1 || !strings.Contains(r.stdout, `"stream_version":4`) {
+		t.Fatalf("read of the recreated stream: %+v", r)
+	}
+
+	// --hard needs --yes without a terminal (usage error: nothing changed).
+	if r = annals(t, db.URL, "stream", "delete", "customer-7", "--hard"); r.code != ExitUsage {
+		t.Fatalf("hard delete without --yes: %+v", r)
+	}
+	r = annals(t, db.URL, "stream", "delete", "customer-7", "--hard", "--yes", "--output", "json")
+	var del StreamDeleteJSON
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &del) != nil || !del.Hard || del.StreamVersion != 2 {
+		t.Fatalf("hard delete: %+v", r)
+	}
+	if r = annals(t, db.URL, "append", "customer-7", "customer.registered", `{}`); r.code != 1 || !strings.Contains(r.stderr, "hard-deleted") {
+		t.Fatalf("append to a tombstone: %+v", r)
+	}
+	if r = annals(t, db.URL, "stream", "info", "customer-7"); r.code != 0 || !strings.Contains(r.stdout, "hard-deleted") {
+		t.Fatalf("info of a tombstone: %+v", r)
+	}
+	// Not found, bad arguments.
+	if r = annals(t, db.URL, "stream", "delete", "nope"); r.code != ExitNotFound {
+		t.Fatalf("delete of a missing stream: %+v", r)
+	}
+	if r = annals(t, db.URL, "stream", "info", "nope"); r.code != ExitNotFound {
+		t.Fatalf("info of a missing stream: %+v", r)
+	}
+	if r = annals(t, db.URL, "stream", "delete", "order-1", "--expected-version", "no-stream"); r.code != ExitUsage {
+		t.Fatalf("delete expecting no stream: %+v", r)
+	}
+	if r = annals(t, db.URL, "stream", "frob"); r.code != ExitUsage {
+		t.Fatalf("unknown subcommand: %+v", r)
+	}
+}
