@@ -28,7 +28,32 @@ const (
 	// StreamDeletedType is the type of the event DeleteStream appends; its
 	// data decodes into StreamDeleted.
 	StreamDeletedType = "$stream.deleted"
+	// StreamTruncatedType is the type of the event SetStreamRetention
+	// appends to the stream's metadata stream (MetadataStream); its data
+	// decodes into StreamTruncated.
+	StreamTruncatedType = "$stream.truncated"
 )
+
+// MetadataStream returns the stream that receives streamID's
+// StreamTruncatedType events: "$$" + streamID. (They do not go to the
+// stream itself, whose versions and aggregates they would disturb.)
+func MetadataStream(streamID string) string { return "$$" + streamID }
+
+// StreamTruncated is the data of a StreamTruncatedType event: a stream's
+// retention after a change. From then on its events below TruncateBefore,
+// beyond MaxCount or older than MaxAgeSeconds are hidden from stream reads
+// and removed from the log by the scavenger (subscribers that had not
+// processed them yet never will).
+type StreamTruncated struct {
+	// StreamID is the stream whose retention changed.
+	StreamID string `json:"stream_id"`
+	// TruncateBefore is the first version stream reads return.
+	TruncateBefore int64 `json:"truncate_before"`
+	// MaxAgeSeconds is the maximum age of its events (nil: none).
+	MaxAgeSeconds *float64 `json:"max_age_seconds"`
+	// MaxCount is how many of its newest events are kept (nil: all).
+	MaxCount *int64 `json:"max_count"`
+}
 
 // StreamDeleted is the data of a StreamDeletedType event: the last event
 // of a deleted stream (or of its life before it was recreated).
@@ -38,10 +63,11 @@ type StreamDeleted struct {
 }
 
 // RegisterLifecycleEvents registers the Go types of annals' reserved
-// events (StreamDeleted) in r, so that Registry.Decode, Decode and typed
-// handlers (projection.On, saga handlers) can receive them.
+// events (StreamDeleted, StreamTruncated) in r, so that Registry.Decode,
+// Decode and typed handlers (projection.On, saga handlers) can receive them.
 func RegisterLifecycleEvents(r *Registry) error {
-	return Register[StreamDeleted](r, StreamDeletedType)
+	return errors.CombineErrors(Register[StreamDeleted](r, StreamDeletedType),
+		Register[StreamTruncated](r, StreamTruncatedType))
 }
 
 func reservedType(name string) bool { return strings.HasPrefix(name, ReservedTypePrefix) }
@@ -135,6 +161,32 @@ type StreamInfo struct {
 	TruncateBefore int64
 	// CreatedAt and UpdatedAt are when the stream was first and last appended to.
 	CreatedAt, UpdatedAt time.Time
+	// Retention is the stream's maximum age and count (zero: none).
+	Retention
+}
+
+// Retention limits which of a stream's events are kept. Stream reads
+// honour it at once; the scavenger removes the hidden rows later.
+type Retention struct {
+	// MaxAge hides events recorded longer ago than this (by the Store's
+	// Clock for reads, the scavenger's for removal). 0: no limit. Stored with
+	// microsecond precision.
+	MaxAge time.Duration
+	// MaxCount keeps only the newest MaxCount versions. 0: no limit.
+	MaxCount int64
+}
+
+// RetentionChange is what SetStreamRetention changes; nil fields are left
+// as they are.
+type RetentionChange struct {
+	// MaxAge sets the maximum age (0: no limit).
+	MaxAge *time.Duration
+	// MaxCount sets the maximum count (0: no limit).
+	MaxCount *int64
+	// TruncateBefore raises the first version stream reads return (a lower
+	// value than the current one changes nothing; at most version + 1, which
+	// hides every event so far).
+	TruncateBefore *int64
 }
 
 // DeleteOptions configures DeleteStream. A nil *DeleteOptions means a soft
@@ -149,7 +201,7 @@ type DeleteOptions struct {
 }
 
 type lifecycleQueries struct {
-	deleteStream, streamInfo string
+	deleteStream, streamInfo, setRetention string
 }
 
 func newLifecycleQueries(schema string) (lifecycleQueries, error) {
@@ -157,7 +209,8 @@ func newLifecycleQueries(schema string) (lifecycleQueries, error) {
 	if err != nil {
 		return lifecycleQueries{}, err
 	}
-	return lifecycleQueries{deleteStream: named["DeleteStream"], streamInfo: named["StreamInfo"]}, nil
+	return lifecycleQueries{deleteStream: named["DeleteStream"], streamInfo: named["StreamInfo"],
+		setRetention: named["SetStreamRetention"]}, nil
 }
 
 // DeleteStream deletes streamID by appending one StreamDeletedType event to
@@ -226,7 +279,9 @@ func (s *Store) deleteStream(ctx context.Context, q querier, streamID string, ex
 func (s *Store) StreamInfo(ctx context.Context, streamID string) (StreamInfo, error) {
 	info := StreamInfo{StreamID: streamID}
 	var state int16
-	err := s.pool.QueryRow(ctx, s.lc.streamInfo, streamID).Scan(&info.Version, &state, &info.TruncateBefore, &info.CreatedAt, &info.UpdatedAt)
+	var maxAge, maxCount *int64
+	err := s.pool.QueryRow(ctx, s.lc.streamInfo, streamID).Scan(&info.Version, &state, &info.TruncateBefore, &info.CreatedAt, &info.UpdatedAt,
+		&maxAge, &maxCount)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return StreamInfo{}, errors.Wrapf(ErrStreamNotFound, "stream %q", streamID)
 	}
@@ -234,5 +289,64 @@ func (s *Store) StreamInfo(ctx context.Context, streamID string) (StreamInfo, er
 		return StreamInfo{}, errors.Wrapf(err, "eventstore: read stream %q", streamID)
 	}
 	info.State = StreamState(state)
+	info.Retention = retention(maxAge, maxCount)
 	return info, nil
+}
+
+func retention(maxAgeMicros, maxCount *int64) Retention {
+	var r Retention
+	if maxAgeMicros != nil {
+		r.MaxAge = time.Duration(*maxAgeMicros) * time.Microsecond
+	}
+	if maxCount != nil {
+		r.MaxCount = *maxCount
+	}
+	return r
+}
+
+// SetStreamRetention changes streamID's retention (see RetentionChange) and
+// appends a StreamTruncatedType event with the result to
+// MetadataStream(streamID), in one transaction. Stream reads honour the new
+// settings at once; ReadAll and subscriptions still see the hidden events
+// until the scavenger removes them. It waits for a scavenge step in
+// progress, so a step never removes what the change keeps. Returns the
+// stream's info afterwards. A stream with no events returns
+// ErrStreamNotFound; negative values ErrInvalidEvent.
+func (s *Store) SetStreamRetention(ctx context.Context, streamID string, c RetentionChange) (StreamInfo, error) {
+	if err := checkName(0, "stream_id", streamID, MaxStreamIDBytes-2); err != nil {
+		return StreamInfo{}, err
+	}
+	var age, count, before any
+	if c.MaxAge != nil {
+		if *c.MaxAge < 0 {
+			return StreamInfo{}, &InvalidEventError{Field: "max_age", Reason: "is negative"}
+		}
+		if *c.MaxAge > 0 && *c.MaxAge < time.Microsecond {
+			return StreamInfo{}, &InvalidEventError{Field: "max_age", Reason: "is below a microsecond"}
+		}
+		age = c.MaxAge.Microseconds()
+	}
+	if c.MaxCount != nil {
+		if *c.MaxCount < 0 {
+			return StreamInfo{}, &InvalidEventError{Field: "max_count", Reason: "is negative"}
+		}
+		count = *c.MaxCount
+	}
+	if c.TruncateBefore != nil {
+		if *c.TruncateBefore < 0 {
+			return StreamInfo{}, &InvalidEventError{Field: "truncate_before", Reason: "is negative"}
+		}
+		before = *c.TruncateBefore
+	}
+	var tb, seq int64
+	var maxAge, maxCount *int64
+	err := s.pool.QueryRow(ctx, s.lc.setRetention, streamID, age, count, before).Scan(&tb, &maxAge, &maxCount, &seq)
+	if err != nil {
+		err = translate(err, streamID, StreamExists)
+		if errors.Is(err, ErrStreamNotFound) {
+			return StreamInfo{}, errors.Wrapf(ErrStreamNotFound, "stream %q", streamID)
+		}
+		return StreamInfo{}, errors.Wrapf(err, "eventstore: set retention of stream %q", streamID)
+	}
+	return s.StreamInfo(ctx, streamID)
 }

@@ -17,10 +17,14 @@ SELECT global_sequence, event_id, stream_id, stream_version, event_type, data, m
 
 -- name: ReadStream
 -- A deleted stream reads as nothing (the caller then asks StreamVersion,
--- which says why); events below the stream's truncate_before are hidden.
+-- which says why). The stream's retention hides events at once: those below
+-- truncate_before, beyond max_count, or recorded before $4 (now) - max_age.
 SELECT e.global_sequence, e.event_id, e.stream_id, e.stream_version, e.event_type, e.data, e.metadata, e.recorded_at
   FROM {{.Schema}}.streams s
-  JOIN {{.Schema}}.events e ON e.stream_id = s.stream_id AND e.stream_version >= greatest($2, s.truncate_before)
+  JOIN {{.Schema}}.events e
+    ON e.stream_id = s.stream_id
+   AND e.stream_version >= greatest($2, s.truncate_before, s.version - s.max_count + 1)
+   AND (s.max_age IS NULL OR e.recorded_at >= $4::timestamptz - s.max_age)
  WHERE s.stream_id = $1 AND s.state = 0
  ORDER BY e.stream_version
  LIMIT $3;

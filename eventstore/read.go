@@ -113,7 +113,7 @@ func (s *Store) page(ctx context.Context, query string, from int64, limit int, s
 	var rows pgx.Rows
 	var err error
 	if len(stream) == 1 {
-		rows, err = s.pool.Query(ctx, query, stream[0], from, limit)
+		rows, err = s.pool.Query(ctx, query, stream[0], from, limit, s.clock())
 	} else {
 		rows, err = s.pool.Query(ctx, query, from, limit)
 	}

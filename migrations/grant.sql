@@ -30,6 +30,8 @@ GRANT EXECUTE ON FUNCTION {{.Schema}}.append_events(text, bigint, jsonb) TO {{.R
 GRANT EXECUTE ON FUNCTION {{.Schema}}.append_batch(text[], bigint[], int[], int[], uuid[], text[], text[], text[], boolean) TO {{.Role}};
 -- eventstore DeleteStream (annals stream delete): appends a "$stream.deleted" event.
 GRANT EXECUTE ON FUNCTION {{.Schema}}.delete_stream(text, bigint, boolean, jsonb) TO {{.Role}};
+-- eventstore SetStreamRetention (annals stream set): appends "$stream.truncated".
+GRANT EXECUTE ON FUNCTION {{.Schema}}.set_stream_retention(text, interval, bigint, bigint) TO {{.Role}};
 
 -- name: snapshots
 -- aggregate: LoadSnapshot, SaveSnapshot (an upsert).
@@ -63,6 +65,9 @@ GRANT DELETE ON {{.Schema}}.dead_letters, {{.Schema}}.cron_tasks TO {{.Role}};
 -- log's head with the position sequence (reading it draws no number).
 GRANT SELECT ON {{.Schema}}.snapshots TO {{.Role}};
 GRANT SELECT ON SEQUENCE {{.Schema}}.events_global_sequence TO {{.Role}};
+-- annals scavenge (package scavenge): removes expired events, recording each run.
+GRANT EXECUTE ON FUNCTION {{.Schema}}.scavenge(text, timestamptz, int) TO {{.Role}};
+GRANT SELECT ON {{.Schema}}.scavenge_runs TO {{.Role}};
 
 -- name: role_exists
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1);

@@ -599,8 +599,210 @@ REVOKE ALL ON FUNCTION {{.Schema}}.delete_stream(text, bigint, boolean, jsonb) F
 COMMENT ON FUNCTION {{.Schema}}.delete_stream(text, bigint, boolean, jsonb) IS
     'annals: delete a stream (soft, or hard: a tombstone) by appending a "$stream.deleted" event; returns (event_id, global_sequence, stream_version). See docs/sql-api.md.';
 
--- Whoever may append through append_batch may delete streams: upgraded
--- databases keep their writers as capable as annals grant makes new ones.
+
+-- Retention. Per stream: max_age (events recorded longer ago are hidden
+-- from stream reads at once and removed by the scavenger), max_count (only
+-- the newest max_count versions are kept) and truncate_before (above).
+-- Changing them appends a "$stream.truncated" event to the stream's
+-- metadata stream "$$<stream_id>" (the stream's own versions are left
+-- alone), so projections learn that events may vanish.
+ALTER TABLE {{.Schema}}.streams
+    ADD COLUMN max_age interval CHECK (max_age > interval '0'),
+    ADD COLUMN max_count bigint CHECK (max_count > 0);
+
+-- One row per scavenge run: who started it, when, the range of positions
+-- it scans, how far it got and how many events it removed. A run is
+-- resumable: it is advanced one batch (one transaction) at a time by
+-- scavenge(), and an unfinished run is continued by the next call, whoever
+-- makes it. now_at is the retention clock of the whole run.
+CREATE TABLE {{.Schema}}.scavenge_runs (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    started_by      text        NOT NULL,
+    instance        text,
+    started_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    finished_at     timestamptz,
+    now_at          timestamptz NOT NULL,
+    from_position   bigint      NOT NULL,
+    scanned_to      bigint      NOT NULL,
+    target_position bigint      NOT NULL,
+    removed         bigint      NOT NULL DEFAULT 0,
+    steps           int         NOT NULL DEFAULT 0,
+    -- the transaction of the step in progress: the events trigger lets
+    -- exactly that transaction delete
+    step_xact       xid8
+);
+
+CREATE UNIQUE INDEX scavenge_runs_one_open ON {{.Schema}}.scavenge_runs ((true)) WHERE finished_at IS NULL;
+CREATE INDEX scavenge_runs_step ON {{.Schema}}.scavenge_runs (step_xact) WHERE step_xact IS NOT NULL;
+
+COMMENT ON TABLE {{.Schema}}.scavenge_runs IS
+    'annals: every scavenge run: who, when, the positions scanned and the events removed. Written only by scavenge().';
+
+-- The append-only trigger as before, except for the DELETE of a scavenge
+-- step, recognised by its transaction ID recorded in scavenge_runs (which
+-- only scavenge() writes). Every other UPDATE, DELETE or TRUNCATE is
+-- refused, whoever runs it.
+CREATE OR REPLACE FUNCTION {{.Schema}}.events_append_only() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF TG_OP = 'DELETE'
+       AND EXISTS (SELECT 1 FROM {{.Schema}}.scavenge_runs r
+                    WHERE r.step_xact = pg_current_xact_id() AND r.finished_at IS NULL) THEN
+        RETURN NULL;
+    END IF;
+    RAISE EXCEPTION 'annals: the events table is append-only; % is not allowed', TG_OP
+        USING ERRCODE = 'AN004',
+              HINT = 'Events are facts: append a compensating event instead (or delete a stream with delete_stream and let scavenge() remove it).';
+END
+$fn$;
+REVOKE ALL ON FUNCTION {{.Schema}}.events_append_only() FROM PUBLIC;
+
+-- scavenge advances the open scavenge run by one batch of p_batch positions
+-- (starting a run if none is open: from the oldest stored position to the
+-- head, with p_now, or the server's clock when NULL, as its retention
+-- clock) and removes, in that range, the events of hard-deleted streams and
+-- every event below its stream's truncate_before, beyond its max_count or
+-- older than its max_age. Returns the run's progress; done when the run
+-- finished with this batch. Steps and retention changes are serialized by
+-- a transaction-scoped advisory lock, so a step never removes an event that
+-- a retention change committed before it keeps. Call it as a statement of
+-- its own, in a loop, until done.
+CREATE FUNCTION {{.Schema}}.scavenge(p_instance text, p_now timestamptz, p_batch int)
+RETURNS TABLE (run_id bigint, started_by text, started_at timestamptz, now_at timestamptz,
+               from_position bigint, scanned_to bigint, target_position bigint, removed bigint,
+               steps int, done boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    r     record;
+    v_to  bigint;
+    v_n   bigint;
+BEGIN
+    IF p_batch IS NULL OR p_batch < 1 THEN
+        RAISE EXCEPTION 'annals: scavenge: batch must be at least 1' USING ERRCODE = 'AN002',
+            DETAIL = '{"event": 0, "field": "batch"}';
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended({{.SchemaLiteral}} || ':scavenge', 0));
+
+    SELECT * INTO r FROM {{.Schema}}.scavenge_runs x WHERE x.finished_at IS NULL FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO {{.Schema}}.scavenge_runs AS x (started_by, instance, now_at, from_position, scanned_to, target_position)
+        SELECT session_user, p_instance, coalesce(p_now, clock_timestamp()),
+               coalesce(min(e.global_sequence) - 1, 0), coalesce(min(e.global_sequence) - 1, 0),
+               coalesce(max(e.global_sequence), 0)
+          FROM {{.Schema}}.events e
+        RETURNING * INTO r;
+    END IF;
+
+    v_to := least(r.scanned_to + p_batch, r.target_position);
+    UPDATE {{.Schema}}.scavenge_runs x SET step_xact = pg_current_xact_id() WHERE x.id = r.id;
+    DELETE FROM {{.Schema}}.events e
+     USING {{.Schema}}.streams s
+     WHERE e.global_sequence > r.scanned_to AND e.global_sequence <= v_to
+       AND s.stream_id = e.stream_id
+       AND (s.state = 2
+            OR e.stream_version < s.truncate_before
+            OR e.stream_version <= s.version - s.max_count
+            OR e.recorded_at < r.now_at - s.max_age);
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+
+    RETURN QUERY
+    UPDATE {{.Schema}}.scavenge_runs x
+       SET step_xact = NULL, scanned_to = v_to, removed = x.removed + v_n, steps = x.steps + 1,
+           updated_at = clock_timestamp(),
+           finished_at = CASE WHEN v_to >= x.target_position THEN clock_timestamp() END
+     WHERE x.id = r.id
+    RETURNING x.id, x.started_by, x.started_at, x.now_at, x.from_position, x.scanned_to, x.target_position,
+              x.removed, x.steps, x.finished_at IS NOT NULL;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION {{.Schema}}.scavenge(text, timestamptz, int) FROM PUBLIC;
+
+COMMENT ON FUNCTION {{.Schema}}.scavenge(text, timestamptz, int) IS
+    'annals: one step of the scavenge run (removes expired, truncated and hard-deleted events in a batch of positions; records the run in scavenge_runs). See docs/sql-api.md.';
+
+-- set_stream_retention sets p_stream_id's max age and max count (NULL:
+-- unchanged; interval '0' and 0: no limit) and raises its truncate_before
+-- to p_truncate_before (NULL or lower: unchanged; at most version + 1),
+-- and appends a "$stream.truncated" event with the new settings
+-- ({"stream_id", "truncate_before", "max_age_seconds", "max_count"}) to
+-- the stream "$$<stream_id>". Stream reads honour the new settings at once;
+-- the scavenger removes the rows later. Returns the stream's settings.
+CREATE FUNCTION {{.Schema}}.set_stream_retention(p_stream_id text, p_max_age interval, p_max_count bigint,
+                                                 p_truncate_before bigint)
+RETURNS TABLE (version bigint, state smallint, truncate_before bigint, max_age interval, max_count bigint,
+               event_id uuid, global_sequence bigint)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    s      record;
+    v_meta text := '$$' || p_stream_id;
+    v_mver bigint;
+    v_seq  bigint;
+    v_id   uuid := gen_random_uuid();
+    v_now  timestamptz;
+BEGIN
+    IF p_max_age < interval '0' OR p_max_count < 0 OR p_truncate_before < 0 THEN
+        RAISE EXCEPTION 'annals: set_stream_retention: max_age, max_count and truncate_before must not be negative'
+            USING ERRCODE = 'AN002', DETAIL = '{"event": 0, "field": "retention"}';
+    END IF;
+    PERFORM {{.Schema}}.check_event_input(v_meta, NULL,
+        jsonb_build_array(jsonb_build_object('type', '$stream.truncated', 'data', '{}'::jsonb)));
+    -- Wait for a scavenge step in progress: it decided with the settings
+    -- that were committed when it started.
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended({{.SchemaLiteral}} || ':scavenge', 0));
+    PERFORM pg_advisory_xact_lock({{.AppendLockK1}}, {{.AppendLockK2}});
+
+    UPDATE {{.Schema}}.streams x
+       SET max_age = CASE WHEN p_max_age IS NULL THEN x.max_age WHEN p_max_age = interval '0' THEN NULL ELSE p_max_age END,
+           max_count = CASE WHEN p_max_count IS NULL THEN x.max_count WHEN p_max_count = 0 THEN NULL ELSE p_max_count END,
+           truncate_before = CASE WHEN p_truncate_before IS NULL THEN x.truncate_before
+                                  ELSE greatest(x.truncate_before, least(p_truncate_before, x.version + 1)) END
+     WHERE x.stream_id = p_stream_id
+    RETURNING x.version, x.state, x.truncate_before, x.max_age, x.max_count INTO s;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'annals: stream % does not exist', quote_literal(p_stream_id)
+            USING ERRCODE = 'AN001',
+                  DETAIL = json_build_object('stream_id', p_stream_id, 'expected_version', -1, 'actual_version', 0)::text;
+    END IF;
+
+    v_now := clock_timestamp();
+    INSERT INTO {{.Schema}}.streams AS x (stream_id, version, created_at, updated_at)
+    VALUES (v_meta, 1, v_now, v_now)
+    ON CONFLICT (stream_id) DO UPDATE SET version = x.version + 1, updated_at = v_now
+    RETURNING x.version INTO v_mver;
+    v_seq := nextval({{.EventsSequence}});
+    INSERT INTO {{.Schema}}.events
+           (global_sequence, event_id, stream_id, stream_version, event_type, data, recorded_at)
+    VALUES (v_seq, v_id, v_meta, v_mver, '$stream.truncated',
+            json_build_object('stream_id', p_stream_id, 'truncate_before', s.truncate_before,
+                              'max_age_seconds', extract(epoch FROM s.max_age), 'max_count', s.max_count),
+            v_now);
+    PERFORM pg_notify({{.Channel}}, v_seq::text);
+    RETURN QUERY SELECT s.version, s.state, s.truncate_before, s.max_age, s.max_count, v_id, v_seq;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION {{.Schema}}.set_stream_retention(text, interval, bigint, bigint) FROM PUBLIC;
+
+COMMENT ON FUNCTION {{.Schema}}.set_stream_retention(text, interval, bigint, bigint) IS
+    'annals: set a stream''s max age, max count and truncate-before; appends "$stream.truncated" to "$$<stream>". See docs/sql-api.md.';
+
+-- Whoever may append through append_batch may delete streams and set their
+-- retention: upgraded databases keep their writers as capable as annals
+-- grant makes new ones. (scavenge() is for operators: run `annals grant
+-- operator ROLE` again after upgrading.)
 DO $grants$
 DECLARE
     v_schema constant text := {{.SchemaLiteral}};
@@ -613,6 +815,8 @@ BEGIN
            AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
     LOOP
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %I.delete_stream(text, bigint, boolean, jsonb) TO %s',
+                                  v_schema, r.who);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %I.set_stream_retention(text, interval, bigint, bigint) TO %s',
                                   v_schema, r.who);
     END LOOP;
 END
