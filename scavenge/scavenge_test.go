@@ -3,6 +3,8 @@ package scavenge_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"maps"
 	"slices"
 	"sync"
@@ -123,6 +125,7 @@ func (f *fixture) scavenger(t *testing.T, cfg scavenge.Config) *scavenge.Scaveng
 	if cfg.Pause == 0 {
 		cfg.Pause = -1
 	}
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	s, err := scavenge.New(f.db.Pool, &cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -787,7 +787,7 @@ BEGIN
            (global_sequence, event_id, stream_id, stream_version, event_type, data, recorded_at)
     VALUES (v_seq, v_id, v_meta, v_mver, '$stream.truncated',
             json_build_object('stream_id', p_stream_id, 'truncate_before', s.truncate_before,
-                              'max_age_seconds', extract(epoch FROM s.max_age), 'max_count', s.max_count),
+                              'max_age_seconds', extract(epoch FROM s.max_age)::float8, 'max_count', s.max_count),
             v_now);
     PERFORM pg_notify({{.Channel}}, v_seq::text);
     RETURN QUERY SELECT s.version, s.state, s.truncate_before, s.max_age, s.max_count, v_id, v_seq;

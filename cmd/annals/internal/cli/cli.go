@@ -151,6 +151,7 @@ func (e *env) rootCommand() *cobra.Command {
 		e.verifyCommand(),
 		e.versionCommand(),
 		e.streamCommand(),
+		e.scavengeCommand(),
 	)
 	// cobra's own completion command (annals completion bash|zsh|fish|
 	// powershell), made here rather than when executing so that a missing or

@@ -15,17 +15,18 @@ import (
 func (e *env) streamCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "stream",
-		Short: "Delete a stream or show its state",
+		Short: "Delete a stream, set its retention or show its state",
 		Long: `'delete' deletes a stream (soft, or --hard: a tombstone) by appending a
-"$stream.deleted" event to it; 'info' shows its version, state and truncation.`,
+"$stream.deleted" event to it; 'set' sets its retention (maximum age, maximum count,
+truncate-before); 'info' shows its version, state and retention.`,
 		RunE: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return usagef("want a subcommand: delete or info")
+				return usagef("want a subcommand: delete, set or info")
 			}
-			return usagef("unknown subcommand %q: want delete or info", args[0])
+			return usagef("unknown subcommand %q: want delete, set or info", args[0])
 		},
 	}
-	cmd.AddCommand(e.streamDeleteCommand(), e.streamInfoCommand())
+	cmd.AddCommand(e.streamDeleteCommand(), e.streamInfoCommand(), e.streamSetCommand())
 	for _, c := range cmd.Commands() {
 		wrapArgs(c)
 	}
@@ -125,11 +126,12 @@ func (e *env) streamInfoCommand() *cobra.Command {
 	var format *string
 	cmd := &cobra.Command{
 		Use:   "info STREAM",
-		Short: "Show a stream's version, state and truncation",
-		Long: `Show STREAM's version, state (live, deleted, hard-deleted), the first version reads
-return (truncate_before) and when it was created and last appended to. A stream that
-does not exist exits 3. --output json writes {"stream_id", "version", "state",
-"truncate_before", "created_at", "updated_at"}.`,
+		Short: "Show a stream's version, state and retention",
+		Long: `Show STREAM's version, state (live, deleted, hard-deleted), retention (maximum age
+and count, the first version reads return) and when it was created and last appended
+to. A stream that does not exist exits 3. --output json writes {"stream_id", "version",
+"state", "truncate_before", "max_age_seconds", "max_count", "created_at", "updated_at"}
+(max_age_seconds and max_count null when there is no limit).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			stream := args[0]
@@ -156,8 +158,8 @@ does not exist exits 3. --output json writes {"stream_id", "version", "state",
 			if *format == outputJSON {
 				return writeJSON(e.stdout, out)
 			}
-			_, err = fmt.Fprintf(e.stdout, "stream %s: version %d, %s, reads from version %d (created %s, updated %s)\n",
-				stream, info.Version, info.State, max(info.TruncateBefore, 1),
+			_, err = fmt.Fprintf(e.stdout, "stream %s: version %d, %s, %s (created %s, updated %s)\n",
+				stream, info.Version, info.State, retentionText(info),
 				info.CreatedAt.UTC().Format(timeLayout), info.UpdatedAt.UTC().Format(timeLayout))
 			return err
 		},
@@ -172,11 +174,21 @@ type StreamInfoJSON struct {
 	Version        int64     `json:"version"`
 	State          string    `json:"state"`
 	TruncateBefore int64     `json:"truncate_before"`
+	MaxAgeSeconds  *float64  `json:"max_age_seconds"`
+	MaxCount       *int64    `json:"max_count"`
 	CreatedAt      time.Time `json:"created_at"`
 	UpdatedAt      time.Time `json:"updated_at"`
 }
 
 func streamInfoJSON(i eventstore.StreamInfo) StreamInfoJSON {
-	return StreamInfoJSON{StreamID: i.StreamID, Version: i.Version, State: i.State.String(),
+	out := StreamInfoJSON{StreamID: i.StreamID, Version: i.Version, State: i.State.String(),
 		TruncateBefore: i.TruncateBefore, CreatedAt: i.CreatedAt.UTC(), UpdatedAt: i.UpdatedAt.UTC()}
+	if i.MaxAge > 0 {
+		s := i.MaxAge.Seconds()
+		out.MaxAgeSeconds = &s
+	}
+	if i.MaxCount > 0 {
+		out.MaxCount = &i.MaxCount
+	}
+	return out
 }
