@@ -19,6 +19,7 @@ import (
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/scavenge"
+	"github.com/annals-dev/annals/verify"
 )
 
 // The scavenger is a runner service.
@@ -178,7 +179,12 @@ func TestScavenge(t *testing.T) {
 			time.Since(r.StartedAt) > time.Minute || r.Now.Sub(r.StartedAt) < 119*time.Minute {
 			t.Fatalf("recorded run %+v", r)
 		}
-		// Stream reads of what is left are unchanged; a second run removes nothing.
+		// annals verify finds nothing wrong with a scavenged log.
+		rep, err := verify.Log(ctx, f.db.Pool, nil)
+		if err != nil || len(rep.Problems) != 0 {
+			t.Fatalf("verify after scavenging: %+v %v", rep, err)
+		}
+		// A second run removes nothing.
 		if p, err = s.RunOnce(ctx); err != nil || p.Removed != 0 || p.RunID == r.RunID || !p.Done {
 			t.Fatalf("second run %+v %v", p, err)
 		}
