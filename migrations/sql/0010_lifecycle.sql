@@ -446,19 +446,18 @@ BEGIN
     -- stream, 4 for a deleted one unless the append expects exactly its
     -- version (which recreates it), 1 when the expected version does not
     -- hold.
+    -- (One test in the common case, a live stream whose expected version
+    -- holds: the states are told apart only when the test fails.)
     FOR i IN 1 .. v_appends LOOP
-        IF v_status[i] = 0 THEN
-            IF v_state[i] = 2 THEN
-                v_status[i] := 5;
-                v_failed := true;
-            ELSIF v_state[i] = 1 AND p_expected[i] IS DISTINCT FROM v_current[i] THEN
-                v_status[i] := 4;
-                v_failed := true;
-            ELSIF (p_expected[i] = -1 AND v_current[i] = 0)
-                  OR (p_expected[i] >= 0 AND p_expected[i] <> v_current[i]) THEN
-                v_status[i] := 1;
-                v_failed := true;
-            END IF;
+        IF v_status[i] = 0
+           AND (v_state[i] <> 0
+                OR (p_expected[i] = -1 AND v_current[i] = 0)
+                OR (p_expected[i] >= 0 AND p_expected[i] <> v_current[i])) THEN
+            v_status[i] := CASE WHEN v_state[i] = 2 THEN 5
+                                WHEN v_state[i] = 1 AND p_expected[i] IS DISTINCT FROM v_current[i] THEN 4
+                                WHEN v_state[i] = 1 THEN 0 -- expects exactly its version: recreates it
+                                ELSE 1 END;
+            v_failed := v_failed OR v_status[i] <> 0;
         END IF;
     END LOOP;
 
