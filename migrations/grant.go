@@ -118,6 +118,9 @@ func Grant(ctx context.Context, pool *pgxpool.Pool, role string, kind RoleKind, 
 		return err
 	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, blocks["grant_lock"][0], c.Schema); err != nil {
+			return errors.Wrap(err, "migrations: wait for other grants in the schema")
+		}
 		var exists bool
 		if err := tx.QueryRow(ctx, blocks["role_exists"][0], role).Scan(&exists); err != nil {
 			return errors.Wrap(err, "migrations: look up the role")

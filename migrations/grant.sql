@@ -71,3 +71,8 @@ GRANT SELECT ON {{.Schema}}.scavenge_runs TO {{.Role}};
 
 -- name: role_exists
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1);
+
+-- name: grant_lock
+-- Grant's own: concurrent GRANTs on one object fail with "tuple
+-- concurrently updated", so Grants in one schema take turns. $1 the schema.
+SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('annals grant ' || $1, 0));

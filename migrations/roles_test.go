@@ -46,7 +46,16 @@ func newRole(t *testing.T, db *annalstest.DB, kind migrations.RoleKind) *role {
 			r.Pool.Close()
 		}
 		// Its privileges live in this database only, which is dropped later.
-		if _, err := db.Pool.Exec(ctx, "DROP OWNED BY "+ident); err != nil {
+		// Revoking them takes turns with Grant (see grant_lock in grant.sql):
+		// concurrent changes of one object's privileges fail.
+		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended('annals grant ' || $1, 0))", db.Schema); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "DROP OWNED BY "+ident)
+			return err
+		})
+		if err != nil {
 			t.Errorf("drop owned by %s: %v", name, err)
 		}
 		if _, err := db.Pool.Exec(ctx, "DROP ROLE "+ident); err != nil {
