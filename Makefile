@@ -13,7 +13,7 @@ TEST_FLAGS  ?= -race -count=1 -timeout 30m
 BENCH_FLAGS ?=
 PEERS_FLAGS ?=
 
-.PHONY: all test vet demo bench bench-peers postgres build fmt
+.PHONY: all test vet demo demo-build demo-steps demo-next dev bench bench-peers postgres build fmt
 
 all: build
 
@@ -22,6 +22,12 @@ build:
 
 postgres:
 	@bash scripts/ensure-postgres.sh
+
+# The console's browser test (console/browser_test.go) drives headless
+# Chromium; installed like PostgreSQL when missing.
+.PHONY: chromium screenshots
+chromium:
+	@bash scripts/ensure-chromium.sh
 
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -32,6 +38,7 @@ vet:
 # annalstest/pgcontainer is a module of its own (it keeps testcontainers and
 # the Docker client out of the library's go.mod); its tests need no cluster.
 test: vet
+	@$(MAKE) --no-print-directory chromium
 	cd annalstest/pgcontainer && $(GO) test $(TEST_FLAGS) ./...
 ifdef ANNALS_TEST_DATABASE_URL
 	$(GO) test $(TEST_FLAGS) ./...
@@ -40,18 +47,55 @@ else
 	$(ANNALS) dev --fsync=false -- $(GO) test $(TEST_FLAGS) ./...
 endif
 
-# demo: the bank service end to end (examples/bank: aggregate commands, events,
-# a live projection and observer, a rebuild); on a throwaway cluster the
-# quickstart runs first. The quickstart writes fixed streams, so it needs a
-# fresh database and is left out with DATABASE_URL; the bank demo can run
-# again on the same database.
-demo:
+# demo: annals end to end on a throwaway cluster (or on DATABASE_URL, if set):
+# the quickstart (appends, optimistic concurrency, a projection), the bank
+# service (aggregates, a live projection and observer, a rebuild) and the
+# order saga (timers, a deadline, a late payment refunded). Every step can
+# run again on the same database. The binaries are built first, with
+# progress (a cold build takes about 20 s). To add a step, append two lines
+# to demo-steps.
+DEMO_BIN := .demo-bin
+
+demo: demo-build
 ifdef DATABASE_URL
-	$(GO) run ./examples/bank demo
+	@$(MAKE) --no-print-directory demo-steps
 else
 	@$(MAKE) --no-print-directory postgres
-	$(ANNALS) dev -- sh -c '$(GO) run ./examples/quickstart && echo && $(GO) run ./examples/bank demo'
+	@$(DEMO_BIN)/annals dev --fsync=false -- $(MAKE) --no-print-directory demo-steps
 endif
+	@$(MAKE) --no-print-directory demo-next
+
+demo-build:
+	@echo "demo: compiling the annals CLI and the examples (a cold build can take a minute) ..."
+	@{ $(GO) build -v -o $(DEMO_BIN)/ ./cmd/annals ./examples/quickstart ./examples/bank ./examples/ordersaga 2>&1; echo "go-build-exit $$?"; } | \
+		awk '/^go-build-exit /{ if (n % 25) printf "  %d packages compiled\n", n; exit $$2 } /^[A-Za-z0-9._\/~-]+$$/{ n++; if (n % 25 == 0) { printf "  %d packages compiled (%s)\n", n, $$0; fflush() } next } { print }'
+
+demo-steps:
+	@echo; echo "== quickstart: append, optimistic concurrency, a projection (examples/quickstart)"; echo
+	@$(DEMO_BIN)/quickstart
+	@echo; echo "== bank: aggregates, a live projection and observer, a rebuild (examples/bank)"; echo
+	@$(DEMO_BIN)/bank demo
+	@echo; echo "== order saga: timers, a payment deadline, compensation (examples/ordersaga)"; echo
+	@$(DEMO_BIN)/ordersaga
+
+demo-next:
+	@echo
+	@echo "Next:"
+ifndef DATABASE_URL
+	@echo "  make dev                     # a local PostgreSQL that stays until Ctrl-C; prints DATABASE_URL=..."
+	@echo "  export DATABASE_URL='...'    # in another terminal: the URL make dev printed"
+endif
+	@echo "  make demo                    # the demo again, on \$$DATABASE_URL"
+	@echo "  go run ./cmd/annals status   # subscribers, checkpoints, lag, leaders, timers"
+	@echo "  go run ./cmd/annals read --limit 10"
+	@echo "  go run ./examples/bank projections list"
+	@echo "  Your first projection: README.md (Example); how-tos: docs/recipes.md"
+
+# dev: a throwaway PostgreSQL (migrated) that stays until Ctrl-C; it prints
+# DATABASE_URL for make demo, the examples and the annals CLI.
+dev:
+	@$(MAKE) --no-print-directory postgres
+	$(ANNALS) dev
 
 # Benchmarks need fsync on: a throwaway cluster with durable commits, or
 # DATABASE_URL. Figures go to stdout and bench-results/.
@@ -73,4 +117,15 @@ ifdef DATABASE_URL
 else
 	@$(MAKE) --no-print-directory postgres
 	$(ANNALS) dev -- sh -c 'cd bench/peers && $(GO) run . $(PEERS_FLAGS)'
+endif
+
+# screenshots: re-take the console screenshots the README shows
+# (docs/screenshots/overview.png and dead-letter.png) with the browser test.
+screenshots:
+	@$(MAKE) --no-print-directory chromium
+ifdef ANNALS_TEST_DATABASE_URL
+	ANNALS_SCREENSHOTS=$(CURDIR)/docs/screenshots $(GO) test -count=1 -run '^TestBrowser$$' ./console/
+else
+	@$(MAKE) --no-print-directory postgres
+	$(ANNALS) dev --fsync=false -- env ANNALS_SCREENSHOTS=$(CURDIR)/docs/screenshots $(GO) test -count=1 -run '^TestBrowser$$' ./console/
 endif

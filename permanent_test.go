@@ -1,37 +1,24 @@
 package annals_test
 
 import (
-	stderrors "errors"
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/annals-dev/annals"
+	"github.com/annals-dev/annals/failure"
 )
 
-func TestPermanent(t *testing.T) {
+// The root package's Permanent is failure's: a mark made with either is
+// seen by both.
+func TestPermanentForwards(t *testing.T) {
 	t.Parallel()
-	base := errors.New("bad amount")
-	p := annals.Permanent(base)
-	if !annals.IsPermanent(p) || !errors.Is(p, base) || p.Error() != "bad amount" {
-		t.Fatalf("Permanent(%v) = %v", base, p)
+	if !failure.IsPermanent(annals.Permanent(errors.New("x"))) || !annals.IsPermanent(failure.Permanent(errors.New("y"))) {
+		t.Fatal("annals and failure disagree on the mark")
 	}
-	wrapped := fmt.Errorf("handler: %w", errors.Wrap(p, "decode"))
-	if !annals.IsPermanent(wrapped) {
-		t.Fatal("the mark does not survive wrapping")
-	}
-	// The standard library's errors.Is sees the mark too.
-	if !stderrors.Is(wrapped, annals.ErrPermanent) || !stderrors.Is(wrapped, base) {
-		t.Fatal("the standard library's errors.Is misses the mark or the cause")
-	}
-	// The cause's stack survives in %+v.
-	if s := fmt.Sprintf("%+v", p); !strings.Contains(s, "permanent_test.go") {
-		t.Fatalf("%%+v lost the stack: %s", s)
-	}
-	if annals.IsPermanent(base) || annals.Permanent(nil) != nil {
-		t.Fatal("unmarked error reported permanent, or Permanent(nil) != nil")
+	if !errors.Is(failure.Permanent(errors.New("z")), annals.ErrPermanent) || annals.Permanent(nil) != nil {
+		t.Fatal("ErrPermanent is not failure.ErrPermanent, or Permanent(nil) != nil")
 	}
 }
 

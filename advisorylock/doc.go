@@ -137,6 +137,19 @@
 // dies announces nothing; the standbys' next poll finds its lock free, since
 // PostgreSQL frees it within a millisecond of the session's end.
 //
+// # Keeping many locks on one session: Take and Give
+//
+// A Standby can also keep what it takes: Take tries keys in one statement
+// and keeps every lock it wins on the standby's session, which stays
+// usable (Wait, Take, Give go on); Give unlocks keys and announces each on
+// the ReleaseChannel, in one statement. A process can thus hold every lock
+// it leads and stand by for the rest on one connection (package catchup's
+// lock session). The locks then fence nothing by themselves (they are not
+// on the connection that does the work): whoever holds them must fence its
+// writes otherwise, as catchup does with an epoch and a pg_locks check in
+// the commit. Do runs statements of the caller's on the session (a look at
+// pg_locks in the same round-trip cadence).
+//
 // # Waiting in the queue: Acquire
 //
 // Acquire takes a lock the blocking way, pg_advisory_lock: its session

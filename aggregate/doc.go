@@ -60,6 +60,18 @@
 // version for an event the aggregate does not handle (ErrUnhandledEvent) or
 // the registry does not know (eventstore.ErrUnknownEventType).
 //
+// # In a transaction
+//
+// LoadTx, SaveTx, CreateTx and UpdateTx are the transactional twins: they
+// read and append inside the caller's pgx.Tx, so the events commit with the
+// caller's other writes (a saga's state, a read model) or not at all. SaveTx
+// appends with eventstore.Store.AppendTx, which takes the log's ordering
+// lock until the transaction ends: make it the last statement. UpdateTx
+// does not retry a conflict (the transaction has failed); the caller
+// retries the whole transaction. SaveTx writes no snapshot. Package saga's
+// Update and Create use them; WithCause gives the events a causation and
+// correlation ID from the context.
+//
 // # Snapshots
 //
 // With Config.Snapshots, a Save that brings the stream to or past a multiple

@@ -4,11 +4,13 @@ import (
 	"context"
 	_ "embed"
 	"io"
+	"iter"
 	"log/slog"
 	"math/rand/v2"
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/sqltmpl"
@@ -182,13 +184,30 @@ func (r *Repository[A]) New(id string) (A, error) {
 // stream is deleted. A stream recreated after a delete (or truncated) loads
 // from its first visible event, ignoring older snapshots.
 func (r *Repository[A]) Load(ctx context.Context, id string) (A, error) {
+	return r.load(ctx, nil, id)
+}
+
+// LoadTx is Load reading inside tx: it sees tx's own appends (an aggregate
+// saved earlier in tx with SaveTx), and the snapshot is read in tx too.
+func (r *Repository[A]) LoadTx(ctx context.Context, tx pgx.Tx, id string) (A, error) {
+	if tx == nil {
+		var zero A
+		return zero, errors.Newf("aggregate %s: LoadTx with a nil transaction", r.typ)
+	}
+	return r.load(ctx, tx, id)
+}
+
+func (r *Repository[A]) load(ctx context.Context, tx pgx.Tx, id string) (A, error) {
 	var zero A
 	start := time.Now()
 	stream, err := r.stream(id)
 	if err != nil {
 		return zero, err
 	}
-	a, ok := r.loadSnapshot(ctx, id, stream)
+	a, ok, err := r.loadSnapshot(ctx, tx, id, stream)
+	if err != nil {
+		return zero, err
+	}
 	if !ok {
 		a = r.newAgg()
 		a.root().id = id
@@ -196,7 +215,13 @@ func (r *Repository[A]) Load(ctx context.Context, id string) (A, error) {
 	b := a.root()
 	stats := LoadStats{AggregateType: r.typ, ID: id, StreamID: stream, SnapshotVersion: b.version}
 	first := true
-	for e, err := range r.store.ReadStream(ctx, stream, b.version+1) {
+	events := r.store.ReadStream
+	if tx != nil {
+		events = func(ctx context.Context, stream string, from int64) iter.Seq2[eventstore.Event, error] {
+			return r.store.ReadStreamTx(ctx, tx, stream, from)
+		}
+	}
+	for e, err := range events(ctx, stream, b.version+1) {
 		if err != nil {
 			if errors.Is(err, eventstore.ErrStreamNotFound) {
 				return zero, mark(errors.Wrapf(err, "aggregate %s %q", r.typ, id), ErrNotFound)
@@ -247,6 +272,24 @@ func (r *Repository[A]) Load(ctx context.Context, id string) (A, error) {
 // eventstore.ErrUnknownEventType for an unregistered event; ErrInvalidID.
 // On error a is unchanged and nothing is written.
 func (r *Repository[A]) Save(ctx context.Context, a A) error {
+	return r.save(ctx, nil, a)
+}
+
+// SaveTx is Save appending inside tx (eventstore.Store.AppendTx): the events
+// commit with tx or not at all. The append takes the log's ordering lock,
+// held until tx ends, so make it the last statement of tx and commit
+// promptly. No snapshot is written (SaveTx cannot know when tx commits);
+// the next Save that reaches a snapshot boundary writes one. On error a is
+// unchanged, and tx has failed (roll it back; retry the whole transaction
+// on eventstore.ErrWrongExpectedVersion).
+func (r *Repository[A]) SaveTx(ctx context.Context, tx pgx.Tx, a A) error {
+	if tx == nil {
+		return errors.Newf("aggregate %s: SaveTx with a nil transaction", r.typ)
+	}
+	return r.save(ctx, tx, a)
+}
+
+func (r *Repository[A]) save(ctx context.Context, tx pgx.Tx, a A) error {
 	if isNil(a) {
 		return errors.Newf("aggregate %s: Save(nil)", r.typ)
 	}
@@ -262,18 +305,24 @@ func (r *Repository[A]) Save(ctx context.Context, a A) error {
 	if r.cfg.Metadata != nil {
 		md = r.cfg.Metadata(ctx)
 	}
+	md = withCause(ctx, md)
 	events := make([]eventstore.EventData, len(b.uncommitted))
 	for i, e := range b.uncommitted {
 		events[i] = eventstore.EventData{Data: e, Metadata: md}
 	}
-	res, err := r.store.Append(ctx, stream, eventstore.Exact(b.version), events...)
+	var res eventstore.AppendResult
+	if tx != nil {
+		res, err = r.store.AppendTx(ctx, tx, stream, eventstore.Exact(b.version), events...)
+	} else {
+		res, err = r.store.Append(ctx, stream, eventstore.Exact(b.version), events...)
+	}
 	if err != nil {
 		return errors.Wrapf(err, "aggregate %s %q: save %d event(s) at version %d", r.typ, b.id, len(events), b.version)
 	}
 	before := b.version
 	b.version = res.StreamVersion
 	b.uncommitted = nil
-	if s := r.cfg.Snapshots; s != nil && b.version/int64(s.Every) > before/int64(s.Every) {
+	if s := r.cfg.Snapshots; tx == nil && s != nil && b.version/int64(s.Every) > before/int64(s.Every) {
 		r.saveSnapshot(ctx, a, stream)
 	}
 	return nil
@@ -342,6 +391,73 @@ func (r *Repository[A]) Update(ctx context.Context, id string, command func(A) e
 		last = err
 	}
 	return zero, mark(errors.Wrapf(last, "aggregate %s %q: update gave up after %d attempt(s): the aggregate kept changing concurrently", r.typ, id, attempts), ErrConflict)
+}
+
+// CreateTx is Create inside tx (see SaveTx): a stream that exists fails
+// with ErrAlreadyExists, and tx has failed.
+func (r *Repository[A]) CreateTx(ctx context.Context, tx pgx.Tx, id string, command func(A) error) (A, error) {
+	var zero A
+	a, err := r.New(id)
+	if err != nil {
+		return zero, err
+	}
+	if err := command(a); err != nil {
+		return zero, err
+	}
+	if err := r.SaveTx(ctx, tx, a); err != nil {
+		if errors.Is(err, eventstore.ErrWrongExpectedVersion) {
+			err = mark(err, ErrAlreadyExists)
+		}
+		return zero, err
+	}
+	return a, nil
+}
+
+// UpdateTx loads the aggregate in tx (LoadTx), runs command on it and saves
+// it in tx (SaveTx): the command's business rules hold for what tx commits.
+// It does not retry: a save that loses a race fails tx with
+// eventstore.ErrWrongExpectedVersion, and the caller retries the whole
+// transaction (the saga and projection runners do, by their RetryPolicy).
+// The command's own error is returned as is, with nothing saved; tx is
+// still usable then.
+func (r *Repository[A]) UpdateTx(ctx context.Context, tx pgx.Tx, id string, command func(A) error) (A, error) {
+	var zero A
+	a, err := r.LoadTx(ctx, tx, id)
+	if err != nil {
+		return zero, err
+	}
+	if err := command(a); err != nil {
+		return zero, err
+	}
+	if err := r.SaveTx(ctx, tx, a); err != nil {
+		return zero, err
+	}
+	return a, nil
+}
+
+type causeKey struct{}
+
+// WithCause returns a context whose Saves (Save, SaveTx and the functions
+// built on them) give every event the causation and correlation IDs of
+// cause where the event's metadata (from Config.Metadata) has none. Package
+// saga uses it so that the events an instance's command records name the
+// event that caused them.
+func WithCause(ctx context.Context, cause eventstore.Metadata) context.Context {
+	return context.WithValue(ctx, causeKey{}, cause)
+}
+
+func withCause(ctx context.Context, md eventstore.Metadata) eventstore.Metadata {
+	c, ok := ctx.Value(causeKey{}).(eventstore.Metadata)
+	if !ok {
+		return md
+	}
+	if md.CausationID == "" {
+		md.CausationID = c.CausationID
+	}
+	if md.CorrelationID == "" {
+		md.CorrelationID = c.CorrelationID
+	}
+	return md
 }
 
 // backoff is the jittered pause before retry n (1-based).

@@ -23,17 +23,29 @@ type Snapshotter interface {
 // loadSnapshot returns the aggregate restored from its newest snapshot of
 // the configured schema version, with its ID and version set, or false when
 // there is none or it is unusable (logged: the load replays the stream).
-func (r *Repository[A]) loadSnapshot(ctx context.Context, id, stream string) (A, bool) {
+//
+// With tx, it reads in tx, and a failed read is returned (it has aborted
+// tx); an undecodable snapshot is still only logged.
+func (r *Repository[A]) loadSnapshot(ctx context.Context, tx pgx.Tx, id, stream string) (A, bool, error) {
 	var zero A
 	s := r.cfg.Snapshots
 	if s == nil {
-		return zero, false
+		return zero, false, nil
 	}
 	var version int64
 	var state []byte
-	err := r.store.Pool().QueryRow(ctx, r.q["LoadSnapshot"], r.typ, stream, s.SchemaVersion).Scan(&version, &state)
+	var row pgx.Row
+	if tx != nil {
+		row = tx.QueryRow(ctx, r.q["LoadSnapshot"], r.typ, stream, s.SchemaVersion)
+	} else {
+		row = r.store.Pool().QueryRow(ctx, r.q["LoadSnapshot"], r.typ, stream, s.SchemaVersion)
+	}
+	err := row.Scan(&version, &state)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return zero, false
+		return zero, false, nil
+	}
+	if err != nil && tx != nil {
+		return zero, false, errors.Wrapf(err, "aggregate %s %q: read snapshot", r.typ, id)
 	}
 	if err == nil {
 		a := r.newAgg()
@@ -45,14 +57,14 @@ func (r *Repository[A]) loadSnapshot(ctx context.Context, id, stream string) (A,
 		if err == nil {
 			a.root().id = id
 			a.root().version = version
-			return a, true
+			return a, true, nil
 		}
 	}
 	if ctx.Err() == nil {
 		r.cfg.Logger.WarnContext(ctx, "annals: snapshot unusable; replaying the stream",
 			slog.String("aggregate", r.typ), slog.String("stream", stream), slog.Any("error", err))
 	}
-	return zero, false
+	return zero, false, nil
 }
 
 // saveSnapshot writes a's state as the stream's snapshot. It runs after the

@@ -39,7 +39,7 @@ func TestCommitTxFenced(t *testing.T) {
 	}
 	defer e.Release(ctx, lease)
 	write := func(x int, pos int64) error {
-		return lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+		return lease.Do(ctx, func(conn *pgx.Conn) error {
 			tx, err := conn.Begin(ctx)
 			if err != nil {
 				return err
@@ -82,7 +82,7 @@ func TestCommitTxFenced(t *testing.T) {
 	if rows, pos := state(); rows != 1 || pos != 2 {
 		t.Fatalf("after a fenced commit: %d rows, checkpoint %d; want 1, 2", rows, pos)
 	}
-	if err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error { return conn.Ping(ctx) }); err != nil {
+	if err := lease.Do(ctx, func(conn *pgx.Conn) error { return conn.Ping(ctx) }); err != nil {
 		t.Fatalf("the lock's connection after a fenced commit: %v", err)
 	}
 }

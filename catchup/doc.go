@@ -26,13 +26,14 @@
 //
 // # Per subscriber partition: the state machine
 //
-//	STANDBY   registered with the engine's standby poller (below), which tries
-//	          pg_try_advisory_lock(k1, k2), k = md5("schema:subscriber:partition"),
-//	          for every waiting partition at once, on one standby session
-//	            not acquired        -> next poll: LockRetryInterval (20 ms ±25%),
+//	STANDBY   registered with the engine's lock session (below), which looks
+//	          at pg_locks and tries pg_try_advisory_lock(k1, k2),
+//	          k = md5("schema:subscriber:partition"), for the waiting
+//	          partitions it wants, all in one poll on one session
+//	            not taken           -> next poll: LockRetryInterval (20 ms ±25%),
 //	                                   or at once when a release is announced
-//	            acquired            -> that session is now the partition's lock
-//	                                   connection -> CLAIM
+//	            taken               -> the lock stays on the lock session; in the
+//	                                   same poll, on that session, CLAIM
 //	            session unusable    -> wait RetryBackoff (doubling, jittered), STANDBY
 //	CLAIM     checkpoint row: epoch = epoch + 1, owner = this instance;
 //	          cursor = its position -> READ
@@ -43,7 +44,8 @@
 //	            stopped             -> IDLE (nothing is processed until an operator acts)
 //	            events or skippable -> PROCESS
 //	            nothing new         -> IDLE
-//	PROCESS   the processor handles the batch; cursor = how far it got
+//	PROCESS   the processor handles the batch on a pool connection (Lease.Do);
+//	          cursor = how far it got
 //	            ok                  -> READ
 //	            handler error       -> the processor retries it by its policy, then
 //	                                   dead-letters it (package projection);
@@ -52,89 +54,167 @@
 //	REDELIVER the processor re-delivers dead letters an operator released, in
 //	          position order                 -> READ
 //	IDLE      write a buffered checkpoint if due; wait for a signal, PollInterval,
-//	          or lock loss
+//	          lock loss or a handover request
 //	            signal or timeout   -> READ
 //	            lock lost           -> RELEASE, STANDBY
-//	RELEASE   unlock and announce it on "<schema>_locks" (one statement), close
-//	          the lock's connection; after a loss or fencing wait RetryBackoff,
+//	            handover requested  -> HANDOVER
+//	HANDOVER  (balanced subscribers) as at shutdown: finish the batch in hand,
+//	          flush, RELEASE, then STANDBY at once (no backoff)
+//	RELEASE   the lock session unlocks and announces it on "<schema>_locks"
+//	          (one statement); after a loss or fencing wait RetryBackoff,
 //	          then STANDBY
 //	any state, context ended: finish the batch in hand (bounded by ShutdownTimeout),
 //	          flush, RELEASE, return.
 //
-// # Standing by and taking over
+// # The lock session
 //
-// Takeover time is the time from a leader's end to a standby's claim. The
-// server's part is under a millisecond: PostgreSQL frees a dead session's
-// advisory locks as the backend exits, and the lock connection sets
-// client_connection_check_interval and TCP keepalives so that the backend
-// notices a dead client in about a second even in the middle of a query, and
-// a vanished host within seconds, not when the query ends or hours later.
-// The rest is how soon a standby asks, and that is the engine's design:
+// Each engine (a Runner has one) holds every lock it holds for Run and
+// CatchUp on one connection, its lock session (an advisorylock.Standby
+// kept, not spent): the locks of the partitions it leads, and one member
+// slot per balanced subscriber it runs (below). One goroutine owns the
+// session and polls on it every LockRetryInterval (15–25 ms) or at once
+// when something changes: a local lead ends (it gives the lock back,
+// announced), a partition starts waiting, or a release is announced on
+// "<schema>_locks", which the session LISTENs to. A poll is one statement
+// while nothing is to be taken (a look at pg_locks for the member slots and
+// the wanted partitions), two or three when something is (pg_try_advisory_lock
+// over unnest, then the claims, on the same session). The session is set up
+// like any lock connection (client_connection_check_interval, keepalives,
+// user timeout), so that the server frees its locks within about a second
+// of the process's end even mid-query, and at once when the process dies
+// and the kernel closes its socket.
 //
-//   - One standby session per engine (per process, as a Runner has one
-//     engine), not one per partition. Every partition the engine does not
-//     lead registers with the standby poller and waits. The poller holds one
-//     advisorylock.Standby and, every LockRetryInterval (default 20 ms, ±25%
-//     so that processes drift apart), runs one statement that tries the
-//     locks of all waiting partitions (pg_try_advisory_lock over unnest). A
-//     lock it wins is taken on the standby session itself, which becomes
-//     that partition's lock connection: the takeover path opens no
-//     connection. The poller then opens a new standby session if partitions
-//     still wait, and closes it when none does; a process that leads
-//     everything it runs holds none. If one poll wins several locks (a
-//     leader of several partitions died), the first keeps the session and
-//     the others are given back at once and taken, in parallel, each on a
-//     new connection of its own (a lead needs its own connection), racing
-//     other standbys fairly; the next poll tries them too.
-//   - A graceful release is announced: Release unlocks and sends the key
-//     with pg_notify on "<schema>_locks" in one statement, and standby
-//     sessions LISTEN on that channel, so a graceful handover (shutdown,
-//     fencing) is taken over at once, not at the next poll. Leaders never
-//     notify in the append path (a notifying commit is serialized).
-//   - A crash announces nothing: the next poll finds the lock free. The kill
-//     lands anywhere in the 15–25 ms cycle, so the wait is about 10 ms on
-//     average (the residual of a uniform 15–25 ms renewal) and at most 25
-//     ms, plus the poll's and the claim's round trips.
-//   - Fencing is unchanged: after the lock, CLAIM bumps the epoch on the
-//     lock's connection, a processor commits only on that connection with
-//     UPDATE … WHERE epoch = mine, and a lost lock (the watcher sees the
-//     session end) or a changed epoch ends the leadership. The standby
-//     session is set up like any lock connection (check interval,
-//     keepalives, user timeout), since it may become one.
+// Batches do not run on the lock session: a processor's statements go
+// through Lease.Do to a connection of the engine's pool, held for the
+// batch. So the batch's session is not the lock's, and what protects the
+// read model and the checkpoint is the fence:
 //
-// Costs: per standby process one idle connection and one round trip per 20
-// ms (about 50 tiny statements a second, each a lock-table probe per
-// waiting partition), against one connection attempt (a backend start) per
-// partition per 2 s before. See docs/benchmarks.md for the takeover figures
-// and for append throughput with and without polling standbys.
+//   - CLAIM bumps the checkpoint's epoch, and a batch commits with
+//     CommitFencedHeld in the transaction's COMMIT round trip: the
+//     checkpoint moves only WHERE epoch = mine AND the lock session still
+//     holds the partition's lock (pg_locks, by the session's backend pid),
+//     and otherwise the statement fails and nothing commits
+//     (checkpoint.ErrFenced ends the leadership). A new leader claims only
+//     after it holds the lock; the old leader's UPDATE and the claim's
+//     UPDATE serialize on the checkpoint row, so either the old commit comes
+//     first and the claim reads its position, or the claim comes first and
+//     the old commit fails. No event is applied twice, and none is skipped.
+//   - When the lock session ends (the engine sees its socket fail), every
+//     lease it held is marked lost, and the pool connection of a batch in
+//     flight is closed under it: its transaction rolls back at once and its
+//     row locks do not hold up the next leader.
 //
-// Alternatives considered. (1) Each standby partition waiting in the lock
-// queue (pg_advisory_lock) is granted the lock in under a millisecond, but
-// needs a blocked connection per partition per standby process: too many
-// connections for a process standing by for hundreds of partitions. (2) A
-// wake-up: each leader holds an "instance liveness" lock as well, and a
-// standby blocks one extra connection in pg_advisory_lock on it; granted the
-// moment the leader's session ends, it tries the partition locks at once.
-// It reacts in about a millisecond, but one blocked connection waits for
-// one leader: with partitions led by several instances a standby needs a
-// connection per leader instance (or falls back to polling for the rest),
-// the liveness lock must follow every lead's connection (a lead holds its
-// own session, so the liveness lock does not die with a single lead's
-// session), and a leader that lost only one partition's session wakes
-// nobody. Polling at 20 ms meets the target (median ≤ 50 ms, max ≤ 250 ms)
-// with one connection and no coupling between leaders and standbys, and the
-// graceful case, the common one, is announced. (3) LISTEN alone covers only
-// graceful releases.
+// Costs: per process one connection and one poll per LockRetryInterval
+// (about 50 a second), whatever the number of partitions. A poll of an
+// engine with balanced subscribers reads pg_locks once (the whole lock
+// table, joined with the member slots and partitions it probes); measured
+// on the shared 2-core machine (load 16), 3 runners each running 4
+// subscribers of 16 partitions: each lock session's backend used 1.9% of a
+// core (about 0.4 ms per poll), against 0.45% for the single-statement
+// try-lock poll of a standby before balancing. LockRetryInterval trades
+// this linearly against takeover time.
 //
-// TakeOver (rebuilds) must win against standbys that poll every 20 ms and
-// are woken by the release notice, so it does not poll: it fences the leader
-// and waits in the lock's queue (advisorylock.Acquire). PostgreSQL grants a
-// released lock to the queued session, and pg_try_advisory_lock fails while
-// a session queues, so no standby can snatch it.
+// Connections of one process: 1 lock session + 1 listener + the pool's
+// MaxConns (the pool serves the batches in flight, the reads and the
+// read-ahead; a process leading P partitions of S subscribers processes at
+// most MaxConns batches at once, whatever P and S). A process that stands
+// by for everything holds only the lock session and the listener beside an
+// idle pool. Before, each led partition held a connection of its own.
+//
+// # Balanced leadership
+//
+// A subscription with Balance (the Runner sets it) shares its partitions
+// with the other instances running the same subscriber. Membership is a
+// lock too: an instance running the subscriber holds one of MaxMembers
+// member slots, the lock "schema:subscriber:member/i", on its lock session,
+// taking the lowest free one. The live members are the slots some session
+// holds, which every poll reads from pg_locks in the same statement as the
+// state of the wanted partitions. A member's slot and its partitions are on
+// the same session, so they end together: a dead instance leaves the
+// membership in the same instant its partitions become free, and no
+// heartbeat expiry is involved (the instances table and its heartbeats
+// remain what status shows; they are not on the takeover path).
+//
+// Each poll, for each balanced subscriber with P partitions, a member
+// computes N (live slots) and its position: its slot's rank among the live
+// slots, rotated by a hash of the subscriber's name (so that with several
+// subscribers the members that lead one more are not always the same). Its
+// target is ⌊P/N⌋, plus one if its position is below P mod N: the targets
+// of the N members add up to P. Then:
+//
+//	led > target at two polls in a row -> ask the excess leads (random) to
+//	                                      HANDOVER (finish the batch, flush,
+//	                                      release, announced)
+//	led < target                       -> try target − led of the free
+//	                                      partitions (free in this poll's
+//	                                      pg_locks), starting at an offset that
+//	                                      depends on its position, so that
+//	                                      members taking at once take different
+//	                                      ones
+//	no slot yet                        -> take the lowest free slot; take no
+//	                                      partition until the next poll
+//	every slot taken                   -> take any free partition (as
+//	                                      unbalanced)
+//
+// At shutdown the slot is given back first (announced), then the
+// partitions: the other members' targets grow before the partitions are
+// free, so they take them at the release notices, without waiting for a
+// poll.
+//
+// Why no partition is led by two instances at once: leading means holding
+// the partition's advisory lock and the checkpoint's current epoch.
+// PostgreSQL grants the lock to one session at a time; the balancer only
+// decides who tries, and a handover gives the lock back only after the
+// leader has finished its batch and flushed. A leader that lost its lock
+// without knowing (its lock session ended) cannot commit: the commit checks
+// that its lock session holds the lock and that the epoch is its own, and
+// a batch in flight has its connection closed when the loss is seen. So at
+// any moment at most one instance can commit for a partition.
+//
+// Why none is left unled longer than the bound: a partition is free only
+// when its leader gave it back (shutdown, handover, fencing: announced on
+// "<schema>_locks", and every lock session wakes at once) or its lock
+// session ended (a crash: the slot ends with it). In the second case, at
+// the next poll of each survivor (at most 25 ms later) N has dropped, the
+// targets add up to P again, and the sum of the deficits equals the number
+// of free partitions; each survivor tries its deficit in that poll. Two
+// survivors may try the same partition (each one's view is its own poll's);
+// the loser still has a deficit and takes another at its next poll, and
+// as the deficits add up to the free partitions, all are taken within a
+// poll or two: about 10 ms on average and at most about 50 ms plus round
+// trips at the defaults (see docs/benchmarks.md). If views differ (a member
+// joined between two members' polls), a member may find itself over its
+// target for one poll; the two-polls rule keeps that from causing a
+// handover, and an under-target member only takes free partitions, so no
+// partition is taken away from a live leader except by its own handover.
+//
+// Sticky: while membership is stable every member has exactly its target,
+// nobody is over (no handover) and nobody is under (no take), so nothing
+// moves. A new member makes the others' targets shrink: they hand over
+// their excess (announced), and the new member takes it at the notices, in
+// a few polls (tens of milliseconds) after it took its slot.
+//
+// TakeOver (rebuilds) must win against lock sessions that poll every 20 ms
+// and are woken by the release notice, so it does not poll: it fences the
+// leader and waits in the lock's queue (advisorylock.Acquire) on a
+// connection of its own. PostgreSQL grants a released lock to the queued
+// session, and pg_try_advisory_lock fails while a session queues (pg_locks
+// shows the queued request, so the balancer sees the partition as not
+// free), so no standby can snatch it.
 //
 // The listener subscription is made, and LISTEN is confirmed active (or a
 // poll interval has passed), before the first read, so an event committed
 // while the leader catches up is either in a read or announced afterwards.
+//
+// Alternatives considered. (1) A connection per led partition (the
+// previous design): simple fencing (the transaction dies with the lock's
+// session), but 4 subscribers × 16 partitions cost 64 connections per
+// process. (2) Heartbeat-based membership (the instances table): a takeover
+// bound of 250 ms would need heartbeats every few tens of milliseconds per
+// instance, and expiry must be conservative; a session lock ends exactly
+// when the process does. (3) A coordinator (one leader assigning
+// partitions): a second election, and an assignment that must be fenced
+// too; here every member computes the same targets from the same pg_locks.
 //
 // # Reading a batch
 //
@@ -163,9 +243,12 @@
 //
 // A Processor handles each batch and reports how far it got. Transactional
 // projections run the batch and the checkpoint update in one transaction on
-// the lock's own connection: if the lock's session dies, the transaction dies
-// with it. The checkpoint update is also fenced by the epoch the leader
-// claimed (UPDATE … WHERE epoch = mine), so a process that lost leadership —
+// the connection Lease.Do gives: a pool connection for a lease on the lock
+// session (closed under the batch if the lock is lost), the lock's own
+// connection for a TakeOver lease. The checkpoint update is fenced by the
+// epoch the leader claimed (UPDATE … WHERE epoch = mine) and, on the lock
+// session, by its holding the lock (see The lock session), so a process
+// that lost leadership —
 // or whose checkpoint an operator reset — cannot move it; it fails with
 // checkpoint.ErrFenced and the engine returns to standby, re-claiming (and
 // re-reading from the stored checkpoint) if it gets the lock again.
@@ -181,9 +264,13 @@
 // # Partitions
 //
 // A subscriber split into N partitions is N independent subscriptions, each
-// with its own lock, checkpoint and cursor, reading only the streams whose
-// stream_partition is its number. Each stream lives in one partition, so
-// per-stream order holds, and N instances can share the work.
+// with its own lock, checkpoint and cursor, reading only the events whose
+// key's stream_partition is its number. The key is the stream ID by
+// default (per-stream order), or the stream's category (the part of its ID
+// before the first "-": per-category order), or a metadata field such as a
+// tenant ID (per-tenant order): Subscription.PartitionBy. Each key lives in
+// one partition and a partition reads in position order, so per-key order
+// holds, and the instances share the partitions (Balanced leadership).
 //
 // # Taking over (rebuilds)
 //

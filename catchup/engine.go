@@ -20,6 +20,7 @@ import (
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
@@ -58,13 +59,21 @@ type Lease struct {
 	Epoch int64
 	// Start is the checkpoint position when the leadership began.
 	Start int64
-	// Lock is the advisory lock; nil for an ephemeral subscription.
+	// Lock is the lease's own advisory lock, on a connection of its own
+	// (TakeOver's leases); nil for a lease held on the engine's lock session
+	// (Run, CatchUp) and for an ephemeral subscription. Use Do for the
+	// lease's statements, whichever it is.
 	Lock *advisorylock.Lock
 
+	shared      *sharedLock   // the lock on the engine's lock session
+	pool        *pgxpool.Pool // where Do runs for a shared lease
 	checkpoints *checkpoint.Store
 	stopping    <-chan struct{}
 	changed     bool
 	commitSQL   string // CommitFenced
+	notifySQL   string // NotifyCheckpoint
+	// CommitFencedHeld
+	commitHeldSQL string
 }
 
 // CommitTx writes the checkpoint at position in tx, fenced by the lease's
@@ -93,16 +102,46 @@ func (l *Lease) CommitConn(ctx context.Context, conn *pgx.Conn, begin bool, posi
 	if begin {
 		b.Queue("BEGIN")
 	}
-	if !l.Ephemeral() {
+	switch {
+	case l.shared != nil:
+		k1, k2 := lockkey.Pair(l.shared.key)
+		b.Queue(l.commitHeldSQL, l.Subscriber, l.Partition, l.Epoch, position, int32(l.shared.pid), k1, k2)
+	case !l.Ephemeral():
 		b.Queue(l.commitSQL, l.Subscriber, l.Partition, l.Epoch, position)
 	}
 	b.Queue("COMMIT")
-	err := conn.SendBatch(ctx, b).Close()
+	notify := !l.Ephemeral() && l.notifySQL != "" && position > 0
+	if notify {
+		b.Queue(l.notifySQL, position, l.Partition, l.Subscriber)
+	}
+	br := conn.SendBatch(ctx, b)
+	var err error
+	for range b.Len() - btoi(notify) {
+		if _, err = br.Exec(); err != nil {
+			break
+		}
+	}
+	if err == nil && notify {
+		// The batch has committed; a notification that fails (a full
+		// notification queue, say) only costs awaiters their poll, and must
+		// not make the caller think the commit failed.
+		_, _ = br.Exec()
+	}
+	if cerr := br.Close(); err == nil && !notify {
+		err = cerr
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "annals: checkpoint fenced") {
 		return errors.Wrapf(checkpoint.ErrFenced, "commit %s/%d at epoch %d", l.Subscriber, l.Partition, l.Epoch)
 	}
 	return errors.Wrapf(err, "catchup: commit %s/%d at %d", l.Subscriber, l.Partition, position)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // Changed tells the engine that processing the batch in hand changed what
@@ -115,17 +154,97 @@ func (l *Lease) Changed() { l.changed = true }
 // retry should give up its wait then (the batch in hand may still finish).
 func (l *Lease) Stopping() <-chan struct{} { return l.stopping }
 
-// Lost is closed when the lease's lock is lost (never, when ephemeral).
+// Lost is closed when the lease's lock is lost or released (never, when
+// ephemeral).
 func (l *Lease) Lost() <-chan struct{} {
-	if l.Lock == nil {
-		return nil
+	switch {
+	case l.Lock != nil:
+		return l.Lock.Lost()
+	case l.shared != nil:
+		return l.shared.lost
 	}
-	return l.Lock.Lost()
+	return nil
+}
+
+// Err returns nil while the lease's lock is held; afterwards an error
+// matching advisorylock.ErrLost or advisorylock.ErrReleased.
+func (l *Lease) Err() error {
+	switch {
+	case l.Lock != nil:
+		return l.Lock.Err()
+	case l.shared != nil:
+		return l.shared.Err()
+	}
+	return nil
 }
 
 // Ephemeral reports whether the lease belongs to a subscription without a
 // lock or a stored checkpoint.
-func (l *Lease) Ephemeral() bool { return l.Lock == nil }
+func (l *Lease) Ephemeral() bool { return l.Lock == nil && l.shared == nil }
+
+// Do runs fn on a connection for the lease's statements: the lock's own
+// connection for a lease with a Lock (TakeOver), else a connection of the
+// engine's pool, held for the duration of fn. Either way what fn commits
+// is protected by the epoch fence (Commit, CommitTx, CommitConn), not by
+// the connection: a lease held on the lock session may lose its lock while
+// fn runs, and a commit fenced since fails with checkpoint.ErrFenced. fn
+// must not keep the connection or leave a transaction open (Do rolls it
+// back and returns an error). After the lock is lost or released, Do
+// returns the lease's Err without calling fn.
+func (l *Lease) Do(ctx context.Context, fn func(conn *pgx.Conn) error) error {
+	if l.Lock != nil {
+		return l.Lock.Do(ctx, fn)
+	}
+	if l.shared == nil {
+		return errors.New("catchup: Do on an ephemeral lease")
+	}
+	if err := l.shared.Err(); err != nil {
+		return err
+	}
+	pc, err := l.pool.Acquire(ctx)
+	if err != nil {
+		return errors.Wrapf(err, "catchup: %s/%d: acquire a connection", l.Subscriber, l.Partition)
+	}
+	defer pc.Release()
+	conn := pc.Conn()
+	// If the lock is lost (or given back: an abandoned batch) while fn
+	// runs, end the connection's session under fn, so that its transaction
+	// rolls back now and its row locks do not hold up the next leader.
+	// The watcher has returned before the connection goes back to the pool
+	// (deferred calls run last-in first-out), so it never closes a
+	// connection someone else has acquired since.
+	sock := conn.PgConn().Conn()
+	done, watched := make(chan struct{}), make(chan struct{})
+	defer func() { close(done); <-watched }()
+	go func() {
+		defer close(watched)
+		select {
+		case <-l.shared.lost:
+			_ = sock.Close()
+		case <-done:
+		}
+	}()
+	err = fn(conn)
+	if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, rerr := conn.Exec(rctx, "ROLLBACK"); rerr != nil {
+			_ = conn.Close(rctx)
+		}
+		err = errors.CombineErrors(err, errors.Newf("catchup: %s/%d: fn returned with a transaction open; it was rolled back", l.Subscriber, l.Partition))
+	}
+	return err
+}
+
+// Handover is closed when the engine asks the leader to hand the partition
+// over to another instance (balanced leadership): the run ends its
+// leadership as it does at shutdown. Nil for leases that are never asked.
+func (l *Lease) Handover() <-chan struct{} {
+	if l.shared == nil {
+		return nil
+	}
+	return l.shared.handover
+}
 
 // Commit writes the checkpoint at position on db (the lock's connection or a
 // transaction on it), fenced by the lease's epoch: checkpoint.ErrFenced when
@@ -164,15 +283,25 @@ type Subscription struct {
 	Name string
 	// Partition is this subscription's partition (0-based) of Partitions.
 	Partition int
-	// Partitions splits the subscriber by a stable hash of stream_id
-	// (annals.stream_partition). 0 or 1: unpartitioned.
+	// Partitions splits the subscriber by a stable hash
+	// (annals.stream_partition) of each event's partition key. 0 or 1:
+	// unpartitioned.
 	Partitions int
+	// PartitionBy is the partition key: PartitionByStream (the default,
+	// ""), PartitionByCategory, or PartitionByMetadataPrefix and a field.
+	PartitionBy string
 	// Filter selects event types; the zero Filter selects all.
 	Filter Filter
 	// BatchSize is the number of events read per batch.
 	BatchSize int
 	// Processor handles the batches.
 	Processor Processor
+	// Balance makes Run share the subscriber's partitions fairly with the
+	// other instances that run it with Balance (see "Balanced leadership"
+	// in the package documentation): with P partitions and N instances each
+	// leads ⌊P/N⌋ or ⌈P/N⌉. Without it, Run takes the lock whenever it is
+	// free. CatchUp and TakeOver ignore it.
+	Balance bool
 	// Ephemeral subscriptions take no lock and keep no checkpoint: they start
 	// after StartAfter and keep their position in memory (a plain tail).
 	Ephemeral  bool
@@ -205,6 +334,19 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Lock configures the advisory locks' connections. Defaults to advisorylock's defaults.
 	Lock *advisorylock.Config
+	// ReadPool, if set, is where batches are read: a pool on a streaming
+	// replica of the database (a hot standby). Locks, claims, checkpoints,
+	// the batch header (epoch, stop reason, dead letters) and the
+	// processors' transactions stay on the primary. Positions are commit
+	// order and a replica replays commits in that order, so a replica shows
+	// a prefix of the log: a lagging one delays delivery, it never skips.
+	// Defaults to none: everything on the pool.
+	ReadPool *pgxpool.Pool
+	// ReadPollInterval is how long a caught-up subscription waits before
+	// reading again when it reads from ReadPool: a NOTIFY comes from the
+	// primary, possibly before the replica has the event. Defaults to
+	// 100ms, at most PollInterval.
+	ReadPollInterval time.Duration
 	// Logger receives leadership changes and failures. Defaults to discarding.
 	Logger *slog.Logger
 	// OnLeadership is called with true when this process starts leading a
@@ -225,7 +367,7 @@ type Engine struct {
 	checkpoints *checkpoint.Store
 	cfg         Config
 	q           map[string]string
-	standbys    *standbys
+	sessions    *sessions
 }
 
 // NewEngine returns an Engine reading through pool. listener may be nil for
@@ -254,6 +396,8 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 	def(&c.LockRetryInterval, DefaultLockRetryInterval)
 	def(&c.RetryBackoff, 500*time.Millisecond)
 	def(&c.ShutdownTimeout, 30*time.Second)
+	def(&c.ReadPollInterval, 100*time.Millisecond)
+	c.ReadPollInterval = min(c.ReadPollInterval, c.PollInterval)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -275,7 +419,7 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 	}
 	c.Lock = lockConfig(c.Lock, c.Schema)
 	e := &Engine{pool: pool, connConfig: cc, schema: c.Schema, listener: listener, checkpoints: cps, cfg: c, q: q}
-	e.standbys = newStandbys(e)
+	e.sessions = newSessions(e)
 	return e, nil
 }
 
@@ -319,9 +463,18 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 		return err
 	}
 	log := e.cfg.Logger.With(slog.String("subscriber", sub.Name), slog.Int("partition", sub.Partition))
+	var g *group
+	if sub.Balance {
+		g = e.sessions.join(sub.Name, max(sub.Partitions, 1))
+		defer e.sessions.leave(g)
+		// At shutdown the member slot goes first, so that the other members'
+		// shares grow before this one's partitions are released.
+		stop := context.AfterFunc(ctx, func() { e.sessions.depart(g) })
+		defer stop()
+	}
 	backoff := e.cfg.RetryBackoff
 	for ctx.Err() == nil {
-		lease, err := e.standBy(ctx, sub)
+		lease, err := e.standBy(ctx, sub, g)
 		if err != nil {
 			if ctx.Err() == nil {
 				log.WarnContext(ctx, "annals: cannot take the subscription lock", slog.Any("error", err))
@@ -332,7 +485,22 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 		}
 		backoff = e.cfg.RetryBackoff
 		log.InfoContext(ctx, "annals: leading", slog.Int64("epoch", lease.Epoch), slog.Int64("checkpoint", lease.Start))
-		abandoned, err := e.leadBounded(ctx, procCtx, sub, lease)
+		// A handover request ends the leadership as a shutdown does: the
+		// batch in hand finishes, the checkpoint is flushed, the lock is
+		// given back and announced.
+		leadCtx, endLead := context.WithCancel(ctx)
+		if h := lease.Handover(); h != nil {
+			go func() {
+				select {
+				case <-h:
+					endLead()
+				case <-leadCtx.Done():
+				}
+			}()
+		}
+		abandoned, err := e.leadBounded(leadCtx, procCtx, sub, lease)
+		handedOver := ctx.Err() == nil && leadCtx.Err() != nil
+		endLead()
 		if abandoned {
 			log.WarnContext(ctx, "annals: the batch in hand did not stop after ShutdownTimeout; abandoned it",
 				slog.Int64("epoch", lease.Epoch), slog.Duration("shutdown_timeout", e.cfg.ShutdownTimeout))
@@ -341,6 +509,10 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 		e.release(procCtx, lease)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if handedOver && err == nil {
+			log.InfoContext(ctx, "annals: handed over", slog.Int64("epoch", lease.Epoch))
+			continue
 		}
 		log.WarnContext(ctx, "annals: stopped leading", slog.Int64("epoch", lease.Epoch), slog.Any("error", err))
 		sleep(ctx, jitter(e.cfg.RetryBackoff))
@@ -368,7 +540,7 @@ func (e *Engine) CatchUp(ctx context.Context, sub *Subscription, target int64) e
 		lease := &Lease{Subscriber: sub.Name, Partition: sub.Partition, Start: sub.StartAfter}
 		return e.lead(ctx, ctx, sub, lease, target)
 	}
-	lease, err := e.standBy(ctx, sub)
+	lease, err := e.standBy(ctx, sub, nil)
 	if err != nil {
 		return errors.Wrapf(err, "catchup: waiting for the lock of %s/%d", sub.Name, sub.Partition)
 	}
@@ -390,7 +562,7 @@ func (e *Engine) validate(sub *Subscription) error {
 	case sub.BatchSize < 0:
 		return errors.New("catchup: negative batch size")
 	}
-	return nil
+	return ParsePartitionBy(sub.PartitionBy)
 }
 
 // abandonGrace is how long Run waits, after the batch in hand's context was
@@ -424,7 +596,13 @@ func (e *Engine) leadBounded(ctx, procCtx context.Context, sub *Subscription, le
 			}
 			ended, cancel := context.WithCancel(context.Background())
 			cancel()
-			_ = lease.Lock.Release(ended)
+			if lease.Lock != nil {
+				_ = lease.Lock.Release(ended)
+			} else {
+				// The batch runs on a pool connection: giving the lock back
+				// lets the next leader claim, which fences its commit.
+				e.releaseLock(context.Background(), lease)
+			}
 			return true, nil
 		}
 	}
@@ -456,16 +634,13 @@ func (e *Engine) release(ctx context.Context, lease *Lease) {
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	_ = lease.Lock.Release(rctx)
+	e.releaseLock(rctx, lease)
 }
 
 // lead processes batches from the lease's checkpoint until ctx ends, the
 // lock is lost, or (target < MaxInt64) the cursor reaches target.
 func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Lease, target int64) error {
-	var lost <-chan struct{}
-	if lease.Lock != nil {
-		lost = lease.Lock.Lost()
-	}
+	lost := lease.Lost()
 	live := target == math.MaxInt64
 	var signal <-chan struct{}
 	if live && e.listener != nil {
@@ -509,7 +684,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		}
 		select {
 		case <-lost:
-			return lease.Lock.Err()
+			return lease.Err()
 		default:
 		}
 		var batch Batch
@@ -566,6 +741,13 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			continue
 		}
 		if batch.Through <= cursor {
+			if !live && e.cfg.ReadPool != nil && cursor < target {
+				// The replica has not replayed through target yet: wait for it.
+				if err := e.wait(ctx, lost, nil, e.cfg.ReadPollInterval); err != nil {
+					return err
+				}
+				continue
+			}
 			if !live {
 				return nil // target is beyond the head: nothing more to read
 			}
@@ -575,7 +757,11 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 				}
 				e.cfg.Logger.WarnContext(ctx, "annals: flushing the checkpoint failed", slog.String("subscriber", sub.Name), slog.Any("error", err))
 			}
-			if err := e.wait(ctx, lost, signal, e.cfg.PollInterval); err != nil {
+			idle := e.cfg.PollInterval
+			if e.cfg.ReadPool != nil {
+				idle = e.cfg.ReadPollInterval
+			}
+			if err := e.wait(ctx, lost, signal, idle); err != nil {
 				return err
 			}
 			continue
@@ -654,7 +840,15 @@ func (e *Engine) read(ctx context.Context, sub *Subscription, lease *Lease, afte
 	if re := sub.Filter.Regex(); re != "" {
 		regex = &re
 	}
-	rows, err := e.pool.Query(ctx, e.q["ReadBatch"], after, limit, regex, max(sub.Partitions, 1), sub.Partition, target, sub.Name)
+	key, err := parsePartitionBy(sub.PartitionBy)
+	if err != nil {
+		return Batch{}, err
+	}
+	readPool := e.pool
+	if e.cfg.ReadPool != nil {
+		readPool = e.cfg.ReadPool
+	}
+	rows, err := readPool.Query(ctx, e.q["ReadBatch"], after, limit, regex, max(sub.Partitions, 1), sub.Partition, target, sub.Name, key.kind, key.field)
 	if err != nil {
 		return Batch{}, errors.Wrap(err, "catchup: read batch")
 	}
@@ -663,10 +857,15 @@ func (e *Engine) read(ctx context.Context, sub *Subscription, lease *Lease, afte
 	if err != nil {
 		return Batch{}, errors.Wrap(err, "catchup: read batch")
 	}
-	if lease.Lock != nil && h.epoch != lease.Epoch {
+	if e.cfg.ReadPool != nil && !lease.Ephemeral() {
+		if err := e.pool.QueryRow(ctx, e.q["ReadHeader"], sub.Name, sub.Partition).Scan(&h.epoch, &h.stopped, &h.retry, &h.unresolved); err != nil {
+			return Batch{}, errors.Wrap(err, "catchup: read the batch header")
+		}
+	}
+	if !lease.Ephemeral() && h.epoch != lease.Epoch {
 		return Batch{}, errors.Wrapf(checkpoint.ErrFenced, "catchup: %s/%d: the checkpoint's epoch is no longer %d", sub.Name, sub.Partition, lease.Epoch)
 	}
-	if lease.Lock != nil {
+	if !lease.Ephemeral() {
 		b.Redeliveries, b.Unresolved, b.Stopped = h.retry, h.unresolved, h.stopped
 	}
 	head := h.head

@@ -2,7 +2,9 @@
 
 -- name: ReadBatch
 -- $1 after (exclusive), $2 limit, $3 type regex or NULL, $4 partitions,
--- $5 partition, $6 upper bound (inclusive), $7 subscriber. The head comes
+-- $5 partition, $6 upper bound (inclusive), $7 subscriber, $8 the partition
+-- key ('stream', 'category': the stream ID up to its first '-', 'metadata':
+-- the metadata field $9 as text, '' when absent). The head comes
 -- from the same snapshot as the events: every committed event up to it is
 -- visible, so when fewer than $2 rows match, everything through the head (up
 -- to $6) has been considered and the checkpoint may move there. The
@@ -37,7 +39,10 @@ SELECT h.head, coalesce(h.epoch, -1), coalesce(h.stopped_reason, ''), h.retry, h
          WHERE ev.global_sequence > $1
            AND ev.global_sequence <= least(h.head, $6)
            AND ($3::text IS NULL OR ev.event_type ~ $3)
-           AND ($4::int <= 1 OR {{.Schema}}.stream_partition(ev.stream_id, $4) = $5)
+           AND ($4::int <= 1 OR {{.Schema}}.stream_partition(
+                   CASE $8::text WHEN 'category' THEN split_part(ev.stream_id, '-', 1)
+                                 WHEN 'metadata' THEN coalesce(ev.metadata ->> $9::text, '')
+                                 ELSE ev.stream_id END, $4) = $5)
          ORDER BY ev.global_sequence
          LIMIT $2) e ON true;
 
@@ -73,3 +78,66 @@ SELECT pid
    AND objsubid = 2
    AND granted
  LIMIT 1;
+
+-- name: NotifyCheckpoint
+-- Sent after a batch's COMMIT, in the same round trip, as a transaction of
+-- its own: tells projection.Await that subscriber $3's partition $2 has
+-- committed through position $1 (channel payload "position:partition:
+-- subscriber"). Not inside the batch's transaction: a transaction that
+-- NOTIFYs holds PostgreSQL's notification-queue lock from its commit
+-- until its WAL flush is done, and every append NOTIFYs too, so each
+-- batch commit would add a WAL flush to the appends' serial chain. This
+-- transaction writes no data and commits without waiting for its flush
+-- (synchronous_commit off, for it alone), so it holds that lock only
+-- for a moment. A lost notification costs an awaiter its poll interval.
+SELECT set_config('synchronous_commit', 'off', true),
+       pg_notify({{.CheckpointChannel}}, $1::bigint::text || ':' || $2::int::text || ':' || $3::text);
+
+-- name: LockStates
+-- The lock session's look at who holds what: of the two-int4 advisory keys
+-- in the arrays $1 (k1) and $2 (k2), the 1-based positions of those some
+-- session holds or waits for, whether one holds it (granted) and the
+-- holder's backend pid (0 when none holds it). A key not returned is free.
+-- pg_locks is read once (materialized) and joined.
+WITH l AS MATERIALIZED (
+    SELECT classid, objid, bool_or(granted) AS granted, coalesce(max(pid) FILTER (WHERE granted), 0) AS pid
+      FROM pg_locks
+     WHERE locktype = 'advisory' AND objsubid = 2
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+     GROUP BY classid, objid)
+SELECT k.i, l.granted, l.pid
+  FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS k(k1, k2, i)
+  JOIN l ON l.classid = (k.k1::int8 & 4294967295)::oid AND l.objid = (k.k2::int8 & 4294967295)::oid;
+
+-- name: CommitFencedHeld
+-- CommitFenced for a lease held on the engine's lock session, while the
+-- batch runs on another connection: the move also needs the lock session
+-- ($5, its backend pid) to hold the partition's lock ($6, $7) as the
+-- statement runs, so that a leader whose lock session has ended commits
+-- nothing even before anyone else has claimed (the epoch fences it once
+-- someone has).
+WITH moved AS (
+    UPDATE {{.Schema}}.checkpoints
+       SET position = greatest(position, $4), updated_at = clock_timestamp()
+     WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3
+       AND EXISTS (SELECT 1 FROM pg_locks
+                    WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND pid = $5
+                      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                      AND classid = ($6::int4::int8 & 4294967295)::oid
+                      AND objid = ($7::int4::int8 & 4294967295)::oid)
+    RETURNING position)
+SELECT CASE WHEN (SELECT count(*) FROM moved) = 1 THEN 1
+            ELSE ('annals: checkpoint fenced, rows moved: ' || (SELECT count(*) FROM moved))::int END;
+
+-- name: ReadHeader
+-- ReadBatch's header from the primary when the events come from a read
+-- replica (Config.ReadPool): $1 subscriber, $2 partition. The checkpoint's
+-- epoch, stop reason and dead-letter counts must be the primary's, not a
+-- replica's that may lag behind this leader's own claim.
+SELECT coalesce(c.epoch, -1), coalesce(c.stopped_reason, ''), d.retry, d.unresolved
+  FROM (SELECT 1) one
+  LEFT JOIN {{.Schema}}.checkpoints c ON c.subscriber_id = $1 AND c.partition = $2
+ CROSS JOIN (SELECT count(*) FILTER (WHERE dl.status = 'retry') AS retry, count(*) AS unresolved
+               FROM {{.Schema}}.dead_letters dl
+              WHERE dl.subscriber_id = $1 AND dl.partition = $2
+                AND dl.status IN ('open', 'retry')) d;

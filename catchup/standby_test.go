@@ -148,8 +148,8 @@ func standbySession(t *testing.T, db *annalstest.DB, in *instance) int32 {
 }
 
 // A process standing by for many partitions holds one connection for all
-// of them, and takes over every partition of a leader whose lock sessions
-// all die at once.
+// of them, takes over every partition of a leader whose lock session dies,
+// and then leads all of them on that one connection.
 func TestStandbyOneSessionForAllPartitions(t *testing.T) {
 	t.Parallel()
 	const n = 6
@@ -168,19 +168,33 @@ func TestStandbyOneSessionForAllPartitions(t *testing.T) {
 		time.Sleep(30 * time.Millisecond)
 	}
 	_, before := owners(t, db, n)
-	// pg_terminate_backend of every lock session of a at once: b wins
-	// several locks in one poll.
+	// a holds its n locks on one session: pg_terminate_backend of it frees
+	// all of them at once, and b wins several locks in one poll.
 	var killed int
 	if err := db.Pool.QueryRow(t.Context(), `
-		SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-		 WHERE a.datname = current_database() AND l.locktype = 'advisory' AND l.granted AND a.application_name = 'a'`).Scan(&killed); err != nil || killed != n {
-		t.Fatalf("terminated %d lock sessions of a (%v), want %d", killed, err, n)
+		SELECT count(pg_terminate_backend(pid)) FROM (SELECT DISTINCT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		 WHERE a.datname = current_database() AND l.locktype = 'advisory' AND l.granted AND a.application_name = 'a') s`).Scan(&killed); err != nil || killed != 1 {
+		t.Fatalf("terminated %d lock sessions of a (%v), want 1", killed, err)
 	}
 	d := waitLeads(t, db, b, n, before, 10*time.Second)
 	t.Logf("b leads all %d partitions %v after a's lock sessions ended", n, d)
-	// One connection per led partition; the standby session went to one of
-	// them, and none is left standing by.
-	annalstest.WaitFor(t, 5*time.Second, func() bool { return b.sessions(t, db) == n })
+	// The standby session holds all n locks: one session holds every lock
+	// of b, and b has no other connection besides its pool.
+	for range 5 {
+		var holders, locks int
+		if err := db.Pool.QueryRow(t.Context(), `
+			SELECT count(DISTINCT l.pid), count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+			 WHERE a.datname = current_database() AND l.locktype = 'advisory' AND l.granted AND a.application_name = 'b'`).Scan(&holders, &locks); err != nil {
+			t.Fatal(err)
+		}
+		if holders != 1 || locks != n {
+			t.Fatalf("b holds %d locks on %d sessions, want %d on 1", locks, holders, n)
+		}
+		if got := b.sessions(t, db); got > 1 {
+			t.Fatalf("the leader of %d partitions has %d connections besides its pool, want 1", n, got)
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
 }
 
 // A leader that stops gracefully announces its release: the standby takes

@@ -64,7 +64,9 @@ func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Dura
 				}
 				return nil, errors.Wrapf(r.err, "catchup: taking over %s/%d", sub.Name, sub.Partition)
 			}
-			return e.claim(ctx, sub, r.lock)
+			lease := e.newLease(sub)
+			lease.Lock = r.lock
+			return e.claim(ctx, lease)
 		case <-tick.C:
 		}
 		cp, err := e.checkpoints.Load(qctx, e.pool, sub.Name, sub.Partition)

@@ -54,6 +54,9 @@ func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVe
 	if err != nil {
 		return AppendResult{}, err
 	}
+	if s.inline.wants(&args) {
+		return s.appendInline(ctx, args)
+	}
 	if s.group == nil {
 		return s.appendAlone(ctx, args)
 	}
@@ -104,8 +107,45 @@ func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 	if err != nil {
 		return AppendResult{}, err
 	}
-	rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, args.json())
-	return collectAppend(rows, err, args)
+	return s.appendTx(ctx, tx, args)
+}
+
+// appendTx sends one append in tx, after the inline projections.
+func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, args appendArgs) (AppendResult, error) {
+	if !s.inline.wants(&args) {
+		rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, args.json())
+		return collectAppend(rows, err, args)
+	}
+	run := &inlineRun{s: s, versions: map[string]int64{}}
+	plan, err := run.apply(ctx, tx, &args)
+	if err != nil {
+		return AppendResult{}, err
+	}
+	if !plan.guard {
+		rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, args.json())
+		res, err := collectAppend(rows, err, args)
+		return res, plan.explain(err, args)
+	}
+	// The append and its guard in one round trip.
+	batch := &pgx.Batch{}
+	batch.Queue(s.q.append, args.stream, args.expected, args.json())
+	s.queueGuard(batch, plan)
+	br := tx.SendBatch(ctx, batch)
+	rows, qerr := br.Query()
+	res, err := collectAppend(rows, qerr, args)
+	err = plan.explain(err, args)
+	if err == nil {
+		if _, gerr := br.Exec(); gerr != nil {
+			err = guardError(gerr)
+		}
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = errors.Wrap(cerr, "eventstore: append")
+	}
+	if err != nil {
+		return AppendResult{}, err
+	}
+	return res, nil
 }
 
 // Batch stages appends inside Transact. Its methods are not safe for
@@ -154,6 +194,12 @@ func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pg
 		s.tel.Duration.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(telemetry.Outcome.String(outcome)))
 		span.End()
 	}()
+	return s.transact(ctx, fn)
+}
+
+// transact is Transact without its span; the inline projections run
+// after fn, before the appends.
+func (s *Store) transact(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx, b *Batch) error) (results []AppendResult, err error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, errors.Wrap(err, "eventstore: acquire connection")
@@ -179,17 +225,37 @@ func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pg
 	if len(b.appends) == 0 {
 		return nil, errors.Wrap(tx.Commit(ctx), "eventstore: commit")
 	}
+	plans := make([]inlinePlan, len(b.appends))
+	for i := range plans {
+		plans[i].pinned = -1
+	}
+	if s.inline != nil {
+		run := &inlineRun{s: s, versions: map[string]int64{}}
+		for i := range b.appends {
+			if plans[i], err = run.apply(ctx, tx, &b.appends[i]); err != nil {
+				rollback()
+				return nil, err
+			}
+		}
+	}
 
 	batch := &pgx.Batch{}
-	for _, a := range b.appends {
+	for i, a := range b.appends {
 		batch.Queue(s.q.append, a.stream, a.expected, a.json())
+		s.queueGuard(batch, plans[i])
 	}
 	batch.Queue("COMMIT")
 	br := conn.SendBatch(ctx, batch)
 	results = make([]AppendResult, 0, len(b.appends))
-	for _, a := range b.appends {
+	for i, a := range b.appends {
 		rows, qerr := br.Query()
 		res, err := collectAppend(rows, qerr, a)
+		err = plans[i].explain(err, a)
+		if err == nil && plans[i].guard {
+			if _, gerr := br.Exec(); gerr != nil {
+				err = guardError(gerr)
+			}
+		}
 		if err != nil {
 			_ = br.Close()
 			rollback()

@@ -73,6 +73,50 @@
 // own, as the caller's transaction must). docs/architecture.md says why group
 // commit was chosen over a sequencer that numbers events after commit.
 //
+// # Inline projections
+//
+// Config.Inline lists projections (package projection's Projection, or any
+// InlineProjection) applied in the transaction of every append through the
+// Store: the read model commits with the events or not at all, so a writer
+// reads its own write at once. Because the log's ordering lock is held
+// from the append to COMMIT, the handlers run before the append, never
+// under the lock:
+//
+//  1. Append opens a transaction of its own, so inline appends do not join
+//     group commit (an append whose events no inline projection handles
+//     keeps the group-commit path); AppendTx and Transact use the caller's.
+//  2. If some event IDs came from the caller, they are looked up: stored
+//     ones make the append an idempotent re-append or an ID conflict, sent
+//     as is, with no handler run.
+//  3. The stream's version is read (no lock: nothing here may make an
+//     append wait) and becomes the append's exact expected version: with
+//     Any or StreamExists too. The events get the versions they will be
+//     stored at.
+//  4. Each inline projection handles each event in the transaction.
+//     GlobalSequence is 0 and RecordedAt zero: both are assigned under the
+//     lock. An error (or panic) fails the append with an *InlineError
+//     (ErrInlineProjection), and nothing is stored.
+//  5. The append and the COMMIT go in one round trip, as for any Transact;
+//     with caller-chosen IDs a check rides along that this transaction
+//     wrote the events (an index probe, no round trip), in case another
+//     writer stored them after step 2: ErrStoredConcurrently then.
+//
+// A writer that appended to the stream after step 3 makes the append fail
+// with ErrWrongExpectedVersion, and the handlers' writes roll back with
+// it: a read model row is never written for a version that is not stored.
+// Append retries that conflict itself when the caller's expected version
+// was Any or StreamExists (up to 10 times, re-running the handlers);
+// AppendTx and Transact return it (the whole transaction is the caller's
+// to retry). The lock is held for no longer than without inline
+// projections (projection/TestInlineHoldsTheAppendLockNoLonger): no round
+// trip under it either way.
+//
+// Inline projections see only appends through a Store configured with
+// them; an append from elsewhere (another service, SQL) passes them by. A
+// projection that must see every event runs in the projection runner
+// (asynchronously); the same projection can be rebuilt there
+// (projection.Runner.Rebuild) into the read model its inline use built.
+//
 // # Appending
 //
 //	reg := eventstore.NewRegistry()

@@ -43,8 +43,7 @@ func (s *Store) AppendEncodedTx(ctx context.Context, tx pgx.Tx, a EncodedAppend)
 	if err != nil {
 		return AppendResult{}, err
 	}
-	rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, args.json())
-	return collectAppend(rows, err, args)
+	return s.appendTx(ctx, tx, args)
 }
 
 // AppendEncoded stages an EncodedAppend inside Transact, like Append: it
@@ -75,5 +74,6 @@ func (a EncodedAppend) args() (appendArgs, error) {
 	if a.Count <= 0 || !json.Valid(a.Events) {
 		return appendArgs{}, invalidf("encoded append to stream %q is malformed", a.StreamID)
 	}
-	return appendArgs{stream: a.StreamID, expected: exp, exp: a.Expected, payload: a.Events, count: a.Count}, nil
+	// Its IDs were chosen when it was encoded: it may be stored already.
+	return appendArgs{stream: a.StreamID, expected: exp, exp: a.Expected, payload: a.Events, count: a.Count, callerIDs: true}, nil
 }

@@ -236,10 +236,6 @@ func (s *Store) DeleteStreamTx(ctx context.Context, tx pgx.Tx, streamID string, 
 	return s.deleteStream(ctx, tx, streamID, expected, opts)
 }
 
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 func (s *Store) deleteStream(ctx context.Context, q querier, streamID string, expected ExpectedVersion, opts *DeleteOptions) (res AppendResult, err error) {
 	ctx, done := s.trace(ctx, "annals.delete_stream", streamID, expected, 1)
 	defer func() { done(res, err) }()

@@ -34,3 +34,24 @@ SELECT version, state FROM {{.Schema}}.streams WHERE stream_id = $1;
 
 -- name: Head
 SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events;
+
+-- name: StoredIDs
+-- How many of the events of an inline append are stored already.
+SELECT count(*)::int FROM {{.Schema}}.events WHERE event_id = ANY($1::uuid[]);
+
+-- name: InlineWritten
+-- After an inline append with caller-chosen IDs, in the pipeline before its
+-- COMMIT: fails (division by zero) unless this transaction wrote every one
+-- of the events, i.e. append_events did not answer them as an idempotent
+-- re-append of events another transaction stored meanwhile. A row's xmin is
+-- this transaction's, or a subtransaction's under a savepoint, exactly when
+-- pg_xact_status calls it in progress (rows of other transactions still in
+-- progress are not visible here). xmin is 32 bits; it is given the epoch of
+-- the current transaction ID (a row from the previous epoch makes
+-- pg_xact_status fail, which fails the append too, and a retry answers it as
+-- an idempotent re-append). A CASE around 1/0 would not do: the planner
+-- folds the constant.
+SELECT 1 / (count(*) = $2::int)::int
+  FROM {{.Schema}}.events
+ WHERE event_id = ANY($1::uuid[])
+   AND pg_xact_status(((pg_current_xact_id()::text::bigint >> 32 << 32) + xmin::text::bigint)::text::xid8) = 'in progress';

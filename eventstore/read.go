@@ -22,7 +22,7 @@ func (s *Store) ReadAll(ctx context.Context, from int64) iter.Seq2[Event, error]
 	return func(yield func(Event, error) bool) {
 		next := from
 		for {
-			page, err := s.page(ctx, s.q.readAll, next, s.pageSize)
+			page, err := s.page(ctx, s.pool, s.q.readAll, next, s.pageSize)
 			if err != nil {
 				yield(Event{}, errors.Wrap(err, "eventstore: read all"))
 				return
@@ -53,6 +53,24 @@ func (s *Store) ReadAll(ctx context.Context, from int64) iter.Seq2[Event, error]
 // deletion) are not yielded, so the first event may have a version above
 // fromVersion.
 func (s *Store) ReadStream(ctx context.Context, streamID string, fromVersion int64) iter.Seq2[Event, error] {
+	return s.readStream(ctx, s.pool, streamID, fromVersion)
+}
+
+// ReadStreamTx is ReadStream inside tx: it sees tx's own appends, and in a
+// REPEATABLE READ transaction, the snapshot of tx. The loop body must not
+// use tx while a page is read (pages are read whole before they are
+// yielded, so between events it may).
+func (s *Store) ReadStreamTx(ctx context.Context, tx pgx.Tx, streamID string, fromVersion int64) iter.Seq2[Event, error] {
+	return s.readStream(ctx, tx, streamID, fromVersion)
+}
+
+// querier is what reads need of a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func (s *Store) readStream(ctx context.Context, db querier, streamID string, fromVersion int64) iter.Seq2[Event, error] {
 	return func(yield func(Event, error) bool) {
 		if streamID == "" {
 			yield(Event{}, invalidf("stream ID is empty"))
@@ -61,13 +79,13 @@ func (s *Store) ReadStream(ctx context.Context, streamID string, fromVersion int
 		next := fromVersion
 		first := true
 		for {
-			page, err := s.page(ctx, s.q.readStream, next, s.pageSize, streamID)
+			page, err := s.page(ctx, db, s.q.readStream, next, s.pageSize, streamID)
 			if err != nil {
 				yield(Event{}, errors.Wrapf(err, "eventstore: read stream %q", streamID))
 				return
 			}
 			if first && len(page) == 0 {
-				if _, err := s.StreamVersion(ctx, streamID); err != nil {
+				if _, err := s.streamVersionOf(ctx, db, streamID); err != nil {
 					yield(Event{}, err)
 				}
 				return
@@ -95,9 +113,13 @@ func (s *Store) ReadStream(ctx context.Context, streamID string, fromVersion int
 // ErrStreamNotFound when it has no events, or a *StreamDeletedError
 // (ErrStreamDeleted) when it is deleted.
 func (s *Store) StreamVersion(ctx context.Context, streamID string) (int64, error) {
+	return s.streamVersionOf(ctx, s.pool, streamID)
+}
+
+func (s *Store) streamVersionOf(ctx context.Context, db querier, streamID string) (int64, error) {
 	var v int64
 	var state int16
-	err := s.pool.QueryRow(ctx, s.q.streamVersion, streamID).Scan(&v, &state)
+	err := db.QueryRow(ctx, s.q.streamVersion, streamID).Scan(&v, &state)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, errors.Wrapf(ErrStreamNotFound, "stream %q", streamID)
 	}
@@ -109,13 +131,13 @@ func (s *Store) StreamVersion(ctx context.Context, streamID string) (int64, erro
 
 // page runs one paged read. The stream form takes (stream, from, limit);
 // the log form takes (from, limit).
-func (s *Store) page(ctx context.Context, query string, from int64, limit int, stream ...string) ([]Event, error) {
+func (s *Store) page(ctx context.Context, db querier, query string, from int64, limit int, stream ...string) ([]Event, error) {
 	var rows pgx.Rows
 	var err error
 	if len(stream) == 1 {
-		rows, err = s.pool.Query(ctx, query, stream[0], from, limit, s.clock())
+		rows, err = db.Query(ctx, query, stream[0], from, limit, s.clock())
 	} else {
-		rows, err = s.pool.Query(ctx, query, from, limit)
+		rows, err = db.Query(ctx, query, from, limit)
 	}
 	if err != nil {
 		return nil, err

@@ -53,6 +53,12 @@ type Config struct {
 	// Clock is the time stream reads apply a stream's maximum age with
 	// (see SetStreamRetention). Defaults to time.Now.
 	Clock func() time.Time
+	// Inline lists projections applied in the transaction of every append
+	// through this Store (Append, AppendTx, Transact, the encoded appends):
+	// see InlineProjection and the package documentation. An Append whose
+	// events no inline projection handles keeps the group-commit path.
+	// Defaults to none.
+	Inline []InlineProjection
 }
 
 // Store appends events to and reads events from the annals schema through a
@@ -68,10 +74,11 @@ type Store struct {
 	group    *committer // nil when group commit is disabled
 	lc       lifecycleQueries
 	clock    func() time.Time
+	inline   *inline // nil without inline projections
 }
 
 type queries struct {
-	append, appendBatch, readAll, readStream, streamVersion, head string
+	append, appendBatch, readAll, readStream, streamVersion, head, storedIDs, inlineWritten string
 }
 
 // New returns a Store on pool. The schema must have been migrated (see the
@@ -129,7 +136,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 			readStream:    named["ReadStream"],
 			streamVersion: named["StreamVersion"],
 			head:          named["Head"],
+			storedIDs:     named["StoredIDs"],
+			inlineWritten: named["InlineWritten"],
 		},
+	}
+	if s.inline, err = newInline(c.Inline); err != nil {
+		return nil, err
 	}
 	if !gc.Disabled {
 		s.group = &committer{s: s, cfg: gc}

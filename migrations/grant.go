@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/schemaname"
 )
 
@@ -118,8 +119,11 @@ func Grant(ctx context.Context, pool *pgxpool.Pool, role string, kind RoleKind, 
 		return err
 	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, blocks["grant_lock"][0], c.Schema); err != nil {
-			return errors.Wrap(err, "migrations: wait for other grants in the schema")
+		// Concurrent GRANTs on one object fail in PostgreSQL ("tuple
+		// concurrently updated"): grants to one schema take turns.
+		k1, k2 := lockkey.Pair(c.Schema + ":grant")
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, $2)`, k1, k2); err != nil {
+			return errors.Wrap(err, "migrations: wait for other grants to the schema")
 		}
 		var exists bool
 		if err := tx.QueryRow(ctx, blocks["role_exists"][0], role).Scan(&exists); err != nil {

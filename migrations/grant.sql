@@ -42,8 +42,8 @@ GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.snapshots TO {{.Role}};
 GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.checkpoints TO {{.Role}};
 -- projection: Register, Heartbeat, Deregister (and expiry of dead instances).
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.instances TO {{.Role}};
--- projection: RecordFailure, ForgetFailures (also on rebuild).
-GRANT SELECT, INSERT, DELETE ON {{.Schema}}.failures TO {{.Role}};
+-- projection: RecordFailure, RetryAt, ForgetFailures (also on rebuild).
+GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.failures TO {{.Role}};
 GRANT USAGE ON SEQUENCE {{.Schema}}.failures_id_seq TO {{.Role}};
 -- projection: DeadLetter (an upsert), ParkedStreams, Released, Resolve, Reopen,
 -- and SupersedeDeadLetters on rebuild.
@@ -57,6 +57,8 @@ GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.cron_tasks TO {{.Role}};
 GRANT SELECT, INSERT, DELETE ON {{.Schema}}.cron_ticks TO {{.Role}};
 -- saga: Load, Insert, Update, Prune.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.saga_states TO {{.Role}};
+-- projection: read-model setup (SetupVersion, RecordSetup), also on rebuild.
+GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.read_model_setups TO {{.Role}};
 
 -- name: operate
 -- annals dlq purge; annals schedule delete.
@@ -68,11 +70,11 @@ GRANT SELECT ON SEQUENCE {{.Schema}}.events_global_sequence TO {{.Role}};
 -- annals scavenge (package scavenge): removes expired events, recording each run.
 GRANT EXECUTE ON FUNCTION {{.Schema}}.scavenge(text, timestamptz, int) TO {{.Role}};
 GRANT SELECT ON {{.Schema}}.scavenge_runs TO {{.Role}};
+-- The operator console (package console) records each action in audit_log
+-- and lists it; a trigger stamps the ID, time and role.
+GRANT SELECT, INSERT ON {{.Schema}}.audit_log TO {{.Role}};
+GRANT USAGE ON SEQUENCE {{.Schema}}.audit_log_id_seq TO {{.Role}};
 
 -- name: role_exists
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1);
 
--- name: grant_lock
--- Grant's own: concurrent GRANTs on one object fail with "tuple
--- concurrently updated", so Grants in one schema take turns. $1 the schema.
-SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('annals grant ' || $1, 0));

@@ -52,6 +52,8 @@ type childMode struct {
 	FailStream string `json:"fail_stream,omitempty"`
 	// Retry goes to projection.Config.Retry (nil: the defaults).
 	Retry *projection.RetryPolicy `json:"retry,omitempty"`
+	// Partitions goes to projection.Options (zero: 1).
+	Partitions int `json:"partitions,omitempty"`
 	// Defaults runs the runner's leader election at its defaults
 	// (LockRetryInterval, PollInterval, the lock's CheckInterval) instead of
 	// the child tuning below.
@@ -147,6 +149,7 @@ func runChild(raw string) int {
 		BatchSize:          spec.BatchSize,
 		CheckpointEvery:    spec.CheckpointEvery,
 		CheckpointInterval: spec.CheckpointInterval,
+		Partitions:         spec.Partitions,
 	}
 	var handler any
 	switch spec.Kind {
@@ -158,6 +161,12 @@ func runChild(raw string) int {
 		handler = p
 	case kindObserver:
 		handler = deliveryObserver(reg, pool, spec.Instance, spec.HandleDelay)
+	case kindBalanced:
+		handler = streamCounter(spec.Instance)
+		if err := r.Register(orderObserver(pool, spec.Instance), opts); err != nil {
+			logger.Error("child: register", slog.Any("error", err))
+			return 1
+		}
 	default:
 		logger.Error("child: unknown kind", slog.String("kind", spec.Kind))
 		return 2

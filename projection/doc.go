@@ -20,11 +20,15 @@
 //
 //   - One active processor per subscriber (or partition) across every
 //     process, elected with an md5-keyed advisory lock; the others stand by
-//     and take over within seconds when the leader dies.
+//     and take over within tens of milliseconds when the leader dies. The
+//     processes running a partitioned subscriber share its partitions
+//     fairly (⌊P/N⌋ or ⌈P/N⌉ each; Options.Partitions, PartitionBy), and a
+//     process holds all its locks on one connection (package catchup,
+//     "Balanced leadership" and "The lock session").
 //   - Projections: each batch of events and the checkpoint commit in one
-//     transaction on the lock's connection, fenced by the leader's epoch. A
-//     read-model write is applied exactly once; a leader that has lost its
-//     lock cannot commit.
+//     transaction (on a pool connection), fenced by the leader's epoch and
+//     by its lock session still holding the lock. A read-model write is
+//     applied exactly once; a leader that has lost its lock cannot commit.
 //   - Observers: at-least-once; Handle gets the event (use e.ID to make side
 //     effects idempotent). Checkpoints are written every CheckpointEvery
 //     events or CheckpointInterval (also while idle), so a crash re-delivers
@@ -43,6 +47,20 @@
 //     re-delivered by the live leader, in order.
 //   - Telemetry: a span per handler call, linked to the append that produced
 //     the event, and the metrics listed in internal/telemetry.
+//
+// # Read-model setup
+//
+// A projection declares what its read model needs with Typed.OnSetup (or by
+// implementing Setupper): a versioned setup function, typically
+// Statements("CREATE TABLE IF NOT EXISTS …"). Run and RunUntilCaughtUp (and
+// Runner.Setup, which they call) run it before the projection first runs,
+// and a rebuild before its Reset, in a transaction that first takes a
+// transaction-scoped advisory lock on the projection's setup key, then
+// checks and updates the version recorded in the read_model_setups table
+// (EnsureSetup). So it runs once per version per database, never
+// concurrently with itself, even when instances start at once; a failed
+// setup records nothing and the runner does not start. Bump the version to
+// run a changed setup once more.
 //
 // # Rebuilding a projection
 //
@@ -76,6 +94,54 @@
 // rebuilt checkpoint. A rebuild that dies midway loses nothing: the live
 // instance takes the freed lock and continues the replay from the last
 // committed batch.
+//
+// # Inline or asynchronous
+//
+// A Projection can also run inline: listed in eventstore.Config.Inline, it
+// is applied in the transaction of each append through that Store, before
+// the append takes the log's ordering lock (see package eventstore), and
+// its read model is never stale for the writer. Choose:
+//
+//   - inline when a writer must read its own write at once (a uniqueness
+//     check, a balance shown right after the command) and every append of
+//     the projection's event types goes through one Store configured with
+//     it. The appender pays for the handlers (and a stream-version read) in
+//     its own latency; a failing handler fails the append; no runner, lock
+//     or checkpoint is involved.
+//   - asynchronous (the Runner) when the projection must see every event
+//     however it was appended, when its handlers are slow or may fail
+//     without blocking writers, or when it reads other read models. Use
+//     Await for read-your-writes.
+//
+// An inline projection is rebuilt through a Runner like any other
+// (Runner.Rebuild, with the projection registered under its name), and
+// the rebuilt read model equals the one built inline as long as the
+// handlers do not store GlobalSequence or RecordedAt, which inline handlers
+// do not know (projection/TestInlineProjection rebuilds one built by
+// concurrent writers).
+//
+// # Read-your-writes: Await
+//
+// A writer that must read an asynchronous projection's result waits for it:
+//
+//	res, err := store.Append(ctx, "acct-1", eventstore.Any, eventstore.NewEvent(Deposited{Amount: 5}))
+//	err = runner.Await(ctx, "balances", res.Events[len(res.Events)-1].GlobalSequence)
+//
+// Runner.Await (or an Awaiter, or the function Await, for a process that
+// does not run the projection) returns once the checkpoint of the
+// partition that position's stream belongs to has reached position, or,
+// when ctx ends first, a *BehindError naming the checkpoint, the target
+// and the number of events between them. It is woken, not polling: after
+// each batch commit the runner NOTIFYs the schema's checkpoint channel
+// ("<schema>_checkpoints", payload "position:partition:subscriber") in the
+// same round trip, as a transaction of its own that does not wait for its
+// WAL flush (a NOTIFY inside the batch's transaction would hold
+// PostgreSQL's notification-queue lock, which appends take too, through
+// that flush). An Awaiter listens on one connection for all its waiters,
+// only while some wait, and reconnects when it loses it; every waiter also
+// reads the checkpoints every AwaitOptions.PollInterval (1 s), which
+// covers a lost notification and the moves that send none (a dead letter,
+// an observer's batched checkpoint, a rebuild, annals checkpoint set).
 //
 // The algorithm, with its state machine, is described in package catchup.
 package projection

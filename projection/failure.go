@@ -13,9 +13,9 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/annals-dev/annals"
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/failure"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
 
@@ -294,5 +294,5 @@ func errorDetail(err error) string { return storable(fmt.Sprintf("%+v", err), 64
 // spent reports whether an event that failed its attempt-th time is done
 // retrying.
 func spent(p RetryPolicy, attempt int, err error) bool {
-	return annals.IsPermanent(err) || attempt > p.MaxRetries
+	return failure.IsPermanent(err) || attempt > p.MaxRetries
 }

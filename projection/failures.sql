@@ -17,6 +17,13 @@ SELECT $1, $2, $3, $4,
    FOR SHARE OF c
 RETURNING attempt;
 
+-- name: RetryAt
+-- When the failed attempt $3 of an event will be retried: now + $4
+-- microseconds (what the operator console shows).
+UPDATE {{.Schema}}.failures
+   SET retry_at = clock_timestamp() + $4::bigint * interval '1 microsecond'
+ WHERE subscriber_id = $1 AND event_id = $2 AND attempt = $3;
+
 -- name: ForgetFailures
 -- The failed attempts of an event that has now been handled.
 DELETE FROM {{.Schema}}.failures WHERE subscriber_id = $1 AND event_id = $2;

@@ -86,7 +86,7 @@ func (f *failures) loadParked(ctx context.Context, lease *catchup.Lease, b catch
 			streams = append(streams, e.StreamID)
 		}
 	}
-	err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+	err := lease.Do(ctx, func(conn *pgx.Conn) error {
 		rows, err := conn.Query(ctx, f.q["ParkedStreams"], lease.Subscriber, lease.Partition, streams)
 		if err != nil {
 			return err
@@ -142,7 +142,7 @@ func errorText(err error) string { return storable(err.Error(), 8<<10) }
 // or an operator waits for the lock.
 func (f *failures) recordFailure(ctx context.Context, lease *catchup.Lease, e eventstore.Event, cause error) (int, error) {
 	var attempt int
-	err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+	err := lease.Do(ctx, func(conn *pgx.Conn) error {
 		return conn.QueryRow(ctx, f.q["RecordFailure"], lease.Subscriber, lease.Partition, e.ID, e.GlobalSequence,
 			errorText(cause), lease.Epoch).Scan(&attempt)
 	})
@@ -150,6 +150,20 @@ func (f *failures) recordFailure(ctx context.Context, lease *catchup.Lease, e ev
 		return 0, f.fenced(lease, "record a failed attempt")
 	}
 	return attempt, errors.Wrap(err, "projection: record a failed attempt")
+}
+
+// noteRetryAt records when the attempt's retry is due, for the operator
+// console. It is information only: a failure to write it is logged, never
+// returned (the wait and the retry do not depend on it).
+func (f *failures) noteRetryAt(ctx context.Context, lease *catchup.Lease, e eventstore.Event, attempt int, d time.Duration) {
+	err := lease.Do(ctx, func(conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, f.q["RetryAt"], lease.Subscriber, e.ID, attempt, d.Microseconds())
+		return err
+	})
+	if err != nil {
+		f.logger.DebugContext(ctx, "annals: recording when a failed event is retried failed",
+			slog.String("subscriber", f.name), slog.Any("error", err))
+	}
 }
 
 func (f *failures) fenced(lease *catchup.Lease, doing string) error {
@@ -169,7 +183,7 @@ const fenceCheckInterval = time.Second
 // (RecordFailure, the checkpoint commit) are the guarantee.
 func (f *failures) checkEpoch(ctx context.Context, lease *catchup.Lease) error {
 	var epoch int64
-	err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+	err := lease.Do(ctx, func(conn *pgx.Conn) error {
 		return conn.QueryRow(ctx, f.q["Epoch"], lease.Subscriber, lease.Partition).Scan(&epoch)
 	})
 	switch {
@@ -232,6 +246,7 @@ func (f *failures) afterFailure(ctx context.Context, lease *catchup.Lease, e eve
 	}
 	f.retrying(ctx, e, attempt, cause)
 	d := f.retry.Delay(attempt)
+	f.noteRetryAt(ctx, lease, e, attempt, d)
 	f.logger.InfoContext(ctx, "annals: handler failed; retrying",
 		slog.String("subscriber", f.name), slog.Int64("position", e.GlobalSequence),
 		slog.Int("attempt", attempt), slog.Duration("delay", d), slog.Any("error", cause))
@@ -382,7 +397,7 @@ func (t *txProcessor) process(ctx context.Context, lease *catchup.Lease, b catch
 // costs one round trip, one that writes costs one more than its own
 // statements. Anything that fails rolls it back.
 func (t *txProcessor) inBatchTx(ctx context.Context, lease *catchup.Lease, fn func(tx pgx.Tx) (int64, error)) error {
-	return lease.Lock.Do(ctx, func(conn *pgx.Conn) (err error) {
+	return lease.Do(ctx, func(conn *pgx.Conn) (err error) {
 		tx := &batchTx{ctx: ctx, conn: conn}
 		defer func() {
 			if err != nil {
@@ -404,7 +419,7 @@ func (t *txProcessor) inBatchTx(ctx context.Context, lease *catchup.Lease, fn fu
 }
 
 func (t *txProcessor) inTx(ctx context.Context, lease *catchup.Lease, fn func(tx pgx.Tx) error) error {
-	return lease.Lock.Do(ctx, func(conn *pgx.Conn) error { return pgx.BeginFunc(ctx, conn, fn) })
+	return lease.Do(ctx, func(conn *pgx.Conn) error { return pgx.BeginFunc(ctx, conn, fn) })
 }
 
 // apply runs events in one transaction with the checkpoint at through;
@@ -497,7 +512,7 @@ func redeliver(ctx context.Context, f *failures, lease *catchup.Lease, deliver f
 		e  eventstore.Event
 	}
 	var entries []entry
-	err := lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+	err := lease.Do(ctx, func(conn *pgx.Conn) error {
 		rows, err := conn.Query(ctx, f.q["Released"], lease.Subscriber, lease.Partition, 500)
 		if err != nil {
 			return err
@@ -544,7 +559,7 @@ func redeliver(ctx context.Context, f *failures, lease *catchup.Lease, deliver f
 		if _, ferr := f.recordFailure(ctx, lease, en.e, cause); ferr != nil {
 			return ferr
 		}
-		err = lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+		err = lease.Do(ctx, func(conn *pgx.Conn) error {
 			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, f.q["Reopen"], lease.Subscriber, lease.Partition, en.id, en.e.StreamID, errorText(cause), errorDetail(cause))
 				if err != nil || f.policy != Stop {
@@ -582,7 +597,7 @@ func (p *observerProcessor) Start(ctx context.Context, lease *catchup.Lease) err
 		if lease.Ephemeral() {
 			return nil
 		}
-		return lease.Lock.Do(ctx, func(conn *pgx.Conn) error { return lease.Commit(ctx, conn, pos) })
+		return lease.Do(ctx, func(conn *pgx.Conn) error { return lease.Commit(ctx, conn, pos) })
 	}
 	p.batcher = checkpoint.NewBatcher(commit, lease.Start, p.every, p.interval, nil)
 	return nil
@@ -689,7 +704,7 @@ func (p *observerProcessor) inLock(ctx context.Context, lease *catchup.Lease, fn
 	if lease.Ephemeral() {
 		return nil
 	}
-	return lease.Lock.Do(ctx, fn)
+	return lease.Do(ctx, fn)
 }
 
 // Redeliver re-delivers released dead letters in position order.
@@ -699,7 +714,7 @@ func (p *observerProcessor) Redeliver(ctx context.Context, lease *catchup.Lease)
 		if err := p.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return p.o.Handle(ctx, e) }); err != nil {
 			return handlerError{err}
 		}
-		return lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+		return lease.Do(ctx, func(conn *pgx.Conn) error {
 			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 				if err := lease.Commit(ctx, tx, 0); err != nil {
 					return err

@@ -242,6 +242,7 @@ func (r *Runner) newRebuild(reg *registration, res Resetter, o RebuildOptions) (
 		RetryBackoff:    r.cfg.RetryBackoff,
 		ShutdownTimeout: r.cfg.ShutdownTimeout,
 		Lock:            r.cfg.Lock,
+		ReadPool:        r.cfg.ReadPool,
 		Logger:          r.cfg.Logger,
 	})
 	if err != nil {
@@ -260,7 +261,7 @@ func (r *Runner) newRebuild(reg *registration, res Resetter, o RebuildOptions) (
 		progress: RebuildProgress{Projection: reg.name}}
 	for part := range reg.opts.Partitions {
 		rb.subs = append(rb.subs, &catchup.Subscription{
-			Name: reg.name, Partition: part, Partitions: reg.opts.Partitions, Filter: reg.filter,
+			Name: reg.name, Partition: part, Partitions: reg.opts.Partitions, PartitionBy: reg.opts.PartitionBy, Filter: reg.filter,
 			BatchSize: o.BatchSize, Processor: &countingProcessor{Processor: reg.newProc(), done: rb.advance},
 		})
 	}
@@ -423,7 +424,8 @@ func (rb *rebuild) count(ctx context.Context, head int64) (map[int]int64, error)
 	if re := rb.reg.filter.Regex(); re != "" {
 		regex = &re
 	}
-	rows, err := rb.r.pool.Query(ctx, rb.q["CountEvents"], head, regex, rb.reg.opts.Partitions)
+	kind, field := partitionKeyArgs(rb.reg.opts.PartitionBy)
+	rows, err := rb.r.pool.Query(ctx, rb.q["CountEvents"], head, regex, rb.reg.opts.Partitions, kind, field)
 	if err != nil {
 		return nil, errors.Wrap(err, "projection: rebuild: count the events")
 	}
@@ -438,8 +440,11 @@ func (rb *rebuild) count(ctx context.Context, head int64) (map[int]int64, error)
 // settles the dead letters and forgets the failed attempts, in one transaction on the first partition's lock
 // connection, each checkpoint fenced by its partition's epoch.
 func (rb *rebuild) reset(ctx context.Context, leases []*catchup.Lease) error {
-	err := leases[0].Lock.Do(ctx, func(conn *pgx.Conn) error {
+	err := leases[0].Do(ctx, func(conn *pgx.Conn) error {
 		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if err := rb.setupBeforeReset(ctx, tx); err != nil {
+				return err
+			}
 			if err := safely(func() error { return rb.res.Reset(ctx, tx) }); err != nil {
 				return errors.Wrap(err, "Reset")
 			}
@@ -489,7 +494,7 @@ func (rb *rebuild) replay(ctx context.Context, sub *catchup.Subscription, lease 
 		}
 		// Continue from what is committed, not from where the read failed.
 		var cp checkpoint.Checkpoint
-		err = lease.Lock.Do(ctx, func(conn *pgx.Conn) error {
+		err = lease.Do(ctx, func(conn *pgx.Conn) error {
 			var err error
 			cp, err = rb.cps.Load(ctx, conn, sub.Name, sub.Partition)
 			return err
@@ -553,4 +558,16 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// partitionKeyArgs returns the partition key's kind and metadata field as
+// the SQL of CountEvents takes them (catchup's ReadBatch does the same).
+func partitionKeyArgs(by string) (kind, field string) {
+	switch {
+	case by == catchup.PartitionByCategory:
+		return "category", ""
+	case strings.HasPrefix(by, catchup.PartitionByMetadataPrefix):
+		return "metadata", strings.TrimPrefix(by, catchup.PartitionByMetadataPrefix)
+	}
+	return "stream", ""
 }

@@ -19,8 +19,12 @@ UPDATE {{.Schema}}.dead_letters
 
 -- name: CountEvents
 -- The events a rebuild replays, per partition: $1 head (inclusive), $2 type
--- regex or NULL, $3 partitions.
-SELECT CASE WHEN $3::int <= 1 THEN 0 ELSE {{.Schema}}.stream_partition(e.stream_id, $3) END AS part,
+-- regex or NULL, $3 partitions, $4 and $5 the partition key (as in the
+-- catch-up engine's ReadBatch).
+SELECT CASE WHEN $3::int <= 1 THEN 0 ELSE {{.Schema}}.stream_partition(
+           CASE $4::text WHEN 'category' THEN split_part(e.stream_id, '-', 1)
+                         WHEN 'metadata' THEN coalesce(e.metadata ->> $5::text, '')
+                         ELSE e.stream_id END, $3) END AS part,
        count(*)
   FROM {{.Schema}}.events e
  WHERE e.global_sequence <= $1

@@ -65,6 +65,12 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Lock configures the advisory-lock connections. Defaults to advisorylock's defaults.
 	Lock *advisorylock.Config
+	// ReadPool, if set, is a pool on a streaming replica of the database:
+	// the subscribers' catch-up and live reads (and a rebuild's) go there,
+	// while locks, checkpoints and handler transactions stay on the
+	// primary. A lagging replica delays delivery and never skips (see
+	// catchup.Config.ReadPool). Defaults to none.
+	ReadPool *pgxpool.Pool
 	// Logger receives leadership changes, retries and reconnects.
 	// Defaults to discarding.
 	Logger *slog.Logger
@@ -111,10 +117,17 @@ type Options struct {
 	// Types are event-type glob patterns (see catchup.Filter). Defaults to
 	// the handled types of a typed projection or observer, else all types.
 	Types []string
-	// Partitions splits the subscriber by a stable hash of the stream ID into
-	// this many partitions, each with its own lock and checkpoint, so that
-	// several instances share the work; per-stream order holds. Defaults to 1.
+	// Partitions splits the subscriber by a stable hash of the partition
+	// key (PartitionBy) into this many partitions, each with its own lock
+	// and checkpoint, which the runners running the subscriber share fairly
+	// (see package catchup, "Balanced leadership"); per-key order holds.
+	// Defaults to 1.
 	Partitions int
+	// PartitionBy is the partition key: "stream" (the stream ID, the
+	// default), "category" (the stream ID up to its first "-"), or
+	// "metadata:FIELD" (a top-level metadata field, e.g. a tenant ID). See
+	// catchup.PartitionByStream and the constants next to it.
+	PartitionBy string
 	// BatchSize is the number of events read (and, for projections,
 	// committed) at a time. Defaults to 500.
 	BatchSize int
@@ -161,6 +174,7 @@ type Runner struct {
 	changed  chan struct{}
 	hostname string
 	tel      *telemetry.Subscription
+	awaiter  *Awaiter // Runner.Await's, made on first use
 }
 
 // progress is the last known position of a led partition, for lag metrics.
@@ -299,6 +313,9 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	if err != nil {
 		return errors.Wrapf(err, "projection: %q", name)
 	}
+	if err := catchup.ParsePartitionBy(o.PartitionBy); err != nil {
+		return errors.Wrapf(err, "projection: %q", name)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.running {
@@ -417,6 +434,7 @@ func (r *Runner) newEngine(listener *catchup.Listener) (*catchup.Engine, error) 
 		RetryBackoff:      r.cfg.RetryBackoff,
 		ShutdownTimeout:   r.cfg.ShutdownTimeout,
 		Lock:              r.cfg.Lock,
+		ReadPool:          r.cfg.ReadPool,
 		Logger:            r.cfg.Logger,
 		OnLeadership:      r.onLeadership,
 		OnProgress:        r.onProgress,
@@ -430,8 +448,9 @@ func (r *Runner) subscriptions() []*catchup.Subscription {
 	for _, reg := range r.regs {
 		for part := range reg.opts.Partitions {
 			subs = append(subs, &catchup.Subscription{
-				Name: reg.name, Partition: part, Partitions: reg.opts.Partitions,
+				Name: reg.name, Partition: part, Partitions: reg.opts.Partitions, PartitionBy: reg.opts.PartitionBy,
 				Filter: reg.filter, BatchSize: reg.opts.BatchSize, Processor: reg.newProc(),
+				Balance: true,
 			})
 		}
 	}
@@ -461,6 +480,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.mu.Unlock()
 	if len(subs) == 0 && len(services) == 0 {
 		return errors.New("projection: nothing registered")
+	}
+	if err := r.Setup(ctx); err != nil {
+		return err
 	}
 	listener, err := catchup.NewListener(r.pool.Config().ConnConfig, r.cfg.Schema, r.cfg.Logger)
 	if err != nil {
@@ -521,6 +543,9 @@ func (r *Runner) RunUntilCaughtUp(ctx context.Context) error {
 	subs := r.subscriptions()
 	if len(subs) == 0 {
 		return errors.New("projection: nothing registered")
+	}
+	if err := r.Setup(ctx); err != nil {
+		return err
 	}
 	engine, err := r.newEngine(nil)
 	if err != nil {

@@ -69,14 +69,15 @@ func TestTakeoverAfterSIGKILLAtDefaults(t *testing.T) {
 	}
 }
 
-// waitStandingBy waits until c's runner has a standby session that has
-// polled the locks (its last statement is the standby's poll).
+// waitStandingBy waits until c's runner has a lock session that has
+// polled (its last statement is the poll's look at pg_locks or its try of
+// the free locks).
 func (f *fleet) waitStandingBy(c *childproc.Child) {
 	f.t.Helper()
 	if _, ok := eventually(20*time.Second, func() bool {
 		return f.queryInt(`SELECT count(*) FROM pg_stat_activity
 		                    WHERE datname = current_database() AND application_name = $1
-		                      AND query LIKE '%unnest%pg_try_advisory_lock%'`, c.ID) > 0
+		                      AND (query LIKE '%unnest%pg_try_advisory_lock%' OR query LIKE '%pg_locks%unnest%')`, c.ID) > 0
 	}); !ok {
 		f.t.Fatalf("%s has no standby session polling within 20s; it is %s", c.ID, c.State())
 	}

@@ -27,6 +27,8 @@ type Typed struct {
 	reg      *eventstore.Registry
 	handlers map[string]func(ctx context.Context, tx pgx.Tx, e eventstore.Event) error
 	reset    func(ctx context.Context, tx pgx.Tx) error
+	setup    func(ctx context.Context, tx pgx.Tx) error
+	setupV   int
 	err      error
 }
 
@@ -55,6 +57,31 @@ func On[T any](p *Typed, fn func(ctx context.Context, tx pgx.Tx, e eventstore.En
 
 // OnReset sets the function that clears the read model for a rebuild.
 func (p *Typed) OnReset(fn func(ctx context.Context, tx pgx.Tx) error) { p.reset = fn }
+
+// OnSetup sets the function that creates the read model (its tables and
+// indexes) and its version: the runner runs it before the projection first
+// runs, once per version per database, under a lock (see Setupper and
+// EnsureSetup), and a rebuild before its Reset. Bump version when fn
+// changes; fn then runs over what the previous version made. Statements
+// makes fn from SQL. A version below 1 is reported by Runner.Register.
+func (p *Typed) OnSetup(version int, fn func(ctx context.Context, tx pgx.Tx) error) {
+	if version < 1 || fn == nil {
+		p.err = errors.CombineErrors(p.err, errors.Newf("projection %q: OnSetup(%d, %p): the version must be at least 1 and fn not nil", p.name, version, fn))
+		return
+	}
+	p.setup, p.setupV = fn, version
+}
+
+// SetupVersion returns the version given to OnSetup, or 0.
+func (p *Typed) SetupVersion() int { return p.setupV }
+
+// Setup runs the function given to OnSetup (no-op without one).
+func (p *Typed) Setup(ctx context.Context, tx pgx.Tx) error {
+	if p.setup == nil {
+		return nil
+	}
+	return p.setup(ctx, tx)
+}
 
 // Name returns the projection's name.
 func (p *Typed) Name() string { return p.name }

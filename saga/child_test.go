@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/annals-dev/annals/advisorylock"
+	"github.com/annals-dev/annals/aggregate"
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/childproc"
@@ -32,6 +33,8 @@ type childSpec struct {
 	// TimerAfter, if set, makes the counter saga schedule a Deadline this far
 	// ahead of each instance's first event, through a scheduler.
 	TimerAfter time.Duration `json:"timer_after,omitempty"`
+	// Tally makes the counter saga command the Tally aggregate too.
+	Tally bool `json:"tally,omitempty"`
 }
 
 // runChild is the child's main: it runs a Runner with the counter saga
@@ -79,7 +82,14 @@ func runChild(raw string) int {
 			return 1
 		}
 	}
-	if err := saga.Register(r, counterSaga(reg, spec.TimerAfter), scfg); err != nil {
+	var tally *aggregate.Repository[*Tally]
+	if spec.Tally {
+		if tally, err = aggregate.NewRepository(store, "tally", func() *Tally { return &Tally{} }, nil); err != nil {
+			logger.Error("child: tally repository", slog.Any("error", err))
+			return 1
+		}
+	}
+	if err := saga.Register(r, tallySaga(reg, spec.TimerAfter, tally), scfg); err != nil {
 		logger.Error("child: register", slog.Any("error", err))
 		return 1
 	}
@@ -95,8 +105,14 @@ func runChild(raw string) int {
 // on db. It is killed, at the latest, when the test ends; if the test
 // failed, its log is shown.
 func startChild(t testing.TB, db *annalstest.DB, instanceID string, timerAfter time.Duration) *childproc.Child {
+	return startTallyChild(t, db, instanceID, timerAfter, false)
+}
+
+// startTallyChild is startChild; with tally, the child's saga commands the
+// Tally aggregate too.
+func startTallyChild(t testing.TB, db *annalstest.DB, instanceID string, timerAfter time.Duration, tally bool) *childproc.Child {
 	t.Helper()
-	spec, err := json.Marshal(childSpec{URL: db.URL, Instance: instanceID, TimerAfter: timerAfter})
+	spec, err := json.Marshal(childSpec{URL: db.URL, Instance: instanceID, TimerAfter: timerAfter, Tally: tally})
 	if err != nil {
 		t.Fatal(err)
 	}

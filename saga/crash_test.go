@@ -1,11 +1,14 @@
 package saga_test
 
 // Exactly-once through crashes: runners of the counter saga in child
-// processes; a writer appends correlated events from several streams per
+// processes (commanding the Tally aggregate through saga.Create and
+// saga.Update as well); a writer appends correlated events from several streams per
 // instance while the test kills the leader again and again (SIGKILL of its
 // process, pg_terminate_backend of its lock's session). Afterwards every
 // instance's state, every effect event and every pending timer must equal
-// a model computed in Go from the input events.
+// a model computed in Go from the input events, and so must every Tally
+// aggregate's events (the aggregate refuses an addition out of sequence,
+// so a doubled command would fail rather than be stored).
 
 import (
 	"context"
@@ -34,6 +37,7 @@ type modelInstance struct {
 	version   int64
 	completed bool
 	effects   []string // "seq:n:causation" in stream order
+	tally     []string // the Tally aggregate's events, "seq:n:causation"
 }
 
 // model replays the input events (in log order) as the saga must.
@@ -69,6 +73,7 @@ func model(t *testing.T, b *bundle) map[string]*modelInstance {
 		inst.state.Seen = append(inst.state.Seen, fmt.Sprintf("%s@%d", e.StreamID, e.StreamVersion))
 		inst.state.Effects++
 		inst.effects = append(inst.effects, fmt.Sprintf("%d:%d:%s", inst.version, d.N, e.ID))
+		inst.tally = append(inst.tally, fmt.Sprintf("%d:%d:%s", len(inst.tally)+1, d.N, e.ID))
 		return nil
 	})
 	if err != nil {
@@ -78,8 +83,9 @@ func model(t *testing.T, b *bundle) map[string]*modelInstance {
 }
 
 // compareWithModel checks saga_states, the effect streams and the pending
-// timers against the model.
-func compareWithModel(t *testing.T, b *bundle, withTimers bool) {
+// timers against the model; with tally, the Tally aggregates the saga
+// commanded too.
+func compareWithModel(t *testing.T, b *bundle, withTimers, tally bool) {
 	t.Helper()
 	ctx := t.Context()
 	want := model(t, b)
@@ -149,6 +155,50 @@ func compareWithModel(t *testing.T, b *bundle, withTimers bool) {
 	for id := range effects {
 		if want[id] == nil {
 			diffs = append(diffs, fmt.Sprintf("%s: effects of an instance not in the model", id))
+		}
+	}
+
+	if tally {
+		// The Tally aggregate of each instance: loaded through its
+		// repository, and its events one for one with the model.
+		tallied := map[string][]string{}
+		rows, err = b.db.Pool.Query(ctx, `SELECT stream_id, data, coalesce(metadata->>'causation_id', '') FROM annals.events
+			 WHERE event_type = 'test.tallied' ORDER BY stream_id, stream_version`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stream string
+		_, err = pgx.ForEachRow(rows, []any{&stream, &raw, &cause}, func() error {
+			var tl Tallied
+			if err := json.Unmarshal(raw, &tl); err != nil {
+				return err
+			}
+			id := strings.TrimPrefix(stream, "tally-")
+			tallied[id] = append(tallied[id], fmt.Sprintf("%d:%d:%s", tl.Seq, tl.N, cause))
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		repo := tallies(t, b.store)
+		for id, w := range want {
+			if g := tallied[id]; !slices.Equal(g, w.tally) {
+				diffs = append(diffs, fmt.Sprintf("%s: %d tally events, model %d; first difference: %s", id, len(g), len(w.tally), firstDiff(g, w.tally)))
+			}
+			if len(w.tally) == 0 {
+				continue
+			}
+			agg, err := repo.Load(ctx, id)
+			if err != nil {
+				diffs = append(diffs, fmt.Sprintf("%s: load tally: %v", id, err))
+			} else if agg.Count != int64(len(w.tally)) || agg.Count != w.state.Effects || agg.Sum != w.state.Sum {
+				diffs = append(diffs, fmt.Sprintf("%s: tally count %d sum %d; model %d and %d", id, agg.Count, agg.Sum, len(w.tally), w.state.Sum))
+			}
+		}
+		for id := range tallied {
+			if want[id] == nil {
+				diffs = append(diffs, fmt.Sprintf("%s: tally of an instance not in the model", id))
+			}
 		}
 	}
 
@@ -305,7 +355,7 @@ func TestExactlyOnceThroughLeaderKills(t *testing.T) {
 	slots := make([]*slot, runners)
 	for i := range slots {
 		slots[i] = &slot{name: fmt.Sprintf("r%d", i)}
-		slots[i].c = startChild(t, b.db, instance(slots[i]), timerAfter)
+		slots[i].c = startTallyChild(t, b.db, instance(slots[i]), timerAfter, true)
 	}
 	byInstance := func(id string) *slot {
 		for _, s := range slots {
@@ -359,7 +409,7 @@ func TestExactlyOnceThroughLeaderKills(t *testing.T) {
 		if k%2 == 0 {
 			leader.c.Kill()
 			leader.gen++
-			leader.c = startChild(t, b.db, instance(leader), timerAfter)
+			leader.c = startTallyChild(t, b.db, instance(leader), timerAfter, true)
 		} else {
 			method = "pg_terminate_backend"
 			qc, qcancel := queryCtx()
@@ -400,5 +450,5 @@ func TestExactlyOnceThroughLeaderKills(t *testing.T) {
 	slices.Sort(takeovers)
 	t.Logf("%d kills; takeover min %v, median %v, max %v", kills, takeovers[0].Round(time.Millisecond),
 		takeovers[len(takeovers)/2].Round(time.Millisecond), takeovers[len(takeovers)-1].Round(time.Millisecond))
-	compareWithModel(t, b, true)
+	compareWithModel(t, b, true, true)
 }

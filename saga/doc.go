@@ -67,6 +67,31 @@
 // Events that append nothing share transactions, up to BatchSize
 // (DefaultBatchSize). Append late in a handler, after its reads.
 //
+// # Commanding aggregates
+//
+// A handler that must change an aggregate goes through the aggregate's
+// repository, so its business rules apply, rather than appending raw
+// events with eventstore.Any to a stream name it builds by hand:
+//
+//	_, err := saga.Update(ctx, inst, orders, inst.State.OrderID, func(o *Order) error {
+//		return o.Cancel("payment overdue") // the aggregate's rules decide
+//	})
+//	if errors.Is(err, ErrAlreadyPaid) { ... } // refused: nothing saved
+//
+// Update and Create load the aggregate in the instance's transaction
+// (aggregate.Repository.LoadTx), run the command and append its events there
+// with the loaded version as the expected version (SaveTx), stamped with
+// the causation and correlation of Append. They commit with the instance's
+// state and the checkpoint: exactly once, through crashes and leader kills
+// (saga/TestExactlyOnceThroughLeaderKills has its saga command a Tally
+// aggregate that refuses an addition out of sequence). A command's refusal
+// leaves the transaction usable; a conflict (another writer saved the
+// aggregate meanwhile) is returned from Handle, and the runner retries the
+// event, which then loads the newer aggregate. Like Append, they take the
+// log's ordering lock, so the runner commits right after the event.
+// Deadlines are the same: a timer's event reaches the saga like any other,
+// and its handler calls Update (saga/TestSagaCommandsAggregates).
+//
 // # Retention
 //
 // Completed instances are kept forever by default (they are what makes a

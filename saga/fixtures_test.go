@@ -2,10 +2,12 @@ package saga_test
 
 import (
 	"context"
+	stderrors "errors"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/annals-dev/annals/aggregate"
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/projection"
@@ -54,7 +56,55 @@ func registry() *eventstore.Registry {
 	eventstore.MustRegister[Effect](reg, "test.effect")
 	eventstore.MustRegister[Deadline](reg, "test.deadline")
 	eventstore.MustRegister[Expired](reg, "test.expired")
+	eventstore.MustRegister[Tallied](reg, "test.tallied")
 	return reg
+}
+
+// Tallied is recorded by the Tally aggregate, which the counter saga
+// commands (saga.Create, saga.Update) for every Added when it has a tally
+// repository.
+type Tallied struct {
+	Seq int64 `json:"seq"` // the tally's count after this event
+	N   int   `json:"n"`
+}
+
+// Tally is an aggregate with a business rule: Add(seq, n) must come in
+// sequence (seq = Count+1), so an Add applied twice, or skipped, is refused
+// rather than recorded.
+type Tally struct {
+	aggregate.Base
+	Count int64 `json:"count"`
+	Sum   int   `json:"sum"`
+}
+
+var errOutOfSequence = stderrors.New("tally: out of sequence")
+
+func (t *Tally) Apply(event any) error {
+	switch e := event.(type) {
+	case Tallied:
+		t.Count = e.Seq
+		t.Sum += e.N
+	default:
+		return aggregate.ErrUnhandledEvent
+	}
+	return nil
+}
+
+// Add records n as the seq-th addition.
+func (t *Tally) Add(seq int64, n int) error {
+	if seq != t.Count+1 {
+		return fmt.Errorf("%w: add #%d to a tally at %d", errOutOfSequence, seq, t.Count)
+	}
+	return aggregate.Record(t, Tallied{Seq: seq, N: n})
+}
+
+func tallies(t testing.TB, store *eventstore.Store) *aggregate.Repository[*Tally] {
+	t.Helper()
+	r, err := aggregate.NewRepository(store, "tally", func() *Tally { return &Tally{} }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // counterState is the counter saga's state.
@@ -73,6 +123,13 @@ const counterName = "counter"
 // counterSaga returns the counter saga. With timerAfter > 0 it schedules a
 // Deadline that far ahead of an instance's first event.
 func counterSaga(reg *eventstore.Registry, timerAfter time.Duration) *saga.Typed[counterState] {
+	return tallySaga(reg, timerAfter, nil)
+}
+
+// tallySaga is the counter saga that, with tally, also commands the Tally
+// aggregate "tally-<ID>" for every Added, inside its transaction: the
+// effect stream and the tally must then agree, event for event.
+func tallySaga(reg *eventstore.Registry, timerAfter time.Duration, tally *aggregate.Repository[*Tally]) *saga.Typed[counterState] {
 	s := saga.New[counterState](counterName, reg)
 	saga.On(s, func(e eventstore.Envelope[Added]) string { return e.Data.ID },
 		func(ctx context.Context, inst *saga.Instance[counterState], e eventstore.Envelope[Added]) error {
@@ -83,6 +140,18 @@ func counterSaga(reg *eventstore.Registry, timerAfter time.Duration) *saga.Typed
 			if _, err := inst.Append(ctx, "effects-"+inst.ID(), eventstore.Exact(st.Effects-1),
 				eventstore.NewEvent(Effect{ID: inst.ID(), Seq: inst.Version() + 1, N: e.Data.N})); err != nil {
 				return err
+			}
+			if tally != nil {
+				add := func(t *Tally) error { return t.Add(st.Effects, e.Data.N) }
+				var err error
+				if st.Effects == 1 {
+					_, err = saga.Create(ctx, inst, tally, inst.ID(), add)
+				} else {
+					_, err = saga.Update(ctx, inst, tally, inst.ID(), add)
+				}
+				if err != nil {
+					return err
+				}
 			}
 			if inst.IsNew() && timerAfter > 0 {
 				id, err := inst.ScheduleAfter(ctx, timerAfter, "deadlines-"+inst.ID(), eventstore.NewEvent(Deadline{ID: inst.ID()}))

@@ -14,8 +14,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/annals-dev/annals"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/failure"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/projection"
@@ -146,7 +146,7 @@ func (a *adapter[S]) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) 
 	if c, typed := a.saga.(correlator); typed {
 		var err error
 		if id, ok, err = c.correlate(e); err != nil {
-			return annals.Permanent(errors.Wrapf(err, "saga %q: correlate event %s (%s)", rt.name, e.ID, e.Type))
+			return failure.Permanent(errors.Wrapf(err, "saga %q: correlate event %s (%s)", rt.name, e.ID, e.Type))
 		}
 	} else {
 		id, ok = a.saga.Correlate(e)
@@ -155,7 +155,7 @@ func (a *adapter[S]) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) 
 		return nil
 	}
 	if id == "" {
-		return annals.Permanent(errors.Wrapf(eventstore.ErrInvalidEvent,
+		return failure.Permanent(errors.Wrapf(eventstore.ErrInvalidEvent,
 			"saga %q: Correlate returned an empty instance ID for event %s (%s, stream %s v%d)",
 			rt.name, e.ID, e.Type, e.StreamID, e.StreamVersion))
 	}
@@ -175,7 +175,7 @@ func (a *adapter[S]) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) 
 		return nil // a completed instance ignores later events
 	default:
 		if err := json.Unmarshal(raw, &inst.State); err != nil {
-			return annals.Permanent(errors.Wrapf(err, "saga %q instance %q: decode state %.200s into %T", rt.name, id, raw, inst.State))
+			return failure.Permanent(errors.Wrapf(err, "saga %q instance %q: decode state %.200s into %T", rt.name, id, raw, inst.State))
 		}
 	}
 	err = a.saga.Handle(ctx, inst, e)
@@ -185,7 +185,7 @@ func (a *adapter[S]) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) 
 	}
 	state, err := json.Marshal(inst.State)
 	if err != nil {
-		return annals.Permanent(errors.Wrapf(err, "saga %q instance %q: encode state %T", rt.name, id, inst.State))
+		return failure.Permanent(errors.Wrapf(err, "saga %q instance %q: encode state %T", rt.name, id, inst.State))
 	}
 	now := rt.clock.Now()
 	var tag interface{ RowsAffected() int64 }

@@ -42,10 +42,10 @@
 // through eventstore (so they are encoded, validated and numbered as in
 // production) and the handler runs under projection.Runner.RunUntilCaughtUp,
 // in the runner's transactions, with its checkpoints. The read model's
-// tables come from ReplayOptions.Setup and from the projection's own Reset
-// (projection.Resetter), which runs first, as a rebuild would run it: a
-// projection whose Reset is "CREATE TABLE IF NOT EXISTS …; TRUNCATE …"
-// needs no set-up in its tests. [Replay.Append] appends more events and
+// tables come from ReplayOptions.Setup, the projection's own setup
+// (projection.Setupper: Typed.OnSetup) and its Reset (projection.Resetter),
+// which run first, as a rebuild would run them: a projection with an
+// OnSetup needs no set-up in its tests. [Replay.Append] appends more events and
 // continues from the checkpoint, for tests of incremental updates.
 //
 // The first handler error or panic fails the test at once, quoting the

@@ -158,7 +158,7 @@ func (s *runSettings) result(runErr error) error {
 //
 // It creates a fresh migrated database for t (annalstest.NewDB: set
 // ANNALS_TEST_DATABASE_URL or let it start a throwaway cluster), runs
-// opts.Setup and the handler's Reset, appends events in the order given
+// opts.Setup, the handler's setup (projection.Setupper) and its Reset, appends events in the order given
 // (consecutive events of one stream in one append, all appends in one
 // transaction), and runs the handler synchronously up to the head with
 // projection.Runner.RunUntilCaughtUp, exactly as a production runner would
@@ -305,16 +305,27 @@ func (r *Replay) addStream(s StreamEvents, i int, add func(stream string, v any,
 	return nil
 }
 
-// setup runs opts.Setup and the handler's Reset in one transaction.
+// setup runs opts.Setup, the handler's own setup (projection.Setupper,
+// recorded as the runner records it) and its Reset in one transaction.
 func (r *Replay) setup(ctx context.Context) error {
 	reset, _ := r.handler.(projection.Resetter)
-	if r.opts.Setup == nil && reset == nil {
+	setup, _ := r.handler.(projection.Setupper)
+	named, _ := r.handler.(interface{ Name() string })
+	if named == nil {
+		setup = nil
+	}
+	if r.opts.Setup == nil && reset == nil && setup == nil {
 		return nil
 	}
 	return pgx.BeginFunc(ctx, r.DB.Pool, func(tx pgx.Tx) error {
 		if r.opts.Setup != nil {
 			if err := r.opts.Setup(ctx, tx); err != nil {
 				return errors.Wrap(err, "Setup")
+			}
+		}
+		if setup != nil {
+			if _, err := projection.EnsureSetup(ctx, tx, r.DB.Schema, named.Name(), setup, "testkit"); err != nil {
+				return err
 			}
 		}
 		if reset != nil {

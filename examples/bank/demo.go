@@ -41,24 +41,19 @@ type step struct {
 // the log while the runner keeps running. Account IDs carry a random run
 // suffix, so the demo can run again on the same database.
 func runDemo(ctx context.Context, s *service, out io.Writer) error {
-	if err := s.migrate(ctx); err != nil {
-		return err
-	}
 	run := uuid.NewString()[:4]
 	id := func(name string) string { return name + "-" + run }
 	p := func(format string, args ...any) { fmt.Fprintf(out, format, args...) }
 
 	p("bank demo: commands → events → read model (run %s)\n\n", run)
-	p("1. The service's runner starts, live: the %s projection and the %s observer.\n", balancesName, notifierName)
+	p("1. The service starts (annals.Client.Start): it migrates the schema, sets up bank_balances\n")
+	p("   (the projection's OnSetup, once per version) and runs, live, the %s projection\n", balancesName)
+	p("   and the %s observer.\n", notifierName)
 	p("   (The observer sends its notifications from the background: their lines appear as it gets there.)\n")
-	runCtx, stopRunner := context.WithCancel(ctx)
-	defer stopRunner()
-	runnerDone := make(chan error, 1)
-	go func() { runnerDone <- s.runner.Run(runCtx) }()
-	stop := func() error {
-		stopRunner()
-		return <-runnerDone
+	if err := s.client.Start(ctx); err != nil {
+		return err
 	}
+	defer func() { _ = s.client.Stop(context.WithoutCancel(ctx)) }()
 
 	p("\n2. Commands on Account aggregates; each saves its events to the account's stream.\n")
 	script := []step{
@@ -99,7 +94,7 @@ func runDemo(ctx context.Context, s *service, out io.Writer) error {
 	}
 
 	p("\n3. The events in the log (this run's), in commit order:\n")
-	for e, err := range s.store.ReadAll(ctx, 0) {
+	for e, err := range s.client.ReadAll(ctx, 0) {
 		if err != nil {
 			return err
 		}
@@ -118,9 +113,9 @@ func runDemo(ctx context.Context, s *service, out io.Writer) error {
 	}
 	printBalances(out, rows, versions)
 
-	p("\n5. Rebuild %s from the log (projection.Runner.Rebuild) while the runner keeps running:\n", balancesName)
+	p("\n5. Rebuild %s from the log (annals.Client.Rebuild) while the runner keeps running:\n", balancesName)
 	var last projection.RebuildProgress
-	if err := s.runner.Rebuild(ctx, balancesName, &projection.RebuildOptions{
+	if err := s.client.Rebuild(ctx, balancesName, &projection.RebuildOptions{
 		OnProgress: func(pr projection.RebuildProgress) { last = pr },
 	}); err != nil {
 		return err
@@ -135,11 +130,11 @@ func runDemo(ctx context.Context, s *service, out io.Writer) error {
 	}
 	p("   bank_balances after the rebuild: the same %d rows\n", len(after))
 
-	if err := stop(); err != nil {
+	if err := s.client.Stop(ctx); err != nil {
 		return err
 	}
-	p("\n6. The runner stopped gracefully. Try `bank projections list`, `bank projections status`\n")
-	p("   and `bank projections rebuild %s --yes`.\n", balancesName)
+	p("\n6. The runner stopped gracefully (annals.Client.Stop). On a database that stays (DATABASE_URL),\n")
+	p("   try `go run ./examples/bank projections list | status | rebuild %s --yes`.\n", balancesName)
 	return nil
 }
 
@@ -156,34 +151,37 @@ func (s *service) execute(ctx context.Context, st step) (*Account, error) {
 	return nil, errors.Newf("unknown command %q", st.verb)
 }
 
-// waitFor polls, with a deadline, until bank_balances shows every account at
-// the version its last command left it and the mailer has sent the
-// expected notifications.
+// waitFor returns once the projection and the notifier have processed the
+// whole log as it is now (read-your-writes with Client.Await: woken by
+// their checkpoints' notifications, no polling), then checks that the read
+// model shows every account at the version its last command left it.
 func (s *service) waitFor(ctx context.Context, versions map[string]int64, notifications int) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		rows, err := listBalances(ctx, s.pool, "")
-		if err != nil {
-			return err
-		}
-		caughtUp := 0
-		for _, r := range rows {
-			if v, ok := versions[r.AccountID]; ok && r.Version == v {
-				caughtUp++
-			}
-		}
-		if caughtUp == len(versions) && s.mailer.count() >= notifications {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return errors.Wrapf(ctx.Err(), "the projection has not caught up (%d of %d accounts)", caughtUp, len(versions))
-		case <-tick.C:
+	head, err := s.client.Store().Head(ctx)
+	if err != nil {
+		return err
+	}
+	for _, name := range []string{balancesName, notifierName} {
+		if err := s.client.Await(ctx, name, head); err != nil {
+			return err // a *projection.BehindError says how far behind it is
 		}
 	}
+	rows, err := listBalances(ctx, s.pool, "")
+	if err != nil {
+		return err
+	}
+	caughtUp := 0
+	for _, r := range rows {
+		if v, ok := versions[r.AccountID]; ok && r.Version == v {
+			caughtUp++
+		}
+	}
+	if caughtUp != len(versions) || s.mailer.count() < notifications {
+		return errors.Newf("at position %d the read model shows %d of %d accounts current and %d of %d notifications",
+			head, caughtUp, len(versions), s.mailer.count(), notifications)
+	}
+	return nil
 }
 
 func printBalances(w io.Writer, rows []balanceRow, only map[string]int64) {

@@ -14,8 +14,7 @@
 // schema first; list and status only read), or run it with a throwaway
 // PostgreSQL: make demo.
 //
-// Files: account.go (events and aggregate), balances.go and balances.sql
-// (the projection), notify.go (the observer), service.go (wiring),
+// Files: account.go (events and aggregate), balances.go (the projection), notify.go (the observer), service.go (wiring),
 // demo.go (the demo), main.go (commands).
 package main
 
@@ -117,7 +116,7 @@ It uses the database at $DATABASE_URL.`,
 	if svc == nil {
 		projections = projectioncmd.New(nil, nil, nil)
 	} else {
-		projections = projectioncmd.New(svc.runner, svc.pool, nil)
+		projections = projectioncmd.New(svc.client.Runner(), svc.pool, nil)
 	}
 	projections.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		switch {
@@ -126,9 +125,10 @@ It uses the database at $DATABASE_URL.`,
 		case svc == nil:
 			return errNoDatabase
 		case cmd.Name() == "rebuild":
-			// Rebuild writes: it migrates first, as the service does. list
-			// and status only read, and report an unmigrated database.
-			return svc.migrate(cmd.Context())
+			// Rebuild writes: it migrates first, as the service does (the
+			// rebuild sets bank_balances up itself). list and status only
+			// read, and report an unmigrated database.
+			return svc.client.Migrate(cmd.Context())
 		}
 		return nil
 	}

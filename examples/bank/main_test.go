@@ -57,7 +57,7 @@ func TestAccountRules(t *testing.T) {
 }
 
 // The balances projection, replayed with the test kit into a fresh
-// database: its Reset creates bank_balances, so the test needs no set-up.
+// database: its OnSetup creates bank_balances, so the test needs no set-up.
 func TestBalancesProjection(t *testing.T) {
 	t.Parallel()
 	reg := newRegistry()

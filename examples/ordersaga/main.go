@@ -7,8 +7,9 @@
 //
 //	DATABASE_URL=postgres://… go run ./examples/ordersaga
 //
-// The stock and payment services are simulated by observers in the same
-// runner; each order's customer decides how its payment goes.
+// The stock and payment services are simulated by observers on the same
+// client; each order's customer decides how its payment goes (erin pays
+// after the deadline, and is refunded).
 package main
 
 import (
@@ -25,8 +26,8 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/annals-dev/annals"
 	"github.com/annals-dev/annals/eventstore"
-	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/saga"
 	"github.com/annals-dev/annals/scheduler"
@@ -34,6 +35,9 @@ import (
 
 // PaymentDeadline is how long the saga waits for a payment. Short, for a demo.
 const PaymentDeadline = time.Second
+
+// LatePayment is when erin's payment arrives: after the deadline.
+const LatePayment = 2 * PaymentDeadline
 
 // Events on "order-<id>".
 type (
@@ -170,36 +174,27 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
-	if _, err := migrations.Up(ctx, pool, nil); err != nil {
-		return err
-	}
 	reg := registry()
-	store, err := eventstore.New(pool, &eventstore.Config{Registry: reg})
+	client, err := annals.New(pool, &annals.Config{Registry: reg,
+		Runner: &projection.Config{PollInterval: 100 * time.Millisecond}})
 	if err != nil {
 		return err
 	}
-	sched, err := scheduler.New(store, nil)
-	if err != nil {
+	// The saga (its timers go to the client's scheduler), and the simulated
+	// services beside it.
+	if err := annals.AddSaga(client, orderSaga(reg), nil); err != nil {
 		return err
 	}
-	runner, err := projection.NewRunner(pool, &projection.Config{PollInterval: 100 * time.Millisecond})
-	if err != nil {
+	if err := annals.AddObserver(client, stockService(reg, client.Store()), nil); err != nil {
 		return err
 	}
-	// The saga, and the simulated services beside it.
-	if err := saga.Register(runner, orderSaga(reg), &saga.Config{Store: store, Scheduler: sched}); err != nil {
+	if err := annals.AddObserver(client, paymentService(reg, client.Store(), client.Scheduler()), nil); err != nil {
 		return err
 	}
-	if err := runner.Register(stockService(reg, store), nil); err != nil {
+	if err := client.Start(ctx); err != nil { // migrates, then runs in the background
 		return err
 	}
-	if err := runner.Register(paymentService(reg, store), nil); err != nil {
-		return err
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- runner.Run(runCtx) }()
-	defer func() { stop(); <-done }()
+	defer func() { _ = client.Stop(context.WithoutCancel(ctx)) }()
 
 	// Four orders; the customer decides how the payment goes, the quantity
 	// whether the stock suffices. A run ID keeps runs apart in one database.
@@ -211,13 +206,14 @@ func run(ctx context.Context) error {
 		{OrderPlaced{Customer: "alice", SKU: "widget", Qty: 2, Amount: 40}, "completed"},
 		{OrderPlaced{Customer: "bob", SKU: "widget", Qty: 1, Amount: 20}, "cancelled: payment failed (card declined)"},
 		{OrderPlaced{Customer: "carol", SKU: "widget", Qty: 1, Amount: 20}, "cancelled: payment deadline passed"},
-		{OrderPlaced{Customer: "dave", SKU: "widget", Qty: 100, Amount: 2000}, "cancelled: out of stock"},
+		{OrderPlaced{Customer: "erin", SKU: "widget", Qty: 1, Amount: 30}, "cancelled: payment deadline passed, payment refunded"},
+		{OrderPlaced{Customer: "dave", SKU: "widget", Qty: 100, Amount: 2000}, "cancelled: out of stock, payment refunded"},
 	}
 	fmt.Printf("placing %d orders (run %s); the payment deadline is %v\n", len(orders), run, PaymentDeadline)
 	for i := range orders {
 		o := &orders[i].OrderPlaced
 		o.OrderID = fmt.Sprintf("%s-%d", run, i+1)
-		if _, err := store.Append(ctx, "order-"+o.OrderID, eventstore.NoStream, eventstore.NewEvent(*o)); err != nil {
+		if _, err := client.Append(ctx, "order-"+o.OrderID, eventstore.NoStream, eventstore.NewEvent(*o)); err != nil {
 			return err
 		}
 		fmt.Printf("  order %s: %s buys %d × %s for %d\n", o.OrderID, o.Customer, o.Qty, o.SKU, o.Amount)
@@ -228,7 +224,7 @@ func run(ctx context.Context) error {
 	for i := range orders {
 		id := orders[i].OrderID
 		for {
-			st, err := saga.Lookup[OrderState](ctx, pool, "", sagaName, id)
+			st, err := saga.Lookup[OrderState](ctx, pool, client.Schema(), sagaName, id)
 			if err == nil && st.Completed {
 				break
 			}
@@ -244,7 +240,7 @@ func run(ctx context.Context) error {
 	}
 	fmt.Printf("\nall sagas completed after %v. What happened, per order, in log order:\n", time.Since(start).Round(100*time.Millisecond))
 	history := map[string][]string{}
-	for e, err := range store.ReadAll(ctx, 0) {
+	for e, err := range client.ReadAll(ctx, 0) {
 		if err != nil {
 			return err
 		}
@@ -261,16 +257,20 @@ func run(ctx context.Context) error {
 	sort.Strings(ids)
 	var wrong []string
 	for i, id := range ids {
-		st, err := saga.Lookup[OrderState](ctx, pool, "", sagaName, id)
+		st, err := saga.Lookup[OrderState](ctx, pool, client.Schema(), sagaName, id)
 		if err != nil {
 			return err
 		}
-		fmt.Printf("\norder %s (%s): %s\n", id, orders[i].Customer, st.State.Outcome)
+		outcome := st.State.Outcome
+		if st.State.Refunded {
+			outcome += ", payment refunded"
+		}
+		fmt.Printf("\norder %s (%s): %s\n", id, orders[i].Customer, outcome)
 		for _, line := range history[id] {
 			fmt.Println("  " + line)
 		}
-		if st.State.Outcome != orders[i].want {
-			wrong = append(wrong, fmt.Sprintf("order %s: %q, want %q", id, st.State.Outcome, orders[i].want))
+		if outcome != orders[i].want {
+			wrong = append(wrong, fmt.Sprintf("order %s: %q, want %q", id, outcome, orders[i].want))
 		}
 	}
 	if len(wrong) > 0 {

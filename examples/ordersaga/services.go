@@ -3,23 +3,30 @@ package main
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/projection"
+	"github.com/annals-dev/annals/scheduler"
 )
 
 // reply appends a service's reply to a request. Observers are delivered
 // at least once, so the reply's ID is derived from the request's: appending
 // it again is a no-op.
 func reply(ctx context.Context, store *eventstore.Store, req eventstore.Event, data any) error {
-	_, err := store.Append(ctx, req.StreamID, eventstore.Any, eventstore.EventData{
+	_, err := store.Append(ctx, req.StreamID, eventstore.Any, replyTo(req, data))
+	return err
+}
+
+// replyTo is the reply to req: its ID derived from req's, its causation req.
+func replyTo(req eventstore.Event, data any) eventstore.EventData {
+	return eventstore.EventData{
 		ID:       uuid.NewSHA1(req.ID, []byte("reply")),
 		Data:     data,
 		Metadata: eventstore.Metadata{CausationID: req.ID.String(), CorrelationID: req.Metadata.CorrelationID},
-	})
-	return err
+	}
 }
 
 // stockService simulates a warehouse with 10 widgets. (Its stock is kept in
@@ -53,11 +60,13 @@ func stockService(reg *eventstore.Registry, store *eventstore.Store) *projection
 }
 
 // paymentService simulates a payment provider: bob's card is declined,
-// carol never pays, everyone else pays at once. Each payment gets exactly
+// carol never pays, erin pays late (her payment is settled LatePayment after
+// the request, past the saga's deadline: a delayed append kept by the
+// scheduler), everyone else pays at once. Each payment gets exactly
 // one final answer: CancelPayment of a payment it has not settled answers
 // PaymentCancelled, of a settled one nothing. (It keeps the unsettled
 // payments in memory, which a real service would not do.)
-func paymentService(reg *eventstore.Registry, store *eventstore.Store) *projection.TypedObserver {
+func paymentService(reg *eventstore.Registry, store *eventstore.Store, sched *scheduler.Scheduler) *projection.TypedObserver {
 	var mu sync.Mutex
 	unsettled := map[string]bool{}
 	o := projection.NewObserver("payment-service", reg)
@@ -65,6 +74,11 @@ func paymentService(reg *eventstore.Registry, store *eventstore.Store) *projecti
 		switch e.Data.Customer {
 		case "bob":
 			return reply(ctx, store, e.Event, PaymentFailed{OrderID: e.Data.OrderID, Reason: "card declined"})
+		case "erin":
+			// The reply's ID is derived from the request's, so a
+			// re-delivery schedules a timer whose append is a no-op.
+			_, err := sched.Schedule(ctx, nil, time.Now().Add(LatePayment), e.StreamID, replyTo(e.Event, PaymentReceived{OrderID: e.Data.OrderID}))
+			return err
 		case "carol":
 			mu.Lock()
 			unsettled[e.Data.OrderID] = true // no answer: the saga's deadline will pass

@@ -1,22 +1,29 @@
-// Command quickstart appends a few events to two streams and reads them back.
+// Command quickstart is annals in one file: it appends events to two
+// account streams (optimistic concurrency included), keeps a balances read
+// model with a projection, and reads the log back.
 //
 //	DATABASE_URL=postgres://… go run ./examples/quickstart
 //
-// or, with a throwaway local PostgreSQL: make demo.
+// or, with a throwaway local PostgreSQL: make demo. Account names carry a
+// random run suffix, so it can run again on the same database.
 package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"log"
 	"os"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/annals-dev/annals"
 	"github.com/annals-dev/annals/eventstore"
-	"github.com/annals-dev/annals/migrations"
+	"github.com/annals-dev/annals/projection"
 )
 
 // The domain events, plain Go structs.
@@ -38,6 +45,26 @@ func main() {
 	}
 }
 
+// balances is the read model: one row per account, kept by a projection
+// in the transaction that moves its checkpoint (exactly once).
+func balances(reg *eventstore.Registry) *projection.Typed {
+	p := projection.New("quickstart.balances", reg)
+	p.OnSetup(1, projection.Statements(`CREATE TABLE IF NOT EXISTS quickstart_balances (
+		account text PRIMARY KEY, amount bigint NOT NULL)`))
+	add := func(ctx context.Context, tx pgx.Tx, account string, amount int) error {
+		_, err := tx.Exec(ctx, `INSERT INTO quickstart_balances VALUES ($1, $2)
+			ON CONFLICT (account) DO UPDATE SET amount = quickstart_balances.amount + $2`, account, amount)
+		return err
+	}
+	projection.On(p, func(ctx context.Context, tx pgx.Tx, e eventstore.Envelope[MoneyDeposited]) error {
+		return add(ctx, tx, e.StreamID, e.Data.Amount)
+	})
+	projection.On(p, func(ctx context.Context, tx pgx.Tx, e eventstore.Envelope[MoneyWithdrawn]) error {
+		return add(ctx, tx, e.StreamID, -e.Data.Amount)
+	})
+	return p
+}
+
 func run(ctx context.Context) error {
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
@@ -49,85 +76,92 @@ func run(ctx context.Context) error {
 	}
 	defer pool.Close()
 
-	// 1. Create or upgrade the schema (idempotent, safe from many processes).
-	if _, err := migrations.Up(ctx, pool, nil); err != nil {
-		return err
-	}
-
-	// 2. Name the event types once.
+	// 1. Name the event types once; one client holds store, runner and scheduler.
 	reg := eventstore.NewRegistry()
 	eventstore.MustRegister[AccountOpened](reg, "account.opened")
 	eventstore.MustRegister[MoneyDeposited](reg, "account.deposited")
 	eventstore.MustRegister[MoneyWithdrawn](reg, "account.withdrawn")
-	store, err := eventstore.New(pool, &eventstore.Config{Registry: reg})
+	client, err := annals.New(pool, &annals.Config{Registry: reg})
 	if err != nil {
 		return err
 	}
+	if err := annals.AddProjection(client, balances(reg), nil); err != nil {
+		return err
+	}
+	// 2. Start: migrate the schema, create the read model (OnSetup), follow the log.
+	if err := client.Start(ctx); err != nil {
+		return err
+	}
+	defer func() { _ = client.Stop(context.WithoutCancel(ctx)) }()
 
 	// 3. Append to two streams. The expected version makes concurrent
 	//    writers to one stream safe.
-	alice, bob := "account-alice", "account-bob"
-	if _, err := store.Append(ctx, alice, eventstore.NoStream,
+	suffix := runID()
+	alice, bob := "account-alice-"+suffix, "account-bob-"+suffix
+	fmt.Printf("quickstart: two accounts, a transfer, a projection (run %s)\n\n", suffix)
+	if _, err := client.Append(ctx, alice, eventstore.NoStream,
 		eventstore.NewEvent(AccountOpened{Owner: "Alice"}),
 		eventstore.NewEvent(MoneyDeposited{Amount: 100})); err != nil {
-		return explain(err)
+		return err
 	}
-	if _, err := store.Append(ctx, bob, eventstore.NoStream,
+	if _, err := client.Append(ctx, bob, eventstore.NoStream,
 		eventstore.NewEvent(AccountOpened{Owner: "Bob"})); err != nil {
-		return explain(err)
+		return err
 	}
 	// A transfer touches both streams: one transaction, appended last.
-	if _, err := store.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
+	if _, err := client.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
 		if err := b.Append(alice, eventstore.Exact(2), eventstore.NewEvent(MoneyWithdrawn{Amount: 30})); err != nil {
 			return err
 		}
 		return b.Append(bob, eventstore.Exact(1), eventstore.NewEvent(MoneyDeposited{Amount: 30}))
 	}); err != nil {
-		return explain(err)
+		return err
 	}
 
-	// 4. A stale expected version is refused with the actual version.
-	_, err = store.Append(ctx, alice, eventstore.Exact(1), eventstore.NewEvent(MoneyDeposited{Amount: 1}))
+	// 4. A writer that read alice at version 1 appends: refused, with the
+	//    actual version, and nothing is written.
+	_, err = client.Append(ctx, alice, eventstore.Exact(1), eventstore.NewEvent(MoneyDeposited{Amount: 1}))
 	var wev *eventstore.WrongExpectedVersionError
-	if errors.As(err, &wev) {
-		fmt.Printf("refused: %s expected version %s, but it is at %d\n\n", wev.StreamID, wev.Expected, wev.Actual)
+	if !errors.As(err, &wev) {
+		return errors.Newf("a stale expected version was not refused: %v", err)
 	}
+	fmt.Printf("optimistic concurrency: an append to %s expecting version %s was refused: it is at %d\n\n",
+		wev.StreamID, wev.Expected, wev.Actual)
 
-	// 5. Read the whole log back, decoding each event into its Go type.
+	// 5. The log, in commit order (this run's streams).
 	fmt.Println("the log, in commit order:")
-	balances := map[string]int{}
-	for e, err := range store.ReadAll(ctx, 0) {
+	var last int64
+	for e, err := range client.ReadAll(ctx, 0) {
 		if err != nil {
 			return err
 		}
-		v, err := reg.Decode(e)
-		if err != nil {
-			return err
+		if e.StreamID == alice || e.StreamID == bob {
+			fmt.Printf("  #%d  %-24s v%d  %-18s %s\n", e.GlobalSequence, e.StreamID, e.StreamVersion, e.Type, e.Data)
+			last = e.GlobalSequence
 		}
-		switch ev := v.(type) {
-		case MoneyDeposited:
-			balances[e.StreamID] += ev.Amount
-		case MoneyWithdrawn:
-			balances[e.StreamID] -= ev.Amount
-		}
-		fmt.Printf("  #%d  %-14s v%d  %-18s %s\n", e.GlobalSequence, e.StreamID, e.StreamVersion, e.Type, e.Data)
 	}
 
-	// 6. Or one stream, from a version.
-	fmt.Println("\nbalances:")
-	for _, s := range []string{alice, bob} {
-		v, err := store.StreamVersion(ctx, s)
-		if err != nil {
+	// 6. The read model, once the projection has passed the last event.
+	//    Client.Await is read-your-writes: it returns once the projection's
+	//    checkpoint has passed the position (woken by a notification).
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := client.Await(actx, "quickstart.balances", last); err != nil {
+		return err
+	}
+	fmt.Println("\nthe quickstart_balances read model (kept by the projection, live):")
+	for _, acct := range []string{alice, bob} {
+		var amount int
+		if err := pool.QueryRow(ctx, `SELECT amount FROM quickstart_balances WHERE account = $1`, acct).Scan(&amount); err != nil {
 			return err
 		}
-		fmt.Printf("  %-14s %4d  (stream version %d)\n", s, balances[s], v)
+		fmt.Printf("  %-24s %4d\n", acct, amount)
 	}
 	return nil
 }
 
-func explain(err error) error {
-	if errors.Is(err, eventstore.ErrWrongExpectedVersion) {
-		return errors.Wrap(err, "the demo streams exist already in this database: run it against a fresh one (make demo does)")
-	}
-	return err
+func runID() string {
+	b := make([]byte, 2)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }

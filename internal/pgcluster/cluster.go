@@ -156,6 +156,27 @@ func Start(ctx context.Context, opts *Options) (*Cluster, error) {
 
 // create makes the temporary directory, takes the owner lock and runs initdb.
 func (c *Cluster) create(ctx context.Context) error {
+	if err := c.makeDir(); err != nil {
+		return err
+	}
+	args := []string{"-D", c.dataDir, "--auth=trust", "-U", "postgres", "-E", "UTF8", "--locale=C"}
+	if !c.fsync {
+		args = append(args, "--no-sync")
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(c.binDir, "initdb"), args...)
+	cmd.Dir = c.dir
+	cmd.Env = childEnv()
+	cmd.SysProcAttr = procAttr(c.user, syscall.SIGKILL)
+	start := time.Now()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return errors.Wrapf(err, "pgcluster: initdb failed:\n%s", tail(string(out), 30))
+	}
+	c.logger.DebugContext(ctx, "pgcluster: initdb done", slog.Duration("took", time.Since(start)))
+	return nil
+}
+
+// makeDir makes the temporary directory and takes the owner lock.
+func (c *Cluster) makeDir() error {
 	dir, err := os.MkdirTemp("", dirPrefix)
 	if err != nil {
 		return errors.Wrap(err, "pgcluster: create temporary directory")
@@ -181,23 +202,7 @@ func (c *Cluster) create(ctx context.Context) error {
 	if err := os.Rename(tmpOwner, filepath.Join(dir, ownerFile)); err != nil {
 		return errors.Wrap(err, "pgcluster: publish owner lock file")
 	}
-	if err := chown(dir, c.user); err != nil {
-		return err
-	}
-	args := []string{"-D", c.dataDir, "--auth=trust", "-U", "postgres", "-E", "UTF8", "--locale=C"}
-	if !c.fsync {
-		args = append(args, "--no-sync")
-	}
-	cmd := exec.CommandContext(ctx, filepath.Join(c.binDir, "initdb"), args...)
-	cmd.Dir = dir
-	cmd.Env = childEnv()
-	cmd.SysProcAttr = procAttr(c.user, syscall.SIGKILL)
-	start := time.Now()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return errors.Wrapf(err, "pgcluster: initdb failed:\n%s", tail(string(out), 30))
-	}
-	c.logger.DebugContext(ctx, "pgcluster: initdb done", slog.Duration("took", time.Since(start)))
-	return nil
+	return chown(dir, c.user)
 }
 
 // startWithPortRetry starts the server, picking another free port when the

@@ -81,6 +81,11 @@ func QualifiedLiteral(schema, object string) string {
 // the new head position: the schema name followed by "_events".
 func Channel(name string) string { return name + "_events" }
 
+// CheckpointChannel returns the NOTIFY channel of checkpoint moves in schema
+// name (payload "position:partition:subscriber"), which projection.Await
+// listens to.
+func CheckpointChannel(name string) string { return name + "_checkpoints" }
+
 // AppendLockKey returns the transaction-scoped advisory-lock key that
 // serializes the numbering of appends in the schema.
 func AppendLockKey(name string) (int32, int32) { return lockkey.Pair(name + ":append") }

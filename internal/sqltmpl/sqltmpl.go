@@ -21,6 +21,9 @@ type Data struct {
 	SchemaLiteral string
 	// Channel is the NOTIFY channel of appends as a quoted literal: E'annals_events'.
 	Channel string
+	// CheckpointChannel is the NOTIFY channel of checkpoint moves as a
+	// quoted literal: E'annals_checkpoints'.
+	CheckpointChannel string
 	// EventsSequence is the events' position sequence as a regclass
 	// constant: E'"annals"."events_global_sequence"'::regclass.
 	EventsSequence string
@@ -33,12 +36,13 @@ type Data struct {
 func NewData(schema string) Data {
 	k1, k2 := schemaname.AppendLockKey(schema)
 	return Data{
-		Schema:         schemaname.Ident(schema),
-		SchemaLiteral:  schemaname.Literal(schema),
-		Channel:        schemaname.Literal(schemaname.Channel(schema)),
-		EventsSequence: schemaname.QualifiedLiteral(schema, "events_global_sequence") + "::regclass",
-		AppendLockK1:   k1,
-		AppendLockK2:   k2,
+		Schema:            schemaname.Ident(schema),
+		SchemaLiteral:     schemaname.Literal(schema),
+		Channel:           schemaname.Literal(schemaname.Channel(schema)),
+		CheckpointChannel: schemaname.Literal(schemaname.CheckpointChannel(schema)),
+		EventsSequence:    schemaname.QualifiedLiteral(schema, "events_global_sequence") + "::regclass",
+		AppendLockK1:      k1,
+		AppendLockK2:      k2,
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/internal/lockkey"
@@ -29,6 +30,13 @@ type ChildConfig struct {
 	// Raw makes the process hold a session advisory lock on a connection
 	// instead of running a Runner (the baseline).
 	Raw bool
+	// Partitions splits the subscriber (the scale-out benchmark); 0 or 1:
+	// one partition.
+	Partitions int
+	// Upsert makes the projection upsert a row per event into
+	// bench_scale_rm (the scale-out benchmark's realistic handler) instead
+	// of doing nothing.
+	Upsert bool
 }
 
 // Args returns the command-line flags that describe c.
@@ -36,6 +44,12 @@ func (c ChildConfig) Args() []string {
 	args := []string{"--schema", c.Schema, "--instance-id", c.InstanceID, "--subscriber", c.Subscriber, "--lock-retry", c.LockRetry.String()}
 	if c.Raw {
 		args = append(args, "--raw")
+	}
+	if c.Partitions > 1 {
+		args = append(args, "--partitions", fmt.Sprint(c.Partitions))
+	}
+	if c.Upsert {
+		args = append(args, "--upsert")
 	}
 	return args
 }
@@ -76,7 +90,11 @@ func RunChild(ctx context.Context, pool *pgxpool.Pool, c ChildConfig, ready, log
 	if err != nil {
 		return err
 	}
-	if err := r.Register(&noopProjection{name: c.Subscriber}, nil); err != nil {
+	var handler projection.Projection = &noopProjection{name: c.Subscriber}
+	if c.Upsert {
+		handler = &upsertProjection{name: c.Subscriber, table: pgx.Identifier{c.Schema, "bench_scale_rm"}.Sanitize()}
+	}
+	if err := r.Register(handler, &projection.Options{Partitions: c.Partitions}); err != nil {
 		return err
 	}
 	fmt.Fprintln(ready, ChildReady)

@@ -19,7 +19,7 @@ import (
 )
 
 // benchmarks are the names --only accepts, in the order they run.
-var benchmarks = []string{"append", "catchup", "latency", "takeover", "rebuild"}
+var benchmarks = []string{"append", "catchup", "latency", "takeover", "rebuild", "scaleout"}
 
 // benchFlagsOf maps each benchmark to its own flags: given without --only,
 // they select their benchmarks alone.
@@ -29,6 +29,7 @@ var benchFlagsOf = map[string][]string{
 	"latency":  {"rates"},
 	"takeover": {"rounds", "lock-retry"},
 	"rebuild":  {"rebuild-events"},
+	"scaleout": {"scaleout-events"},
 }
 
 // cliMainPackage is the main package of the annals command: the takeover
@@ -45,6 +46,7 @@ type benchJSON struct {
 	Latency        *benchmark.LatencyReport  `json:"latency,omitempty"`
 	Takeover       *benchmark.TakeoverReport `json:"takeover,omitempty"`
 	Rebuild        *benchmark.RebuildReport  `json:"rebuild,omitempty"`
+	Scaleout       *benchmark.ScaleoutReport `json:"scaleout,omitempty"`
 }
 
 func (e *env) benchCommand() *cobra.Command {
@@ -53,7 +55,7 @@ func (e *env) benchCommand() *cobra.Command {
 	var jsonPath string
 	var only []string
 	var writers, batches, rates []int
-	var events, rounds, rebuildEvents int
+	var events, rounds, rebuildEvents, scaleoutEvents int
 	var lockRetry []time.Duration
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -81,6 +83,11 @@ figures and ratios (tables on stdout, progress on stderr). The benchmarks, chose
             read model (a JSON decode and an upsert per event) with Runner.Rebuild, beside
             a raw reset + paged replay in transactions of the same size (5000 events) with
             a checkpoint UPDATE per transaction. Schema annals_bench_rebuild.
+  scaleout  balanced leadership with runner processes (this binary, re-executed) sharing
+            16 partitions: the time until a 4th process has its share (3 → 4), and until
+            the partitions of a SIGKILLed one of 4 are led again, 10 rounds each; then the
+            catch-up throughput of --scaleout-events events with an upsert per event by 1,
+            2 and 4 processes. Schema annals_bench_scaleout.
 
 Without --only, a benchmark's own flags (append: --writers, --batch; catchup: --events;
 latency: --rates; takeover: --rounds, --lock-retry; rebuild: --rebuild-events) select that
@@ -105,6 +112,7 @@ smoke test).`,
 			latencyCfg := &benchmark.LatencyConfig{Rates: rates, Duration: duration, Progress: e.stderr}
 			takeoverCfg := &benchmark.TakeoverConfig{LockRetry: lockRetry, Rounds: rounds, Progress: e.stderr}
 			rebuildCfg := &benchmark.RebuildConfig{Events: rebuildEvents, Progress: e.stderr}
+			scaleoutCfg := &benchmark.ScaleoutConfig{Events: scaleoutEvents, Progress: e.stderr}
 			if quick {
 				appendCfg.Duration = 200 * time.Millisecond
 				if len(writers) == 0 {
@@ -123,6 +131,10 @@ smoke test).`,
 				takeoverCfg.Graceful = 1
 				if !cmd.Flags().Changed("rebuild-events") {
 					rebuildCfg.Events = 5000
+				}
+				scaleoutCfg.Rounds = 1
+				if !cmd.Flags().Changed("scaleout-events") {
+					scaleoutCfg.Events = 5000
 				}
 			}
 			for _, w := range appendCfg.Writers {
@@ -145,6 +157,9 @@ smoke test).`,
 				if r < 1 || r > 100_000 {
 					return usagef("--rates %d: want 1..100000 events/s", r)
 				}
+			}
+			if scaleoutCfg.Events < 1 || scaleoutCfg.Events > 100_000_000 {
+				return usagef("--scaleout-events %d: want 1..100000000", scaleoutCfg.Events)
 			}
 			if takeoverCfg.Rounds < 1 || takeoverCfg.Rounds > 1000 {
 				return usagef("--rounds %d: want 1..1000", takeoverCfg.Rounds)
@@ -253,6 +268,26 @@ smoke test).`,
 					return err
 				}
 			}
+			if run["scaleout"] {
+				rep := &benchmark.ScaleoutReport{}
+				if command, why := takeoverCommand(); why != "" {
+					rep.Skipped = why
+				} else {
+					url := e.databaseURL
+					if url == "" {
+						url = e.getenv("DATABASE_URL")
+					}
+					scaleoutCfg.Command = command
+					scaleoutCfg.Env = append(os.Environ(), "DATABASE_URL="+url)
+					if rep, err = benchmark.RunScaleout(ctx, pool, scaleoutCfg); err != nil {
+						return err
+					}
+				}
+				doc.Scaleout = rep
+				if err := report(func(w io.Writer) error { return benchmark.WriteScaleoutTable(w, rep) }); err != nil {
+					return err
+				}
+			}
 			return nil
 		},
 	}
@@ -264,6 +299,7 @@ smoke test).`,
 	cmd.Flags().IntSliceVar(&batches, "batch", nil, "append: events per append (default 1,100)")
 	cmd.Flags().IntVar(&events, "events", 1_000_000, "catchup: events in the log (quick: 5000)")
 	cmd.Flags().IntVar(&rebuildEvents, "rebuild-events", 200_000, "rebuild: events in the log (quick: 5000)")
+	cmd.Flags().IntVar(&scaleoutEvents, "scaleout-events", 100_000, "scaleout: events in the log of the throughput runs (quick: 5000)")
 	cmd.Flags().IntSliceVar(&rates, "rates", nil, "latency: target appends per second (default 100,1000; quick: 100)")
 	cmd.Flags().IntVar(&rounds, "rounds", 20, "takeover: takeovers after SIGKILL per lock retry interval (quick: 1)")
 	cmd.Flags().DurationSliceVar(&lockRetry, "lock-retry", []time.Duration{0},

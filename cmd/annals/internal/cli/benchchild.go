@@ -50,5 +50,7 @@ starts these to measure leader takeover; they are not meant to be run by hand.`,
 	cmd.Flags().StringVar(&c.Subscriber, "subscriber", "", "the no-op projection's name")
 	cmd.Flags().DurationVar(&c.LockRetry, "lock-retry", 0, "the runner's LockRetryInterval (0: its default)")
 	cmd.Flags().BoolVar(&c.Raw, "raw", false, "hold the baseline's advisory lock instead of running a runner")
+	cmd.Flags().IntVar(&c.Partitions, "partitions", 1, "the projection's partitions (scale-out benchmark)")
+	cmd.Flags().BoolVar(&c.Upsert, "upsert", false, "upsert a read-model row per event instead of doing nothing (scale-out benchmark)")
 	return cmd
 }

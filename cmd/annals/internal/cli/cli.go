@@ -152,6 +152,7 @@ func (e *env) rootCommand() *cobra.Command {
 		e.versionCommand(),
 		e.streamCommand(),
 		e.scavengeCommand(),
+		e.uiCommand(),
 	)
 	// cobra's own completion command (annals completion bash|zsh|fish|
 	// powershell), made here rather than when executing so that a missing or

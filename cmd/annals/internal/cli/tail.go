@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/annals-dev/annals/catchup"
@@ -16,7 +17,8 @@ import (
 func (e *env) tailCommand() *cobra.Command {
 	var from int64
 	var follow bool
-	var subscriber string
+	var subscriber, partitionBy, readURL string
+	var partitions int
 	var format *string
 	var types []string
 	cmd := &cobra.Command{
@@ -27,12 +29,19 @@ func (e *env) tailCommand() *cobra.Command {
 
 With --subscriber NAME, tail is a real observer: it resumes from NAME's checkpoint, stores
 its position, and is leader-elected, so two tails with the same name share one position
-(the second stands by). --types filters by event-type globs (order.*, *.shipped; '*' is
+(the second stands by). With --partitions N as well, the subscriber is split into N
+partitions (by stream ID, or by --partition-by category or metadata:FIELD) that every tail
+running it shares fairly: two tails lead N/2 each, and when one stops or dies the other
+takes its partitions over within tens of milliseconds; each key's events are printed in
+order. --read-url reads the events from a streaming replica (a hot standby) while
+locks and checkpoints stay on the primary; a lagging replica delays what is printed, it
+never skips. --types filters by event-type globs (order.*, *.shipped; '*' is
 one or more whole segments). --output jsonl prints one JSON object per event, flushed at
 once, with the keys of 'annals read' (there is no --output json: a tail has no end at
 which to close an array).`,
 		Example: `  annals tail --follow --output jsonl | jq .
-  annals tail --follow --subscriber audit-log --types 'order.*,payment.*'`,
+  annals tail --follow --subscriber audit-log --types 'order.*,payment.*'
+  annals tail --follow --subscriber audit-log --partitions 8 --output jsonl`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if from < 0 {
@@ -44,6 +53,15 @@ which to close an array).`,
 			if cmd.Flags().Changed("subscriber") && strings.TrimSpace(subscriber) == "" {
 				return usagef("--subscriber must not be empty")
 			}
+			if (cmd.Flags().Changed("partitions") || cmd.Flags().Changed("partition-by")) && subscriber == "" {
+				return usagef("--partitions and --partition-by need --subscriber")
+			}
+			if partitions < 1 || partitions > 1024 {
+				return usagef("--partitions must be between 1 and 1024")
+			}
+			if err := catchup.ParsePartitionBy(partitionBy); err != nil {
+				return usageError{err}
+			}
 			filter, err := catchup.ParseFilter(types)
 			if err != nil {
 				return usageError{err}
@@ -53,6 +71,13 @@ which to close an array).`,
 				return err
 			}
 			defer pool.Close()
+			var readPool *pgxpool.Pool
+			if readURL != "" {
+				if readPool, err = pgxpool.New(cmd.Context(), readURL); err != nil {
+					return usageError{errors.Wrap(err, "--read-url")}
+				}
+				defer readPool.Close()
+			}
 			w := newEventWriter(e.stdout, *format)
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
@@ -84,11 +109,12 @@ which to close an array).`,
 				return w.flush()
 			}
 			if subscriber != "" {
-				r, err := projection.NewRunner(pool, &projection.Config{Schema: e.schema})
+				r, err := projection.NewRunner(pool, &projection.Config{Schema: e.schema, ReadPool: readPool})
 				if err != nil {
 					return err
 				}
-				if err := r.Register(&tailObserver{name: subscriber, print: print}, &projection.Options{Types: types}); err != nil {
+				opts := &projection.Options{Types: types, Partitions: partitions, PartitionBy: partitionBy}
+				if err := r.Register(&tailObserver{name: subscriber, print: print}, opts); err != nil {
 					return usageError{err}
 				}
 				if follow {
@@ -100,7 +126,7 @@ which to close an array).`,
 			if err != nil {
 				return err
 			}
-			engine, err := catchup.NewEngine(pool, listener, &catchup.Config{Schema: e.schema})
+			engine, err := catchup.NewEngine(pool, listener, &catchup.Config{Schema: e.schema, ReadPool: readPool})
 			if err != nil {
 				return err
 			}
@@ -123,6 +149,9 @@ which to close an array).`,
 	cmd.Flags().BoolVar(&follow, "follow", false, "keep following new events until interrupted")
 	cmd.Flags().StringVar(&subscriber, "subscriber", "", "run as a checkpointed, leader-elected observer with this name")
 	cmd.Flags().StringSliceVar(&types, "types", nil, "event-type globs, comma-separated (default: all)")
+	cmd.Flags().IntVar(&partitions, "partitions", 1, "with --subscriber: split it into this many partitions, shared by every tail running it")
+	cmd.Flags().StringVar(&partitionBy, "partition-by", "", "with --partitions: stream (default), category, or metadata:FIELD")
+	cmd.Flags().StringVar(&readURL, "read-url", "", "read the events from this streaming replica (locks and checkpoints stay on the primary)")
 	format = addOutputFlag(cmd, true, outputText, outputJSONL)
 	return cmd
 }

@@ -1,0 +1,386 @@
+package annals
+
+import (
+	"context"
+	"io"
+	"iter"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/migrations"
+	"github.com/annals-dev/annals/projection"
+	"github.com/annals-dev/annals/scheduler"
+)
+
+// Clock is the time source of a Client's runner (retry delays), scheduler
+// (when timers and cron ticks are due) and sagas (Instance.Now). It is
+// projection.Clock and scheduler.Clock; tests inject a fake one.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// After returns a channel that receives once d has passed on this clock.
+	After(d time.Duration) <-chan time.Time
+}
+
+// Config configures a Client. A nil *Config means defaults. The fields at
+// the top are shared by every part (store, runner, scheduler, sagas) and
+// override the same settings in the per-part configs at the bottom.
+type Config struct {
+	// Registry names the Go event types, for appends, reads and typed
+	// handlers. Defaults to Store.Registry, else a new, empty registry
+	// (Client.Registry).
+	Registry *eventstore.Registry
+	// Schema is the PostgreSQL schema of the annals tables. Defaults to
+	// "annals".
+	Schema string
+	// Logger receives the runner's, the scheduler's and the sagas' logs
+	// (leadership, retries, reconnects, read-model setups). Defaults to
+	// Runner.Logger and Scheduler.Logger, else discarding.
+	Logger *slog.Logger
+	// Clock decides retry delays, timers, cron ticks and sagas' Now.
+	// Defaults to the wall clock.
+	Clock Clock
+	// TracerProvider receives the spans of appends and handlers. Defaults
+	// to the global provider.
+	TracerProvider trace.TracerProvider
+	// MeterProvider receives append and subscriber metrics. Defaults to the
+	// global provider.
+	MeterProvider metric.MeterProvider
+	// Retry is the retry policy of every subscriber that sets none of its
+	// own. Defaults to projection's (3 retries, 1 s ×2 up to 60 s).
+	Retry *projection.RetryPolicy
+	// SkipMigrations makes Start, Run and RunUntilCaughtUp leave the schema
+	// alone (a deploy step migrates, or the service's role may not). By
+	// default they run migrations.Up first, which is idempotent and safe
+	// from many processes at once.
+	SkipMigrations bool
+
+	// Inline lists projections applied in the transaction of each append
+	// that carries one of their event types, so that their read model is
+	// never behind the writer (eventstore.Config.Inline; a typed
+	// projection.Projection fits as is). Register the same projection with
+	// AddProjection under another name too when it must be rebuildable from
+	// the log. Added to Store.Inline.
+	Inline []eventstore.InlineProjection
+
+	// Store configures the event store further (page size, event size
+	// limit, group commit). Defaults to eventstore's defaults.
+	Store *eventstore.Config
+	// Runner configures the runner further (instance ID, intervals,
+	// shutdown timeout, hooks). Defaults to projection's defaults.
+	Runner *projection.Config
+	// Scheduler configures the timer and cron dispatcher further. Defaults
+	// to scheduler's defaults.
+	Scheduler *scheduler.Config
+}
+
+// Client is annals in one value: the event registry, the store, the runner
+// of projections, observers and sagas, and the scheduler of timers and cron
+// tasks, sharing one pool, schema, clock, logger and telemetry. Register
+// handlers with the Add… functions of this package, then Start (or Run).
+// The parts stay reachable (Store, Runner, Scheduler) and usable on their
+// own. A Client is safe for concurrent use.
+type Client struct {
+	pool   *pgxpool.Pool
+	cfg    Config
+	store  *eventstore.Store
+	runner *projection.Runner
+	sched  *scheduler.Scheduler
+
+	mu    sync.Mutex
+	tasks []scheduler.Task
+	run   *running // nil unless started
+}
+
+// running is one Start…Stop of a Client.
+type running struct {
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the runner's Run returned
+	err    error         // what it returned; read after done
+}
+
+// New returns a Client on pool. It does not touch the database: Start (or
+// Run) migrates the schema, sets up read models and starts the runner.
+// It fails for a nil pool and for invalid settings of the parts.
+func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
+	if pool == nil {
+		return nil, errors.New("annals: pool is nil")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Registry == nil && c.Store != nil {
+		c.Registry = c.Store.Registry
+	}
+	if c.Registry == nil {
+		c.Registry = eventstore.NewRegistry()
+	}
+	// A part's own logger stays unless Config.Logger is set.
+	logger := c.Logger
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	var sc eventstore.Config
+	if c.Store != nil {
+		sc = *c.Store
+	}
+	sc.Schema, sc.Registry = c.Schema, c.Registry
+	sc.Inline = append(append([]eventstore.InlineProjection(nil), sc.Inline...), c.Inline...)
+	if c.TracerProvider != nil {
+		sc.TracerProvider = c.TracerProvider
+	}
+	if c.MeterProvider != nil {
+		sc.MeterProvider = c.MeterProvider
+	}
+	store, err := eventstore.New(pool, &sc)
+	if err != nil {
+		return nil, err
+	}
+	c.Schema = store.Schema()
+
+	var rc projection.Config
+	if c.Runner != nil {
+		rc = *c.Runner
+	}
+	rc.Schema, rc.Registry = c.Schema, c.Registry
+	if logger != nil {
+		rc.Logger = logger
+	}
+	if c.Clock != nil {
+		rc.Clock = c.Clock
+	}
+	if c.Retry != nil {
+		rc.Retry = c.Retry
+	}
+	if c.TracerProvider != nil {
+		rc.TracerProvider = c.TracerProvider
+	}
+	if c.MeterProvider != nil {
+		rc.MeterProvider = c.MeterProvider
+	}
+	runner, err := projection.NewRunner(pool, &rc)
+	if err != nil {
+		return nil, err
+	}
+
+	var dc scheduler.Config
+	if c.Scheduler != nil {
+		dc = *c.Scheduler
+	}
+	dc.Schema = c.Schema
+	if logger != nil {
+		dc.Logger = logger
+	}
+	if c.Clock != nil {
+		dc.Clock = c.Clock
+	}
+	sched, err := scheduler.New(store, &dc)
+	if err != nil {
+		return nil, err
+	}
+	// Every process of the service runs a dispatcher, so that timers (from
+	// sagas or Scheduler().Schedule) and cron tasks fire wherever it runs.
+	if err := runner.AddService(schedulerService, sched); err != nil {
+		return nil, err
+	}
+	return &Client{pool: pool, cfg: c, store: store, runner: runner, sched: sched}, nil
+}
+
+// schedulerService is the runner service name of the scheduler's
+// dispatcher; package saga adds the same scheduler under its own name,
+// which the runner recognizes as the same service.
+const schedulerService = "annals.scheduler"
+
+// Pool returns the client's pool.
+func (c *Client) Pool() *pgxpool.Pool { return c.pool }
+
+// Registry returns the event registry: register event types on it.
+func (c *Client) Registry() *eventstore.Registry { return c.cfg.Registry }
+
+// Schema returns the annals schema the client works in.
+func (c *Client) Schema() string { return c.cfg.Schema }
+
+// Store returns the event store.
+func (c *Client) Store() *eventstore.Store { return c.store }
+
+// Runner returns the runner of the registered projections, observers and
+// sagas (for Rebuild, Registered, package projectioncmd).
+func (c *Client) Runner() *projection.Runner { return c.runner }
+
+// Scheduler returns the scheduler of timers and cron tasks.
+func (c *Client) Scheduler() *scheduler.Scheduler { return c.sched }
+
+// Logger returns the client's logger.
+func (c *Client) Logger() *slog.Logger { return c.cfg.Logger }
+
+// Append appends events to a stream if its version matches expected; see
+// eventstore.Store.Append.
+func (c *Client) Append(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error) {
+	return c.store.Append(ctx, streamID, expected, events...)
+}
+
+// AppendTx appends inside tx, as the last statement before its commit; see
+// eventstore.Store.AppendTx.
+func (c *Client) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error) {
+	return c.store.AppendTx(ctx, tx, streamID, expected, events...)
+}
+
+// Transact runs fn in a transaction and appends what it added to the batch
+// last, in the same round trip as the commit; see eventstore.Store.Transact.
+func (c *Client) Transact(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error) ([]eventstore.AppendResult, error) {
+	return c.store.Transact(ctx, fn)
+}
+
+// ReadStream reads a stream from a version on; see eventstore.Store.ReadStream.
+func (c *Client) ReadStream(ctx context.Context, streamID string, fromVersion int64) iter.Seq2[eventstore.Event, error] {
+	return c.store.ReadStream(ctx, streamID, fromVersion)
+}
+
+// ReadAll reads the whole log after a position, in commit order; see
+// eventstore.Store.ReadAll.
+func (c *Client) ReadAll(ctx context.Context, from int64) iter.Seq2[eventstore.Event, error] {
+	return c.store.ReadAll(ctx, from)
+}
+
+// StreamVersion returns a stream's version (0 when it does not exist).
+func (c *Client) StreamVersion(ctx context.Context, streamID string) (int64, error) {
+	return c.store.StreamVersion(ctx, streamID)
+}
+
+// Await returns once the registered projection, observer or saga name has
+// processed every event through position (read-your-writes: pass an
+// append's AppendResult.Position()), woken by the checkpoint's
+// notification rather than a poll. When ctx ends first it fails with a
+// *projection.BehindError that says how far behind the subscriber is. The
+// runner need not run in this process: whichever process leads the
+// subscriber moves its checkpoint.
+func (c *Client) Await(ctx context.Context, name string, position int64) error {
+	return c.runner.Await(ctx, name, position)
+}
+
+// Migrate creates or upgrades the annals schema (migrations.Up).
+func (c *Client) Migrate(ctx context.Context) error {
+	_, err := migrations.Up(ctx, c.pool, &migrations.Config{Schema: c.cfg.Schema})
+	return err
+}
+
+// prepare migrates (unless SkipMigrations), stores the cron tasks and sets
+// up the read models: what Start, Run and RunUntilCaughtUp do first.
+func (c *Client) prepare(ctx context.Context) error {
+	if !c.cfg.SkipMigrations {
+		if err := c.Migrate(ctx); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	tasks := append([]scheduler.Task(nil), c.tasks...)
+	c.mu.Unlock()
+	for _, t := range tasks {
+		if err := c.sched.AddTask(ctx, t); err != nil {
+			return err
+		}
+	}
+	return c.runner.Setup(ctx)
+}
+
+// Start migrates the schema (unless Config.SkipMigrations), stores the cron
+// tasks, sets up every projection's read model (so that reads work when it
+// returns), and starts the runner in the background: every registered
+// subscriber catches up from its checkpoint and follows the log, and the
+// scheduler's dispatcher fires timers and cron ticks. ctx bounds the start
+// only; Stop ends the run. Start fails if the client is running or any step
+// fails (then nothing runs).
+func (c *Client) Start(ctx context.Context) error {
+	c.mu.Lock()
+	if c.run != nil {
+		c.mu.Unlock()
+		return errors.New("annals: Start: the client is running")
+	}
+	r := &running{done: make(chan struct{})}
+	c.run = r
+	c.mu.Unlock()
+	if err := c.prepare(ctx); err != nil {
+		c.mu.Lock()
+		c.run = nil
+		c.mu.Unlock()
+		return err
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.cancel = cancel
+	go func() {
+		defer close(r.done)
+		r.err = c.runner.Run(runCtx)
+	}()
+	return nil
+}
+
+// Stop shuts the runner down gracefully (the batch in hand finishes within
+// the runner's ShutdownTimeout, checkpoints are flushed, locks released,
+// the instance deregistered) and returns when it has, or when ctx ends
+// (with ctx's error; the shutdown goes on). It returns the error that ended
+// the run early, if any. Stopping a client that is not running does
+// nothing; a stopped client can be started again.
+func (c *Client) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	r := c.run
+	c.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	r.cancel()
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		return errors.Wrap(ctx.Err(), "annals: Stop")
+	}
+	c.mu.Lock()
+	if c.run == r {
+		c.run = nil
+	}
+	c.mu.Unlock()
+	return r.err
+}
+
+// Run is Start, then Stop when ctx ends: it returns nil after a graceful
+// shutdown, or the error that kept the client from starting or ended its
+// run early.
+func (c *Client) Run(ctx context.Context) error {
+	if err := c.Start(ctx); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	r := c.run
+	c.mu.Unlock()
+	select {
+	case <-ctx.Done():
+	case <-r.done: // the runner could not start
+	}
+	return c.Stop(context.WithoutCancel(ctx))
+}
+
+// RunUntilCaughtUp migrates (unless SkipMigrations), stores the cron tasks,
+// sets up the read models and runs every registered subscriber up to the
+// head of the log as it is when called, then returns; timers and cron
+// ticks are not fired (see Scheduler().FireDue). For tests and batch jobs.
+func (c *Client) RunUntilCaughtUp(ctx context.Context) error {
+	if err := c.prepare(ctx); err != nil {
+		return err
+	}
+	return c.runner.RunUntilCaughtUp(ctx)
+}
+
+// Rebuild replays a registered projection from the start of the log into
+// its cleared read model while the service keeps running; see
+// projection.Runner.Rebuild.
+func (c *Client) Rebuild(ctx context.Context, name string, opts *projection.RebuildOptions) error {
+	return c.runner.Rebuild(ctx, name, opts)
+}

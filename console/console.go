@@ -1,0 +1,216 @@
+package console
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/deadletter"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/scheduler"
+)
+
+//go:embed queries.sql
+var queriesSQL string
+
+// Principal is who makes a request, as an Authorizer (or the token login)
+// establishes it.
+type Principal struct {
+	// Name identifies the person or system; it is what the audit log
+	// records as the actor. Required for writes.
+	Name string
+	// Operator reports whether the principal may change things (retry,
+	// skip and purge dead letters, set checkpoints, pause and resume cron
+	// tasks). Reading needs no principal.
+	Operator bool
+}
+
+// Authorizer decides who makes a request. It returns ok false when the
+// request carries no acceptable credentials; the console then treats it as
+// anonymous (it may read, never write). A service that mounts the console
+// behind its own login supplies one.
+type Authorizer func(r *http.Request) (p Principal, ok bool)
+
+// Config configures a Console. A nil *Config means defaults.
+type Config struct {
+	// Schema is the PostgreSQL schema holding the annals tables. Defaults
+	// to "annals".
+	Schema string
+	// ReadOnly shows everything and changes nothing: every write is
+	// refused (403) and no action form is shown. Defaults to false.
+	ReadOnly bool
+	// AuthToken, when set, lets an operator sign in with it (the login form
+	// sets a session cookie) or send it as "Authorization: Bearer TOKEN";
+	// either way the principal is an operator. Defaults to "" (no token
+	// login).
+	AuthToken string
+	// Authorizer, when set, is asked first for every request. Defaults to
+	// nil. With neither AuthToken nor Authorizer the console cannot write.
+	Authorizer Authorizer
+	// BasePath is the path the console is mounted at, e.g. "/annals" when a
+	// service routes "/annals/" to http.StripPrefix("/annals", console).
+	// Links and forms are made under it. Defaults to "" (the root).
+	BasePath string
+	// StaleAfter is the heartbeat age past which a runner instance is
+	// stale. Defaults to 30s (three heartbeats of the runner).
+	StaleAfter time.Duration
+	// FollowInterval is how often a live follow (server-sent events) looks
+	// for new events. Defaults to 500ms.
+	FollowInterval time.Duration
+	// Metrics, when set, serves /metrics. Defaults to nil: the console
+	// serves /metrics from a Metrics of its own reading the database
+	// (NewMetrics with the same pool and schema).
+	Metrics *Metrics
+	// Logger receives request errors. Defaults to discarding.
+	Logger *slog.Logger
+	// Now is the clock for session expiry. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Console is the operator console, an http.Handler. Create it with New.
+type Console struct {
+	*reader
+	cfg        Config
+	dlq        *deadletter.Store
+	cps        *checkpoint.Store
+	sched      *scheduler.Scheduler
+	secret     []byte
+	mux        *http.ServeMux
+	metrics    *Metrics
+	tpl        *templates
+	canOpMu    sync.Mutex
+	canOp      *bool
+	canOpCheck time.Time
+}
+
+// New returns the console on pool. It does not touch the database.
+func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	var err error
+	if c.Schema, err = schemaname.Resolve(c.Schema); err != nil {
+		return nil, err
+	}
+	if c.StaleAfter <= 0 {
+		c.StaleAfter = 30 * time.Second
+	}
+	if c.FollowInterval <= 0 {
+		c.FollowInterval = 500 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	c.BasePath = strings.TrimSuffix(c.BasePath, "/")
+	if c.BasePath != "" && !strings.HasPrefix(c.BasePath, "/") {
+		return nil, errors.Newf("console: BasePath %q must start with /", c.BasePath)
+	}
+	rd, err := newReader(pool, c.Schema, c.StaleAfter)
+	if err != nil {
+		return nil, err
+	}
+	dlq, err := deadletter.New(pool, &deadletter.Config{Schema: c.Schema})
+	if err != nil {
+		return nil, err
+	}
+	cps, err := checkpoint.New(c.Schema)
+	if err != nil {
+		return nil, err
+	}
+	store, err := eventstore.New(pool, &eventstore.Config{Schema: c.Schema})
+	if err != nil {
+		return nil, err
+	}
+	sched, err := scheduler.New(store, nil)
+	if err != nil {
+		return nil, err
+	}
+	tpl, err := parseTemplates()
+	if err != nil {
+		return nil, err
+	}
+	con := &Console{reader: rd, cfg: c, dlq: dlq, cps: cps, sched: sched, tpl: tpl, metrics: c.Metrics}
+	con.secret = make([]byte, 32)
+	if _, err := rand.Read(con.secret); err != nil {
+		return nil, errors.Wrap(err, "console: random secret")
+	}
+	if con.metrics == nil {
+		if con.metrics, err = NewMetrics(pool, &MetricsConfig{Schema: c.Schema, StaleAfter: c.StaleAfter}); err != nil {
+			return nil, err
+		}
+	}
+	con.routes()
+	return con, nil
+}
+
+// ServeHTTP serves the console.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Referrer-Policy", "same-origin")
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'; form-action 'self'")
+	c.mux.ServeHTTP(w, r)
+}
+
+func (c *Console) routes() {
+	m := http.NewServeMux()
+	m.HandleFunc("GET /{$}", c.page(c.overview))
+	m.HandleFunc("GET /streams", c.page(c.streams))
+	m.HandleFunc("GET /streams/{id...}", c.page(c.stream))
+	m.HandleFunc("GET /events", c.page(c.log))
+	m.HandleFunc("GET /events/follow", c.follow)
+	m.HandleFunc("GET /events/{pos}", c.page(c.event))
+	m.HandleFunc("GET /subscribers/{name}", c.page(c.subscriber))
+	m.HandleFunc("GET /dead-letters", c.page(c.deadLetters))
+	m.HandleFunc("GET /dead-letters/{id}", c.page(c.deadLetter))
+	m.HandleFunc("GET /scheduler", c.page(c.scheduler))
+	m.HandleFunc("GET /instances", c.page(c.instances))
+	m.HandleFunc("GET /audit", c.page(c.audit))
+	m.HandleFunc("GET /login", c.page(c.loginForm))
+	m.HandleFunc("POST /login", c.login)
+	m.HandleFunc("POST /logout", c.write("", c.logout))
+	m.HandleFunc("POST /dead-letters/retry", c.write("dlq.retry", c.dlqRetry))
+	m.HandleFunc("POST /dead-letters/skip", c.write("dlq.skip", c.dlqSkip))
+	m.HandleFunc("POST /dead-letters/retry-all", c.write("dlq.retry_all", c.dlqRetryAll))
+	m.HandleFunc("POST /dead-letters/purge", c.write("dlq.purge", c.dlqPurge))
+	m.HandleFunc("POST /subscribers/{name}/checkpoint", c.write("checkpoint.set", c.checkpointSet))
+	m.HandleFunc("POST /scheduler/tasks/{name}/pause", c.write("cron.pause", c.taskPause))
+	m.HandleFunc("POST /scheduler/tasks/{name}/resume", c.write("cron.resume", c.taskResume))
+	m.Handle("GET /static/", http.StripPrefix("/static/", staticHandler()))
+	m.Handle("GET /metrics", c.metrics)
+	m.Handle("GET /healthz", Liveness())
+	m.Handle("GET /readyz", Readiness(c.pool, &HealthConfig{Schema: c.cfg.Schema}))
+	c.mux = m
+}
+
+// canOperate reports whether the database role may do the console's writes,
+// asked at most every 30 seconds.
+func (c *Console) canOperate(ctx context.Context) bool {
+	c.canOpMu.Lock()
+	defer c.canOpMu.Unlock()
+	if c.canOp != nil && c.cfg.Now().Sub(c.canOpCheck) < 30*time.Second {
+		return *c.canOp
+	}
+	var ok bool
+	if err := c.pool.QueryRow(ctx, c.q["CanOperate"], c.cfg.Schema).Scan(&ok); err != nil {
+		c.cfg.Logger.Warn("console: check the database role's privileges", "err", err)
+		return false
+	}
+	c.canOp, c.canOpCheck = &ok, c.cfg.Now()
+	return ok
+}

@@ -1,0 +1,97 @@
+// Package console is the operator console of annals: a server-rendered web
+// application (an http.Handler) that shows the log, the subscribers, the
+// dead letters, the scheduler and the runner instances of one database, and
+// lets an operator act on them; plus Prometheus metrics and health checks.
+// `annals ui` serves it; a service mounts it in its own mux, as riverui is:
+//
+//	con, _ := console.New(pool, &console.Config{BasePath: "/annals", Authorizer: myAuth})
+//	mux.Handle("/annals/", http.StripPrefix("/annals", con))
+//	mux.Handle("/readyz", console.RunnerHealth(runner, pool, nil))
+//
+// # Pages
+//
+// Every page is rendered on the server with html/template from templates
+// embedded in the binary, with one stylesheet and one small script (also
+// embedded: nothing is loaded from elsewhere, and the Content-Security-Policy
+// allows only this origin). Without JavaScript everything works but the live
+// follow; with it, dangerous forms ask for confirmation.
+//
+//	/                    overview: head, appends per minute over the last hour (a
+//	                     sparkline, counted among the newest 100,000 events),
+//	                     subscriber partitions with lag, leader, state and dead
+//	                     letters, instances, timers
+//	/streams             streams by ID prefix, keyset-paged
+//	/streams/{id}        a stream's events by version, 50 a page
+//	/events              the whole log paged by position, filtered by event-type
+//	                     globs (catchup.Filter's syntax); "Follow live" opens
+//	/events/follow       server-sent events: the log after a position, polled
+//	                     every FollowInterval, resumable with Last-Event-ID
+//	/events/{pos}        one event: data and metadata pretty-printed
+//	/subscribers/{name}  partitions (leader, epoch, checkpoint, lag, stop),
+//	                     failures in progress (with the next retry, which the
+//	                     runner records in failures.retry_at), checkpoint set
+//	/dead-letters[/{id}] list with filters, one with its error, stack and event;
+//	                     retry, skip (one or many), retry all, purge
+//	/scheduler           cron tasks with their next tick, pause and resume;
+//	                     pending and failed timers
+//	/instances           runner instances, heartbeat age, live or stale
+//	/audit               the audit log
+//	/metrics /healthz /readyz
+//
+// Reads are bounded: lag is counted up to 10,000 events (beyond, head -
+// position), a filtered page of the log scans at most 100,000 positions, the
+// lists are paged. A page's several reads run in one read-only REPEATABLE
+// READ transaction, so they agree.
+//
+// # Who may write
+//
+// Reading needs nobody. A write (every POST) passes four checks, in order,
+// and any refusal changes nothing:
+//
+//  1. CSRF: the form carries a token, HMAC(secret, a random per-browser
+//     cookie) with a per-process secret, and an Origin header, when the
+//     browser sends one, names this host. A request authenticated with
+//     "Authorization: Bearer" carries no ambient credential and needs no
+//     token. Cookies are HttpOnly and SameSite=Strict.
+//  2. Not read-only (Config.ReadOnly, `annals ui --read-only`).
+//  3. An operator principal: from Config.Authorizer (the embedding service's
+//     own login), or from the token (Config.AuthToken): a bearer header, or a
+//     session cookie the login form sets, signed with the secret and the
+//     token, holding the name the operator gave and an expiry (12 hours).
+//  4. The database role may do it: it holds the operator privileges of
+//     `annals grant operator` (checked with has_table_privilege, cached for
+//     30 s). Otherwise the database would refuse half-way; the console says
+//     so first.
+//
+// # Actions and the audit log
+//
+// Dead-letter actions reuse package deadletter (RetryTx, SkipTx,
+// RetryAllTx, PurgeTx), the checkpoint set reuses package checkpoint (Set
+// bumps the epoch, fencing the running leader off), pause and resume reuse
+// package scheduler. Each action and its audit entry (who: the principal's
+// name; the database role, stamped by a trigger; what: action, target and a
+// JSON detail of what changed; when: the server's clock) commit in one
+// transaction, so an entry exists exactly when its change does; several IDs
+// in one request are one transaction too (an unknown ID rolls them all back).
+// Pause and resume run in the scheduler's own transaction, so their entry
+// follows once it has committed. The audit_log table is append-only
+// (migration console_audit).
+//
+// # Metrics and health
+//
+// Metrics serves the Prometheus text format from a registry holding the
+// OpenTelemetry Prometheus exporter (the annals instruments of whatever
+// was given Metrics.MeterProvider: appends, batches, handler durations,
+// retries, dead letters written, the lag and leadership gauges of the
+// partitions this process leads) and a collector that reads the database at
+// each scrape, in one snapshot: head, checkpoint, lag, epoch, leader and stop
+// of every partition, dead letters by status, instances, timers. Those are
+// right whichever process runs the subscribers. docs/operations.md lists the
+// series; docs/grafana-dashboard.json charts them.
+//
+// Liveness (/healthz) answers while the process serves. Readiness (/readyz)
+// reads the database; RunnerHealth is the one call a service embedding a
+// projection.Runner makes: 503 unless every registered subscriber partition
+// has a checkpoint, a live leader somewhere (this process or another), no
+// Stop, and a lag within HealthConfig's limits.
+package console

@@ -1,0 +1,179 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/projection"
+)
+
+// Liveness answers 200 "ok" while the process serves HTTP: /healthz.
+func Liveness() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+}
+
+// HealthConfig configures Readiness and RunnerHealth. A nil *HealthConfig
+// means defaults.
+type HealthConfig struct {
+	// Schema is the PostgreSQL schema holding the annals tables. Defaults
+	// to "annals" (RunnerHealth: the runner's schema).
+	Schema string
+	// Subscribers are the subscribers that must be healthy, with their
+	// partition counts (name → partitions). Defaults to none for Readiness
+	// (only the database is checked); RunnerHealth fills it from the
+	// runner's registered subscribers.
+	Subscribers map[string]int
+	// MaxLagEvents, when positive, makes a partition further behind than
+	// this many events unhealthy. Defaults to 0 (no limit).
+	MaxLagEvents int64
+	// MaxLagTime, when positive, makes a partition whose oldest unprocessed
+	// event is older than this unhealthy. Defaults to 0 (no limit).
+	MaxLagTime time.Duration
+	// StaleAfter is the heartbeat age past which an instance leads nothing.
+	// Defaults to 30s.
+	StaleAfter time.Duration
+	// Timeout bounds the database reads of one check. Defaults to 5s.
+	Timeout time.Duration
+}
+
+// HealthReport is the JSON body of a health check.
+type HealthReport struct {
+	// OK is true when the database answers and every partition checked is
+	// healthy; the status code is then 200, else 503.
+	OK bool `json:"ok"`
+	// Error is why the database could not be read ("" when it could).
+	Error string `json:"error,omitempty"`
+	// Head is the position of the last event in the log.
+	Head int64 `json:"head"`
+	// Partitions has one element per partition checked.
+	Partitions []PartitionHealth `json:"partitions"`
+}
+
+// PartitionHealth is one subscriber partition in a HealthReport.
+type PartitionHealth struct {
+	Subscriber string  `json:"subscriber"`
+	Partition  int     `json:"partition"`
+	OK         bool    `json:"ok"`
+	Leader     string  `json:"leader"`
+	LagEvents  int64   `json:"lag_events"`
+	LagSeconds float64 `json:"lag_seconds"`
+	// Problem says what is wrong ("" when OK): no checkpoint yet, no live
+	// leader, stopped, or too far behind.
+	Problem string `json:"problem,omitempty"`
+}
+
+// Readiness is /readyz: 200 when the database answers and the schema is
+// migrated, and every subscriber of cfg.Subscribers is healthy (see
+// RunnerHealth), else 503; the body is a HealthReport.
+func Readiness(pool *pgxpool.Pool, cfg *HealthConfig) http.Handler {
+	var c HealthConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	schema, err := schemaname.Resolve(c.Schema)
+	if c.StaleAfter <= 0 {
+		c.StaleAfter = 30 * time.Second
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 5 * time.Second
+	}
+	var rd *reader
+	if err == nil {
+		rd, err = newReader(pool, schema, c.StaleAfter)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rep := HealthReport{Partitions: []PartitionHealth{}}
+		if err != nil {
+			rep.Error = err.Error()
+		} else {
+			ctx, cancel := context.WithTimeout(r.Context(), c.Timeout)
+			rep = check(ctx, rd, &c)
+			cancel()
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		if !rep.OK {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(rep)
+	})
+}
+
+// RunnerHealth is the one call a service embedding a projection.Runner
+// makes for its readiness endpoint: it reports, from the database, whether
+// every subscriber partition registered with runner is led by a live
+// instance somewhere (this process or another), is not stopped, and is no
+// further behind than cfg allows.
+//
+//	mux.Handle("/readyz", console.RunnerHealth(runner, pool, &console.HealthConfig{MaxLagTime: time.Minute}))
+func RunnerHealth(runner *projection.Runner, pool *pgxpool.Pool, cfg *HealthConfig) http.Handler {
+	var c HealthConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Schema = runner.Schema()
+	c.Subscribers = map[string]int{}
+	for _, s := range runner.Registered() {
+		c.Subscribers[s.Name] = max(1, s.Partitions)
+	}
+	return Readiness(pool, &c)
+}
+
+func check(ctx context.Context, rd *reader, c *HealthConfig) HealthReport {
+	rep := HealthReport{Partitions: []PartitionHealth{}}
+	var parts []Partition
+	err := rd.readOnlyTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		if rep.Head, _, err = rd.head(ctx, tx); err != nil {
+			return err
+		}
+		if len(c.Subscribers) > 0 {
+			parts, err = rd.partitions(ctx, tx, rep.Head, nil)
+		}
+		return err
+	})
+	if err != nil {
+		rep.Error = err.Error()
+		return rep
+	}
+	byKey := map[string]Partition{}
+	for _, p := range parts {
+		byKey[p.Subscriber+"\x00"+strconv.Itoa(p.Partition)] = p
+	}
+	rep.OK = true
+	for _, name := range sortedKeys(c.Subscribers) {
+		for part := range c.Subscribers[name] {
+			h := PartitionHealth{Subscriber: name, Partition: part, OK: true}
+			p, found := byKey[name+"\x00"+strconv.Itoa(part)]
+			h.Leader, h.LagEvents, h.LagSeconds = p.Leader, p.LagEvents, p.LagSeconds
+			switch {
+			case !found:
+				h.Problem = "no checkpoint yet: no instance has led it"
+			case p.Stopped != "":
+				h.Problem = "stopped: " + p.Stopped
+			case p.Leader == "":
+				h.Problem = "no live leader"
+			case c.MaxLagEvents > 0 && p.LagEvents > c.MaxLagEvents:
+				h.Problem = "behind by " + strconv.FormatInt(p.LagEvents, 10) + " events"
+			case c.MaxLagTime > 0 && p.LagSeconds > c.MaxLagTime.Seconds():
+				h.Problem = "behind by " + time.Duration(p.LagSeconds*float64(time.Second)).Round(time.Second).String()
+			}
+			if h.Problem != "" {
+				h.OK, rep.OK = false, false
+			}
+			rep.Partitions = append(rep.Partitions, h)
+		}
+	}
+	return rep
+}

@@ -1,0 +1,192 @@
+-- Statements of the operator console (package console), rendered with the
+-- schema as {{.Schema}}. Every read is bounded: by a LIMIT on an index
+-- order, or by a cap on what it counts.
+
+-- name: Head
+-- The head of the log (0 when empty) and the server's clock.
+SELECT coalesce(max(global_sequence), 0), now()
+  FROM {{.Schema}}.events;
+
+-- name: RecentRate
+-- Events per minute over the last $1 minutes, counted among the newest $2
+-- events (an index scan backwards over positions, so the cost is bounded
+-- whatever the log's size). Minutes with no event are absent.
+SELECT date_trunc('minute', recorded_at) AS minute, count(*)
+  FROM (SELECT recorded_at
+          FROM {{.Schema}}.events
+         ORDER BY global_sequence DESC
+         LIMIT $2) AS recent
+ WHERE recorded_at > now() - $1::int * interval '1 minute'
+ GROUP BY 1
+ ORDER BY 1;
+
+-- name: Subscribers
+-- One row per subscriber partition, as `annals status` reads it. $1:
+-- staleness threshold in microseconds; $2: how many lagging events to count
+-- at most; $3: one subscriber, or NULL for all.
+SELECT c.subscriber_id, c.partition, c.position, c.epoch, coalesce(c.owner, ''), c.updated_at,
+       lag.events,
+       coalesce(greatest(0, extract(epoch FROM now() - oldest.recorded_at))::float8, 0),
+       coalesce(leader.instance_id, ''), coalesce(c.stopped_reason, ''), c.stopped_at,
+       (SELECT count(*) FROM {{.Schema}}.dead_letters d
+         WHERE d.subscriber_id = c.subscriber_id AND d.partition = c.partition
+           AND d.status IN ('open', 'retry'))
+  FROM {{.Schema}}.checkpoints c
+ CROSS JOIN LATERAL (
+        SELECT count(*) AS events
+          FROM (SELECT 1
+                  FROM {{.Schema}}.events e
+                 WHERE e.global_sequence > c.position
+                 ORDER BY e.global_sequence
+                 LIMIT $2::bigint + 1) AS capped
+       ) AS lag
+  LEFT JOIN LATERAL (
+        SELECT e.recorded_at
+          FROM {{.Schema}}.events e
+         WHERE e.global_sequence > c.position
+         ORDER BY e.global_sequence
+         LIMIT 1
+       ) AS oldest ON true
+  LEFT JOIN LATERAL (
+        SELECT i.instance_id
+          FROM {{.Schema}}.instances i
+         WHERE i.last_heartbeat > now() - $1::bigint * interval '1 microsecond'
+           AND jsonb_typeof(i.leads) = 'array'
+           AND i.leads @> jsonb_build_array(
+                   jsonb_build_object('subscriber', c.subscriber_id, 'partition', c.partition))
+         ORDER BY i.last_heartbeat DESC, i.instance_id
+         LIMIT 1
+       ) AS leader ON true
+ WHERE $3::text IS NULL OR c.subscriber_id = $3
+ ORDER BY c.subscriber_id, c.partition;
+
+-- name: Instances
+-- Every registered runner instance. $1: staleness threshold in microseconds.
+SELECT instance_id, host, pid, started_at, last_heartbeat,
+       CASE WHEN jsonb_typeof(leads) = 'array' THEN leads ELSE '[]'::jsonb END,
+       last_heartbeat > now() - $1::bigint * interval '1 microsecond',
+       greatest(0, extract(epoch FROM now() - last_heartbeat))::float8
+  FROM {{.Schema}}.instances
+ ORDER BY instance_id;
+
+-- name: DeadLetterCounts
+-- Dead letters by subscriber and status.
+SELECT subscriber_id, status, count(*)
+  FROM {{.Schema}}.dead_letters
+ GROUP BY 1, 2
+ ORDER BY 1, 2;
+
+-- name: Failures
+-- Failures in progress of one subscriber: events with failed attempts that
+-- are not (yet) dead letters, with their attempt count, first and last
+-- failure, the last error and when the runner retries it (the last
+-- attempt's retry_at). $1: subscriber; $2: at most this many events.
+SELECT f.partition, f.event_id, f.global_sequence, count(*)::int, min(f.failed_at), max(f.failed_at),
+       last.error, last.retry_at,
+       coalesce(e.stream_id, ''), coalesce(e.event_type, '')
+  FROM {{.Schema}}.failures f
+  LEFT JOIN {{.Schema}}.events e ON e.global_sequence = f.global_sequence
+ CROSS JOIN LATERAL (
+        SELECT l.error, l.retry_at
+          FROM {{.Schema}}.failures l
+         WHERE l.subscriber_id = f.subscriber_id AND l.event_id = f.event_id
+         ORDER BY l.attempt DESC, l.id DESC
+         LIMIT 1
+       ) AS last
+ WHERE f.subscriber_id = $1
+   AND NOT EXISTS (SELECT 1 FROM {{.Schema}}.dead_letters d
+                    WHERE d.subscriber_id = f.subscriber_id AND d.event_id = f.event_id
+                      AND d.status IN ('open', 'resolved', 'skipped'))
+ GROUP BY f.subscriber_id, f.partition, f.event_id, f.global_sequence, e.stream_id, e.event_type,
+          last.error, last.retry_at
+ ORDER BY f.global_sequence
+ LIMIT $2;
+
+-- name: Streams
+-- Streams whose ID starts with $1 (a LIKE pattern with its wildcards
+-- escaped), from $2 on (exclusive), at most $3.
+SELECT stream_id, version, created_at, updated_at
+  FROM {{.Schema}}.streams
+ WHERE stream_id LIKE $1 AND stream_id > $2
+ ORDER BY stream_id
+ LIMIT $3;
+
+-- name: StreamEvents
+-- A stream's events from version $2 on, at most $3.
+SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::text,
+       coalesce(metadata::text, ''), recorded_at
+  FROM {{.Schema}}.events
+ WHERE stream_id = $1 AND stream_version >= $2
+ ORDER BY stream_version
+ LIMIT $3;
+
+-- name: LogEvents
+-- The log after position $1, at most $2 events, whose type matches the
+-- regular expression $3 (NULL: every type). Scans at most $4 positions past
+-- $1, so a rare type does not make one page read the whole log.
+SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::text,
+       coalesce(metadata::text, ''), recorded_at
+  FROM {{.Schema}}.events
+ WHERE global_sequence > $1 AND global_sequence <= $1 + $4::bigint
+   AND ($3::text IS NULL OR event_type ~ $3)
+ ORDER BY global_sequence
+ LIMIT $2;
+
+-- name: LogEventsBefore
+-- The page before position $1 (newest first; the caller reverses it).
+SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::text,
+       coalesce(metadata::text, ''), recorded_at
+  FROM {{.Schema}}.events
+ WHERE global_sequence < $1 AND global_sequence >= $1 - $4::bigint
+   AND ($3::text IS NULL OR event_type ~ $3)
+ ORDER BY global_sequence DESC
+ LIMIT $2;
+
+-- name: Event
+-- One event by position.
+SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::text,
+       coalesce(metadata::text, ''), recorded_at
+  FROM {{.Schema}}.events
+ WHERE global_sequence = $1;
+
+-- name: EventByID
+-- One event by ID.
+SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::text,
+       coalesce(metadata::text, ''), recorded_at
+  FROM {{.Schema}}.events
+ WHERE event_id = $1;
+
+-- name: LockCheckpoint
+-- The checkpoint about to be set, locked until the transaction ends.
+SELECT position, epoch
+  FROM {{.Schema}}.checkpoints
+ WHERE subscriber_id = $1 AND partition = $2
+   FOR UPDATE;
+
+-- name: Audit
+-- One entry of the audit trail; the trigger stamps its ID, time and role.
+INSERT INTO {{.Schema}}.audit_log (actor, action, target, detail)
+VALUES ($1, $2, $3, $4)
+RETURNING id;
+
+-- name: AuditList
+-- The newest audit entries, before ID $1, at most $2.
+SELECT id, at, actor, db_role, action, target, detail::text
+  FROM {{.Schema}}.audit_log
+ WHERE id < $1
+ ORDER BY id DESC
+ LIMIT $2;
+
+-- name: CanOperate
+-- Whether the session's role may do what the console's actions do: change
+-- dead letters and checkpoints, pause cron tasks, delete dead letters, and
+-- record the action in the audit log (the operator kind of `annals grant`).
+SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'dead_letters')), 'UPDATE, DELETE')
+   AND has_table_privilege(to_regclass(format('%I.%I', $1::text, 'checkpoints')), 'UPDATE, INSERT')
+   AND has_table_privilege(to_regclass(format('%I.%I', $1::text, 'cron_tasks')), 'UPDATE')
+   AND has_table_privilege(to_regclass(format('%I.%I', $1::text, 'audit_log')), 'INSERT'), false);
+
+-- name: TimerCounts
+-- Pending and failed timers.
+SELECT count(*) FILTER (WHERE failed_at IS NULL), count(*) FILTER (WHERE failed_at IS NOT NULL)
+  FROM {{.Schema}}.timers;

@@ -1,0 +1,412 @@
+package projection
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/sqltmpl"
+)
+
+//go:embed await.sql
+var awaitSQL string
+
+// AwaitOptions configures an Awaiter. A nil *AwaitOptions means defaults.
+type AwaitOptions struct {
+	// Schema is the annals schema. Defaults to "annals".
+	Schema string
+	// PollInterval is how often a waiter reads the checkpoints itself, in
+	// case a notification was lost (a reconnect, say). Defaults to 1s.
+	PollInterval time.Duration
+}
+
+// BehindError is returned by Await when its context ends before the
+// projection's checkpoint reached the position. It matches the context's
+// error (errors.Is(err, context.DeadlineExceeded)).
+type BehindError struct {
+	// Projection is the subscriber waited for.
+	Projection string
+	// Target is the position waited for.
+	Target int64
+	// Partition is the partition that was behind, and Checkpoint its
+	// checkpoint (0 when the projection has never run).
+	Partition  int
+	Checkpoint int64
+	// Lag is how many events lie after Checkpoint, up to Target.
+	Lag int64
+	// Err is the context's error.
+	Err error
+}
+
+func (e *BehindError) Error() string {
+	return fmt.Sprintf("projection %q is behind position %d: partition %d at checkpoint %d, %d events behind: %v",
+		e.Projection, e.Target, e.Partition, e.Checkpoint, e.Lag, e.Err)
+}
+
+// Unwrap returns the context's error.
+func (e *BehindError) Unwrap() error { return e.Err }
+
+// Await returns when the projection name has processed every event through
+// position (the GlobalSequence of an append's last event): its checkpoint
+// has reached position in the partition that position's stream belongs to
+// (every partition if that event is not found). It opens an Awaiter for the
+// one call; a service that waits often keeps one Awaiter instead. On
+// timeout or cancellation it returns a *BehindError.
+func Await(ctx context.Context, pool *pgxpool.Pool, name string, position int64, opts *AwaitOptions) error {
+	a, err := NewAwaiter(pool, opts)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	return a.Await(ctx, name, position)
+}
+
+// Awaiter waits for projections' checkpoints (read-your-writes for
+// asynchronous projections). It listens on the schema's checkpoint channel
+// on one connection of its own for all its waiters, and wakes them when a
+// checkpoint they wait for moves: the runner NOTIFYs that channel right
+// after each batch it commits (in the same round trip, as a transaction of
+// its own; see catchup's NotifyCheckpoint). Each waiter also reads the
+// checkpoints every PollInterval, so a lost notification, or a move that
+// sends none (a dead letter's, an observer's batched checkpoint, a
+// rebuild's, annals checkpoint set), costs at most that long. Safe for
+// concurrent use.
+type Awaiter struct {
+	pool    *pgxpool.Pool
+	channel string
+	poll    time.Duration
+	q       map[string]string
+
+	mu      sync.Mutex
+	seen    map[awaitKey]int64 // positions notified, per subscriber partition
+	gen     uint64             // notifications received
+	wake    chan struct{}      // closed and replaced at each notification
+	waiters int
+	cancel  context.CancelFunc // of the listening goroutine; nil when none
+	done    chan struct{}
+	ready   chan struct{} // closed once the listener's first LISTEN is in place
+	closed  bool
+}
+
+type awaitKey struct {
+	sub  string
+	part int
+}
+
+// NewAwaiter returns an Awaiter on pool. It connects when its first waiter
+// comes and lets the connection go when the last one leaves.
+func NewAwaiter(pool *pgxpool.Pool, opts *AwaitOptions) (*Awaiter, error) {
+	var o AwaitOptions
+	if opts != nil {
+		o = *opts
+	}
+	if pool == nil {
+		return nil, errors.New("projection: Awaiter: pool is nil")
+	}
+	schema, err := schemaname.Resolve(o.Schema)
+	if err != nil {
+		return nil, err
+	}
+	if o.PollInterval < 0 {
+		return nil, errors.New("projection: AwaitOptions.PollInterval is negative")
+	}
+	if o.PollInterval == 0 {
+		o.PollInterval = time.Second
+	}
+	q, err := sqltmpl.Named("await.sql", awaitSQL, sqltmpl.NewData(schema))
+	if err != nil {
+		return nil, err
+	}
+	return &Awaiter{pool: pool, channel: schemaname.CheckpointChannel(schema), poll: o.PollInterval, q: q,
+		seen: map[awaitKey]int64{}, wake: make(chan struct{})}, nil
+}
+
+// Close stops listening; waiters still in Await then fall back to reading
+// the checkpoints every PollInterval until they return. Safe to call twice.
+func (a *Awaiter) Close() {
+	a.mu.Lock()
+	a.closed = true
+	cancel, done := a.cancel, a.done
+	a.cancel = nil
+	a.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
+// Await returns nil once the projection name's checkpoint has reached
+// position (see the package function Await), or a *BehindError when ctx ends
+// first. For a partitioned projection it takes the number of partitions
+// to be the number of checkpoint rows the projection has: while its
+// partitions are first started that may be too few, and the partition
+// computed for position wrong; use AwaitPartitions (or Runner.Await), which
+// are told.
+func (a *Awaiter) Await(ctx context.Context, name string, position int64) error {
+	return a.AwaitPartitions(ctx, name, 0, position)
+}
+
+// AwaitPartitions is Await for a projection run with Options.Partitions =
+// partitions (0: unknown, as Await): it waits for the checkpoint of the
+// partition that position's stream belongs to.
+func (a *Awaiter) AwaitPartitions(ctx context.Context, name string, partitions int, position int64) error {
+	if name == "" {
+		return errors.New("projection: Await: empty projection name")
+	}
+	if partitions < 0 {
+		return errors.Newf("projection: Await: %d partitions", partitions)
+	}
+	if position <= 0 {
+		return nil
+	}
+	wake, ready := a.join()
+	defer a.leave()
+	part, err := a.partition(ctx, name, partitions, position)
+	if err != nil {
+		return a.failed(ctx, name, position, -1, err)
+	}
+	ticker := time.NewTicker(a.poll)
+	defer ticker.Stop()
+	// The first read after LISTEN is in place, so that no move falls between
+	// them (or after a poll interval, if the listener cannot connect).
+	select {
+	case <-ready:
+	case <-ticker.C:
+	case <-ctx.Done():
+		return a.behind(ctx, name, position, part, ctx.Err())
+	}
+	read := true // from the database: at the start and at each poll
+	for {
+		var ok bool
+		if read {
+			ok, err = a.reached(ctx, name, part, position)
+			if err != nil {
+				return a.failed(ctx, name, position, part, err)
+			}
+		} else {
+			ok = a.notified(name, part, position)
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return a.behind(ctx, name, position, part, ctx.Err())
+		case <-wake:
+			// The new channel before the check: a notification records its
+			// position before it replaces the channel, so none is missed.
+			a.mu.Lock()
+			wake = a.wake
+			a.mu.Unlock()
+			read = false
+		case <-ticker.C:
+			read = true
+		}
+	}
+}
+
+// partition returns the partition the event at position belongs to, or -1
+// for every partition (one partition, or the event is not found).
+func (a *Awaiter) partition(ctx context.Context, name string, partitions int, position int64) (int, error) {
+	var part int
+	err := a.pool.QueryRow(ctx, a.q["AwaitPartition"], name, position, partitions).Scan(&part)
+	return part, errors.Wrap(err, "projection: Await: find the partition")
+}
+
+// reached reads the checkpoints and reports whether the one(s) waited for
+// are at position; it also records them for notified.
+func (a *Awaiter) reached(ctx context.Context, name string, part int, position int64) (bool, error) {
+	a.mu.Lock()
+	gen := a.gen
+	a.mu.Unlock()
+	rows, err := a.pool.Query(ctx, a.q["AwaitCheckpoints"], name)
+	if err != nil {
+		return false, errors.Wrap(err, "projection: Await: read checkpoints")
+	}
+	var p int
+	var pos int64
+	found := map[int]int64{}
+	if _, err := pgx.ForEachRow(rows, []any{&p, &pos}, func() error { found[p] = pos; return nil }); err != nil {
+		return false, errors.Wrap(err, "projection: Await: read checkpoints")
+	}
+	// The database's word replaces what notifications said, since a
+	// checkpoint can move back (a rebuild, annals checkpoint set); unless a
+	// notification came in while it was read, which may be newer.
+	a.mu.Lock()
+	for p, pos := range found {
+		k := awaitKey{name, p}
+		if a.gen == gen {
+			a.seen[k] = pos
+		} else {
+			a.seen[k] = max(a.seen[k], pos)
+		}
+	}
+	a.mu.Unlock()
+	return a.notified(name, part, position), nil
+}
+
+// notified reports whether the positions known for name cover position.
+func (a *Awaiter) notified(name string, part int, position int64) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if part >= 0 {
+		return a.seen[awaitKey{name, part}] >= position
+	}
+	found := false
+	for k, pos := range a.seen {
+		if k.sub != name {
+			continue
+		}
+		found = true
+		if pos < position {
+			return false
+		}
+	}
+	return found
+}
+
+// failed returns the error of a query that failed: a BehindError when ctx
+// has ended (the query failed because of it), else err.
+func (a *Awaiter) failed(ctx context.Context, name string, position int64, part int, err error) error {
+	if ctx.Err() != nil {
+		return a.behind(ctx, name, position, part, ctx.Err())
+	}
+	return err
+}
+
+// behind builds the BehindError of a wait that ends, reading how far behind
+// the projection is (best effort: ctx has ended, so with a short timeout of
+// its own).
+func (a *Awaiter) behind(ctx context.Context, name string, position int64, part int, cause error) error {
+	e := &BehindError{Projection: name, Target: position, Err: cause}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	_ = a.pool.QueryRow(rctx, a.q["AwaitBehind"], name, position, part).Scan(&e.Partition, &e.Checkpoint, &e.Lag)
+	return errors.WithStack(e)
+}
+
+// join registers a waiter, starting the listener if it is the first, and
+// returns the current wake channel.
+func (a *Awaiter) join() (wake, ready chan struct{}) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.waiters++
+	if a.cancel == nil && !a.closed {
+		ctx, cancel := context.WithCancel(context.Background())
+		a.cancel, a.done, a.ready = cancel, make(chan struct{}), make(chan struct{})
+		go a.listen(ctx, a.done, a.ready)
+	}
+	if a.ready == nil { // closed: poll only
+		a.ready = make(chan struct{})
+	}
+	return a.wake, a.ready
+}
+
+// leave deregisters a waiter; the last one stops the listener.
+func (a *Awaiter) leave() {
+	a.mu.Lock()
+	a.waiters--
+	var cancel context.CancelFunc
+	var done chan struct{}
+	if a.waiters == 0 {
+		clear(a.seen)
+		if a.cancel != nil {
+			cancel, done = a.cancel, a.done
+			a.cancel = nil
+		}
+	}
+	a.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
+// listen holds a LISTEN connection until ctx ends, reconnecting after
+// errors (with a backoff up to 2 s), and broadcasts every notification. A
+// move committed while the connection was down is found by the waiters'
+// next poll.
+func (a *Awaiter) listen(ctx context.Context, done, ready chan struct{}) {
+	defer close(done)
+	var once sync.Once
+	listening := func() { once.Do(func() { close(ready) }) }
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		err := a.listenOnce(ctx, listening)
+		if ctx.Err() != nil {
+			return
+		}
+		_ = err // a lost connection: reconnect after a pause
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+func (a *Awaiter) listenOnce(ctx context.Context, listening func()) error {
+	c, err := a.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	conn := c.Hijack() // a LISTEN connection does not go back to the pool
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{a.channel}.Sanitize()); err != nil {
+		return err
+	}
+	listening()
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		pos, rest, ok1 := strings.Cut(n.Payload, ":")
+		part, sub, ok2 := strings.Cut(rest, ":")
+		p, err1 := strconv.ParseInt(pos, 10, 64)
+		pt, err2 := strconv.Atoi(part)
+		a.mu.Lock()
+		a.gen++
+		if ok1 && ok2 && err1 == nil && err2 == nil {
+			k := awaitKey{sub, pt}
+			a.seen[k] = max(a.seen[k], p)
+		}
+		close(a.wake)
+		a.wake = make(chan struct{})
+		a.mu.Unlock()
+	}
+}
+
+// Await returns once the registered projection or observer name has
+// processed every event through position (read-your-writes: pass the
+// GlobalSequence of an append's last event), or a *BehindError when ctx
+// ends first. It knows the subscriber's partitions, and shares one
+// Awaiter (one LISTEN connection while anybody waits) across calls. The
+// runner need not be running in this process: any process's leader moves
+// the checkpoint.
+func (r *Runner) Await(ctx context.Context, name string, position int64) error {
+	reg, err := r.lookup(name)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	if r.awaiter == nil {
+		r.awaiter, err = NewAwaiter(r.pool, &AwaitOptions{Schema: r.cfg.Schema})
+	}
+	a := r.awaiter
+	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return a.AwaitPartitions(ctx, name, max(reg.opts.Partitions, 1), position)
+}

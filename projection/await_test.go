@@ -1,0 +1,215 @@
+package projection_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/projection"
+)
+
+// runBalances runs the balances projection in the background until the test
+// ends. The runner's own poll is long: it is woken by appends' notifications.
+func runBalances(t *testing.T, b *bundle, partitions int) *projection.Runner {
+	t.Helper()
+	r, err := projection.NewRunner(b.db.Pool, &projection.Config{PollInterval: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(balances(b.reg), &projection.Options{Partitions: partitions}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return r
+}
+
+func deposit(t *testing.T, b *bundle, stream string, amount int) int64 {
+	t.Helper()
+	res, err := b.store.Append(t.Context(), stream, eventstore.Any, eventstore.NewEvent(Deposited{Amount: amount}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Events[len(res.Events)-1].GlobalSequence
+}
+
+func TestAwait(t *testing.T) {
+	t.Parallel()
+
+	// The awaiters' own poll is a minute in these tests: a wait that
+	// returns within seconds was woken by a notification.
+	const noPoll = time.Minute
+
+	t.Run("ReturnsOnceTheProjectionHasTheEvent", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// Three partitions: each append is awaited in its stream's
+		// partition, while the runner starts them (Runner.Await knows how
+		// many there are), then through an Awaiter told the count.
+		r := runBalances(t, b, 3)
+		a, err := projection.NewAwaiter(b.db.Pool, &projection.AwaitOptions{PollInterval: noPoll})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		for i := range 20 {
+			pos := deposit(t, b, "acct-"+string(rune('a'+i%5)), 1)
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			if i < 10 {
+				err = r.Await(ctx, "balances", pos)
+			} else {
+				err = a.AwaitPartitions(ctx, "balances", 3, pos)
+			}
+			cancel()
+			if err != nil {
+				t.Fatalf("append %d: %v", i, err)
+			}
+			// Read-your-writes: the read model has the event now.
+			var events int
+			if err := b.db.Pool.QueryRow(t.Context(), `SELECT coalesce(sum(events), 0) FROM balances`).Scan(&events); err != nil {
+				t.Fatal(err)
+			}
+			if events != i+1 {
+				t.Fatalf("after Await of append %d the read model has %d events", i, events)
+			}
+		}
+		// The package function, one Awaiter per call (it counts the
+		// partitions' checkpoint rows: all three exist by now).
+		pos := deposit(t, b, "acct-z", 5)
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		if err := projection.Await(ctx, b.db.Pool, "balances", pos, &projection.AwaitOptions{PollInterval: noPoll}); err != nil {
+			t.Fatal(err)
+		}
+		if got := readBalances(t, b)["acct-z"]; got != 5 {
+			t.Fatalf("acct-z at %d after Await", got)
+		}
+	})
+
+	t.Run("StoppedProjectionTimesOut", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// The projection ran once, through the first 3 events, and stopped.
+		for range 3 {
+			deposit(t, b, "acct-1", 1)
+		}
+		r, err := projection.NewRunner(b.db.Pool, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Register(balances(b.reg), nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.RunUntilCaughtUp(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		var pos int64
+		for range 4 {
+			pos = deposit(t, b, "acct-1", 1)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		defer cancel()
+		err = projection.Await(ctx, b.db.Pool, "balances", pos, nil)
+		var be *projection.BehindError
+		if !errors.As(err, &be) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Await on a stopped projection: %v, want a BehindError matching DeadlineExceeded", err)
+		}
+		if be.Projection != "balances" || be.Target != pos || be.Checkpoint != 3 || be.Lag != 4 {
+			t.Fatalf("BehindError %+v; want checkpoint 3, target %d, lag 4", be, pos)
+		}
+		// A projection that never ran: checkpoint 0, every event behind.
+		ctx, cancel = context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer cancel()
+		err = projection.Await(ctx, b.db.Pool, "never-ran", pos, nil)
+		if !errors.As(err, &be) || be.Checkpoint != 0 || be.Lag != 7 {
+			t.Fatalf("Await on a projection that never ran: %+v (%v)", be, err)
+		}
+	})
+
+	t.Run("ManyWaitersAreWoken", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		a, err := projection.NewAwaiter(b.db.Pool, &projection.AwaitOptions{PollInterval: noPoll})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		const waiters = 64
+		positions := make([]int64, waiters)
+		for i := range waiters {
+			positions[i] = deposit(t, b, "acct-"+string(rune('a'+i%7)), 1)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		errs := make([]error, waiters)
+		for i := range waiters {
+			wg.Go(func() { errs[i] = a.Await(ctx, "balances", positions[i]) })
+		}
+		// All wait (none can return: the projection has not run).
+		annalstest.WaitFor(t, 5*time.Second, func() bool { return listeners(t, b) == 1 })
+		runBalances(t, b, 1)
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("waiter %d: %v", i, err)
+			}
+		}
+	})
+
+	t.Run("LostConnectionAndLostNotification", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		a, err := projection.NewAwaiter(b.db.Pool, &projection.AwaitOptions{PollInterval: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		pos := deposit(t, b, "acct-1", 1)
+		ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- a.Await(ctx, "balances", pos) }()
+		annalstest.WaitFor(t, 5*time.Second, func() bool { return listeners(t, b) == 1 })
+		// Kill the listening connection: the Awaiter reconnects.
+		if _, err := b.db.Pool.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = current_database() AND query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()`); err != nil {
+			t.Fatal(err)
+		}
+		annalstest.WaitFor(t, 5*time.Second, func() bool { return listeners(t, b) == 1 }) // reconnected
+		// A checkpoint move that sends no notification (as if it were lost):
+		// the waiter's poll finds it.
+		if _, err := b.db.Pool.Exec(t.Context(), `INSERT INTO annals.checkpoints (subscriber_id, partition, position, epoch)
+			VALUES ('balances', 0, $1, 1)`, pos); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		annalstest.WaitFor(t, 5*time.Second, func() bool { return listeners(t, b) == 0 })
+	})
+}
+
+// listeners counts the connections listening in the test's database.
+func listeners(t *testing.T, b *bundle) int {
+	t.Helper()
+	var n int
+	err := b.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()`).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
