@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/annals-dev/annals/eventstore"
@@ -231,4 +232,43 @@ func TestDeleteStream(t *testing.T) {
 			t.Fatalf("append of a StreamDeleted value: %v", err)
 		}
 	})
+}
+
+// countInline is an inline projection that counts the events it sees.
+type countInline struct{ n int }
+
+func (c *countInline) Name() string { return "count" }
+func (c *countInline) Handle(context.Context, pgx.Tx, eventstore.Event) error {
+	c.n++
+	return nil
+}
+
+// Appends through inline projections follow the same rules for deleted
+// streams as the others: Any does not recreate, the exact version does.
+func TestDeleteStreamInline(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := &countInline{}
+	b := setup(t, &eventstore.Config{Inline: []eventstore.InlineProjection{c}})
+	if _, err := b.store.Append(ctx, "o-1", eventstore.NoStream, placed("1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.DeleteStream(ctx, "o-1", eventstore.Any, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Append(ctx, "o-1", eventstore.Any, placed("2")); !errors.Is(err, eventstore.ErrStreamDeleted) {
+		t.Fatalf("inline append with Any to a deleted stream: %v", err)
+	}
+	if res, err := b.store.Append(ctx, "o-1", eventstore.Exact(2), placed("3")); err != nil || res.StreamVersion != 3 {
+		t.Fatalf("inline recreate: %+v %v", res, err)
+	}
+	if _, err := b.store.DeleteStream(ctx, "o-1", eventstore.Any, &eventstore.DeleteOptions{Hard: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Append(ctx, "o-1", eventstore.Exact(4), placed("4")); !errors.Is(err, eventstore.ErrStreamTombstoned) {
+		t.Fatalf("inline append to a tombstone: %v", err)
+	}
+	if c.n != 2 {
+		t.Fatalf("the inline projection saw %d events, want 2 (the refused appends rolled back)", c.n)
+	}
 }
