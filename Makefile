@@ -67,7 +67,7 @@ endif
 
 demo-build:
 	@echo "demo: compiling the annals CLI and the examples (a cold build can take a minute) ..."
-	@{ $(GO) build -v -o $(DEMO_BIN)/ ./cmd/annals ./examples/quickstart ./examples/bank ./examples/ordersaga 2>&1; echo "go-build-exit $$?"; } | \
+	@{ $(GO) build -v -o $(DEMO_BIN)/ ./cmd/annals ./examples/quickstart ./examples/bank ./examples/ordersaga ./examples/relay 2>&1; echo "go-build-exit $$?"; } | \
 		awk '/^go-build-exit /{ if (n % 25) printf "  %d packages compiled\n", n; exit $$2 } /^[A-Za-z0-9._\/~-]+$$/{ n++; if (n % 25 == 0) { printf "  %d packages compiled (%s)\n", n, $$0; fflush() } next } { print }'
 
 demo-steps:
@@ -77,6 +77,8 @@ demo-steps:
 	@$(DEMO_BIN)/bank demo
 	@echo; echo "== order saga: timers, a payment deadline, compensation (examples/ordersaga)"; echo
 	@$(DEMO_BIN)/ordersaga
+	@echo; echo "== relay: the log published exactly once to NATS JetStream, read by another process (examples/relay)"; echo
+	@$(DEMO_BIN)/relay
 
 demo-next:
 	@echo
@@ -89,6 +91,7 @@ endif
 	@echo "  go run ./cmd/annals status   # subscribers, checkpoints, lag, leaders, timers"
 	@echo "  go run ./cmd/annals read --limit 10"
 	@echo "  go run ./examples/bank projections list"
+	@echo "  go run ./cmd/annals ui --listen 127.0.0.1:8080   # the operator console, read-only without --auth-token"
 	@echo "  Your first projection: README.md (Example); how-tos: docs/recipes.md"
 
 # dev: a throwaway PostgreSQL (migrated) that stays until Ctrl-C; it prints

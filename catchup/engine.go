@@ -356,6 +356,10 @@ type Config struct {
 	// cursor, the head, and the recording time of the oldest event not yet
 	// processed (zero when caught up), for lag metrics. Defaults to nothing.
 	OnProgress func(sub string, partition int, cursor, head int64, oldest time.Time)
+	// WakeFor, when set, makes the Waker of each live leadership (see
+	// WakeFor) in place of the engine's Listener. Defaults to nil: the
+	// Listener (NOTIFY).
+	WakeFor WakeFor
 }
 
 // Engine drives subscriptions: leader election, catch-up, live tail.
@@ -643,14 +647,20 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 	lost := lease.Lost()
 	live := target == math.MaxInt64
 	var signal <-chan struct{}
-	if live && e.listener != nil {
+	var waker Waker
+	if live {
+		var stopWaker func()
+		waker, stopWaker = e.waker(ctx, sub, lease)
+		defer stopWaker()
+	}
+	if waker != nil {
 		var unsubscribe func()
-		signal, unsubscribe = e.listener.Subscribe()
+		signal, unsubscribe = waker.Subscribe()
 		defer unsubscribe()
 		// Listen before the first read, so nothing committed while catching up
 		// goes unnoticed. Without a listener within a poll interval, poll.
 		select {
-		case <-e.listener.Listening():
+		case <-waker.Listening():
 		case <-time.After(e.cfg.PollInterval):
 		case <-ctx.Done():
 			return nil

@@ -485,7 +485,7 @@ func (rb *rebuild) replay(ctx context.Context, sub *catchup.Subscription, lease 
 			return nil
 		}
 		if ctx.Err() != nil || errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, catchup.ErrStopped) ||
-			lease.Lock.Err() != nil {
+			lease.Err() != nil {
 			return err
 		}
 		rb.log.WarnContext(ctx, "annals: rebuild: replay failed; retrying", slog.Int("partition", sub.Partition), slog.Any("error", err))

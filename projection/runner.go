@@ -109,6 +109,10 @@ type Config struct {
 	// producing append's span instead of linking to it (one trace across the
 	// event store). Defaults to false (a link).
 	HandlerSpanParent bool
+	// Wake, when set, wakes each led subscriber partition in place of NOTIFY:
+	// package walsource's (*Wake).For follows a logical replication slot of
+	// the partition's own. Defaults to nil: NOTIFY (catchup.Listener).
+	Wake catchup.WakeFor
 }
 
 // Options configures one registered projection or observer. A nil *Options
@@ -438,6 +442,7 @@ func (r *Runner) newEngine(listener *catchup.Listener) (*catchup.Engine, error) 
 		Logger:            r.cfg.Logger,
 		OnLeadership:      r.onLeadership,
 		OnProgress:        r.onProgress,
+		WakeFor:           r.cfg.Wake,
 	})
 }
 

@@ -239,6 +239,11 @@ func (c *Cluster) serverArgs() []string {
 		"-c", "unix_socket_directories=" + socketDir,
 		"-c", "wal_level=logical",
 		"-c", "max_connections=300",
+		// Logical replication slots and walsenders (package walsource, one
+		// per subscriber partition that follows the WAL): PostgreSQL's
+		// default of 10 is short for parallel tests.
+		"-c", "max_wal_senders=64",
+		"-c", "max_replication_slots=64",
 	}
 	if !c.fsync {
 		args = append(args,

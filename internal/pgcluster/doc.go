@@ -5,7 +5,8 @@
 // [Start] makes a fresh temporary directory, runs initdb in it (trust
 // authentication, superuser "postgres", UTF8, C locale), and runs postgres as
 // a child process listening on 127.0.0.1 only, with its Unix socket inside the
-// temporary directory, wal_level=logical and max_connections=300. By default
+// temporary directory, wal_level=logical, max_connections=300 and 64 WAL
+// senders and replication slots (package walsource). By default
 // durability is off (fsync, synchronous_commit and full_page_writes), which
 // makes tests fast; [Options].Fsync turns it back on for benchmarks.
 //

@@ -152,6 +152,7 @@ func (e *env) rootCommand() *cobra.Command {
 		e.versionCommand(),
 		e.streamCommand(),
 		e.scavengeCommand(),
+		e.relayCommand(),
 		e.uiCommand(),
 	)
 	// cobra's own completion command (annals completion bash|zsh|fish|

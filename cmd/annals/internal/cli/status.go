@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
+
+	"github.com/annals-dev/annals/walsource"
 )
 
 // lagCountLimit bounds the exact count of lagging events per subscriber
@@ -50,9 +52,15 @@ All ages use the database server's clock.
                     "lag_events_exact", "lag_seconds", "epoch", "owner", "leader",
                     "leader_epoch", "updated_at"}],
    "instances":   [{"instance_id", "host", "pid", "started_at", "last_heartbeat",
-                    "heartbeat_age_seconds", "live", "leads"}]}
+                    "heartbeat_age_seconds", "live", "leads"}],
+   "replication_slots": [{"slot", "database", "active", "active_pid",
+                    "confirmed_flush_lsn", "retained_bytes", "wal_status"}]}
 owner, leader and leader_epoch are null when unknown; leads is the instance's list of
-{"subscriber", "partition", "epoch"} as stored; both arrays are [] when empty.`,
+{"subscriber", "partition", "epoch"} as stored; the arrays are [] when empty.
+
+Replication slots (package walsource: a runner or relay woken from the WAL) are listed
+when there are any: an inactive slot retains WAL until its consumer returns or it is
+dropped; see docs/operations.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if staleAfter <= 0 {
@@ -102,6 +110,10 @@ type StatusJSON struct {
 	Subscribers []SubscriberStatus `json:"subscribers"`
 	// Instances has one element per registered runner instance, ordered by ID.
 	Instances []InstanceStatus `json:"instances"`
+	// ReplicationSlots are the database's annals logical replication slots
+	// (package walsource: the WAL wake-up and the relay's --wal), ordered by
+	// name: whether a consumer streams, how far it confirmed, the WAL retained.
+	ReplicationSlots []walsource.SlotStatus `json:"replication_slots"`
 }
 
 // SubscriberStatus is one subscriber partition in StatusJSON.
@@ -158,6 +170,7 @@ func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, st
 		StaleAfterSeconds: staleAfter.Seconds(),
 		Subscribers:       []SubscriberStatus{},
 		Instances:         []InstanceStatus{},
+		ReplicationSlots:  []walsource.SlotStatus{},
 	}
 	stale := staleAfter.Microseconds()
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
@@ -198,7 +211,15 @@ func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, st
 			st.Instances = append(st.Instances, in)
 			return nil
 		})
-		return errors.Wrap(err, "status: read the instances")
+		if err != nil {
+			return errors.Wrap(err, "status: read the instances")
+		}
+		slots, err := walsource.Slots(ctx, tx)
+		if err != nil {
+			return errors.Wrap(err, "status: read the replication slots")
+		}
+		st.ReplicationSlots = append(st.ReplicationSlots, slots...)
+		return nil
 	})
 	st.CheckedAt = st.CheckedAt.UTC()
 	return st, err
@@ -248,6 +269,7 @@ func writeStatusTable(w io.Writer, st *StatusJSON) error {
 				formatSeconds(in.HeartbeatAgeSeconds), state, leadsText(in.Leads))
 		}
 	}
+	writeSlotsTable(tw, st.ReplicationSlots)
 	return tw.Flush()
 }
 

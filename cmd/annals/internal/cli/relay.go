@@ -1,0 +1,138 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/relay"
+	"github.com/annals-dev/annals/walsource"
+)
+
+func (e *env) relayCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "relay",
+		Short: "Publish the log to a message broker, exactly once and in order",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return usagef("want a subcommand: nats")
+		},
+	}
+	cmd.AddCommand(e.relayNATSCommand())
+	return cmd
+}
+
+func (e *env) relayNATSCommand() *cobra.Command {
+	var (
+		natsURL, name, prefix, subject, stream string
+		types                                  []string
+		wal, once                              bool
+		duplicates, maxAge, ackTimeout         time.Duration
+		batch                                  int
+		format                                 *string
+	)
+	cmd := &cobra.Command{
+		Use:   "nats",
+		Short: "Relay the log to NATS JetStream (leader-elected; runs until interrupted)",
+		Long: `Publish every event (or those whose type matches --types globs) to a JetStream stream,
+from the relay's checkpoint on, exactly once and in position order: the subject is
+--subject with {prefix}, {type} and {stream} replaced (each value escaped into one token:
+bytes other than ASCII letters, digits, - and _ become %XX, so "order.placed" is
+"order%2Eplaced"); Nats-Msg-Id is the event ID; headers carry position, stream version,
+type, correlation and causation IDs, the metadata and the trace context. The checkpoint
+moves only past what JetStream acknowledged.
+
+The relay is a subscriber named --name: one relay of a name leads cluster-wide, others
+stand by and take over. It creates the stream (--stream, subjects from the template,
+limits retention, --duplicates de-duplication window) or checks an existing one. With
+--wal it is woken by its own logical replication slot instead of NOTIFY (wal_level =
+logical and a role with REPLICATION; see docs/operations.md). With --once it publishes
+up to the current head and exits, printing how far it got (--output text|json).`,
+		Example: `  annals relay nats --nats-url nats://127.0.0.1:4222
+  annals relay nats --types 'order.*' --prefix acme.orders --stream ORDERS --wal
+  annals relay nats --once --output json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := catchup.ParseFilter(types); err != nil {
+				return usageError{err}
+			}
+			if batch < 0 || duplicates < 0 || maxAge < 0 || ackTimeout < 0 {
+				return usagef("--batch-size, --duplicates, --max-age and --ack-timeout must not be negative")
+			}
+			pool, err := e.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.Name("annals relay "+name))
+			if err != nil {
+				return errors.Wrapf(err, "relay: connect to %s", natsURL)
+			}
+			defer nc.Close()
+			logger := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			cfg := &relay.Config{
+				Name: name, Schema: e.schema, Types: types, Prefix: prefix, Subject: subject, Stream: stream,
+				Duplicates: duplicates, MaxAge: maxAge, BatchSize: batch, AckTimeout: ackTimeout, Logger: logger,
+			}
+			if wal {
+				if cfg.WAL, err = walsource.NewWake(cmd.Context(), pool, &walsource.WakeConfig{Schema: e.schema, Logger: logger}); err != nil {
+					return err
+				}
+			}
+			r, err := relay.New(pool, nc, cfg)
+			if err != nil {
+				if errors.Is(err, relay.ErrInvalidSubject) {
+					return usageError{err}
+				}
+				return err
+			}
+			if !once {
+				return r.Run(cmd.Context())
+			}
+			if err := r.CatchUp(cmd.Context()); err != nil {
+				return err
+			}
+			cps, err := checkpoint.New(e.schema)
+			if err != nil {
+				return err
+			}
+			cp, err := cps.Load(cmd.Context(), pool, name, 0)
+			if err != nil && !errors.Is(err, checkpoint.ErrNotFound) {
+				return errors.Wrap(err, "relay: read the checkpoint")
+			}
+			pos := cp.Position
+			out := struct {
+				Relay    string `json:"relay"`
+				Stream   string `json:"stream"`
+				Subjects string `json:"subjects"`
+				Position int64  `json:"position"`
+			}{name, stream, r.SubjectFilter(), pos}
+			if *format == outputJSON {
+				return writeJSON(e.stdout, out)
+			}
+			_, err = fmt.Fprintf(e.stdout, "relay %s: stream %s (%s) holds the log through position %d\n", out.Relay, out.Stream, out.Subjects, out.Position)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&natsURL, "nats-url", nats.DefaultURL, "NATS server URL(s), comma-separated")
+	f.StringVar(&name, "name", "relay", "the relay's subscriber name (checkpoint, lock, replication slot)")
+	f.StringSliceVar(&types, "types", nil, "event-type globs, comma-separated (default: all)")
+	f.StringVar(&prefix, "prefix", "annals", "subject prefix (dot-separated tokens of letters, digits, - and _)")
+	f.StringVar(&subject, "subject", relay.DefaultSubject, "subject template: {prefix}, {type}, {stream}")
+	f.StringVar(&stream, "stream", "ANNALS", "JetStream stream to create or check")
+	f.DurationVar(&duplicates, "duplicates", 10*time.Minute, "the stream's de-duplication window (longer than any takeover)")
+	f.DurationVar(&maxAge, "max-age", 0, "how long the stream keeps messages (0: forever)")
+	f.DurationVar(&ackTimeout, "ack-timeout", 10*time.Second, "wait for a batch's acknowledgements")
+	f.IntVar(&batch, "batch-size", 500, "events per batch (one checkpoint commit each)")
+	f.BoolVar(&wal, "wal", false, "wake from a logical replication slot instead of NOTIFY")
+	f.BoolVar(&once, "once", false, "publish up to the current head, then exit")
+	format = addOutputFlag(cmd, false, outputText, outputJSON)
+	return cmd
+}

@@ -1,0 +1,126 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/internal/natsserver"
+	"github.com/annals-dev/annals/walsource"
+)
+
+// TestRelayNATS: annals relay nats --once publishes the log to JetStream
+// (its stream created on the way) and says how far; bad flags exit 2; and
+// annals status shows the running relay as a subscriber with a live leader,
+// and lists its replication slot (--wal) and the WAL it retains.
+func TestRelayNATS(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	ns, err := natsserver.Start(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Stop)
+	for _, typ := range []string{"order.placed", "order.shipped", "user.joined"} {
+		if r := annals(t, db.URL, "append", "o-1", typ, `{}`); r.code != 0 {
+			t.Fatalf("append: %+v", r)
+		}
+	}
+	r := annals(t, db.URL, "relay", "nats", "--nats-url", ns.ClientURL(), "--types", "order.*", "--once", "--output", "json")
+	if r.code != 0 {
+		t.Fatalf("relay nats: %+v", r)
+	}
+	var out struct {
+		Relay, Stream, Subjects string
+		Position                int64
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || out.Position != 3 || out.Subjects != "annals.*.*" || out.Stream != "ANNALS" {
+		t.Fatalf("relay nats output %q: %+v, %v", r.stdout, out, err)
+	}
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	s, err := js.Stream(t.Context(), "ANNALS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CachedInfo().State.Msgs; n != 2 {
+		t.Fatalf("the stream holds %d messages, want 2 (order.*)", n)
+	}
+	if m, err := s.GetMsg(t.Context(), 2); err != nil || m.Subject != "annals.order%2Eshipped.o-1" {
+		t.Fatalf("message 2: %v, %v", m, err)
+	}
+
+	for _, args := range [][]string{
+		{"relay", "nats", "--types", "a**b["},
+		{"relay", "nats", "--prefix", "a.*", "--nats-url", ns.ClientURL()},
+		{"relay", "nats", "--subject", "{prefix}.{oops}", "--nats-url", ns.ClientURL()},
+		{"relay", "nats", "--batch-size", "-1"},
+		{"relay"},
+	} {
+		if r := annals(t, db.URL, args...); r.code != 2 {
+			t.Errorf("%v: exit %d, want 2 (%s)", args, r.code, r.stderr)
+		}
+	}
+
+	// --wal: the relay's slot appears in annals status.
+	slot := walsource.SlotName(db.Name, "annals", "walrelay", 0)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := walsource.DropSlot(ctx, db.Pool, slot); err != nil {
+			t.Error(err)
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan result, 1)
+	go func() {
+		var rr result
+		rr.code = run(ctx, []string{"relay", "nats", "--nats-url", ns.ClientURL(), "--name", "walrelay", "--stream", "WAL", "--prefix", "w", "--wal"},
+			nil, &discard{}, &discard{}, func(k string) string {
+				if k == "DATABASE_URL" {
+					return db.URL
+				}
+				return ""
+			})
+		done <- rr
+	}()
+	var st StatusJSON
+	annalstest.WaitFor(t, 20*time.Second, func() bool {
+		r := annals(t, db.URL, "status", "--output", "json")
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil {
+			return false
+		}
+		led := false
+		for _, s := range st.Subscribers {
+			led = led || (s.Subscriber == "walrelay" && s.Leader != nil)
+		}
+		return led && len(st.ReplicationSlots) == 1 && st.ReplicationSlots[0].Active
+	})
+	if st.ReplicationSlots[0].Slot != slot {
+		t.Fatalf("status lists slot %q, want %q", st.ReplicationSlots[0].Slot, slot)
+	}
+	cancel()
+	if rr := <-done; rr.code != 0 {
+		t.Fatalf("relay nats --wal exited %d", rr.code)
+	}
+	r = annals(t, db.URL, "status")
+	if r.code != 0 || !contains(r.stdout, slot) || !contains(r.stdout, "inactive (retaining WAL)") {
+		t.Fatalf("status after the relay stopped: %+v", r)
+	}
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }

@@ -1,0 +1,84 @@
+// Package relay publishes the event log to NATS JetStream, exactly once and
+// in order, so that other services, regions and non-Go consumers read it
+// from the distributed log they already run (annals relay nats; package
+// natsconsumer for Go services on the other side).
+//
+// # How a relay runs
+//
+// A Relay is a subscriber like any other: Run registers its processor
+// with a projection.Runner (RegisterProcessor) under Config.Name, so one
+// relay of a name leads cluster-wide (the md5-keyed advisory lock),
+// standbys take over when it dies, its checkpoint is fenced by the
+// leadership's epoch, and the process registers as a runner instance
+// (annals status shows its leader and lag). It is woken by NOTIFY or, with
+// Config.WAL, by its own logical replication slot (package walsource);
+// either way it reads its batches from the events table, filtered by
+// Config.Types globs.
+//
+// For each batch it:
+//
+//  1. publishes every event the stream does not hold yet, pipelined
+//     (PublishMsgAsync), to the subject the template makes (default
+//     "<prefix>.<event type>.<stream id>", each value escaped into one token
+//     by EscapeToken: bytes other than ASCII letters, digits, "-" and "_"
+//     become "%XX", so "order.placed" is the token "order%2Eplaced"), with
+//     headers: Nats-Msg-Id = the event ID, Nats-Expected-Last-Msg-Id = the
+//     ID of the event published before it, and the Annals-* headers
+//     (position, event ID, stream ID, stream version, type, recorded at,
+//     correlation and causation IDs, the whole metadata) and the W3C trace
+//     context (traceparent, tracestate); the body is the event's data as
+//     stored;
+//  2. collects the acknowledgements of the batches before it, in order
+//     (waiting up to AckTimeout), and those of its own that are in: a batch's
+//     acknowledgements are awaited while the next batch is published;
+//  3. every CheckpointInterval (and whenever the relay goes idle, waiting
+//     for every acknowledgement first, and when it stops) commits the
+//     checkpoint through the last event of the unbroken run of
+//     acknowledgements, fenced by the epoch. The checkpoint never passes an
+//     event JetStream has not stored.
+//
+// # Why exactly once
+//
+// Nats-Expected-Last-Msg-Id chains the messages: JetStream stores a message
+// only if the newest message it holds is the relay's previous event. So
+// whatever is lost (a publish in a dying connection, a server restart) or
+// re-sent (the client's reconnect buffer, a retry), the stream holds a
+// prefix of the relay's sequence: no event twice, none out of position
+// order, so each stream's events in version order. A message the stream has
+// already stored is dropped as a duplicate by its Nats-Msg-Id before the
+// chain is checked (JetStream checks de-duplication first), which makes a
+// re-publish within the duplicate window a no-op.
+//
+// A relay does not even rely on the window: at the start of each leadership
+// and after any failed publish it reads the newest message of the stream
+// (its Annals-Position header) and skips every event at or below it. A
+// leader that published and died before its checkpoint committed leaves
+// events the next leader finds there and does not publish again, however
+// long the takeover took. The duplicate window (Config.Duplicates, default
+// 10 minutes, which must exceed the longest takeover) is a second line of
+// defence for the messages in flight at the moment of a takeover.
+//
+// Hence the rules: one relay per JetStream stream (EnsureStream refuses a
+// stream whose newest message another relay published, and the chain would
+// break with two publishers), an unpartitioned relay subscription (one
+// publisher in order), and limits retention (interest or work-queue
+// retention would delete what the chain and the skip read).
+//
+// # The stream
+//
+// EnsureStream creates the stream (Config.Stream, default "ANNALS") with the
+// template's subject filter (placeholders as "*": "annals.*.*"), limits
+// retention, file storage, Config.MaxAge, DenyDelete and DenyPurge, and the
+// duplicate window; an existing stream must take those subjects, keep
+// limits retention and de-duplicate at least as long.
+//
+// # Failures
+//
+// A failed or unacknowledged publish (NATS down, a timeout after
+// AckTimeout) commits what was acknowledged and ends the leadership (the
+// engine's cursor has moved past the batches in flight, and only a new
+// leadership starts again from the checkpoint); the relay stands by and
+// claims again after RetryBackoff, re-reading the stream's newest message.
+// A relay that lost its lease cannot commit (fencing) and stands by; the new
+// leader starts from the checkpoint and the stream's newest message.
+package relay

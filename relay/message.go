@@ -1,0 +1,110 @@
+package relay
+
+import (
+	"encoding/json"
+	"strconv"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/annals-dev/annals/eventstore"
+)
+
+// Headers of a relayed message. The body is the event's data as stored.
+const (
+	// HeaderRelay names the relay that published the message.
+	HeaderRelay = "Annals-Relay"
+	// HeaderPosition is the event's global sequence (decimal).
+	HeaderPosition = "Annals-Position"
+	// HeaderEventID is the event ID (also the Nats-Msg-Id).
+	HeaderEventID = "Annals-Event-Id"
+	// HeaderStreamID is the stream the event belongs to (unescaped).
+	HeaderStreamID = "Annals-Stream-Id"
+	// HeaderStreamVersion is the event's version in its stream (decimal).
+	HeaderStreamVersion = "Annals-Stream-Version"
+	// HeaderType is the event type (unescaped).
+	HeaderType = "Annals-Event-Type"
+	// HeaderRecordedAt is when the event was appended (RFC 3339, nanoseconds).
+	HeaderRecordedAt = "Annals-Recorded-At"
+	// HeaderCorrelationID and HeaderCausationID carry the metadata's IDs.
+	HeaderCorrelationID = "Annals-Correlation-Id"
+	HeaderCausationID   = "Annals-Causation-Id"
+	// HeaderMetadata is the event's whole metadata as JSON (absent when empty).
+	HeaderMetadata = "Annals-Metadata"
+	// HeaderTraceparent and HeaderTracestate are the W3C trace context of the
+	// append that produced the event.
+	HeaderTraceparent = "traceparent"
+	HeaderTracestate  = "tracestate"
+)
+
+// Message returns the JetStream message the relay named relayName publishes
+// for e on subject.
+func Message(relayName, subject string, e eventstore.Event) (*nats.Msg, error) {
+	m := nats.NewMsg(subject)
+	m.Data = e.Data
+	h := m.Header
+	h.Set(jetstream.MsgIDHeader, e.ID.String())
+	h.Set(HeaderRelay, relayName)
+	h.Set(HeaderPosition, strconv.FormatInt(e.GlobalSequence, 10))
+	h.Set(HeaderEventID, e.ID.String())
+	h.Set(HeaderStreamID, e.StreamID)
+	h.Set(HeaderStreamVersion, strconv.FormatInt(e.StreamVersion, 10))
+	h.Set(HeaderType, e.Type)
+	h.Set(HeaderRecordedAt, e.RecordedAt.UTC().Format(time.RFC3339Nano))
+	if e.Metadata.CorrelationID != "" {
+		h.Set(HeaderCorrelationID, e.Metadata.CorrelationID)
+	}
+	if e.Metadata.CausationID != "" {
+		h.Set(HeaderCausationID, e.Metadata.CausationID)
+	}
+	if !e.Metadata.IsZero() {
+		md, err := json.Marshal(e.Metadata)
+		if err != nil {
+			return nil, errors.Wrapf(err, "relay: encode the metadata of %s", e.ID)
+		}
+		h.Set(HeaderMetadata, string(md))
+		for _, k := range []string{HeaderTraceparent, HeaderTracestate} {
+			if v, ok := e.Metadata.Extra[k].(string); ok && v != "" {
+				h.Set(k, v)
+			}
+		}
+	}
+	return m, nil
+}
+
+// ErrNotRelayed is matched by Decode for a message without the relay's
+// headers.
+var ErrNotRelayed = errors.New("relay: not a relayed annals event")
+
+// Decode returns the event a relayed message carries (header and data of a
+// nats.Msg or a jetstream.Msg).
+func Decode(h nats.Header, data []byte) (eventstore.Event, error) {
+	var e eventstore.Event
+	if h.Get(HeaderPosition) == "" || h.Get(HeaderEventID) == "" {
+		return e, ErrNotRelayed
+	}
+	var err error
+	if e.GlobalSequence, err = strconv.ParseInt(h.Get(HeaderPosition), 10, 64); err != nil {
+		return e, errors.Wrapf(ErrNotRelayed, "position %q", h.Get(HeaderPosition))
+	}
+	if e.ID, err = uuid.Parse(h.Get(HeaderEventID)); err != nil {
+		return e, errors.Wrapf(ErrNotRelayed, "event ID %q", h.Get(HeaderEventID))
+	}
+	if e.StreamVersion, err = strconv.ParseInt(h.Get(HeaderStreamVersion), 10, 64); err != nil {
+		return e, errors.Wrapf(ErrNotRelayed, "stream version %q", h.Get(HeaderStreamVersion))
+	}
+	if e.RecordedAt, err = time.Parse(time.RFC3339Nano, h.Get(HeaderRecordedAt)); err != nil {
+		return e, errors.Wrapf(ErrNotRelayed, "recorded at %q", h.Get(HeaderRecordedAt))
+	}
+	e.StreamID, e.Type = h.Get(HeaderStreamID), h.Get(HeaderType)
+	e.Data = json.RawMessage(data)
+	if md := h.Get(HeaderMetadata); md != "" {
+		if err := json.Unmarshal([]byte(md), &e.Metadata); err != nil {
+			return e, errors.Wrap(err, "relay: decode metadata")
+		}
+	}
+	return e, nil
+}

@@ -1,0 +1,9 @@
+package natsconsumer_test
+
+import (
+	"testing"
+
+	"github.com/annals-dev/annals/annalstest"
+)
+
+func TestMain(m *testing.M) { annalstest.Main(m) }

@@ -1,0 +1,226 @@
+package relay
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/checkpoint"
+)
+
+// ErrPublish is matched by the error that ends a leadership after a publish
+// failed or went unacknowledged: the relay stands by and claims again, from
+// its checkpoint, which never passed an unacknowledged event.
+var ErrPublish = errors.New("relay: publish failed")
+
+// publisher is the relay's catchup.Processor. It publishes each batch
+// pipelined and does not wait for the batch's acknowledgements before
+// returning: it waits for them while the next batch is published (the
+// chain of expected last message IDs keeps the order), and when the
+// subscription goes idle or ends. The checkpoint commits (fenced by the
+// epoch) only through acknowledged events: after every CheckpointInterval,
+// when idle, and at the end.
+type publisher struct {
+	r      *Relay
+	stream jetstream.Stream
+
+	// What the stream is known to hold (position and message ID of its
+	// newest message), read at the start of each leadership.
+	synced  bool
+	lastPos int64
+	lastID  string
+
+	// prevID is the ID of the last event published (acknowledged or not).
+	prevID string
+	// inflight are published, unacknowledged messages in position order;
+	// through is the position the published batches cover (their Through).
+	inflight []sent
+	through  int64
+	// acked is the position through which everything is acknowledged (and
+	// covered); committed is the checkpoint's position, at lastCommit.
+	acked, committed int64
+	lastCommit       time.Time
+}
+
+type sent struct {
+	pos     int64
+	id      string
+	f       jetstream.PubAckFuture
+	through int64 // the covering Through when this is a batch's last message
+}
+
+func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
+	pos, id, err := p.r.lastStored(ctx, p.stream)
+	if err != nil {
+		return err
+	}
+	*p = publisher{r: p.r, stream: p.stream, synced: true, lastPos: pos, lastID: id, prevID: id,
+		through: lease.Start, acked: lease.Start, committed: lease.Start, lastCommit: time.Now()}
+	return nil
+}
+
+// Process publishes the batch's events (those the stream does not hold
+// yet), then collects the acknowledgements that have come in, waiting only
+// for those of earlier batches, and commits the checkpoint when due.
+//
+// Each message carries Nats-Msg-Id (the event ID) and
+// Nats-Expected-Last-Msg-Id (the ID of the event published before it):
+// JetStream stores a message only right after its predecessor, so the
+// stream always holds a prefix of the relay's sequence, in position order,
+// whatever is lost or re-sent; a message already stored is dropped as a
+// duplicate before that check.
+func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch catchup.Batch) (int64, error) {
+	earlier := len(p.inflight)
+	for _, e := range batch.Events {
+		if e.GlobalSequence <= p.lastPos {
+			continue // stored already (a takeover after an uncommitted checkpoint)
+		}
+		msg, err := Message(p.r.cfg.Name, p.r.subj.render(e), e)
+		if err != nil {
+			return batch.After, p.fail(ctx, lease, err)
+		}
+		opts := []jetstream.PublishOpt{jetstream.WithMsgID(e.ID.String()), jetstream.WithExpectStream(p.r.cfg.Stream)}
+		if p.prevID != "" {
+			opts = append(opts, jetstream.WithExpectLastMsgID(p.prevID))
+		}
+		f, err := p.r.js.PublishMsgAsync(msg, opts...)
+		if err != nil {
+			return batch.After, p.fail(ctx, lease, errors.Wrapf(err, "relay: publish event %d", e.GlobalSequence))
+		}
+		p.inflight = append(p.inflight, sent{pos: e.GlobalSequence, id: e.ID.String(), f: f})
+		p.prevID = e.ID.String()
+	}
+	// Once the last message in flight is acknowledged, everything through
+	// this batch is (the batch's unpublished events are stored already or
+	// did not match).
+	if len(p.inflight) > 0 {
+		p.inflight[len(p.inflight)-1].through = batch.Through
+	}
+	p.through = batch.Through
+	if len(p.inflight) == 0 {
+		p.acked = batch.Through // nothing to publish or wait for
+	}
+	// Wait for the earlier batches' acknowledgements; take this batch's
+	// that are in.
+	if err := p.collect(ctx, earlier, true); err != nil {
+		return batch.Through, p.fail(ctx, lease, err)
+	}
+	if err := p.collect(ctx, len(p.inflight), false); err != nil {
+		return batch.Through, p.fail(ctx, lease, err)
+	}
+	if time.Since(p.lastCommit) >= p.r.cfg.CheckpointInterval {
+		if err := p.commit(ctx, lease); err != nil {
+			return batch.Through, err
+		}
+	}
+	return batch.Through, nil
+}
+
+// collect takes the acknowledgements of the first n in-flight messages, in
+// order: waiting for each (up to AckTimeout in all) when wait is set, else
+// only those already in.
+func (p *publisher) collect(ctx context.Context, n int, wait bool) error {
+	var timeout <-chan time.Time
+	if wait {
+		t := time.NewTimer(p.r.cfg.AckTimeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	done := 0
+	for ; done < n; done++ {
+		s := p.inflight[done]
+		var err error
+		if wait {
+			select {
+			case <-s.f.Ok():
+			case err = <-s.f.Err():
+			case <-timeout:
+				err = errors.Newf("no acknowledgement within %v", p.r.cfg.AckTimeout)
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+		} else {
+			select {
+			case <-s.f.Ok():
+			case err = <-s.f.Err():
+			default:
+				p.inflight = p.inflight[done:]
+				return nil
+			}
+		}
+		if err != nil {
+			p.inflight = p.inflight[done:]
+			return errors.Wrapf(err, "relay: publish event %d", s.pos)
+		}
+		p.lastPos, p.lastID = s.pos, s.id
+		p.acked = s.pos
+		if s.through > 0 {
+			p.acked = s.through
+		}
+	}
+	p.inflight = p.inflight[done:]
+	if len(p.inflight) == 0 {
+		p.acked = max(p.acked, p.through)
+	}
+	return nil
+}
+
+// commit writes the checkpoint through what is acknowledged.
+func (p *publisher) commit(ctx context.Context, lease *catchup.Lease) error {
+	p.lastCommit = time.Now()
+	if p.acked <= p.committed {
+		return nil
+	}
+	pos := p.acked
+	if err := lease.Do(ctx, func(conn *pgx.Conn) error { return lease.Commit(ctx, conn, pos) }); err != nil {
+		return err
+	}
+	p.committed = pos
+	if p.r.cfg.OnCommitted != nil {
+		p.r.cfg.OnCommitted(pos)
+	}
+	return nil
+}
+
+// fail commits what is acknowledged and ends the leadership: the engine
+// cannot go back to the first unacknowledged event within one leadership
+// (its cursor passed it when the batch was handed over), so the relay
+// claims again, from the checkpoint.
+func (p *publisher) fail(ctx context.Context, lease *catchup.Lease, cause error) error {
+	_ = p.collect(ctx, len(p.inflight), false)
+	if err := p.commit(ctx, lease); err != nil && !errors.Is(err, checkpoint.ErrFenced) {
+		p.r.cfg.Logger.WarnContext(ctx, "annals: relay checkpoint failed", slog.String("relay", p.r.cfg.Name), slog.Any("error", err))
+	}
+	p.r.cfg.Logger.WarnContext(ctx, "annals: relay publish failed; claiming again from the checkpoint",
+		slog.String("relay", p.r.cfg.Name), slog.Int64("checkpoint", p.committed), slog.Any("error", cause))
+	// What was in flight is abandoned, not acknowledged: nothing past acked
+	// may be committed by the End that follows (synced false: End is a
+	// no-op), and the next leadership starts from the checkpoint.
+	p.inflight = nil
+	p.through = p.acked
+	p.synced = false
+	return errors.Mark(errors.Wrap(cause, ErrPublish.Error()), checkpoint.ErrFenced)
+}
+
+func (p *publisher) Redeliver(ctx context.Context, lease *catchup.Lease) error { return nil }
+
+// Idle waits for every acknowledgement and commits the checkpoint.
+func (p *publisher) Idle(ctx context.Context, lease *catchup.Lease) error {
+	if err := p.collect(ctx, len(p.inflight), true); err != nil {
+		return p.fail(ctx, lease, err)
+	}
+	return p.commit(ctx, lease)
+}
+
+// End is Idle at the end of a leadership.
+func (p *publisher) End(ctx context.Context, lease *catchup.Lease) error {
+	if !p.synced {
+		return nil
+	}
+	return p.Idle(ctx, lease)
+}

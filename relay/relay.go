@@ -1,0 +1,279 @@
+package relay
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/annals-dev/annals/advisorylock"
+	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/projection"
+	"github.com/annals-dev/annals/walsource"
+)
+
+// Config configures a Relay. A nil *Config means defaults.
+type Config struct {
+	// Name is the relay's subscriber name: its checkpoint, its lock (one
+	// relay of a name leads cluster-wide) and its replication slot.
+	// Defaults to "relay".
+	Name string
+	// Schema is the annals schema. Defaults to "annals".
+	Schema string
+	// Types are event-type glob patterns, as for subscribers
+	// (catchup.ParseFilter). Defaults to all types.
+	Types []string
+	// Prefix is the subject prefix, one or more tokens of letters, digits,
+	// "-" and "_" separated by dots. Defaults to "annals".
+	Prefix string
+	// Subject is the subject template: literal tokens and the placeholders
+	// {prefix}, {type} and {stream}, each value escaped into one token
+	// (EscapeToken). Defaults to DefaultSubject, "{prefix}.{type}.{stream}".
+	Subject string
+	// Stream is the JetStream stream the relay creates (or checks) and
+	// publishes to; it must hold only this relay's messages. Defaults to
+	// "ANNALS".
+	Stream string
+	// Storage is the stream's storage. Defaults to file storage.
+	Storage jetstream.StorageType
+	// Replicas is the stream's replica count. Defaults to 1.
+	Replicas int
+	// MaxAge is how long the stream keeps messages. Defaults to 0: forever.
+	MaxAge time.Duration
+	// Duplicates is the stream's de-duplication window. It must exceed the
+	// longest takeover (from a leader's last publish to its successor's
+	// first): within it a re-publish after a crash is dropped by JetStream
+	// even without the relay's own check (see the package doc). Defaults to
+	// 10 minutes.
+	Duplicates time.Duration
+	// BatchSize is the number of events read and published (pipelined) per
+	// batch; the checkpoint commits after each batch. Defaults to 500.
+	BatchSize int
+	// AckTimeout bounds the wait for a batch's acknowledgements. Defaults to
+	// 10s.
+	AckTimeout time.Duration
+	// CheckpointInterval is how often the checkpoint commits while the relay
+	// is busy (always through acknowledged events only); it also commits
+	// whenever the relay is idle and when it stops. A crash costs no
+	// duplicates however far behind the checkpoint is (see the package doc),
+	// only re-reading. Defaults to 1s.
+	CheckpointInterval time.Duration
+	// WAL, when set, wakes the relay from its replication slot (package
+	// walsource) instead of NOTIFY. Defaults to nil: NOTIFY.
+	WAL *walsource.Wake
+	// Owner names this process in the checkpoint and the instance registry.
+	// Defaults to "host:pid:" and a random suffix.
+	Owner string
+	// PollInterval, LockRetryInterval and RetryBackoff go to the catch-up
+	// engine (catchup.Config). Default to 1s, 20ms and 500ms.
+	PollInterval      time.Duration
+	LockRetryInterval time.Duration
+	RetryBackoff      time.Duration
+	// Lock configures the lock's connection. Defaults to advisorylock's.
+	Lock *advisorylock.Config
+	// Logger receives leadership changes and publish failures. Defaults to
+	// discarding.
+	Logger *slog.Logger
+	// OnCommitted is called after each checkpoint commit with the position
+	// committed (for tests and metrics). Defaults to nothing.
+	OnCommitted func(position int64)
+}
+
+// Relay publishes the event log to JetStream, exactly once and in order.
+type Relay struct {
+	pool   *pgxpool.Pool
+	js     jetstream.JetStream
+	cfg    Config
+	filter catchup.Filter
+	subj   subjects
+}
+
+// New returns a Relay reading through pool and publishing on nc.
+func New(pool *pgxpool.Pool, nc *nats.Conn, cfg *Config) (*Relay, error) {
+	if pool == nil || nc == nil {
+		return nil, errors.New("relay: pool and NATS connection are required")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	var err error
+	if c.Schema, err = schemaname.Resolve(c.Schema); err != nil {
+		return nil, err
+	}
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	def(&c.Name, "relay")
+	def(&c.Prefix, "annals")
+	def(&c.Stream, "ANNALS")
+	if c.Duplicates <= 0 {
+		c.Duplicates = 10 * time.Minute
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 500
+	}
+	if c.AckTimeout <= 0 {
+		c.AckTimeout = 10 * time.Second
+	}
+	if c.CheckpointInterval <= 0 {
+		c.CheckpointInterval = time.Second
+	}
+	if c.Replicas <= 0 {
+		c.Replicas = 1
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	r := &Relay{pool: pool, cfg: c}
+	if r.filter, err = catchup.ParseFilter(c.Types); err != nil {
+		return nil, errors.Wrap(err, "relay")
+	}
+	if r.subj, err = parseSubject(c.Prefix, c.Subject); err != nil {
+		return nil, err
+	}
+	if r.js, err = jetstream.New(nc, jetstream.WithPublishAsyncTimeout(c.AckTimeout),
+		jetstream.WithPublishAsyncMaxPending(max(4*c.BatchSize, 1024))); err != nil {
+		return nil, errors.Wrap(err, "relay: JetStream")
+	}
+	return r, nil
+}
+
+// SubjectFilter returns the stream's subject filter: the template with each
+// placeholder as "*" (default "annals.*.*").
+func (r *Relay) SubjectFilter() string { return r.subj.filter }
+
+// StreamConfig returns the JetStream stream configuration EnsureStream
+// creates.
+func (r *Relay) StreamConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        r.cfg.Stream,
+		Description: "annals event log relayed by " + r.cfg.Name,
+		Subjects:    []string{r.subj.filter},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     r.cfg.Storage,
+		Replicas:    r.cfg.Replicas,
+		MaxAge:      r.cfg.MaxAge,
+		Duplicates:  r.cfg.Duplicates,
+		Discard:     jetstream.DiscardOld,
+		DenyDelete:  true,
+		DenyPurge:   true,
+	}
+}
+
+// ErrStreamMismatch is matched by EnsureStream when the stream exists with
+// a configuration the relay cannot publish exactly once into.
+var ErrStreamMismatch = errors.New("relay: the JetStream stream does not fit the relay")
+
+// EnsureStream creates the stream unless it exists, and checks an existing
+// one: it must take the relay's subjects, keep messages by limits (not
+// interest or work queue, which delete them), and de-duplicate over at least
+// Duplicates.
+func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
+	want := r.StreamConfig()
+	s, err := r.js.Stream(ctx, want.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = r.js.CreateStream(ctx, want)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			s, err = r.js.Stream(ctx, want.Name)
+		}
+	}
+	if err != nil {
+		return nil, errors.Wrapf(err, "relay: stream %s", want.Name)
+	}
+	got := s.CachedInfo().Config
+	covered := false
+	for _, sub := range got.Subjects {
+		covered = covered || sub == want.Subjects[0] || sub == r.cfg.Prefix+".>"
+	}
+	switch {
+	case !covered:
+		return nil, errors.Wrapf(ErrStreamMismatch, "%s takes %v, not %s", want.Name, got.Subjects, want.Subjects[0])
+	case got.Retention != jetstream.LimitsPolicy:
+		return nil, errors.Wrapf(ErrStreamMismatch, "%s has %s retention; the relay needs limits", want.Name, got.Retention)
+	case got.Duplicates < want.Duplicates:
+		return nil, errors.Wrapf(ErrStreamMismatch, "%s de-duplicates over %v, less than %v", want.Name, got.Duplicates, want.Duplicates)
+	}
+	return s, nil
+}
+
+// Run relays until ctx ends: it ensures the stream, then runs the relay's
+// subscription in a projection.Runner, so it stands by until it leads (one
+// leader cluster-wide), publishes from the checkpoint on, and stands by
+// again if it loses the lead; the instance registers like any runner's, so
+// annals status shows it leading. It returns nil when ctx ends, or an error
+// if it cannot start.
+func (r *Relay) Run(ctx context.Context) error {
+	runner, err := r.runner(ctx)
+	if err != nil {
+		return err
+	}
+	return runner.Run(ctx)
+}
+
+// CatchUp publishes every event up to the head as it is when called, then
+// returns (for batch jobs and tests). It waits for the relay's lock.
+func (r *Relay) CatchUp(ctx context.Context) error {
+	runner, err := r.runner(ctx)
+	if err != nil {
+		return err
+	}
+	return runner.RunUntilCaughtUp(ctx)
+}
+
+func (r *Relay) runner(ctx context.Context) (*projection.Runner, error) {
+	stream, err := r.EnsureStream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &projection.Config{
+		Schema: r.cfg.Schema, InstanceID: r.cfg.Owner, PollInterval: r.cfg.PollInterval,
+		LockRetryInterval: r.cfg.LockRetryInterval, RetryBackoff: r.cfg.RetryBackoff,
+		Lock: r.cfg.Lock, Logger: r.cfg.Logger,
+	}
+	if r.cfg.WAL != nil {
+		cfg.Wake = r.cfg.WAL.For
+	}
+	runner, err := projection.NewRunner(r.pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	err = runner.RegisterProcessor(r.cfg.Name, func() catchup.Processor { return &publisher{r: r, stream: stream} },
+		&projection.Options{Types: r.cfg.Types, BatchSize: r.cfg.BatchSize})
+	return runner, err
+}
+
+// lastStored returns the position and message ID of the newest message in
+// the stream (0 and "" when it is empty). It fails when that message is not
+// this relay's: another publisher on the stream would break the order.
+func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (int64, string, error) {
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return 0, "", errors.Wrap(err, "relay: stream info")
+	}
+	if info.State.Msgs == 0 || info.State.LastSeq == 0 {
+		return 0, "", nil
+	}
+	m, err := stream.GetMsg(ctx, info.State.LastSeq)
+	if err != nil {
+		return 0, "", errors.Wrapf(err, "relay: read message %d", info.State.LastSeq)
+	}
+	if name := m.Header.Get(HeaderRelay); name != r.cfg.Name {
+		return 0, "", errors.Newf("relay: the newest message of stream %s was published by %q, not relay %q: one relay per stream",
+			r.cfg.Stream, name, r.cfg.Name)
+	}
+	pos, err := strconv.ParseInt(m.Header.Get(HeaderPosition), 10, 64)
+	if err != nil {
+		return 0, "", errors.Wrapf(err, "relay: message %d has no position", info.State.LastSeq)
+	}
+	return pos, m.Header.Get(jetstream.MsgIDHeader), nil
+}

@@ -1,0 +1,97 @@
+package relay_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/relay"
+)
+
+// TestRelayPublishesTheLog: each event becomes one message on the escaped
+// subject, with the relay's headers; the headers decode back to the event.
+// A second run publishes nothing again, even from a checkpoint reset to
+// zero (the relay skips what the stream holds; JetStream would drop it as a
+// duplicate besides).
+func TestRelayPublishesTheLog(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	appendMany(t, b.store, 30)
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{BatchSize: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	log := b.log()
+	msgs := b.relayed("ANNALS")
+	checkExactlyOnce(t, msgs, log)
+	m := msgs[3]
+	if m.Subject != "annals.account%2Ecredited.acct%2F3%2Ex" {
+		t.Fatalf("subject %q", m.Subject)
+	}
+	for k, want := range map[string]string{
+		relay.HeaderCorrelationID: "c-3", relay.HeaderCausationID: "k-3", relay.HeaderType: "account.credited",
+		relay.HeaderStreamID: "acct/3.x", relay.HeaderStreamVersion: "1", relay.HeaderPosition: "4", relay.HeaderRelay: "relay",
+		relay.HeaderTraceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+	} {
+		if got := m.Header.Get(k); got != want {
+			t.Errorf("header %s = %q, want %q", k, got, want)
+		}
+	}
+	e, err := relay.Decode(m.Header, m.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := log[3]
+	if string(e.Data) != string(w.Data) || !e.RecordedAt.Equal(w.RecordedAt) || e.Metadata.CorrelationID != "c-3" || e.Metadata.Extra["traceparent"] == nil {
+		t.Fatalf("decoded %+v, want %+v", e, w)
+	}
+	if cp := b.checkpoint("relay"); cp != 30 {
+		t.Fatalf("checkpoint %d, want 30", cp)
+	}
+
+	// Again, and from a checkpoint reset to 0: nothing new in the stream.
+	cps, err := checkpoint.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cps.Set(ctx, b.db.Pool, "relay", 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 5)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
+}
+
+// TestRelayFilters: only events whose type matches the globs are relayed;
+// the checkpoint still moves past the others.
+func TestRelayFilters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	appendMany(t, b.store, 20)
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Name: "opened", Stream: "OPENED", Prefix: "o", Types: []string{"*.opened"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CatchUp(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var want []eventstore.Event
+	for _, e := range b.log() {
+		if e.Type == "account.opened" {
+			want = append(want, e)
+		}
+	}
+	checkExactlyOnce(t, b.relayed("OPENED"), want)
+	if cp := b.checkpoint("opened"); cp != 20 {
+		t.Fatalf("checkpoint %d, want 20", cp)
+	}
+}

@@ -1,0 +1,73 @@
+// Package walsource follows the event log through PostgreSQL's logical
+// replication (the pgoutput plugin, via github.com/jackc/pglogrepl) instead
+// of NOTIFY: a live source of committed events that wakes subscribers and
+// feeds the NATS relay (package relay).
+//
+// # Pieces
+//
+//   - A publication "<schema>_events" on the events table, inserts only
+//     (EnsurePublication creates it on first use; the events table is
+//     append-only, so inserts are all there is).
+//   - A replication slot per consumer: per subscriber partition, named by
+//     SlotName from the database, schema, subscriber and partition (slot
+//     names are cluster-wide). Only the partition's leader streams from it,
+//     so "one slot, one walsender" matches "one leader cluster-wide".
+//   - A Source streams the slot on a replication connection
+//     (replication=database), decodes pgoutput protocol 1 (Relation, Begin,
+//     Insert, Commit) into eventstore.Event values, and hands each
+//     transaction that appended events to OnCommit, in commit order, which
+//     is position order (package eventstore serializes the numbering).
+//
+// # Confirming
+//
+// A slot keeps every WAL record from its confirmed position on, and sends
+// everything after it again when a stream starts. The Source therefore
+// confirms (standby status update: write = flush = apply) only through the
+// end LSN of the last transaction whose events are all at or below the
+// position the consumer's checkpoint holds (Config.Confirmed, read every
+// StatusInterval while something received is unconfirmed). When nothing
+// received is unconfirmed, it confirms through the server's end as the
+// walsender's keepalives report it (the position it has decoded through,
+// so no transaction with events before it is unsent): other tables' writes
+// then do not pile up behind an idle slot.
+//
+// So a consumer that is down, crashed, or slow loses nothing: its slot
+// retains the WAL of every transaction it has not checkpointed, and the next
+// stream starts there. The price is the operator's to watch: a slot whose
+// consumer never comes back retains WAL until it is dropped (DropSlot) or
+// max_slot_wal_keep_size invalidates it (docs/operations.md).
+//
+// # Reconnecting and failover
+//
+// Run reconnects with backoff (100 ms doubling to 1 s, jittered) after any
+// failure: a killed walsender, a PostgreSQL restart. Each stream starts from
+// the slot's confirmed position, so commits received but not confirmed on
+// the last stream are received again: consumers skip positions they have.
+// When a slot is still active for another session (a former leader's
+// process that lost its lock but not yet its connection), the new stream
+// fails with "object in use"; the Source ends that session
+// (pg_terminate_backend on the slot's active_pid) and tries again. The
+// caller holds the subscriber's lock, so that session is stale.
+//
+// # Waking subscribers
+//
+// Wake.For is a catchup.WakeFor (projection.Config.Wake): each live
+// leadership of a subscriber partition runs a Source on the partition's slot
+// with Confirmed reading the partition's checkpoint, and signals the
+// engine whenever a transaction appended an event its filter matches, and
+// at every (re)connect. The engine still reads its batches from the events
+// table: the signal carries no data the engine relies on, so the table
+// stays the one source of truth for exactly-once processing, fencing,
+// filters, partitions and dead letters, and a lost signal costs at most a
+// poll interval. What the WAL changes is who wakes the subscriber: a
+// committed transaction, decoded, rather than a NOTIFY that every append
+// must send (and that serializes commits on a global lock). When every
+// consumer of a database follows the WAL, appends need not NOTIFY; see
+// docs/benchmarks.md for the figures.
+//
+// Costs: one walsender and one slot per led subscriber partition, each
+// decoding the whole WAL stream of the database (pgoutput filters by
+// publication after decoding). It suits a few subscribers (the relay, a
+// latency-critical projection), not hundreds of partitions: those stay on
+// NOTIFY.
+package walsource
