@@ -180,7 +180,9 @@ func (r *Repository[A]) New(id string) (A, error) {
 // version. Errors: ErrNotFound when the stream has no events; ErrInvalidID;
 // ErrUnhandledEvent (or what Apply returned) and
 // eventstore.ErrUnknownEventType for an event the aggregate cannot apply,
-// named with its type and version.
+// named with its type and version; eventstore.ErrStreamDeleted when the
+// stream is deleted. A stream recreated after a delete (or truncated) loads
+// from its first visible event, ignoring older snapshots.
 func (r *Repository[A]) Load(ctx context.Context, id string) (A, error) {
 	return r.load(ctx, nil, id)
 }
@@ -212,6 +214,7 @@ func (r *Repository[A]) load(ctx context.Context, tx pgx.Tx, id string) (A, erro
 	}
 	b := a.root()
 	stats := LoadStats{AggregateType: r.typ, ID: id, StreamID: stream, SnapshotVersion: b.version}
+	first := true
 	events := r.store.ReadStream
 	if tx != nil {
 		events = func(ctx context.Context, stream string, from int64) iter.Seq2[eventstore.Event, error] {
@@ -225,6 +228,17 @@ func (r *Repository[A]) load(ctx context.Context, tx pgx.Tx, id string) (A, erro
 			}
 			return zero, errors.Wrapf(err, "aggregate %s %q: load", r.typ, id)
 		}
+		if first && e.StreamVersion > b.version+1 {
+			// The stream was truncated or deleted and recreated: the
+			// events before e no longer count, and neither does a
+			// snapshot of them. Start afresh at e.
+			a = r.newAgg()
+			a.root().id = id
+			b = a.root()
+			b.version = e.StreamVersion - 1
+			stats.SnapshotVersion = 0
+		}
+		first = false
 		if e.StreamVersion != b.version+1 {
 			return zero, errors.Newf("aggregate %s %q: stream %q jumps from version %d to %d", r.typ, id, stream, b.version, e.StreamVersion)
 		}

@@ -380,6 +380,9 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 		if err := checkName(i+1, "type", name, MaxEventTypeBytes); err != nil {
 			return appendArgs{}, err
 		}
+		if reservedType(name) {
+			return appendArgs{}, &InvalidEventError{Event: i + 1, Field: "type", Reason: "starts with \"$stream.\", which is reserved for annals (see DeleteStream)"}
+		}
 		data, err := encodeData(i+1, e.Data)
 		if err != nil {
 			return appendArgs{}, err

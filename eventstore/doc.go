@@ -143,6 +143,28 @@
 //		…
 //	}
 //
+// # Deleting streams and retention
+//
+// DeleteStream appends one event of the reserved type StreamDeletedType
+// ("$stream.deleted") to a stream and marks it deleted; with
+// DeleteOptions.Hard it becomes a tombstone. Reads of a deleted stream fail
+// with ErrStreamDeleted (a *StreamDeletedError carrying the version);
+// an append that expects exactly that version recreates it (its versions
+// continue and reads start after the deletion), every other append fails
+// with ErrStreamDeleted, and every append to a tombstone with
+// ErrStreamTombstoned. The state is checked in the look-up of the stream
+// row each append already makes (append_events, append_batch: in a group
+// commit, a deleted stream is one append's outcome, not the group's).
+//
+// SetStreamRetention sets a stream's maximum age and count and raises its
+// truncate-before version; stream reads honour them at once (by
+// Config.Clock), and a "$stream.truncated" event (StreamTruncatedType) in
+// MetadataStream(stream) records each change. Until the scavenger (package
+// scavenge) removes them, hidden and deleted events stay in the log and
+// ReadAll and subscriptions see them. Types starting with
+// ReservedTypePrefix cannot be appended; RegisterLifecycleEvents registers
+// their Go types for decoding.
+//
 // # Errors
 //
 // Bad input fails with ErrInvalidEvent before anything is sent: a stream ID

@@ -22,6 +22,13 @@ const (
 	CodeEventIDConflict = "AN003"
 	// CodeAppendOnly: an UPDATE, DELETE or TRUNCATE of the events table.
 	CodeAppendOnly = "AN004"
+	// CodeStreamDeleted: the stream is deleted (soft); only an append that
+	// expects exactly its version recreates it. DETAIL: {"stream_id",
+	// "version", "hard": false}.
+	CodeStreamDeleted = "AN005"
+	// CodeStreamTombstoned: the stream is hard-deleted and takes no appends,
+	// ever. DETAIL: {"stream_id", "version", "hard": true}.
+	CodeStreamTombstoned = "AN006"
 )
 
 var (
@@ -103,6 +110,8 @@ func translate(err error, streamID string, expected ExpectedVersion) error {
 		return errors.Wrap(ErrEventIDConflict, pgErr.Message)
 	case CodeAppendOnly:
 		return errors.Wrap(ErrAppendOnly, pgErr.Message)
+	case CodeStreamDeleted, CodeStreamTombstoned:
+		return streamDeletedFromSQL(pgErr, streamID)
 	}
 	return err
 }

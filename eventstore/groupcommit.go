@@ -346,6 +346,12 @@ func (c *committer) sendBatch(ctx context.Context, group []*pendingAppend) error
 				actual = *actu
 			}
 			p.err = errors.WithStack(&WrongExpectedVersionError{StreamID: stream, Expected: p.args.exp, Actual: actual})
+		case 4, 5: // deleted, hard-deleted
+			var version int64
+			if actu != nil {
+				version = *actu
+			}
+			p.err = errors.WithStack(&StreamDeletedError{StreamID: stream, Version: version, Hard: status == 5})
 		case 2:
 			p.err = errors.Wrapf(ErrEventIDConflict,
 				"annals: some events of the append to stream %q are already stored with other content, or only some of them are", stream)

@@ -200,12 +200,18 @@ func (r *inlineRun) apply(ctx context.Context, tx pgx.Tx, a *appendArgs) (inline
 	}
 	cur, ok := r.versions[a.stream]
 	if !ok {
-		err := tx.QueryRow(ctx, r.s.q.streamVersion, a.stream).Scan(&cur)
+		var state int16
+		err := tx.QueryRow(ctx, r.s.q.streamVersion, a.stream).Scan(&cur, &state)
 		if errors.Is(err, pgx.ErrNoRows) {
 			cur, err = 0, nil
 		}
 		if err != nil {
 			return inlinePlan{}, errors.Wrap(err, "eventstore: inline: read stream version")
+		}
+		// A deleted stream: refused here as append_events would refuse it
+		// (the pinned expected version below would otherwise recreate it).
+		if state == int16(StreamHardDeleted) || (state == int16(StreamSoftDeleted) && a.exp != Exact(cur)) {
+			return inlinePlan{}, errors.WithStack(&StreamDeletedError{StreamID: a.stream, Version: cur, Hard: state == int16(StreamHardDeleted)})
 		}
 	}
 	switch exp := a.exp; {

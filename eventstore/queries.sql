@@ -16,14 +16,21 @@ SELECT global_sequence, event_id, stream_id, stream_version, event_type, data, m
  LIMIT $2;
 
 -- name: ReadStream
-SELECT global_sequence, event_id, stream_id, stream_version, event_type, data, metadata, recorded_at
-  FROM {{.Schema}}.events
- WHERE stream_id = $1 AND stream_version >= $2
- ORDER BY stream_version
+-- A deleted stream reads as nothing (the caller then asks StreamVersion,
+-- which says why). The stream's retention hides events at once: those below
+-- truncate_before, beyond max_count, or recorded before $4 (now) - max_age.
+SELECT e.global_sequence, e.event_id, e.stream_id, e.stream_version, e.event_type, e.data, e.metadata, e.recorded_at
+  FROM {{.Schema}}.streams s
+  JOIN {{.Schema}}.events e
+    ON e.stream_id = s.stream_id
+   AND e.stream_version >= greatest($2, s.truncate_before, s.version - s.max_count + 1)
+   AND (s.max_age IS NULL OR e.recorded_at >= $4::timestamptz - s.max_age)
+ WHERE s.stream_id = $1 AND s.state = 0
+ ORDER BY e.stream_version
  LIMIT $3;
 
 -- name: StreamVersion
-SELECT version FROM {{.Schema}}.streams WHERE stream_id = $1;
+SELECT version, state FROM {{.Schema}}.streams WHERE stream_id = $1;
 
 -- name: Head
 SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events;

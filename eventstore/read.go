@@ -47,7 +47,11 @@ func (s *Store) ReadAll(ctx context.Context, from int64) iter.Seq2[Event, error]
 
 // ReadStream yields the events of streamID with a version of at least
 // fromVersion (versions start at 1), in version order, upcast as ReadAll
-// does. A stream with no events yields ErrStreamNotFound.
+// does. A stream with no events yields ErrStreamNotFound; a deleted one
+// ErrStreamDeleted (a *StreamDeletedError). Events hidden by the stream's
+// truncation (StreamInfo.TruncateBefore: a recreated stream starts after its
+// deletion) are not yielded, so the first event may have a version above
+// fromVersion.
 func (s *Store) ReadStream(ctx context.Context, streamID string, fromVersion int64) iter.Seq2[Event, error] {
 	return s.readStream(ctx, s.pool, streamID, fromVersion)
 }
@@ -106,16 +110,21 @@ func (s *Store) readStream(ctx context.Context, db querier, streamID string, fro
 }
 
 // StreamVersion returns the current version of streamID, or
-// ErrStreamNotFound when it has no events.
+// ErrStreamNotFound when it has no events, or a *StreamDeletedError
+// (ErrStreamDeleted) when it is deleted.
 func (s *Store) StreamVersion(ctx context.Context, streamID string) (int64, error) {
 	return s.streamVersionOf(ctx, s.pool, streamID)
 }
 
 func (s *Store) streamVersionOf(ctx context.Context, db querier, streamID string) (int64, error) {
 	var v int64
-	err := db.QueryRow(ctx, s.q.streamVersion, streamID).Scan(&v)
+	var state int16
+	err := db.QueryRow(ctx, s.q.streamVersion, streamID).Scan(&v, &state)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, errors.Wrapf(ErrStreamNotFound, "stream %q", streamID)
+	}
+	if err == nil && state != 0 {
+		return 0, errors.WithStack(&StreamDeletedError{StreamID: streamID, Version: v, Hard: state == 2})
 	}
 	return v, errors.Wrapf(err, "eventstore: read version of stream %q", streamID)
 }
@@ -126,7 +135,7 @@ func (s *Store) page(ctx context.Context, db querier, query string, from int64, 
 	var rows pgx.Rows
 	var err error
 	if len(stream) == 1 {
-		rows, err = db.Query(ctx, query, stream[0], from, limit)
+		rows, err = db.Query(ctx, query, stream[0], from, limit, s.clock())
 	} else {
 		rows, err = db.Query(ctx, query, from, limit)
 	}

@@ -3,6 +3,7 @@ package eventstore
 import (
 	"context"
 	_ "embed"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -49,6 +50,9 @@ type Config struct {
 	// GroupCommit configures how concurrent Append calls are coalesced into
 	// one transaction. Defaults to on, with the defaults of GroupCommit.
 	GroupCommit GroupCommit
+	// Clock is the time stream reads apply a stream's maximum age with
+	// (see SetStreamRetention). Defaults to time.Now.
+	Clock func() time.Time
 	// Inline lists projections applied in the transaction of every append
 	// through this Store (Append, AppendTx, Transact, the encoded appends):
 	// see InlineProjection and the package documentation. An Append whose
@@ -68,7 +72,9 @@ type Store struct {
 	q        queries
 	tel      *telemetry.Append
 	group    *committer // nil when group commit is disabled
-	inline   *inline    // nil without inline projections
+	lc       lifecycleQueries
+	clock    func() time.Time
+	inline   *inline // nil without inline projections
 }
 
 type queries struct {
@@ -139,6 +145,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	}
 	if !gc.Disabled {
 		s.group = &committer{s: s, cfg: gc}
+	}
+	if s.clock = c.Clock; s.clock == nil {
+		s.clock = time.Now
+	}
+	if s.lc, err = newLifecycleQueries(c.Schema); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

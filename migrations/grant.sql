@@ -28,6 +28,10 @@ GRANT SELECT ON {{.Schema}}.checkpoints, {{.Schema}}.dead_letters TO {{.Role}};
 -- Every function that appends to the log, one line each.
 GRANT EXECUTE ON FUNCTION {{.Schema}}.append_events(text, bigint, jsonb) TO {{.Role}};
 GRANT EXECUTE ON FUNCTION {{.Schema}}.append_batch(text[], bigint[], int[], int[], uuid[], text[], text[], text[], boolean) TO {{.Role}};
+-- eventstore DeleteStream (annals stream delete): appends a "$stream.deleted" event.
+GRANT EXECUTE ON FUNCTION {{.Schema}}.delete_stream(text, bigint, boolean, jsonb) TO {{.Role}};
+-- eventstore SetStreamRetention (annals stream set): appends "$stream.truncated".
+GRANT EXECUTE ON FUNCTION {{.Schema}}.set_stream_retention(text, interval, bigint, bigint) TO {{.Role}};
 
 -- name: snapshots
 -- aggregate: LoadSnapshot, SaveSnapshot (an upsert).
@@ -63,6 +67,9 @@ GRANT DELETE ON {{.Schema}}.dead_letters, {{.Schema}}.cron_tasks TO {{.Role}};
 -- log's head with the position sequence (reading it draws no number).
 GRANT SELECT ON {{.Schema}}.snapshots TO {{.Role}};
 GRANT SELECT ON SEQUENCE {{.Schema}}.events_global_sequence TO {{.Role}};
+-- annals scavenge (package scavenge): removes expired events, recording each run.
+GRANT EXECUTE ON FUNCTION {{.Schema}}.scavenge(text, timestamptz, int) TO {{.Role}};
+GRANT SELECT ON {{.Schema}}.scavenge_runs TO {{.Role}};
 -- The operator console (package console) records each action in audit_log
 -- and lists it; a trigger stamps the ID, time and role.
 GRANT SELECT, INSERT ON {{.Schema}}.audit_log TO {{.Role}};
@@ -70,3 +77,4 @@ GRANT USAGE ON SEQUENCE {{.Schema}}.audit_log_id_seq TO {{.Role}};
 
 -- name: role_exists
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1);
+

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/migrations"
 )
@@ -46,7 +47,17 @@ func newRole(t *testing.T, db *annalstest.DB, kind migrations.RoleKind) *role {
 			r.Pool.Close()
 		}
 		// Its privileges live in this database only, which is dropped later.
-		if _, err := db.Pool.Exec(ctx, "DROP OWNED BY "+ident); err != nil {
+		// Revoking them takes turns with Grant (its advisory lock):
+		// concurrent changes of one object's privileges fail.
+		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			k1, k2 := lockkey.Pair(db.Schema + ":grant") // Grant's lock
+			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", k1, k2); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "DROP OWNED BY "+ident)
+			return err
+		})
+		if err != nil {
 			t.Errorf("drop owned by %s: %v", name, err)
 		}
 		if _, err := db.Pool.Exec(ctx, "DROP ROLE "+ident); err != nil {

@@ -9,8 +9,11 @@
 // change is found: it reads the whole log from one snapshot and reports
 //
 //   - a stream whose versions have a gap, a duplicate, or go down as the
-//     position goes up (a row deleted, or inserted out of order);
-//   - a streams row that disagrees with the stream's events;
+//     position goes up (a row deleted, or inserted out of order); a
+//     deleted stream or one with retention may start above version 1;
+//   - a streams row that disagrees with the stream's events (for a deleted
+//     stream or one with retention, whose oldest or newest events the
+//     scavenger may have removed, only a highest event above its version);
 //   - a position above the last one the position sequence handed out (a row
 //     not appended through the function: subscribers would jump past every
 //     event below it);

@@ -15,6 +15,13 @@ SELECT coalesce((SELECT pg_catalog.has_sequence_privilege(c.oid, 'SELECT')
 -- transactional: this is the value now, never lower than at the snapshot.
 SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {{.Schema}}.events_global_sequence;
 
+-- name: Retained
+-- Streams whose oldest or newest events the scavenger may have removed:
+-- deleted, truncated, or with a maximum age or count.
+SELECT stream_id
+  FROM {{.Schema}}.streams
+ WHERE state <> 0 OR truncate_before > 1 OR max_count IS NOT NULL OR max_age IS NOT NULL;
+
 -- name: Events
 -- $1 after (exclusive), $2 limit. data and metadata as stored (json keeps
 -- the bytes as written).

@@ -194,6 +194,20 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 		rep.Notes = append(rep.Notes, "positions were not compared with the position sequence: no SELECT on it (annals grant operator gives it)")
 	}
 
+	// Streams with retention or deleted: the scavenger may have removed
+	// their oldest events (all of them, for a deleted stream), so a first
+	// version above 1, no events at all, or a highest event below the
+	// stream's version are not problems for them.
+	rrows, err := tx.Query(ctx, q["Retained"])
+	if err != nil {
+		return nil, errors.Wrap(err, "verify: read streams with retention")
+	}
+	retained := map[string]bool{}
+	var rid string
+	if _, err := pgx.ForEachRow(rrows, []any{&rid}, func() error { retained[rid] = true; return nil }); err != nil {
+		return nil, errors.Wrap(err, "verify: read streams with retention")
+	}
+
 	seg := newSegmenter(c.Interval, c.Baseline)
 	streams := map[string]streamState{}
 	var (
@@ -219,7 +233,7 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 			}
 			st, seen := streams[row.stream]
 			switch {
-			case !seen && row.version != 1:
+			case !seen && row.version != 1 && !retained[row.stream]:
 				rep.add(c.MaxProblems, Problem{Kind: VersionGap, Position: row.position, StreamID: row.stream, Version: row.version,
 					Message: fmt.Sprintf("stream %q starts at version %d: versions 1 to %d are missing", row.stream, row.version, row.version-1)})
 			case seen && row.version == st.last+1:
@@ -266,10 +280,11 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 			from = id
 			st, ok := streams[id]
 			switch {
+			case !ok && retained[id]:
 			case !ok:
 				rep.add(c.MaxProblems, Problem{Kind: StreamWithoutEvents, StreamID: id, Version: version,
 					Message: fmt.Sprintf("stream %q is at version %d in streams but has no events", id, version)})
-			case st.last != version:
+			case st.last != version && !(retained[id] && st.last < version):
 				rep.add(c.MaxProblems, Problem{Kind: StreamVersion, StreamID: id, Version: version,
 					Message: fmt.Sprintf("stream %q is at version %d in streams, but its highest event is version %d", id, version, st.last)})
 			}

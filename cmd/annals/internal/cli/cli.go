@@ -150,6 +150,8 @@ func (e *env) rootCommand() *cobra.Command {
 		e.grantCommand(),
 		e.verifyCommand(),
 		e.versionCommand(),
+		e.streamCommand(),
+		e.scavengeCommand(),
 		e.relayCommand(),
 		e.uiCommand(),
 	)

@@ -1,0 +1,117 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/spf13/cobra"
+
+	"github.com/annals-dev/annals/scavenge"
+)
+
+func (e *env) scavengeCommand() *cobra.Command {
+	var batch, list int
+	var pause time.Duration
+	var format *string
+	cmd := &cobra.Command{
+		Use:   "scavenge",
+		Short: "Remove the rows of expired, truncated and deleted streams' events",
+		Long: `Make one scavenge run: remove from the log the events of hard-deleted streams and
+every event below its stream's truncate-before, beyond its maximum count or older than
+its maximum age (see 'annals stream set' and 'annals stream delete'). Stream reads hide
+those events already; ReadAll, subscriptions and rebuilds stop seeing them now.
+
+The run goes through the log in batches of --batch positions, one transaction each,
+pausing --pause between them, and reports its progress after each. It is resumable: a
+run that is interrupted (Ctrl-C, a crash) is continued by the next 'annals scavenge' or
+scavenger service. Only one scavenger runs at a time (exit 1 if another is running).
+Every run is recorded in scavenge_runs (who, when, range, rows): --list N shows the last N.
+
+The role needs 'annals grant operator'. --output text prints a line per batch; jsonl an
+object per batch; json the final state: {"run_id", "started_by", "started_at", "now",
+"from_position", "target_position", "scanned_to", "removed", "steps", "done"}.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if batch < 1 {
+				return usagef("--batch must be at least 1")
+			}
+			if list < 0 {
+				return usagef("--list must not be negative")
+			}
+			ctx := cmd.Context()
+			pool, err := e.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			// Progress goes to stdout; the service's log line would repeat it.
+			cfg := &scavenge.Config{Schema: e.schema, BatchSize: batch, Pause: pause,
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+			if pause == 0 {
+				cfg.Pause = -1
+			}
+			var werr error
+			cfg.OnProgress = func(p scavenge.Progress) {
+				if werr != nil {
+					return
+				}
+				switch *format {
+				case outputJSONL:
+					werr = writeJSONList(e.stdout, outputJSONL, []scavenge.Progress{p})
+				case outputText:
+					_, werr = fmt.Fprintf(e.stdout, "run %d: positions %d..%d of %d (%.0f%%), %d removed\n",
+						p.RunID, p.From+1, p.ScannedTo, p.Target, 100*p.Fraction(), p.Removed)
+				}
+			}
+			s, err := scavenge.New(pool, cfg)
+			if err != nil {
+				return err
+			}
+			if list > 0 {
+				runs, err := s.Runs(ctx, list)
+				if err != nil {
+					return err
+				}
+				if *format != outputText {
+					return writeJSONList(e.stdout, *format, runs)
+				}
+				for _, r := range runs {
+					state := "open"
+					if r.FinishedAt != nil {
+						state = "finished " + r.FinishedAt.UTC().Format(timeLayout)
+					}
+					if _, err := fmt.Fprintf(e.stdout, "run %d by %s (%s), started %s, %s: positions %d..%d, scanned to %d, %d removed in %d steps\n",
+						r.RunID, r.StartedBy, r.Instance, r.StartedAt.UTC().Format(timeLayout), state, r.From+1, r.Target, r.ScannedTo, r.Removed, r.Steps); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			p, err := s.RunOnce(ctx)
+			if errors.Is(err, scavenge.ErrBusy) {
+				return errors.Wrap(err, "another scavenger is running; try again later")
+			}
+			if err != nil {
+				return err
+			}
+			if werr != nil {
+				return werr
+			}
+			if *format == outputJSON {
+				return writeJSON(e.stdout, p)
+			}
+			if *format == outputText {
+				_, err = fmt.Fprintf(e.stdout, "run %d done: %d events removed from positions %d..%d\n", p.RunID, p.Removed, p.From+1, p.Target)
+			}
+			return err
+		},
+	}
+	cmd.Flags().IntVar(&batch, "batch", 10000, "positions per step (one transaction each)")
+	cmd.Flags().DurationVar(&pause, "pause", 0, "wait between steps (throttle), e.g. 50ms")
+	cmd.Flags().IntVar(&list, "list", 0, "show the last N recorded runs instead of running")
+	format = addOutputFlag(cmd, false, outputText, outputJSON, outputJSONL)
+	return cmd
+}

@@ -1,0 +1,121 @@
+package cli
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/spf13/cobra"
+
+	"github.com/annals-dev/annals/eventstore"
+)
+
+// parseMaxAge parses --max-age: a Go duration (90m, 12h) or a number of days
+// (30d); 0 means no limit.
+func parseMaxAge(s string) (time.Duration, error) {
+	if d, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.ParseFloat(d, 64)
+		if err != nil || n < 0 || n > 106000 {
+			return 0, usagef("--max-age %q: want a duration such as 30d, 12h or 90m (0: no limit)", s)
+		}
+		return time.Duration(n * float64(24*time.Hour)), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 || (d > 0 && d < time.Second) {
+		return 0, usagef("--max-age %q: want a duration of at least 1s such as 30d, 12h or 90m (0: no limit)", s)
+	}
+	return d, nil
+}
+
+func (e *env) streamSetCommand() *cobra.Command {
+	var maxAge string
+	var maxCount, truncateBefore int64
+	var format *string
+	cmd := &cobra.Command{
+		Use:   "set STREAM",
+		Short: "Set a stream's retention: maximum age, maximum count, truncate-before",
+		Long: `Set STREAM's retention. Stream reads (and aggregate loads) stop returning the events
+it excludes at once; 'annals scavenge' removes their rows later, and subscribers that had
+not processed them by then never will. Each change appends a "$stream.truncated" event
+to the stream "$$STREAM". Flags left out keep their value.
+
+  --max-age D          hide events older than D (30d, 12h, 90m; 0: no limit)
+  --max-count N        keep only the newest N versions (0: no limit)
+  --truncate-before V  hide versions below V (it can only grow)
+
+A stream that does not exist exits 3. --output json writes what 'stream info' writes.`,
+		Example: `  annals stream set audit-2026 --max-age 30d
+  annals stream set sensor-7 --max-count 1000
+  annals stream set order-42 --truncate-before 10`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			stream := args[0]
+			if stream == "" {
+				return usagef("STREAM must not be empty")
+			}
+			var c eventstore.RetentionChange
+			if cmd.Flags().Changed("max-age") {
+				d, err := parseMaxAge(maxAge)
+				if err != nil {
+					return err
+				}
+				c.MaxAge = &d
+			}
+			if cmd.Flags().Changed("max-count") {
+				if maxCount < 0 {
+					return usagef("--max-count must not be negative (0: no limit)")
+				}
+				c.MaxCount = &maxCount
+			}
+			if cmd.Flags().Changed("truncate-before") {
+				if truncateBefore < 0 {
+					return usagef("--truncate-before must not be negative")
+				}
+				c.TruncateBefore = &truncateBefore
+			}
+			if c == (eventstore.RetentionChange{}) {
+				return usagef("nothing to set: give --max-age, --max-count or --truncate-before")
+			}
+			pool, err := e.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			store, err := eventstore.New(pool, &eventstore.Config{Schema: e.schema})
+			if err != nil {
+				return err
+			}
+			info, err := store.SetStreamRetention(cmd.Context(), stream, c)
+			if errors.Is(err, eventstore.ErrStreamNotFound) {
+				return notFoundError{err}
+			}
+			if err != nil {
+				return err
+			}
+			if *format == outputJSON {
+				return writeJSON(e.stdout, streamInfoJSON(info))
+			}
+			_, err = fmt.Fprintf(e.stdout, "stream %s: %s\n", stream, retentionText(info))
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&maxAge, "max-age", "", "hide events older than this (30d, 12h, 90m; 0: no limit)")
+	cmd.Flags().Int64Var(&maxCount, "max-count", 0, "keep only the newest N versions (0: no limit)")
+	cmd.Flags().Int64Var(&truncateBefore, "truncate-before", 0, "hide versions below V")
+	format = addOutputFlag(cmd, false, outputText, outputJSON)
+	return cmd
+}
+
+// retentionText describes a stream's retention in one line.
+func retentionText(i eventstore.StreamInfo) string {
+	age, count := "none", "none"
+	if i.MaxAge > 0 {
+		age = i.MaxAge.String()
+	}
+	if i.MaxCount > 0 {
+		count = strconv.FormatInt(i.MaxCount, 10)
+	}
+	return fmt.Sprintf("max age %s, max count %s, reads from version %d", age, count, max(i.TruncateBefore, 1))
+}

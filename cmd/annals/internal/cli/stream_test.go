@@ -1,0 +1,137 @@
+package cli
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/annals-dev/annals/annalstest"
+)
+
+func TestStreamDeleteAndInfo(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	for i := 0; i < 2; i++ {
+		if r := annals(t, db.URL, "append", "order-1", "order.placed", `{"total": 1}`); r.code != 0 {
+			t.Fatalf("append: %+v", r)
+		}
+	}
+	if r := annals(t, db.URL, "append", "customer-7", "customer.registered", `{"name": "Ada"}`); r.code != 0 {
+		t.Fatalf("append: %+v", r)
+	}
+
+	r := annals(t, db.URL, "stream", "delete", "order-1", "--expected-version", "2", "--reason", "test")
+	if r.code != 0 || r.stdout != "order-1 deleted at version 3, position 4\n" {
+		t.Fatalf("stream delete: %+v", r)
+	}
+	if r = annals(t, db.URL, "read", "order-1"); r.code != 1 || !strings.Contains(r.stderr, "deleted") {
+		t.Fatalf("read of a deleted stream: %+v", r)
+	}
+	r = annals(t, db.URL, "stream", "info", "order-1", "--output", "json")
+	var info StreamInfoJSON
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &info) != nil || info.State != "deleted" || info.Version != 3 || info.TruncateBefore != 4 {
+		t.Fatalf("stream info: %+v %+v", r, info)
+	}
+	// Recreate with the expected version, through the CLI's append.
+	if r = annals(t, db.URL, "append", "order-1", "order.placed", `{"total": 2}`, "--expected-version", "3"); r.code != 0 {
+		t.Fatalf("recreate: %+v", r)
+	}
+	if r = annals(t, db.URL, "read", "order-1", "--output", "jsonl"); r.code != 0 || strings.Count(r.stdout, "\n") != 1 || !strings.Contains(r.stdout, `"stream_version":4`) {
+		t.Fatalf("read of the recreated stream: %+v", r)
+	}
+
+	// --hard needs --yes without a terminal (usage error: nothing changed).
+	if r = annals(t, db.URL, "stream", "delete", "customer-7", "--hard"); r.code != ExitUsage {
+		t.Fatalf("hard delete without --yes: %+v", r)
+	}
+	r = annals(t, db.URL, "stream", "delete", "customer-7", "--hard", "--yes", "--output", "json")
+	var del StreamDeleteJSON
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &del) != nil || !del.Hard || del.StreamVersion != 2 {
+		t.Fatalf("hard delete: %+v", r)
+	}
+	if r = annals(t, db.URL, "append", "customer-7", "customer.registered", `{}`); r.code != 1 || !strings.Contains(r.stderr, "hard-deleted") {
+		t.Fatalf("append to a tombstone: %+v", r)
+	}
+	if r = annals(t, db.URL, "stream", "info", "customer-7"); r.code != 0 || !strings.Contains(r.stdout, "hard-deleted") {
+		t.Fatalf("info of a tombstone: %+v", r)
+	}
+	// Not found, bad arguments.
+	if r = annals(t, db.URL, "stream", "delete", "nope"); r.code != ExitNotFound {
+		t.Fatalf("delete of a missing stream: %+v", r)
+	}
+	if r = annals(t, db.URL, "stream", "info", "nope"); r.code != ExitNotFound {
+		t.Fatalf("info of a missing stream: %+v", r)
+	}
+	if r = annals(t, db.URL, "stream", "delete", "order-1", "--expected-version", "no-stream"); r.code != ExitUsage {
+		t.Fatalf("delete expecting no stream: %+v", r)
+	}
+	if r = annals(t, db.URL, "stream", "frob"); r.code != ExitUsage {
+		t.Fatalf("unknown subcommand: %+v", r)
+	}
+}
+
+func TestStreamSetAndScavenge(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	for i := 0; i < 5; i++ {
+		if r := annals(t, db.URL, "append", "sensor-1", "reading.taken", `{"v": 1}`); r.code != 0 {
+			t.Fatalf("append: %+v", r)
+		}
+	}
+	if r := annals(t, db.URL, "append", "old", "x", `{}`); r.code != 0 {
+		t.Fatalf("append: %+v", r)
+	}
+	r := annals(t, db.URL, "stream", "set", "sensor-1", "--max-count", "2", "--max-age", "30d", "--output", "json")
+	var info StreamInfoJSON
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &info) != nil || info.MaxCount == nil || *info.MaxCount != 2 ||
+		info.MaxAgeSeconds == nil || *info.MaxAgeSeconds != 30*86400 {
+		t.Fatalf("stream set: %+v", r)
+	}
+	if r = annals(t, db.URL, "read", "sensor-1", "--output", "jsonl"); r.code != 0 || strings.Count(r.stdout, "\n") != 2 {
+		t.Fatalf("read after max-count 2: %+v", r)
+	}
+	if r = annals(t, db.URL, "stream", "set", "old", "--truncate-before", "2"); r.code != 0 || !strings.Contains(r.stdout, "reads from version 2") {
+		t.Fatalf("truncate: %+v", r)
+	}
+	if r = annals(t, db.URL, "stream", "info", "sensor-1"); r.code != 0 || !strings.Contains(r.stdout, "max age 720h0m0s, max count 2") {
+		t.Fatalf("info: %+v", r)
+	}
+	// Bad flags and missing streams change nothing.
+	for _, args := range [][]string{
+		{"stream", "set", "sensor-1"},
+		{"stream", "set", "sensor-1", "--max-age", "soon"},
+		{"stream", "set", "sensor-1", "--max-count", "-1"},
+		{"scavenge", "--batch", "0"},
+	} {
+		if r = annals(t, db.URL, args...); r.code != ExitUsage {
+			t.Fatalf("%v: %+v, want exit 2", args, r)
+		}
+	}
+	if r = annals(t, db.URL, "stream", "set", "nope", "--max-count", "1"); r.code != ExitNotFound {
+		t.Fatalf("set on a missing stream: %+v", r)
+	}
+
+	// The scavenge removes sensor-1 v1..3 and old v1; progress per batch.
+	r = annals(t, db.URL, "scavenge", "--batch", "3", "--output", "jsonl")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	var last struct {
+		Removed int64 `json:"removed"`
+		Done    bool  `json:"done"`
+		RunID   int64 `json:"run_id"`
+	}
+	if r.code != 0 || len(lines) < 3 || json.Unmarshal([]byte(lines[len(lines)-1]), &last) != nil || !last.Done || last.Removed != 4 {
+		t.Fatalf("scavenge: %+v", r)
+	}
+	if r = annals(t, db.URL, "read", "--output", "jsonl"); r.code != 0 || strings.Contains(r.stdout, `"stream_id":"old","stream_version"`) ||
+		strings.Count(r.stdout, `"stream_id":"sensor-1","stream_version"`) != 2 {
+		t.Fatalf("log after scavenging: %+v", r)
+	}
+	if r = annals(t, db.URL, "scavenge"); r.code != 0 || !strings.Contains(r.stdout, "done: 0 events removed") {
+		t.Fatalf("second scavenge: %+v", r)
+	}
+	r = annals(t, db.URL, "scavenge", "--list", "5", "--output", "json")
+	var runs []map[string]any
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &runs) != nil || len(runs) != 2 || runs[1]["removed"].(float64) != 4 || runs[1]["started_by"] == "" {
+		t.Fatalf("scavenge --list: %+v", r)
+	}
+}

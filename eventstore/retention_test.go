@@ -1,0 +1,120 @@
+package eventstore_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/annals-dev/annals/eventstore"
+)
+
+func versions(t *testing.T, s *eventstore.Store, stream string) []int64 {
+	t.Helper()
+	evs, err := collect(t, s.ReadStream(context.Background(), stream, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := []int64{}
+	for _, e := range evs {
+		out = append(out, e.StreamVersion)
+	}
+	return out
+}
+
+func equal(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Stream reads honour a stream's retention as soon as it is set; the log
+// keeps the rows (for the scavenger) and gets a $stream.truncated event.
+func TestStreamRetentionReads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var offset atomic.Int64 // the injected clock: wall time + offset
+	b := setup(t, &eventstore.Config{Clock: func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }})
+	if err := eventstore.RegisterLifecycleEvents(b.reg); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"count", "age", "trunc"} {
+		for i := 0; i < 5; i++ {
+			if _, err := b.store.Append(ctx, s, eventstore.Any, placed(s)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	two, hour, three := int64(2), time.Hour, int64(3)
+	info, err := b.store.SetStreamRetention(ctx, "count", eventstore.RetentionChange{MaxCount: &two})
+	if err != nil || info.MaxCount != 2 || info.Version != 5 {
+		t.Fatalf("set max count: %+v %v", info, err)
+	}
+	if v := versions(t, b.store, "count"); !equal(v, []int64{4, 5}) {
+		t.Fatalf("max count 2: versions %v", v)
+	}
+	if _, err := b.store.SetStreamRetention(ctx, "age", eventstore.RetentionChange{MaxAge: &hour}); err != nil {
+		t.Fatal(err)
+	}
+	if v := versions(t, b.store, "age"); len(v) != 5 {
+		t.Fatalf("max age 1h, nothing old: versions %v", v)
+	}
+	offset.Store(int64(2 * time.Hour))
+	if v := versions(t, b.store, "age"); len(v) != 0 {
+		t.Fatalf("max age 1h, clock 2h on: versions %v", v)
+	}
+	if _, err := b.store.Append(ctx, "age", eventstore.Exact(5), placed("new")); err != nil {
+		t.Fatal(err)
+	}
+	offset.Store(0) // the new event is "older" than the clock now: still inside 1h
+	if v := versions(t, b.store, "age"); len(v) != 6 {
+		t.Fatalf("max age 1h, clock back: versions %v", v)
+	}
+	info, err = b.store.SetStreamRetention(ctx, "trunc", eventstore.RetentionChange{TruncateBefore: &three})
+	if err != nil || info.TruncateBefore != 3 {
+		t.Fatalf("truncate: %+v %v", info, err)
+	}
+	if v := versions(t, b.store, "trunc"); !equal(v, []int64{3, 4, 5}) {
+		t.Fatalf("truncate before 3: versions %v", v)
+	}
+	one := int64(1) // lower: unchanged
+	if info, err = b.store.SetStreamRetention(ctx, "trunc", eventstore.RetentionChange{TruncateBefore: &one}); err != nil || info.TruncateBefore != 3 {
+		t.Fatalf("lower truncate: %+v %v", info, err)
+	}
+	zero := int64(0) // clears the count limit
+	if info, err = b.store.SetStreamRetention(ctx, "count", eventstore.RetentionChange{MaxCount: &zero}); err != nil || info.MaxCount != 0 {
+		t.Fatalf("clear count: %+v %v", info, err)
+	}
+	if v := versions(t, b.store, "count"); len(v) != 5 {
+		t.Fatalf("no limit: versions %v (the rows are kept until scavenged)", v)
+	}
+	// The changes are events of the metadata streams.
+	evs, err := collect(t, b.store.ReadStream(ctx, eventstore.MetadataStream("trunc"), 0))
+	if err != nil || len(evs) != 2 {
+		t.Fatalf("metadata stream: %v %+v", err, evs)
+	}
+	env, err := eventstore.Decode[eventstore.StreamTruncated](b.reg, evs[0])
+	if err != nil || env.Data.StreamID != "trunc" || env.Data.TruncateBefore != 3 || env.Data.MaxCount != nil {
+		t.Fatalf("truncated event: %+v %v", env.Data, err)
+	}
+	// The stream itself is untouched: same version, appends as before.
+	if v, err := b.store.StreamVersion(ctx, "trunc"); err != nil || v != 5 {
+		t.Fatalf("version %d %v", v, err)
+	}
+	// Refusals.
+	if _, err := b.store.SetStreamRetention(ctx, "nope", eventstore.RetentionChange{MaxCount: &two}); !errors.Is(err, eventstore.ErrStreamNotFound) {
+		t.Fatalf("missing stream: %v", err)
+	}
+	neg := int64(-1)
+	if _, err := b.store.SetStreamRetention(ctx, "count", eventstore.RetentionChange{MaxCount: &neg}); !errors.Is(err, eventstore.ErrInvalidEvent) {
+		t.Fatalf("negative count: %v", err)
+	}
+}
