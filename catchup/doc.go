@@ -188,6 +188,19 @@
 // handover, and an under-target member only takes free partitions, so no
 // partition is taken away from a live leader except by its own handover.
 //
+// The deficit argument assumes every live member takes what it is owed. A
+// member can hold its slot and yet not stand by for a partition it is owed:
+// its goroutine for it is still inside a batch of a leadership it lost (the
+// handler has not returned), so only its slot is live. The orphan rule
+// covers that: a partition a member stands by for that has been free
+// (nobody holding or queued for its lock) at every poll for orphanGrace
+// (250 ms) is taken by that member whatever its target. A normal handover
+// is over within a poll or two, far inside the grace, so the rule does not
+// fire while membership settles; a partition taken over the target is
+// handed back by the two-polls rule once its owed member stands by again
+// (TestOrphanedPartitionIsTaken: ten live slots that take nothing; the one
+// real member leads the partition ~0.3 s after it became free).
+//
 // Sticky: while membership is stable every member has exactly its target,
 // nobody is over (no handover) and nobody is under (no take), so nothing
 // moves. A new member makes the others' targets shrink: they hand over

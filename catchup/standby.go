@@ -69,7 +69,22 @@ type sessions struct {
 	stopped   chan struct{}         // closed when the running poller returns
 	current   *advisorylock.Standby // the poller's session, nil while it has none
 	wake      chan struct{}         // capacity 1: something changed (cuts a backoff short)
+
+	// freeSince is when each partition this process stands by for was first
+	// seen free (nobody holding or queued for its lock), for the orphan
+	// rule (see orphanGrace). Only the poller goroutine touches it.
+	freeSince map[string]time.Time
 }
+
+// orphanGrace is how long a balanced partition may stay free before a
+// member whose share is full takes it anyway. Shares assume that every
+// live member takes what it is owed; a member can be live yet unable to
+// (its partition's goroutine still inside a batch of a leadership it lost,
+// or a rebalancing still settling), and without this rule the partition
+// would stay unled until it can. A normal handover completes within a poll
+// or two (the new owner is woken), far below the grace; a partition taken
+// over the share is handed back by the usual rule once its owner stands by.
+const orphanGrace = 250 * time.Millisecond
 
 // waiter is a subscriber partition standing by.
 type waiter struct {
@@ -144,7 +159,7 @@ type group struct {
 
 func newSessions(e *Engine) *sessions {
 	return &sessions{e: e, waiting: map[*waiter]struct{}{}, held: map[string]*sharedLock{},
-		groups: map[string]*group{}, wake: make(chan struct{}, 1)}
+		groups: map[string]*group{}, wake: make(chan struct{}, 1), freeSince: map[string]time.Time{}}
 }
 
 // start runs the poller unless it runs. The caller holds s.mu.
@@ -517,15 +532,34 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 	// depends on this member's position so that members taking at the same
 	// poll take different ones.
 	freeOf := map[*group][]*waiter{}
+	now := time.Now()
+	seen := make(map[string]bool, len(st.keys))
 	for _, k := range st.keys {
 		ws := st.byKey[k]
 		if g := ws[0].g; g != nil {
-			if !busy[k] && want[g] > 0 {
+			seen[k] = true
+			if busy[k] {
+				delete(s.freeSince, k)
+				continue
+			}
+			since, ok := s.freeSince[k]
+			if !ok {
+				s.freeSince[k] = now
+			}
+			switch {
+			case want[g] > 0:
 				freeOf[g] = append(freeOf[g], ws[0])
+			case ok && now.Sub(since) >= orphanGrace:
+				take = append(take, k) // orphaned: see orphanGrace
 			}
 			continue
 		}
 		take = append(take, k) // unbalanced: whenever free
+	}
+	for k := range s.freeSince {
+		if !seen[k] {
+			delete(s.freeSince, k)
+		}
 	}
 	for g, free := range freeOf {
 		slices.SortFunc(free, func(a, b *waiter) int { return cmp.Compare(a.part, b.part) })
