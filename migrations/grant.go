@@ -48,7 +48,7 @@ var RoleKinds = []RoleKind{Reader, Writer, Runner, Operator}
 
 // grantGroups maps each kind to the groups of grant.sql it gets.
 var grantGroups = map[RoleKind][]string{
-	Reader:   {"schema", "read"},
+	Reader:   {"schema", "read", "observe"},
 	Writer:   {"schema", "read", "append", "snapshots"},
 	Runner:   {"schema", "read", "append", "run"},
 	Operator: {"schema", "read", "append", "run", "operate"},

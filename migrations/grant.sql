@@ -1,7 +1,7 @@
 -- The privileges `annals grant` (migrations.Grant) gives a role, in groups.
 -- A kind of role is a list of groups (see grant.go):
 --
---   reader:   schema, read
+--   reader:   schema, read, observe
 --   writer:   schema, read, append, snapshots
 --   runner:   schema, read, append, run
 --   operator: schema, read, append, run, operate
@@ -23,6 +23,13 @@ GRANT SELECT ON {{.Schema}}.events, {{.Schema}}.streams TO {{.Role}};
 -- The catch-up engine's read (catchup ReadBatch, also in annals tail) looks
 -- at the subscriber's checkpoint and dead letters in the same statement.
 GRANT SELECT ON {{.Schema}}.checkpoints, {{.Schema}}.dead_letters TO {{.Role}};
+
+-- name: observe
+-- A reader's view of the machinery, for annals status and the console's
+-- pages (overview, subscriber, scheduler, instances): who runs, what is
+-- failing, what is due. Reading only; runners and operators have it through
+-- run, writers do not need it.
+GRANT SELECT ON {{.Schema}}.instances, {{.Schema}}.failures, {{.Schema}}.timers, {{.Schema}}.cron_tasks TO {{.Role}};
 
 -- name: append
 -- Every function that appends to the log, one line each.
