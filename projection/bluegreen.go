@@ -132,6 +132,11 @@ type Cutover struct {
 	Views int `json:"views"`
 	// Duration is the cut-over transaction's duration, BEGIN to COMMIT.
 	Duration time.Duration `json:"duration_ns"`
+	// CatchUp is the part of Duration spent bringing the new generation up
+	// to the old one's position while the old one was held: readers kept
+	// reading the old generation meanwhile (only the view swap after it
+	// makes them wait).
+	CatchUp time.Duration `json:"catch_up_ns"`
 	// Attempts is the number of cut-over transactions tried.
 	Attempts int `json:"attempts"`
 }
@@ -413,7 +418,8 @@ func (r *Runner) generationSubs(reg *registration, g *generations, gen Generatio
 // at the new schema, stops and fences the old generation where it is, and
 // flips the states. A generation that is no longer building (another
 // process cut over) returns a Cutover with To = 0.
-func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, partitions int, lockTimeout time.Duration) (Cutover, error) {
+func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, partitions int, lockTimeout time.Duration,
+	catchUp func(ctx context.Context, from, target int64) error) (Cutover, error) {
 	c := Cutover{Projection: name, To: to, Attempts: 1}
 	start := time.Now()
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
@@ -445,6 +451,22 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, p
 				return err
 			}
 			from = old.Schema
+		}
+		if catchUp != nil && old != nil {
+			// The old generation is held at FromPosition: bring the new one
+			// there (readers still read the old one), then lock it too.
+			lo, _, _, err := g.positions(ctx, r.pool, next.Subscriber, false)
+			if err != nil {
+				return err
+			}
+			if lo < c.FromPosition {
+				t := time.Now()
+				err := catchUp(ctx, lo, c.FromPosition)
+				c.CatchUp = time.Since(t)
+				if err != nil {
+					return err
+				}
+			}
 		}
 		lo, _, n, err := g.positions(ctx, tx, next.Subscriber, true)
 		if err != nil {
@@ -615,7 +637,15 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 			return Cutover{}, errors.Wrapf(err, "projection: blue/green rebuild %q: generation %d (it stays building; "+
 				"running this again, or a runner of version %d, continues it)", name, gen.Generation, bg.cfg.Version)
 		}
-		c, err := r.cutover(ctx, g, name, gen.Generation, reg.opts.Partitions, bg.cfg.CutoverLockTimeout)
+		// Within the cut-over, a gap of up to a batch is replayed while the
+		// old generation is held; a larger one is caught up first, outside.
+		c, err := r.cutover(ctx, g, name, gen.Generation, reg.opts.Partitions, bg.cfg.CutoverLockTimeout,
+			func(ctx context.Context, from, target int64) error {
+				if target-from > int64(o.BatchSize) {
+					return errors.Wrapf(ErrCutoverBehind, "%q: generation %d is %d positions behind", name, gen.Generation, target-from)
+				}
+				return rb.driveAll(ctx, subs, leases, target)
+			})
 		c.Attempts = attempt
 		if err == nil {
 			if c.To == 0 {

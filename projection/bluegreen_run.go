@@ -188,7 +188,8 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 			}
 			continue
 		}
-		if _, err := r.cutover(ctx, g, reg.name, gen.Generation, reg.opts.Partitions, bg.cfg.CutoverLockTimeout); err != nil && !errors.Is(err, ErrCutoverBehind) {
+		if _, err := r.cutover(ctx, g, reg.name, gen.Generation, reg.opts.Partitions, bg.cfg.CutoverLockTimeout,
+			waitFor(g, r, gen.Subscriber, bg.cfg.CutoverLockTimeout)); err != nil && !errors.Is(err, ErrCutoverBehind) {
 			return err
 		}
 	}
@@ -238,7 +239,8 @@ func (r *Runner) catchUpBlueGreen(ctx context.Context, engine *catchup.Engine, h
 				}
 			}
 			if gen.State == GenerationBuilding {
-				_, err := r.cutover(ctx, g, reg.name, gen.Generation, reg.opts.Partitions, reg.bg.cfg.CutoverLockTimeout)
+				_, err := r.cutover(ctx, g, reg.name, gen.Generation, reg.opts.Partitions, reg.bg.cfg.CutoverLockTimeout,
+					waitFor(g, r, gen.Subscriber, reg.bg.cfg.CutoverLockTimeout))
 				if err != nil && !errors.Is(err, ErrCutoverBehind) {
 					return err
 				}
@@ -253,4 +255,25 @@ func (r *Runner) hasBlueGreen() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.ContainsFunc(r.regs, func(reg *registration) bool { return reg.bg != nil })
+}
+
+// waitFor is the cut-over's catch-up for a generation that its leaders run
+// live (here or elsewhere): it waits, up to limit, until every partition of
+// subscriber sub has reached target (the old generation is held there).
+func waitFor(g *generations, r *Runner, sub string, limit time.Duration) func(ctx context.Context, from, target int64) error {
+	return func(ctx context.Context, _, target int64) error {
+		deadline := time.Now().Add(limit)
+		for {
+			lo, _, _, err := g.positions(ctx, r.pool, sub, false)
+			if err != nil || lo >= target {
+				return err
+			}
+			if time.Now().After(deadline) {
+				return errors.Wrapf(ErrCutoverBehind, "%s is at %d after %s, the live generation at %d", sub, lo, limit, target)
+			}
+			if err := sleepCtx(ctx, 5*time.Millisecond); err != nil { // polling a checkpoint another leader moves
+				return err
+			}
+		}
+	}
 }

@@ -121,6 +121,7 @@ minus the checkpoint, in positions: an upper bound on the events still to proces
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(c.listCommand(), c.statusCommand(), c.rebuildCommand())
+	cmd.AddCommand(c.rollbackCommand(), c.generationsCommand())
 	// Flag errors of the subcommands too: cobra asks the nearest ancestor
 	// with a flag error function.
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usage(err) })

@@ -1,4 +1,4 @@
--- annals schema v16: blue/green read models (projection.BlueGreen).
+-- annals schema v11 (assigned number 0016: the loader refuses gaps, so it is 0011 in this branch): blue/green read models (projection.BlueGreen).
 --
 -- A versioned projection's read model lives in one PostgreSQL schema per
 -- generation; readers query views in a reader schema that point at the live
