@@ -674,6 +674,17 @@ func (rb *rebuild) driveAll(ctx context.Context, subs []*catchup.Subscription, l
 		go func() {
 			defer wg.Done()
 			err := rb.replay(ctx, s, leases[i], head)
+			if err == nil {
+				// The next drive starts where this one committed (Drive starts
+				// at lease.Start): never replay an event twice.
+				err = leases[i].Lock.Do(ctx, func(conn *pgx.Conn) error {
+					cp, err := rb.cps.Load(ctx, conn, s.Name, s.Partition)
+					if err == nil {
+						leases[i].Start = cp.Position
+					}
+					return err
+				})
+			}
 			mu.Lock()
 			errs[i] = err
 			mu.Unlock()

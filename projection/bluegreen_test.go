@@ -466,3 +466,174 @@ func headOf(t *testing.T, db *annalstest.DB) int64 {
 	}
 	return h
 }
+
+// TestBlueGreenAutoRebuild deploys version 2 with AutoRebuild beside a
+// running version 1 while a writer appends: two version-2 instances build
+// generation 2 between them and cut over by themselves, version 1 stops
+// generation 1, and version 2 then follows the log live. Each generation
+// holds every event exactly once.
+func TestBlueGreenAutoRebuild(t *testing.T) {
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	log := &bgLog{db: db}
+	seedV1(t, db, log, 40, 100)
+	bgRunInBackground(t, bgRunner(t, db, "v1", 1, false))
+
+	wctx, stopWriter := context.WithCancel(ctx)
+	writerDone := make(chan error, 1)
+	go func() {
+		for wctx.Err() == nil {
+			if err := log.add(wctx, 1, 5); err != nil && wctx.Err() == nil {
+				writerDone <- err
+				return
+			}
+			time.Sleep(20 * time.Millisecond) // the writer's pace, not a wait for a condition
+		}
+		writerDone <- nil
+	}()
+	bgRunInBackground(t, bgRunner(t, db, "v2-a", 2, true))
+	bgRunInBackground(t, bgRunner(t, db, "v2-b", 2, true))
+	annalstest.WaitFor(t, 90*time.Second, func() bool {
+		return state(t, db, 2) == projection.GenerationLive && state(t, db, 1) == projection.GenerationRetired
+	})
+	stopWriter()
+	if err := <-writerDone; err != nil {
+		t.Fatal(err)
+	}
+	g2 := generation(t, db, 2)
+	if g2.Version != 2 || g2.CutoverMS == nil {
+		t.Fatalf("generation 2: %+v", g2)
+	}
+	t.Logf("auto rebuild: cut over in %.2f ms at position %d", *g2.CutoverMS, *g2.CutoverPosition)
+	gens, err := projection.ListGenerations(ctx, db.Pool, db.Schema, bgName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gens) != 2 {
+		t.Fatalf("%d generations, want 2: %+v", len(gens), gens)
+	}
+	head := headOf(t, db)
+	annalstest.WaitFor(t, 30*time.Second, func() bool { return checkpointOf(t, db, "bgstats#g2") >= head })
+	readerSees(t, db, log, 2)
+	exactAt(t, db, "rm_bgstats_g1.stats", "bgstats#g1", 1)
+	if pos := exactAt(t, db, "rm_bgstats_g2.stats", "bgstats#g2", 2); pos < head {
+		t.Fatalf("generation 2 at %d, head %d", pos, head)
+	}
+}
+
+// TestBlueGreenBadInput: mistakes are reported and change nothing.
+func TestBlueGreenBadInput(t *testing.T) {
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	r, err := projection.NewRunner(db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := eventstore.NewRegistry()
+	eventstore.MustRegister[Counted](reg, "bg.counted")
+	noSetup := projection.New("nosetup", reg)
+	projection.On(noSetup, func(context.Context, pgx.Tx, eventstore.Envelope[Counted]) error { return nil })
+	if err := r.Register(noSetup, &projection.Options{BlueGreen: &projection.BlueGreen{Version: 1}}); err == nil ||
+		!strings.Contains(err.Error(), "setup") {
+		t.Fatalf("Register without a setup: %v", err)
+	}
+	if err := r.Register(statsProjection(1), &projection.Options{BlueGreen: &projection.BlueGreen{}}); err == nil {
+		t.Fatal("Register with Version 0 succeeded")
+	}
+	obs := projection.NewObserver("obs", reg)
+	projection.Observe(obs, func(context.Context, eventstore.Envelope[Counted]) error { return nil })
+	if err := r.Register(obs, &projection.Options{BlueGreen: &projection.BlueGreen{Version: 1}}); err == nil {
+		t.Fatal("Register of an observer with BlueGreen succeeded")
+	}
+	plain := projection.New("plain", reg)
+	projection.On(plain, func(context.Context, pgx.Tx, eventstore.Envelope[Counted]) error { return nil })
+	plain.OnReset(func(context.Context, pgx.Tx) error { return nil })
+	if err := r.Register(plain, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(statsProjection(1), &projection.Options{BlueGreen: &projection.BlueGreen{Version: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.RebuildBlueGreen(ctx, "plain", nil); !errors.Is(err, projection.ErrNotBlueGreen) {
+		t.Fatalf("RebuildBlueGreen of a plain projection: %v", err)
+	}
+	if err := r.Rebuild(ctx, bgName, nil); !errors.Is(err, projection.ErrNotResetter) {
+		t.Fatalf("Rebuild in place of a blue/green projection: %v", err)
+	}
+	if _, err := projection.Rollback(ctx, db.Pool, db.Schema, bgName); !errors.Is(err, projection.ErrNoGenerations) {
+		t.Fatalf("Rollback without generations: %v", err)
+	}
+
+	// A table in the way of the first generation's view: the error says so
+	// and nothing is created.
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE public.stats (x int)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.RunUntilCaughtUp(ctx); err == nil || !strings.Contains(err.Error(), "in the way") {
+		t.Fatalf("first generation with public.stats a table: %v", err)
+	}
+	if gens, err := projection.ListGenerations(ctx, db.Pool, db.Schema, bgName); err != nil || len(gens) != 0 {
+		t.Fatalf("generations after a failed setup: %+v, %v", gens, err)
+	}
+	var exists bool
+	if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'rm_bgstats_g1')`).Scan(&exists); err != nil || exists {
+		t.Fatalf("schema rm_bgstats_g1 exists after a failed setup: %v, %v", exists, err)
+	}
+	if _, err := db.Pool.Exec(ctx, `DROP TABLE public.stats`); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.RunUntilCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := projection.Rollback(ctx, db.Pool, db.Schema, bgName); !errors.Is(err, projection.ErrNoRollback) {
+		t.Fatalf("Rollback with one generation: %v", err)
+	}
+
+	// Grants on the views survive the cut-over; DropRetired drops the old
+	// generation, after which there is nothing to roll back to.
+	role := "bg_reader_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := db.Pool.Exec(ctx, `CREATE ROLE `+pgx.Identifier{role}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = db.Pool.Exec(context.Background(), `DROP OWNED BY `+pgx.Identifier{role}.Sanitize())
+		_, _ = db.Pool.Exec(context.Background(), `DROP ROLE `+pgx.Identifier{role}.Sanitize())
+	})
+	if _, err := db.Pool.Exec(ctx, `GRANT SELECT ON public.stats TO `+pgx.Identifier{role}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	log := &bgLog{db: db}
+	if err := log.add(ctx, 3, 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.RunUntilCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	v2 := bgRunner(t, db, "v2", 2, false)
+	c, err := v2.RebuildBlueGreen(ctx, bgName, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.From != 1 || c.To != 2 {
+		t.Fatalf("cut-over: %+v", c)
+	}
+	readerSees(t, db, log, 2)
+	var can bool
+	if err := db.Pool.QueryRow(ctx, `SELECT has_table_privilege($1, 'public.stats', 'SELECT')`, role).Scan(&can); err != nil || !can {
+		t.Fatalf("the reader role lost SELECT on the view at the cut-over: %v, %v", can, err)
+	}
+	dropped, err := projection.DropRetired(ctx, db.Pool, db.Schema, bgName, 0)
+	if err != nil || !slices.Equal(dropped, []int{1}) {
+		t.Fatalf("DropRetired: %v, %v", dropped, err)
+	}
+	if s := state(t, db, 1); s != projection.GenerationDropped {
+		t.Fatalf("generation 1 is %s after DropRetired", s)
+	}
+	if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'rm_bgstats_g1')`).Scan(&exists); err != nil || exists {
+		t.Fatalf("schema rm_bgstats_g1 exists after DropRetired: %v, %v", exists, err)
+	}
+	if _, err := projection.Rollback(ctx, db.Pool, db.Schema, bgName); !errors.Is(err, projection.ErrNoRollback) {
+		t.Fatalf("Rollback after the old generation was dropped: %v", err)
+	}
+	readerSees(t, db, log, 2)
+}
