@@ -55,7 +55,15 @@ committed batch. Asks for confirmation unless --yes; without a terminal, --yes i
 			case !s.Rebuildable && !s.BlueGreen:
 				return usage(errors.Wrapf(projection.ErrNotResetter, "%q cannot reset its read model (implement projection.Resetter, or call OnReset)", name))
 			}
-			if !yes {
+			if !yes && s.BlueGreen {
+				if !c.terminal(cmd.InOrStdin()) {
+					return usage(errors.Wrap(ErrNotConfirmed, "stdin is not a terminal: pass --yes to rebuild without confirmation"))
+				}
+				if err := c.ask(cmd, fmt.Sprintf("Rebuild %q blue/green? A new generation is replayed beside the live one, "+
+					"then readers are switched to it. [y/N] ", name)); err != nil {
+					return err
+				}
+			} else if !yes {
 				if err := c.confirm(cmd, name); err != nil {
 					return err
 				}
