@@ -193,8 +193,15 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 			return err
 		}
 	}
-	if bg.cfg.Retention >= 0 {
-		if _, err := DropRetired(ctx, r.pool, r.cfg.Schema, reg.name, bg.cfg.Retention); err != nil {
+	// The janitor: at most once a minute per projection and process.
+	if key := "janitor:" + reg.name; bg.cfg.Retention >= 0 && time.Since(lastLog[key]) >= time.Minute {
+		lastLog[key] = time.Now()
+		dropped, err := DropRetired(ctx, r.pool, r.cfg.Schema, reg.name, bg.cfg.Retention)
+		if len(dropped) > 0 {
+			r.cfg.Logger.InfoContext(ctx, "annals: dropped retired read-model generations", slog.String("projection", reg.name),
+				slog.Any("generations", dropped), slog.Duration("retention", bg.cfg.Retention))
+		}
+		if err != nil {
 			return err
 		}
 	}
