@@ -4,12 +4,15 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // blueGreenServiceName is the service that runs the generations of a
@@ -282,5 +285,29 @@ func waitFor(g *generations, r *Runner, sub string, limit time.Duration) func(ct
 				return err
 			}
 		}
+	}
+}
+
+// observeGenerations reports leadership and lag of the generation
+// subscribers (<name>#g<N>) this process leads, under their own subscriber
+// names: a building generation's lag is its rebuild's progress. Called with
+// r.mu held, from the metrics callback.
+func (r *Runner) observeGenerations(o metric.Observer, now time.Time) {
+	for k := range r.leading {
+		if !strings.Contains(k.sub, "#g") || r.names[k.sub] {
+			continue
+		}
+		attrs := metric.WithAttributes(telemetry.Subscriber.String(k.sub), telemetry.Partition.Int(k.part))
+		o.ObserveInt64(r.tel.Leader, 1, attrs)
+		p, known := r.progress[k]
+		if !known {
+			continue
+		}
+		o.ObserveInt64(r.tel.Lag, max(p.head-p.cursor, 0), attrs)
+		age := 0.0
+		if !p.oldest.IsZero() {
+			age = max(now.Sub(p.oldest).Seconds(), 0)
+		}
+		o.ObserveFloat64(r.tel.LagTime, age, attrs)
 	}
 }

@@ -635,6 +635,7 @@ func (r *Runner) observe(listener *catchup.Listener) (metric.Registration, error
 				o.ObserveFloat64(r.tel.LagTime, age, attrs)
 			}
 		}
+		r.observeGenerations(o, now)
 		o.ObserveInt64(r.tel.Reconnects, listener.Reconnects())
 		return nil
 	}, r.tel.Leader, r.tel.Lag, r.tel.LagTime, r.tel.Reconnects)
