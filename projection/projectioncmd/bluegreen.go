@@ -1,6 +1,7 @@
 package projectioncmd
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"text/tabwriter"
@@ -123,4 +124,29 @@ func stamp(t *time.Time) string {
 		return "-"
 	}
 	return t.UTC().Format(time.RFC3339)
+}
+
+// generations replaces each blue/green projection by its generations that
+// are building or live (their subscribers are <name>#g<N>), so that list and
+// status show their checkpoints and leaders.
+func (c *commands) generations(ctx context.Context, subs []projection.SubscriberInfo) ([]projection.SubscriberInfo, error) {
+	var out []projection.SubscriberInfo
+	for _, s := range subs {
+		if !s.BlueGreen {
+			out = append(out, s)
+			continue
+		}
+		gens, err := projection.ListGenerations(ctx, c.pool, c.runner.Schema(), s.Name)
+		if err != nil {
+			return nil, err
+		}
+		for _, g := range gens {
+			if g.State == projection.GenerationBuilding || g.State == projection.GenerationLive {
+				x := s
+				x.Name = g.Subscriber
+				out = append(out, x)
+			}
+		}
+	}
+	return out, nil
 }

@@ -69,6 +69,10 @@ func TestBlueGreenCommands(t *testing.T) {
 		t.Fatalf("after the cut-over the view counts %d, want 600 (version 2)", got)
 	}
 
+	res = v2.execute(t, false, "", "status", "counts")
+	if res.err != nil || !strings.Contains(res.stdout, "counts#g2") || strings.Contains(res.stdout, "counts#g1") {
+		t.Fatalf("status of a blue/green projection shows its live generation: %v\n%s", res.err, res.stdout)
+	}
 	res = v2.execute(t, false, "", "generations", "counts", "--output", "json")
 	if res.err != nil {
 		t.Fatal(res.err)
