@@ -649,6 +649,13 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 		c.Attempts = attempt
 		if err == nil {
 			if c.To == 0 {
+				// A runner of this version may have cut it over first.
+				if gens, err := g.list(ctx, r.pool, name); err == nil {
+					if x, ok := generationOf(gens, gen.Subscriber); ok && x.State == GenerationLive {
+						rb.report(true)
+						return Cutover{Projection: name, To: gen.Generation, Attempts: attempt}, nil
+					}
+				}
 				return c, errors.Newf("projection: blue/green rebuild %q: generation %d is no longer building (rolled back or cut over elsewhere)", name, gen.Generation)
 			}
 			rb.report(true)
