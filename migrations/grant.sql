@@ -66,6 +66,13 @@ GRANT SELECT, INSERT, DELETE ON {{.Schema}}.cron_ticks TO {{.Role}};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.saga_states TO {{.Role}};
 -- projection: read-model setup (SetupVersion, RecordSetup), also on rebuild.
 GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.read_model_setups TO {{.Role}};
+-- projection: blue/green read models (generations, cut-over, rollback, janitor).
+-- Creating a generation's schema also needs CREATE on the database, and the
+-- views need CREATE on the reader schema: grant those yourself.
+GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.read_model_generations TO {{.Role}};
+GRANT EXECUTE ON FUNCTION {{.Schema}}.read_model_create_schema(text, integer) TO {{.Role}};
+GRANT EXECUTE ON FUNCTION {{.Schema}}.read_model_drop_schema(text, integer) TO {{.Role}};
+GRANT EXECUTE ON FUNCTION {{.Schema}}.read_model_swap_views(text, text, text) TO {{.Role}};
 
 -- name: operate
 -- annals dlq purge; annals schedule delete.

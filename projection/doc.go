@@ -143,5 +143,62 @@
 // covers a lost notification and the moves that send none (a dead letter,
 // an observer's batched checkpoint, a rebuild, annals checkpoint set).
 //
+// # Blue/green read models
+//
+// A rebuild in place shows readers a partial read model for the whole
+// replay. A projection registered with Options.BlueGreen instead keeps its
+// read model in one PostgreSQL schema per generation (rm_<name>_g<N>),
+// listed in the schema's read_model_generations table, and readers query
+// views in BlueGreen.ReaderSchema (public by default), one per relation of
+// the live generation (SELECT * FROM rm_<name>_g<N>.<relation>). Each
+// generation is a subscriber of its own (<name>#g<N>: own checkpoints, own
+// lock), and its handlers and setup run with the transaction's search_path
+// set to its schema first, so the same code with unqualified table names
+// writes into whichever generation it runs for:
+//
+//	p.OnSetup(1, projection.Statements(`CREATE TABLE balances (…)`))
+//	_ = runner.Register(p, &projection.Options{BlueGreen: &projection.BlueGreen{Version: 2}})
+//	cut, err := runner.RebuildBlueGreen(ctx, "balances", nil) // or: projections rebuild balances
+//
+// A generation is building, live, retired or dropped:
+//
+//	(none) ──first run──▶ live
+//	building ──cut-over──▶ live ──cut-over of a newer one, or rollback──▶ retired
+//	retired ──rollback──▶ live
+//	retired ──after Retention (janitor)──▶ dropped (schema gone)
+//
+// RebuildBlueGreen registers a building generation for the registered
+// Version (or continues one), creates its schema and runs the setup in it,
+// takes its partitions' locks and replays from its checkpoints (0 for a new
+// one) through the head, while the live generation's leaders keep updating
+// the live one. The cut-over is one transaction: it locks the live
+// generation's checkpoint rows (FOR UPDATE waits for a batch in flight,
+// whose checkpoint update holds the row, and holds the next), then the new
+// one's; if a partition of the new one is below the old one's highest
+// position it gives up (ErrCutoverBehind), catches up to the new head and
+// tries again, at most BlueGreen.CutoverAttempts times. Otherwise it drops
+// the old views and creates the new ones (transactional DDL, the grants on
+// the views carried over), stops the old generation where it is (its
+// checkpoints get a stop reason and a new epoch: a batch that waited on the
+// row lock is fenced and rolls back), and flips the states. Readers' views
+// take an exclusive lock only for that transaction: a reader waits at most
+// its length (or sees the old model), and every answer is the complete model
+// of one generation at some position, and the new one at or after the
+// position of the old one. The old generation is not kept warm: it stays
+// exactly as readers last saw it, for Rollback, which swaps the views back
+// and lets it resume from its checkpoints (the runners of its version catch
+// it up). A crash anywhere loses nothing: the replay continues from the new
+// generation's checkpoints, and a cut-over either committed or did nothing.
+//
+// Runners run the generations of their own Version that are live or
+// building, and check the registry every BlueGreen.CheckInterval: they
+// start and stop generations as their states change, try the cut-over of a
+// building generation that has caught up, and drop retired generations
+// after BlueGreen.Retention. With BlueGreen.AutoRebuild, the first runner of
+// a new Version (a deploy) registers the building generation itself; every
+// runner of that version runs it (its locks elect one leader per
+// partition), while the instances of the old version keep serving the old
+// generation until the cut-over, and then stop it.
+//
 // The algorithm, with its state machine, is described in package catchup.
 package projection

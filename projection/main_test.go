@@ -13,5 +13,8 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(childEnv); spec != "" {
 		os.Exit(runChild(spec))
 	}
+	if spec := os.Getenv(bgChildEnv); spec != "" {
+		os.Exit(runBlueGreenChild(spec))
+	}
 	annalstest.Main(m)
 }

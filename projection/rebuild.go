@@ -93,6 +93,9 @@ type SubscriberInfo struct {
 	Partitions int
 	// Types are the event-type patterns it reads (empty: all).
 	Types []string
+	// BlueGreen is true for a projection with a blue/green read model
+	// (Options.BlueGreen): RebuildBlueGreen rebuilds it, not Rebuild.
+	BlueGreen bool
 }
 
 // Registered returns the registered projections and observers, by name.
@@ -105,7 +108,7 @@ func (r *Runner) Registered() []SubscriberInfo {
 		_, obs, why := rebuildable(reg)
 		out = append(out, SubscriberInfo{
 			Name: reg.name, Observer: obs, Rebuildable: why == nil, Partitions: reg.opts.Partitions,
-			Types: slices.Clone(reg.filter.Patterns()),
+			Types: slices.Clone(reg.filter.Patterns()), BlueGreen: reg.bg != nil,
 		})
 	}
 	slices.SortFunc(out, func(a, b SubscriberInfo) int { return strings.Compare(a.Name, b.Name) })
@@ -118,6 +121,10 @@ func (r *Runner) Schema() string { return r.cfg.Schema }
 // rebuildable returns the projection's Resetter, whether it is an observer,
 // and why it cannot be rebuilt (nil if it can).
 func rebuildable(reg *registration) (Resetter, bool, error) {
+	if reg.bg != nil {
+		return nil, false, errors.Wrapf(ErrNotResetter, "%q has a blue/green read model: rebuild it with RebuildBlueGreen "+
+			"(projections rebuild --blue-green)", reg.name)
+	}
 	switch p := reg.newProc().(type) {
 	case *observerProcessor:
 		return nil, true, errors.Wrapf(ErrObserver, "%q is an observer (its side effects cannot be undone); "+

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"reflect"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -149,6 +150,11 @@ type Options struct {
 	// HandlerTimeout bounds each Handle call through its context; a timeout
 	// is a failed attempt. Defaults to 30s.
 	HandlerTimeout time.Duration
+	// BlueGreen makes a projection's read model versioned, one schema per
+	// generation behind stable views, for rebuilds without downtime
+	// (RebuildBlueGreen, Rollback). Defaults to nil: the read model is the
+	// projection's own tables, rebuilt in place (Rebuild).
+	BlueGreen *BlueGreen
 }
 
 type registration struct {
@@ -156,6 +162,7 @@ type registration struct {
 	opts    Options
 	filter  catchup.Filter
 	newProc func() catchup.Processor
+	bg      *blueGreenReg // nil unless Options.BlueGreen
 }
 
 // Runner runs registered projections and observers: it elects one leader
@@ -320,6 +327,12 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	if err := catchup.ParsePartitionBy(o.PartitionBy); err != nil {
 		return errors.Wrapf(err, "projection: %q", name)
 	}
+	var bg *blueGreenReg
+	if o.BlueGreen != nil {
+		if bg, err = newBlueGreenReg(name, handler, o.BlueGreen); err != nil {
+			return err
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.running {
@@ -329,7 +342,10 @@ func (r *Runner) Register(handler any, opts *Options) error {
 		return errors.Newf("projection: %q is registered twice", name)
 	}
 	r.names[name] = true
-	r.regs = append(r.regs, &registration{name: name, opts: o, filter: filter, newProc: newProc})
+	r.regs = append(r.regs, &registration{name: name, opts: o, filter: filter, newProc: newProc, bg: bg})
+	if bg != nil && !slices.ContainsFunc(r.services, func(ns namedService) bool { return ns.name == blueGreenServiceName }) {
+		r.services = append(r.services, namedService{blueGreenServiceName, &blueGreenService{r: r}})
+	}
 	return nil
 }
 
@@ -451,6 +467,9 @@ func (r *Runner) subscriptions() []*catchup.Subscription {
 	defer r.mu.Unlock()
 	var subs []*catchup.Subscription
 	for _, reg := range r.regs {
+		if reg.bg != nil {
+			continue // its generations run in the blue/green service
+		}
 		for part := range reg.opts.Partitions {
 			subs = append(subs, &catchup.Subscription{
 				Name: reg.name, Partition: part, Partitions: reg.opts.Partitions, PartitionBy: reg.opts.PartitionBy,
@@ -546,7 +565,7 @@ func (r *Runner) Run(ctx context.Context) error {
 // tests, rebuilds and batch jobs.
 func (r *Runner) RunUntilCaughtUp(ctx context.Context) error {
 	subs := r.subscriptions()
-	if len(subs) == 0 {
+	if len(subs) == 0 && !r.hasBlueGreen() {
 		return errors.New("projection: nothing registered")
 	}
 	if err := r.Setup(ctx); err != nil {
@@ -565,7 +584,7 @@ func (r *Runner) RunUntilCaughtUp(ctx context.Context) error {
 			return err
 		}
 	}
-	return nil
+	return r.catchUpBlueGreen(ctx, engine, head)
 }
 
 // catchUp retries a subscriber partition until it reaches head: handler
@@ -640,6 +659,7 @@ func (r *Runner) observe(listener *catchup.Listener) (metric.Registration, error
 				o.ObserveFloat64(r.tel.LagTime, age, attrs)
 			}
 		}
+		r.observeGenerations(o, now)
 		o.ObserveInt64(r.tel.Reconnects, listener.Reconnects())
 		return nil
 	}, r.tel.Leader, r.tel.Lag, r.tel.LagTime, r.tel.Reconnects)

@@ -91,6 +91,9 @@ func EnsureSetup(ctx context.Context, tx pgx.Tx, schema, name string, s Setupper
 
 // setupOf returns the Setupper of a registered projection, or nil.
 func setupOf(reg *registration) Setupper {
+	if reg.bg != nil {
+		return nil // set up per generation, in the generation's schema
+	}
 	tp, ok := reg.newProc().(*txProcessor)
 	if !ok {
 		return nil

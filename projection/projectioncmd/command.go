@@ -121,6 +121,7 @@ minus the checkpoint, in positions: an upper bound on the events still to proces
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(c.listCommand(), c.statusCommand(), c.rebuildCommand())
+	cmd.AddCommand(c.rollbackCommand(), c.generationsCommand())
 	// Flag errors of the subcommands too: cobra asks the nearest ancestor
 	// with a flag error function.
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usage(err) })
@@ -245,7 +246,10 @@ lowest checkpoint of its partitions ("-" before its first run), the head of the 
 lag (head minus the lowest checkpoint) and the leaders of its partitions.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			subs := c.runner.Registered()
+			subs, err := c.generations(cmd.Context(), c.runner.Registered())
+			if err != nil {
+				return err
+			}
 			states, _, err := c.load(cmd.Context(), subs)
 			if err != nil {
 				return err
@@ -300,6 +304,9 @@ func (c *commands) statusCommand() *cobra.Command {
 			}
 			subs, err := c.selected(name)
 			if err != nil {
+				return err
+			}
+			if subs, err = c.generations(cmd.Context(), subs); err != nil {
 				return err
 			}
 			states, head, err := c.load(cmd.Context(), subs)

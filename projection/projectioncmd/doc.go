@@ -12,6 +12,12 @@
 //	myservice projections list               # checkpoint, head, lag, leader of each
 //	myservice projections status [NAME]      # the same per partition, with stops and dead letters
 //	myservice projections rebuild NAME [--yes] [--batch-size N] [--lock-timeout D]
+//	myservice projections generations NAME [--output text|json|jsonl]  # blue/green read models
+//	myservice projections rollback NAME [--yes]                         # back to the previous generation
+//
+// For a projection registered with projection.Options.BlueGreen, rebuild runs
+// projection.Runner.RebuildBlueGreen (a new generation replayed beside the
+// live one, then a cut-over) instead of the in-place rebuild.
 //
 // list and status read the checkpoints table, the head of the log and the
 // advisory locks: a partition's leader is the checkpoint's owner while some

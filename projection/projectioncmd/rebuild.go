@@ -48,16 +48,28 @@ committed batch. Asks for confirmation unless --yes; without a terminal, --yes i
 			if err != nil {
 				return err
 			}
-			switch s := subs[0]; {
+			s := subs[0]
+			switch {
 			case s.Observer:
 				return usage(errors.Wrapf(projection.ErrObserver, "%q is an observer (its side effects cannot be undone)", name))
-			case !s.Rebuildable:
+			case !s.Rebuildable && !s.BlueGreen:
 				return usage(errors.Wrapf(projection.ErrNotResetter, "%q cannot reset its read model (implement projection.Resetter, or call OnReset)", name))
 			}
-			if !yes {
+			if !yes && s.BlueGreen {
+				if !c.terminal(cmd.InOrStdin()) {
+					return usage(errors.Wrap(ErrNotConfirmed, "stdin is not a terminal: pass --yes to rebuild without confirmation"))
+				}
+				if err := c.ask(cmd, fmt.Sprintf("Rebuild %q blue/green? A new generation is replayed beside the live one, "+
+					"then readers are switched to it. [y/N] ", name)); err != nil {
+					return err
+				}
+			} else if !yes {
 				if err := c.confirm(cmd, name); err != nil {
 					return err
 				}
+			}
+			if s.BlueGreen {
+				return c.rebuildBlueGreen(cmd, name, batch, lockTimeout)
 			}
 			p := c.newProgress(cmd.ErrOrStderr())
 			err = c.runner.Rebuild(cmd.Context(), name, &projection.RebuildOptions{
@@ -85,8 +97,14 @@ func (c *commands) confirm(cmd *cobra.Command, name string) error {
 	if !c.terminal(in) {
 		return usage(errors.Wrap(ErrNotConfirmed, "stdin is not a terminal: pass --yes to rebuild without confirmation"))
 	}
-	fmt.Fprintf(cmd.ErrOrStderr(), "Rebuild %q? Its read model is cleared and every event replayed; "+
-		"the running instances stand by meanwhile. [y/N] ", name)
+	return c.ask(cmd, fmt.Sprintf("Rebuild %q? Its read model is cleared and every event replayed; "+
+		"the running instances stand by meanwhile. [y/N] ", name))
+}
+
+// ask asks question on stderr and reads the answer from stdin.
+func (c *commands) ask(cmd *cobra.Command, question string) error {
+	in := cmd.InOrStdin()
+	fmt.Fprint(cmd.ErrOrStderr(), question)
 	line, err := bufio.NewReader(in).ReadString('\n')
 	if err != nil && line == "" {
 		return errors.Wrap(ErrNotConfirmed, "no answer")

@@ -52,6 +52,14 @@ type RebuildReport struct {
 	Rebuild        float64 `json:"rebuild_events_per_sec"`
 	RebuildSeconds float64 `json:"rebuild_seconds"`
 	RebuildVsRaw   float64 `json:"rebuild_vs_raw"`
+	// BlueGreen is projection.Runner.RebuildBlueGreen of the same work into
+	// a new generation's schema (setting it up, the replay with the
+	// search_path set per transaction, the cut-over that creates the view),
+	// and BlueGreenCutoverMS its cut-over transaction.
+	BlueGreen          float64 `json:"bluegreen_events_per_sec"`
+	BlueGreenSeconds   float64 `json:"bluegreen_seconds"`
+	BlueGreenVsRaw     float64 `json:"bluegreen_vs_raw"`
+	BlueGreenCutoverMS float64 `json:"bluegreen_cutover_ms"`
 }
 
 func (c *RebuildConfig) withDefaults() RebuildConfig {
@@ -91,6 +99,9 @@ func RunRebuild(ctx context.Context, pool *pgxpool.Pool, cfg *RebuildConfig) (*R
 	if _, err := pool.Exec(ctx, rq["Setup"]); err != nil {
 		return nil, errors.Wrap(err, "benchmark: create the rebuild read model")
 	}
+	if _, err := pool.Exec(ctx, rq["BlueGreenSetup"]); err != nil {
+		return nil, errors.Wrap(err, "benchmark: drop the blue/green generations of an earlier run")
+	}
 	rep := &RebuildReport{Events: c.Events, BatchSize: c.BatchSize}
 	start := time.Now()
 	fillCfg := CatchupConfig{Events: c.Events, FillBatch: 1000, Progress: c.Progress}
@@ -110,6 +121,10 @@ func RunRebuild(ctx context.Context, pool *pgxpool.Pool, cfg *RebuildConfig) (*R
 	if err := runner.Register(&rebuildProjection{q: rq}, nil); err != nil {
 		return nil, err
 	}
+	bg := &blueGreenProjection{rebuildProjection{q: rq}}
+	if err := runner.Register(bg, &projection.Options{BlueGreen: &projection.BlueGreen{Version: 1, ReaderSchema: c.Schema}}); err != nil {
+		return nil, err
+	}
 	contenders := []struct {
 		name string
 		out  *float64
@@ -123,6 +138,13 @@ func RunRebuild(ctx context.Context, pool *pgxpool.Pool, cfg *RebuildConfig) (*R
 			return int(done), err
 		}},
 		{"raw", &rep.Raw, func(ctx context.Context) (int, error) { return rawRebuild(ctx, pool, q, rq, c.BatchSize) }},
+		{"blue/green", &rep.BlueGreen, func(ctx context.Context) (int, error) {
+			var done int64
+			cut, err := runner.RebuildBlueGreen(ctx, blueGreenProjectionName, &projection.RebuildOptions{BatchSize: c.BatchSize,
+				OnProgress: func(p projection.RebuildProgress) { done = p.Done }})
+			rep.BlueGreenCutoverMS = float64(cut.Duration.Microseconds()) / 1000
+			return int(done), err
+		}},
 	}
 	for i, ct := range contenders {
 		fmt.Fprintf(c.Progress, "rebuild %d/%d: %s of %d events ...\n", i+1, len(contenders), ct.name, c.Events)
@@ -133,7 +155,11 @@ func RunRebuild(ctx context.Context, pool *pgxpool.Pool, cfg *RebuildConfig) (*R
 			return nil, errors.Wrapf(err, "benchmark: rebuild %s", ct.name)
 		}
 		var counted int
-		if err := pool.QueryRow(ctx, rq["Check"]).Scan(&counted); err != nil {
+		check := rq["Check"]
+		if ct.name == "blue/green" {
+			check = rq["BlueGreenCheck"]
+		}
+		if err := pool.QueryRow(ctx, check).Scan(&counted); err != nil {
 			return nil, errors.Wrap(err, "benchmark: check the read model")
 		}
 		if n != c.Events || counted != c.Events {
@@ -145,8 +171,12 @@ func RunRebuild(ctx context.Context, pool *pgxpool.Pool, cfg *RebuildConfig) (*R
 		if ct.name == "rebuild" {
 			rep.RebuildSeconds = elapsed.Seconds()
 		}
+		if ct.name == "blue/green" {
+			rep.BlueGreenSeconds = elapsed.Seconds()
+		}
 	}
 	rep.RebuildVsRaw = ratio(rep.Rebuild, rep.Raw)
+	rep.BlueGreenVsRaw = ratio(rep.BlueGreen, rep.Raw)
 	return rep, nil
 }
 
@@ -240,5 +270,30 @@ func WriteRebuildTable(w io.Writer, s Settings, rep *RebuildReport) error {
 	fmt.Fprintln(tw, "contender\tevents/s\tvs raw\t")
 	fmt.Fprintf(tw, "raw reset + paged replay\t%.0f\t%.2f\t\n", rep.Raw, 1.0)
 	fmt.Fprintf(tw, "Runner.Rebuild\t%.0f\t%.2f\t\n", rep.Rebuild, rep.RebuildVsRaw)
-	return tw.Flush()
+	fmt.Fprintf(tw, "Runner.RebuildBlueGreen\t%.0f\t%.2f\t\n", rep.BlueGreen, rep.BlueGreenVsRaw)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "blue/green cut-over transaction: %.2f ms\n", rep.BlueGreenCutoverMS)
+	return err
+}
+
+const blueGreenProjectionName = "bench_bluegreen"
+
+// blueGreenProjection is the blue/green contender: the same decode and
+// upsert, into its generation's table, created by its setup.
+type blueGreenProjection struct{ rebuildProjection }
+
+func (p *blueGreenProjection) Name() string { return blueGreenProjectionName }
+
+func (p *blueGreenProjection) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
+	return applyDeposit(ctx, tx, p.q["BlueGreenUpsert"], e)
+}
+
+// SetupVersion and Setup make it a projection.Setupper.
+func (p *blueGreenProjection) SetupVersion() int { return 1 }
+
+func (p *blueGreenProjection) Setup(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, p.q["BlueGreenTable"])
+	return err
 }

@@ -1,0 +1,830 @@
+package projection
+
+import (
+	"context"
+	"crypto/md5"
+	_ "embed"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/lockkey"
+	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/sqltmpl"
+)
+
+//go:embed bluegreen.sql
+var blueGreenSQL string
+
+// BlueGreen makes a projection's read model versioned, for rebuilds without
+// downtime (see "Blue/green read models" in the package doc). Set it in
+// Options.BlueGreen; the projection must have a setup (Typed.OnSetup, or
+// implement Setupper) that creates its tables with unqualified names.
+type BlueGreen struct {
+	// Version is the version of the read model this code builds: bump it
+	// when the handlers or the setup change what the read model holds. It
+	// must be at least 1.
+	Version int
+	// ReaderSchema is the schema of the views readers query (the stable
+	// names). Defaults to "public".
+	ReaderSchema string
+	// AutoRebuild makes a runner whose Version is newer than the live
+	// generation's (a deploy) start a blue/green rebuild itself: it sets up
+	// a new generation, replays into it beside the live one and cuts over
+	// when it has caught up. Instances of this version cooperate (the
+	// generation's subscriber lock elects one to replay each partition).
+	// Defaults to false: such a runner only waits for someone to run
+	// Runner.RebuildBlueGreen.
+	AutoRebuild bool
+	// Retention is how long a retired generation is kept for rollback
+	// before a runner drops its schema. Negative: never dropped
+	// automatically. Defaults to 24h.
+	Retention time.Duration
+	// CheckInterval is how often a running runner looks at the projection's
+	// generations (a new one to build, a cut-over to try, one to drop).
+	// Defaults to 1s.
+	CheckInterval time.Duration
+	// CutoverAttempts bounds the cut-over attempts of one RebuildBlueGreen
+	// that find the new generation behind the live one (it catches up and
+	// tries again). Defaults to 20.
+	CutoverAttempts int
+	// CutoverLockTimeout bounds each lock wait of a cut-over transaction
+	// (readers holding a view in a long transaction, the live leader's batch
+	// in flight); the attempt then fails and is retried. Defaults to 2s.
+	CutoverLockTimeout time.Duration
+}
+
+func (b BlueGreen) withDefaults() BlueGreen {
+	if b.ReaderSchema == "" {
+		b.ReaderSchema = "public"
+	}
+	if b.Retention == 0 {
+		b.Retention = 24 * time.Hour
+	}
+	if b.CheckInterval <= 0 {
+		b.CheckInterval = time.Second
+	}
+	if b.CutoverAttempts <= 0 {
+		b.CutoverAttempts = 20
+	}
+	if b.CutoverLockTimeout <= 0 {
+		b.CutoverLockTimeout = 2 * time.Second
+	}
+	return b
+}
+
+// GenerationState is the state of a read-model generation.
+type GenerationState string
+
+// The states of a generation: building (replaying, readers do not see it),
+// live (readers see it), retired (kept for rollback, no longer updated),
+// dropped (its schema is gone).
+const (
+	GenerationBuilding GenerationState = "building"
+	GenerationLive     GenerationState = "live"
+	GenerationRetired  GenerationState = "retired"
+	GenerationDropped  GenerationState = "dropped"
+)
+
+// Generation is one generation of a blue/green read model.
+type Generation struct {
+	Projection string          `json:"projection"`
+	Generation int             `json:"generation"`
+	Version    int             `json:"version"`
+	Schema     string          `json:"schema"`
+	Reader     string          `json:"reader_schema"`
+	Subscriber string          `json:"subscriber"`
+	State      GenerationState `json:"state"`
+	CreatedBy  string          `json:"created_by"`
+	CreatedAt  time.Time       `json:"created_at"`
+	LiveSince  *time.Time      `json:"live_since,omitempty"`
+	RetiredAt  *time.Time      `json:"retired_at,omitempty"`
+	DroppedAt  *time.Time      `json:"dropped_at,omitempty"`
+	// CutoverMS is the duration of the cut-over transaction that made it
+	// live (without its COMMIT), and CutoverPosition the position it had
+	// reached then.
+	CutoverMS       *float64 `json:"cutover_ms,omitempty"`
+	CutoverPosition *int64   `json:"cutover_position,omitempty"`
+}
+
+// Cutover reports a cut-over (or a rollback): readers moved from generation
+// From (0: none) to To.
+type Cutover struct {
+	Projection string `json:"projection"`
+	From       int    `json:"from"`
+	To         int    `json:"to"`
+	// FromPosition is where the old generation stopped (its highest
+	// partition checkpoint), ToPosition where the new one stood (its lowest).
+	FromPosition int64 `json:"from_position"`
+	ToPosition   int64 `json:"to_position"`
+	// Views is the number of views pointed at the new generation.
+	Views int `json:"views"`
+	// Duration is the cut-over transaction's duration, BEGIN to COMMIT.
+	Duration time.Duration `json:"duration_ns"`
+	// CatchUp is the part of Duration spent bringing the new generation up
+	// to the old one's position while the old one was held: readers kept
+	// reading the old generation meanwhile (only the view swap after it
+	// makes them wait).
+	CatchUp time.Duration `json:"catch_up_ns"`
+	// Attempts is the number of cut-over transactions tried.
+	Attempts int `json:"attempts"`
+}
+
+var (
+	// ErrNotBlueGreen is returned for a projection registered without
+	// Options.BlueGreen where a blue/green one is needed.
+	ErrNotBlueGreen = errors.New("projection: the projection has no blue/green read model (Options.BlueGreen)")
+	// ErrCutoverBehind is returned by a cut-over attempt that found the new
+	// generation behind the live one; nothing changed.
+	ErrCutoverBehind = errors.New("projection: the new generation is behind the live one")
+	// ErrNoRollback is returned by Rollback when no retired generation
+	// older than the live one is kept.
+	ErrNoRollback = errors.New("projection: no earlier generation to roll back to")
+	// ErrNoGenerations is returned for a projection without generations.
+	ErrNoGenerations = errors.New("projection: the projection has no read-model generations")
+)
+
+// blueGreenReg is what a blue/green registration keeps besides the usual.
+type blueGreenReg struct {
+	cfg   BlueGreen
+	p     Projection
+	setup Setupper
+	cut   CommitCutter
+}
+
+// generationSchema returns the schema of generation gen of projection name:
+// rm_<name>_g<gen>, with the name lower-cased, every character outside
+// [a-z0-9_] replaced by _, and (when that changed the name or it is long) a
+// hash of the name added, within PostgreSQL's 63 bytes.
+func generationSchema(name string, gen int) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(name) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') || r == '_' {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	s := b.String()
+	suffix := "_g" + strconv.Itoa(gen)
+	if s != name || len("rm_"+s+suffix) > 63 {
+		h := md5.Sum([]byte(name))
+		tag := "_" + hex.EncodeToString(h[:4])
+		s = s[:min(len(s), 63-len("rm_")-len(tag)-len(suffix))] + tag
+	}
+	return "rm_" + s + suffix
+}
+
+// generationSubscriber is the subscriber (checkpoints, lock) of a generation.
+func generationSubscriber(name string, gen int) string {
+	return name + "#g" + strconv.Itoa(gen)
+}
+
+// generations is the registry of one schema's blue/green read models.
+type generations struct {
+	schema string
+	q      map[string]string
+}
+
+func newGenerations(schema string) (*generations, error) {
+	schema, err := schemaname.Resolve(schema)
+	if err != nil {
+		return nil, err
+	}
+	q, err := sqltmpl.Named("bluegreen.sql", blueGreenSQL, sqltmpl.NewData(schema))
+	if err != nil {
+		return nil, err
+	}
+	return &generations{schema: schema, q: q}, nil
+}
+
+func (g *generations) lock(ctx context.Context, tx pgx.Tx, name string) error {
+	k1, k2 := lockkey.Pair(g.schema + ":generations:" + name)
+	_, err := tx.Exec(ctx, g.q["GenLock"], k1, k2)
+	return errors.Wrapf(err, "projection %q: lock the generations", name)
+}
+
+func (g *generations) list(ctx context.Context, db checkpoint.DB, name string) ([]Generation, error) {
+	rows, err := db.Query(ctx, g.q["Generations"], name)
+	if err != nil {
+		return nil, errors.Wrapf(err, "projection %q: read the generations", name)
+	}
+	var out []Generation
+	var x Generation
+	var state string
+	_, err = pgx.ForEachRow(rows, []any{&x.Generation, &x.Version, &x.Schema, &x.Reader, &x.Subscriber, &state,
+		&x.CreatedBy, &x.CreatedAt, &x.LiveSince, &x.RetiredAt, &x.DroppedAt, &x.CutoverMS, &x.CutoverPosition}, func() error {
+		x.Projection, x.State = name, GenerationState(state)
+		out = append(out, x)
+		x = Generation{}
+		return nil
+	})
+	return out, errors.Wrapf(err, "projection %q: read the generations", name)
+}
+
+func live(gens []Generation) *Generation {
+	for i := range gens {
+		if gens[i].State == GenerationLive {
+			return &gens[i]
+		}
+	}
+	return nil
+}
+
+// positions returns the lowest and highest checkpoint of a subscriber and
+// the number of its rows (locked FOR UPDATE with lockRows).
+func (g *generations) positions(ctx context.Context, db checkpoint.DB, sub string, lockRows bool) (lo, hi int64, n int, err error) {
+	q := g.q["Positions"]
+	if lockRows {
+		q = g.q["LockCheckpoints"]
+	}
+	rows, err := db.Query(ctx, q, sub)
+	if err != nil {
+		return 0, 0, 0, errors.Wrapf(err, "projection: read the checkpoints of %q", sub)
+	}
+	var part int
+	var pos int64
+	lo = -1
+	_, err = pgx.ForEachRow(rows, []any{&part, &pos}, func() error {
+		if lo < 0 || pos < lo {
+			lo = pos
+		}
+		hi = max(hi, pos)
+		n++
+		return nil
+	})
+	return max(lo, 0), hi, n, errors.Wrapf(err, "projection: read the checkpoints of %q", sub)
+}
+
+// create registers generation (the next number) of reg's projection in
+// state, creates its schema and runs the projection's setup in it, in tx
+// (which holds the generations lock). A live first generation also gets
+// its views.
+func (r *Runner) createGeneration(ctx context.Context, tx pgx.Tx, g *generations, name string, bg *blueGreenReg, state GenerationState) (Generation, error) {
+	var n int
+	if err := tx.QueryRow(ctx, g.q["NextGeneration"], name).Scan(&n); err != nil {
+		return Generation{}, errors.Wrapf(err, "projection %q: number the generation", name)
+	}
+	gen := Generation{Projection: name, Generation: n, Version: bg.cfg.Version, Schema: generationSchema(name, n),
+		Reader: bg.cfg.ReaderSchema, Subscriber: generationSubscriber(name, n), State: state, CreatedBy: r.cfg.InstanceID}
+	if _, err := tx.Exec(ctx, g.q["InsertGeneration"], name, n, gen.Version, gen.Schema, gen.Reader, gen.Subscriber, string(state), gen.CreatedBy); err != nil {
+		return Generation{}, errors.Wrapf(err, "projection %q: register generation %d", name, n)
+	}
+	if _, err := tx.Exec(ctx, g.q["CreateSchema"], name, n); err != nil {
+		return Generation{}, errors.Wrapf(err, "projection %q: create the schema of generation %d", name, n)
+	}
+	if _, err := tx.Exec(ctx, g.q["SearchPath"], gen.Schema); err != nil {
+		return Generation{}, errors.Wrapf(err, "projection %q: search_path", name)
+	}
+	if err := safely(func() error { return bg.setup.Setup(ctx, tx) }); err != nil {
+		return Generation{}, errors.Wrapf(err, "projection %q: setup version %d in %s", name, bg.setup.SetupVersion(), gen.Schema)
+	}
+	var rels int
+	if err := tx.QueryRow(ctx, g.q["Relations"], gen.Schema).Scan(&rels); err != nil {
+		return Generation{}, errors.Wrapf(err, "projection %q: list the relations of %s", name, gen.Schema)
+	}
+	if rels == 0 {
+		return Generation{}, errors.Newf("projection %q: the setup created nothing in schema %s (create the tables with unqualified names)", name, gen.Schema)
+	}
+	if state == GenerationLive {
+		if _, err := tx.Exec(ctx, g.q["SwapViews"], gen.Reader, nil, gen.Schema); err != nil {
+			return Generation{}, errors.Wrapf(err, "projection %q: create the views of generation %d", name, n)
+		}
+	}
+	r.cfg.Logger.InfoContext(ctx, "annals: read-model generation set up", slog.String("projection", name),
+		slog.Int("generation", n), slog.Int("version", gen.Version), slog.String("schema", gen.Schema), slog.String("state", string(state)))
+	return gen, nil
+}
+
+// ensureGenerations creates what this runner's version needs: the first
+// generation (live at once: there is nothing older to serve) when the
+// projection has none, or with AutoRebuild a building generation when the
+// live one is older and no generation of this version or a newer one
+// exists (once rolled back, a version is not rebuilt by itself again). It
+// returns the generations.
+func (r *Runner) ensureGenerations(ctx context.Context, g *generations, name string, bg *blueGreenReg) ([]Generation, error) {
+	gens, err := g.list(ctx, r.pool, name)
+	if err != nil {
+		return nil, err
+	}
+	if !r.wantsGeneration(gens, bg) {
+		return gens, nil
+	}
+	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		if err := g.lock(ctx, tx, name); err != nil {
+			return err
+		}
+		if gens, err = g.list(ctx, tx, name); err != nil || !r.wantsGeneration(gens, bg) {
+			return err
+		}
+		state := GenerationBuilding
+		if len(gens) == 0 {
+			state = GenerationLive
+		}
+		_, err := r.createGeneration(ctx, tx, g, name, bg, state)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return g.list(ctx, r.pool, name)
+}
+
+func (r *Runner) wantsGeneration(gens []Generation, bg *blueGreenReg) bool {
+	if len(gens) == 0 {
+		return true
+	}
+	l := live(gens)
+	if !bg.cfg.AutoRebuild || l == nil || l.Version >= bg.cfg.Version {
+		return false
+	}
+	for _, x := range gens {
+		if x.Version >= bg.cfg.Version {
+			return false
+		}
+	}
+	return true
+}
+
+// generationProjection runs a projection's handlers in a generation's
+// schema: before the first event of each transaction it sets the
+// transaction's search_path to the schema (pipelined with BEGIN by the
+// batch transaction), so unqualified names resolve to the generation's
+// tables.
+type generationProjection struct {
+	p      Projection
+	schema string
+	q      string // SearchPath
+
+	mu   sync.Mutex
+	last pgx.Tx // the transaction the search_path was set in (kept: its address cannot be reused)
+}
+
+func (g *generationProjection) Name() string { return g.p.Name() }
+
+func (g *generationProjection) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
+	g.mu.Lock()
+	fresh := g.last != tx
+	g.last = tx
+	g.mu.Unlock()
+	if fresh {
+		if _, err := tx.Exec(ctx, g.q, g.schema); err != nil {
+			g.mu.Lock()
+			g.last = nil
+			g.mu.Unlock()
+			return errors.Wrapf(err, "projection %q: set the search_path to %s", g.p.Name(), g.schema)
+		}
+	}
+	return g.p.Handle(ctx, tx, e)
+}
+
+// generationSubs returns the subscriptions of one generation of reg.
+func (r *Runner) generationSubs(reg *registration, g *generations, gen Generation, wrap func(catchup.Processor) catchup.Processor) []*catchup.Subscription {
+	bg := reg.bg
+	var subs []*catchup.Subscription
+	for part := range reg.opts.Partitions {
+		var proc catchup.Processor = &txProcessor{
+			p:   &generationProjection{p: bg.p, schema: gen.Schema, q: g.q["SearchPath"]},
+			f:   r.failures(gen.Subscriber, reg.opts),
+			cut: bg.cut,
+		}
+		if wrap != nil {
+			proc = wrap(proc)
+		}
+		subs = append(subs, &catchup.Subscription{
+			Name: gen.Subscriber, Partition: part, Partitions: reg.opts.Partitions,
+			Filter: reg.filter, BatchSize: reg.opts.BatchSize, Processor: proc,
+		})
+	}
+	return subs
+}
+
+// cutover tries once to make generation to of name live: in one
+// transaction it locks the live generation's checkpoints (waiting for its
+// leader's batch in flight and holding the next), then the new one's, and
+// gives up with ErrCutoverBehind unless every partition of the new one has
+// reached the old one's highest position; else it points the reader views
+// at the new schema, stops and fences the old generation where it is, and
+// flips the states. A generation that is no longer building (another
+// process cut over) returns a Cutover with To = 0.
+func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, partitions int, lockTimeout time.Duration,
+	catchUp func(ctx context.Context, from, target int64) error) (Cutover, error) {
+	c := Cutover{Projection: name, To: to, Attempts: 1}
+	start := time.Now()
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, g.q["LockTimeout"], strconv.FormatInt(lockTimeout.Milliseconds(), 10)+"ms"); err != nil {
+			return err
+		}
+		if err := g.lock(ctx, tx, name); err != nil {
+			return err
+		}
+		gens, err := g.list(ctx, tx, name)
+		if err != nil {
+			return err
+		}
+		var next *Generation
+		for i := range gens {
+			if gens[i].Generation == to {
+				next = &gens[i]
+			}
+		}
+		if next == nil || next.State != GenerationBuilding {
+			c.To = 0
+			return nil
+		}
+		old := live(gens)
+		var from any
+		if old != nil {
+			c.From = old.Generation
+			if _, c.FromPosition, _, err = g.positions(ctx, tx, old.Subscriber, true); err != nil {
+				return err
+			}
+			from = old.Schema
+		}
+		if catchUp != nil && old != nil {
+			// The old generation is held at FromPosition: bring the new one
+			// there (readers still read the old one), then lock it too.
+			lo, _, _, err := g.positions(ctx, r.pool, next.Subscriber, false)
+			if err != nil {
+				return err
+			}
+			if lo < c.FromPosition {
+				t := time.Now()
+				err := catchUp(ctx, lo, c.FromPosition)
+				c.CatchUp = time.Since(t)
+				if err != nil {
+					return err
+				}
+			}
+		}
+		lo, _, n, err := g.positions(ctx, tx, next.Subscriber, true)
+		if err != nil {
+			return err
+		}
+		c.ToPosition = lo
+		if n < partitions || lo < c.FromPosition {
+			return errors.Wrapf(ErrCutoverBehind, "%q: generation %d is at %d (%d of %d partitions started), generation %d at %d",
+				name, to, lo, n, partitions, c.From, c.FromPosition)
+		}
+		if err := tx.QueryRow(ctx, g.q["SwapViews"], next.Reader, from, next.Schema).Scan(&c.Views); err != nil {
+			return errors.Wrapf(err, "projection %q: point the views at generation %d", name, to)
+		}
+		if old != nil {
+			reason := fmt.Sprintf("annals: generation %d retired by the cut-over to generation %d", old.Generation, to)
+			if _, err := tx.Exec(ctx, g.q["RetireCheckpoints"], old.Subscriber, reason); err != nil {
+				return errors.Wrap(err, "projection: stop the old generation")
+			}
+			if _, err := tx.Exec(ctx, g.q["MarkRetired"], name, old.Generation); err != nil {
+				return errors.Wrap(err, "projection: retire the old generation")
+			}
+		}
+		ms := float64(time.Since(start).Microseconds()) / 1000
+		_, err = tx.Exec(ctx, g.q["MarkLive"], name, to, ms, c.ToPosition)
+		return errors.Wrap(err, "projection: make the new generation live")
+	})
+	c.Duration = time.Since(start)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01") { // lock_not_available, deadlock
+			return c, errors.Wrapf(ErrCutoverBehind, "%q: cut-over lock wait: %s", name, pgErr.Message)
+		}
+		return c, err
+	}
+	if c.To != 0 {
+		r.cfg.Logger.InfoContext(ctx, "annals: read model cut over", slog.String("projection", name),
+			slog.Int("from", c.From), slog.Int("to", c.To), slog.Int64("position", c.ToPosition),
+			slog.Int("views", c.Views), slog.Duration("duration", c.Duration))
+	}
+	return c, nil
+}
+
+// RebuildBlueGreen rebuilds the blue/green projection name without
+// downtime: it sets up a new generation of the read model for the
+// registered BlueGreen.Version in a schema of its own (or continues one
+// being built for that version: after a crash, from its checkpoints), takes
+// its partitions' locks, replays the log into it from position 0 through the
+// head in transactions of opts.BatchSize events while the live generation
+// keeps being updated by its leaders, catches up again, and cuts over (see
+// Cutover): readers move from the complete old read model to the complete
+// new one in one transaction. The old generation is kept, stopped where
+// readers last saw it, for Rollback until BlueGreen.Retention ends.
+//
+// It fails with ErrNotBlueGreen for a projection without Options.BlueGreen,
+// and with ErrCutoverBehind when BlueGreen.CutoverAttempts attempts found
+// the new generation behind (writers faster than the replay, or readers
+// holding the views past CutoverLockTimeout): the new generation stays
+// building, and a runner of this version (or the next call) continues it.
+func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *RebuildOptions) (Cutover, error) {
+	var o RebuildOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.BatchSize < 0 || o.LockTimeout < 0 {
+		return Cutover{}, errors.Newf("projection: rebuild %q: negative option", name)
+	}
+	if o.BatchSize == 0 {
+		o.BatchSize = 5000
+	}
+	if o.LockTimeout == 0 {
+		o.LockTimeout = time.Minute
+	}
+	reg, err := r.lookup(name)
+	if err != nil {
+		return Cutover{}, err
+	}
+	if reg.bg == nil {
+		return Cutover{}, errors.Wrapf(ErrNotBlueGreen, "%q", name)
+	}
+	bg := reg.bg
+	g, err := newGenerations(r.cfg.Schema)
+	if err != nil {
+		return Cutover{}, err
+	}
+	// The generation to build: one building for this version, or a new one.
+	var gen Generation
+	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		if err := g.lock(ctx, tx, name); err != nil {
+			return err
+		}
+		gens, err := g.list(ctx, tx, name)
+		if err != nil {
+			return err
+		}
+		for _, x := range gens {
+			if x.State == GenerationBuilding && x.Version == bg.cfg.Version {
+				gen = x
+			}
+		}
+		if gen.Generation != 0 {
+			return nil
+		}
+		gen, err = r.createGeneration(ctx, tx, g, name, bg, GenerationBuilding)
+		return err
+	})
+	if err != nil {
+		return Cutover{}, err
+	}
+	log := r.cfg.Logger.With(slog.String("projection", name), slog.Int("generation", gen.Generation))
+	engine, err := catchup.NewEngine(r.pool, nil, &catchup.Config{
+		Schema: r.cfg.Schema, Owner: RebuildOwnerPrefix + r.cfg.InstanceID, RetryBackoff: r.cfg.RetryBackoff,
+		ShutdownTimeout: r.cfg.ShutdownTimeout, Lock: r.cfg.Lock, Logger: r.cfg.Logger,
+	})
+	if err != nil {
+		return Cutover{}, err
+	}
+	rb := &rebuild{r: r, reg: reg, opts: o, engine: engine, log: log, progress: RebuildProgress{Projection: name}}
+	if rb.cps, err = checkpoint.New(r.cfg.Schema); err != nil {
+		return Cutover{}, err
+	}
+	if rb.q, err = sqltmpl.Named("rebuild.sql", rebuildSQL, sqltmpl.NewData(r.cfg.Schema)); err != nil {
+		return Cutover{}, err
+	}
+	subs := r.generationSubs(reg, g, gen, func(p catchup.Processor) catchup.Processor {
+		return &countingProcessor{Processor: p, done: rb.advance}
+	})
+	for _, s := range subs {
+		s.BatchSize = o.BatchSize
+	}
+	rb.subs = subs
+	leases, err := rb.takeOver(ctx)
+	defer func() {
+		for _, l := range leases {
+			engine.Release(context.WithoutCancel(ctx), l)
+		}
+	}()
+	if err != nil {
+		return Cutover{}, err
+	}
+	start := int64(-1)
+	for _, l := range leases {
+		if start < 0 || l.Start < start {
+			start = l.Start
+		}
+	}
+	head, err := engine.Head(ctx)
+	if err != nil {
+		return Cutover{}, err
+	}
+	totals, err := rb.count(ctx, head)
+	if err != nil {
+		return Cutover{}, err
+	}
+	for _, n := range totals {
+		rb.progress.Total += n
+	}
+	rb.progress.Head = head
+	rb.started = time.Now()
+	log.InfoContext(ctx, "annals: blue/green rebuild: replaying", slog.Int64("from", start), slog.Int64("head", head), slog.String("schema", gen.Schema))
+	var last error
+	for attempt := 1; attempt <= bg.cfg.CutoverAttempts; attempt++ {
+		if attempt > 1 {
+			if head, err = engine.Head(ctx); err != nil {
+				return Cutover{}, err
+			}
+		}
+		if err := rb.driveAll(ctx, subs, leases, head); err != nil {
+			return Cutover{}, errors.Wrapf(err, "projection: blue/green rebuild %q: generation %d (it stays building; "+
+				"running this again, or a runner of version %d, continues it)", name, gen.Generation, bg.cfg.Version)
+		}
+		// Within the cut-over, a gap of up to a batch is replayed while the
+		// old generation is held; a larger one is caught up first, outside.
+		c, err := r.cutover(ctx, g, name, gen.Generation, reg.opts.Partitions, bg.cfg.CutoverLockTimeout,
+			func(ctx context.Context, from, target int64) error {
+				if target-from > int64(o.BatchSize) {
+					return errors.Wrapf(ErrCutoverBehind, "%q: generation %d is %d positions behind", name, gen.Generation, target-from)
+				}
+				return rb.driveAll(ctx, subs, leases, target)
+			})
+		c.Attempts = attempt
+		if err == nil {
+			if c.To == 0 {
+				// A runner of this version may have cut it over first.
+				if gens, err := g.list(ctx, r.pool, name); err == nil {
+					if x, ok := generationOf(gens, gen.Subscriber); ok && x.State == GenerationLive {
+						rb.report(true)
+						return Cutover{Projection: name, To: gen.Generation, Attempts: attempt}, nil
+					}
+				}
+				return c, errors.Newf("projection: blue/green rebuild %q: generation %d is no longer building (rolled back or cut over elsewhere)", name, gen.Generation)
+			}
+			rb.report(true)
+			return c, nil
+		}
+		if !errors.Is(err, ErrCutoverBehind) {
+			return c, err
+		}
+		last = err
+		log.InfoContext(ctx, "annals: blue/green rebuild: behind at cut-over; catching up", slog.Int("attempt", attempt), slog.Any("error", err))
+	}
+	return Cutover{Projection: name, To: gen.Generation, Attempts: bg.cfg.CutoverAttempts},
+		errors.Wrapf(last, "projection: blue/green rebuild %q: no cut-over after %d attempts", name, bg.cfg.CutoverAttempts)
+}
+
+// driveAll replays every partition through head, concurrently.
+func (rb *rebuild) driveAll(ctx context.Context, subs []*catchup.Subscription, leases []*catchup.Lease, head int64) error {
+	errs := make([]error, len(subs))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for i, s := range subs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := rb.replay(ctx, s, leases[i], head)
+			if err == nil {
+				// The next drive starts where this one committed (Drive starts
+				// at lease.Start): never replay an event twice.
+				err = leases[i].Do(ctx, func(conn *pgx.Conn) error {
+					cp, err := rb.cps.Load(ctx, conn, s.Name, s.Partition)
+					if err == nil {
+						leases[i].Start = cp.Position
+					}
+					return err
+				})
+			}
+			mu.Lock()
+			errs[i] = err
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Rollback makes the newest retired generation older than the live one of
+// the blue/green projection name live again, in one transaction: the views
+// point back at it, it resumes from its checkpoints (where it stopped at
+// the cut-over; runners of its version catch it up), and the generation
+// that was live is retired, stopped where it is. It needs no projection
+// code: package projectioncmd and the annals CLI call it. It fails with
+// ErrNoGenerations or ErrNoRollback and changes nothing.
+func Rollback(ctx context.Context, db interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}, schema, name string) (Cutover, error) {
+	g, err := newGenerations(schema)
+	if err != nil {
+		return Cutover{}, err
+	}
+	c := Cutover{Projection: name, Attempts: 1}
+	start := time.Now()
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return c, errors.Wrap(err, "projection: rollback")
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := g.lock(ctx, tx, name); err != nil {
+		return c, err
+	}
+	gens, err := g.list(ctx, tx, name)
+	if err != nil {
+		return c, err
+	}
+	cur := live(gens)
+	if cur == nil {
+		return c, errors.Wrapf(ErrNoGenerations, "%q has no live generation", name)
+	}
+	var prev *Generation
+	for i := range gens {
+		if gens[i].State == GenerationRetired && gens[i].Generation < cur.Generation {
+			prev = &gens[i]
+		}
+	}
+	if prev == nil {
+		return c, errors.Wrapf(ErrNoRollback, "%q: generation %d is live and no earlier one is kept", name, cur.Generation)
+	}
+	c.From, c.To = cur.Generation, prev.Generation
+	if _, c.FromPosition, _, err = g.positions(ctx, tx, cur.Subscriber, true); err != nil {
+		return c, err
+	}
+	if c.ToPosition, _, _, err = g.positions(ctx, tx, prev.Subscriber, true); err != nil {
+		return c, err
+	}
+	if err := tx.QueryRow(ctx, g.q["SwapViews"], prev.Reader, cur.Schema, prev.Schema).Scan(&c.Views); err != nil {
+		return c, errors.Wrapf(err, "projection %q: point the views back at generation %d", name, prev.Generation)
+	}
+	reason := fmt.Sprintf("annals: generation %d retired by a rollback to generation %d", cur.Generation, prev.Generation)
+	if _, err := tx.Exec(ctx, g.q["RetireCheckpoints"], cur.Subscriber, reason); err != nil {
+		return c, errors.Wrap(err, "projection: rollback: stop the current generation")
+	}
+	if _, err := tx.Exec(ctx, g.q["MarkRetired"], name, cur.Generation); err != nil {
+		return c, errors.Wrap(err, "projection: rollback")
+	}
+	if _, err := tx.Exec(ctx, g.q["ReviveCheckpoints"], prev.Subscriber); err != nil {
+		return c, errors.Wrap(err, "projection: rollback: resume the previous generation")
+	}
+	ms := float64(time.Since(start).Microseconds()) / 1000
+	if _, err := tx.Exec(ctx, g.q["MarkLive"], name, prev.Generation, ms, c.ToPosition); err != nil {
+		return c, errors.Wrap(err, "projection: rollback")
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return c, errors.Wrap(err, "projection: rollback: commit")
+	}
+	c.Duration = time.Since(start)
+	return c, nil
+}
+
+// ListGenerations returns the generations of the blue/green projection name
+// (none for a projection that has none), oldest first.
+func ListGenerations(ctx context.Context, db checkpoint.DB, schema, name string) ([]Generation, error) {
+	g, err := newGenerations(schema)
+	if err != nil {
+		return nil, err
+	}
+	return g.list(ctx, db, name)
+}
+
+// DropRetired drops the schemas of the retired generations of name that
+// were retired more than olderThan ago (0: all of them), each in a
+// transaction under the generations lock, and marks them dropped. It
+// returns the generations dropped. Runners do it by themselves after
+// BlueGreen.Retention.
+func DropRetired(ctx context.Context, db interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}, schema, name string, olderThan time.Duration) ([]int, error) {
+	g, err := newGenerations(schema)
+	if err != nil {
+		return nil, err
+	}
+	var dropped []int
+	for {
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			return dropped, errors.Wrap(err, "projection: drop retired generations")
+		}
+		gen, err := func() (int, error) {
+			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+			if err := g.lock(ctx, tx, name); err != nil {
+				return 0, err
+			}
+			var gen int
+			err := tx.QueryRow(ctx, g.q["Expired"], name, max(olderThan, 0).Microseconds()).Scan(&gen)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return 0, nil
+			}
+			if err != nil {
+				return 0, errors.Wrapf(err, "projection %q: find retired generations", name)
+			}
+			if _, err := tx.Exec(ctx, g.q["DropSchema"], name, gen); err != nil {
+				return 0, errors.Wrapf(err, "projection %q: drop generation %d", name, gen)
+			}
+			if _, err := tx.Exec(ctx, g.q["MarkDropped"], name, gen); err != nil {
+				return 0, errors.Wrapf(err, "projection %q: drop generation %d", name, gen)
+			}
+			return gen, errors.Wrap(tx.Commit(ctx), "projection: drop a retired generation: commit")
+		}()
+		if err != nil || gen == 0 {
+			return dropped, err
+		}
+		dropped = append(dropped, gen)
+	}
+}

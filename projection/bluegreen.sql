@@ -1,0 +1,101 @@
+-- Statements of blue/green read models (bluegreen.go).
+
+-- name: GenLock
+-- Serializes changes to one projection's generations (creation, cut-over,
+-- rollback, drop) across every process, until the transaction ends.
+-- $1, $2: lockkey.Pair(schema + ":generations:" + name).
+SELECT pg_catalog.pg_advisory_xact_lock($1::int4, $2::int4);
+
+-- name: Generations
+SELECT generation, version, schema_name, reader_schema, subscriber, state, created_by, created_at,
+       live_since, retired_at, dropped_at, cutover_ms, cutover_position
+  FROM {{.Schema}}.read_model_generations
+ WHERE projection = $1
+ ORDER BY generation;
+
+-- name: NextGeneration
+SELECT coalesce(max(generation), 0) + 1 FROM {{.Schema}}.read_model_generations WHERE projection = $1;
+
+-- name: InsertGeneration
+-- $1 projection, $2 generation, $3 version, $4 schema, $5 reader schema,
+-- $6 subscriber, $7 state (building or live), $8 created by.
+INSERT INTO {{.Schema}}.read_model_generations
+       (projection, generation, version, schema_name, reader_schema, subscriber, state, created_by, live_since)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CASE WHEN $7 = 'live' THEN clock_timestamp() END);
+
+-- name: CreateSchema
+SELECT {{.Schema}}.read_model_create_schema($1, $2);
+
+-- name: DropSchema
+SELECT {{.Schema}}.read_model_drop_schema($1, $2);
+
+-- name: SwapViews
+-- $1 reader schema, $2 the schema the views point at now (NULL: none), $3 the new one.
+SELECT {{.Schema}}.read_model_swap_views($1, $2, $3);
+
+-- name: SearchPath
+-- Makes unqualified names resolve in a generation's schema first, for the
+-- rest of the transaction; the session's search_path follows.
+SELECT pg_catalog.set_config('search_path',
+       pg_catalog.quote_ident($1) || ', ' || pg_catalog.current_setting('search_path'), true);
+
+-- name: Relations
+-- The relations of a generation's schema that readers see through views.
+SELECT count(*)
+  FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f');
+
+-- name: LockTimeout
+SELECT pg_catalog.set_config('lock_timeout', $1, true);
+
+-- name: LockCheckpoints
+-- A generation's checkpoint rows, locked until the transaction ends: a
+-- leader's batch in flight commits first (its checkpoint update holds the
+-- row), and the next one waits for the cut-over's commit.
+SELECT partition, position
+  FROM {{.Schema}}.checkpoints
+ WHERE subscriber_id = $1
+ ORDER BY partition
+   FOR UPDATE;
+
+-- name: Positions
+SELECT partition, position FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1 ORDER BY partition;
+
+-- name: RetireCheckpoints
+-- Stops a generation that readers no longer see exactly where it is: the
+-- epoch bump fences the leader (its next commit fails), the stop reason
+-- keeps any leader from processing more.
+UPDATE {{.Schema}}.checkpoints
+   SET epoch = epoch + 1, owner = NULL, stopped_reason = $2, stopped_at = clock_timestamp(),
+       updated_at = clock_timestamp()
+ WHERE subscriber_id = $1;
+
+-- name: ReviveCheckpoints
+UPDATE {{.Schema}}.checkpoints
+   SET stopped_reason = NULL, stopped_at = NULL, updated_at = clock_timestamp()
+ WHERE subscriber_id = $1;
+
+-- name: MarkLive
+-- $1 projection, $2 generation, $3 cut-over milliseconds, $4 position.
+UPDATE {{.Schema}}.read_model_generations
+   SET state = 'live', live_since = clock_timestamp(), retired_at = NULL, cutover_ms = $3, cutover_position = $4
+ WHERE projection = $1 AND generation = $2;
+
+-- name: MarkRetired
+UPDATE {{.Schema}}.read_model_generations
+   SET state = 'retired', retired_at = clock_timestamp()
+ WHERE projection = $1 AND generation = $2;
+
+-- name: MarkDropped
+UPDATE {{.Schema}}.read_model_generations
+   SET state = 'dropped', dropped_at = clock_timestamp()
+ WHERE projection = $1 AND generation = $2 AND state = 'retired';
+
+-- name: Expired
+-- Retired generations whose retention ($2 microseconds) has passed.
+SELECT generation
+  FROM {{.Schema}}.read_model_generations
+ WHERE projection = $1 AND state = 'retired'
+   AND retired_at < clock_timestamp() - $2::bigint * interval '1 microsecond'
+ ORDER BY generation;

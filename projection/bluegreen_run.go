@@ -1,0 +1,313 @@
+package projection
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/internal/telemetry"
+)
+
+// blueGreenServiceName is the service that runs the generations of a
+// runner's blue/green projections.
+const blueGreenServiceName = "annals.bluegreen"
+
+// newBlueGreenReg checks a blue/green registration.
+func newBlueGreenReg(name string, handler any, cfg *BlueGreen) (*blueGreenReg, error) {
+	p, ok := handler.(Projection)
+	if !ok {
+		return nil, errors.Newf("projection: %q: BlueGreen is for projections (an observer has no read model)", name)
+	}
+	c := cfg.withDefaults()
+	if c.Version < 1 {
+		return nil, errors.Newf("projection: %q: BlueGreen.Version %d; want at least 1", name, c.Version)
+	}
+	if err := validateReaderSchema(c.ReaderSchema); err != nil {
+		return nil, errors.Wrapf(err, "projection: %q: BlueGreen.ReaderSchema", name)
+	}
+	s, ok := p.(Setupper)
+	if !ok || s.SetupVersion() <= 0 {
+		return nil, errors.Newf("projection: %q: a blue/green read model needs a setup that creates its tables (OnSetup, or implement Setupper)", name)
+	}
+	cut, _ := p.(CommitCutter)
+	return &blueGreenReg{cfg: c, p: p, setup: s, cut: cut}, nil
+}
+
+func validateReaderSchema(s string) error {
+	if s == "" || len(s) > 63 {
+		return errors.Newf("%q: want 1 to 63 bytes", s)
+	}
+	return nil
+}
+
+// blueGreenService runs, in every runner process, the generations of the
+// blue/green projections whose version is this code's: the live one, and
+// one being built (beside the live one, under its own subscriber). Every
+// CheckInterval it creates what the version needs (ensureGenerations),
+// starts and stops generations as their states change, tries the cut-over
+// of a building generation that has caught up, logs its progress, and
+// drops retired generations whose retention has passed.
+type blueGreenService struct {
+	r *Runner
+}
+
+// running is one generation this process runs.
+type running struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (s *blueGreenService) Run(ctx context.Context) error {
+	r := s.r
+	g, err := newGenerations(r.cfg.Schema)
+	if err != nil {
+		return err
+	}
+	listener, err := catchup.NewListener(r.pool.Config().ConnConfig, r.cfg.Schema, r.cfg.Logger)
+	if err != nil {
+		return err
+	}
+	engine, err := r.newEngine(listener)
+	if err != nil {
+		return err
+	}
+	lctx, stopListener := context.WithCancel(context.WithoutCancel(ctx))
+	ldone := make(chan struct{})
+	go func() { defer close(ldone); _ = listener.Run(lctx) }()
+	runs := map[string]*running{} // by generation subscriber
+	defer func() {
+		for _, x := range runs {
+			x.cancel()
+		}
+		for _, x := range runs {
+			<-x.done
+		}
+		stopListener()
+		<-ldone
+	}()
+	r.mu.Lock()
+	var regs []*registration
+	interval := time.Duration(0)
+	for _, reg := range r.regs {
+		if reg.bg != nil {
+			regs = append(regs, reg)
+			if interval == 0 || reg.bg.cfg.CheckInterval < interval {
+				interval = reg.bg.cfg.CheckInterval
+			}
+		}
+	}
+	r.mu.Unlock()
+	lastLog := map[string]time.Time{}
+	for {
+		for _, reg := range regs {
+			if err := s.check(ctx, engine, g, reg, runs, lastLog); err != nil && ctx.Err() == nil {
+				r.cfg.Logger.WarnContext(ctx, "annals: blue/green check failed", slog.String("projection", reg.name), slog.Any("error", err))
+			}
+		}
+		t := time.NewTimer(interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// check does one round for one projection.
+func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g *generations, reg *registration, runs map[string]*running, lastLog map[string]time.Time) error {
+	r, bg := s.r, reg.bg
+	gens, err := r.ensureGenerations(ctx, g, reg.name, bg)
+	if err != nil {
+		return err
+	}
+	want := map[string]Generation{}
+	for _, x := range gens {
+		if x.Version == bg.cfg.Version && (x.State == GenerationBuilding || x.State == GenerationLive) {
+			want[x.Subscriber] = x
+		}
+	}
+	for sub, x := range runs {
+		if _, ok := want[sub]; ok {
+			continue
+		}
+		if _, mine := generationOf(gens, sub); !mine {
+			continue // another projection's
+		}
+		x.cancel()
+		<-x.done
+		delete(runs, sub)
+		r.cfg.Logger.InfoContext(ctx, "annals: stopped running a read-model generation", slog.String("subscriber", sub))
+	}
+	for sub, gen := range want {
+		if runs[sub] != nil {
+			continue
+		}
+		gctx, cancel := context.WithCancel(ctx)
+		x := &running{cancel: cancel, done: make(chan struct{})}
+		runs[sub] = x
+		var wg sync.WaitGroup
+		for _, sc := range r.generationSubs(reg, g, gen, nil) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := engine.Run(gctx, sc); err != nil {
+					r.cfg.Logger.ErrorContext(gctx, "annals: subscription ended", slog.String("subscriber", sc.Name), slog.Any("error", err))
+				}
+			}()
+		}
+		go func() { wg.Wait(); close(x.done) }()
+		r.cfg.Logger.InfoContext(ctx, "annals: running a read-model generation", slog.String("projection", reg.name),
+			slog.Int("generation", gen.Generation), slog.String("state", string(gen.State)), slog.String("schema", gen.Schema))
+	}
+	// A building generation that has caught up with the live one: cut over.
+	old := live(gens)
+	for _, gen := range want {
+		if gen.State != GenerationBuilding {
+			continue
+		}
+		lo, _, n, err := g.positions(ctx, r.pool, gen.Subscriber, false)
+		if err != nil {
+			return err
+		}
+		var target int64
+		if old != nil {
+			if _, target, _, err = g.positions(ctx, r.pool, old.Subscriber, false); err != nil {
+				return err
+			}
+		}
+		if n < reg.opts.Partitions || lo < target {
+			if time.Since(lastLog[gen.Subscriber]) >= 10*time.Second {
+				lastLog[gen.Subscriber] = time.Now()
+				r.cfg.Logger.InfoContext(ctx, "annals: blue/green rebuild in progress", slog.String("projection", reg.name),
+					slog.Int("generation", gen.Generation), slog.Int64("position", lo), slog.Int64("live_position", target))
+			}
+			continue
+		}
+		if _, err := r.cutover(ctx, g, reg.name, gen.Generation, reg.opts.Partitions, bg.cfg.CutoverLockTimeout,
+			waitFor(g, r, gen.Subscriber, bg.cfg.CutoverLockTimeout)); err != nil && !errors.Is(err, ErrCutoverBehind) {
+			return err
+		}
+	}
+	// The janitor: at most once a minute per projection and process.
+	if key := "janitor:" + reg.name; bg.cfg.Retention >= 0 && time.Since(lastLog[key]) >= time.Minute {
+		lastLog[key] = time.Now()
+		dropped, err := DropRetired(ctx, r.pool, r.cfg.Schema, reg.name, bg.cfg.Retention)
+		if len(dropped) > 0 {
+			r.cfg.Logger.InfoContext(ctx, "annals: dropped retired read-model generations", slog.String("projection", reg.name),
+				slog.Any("generations", dropped), slog.Duration("retention", bg.cfg.Retention))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func generationOf(gens []Generation, sub string) (Generation, bool) {
+	i := slices.IndexFunc(gens, func(x Generation) bool { return x.Subscriber == sub })
+	if i < 0 {
+		return Generation{}, false
+	}
+	return gens[i], true
+}
+
+// catchUpBlueGreen is RunUntilCaughtUp for the blue/green projections: it
+// creates what their versions need, catches their live and building
+// generations of this version up to head, and tries the cut-over of a
+// building one once.
+func (r *Runner) catchUpBlueGreen(ctx context.Context, engine *catchup.Engine, head int64) error {
+	r.mu.Lock()
+	regs := slices.Clone(r.regs)
+	r.mu.Unlock()
+	g, err := newGenerations(r.cfg.Schema)
+	if err != nil {
+		return err
+	}
+	for _, reg := range regs {
+		if reg.bg == nil {
+			continue
+		}
+		gens, err := r.ensureGenerations(ctx, g, reg.name, reg.bg)
+		if err != nil {
+			return err
+		}
+		for _, gen := range gens {
+			if gen.Version != reg.bg.cfg.Version || (gen.State != GenerationBuilding && gen.State != GenerationLive) {
+				continue
+			}
+			for _, s := range r.generationSubs(reg, g, gen, nil) {
+				if err := r.catchUp(ctx, engine, s, head); err != nil {
+					return err
+				}
+			}
+			if gen.State == GenerationBuilding {
+				_, err := r.cutover(ctx, g, reg.name, gen.Generation, reg.opts.Partitions, reg.bg.cfg.CutoverLockTimeout,
+					waitFor(g, r, gen.Subscriber, reg.bg.cfg.CutoverLockTimeout))
+				if err != nil && !errors.Is(err, ErrCutoverBehind) {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// hasBlueGreen reports whether a blue/green projection is registered.
+func (r *Runner) hasBlueGreen() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.ContainsFunc(r.regs, func(reg *registration) bool { return reg.bg != nil })
+}
+
+// waitFor is the cut-over's catch-up for a generation that its leaders run
+// live (here or elsewhere): it waits, up to limit, until every partition of
+// subscriber sub has reached target (the old generation is held there).
+func waitFor(g *generations, r *Runner, sub string, limit time.Duration) func(ctx context.Context, from, target int64) error {
+	return func(ctx context.Context, _, target int64) error {
+		deadline := time.Now().Add(limit)
+		for {
+			lo, _, _, err := g.positions(ctx, r.pool, sub, false)
+			if err != nil || lo >= target {
+				return err
+			}
+			if time.Now().After(deadline) {
+				return errors.Wrapf(ErrCutoverBehind, "%s is at %d after %s, the live generation at %d", sub, lo, limit, target)
+			}
+			if err := sleepCtx(ctx, 5*time.Millisecond); err != nil { // polling a checkpoint another leader moves
+				return err
+			}
+		}
+	}
+}
+
+// observeGenerations reports leadership and lag of the generation
+// subscribers (<name>#g<N>) this process leads, under their own subscriber
+// names: a building generation's lag is its rebuild's progress. Called with
+// r.mu held, from the metrics callback.
+func (r *Runner) observeGenerations(o metric.Observer, now time.Time) {
+	for k := range r.leading {
+		if !strings.Contains(k.sub, "#g") || r.names[k.sub] {
+			continue
+		}
+		attrs := metric.WithAttributes(telemetry.Subscriber.String(k.sub), telemetry.Partition.Int(k.part))
+		o.ObserveInt64(r.tel.Leader, 1, attrs)
+		p, known := r.progress[k]
+		if !known {
+			continue
+		}
+		o.ObserveInt64(r.tel.Lag, max(p.head-p.cursor, 0), attrs)
+		age := 0.0
+		if !p.oldest.IsZero() {
+			age = max(now.Sub(p.oldest).Seconds(), 0)
+		}
+		o.ObserveFloat64(r.tel.LagTime, age, attrs)
+	}
+}

@@ -1,0 +1,152 @@
+package projectioncmd
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/spf13/cobra"
+
+	"github.com/annals-dev/annals/projection"
+)
+
+// rebuildBlueGreen is rebuild for a projection with a blue/green read model:
+// a new generation is replayed beside the live one and cut over.
+func (c *commands) rebuildBlueGreen(cmd *cobra.Command, name string, batch int, lockTimeout time.Duration) error {
+	p := c.newProgress(cmd.ErrOrStderr())
+	cut, err := c.runner.RebuildBlueGreen(cmd.Context(), name, &projection.RebuildOptions{
+		BatchSize: batch, LockTimeout: lockTimeout, OnProgress: p.update,
+	})
+	p.end()
+	if err != nil {
+		return err
+	}
+	last := p.last
+	fmt.Fprintf(cmd.OutOrStdout(), "rebuilt %q blue/green: %d events in %s (%.0f events/s); cut over from generation %d to %d "+
+		"at position %d in %s (%d views, %d attempts)\n", name, last.Done, last.Elapsed.Round(time.Millisecond), last.Rate,
+		cut.From, cut.To, cut.ToPosition, cut.Duration.Round(10*time.Microsecond), cut.Views, cut.Attempts)
+	return nil
+}
+
+func (c *commands) rollbackCommand() *cobra.Command {
+	var yes bool
+	cmd := &cobra.Command{
+		Use:   "rollback NAME",
+		Short: "Point a blue/green read model's views back at its previous generation",
+		Long: `Make the newest retired generation older than the live one of the blue/green projection
+NAME live again, in one transaction: the reader views point back at it and it resumes from
+where it stopped at the cut-over (the runners of its version catch it up); the generation
+that was live is retired, stopped where it is. Needs a generation still kept (see
+BlueGreen.Retention). Asks for confirmation unless --yes; without a terminal, --yes is required.`,
+		Example: `  myservice projections rollback balances --yes`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if !yes {
+				in := cmd.InOrStdin()
+				if !c.terminal(in) {
+					return usage(errors.Wrap(ErrNotConfirmed, "stdin is not a terminal: pass --yes to roll back without confirmation"))
+				}
+				if err := c.ask(cmd, fmt.Sprintf("Roll %q back to its previous generation? [y/N] ", name)); err != nil {
+					return err
+				}
+			}
+			cut, err := projection.Rollback(cmd.Context(), c.pool, c.runner.Schema(), name)
+			if errors.Is(err, projection.ErrNoGenerations) || errors.Is(err, projection.ErrNoRollback) {
+				return usage(err)
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "rolled %q back from generation %d (at %d) to generation %d (at %d) in %s\n",
+				name, cut.From, cut.FromPosition, cut.To, cut.ToPosition, cut.Duration.Round(10*time.Microsecond))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation (required without a terminal)")
+	return cmd
+}
+
+func (c *commands) generationsCommand() *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "generations NAME",
+		Short: "List the generations of a blue/green read model: version, schema, state, cut-over",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if output != "text" && output != "json" && output != "jsonl" {
+				return usage(errors.Newf("--output %q: want text, json or jsonl", output))
+			}
+			gens, err := projection.ListGenerations(cmd.Context(), c.pool, c.runner.Schema(), args[0])
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			switch output {
+			case "json":
+				if gens == nil {
+					gens = []projection.Generation{}
+				}
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(gens)
+			case "jsonl":
+				enc := json.NewEncoder(out)
+				for _, g := range gens {
+					if err := enc.Encode(g); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "GENERATION\tVERSION\tSTATE\tSCHEMA\tSUBSCRIBER\tLIVE SINCE\tRETIRED AT\tCUT-OVER")
+			for _, g := range gens {
+				cut := "-"
+				if g.CutoverMS != nil {
+					cut = fmt.Sprintf("%.1f ms at %d", *g.CutoverMS, *g.CutoverPosition)
+				}
+				fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Generation, g.Version, g.State, g.Schema, g.Subscriber,
+					stamp(g.LiveSince), stamp(g.RetiredAt), cut)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text, json or jsonl")
+	return cmd
+}
+
+func stamp(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// generations replaces each blue/green projection by its generations that
+// are building or live (their subscribers are <name>#g<N>), so that list and
+// status show their checkpoints and leaders.
+func (c *commands) generations(ctx context.Context, subs []projection.SubscriberInfo) ([]projection.SubscriberInfo, error) {
+	var out []projection.SubscriberInfo
+	for _, s := range subs {
+		if !s.BlueGreen {
+			out = append(out, s)
+			continue
+		}
+		gens, err := projection.ListGenerations(ctx, c.pool, c.runner.Schema(), s.Name)
+		if err != nil {
+			return nil, err
+		}
+		for _, g := range gens {
+			if g.State == projection.GenerationBuilding || g.State == projection.GenerationLive {
+				x := s
+				x.Name = g.Subscriber
+				out = append(out, x)
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,108 @@
+package projectioncmd
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/projection"
+)
+
+// perStream counts events per stream in table counts, times its version.
+type perStream struct{ version int }
+
+func (p perStream) Name() string { return "counts" }
+func (p perStream) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
+	_, err := tx.Exec(ctx, `INSERT INTO counts VALUES ($1, $2) ON CONFLICT (stream) DO UPDATE SET n = counts.n + $2`, e.StreamID, p.version)
+	return err
+}
+func (p perStream) SetupVersion() int { return 1 }
+func (p perStream) Setup(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `CREATE TABLE counts (stream text PRIMARY KEY, n int NOT NULL)`)
+	return err
+}
+
+func blueGreenBundle(t *testing.T, b *bundle, version int) *bundle {
+	t.Helper()
+	r, err := projection.NewRunner(b.db.Pool, &projection.Config{InstanceID: "bg-" + string(rune('0'+version))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(perStream{version}, &projection.Options{BlueGreen: &projection.BlueGreen{Version: version}}); err != nil {
+		t.Fatal(err)
+	}
+	return &bundle{db: b.db, store: b.store, runner: r}
+}
+
+func TestBlueGreenCommands(t *testing.T) {
+	b := setup(t)
+	v1 := blueGreenBundle(t, b, 1)
+	b.fill(t, 300)
+	if err := v1.runner.RunUntilCaughtUp(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	sum := func() (n int) {
+		t.Helper()
+		if err := b.db.Pool.QueryRow(t.Context(), `SELECT coalesce(sum(n), 0) FROM public.counts`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if got := sum(); got != 300 {
+		t.Fatalf("version 1 counts %d, want 300", got)
+	}
+
+	v2 := blueGreenBundle(t, b, 2)
+	res := v2.execute(t, false, "", "rebuild", "counts", "--yes")
+	if res.err != nil {
+		t.Fatalf("rebuild: %v\n%s", res.err, res.stderr)
+	}
+	if !strings.Contains(res.stdout, "cut over from generation 1 to 2") {
+		t.Fatalf("rebuild printed %q", res.stdout)
+	}
+	if got := sum(); got != 600 {
+		t.Fatalf("after the cut-over the view counts %d, want 600 (version 2)", got)
+	}
+
+	res = v2.execute(t, false, "", "status", "counts")
+	if res.err != nil || !strings.Contains(res.stdout, "counts#g2") || strings.Contains(res.stdout, "counts#g1") {
+		t.Fatalf("status of a blue/green projection shows its live generation: %v\n%s", res.err, res.stdout)
+	}
+	res = v2.execute(t, false, "", "generations", "counts", "--output", "json")
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	var gens []projection.Generation
+	if err := json.Unmarshal([]byte(res.stdout), &gens); err != nil {
+		t.Fatalf("%v in %q", err, res.stdout)
+	}
+	if len(gens) != 2 || gens[0].State != projection.GenerationRetired || gens[1].State != projection.GenerationLive || gens[1].CutoverMS == nil {
+		t.Fatalf("generations: %+v", gens)
+	}
+	res = v2.execute(t, false, "", "generations", "counts")
+	if res.err != nil || !strings.Contains(lineOf(t, res.stdout, "2 "), "live") {
+		t.Fatalf("generations (text): %v\n%s", res.err, res.stdout)
+	}
+	if res = v2.execute(t, false, "", "generations", "counts", "--output", "yaml"); !errors.Is(res.err, ErrUsage) {
+		t.Fatalf("--output yaml: %v", res.err)
+	}
+
+	if res = v2.execute(t, false, "", "rollback", "counts"); !errors.Is(res.err, ErrUsage) || !errors.Is(res.err, ErrNotConfirmed) {
+		t.Fatalf("rollback without --yes and without a terminal: %v", res.err)
+	}
+	res = v2.execute(t, false, "", "rollback", "counts", "--yes")
+	if res.err != nil || !strings.Contains(res.stdout, "back from generation 2") {
+		t.Fatalf("rollback: %v\n%s", res.err, res.stdout)
+	}
+	if got := sum(); got != 300 {
+		t.Fatalf("after the rollback the view counts %d, want 300 (version 1)", got)
+	}
+	if res = v2.execute(t, false, "", "rollback", "counts", "--yes"); !errors.Is(res.err, ErrUsage) || !errors.Is(res.err, projection.ErrNoRollback) {
+		t.Fatalf("second rollback: %v", res.err)
+	}
+}
