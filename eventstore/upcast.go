@@ -142,6 +142,10 @@ func (m Metadata) SchemaVersion() (int, error) {
 // through a Store, Decode and Decode[T] call it; call it yourself for events
 // obtained otherwise.
 func (r *Registry) Upcast(e Event) (Event, error) {
+	e, err := r.reveal(e)
+	if err != nil {
+		return e, err
+	}
 	chain := r.chain(e.Type)
 	if len(chain) == 0 {
 		return e, nil
