@@ -269,11 +269,15 @@ func (r *Registry) reveal(e Event) (Event, error) {
 		if !ok {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), readKeyTimeout)
-		key, err := k.lookup(ctx, env.Subject, false)
-		cancel()
-		if err != nil {
-			return e, errors.Wrapf(err, "event %d", e.GlobalSequence)
+		key, ok := k.cached(env.Subject)
+		if !ok {
+			ctx, cancel := context.WithTimeout(context.Background(), readKeyTimeout)
+			var err error
+			key, err = k.lookup(ctx, env.Subject, false)
+			cancel()
+			if err != nil {
+				return e, errors.Wrapf(err, "event %d", e.GlobalSequence)
+			}
 		}
 		switch {
 		case key.forgotten:
