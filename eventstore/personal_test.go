@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -423,5 +424,117 @@ func BenchmarkReadDecodePersonal(b *testing.B) {
 		if _, err := eventstore.Decode[CustomerRegistered](reg, stored); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestPersonalConcurrent: stores with caches of their own race to make the
+// first key of one subject (one key wins; every event decrypts with it),
+// then keep appending while the subject is forgotten: afterwards every
+// event of the subject reads redacted, whichever key state the writer had
+// cached, and no plaintext is stored.
+func TestPersonalConcurrent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	kek := newKEK(t)
+	const writers = 6
+	stores := make([]*eventstore.Store, writers)
+	for i := range stores {
+		stores[i] = personalStore(t, db, kek, &eventstore.Config{KeyCacheTTL: 50 * time.Millisecond})
+	}
+	errs := make(chan error, writers)
+	start := make(chan struct{})
+	for i, s := range stores {
+		go func() {
+			<-start
+			_, err := s.Append(ctx, fmt.Sprintf("customer-c-1-%d", i), eventstore.NoStream, eventstore.NewEvent(ada("c-1")))
+			errs <- err
+		}()
+	}
+	close(start)
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	var keys int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.personal_keys`).Scan(&keys); err != nil || keys != 1 {
+		t.Fatalf("%d key rows (%v), want 1", keys, err)
+	}
+	for i, s := range stores {
+		for e, err := range s.ReadAll(ctx, 0) {
+			if err != nil {
+				t.Fatalf("store %d: %v", i, err)
+			}
+			v, err := eventstore.Decode[CustomerRegistered](s.Registry(), e)
+			if err != nil || v.Data.Name != ada("c-1").Name {
+				t.Fatalf("store %d reads %+v %v", i, v.Data, err)
+			}
+		}
+	}
+
+	// Appends continue while the subject is forgotten.
+	stop := make(chan struct{})
+	done := make(chan int, writers)
+	var appended atomic.Int64
+	for i, s := range stores {
+		go func() {
+			n := 0
+			for {
+				select {
+				case <-stop:
+					done <- n
+					return
+				default:
+				}
+				_, err := s.Append(ctx, fmt.Sprintf("customer-c-1-%d", i), eventstore.Any, eventstore.NewEvent(ada("c-1")))
+				switch {
+				case err == nil:
+					n++
+					appended.Add(1)
+				case errors.Is(err, eventstore.ErrSubjectForgotten):
+				default:
+					t.Error(err)
+					done <- n
+					return
+				}
+			}
+		}()
+	}
+	annalstest.WaitFor(t, 10*time.Second, func() bool { return appended.Load() >= writers })
+	if _, err := stores[0].Forget(ctx, "c-1"); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until every writer is refused (their caches expired), then stop.
+	for i, s := range stores {
+		annalstest.WaitFor(t, 10*time.Second, func() bool {
+			_, err := s.Append(ctx, fmt.Sprintf("customer-c-1-%d", i), eventstore.Any, eventstore.NewEvent(ada("c-1")))
+			return errors.Is(err, eventstore.ErrSubjectForgotten)
+		})
+	}
+	close(stop)
+	total := 0
+	for range writers {
+		total += <-done
+	}
+	t.Logf("%d appends during the race", total)
+	fresh := personalStore(t, db, kek, nil)
+	n := 0
+	for e, err := range fresh.ReadAll(ctx, 0) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := eventstore.Decode[CustomerRegistered](fresh.Registry(), e)
+		if err != nil || v.Data.Name != eventstore.Forgotten || v.Data.Email != eventstore.Forgotten || v.Data.Age != 0 || v.Data.Tags != nil {
+			t.Fatalf("event %d after Forget: %+v %v", e.GlobalSequence, v.Data, err)
+		}
+		n++
+	}
+	if n < writers {
+		t.Fatalf("read %d events", n)
+	}
+	var leaked int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.events t WHERE t::text LIKE '%Ada Lovelace%'`).Scan(&leaked); err != nil || leaked != 0 {
+		t.Fatalf("%d events hold the plaintext (%v)", leaked, err)
 	}
 }
