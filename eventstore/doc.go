@@ -165,6 +165,33 @@
 // ReservedTypePrefix cannot be appended; RegisterLifecycleEvents registers
 // their Go types for decoding.
 //
+// # Personal data and forgetting (crypto-shredding)
+//
+// Register a type with PersonalData(subject field) and tag its personal
+// top-level fields `annals:"personal"`; give the Store a KEK
+// (Config.KEK: NewLocalKEK, or a KMS implementing KeyEncrypter). Before an
+// append, each personal field's JSON is encrypted with AES-256-GCM under the
+// subject's data key (a random nonce per field; subject and field name as
+// additional data) and replaced by {"$personal": {"v": 1, "subject",
+// "kind", "data"}}. A subject's data key is 32 random bytes made at its
+// first append, stored in the personal_keys table wrapped by the KEK (an
+// INSERT ... ON CONFLICT DO NOTHING then a read, so concurrent first appends
+// agree on one key). Unwrapped keys are cached in an LRU of
+// Config.KeyCacheSize subjects, each trusted for Config.KeyCacheTTL.
+//
+// Decryption is type-agnostic: Registry.Upcast (which every read path
+// calls: ReadAll, ReadStream, Decode, Decode[T], the projection runner with
+// a Registry) first replaces each envelope in the event's top-level object
+// by its plaintext, using the key ring the Store attached to its registry.
+// Store.Forget destroys the subject's key (forget_subject: the row keeps a
+// tombstone, forgotten_at) and deletes the snapshots of the streams holding
+// its personal data; from then on its fields decode to Forgotten
+// ("[forgotten]") when they were strings and to null (the zero value)
+// otherwise, and new personal data of the subject is refused
+// (ErrSubjectForgotten). Without a KEK, reads redact forgotten subjects and
+// leave the others' envelopes as they are. See docs/operations.md,
+// "Forgetting people", and docs/guarantees.md §16.
+//
 // # Errors
 //
 // Bad input fails with ErrInvalidEvent before anything is sent: a stream ID

@@ -10,3 +10,6 @@ func QueuedAppends(s *Store) int {
 	defer s.group.mu.Unlock()
 	return len(s.group.queue)
 }
+
+// KeyCacheLen reports how many subjects s's key ring caches.
+func KeyCacheLen(s *Store) int { return s.keys.cacheLen() }

@@ -19,23 +19,38 @@ type Registry struct {
 	// upcasters maps an event type to its chain (index i: version i+1 to
 	// i+2); replaced whole on registration, so reads need no lock.
 	upcasters atomic.Pointer[map[string][]Upcaster]
+	// personal maps event types with personal data to their fields
+	// (PersonalData); keys decrypts them on reads (set by New).
+	personal map[string]*personalSpec
+	keys     atomic.Pointer[keyring]
 }
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{byName: map[string]reflect.Type{}, byType: map[reflect.Type]string{}}
+	return &Registry{byName: map[string]reflect.Type{}, byType: map[reflect.Type]string{}, personal: map[string]*personalSpec{}}
 }
 
 // Register records that events of type name decode into T (and that a T
 // appended without a Type is named name). A name or Go type may be registered
-// once; registering the same pair again is a no-op.
-func Register[T any](r *Registry, name string) error {
+// once; registering the same pair again is a no-op. Options: PersonalData
+// (a type with fields tagged `annals:"personal"` must name its subject so).
+func Register[T any](r *Registry, name string, opts ...RegisterOption) error {
 	t := reflect.TypeFor[T]()
 	if name == "" {
 		return invalidf("cannot register %s under an empty event type name", t)
 	}
 	if t.Kind() == reflect.Pointer {
 		return invalidf("register the element type of %s, not a pointer", t)
+	}
+	var o registration
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return errors.Mark(err, ErrInvalidEvent)
+		}
+	}
+	spec, err := personalSpecOf(t, o)
+	if err != nil {
+		return err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -47,12 +62,18 @@ func Register[T any](r *Registry, name string) error {
 	}
 	r.byName[name] = t
 	r.byType[t] = name
+	if spec != nil {
+		if r.personal == nil {
+			r.personal = map[string]*personalSpec{}
+		}
+		r.personal[name] = spec
+	}
 	return nil
 }
 
 // MustRegister is Register that panics on error, for package initialization.
-func MustRegister[T any](r *Registry, name string) {
-	if err := Register[T](r, name); err != nil {
+func MustRegister[T any](r *Registry, name string, opts ...RegisterOption) {
+	if err := Register[T](r, name, opts...); err != nil {
 		panic(err)
 	}
 }

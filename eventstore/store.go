@@ -59,6 +59,21 @@ type Config struct {
 	// events no inline projection handles keeps the group-commit path.
 	// Defaults to none.
 	Inline []InlineProjection
+	// KEK wraps the per-subject data keys of personal data (see
+	// PersonalData, NewLocalKEK). Without it, appends of event types with
+	// personal data fail (ErrNoKEK) and reads leave their fields encrypted,
+	// except those of forgotten subjects, which read redacted. New attaches
+	// the store's key ring to Registry (replacing one without a KEK), so
+	// decodes through the registry decrypt too. Defaults to none.
+	KEK KeyEncrypter
+	// KeyCacheSize bounds the number of subjects whose data keys are kept
+	// unwrapped in memory (least recently used evicted). Defaults to
+	// DefaultKeyCacheSize.
+	KeyCacheSize int
+	// KeyCacheTTL is how long a cached key (or a subject's absence) is
+	// trusted: a subject forgotten by another process is decrypted here for
+	// at most this long. Defaults to DefaultKeyCacheTTL.
+	KeyCacheTTL time.Duration
 }
 
 // Store appends events to and reads events from the annals schema through a
@@ -75,6 +90,7 @@ type Store struct {
 	lc       lifecycleQueries
 	clock    func() time.Time
 	inline   *inline // nil without inline projections
+	keys     *keyring
 }
 
 type queries struct {
@@ -151,6 +167,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	}
 	if s.lc, err = newLifecycleQueries(c.Schema); err != nil {
 		return nil, err
+	}
+	if s.keys, err = newKeyring(pool, c.Schema, c.KEK, c.KeyCacheSize, c.KeyCacheTTL); err != nil {
+		return nil, err
+	}
+	if old := c.Registry.keys.Load(); c.KEK != nil || old == nil || old.kek == nil {
+		c.Registry.keys.Store(s.keys)
 	}
 	return s, nil
 }

@@ -140,8 +140,15 @@ func (m Metadata) SchemaVersion() (int, error) {
 // set to that version. An event already at the current version, or of a
 // type without upcasters, is returned as is. Errors match ErrUpcast. Reads
 // through a Store, Decode and Decode[T] call it; call it yourself for events
-// obtained otherwise.
+// obtained otherwise. Before upcasting, it decrypts the event's personal
+// fields (PersonalData) with the key ring a Store attached to r, or redacts
+// them when their subject is forgotten; a key it cannot unwrap fails with
+// ErrKeyUnwrap, a field it cannot decrypt with ErrDecrypt.
 func (r *Registry) Upcast(e Event) (Event, error) {
+	e, err := r.reveal(e)
+	if err != nil {
+		return e, err
+	}
 	chain := r.chain(e.Type)
 	if len(chain) == 0 {
 		return e, nil

@@ -23,6 +23,9 @@ GRANT SELECT ON {{.Schema}}.events, {{.Schema}}.streams TO {{.Role}};
 -- The catch-up engine's read (catchup ReadBatch, also in annals tail) looks
 -- at the subscriber's checkpoint and dead letters in the same statement.
 GRANT SELECT ON {{.Schema}}.checkpoints, {{.Schema}}.dead_letters TO {{.Role}};
+-- Reads of events with personal data look up whether the subject is forgotten
+-- (and its wrapped data key, useless without the application's KEK).
+GRANT SELECT ON {{.Schema}}.personal_keys TO {{.Role}};
 
 -- name: observe
 -- A reader's view of the machinery, for annals status and the console's
@@ -39,6 +42,10 @@ GRANT EXECUTE ON FUNCTION {{.Schema}}.append_batch(text[], bigint[], int[], int[
 GRANT EXECUTE ON FUNCTION {{.Schema}}.delete_stream(text, bigint, boolean, jsonb) TO {{.Role}};
 -- eventstore SetStreamRetention (annals stream set): appends "$stream.truncated".
 GRANT EXECUTE ON FUNCTION {{.Schema}}.set_stream_retention(text, interval, bigint, bigint) TO {{.Role}};
+-- eventstore personal data: a subject's first append creates its data key;
+-- Store.Forget (annals forget) destroys it through forget_subject.
+GRANT INSERT ON {{.Schema}}.personal_keys TO {{.Role}};
+GRANT EXECUTE ON FUNCTION {{.Schema}}.forget_subject(text) TO {{.Role}};
 
 -- name: snapshots
 -- aggregate: LoadSnapshot, SaveSnapshot (an upsert).

@@ -154,6 +154,7 @@ func (e *env) rootCommand() *cobra.Command {
 		e.scavengeCommand(),
 		e.relayCommand(),
 		e.uiCommand(),
+		e.forgetCommand(),
 	)
 	// cobra's own completion command (annals completion bash|zsh|fish|
 	// powershell), made here rather than when executing so that a missing or

@@ -1,0 +1,62 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/eventstore"
+)
+
+type personRegistered struct {
+	PersonID string `json:"person_id"`
+	Name     string `json:"name" annals:"personal"`
+	Visits   int    `json:"visits" annals:"personal"`
+}
+
+// TestForget: annals read shows personal fields encrypted (it has no KEK),
+// annals forget destroys the key, and annals read then shows "[forgotten]".
+func TestForget(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	reg := eventstore.NewRegistry()
+	eventstore.MustRegister[personRegistered](reg, "person.registered", eventstore.PersonalData("PersonID"))
+	kek, err := eventstore.NewLocalKEK([]byte("0123456789abcdef0123456789abcdef"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := eventstore.New(db.Pool, &eventstore.Config{Registry: reg, KEK: kek})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Append(context.Background(), "person-1", eventstore.NoStream,
+		eventstore.NewEvent(personRegistered{PersonID: "p-1", Name: "Ada Lovelace", Visits: 3})); err != nil {
+		t.Fatal(err)
+	}
+	r := annals(t, db.URL, "read", "person-1", "--output", "jsonl")
+	if r.code != 0 || strings.Contains(r.stdout, "Ada") || !strings.Contains(r.stdout, `$personal`) {
+		t.Fatalf("read before forget: %+v", r)
+	}
+	if r = annals(t, db.URL, "forget", "p-1"); r.code != ExitUsage {
+		t.Fatalf("forget without --yes off a terminal: %+v", r)
+	}
+	if r = annals(t, db.URL, "forget"); r.code != ExitUsage {
+		t.Fatalf("forget without a subject: %+v", r)
+	}
+	r = annals(t, db.URL, "forget", "p-1", "--yes", "--output", "json")
+	var res eventstore.ForgetResult
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &res) != nil || !res.HadKey || res.Subject != "p-1" {
+		t.Fatalf("forget: %+v %+v", r, res)
+	}
+	for _, format := range []string{"text", "jsonl"} {
+		r = annals(t, db.URL, "read", "person-1", "--output", format)
+		if r.code != 0 || !strings.Contains(r.stdout, eventstore.Forgotten) || strings.Contains(r.stdout, `$personal`) {
+			t.Fatalf("read --output %s after forget: %+v", format, r)
+		}
+	}
+	if r = annals(t, db.URL, "forget", "p-1", "--yes"); r.code != 0 || !strings.Contains(r.stdout, "no data key") {
+		t.Fatalf("second forget: %+v", r)
+	}
+}
