@@ -63,7 +63,19 @@ func runSource(t *testing.T, src *walsource.Source) (stop func()) {
 
 // dropSlotAtEnd drops the slot before the test's database is dropped (a
 // database with a logical slot cannot be dropped).
+// dropSlotAtEnd creates the slot now and drops it when the test ends.
+// Creating a logical slot waits for every transaction running in the
+// cluster at that moment to end, and in make test other packages' tests
+// hold some open for seconds; made up front, with time to spare, the slot
+// does not eat into the deadlines of what the test measures. (Sources
+// create their slot too when it is missing: walsource.EnsureSlot.)
 func dropSlotAtEnd(t *testing.T, pool *pgxpool.Pool, slot string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	if _, err := walsource.EnsureSlot(ctx, pool, slot); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
