@@ -81,6 +81,14 @@ func TestRelayNATS(t *testing.T) {
 			t.Error(err)
 		}
 	})
+	// Made up front, with minutes to spare: creating a logical slot waits
+	// for every transaction running in the cluster (other packages' tests
+	// hold some open for seconds in make test). The relay uses it as found.
+	mctx, mcancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	if _, err := walsource.EnsureSlot(mctx, db.Pool, slot); err != nil {
+		t.Fatal(err)
+	}
+	mcancel()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan result, 1)
 	go func() {
