@@ -232,26 +232,39 @@
 // # Reading a batch
 //
 // One statement returns up to BatchSize matching events after the cursor and
-// the head (max global_sequence) from the same snapshot. Event-type globs and
-// the partition (annals.stream_partition(stream_id, n)) are applied in SQL.
-// If fewer than BatchSize events match, every event up to the head has been
-// considered, so the batch covers ("Through") the head and the checkpoint may
-// move past events that did not match; otherwise it covers through the last
-// event returned. A subscriber that matches nothing still advances.
+// a header from the same snapshot: the head (max global_sequence), the
+// checkpoint's epoch and stop reason and the dead-letter counts. The
+// header comes once, in a row whose event columns are NULL (the event rows
+// carry NULL header columns), and every column comes in binary, decoded by
+// the engine itself rather than through pgx's generic Scan (a connection
+// that answers in text, e.g. over the simple protocol, is read through
+// Scan). Event-type globs and the partition (annals.stream_partition of
+// the partition key) are applied in SQL. If fewer than BatchSize events
+// match, every event up to the head has been considered, so the batch
+// covers ("Through") the head and the checkpoint may move past events that
+// did not match; otherwise it covers through the last event returned. A
+// subscriber that matches nothing still advances.
 //
 // # Reading ahead
 //
-// While a full batch is processed (on the lock's connection), the next one
-// is read (on the pool), so that a long catch-up overlaps the read of batch
-// N+1 with handling and committing batch N. The read-ahead is made only when
+// While a full batch is processed, the next events are read on the pool:
+// not one batch but about 4,000 events (aheadEvents, in whole batches) in
+// one statement, cut into batches as the statement reads them, so that a
+// partition far behind its head pays one round trip and one statement
+// start per few thousand events, and the read overlaps the handling and
+// committing of the batches before it. The batches read ahead are used in
+// order, each only if it starts where the cursor is; the next read ahead
+// leaves when the last batch known is full. A read ahead is made only when
 // nothing about the partition is pending (no unresolved or released dead
-// letters, no stop reason), and it is used only if batch N succeeded
-// completely (the processor returned its Through and no error) and the
-// processor did not call Lease.Changed (it wrote a dead letter or stopped the
-// partition, which changes what the next read reports). Otherwise it is
-// discarded and the batch read again. The read-ahead is always waited for
-// before the loop goes on; it never moves a checkpoint.
-//
+// letters, no stop reason), and what was read ahead is discarded, and read
+// again, as soon as a batch does not succeed completely (the processor
+// returned less than its Through, or an error) or the processor called
+// Lease.Changed (it wrote a dead letter or stopped the partition, which
+// changes what the next read reports). A read ahead in flight is always
+// waited for before the loop returns; it never moves a checkpoint. Memory:
+// at most two reads ahead's events per partition (the batches pending and
+// the read in flight).
+
 // # Processing and fencing
 //
 // A Processor handles each batch and reports how far it got. Transactional

@@ -683,8 +683,18 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		batchSize = 500
 	}
 	cursor := lease.Start
-	// ahead is the next batch, read while the previous one was processed.
-	var ahead *readAhead
+	// Reading ahead (see the package doc): pending are batches read
+	// ahead, in order; next is a read ahead in flight, which is always
+	// waited for before lead returns.
+	var (
+		pending []Batch
+		next    chan readAhead
+	)
+	defer func() {
+		if next != nil {
+			<-next
+		}
+	}()
 	for {
 		if ctx.Err() != nil {
 			if live {
@@ -697,14 +707,21 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			return lease.Err()
 		default:
 		}
+		if len(pending) == 0 && next != nil {
+			r := <-next
+			next = nil
+			if r.err == nil {
+				pending = r.batches
+			}
+		}
 		var batch Batch
 		var err error
-		if ahead != nil && ahead.after == cursor {
-			batch, err = ahead.batch, ahead.err
+		if len(pending) > 0 && pending[0].After == cursor {
+			batch, pending = pending[0], pending[1:]
 		} else {
+			pending = nil
 			batch, err = e.read(ctx, sub, lease, cursor, batchSize, target)
 		}
-		ahead = nil
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -776,26 +793,31 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			}
 			continue
 		}
-		// Read the next batch while this one is processed (see "Reading
-		// ahead" in the package doc): only when this one is full, so more is
-		// likely there, and nothing about the partition is pending that its
-		// processing may change.
-		var next chan readAhead
-		if len(batch.Events) == batchSize && batch.Through < target &&
+		// Read the next batches while this one is processed (see "Reading
+		// ahead" in the package doc): only when the last batch known is
+		// full, so more is likely there, and nothing about the partition is
+		// pending that its processing may change.
+		last := batch
+		if len(pending) > 0 {
+			last = pending[len(pending)-1]
+		}
+		if next == nil && len(last.Events) == batchSize && last.Through < target &&
 			batch.Unresolved == 0 && batch.Redeliveries == 0 && batch.Stopped == "" {
 			next = make(chan readAhead, 1)
 			go func(after int64) {
-				b, err := e.read(ctx, sub, lease, after, batchSize, target)
-				next <- readAhead{after: after, batch: b, err: err}
-			}(batch.Through)
+				bs, err := e.readBatches(ctx, sub, lease, after, batchSize, aheadBatches(batchSize), target)
+				next <- readAhead{batches: bs, err: err}
+			}(last.Through)
 		}
 		lease.changed = false
 		done, err := sub.Processor.Process(procCtx, lease, batch)
-		if next != nil {
-			// Always wait for it: no read outlives the batch loop.
-			r := <-next
-			if err == nil && done == batch.Through && !lease.changed {
-				ahead = &r
+		if err != nil || done != batch.Through || lease.changed {
+			// What was read ahead may be stale (a dead letter, a stop) or
+			// start elsewhere: read again.
+			pending = nil
+			if next != nil {
+				<-next
+				next = nil
 			}
 		}
 		if done > cursor {
@@ -815,12 +837,23 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 	}
 }
 
-// readAhead is a batch read while the one before it was processed.
+// readAhead is what a read ahead returns: consecutive batches, or an error
+// (then the loop reads again itself, and meets the error there if it
+// persists).
 type readAhead struct {
-	after int64
-	batch Batch
-	err   error
+	batches []Batch
+	err     error
 }
+
+// aheadEvents is about how many events a read ahead asks for: several
+// batches in one statement, so that a partition far behind its head pays
+// one round trip and one statement start per few thousand events rather
+// than per batch, while what is held in memory stays bounded (about this
+// many events read ahead, plus the chunk being read).
+const aheadEvents = 4000
+
+// aheadBatches is how many batches of batchSize a read ahead asks for.
+func aheadBatches(batchSize int) int { return max(1, aheadEvents/batchSize) }
 
 // isFatal reports errors that end a leadership: fencing and a lost lock.
 func isFatal(err error) bool {
@@ -846,45 +879,73 @@ func (e *Engine) wait(ctx context.Context, lost <-chan struct{}, signal <-chan s
 // A leader (not an ephemeral subscription) whose epoch is no longer the
 // checkpoint's is told so with checkpoint.ErrFenced.
 func (e *Engine) read(ctx context.Context, sub *Subscription, lease *Lease, after int64, limit int, target int64) (Batch, error) {
+	bs, err := e.readBatches(ctx, sub, lease, after, limit, 1, target)
+	if err != nil {
+		return Batch{}, err
+	}
+	return bs[0], nil
+}
+
+// readBatches reads up to batchSize × n events after cursor in one
+// statement and returns them as consecutive batches of batchSize (the last
+// may be shorter, or empty when nothing matched). Every batch carries the
+// one header the statement read.
+func (e *Engine) readBatches(ctx context.Context, sub *Subscription, lease *Lease, after int64, batchSize, n int, target int64) ([]Batch, error) {
 	var regex *string
 	if re := sub.Filter.Regex(); re != "" {
 		regex = &re
 	}
 	key, err := parsePartitionBy(sub.PartitionBy)
 	if err != nil {
-		return Batch{}, err
+		return nil, err
 	}
 	readPool := e.pool
 	if e.cfg.ReadPool != nil {
 		readPool = e.cfg.ReadPool
 	}
-	rows, err := readPool.Query(ctx, e.q["ReadBatch"], after, limit, regex, max(sub.Partitions, 1), sub.Partition, target, sub.Name, key.kind, key.field)
+	limit := batchSize * n
+	rows, err := readPool.Query(ctx, e.q["ReadBatch"], binaryResults, after, limit, regex, max(sub.Partitions, 1), sub.Partition, target, sub.Name, key.kind, key.field)
 	if err != nil {
-		return Batch{}, errors.Wrap(err, "catchup: read batch")
+		return nil, errors.Wrap(err, "catchup: read batch")
 	}
-	b := Batch{After: after, Events: make([]eventstore.Event, 0, limit)}
-	h, err := scanBatch(rows, &b)
+	h, chunks, err := scanBatch(rows, batchSize)
 	if err != nil {
-		return Batch{}, errors.Wrap(err, "catchup: read batch")
+		return nil, errors.Wrap(err, "catchup: read batch")
 	}
 	if e.cfg.ReadPool != nil && !lease.Ephemeral() {
 		if err := e.pool.QueryRow(ctx, e.q["ReadHeader"], sub.Name, sub.Partition).Scan(&h.epoch, &h.stopped, &h.retry, &h.unresolved); err != nil {
-			return Batch{}, errors.Wrap(err, "catchup: read the batch header")
+			return nil, errors.Wrap(err, "catchup: read the batch header")
 		}
 	}
 	if !lease.Ephemeral() && h.epoch != lease.Epoch {
-		return Batch{}, errors.Wrapf(checkpoint.ErrFenced, "catchup: %s/%d: the checkpoint's epoch is no longer %d", sub.Name, sub.Partition, lease.Epoch)
+		return nil, errors.Wrapf(checkpoint.ErrFenced, "catchup: %s/%d: the checkpoint's epoch is no longer %d", sub.Name, sub.Partition, lease.Epoch)
 	}
-	if !lease.Ephemeral() {
-		b.Redeliveries, b.Unresolved, b.Stopped = h.retry, h.unresolved, h.stopped
+	if len(chunks) == 0 {
+		chunks = [][]eventstore.Event{make([]eventstore.Event, 0)}
 	}
-	head := h.head
-	b.Head = head
-	b.Through = min(max(head, after), target)
-	if len(b.Events) == limit {
-		b.Through = b.Events[len(b.Events)-1].GlobalSequence
+	total := 0
+	for _, c := range chunks {
+		total += len(c)
 	}
-	return b, nil
+	batches := make([]Batch, 0, len(chunks))
+	for i, c := range chunks {
+		b := Batch{After: after, Events: c, Head: h.head}
+		if !lease.Ephemeral() {
+			b.Redeliveries, b.Unresolved, b.Stopped = h.retry, h.unresolved, h.stopped
+		}
+		if i < len(chunks)-1 || total == limit {
+			// Not the last batch, or the read was cut at its limit: this
+			// batch accounts for the events up to its last one.
+			b.Through = c[len(c)-1].GlobalSequence
+		} else {
+			// Fewer than the limit matched: every event up to the head
+			// (and target) has been considered.
+			b.Through = min(max(h.head, after), target)
+		}
+		batches = append(batches, b)
+		after = b.Through
+	}
+	return batches, nil
 }
 
 func jitter(d time.Duration) time.Duration {
