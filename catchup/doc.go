@@ -265,6 +265,30 @@
 // at most two reads ahead's events per partition (the batches pending and
 // the read in flight).
 
+// # Committing while behind
+//
+// A batch read while its partition is behind the head (its Through is
+// below the head the read saw) commits through Lease.CommitTx or
+// CommitConn with synchronous_commit off for that transaction alone
+// (AsyncCommit, queued before COMMIT in the same round trip): the commit
+// returns without waiting for its WAL flush, so a catch-up is not paced by
+// one flush per batch. Why it is safe: the batch's writes and its
+// checkpoint are one transaction, which PostgreSQL's WAL orders and
+// recovers atomically; a crash of the server loses a suffix of such
+// batches (at most what the WAL writer had not written, about
+// wal_writer_delay's worth) together with their checkpoints, and the next
+// leader applies them again from the recovered checkpoint, so every event
+// is still applied exactly once. The first batch that reaches the head
+// commits synchronously, and its flush makes every earlier one durable:
+// a CatchUp (a rebuild, RunUntilCaughtUp) returns durable. Two exceptions
+// wait for the flush: a transaction that holds the append lock (its
+// handlers appended events, which must be durable before anyone sees
+// them), and a Subscription with SyncCommits (for read models something
+// outside acts on as rows appear: asynchronous commits make rows visible
+// before they are durable). TestCatchUpSurvivesACrashWithAsyncCommits
+// (package projection) kills PostgreSQL mid catch-up and checks both the
+// loss and the exactly-once recovery.
+//
 // # Processing and fencing
 //
 // A Processor handles each batch and reports how far it got. Transactional

@@ -72,6 +72,11 @@ type Lease struct {
 	changed     bool
 	commitSQL   string // CommitFenced
 	notifySQL   string // NotifyCheckpoint
+	asyncSQL    string // AsyncCommit
+	// behind: the batch in hand was read while the partition was behind its
+	// head, and the subscription allows its commit not to wait for its WAL
+	// flush (Subscription.SyncCommits unset).
+	behind bool
 	// CommitFencedHeld
 	commitHeldSQL string
 }
@@ -108,6 +113,9 @@ func (l *Lease) CommitConn(ctx context.Context, conn *pgx.Conn, begin bool, posi
 		b.Queue(l.commitHeldSQL, l.Subscriber, l.Partition, l.Epoch, position, int32(l.shared.pid), k1, k2)
 	case !l.Ephemeral():
 		b.Queue(l.commitSQL, l.Subscriber, l.Partition, l.Epoch, position)
+	}
+	if l.behind && l.asyncSQL != "" {
+		b.Queue(l.asyncSQL)
 	}
 	b.Queue("COMMIT")
 	notify := !l.Ephemeral() && l.notifySQL != "" && position > 0
@@ -294,6 +302,12 @@ type Subscription struct {
 	Filter Filter
 	// BatchSize is the number of events read per batch.
 	BatchSize int
+	// SyncCommits makes every batch commit through Lease.CommitTx or
+	// CommitConn wait for its WAL flush. By default a batch read while the
+	// partition is behind its head commits without waiting (see
+	// "Committing while behind" in the package doc), unless its
+	// transaction appended events.
+	SyncCommits bool
 	// Processor handles the batches.
 	Processor Processor
 	// Balance makes Run share the subscriber's partitions fairly with the
@@ -810,7 +824,9 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			}(last.Through)
 		}
 		lease.changed = false
+		lease.behind = !sub.SyncCommits && batch.Through < batch.Head
 		done, err := sub.Processor.Process(procCtx, lease, batch)
+		lease.behind = false
 		if err != nil || done != batch.Through || lease.changed {
 			// What was read ahead may be stale (a dead letter, a stop) or
 			// start elsewhere: read again.

@@ -147,3 +147,20 @@ SELECT coalesce(c.epoch, -1), coalesce(c.stopped_reason, ''), d.retry, d.unresol
                FROM {{.Schema}}.dead_letters dl
               WHERE dl.subscriber_id = $1 AND dl.partition = $2
                 AND dl.status IN ('open', 'retry')) d;
+
+-- name: AsyncCommit
+-- Queued before the COMMIT of a batch read while its partition was behind
+-- its head (Lease.CommitConn): that commit does not wait for its WAL
+-- flush. The read model and the checkpoint commit or are lost together, so
+-- a crash of the server loses at most the last fraction of a second of
+-- batches, which are then applied again from the checkpoint: exactly once
+-- still holds. Not when this transaction holds the append lock: it
+-- appended events (or deleted a stream), which must be durable before
+-- anyone can see them. The first batch that reaches the head commits
+-- synchronously, flushing every one before it.
+SELECT set_config('synchronous_commit', 'off', true)
+ WHERE NOT EXISTS (SELECT 1 FROM pg_locks
+                    WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 2
+                      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                      AND classid = ({{.AppendLockK1}}::int8 & 4294967295)::oid
+                      AND objid = ({{.AppendLockK2}}::int8 & 4294967295)::oid);

@@ -838,7 +838,7 @@ func (e *Engine) standBy(ctx context.Context, sub *Subscription, g *group) (*Lea
 // newLease returns a lease of sub without a lock.
 func (e *Engine) newLease(sub *Subscription) *Lease {
 	return &Lease{Subscriber: sub.Name, Partition: sub.Partition, checkpoints: e.checkpoints,
-		commitSQL: e.q["CommitFenced"], commitHeldSQL: e.q["CommitFencedHeld"], notifySQL: e.q["NotifyCheckpoint"], pool: e.pool}
+		commitSQL: e.q["CommitFenced"], commitHeldSQL: e.q["CommitFencedHeld"], notifySQL: e.q["NotifyCheckpoint"], asyncSQL: e.q["AsyncCommit"], pool: e.pool}
 }
 
 // claim claims the checkpoint of the lease's partition for its lock's

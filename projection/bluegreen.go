@@ -405,6 +405,7 @@ func (r *Runner) generationSubs(reg *registration, g *generations, gen Generatio
 		subs = append(subs, &catchup.Subscription{
 			Name: gen.Subscriber, Partition: part, Partitions: reg.opts.Partitions,
 			Filter: reg.filter, BatchSize: reg.opts.BatchSize, Processor: proc,
+			SyncCommits: reg.opts.SyncCommits,
 		})
 	}
 	return subs

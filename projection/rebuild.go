@@ -270,6 +270,7 @@ func (r *Runner) newRebuild(reg *registration, res Resetter, o RebuildOptions) (
 		rb.subs = append(rb.subs, &catchup.Subscription{
 			Name: reg.name, Partition: part, Partitions: reg.opts.Partitions, PartitionBy: reg.opts.PartitionBy, Filter: reg.filter,
 			BatchSize: o.BatchSize, Processor: &countingProcessor{Processor: reg.newProc(), done: rb.advance},
+			SyncCommits: reg.opts.SyncCommits,
 		})
 	}
 	return rb, nil

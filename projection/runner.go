@@ -150,6 +150,19 @@ type Options struct {
 	// HandlerTimeout bounds each Handle call through its context; a timeout
 	// is a failed attempt. Defaults to 30s.
 	HandlerTimeout time.Duration
+	// SyncCommits makes every batch of a projection wait for its commit's
+	// WAL flush. By default a batch read while the projection is behind the
+	// head of the log (catching up, rebuilding) commits without waiting
+	// for the flush (synchronous_commit off for that transaction alone);
+	// the batch that reaches the head waits, flushing every one before it.
+	// The read model and its checkpoint still commit together, so a crash
+	// of PostgreSQL loses at most the last moments of batches and they are
+	// applied again: exactly once holds. What changes is that other
+	// sessions may see those read-model rows before they are durable: set
+	// SyncCommits when something outside acts on the rows as they appear
+	// (use an observer or a saga for that instead, where you can). A batch
+	// whose transaction appended events always waits. Observers ignore it.
+	SyncCommits bool
 	// BlueGreen makes a projection's read model versioned, one schema per
 	// generation behind stable views, for rebuilds without downtime
 	// (RebuildBlueGreen, Rollback). Defaults to nil: the read model is the
@@ -474,7 +487,7 @@ func (r *Runner) subscriptions() []*catchup.Subscription {
 			subs = append(subs, &catchup.Subscription{
 				Name: reg.name, Partition: part, Partitions: reg.opts.Partitions, PartitionBy: reg.opts.PartitionBy,
 				Filter: reg.filter, BatchSize: reg.opts.BatchSize, Processor: reg.newProc(),
-				Balance: true,
+				Balance: true, SyncCommits: reg.opts.SyncCommits,
 			})
 		}
 	}

@@ -383,7 +383,36 @@ func (c *Cluster) Down(ctx context.Context) error {
 	return nil
 }
 
-// Up starts the server again after [Cluster.Down], on the same data directory
+// Crash kills the server and all its processes at once (SIGKILL to its
+// process group), as a power cut would leave it but for the operating
+// system's cache: no shutdown checkpoint, and WAL still in PostgreSQL's
+// buffers is lost. The data directory is kept; [Cluster.Up] starts the
+// server again, which then runs crash recovery. It returns [ErrStopped]
+// after [Cluster.Stop].
+func (c *Cluster) Crash(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return ErrStopped
+	}
+	p := c.proc
+	if p == nil {
+		return nil
+	}
+	c.proc = nil
+	_ = signalGroup(p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+	_ = p.log.Close()
+	// The backends die asynchronously; wait for them (or ctx), so that Up
+	// does not find the old shared memory still in use.
+	for deadline := time.Now().Add(10 * time.Second); groupAlive(p.cmd.Process.Pid) && time.Now().Before(deadline) && ctx.Err() == nil; {
+		time.Sleep(5 * time.Millisecond)
+	}
+	c.logger.InfoContext(ctx, "pgcluster: crashed", slog.String("dir", c.dir))
+	return nil
+}
+
+// Up starts the server again after [Cluster.Down] or [Cluster.Crash], on the same data directory
 // and port, and returns once it accepts connections (within the 100 ms of
 // its readiness polling). A server already up is left alone.
 func (c *Cluster) Up(ctx context.Context) error {

@@ -9,3 +9,7 @@ func setDeathSignal(*syscall.SysProcAttr, syscall.Signal) {}
 
 // zombie reports false: without /proc, a zombie counts as alive.
 func zombie(int) bool { return false }
+
+// groupAlive reports false: without /proc, Crash does not wait for the
+// backends.
+func groupAlive(int) bool { return false }

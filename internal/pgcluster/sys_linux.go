@@ -25,3 +25,37 @@ func zombie(pid int) bool {
 	i := bytes.LastIndexByte(b, ')')
 	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
 }
+
+// groupAlive reports whether a process of process group pgid is still
+// running (zombies aside): after SIGKILL to a group, its members die
+// asynchronously, and a PostgreSQL started before the last backend is gone
+// finds its old shared memory still attached and refuses to start.
+func groupAlive(pgid int) bool {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp ...: the fields after the command name.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := bytes.Fields(b[i+1:])
+		if len(f) < 3 || f[0][0] == 'Z' {
+			continue
+		}
+		if g, err := strconv.Atoi(string(f[2])); err == nil && g == pgid && pid > 0 {
+			return true
+		}
+	}
+	return false
+}
