@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -372,6 +373,8 @@ type Engine struct {
 	cfg         Config
 	q           map[string]string
 	sessions    *sessions
+	// archived is the newest archived position a read saw (a hint: see read).
+	archived atomic.Int64
 }
 
 // NewEngine returns an Engine reading through pool. listener may be nil for
@@ -858,14 +861,31 @@ func (e *Engine) read(ctx context.Context, sub *Subscription, lease *Lease, afte
 	if e.cfg.ReadPool != nil {
 		readPool = e.cfg.ReadPool
 	}
-	rows, err := readPool.Query(ctx, e.q["ReadBatch"], after, limit, regex, max(sub.Partitions, 1), sub.Partition, target, sub.Name, key.kind, key.field)
-	if err != nil {
-		return Batch{}, errors.Wrap(err, "catchup: read batch")
+	// The hot read (ReadBatch) sees the events table alone; below the newest
+	// archived position the page comes from ReadBatchArchive. The engine
+	// remembers the newest archived position it saw, so that a cursor in
+	// the archive goes there directly; a stale memory only costs a second
+	// read, as ReadBatch returns the position from the snapshot it read.
+	query := "ReadBatch"
+	if after < e.archived.Load() {
+		query = "ReadBatchArchive"
 	}
-	b := Batch{After: after, Events: make([]eventstore.Event, 0, limit)}
-	h, err := scanBatch(rows, &b)
-	if err != nil {
-		return Batch{}, errors.Wrap(err, "catchup: read batch")
+	var b Batch
+	var h batchRow
+	for {
+		rows, err := readPool.Query(ctx, e.q[query], after, limit, regex, max(sub.Partitions, 1), sub.Partition, target, sub.Name, key.kind, key.field)
+		if err != nil {
+			return Batch{}, errors.Wrap(err, "catchup: read batch")
+		}
+		b = Batch{After: after, Events: make([]eventstore.Event, 0, limit)}
+		if h, err = scanBatch(rows, &b); err != nil {
+			return Batch{}, errors.Wrap(err, "catchup: read batch")
+		}
+		e.archived.Store(h.archived)
+		if query == "ReadBatchArchive" || after >= h.archived {
+			break
+		}
+		query = "ReadBatchArchive"
 	}
 	if e.cfg.ReadPool != nil && !lease.Ephemeral() {
 		if err := e.pool.QueryRow(ctx, e.q["ReadHeader"], sub.Name, sub.Partition).Scan(&h.epoch, &h.stopped, &h.retry, &h.unresolved); err != nil {

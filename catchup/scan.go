@@ -82,18 +82,20 @@ type batchRow struct {
 	head, epoch       int64
 	stopped           string
 	retry, unresolved int
-	ev                eventstore.Event
-	meta              []byte
-	dest              []any
-	lastStream        string
-	lastType          string
+	// archived is the newest archived position (0: none).
+	archived   int64
+	ev         eventstore.Event
+	meta       []byte
+	dest       []any
+	lastStream string
+	lastType   string
 }
 
 func newBatchRow() *batchRow {
 	r := &batchRow{}
 	a := &arena{}
 	types, streams := map[string]string{}, map[string]string{}
-	r.dest = []any{&r.head, &r.epoch, &r.stopped, &r.retry, &r.unresolved,
+	r.dest = []any{&r.head, &r.epoch, &r.stopped, &r.retry, &r.unresolved, &r.archived,
 		&r.ev.GlobalSequence, (*[16]byte)(&r.ev.ID),
 		interned{&r.ev.StreamID, streams, &r.lastStream}, &r.ev.StreamVersion,
 		interned{&r.ev.Type, types, &r.lastType},
