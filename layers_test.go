@@ -35,6 +35,7 @@ var layers = map[string]int{
 	"verify":                 5,
 	"console":                6, // reads every layer below; mounted by cmd and services
 	"scavenge":               5, // a projection.Service that removes expired events
+	"archive":                5, // moves old events to events_archive
 	"walsource":              5, // wakes catchup subscriptions from a replication slot
 	"relay":                  6, // a projection.Runner processor; natsconsumer beside it
 	"bench":                  8, // benchmark programs (bench/relay; bench/peers is a module of its own)

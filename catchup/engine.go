@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -386,6 +387,9 @@ type Engine struct {
 	cfg         Config
 	q           map[string]string
 	sessions    *sessions
+	// archived is the newest archived position a read saw (a hint: see
+	// readBatches).
+	archived atomic.Int64
 }
 
 // NewEngine returns an Engine reading through pool. listener may be nil for
@@ -427,6 +431,15 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 	if err != nil {
 		return nil, err
 	}
+	// ReadBatchArchive: ReadBatch over the whole log (see queries.sql).
+	hot := "." + `"events" ev` + "\n"
+	if !strings.Contains(q["ReadBatch"], hot) {
+		hot = ".events ev\n"
+	}
+	if strings.Count(q["ReadBatch"], hot) != 1 {
+		return nil, errors.New("catchup: ReadBatch does not read the events table as expected")
+	}
+	q["ReadBatchArchive"] = strings.Replace(q["ReadBatch"], hot, strings.Replace(hot, "events", "events_all", 1), 1)
 	// On the lock's connection a cancelled statement (a handler's timeout) must
 	// be cancelled on the server, not end the session: pgx's default closes
 	// the connection, which would release the lock and restart leadership on
@@ -920,13 +933,33 @@ func (e *Engine) readBatches(ctx context.Context, sub *Subscription, lease *Leas
 		readPool = e.cfg.ReadPool
 	}
 	limit := batchSize * n
-	rows, err := readPool.Query(ctx, e.q["ReadBatch"], binaryResults, after, limit, regex, max(sub.Partitions, 1), sub.Partition, target, sub.Name, key.kind, key.field)
-	if err != nil {
-		return nil, errors.Wrap(err, "catchup: read batch")
+	// The hot read (ReadBatch) sees the events table alone; below the
+	// newest archived position the events come from ReadBatchArchive. The
+	// engine remembers the newest archived position it saw, so that a
+	// cursor in the archive goes there directly; a stale memory only costs
+	// a second read, as ReadBatch returns the position from the snapshot
+	// it read.
+	query := "ReadBatch"
+	if after < e.archived.Load() {
+		query = "ReadBatchArchive"
 	}
-	h, chunks, err := scanBatch(rows, batchSize)
-	if err != nil {
-		return nil, errors.Wrap(err, "catchup: read batch")
+	var (
+		h      batchHeader
+		chunks [][]eventstore.Event
+	)
+	for {
+		rows, err := readPool.Query(ctx, e.q[query], binaryResults, after, limit, regex, max(sub.Partitions, 1), sub.Partition, target, sub.Name, key.kind, key.field)
+		if err != nil {
+			return nil, errors.Wrap(err, "catchup: read batch")
+		}
+		if h, chunks, err = scanBatch(rows, batchSize); err != nil {
+			return nil, errors.Wrap(err, "catchup: read batch")
+		}
+		e.archived.Store(h.archived)
+		if query == "ReadBatchArchive" || after >= h.archived {
+			break
+		}
+		query = "ReadBatchArchive"
 	}
 	if e.cfg.ReadPool != nil && !lease.Ephemeral() {
 		if err := e.pool.QueryRow(ctx, e.q["ReadHeader"], sub.Name, sub.Partition).Scan(&h.epoch, &h.stopped, &h.retry, &h.unresolved); err != nil {

@@ -24,23 +24,33 @@
 -- checks the events' order and restores it should a plan ever deliver
 -- otherwise. The client asks for every column in binary (the event ID as
 -- 16 bytes, positions as 8).
+--
+-- The events come from the hot table alone. archived is the newest
+-- archived position, from the same snapshot: when it is above $1, events
+-- after the cursor may be in events_archive, and the client reads the page
+-- again with ReadBatchArchive (and goes there directly while its cursor is
+-- below the archived position it last saw). A reader past the archive pays
+-- one index probe of events_archive per read. ReadBatchArchive is this
+-- statement reading "events_all ev" (events_archive UNION ALL events, the
+-- two position indexes merged) instead of "events ev": the engine makes it
+-- by replacing that one table name.
 WITH h AS MATERIALIZED (
-    SELECT (SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events) AS head,
+    SELECT greatest(a.archived, (SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events)) AS head,
            coalesce(c.epoch, -1) AS epoch, coalesce(c.stopped_reason, '') AS stopped_reason,
-           d.retry, d.unresolved
-      FROM (SELECT 1) one
+           d.retry, d.unresolved, a.archived
+      FROM (SELECT coalesce(max(global_sequence), 0) AS archived FROM {{.Schema}}.events_archive) a
       LEFT JOIN {{.Schema}}.checkpoints c ON c.subscriber_id = $7 AND c.partition = $5
      CROSS JOIN (SELECT count(*) FILTER (WHERE dl.status = 'retry') AS retry, count(*) AS unresolved
                    FROM {{.Schema}}.dead_letters dl
                   WHERE dl.subscriber_id = $7 AND dl.partition = $5
                     AND dl.status IN ('open', 'retry')) d)
 SELECT NULL::bigint, NULL::uuid, NULL::text, NULL::bigint, NULL::text, NULL::json, NULL::json, NULL::timestamptz,
-       h.head, h.epoch, h.stopped_reason, h.retry, h.unresolved
+       h.head, h.epoch, h.stopped_reason, h.retry, h.unresolved, h.archived
   FROM h
 UNION ALL
 (SELECT ev.global_sequence, ev.event_id, ev.stream_id, ev.stream_version,
         ev.event_type, ev.data, ev.metadata, ev.recorded_at,
-        NULL, NULL, NULL, NULL, NULL
+        NULL, NULL, NULL, NULL, NULL, NULL
    FROM {{.Schema}}.events ev
   WHERE ev.global_sequence > $1
     AND ev.global_sequence <= least((SELECT head FROM h), $6)
@@ -69,7 +79,8 @@ SELECT CASE WHEN (SELECT count(*) FROM moved) = 1 THEN 1
             ELSE ('annals: checkpoint fenced, rows moved: ' || (SELECT count(*) FROM moved))::int END;
 
 -- name: Head
-SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events;
+SELECT greatest((SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events),
+                (SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events_archive));
 
 -- name: LockHolder
 -- The backend holding the two-int4 advisory lock ($1, $2) in this database,

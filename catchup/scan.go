@@ -48,9 +48,11 @@ type batchHeader struct {
 	head, epoch       int64
 	stopped           string
 	retry, unresolved int
+	// archived is the newest archived position (0: nothing archived).
+	archived int64
 }
 
-// ReadBatch's columns: the event's eight, then the header's five.
+// ReadBatch's columns: the event's eight, then the header's six.
 const (
 	colPosition = iota
 	colID
@@ -65,6 +67,7 @@ const (
 	colStopped
 	colRetry
 	colUnresolved
+	colArchived
 	batchColumns
 )
 
@@ -133,6 +136,9 @@ func (d *batchDecoder) row(vals [][]byte, h *batchHeader, saw *bool, events *[]e
 		}
 		u, err := int8At(vals[colUnresolved], colUnresolved)
 		if err != nil {
+			return err
+		}
+		if h.archived, err = int8At(vals[colArchived], colArchived); err != nil {
 			return err
 		}
 		h.retry, h.unresolved, *saw = int(r), int(u), true
@@ -244,21 +250,21 @@ func scanBatch(rows pgx.Rows, batchSize int) (batchHeader, [][]eventstore.Event,
 // scan reads a row answered in text through pgx's Scan.
 func (d *batchDecoder) scan(rows pgx.Rows, h *batchHeader, saw *bool, events *[]eventstore.Event) error {
 	var (
-		pos, version, head, epoch, retry, unresolved *int64
-		id                                           *uuid.UUID
-		stream, typ, stopped                         *string
-		data, meta                                   []byte
-		recorded                                     *time.Time
+		pos, version, head, epoch, retry, unresolved, archived *int64
+		id                                                     *uuid.UUID
+		stream, typ, stopped                                   *string
+		data, meta                                             []byte
+		recorded                                               *time.Time
 	)
 	if err := rows.Scan(&pos, &id, &stream, &version, &typ, &data, &meta, &recorded,
-		&head, &epoch, &stopped, &retry, &unresolved); err != nil {
+		&head, &epoch, &stopped, &retry, &unresolved, &archived); err != nil {
 		return err
 	}
 	if pos == nil {
-		if head == nil || epoch == nil || stopped == nil || retry == nil || unresolved == nil {
+		if head == nil || epoch == nil || stopped == nil || retry == nil || unresolved == nil || archived == nil {
 			return errors.New("header row with NULLs")
 		}
-		*h = batchHeader{head: *head, epoch: *epoch, stopped: *stopped, retry: int(*retry), unresolved: int(*unresolved)}
+		*h = batchHeader{head: *head, epoch: *epoch, stopped: *stopped, retry: int(*retry), unresolved: int(*unresolved), archived: *archived}
 		*saw = true
 		return nil
 	}

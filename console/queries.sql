@@ -4,8 +4,8 @@
 
 -- name: Head
 -- The head of the log (0 when empty) and the server's clock.
-SELECT coalesce(max(global_sequence), 0), now()
-  FROM {{.Schema}}.events;
+SELECT greatest((SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events),
+                (SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events_archive)), now();
 
 -- name: RecentRate
 -- Events per minute over the last $1 minutes, counted among the newest $2
@@ -35,14 +35,14 @@ SELECT c.subscriber_id, c.partition, c.position, c.epoch, coalesce(c.owner, ''),
  CROSS JOIN LATERAL (
         SELECT count(*) AS events
           FROM (SELECT 1
-                  FROM {{.Schema}}.events e
+                  FROM {{.Schema}}.events_all e
                  WHERE e.global_sequence > c.position
                  ORDER BY e.global_sequence
                  LIMIT $2::bigint + 1) AS capped
        ) AS lag
   LEFT JOIN LATERAL (
         SELECT e.recorded_at
-          FROM {{.Schema}}.events e
+          FROM {{.Schema}}.events_all e
          WHERE e.global_sequence > c.position
          ORDER BY e.global_sequence
          LIMIT 1
@@ -85,7 +85,7 @@ SELECT f.partition, f.event_id, f.global_sequence, count(*)::int, min(f.failed_a
        last.error, last.retry_at,
        coalesce(e.stream_id, ''), coalesce(e.event_type, '')
   FROM {{.Schema}}.failures f
-  LEFT JOIN {{.Schema}}.events e ON e.global_sequence = f.global_sequence
+  LEFT JOIN {{.Schema}}.events_all e ON e.global_sequence = f.global_sequence
  CROSS JOIN LATERAL (
         SELECT l.error, l.retry_at
           FROM {{.Schema}}.failures l
@@ -115,7 +115,7 @@ SELECT stream_id, version, created_at, updated_at
 -- A stream's events from version $2 on, at most $3.
 SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::text,
        coalesce(metadata::text, ''), recorded_at
-  FROM {{.Schema}}.events
+  FROM {{.Schema}}.events_all
  WHERE stream_id = $1 AND stream_version >= $2
  ORDER BY stream_version
  LIMIT $3;
@@ -126,7 +126,7 @@ SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::t
 -- $1, so a rare type does not make one page read the whole log.
 SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::text,
        coalesce(metadata::text, ''), recorded_at
-  FROM {{.Schema}}.events
+  FROM {{.Schema}}.events_all
  WHERE global_sequence > $1 AND global_sequence <= $1 + $4::bigint
    AND ($3::text IS NULL OR event_type ~ $3)
  ORDER BY global_sequence
@@ -136,7 +136,7 @@ SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::t
 -- The page before position $1 (newest first; the caller reverses it).
 SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::text,
        coalesce(metadata::text, ''), recorded_at
-  FROM {{.Schema}}.events
+  FROM {{.Schema}}.events_all
  WHERE global_sequence < $1 AND global_sequence >= $1 - $4::bigint
    AND ($3::text IS NULL OR event_type ~ $3)
  ORDER BY global_sequence DESC
@@ -146,14 +146,14 @@ SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::t
 -- One event by position.
 SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::text,
        coalesce(metadata::text, ''), recorded_at
-  FROM {{.Schema}}.events
+  FROM {{.Schema}}.events_all
  WHERE global_sequence = $1;
 
 -- name: EventByID
 -- One event by ID.
 SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::text,
        coalesce(metadata::text, ''), recorded_at
-  FROM {{.Schema}}.events
+  FROM {{.Schema}}.events_all
  WHERE event_id = $1;
 
 -- name: LockCheckpoint

@@ -9,8 +9,10 @@ SELECT stream_id, status, event_id, global_sequence, stream_version, actual_vers
   FROM {{.Schema}}.append_batch($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: ReadAll
+-- events_all: archived and hot events (a merge of the two tables' position
+-- indexes).
 SELECT global_sequence, event_id, stream_id, stream_version, event_type, data, metadata, recorded_at
-  FROM {{.Schema}}.events
+  FROM {{.Schema}}.events_all
  WHERE global_sequence >= $1
  ORDER BY global_sequence
  LIMIT $2;
@@ -19,9 +21,11 @@ SELECT global_sequence, event_id, stream_id, stream_version, event_type, data, m
 -- A deleted stream reads as nothing (the caller then asks StreamVersion,
 -- which says why). The stream's retention hides events at once: those below
 -- truncate_before, beyond max_count, or recorded before $4 (now) - max_age.
+-- Early versions may be archived: events_all merges both tables' (stream_id,
+-- stream_version) indexes.
 SELECT e.global_sequence, e.event_id, e.stream_id, e.stream_version, e.event_type, e.data, e.metadata, e.recorded_at
   FROM {{.Schema}}.streams s
-  JOIN {{.Schema}}.events e
+  JOIN {{.Schema}}.events_all e
     ON e.stream_id = s.stream_id
    AND e.stream_version >= greatest($2, s.truncate_before, s.version - s.max_count + 1)
    AND (s.max_age IS NULL OR e.recorded_at >= $4::timestamptz - s.max_age)
@@ -33,11 +37,14 @@ SELECT e.global_sequence, e.event_id, e.stream_id, e.stream_version, e.event_typ
 SELECT version, state FROM {{.Schema}}.streams WHERE stream_id = $1;
 
 -- name: Head
-SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events;
+-- The newest event is kept in events by archive(); the archive is asked too
+-- should the hot events ever be scavenged away.
+SELECT greatest((SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events),
+                (SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events_archive));
 
 -- name: StoredIDs
 -- How many of the events of an inline append are stored already.
-SELECT count(*)::int FROM {{.Schema}}.events WHERE event_id = ANY($1::uuid[]);
+SELECT count(*)::int FROM {{.Schema}}.events_all WHERE event_id = ANY($1::uuid[]);
 
 -- name: InlineWritten
 -- After an inline append with caller-chosen IDs, in the pipeline before its

@@ -20,6 +20,9 @@ GRANT SELECT ON {{.Schema}}.schema_migrations TO {{.Role}};
 -- name: read
 -- Read the log (eventstore Read*, catch-up reads, aggregate loads).
 GRANT SELECT ON {{.Schema}}.events, {{.Schema}}.streams TO {{.Role}};
+-- Archived events (annals archive) and the view of the whole log that reads
+-- reaching below the archive horizon use.
+GRANT SELECT ON {{.Schema}}.events_archive, {{.Schema}}.events_all TO {{.Role}};
 -- The catch-up engine's read (catchup ReadBatch, also in annals tail) looks
 -- at the subscriber's checkpoint and dead letters in the same statement.
 GRANT SELECT ON {{.Schema}}.checkpoints, {{.Schema}}.dead_letters TO {{.Role}};
@@ -91,6 +94,10 @@ GRANT SELECT ON SEQUENCE {{.Schema}}.events_global_sequence TO {{.Role}};
 -- annals scavenge (package scavenge): removes expired events, recording each run.
 GRANT EXECUTE ON FUNCTION {{.Schema}}.scavenge(text, timestamptz, int) TO {{.Role}};
 GRANT SELECT ON {{.Schema}}.scavenge_runs TO {{.Role}};
+-- annals archive (package archive): moves old events to events_archive,
+-- recording each run.
+GRANT EXECUTE ON FUNCTION {{.Schema}}.archive(text, bigint, int) TO {{.Role}};
+GRANT SELECT ON {{.Schema}}.archive_runs TO {{.Role}};
 -- The operator console (package console) records each action in audit_log
 -- and lists it; a trigger stamps the ID, time and role.
 GRANT SELECT, INSERT ON {{.Schema}}.audit_log TO {{.Role}};

@@ -5,7 +5,7 @@
 -- has checkpoint rows): the partition of the event at $2 when there are
 -- several; otherwise, or when no event is at $2, -1 (every partition).
 SELECT coalesce((SELECT {{.Schema}}.stream_partition(e.stream_id, n.parts)
-                   FROM {{.Schema}}.events e,
+                   FROM {{.Schema}}.events_all e,
                         (SELECT CASE WHEN $3::int > 0 THEN $3::int
                                      ELSE (SELECT count(*)::int FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1) END AS parts) n
                   WHERE e.global_sequence = $2 AND n.parts > 1), -1);
@@ -18,7 +18,7 @@ SELECT partition, position FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1
 -- behind (0 at 0 when there is no checkpoint yet) and how many events lie
 -- after its checkpoint up to the target.
 SELECT c.partition, c.position,
-       (SELECT count(*) FROM {{.Schema}}.events e WHERE e.global_sequence > c.position AND e.global_sequence <= $2)
+       (SELECT count(*) FROM {{.Schema}}.events_all e WHERE e.global_sequence > c.position AND e.global_sequence <= $2)
   FROM (SELECT partition, position FROM {{.Schema}}.checkpoints
          WHERE subscriber_id = $1 AND ($3::int < 0 OR partition = $3::int)
         UNION ALL

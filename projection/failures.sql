@@ -70,7 +70,7 @@ UPDATE {{.Schema}}.checkpoints
 SELECT d.id, e.global_sequence, e.event_id, e.stream_id, e.stream_version, e.event_type,
        e.data, e.metadata, e.recorded_at
   FROM {{.Schema}}.dead_letters d
-  JOIN {{.Schema}}.events e ON e.global_sequence = d.global_sequence
+  JOIN {{.Schema}}.events_all e ON e.global_sequence = d.global_sequence
  WHERE d.subscriber_id = $1 AND d.partition = $2 AND d.status = 'retry'
  ORDER BY d.global_sequence
  LIMIT $3;

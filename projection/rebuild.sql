@@ -26,7 +26,7 @@ SELECT CASE WHEN $3::int <= 1 THEN 0 ELSE {{.Schema}}.stream_partition(
                          WHEN 'metadata' THEN coalesce(e.metadata ->> $5::text, '')
                          ELSE e.stream_id END, $3) END AS part,
        count(*)
-  FROM {{.Schema}}.events e
+  FROM {{.Schema}}.events_all e
  WHERE e.global_sequence <= $1
    AND ($2::text IS NULL OR e.event_type ~ $2)
  GROUP BY 1;

@@ -2,7 +2,8 @@
 -- transaction, so they see one snapshot of the log.
 
 -- name: Head
-SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events;
+SELECT greatest((SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events),
+                (SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events_archive));
 
 -- name: CanReadSequence
 SELECT coalesce((SELECT pg_catalog.has_sequence_privilege(c.oid, 'SELECT')
@@ -27,7 +28,7 @@ SELECT stream_id
 -- the bytes as written).
 SELECT global_sequence, event_id, stream_id, stream_version, event_type,
        data::text, metadata::text, recorded_at
-  FROM {{.Schema}}.events
+  FROM {{.Schema}}.events_all
  WHERE global_sequence > $1
  ORDER BY global_sequence
  LIMIT $2;

@@ -27,6 +27,9 @@ type Data struct {
 	// EventsSequence is the events' position sequence as a regclass
 	// constant: E'"annals"."events_global_sequence"'::regclass.
 	EventsSequence string
+	// ArchiveStepSequence is the sequence holding the transaction ID of
+	// the latest archive step, as a regclass constant (see migration 0015).
+	ArchiveStepSequence string
 	// AppendLockK1 and AppendLockK2 are the key of the append lock.
 	AppendLockK1 int32
 	AppendLockK2 int32
@@ -36,13 +39,14 @@ type Data struct {
 func NewData(schema string) Data {
 	k1, k2 := schemaname.AppendLockKey(schema)
 	return Data{
-		Schema:            schemaname.Ident(schema),
-		SchemaLiteral:     schemaname.Literal(schema),
-		Channel:           schemaname.Literal(schemaname.Channel(schema)),
-		CheckpointChannel: schemaname.Literal(schemaname.CheckpointChannel(schema)),
-		EventsSequence:    schemaname.QualifiedLiteral(schema, "events_global_sequence") + "::regclass",
-		AppendLockK1:      k1,
-		AppendLockK2:      k2,
+		Schema:              schemaname.Ident(schema),
+		SchemaLiteral:       schemaname.Literal(schema),
+		Channel:             schemaname.Literal(schemaname.Channel(schema)),
+		CheckpointChannel:   schemaname.Literal(schemaname.CheckpointChannel(schema)),
+		EventsSequence:      schemaname.QualifiedLiteral(schema, "events_global_sequence") + "::regclass",
+		ArchiveStepSequence: schemaname.QualifiedLiteral(schema, "archive_step_xact") + "::regclass",
+		AppendLockK1:        k1,
+		AppendLockK2:        k2,
 	}
 }
 

@@ -1,7 +1,8 @@
 -- Statements of the projections command tree.
 
 -- name: Head
-SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events;
+SELECT greatest((SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events),
+                (SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events_archive));
 
 -- name: Checkpoints
 -- The subscriber's checkpoint rows with their unresolved dead letters. $1 subscriber.

@@ -152,6 +152,7 @@ func (e *env) rootCommand() *cobra.Command {
 		e.versionCommand(),
 		e.streamCommand(),
 		e.scavengeCommand(),
+		e.archiveCommand(),
 		e.relayCommand(),
 		e.uiCommand(),
 		e.forgetCommand(),

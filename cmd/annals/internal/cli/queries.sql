@@ -5,8 +5,8 @@
 
 -- name: Head
 -- The head of the log (0 when empty) and the server's clock.
-SELECT coalesce(max(global_sequence), 0), now()
-  FROM {{.Schema}}.events;
+SELECT greatest((SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events),
+                (SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events_archive)), now();
 
 -- name: Subscribers
 -- One row per subscriber partition. $1: staleness threshold in microseconds
@@ -30,14 +30,14 @@ SELECT c.subscriber_id, c.partition, c.position, c.epoch, c.owner, c.updated_at,
  CROSS JOIN LATERAL (
         SELECT count(*) AS events
           FROM (SELECT 1
-                  FROM {{.Schema}}.events e
+                  FROM {{.Schema}}.events_all e
                  WHERE e.global_sequence > c.position
                  ORDER BY e.global_sequence
                  LIMIT $2::bigint + 1) AS capped
        ) AS lag
   LEFT JOIN LATERAL (
         SELECT e.recorded_at
-          FROM {{.Schema}}.events e
+          FROM {{.Schema}}.events_all e
          WHERE e.global_sequence > c.position
          ORDER BY e.global_sequence
          LIMIT 1

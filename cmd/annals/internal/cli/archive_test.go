@@ -1,0 +1,68 @@
+package cli
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/annals-dev/annals/annalstest"
+)
+
+func TestArchiveCommand(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	for i := 0; i < 12; i++ {
+		if r := annals(t, db.URL, "append", "order-1", "order.placed", `{"total": 1}`); r.code != 0 {
+			t.Fatalf("append: %+v", r)
+		}
+	}
+	before := annals(t, db.URL, "read", "--output", "jsonl")
+	for _, args := range [][]string{
+		{"archive"},
+		{"archive", "--before", "0"},
+		{"archive", "--before", "5", "--batch", "0"},
+		{"archive", "status", "--runs", "-1"},
+	} {
+		if r := annals(t, db.URL, args...); r.code != ExitUsage {
+			t.Fatalf("%v: %+v, want exit 2", args, r)
+		}
+	}
+
+	// Progress per step (jsonl), then the final state.
+	r := annals(t, db.URL, "archive", "--before", "9", "--batch", "3", "--output", "jsonl")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	var last struct {
+		Moved      int64 `json:"moved"`
+		Done       bool  `json:"done"`
+		ArchivedTo int64 `json:"archived_to"`
+	}
+	if r.code != 0 || len(lines) != 3 || json.Unmarshal([]byte(lines[2]), &last) != nil || !last.Done || last.Moved != 8 || last.ArchivedTo != 8 {
+		t.Fatalf("archive: %+v", r)
+	}
+	// Reads are unchanged.
+	if after := annals(t, db.URL, "read", "--output", "jsonl"); after.code != 0 || after.stdout != before.stdout {
+		t.Fatalf("read after archiving:\n%s\nbefore:\n%s", after.stdout, before.stdout)
+	}
+	if r := annals(t, db.URL, "read", "order-1", "--output", "jsonl"); r.code != 0 || strings.Count(r.stdout, "\n") != 12 {
+		t.Fatalf("read of the stream after archiving: %+v", r)
+	}
+	// Everything but the newest event, in text.
+	if r = annals(t, db.URL, "archive", "--before", "100"); r.code != 0 || !strings.Contains(r.stdout, "done: 3 events moved; positions below 12 are archived") {
+		t.Fatalf("second archive: %+v", r)
+	}
+	r = annals(t, db.URL, "archive", "status", "--output", "json")
+	var st struct {
+		Horizon      int64            `json:"horizon"`
+		Moved        int64            `json:"moved"`
+		Head         int64            `json:"head"`
+		ArchiveBytes int64            `json:"archive_bytes"`
+		Runs         []map[string]any `json:"runs"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil || st.Horizon != 12 || st.Moved != 11 || st.Head != 12 ||
+		st.ArchiveBytes == 0 || len(st.Runs) != 2 || st.Runs[1]["moved"].(float64) != 8 || st.Runs[0]["started_by"] == "" {
+		t.Fatalf("archive status: %+v %+v", r, st)
+	}
+	if r = annals(t, db.URL, "archive", "status"); r.code != 0 || !strings.Contains(r.stdout, "horizon 12 (head 12): 11 events moved") {
+		t.Fatalf("archive status: %+v", r)
+	}
+}
