@@ -3,12 +3,14 @@ package catchup
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/lockkey"
 )
 
 // behindRecorder records, for each batch, whether its commit may skip the
@@ -71,8 +73,13 @@ func TestAsyncCommitWhileBehind(t *testing.T) {
 	}
 
 	// The statement queued before COMMIT: off, unless the transaction
-	// holds the append lock.
-	setting := func(appendFirst bool) string {
+	// appended an event after the head its batch saw (1000), in itself or
+	// in a subtransaction. Another transaction's append after the head
+	// does not count.
+	if _, err := store.Append(ctx, "other", eventstore.Any, eventstore.EventData{Type: "t.x", Data: map[string]int{}}); err != nil {
+		t.Fatal(err)
+	}
+	setting := func(appendFirst, savepoint bool) string {
 		t.Helper()
 		var got string
 		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
@@ -80,11 +87,20 @@ func TestAsyncCommitWhileBehind(t *testing.T) {
 				return err
 			}
 			if appendFirst {
-				if _, err := store.AppendTx(ctx, tx, "appended", eventstore.Any, eventstore.EventData{Type: "t.x", Data: map[string]int{}}); err != nil {
+				q := tx
+				if savepoint {
+					sp, err := tx.Begin(ctx)
+					if err != nil {
+						return err
+					}
+					defer func() { _ = sp.Commit(ctx) }()
+					q = sp
+				}
+				if _, err := store.AppendTx(ctx, q, "appended", eventstore.Any, eventstore.EventData{Type: "t.x", Data: map[string]int{}}); err != nil {
 					return err
 				}
 			}
-			if _, err := tx.Exec(ctx, e.q["AsyncCommit"]); err != nil {
+			if _, err := tx.Exec(ctx, e.q["AsyncCommit"], int64(1000)); err != nil {
 				return err
 			}
 			return tx.QueryRow(ctx, `SELECT current_setting('synchronous_commit')`).Scan(&got)
@@ -94,10 +110,71 @@ func TestAsyncCommitWhileBehind(t *testing.T) {
 		}
 		return got
 	}
-	if got := setting(false); got != "off" {
+	if got := setting(false, false); got != "off" {
 		t.Fatalf("a batch transaction that appended nothing commits with synchronous_commit %q, want off", got)
 	}
-	if got := setting(true); got != "on" {
+	if got := setting(true, false); got != "on" {
 		t.Fatalf("a batch transaction that appended an event commits with synchronous_commit %q, want on", got)
+	}
+	if got := setting(true, true); got != "on" {
+		t.Fatalf("a batch transaction that appended an event under a savepoint commits with synchronous_commit %q, want on", got)
+	}
+}
+
+// CommitFencedHeld moves the checkpoint only while some session holds the
+// partition's lock and the epoch is the lease's: with the lock free (the
+// leader's lock session ended, nobody took over yet) it commits nothing;
+// held by another session with the epoch unchanged it commits (that
+// session has not claimed: its claim will read this commit); with the
+// epoch moved on it commits nothing.
+func TestCommitFencedHeldNeedsTheLockHeld(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	e, err := NewEngine(db.Pool, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO annals.checkpoints (subscriber_id, partition, position, epoch) VALUES ('held', 0, 10, 7)`); err != nil {
+		t.Fatal(err)
+	}
+	k1, k2 := lockkey.Pair(LockKey("annals", "held", 0))
+	commit := func(epoch, pos int64) error {
+		t.Helper()
+		return pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, e.q["CommitFencedHeld"], "held", 0, epoch, pos, k1, k2)
+			return err
+		})
+	}
+	position := func() (p int64) {
+		t.Helper()
+		if err := db.Pool.QueryRow(ctx, `SELECT position FROM annals.checkpoints WHERE subscriber_id = 'held'`).Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if err := commit(7, 20); err == nil || !strings.Contains(err.Error(), "checkpoint fenced") {
+		t.Fatalf("commit with the lock free: %v, want fenced", err)
+	}
+	holder, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock($1::int4, $2::int4)`, k1, k2); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = holder.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`) }()
+	if err := commit(7, 30); err != nil {
+		t.Fatalf("commit with the lock held and the epoch unchanged: %v", err)
+	}
+	if p := position(); p != 30 {
+		t.Fatalf("position %d, want 30", p)
+	}
+	if err := commit(6, 40); err == nil || !strings.Contains(err.Error(), "checkpoint fenced") {
+		t.Fatalf("commit with an old epoch: %v, want fenced", err)
+	}
+	if p := position(); p != 30 {
+		t.Fatalf("position %d after fenced commits, want 30", p)
 	}
 }

@@ -91,14 +91,21 @@
 //
 //   - CLAIM bumps the checkpoint's epoch, and a batch commits with
 //     CommitFencedHeld in the transaction's COMMIT round trip: the
-//     checkpoint moves only WHERE epoch = mine AND the lock session still
-//     holds the partition's lock (pg_locks, by the session's backend pid),
-//     and otherwise the statement fails and nothing commits
+//     checkpoint moves only WHERE epoch = mine AND some session holds the
+//     partition's lock (a shared try-lock from the batch's transaction
+//     fails), and otherwise the statement fails and nothing commits
 //     (checkpoint.ErrFenced ends the leadership). A new leader claims only
 //     after it holds the lock; the old leader's UPDATE and the claim's
 //     UPDATE serialize on the checkpoint row, so either the old commit comes
 //     first and the claim reads its position, or the claim comes first and
 //     the old commit fails. No event is applied twice, and none is skipped.
+//     The epoch alone gives that; the lock test adds that a leader whose
+//     lock session has ended commits nothing even while nobody has taken
+//     the lock yet. (It used to read pg_locks for the lock session's own
+//     pid: the same guarantee where it matters, since a lock held by
+//     another session means a new leader, whose claim the epoch catches,
+//     at about 0.1 ms more server CPU per batch; measured, that was 5–8% of
+//     a no-op projection's catch-up.)
 //   - When the lock session ends (the engine sees its socket fail), every
 //     lease it held is marked lost, and the pool connection of a batch in
 //     flight is closed under it: its transaction rolls back at once and its
@@ -167,7 +174,8 @@
 // decides who tries, and a handover gives the lock back only after the
 // leader has finished its batch and flushed. A leader that lost its lock
 // without knowing (its lock session ended) cannot commit: the commit checks
-// that its lock session holds the lock and that the epoch is its own, and
+// that the lock is held (by a session that, if not its own, has claimed or
+// will claim after this commit) and that the epoch is its own, and
 // a batch in flight has its connection closed when the loss is seen. So at
 // any moment at most one instance can commit for a partition.
 //

@@ -76,8 +76,10 @@ type Lease struct {
 	asyncSQL    string // AsyncCommit
 	// behind: the batch in hand was read while the partition was behind its
 	// head, and the subscription allows its commit not to wait for its WAL
-	// flush (Subscription.SyncCommits unset).
-	behind bool
+	// flush (Subscription.SyncCommits unset); behindHead is the head its
+	// read saw.
+	behind     bool
+	behindHead int64
 	// CommitFencedHeld
 	commitHeldSQL string
 }
@@ -111,12 +113,12 @@ func (l *Lease) CommitConn(ctx context.Context, conn *pgx.Conn, begin bool, posi
 	switch {
 	case l.shared != nil:
 		k1, k2 := lockkey.Pair(l.shared.key)
-		b.Queue(l.commitHeldSQL, l.Subscriber, l.Partition, l.Epoch, position, int32(l.shared.pid), k1, k2)
+		b.Queue(l.commitHeldSQL, l.Subscriber, l.Partition, l.Epoch, position, k1, k2)
 	case !l.Ephemeral():
 		b.Queue(l.commitSQL, l.Subscriber, l.Partition, l.Epoch, position)
 	}
 	if l.behind && l.asyncSQL != "" {
-		b.Queue(l.asyncSQL)
+		b.Queue(l.asyncSQL, l.behindHead)
 	}
 	b.Queue("COMMIT")
 	notify := !l.Ephemeral() && l.notifySQL != "" && position > 0
@@ -837,7 +839,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			}(last.Through)
 		}
 		lease.changed = false
-		lease.behind = !sub.SyncCommits && batch.Through < batch.Head
+		lease.behind, lease.behindHead = !sub.SyncCommits && batch.Through < batch.Head, batch.Head
 		done, err := sub.Processor.Process(procCtx, lease, batch)
 		lease.behind = false
 		if err != nil || done != batch.Through || lease.changed {
