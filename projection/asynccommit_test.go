@@ -6,11 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/pgcluster"
-	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/projection"
 )
 
@@ -26,28 +23,10 @@ func TestCatchUpSurvivesACrashWithAsyncCommits(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cluster, err := pgcluster.Start(ctx, &pgcluster.Options{Settings: map[string]string{
+	cluster, h := clusterOfItsOwn(ctx, t, &pgcluster.Options{Settings: map[string]string{
 		"synchronous_commit": "on", "wal_writer_delay": "10000",
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := cluster.Stop(sctx); err != nil {
-			t.Error(err)
-		}
-	})
-	pool, err := pgxpool.New(ctx, cluster.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if _, err := migrations.Up(ctx, pool, nil); err != nil {
-		t.Fatal(err)
-	}
-	h := liveHarnessOn(t, pool)
+	pool := h.pool
 	const n = 3000
 	h.appendEvents(n, 10)
 	head := h.head()

@@ -36,10 +36,12 @@ type failures struct {
 	// (Config.HandlerSpans); otherwise per batch only.
 	eventSpans bool
 	// The handler context shared by consecutive calls (handlerContext).
-	hctx      context.Context
-	hcancel   context.CancelFunc
-	hparent   context.Context
-	hdeadline time.Time
+	hctx    context.Context
+	hcancel context.CancelFunc
+	hparent context.Context
+	// hdeadline is hctx's deadline as time since hbase (monotonic).
+	hbase     time.Time
+	hdeadline time.Duration
 	// registry upcasts events before they reach the handler (nil: none).
 	registry *eventstore.Registry
 	// attempts of events being retried in this process (for span attributes).

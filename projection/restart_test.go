@@ -220,12 +220,16 @@ func TestPostgresRestart(t *testing.T) {
 	}
 }
 
-// clusterOfItsOwn starts a throwaway cluster for a test that restarts or
-// stops PostgreSQL, migrates it, and returns it with a live harness on it;
-// both are stopped when the test ends.
-func clusterOfItsOwn(ctx context.Context, t *testing.T) (*pgcluster.Cluster, *liveHarness) {
+// clusterOfItsOwn starts a throwaway cluster (opts may be nil) for a test
+// that restarts, stops or crashes PostgreSQL, migrates it, and returns it
+// with a live harness on it; both are stopped when the test ends.
+func clusterOfItsOwn(ctx context.Context, t *testing.T, opts ...*pgcluster.Options) (*pgcluster.Cluster, *liveHarness) {
 	t.Helper()
-	cluster, err := pgcluster.Start(ctx, nil)
+	var o *pgcluster.Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	cluster, err := pgcluster.Start(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}
