@@ -46,6 +46,9 @@
 //	            nothing new         -> IDLE
 //	PROCESS   the processor handles the batch on a pool connection (Lease.Do);
 //	          cursor = how far it got
+//	            ok, batch not full  -> IDLE (it reached the head of its read: what
+//	                                   came since is announced by a signal, so an
+//	                                   immediate second read would find nothing)
 //	            ok                  -> READ
 //	            handler error       -> the processor retries it by its policy, then
 //	                                   dead-letters it (package projection);

@@ -724,6 +724,26 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			<-next
 		}
 	}()
+	// idle is the IDLE state: flush what is due, then wait for a signal, a
+	// poll interval, or the lock's loss.
+	idle := func() error {
+		if err := sub.Processor.Idle(procCtx, lease); err != nil {
+			if isFatal(err) {
+				return err
+			}
+			e.cfg.Logger.WarnContext(ctx, "annals: flushing the checkpoint failed", slog.String("subscriber", sub.Name), slog.Any("error", err))
+		}
+		d := e.cfg.PollInterval
+		if e.cfg.ReadPool != nil {
+			d = e.cfg.ReadPollInterval
+		}
+		return e.wait(ctx, lost, signal, d)
+	}
+	// atHead: the last batch, processed completely, was read up to the head
+	// of its snapshot, so the next read would find only what was committed
+	// since, which a signal announces: wait for it instead of reading at
+	// once (a live subscription's second, empty read per batch).
+	atHead := false
 	for {
 		if ctx.Err() != nil {
 			if live {
@@ -735,6 +755,13 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		case <-lost:
 			return lease.Err()
 		default:
+		}
+		if atHead {
+			atHead = false
+			if err := idle(); err != nil {
+				return err
+			}
+			continue
 		}
 		if len(pending) == 0 && next != nil {
 			r := <-next
@@ -807,17 +834,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			if !live {
 				return nil // target is beyond the head: nothing more to read
 			}
-			if err := sub.Processor.Idle(procCtx, lease); err != nil {
-				if isFatal(err) {
-					return err
-				}
-				e.cfg.Logger.WarnContext(ctx, "annals: flushing the checkpoint failed", slog.String("subscriber", sub.Name), slog.Any("error", err))
-			}
-			idle := e.cfg.PollInterval
-			if e.cfg.ReadPool != nil {
-				idle = e.cfg.ReadPollInterval
-			}
-			if err := e.wait(ctx, lost, signal, idle); err != nil {
+			if err := idle(); err != nil {
 				return err
 			}
 			continue
@@ -842,6 +859,8 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		lease.behind, lease.behindHead = !sub.SyncCommits && batch.Through < batch.Head, batch.Head
 		done, err := sub.Processor.Process(procCtx, lease, batch)
 		lease.behind = false
+		atHead = live && err == nil && done == batch.Through && !lease.changed && len(batch.Events) < batchSize &&
+			batch.Through >= batch.Head && len(pending) == 0 && next == nil
 		if err != nil || done != batch.Through || lease.changed {
 			// What was read ahead may be stale (a dead letter, a stop) or
 			// start elsewhere: read again.
