@@ -744,6 +744,8 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 	// since, which a signal announces: wait for it instead of reading at
 	// once (a live subscription's second, empty read per batch).
 	atHead := false
+	// slowest is about the longest recent Process call (see the read ahead).
+	var slowest time.Duration
 	for {
 		if ctx.Err() != nil {
 			if live {
@@ -849,15 +851,25 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		}
 		if next == nil && len(last.Events) == batchSize && last.Through < target &&
 			batch.Unresolved == 0 && batch.Redeliveries == 0 && batch.Stopped == "" {
+			// Several batches at once only while batches are quick: what is
+			// read ahead carries its read's header (stop reason, released
+			// dead letters), so a slow processor would notice an operator's
+			// action only after working through them.
+			n := 1
+			if slowest < aheadQuick {
+				n = aheadBatches(batchSize)
+			}
 			next = make(chan readAhead, 1)
 			go func(after int64) {
-				bs, err := e.readBatches(ctx, sub, lease, after, batchSize, aheadBatches(batchSize), target)
+				bs, err := e.readBatches(ctx, sub, lease, after, batchSize, n, target)
 				next <- readAhead{batches: bs, err: err}
 			}(last.Through)
 		}
 		lease.changed = false
 		lease.behind, lease.behindHead = !sub.SyncCommits && batch.Through < batch.Head, batch.Head
+		started := time.Now()
 		done, err := sub.Processor.Process(procCtx, lease, batch)
+		slowest = max(slowest*7/8, time.Since(started)) // decays over a few quick batches
 		lease.behind = false
 		atHead = live && err == nil && done == batch.Through && !lease.changed && len(batch.Events) < batchSize &&
 			batch.Through >= batch.Head && len(pending) == 0 && next == nil
@@ -901,6 +913,12 @@ type readAhead struct {
 // than per batch, while what is held in memory stays bounded (about this
 // many events read ahead, plus the chunk being read).
 const aheadEvents = 4000
+
+// aheadQuick: a read ahead asks for several batches only while the recent
+// batches were each processed within it (about 8 of them are then read
+// ahead, so what they say about the partition is at most ~0.4 s old when
+// the last is processed).
+const aheadQuick = 50 * time.Millisecond
 
 // aheadBatches is how many batches of batchSize a read ahead asks for.
 func aheadBatches(batchSize int) int { return max(1, aheadEvents/batchSize) }
