@@ -295,10 +295,12 @@
 // leader applies them again from the recovered checkpoint, so every event
 // is still applied exactly once. The first batch that reaches the head
 // commits synchronously, and its flush makes every earlier one durable:
-// a CatchUp (a rebuild, RunUntilCaughtUp) returns durable. Two exceptions
-// wait for the flush: a transaction that holds the append lock (its
-// handlers appended events, which must be durable before anyone sees
-// them), and a Subscription with SyncCommits (for read models something
+// a CatchUp (a rebuild, RunUntilCaughtUp) returns durable (a batch that
+// reaches the CatchUp's target counts as reaching the head). Two exceptions
+// wait for the flush: a transaction whose handlers appended events (the
+// newest event is then its own: appends hold the append lock until they
+// end), which must be durable before anyone sees them, and a Subscription
+// with SyncCommits (for read models something
 // outside acts on as rows appear: asynchronous commits make rows visible
 // before they are durable). TestCatchUpSurvivesACrashWithAsyncCommits
 // (package projection) kills PostgreSQL mid catch-up and checks both the

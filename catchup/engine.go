@@ -75,11 +75,9 @@ type Lease struct {
 	notifySQL   string // NotifyCheckpoint
 	asyncSQL    string // AsyncCommit
 	// behind: the batch in hand was read while the partition was behind its
-	// head, and the subscription allows its commit not to wait for its WAL
-	// flush (Subscription.SyncCommits unset); behindHead is the head its
-	// read saw.
-	behind     bool
-	behindHead int64
+	// head (and its target), and the subscription allows its commit not to
+	// wait for its WAL flush (Subscription.SyncCommits unset).
+	behind bool
 	// CommitFencedHeld
 	commitHeldSQL string
 }
@@ -118,7 +116,7 @@ func (l *Lease) CommitConn(ctx context.Context, conn *pgx.Conn, begin bool, posi
 		b.Queue(l.commitSQL, l.Subscriber, l.Partition, l.Epoch, position)
 	}
 	if l.behind && l.asyncSQL != "" {
-		b.Queue(l.asyncSQL, l.behindHead)
+		b.Queue(l.asyncSQL)
 	}
 	b.Queue("COMMIT")
 	notify := !l.Ephemeral() && l.notifySQL != "" && position > 0
@@ -742,10 +740,17 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 	// atHead: the last batch, processed completely, was read up to the head
 	// of its snapshot, so the next read would find only what was committed
 	// since, which a signal announces: wait for it instead of reading at
-	// once (a live subscription's second, empty read per batch).
+	// once (a live subscription's second, empty read per batch). Only when
+	// the signals are the Listener's NOTIFYs, sent after the commit is
+	// visible, and the reads come from the primary: a replica may not have
+	// replayed what a signal announced, and a WAL wake may come a moment
+	// before the commit is visible, and the old immediate second read then
+	// often caught it.
 	atHead := false
-	// slowest is about the longest recent Process call (see the read ahead).
-	var slowest time.Duration
+	notified := waker != nil && waker == Waker(e.listener) && e.cfg.ReadPool == nil
+	// slowest is about the longest recent Process call (see the read
+	// ahead); until a batch has been timed, as if slow.
+	slowest := aheadQuick
 	for {
 		if ctx.Err() != nil {
 			if live {
@@ -866,12 +871,12 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			}(last.Through)
 		}
 		lease.changed = false
-		lease.behind, lease.behindHead = !sub.SyncCommits && batch.Through < batch.Head, batch.Head
+		lease.behind = !sub.SyncCommits && batch.Through < min(batch.Head, target)
 		started := time.Now()
 		done, err := sub.Processor.Process(procCtx, lease, batch)
 		slowest = max(slowest*7/8, time.Since(started)) // decays over a few quick batches
 		lease.behind = false
-		atHead = live && err == nil && done == batch.Through && !lease.changed && len(batch.Events) < batchSize &&
+		atHead = live && notified && err == nil && done == batch.Through && !lease.changed && len(batch.Events) < batchSize &&
 			batch.Through >= batch.Head && len(pending) == 0 && next == nil
 		if err != nil || done != batch.Through || lease.changed {
 			// What was read ahead may be stale (a dead letter, a stop) or

@@ -94,6 +94,7 @@ SELECT pid
    AND objid = ($2::int4::int8 & 4294967295)::oid
    AND objsubid = 2
    AND granted
+   AND mode = 'ExclusiveLock'
  LIMIT 1;
 
 -- name: NotifyCheckpoint
@@ -115,11 +116,13 @@ SELECT set_config('synchronous_commit', 'off', true),
 -- in the arrays $1 (k1) and $2 (k2), the 1-based positions of those some
 -- session holds or waits for, whether one holds it (granted) and the
 -- holder's backend pid (0 when none holds it). A key not returned is free.
--- pg_locks is read once (materialized) and joined.
+-- pg_locks is read once (materialized) and joined. Only exclusive locks
+-- count: a batch commit's fence tries the lock shared for a moment
+-- (CommitFencedHeld), which is not a holder.
 WITH l AS MATERIALIZED (
     SELECT classid, objid, bool_or(granted) AS granted, coalesce(max(pid) FILTER (WHERE granted), 0) AS pid
       FROM pg_locks
-     WHERE locktype = 'advisory' AND objsubid = 2
+     WHERE locktype = 'advisory' AND objsubid = 2 AND mode = 'ExclusiveLock'
        AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
      GROUP BY classid, objid)
 SELECT k.i, l.granted, l.pid
@@ -168,22 +171,28 @@ SELECT coalesce(c.epoch, -1), coalesce(c.stopped_reason, ''), d.retry, d.unresol
 -- a crash of the server loses at most the last fraction of a second of
 -- batches, which are then applied again from the checkpoint: exactly once
 -- still holds. Not when this transaction appended events (or deleted a
--- stream), which must be durable before anyone can see them: it did if an
--- event after $1 (the head the batch's read saw: anything appended later is
--- numbered above it) has this transaction's xmin, or a subtransaction's
--- (pg_xact_status calls exactly those "in progress" among the rows this
--- transaction sees; see InlineWritten in package eventstore). xmin is 32
--- bits: it is given the current transaction ID's epoch, or the one before
--- when it is more than 2^31 above the current ID's low 32 bits (as
--- PostgreSQL compares them: it is older, from before the wrap; this
--- transaction's subtransactions have IDs just above its own).
+-- stream), which must be durable before anyone can see them. An append
+-- holds the append lock until its transaction ends, so if this transaction
+-- appended, its event is the newest one it sees: the test is whether the
+-- newest event's xmin is this transaction's ID or one of its
+-- subtransactions'. xmin is 32 bits: d, its distance above the low 32 bits
+-- of this transaction's ID (modulo 2^32), is 0 for this transaction itself;
+-- a subtransaction's ID is a little above it (d in 1..2^20), and then
+-- pg_xact_status of the full ID says "in progress" exactly for this
+-- transaction's own (other transactions still in progress are invisible
+-- here; an append under a savepoint rolled back is gone, with its lock).
+-- Any other xmin (older, possibly frozen or from before an epoch wrap) is
+-- never given to pg_xact_status, which fails on IDs it cannot place. The
+-- newest event is always in the hot table (archiving leaves it there).
 -- The first batch that reaches the head commits synchronously, flushing
 -- every one before it.
 SELECT set_config('synchronous_commit', 'off', true)
  WHERE NOT EXISTS (
        SELECT 1
-         FROM {{.Schema}}.events e,
-              (SELECT pg_current_xact_id()::text::bigint AS x) cur
-        WHERE e.global_sequence > $1
-          AND pg_xact_status(((((cur.x >> 32) - (e.xmin::text::bigint > (cur.x & 4294967295) + 2147483648)::int) << 32)
-                              | e.xmin::text::bigint)::text::xid8) = 'in progress');
+         FROM (SELECT e.xmin FROM {{.Schema}}.events e ORDER BY e.global_sequence DESC LIMIT 1) e,
+              LATERAL (SELECT pg_current_xact_id()::text::bigint AS x) cur,
+              LATERAL (SELECT (e.xmin::text::bigint - (cur.x & 4294967295)) & 4294967295 AS d) dist
+        WHERE CASE WHEN dist.d = 0 THEN true
+                   WHEN dist.d <= 1048576 THEN pg_xact_status((cur.x + dist.d)::text::xid8) = 'in progress'
+                   ELSE false END);
+

@@ -399,8 +399,10 @@ func (c *Cluster) Crash(ctx context.Context) error {
 	if p == nil {
 		return nil
 	}
+	if err := signalGroup(p.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		return errors.Wrap(err, "pgcluster: crash")
+	}
 	c.proc = nil
-	_ = signalGroup(p.cmd.Process.Pid, syscall.SIGKILL)
 	<-p.done
 	_ = p.log.Close()
 	// The backends die asynchronously; wait for them (or ctx), so that Up
