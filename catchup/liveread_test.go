@@ -30,15 +30,12 @@ func (c *readCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEn
 
 // signalProcessor reports each batch's events on a channel.
 type signalProcessor struct {
-	mu   sync.Mutex
-	seen []int64
-	got  chan struct{}
+	nopProcessor // Start, Redeliver, Idle, End
+	mu           sync.Mutex
+	seen         []int64
+	got          chan struct{}
 }
 
-func (p *signalProcessor) Start(context.Context, *catchup.Lease) error     { return nil }
-func (p *signalProcessor) Redeliver(context.Context, *catchup.Lease) error { return nil }
-func (p *signalProcessor) Idle(context.Context, *catchup.Lease) error      { return nil }
-func (p *signalProcessor) End(context.Context, *catchup.Lease) error       { return nil }
 func (p *signalProcessor) Process(_ context.Context, _ *catchup.Lease, b catchup.Batch) (int64, error) {
 	p.mu.Lock()
 	for _, e := range b.Events {

@@ -21,17 +21,14 @@ import (
 // events up to the position it reports, as a projection that commits the
 // events before a failing one does.
 type failingRecorder struct {
-	mu        sync.Mutex
-	calls     int
-	done      []eventstore.Event
-	failAt    map[int]int // call number -> how many of the batch's events succeed
-	changedAt map[int]bool
+	nopProcessor // Start, Redeliver, Idle, End
+	mu           sync.Mutex
+	calls        int
+	done         []eventstore.Event
+	failAt       map[int]int // call number -> how many of the batch's events succeed
+	changedAt    map[int]bool
 }
 
-func (r *failingRecorder) Start(context.Context, *catchup.Lease) error     { return nil }
-func (r *failingRecorder) Redeliver(context.Context, *catchup.Lease) error { return nil }
-func (r *failingRecorder) Idle(context.Context, *catchup.Lease) error      { return nil }
-func (r *failingRecorder) End(context.Context, *catchup.Lease) error       { return nil }
 
 func (r *failingRecorder) Process(_ context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
 	r.mu.Lock()
