@@ -29,7 +29,6 @@ type failingRecorder struct {
 	changedAt    map[int]bool
 }
 
-
 func (r *failingRecorder) Process(_ context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
