@@ -17,7 +17,10 @@
 //
 // Latency (latency.go): from just before Store.Append to the start of a live
 // Observer's Handle, at fixed append rates, beside a raw INSERT + NOTIFY in
-// one transaction read by a raw LISTEN connection; p50, p99, max and ratios.
+// one transaction read by a raw LISTEN connection; p50, p99, max and ratios,
+// and the appends' own durations. The load is an open loop: every event is
+// handed to a free writer when it is due (start + i/rate), so a late tick
+// does not lower the offered rate.
 //
 // Takeover (takeover.go, child.go): two runner processes (the annals binary
 // re-executed as a hidden command) share a subscriber; the leader is killed

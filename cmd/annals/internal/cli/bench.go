@@ -26,7 +26,7 @@ var benchmarks = []string{"append", "catchup", "latency", "takeover", "rebuild",
 var benchFlagsOf = map[string][]string{
 	"append":   {"writers", "batch"},
 	"catchup":  {"events"},
-	"latency":  {"rates"},
+	"latency":  {"rates", "latency-writers"},
 	"takeover": {"rounds", "lock-retry"},
 	"rebuild":  {"rebuild-events"},
 	"scaleout": {"scaleout-events"},
@@ -55,6 +55,7 @@ func (e *env) benchCommand() *cobra.Command {
 	var jsonPath string
 	var only []string
 	var writers, batches, rates []int
+	var latencyWriters int
 	var events, rounds, rebuildEvents, scaleoutEvents int
 	var lockRetry []time.Duration
 	cmd := &cobra.Command{
@@ -73,8 +74,10 @@ figures and ratios (tables on stdout, progress on stderr). The benchmarks, chose
             (Runner.RunUntilCaughtUp, 500 per batch), each also with telemetry off;
             3 interleaved rounds. Schema annals_bench_catchup.
   latency   end-to-end latency from just before an append to the start of a live
-            observer's Handle, at each of --rates events/s for --duration, beside a raw
-            INSERT + NOTIFY read by a raw LISTEN connection. Schema annals_bench_latency.
+            observer's Handle, at each of --rates events/s for --duration (open loop,
+            shared by --latency-writers writers), beside a raw INSERT + NOTIFY read by
+            a raw LISTEN connection; the appends' own durations too. Schema
+            annals_bench_latency.
   takeover  leader takeover: two runner processes (this binary, re-executed), the leader
             killed with SIGKILL --rounds times per --lock-retry interval, then stopped
             gracefully 5 times, beside a raw waiter blocked in pg_advisory_lock. Runs only from the annals binary (go run
@@ -90,7 +93,7 @@ figures and ratios (tables on stdout, progress on stderr). The benchmarks, chose
             2 and 4 processes. Schema annals_bench_scaleout.
 
 Without --only, a benchmark's own flags (append: --writers, --batch; catchup: --events;
-latency: --rates; takeover: --rounds, --lock-retry; rebuild: --rebuild-events) select that
+latency: --rates, --latency-writers; takeover: --rounds, --lock-retry; rebuild: --rebuild-events) select that
 benchmark alone. The catch-up, latency, takeover and rebuild schemas are dropped and recreated at the start and left
 behind for inspection. Run against a database with fsync on: fsync-off clusters hide the
 cost of ordered commits and checkpoint writes. --quick makes every benchmark tiny (a
@@ -109,7 +112,7 @@ smoke test).`,
 			}
 			appendCfg := &benchmark.AppendConfig{Writers: writers, Batches: batches, Duration: duration, Progress: e.stderr}
 			catchupCfg := &benchmark.CatchupConfig{Events: events, Progress: e.stderr}
-			latencyCfg := &benchmark.LatencyConfig{Rates: rates, Duration: duration, Progress: e.stderr}
+			latencyCfg := &benchmark.LatencyConfig{Rates: rates, Writers: latencyWriters, Duration: duration, Progress: e.stderr}
 			takeoverCfg := &benchmark.TakeoverConfig{LockRetry: lockRetry, Rounds: rounds, Progress: e.stderr}
 			rebuildCfg := &benchmark.RebuildConfig{Events: rebuildEvents, Progress: e.stderr}
 			scaleoutCfg := &benchmark.ScaleoutConfig{Events: scaleoutEvents, Progress: e.stderr}
@@ -152,6 +155,9 @@ smoke test).`,
 			}
 			if rebuildCfg.Events < 1 || rebuildCfg.Events > 100_000_000 {
 				return usagef("--rebuild-events %d: want 1..100000000", rebuildCfg.Events)
+			}
+			if latencyWriters < 1 || latencyWriters > 60 {
+				return usagef("--latency-writers %d: want 1..60", latencyWriters)
 			}
 			for _, r := range latencyCfg.Rates {
 				if r < 1 || r > 100_000 {
@@ -301,6 +307,7 @@ smoke test).`,
 	cmd.Flags().IntVar(&rebuildEvents, "rebuild-events", 200_000, "rebuild: events in the log (quick: 5000)")
 	cmd.Flags().IntVar(&scaleoutEvents, "scaleout-events", 100_000, "scaleout: events in the log of the throughput runs (quick: 5000)")
 	cmd.Flags().IntSliceVar(&rates, "rates", nil, "latency: target appends per second (default 100,1000; quick: 100)")
+	cmd.Flags().IntVar(&latencyWriters, "latency-writers", 4, "latency: concurrent writers sharing the ticks")
 	cmd.Flags().IntVar(&rounds, "rounds", 20, "takeover: takeovers after SIGKILL per lock retry interval (quick: 1)")
 	cmd.Flags().DurationSliceVar(&lockRetry, "lock-retry", []time.Duration{0},
 		"takeover: the standby's LockRetryInterval settings, 0 = the default (20ms)")

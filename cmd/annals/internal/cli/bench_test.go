@@ -17,7 +17,7 @@ func TestBenchRunnerQuick(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	jsonPath := filepath.Join(t.TempDir(), "runner.json")
-	r := annals(t, db.URL, "bench", "--quick", "--only", "catchup,latency", "--json", jsonPath)
+	r := annals(t, db.URL, "bench", "--quick", "--only", "catchup,latency", "--latency-writers", "2", "--json", jsonPath)
 	if r.code != 0 {
 		t.Fatalf("bench: %+v", r)
 	}
@@ -46,6 +46,7 @@ func TestBenchRunnerQuick(t *testing.T) {
 			ObserverVsRaw   float64 `json:"observer_vs_raw"`
 		} `json:"catchup"`
 		Latency struct {
+			Writers int `json:"writers"`
 			Results []struct {
 				Rate   int `json:"target_events_per_sec"`
 				Events int `json:"events"`
@@ -61,6 +62,14 @@ func TestBenchRunnerQuick(t *testing.T) {
 					P50     float64 `json:"p50_ms"`
 					P99     float64 `json:"p99_ms"`
 				} `json:"raw"`
+				AnnalsAppend struct {
+					Samples int     `json:"samples"`
+					P50     float64 `json:"p50_ms"`
+				} `json:"annals_append"`
+				RawAppend struct {
+					Samples int     `json:"samples"`
+					P50     float64 `json:"p50_ms"`
+				} `json:"raw_append"`
 				P50VsRaw float64 `json:"p50_vs_raw"`
 			} `json:"results"`
 		} `json:"latency"`
@@ -76,13 +85,19 @@ func TestBenchRunnerQuick(t *testing.T) {
 	if c.Events != 5000 || c.Raw <= 0 || c.RawCheckpoint <= 0 || c.Projection <= 0 || c.Observer <= 0 || c.ProjectionVsRaw <= 0 || c.ObserverVsRaw <= 0 {
 		t.Fatalf("catch-up: %+v", c)
 	}
-	if len(rep.Latency.Results) != 1 {
+	if len(rep.Latency.Results) != 1 || rep.Latency.Writers != 2 {
 		t.Fatalf("latency: %s", raw)
 	}
 	l := rep.Latency.Results[0]
 	if l.Rate != 100 || l.Events != 50 || l.Annals.Samples != 50 || l.Raw.Samples != 50 ||
 		l.Annals.P50 <= 0 || l.Annals.P99 < l.Annals.P50 || l.Raw.P50 <= 0 || l.Raw.P99 < l.Raw.P50 || l.P50VsRaw <= 0 {
 		t.Fatalf("latency: %+v", l)
+	}
+	// The appends' own durations: one per event, each shorter than the
+	// longest end-to-end latency (the event was seen after it committed).
+	if l.AnnalsAppend.Samples != 50 || l.RawAppend.Samples != 50 || l.AnnalsAppend.P50 <= 0 || l.RawAppend.P50 <= 0 ||
+		l.AnnalsAppend.P50 > l.Annals.Max {
+		t.Fatalf("latency, appends: %+v", l)
 	}
 	// The distribution: 101 non-decreasing quantiles, plotted next to the JSON.
 	if q := l.Annals.Quantiles; len(q) != 101 || q[50] != l.Annals.P50 || q[100] != l.Annals.Max || !slices.IsSorted(q) {

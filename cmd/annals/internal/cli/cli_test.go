@@ -249,6 +249,9 @@ func TestBenchQuick(t *testing.T) {
 	if r = annals(t, db.URL, "bench", "--writers", "0"); r.code != 2 {
 		t.Fatalf("bench --writers 0: %+v", r)
 	}
+	if r = annals(t, db.URL, "bench", "--latency-writers", "0"); r.code != 2 || !strings.Contains(r.stderr, "--latency-writers 0") {
+		t.Fatalf("bench --latency-writers 0: %+v", r)
+	}
 }
 
 func TestExitCodes(t *testing.T) {
