@@ -306,6 +306,13 @@
 // (package projection) kills PostgreSQL mid catch-up and checks both the
 // loss and the exactly-once recovery.
 //
+// An observer's checkpoint write (package projection) is a transaction of
+// its own through CommitConn (BEGIN sent with it) and follows the same rule:
+// while behind, it does not wait. Its events are handled outside the
+// database, so a lost write means the events since the last durable one are
+// delivered again: at least once still holds
+// (TestObserverCatchUpSurvivesACrash).
+//
 // # Processing and fencing
 //
 // A Processor handles each batch and reports how far it got. Transactional

@@ -2,6 +2,8 @@ package projection_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -103,5 +105,123 @@ func TestCatchUpSurvivesACrashWithAsyncCommits(t *testing.T) {
 	p2.checkNoDupes(t)
 	if got := h.seenCount(); got != n {
 		t.Fatalf("%d events in the read model, %d in the log", got, n)
+	}
+}
+
+// blockingLog is a deliveryLog whose before hook runs ahead of each
+// recording (nil: none).
+type blockingLog struct {
+	deliveryLog
+	before func(ctx context.Context, e eventstore.Event) error
+}
+
+func (o *blockingLog) Handle(ctx context.Context, e eventstore.Event) error {
+	if o.before != nil {
+		if err := o.before(ctx, e); err != nil {
+			return err
+		}
+	}
+	return o.deliveryLog.Handle(ctx, e)
+}
+
+// An observer catching up writes its checkpoints without waiting for their
+// WAL flush (Options.SyncCommits unset). PostgreSQL is killed in the middle
+// of the catch-up, on a cluster whose WAL writer sleeps 10 s: the last
+// writes are lost, and the next run delivers again from the recovered
+// checkpoint, so nothing is skipped (at least once, per-stream order). With
+// SyncCommits the checkpoint the observer had written survives the crash.
+func TestObserverCatchUpSurvivesACrash(t *testing.T) {
+	t.Parallel()
+	for _, syncCommits := range []bool{false, true} {
+		t.Run(fmt.Sprintf("SyncCommits=%v", syncCommits), func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			cluster, h := clusterOfItsOwn(ctx, t, &pgcluster.Options{Settings: map[string]string{
+				"synchronous_commit": "on", "wal_writer_delay": "10000",
+			}})
+			const n = 3000
+			h.appendEvents(n, 10)
+			head := h.head()
+			opts := &projection.Options{BatchSize: 50, CheckpointEvery: 50, SyncCommits: syncCommits}
+
+			// The handler stops at the 2,000th event until PostgreSQL is dead.
+			var (
+				once    sync.Once
+				reached = make(chan struct{})
+				crashed = make(chan struct{})
+			)
+			o1 := &blockingLog{deliveryLog: deliveryLog{name: "obs"}, before: func(ctx context.Context, e eventstore.Event) error {
+				if e.GlobalSequence >= head-n+2000 {
+					once.Do(func() { close(reached) })
+					select {
+					case <-crashed:
+					case <-ctx.Done():
+					}
+					return errors.New("the server is gone")
+				}
+				return nil
+			}}
+			cfg := testConfig(time.Second)
+			r := h.newRunner(cfg, opts, o1)
+			done := make(chan error, 1)
+			rctx, rcancel := context.WithCancel(ctx)
+			defer rcancel()
+			go func() { done <- r.RunUntilCaughtUp(rctx) }()
+			select {
+			case <-reached:
+			case err := <-done:
+				t.Fatalf("the catch-up ended before the crash: %v", err)
+			case <-ctx.Done():
+				t.Fatal("the catch-up never reached the 2,000th event")
+			}
+			before := h.checkpoint("obs")
+			if err := cluster.Crash(ctx); err != nil {
+				t.Fatal(err)
+			}
+			close(crashed)
+			rcancel()
+			select {
+			case <-done:
+			case <-ctx.Done():
+				t.Fatal("the runner did not return after the crash")
+			}
+			if err := cluster.Up(ctx); err != nil {
+				t.Fatal(err)
+			}
+			h.pool.Reset()
+
+			after := h.checkpoint("obs")
+			t.Logf("checkpoint %d before the crash, %d after recovery", before, after)
+			if before < head-n+1000 {
+				t.Fatalf("checkpoint %d when the handler reached event %d: the observer wrote too few checkpoints", before, head-n+2000)
+			}
+			// The same reliance as TestCatchUpSurvivesACrashWithAsyncCommits:
+			// nothing else commits synchronously between the last write and
+			// the crash, so an asynchronous write sits unflushed.
+			if !syncCommits && after >= before {
+				t.Fatalf("checkpoint %d after recovery, %d before the crash: no asynchronous write was lost, so none was made", after, before)
+			}
+			if syncCommits && after != before {
+				t.Fatalf("checkpoint %d after recovery, %d before the crash: a synchronous write was lost", after, before)
+			}
+
+			// A new process delivers from the recovered checkpoint on:
+			// nothing between it and what the first run delivered is skipped.
+			o2 := &deliveryLog{name: "obs"}
+			if err := h.newRunner(cfg, opts, o2).RunUntilCaughtUp(ctx); err != nil {
+				t.Fatal(err)
+			}
+			second := o2.deliveries()
+			if first := h.query(`SELECT min(global_sequence) FROM annals.events WHERE global_sequence > $1`, after); len(second) == 0 || second[0].GlobalSequence != first {
+				t.Fatalf("after recovery at checkpoint %d the observer started at %v, want position %d", after, second[:min(len(second), 1)], first)
+			}
+			all := &deliveryLog{name: "obs", got: append(o1.deliveries(), second...)}
+			redelivered := h.checkAtLeastOnceInOrder(all)
+			t.Logf("%d events delivered again", redelivered)
+			if want := int(h.query(`SELECT count(*) FROM annals.events WHERE global_sequence > $1 AND global_sequence < $2`, after, head-n+2000)); redelivered != want {
+				t.Fatalf("%d events delivered again, want the %d between the recovered checkpoint and the crash", redelivered, want)
+			}
+		})
 	}
 }

@@ -31,8 +31,12 @@
 //     applied exactly once; a leader that has lost its lock cannot commit.
 //   - Observers: at-least-once; Handle gets the event (use e.ID to make side
 //     effects idempotent). Checkpoints are written every CheckpointEvery
-//     events or CheckpointInterval (also while idle), so a crash re-delivers
-//     at most that many events; a graceful shutdown re-delivers none.
+//     events or CheckpointInterval (also while idle), so a crash of the
+//     runner re-delivers at most that many events; a graceful shutdown
+//     re-delivers none. While an observer is behind the head its writes do
+//     not wait for their WAL flush, so a crash of PostgreSQL itself during
+//     a catch-up can also re-deliver what it handled in the moments before
+//     (Options.SyncCommits makes every write wait).
 //   - Every subscriber sees each stream's events in stream-version order,
 //     with partitions too.
 //   - Failures are recorded, never lost: each failed attempt (an error, a

@@ -595,11 +595,29 @@ type observerProcessor struct {
 }
 
 func (p *observerProcessor) Start(ctx context.Context, lease *catchup.Lease) error {
+	// The checkpoint write is its own transaction, sent with its BEGIN and
+	// COMMIT in one round trip (Lease.CommitConn): fenced by the epoch (and,
+	// for a lease on the lock session, by the lock being held), and, for a
+	// batch read while the partition was behind its head, committed without
+	// waiting for its WAL flush, as a projection's batch is ("Committing
+	// while behind" in package catchup). A crash of the server can then
+	// lose such a write, and the events since the last durable one are
+	// delivered again: what an observer promises (at least once) holds.
 	commit := func(ctx context.Context, pos int64) error {
 		if lease.Ephemeral() {
 			return nil
 		}
-		return lease.Do(ctx, func(conn *pgx.Conn) error { return lease.Commit(ctx, conn, pos) })
+		return lease.Do(ctx, func(conn *pgx.Conn) error {
+			err := lease.CommitConn(ctx, conn, true, pos)
+			if err != nil && !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				if _, rerr := conn.Exec(rctx, "ROLLBACK"); rerr != nil {
+					_ = conn.Close(rctx)
+				}
+			}
+			return err
+		})
 	}
 	p.batcher = checkpoint.NewBatcher(commit, lease.Start, p.every, p.interval, nil)
 	return nil

@@ -161,7 +161,15 @@ type Options struct {
 	// sessions may see those read-model rows before they are durable: set
 	// SyncCommits when something outside acts on the rows as they appear
 	// (use an observer or a saga for that instead, where you can). A batch
-	// whose transaction appended events always waits. Observers ignore it.
+	// whose transaction appended events always waits.
+	//
+	// An observer's checkpoint writes follow the same rule: while it is
+	// behind the head they do not wait for their flush, so a crash of
+	// PostgreSQL (not of the runner) during a catch-up can lose the last
+	// moments of them, and the events since the last durable one are
+	// delivered again (at least once, as always). SyncCommits makes an
+	// observer's every write wait, so that a crash re-delivers no more than
+	// CheckpointEvery events.
 	SyncCommits bool
 	// BlueGreen makes a projection's read model versioned, one schema per
 	// generation behind stable views, for rebuilds without downtime
