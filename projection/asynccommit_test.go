@@ -25,13 +25,8 @@ func TestCatchUpSurvivesACrashWithAsyncCommits(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cluster, h := clusterOfItsOwn(ctx, t, &pgcluster.Options{Settings: map[string]string{
-		"synchronous_commit": "on", "wal_writer_delay": "10000",
-	}})
-	pool := h.pool
 	const n = 3000
-	h.appendEvents(n, 10)
-	head := h.head()
+	cluster, h, head := sleepyWALCluster(ctx, t, n)
 
 	// The handler stops at the 2,000th event until PostgreSQL is dead.
 	var (
@@ -51,32 +46,7 @@ func TestCatchUpSurvivesACrashWithAsyncCommits(t *testing.T) {
 	}}
 	cfg := testConfig(time.Second)
 	r := h.newRunner(cfg, &projection.Options{BatchSize: 50}, p)
-	done := make(chan error, 1)
-	rctx, rcancel := context.WithCancel(ctx)
-	defer rcancel()
-	go func() { done <- r.RunUntilCaughtUp(rctx) }()
-	select {
-	case <-reached:
-	case err := <-done:
-		t.Fatalf("the catch-up ended before the crash: %v", err)
-	case <-ctx.Done():
-		t.Fatal("the catch-up never reached the 2,000th event")
-	}
-	before := h.checkpoint("seen")
-	if err := cluster.Crash(ctx); err != nil {
-		t.Fatal(err)
-	}
-	close(crashed)
-	rcancel() // the runner would otherwise retry until the server is back
-	select {
-	case <-done:
-	case <-ctx.Done():
-		t.Fatal("the runner did not return after the crash")
-	}
-	if err := cluster.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pool.Reset() // its connections died with the server
+	before := crashMidCatchUp(ctx, t, cluster, h, r, "seen", reached, crashed)
 
 	after := h.checkpoint("seen")
 	t.Logf("checkpoint %d before the crash, %d after recovery: %d events' batches lost with their read-model rows", before, after, before-after)
@@ -137,12 +107,8 @@ func TestObserverCatchUpSurvivesACrash(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
-			cluster, h := clusterOfItsOwn(ctx, t, &pgcluster.Options{Settings: map[string]string{
-				"synchronous_commit": "on", "wal_writer_delay": "10000",
-			}})
 			const n = 3000
-			h.appendEvents(n, 10)
-			head := h.head()
+			cluster, h, head := sleepyWALCluster(ctx, t, n)
 			opts := &projection.Options{BatchSize: 50, CheckpointEvery: 50, SyncCommits: syncCommits}
 
 			// The handler stops at the 2,000th event until PostgreSQL is dead.
@@ -163,33 +129,7 @@ func TestObserverCatchUpSurvivesACrash(t *testing.T) {
 				return nil
 			}}
 			cfg := testConfig(time.Second)
-			r := h.newRunner(cfg, opts, o1)
-			done := make(chan error, 1)
-			rctx, rcancel := context.WithCancel(ctx)
-			defer rcancel()
-			go func() { done <- r.RunUntilCaughtUp(rctx) }()
-			select {
-			case <-reached:
-			case err := <-done:
-				t.Fatalf("the catch-up ended before the crash: %v", err)
-			case <-ctx.Done():
-				t.Fatal("the catch-up never reached the 2,000th event")
-			}
-			before := h.checkpoint("obs")
-			if err := cluster.Crash(ctx); err != nil {
-				t.Fatal(err)
-			}
-			close(crashed)
-			rcancel()
-			select {
-			case <-done:
-			case <-ctx.Done():
-				t.Fatal("the runner did not return after the crash")
-			}
-			if err := cluster.Up(ctx); err != nil {
-				t.Fatal(err)
-			}
-			h.pool.Reset()
+			before := crashMidCatchUp(ctx, t, cluster, h, h.newRunner(cfg, opts, o1), "obs", reached, crashed)
 
 			after := h.checkpoint("obs")
 			t.Logf("checkpoint %d before the crash, %d after recovery", before, after)
@@ -224,4 +164,53 @@ func TestObserverCatchUpSurvivesACrash(t *testing.T) {
 			}
 		})
 	}
+}
+
+// crashMidCatchUp runs r.RunUntilCaughtUp until its handler closes reached
+// (and waits for crashed), reads sub's checkpoint, kills PostgreSQL (SIGKILL
+// to every process), closes crashed, stops the run and waits for it, and
+// brings the server back. It returns the checkpoint read before the crash.
+func crashMidCatchUp(ctx context.Context, t *testing.T, cluster *pgcluster.Cluster, h *liveHarness, r *projection.Runner,
+	sub string, reached <-chan struct{}, crashed chan struct{}) int64 {
+	t.Helper()
+	done := make(chan error, 1)
+	rctx, rcancel := context.WithCancel(ctx)
+	defer rcancel()
+	go func() { done <- r.RunUntilCaughtUp(rctx) }()
+	select {
+	case <-reached:
+	case err := <-done:
+		t.Fatalf("the catch-up ended before the crash: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the catch-up never reached the 2,000th event")
+	}
+	before := h.checkpoint(sub)
+	if err := cluster.Crash(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(crashed)
+	rcancel() // the runner would otherwise retry until the server is back
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("the runner did not return after the crash")
+	}
+	if err := cluster.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.pool.Reset() // its connections died with the server
+	return before
+}
+
+// sleepyWALCluster starts a cluster of the test's own whose commits are
+// synchronous and whose WAL writer sleeps 10 s (an asynchronous commit stays
+// unflushed until a crash), appends n events over 10 streams and returns
+// the head.
+func sleepyWALCluster(ctx context.Context, t *testing.T, n int) (*pgcluster.Cluster, *liveHarness, int64) {
+	t.Helper()
+	cluster, h := clusterOfItsOwn(ctx, t, &pgcluster.Options{Settings: map[string]string{
+		"synchronous_commit": "on", "wal_writer_delay": "10000",
+	}})
+	h.appendEvents(n, 10)
+	return cluster, h, h.head()
 }
