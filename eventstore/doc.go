@@ -57,7 +57,12 @@
 //     split the waiting appends and pay one WAL flush per group under the
 //     lock: so a second group goes only for large appends, whose encoding
 //     and checks then overlap the commit ahead.) A lone appender never
-//     waits.
+//     waits. Appenders that are paced rather than looping (requests that
+//     arrive on their own) do not come back within the linger: when
+//     nobody joins the linger of a group of small appends (fewer than
+//     ParallelEvents events), the next 8 such groups leave at once, and
+//     the one after them lingers again, so such appends do not each pay
+//     it.
 //   - A group that fails as a whole (an error no single outcome explains,
 //     such as a lost connection) is re-sent append by append through
 //     append_events, so each member learns its own outcome; re-sending an

@@ -34,6 +34,8 @@ type GroupCommit struct {
 	// Linger is how long a finished group's successor waits, at most, for
 	// the appenders just answered to queue again before it is sent (only
 	// when other appends are already waiting; a lone append never waits).
+	// After a linger nobody joined, the next 8 groups of small appends
+	// (fewer than ParallelEvents events) do not linger.
 	// Defaults to 200µs; negative sends at once.
 	Linger time.Duration
 	// ParallelEvents is how many events must be queued for a group beyond
@@ -86,7 +88,15 @@ type committer struct {
 	// group (see run) need not wait any longer.
 	refill   chan struct{}
 	refillAt int
+	// lingerSkips is how many more groups leave without lingering: set
+	// after a linger that nobody joined (the appenders are paced, not in a
+	// loop), so that they do not each pay the Linger (see run).
+	lingerSkips int
 }
+
+// lingerBackoff is how many groups go without lingering after a linger
+// that nobody joined; then lingering is tried again.
+const lingerBackoff = 8
 
 // append runs one append through a group and returns its own outcome.
 func (c *committer) append(ctx context.Context, args appendArgs) (AppendResult, error) {
@@ -200,7 +210,12 @@ func (c *committer) run(group []*pendingAppend) {
 		close(p.done)
 	}
 	c.mu.Lock()
-	if (len(c.queue) == 0 && len(group) == 1) || c.cfg.Linger <= 0 {
+	events := 0
+	for _, p := range group {
+		events += p.args.count
+	}
+	small := c.cfg.ParallelEvents <= 0 || events < c.cfg.ParallelEvents
+	if (len(c.queue) == 0 && len(group) == 1) || c.cfg.Linger <= 0 || (small && c.skipLingerLocked()) {
 		c.inFlight--
 		next := c.takeLocked()
 		c.mu.Unlock()
@@ -216,8 +231,16 @@ func (c *committer) run(group []*pendingAppend) {
 	// writers splits into cohorts that take turns (measured with 16
 	// writers: groups of 1 and 16 alternating, or of 8 and 8). The slot
 	// stays reserved meanwhile, so newcomers queue too. A lone appender
-	// (a group of one, nobody waiting) never waits.
+	// (a group of one, nobody waiting) never waits. Appenders that are
+	// paced rather than looping (requests arriving on their own) do not
+	// come back within Linger: when nobody joins the linger of a group of
+	// small appends (fewer than ParallelEvents events), the next
+	// lingerBackoff such groups leave at once (skipLingerLocked), and the
+	// one after them tries again. (Writers of large appends in a loop may
+	// take longer than Linger to encode their next one; their groups
+	// always linger, as lingering keeps them large.)
 	want := len(c.queue) + len(group)
+	queued := len(c.queue)
 	refill := make(chan struct{})
 	if c.refill != nil { // two groups in flight, both lingering: wake the first one now
 		close(c.refill)
@@ -226,14 +249,22 @@ func (c *committer) run(group []*pendingAppend) {
 	c.mu.Unlock()
 	go func() {
 		t := time.NewTimer(c.cfg.Linger)
+		joined := true
 		select {
 		case <-refill:
 		case <-t.C:
+			joined = false
 		}
 		t.Stop()
 		c.mu.Lock()
 		if c.refill == refill { // another group may linger now, with a refill of its own
 			c.refill = nil
+		}
+		switch {
+		case joined || len(c.queue) > queued:
+			c.lingerSkips = 0
+		case small:
+			c.lingerSkips = lingerBackoff
 		}
 		c.inFlight--
 		next := c.takeLocked()
@@ -242,6 +273,16 @@ func (c *committer) run(group []*pendingAppend) {
 			c.run(next)
 		}
 	}()
+}
+
+// skipLingerLocked reports whether the group now finishing leaves its
+// successor without lingering (see run), and counts it.
+func (c *committer) skipLingerLocked() bool {
+	if c.lingerSkips == 0 {
+		return false
+	}
+	c.lingerSkips--
+	return true
 }
 
 // send runs append_batch for the group. Its context ends when every member's

@@ -369,6 +369,45 @@ func TestGroupCommit(t *testing.T) {
 		}
 	})
 
+	t.Run("PacedAppendersStopPayingTheLinger", func(t *testing.T) {
+		t.Parallel()
+		// Appenders that do not come back at once (paced, not in a loop):
+		// B queues behind A's group each round, and A does not append
+		// again. The first time, B's group lingers for A in vain; after
+		// that, groups leave at once.
+		const linger = 400 * time.Millisecond
+		b := setup(t, &eventstore.Config{GroupCommit: eventstore.GroupCommit{Linger: linger}})
+		ctx := context.Background()
+		var took []time.Duration
+		for round := range 3 {
+			release := holdAppendLock(t, b)
+			errs := make(chan error, 2)
+			go func() {
+				_, err := b.store.Append(ctx, fmt.Sprintf("a-%d", round), eventstore.NoStream, eventstore.NewEvent(OrderPlaced{OrderID: "a"}))
+				errs <- err
+			}()
+			waitFor(t, "A waiting for the ordering lock", func() bool { return lockWaiters(t, b) == 1 })
+			var bDone time.Time
+			go func() {
+				_, err := b.store.Append(ctx, fmt.Sprintf("b-%d", round), eventstore.NoStream, eventstore.NewEvent(OrderPlaced{OrderID: "b"}))
+				bDone = time.Now()
+				errs <- err
+			}()
+			waitFor(t, "B queued behind A", func() bool { return eventstore.QueuedAppends(b.store) == 1 })
+			released := time.Now()
+			release()
+			for range 2 {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			took = append(took, bDone.Sub(released))
+		}
+		if took[0] < linger || took[1] >= linger/2 || took[2] >= linger/2 {
+			t.Fatalf("B's append after the lock was released took %v: want the first to wait the linger (%v), the others not", took, linger)
+		}
+	})
+
 	t.Run("Disabled", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, &eventstore.Config{GroupCommit: eventstore.GroupCommit{Disabled: true}})
