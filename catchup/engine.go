@@ -187,6 +187,12 @@ func (l *Lease) Err() error {
 	return nil
 }
 
+// Behind reports whether the batch in hand was read while its partition was
+// behind its head (and its target), and the subscription lets its commit
+// skip the WAL flush: CommitTx and CommitConn then do not wait for it (see
+// "Committing while behind"). False outside Process.
+func (l *Lease) Behind() bool { return l.behind && l.asyncSQL != "" }
+
 // Ephemeral reports whether the lease belongs to a subscription without a
 // lock or a stored checkpoint.
 func (l *Lease) Ephemeral() bool { return l.Lock == nil && l.shared == nil }

@@ -178,8 +178,8 @@ type Batcher struct {
 	lastFlush time.Time
 }
 
-// NewBatcher returns a Batcher that writes through commit (typically
-// Store.Commit on the lock's connection) every `every` events or
+// NewBatcher returns a Batcher that writes through commit (a fenced write of
+// the position: Store.Commit, or an observer's catchup.Lease.CommitConn) every `every` events or
 // `interval`, whichever comes first. position is the starting (stored)
 // position. now may be nil (time.Now).
 func NewBatcher(commit func(ctx context.Context, position int64) error, position int64, every int, interval time.Duration, now func() time.Time) *Batcher {

@@ -92,6 +92,9 @@ type committer struct {
 	// after a linger that nobody joined (the appenders are paced, not in a
 	// loop), so that they do not each pay the Linger (see run).
 	lingerSkips int
+	// arrivals counts the appends ever queued: a linger was joined when it
+	// grew meanwhile.
+	arrivals uint64
 }
 
 // lingerBackoff is how many groups go without lingering after a linger
@@ -103,6 +106,7 @@ func (c *committer) append(ctx context.Context, args appendArgs) (AppendResult, 
 	p := &pendingAppend{ctx: ctx, args: args, done: make(chan struct{})}
 	c.mu.Lock()
 	c.queue = append(c.queue, p)
+	c.arrivals++
 	if c.refill != nil && len(c.queue) >= c.refillAt {
 		close(c.refill)
 		c.refill = nil
@@ -240,7 +244,7 @@ func (c *committer) run(group []*pendingAppend) {
 	// take longer than Linger to encode their next one; their groups
 	// always linger, as lingering keeps them large.)
 	want := len(c.queue) + len(group)
-	queued := len(c.queue)
+	arrivals := c.arrivals
 	refill := make(chan struct{})
 	if c.refill != nil { // two groups in flight, both lingering: wake the first one now
 		close(c.refill)
@@ -249,11 +253,9 @@ func (c *committer) run(group []*pendingAppend) {
 	c.mu.Unlock()
 	go func() {
 		t := time.NewTimer(c.cfg.Linger)
-		joined := true
 		select {
 		case <-refill:
 		case <-t.C:
-			joined = false
 		}
 		t.Stop()
 		c.mu.Lock()
@@ -261,7 +263,7 @@ func (c *committer) run(group []*pendingAppend) {
 			c.refill = nil
 		}
 		switch {
-		case joined || len(c.queue) > queued:
+		case c.arrivals != arrivals: // somebody queued during the linger
 			c.lingerSkips = 0
 		case small:
 			c.lingerSkips = lingerBackoff

@@ -375,7 +375,7 @@ func TestGroupCommit(t *testing.T) {
 		// B queues behind A's group each round, and A does not append
 		// again. The first time, B's group lingers for A in vain; after
 		// that, groups leave at once.
-		const linger = 400 * time.Millisecond
+		const linger = time.Second
 		b := setup(t, &eventstore.Config{GroupCommit: eventstore.GroupCommit{Linger: linger}})
 		ctx := context.Background()
 		var took []time.Duration

@@ -584,7 +584,7 @@ func redeliver(ctx context.Context, f *failures, lease *catchup.Lease, deliver f
 }
 
 // observerProcessor runs an Observer outside any transaction, with batched
-// checkpoints written through the lock's connection.
+// checkpoints written through Lease.CommitConn (see Start).
 type observerProcessor struct {
 	o        Observer
 	f        *failures
@@ -592,6 +592,11 @@ type observerProcessor struct {
 	interval time.Duration
 	batcher  *checkpoint.Batcher
 	handle   handlerFunc // o.Handle, bound once
+	// commit writes the checkpoint (Start); unflushed is set when its last
+	// write did not wait for its WAL flush (a batch read while behind), so
+	// that End writes once more, and waits.
+	commit    func(ctx context.Context, pos int64) error
+	unflushed bool
 }
 
 func (p *observerProcessor) Start(ctx context.Context, lease *catchup.Lease) error {
@@ -603,11 +608,14 @@ func (p *observerProcessor) Start(ctx context.Context, lease *catchup.Lease) err
 	// while behind" in package catchup). A crash of the server can then
 	// lose such a write, and the events since the last durable one are
 	// delivered again: what an observer promises (at least once) holds.
+	// Like a projection's batch, the write also notifies Await's waiters
+	// (NotifyCheckpoint, after COMMIT).
 	commit := func(ctx context.Context, pos int64) error {
 		if lease.Ephemeral() {
 			return nil
 		}
 		return lease.Do(ctx, func(conn *pgx.Conn) error {
+			p.unflushed = lease.Behind()
 			err := lease.CommitConn(ctx, conn, true, pos)
 			if err != nil && !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -619,6 +627,8 @@ func (p *observerProcessor) Start(ctx context.Context, lease *catchup.Lease) err
 			return err
 		})
 	}
+	p.commit = commit
+	p.unflushed = false
 	p.batcher = checkpoint.NewBatcher(commit, lease.Start, p.every, p.interval, nil)
 	return nil
 }
@@ -754,10 +764,19 @@ func (p *observerProcessor) Idle(ctx context.Context, _ *catchup.Lease) error {
 	return p.batcher.FlushIfDue(ctx)
 }
 
-// End writes the checkpoint: a graceful shutdown re-delivers nothing.
+// End writes the checkpoint: a graceful shutdown re-delivers nothing. A
+// write that did not wait for its flush (the leadership ended while behind)
+// is made once more, waiting, so that it survives a crash of the server
+// right after the shutdown too.
 func (p *observerProcessor) End(ctx context.Context, _ *catchup.Lease) error {
 	if p.batcher == nil {
 		return nil
 	}
-	return p.batcher.Flush(ctx)
+	if err := p.batcher.Flush(ctx); err != nil {
+		return err
+	}
+	if p.unflushed {
+		return p.commit(ctx, p.batcher.Flushed())
+	}
+	return nil
 }

@@ -31,8 +31,9 @@ type LatencyConfig struct {
 	// Duration is how long each rate is sustained, per contender. Defaults
 	// to 3s.
 	Duration time.Duration
-	// Writers is the number of concurrent writers sharing the ticks (one
-	// single-event append per tick). Defaults to 4.
+	// Writers is the number of concurrent writers sharing the load (one
+	// single-event append per event, handed to a free writer when due).
+	// Defaults to 4.
 	Writers int
 	// PollInterval is the runner's poll interval: long enough that the
 	// figures measure the NOTIFY path. Defaults to 5s.
@@ -48,8 +49,9 @@ type LatencyResult struct {
 	// The rates the writers achieved.
 	AnnalsRate float64 `json:"annals_sent_events_per_sec"`
 	RawRate    float64 `json:"raw_sent_events_per_sec"`
-	// Time from just before the append to the start of the handler (annals)
-	// or to the decoding of the row by the raw listener.
+	// Time from the moment the event was due (just before its append when a
+	// writer is free; waiting for a free writer counts) to the start of the
+	// handler (annals) or to the decoding of the row by the raw listener.
 	Annals Latencies `json:"annals"`
 	Raw    Latencies `json:"raw"`
 	// The appends' own round trips (from just before the append to its
@@ -204,30 +206,36 @@ func RunLatency(ctx context.Context, pool *pgxpool.Pool, cfg *LatencyConfig) (*L
 }
 
 // measureLatency appends n events at rate per second, shared by writers
-// (each tick goes to the next free writer), and waits up to grace after the
-// last one for the consumer to have seen them all. It returns the rate the
-// writers achieved, the latencies and the appends' own durations.
+// (each event, when it is due, goes to the next free writer), and waits up
+// to grace after the last one for the consumer to have seen them all. It
+// returns the rate the writers achieved, the latencies (from the moment
+// each event was due, so that time spent waiting for a free writer counts)
+// and the appends' own durations (from the call).
 func measureLatency(ctx context.Context, pp *atomic.Pointer[probe], rate, n, writers int, grace time.Duration,
 	send func(ctx context.Context, w int, id uuid.UUID) error) (float64, Latencies, Latencies, error) {
 	p := newProbe()
 	pp.Store(p)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	jobs := make(chan uuid.UUID, n)
+	type job struct {
+		id  uuid.UUID
+		due time.Time
+	}
+	jobs := make(chan job, n)
 	errs := make(chan error, writers)
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for id := range jobs {
-				p.sent(id)
-				if err := send(ctx, w, id); err != nil {
+			for j := range jobs {
+				p.sent(j.id, j.due)
+				if err := send(ctx, w, j.id); err != nil {
 					errs <- errors.Wrapf(err, "writer %d", w)
 					cancel()
 					return
 				}
-				p.returned(id)
+				p.returned(j.id)
 			}
 		}()
 	}
@@ -242,7 +250,7 @@ func measureLatency(ctx context.Context, pp *atomic.Pointer[probe], rate, n, wri
 		due := min(n, int(time.Since(start)/interval)+1)
 		for ; i < due; i++ {
 			id, _ := uuid.NewV7()
-			jobs <- id
+			jobs <- job{id, start.Add(time.Duration(i) * interval)}
 		}
 		if i < n {
 			select {
@@ -276,17 +284,19 @@ func measureLatency(ctx context.Context, pp *atomic.Pointer[probe], rate, n, wri
 	return achieved, summarize(ds), summarize(appends), nil
 }
 
-// probe pairs the time each event was sent with the times its append
-// returned and it was seen.
+// probe pairs the time each event was due with the times its append was
+// called, returned and it was seen.
 type probe struct {
 	mu         sync.Mutex
-	sentAt     map[uuid.UUID]time.Time
+	dueAt      map[uuid.UUID]time.Time
+	calledAt   map[uuid.UUID]time.Time
 	returnedAt map[uuid.UUID]time.Time
 	seenAt     map[uuid.UUID]time.Time
 }
 
 func newProbe() *probe {
-	return &probe{sentAt: map[uuid.UUID]time.Time{}, returnedAt: map[uuid.UUID]time.Time{}, seenAt: map[uuid.UUID]time.Time{}}
+	return &probe{dueAt: map[uuid.UUID]time.Time{}, calledAt: map[uuid.UUID]time.Time{},
+		returnedAt: map[uuid.UUID]time.Time{}, seenAt: map[uuid.UUID]time.Time{}}
 }
 
 // returned records that the append of id has returned.
@@ -297,11 +307,12 @@ func (p *probe) returned(id uuid.UUID) {
 	p.mu.Unlock()
 }
 
-// sent records that id is about to be appended.
-func (p *probe) sent(id uuid.UUID) {
+// sent records that id, due at due, is about to be appended.
+func (p *probe) sent(id uuid.UUID, due time.Time) {
 	now := time.Now()
 	p.mu.Lock()
-	p.sentAt[id] = now
+	p.dueAt[id] = due
+	p.calledAt[id] = now
 	p.mu.Unlock()
 }
 
@@ -319,7 +330,7 @@ func (p *probe) missing() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := 0
-	for id := range p.sentAt {
+	for id := range p.dueAt {
 		if _, ok := p.seenAt[id]; !ok {
 			n++
 		}
@@ -327,16 +338,16 @@ func (p *probe) missing() int {
 	return n
 }
 
-// results returns the achieved send rate, every event's latency and every
-// append's duration.
+// results returns the achieved send rate (of the calls), every event's
+// latency (from when it was due) and every append's duration.
 func (p *probe) results() (float64, []time.Duration, []time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ds := make([]time.Duration, 0, len(p.sentAt))
-	appends := make([]time.Duration, 0, len(p.sentAt))
+	ds := make([]time.Duration, 0, len(p.dueAt))
+	appends := make([]time.Duration, 0, len(p.dueAt))
 	var first, last time.Time
-	for id, t := range p.sentAt {
-		ds = append(ds, p.seenAt[id].Sub(t))
+	for id, t := range p.calledAt {
+		ds = append(ds, p.seenAt[id].Sub(p.dueAt[id]))
 		appends = append(appends, p.returnedAt[id].Sub(t))
 		if first.IsZero() || t.Before(first) {
 			first = t
@@ -347,7 +358,7 @@ func (p *probe) results() (float64, []time.Duration, []time.Duration) {
 	}
 	rate := 0.0
 	if span := last.Sub(first); span > 0 {
-		rate = float64(len(p.sentAt)-1) / span.Seconds()
+		rate = float64(len(p.calledAt)-1) / span.Seconds()
 	}
 	return rate, ds, appends
 }
@@ -426,7 +437,7 @@ func payloadFor(ids []uuid.UUID) ([]byte, error) {
 
 // WriteLatencyTable prints the report as an aligned table.
 func WriteLatencyTable(w io.Writer, s Settings, rep *LatencyReport) error {
-	fmt.Fprintf(w, "end-to-end latency, ms: just before the append → start of the handler, an upper bound that includes the append's round trip (%s; %d writers, poll interval %s, %s per rate)\n",
+	fmt.Fprintf(w, "end-to-end latency, ms: the event due (its append called when a writer is free) → start of the handler, an upper bound that includes the append's round trip (%s; %d writers, poll interval %s, %s per rate)\n",
 		s, rep.Writers, rep.PollInterval, rep.DurationPerRun)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "target/s\tannals sent/s\tannals p50\tp99\tmax\tappend p50\traw sent/s\traw p50\tp99\tmax\tappend p50\tp50 annals/raw\tp99 annals/raw\t")

@@ -73,7 +73,7 @@ figures and ratios (tables on stdout, progress on stderr). The benchmarks, chose
             write per page, a no-op Projection and a no-op Observer
             (Runner.RunUntilCaughtUp, 500 per batch), each also with telemetry off;
             3 interleaved rounds. Schema annals_bench_catchup.
-  latency   end-to-end latency from just before an append to the start of a live
+  latency   end-to-end latency from the moment an event is due to the start of a live
             observer's Handle, at each of --rates events/s for --duration (open loop,
             shared by --latency-writers writers), beside a raw INSERT + NOTIFY read by
             a raw LISTEN connection; the appends' own durations too. Schema

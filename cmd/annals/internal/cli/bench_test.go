@@ -93,10 +93,8 @@ func TestBenchRunnerQuick(t *testing.T) {
 		l.Annals.P50 <= 0 || l.Annals.P99 < l.Annals.P50 || l.Raw.P50 <= 0 || l.Raw.P99 < l.Raw.P50 || l.P50VsRaw <= 0 {
 		t.Fatalf("latency: %+v", l)
 	}
-	// The appends' own durations: one per event, each shorter than the
-	// longest end-to-end latency (the event was seen after it committed).
-	if l.AnnalsAppend.Samples != 50 || l.RawAppend.Samples != 50 || l.AnnalsAppend.P50 <= 0 || l.RawAppend.P50 <= 0 ||
-		l.AnnalsAppend.P50 > l.Annals.Max {
+	// The appends' own durations: one per event.
+	if l.AnnalsAppend.Samples != 50 || l.RawAppend.Samples != 50 || l.AnnalsAppend.P50 <= 0 || l.RawAppend.P50 <= 0 {
 		t.Fatalf("latency, appends: %+v", l)
 	}
 	// The distribution: 101 non-decreasing quantiles, plotted next to the JSON.
