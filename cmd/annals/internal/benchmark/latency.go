@@ -209,8 +209,8 @@ func RunLatency(ctx context.Context, pool *pgxpool.Pool, cfg *LatencyConfig) (*L
 // (each event, when it is due, goes to the next free writer), and waits up
 // to grace after the last one for the consumer to have seen them all. It
 // returns the rate the writers achieved, the latencies (from the moment
-// each event was due, so that time spent waiting for a free writer counts)
-// and the appends' own durations (from the call).
+// each event was handed out, when due, so that time spent waiting for a free
+// writer counts) and the appends' own durations (from the call).
 func measureLatency(ctx context.Context, pp *atomic.Pointer[probe], rate, n, writers int, grace time.Duration,
 	send func(ctx context.Context, w int, id uuid.UUID) error) (float64, Latencies, Latencies, error) {
 	p := newProbe()
@@ -247,10 +247,14 @@ func measureLatency(ctx context.Context, pp *atomic.Pointer[probe], rate, n, wri
 	ticker := time.NewTicker(max(interval, 100*time.Microsecond))
 	start := time.Now()
 	for i := 0; i < n && ctx.Err() == nil; {
-		due := min(n, int(time.Since(start)/interval)+1)
+		// Latency counts from the hand-out, not from the planned time: the
+		// ticker's own lateness (up to a tick) is the generator's, not the
+		// system's; waiting in the channel for a free writer counts.
+		now := time.Now()
+		due := min(n, int(now.Sub(start)/interval)+1)
 		for ; i < due; i++ {
 			id, _ := uuid.NewV7()
-			jobs <- job{id, start.Add(time.Duration(i) * interval)}
+			jobs <- job{id, now}
 		}
 		if i < n {
 			select {
