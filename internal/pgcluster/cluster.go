@@ -399,6 +399,7 @@ func (c *Cluster) Crash(ctx context.Context) error {
 	if p == nil {
 		return nil
 	}
+	shmid := c.shmID()
 	if err := signalGroup(p.cmd.Process.Pid, syscall.SIGKILL); err != nil {
 		return errors.Wrap(err, "pgcluster: crash")
 	}
@@ -406,12 +407,37 @@ func (c *Cluster) Crash(ctx context.Context) error {
 	<-p.done
 	_ = p.log.Close()
 	// The backends die asynchronously; wait for them (or ctx), so that Up
-	// does not find the old shared memory still in use.
-	for deadline := time.Now().Add(10 * time.Second); groupAlive(p.cmd.Process.Pid) && time.Now().Before(deadline) && ctx.Err() == nil; {
+	// does not find the old shared memory still in use: for the process
+	// group to be gone, and for the segment postmaster.pid names to have no
+	// process attached (the group alone once let Up start too early).
+	for deadline := time.Now().Add(10 * time.Second); (groupAlive(p.cmd.Process.Pid) || (shmid >= 0 && shmAttached(shmid))) &&
+		time.Now().Before(deadline) && ctx.Err() == nil; {
 		time.Sleep(5 * time.Millisecond)
 	}
 	c.logger.InfoContext(ctx, "pgcluster: crashed", slog.String("dir", c.dir))
 	return nil
+}
+
+// shmID returns the System V shared memory ID the running server's
+// postmaster.pid names (its 7th line: key and ID), or -1.
+func (c *Cluster) shmID() int {
+	b, err := os.ReadFile(filepath.Join(c.dataDir, "postmaster.pid"))
+	if err != nil {
+		return -1
+	}
+	lines := strings.Split(string(b), "\n")
+	if len(lines) < 7 {
+		return -1
+	}
+	f := strings.Fields(lines[6])
+	if len(f) != 2 {
+		return -1
+	}
+	id, err := strconv.Atoi(f[1])
+	if err != nil {
+		return -1
+	}
+	return id
 }
 
 // Up starts the server again after [Cluster.Down] or [Cluster.Crash], on the same data directory

@@ -3,6 +3,7 @@ package pgcluster
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -45,5 +46,40 @@ func TestDownUp(t *testing.T) {
 	}
 	if err := c.Up(t.Context()); !errors.Is(err, ErrStopped) {
 		t.Errorf("Up after Stop: %v", err)
+	}
+}
+
+// Crash kills every process of the server and returns only once none is
+// attached to its shared memory any more, so that Up can start at once,
+// several times in a row, even with connections busy when it is killed.
+func TestCrashUp(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t, nil)
+	for round := range 3 {
+		shmid := c.shmID()
+		if shmid < 0 {
+			t.Fatalf("round %d: no shared memory ID in postmaster.pid", round)
+		}
+		if runtime.GOOS == "linux" && !shmAttached(shmid) {
+			t.Fatalf("round %d: segment %d not attached while the server runs", round, shmid)
+		}
+		// Busy backends at the moment of the kill.
+		for range 4 {
+			conn := connect(t, c.URL())
+			go func() { _, _ = conn.Exec(context.Background(), "SELECT pg_sleep(10)") }()
+		}
+		if err := c.Crash(t.Context()); err != nil {
+			t.Fatalf("round %d: Crash: %v", round, err)
+		}
+		if shmAttached(shmid) {
+			t.Fatalf("round %d: segment %d still attached after Crash returned", round, shmid)
+		}
+		if err := c.Up(t.Context()); err != nil {
+			t.Fatalf("round %d: Up: %v", round, err)
+		}
+		var one int
+		if err := connect(t, c.URL()).QueryRow(t.Context(), "SELECT 1").Scan(&one); err != nil || one != 1 {
+			t.Fatalf("round %d: after Up: %v", round, err)
+		}
 	}
 }

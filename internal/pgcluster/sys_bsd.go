@@ -13,3 +13,7 @@ func zombie(int) bool { return false }
 // groupAlive reports false: without /proc, Crash does not wait for the
 // backends.
 func groupAlive(int) bool { return false }
+
+// shmAttached reports false: without /proc, Crash does not wait for the old
+// shared memory to be detached.
+func shmAttached(int) bool { return false }

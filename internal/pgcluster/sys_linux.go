@@ -59,3 +59,26 @@ func groupAlive(pgid int) bool {
 	}
 	return false
 }
+
+// shmAttached reports whether the System V shared memory segment shmid
+// exists and some process is attached to it (/proc/sysvipc/shm). PostgreSQL
+// refuses to start while the segment its postmaster.pid names is attached.
+func shmAttached(shmid int) bool {
+	b, err := os.ReadFile("/proc/sysvipc/shm")
+	if err != nil {
+		return false
+	}
+	for _, line := range bytes.Split(b, []byte("\n"))[1:] {
+		// key shmid perms size cpid lpid nattch ...
+		f := bytes.Fields(line)
+		if len(f) < 7 {
+			continue
+		}
+		if id, err := strconv.Atoi(string(f[1])); err != nil || id != shmid {
+			continue
+		}
+		n, err := strconv.Atoi(string(f[6]))
+		return err == nil && n > 0
+	}
+	return false
+}
