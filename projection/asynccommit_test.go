@@ -102,9 +102,10 @@ func (o *blockingLog) Handle(ctx context.Context, e eventstore.Event) error {
 // SyncCommits the checkpoint the observer had written survives the crash.
 func TestObserverCatchUpSurvivesACrash(t *testing.T) {
 	t.Parallel()
+	// One after the other: each kills a cluster of its own, and make test
+	// runs enough clusters at once already.
 	for _, syncCommits := range []bool{false, true} {
 		t.Run(fmt.Sprintf("SyncCommits=%v", syncCommits), func(t *testing.T) {
-			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
 			const n = 3000
