@@ -38,15 +38,19 @@ func (o *orderRecorder) count() int {
 }
 
 // TestReadReplica runs a projection and an observer that read from a real
-// streaming replica (pg_basebackup of the test cluster), while their locks,
-// checkpoints and handler transactions stay on the primary. With the
-// replica's replay paused, new events are not delivered (the replica shows
-// the log as of the pause, a prefix); after it resumes, every event is
-// delivered once and in order, and the projection equals the log.
+// streaming replica (pg_basebackup of a cluster of the test's own), while
+// their locks, checkpoints and handler transactions stay on the primary.
+// With the replica's replay paused, new events are not delivered (the
+// replica shows the log as of the pause, a prefix); after it resumes, every
+// event is delivered once and in order, and the projection equals the log.
+// (A replica of the shared test cluster replays every other test's WAL too,
+// databases created and dropped included: in make test it once took more
+// than two minutes to reach the appends.)
 func TestReadReplica(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
 	ctx := t.Context()
+	cluster, h := clusterOfItsOwn(ctx, t)
+	b := setupOn(t, &annalstest.DB{URL: cluster.URL(), Name: "postgres", Schema: "annals", Pool: h.pool})
 	if _, err := b.db.Pool.Exec(ctx, `CREATE TABLE replica_counts (stream_id text PRIMARY KEY, n bigint NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}

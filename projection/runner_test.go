@@ -30,7 +30,12 @@ type bundle struct {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	db := annalstest.NewDB(t, nil)
+	return setupOn(t, annalstest.NewDB(t, nil))
+}
+
+// setupOn is setup on a migrated database of the caller's.
+func setupOn(t *testing.T, db *annalstest.DB) *bundle {
+	t.Helper()
 	reg := eventstore.NewRegistry()
 	eventstore.MustRegister[Deposited](reg, "account.deposited")
 	eventstore.MustRegister[Withdrawn](reg, "account.withdrawn")
