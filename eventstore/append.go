@@ -481,7 +481,9 @@ func encodeData(n int, v any) ([]byte, error) {
 	if len(trimmed) == 0 || (trimmed[0] != '{' && trimmed[0] != '[') {
 		return nil, &InvalidEventError{Event: n, Field: "data", Reason: "must be a JSON object or array"}
 	}
-	if !json.Valid(trimmed) {
+	// encoding/json's output is valid JSON (it checks what MarshalJSON
+	// methods return); raw bytes are checked.
+	if !marshalled && !json.Valid(trimmed) {
 		return nil, &InvalidEventError{Event: n, Field: "data", Reason: "is not valid JSON"}
 	}
 	// encoding/json's output is valid UTF-8; raw bytes need not be, and
