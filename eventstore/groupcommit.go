@@ -335,10 +335,12 @@ func (c *committer) sendBatch(ctx context.Context, group []*pendingAppend) error
 		// [16]byte, not uuid.UUID: pgx encodes a uuid.UUID through its
 		// driver.Valuer (a string, parsed again), which was a fifth of the
 		// client's CPU in appends of 100 events.
-		ids      = make([][16]byte, 0, n)
-		types    = make([]string, 0, n)
-		data     = make([]string, 0, n)
-		meta     = make([]string, 0, n)
+		ids   = make([][16]byte, 0, n)
+		types = make([]string, 0, n)
+		// The payloads as they are ([]byte for text: no copy into a
+		// string); no metadata is nil, sent as NULL.
+		data     = make([][]byte, 0, n)
+		meta     = make([][]byte, 0, n)
 		check    = false
 		byStream = make(map[string]*pendingAppend, len(group))
 	)
@@ -355,8 +357,8 @@ func (c *committer) sendBatch(ctx context.Context, group []*pendingAppend) error
 			within = append(within, int32(j+1))
 			ids = append(ids, [16]byte(e.id))
 			types = append(types, e.typ)
-			data = append(data, string(e.data))
-			meta = append(meta, string(e.meta))
+			data = append(data, e.data)
+			meta = append(meta, e.meta)
 		}
 	}
 	rows, err := c.s.pool.Query(ctx, c.s.q.appendBatch, streams, expected, index, within, ids, types, data, meta, check)
