@@ -59,10 +59,10 @@
 //     and checks then overlap the commit ahead.) A lone appender never
 //     waits. Appenders that are paced rather than looping (requests that
 //     arrive on their own) do not come back within the linger: when
-//     nobody joins the linger of a group of small appends (fewer than
-//     ParallelEvents events), the next 8 such groups leave at once, and
-//     the one after them lingers again, so such appends do not each pay
-//     it.
+//     nobody joins two lingers in a row of groups of small appends (fewer
+//     than ParallelEvents events), the next 8 such groups leave at once,
+//     and the one after them lingers again, so such appends do not each
+//     pay it (one linger missed alone may be a pause of looping writers).
 //   - A group that fails as a whole (an error no single outcome explains,
 //     such as a lost connection) is re-sent append by append through
 //     append_events, so each member learns its own outcome; re-sending an

@@ -34,8 +34,8 @@ type GroupCommit struct {
 	// Linger is how long a finished group's successor waits, at most, for
 	// the appenders just answered to queue again before it is sent (only
 	// when other appends are already waiting; a lone append never waits).
-	// After a linger nobody joined, the next 8 groups of small appends
-	// (fewer than ParallelEvents events) do not linger.
+	// After two lingers in a row that nobody joined, the next 8 groups of
+	// small appends (fewer than ParallelEvents events) do not linger.
 	// Defaults to 200µs; negative sends at once.
 	Linger time.Duration
 	// ParallelEvents is how many events must be queued for a group beyond
@@ -89,16 +89,20 @@ type committer struct {
 	refill   chan struct{}
 	refillAt int
 	// lingerSkips is how many more groups leave without lingering: set
-	// after a linger that nobody joined (the appenders are paced, not in a
+	// after lingers that nobody joined (the appenders are paced, not in a
 	// loop), so that they do not each pay the Linger (see run).
-	lingerSkips int
+	// lingerMisses counts the lingers nobody joined since one was joined:
+	// two in a row start the skipping (one alone may be a pause of looping
+	// writers), and after the skipping one more does.
+	lingerSkips  int
+	lingerMisses int
 	// arrivals counts the appends ever queued: a linger was joined when it
 	// grew meanwhile.
 	arrivals uint64
 }
 
-// lingerBackoff is how many groups go without lingering after a linger
-// that nobody joined; then lingering is tried again.
+// lingerBackoff is how many groups go without lingering after lingers that
+// nobody joined; then lingering is tried again.
 const lingerBackoff = 8
 
 // append runs one append through a group and returns its own outcome.
@@ -237,10 +241,10 @@ func (c *committer) run(group []*pendingAppend) {
 	// stays reserved meanwhile, so newcomers queue too. A lone appender
 	// (a group of one, nobody waiting) never waits. Appenders that are
 	// paced rather than looping (requests arriving on their own) do not
-	// come back within Linger: when nobody joins the linger of a group of
-	// small appends (fewer than ParallelEvents events), the next
+	// come back within Linger: when nobody joins two lingers in a row of
+	// groups of small appends (fewer than ParallelEvents events), the next
 	// lingerBackoff such groups leave at once (skipLingerLocked), and the
-	// one after them tries again. (Writers of large appends in a loop may
+	// one after them tries again (one more miss skips again). (Writers of large appends in a loop may
 	// take longer than Linger to encode their next one; their groups
 	// always linger, as lingering keeps them large.)
 	want := len(c.queue) + len(group)
@@ -264,9 +268,11 @@ func (c *committer) run(group []*pendingAppend) {
 		}
 		switch {
 		case c.arrivals != arrivals: // somebody queued during the linger
-			c.lingerSkips = 0
+			c.lingerSkips, c.lingerMisses = 0, 0
 		case small:
-			c.lingerSkips = lingerBackoff
+			if c.lingerMisses++; c.lingerMisses >= 2 {
+				c.lingerSkips, c.lingerMisses = lingerBackoff, 1
+			}
 		}
 		c.inFlight--
 		next := c.takeLocked()
