@@ -6,9 +6,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/lockkey"
 )
@@ -193,5 +195,25 @@ func TestCommitFencedHeldNeedsTheLockHeld(t *testing.T) {
 	}
 	if p := position(); p != 30 {
 		t.Fatalf("position %d after fenced commits, want 30", p)
+	}
+
+	// CommitConn with begin (an observer's checkpoint write) rolls back the
+	// transaction it began when the write is fenced: the connection goes
+	// back idle.
+	lease := &Lease{Subscriber: "held", Partition: 0, Epoch: 6, shared: &sharedLock{key: LockKey("annals", "held", 0)},
+		commitSQL: e.q["CommitFenced"], commitHeldSQL: e.q["CommitFencedHeld"]}
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if err := lease.CommitConn(ctx, conn.Conn(), true, 50); !errors.Is(err, checkpoint.ErrFenced) {
+		t.Fatalf("CommitConn with an old epoch: %v, want checkpoint.ErrFenced", err)
+	}
+	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
+		t.Fatalf("after a fenced CommitConn with begin the connection's transaction status is %q, want idle", st)
+	}
+	if p := position(); p != 30 {
+		t.Fatalf("position %d after the fenced CommitConn, want 30", p)
 	}
 }

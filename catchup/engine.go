@@ -97,9 +97,9 @@ func (l *Lease) CommitTx(ctx context.Context, tx pgx.Tx, position int64) error {
 
 // CommitConn is CommitTx for a transaction run by hand on conn (the lock's
 // connection): with begin, the transaction has not been begun yet and BEGIN
-// is sent first in the same round trip (a batch that wrote nothing). On
-// failure the caller rolls back (after begin too: the transaction may be
-// open).
+// is sent first in the same round trip (a batch that wrote nothing, an
+// observer's checkpoint write). On failure the caller rolls back a
+// transaction it began itself; one CommitConn began, it rolls back.
 func (l *Lease) CommitConn(ctx context.Context, conn *pgx.Conn, begin bool, position int64) error {
 	if position < 0 {
 		return errors.Wrapf(checkpoint.ErrInvalid, "position %d is negative", position)
@@ -138,6 +138,9 @@ func (l *Lease) CommitConn(ctx context.Context, conn *pgx.Conn, begin bool, posi
 	}
 	if cerr := br.Close(); err == nil && !notify {
 		err = cerr
+	}
+	if err != nil && begin {
+		rollbackOpen(ctx, conn)
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "annals: checkpoint fenced") {
@@ -187,12 +190,6 @@ func (l *Lease) Err() error {
 	return nil
 }
 
-// Behind reports whether the batch in hand was read while its partition was
-// behind its head (and its target), and the subscription lets its commit
-// skip the WAL flush: CommitTx and CommitConn then do not wait for it (see
-// "Committing while behind"). False outside Process.
-func (l *Lease) Behind() bool { return l.behind && l.asyncSQL != "" }
-
 // Ephemeral reports whether the lease belongs to a subscription without a
 // lock or a stored checkpoint.
 func (l *Lease) Ephemeral() bool { return l.Lock == nil && l.shared == nil }
@@ -240,15 +237,24 @@ func (l *Lease) Do(ctx context.Context, fn func(conn *pgx.Conn) error) error {
 		}
 	}()
 	err = fn(conn)
-	if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, rerr := conn.Exec(rctx, "ROLLBACK"); rerr != nil {
-			_ = conn.Close(rctx)
-		}
+	if rollbackOpen(ctx, conn) {
 		err = errors.CombineErrors(err, errors.Newf("catchup: %s/%d: fn returned with a transaction open; it was rolled back", l.Subscriber, l.Partition))
 	}
 	return err
+}
+
+// rollbackOpen rolls back the transaction open on conn, if any (closing
+// conn if that fails), and reports whether there was one.
+func rollbackOpen(ctx context.Context, conn *pgx.Conn) bool {
+	if conn.IsClosed() || conn.PgConn().TxStatus() == 'I' {
+		return false
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(rctx, "ROLLBACK"); err != nil {
+		_ = conn.Close(rctx)
+	}
+	return true
 }
 
 // Handover is closed when the engine asks the leader to hand the partition

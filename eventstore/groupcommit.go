@@ -244,9 +244,9 @@ func (c *committer) run(group []*pendingAppend) {
 	// come back within Linger: when nobody joins two lingers in a row of
 	// groups of small appends (fewer than ParallelEvents events), the next
 	// lingerBackoff such groups leave at once (skipLingerLocked), and the
-	// one after them tries again (one more miss skips again). (Writers of large appends in a loop may
-	// take longer than Linger to encode their next one; their groups
-	// always linger, as lingering keeps them large.)
+	// one after them tries again (one more miss skips again). Writers of
+	// large appends in a loop may take longer than Linger to encode their
+	// next one; their groups always linger, as lingering keeps them large.
 	want := len(c.queue) + len(group)
 	arrivals := c.arrivals
 	refill := make(chan struct{})

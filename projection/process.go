@@ -592,11 +592,6 @@ type observerProcessor struct {
 	interval time.Duration
 	batcher  *checkpoint.Batcher
 	handle   handlerFunc // o.Handle, bound once
-	// commit writes the checkpoint (Start); unflushed is set when its last
-	// write did not wait for its WAL flush (a batch read while behind), so
-	// that End writes once more, and waits.
-	commit    func(ctx context.Context, pos int64) error
-	unflushed bool
 }
 
 func (p *observerProcessor) Start(ctx context.Context, lease *catchup.Lease) error {
@@ -614,21 +609,8 @@ func (p *observerProcessor) Start(ctx context.Context, lease *catchup.Lease) err
 		if lease.Ephemeral() {
 			return nil
 		}
-		return lease.Do(ctx, func(conn *pgx.Conn) error {
-			p.unflushed = lease.Behind()
-			err := lease.CommitConn(ctx, conn, true, pos)
-			if err != nil && !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				defer cancel()
-				if _, rerr := conn.Exec(rctx, "ROLLBACK"); rerr != nil {
-					_ = conn.Close(rctx)
-				}
-			}
-			return err
-		})
+		return lease.Do(ctx, func(conn *pgx.Conn) error { return lease.CommitConn(ctx, conn, true, pos) })
 	}
-	p.commit = commit
-	p.unflushed = false
 	p.batcher = checkpoint.NewBatcher(commit, lease.Start, p.every, p.interval, nil)
 	return nil
 }
@@ -764,19 +746,10 @@ func (p *observerProcessor) Idle(ctx context.Context, _ *catchup.Lease) error {
 	return p.batcher.FlushIfDue(ctx)
 }
 
-// End writes the checkpoint: a graceful shutdown re-delivers nothing. A
-// write that did not wait for its flush (the leadership ended while behind)
-// is made once more, waiting, so that it survives a crash of the server
-// right after the shutdown too.
+// End writes the checkpoint: a graceful shutdown re-delivers nothing.
 func (p *observerProcessor) End(ctx context.Context, _ *catchup.Lease) error {
 	if p.batcher == nil {
 		return nil
 	}
-	if err := p.batcher.Flush(ctx); err != nil {
-		return err
-	}
-	if p.unflushed {
-		return p.commit(ctx, p.batcher.Flushed())
-	}
-	return nil
+	return p.batcher.Flush(ctx)
 }

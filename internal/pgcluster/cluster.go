@@ -400,7 +400,8 @@ func (c *Cluster) Crash(ctx context.Context) error {
 		return nil
 	}
 	shmid := c.shmID()
-	if err := signalGroup(p.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+	// ESRCH: the group is gone already (the server died on its own).
+	if err := signalGroup(p.cmd.Process.Pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return errors.Wrap(err, "pgcluster: crash")
 	}
 	c.proc = nil

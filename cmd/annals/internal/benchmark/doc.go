@@ -15,14 +15,14 @@
 // with it off; 3 interleaved rounds, medians, ratios and the client's CPU
 // time per event. BenchmarkCatchup runs the same contenders for profiling.
 //
-// Latency (latency.go): from the moment an event is due (Store.Append is
-// called then when a writer is free) to the start of a live
+// Latency (latency.go): from the moment an event is handed out, when due
+// (Store.Append is called then when a writer is free), to the start of a live
 // Observer's Handle, at fixed append rates, beside a raw INSERT + NOTIFY in
 // one transaction read by a raw LISTEN connection; p50, p99, max and ratios,
 // and the appends' own durations. The load is an open loop: every event is
-// due at start + i/rate and queued then for the next free writer, so a late
-// tick does not lower the offered rate, and time an event waits for a free
-// writer counts in its latency.
+// due at start + i/rate and handed out at the generator's first tick after
+// that, to the next free writer, so a late tick does not lower the offered
+// rate, and time an event waits for a free writer counts in its latency.
 //
 // Takeover (takeover.go, child.go): two runner processes (the annals binary
 // re-executed as a hidden command) share a subscriber; the leader is killed

@@ -49,9 +49,10 @@ type LatencyResult struct {
 	// The rates the writers achieved.
 	AnnalsRate float64 `json:"annals_sent_events_per_sec"`
 	RawRate    float64 `json:"raw_sent_events_per_sec"`
-	// Time from the moment the event was due (just before its append when a
-	// writer is free; waiting for a free writer counts) to the start of the
-	// handler (annals) or to the decoding of the row by the raw listener.
+	// Time from the event's hand-out (at the generator's first tick at or
+	// after its due time; just before its append when a writer is free,
+	// and waiting for a free writer counts) to the start of the handler
+	// (annals) or to the decoding of the row by the raw listener.
 	Annals Latencies `json:"annals"`
 	Raw    Latencies `json:"raw"`
 	// The appends' own round trips (from just before the append to its
@@ -218,8 +219,8 @@ func measureLatency(ctx context.Context, pp *atomic.Pointer[probe], rate, n, wri
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type job struct {
-		id  uuid.UUID
-		due time.Time
+		id        uuid.UUID
+		handedOut time.Time
 	}
 	jobs := make(chan job, n)
 	errs := make(chan error, writers)
@@ -229,7 +230,7 @@ func measureLatency(ctx context.Context, pp *atomic.Pointer[probe], rate, n, wri
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
-				p.sent(j.id, j.due)
+				p.sent(j.id, j.handedOut)
 				if err := send(ctx, w, j.id); err != nil {
 					errs <- errors.Wrapf(err, "writer %d", w)
 					cancel()
@@ -288,18 +289,18 @@ func measureLatency(ctx context.Context, pp *atomic.Pointer[probe], rate, n, wri
 	return achieved, summarize(ds), summarize(appends), nil
 }
 
-// probe pairs the time each event was due with the times its append was
-// called, returned and it was seen.
+// probe pairs the time each event was handed out with the times its append
+// was called, returned and it was seen.
 type probe struct {
 	mu         sync.Mutex
-	dueAt      map[uuid.UUID]time.Time
+	handedAt   map[uuid.UUID]time.Time
 	calledAt   map[uuid.UUID]time.Time
 	returnedAt map[uuid.UUID]time.Time
 	seenAt     map[uuid.UUID]time.Time
 }
 
 func newProbe() *probe {
-	return &probe{dueAt: map[uuid.UUID]time.Time{}, calledAt: map[uuid.UUID]time.Time{},
+	return &probe{handedAt: map[uuid.UUID]time.Time{}, calledAt: map[uuid.UUID]time.Time{},
 		returnedAt: map[uuid.UUID]time.Time{}, seenAt: map[uuid.UUID]time.Time{}}
 }
 
@@ -311,11 +312,11 @@ func (p *probe) returned(id uuid.UUID) {
 	p.mu.Unlock()
 }
 
-// sent records that id, due at due, is about to be appended.
-func (p *probe) sent(id uuid.UUID, due time.Time) {
+// sent records that id, handed out at handedOut, is about to be appended.
+func (p *probe) sent(id uuid.UUID, handedOut time.Time) {
 	now := time.Now()
 	p.mu.Lock()
-	p.dueAt[id] = due
+	p.handedAt[id] = handedOut
 	p.calledAt[id] = now
 	p.mu.Unlock()
 }
@@ -334,7 +335,7 @@ func (p *probe) missing() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := 0
-	for id := range p.dueAt {
+	for id := range p.handedAt {
 		if _, ok := p.seenAt[id]; !ok {
 			n++
 		}
@@ -343,15 +344,15 @@ func (p *probe) missing() int {
 }
 
 // results returns the achieved send rate (of the calls), every event's
-// latency (from when it was due) and every append's duration.
+// latency (from its hand-out) and every append's duration.
 func (p *probe) results() (float64, []time.Duration, []time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ds := make([]time.Duration, 0, len(p.dueAt))
-	appends := make([]time.Duration, 0, len(p.dueAt))
+	ds := make([]time.Duration, 0, len(p.handedAt))
+	appends := make([]time.Duration, 0, len(p.handedAt))
 	var first, last time.Time
 	for id, t := range p.calledAt {
-		ds = append(ds, p.seenAt[id].Sub(p.dueAt[id]))
+		ds = append(ds, p.seenAt[id].Sub(p.handedAt[id]))
 		appends = append(appends, p.returnedAt[id].Sub(t))
 		if first.IsZero() || t.Before(first) {
 			first = t
@@ -441,7 +442,7 @@ func payloadFor(ids []uuid.UUID) ([]byte, error) {
 
 // WriteLatencyTable prints the report as an aligned table.
 func WriteLatencyTable(w io.Writer, s Settings, rep *LatencyReport) error {
-	fmt.Fprintf(w, "end-to-end latency, ms: the event due (its append called when a writer is free) → start of the handler, an upper bound that includes the append's round trip (%s; %d writers, poll interval %s, %s per rate)\n",
+	fmt.Fprintf(w, "end-to-end latency, ms: the event handed out when due (its append called then when a writer is free) → start of the handler, an upper bound that includes the append's round trip (%s; %d writers, poll interval %s, %s per rate)\n",
 		s, rep.Writers, rep.PollInterval, rep.DurationPerRun)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "target/s\tannals sent/s\tannals p50\tp99\tmax\tappend p50\traw sent/s\traw p50\tp99\tmax\tappend p50\tp50 annals/raw\tp99 annals/raw\t")

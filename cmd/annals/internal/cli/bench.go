@@ -73,7 +73,7 @@ figures and ratios (tables on stdout, progress on stderr). The benchmarks, chose
             write per page, a no-op Projection and a no-op Observer
             (Runner.RunUntilCaughtUp, 500 per batch), each also with telemetry off;
             3 interleaved rounds. Schema annals_bench_catchup.
-  latency   end-to-end latency from the moment an event is due to the start of a live
+  latency   end-to-end latency from the moment an event is handed out to the start of a live
             observer's Handle, at each of --rates events/s for --duration (open loop,
             shared by --latency-writers writers), beside a raw INSERT + NOTIFY read by
             a raw LISTEN connection; the appends' own durations too. Schema
@@ -307,7 +307,7 @@ smoke test).`,
 	cmd.Flags().IntVar(&rebuildEvents, "rebuild-events", 200_000, "rebuild: events in the log (quick: 5000)")
 	cmd.Flags().IntVar(&scaleoutEvents, "scaleout-events", 100_000, "scaleout: events in the log of the throughput runs (quick: 5000)")
 	cmd.Flags().IntSliceVar(&rates, "rates", nil, "latency: target appends per second (default 100,1000; quick: 100)")
-	cmd.Flags().IntVar(&latencyWriters, "latency-writers", 4, "latency: concurrent writers sharing the ticks")
+	cmd.Flags().IntVar(&latencyWriters, "latency-writers", 4, "latency: concurrent writers sharing the load")
 	cmd.Flags().IntVar(&rounds, "rounds", 20, "takeover: takeovers after SIGKILL per lock retry interval (quick: 1)")
 	cmd.Flags().DurationSliceVar(&lockRetry, "lock-retry", []time.Duration{0},
 		"takeover: the standby's LockRetryInterval settings, 0 = the default (20ms)")
