@@ -18,6 +18,8 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/internal/proccpu"
 )
 
 // workload is one append measurement: procs processes of writers writers,
@@ -87,19 +89,59 @@ func appendFor(ctx context.Context, c *contender, prefix string, writers, batch 
 	return total.Load(), elapsed, nil
 }
 
+// cpuPerEvent is the CPU time one event of an append workload cost, in µs:
+// the PostgreSQL server's (all of its processes; nil when the server does
+// not run on this machine) and the appending processes'.
+type cpuPerEvent struct {
+	Server *float64 `json:"server,omitempty"`
+	Client float64  `json:"client"`
+}
+
 // measureAppend runs workload w for contender c (in this process or in
-// w.Procs child processes) and returns events per second.
-func measureAppend(ctx context.Context, cfg *config, c *contender, w workload, prefix string, progress io.Writer) (float64, error) {
+// w.Procs child processes) and returns events per second and the CPU time
+// per event. server, when not nil, is the server whose CPU time is read.
+func measureAppend(ctx context.Context, cfg *config, server *proccpu.Server, c *contender, w workload, prefix string, progress io.Writer) (float64, cpuPerEvent, error) {
+	var cpu cpuPerEvent
+	var server0 time.Duration
+	readServer := func() (time.Duration, error) {
+		if server == nil {
+			return 0, nil
+		}
+		return server.Total()
+	}
+	perEvent := func(events int64, client time.Duration) error {
+		if events <= 0 {
+			return nil
+		}
+		server1, err := readServer()
+		if err != nil {
+			return err
+		}
+		if server != nil {
+			v := float64((server1 - server0).Microseconds()) / float64(events)
+			cpu.Server = &v
+		}
+		cpu.Client = float64(client.Microseconds()) / float64(events)
+		return nil
+	}
 	if w.Procs <= 1 {
+		var err error
+		if server0, err = readServer(); err != nil {
+			return 0, cpu, err
+		}
+		self0 := proccpu.Self()
 		n, elapsed, err := appendFor(ctx, c, prefix, w.Writers, w.Batch, time.Now(), cfg.Duration, nil)
 		if err != nil {
-			return 0, err
+			return 0, cpu, err
 		}
-		return float64(n) / elapsed.Seconds(), nil
+		if err := perEvent(n, proccpu.Self()-self0); err != nil {
+			return 0, cpu, err
+		}
+		return float64(n) / elapsed.Seconds(), cpu, nil
 	}
 	exe, err := os.Executable()
 	if err != nil {
-		return 0, errors.Wrap(err, "find this program to start children")
+		return 0, cpu, errors.Wrap(err, "find this program to start children")
 	}
 	// The children connect first and start appending together.
 	start := time.Now().Add(cfg.ChildStartDelay)
@@ -115,20 +157,32 @@ func measureAppend(ctx context.Context, cfg *config, c *contender, w workload, p
 			results[p], errs[p] = runChild(ctx, exe, args)
 		})
 	}
+	// The server's CPU time is read at the common start, after the children
+	// connected, and after the last child ended.
+	if wait := time.Until(start); wait > 0 && !sleep(ctx, wait) {
+		return 0, cpu, ctx.Err()
+	}
+	if server0, err = readServer(); err != nil {
+		return 0, cpu, err
+	}
 	wg.Wait()
 	var events int64
-	var longest time.Duration
+	var longest, clients time.Duration
 	for p := range w.Procs {
 		if errs[p] != nil {
-			return 0, errors.Wrapf(errs[p], "child %d", p)
+			return 0, cpu, errors.Wrapf(errs[p], "child %d", p)
 		}
 		events += results[p].Events
+		clients += time.Duration(results[p].CPUNanos)
 		longest = max(longest, time.Duration(results[p].ElapsedNanos))
 		if late := time.Duration(results[p].LateNanos); late > 0 {
 			fmt.Fprintf(progress, "warning: child %d started appending %s late (-child-start %s); its share is undercounted\n", p, late.Round(time.Millisecond), cfg.ChildStartDelay)
 		}
 	}
-	return float64(events) / longest.Seconds(), nil
+	if err := perEvent(events, clients); err != nil {
+		return 0, cpu, err
+	}
+	return float64(events) / longest.Seconds(), cpu, nil
 }
 
 // childArgs describes one child process of a multi-process workload.
@@ -154,6 +208,8 @@ type childResult struct {
 	// LateNanos is how long after the common start the child was ready to
 	// append (0 when it was ready in time).
 	LateNanos int64 `json:"late_ns"`
+	// CPUNanos is the CPU time the child used while appending.
+	CPUNanos int64 `json:"cpu_ns"`
 }
 
 // childCommand is the first argument that makes this program a child.
@@ -210,11 +266,13 @@ func childMain(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	start := time.Unix(0, startNanos)
 	late := max(time.Since(start), 0)
+	self0 := proccpu.Self()
 	n, elapsed, err := appendFor(ctx, c, a.StreamPrefix, a.Writers, a.Batch, start, a.Duration, nil)
 	if err != nil {
 		return err
 	}
-	return json.NewEncoder(stdout).Encode(childResult{Events: n, ElapsedNanos: int64(elapsed), LateNanos: int64(late)})
+	cpu := proccpu.Self() - self0
+	return json.NewEncoder(stdout).Encode(childResult{Events: n, ElapsedNanos: int64(elapsed), LateNanos: int64(late), CPUNanos: int64(cpu)})
 }
 
 // warm opens n connections of pool, so that no measurement pays for connecting.

@@ -3,7 +3,9 @@
 // under a global advisory lock, and watermill-sql v4's PostgreSQL publisher
 // and subscriber. It prints throughput ratios to annals and, beside them, a
 // correctness check: a tailing reader that counts skipped events while 16
-// writers append and an unrelated writing transaction is held open.
+// writers append and an unrelated writing transaction is held open. When the
+// server runs on this machine, it also prints the CPU time each appended
+// event cost the server and the appending processes.
 //
 // It is a module of its own so that the annals library gains no dependency
 // on its peers. Run it with `make bench-peers` from the repository root (a
@@ -28,6 +30,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/internal/proccpu"
 )
 
 // config is the command line.
@@ -210,6 +214,8 @@ func measure(ctx context.Context, cfg *config, progress io.Writer) (*report, err
 	if err := warm(ctx, pool, 17); err != nil {
 		return nil, err
 	}
+	server, why := proccpu.FindServer(ctx, pool)
+	rep.ServerCPUNote = why
 
 	// Appends: every round runs every workload for every contender, in an
 	// order that rotates, each on an empty schema.
@@ -226,12 +232,13 @@ func measure(ctx context.Context, cfg *config, progress io.Writer) (*report, err
 				if err := c.reset(ctx); err != nil {
 					return nil, err
 				}
-				rate, err := measureAppend(ctx, cfg, c, w, fmt.Sprintf("r%d", round), progress)
+				rate, cpu, err := measureAppend(ctx, cfg, server, c, w, fmt.Sprintf("r%d", round), progress)
 				if err != nil {
 					return nil, errors.Wrapf(err, "%s, %s", w.Label, c.name)
 				}
 				fmt.Fprintf(progress, "round %d/%d, %s, %s: %.0f events/s\n", round+1, cfg.Rounds, w.Label, c.name, rate)
 				rep.Appends[wi].add(c.name, rate, false)
+				rep.Appends[wi].addCPU(c.name, cpu)
 			}
 		}
 	}

@@ -53,6 +53,12 @@ func TestSmoke(t *testing.T) {
 			c := r.Cells[n]
 			if c == nil || c.Median <= 0 || c.VsAnnals <= 0 {
 				t.Errorf("%s, %s: no figure (%+v)", r.Label, n, c)
+				continue
+			}
+			// The test cluster runs on this machine: the server's CPU time
+			// is measured too.
+			if c.CPU == nil || c.CPU.Server == nil || *c.CPU.Server <= 0 || c.CPU.Client <= 0 || len(c.CPURounds) != 1 {
+				t.Errorf("%s, %s: CPU per event %+v (note %q)", r.Label, n, c.CPU, rep.ServerCPUNote)
 			}
 		}
 	}

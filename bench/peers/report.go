@@ -29,6 +29,9 @@ type report struct {
 	CatchupLimit string      `json:"catchup_limit"`
 	Catchup      *row        `json:"catchup,omitempty"`
 	Tail         *tailReport `json:"tailing_check,omitempty"`
+	// ServerCPUNote says why the server's CPU time was not measured (it is
+	// when the server runs on this machine); empty when it was.
+	ServerCPUNote string `json:"server_cpu_note,omitempty"`
 }
 
 // row is one workload: a cell per contender.
@@ -49,6 +52,10 @@ type cell struct {
 	// Partial is set when a catch-up read hit -catchup-limit: its rate is
 	// taken over the events it read in that time.
 	Partial bool `json:"partial,omitempty"`
+	// CPURounds is an append workload's CPU time per event in each round,
+	// CPU their medians (each part on its own).
+	CPURounds []cpuPerEvent `json:"cpu_us_per_event_rounds,omitempty"`
+	CPU       *cpuPerEvent  `json:"cpu_us_per_event,omitempty"`
 }
 
 // tailReport is the correctness check of every contender.
@@ -76,6 +83,11 @@ func (r *row) add(contender string, rate float64, partial bool) {
 	c.Partial = c.Partial || partial
 }
 
+func (r *row) addCPU(contender string, cpu cpuPerEvent) {
+	c := r.Cells[contender] // add made it
+	c.CPURounds = append(c.CPURounds, cpu)
+}
+
 // finish computes medians and ratios.
 func (rep *report) finish() {
 	rows := slices.Clone(rep.Appends)
@@ -85,6 +97,20 @@ func (rep *report) finish() {
 	for _, r := range rows {
 		for _, c := range r.Cells {
 			c.Median = median(c.Rounds)
+			if len(c.CPURounds) > 0 {
+				var server, client []float64
+				for _, x := range c.CPURounds {
+					if x.Server != nil {
+						server = append(server, *x.Server)
+					}
+					client = append(client, x.Client)
+				}
+				c.CPU = &cpuPerEvent{Client: median(client)}
+				if len(server) == len(c.CPURounds) {
+					m := median(server)
+					c.CPU.Server = &m
+				}
+			}
 		}
 		if a := r.Cells[annalsName]; a != nil && a.Median > 0 {
 			for _, c := range r.Cells {
@@ -145,6 +171,7 @@ func writeText(w io.Writer, rep *report) error {
 		}
 		fmt.Fprintf(w, "| %s |\n", strings.Join(cols, " | "))
 	}
+	writeCPU(w, rep, head)
 	if rep.Tail == nil {
 		return nil
 	}
@@ -182,6 +209,34 @@ func writeText(w io.Writer, rep *report) error {
 		fmt.Fprintf(w, "| %s |\n", strings.Join(cols, " | "))
 	}
 	return nil
+}
+
+// writeCPU prints the append workloads' CPU time per event.
+func writeCPU(w io.Writer, rep *report, head []string) {
+	if len(rep.Appends) == 0 {
+		return
+	}
+	if rep.ServerCPUNote != "" {
+		fmt.Fprintf(w, "\nCPU time per event, µs, of the appending processes only (medians; the server's is not measured: %s).\n\n", rep.ServerCPUNote)
+	} else {
+		fmt.Fprintf(w, "\nCPU time per event, µs (medians): PostgreSQL's processes + the appending processes. A machine's load moves the rates above, not these.\n\n")
+	}
+	fmt.Fprintf(w, "| %s |\n|---|%s\n", strings.Join(head, " | "), strings.Repeat("--:|", len(rep.Contenders)))
+	for _, r := range rep.Appends {
+		cols := []string{r.Label}
+		for _, n := range rep.Contenders {
+			c := r.Cells[n]
+			switch {
+			case c == nil || c.CPU == nil:
+				cols = append(cols, "–")
+			case c.CPU.Server == nil:
+				cols = append(cols, fmt.Sprintf("%.1f", c.CPU.Client))
+			default:
+				cols = append(cols, fmt.Sprintf("%.1f + %.1f", *c.CPU.Server, c.CPU.Client))
+			}
+		}
+		fmt.Fprintf(w, "| %s |\n", strings.Join(cols, " | "))
+	}
 }
 
 func skipped(r *tailResult) string {

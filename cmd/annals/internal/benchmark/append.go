@@ -52,15 +52,42 @@ type AppendResult struct {
 	// Ratios of annals to the baselines.
 	VsRaw       float64 `json:"annals_vs_raw"`
 	VsRawLocked float64 `json:"annals_vs_raw_locked"`
+	// CPU is the CPU time each contender spent per event.
+	CPU AppendCPU `json:"cpu_us_per_event"`
+}
+
+// AppendCPU is the CPU time per event, in microseconds, of each contender:
+// the PostgreSQL server's (all of its processes: backends, WAL writer,
+// checkpointer) and the benchmark process's. A machine's load moves the
+// rates but not these, so they compare runs on a noisy machine. The
+// server's figures are absent when the server does not run on this
+// machine (AppendReport.ServerCPUNote says why).
+type AppendCPU struct {
+	RawServer       *float64 `json:"raw_server,omitempty"`
+	RawLockedServer *float64 `json:"raw_locked_server,omitempty"`
+	AnnalsServer    *float64 `json:"annals_server,omitempty"`
+	RawClient       float64  `json:"raw_client"`
+	RawLockedClient float64  `json:"raw_locked_client"`
+	AnnalsClient    float64  `json:"annals_client"`
+	// AnnalsVsRawServer is annals' server CPU per event over raw's (below
+	// 1: annals costs the server less per event); absent with the server's
+	// figures.
+	AnnalsVsRawServer *float64 `json:"annals_vs_raw_server,omitempty"`
+	// AnnalsVsRawTotal is the same ratio of server and client CPU together;
+	// absent with the server's figures.
+	AnnalsVsRawTotal *float64 `json:"annals_vs_raw_total,omitempty"`
 }
 
 // AppendReport is the outcome of RunAppend.
 type AppendReport struct {
-	Server            string         `json:"server_version"`
-	Fsync             string         `json:"fsync"`
-	SynchronousCommit string         `json:"synchronous_commit"`
-	DurationPerRun    string         `json:"duration_per_run"`
-	Results           []AppendResult `json:"results"`
+	Server            string `json:"server_version"`
+	Fsync             string `json:"fsync"`
+	SynchronousCommit string `json:"synchronous_commit"`
+	DurationPerRun    string `json:"duration_per_run"`
+	// ServerCPUNote says why the server's CPU time was not measured; empty
+	// when it was.
+	ServerCPUNote string         `json:"server_cpu_note,omitempty"`
+	Results       []AppendResult `json:"results"`
 }
 
 func (c *AppendConfig) withDefaults() AppendConfig {
@@ -122,6 +149,8 @@ func RunAppend(ctx context.Context, pool *pgxpool.Pool, cfg *AppendConfig) (*App
 	if err := pool.QueryRow(ctx, q["Settings"]).Scan(&rep.Fsync, &rep.SynchronousCommit, &rep.Server); err != nil {
 		return nil, errors.Wrap(err, "benchmark: read server settings")
 	}
+	meter, why := newCPUMeter(ctx, pool)
+	rep.ServerCPUNote = why
 	k1, k2 := lockkey.Pair(c.Schema + ":bench-baseline")
 	// The annals streams stay in the schema after a run: each run appends to
 	// streams of its own, so the next one on the same database starts at
@@ -134,25 +163,41 @@ func RunAppend(ctx context.Context, pool *pgxpool.Pool, cfg *AppendConfig) (*App
 			r := AppendResult{Writers: w, Batch: b}
 			fmt.Fprintf(c.Progress, "append %d/%d: %d writer(s), %d event(s) per append ...\n", run, len(c.Writers)*len(c.Batches), w, b)
 			contenders := []struct {
-				out *float64
-				fn  appendFunc
+				out       *float64
+				cpuServer **float64
+				cpuClient *float64
+				fn        appendFunc
 			}{
-				{&r.Raw, rawAppend(q["RawInsert"], "", 0, 0)},
-				{&r.RawLocked, rawAppend(q["RawInsert"], q["Lock"], k1, k2)},
-				{&r.Annals, func(ctx context.Context, _ *pgxpool.Pool, stream string, version int64, n int) error {
+				{&r.Raw, &r.CPU.RawServer, &r.CPU.RawClient, rawAppend(q["RawInsert"], "", 0, 0)},
+				{&r.RawLocked, &r.CPU.RawLockedServer, &r.CPU.RawLockedClient, rawAppend(q["RawInsert"], q["Lock"], k1, k2)},
+				{&r.Annals, &r.CPU.AnnalsServer, &r.CPU.AnnalsClient, func(ctx context.Context, _ *pgxpool.Pool, stream string, version int64, n int) error {
 					_, err := store.Append(ctx, stream, eventstore.Exact(version), makeEvents(n)...)
 					return err
 				}},
 			}
 			for i, ct := range contenders {
-				rate, err := measure(ctx, pool, fmt.Sprintf("%s-r%d-%d-%d", runID, run, i, w), w, b, c.Duration, ct.fn)
+				before, err := meter.sample()
+				if err != nil {
+					return nil, err
+				}
+				events, rate, err := measure(ctx, pool, fmt.Sprintf("%s-r%d-%d-%d", runID, run, i, w), w, b, c.Duration, ct.fn)
+				if err != nil {
+					return nil, err
+				}
+				after, err := meter.sample()
 				if err != nil {
 					return nil, err
 				}
 				*ct.out = rate
+				*ct.cpuServer, *ct.cpuClient = meter.perEvent(before, after, events)
 			}
 			r.VsRaw = r.Annals / r.Raw
 			r.VsRawLocked = r.Annals / r.RawLocked
+			if r.CPU.RawServer != nil && *r.CPU.RawServer > 0 {
+				server := *r.CPU.AnnalsServer / *r.CPU.RawServer
+				total := (*r.CPU.AnnalsServer + r.CPU.AnnalsClient) / (*r.CPU.RawServer + r.CPU.RawClient)
+				r.CPU.AnnalsVsRawServer, r.CPU.AnnalsVsRawTotal = &server, &total
+			}
 			rep.Results = append(rep.Results, r)
 		}
 	}
@@ -180,8 +225,9 @@ func rawAppend(insert, lock string, k1, k2 int32) appendFunc {
 }
 
 // measure runs writers concurrently for d, each appending batches of n events
-// to streams of its own, and returns events per second.
-func measure(ctx context.Context, pool *pgxpool.Pool, prefix string, writers, n int, d time.Duration, fn appendFunc) (float64, error) {
+// to streams of its own, and returns the events appended and events per
+// second.
+func measure(ctx context.Context, pool *pgxpool.Pool, prefix string, writers, n int, d time.Duration, fn appendFunc) (int64, float64, error) {
 	var total atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, writers)
@@ -207,9 +253,9 @@ func measure(ctx context.Context, pool *pgxpool.Pool, prefix string, writers, n 
 	elapsed := time.Since(start)
 	close(errs)
 	if err := <-errs; err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return float64(total.Load()) / elapsed.Seconds(), nil
+	return total.Load(), float64(total.Load()) / elapsed.Seconds(), nil
 }
 
 var payloadNote = strings.Repeat("x", 120)
@@ -247,6 +293,34 @@ func WriteAppendTable(w io.Writer, rep *AppendReport) error {
 	fmt.Fprintln(tw, "writers\tevents/append\traw insert\traw insert + lock\tannals\tannals/raw\tannals/raw+lock\t")
 	for _, r := range rep.Results {
 		fmt.Fprintf(tw, "%d\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t\n", r.Writers, r.Batch, r.Raw, r.RawLocked, r.Annals, r.VsRaw, r.VsRawLocked)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	if rep.ServerCPUNote != "" {
+		fmt.Fprintf(w, "CPU per event, µs, of this process only: %s\n", rep.ServerCPUNote)
+	} else {
+		fmt.Fprintln(w, "CPU per event, µs: PostgreSQL's processes + this process")
+	}
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "writers\tevents/append\traw insert\traw insert + lock\tannals\tannals/raw server\tannals/raw total\t")
+	cell := func(server *float64, client float64) string {
+		if server == nil {
+			return fmt.Sprintf("%.1f", client)
+		}
+		return fmt.Sprintf("%.1f + %.1f", *server, client)
+	}
+	ratio := func(x *float64) string {
+		if x == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f", *x)
+	}
+	for _, r := range rep.Results {
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.Writers, r.Batch,
+			cell(r.CPU.RawServer, r.CPU.RawClient), cell(r.CPU.RawLockedServer, r.CPU.RawLockedClient),
+			cell(r.CPU.AnnalsServer, r.CPU.AnnalsClient), ratio(r.CPU.AnnalsVsRawServer), ratio(r.CPU.AnnalsVsRawTotal))
 	}
 	return tw.Flush()
 }

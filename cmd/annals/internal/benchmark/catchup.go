@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/proccpu"
 	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/projection"
 )
@@ -215,11 +215,11 @@ func RunCatchup(ctx context.Context, pool *pgxpool.Pool, cfg *CatchupConfig) (*C
 			ct := contenders[i]
 			fmt.Fprintf(c.Progress, "catch-up round %d/%d, %d/%d: %s of %d events ...\n", round+1, c.Rounds, k+1, len(contenders), ct.name, c.Events)
 			runtime.GC() // no contender pays for the garbage of the one before
-			cpu0 := processCPU()
+			cpu0 := proccpu.Self()
 			start := time.Now()
 			n, err := ct.fn(ctx)
 			elapsed := time.Since(start)
-			cpu[i] = append(cpu[i], float64(processCPU()-cpu0)/float64(max(n, 1)))
+			cpu[i] = append(cpu[i], float64(proccpu.Self()-cpu0)/float64(max(n, 1)))
 			if err != nil {
 				return nil, errors.Wrapf(err, "benchmark: catch-up %s", ct.name)
 			}
@@ -242,15 +242,6 @@ func RunCatchup(ctx context.Context, pool *pgxpool.Pool, cfg *CatchupConfig) (*C
 	rep.ProjectionTelemetryCost = 1 - ratio(rep.Projection, rep.ProjectionNoTelemetry)
 	rep.ObserverTelemetryCost = 1 - ratio(rep.Observer, rep.ObserverNoTelemetry)
 	return rep, nil
-}
-
-// processCPU returns the CPU time (user + system) this process has used.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // median returns the median of xs (which it sorts).

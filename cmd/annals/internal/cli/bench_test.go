@@ -230,6 +230,52 @@ func TestBenchRebuildQuick(t *testing.T) {
 	}
 }
 
+// The append benchmark reports each contender's CPU time per event: the
+// server's (the test clusters run on this machine, so it is measured) and
+// this process's, with the ratios.
+func TestBenchAppendCPU(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	jsonPath := filepath.Join(t.TempDir(), "append.json")
+	r := annals(t, db.URL, "bench", "--quick", "--only", "append", "--writers", "2", "--batch", "3", "--json", jsonPath)
+	if r.code != 0 || !strings.Contains(r.stdout, "CPU per event, µs: PostgreSQL's processes + this process") {
+		t.Fatalf("bench --only append: %+v", r)
+	}
+	raw, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Note    string `json:"server_cpu_note"`
+		Results []struct {
+			Annals float64 `json:"annals_events_per_sec"`
+			CPU    struct {
+				RawServer    *float64 `json:"raw_server"`
+				AnnalsServer *float64 `json:"annals_server"`
+				RawClient    float64  `json:"raw_client"`
+				AnnalsClient float64  `json:"annals_client"`
+				VsRawServer  *float64 `json:"annals_vs_raw_server"`
+				VsRawTotal   *float64 `json:"annals_vs_raw_total"`
+			} `json:"cpu_us_per_event"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil || len(rep.Results) != 1 {
+		t.Fatalf("append JSON (%v): %s", err, raw)
+	}
+	c := rep.Results[0].CPU
+	if rep.Note != "" || c.RawServer == nil || c.AnnalsServer == nil || c.VsRawServer == nil || c.VsRawTotal == nil {
+		t.Fatalf("the server's CPU time was not measured: %s", raw)
+	}
+	// An append costs the server at least a microsecond per event, and the
+	// client something; the ratios are the figures'.
+	if *c.RawServer < 1 || *c.AnnalsServer < 1 || c.RawClient <= 0 || c.AnnalsClient <= 0 {
+		t.Fatalf("CPU per event: %s", raw)
+	}
+	if got, want := *c.VsRawServer, *c.AnnalsServer / *c.RawServer; got != want {
+		t.Fatalf("annals_vs_raw_server %v, want %v", got, want)
+	}
+}
+
 // Every benchmark the test binary can run starts clean on a database it ran
 // on before (the takeover benchmark, which needs the CLI binary, is run
 // twice by TestBenchTakeoverBinary).

@@ -1,0 +1,17 @@
+// Package proccpu reads CPU time: a local PostgreSQL server's (all of its
+// processes, from Linux's /proc) and this process's (getrusage).
+//
+// Benchmarks use it because a rate moves with whatever else a shared
+// machine runs while the CPU time each event costs stays put: "annals bench
+// --only append" and bench/peers report both (docs/benchmarks.md, "CPU per
+// event").
+//
+// A server's CPU time is the sum of its postmaster's own, of what the
+// postmaster's ended children used (the postmaster waited for them, so the
+// kernel adds their times to its cutime and cstime) and of what every
+// running child has used so far. Two readings bracket a measurement; their
+// difference covers backends, the WAL writer, the checkpointer and any
+// connection that came and went in between. Times in /proc are in USER_HZ
+// ticks (10 ms), so a reading is good to a few ticks per process: use
+// measurements of seconds.
+package proccpu
