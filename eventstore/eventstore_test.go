@@ -349,6 +349,39 @@ func TestIdempotentReappend(t *testing.T) {
 	}
 }
 
+// One event alone takes the direct look-up of its ID (append_batch's
+// one-event probe): the same outcomes as an append of several.
+func TestIdempotentReappendOneEvent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil)
+	ev := eventstore.EventData{ID: uuid.New(), Data: OrderPlaced{OrderID: "11", Total: 1}}
+	first, err := b.store.Append(ctx, "order-11", eventstore.NoStream, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := mustHead(t, b.store)
+	again, err := b.store.Append(ctx, "order-11", eventstore.NoStream, ev)
+	if err != nil || fmt.Sprint(again.Events) != fmt.Sprint(first.Events) || again.StreamVersion != first.StreamVersion {
+		t.Fatalf("re-append returned %+v (%v), first append %+v", again, err, first)
+	}
+	for name, other := range map[string]struct {
+		stream string
+		ev     eventstore.EventData
+	}{
+		"OtherData":   {"order-11", eventstore.EventData{ID: ev.ID, Data: OrderPlaced{OrderID: "11", Total: 2}}},
+		"OtherType":   {"order-11", eventstore.EventData{ID: ev.ID, Data: OrderShipped{OrderID: "11"}}},
+		"OtherStream": {"order-12", ev},
+	} {
+		if _, err := b.store.Append(ctx, other.stream, eventstore.Any, other.ev); !errors.Is(err, eventstore.ErrEventIDConflict) {
+			t.Fatalf("%s: %v, want ErrEventIDConflict", name, err)
+		}
+	}
+	if mustHead(t, b.store) != head {
+		t.Fatal("re-appends wrote events")
+	}
+}
+
 func TestAppendOnly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

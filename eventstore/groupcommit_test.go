@@ -570,6 +570,24 @@ func TestAppendBatchSQL(t *testing.T) {
 			ARRAY[gen_random_uuid()], ARRAY['t'], ARRAY['{"a":"x\u0000y"}'], ARRAY[''], false)`,
 		"CheckIDsNull": `SELECT * FROM annals.append_batch(ARRAY['n'], ARRAY[NULL]::bigint[], ARRAY[1], ARRAY[1],
 			ARRAY[gen_random_uuid()], ARRAY['t'], ARRAY['{}'], ARRAY[''], NULL)`,
+		// Up to 16 events, IDs and streams are compared pairwise; past 16
+		// they are sorted and counted: a repeat is found either way, wherever
+		// it is.
+		"SameIDInOneAppend": `SELECT * FROM annals.append_batch(ARRAY['a'], ARRAY[NULL]::bigint[], ARRAY[1, 1, 1], ARRAY[1, 2, 3],
+			ARRAY[gen_random_uuid(), '0193a1b2-7c3d-7e4f-8a5b-6c7d8e9f0a1c', '0193a1b2-7c3d-7e4f-8a5b-6c7d8e9f0a1c']::uuid[],
+			ARRAY['t', 't', 't'], ARRAY['{}', '{}', '{}'], ARRAY['', '', ''], true)`,
+		"SameStreamFirstAndLast": `SELECT * FROM annals.append_batch(ARRAY['a', 'b', 'c', 'a'], ARRAY[NULL, NULL, NULL, NULL]::bigint[],
+			ARRAY[1, 2, 3, 4], ARRAY[1, 1, 1, 1], ARRAY[gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), gen_random_uuid()],
+			ARRAY['t', 't', 't', 't'], ARRAY['{}', '{}', '{}', '{}'], ARRAY['', '', '', ''], false)`,
+		"SameIDIn17Events": `SELECT * FROM annals.append_batch(ARRAY['a', 'b'], ARRAY[NULL, NULL]::bigint[],
+			array_fill(1, ARRAY[16]) || 2, (SELECT array_agg(g) FROM generate_series(1, 16) g) || 1,
+			(SELECT array_agg(gen_random_uuid()) FROM generate_series(1, 15)) || '0193a1b2-7c3d-7e4f-8a5b-6c7d8e9f0a1d'::uuid || '0193a1b2-7c3d-7e4f-8a5b-6c7d8e9f0a1d'::uuid,
+			array_fill('t'::text, ARRAY[17]), array_fill('{}'::text, ARRAY[17]), array_fill(''::text, ARRAY[17]), true)`,
+		"SameStreamIn17Appends": `SELECT * FROM annals.append_batch(
+			(SELECT array_agg('s' || g) FROM generate_series(1, 16) g) || 's3'::text, array_fill(NULL::bigint, ARRAY[17]),
+			(SELECT array_agg(g) FROM generate_series(1, 17) g), array_fill(1, ARRAY[17]),
+			(SELECT array_agg(gen_random_uuid()) FROM generate_series(1, 17)),
+			array_fill('t'::text, ARRAY[17]), array_fill('{}'::text, ARRAY[17]), array_fill(''::text, ARRAY[17]), false)`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			rows, err := b.db.Pool.Query(ctx, sql)
