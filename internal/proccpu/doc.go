@@ -11,7 +11,8 @@
 // kernel adds their times to its cutime and cstime) and of what every
 // running child has used so far. Two readings bracket a measurement; their
 // difference covers backends, the WAL writer, the checkpointer and any
-// connection that came and went in between. Times in /proc are in USER_HZ
-// ticks (10 ms), so a reading is good to a few ticks per process: use
-// measurements of seconds.
+// connection that came and went in between. A running process's time is
+// read from /proc/PID/schedstat (nanoseconds) where the kernel keeps it,
+// from /proc/PID/stat (USER_HZ ticks, 10 ms) otherwise; ended children's
+// times come in ticks only.
 package proccpu

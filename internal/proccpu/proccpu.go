@@ -60,7 +60,7 @@ func (s *Server) Total() (time.Duration, error) {
 	if err != nil {
 		return 0, errors.Wrap(err, "proccpu: read the postmaster's CPU time")
 	}
-	sum := pm.self + pm.children
+	sum := runTime(s.postmaster, pm.self) + pm.children
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, errors.Wrap(err, "proccpu: list processes")
@@ -74,9 +74,29 @@ func (s *Server) Total() (time.Duration, error) {
 		if err != nil || st.ppid != s.postmaster {
 			continue // gone since the listing, or not the server's
 		}
-		sum += st.self
+		sum += runTime(pid, st.self)
 	}
 	return sum, nil
+}
+
+// runTime is the CPU time process pid has used: from /proc/PID/schedstat,
+// in nanoseconds, when the kernel keeps it; else ticks, the time stat gave.
+// A backend that used less than a tick between two readings would
+// otherwise seem to have used nothing, or a whole tick.
+func runTime(pid int, ticks time.Duration) time.Duration {
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/schedstat")
+	if err != nil {
+		return ticks
+	}
+	f := strings.Fields(string(raw))
+	if len(f) == 0 {
+		return ticks
+	}
+	ns, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return ticks
+	}
+	return time.Duration(ns)
 }
 
 // Self is the CPU time (user and system) this process has used; 0 if it

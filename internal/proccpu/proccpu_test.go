@@ -96,3 +96,17 @@ func TestSelf(t *testing.T) {
 		}
 	}
 }
+
+// runTime reads a process's run time in nanoseconds, and falls back to the
+// ticks it is given when schedstat cannot be read.
+func TestRunTime(t *testing.T) {
+	if got := runTime(-1, 5*time.Second); got != 5*time.Second {
+		t.Fatalf("runTime of no process: %v, want the fallback", got)
+	}
+	if _, err := os.Stat("/proc/self/schedstat"); err != nil {
+		t.Fatalf("this kernel keeps no schedstat: %v", err)
+	}
+	if got := runTime(os.Getpid(), 0); got <= 0 {
+		t.Fatalf("runTime of this process: %v", got)
+	}
+}
