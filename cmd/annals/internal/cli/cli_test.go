@@ -219,7 +219,8 @@ func TestBenchQuick(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("bench: %+v", r)
 	}
-	if !strings.Contains(r.stdout, "annals/raw") || strings.Count(r.stdout, "\n") != 6 {
+	// Two tables of four rows: the rates, then the CPU time per event.
+	if !strings.Contains(r.stdout, "annals/raw") || !strings.Contains(r.stdout, "CPU per event") || strings.Count(r.stdout, "\n") != 13 {
 		t.Fatalf("bench table:\n%s", r.stdout)
 	}
 	raw, err := os.ReadFile(jsonPath)
