@@ -81,13 +81,13 @@ BEGIN
         RAISE EXCEPTION 'annals: append_batch needs at least one append and one event, in one-dimensional arrays that start at 1 and have matching lengths'
             USING ERRCODE = 'AN002', DETAIL = '{"event": 0, "field": "arrays"}';
     END IF;
-    -- Everything else the arguments must satisfy, in one statement: the
-    -- input limits of check_event_input (stream IDs of 1..512 and types of
-    -- 1..256 bytes with no control character and not only white space,
-    -- metadata keys of at most 256 bytes and reserved keys of the right
-    -- type, at most 64 MiB of data and metadata per event, nothing jsonb
-    -- cannot hold); streams and event IDs distinct; expected versions valid;
-    -- events listed append by append (1, 2, ... n) and numbered 1, 2, ...
+    -- Everything else the arguments must satisfy but distinctness (the
+    -- step after this one), in one statement: the input limits of
+    -- check_event_input (stream IDs of 1..512 and types of 1..256 bytes with
+    -- no control character and not only white space, metadata keys of at
+    -- most 256 bytes and reserved keys of the right type, at most 64 MiB of
+    -- data and metadata per event, nothing jsonb cannot hold); expected
+    -- versions valid; events listed append by append (1, 2, ... n) and numbered 1, 2, ...
     -- within each; data a JSON object or array and metadata a JSON object
     -- by their first character (the json casts of the INSERT check the rest
     -- of the syntax, and abort everything if it is wrong). It also counts
@@ -117,9 +117,9 @@ BEGIN
            array_agg(e.i ORDER BY e.ord) FILTER (WHERE e.ord = v_events OR p_append[e.ord + 1] <> e.a)
       INTO v_bad, v_count
       FROM unnest(p_append, p_index, p_ids, p_types, p_data, p_metadata) WITH ORDINALITY AS e(a, i, id, t, d, m, ord);
-    -- Event IDs and streams distinct: sorted and counted when there are many,
-    -- compared pairwise when there are a few (a lone append has nothing to
-    -- compare).
+    -- Event IDs and streams distinct: sorted and counted when a call has
+    -- more than 16 events, compared pairwise when it has fewer (a call of
+    -- one event has nothing to compare; a call of one append, no streams).
     IF v_bad IS FALSE AND v_events > 16 THEN
         SELECT (SELECT count(DISTINCT x.id) FROM unnest(p_ids) AS x(id)) <> v_events
                OR (SELECT count(DISTINCT a.s) FROM unnest(p_streams) AS a(s)) <> v_appends
