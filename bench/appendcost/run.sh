@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Backend CPU per call of single-event appends, and the rate of 4 clients
+# sending groups of 4: the figures of docs/benchmarks.md, "CPU per event".
+# Runs pgbench against DATABASE_URL, whose server must run on this machine
+# (the backend's CPU time is read from /proc) with the annals schema
+# migrated:
+#
+#   annals dev -- bench/appendcost/run.sh [seconds]
+set -euo pipefail
+cd "$(dirname "$0")"
+secs=${1:-3}
+: "${DATABASE_URL:?DATABASE_URL must be set}"
+PGOPTIONS="-c client_min_messages=warning" psql -q -X "$DATABASE_URL" -f setup.sql
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+payload='{"amount":1,"currency":"EUR","note":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'
+printf '%s\n' '\set r random(1, 1000000000000)' \
+	"INSERT INTO appendcost.raw_events (event_id, stream_id, stream_version, event_type, data) VALUES (gen_random_uuid(), 's' || :r, 1, 'bench.deposited', '$payload');" >"$dir/raw.sql"
+printf '%s\n' '\set r random(1, 1000000000000)' \
+	"SELECT appendcost.minimal('s' || :r, gen_random_uuid(), '$payload');" >"$dir/minimal.sql"
+# append_batch with n single-event appends, each to a new stream, with
+# caller-chosen event IDs (the idempotency probe runs), as the Go client
+# sends a group.
+batch() {
+	local n=$1 streams="" expected="" appends="" index="" ids="" types="" data="" meta=""
+	for i in $(seq 1 "$n"); do
+		sep=$([ "$i" -gt 1 ] && echo , || true)
+		streams+="$sep's' || :r || '-$i'"; expected+="${sep}0"; appends+="$sep$i"; index+="${sep}1"
+		ids+="${sep}gen_random_uuid()"; types+="$sep'bench.deposited'"; data+="$sep'$payload'"; meta+="${sep}NULL"
+	done
+	printf '%s\n' '\set r random(1, 1000000000000)' \
+		"SELECT count(*) FROM annals.append_batch(ARRAY[$streams], ARRAY[$expected]::bigint[], ARRAY[$appends], ARRAY[$index], ARRAY[$ids], ARRAY[$types], ARRAY[$data], ARRAY[$meta]::text[], true);" >"$dir/batch$n.sql"
+}
+batch 1
+batch 4
+batch 16
+# cpu SCRIPT: pgbench with one client; prints the backend's CPU time per
+# call: utime + stime of its backend over a window of the run, divided by
+# the calls pgbench reports per second times the window.
+cpu() {
+	pgbench -n -M prepared -c 1 -T "$secs" -f "$dir/$1.sql" "$DATABASE_URL" >"$dir/out" 2>&1 &
+	local bench=$! pid="" t0 t1 w0 w1
+	for _ in $(seq 1 50); do
+		pid=$(psql -X -At "$DATABASE_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgbench' LIMIT 1")
+		[ -n "$pid" ] && break
+		sleep 0.1
+	done
+	sleep 0.3
+	w0=$(date +%s.%N)
+	t0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+	sleep "$((secs - 1))"
+	t1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+	w1=$(date +%s.%N)
+	wait "$bench"
+	awk -v t="$((t1 - t0))" -v w="$w0" -v w1="$w1" -v hz="$(getconf CLK_TCK)" -v name="$1" \
+		-v tps="$(awk '/^tps/ {print $3}' "$dir/out")" \
+		'BEGIN { printf "%-8s %6.0f µs backend CPU per call, %6.0f calls/s\n", name, t / hz / (tps * (w1 - w)) * 1e6, tps }'
+}
+for round in 1 2; do
+	echo "round $round"
+	for s in raw minimal batch1 batch4 batch16; do cpu "$s"; done
+	tps=$(pgbench -n -M prepared -c 4 -j 2 -T "$secs" -f "$dir/batch4.sql" "$DATABASE_URL" | awk '/^tps/ {print int($3)}')
+	echo "4 clients x groups of 4: $tps groups/s ($((tps * 4)) appends/s)"
+done
