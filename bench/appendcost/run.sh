@@ -18,6 +18,8 @@ printf '%s\n' '\set r random(1, 1000000000000)' \
 	"INSERT INTO appendcost.raw_events (event_id, stream_id, stream_version, event_type, data) VALUES (gen_random_uuid(), 's' || :r, 1, 'bench.deposited', '$payload');" >"$dir/raw.sql"
 printf '%s\n' '\set r random(1, 1000000000000)' \
 	"SELECT appendcost.minimal('s' || :r, gen_random_uuid(), '$payload');" >"$dir/minimal.sql"
+printf '%s\n' '\set r random(1, 1000000000000)' \
+	"SELECT appendcost.lean('s' || :r, 0, gen_random_uuid(), 'bench.deposited', '$payload');" >"$dir/lean.sql"
 # append_batch with n single-event appends, each to a new stream, with
 # caller-chosen event IDs (the idempotency probe runs), as the Go client
 # sends a group.
@@ -58,7 +60,7 @@ cpu() {
 }
 for round in 1 2; do
 	echo "round $round"
-	for s in raw minimal batch1 batch4 batch16; do cpu "$s"; done
+	for s in raw minimal lean batch1 batch4 batch16; do cpu "$s"; done
 	tps=$(pgbench -n -M prepared -c 4 -j 2 -T "$secs" -f "$dir/batch4.sql" "$DATABASE_URL" | awk '/^tps/ {print int($3)}')
 	echo "4 clients x groups of 4: $tps groups/s ($((tps * 4)) appends/s)"
 done

@@ -25,3 +25,47 @@ BEGIN
     VALUES (nextval('appendcost.min_positions'), p_id, p_stream, 1, 'bench.deposited', p_data::json);
 END
 $$;
+
+-- What one append could cost if the log kept less beside its rows (a
+-- prototype, not annals' contract): the expected version read from the
+-- events' (stream_id, stream_version) index instead of a streams row, the
+-- input rules as table constraints (evaluated in C per row), idempotency
+-- by the unique event_id (ON CONFLICT DO NOTHING, the stored row compared
+-- only when one is there). Returns the position, or -1 for a wrong
+-- expected version, -2 for an ID stored with other content, and the
+-- stored position for an idempotent re-append.
+CREATE TABLE appendcost.lean_events (
+    LIKE appendcost.raw_events INCLUDING ALL,
+    CHECK (stream_version > 0),
+    CHECK (octet_length(stream_id) BETWEEN 1 AND 512
+           AND stream_id ~ E'^[^\\x01-\\x1f\\x7f-\\x9f]*[^\\x01-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\x01-\\x1f\\x7f-\\x9f]*$'),
+    CHECK (octet_length(event_type) BETWEEN 1 AND 256 AND NOT starts_with(event_type, '$stream.')
+           AND event_type ~ E'^[^\\x01-\\x1f\\x7f-\\x9f]*[^\\x01-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\x01-\\x1f\\x7f-\\x9f]*$'),
+    CHECK (json_typeof(data) IN ('object', 'array')),
+    CHECK (metadata IS NULL OR json_typeof(metadata) = 'object')
+);
+CREATE FUNCTION appendcost.lean(p_stream text, p_expected bigint, p_id uuid, p_type text, p_data text)
+RETURNS bigint LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_version bigint;
+    v_pos     bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('appendcost'));
+    SELECT e.stream_version INTO v_version FROM appendcost.lean_events e
+     WHERE e.stream_id = p_stream ORDER BY e.stream_version DESC LIMIT 1;
+    v_version := coalesce(v_version, 0);
+    IF p_expected IS NOT NULL AND p_expected <> v_version THEN
+        RETURN -1;
+    END IF;
+    INSERT INTO appendcost.lean_events (global_sequence, event_id, stream_id, stream_version, event_type, data)
+    VALUES (nextval('appendcost.min_positions'), p_id, p_stream, v_version + 1, p_type, p_data::json)
+    ON CONFLICT (event_id) DO NOTHING
+    RETURNING global_sequence INTO v_pos;
+    IF v_pos IS NULL THEN
+        SELECT CASE WHEN e.stream_id = p_stream AND e.event_type = p_type AND e.data::jsonb = p_data::jsonb
+                    THEN e.global_sequence ELSE -2 END
+          INTO v_pos FROM appendcost.lean_events e WHERE e.event_id = p_id;
+    END IF;
+    RETURN v_pos;
+END
+$$;
