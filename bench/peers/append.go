@@ -160,12 +160,14 @@ func measureAppend(ctx context.Context, cfg *config, server *proccpu.Server, c *
 	// The server's CPU time is read at the common start, after the children
 	// connected, and after the last child ended.
 	if wait := time.Until(start); wait > 0 && !sleep(ctx, wait) {
+		wg.Wait() // the children end with ctx
 		return 0, cpu, ctx.Err()
 	}
-	if server0, err = readServer(); err != nil {
-		return 0, cpu, err
-	}
+	server0, serverErr := readServer()
 	wg.Wait()
+	if serverErr != nil {
+		return 0, cpu, serverErr
+	}
 	var events int64
 	var longest, clients time.Duration
 	for p := range w.Procs {
