@@ -67,7 +67,8 @@ figures and ratios (tables on stdout, progress on stderr). The benchmarks, chose
 
   append    append throughput (1, 4 and 16 writers; 1 and 100 events per append) beside
             a plain INSERT numbered by a sequence and the same INSERT under an advisory
-            lock. Schema annals_bench.
+            lock, and each one's CPU time per event (PostgreSQL's, when it runs on this
+            machine, and this process's). Schema annals_bench.
   catchup   catch-up throughput: fill a log of --events events, then read it all with a
             raw paged SELECT (payloads scanned into []byte), the same plus a checkpoint
             write per page, a no-op Projection and a no-op Observer
