@@ -13,7 +13,7 @@ TEST_FLAGS  ?= -race -count=1 -timeout 30m
 BENCH_FLAGS ?=
 PEERS_FLAGS ?=
 
-.PHONY: all test vet demo demo-build demo-steps demo-next dev bench bench-peers postgres build fmt
+.PHONY: all test vet demo demo-build demo-steps demo-next dev bench bench-peers bench-appendcost postgres build fmt
 
 all: build
 
@@ -120,6 +120,18 @@ ifdef DATABASE_URL
 else
 	@$(MAKE) --no-print-directory postgres
 	$(ANNALS) dev -- sh -c 'cd bench/peers && $(GO) run . $(PEERS_FLAGS)'
+endif
+
+# bench-appendcost: the server's CPU time per append call (raw insert, the
+# smallest ordered function, append_batch with groups of 1, 4 and 16) with
+# pgbench; the server must run on this machine (docs/benchmarks.md, "CPU
+# per event").
+bench-appendcost:
+ifdef DATABASE_URL
+	bench/appendcost/run.sh
+else
+	@$(MAKE) --no-print-directory postgres
+	$(ANNALS) dev -- bench/appendcost/run.sh
 endif
 
 # screenshots: re-take the console screenshots the README shows
