@@ -19,7 +19,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/annals-dev/annals/internal/proccpu"
+	"github.com/annals-dev/annals/internal/procstat"
 )
 
 // workload is one append measurement: procs processes of writers writers,
@@ -100,7 +100,7 @@ type cpuPerEvent struct {
 // measureAppend runs workload w for contender c (in this process or in
 // w.Procs child processes) and returns events per second and the CPU time
 // per event. server, when not nil, is the server whose CPU time is read.
-func measureAppend(ctx context.Context, cfg *config, server *proccpu.Server, c *contender, w workload, prefix string, progress io.Writer) (float64, cpuPerEvent, error) {
+func measureAppend(ctx context.Context, cfg *config, server *procstat.Server, c *contender, w workload, prefix string, progress io.Writer) (float64, cpuPerEvent, error) {
 	var cpu cpuPerEvent
 	var server0 time.Duration
 	readServer := func() (time.Duration, error) {
@@ -129,12 +129,12 @@ func measureAppend(ctx context.Context, cfg *config, server *proccpu.Server, c *
 		if server0, err = readServer(); err != nil {
 			return 0, cpu, err
 		}
-		self0 := proccpu.Self()
+		self0 := procstat.Self()
 		n, elapsed, err := appendFor(ctx, c, prefix, w.Writers, w.Batch, time.Now(), cfg.Duration, nil)
 		if err != nil {
 			return 0, cpu, err
 		}
-		if err := perEvent(n, proccpu.Self()-self0); err != nil {
+		if err := perEvent(n, procstat.Self()-self0); err != nil {
 			return 0, cpu, err
 		}
 		return float64(n) / elapsed.Seconds(), cpu, nil
@@ -268,12 +268,12 @@ func childMain(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	start := time.Unix(0, startNanos)
 	late := max(time.Since(start), 0)
-	self0 := proccpu.Self()
+	self0 := procstat.Self()
 	n, elapsed, err := appendFor(ctx, c, a.StreamPrefix, a.Writers, a.Batch, start, a.Duration, nil)
 	if err != nil {
 		return err
 	}
-	cpu := proccpu.Self() - self0
+	cpu := procstat.Self() - self0
 	return json.NewEncoder(stdout).Encode(childResult{Events: n, ElapsedNanos: int64(elapsed), LateNanos: int64(late), CPUNanos: int64(cpu)})
 }
 

@@ -31,7 +31,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/annals-dev/annals/internal/proccpu"
+	"github.com/annals-dev/annals/internal/procstat"
 )
 
 // config is the command line.
@@ -214,7 +214,7 @@ func measure(ctx context.Context, cfg *config, progress io.Writer) (*report, err
 	if err := warm(ctx, pool, 17); err != nil {
 		return nil, err
 	}
-	server, why := proccpu.FindServer(ctx, pool)
+	server, why := procstat.FindServer(ctx, pool)
 	rep.ServerCPUNote = why
 
 	// Appends: every round runs every workload for every contender, in an

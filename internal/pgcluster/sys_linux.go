@@ -5,6 +5,8 @@ import (
 	"os"
 	"strconv"
 	"syscall"
+
+	"github.com/annals-dev/annals/internal/procstat"
 )
 
 // setDeathSignal makes the kernel send sig to the child when the thread that
@@ -16,14 +18,8 @@ func setDeathSignal(a *syscall.SysProcAttr, sig syscall.Signal) { a.Pdeathsig = 
 // zombie reports whether pid has exited but not been reaped (its parent died
 // and the init of this PID namespace does not reap orphans).
 func zombie(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	// The state follows the command name, which is in parentheses and may
-	// itself hold spaces or parentheses.
-	i := bytes.LastIndexByte(b, ')')
-	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
+	st, err := procstat.ReadStat(pid)
+	return err == nil && st.State == 'Z'
 }
 
 // groupAlive reports whether a process of process group pgid is still
@@ -31,29 +27,12 @@ func zombie(pid int) bool {
 // asynchronously, and a PostgreSQL started before the last backend is gone
 // finds its old shared memory still attached and refuses to start.
 func groupAlive(pgid int) bool {
-	entries, err := os.ReadDir("/proc")
+	pids, err := procstat.PIDs()
 	if err != nil {
 		return false
 	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid pgrp ...: the fields after the command name.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := bytes.Fields(b[i+1:])
-		if len(f) < 3 || f[0][0] == 'Z' {
-			continue
-		}
-		if g, err := strconv.Atoi(string(f[2])); err == nil && g == pgid && pid > 0 {
+	for _, pid := range pids {
+		if st, err := procstat.ReadStat(pid); err == nil && st.PGRP == pgid && st.State != 'Z' {
 			return true
 		}
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/eventstore"
-	"github.com/annals-dev/annals/internal/proccpu"
+	"github.com/annals-dev/annals/internal/procstat"
 	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/projection"
 )
@@ -215,11 +215,11 @@ func RunCatchup(ctx context.Context, pool *pgxpool.Pool, cfg *CatchupConfig) (*C
 			ct := contenders[i]
 			fmt.Fprintf(c.Progress, "catch-up round %d/%d, %d/%d: %s of %d events ...\n", round+1, c.Rounds, k+1, len(contenders), ct.name, c.Events)
 			runtime.GC() // no contender pays for the garbage of the one before
-			cpu0 := proccpu.Self()
+			cpu0 := procstat.Self()
 			start := time.Now()
 			n, err := ct.fn(ctx)
 			elapsed := time.Since(start)
-			cpu[i] = append(cpu[i], float64(proccpu.Self()-cpu0)/float64(max(n, 1)))
+			cpu[i] = append(cpu[i], float64(procstat.Self()-cpu0)/float64(max(n, 1)))
 			if err != nil {
 				return nil, errors.Wrapf(err, "benchmark: catch-up %s", ct.name)
 			}

@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/annals-dev/annals/internal/proccpu"
+	"github.com/annals-dev/annals/internal/procstat"
 )
 
 // cpuMeter measures the CPU time of the server (when it runs on this
@@ -14,13 +14,13 @@ import (
 // measurement: a rate moves with whatever else the machine runs, the CPU
 // time each event costs stays put (docs/benchmarks.md, "CPU per event").
 type cpuMeter struct {
-	server *proccpu.Server // nil: the server's is not measured
+	server *procstat.Server // nil: the server's is not measured
 }
 
 // newCPUMeter finds what can be measured; why says why the server's CPU
 // time cannot be.
 func newCPUMeter(ctx context.Context, pool *pgxpool.Pool) (m cpuMeter, why string) {
-	m.server, why = proccpu.FindServer(ctx, pool)
+	m.server, why = procstat.FindServer(ctx, pool)
 	return m, why
 }
 
@@ -37,7 +37,7 @@ func (m cpuMeter) sample() (cpuSample, error) {
 			return s, err
 		}
 	}
-	s.client = proccpu.Self()
+	s.client = procstat.Self()
 	return s, nil
 }
 

@@ -1,6 +1,9 @@
-// Package proccpu reads CPU time: a local PostgreSQL server's (all of its
-// processes, from Linux's /proc) and this process's (getrusage).
+// Package procstat reads processes' status from Linux's /proc: each
+// process's state, parent, process group and CPU time (ReadStat, PIDs), a
+// local PostgreSQL server's CPU time over all of its processes (Server),
+// and this process's CPU time (Self, from getrusage).
 //
+// pgcluster uses it to wait for a killed server's processes to be gone.
 // Benchmarks use it because a rate moves with whatever else a shared
 // machine runs while the CPU time each event costs stays put: "annals bench
 // --only append" and bench/peers report both (docs/benchmarks.md, "CPU per
@@ -15,4 +18,4 @@
 // read from /proc/PID/schedstat (nanoseconds) where the kernel keeps it,
 // from /proc/PID/stat (USER_HZ ticks, 10 ms) otherwise; ended children's
 // times come in ticks only.
-package proccpu
+package procstat

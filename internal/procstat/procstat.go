@@ -1,4 +1,4 @@
-package proccpu
+package procstat
 
 import (
 	"bytes"
@@ -42,39 +42,38 @@ func FindServer(ctx context.Context, q Querier) (*Server, string) {
 	if err := q.QueryRow(ctx, "SELECT pg_backend_pid(), current_setting('data_directory')").Scan(&pid, &dataDir); err != nil {
 		return nil, "the server's data directory cannot be read (it needs superuser or pg_read_all_settings)"
 	}
-	st, err := readStat(pid)
+	st, err := ReadStat(pid)
 	if err != nil {
 		return nil, errNotLocal
 	}
-	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(st.ppid) + "/cmdline")
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(st.PPID) + "/cmdline")
 	if err != nil || dataDir == "" || !bytes.Contains(cmdline, []byte(dataDir)) {
 		return nil, errNotLocal
 	}
-	return &Server{postmaster: st.ppid}, ""
+	return &Server{postmaster: st.PPID}, ""
 }
 
 // Total is the CPU time the server has used so far (see the package
 // documentation for what it covers).
 func (s *Server) Total() (time.Duration, error) {
-	pm, err := readStat(s.postmaster)
+	pm, err := ReadStat(s.postmaster)
 	if err != nil {
-		return 0, errors.Wrap(err, "proccpu: read the postmaster's CPU time")
+		return 0, errors.Wrap(err, "procstat: read the postmaster's CPU time")
 	}
-	sum := runTime(s.postmaster, pm.self) + pm.children
-	entries, err := os.ReadDir("/proc")
+	sum := runTime(s.postmaster, pm.CPU) + pm.ChildrenCPU
+	pids, err := PIDs()
 	if err != nil {
-		return 0, errors.Wrap(err, "proccpu: list processes")
+		return 0, err
 	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == s.postmaster {
+	for _, pid := range pids {
+		if pid == s.postmaster {
 			continue
 		}
-		st, err := readStat(pid)
-		if err != nil || st.ppid != s.postmaster {
+		st, err := ReadStat(pid)
+		if err != nil || st.PPID != s.postmaster {
 			continue // gone since the listing, or not the server's
 		}
-		sum += runTime(pid, st.self)
+		sum += runTime(pid, st.CPU)
 	}
 	return sum, nil
 }
@@ -109,35 +108,58 @@ func Self() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// procStat is what Total needs of /proc/PID/stat.
-type procStat struct {
-	ppid     int
-	self     time.Duration // utime + stime
-	children time.Duration // cutime + cstime: ended children it waited for
+// Stat is what ReadStat reads of /proc/PID/stat.
+type Stat struct {
+	// State is the process's state letter ('R', 'S', 'Z' for a zombie, …).
+	State byte
+	// PPID is its parent's PID, PGRP its process group.
+	PPID, PGRP int
+	// CPU is the CPU time it has used (utime + stime), ChildrenCPU the time
+	// its ended children used that it waited for (cutime + cstime), both
+	// in USER_HZ ticks.
+	CPU, ChildrenCPU time.Duration
 }
 
-// readStat parses /proc/PID/stat. The command name (field 2) is in
-// parentheses and may contain spaces, so fields are counted after its last
-// closing parenthesis.
-func readStat(pid int) (procStat, error) {
+// ReadStat parses /proc/PID/stat. The command name (field 2) is in
+// parentheses and may contain spaces and parentheses, so fields are counted
+// after its last closing parenthesis.
+func ReadStat(pid int) (Stat, error) {
 	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return procStat{}, err
+		return Stat{}, err
 	}
 	end := bytes.LastIndexByte(raw, ')')
 	if end < 0 {
-		return procStat{}, errors.Newf("proccpu: malformed /proc/%d/stat", pid)
+		return Stat{}, errors.Newf("procstat: malformed /proc/%d/stat", pid)
 	}
-	// After the name: state(3) ppid(4) ... utime(14) stime(15) cutime(16) cstime(17).
+	// After the name: state(3) ppid(4) pgrp(5) ... utime(14) stime(15)
+	// cutime(16) cstime(17).
 	f := strings.Fields(string(raw[end+1:]))
-	if len(f) < 15 {
-		return procStat{}, errors.Newf("proccpu: short /proc/%d/stat", pid)
+	if len(f) < 15 || len(f[0]) != 1 {
+		return Stat{}, errors.Newf("procstat: short /proc/%d/stat", pid)
 	}
 	num := func(i int) int64 { n, _ := strconv.ParseInt(f[i], 10, 64); return n }
 	ticks := func(n int64) time.Duration { return time.Duration(n) * time.Second / userHZ }
-	return procStat{
-		ppid:     int(num(1)),
-		self:     ticks(num(11) + num(12)),
-		children: ticks(num(13) + num(14)),
+	return Stat{
+		State:       f[0][0],
+		PPID:        int(num(1)),
+		PGRP:        int(num(2)),
+		CPU:         ticks(num(11) + num(12)),
+		ChildrenCPU: ticks(num(13) + num(14)),
 	}, nil
+}
+
+// PIDs lists the processes in /proc.
+func PIDs() ([]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, errors.Wrap(err, "procstat: list processes")
+	}
+	pids := make([]int, 0, len(entries))
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
 }
