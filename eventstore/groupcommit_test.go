@@ -469,6 +469,13 @@ func TestAppendBatchSQL(t *testing.T) {
 		"EmptyStream": func() error {
 			return call([]string{""}, []*int64{nil}, []int32{1}, []int32{1}, []string{"t"}, []string{obj})
 		},
+		// Each append's stream is checked, not only the first one's.
+		"EmptySecondStream": func() error {
+			return call([]string{"s", ""}, []*int64{nil, nil}, []int32{1, 1, 2}, []int32{1, 2, 1}, []string{"t", "t", "t"}, []string{obj, obj, obj})
+		},
+		"SecondExpectedBelowMinusOne": func() error {
+			return call([]string{"s", "u"}, []*int64{nil, one(-2)}, []int32{1, 2}, []int32{1, 1}, []string{"t", "t"}, []string{obj, obj})
+		},
 		"SameStreamTwice": func() error {
 			return call([]string{"s", "s"}, []*int64{nil, nil}, []int32{1, 2}, []int32{1, 1}, []string{"t", "t"}, []string{obj, obj})
 		},
