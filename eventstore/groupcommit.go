@@ -10,6 +10,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // GroupCommit configures how Store.Append coalesces concurrent appends of a
@@ -99,6 +100,9 @@ type committer struct {
 	// arrivals counts the appends ever queued: a linger was joined when it
 	// grew meanwhile.
 	arrivals uint64
+	// noAppendOne is set when the schema has no append_one (migrated before
+	// 0018): lone appends then go through append_batch too.
+	noAppendOne atomic.Bool
 }
 
 // lingerBackoff is how many groups go without lingering after lingers that
@@ -308,7 +312,7 @@ func (c *committer) send(group []*pendingAppend) {
 		defer stop()
 	}
 
-	err := c.sendBatch(ctx, group)
+	err := c.sendGroup(ctx, group)
 	if err == nil {
 		return
 	}
@@ -325,6 +329,77 @@ func (c *committer) send(group []*pendingAppend) {
 	for _, p := range group {
 		p.res, p.err = c.s.appendAlone(ctx, p.args)
 	}
+}
+
+// appendRefused returns the error of an append that append_batch or
+// append_one answered with a status other than written (0) or stored already
+// (3), or, as its second result, the failure of a status it does not know.
+func appendRefused(stream string, exp ExpectedVersion, status int16, actual *int64) (refused, failed error) {
+	var version int64
+	if actual != nil {
+		version = *actual
+	}
+	switch status {
+	case 1:
+		return errors.WithStack(&WrongExpectedVersionError{StreamID: stream, Expected: exp, Actual: version}), nil
+	case 4, 5: // deleted, hard-deleted
+		return errors.WithStack(&StreamDeletedError{StreamID: stream, Version: version, Hard: status == 5}), nil
+	case 2:
+		return errors.Wrapf(ErrEventIDConflict,
+			"annals: some events of the append to stream %q are already stored with other content, or only some of them are", stream), nil
+	default:
+		return nil, errors.Newf("eventstore: the append function returned unknown status %d", status)
+	}
+}
+
+// sendOne sends a group of one single-event append through append_one: the
+// same rules and outcomes as append_batch, with scalar arguments and one
+// result row (a lone append's server CPU, docs/benchmarks.md).
+func (c *committer) sendOne(ctx context.Context, p *pendingAppend) error {
+	var expected *int64
+	if v, ok := p.args.expected.(int64); ok {
+		expected = &v
+	}
+	e := p.args.events[0]
+	var (
+		status         int16
+		seq, ver, actu *int64
+	)
+	// [16]byte, not uuid.UUID: see sendBatch.
+	err := c.s.pool.QueryRow(ctx, c.s.q.appendOne, p.args.stream, expected, [16]byte(e.id), e.typ, e.data, e.meta, p.args.callerIDs).
+		Scan(&status, &seq, &ver, &actu)
+	if err != nil {
+		return translate(err, "", Any)
+	}
+	if status == 0 || status == 3 {
+		if seq == nil || ver == nil {
+			return errors.New("eventstore: append_one returned an event without a position")
+		}
+		p.res = AppendResult{StreamID: p.args.stream, StreamVersion: *ver,
+			Events: []AppendedEvent{{ID: e.id, GlobalSequence: *seq, StreamVersion: *ver}}}
+		return nil
+	}
+	var failed error
+	p.res = AppendResult{}
+	p.err, failed = appendRefused(p.args.stream, p.args.exp, status, actu)
+	return failed
+}
+
+// sendGroup sends the group through append_one when it is one single-event
+// append, else through append_batch.
+func (c *committer) sendGroup(ctx context.Context, group []*pendingAppend) error {
+	if len(group) == 1 && group[0].args.count == 1 && len(group[0].args.events) == 1 && !c.noAppendOne.Load() {
+		err := c.sendOne(ctx, group[0])
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42883" {
+			return err
+		}
+		// A schema migrated before append_one (0018): this client was
+		// deployed before `annals migrate` ran. append_batch does the
+		// same, for the life of this Store.
+		c.noAppendOne.Store(true)
+	}
+	return c.sendBatch(ctx, group)
 }
 
 // sendBatch sends one append_batch statement and distributes its rows.
@@ -387,31 +462,17 @@ func (c *committer) sendBatch(ctx context.Context, group []*pendingAppend) error
 			rows.Close()
 			return errors.Newf("eventstore: append_batch answered for stream %q, which the group does not hold", stream)
 		}
-		switch status {
-		case 0, 3:
+		if status == 0 || status == 3 {
 			if seq == nil || ver == nil {
 				rows.Close()
 				return errors.New("eventstore: append_batch returned an event without a position")
 			}
 			p.res.Events = append(p.res.Events, AppendedEvent{ID: id, GlobalSequence: *seq, StreamVersion: *ver})
-		case 1:
-			var actual int64
-			if actu != nil {
-				actual = *actu
-			}
-			p.err = errors.WithStack(&WrongExpectedVersionError{StreamID: stream, Expected: p.args.exp, Actual: actual})
-		case 4, 5: // deleted, hard-deleted
-			var version int64
-			if actu != nil {
-				version = *actu
-			}
-			p.err = errors.WithStack(&StreamDeletedError{StreamID: stream, Version: version, Hard: status == 5})
-		case 2:
-			p.err = errors.Wrapf(ErrEventIDConflict,
-				"annals: some events of the append to stream %q are already stored with other content, or only some of them are", stream)
-		default:
+			continue
+		}
+		if p.err, err = appendRefused(stream, p.args.exp, status, actu); err != nil {
 			rows.Close()
-			return errors.Newf("eventstore: append_batch returned unknown status %d", status)
+			return err
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -8,6 +8,10 @@ SELECT event_id, global_sequence, stream_version
 SELECT stream_id, status, event_id, global_sequence, stream_version, actual_version
   FROM {{.Schema}}.append_batch($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
+-- name: AppendOne
+SELECT status, global_sequence, stream_version, actual_version
+  FROM {{.Schema}}.append_one($1, $2, $3, $4, $5, $6, $7);
+
 -- name: ReadAll
 -- events_all: archived and hot events (a merge of the two tables' position
 -- indexes).

@@ -94,7 +94,7 @@ type Store struct {
 }
 
 type queries struct {
-	append, appendBatch, readAll, readStream, streamVersion, head, storedIDs, inlineWritten string
+	append, appendBatch, appendOne, readAll, readStream, streamVersion, head, storedIDs, inlineWritten string
 }
 
 // New returns a Store on pool. The schema must have been migrated (see the
@@ -148,6 +148,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		q: queries{
 			append:        named["Append"],
 			appendBatch:   named["AppendBatch"],
+			appendOne:     named["AppendOne"],
 			readAll:       named["ReadAll"],
 			readStream:    named["ReadStream"],
 			streamVersion: named["StreamVersion"],

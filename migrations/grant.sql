@@ -41,6 +41,7 @@ GRANT SELECT ON {{.Schema}}.instances, {{.Schema}}.failures, {{.Schema}}.timers,
 -- Every function that appends to the log, one line each.
 GRANT EXECUTE ON FUNCTION {{.Schema}}.append_events(text, bigint, jsonb) TO {{.Role}};
 GRANT EXECUTE ON FUNCTION {{.Schema}}.append_batch(text[], bigint[], int[], int[], uuid[], text[], text[], text[], boolean) TO {{.Role}};
+GRANT EXECUTE ON FUNCTION {{.Schema}}.append_one(text, bigint, uuid, text, text, text, boolean) TO {{.Role}};
 -- eventstore DeleteStream (annals stream delete): appends a "$stream.deleted" event.
 GRANT EXECUTE ON FUNCTION {{.Schema}}.delete_stream(text, bigint, boolean, jsonb) TO {{.Role}};
 -- eventstore SetStreamRetention (annals stream set): appends "$stream.truncated".
