@@ -208,11 +208,15 @@ func crashMidCatchUp(ctx context.Context, t *testing.T, cluster *pgcluster.Clust
 // unflushed until a crash), appends n events over 10 streams and returns
 // the head. Autovacuum is off: an ANALYZE of the freshly filled tables
 // commits synchronously, and its flush would make the asynchronous commits
-// before it durable (a CI run once saw no write lost).
+// before it durable (a CI run once saw no write lost). The background
+// writer's cleaning is off for the same reason: writing a dirty page first
+// flushes the WAL up to that page's last change, which made the last
+// batch's commit durable in another CI run.
 func sleepyWALCluster(ctx context.Context, t *testing.T, n int) (*pgcluster.Cluster, *liveHarness, int64) {
 	t.Helper()
 	cluster, h := clusterOfItsOwn(ctx, t, &pgcluster.Options{Settings: map[string]string{
 		"synchronous_commit": "on", "wal_writer_delay": "10000", "autovacuum": "off",
+		"bgwriter_lru_maxpages": "0",
 	}})
 	h.appendEvents(n, 10)
 	return cluster, h, h.head()

@@ -16,7 +16,9 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/projection"
 )
@@ -112,6 +114,28 @@ func (h *rbHarness) poisonedLiveWith(p *poisoned, counter *retryCounter, mate bo
 	}
 }
 
+// waitRebuildQueued waits until a rebuild of sub has fenced its leader and
+// waits in the queue of partition 0's lock. Fenced alone is not enough for
+// the tests above: until the rebuild is queued (TakeOver fences first, then
+// connects and queues), the fenced leader, once it let go, may take the
+// lock back as a standby and claim a new, valid epoch; TakeOver fences that
+// one too, but the new leadership may have handled (and recorded a failed
+// attempt of) the poison event meanwhile (catchup/doc.go, "fences again").
+// Once the rebuild is queued, PostgreSQL hands it the released lock and a
+// standby's try fails.
+func (h *rbHarness) waitRebuildQueued(sub string) {
+	h.t.Helper()
+	annalstest.WaitFor(h.t, 10*time.Second, func() bool {
+		return h.queryInt(`SELECT count(*) FROM annals.checkpoints WHERE subscriber_id = $1 AND owner LIKE 'rebuild:%'`, sub) == 1
+	})
+	k1, k2 := advisorylock.Key(catchup.LockKey("", sub, 0))
+	annalstest.WaitFor(h.t, 10*time.Second, func() bool {
+		return h.queryInt(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objsubid = 2
+		     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		     AND classid = ($1::int4::int8 & 4294967295)::oid AND objid = ($2::int4::int8 & 4294967295)::oid`, k1, k2) == 1
+	})
+}
+
 func (h *rbHarness) failureRows(sub string) int64 {
 	return h.queryInt(`SELECT count(*) FROM annals.failures WHERE subscriber_id = $1`, sub)
 }
@@ -178,9 +202,7 @@ func TestFencedLeaderRecordsNoAttempt(t *testing.T) {
 			Rebuild(context.Background(), sub, &projection.RebuildOptions{LockTimeout: 10 * time.Second})
 	}()
 	// The rebuild fences the leader, then waits for its lock.
-	annalstest.WaitFor(t, 10*time.Second, func() bool {
-		return h.queryInt(`SELECT count(*) FROM annals.checkpoints WHERE subscriber_id = $1 AND owner LIKE 'rebuild:%'`, sub) == 1
-	})
+	h.waitRebuildQueued(sub)
 	close(p.block) // the attempt fails now, after the fence
 	if err := <-done; err != nil {
 		t.Fatalf("Rebuild: %+v", err)
@@ -216,9 +238,7 @@ func TestFencedBatchMateCommitLetsGo(t *testing.T) {
 		done <- h.rebuilder("rebuilder", &rbProjection{name: sub, writer: "rebuild"}, rbOptions).
 			Rebuild(context.Background(), sub, &projection.RebuildOptions{LockTimeout: 10 * time.Second})
 	}()
-	annalstest.WaitFor(t, 10*time.Second, func() bool {
-		return h.queryInt(`SELECT count(*) FROM annals.checkpoints WHERE subscriber_id = $1 AND owner LIKE 'rebuild:%'`, sub) == 1
-	})
+	h.waitRebuildQueued(sub)
 	close(p.block)
 	if err := <-done; err != nil {
 		t.Fatalf("Rebuild (the fenced leader kept its lock?): %+v", err)
