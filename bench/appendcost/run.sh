@@ -20,6 +20,12 @@ printf '%s\n' '\set r random(1, 1000000000000)' \
 	"SELECT appendcost.minimal('s' || :r, gen_random_uuid(), '$payload');" >"$dir/minimal.sql"
 printf '%s\n' '\set r random(1, 1000000000000)' \
 	"SELECT appendcost.lean('s' || :r, 0, gen_random_uuid(), 'bench.deposited', '$payload');" >"$dir/lean.sql"
+# append_one (what the Go client sends for a lone single-event append), with
+# a caller-chosen event ID (the idempotency probe runs) and without.
+printf '%s\n' '\set r random(1, 1000000000000)' \
+	"SELECT status FROM annals.append_one('s' || :r, 0, gen_random_uuid(), 'bench.deposited', '$payload', NULL, true);" >"$dir/one.sql"
+printf '%s\n' '\set r random(1, 1000000000000)' \
+	"SELECT status FROM annals.append_one('s' || :r, 0, gen_random_uuid(), 'bench.deposited', '$payload', NULL, false);" >"$dir/one_noprobe.sql"
 # append_batch with n single-event appends, each to a new stream, with
 # caller-chosen event IDs (the idempotency probe runs), as the Go client
 # sends a group.
@@ -60,7 +66,7 @@ cpu() {
 }
 for round in 1 2; do
 	echo "round $round"
-	for s in raw minimal lean batch1 batch4 batch16; do cpu "$s"; done
+	for s in raw minimal lean one one_noprobe batch1 batch4 batch16; do cpu "$s"; done
 	tps=$(pgbench -n -M prepared -c 4 -j 2 -T "$secs" -f "$dir/batch4.sql" "$DATABASE_URL" | awk '/^tps/ {print int($3)}')
 	echo "4 clients x groups of 4: $tps groups/s ($((tps * 4)) appends/s)"
 done

@@ -71,7 +71,7 @@ func main() {
 }
 
 type bench struct {
-	saved string // append_batch as migrated
+	saved []string // append_batch and append_one as migrated (notifyFuncs)
 	pool  *pgxpool.Pool
 	store *eventstore.Store
 	wake  *walsource.Wake
@@ -229,27 +229,40 @@ func (b *bench) dropSlots(ctx context.Context) {
 	}
 }
 
-// setNotify installs the stock append_batch (on) or a copy of it without
-// its pg_notify (off), which is what appends could drop when every consumer
-// follows the WAL.
+// setNotify installs the stock append_batch and append_one (on) or copies of
+// them without their pg_notify (off), which is what appends could drop when
+// every consumer follows the WAL. (Store.Append sends a lone single-event
+// append through append_one, groups through append_batch.)
 var notifyStmt = regexp.MustCompile(`(?m)^\s*PERFORM pg_notify\([^;]*\);\s*$`)
 
+var notifyFuncs = []string{
+	"append_batch(text[], bigint[], int[], int[], uuid[], text[], text[], text[], boolean)",
+	"append_one(text, bigint, uuid, text, text, text, boolean)",
+}
+
 func (b *bench) setNotify(ctx context.Context, on bool) error {
-	if b.saved == "" {
-		sig := pgx.Identifier{schema}.Sanitize() + ".append_batch(text[], bigint[], int[], int[], uuid[], text[], text[], text[], boolean)"
-		if err := b.pool.QueryRow(ctx, "SELECT pg_get_functiondef($1::regprocedure)", sig).Scan(&b.saved); err != nil {
-			return errors.Wrap(err, "read append_batch")
+	if b.saved == nil {
+		for _, f := range notifyFuncs {
+			var def string
+			if err := b.pool.QueryRow(ctx, "SELECT pg_get_functiondef($1::regprocedure)", pgx.Identifier{schema}.Sanitize()+"."+f).Scan(&def); err != nil {
+				return errors.Wrapf(err, "read %s", f)
+			}
+			b.saved = append(b.saved, def)
 		}
 	}
-	def := b.saved
-	if !on {
-		def = notifyStmt.ReplaceAllString(def, "")
-		if def == b.saved {
-			return errors.New("no pg_notify found in append_batch")
+	for i, saved := range b.saved {
+		def := saved
+		if !on {
+			def = notifyStmt.ReplaceAllString(def, "")
+			if def == saved {
+				return errors.Newf("no pg_notify found in %s", notifyFuncs[i])
+			}
+		}
+		if _, err := b.pool.Exec(ctx, def); err != nil {
+			return errors.Wrapf(err, "replace %s", notifyFuncs[i])
 		}
 	}
-	_, err := b.pool.Exec(ctx, def)
-	return errors.Wrap(err, "replace append_batch")
+	return nil
 }
 
 // latencies are sorted durations.
