@@ -25,6 +25,7 @@ type appendOneOp struct {
 	data     string
 	meta     *string
 	check    bool
+	null     string // "", or the argument sent as NULL: "stream", "id", "type", "data" or "check"
 }
 
 // appendOneOutcome is what one function answered for one step.
@@ -53,9 +54,10 @@ func (o appendOneOutcome) String() string {
 // append_batch with one append of one event, and requires the same answer
 // at every step: the same error (SQLSTATE and DETAIL) for bad input, the
 // same status, stream version and actual version otherwise. The steps mix
-// good and bad input, every kind of expected version, re-appends of earlier
-// event IDs (same content or another type), and soft and hard deletions of
-// the stream, so every branch of append_one meets its append_batch twin.
+// good and bad input (NULL for each argument too), every kind of expected
+// version, re-appends of earlier event IDs (same content or another type),
+// and soft and hard deletions of the stream, so every branch of append_one
+// meets its append_batch twin.
 func TestAppendOneMatchesAppendBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
@@ -120,17 +122,37 @@ func TestAppendOneMatchesAppendBatch(t *testing.T) {
 			stream = op.stream
 		}
 		ids[len(ids)-1] = id
+		// The arguments as sent, one of them NULL when op.null names it
+		// (append_batch gets a NULL element, or a NULL check_ids).
+		var (
+			streamArg      = &stream
+			idArg          = &id
+			typArg, datArg = &op.typ, &op.data
+			checkArg       = &op.check
+		)
+		switch op.null {
+		case "stream":
+			streamArg = nil
+		case "id":
+			idArg = nil
+		case "type":
+			typArg = nil
+		case "data":
+			datArg = nil
+		case "check":
+			checkArg = nil
+		}
 		var out appendOneOutcome
 		var seq *int64
 		var err error
 		if fn == "one" {
 			err = b.db.Pool.QueryRow(ctx, `SELECT status, global_sequence, stream_version, actual_version
-			      FROM annals.append_one($1, $2, $3, $4, $5, $6, $7)`, stream, exp, id, op.typ, op.data, op.meta, op.check).
+			      FROM annals.append_one($1, $2, $3, $4, $5, $6, $7)`, streamArg, exp, idArg, typArg, datArg, op.meta, checkArg).
 				Scan(&out.status, &seq, &out.version, &out.actua)
 		} else {
 			rows, qerr := b.db.Pool.Query(ctx, `SELECT status, global_sequence, stream_version, actual_version
 			      FROM annals.append_batch($1, $2, '{1}', '{1}', $3, $4, $5, $6, $7)`,
-				[]string{stream}, []*int64{exp}, []uuid.UUID{id}, []string{op.typ}, []string{op.data}, []*string{op.meta}, op.check)
+				[]*string{streamArg}, []*int64{exp}, []*uuid.UUID{idArg}, []*string{typArg}, []*string{datArg}, []*string{op.meta}, checkArg)
 			err = qerr
 			if err == nil {
 				n := 0
@@ -156,6 +178,17 @@ func TestAppendOneMatchesAppendBatch(t *testing.T) {
 			}
 			if pgErr.Code == "23505" { // a re-append without check: the detail names this stream's ID
 				return appendOneOutcome{code: pgErr.Code, detail: pgErr.ConstraintName}
+			}
+			if op.null == "check" {
+				// Each function names its own parameter: append_batch
+				// reports its arguments' shape ("arrays"), append_one
+				// "check_id". Both must refuse with AN002 before anything
+				// else, bad input or not.
+				want := map[string]string{"one": `{"event": 0, "field": "check_id"}`, "batch": `{"event": 0, "field": "arrays"}`}[fn]
+				if pgErr.Code != "AN002" || pgErr.Detail != want {
+					t.Fatalf("%s with a NULL check: %s %s, want AN002 %s", fn, pgErr.Code, pgErr.Detail, want)
+				}
+				return appendOneOutcome{code: pgErr.Code, detail: "NULL check"}
 			}
 			return appendOneOutcome{code: pgErr.Code, detail: pgErr.Detail}
 		}
@@ -186,6 +219,9 @@ func TestAppendOneMatchesAppendBatch(t *testing.T) {
 			if rng.IntN(8) == 0 {
 				op.pre = []string{"delete", "tombstone"}[rng.IntN(2)]
 			}
+			if rng.IntN(20) == 0 {
+				op.null = []string{"stream", "id", "type", "data", "check"}[rng.IntN(5)]
+			}
 			ops[i] = op
 		}
 		streams := map[string]string{"one": fmt.Sprintf("one-%d", seqNo), "batch": fmt.Sprintf("batch-%d", seqNo)}
@@ -207,6 +243,9 @@ func TestAppendOneMatchesAppendBatch(t *testing.T) {
 			}
 			if o := got["one"]; o.code != "" {
 				seen[o.code]++
+				if op.null != "" {
+					seen["NULL "+op.null]++
+				}
 			} else {
 				seen[fmt.Sprintf("status %d", o.status)]++
 			}
@@ -218,7 +257,8 @@ func TestAppendOneMatchesAppendBatch(t *testing.T) {
 	}
 	// What the steps met: every status and both input errors, or the test
 	// proves less than it says.
-	for _, want := range []string{"status 0", "status 1", "status 2", "status 3", "status 4", "status 5", "AN002", "22P02"} {
+	for _, want := range []string{"status 0", "status 1", "status 2", "status 3", "status 4", "status 5", "AN002", "22P02",
+		"NULL stream", "NULL id", "NULL type", "NULL data", "NULL check"} {
 		if seen[want] == 0 {
 			t.Errorf("no step answered %s (seen: %v)", want, seen)
 		}
