@@ -105,9 +105,23 @@ func TryAcquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg
 // and the wait; when it ends the connection is closed, which takes the
 // session out of the queue, and the error wraps ctx's.
 func Acquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *Config) (*Lock, error) {
+	return AcquireQueued(ctx, connConfig, key, cfg, nil)
+}
+
+// AcquireQueued is Acquire that calls asking, if not nil, with the backend
+// PID of the lock's session once it is connected, just before it asks for
+// the lock. A caller that must act only once the session waits in the
+// lock's queue (catchup.TakeOver fences the holder then, so that the
+// holder cannot take the lock back when it lets go) watches pg_locks for
+// that PID: a row for the key, granted or not, means the request is made.
+// asking runs on the goroutine calling AcquireQueued and must not block.
+func AcquireQueued(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *Config, asking func(pid uint32)) (*Lock, error) {
 	c, conn, handler, err := connectFor(ctx, connConfig, key, cfg)
 	if err != nil {
 		return nil, err
+	}
+	if asking != nil {
+		asking(conn.PgConn().PID())
 	}
 	k1, k2 := Key(key)
 	if _, err := conn.Exec(ctx, q.lock, k1, k2); err != nil {

@@ -219,9 +219,9 @@
 // a few polls (tens of milliseconds) after it took its slot.
 //
 // TakeOver (rebuilds) must win against lock sessions that poll every 20 ms
-// and are woken by the release notice, so it does not poll: it fences the
-// leader and waits in the lock's queue (advisorylock.Acquire) on a
-// connection of its own. PostgreSQL grants a released lock to the queued
+// and are woken by the release notice, so it does not poll: it waits in the
+// lock's queue (advisorylock.AcquireQueued) on a connection of its own and
+// fences the leader once it is queued. PostgreSQL grants a released lock to the queued
 // session, and pg_try_advisory_lock fails while a session queues (pg_locks
 // shows the queued request, so the balancer sees the partition as not
 // free), so no standby can snatch it.
@@ -349,12 +349,17 @@
 // # Taking over (rebuilds)
 //
 // TakeOver makes an engine the leader of a partition at once, whoever leads
-// it: it bumps the checkpoint's epoch (fencing the leader, which releases
-// its lock at its next read or commit and stands by), then waits for the
-// lock in PostgreSQL's lock queue, where it gets it the moment the leader
-// lets go, ahead of every standby; if a standby took the lock and claimed
-// before TakeOver queued, it fences again (it checks every 10 ms), until a
-// bounded wait ends with ErrTakeOverTimeout. The caller then Drives
+// it: it queues for the lock in PostgreSQL's lock queue, on a connection of
+// its own, and once pg_locks shows its request it bumps the checkpoint's
+// epoch (fencing the leader, which releases its lock at its next read or
+// commit and stands by). Queued first, it gets the lock the moment the
+// leader lets go, ahead of every standby, the fenced leader included (its
+// try as a standby fails while TakeOver queues; fencing before queueing
+// left a window of a connection's set-up in which it could take the lock
+// back and lead on under a new epoch: TestTakeOverQueuesBeforeItFences).
+// If a standby that held the lock before TakeOver queued claims after the
+// fence, TakeOver fences again (it checks every 10 ms), until a bounded
+// wait ends with ErrTakeOverTimeout. The caller then Drives
 // the lease through a target position and Releases it; meanwhile every other
 // instance stands by. Package projection's Rebuild is built on it.
 //

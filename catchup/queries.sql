@@ -97,6 +97,18 @@ SELECT pid
    AND mode = 'ExclusiveLock'
  LIMIT 1;
 
+-- name: LockRequested
+-- Whether backend $3 holds or waits for the two-int4 advisory lock ($1, $2)
+-- (TakeOver: its session asked for the lock).
+SELECT EXISTS (SELECT 1
+                 FROM pg_locks
+                WHERE locktype = 'advisory'
+                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                  AND classid = ($1::int4::int8 & 4294967295)::oid
+                  AND objid = ($2::int4::int8 & 4294967295)::oid
+                  AND objsubid = 2
+                  AND pid = $3::int4);
+
 -- name: NotifyCheckpoint
 -- Sent after a batch's COMMIT, in the same round trip, as a transaction of
 -- its own: tells projection.Await that subscriber $3's partition $2 has

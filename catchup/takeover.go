@@ -19,16 +19,23 @@ var ErrTakeOverTimeout = errors.New("catchup: timed out taking over the subscrip
 // queue, whether a standby claimed the partition before it queued.
 const takeOverPoll = 10 * time.Millisecond
 
+// takeOverQueuedPoll is how often TakeOver looks in pg_locks, before it
+// fences, for its session's request for the lock.
+const takeOverQueuedPoll = time.Millisecond
+
 // TakeOver makes this engine the leader of sub's partition now, whoever
 // leads it, and returns the lease; the caller drives it (Drive) and must
-// Release it. It fences the current leader by bumping the checkpoint's epoch
-// (as an operator's checkpoint set does: the leader notices at its next read
-// or commit, releases its lock and stands by) and waits for the lock in
-// PostgreSQL's lock queue, where it gets the lock the moment the leader lets
-// go, ahead of every standby (a standby only tries the lock, and trying
-// fails while someone queues). If a standby took the lock and claimed before
-// TakeOver queued, TakeOver fences again. It gives up with
-// ErrTakeOverTimeout after wait (and when ctx ends, with ctx's error).
+// Release it. It first queues for the lock on a connection of its own
+// (PostgreSQL's lock queue: it gets the lock the moment the holder lets go,
+// ahead of every standby, since a standby only tries the lock and trying
+// fails while someone queues), and once pg_locks shows its request, it
+// fences the current leader by bumping the checkpoint's epoch (as an
+// operator's checkpoint set does: the leader notices at its next read or
+// commit, releases its lock and stands by). In that order the fenced leader
+// cannot take the lock back as a standby when it lets go. If a standby that
+// held the lock before TakeOver queued claims after the fence, TakeOver
+// fences again. It gives up with ErrTakeOverTimeout after wait (and when
+// ctx ends, with ctx's error).
 func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Duration) (*Lease, error) {
 	if err := e.validate(sub); err != nil {
 		return nil, err
@@ -36,11 +43,7 @@ func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Dura
 	if sub.Ephemeral {
 		return nil, errors.New("catchup: TakeOver of an ephemeral subscription")
 	}
-	// Fence whoever leads: its next read or commit fails.
-	fenced, err := e.checkpoints.Claim(ctx, e.pool, sub.Name, sub.Partition, e.cfg.Owner)
-	if err != nil {
-		return nil, errors.Wrapf(err, "catchup: fence the leader of %s/%d", sub.Name, sub.Partition)
-	}
+	key := LockKey(e.schema, sub.Name, sub.Partition)
 	qctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	type result struct {
@@ -48,25 +51,76 @@ func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Dura
 		err  error
 	}
 	got := make(chan result, 1)
+	asking := make(chan uint32, 1)
 	go func() {
-		lock, err := advisorylock.Acquire(qctx, e.connConfig, LockKey(e.schema, sub.Name, sub.Partition), e.cfg.Lock)
+		lock, err := advisorylock.AcquireQueued(qctx, e.connConfig, key, e.cfg.Lock, func(pid uint32) { asking <- pid })
 		got <- result{lock, err}
 	}()
+	// abandon ends the queued wait and releases the lock if it was taken
+	// meanwhile.
+	abandon := func() {
+		cancel()
+		if r := <-got; r.lock != nil {
+			_ = r.lock.Release(context.WithoutCancel(ctx))
+		}
+	}
+	done := func(r result) (*Lease, error) {
+		if r.err != nil {
+			if ctx.Err() == nil && qctx.Err() != nil {
+				holder, _, _ := e.LockHolder(context.WithoutCancel(ctx), sub.Name, sub.Partition)
+				return nil, errors.Wrapf(ErrTakeOverTimeout, "%s/%d: the lock is still held after %s (by backend pid %d)", sub.Name, sub.Partition, wait, holder)
+			}
+			return nil, errors.Wrapf(r.err, "catchup: taking over %s/%d", sub.Name, sub.Partition)
+		}
+		lease := e.newLease(sub)
+		lease.Lock = r.lock
+		return e.claim(ctx, lease)
+	}
+
+	// Queue, then fence. The lock may come at once (nobody held it): the
+	// claim then fences whoever claimed last.
+	var pid uint32
+	select {
+	case r := <-got:
+		return done(r)
+	case pid = <-asking:
+	}
+	k1, k2 := lockkey.Pair(key)
+	queued := time.NewTicker(takeOverQueuedPoll)
+	defer queued.Stop()
+	for {
+		var requested bool
+		if err := e.pool.QueryRow(qctx, e.q["LockRequested"], k1, k2, int32(pid)).Scan(&requested); err != nil {
+			if qctx.Err() != nil {
+				return done(<-got) // the queued wait ends too, and says why
+			}
+			abandon()
+			return nil, errors.Wrapf(err, "catchup: taking over %s/%d: look for the queued request", sub.Name, sub.Partition)
+		}
+		if requested {
+			break
+		}
+		select {
+		case r := <-got:
+			return done(r)
+		case <-queued.C:
+		}
+	}
+	// Fence whoever leads: its next read or commit fails.
+	fenced, err := e.checkpoints.Claim(qctx, e.pool, sub.Name, sub.Partition, e.cfg.Owner)
+	if err != nil {
+		if qctx.Err() != nil {
+			return done(<-got)
+		}
+		abandon()
+		return nil, errors.Wrapf(err, "catchup: fence the leader of %s/%d", sub.Name, sub.Partition)
+	}
 	tick := time.NewTicker(takeOverPoll)
 	defer tick.Stop()
 	for {
 		select {
 		case r := <-got:
-			if r.err != nil {
-				if ctx.Err() == nil && qctx.Err() != nil {
-					holder, _, _ := e.LockHolder(context.WithoutCancel(ctx), sub.Name, sub.Partition)
-					return nil, errors.Wrapf(ErrTakeOverTimeout, "%s/%d: the lock is still held after %s (by backend pid %d)", sub.Name, sub.Partition, wait, holder)
-				}
-				return nil, errors.Wrapf(r.err, "catchup: taking over %s/%d", sub.Name, sub.Partition)
-			}
-			lease := e.newLease(sub)
-			lease.Lock = r.lock
-			return e.claim(ctx, lease)
+			return done(r)
 		case <-tick.C:
 		}
 		cp, err := e.checkpoints.Load(qctx, e.pool, sub.Name, sub.Partition)
@@ -74,19 +128,14 @@ func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Dura
 			if qctx.Err() != nil {
 				continue // the queued wait ends too, and says why
 			}
-			cancel()
-			if r := <-got; r.lock != nil {
-				_ = r.lock.Release(context.WithoutCancel(ctx))
-			}
+			abandon()
 			return nil, errors.Wrapf(err, "catchup: taking over %s/%d", sub.Name, sub.Partition)
 		}
 		if cp.Epoch != fenced.Epoch {
-			// A standby took the lock and claimed before we queued: fence it too.
+			// A standby that held the lock before we queued claimed after
+			// the fence: fence it too.
 			if fenced, err = e.checkpoints.Claim(qctx, e.pool, sub.Name, sub.Partition, e.cfg.Owner); err != nil && qctx.Err() == nil {
-				cancel()
-				if r := <-got; r.lock != nil {
-					_ = r.lock.Release(context.WithoutCancel(ctx))
-				}
+				abandon()
 				return nil, errors.Wrapf(err, "catchup: fence the leader of %s/%d", sub.Name, sub.Partition)
 			}
 		}

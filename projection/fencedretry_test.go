@@ -115,14 +115,13 @@ func (h *rbHarness) poisonedLiveWith(p *poisoned, counter *retryCounter, mate bo
 }
 
 // waitRebuildQueued waits until a rebuild of sub has fenced its leader and
-// waits in the queue of partition 0's lock. Fenced alone is not enough for
-// the tests above: until the rebuild is queued (TakeOver fences first, then
-// connects and queues), the fenced leader, once it let go, may take the
-// lock back as a standby and claim a new, valid epoch; TakeOver fences that
-// one too, but the new leadership may have handled (and recorded a failed
-// attempt of) the poison event meanwhile (catchup/doc.go, "fences again").
-// Once the rebuild is queued, PostgreSQL hands it the released lock and a
-// standby's try fails.
+// waits in the queue of partition 0's lock. The tests above need both: once
+// the rebuild is queued, PostgreSQL hands it the released lock and the
+// fenced leader's try as a standby fails, so it cannot lead on under a new
+// epoch and record an attempt of the poison event. TakeOver queues before it
+// fences (catchup/TestTakeOverQueuesBeforeItFences), so the fence implies
+// the queue; the pg_locks check states the precondition here too (an
+// earlier TakeOver fenced first, and these tests failed in that window).
 func (h *rbHarness) waitRebuildQueued(sub string) {
 	h.t.Helper()
 	annalstest.WaitFor(h.t, 10*time.Second, func() bool {
