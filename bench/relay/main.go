@@ -233,7 +233,7 @@ func (b *bench) dropSlots(ctx context.Context) {
 // them without their pg_notify (off), which is what appends could drop when
 // every consumer follows the WAL. (Store.Append sends a lone single-event
 // append through append_one, groups through append_batch.)
-var notifyStmt = regexp.MustCompile(`(?m)^\s*PERFORM pg_notify\([^;]*\);\s*$`)
+var notifyStmt = regexp.MustCompile(`(?m)^\s*v_void := pg_notify\([^;]*\);\s*$`)
 
 var notifyFuncs = []string{
 	"append_batch(text[], bigint[], int[], int[], uuid[], text[], text[], text[], boolean)",
