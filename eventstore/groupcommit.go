@@ -11,6 +11,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // GroupCommit configures how Store.Append coalesces concurrent appends of a
@@ -446,31 +447,39 @@ func (c *committer) sendBatch(ctx context.Context, group []*pendingAppend) error
 	if err != nil {
 		return translate(err, "", Any)
 	}
+	// Scanned into types that allocate nothing per row (a row per event):
+	// the stream's bytes as pgx holds them (valid until the next row; the
+	// map look-up converts without copying), the ID as pgtype.UUID (a
+	// uuid.UUID goes through its sql.Scanner), the numbers as pgtype.Int8.
 	var (
-		stream         string
+		stream         pgtype.DriverBytes
 		status         int16
-		id             uuid.UUID
-		seq, ver, actu *int64
+		id             pgtype.UUID // NULL in the rows of refused appends
+		seq, ver, actu pgtype.Int8
 	)
 	for rows.Next() {
 		if err := rows.Scan(&stream, &status, &id, &seq, &ver, &actu); err != nil {
 			rows.Close()
 			return errors.Wrap(err, "eventstore: read append_batch result")
 		}
-		p := byStream[stream]
+		p := byStream[string(stream)]
 		if p == nil {
 			rows.Close()
-			return errors.Newf("eventstore: append_batch answered for stream %q, which the group does not hold", stream)
+			return errors.Newf("eventstore: append_batch answered for stream %q, which the group does not hold", string(stream))
 		}
 		if status == 0 || status == 3 {
-			if seq == nil || ver == nil {
+			if !seq.Valid || !ver.Valid || !id.Valid {
 				rows.Close()
-				return errors.New("eventstore: append_batch returned an event without a position")
+				return errors.New("eventstore: append_batch returned an event without its ID or position")
 			}
-			p.res.Events = append(p.res.Events, AppendedEvent{ID: id, GlobalSequence: *seq, StreamVersion: *ver})
+			p.res.Events = append(p.res.Events, AppendedEvent{ID: id.Bytes, GlobalSequence: seq.Int64, StreamVersion: ver.Int64})
 			continue
 		}
-		if p.err, err = appendRefused(stream, p.args.exp, status, actu); err != nil {
+		var actual *int64
+		if actu.Valid {
+			actual = &actu.Int64
+		}
+		if p.err, err = appendRefused(p.args.stream, p.args.exp, status, actual); err != nil {
 			rows.Close()
 			return err
 		}
