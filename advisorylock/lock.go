@@ -114,14 +114,21 @@ func Acquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *C
 // lock's queue (catchup.TakeOver fences the holder then, so that the
 // holder cannot take the lock back when it lets go) watches pg_locks for
 // that PID: a row for the key, granted or not, means the request is made.
-// asking runs on the goroutine calling AcquireQueued and must not block.
+// The PID is the server's own (pg_backend_pid(), one more round trip), not
+// the one the connection's start-up reported, which a pooler such as
+// PgBouncer makes up. asking runs on the goroutine calling AcquireQueued
+// and must not block.
 func AcquireQueued(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *Config, asking func(pid uint32)) (*Lock, error) {
 	c, conn, handler, err := connectFor(ctx, connConfig, key, cfg)
 	if err != nil {
 		return nil, err
 	}
 	if asking != nil {
-		asking(conn.PgConn().PID())
+		var pid int32
+		if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			return nil, errors.CombineErrors(errors.Wrapf(err, "advisorylock: key %q: read the backend PID", key), closeConn(ctx, conn))
+		}
+		asking(uint32(pid))
 	}
 	k1, k2 := Key(key)
 	if _, err := conn.Exec(ctx, q.lock, k1, k2); err != nil {
@@ -203,7 +210,9 @@ func connectHint(err error) error {
 func (l *Lock) Key() string { return l.key }
 
 // PID returns the process ID of the lock's server backend, as in
-// pg_stat_activity.pid and pg_locks.pid.
+// pg_stat_activity.pid and pg_locks.pid, as the connection's start-up
+// reported it: behind a pooler that makes that value up (PgBouncer), it
+// matches neither; AcquireQueued reports the server's own.
 func (l *Lock) PID() uint32 { return l.pid }
 
 // Lost returns a channel that is closed when the lock is no longer held:

@@ -402,6 +402,9 @@ type Engine struct {
 	// archived is the newest archived position a read saw (a hint: see
 	// readBatches).
 	archived atomic.Int64
+	// takeOverSeen, when set (tests), replaces the backend PID TakeOver
+	// looks for in pg_locks.
+	takeOverSeen func(pid uint32) uint32
 }
 
 // NewEngine returns an Engine reading through pool. listener may be nil for

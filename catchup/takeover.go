@@ -23,6 +23,14 @@ const takeOverPoll = 10 * time.Millisecond
 // fences, for its session's request for the lock.
 const takeOverQueuedPoll = time.Millisecond
 
+// takeOverQueuedWait bounds that look: if the request has not shown by
+// then (it shows within milliseconds; a server that hides other sessions'
+// locks, or a PID that does not match, would keep it hidden for ever),
+// TakeOver fences anyway, which is the order of older versions: correct,
+// with a window in which the fenced leader may lead once more until the
+// re-fence.
+const takeOverQueuedWait = 2 * time.Second
+
 // TakeOver makes this engine the leader of sub's partition now, whoever
 // leads it, and returns the lease; the caller drives it (Drive) and must
 // Release it. It first queues for the lock on a connection of its own
@@ -85,10 +93,14 @@ func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Dura
 		return done(r)
 	case pid = <-asking:
 	}
+	if e.takeOverSeen != nil {
+		pid = e.takeOverSeen(pid)
+	}
 	k1, k2 := lockkey.Pair(key)
 	queued := time.NewTicker(takeOverQueuedPoll)
 	defer queued.Stop()
-	for {
+	giveUp := time.Now().Add(takeOverQueuedWait)
+	for time.Now().Before(giveUp) {
 		var requested bool
 		if err := e.pool.QueryRow(qctx, e.q["LockRequested"], k1, k2, int32(pid)).Scan(&requested); err != nil {
 			if qctx.Err() != nil {

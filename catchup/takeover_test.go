@@ -1,6 +1,7 @@
 package catchup_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -33,6 +34,7 @@ func TestTakeOverQueuesBeforeItFences(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = holder.Release(context.Background()) })
 	k1, k2 := advisorylock.Key(key)
 	state := func() (epoch int64, asked bool) {
 		t.Helper()
@@ -70,6 +72,11 @@ func TestTakeOverQueuesBeforeItFences(t *testing.T) {
 				t.Fatalf("the epoch moved (%d → %d) while TakeOver's session did not yet ask for the lock", before, epoch)
 			}
 			break
+		}
+		select {
+		case r := <-got:
+			t.Fatalf("TakeOver returned before it fenced: %+v, %v", r.lease, r.err)
+		default:
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("TakeOver never fenced")

@@ -1,0 +1,60 @@
+package catchup
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/annals-dev/annals/annalstest"
+)
+
+type nopLeader struct{}
+
+func (nopLeader) Start(context.Context, *Lease) error     { return nil }
+func (nopLeader) Redeliver(context.Context, *Lease) error { return nil }
+func (nopLeader) Idle(context.Context, *Lease) error      { return nil }
+func (nopLeader) End(context.Context, *Lease) error       { return nil }
+func (nopLeader) Process(_ context.Context, _ *Lease, b Batch) (int64, error) {
+	return b.Through, nil
+}
+
+// TakeOver fences the leader even when its own request never shows in
+// pg_locks under the PID it looks for (a pooler that reports a made-up
+// PID, were pg_backend_pid() to lie too): after takeOverQueuedWait it
+// fences anyway, and the takeover completes instead of timing out behind a
+// leader that was never told to let go.
+func TestTakeOverFencesWhenItsRequestDoesNotShow(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	leader, err := NewEngine(db.Pool, nil, &Config{Owner: "leader", PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := &Subscription{Name: "s", Processor: nopLeader{}}
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- leader.Run(runCtx, sub) }()
+	defer func() { stop(); <-ran }()
+	annalstest.WaitFor(t, 10*time.Second, func() bool {
+		_, held, err := leader.LockHolder(ctx, "s", 0)
+		return err == nil && held
+	})
+
+	rebuild, err := NewEngine(db.Pool, nil, &Config{Owner: "rebuild"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rebuild.takeOverSeen = func(uint32) uint32 { return 0 } // no backend has PID 0
+	start := time.Now()
+	lease, err := rebuild.TakeOver(ctx, sub, takeOverQueuedWait+10*time.Second)
+	if err != nil {
+		t.Fatalf("TakeOver: %+v", err)
+	}
+	defer rebuild.Release(ctx, lease)
+	took := time.Since(start)
+	if took < takeOverQueuedWait {
+		t.Fatalf("TakeOver took %v, before it could have given up looking for its request (%v)", took, takeOverQueuedWait)
+	}
+	t.Logf("TakeOver took %v", took)
+}
