@@ -118,10 +118,11 @@
 // it: a read model row is never written for a version that is not stored.
 // Append retries that conflict itself when the caller's expected version
 // was Any or StreamExists (up to 10 times, re-running the handlers, after
-// a random pause that doubles from under 1 ms to at most 64 ms; a retry
-// queues first on a transaction-level advisory lock of its stream, so
-// concurrent retrying Appends to one hot stream take turns instead of
-// racing, and none runs out of retries against another);
+// a random pause that doubles from under 1 ms to at most 64 ms; a retry,
+// and the first attempt of an Append to a stream that conflicted in the
+// last second, queue first on a transaction-level advisory lock of the
+// stream, so the Appends to a hot stream take turns instead of racing, and
+// none runs out of retries against another);
 // AppendTx and Transact return it (the whole transaction is the caller's
 // to retry). The lock is held for no longer than without inline
 // projections (projection/TestInlineHoldsTheAppendLockNoLonger): no round

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/annals-dev/annals/internal/lockkey"
@@ -83,6 +84,55 @@ type inline struct {
 	all    []InlineProjection
 	byType map[string][]InlineProjection // projections that listed their types
 	any    []InlineProjection            // projections that did not
+	hot    hotStreams
+}
+
+// hotStreams remembers the streams whose inline Appends conflicted lately
+// (see appendInline), each until a moment hotFor after its last conflict.
+type hotStreams struct {
+	mu    sync.Mutex
+	until map[string]time.Time
+}
+
+const (
+	// hotFor is how long a stream stays hot after a conflict.
+	hotFor = time.Second
+	// hotMax bounds the streams remembered; when full, expired ones are
+	// dropped, and if none has expired a new one is not remembered (its
+	// Appends then lock from their first retry only, as cold ones do).
+	hotMax = 4096
+)
+
+// mark records a conflict on stream at now.
+func (h *hotStreams) mark(stream string, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.until == nil {
+		h.until = make(map[string]time.Time)
+	}
+	if _, ok := h.until[stream]; !ok && len(h.until) >= hotMax {
+		for k, t := range h.until {
+			if now.After(t) {
+				delete(h.until, k)
+			}
+		}
+		if len(h.until) >= hotMax {
+			return
+		}
+	}
+	h.until[stream] = now.Add(hotFor)
+}
+
+// is reports whether stream conflicted within hotFor before now.
+func (h *hotStreams) is(stream string, now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t, ok := h.until[stream]
+	if ok && now.After(t) {
+		delete(h.until, stream)
+		return false
+	}
+	return ok
 }
 
 func newInline(ps []InlineProjection) (*inline, error) {
@@ -304,17 +354,22 @@ func decodePayload(payload []byte) ([]encodedEvent, error) {
 // after a random pause that doubles with each attempt (inlineBackoff).
 //
 // A retry first queues for a transaction-level advisory lock on the stream
-// (inlineLockKey), so retrying Appends to one stream run their handlers
-// one at a time instead of racing: without it, sixteen writers appending
-// to one hot stream made some append lose ten races in a row and fail. The
-// first attempt takes no such lock, so an uncontended append pays nothing.
-// The lock cannot deadlock against the log's ordering lock: it is the
-// first thing the retry's transaction does, and nothing waits for it while
-// holding the ordering lock (apply runs before any append takes it).
+// (inlineLockKey), and so does the first attempt of an Append to a stream
+// that conflicted in this Store within the last second (hotStreams): the
+// Appends to a hot stream then run their handlers one at a time instead of
+// racing. Without the lock, sixteen writers appending to one stream made
+// some append lose ten races in a row and fail; with it on retries only,
+// first attempts still beat a retry about a third of the time (a review
+// measured attempt 10 once in 21,000 appends). A stream without recent
+// conflicts takes no lock on the first attempt, so an uncontended append
+// pays nothing. The lock cannot deadlock against the log's ordering lock:
+// it is the first thing the transaction does, and nothing waits for it
+// while holding the ordering lock (apply runs before any append takes it).
 func (s *Store) appendInline(ctx context.Context, a appendArgs) (AppendResult, error) {
 	const inlineRetries = 10
+	hot := &s.inline.hot
 	for attempt := 1; ; attempt++ {
-		res, err := s.appendInlineOnce(ctx, a, attempt > 1)
+		res, err := s.appendInlineOnce(ctx, a, attempt > 1 || hot.is(a.stream, time.Now()))
 		if err == nil || attempt == inlineRetries || ctx.Err() != nil {
 			return res, err
 		}
@@ -322,6 +377,7 @@ func (s *Store) appendInline(ctx context.Context, a appendArgs) (AppendResult, e
 		if !pinned && !errors.Is(err, ErrStoredConcurrently) {
 			return res, err
 		}
+		hot.mark(a.stream, time.Now())
 		t := time.NewTimer(inlineBackoff(attempt))
 		select {
 		case <-ctx.Done():
