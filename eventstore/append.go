@@ -194,18 +194,19 @@ func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pg
 		s.tel.Duration.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(telemetry.Outcome.String(outcome)))
 		span.End()
 	}()
-	return s.transact(ctx, fn)
+	return s.transact(ctx, pgx.TxOptions{}, fn)
 }
 
-// transact is Transact without its span; the inline projections run
-// after fn, before the appends.
-func (s *Store) transact(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx, b *Batch) error) (results []AppendResult, err error) {
+// transact is Transact without its span, in a transaction begun with opts
+// (the zero value: the session's defaults): fn, then the inline projections
+// over the appends fn staged, then the appends and COMMIT.
+func (s *Store) transact(ctx context.Context, opts pgx.TxOptions, fn func(ctx context.Context, tx pgx.Tx, b *Batch) error) (results []AppendResult, err error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, errors.Wrap(err, "eventstore: acquire connection")
 	}
 	defer conn.Release()
-	tx, err := conn.Begin(ctx)
+	tx, err := conn.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, errors.Wrap(err, "eventstore: begin")
 	}

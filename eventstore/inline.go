@@ -409,7 +409,10 @@ func inlineLockKey(schema, stream string) (int32, int32) {
 }
 
 func (s *Store) appendInlineOnce(ctx context.Context, a appendArgs, serialize bool) (AppendResult, error) {
-	res, err := s.transact(ctx, func(ctx context.Context, tx pgx.Tx, b *Batch) error {
+	// READ COMMITTED whatever the session's default: under REPEATABLE READ
+	// the snapshot would be taken by the lock statement, before its wait,
+	// and every read after it would miss the commit it waited for.
+	res, err := s.transact(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(ctx context.Context, tx pgx.Tx, b *Batch) error {
 		if serialize {
 			k1, k2 := inlineLockKey(s.schema, a.stream)
 			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", k1, k2); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/projection"
@@ -316,6 +317,52 @@ func TestInlineProjection(t *testing.T) {
 			t.Error(err)
 		}
 		if got := readModel(t, b.bundle)["acct-hot"]; got != (balanceRow{writers * each, writers * each, writers * each}) {
+			t.Fatalf("read model %+v, want %d deposits of 1 at version %d", got, writers*each, writers*each)
+		}
+	})
+
+	t.Run("HotStreamUnderRepeatableReadDefault", func(t *testing.T) {
+		t.Parallel()
+		// The same race on a pool whose sessions default to REPEATABLE
+		// READ: Append's own transaction is READ COMMITTED whatever the
+		// default. (Under REPEATABLE READ the stream lock, the first
+		// statement, would take the snapshot before its wait, and every
+		// attempt that waited would read the version it waited past.)
+		b := setupInline(t)
+		ctx := t.Context()
+		cfg, err := pgxpool.ParseConfig(b.db.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		store, err := eventstore.New(pool, &eventstore.Config{Registry: b.reg,
+			Inline: []eventstore.InlineProjection{balancesWithVersion(b.reg, nil)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const writers, each = 8, 25
+		var wg sync.WaitGroup
+		errs := make(chan error, writers*each)
+		for w := range writers {
+			wg.Go(func() {
+				for i := range each {
+					if _, err := store.Append(ctx, "acct-rr", eventstore.Any, eventstore.NewEvent(Deposited{Amount: 1})); err != nil {
+						errs <- fmt.Errorf("writer %d, append %d: %w", w, i, err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if got := readModel(t, b.bundle)["acct-rr"]; got != (balanceRow{writers * each, writers * each, writers * each}) {
 			t.Fatalf("read model %+v, want %d deposits of 1 at version %d", got, writers*each, writers*each)
 		}
 	})
