@@ -70,6 +70,35 @@ func setupInline(t *testing.T) *inlineBundle {
 	return &inlineBundle{bundle: b, inline: store}
 }
 
+// hammerOneStream has writers goroutines each Append each deposits of 1
+// with Any to stream through store (inline projections: every conflict is
+// Append's to retry), and requires every append to land and the read model
+// to hold all of them at the stream's final version.
+func hammerOneStream(t *testing.T, b *bundle, store *eventstore.Store, stream string, writers, each int) {
+	t.Helper()
+	ctx := t.Context()
+	var wg sync.WaitGroup
+	errs := make(chan error, writers*each)
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				if _, err := store.Append(ctx, stream, eventstore.Any, eventstore.NewEvent(Deposited{Amount: 1})); err != nil {
+					errs <- fmt.Errorf("writer %d, append %d: %w", w, i, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	n := int64(writers * each)
+	if got := readModel(t, b)[stream]; got != (balanceRow{n, n, n}) {
+		t.Fatalf("read model %+v, want %d deposits of 1 at version %d", got, n, n)
+	}
+}
+
 type balanceRow struct {
 	Amount, Events, Version int64
 }
@@ -298,27 +327,7 @@ func TestInlineProjection(t *testing.T) {
 		// of the time. Once the stream is hot every Append takes the lock:
 		// in ten -race runs, 6,400 appends, no append needed a fourth try.
 		b := setupInline(t)
-		ctx := t.Context()
-		const writers, each = 16, 40
-		var wg sync.WaitGroup
-		errs := make(chan error, writers*each)
-		for w := range writers {
-			wg.Go(func() {
-				for i := range each {
-					if _, err := b.inline.Append(ctx, "acct-hot", eventstore.Any, eventstore.NewEvent(Deposited{Amount: 1})); err != nil {
-						errs <- fmt.Errorf("writer %d, append %d: %w", w, i, err)
-					}
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Error(err)
-		}
-		if got := readModel(t, b.bundle)["acct-hot"]; got != (balanceRow{writers * each, writers * each, writers * each}) {
-			t.Fatalf("read model %+v, want %d deposits of 1 at version %d", got, writers*each, writers*each)
-		}
+		hammerOneStream(t, b.bundle, b.inline, "acct-hot", 16, 40)
 	})
 
 	t.Run("HotStreamUnderRepeatableReadDefault", func(t *testing.T) {
@@ -345,26 +354,7 @@ func TestInlineProjection(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		const writers, each = 8, 25
-		var wg sync.WaitGroup
-		errs := make(chan error, writers*each)
-		for w := range writers {
-			wg.Go(func() {
-				for i := range each {
-					if _, err := store.Append(ctx, "acct-rr", eventstore.Any, eventstore.NewEvent(Deposited{Amount: 1})); err != nil {
-						errs <- fmt.Errorf("writer %d, append %d: %w", w, i, err)
-					}
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Error(err)
-		}
-		if got := readModel(t, b.bundle)["acct-rr"]; got != (balanceRow{writers * each, writers * each, writers * each}) {
-			t.Fatalf("read model %+v, want %d deposits of 1 at version %d", got, writers*each, writers*each)
-		}
+		hammerOneStream(t, b.bundle, store, "acct-rr", 8, 25)
 	})
 
 	t.Run("EventIDStoredDuringTheHandler", func(t *testing.T) {
