@@ -23,6 +23,9 @@
 // due at start + i/rate and handed out at the generator's first tick after
 // that, to the next free writer, so a late tick does not lower the offered
 // rate, and time an event waits for a free writer counts in its latency.
+// It starts with a CHECKPOINT (when allowed), so that a checkpoint left by
+// earlier writes does not end inside a measurement, and the two contenders
+// take turns going first at successive rates.
 //
 // Takeover (takeover.go, child.go): two runner processes (the annals binary
 // re-executed as a hidden command) share a subscriber; the leader is killed

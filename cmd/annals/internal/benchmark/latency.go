@@ -186,18 +186,39 @@ func RunLatency(ctx context.Context, pool *pgxpool.Pool, cfg *LatencyConfig) (*L
 		}
 	}
 
+	// Settle what earlier work left behind: a large write before this
+	// benchmark (the catch-up's million events, in `annals bench`) leaves
+	// a checkpoint spreading its writes over minutes, whose final fsyncs
+	// stalled one contender's window by 50-200 ms (docs/benchmarks.md).
+	// CHECKPOINT finishes it now; it needs superuser or pg_checkpoint.
+	if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		fmt.Fprintf(c.Progress, "latency: CHECKPOINT refused (%v); a checkpoint under way may fall into a measurement\n", err)
+	}
 	rep := &LatencyReport{Writers: c.Writers, PollInterval: c.PollInterval.String(), DurationPerRun: c.Duration.String()}
 	for i, rate := range c.Rates {
 		n := max(int(float64(rate)*c.Duration.Seconds()), 2)
 		r := LatencyResult{Rate: rate, Events: n}
 		grace := 10*time.Second + 2*c.PollInterval
 		fmt.Fprintf(c.Progress, "latency %d/%d: %d events at %d/s ...\n", i+1, len(c.Rates), n, rate)
-		var err error
-		if r.AnnalsRate, r.Annals, r.AnnalsAppend, err = measureLatency(ctx, &annalsProbe, rate, n, c.Writers, grace, annalsSend); err != nil {
-			return nil, errors.Wrap(err, "benchmark: latency of annals")
+		annals := func() (err error) {
+			r.AnnalsRate, r.Annals, r.AnnalsAppend, err = measureLatency(ctx, &annalsProbe, rate, n, c.Writers, grace, annalsSend)
+			return errors.Wrap(err, "benchmark: latency of annals")
 		}
-		if r.RawRate, r.Raw, r.RawAppend, err = measureLatency(ctx, &rawProbe, rate, n, c.Writers, 10*time.Second, rawSend); err != nil {
-			return nil, errors.Wrap(err, "benchmark: latency of the raw baseline")
+		raw := func() (err error) {
+			r.RawRate, r.Raw, r.RawAppend, err = measureLatency(ctx, &rawProbe, rate, n, c.Writers, 10*time.Second, rawSend)
+			return errors.Wrap(err, "benchmark: latency of the raw baseline")
+		}
+		// The contenders take turns going first, so that neither always
+		// meets what the previous rate (or benchmark) left behind.
+		first, second := annals, raw
+		if i%2 == 1 {
+			first, second = raw, annals
+		}
+		if err := first(); err != nil {
+			return nil, err
+		}
+		if err := second(); err != nil {
+			return nil, err
 		}
 		r.P50VsRaw = ratio(r.Annals.P50, r.Raw.P50)
 		r.P99VsRaw = ratio(r.Annals.P99, r.Raw.P99)
