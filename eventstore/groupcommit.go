@@ -364,7 +364,7 @@ func (c *committer) sendOne(ctx context.Context, p *pendingAppend) error {
 	e := p.args.events[0]
 	var (
 		status         int16
-		seq, ver, actu *int64
+		seq, ver, actu pgtype.Int8 // as in sendBatch: no allocation
 	)
 	// [16]byte, not uuid.UUID: see sendBatch.
 	err := c.s.pool.QueryRow(ctx, c.s.q.appendOne, p.args.stream, expected, [16]byte(e.id), e.typ, e.data, e.meta, p.args.callerIDs).
@@ -373,16 +373,20 @@ func (c *committer) sendOne(ctx context.Context, p *pendingAppend) error {
 		return translate(err, "", Any)
 	}
 	if status == 0 || status == 3 {
-		if seq == nil || ver == nil {
+		if !seq.Valid || !ver.Valid {
 			return errors.New("eventstore: append_one returned an event without a position")
 		}
-		p.res = AppendResult{StreamID: p.args.stream, StreamVersion: *ver,
-			Events: []AppendedEvent{{ID: e.id, GlobalSequence: *seq, StreamVersion: *ver}}}
+		p.res = AppendResult{StreamID: p.args.stream, StreamVersion: ver.Int64,
+			Events: []AppendedEvent{{ID: e.id, GlobalSequence: seq.Int64, StreamVersion: ver.Int64}}}
 		return nil
+	}
+	var actual *int64
+	if actu.Valid {
+		actual = &actu.Int64
 	}
 	var failed error
 	p.res = AppendResult{}
-	p.err, failed = appendRefused(p.args.stream, p.args.exp, status, actu)
+	p.err, failed = appendRefused(p.args.stream, p.args.exp, status, actual)
 	return failed
 }
 

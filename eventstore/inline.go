@@ -399,8 +399,9 @@ func inlineBackoff(attempt int) time.Duration {
 	return max(rand.N(ceiling), time.Microsecond)
 }
 
-// inlineLockKey is the advisory-lock key that serializes the inline retries
-// of one stream in one schema. The NUL separators keep it apart from every
+// inlineLockKey is the advisory-lock key that serializes the inline
+// Appends that take it (retries, and first attempts on a hot stream) to one
+// stream in one schema. The NUL separators keep it apart from every
 // other annals lock key (subscriber partitions, setup, generations): those
 // are built from PostgreSQL text, which cannot hold NUL, so no schema,
 // subscriber or stream name can spell this one.
