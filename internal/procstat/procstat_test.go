@@ -3,6 +3,7 @@ package procstat
 import (
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"syscall"
 	"testing"
@@ -36,8 +37,17 @@ func TestReadStat(t *testing.T) {
 			t.Fatalf("CPU time did not grow in 10 s of work (%d): %v", x, after.CPU)
 		}
 	}
-	if before.State != 'R' || before.PGRP != syscall.Getpgrp() {
-		t.Fatalf("state %q, process group %d; want 'R', %d", before.State, before.PGRP, syscall.Getpgrp())
+	if before.PGRP != syscall.Getpgrp() {
+		t.Fatalf("process group %d, want %d", before.PGRP, syscall.Getpgrp())
+	}
+	// A process's state is its main thread's, which may be asleep while
+	// this goroutine runs on another thread (CI saw 'S'): the thread that
+	// reads its own entry (/proc/TID/stat) is the one sure to be running.
+	runtime.LockOSThread()
+	self, err := ReadStat(syscall.Gettid())
+	runtime.UnlockOSThread()
+	if err != nil || self.State != 'R' || self.PGRP != syscall.Getpgrp() {
+		t.Fatalf("this thread: state %q, process group %d (%v); want 'R', %d", self.State, self.PGRP, err, syscall.Getpgrp())
 	}
 	// A child that worked, ended and was waited for counts in ChildrenCPU.
 	cmd := exec.Command("sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done")
