@@ -110,7 +110,6 @@ type sharedLock struct {
 	key  string
 	part int
 	g    *group
-	pid  uint32 // the lock session's backend
 
 	mu       sync.Mutex
 	err      error         // why it is no longer held
@@ -615,7 +614,7 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 			giveBack = append(giveBack, k)
 			continue
 		}
-		s.hand(k, w, sb.PID(), cp)
+		s.hand(k, w, cp)
 	}
 	if len(giveBack) > 0 {
 		if _, err := sb.Give(ctx, giveBack); err != nil {
@@ -720,9 +719,9 @@ func (s *sessions) pick(ws []*waiter) *waiter {
 	return nil
 }
 
-// hand gives w the lock of key, taken and claimed on the session pid.
-func (s *sessions) hand(key string, w *waiter, pid uint32, cp checkpoint.Checkpoint) {
-	l := &sharedLock{key: key, part: w.part, g: w.g, pid: pid, lost: make(chan struct{}), handover: make(chan struct{})}
+// hand gives w the lock of key, taken and claimed on the shared session.
+func (s *sessions) hand(key string, w *waiter, cp checkpoint.Checkpoint) {
+	l := &sharedLock{key: key, part: w.part, g: w.g, lost: make(chan struct{}), handover: make(chan struct{})}
 	s.mu.Lock()
 	s.held[key] = l
 	s.mu.Unlock()
