@@ -11,5 +11,17 @@ func QueuedAppends(s *Store) int {
 	return len(s.group.queue)
 }
 
+// GroupsInFlight reports how many groups s's committer has sent and not
+// finished with (a finished group's bookkeeping, linger included, runs after
+// its appenders have their outcomes).
+func GroupsInFlight(s *Store) int {
+	if s.group == nil {
+		return 0
+	}
+	s.group.mu.Lock()
+	defer s.group.mu.Unlock()
+	return s.group.inFlight
+}
+
 // KeyCacheLen reports how many subjects s's key ring caches.
 func KeyCacheLen(s *Store) int { return s.keys.cacheLen() }

@@ -380,6 +380,11 @@ func TestGroupCommit(t *testing.T) {
 		ctx := context.Background()
 		var took []time.Duration
 		for round := range 4 {
+			// The last round's group finishes its bookkeeping after B has
+			// its outcome: were A to queue before that, that group would
+			// linger for A (a miss of its own, which would start the
+			// skipping a round early).
+			waitFor(t, "the last round's group done", func() bool { return eventstore.GroupsInFlight(b.store) == 0 })
 			release := holdAppendLock(t, b)
 			errs := make(chan error, 2)
 			go func() {
@@ -651,5 +656,287 @@ func TestAppendBatchSQL(t *testing.T) {
 	var storedData, storedMeta string
 	if err := b.db.Pool.QueryRow(ctx, `SELECT data::text, coalesce(metadata::text, 'null') FROM annals.events WHERE stream_id = 'y'`).Scan(&storedData, &storedMeta); err != nil || storedData != "[3]" || storedMeta != `{"m":1}` {
 		t.Fatalf("stored %s %s (%v)", storedData, storedMeta, err)
+	}
+}
+
+// TestAppendBatchLooksIDsUpWhenItMust covers append_batch's calls of many
+// events with caller-chosen IDs on a log never archived (migration 0020): no
+// look-up first, and one after all when an append is refused by its stream (a retry
+// whose stream moved on) or when the INSERT finds an ID stored (the writes
+// undone, the call started again). Outcomes are those of a look-up first.
+func TestAppendBatchLooksIDsUpWhenItMust(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	type app struct {
+		stream   string
+		expected *int64
+		ids      []uuid.UUID
+		data     string
+	}
+	type row struct {
+		stream         string
+		status         int16
+		id             *uuid.UUID
+		seq, ver, actu *int64
+	}
+	// Each call carries 64 new events in a stream of their own besides the
+	// appends under test: append_batch skips the look-up only for calls of
+	// at least 64 events.
+	fills := 0
+	call := func(check bool, apps ...app) ([]row, error) {
+		fills++
+		fill := app{fmt.Sprintf("opt-fill-%d", fills), nil, make([]uuid.UUID, 64), `{"fill": true}`}
+		for i := range fill.ids {
+			fill.ids[i] = uuid.New()
+		}
+		apps = append(apps, fill)
+		var (
+			streams        []string
+			expected       []*int64
+			appendIdx, idx []int32
+			ids            []uuid.UUID
+			types, data    []string
+			meta           []*string
+		)
+		for i, a := range apps {
+			streams, expected = append(streams, a.stream), append(expected, a.expected)
+			for j, id := range a.ids {
+				appendIdx, idx = append(appendIdx, int32(i+1)), append(idx, int32(j+1))
+				ids, types, data, meta = append(ids, id), append(types, "t"), append(data, a.data), append(meta, nil)
+			}
+		}
+		rows, err := b.db.Pool.Query(ctx, `SELECT * FROM annals.append_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			streams, expected, appendIdx, idx, ids, types, data, meta, check)
+		if err != nil {
+			return nil, err
+		}
+		return pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+			var x row
+			err := r.Scan(&x.stream, &x.status, &x.id, &x.seq, &x.ver, &x.actu)
+			return x, err
+		})
+	}
+	// outcome: the status of each stream's append, and the stored position
+	// and version of each event row, checked against the log.
+	outcome := func(rows []row) map[string]int16 {
+		t.Helper()
+		got := map[string]int16{}
+		defer func() {
+			if t.Failed() {
+				return
+			}
+			if st, ok := got[fmt.Sprintf("opt-fill-%d", fills)]; !ok || st != 0 {
+				t.Fatalf("the call's other append: status %d (answered: %t), want 0", st, ok)
+			}
+		}()
+		for _, r := range rows {
+			got[r.stream] = r.status
+			if r.status != 0 && r.status != 3 {
+				continue
+			}
+			var seq, ver int64
+			var stream string
+			if err := b.db.Pool.QueryRow(ctx, `SELECT global_sequence, stream_version, stream_id FROM annals.events_all WHERE event_id = $1`,
+				*r.id).Scan(&seq, &ver, &stream); err != nil {
+				t.Fatalf("event %v of %s: %v", *r.id, r.stream, err)
+			}
+			if seq != *r.seq || ver != *r.ver || stream != r.stream {
+				t.Fatalf("row %s %v: position %d version %d, stored %d %d in %s", r.stream, *r.id, *r.seq, *r.ver, seq, ver, stream)
+			}
+		}
+		return got
+	}
+	version := func(stream string) int64 {
+		t.Helper()
+		var v int64
+		if err := b.db.Pool.QueryRow(ctx, `SELECT version FROM annals.streams WHERE stream_id = $1`, stream).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	zero := func() *int64 { v := int64(0); return &v }
+	newIDs := func(n int) []uuid.UUID {
+		ids := make([]uuid.UUID, n)
+		for i := range ids {
+			ids[i] = uuid.New()
+		}
+		return ids
+	}
+	const data, other = `{"a": 1}`, `{"a": 2}`
+
+	stored := app{"opt-a", zero(), newIDs(2), data}
+	refusedStored := app{"opt-b", zero(), newIDs(1), data}
+	rows, err := call(true, stored, refusedStored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := outcome(rows); got["opt-a"] != 0 || got["opt-b"] != 0 {
+		t.Fatalf("first appends: %v", got)
+	}
+
+	// Found by the INSERT: stored whole and identical (3), beside a new
+	// append that lands after the undone attempt.
+	again := stored
+	again.expected = nil
+	fresh := app{"opt-c", zero(), newIDs(3), data}
+	last := func() int64 {
+		t.Helper()
+		var n int64
+		if err := b.db.Pool.QueryRow(ctx, `SELECT pg_sequence_last_value('annals.events_global_sequence')`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := last()
+	rows, err = call(true, again, fresh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := outcome(rows); got["opt-a"] != 3 || got["opt-c"] != 0 {
+		t.Fatalf("re-append beside a new append: %v", got)
+	}
+	// The undone attempt drew positions for the call's 69 events, and the
+	// second as many: the look-up was skipped (a look-up first draws once).
+	if drawn := last() - before; drawn != 2*69 {
+		t.Fatalf("the call drew %d positions, want %d (an undone attempt, then the writes)", drawn, 2*69)
+	}
+	// Refused by its stream (expects 0, the stream is at 1), and a retry.
+	fresh2 := app{"opt-d", zero(), newIDs(1), data}
+	rows, err = call(true, refusedStored, fresh2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := outcome(rows); got["opt-b"] != 3 || got["opt-d"] != 0 {
+		t.Fatalf("re-append whose stream moved on: %v", got)
+	}
+	// Found by the INSERT with other content (2), or only some of the
+	// append's IDs stored (2).
+	conflict := again
+	conflict.data = other
+	partial := app{"opt-c", nil, append([]uuid.UUID{fresh.ids[0]}, newIDs(1)...), data}
+	fresh3 := app{"opt-e", nil, newIDs(2), data}
+	rows, err = call(true, conflict, fresh3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := outcome(rows); got["opt-a"] != 2 || got["opt-e"] != 0 {
+		t.Fatalf("stored with other content: %v", got)
+	}
+	rows, err = call(true, partial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := outcome(rows); got["opt-c"] != 2 {
+		t.Fatalf("partly stored: %v", got)
+	}
+	// The undone attempts left nothing behind: each stream's version is its
+	// events' count, and each ID is stored once.
+	for stream, want := range map[string]int64{"opt-a": 2, "opt-b": 1, "opt-c": 3, "opt-d": 1, "opt-e": 2} {
+		var n int64
+		if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.events WHERE stream_id = $1`, stream).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if v := version(stream); v != want || n != want {
+			t.Fatalf("stream %s: version %d, %d events, want %d", stream, v, n, want)
+		}
+	}
+	// An event moved into the archive some other way than archive() (as a
+	// restore or logical replication would: the archive step sequence stays
+	// unset) is still found: the call looks the IDs up first.
+	moveTx, err := b.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := moveTx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := moveTx.Exec(ctx, `WITH m AS (DELETE FROM annals.events WHERE event_id = $1 RETURNING *)
+		INSERT INTO annals.events_archive SELECT * FROM m`, fresh2.ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := moveTx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restored := fresh2
+	restored.expected = nil
+	rows, err = call(true, restored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := outcome(rows); got["opt-d"] != 3 {
+		t.Fatalf("re-append of an event restored into the archive: %v", got)
+	}
+	var copies int64
+	if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.events_all WHERE event_id = $1`, fresh2.ids[0]).Scan(&copies); err != nil || copies != 1 {
+		t.Fatalf("%d copies of the restored event (%v), want 1", copies, err)
+	}
+	// Without check_ids, a stored ID is still the unique violation it was.
+	_, err = call(false, app{"opt-f", nil, stored.ids[:1], data})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" || pgErr.ConstraintName != "events_event_id_key" {
+		t.Fatalf("stored ID without check_ids: got %v, want a unique violation of events_event_id_key", err)
+	}
+}
+
+// TestAppendBatchRacingTheSameIDs: another append of the same caller-chosen
+// IDs commits while an append_batch call waits for the ordering lock. A call
+// of 64 events or more looks the IDs up under the lock (migration 0020) and
+// answers 3 with the stored positions; a smaller one looked them up before
+// the lock and meets the stored rows at its INSERT: unique_violation, which
+// the Go client answers by re-sending the group's appends one by one
+// (docs/sql-api.md says both).
+func TestAppendBatchRacingTheSameIDs(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	for _, n := range []int{64, 1} {
+		stream := fmt.Sprintf("race-%d", n)
+		ids := make([]uuid.UUID, n)
+		events := make([]string, n)
+		for i := range ids {
+			ids[i] = uuid.New()
+			events[i] = fmt.Sprintf(`{"event_id": %q, "type": "t", "data": {"a": 1}}`, ids[i])
+		}
+		// The first append holds the ordering lock until its commit.
+		tx, err := b.db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var first int64
+		if err := tx.QueryRow(ctx, `SELECT min(global_sequence) FROM annals.append_events($1, NULL, $2)`,
+			stream, "["+strings.Join(events, ",")+"]").Scan(&first); err != nil {
+			t.Fatal(err)
+		}
+		type outcome struct {
+			status int16
+			seq    *int64
+			err    error
+		}
+		done := make(chan outcome, 1)
+		go func() {
+			var o outcome
+			o.err = b.db.Pool.QueryRow(ctx, `SELECT status, global_sequence FROM annals.append_batch(ARRAY[$1], ARRAY[NULL]::bigint[],
+				array_fill(1, ARRAY[$3::int]), (SELECT array_agg(g) FROM generate_series(1, $3::int) g), $2,
+				array_fill('t'::text, ARRAY[$3::int]), array_fill('{"a": 1}'::text, ARRAY[$3::int]), array_fill(NULL::text, ARRAY[$3::int]), true)
+				ORDER BY stream_version LIMIT 1`, stream, ids, n).Scan(&o.status, &o.seq)
+			done <- o
+		}()
+		waitFor(t, "the second call waiting for the ordering lock", func() bool { return lockWaiters(t, b) == 1 })
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		o := <-done
+		var pgErr *pgconn.PgError
+		switch {
+		case n >= 64 && (o.err != nil || o.status != 3 || o.seq == nil || *o.seq != first):
+			t.Fatalf("%d events: status %d at %v (%v), want 3 at %d", n, o.status, o.seq, o.err, first)
+		case n < 64 && (!errors.As(o.err, &pgErr) || pgErr.Code != "23505"):
+			t.Fatalf("%d event: %v, want a unique violation", n, o.err)
+		}
+		var copies int
+		if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.events WHERE stream_id = $1`, stream).Scan(&copies); err != nil || copies != n {
+			t.Fatalf("%d events stored in %s (%v), want %d", copies, stream, err, n)
+		}
 	}
 }
