@@ -123,10 +123,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Archiver, error) {
 // lock and returns the run's final progress. An open run (one that was
 // interrupted) is finished first, with the target it started with; call
 // RunOnce again to go on to before. It returns ErrBusy at once if another
-// archiver holds the lock. When ctx ends it stops after the step in flight
-// (which commits or rolls back whole) and returns ctx's error with the
-// progress so far: the run stays open, and the next RunOnce, from any
-// process, resumes it.
+// archiver holds the lock. When ctx ends it stops (a step in flight commits
+// or rolls back whole) and returns ctx's error with the progress so far: the
+// run stays open, and the next RunOnce, from any process, resumes it. A step
+// interrupted by ctx closes the lock's connection, so the lock is free once
+// the server notices, a moment later: a RunOnce started right after may get
+// ErrBusy until then.
 func (a *Archiver) RunOnce(ctx context.Context, before int64) (Progress, error) {
 	if before < 1 {
 		return Progress{}, errors.Newf("archive: before must be a position of at least 1, not %d", before)

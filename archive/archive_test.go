@@ -19,6 +19,7 @@ import (
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/archive"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/scavenge"
 	"github.com/annals-dev/annals/verify"
@@ -130,6 +131,24 @@ func (f *fixture) fill(t *testing.T, streams, n int) {
 		}
 		i += k
 	}
+}
+
+// bulk appends 64 events with IDs of the caller's to a new stream in one
+// call, and returns them and the outcome: re-appending them is a call of 64
+// events, which append_batch may make without looking the IDs up first
+// (migration 0020).
+func (f *fixture) bulk(t *testing.T, stream string) ([]eventstore.EventData, eventstore.AppendResult) {
+	t.Helper()
+	events := make([]eventstore.EventData, 64)
+	for i := range events {
+		events[i] = deposit(i)
+		events[i].ID = uuid.New()
+	}
+	res, err := f.store.Append(context.Background(), stream, eventstore.NoStream, events...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return events, res
 }
 
 func (f *fixture) archiver(t *testing.T, cfg archive.Config) *archive.Archiver {
@@ -353,11 +372,25 @@ func TestIdempotencyAcrossTheArchive(t *testing.T) {
 			first = res
 		}
 	}
+	// A stream appended in one call of 64 events: its re-append is a call
+	// that append_batch makes without looking IDs up first on a log never
+	// archived (migration 0020), which this one no longer is.
+	bulk, bulkFirst := f.bulk(t, "bulk")
 	if _, err := f.store.Append(ctx, "tail", eventstore.Any, deposit(0)); err != nil {
 		t.Fatal(err)
 	}
-	if p, err := f.archiver(t, archive.Config{}).RunOnce(ctx, 100); err != nil || p.Moved != int64(len(ids)) {
+	if p, err := f.archiver(t, archive.Config{}).RunOnce(ctx, 100); err != nil || p.Moved != int64(len(ids)+len(bulk)) {
 		t.Fatalf("archive: %+v %v", p, err)
+	}
+	bulkAgain, err := f.store.Append(ctx, "bulk", eventstore.Any, bulk...)
+	if err != nil {
+		t.Fatalf("re-append of 64 archived events: %v", err)
+	}
+	if got, want := bulkAgain.Events[0].GlobalSequence, bulkFirst.Events[0].GlobalSequence; got != want || bulkAgain.StreamVersion != 64 {
+		t.Fatalf("re-append of 64 archived events: first at position %d, stream version %d; want %d and 64", got, bulkAgain.StreamVersion, want)
+	}
+	if n := f.count(t, `SELECT count(*) FROM annals.events_all WHERE stream_id = 'bulk'`); n != int64(len(bulk)) {
+		t.Fatalf("%d rows of the stream appended in one call, want %d", n, len(bulk))
 	}
 	again := deposit(0)
 	again.ID = ids[0]
@@ -434,6 +467,67 @@ func TestIdempotencyAcrossTheArchive(t *testing.T) {
 	}
 	if n := f.count(t, `SELECT count(*) FROM annals.events_all WHERE event_id = $1`, id); n != 1 {
 		t.Fatalf("%d rows of event %s, want 1", n, id)
+	}
+}
+
+// TestArchiveStepDuringALargeAppend: a call of 64 events with caller-chosen
+// IDs on a log never archived does not look the IDs up before the lock
+// (migration 0020). An archive step that moves those IDs while the call waits
+// for the append lock must make it look them up after all, under the lock:
+// the re-append answers the stored positions and stores nothing twice.
+func TestArchiveStepDuringALargeAppend(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	bulk, first := f.bulk(t, "bulk")
+	tail, err := f.store.Append(ctx, "tail", eventstore.Any, deposit(0)) // the newest event stays hot
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	tx, err := f.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	k1, k2 := schemaname.AppendLockKey("annals")
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, $2)`, k1, k2); err != nil {
+		t.Fatal(err)
+	}
+	type outcome struct {
+		res eventstore.AppendResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := f.store.Append(ctx, "bulk", eventstore.Any, bulk...)
+		done <- outcome{res, err}
+	}()
+	// The re-append waits for the append lock.
+	annalstest.WaitFor(t, 20*time.Second, func() bool {
+		return f.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+		                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) > 0
+	})
+	var moved int64
+	if err := tx.QueryRow(ctx, `SELECT moved FROM annals.archive('test', $1, 1000)`, tail.Events[0].GlobalSequence).Scan(&moved); err != nil {
+		t.Fatal(err)
+	}
+	if moved != int64(len(bulk)) {
+		t.Fatalf("the archive step moved %d events, want %d", moved, len(bulk))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o := <-done
+	if o.err != nil {
+		t.Fatalf("re-append while its events were archived: %v", o.err)
+	}
+	if got, want := o.res.Events[0].GlobalSequence, first.Events[0].GlobalSequence; got != want || o.res.StreamVersion != 64 {
+		t.Fatalf("re-append while its events were archived: first at position %d, stream version %d; want %d and 64",
+			got, o.res.StreamVersion, want)
+	}
+	if n := f.count(t, `SELECT count(*) FROM annals.events_all WHERE stream_id = 'bulk'`); n != int64(len(bulk)) {
+		t.Fatalf("%d rows of the stream, want %d", n, len(bulk))
 	}
 }
 
@@ -570,9 +664,21 @@ func TestLeaderAndResume(t *testing.T) {
 		if !errors.Is(errA, context.Canceled) || pa.Done || pa.Steps < 2 {
 			t.Fatalf("stopped run: %+v %v", pa, errA)
 		}
-		pb, err := b.RunOnce(ctx, 150)
-		if err != nil || pb.RunID != pa.RunID || !pb.Done || pb.Moved != 149 {
-			t.Fatalf("resumed run %+v %v (stopped at %+v)", pb, err, pa)
+		// A step interrupted by the cancel closed a's connection: its
+		// session, and the archiver lock, end once the server notices
+		// (RunOnce's doc), and until then b is told ErrBusy.
+		var pb archive.Progress
+		annalstest.WaitForErr(t, 10*time.Second, func() error {
+			var err error
+			if pb, err = b.RunOnce(ctx, 150); errors.Is(err, archive.ErrBusy) {
+				return err
+			} else if err != nil {
+				t.Fatalf("resumed run: %v (stopped at %+v)", err, pa)
+			}
+			return nil
+		})
+		if pb.RunID != pa.RunID || !pb.Done || pb.Moved != 149 {
+			t.Fatalf("resumed run %+v (stopped at %+v)", pb, pa)
 		}
 		if got := f.readAll(t); !slices.Equal(got, want) {
 			t.Fatalf("log after a resumed run differs at %d", firstDiff(got, want))
