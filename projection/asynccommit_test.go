@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,11 +17,11 @@ import (
 // A projection catching up commits its batches without waiting for their
 // WAL flush (Options.SyncCommits unset). PostgreSQL is killed (SIGKILL to
 // every process, no shutdown) in the middle of a catch-up, on a cluster
-// whose commits are otherwise synchronous and whose WAL writer sleeps
-// 10 s: batches whose commits were still in PostgreSQL's buffers are lost,
-// with their checkpoint. After crash recovery the read model is exactly
-// what its checkpoint says, and the next run applies the rest: every event
-// once, in order.
+// whose commits are otherwise synchronous and whose WAL writer is stopped
+// (stopWALWriter): batches whose commits were still in PostgreSQL's
+// buffers are lost, with their checkpoint. After crash recovery the read
+// model is exactly what its checkpoint says, and the next run applies the
+// rest: every event once, in order.
 func TestCatchUpSurvivesACrashWithAsyncCommits(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -50,8 +51,8 @@ func TestCatchUpSurvivesACrashWithAsyncCommits(t *testing.T) {
 
 	after := h.checkpoint("seen")
 	t.Logf("checkpoint %d before the crash, %d after recovery: %d events' batches lost with their read-model rows", before, after, before-after)
-	// The last batch's commit sat in a partly filled WAL page that the
-	// sleeping WAL writer had not written: lost. (A synchronous commit
+	// The batches' commits sat in WAL buffers that the stopped WAL writer
+	// had not written: lost. (A synchronous commit
 	// would have been written and flushed before the checkpoint moved.)
 	// This relies on nothing else committing synchronously on this private
 	// cluster between that batch and the crash: the runner's own
@@ -96,7 +97,7 @@ func (o *blockingLog) Handle(ctx context.Context, e eventstore.Event) error {
 
 // An observer catching up writes its checkpoints without waiting for their
 // WAL flush (Options.SyncCommits unset). PostgreSQL is killed in the middle
-// of the catch-up, on a cluster whose WAL writer sleeps 10 s: the last
+// of the catch-up, on a cluster whose WAL writer is stopped: the last
 // writes are lost, and the next run delivers again from the recovered
 // checkpoint, so nothing is skipped (at least once, per-stream order). With
 // SyncCommits the checkpoint the observer had written survives the crash.
@@ -167,13 +168,49 @@ func TestObserverCatchUpSurvivesACrash(t *testing.T) {
 	}
 }
 
-// crashMidCatchUp runs r.RunUntilCaughtUp until its handler closes reached
-// (and waits for crashed), reads sub's checkpoint, kills PostgreSQL (SIGKILL
+// stopWALWriter stops PostgreSQL's WAL writer (SIGSTOP) and returns the
+// function that kills it (SIGKILL), which the crash calls first; the test's
+// cleanup calls it too, should the test end before the crash. Even asleep
+// for wal_writer_delay, the WAL writer wakes on its timer and whenever an
+// asynchronous commit completes a WAL page, and a wake-up that finds no
+// whole page to write writes and flushes every asynchronous commit
+// instead, the last partial page included. A CI run saw no write lost,
+// with autovacuum and the background writer's cleaning already off; the WAL
+// writer is what was left that writes WAL on its own in the milliseconds
+// between the last asynchronous write and the crash. Stopped, it writes
+// nothing, so the asynchronous writes since the last synchronous commit are
+// lost (how many, the tests do not depend on). PostgreSQL's children run in
+// process groups of their own and a stopped one would not notice the
+// postmaster's death, hence the kill of its own.
+func stopWALWriter(ctx context.Context, t *testing.T, h *liveHarness) (kill func()) {
+	t.Helper()
+	var pid int
+	if err := h.pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'`).Scan(&pid); err != nil {
+		t.Fatalf("finding the WAL writer: %v", err)
+	}
+	var once sync.Once
+	kill = func() {
+		once.Do(func() {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Errorf("killing the stopped WAL writer (PID %d): %v", pid, err)
+			}
+		})
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("stopping the WAL writer (PID %d): %v", pid, err)
+	}
+	t.Cleanup(kill)
+	return kill
+}
+
+// crashMidCatchUp stops the WAL writer, runs r.RunUntilCaughtUp until its
+// handler closes reached (and waits for crashed), reads sub's checkpoint, kills PostgreSQL (SIGKILL
 // to every process), closes crashed, stops the run and waits for it, and
 // brings the server back. It returns the checkpoint read before the crash.
 func crashMidCatchUp(ctx context.Context, t *testing.T, cluster *pgcluster.Cluster, h *liveHarness, r *projection.Runner,
 	sub string, reached <-chan struct{}, crashed chan struct{}) int64 {
 	t.Helper()
+	killWALWriter := stopWALWriter(ctx, t, h)
 	done := make(chan error, 1)
 	rctx, rcancel := context.WithCancel(ctx)
 	defer rcancel()
@@ -186,6 +223,7 @@ func crashMidCatchUp(ctx context.Context, t *testing.T, cluster *pgcluster.Clust
 		t.Fatal("the catch-up never reached the 2,000th event")
 	}
 	before := h.checkpoint(sub)
+	killWALWriter()
 	if err := cluster.Crash(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -204,8 +242,8 @@ func crashMidCatchUp(ctx context.Context, t *testing.T, cluster *pgcluster.Clust
 }
 
 // sleepyWALCluster starts a cluster of the test's own whose commits are
-// synchronous and whose WAL writer sleeps 10 s (an asynchronous commit stays
-// unflushed until a crash), appends n events over 10 streams and returns
+// synchronous and whose WAL writer sleeps 10 s (until crashMidCatchUp
+// stops it), appends n events over 10 streams and returns
 // the head. Autovacuum is off: an ANALYZE of the freshly filled tables
 // commits synchronously, and its flush would make the asynchronous commits
 // before it durable (a CI run once saw no write lost). The background
