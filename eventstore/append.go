@@ -65,7 +65,7 @@ func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVe
 
 // appendAlone runs one append_events call as a transaction of its own.
 func (s *Store) appendAlone(ctx context.Context, args appendArgs) (AppendResult, error) {
-	rows, err := s.pool.Query(ctx, s.q.append, args.stream, args.expected, args.json())
+	rows, err := s.pool.Query(ctx, s.q.append, args.stream, args.expected, json.RawMessage(args.json()))
 	return collectAppend(rows, err, args)
 }
 
@@ -113,7 +113,7 @@ func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 // appendTx sends one append in tx, after the inline projections.
 func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, args appendArgs) (AppendResult, error) {
 	if !s.inline.wants(&args) {
-		rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, args.json())
+		rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, json.RawMessage(args.json()))
 		return collectAppend(rows, err, args)
 	}
 	run := &inlineRun{s: s, versions: map[string]int64{}}
@@ -122,13 +122,13 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, args appendArgs) (Appen
 		return AppendResult{}, err
 	}
 	if !plan.guard {
-		rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, args.json())
+		rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, json.RawMessage(args.json()))
 		res, err := collectAppend(rows, err, args)
 		return res, plan.explain(err, args)
 	}
 	// The append and its guard in one round trip.
 	batch := &pgx.Batch{}
-	batch.Queue(s.q.append, args.stream, args.expected, args.json())
+	batch.Queue(s.q.append, args.stream, args.expected, json.RawMessage(args.json()))
 	s.queueGuard(batch, plan)
 	br := tx.SendBatch(ctx, batch)
 	rows, qerr := br.Query()

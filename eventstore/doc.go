@@ -45,7 +45,14 @@
 //     re-append answered with the stored positions), so one append's
 //     failure never fails its group-mates. Positions are drawn for the whole
 //     group in argument order; a failed append leaves unused positions, as a
-//     rolled-back one does.
+//     rolled-back one does. The call's arrays are written in PostgreSQL's
+//     binary format by this package (batchwire.go), in one buffer sized up
+//     front, and its rows read from the received bytes: pgx's own encoding
+//     boxes every element and regrows its buffer from 256 bytes on every
+//     call, a fifth of the client's CPU in groups of 400 events. The call
+//     goes around pgx's Query (straight to the connection's PgConn), so a
+//     pgx QueryTracer on the pool does not see it; each append's own span
+//     and metrics do.
 //   - A group of one append of one event, what a lone writer (a service
 //     handling one request at a time) sends, calls append_one instead: the
 //     same rules and outcomes, taken as scalars, with one UPDATE of the

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 )
@@ -104,6 +105,16 @@ type committer struct {
 	// noAppendOne is set when the schema has no append_one (migrated before
 	// 0018): lone appends then go through append_batch too.
 	noAppendOne atomic.Bool
+	// untyped is set when the pool sends arguments without knowing the
+	// parameters' types (QueryExecModeExec, QueryExecModeSimpleProtocol):
+	// pgx then picks a type from the Go value, and []byte would go as bytea.
+	untyped bool
+}
+
+// newCommitter returns the committer of s.
+func newCommitter(s *Store, cfg GroupCommit) *committer {
+	mode := s.pool.Config().ConnConfig.DefaultQueryExecMode
+	return &committer{s: s, cfg: cfg, untyped: mode == pgx.QueryExecModeExec || mode == pgx.QueryExecModeSimpleProtocol}
 }
 
 // lingerBackoff is how many groups go without lingering after lingers that
@@ -364,10 +375,20 @@ func (c *committer) sendOne(ctx context.Context, p *pendingAppend) error {
 	e := p.args.events[0]
 	var (
 		status         int16
-		seq, ver, actu pgtype.Int8 // as in sendBatch: no allocation
+		seq, ver, actu pgtype.Int8 // scanned without allocation
 	)
-	// [16]byte, not uuid.UUID: see sendBatch.
-	err := c.s.pool.QueryRow(ctx, c.s.q.appendOne, p.args.stream, expected, [16]byte(e.id), e.typ, e.data, e.meta, p.args.callerIDs).
+	// pgtype.UUID, not uuid.UUID: pgx encodes a uuid.UUID through its
+	// driver.Valuer (a string, parsed again); nor [16]byte, which pgx can
+	// encode only knowing the parameter's type, that is, not in
+	// QueryExecModeExec or QueryExecModeSimpleProtocol.
+	var data, meta any = e.data, e.meta // as they are: no copy into a string
+	if c.untyped {
+		data, meta = string(e.data), nil
+		if e.meta != nil {
+			meta = string(e.meta)
+		}
+	}
+	err := c.s.pool.QueryRow(ctx, c.s.q.appendOne, p.args.stream, expected, pgtype.UUID{Bytes: e.id, Valid: true}, e.typ, data, meta, p.args.callerIDs).
 		Scan(&status, &seq, &ver, &actu)
 	if err != nil {
 		return translate(err, "", Any)
@@ -410,86 +431,36 @@ func (c *committer) sendGroup(ctx context.Context, group []*pendingAppend) error
 // sendBatch sends one append_batch statement and distributes its rows.
 func (c *committer) sendBatch(ctx context.Context, group []*pendingAppend) error {
 	n := 0
+	check := false
+	byStream := make(map[string]*pendingAppend, len(group))
 	for _, p := range group {
 		n += p.args.count
-	}
-	var (
-		streams  = make([]string, len(group))
-		expected = make([]*int64, len(group))
-		index    = make([]int32, 0, n)
-		within   = make([]int32, 0, n)
-		// [16]byte, not uuid.UUID: pgx encodes a uuid.UUID through its
-		// driver.Valuer (a string, parsed again), which was a fifth of the
-		// client's CPU in appends of 100 events.
-		ids   = make([][16]byte, 0, n)
-		types = make([]string, 0, n)
-		// The payloads as they are ([]byte for text: no copy into a
-		// string); no metadata is nil, sent as NULL.
-		data     = make([][]byte, 0, n)
-		meta     = make([][]byte, 0, n)
-		check    = false
-		byStream = make(map[string]*pendingAppend, len(group))
-	)
-	for i, p := range group {
-		streams[i] = p.args.stream
-		if v, ok := p.args.expected.(int64); ok {
-			expected[i] = &v
-		}
 		check = check || p.args.callerIDs
 		byStream[p.args.stream] = p
 		p.res = AppendResult{StreamID: p.args.stream, Events: make([]AppendedEvent, 0, p.args.count)}
-		for j, e := range p.args.events {
-			index = append(index, int32(i+1))
-			within = append(within, int32(j+1))
-			ids = append(ids, [16]byte(e.id))
-			types = append(types, e.typ)
-			data = append(data, e.data)
-			meta = append(meta, e.meta)
-		}
 	}
-	rows, err := c.s.pool.Query(ctx, c.s.q.appendBatch, streams, expected, index, within, ids, types, data, meta, check)
-	if err != nil {
-		return translate(err, "", Any)
-	}
-	// Scanned into types that allocate nothing per row (a row per event):
-	// the stream's bytes as pgx holds them (valid until the next row; the
-	// map look-up converts without copying), the ID as pgtype.UUID (a
-	// uuid.UUID goes through its sql.Scanner), the numbers as pgtype.Int8.
-	var (
-		stream         pgtype.DriverBytes
-		status         int16
-		id             pgtype.UUID // NULL in the rows of refused appends
-		seq, ver, actu pgtype.Int8
-	)
-	for rows.Next() {
-		if err := rows.Scan(&stream, &status, &id, &seq, &ver, &actu); err != nil {
-			rows.Close()
-			return errors.Wrap(err, "eventstore: read append_batch result")
-		}
-		p := byStream[string(stream)]
+	row := func(r *batchRow) error {
+		p := byStream[string(r.stream)]
 		if p == nil {
-			rows.Close()
-			return errors.Newf("eventstore: append_batch answered for stream %q, which the group does not hold", string(stream))
+			return errors.Newf("eventstore: append_batch answered for stream %q, which the group does not hold", string(r.stream))
 		}
-		if status == 0 || status == 3 {
-			if !seq.Valid || !ver.Valid || !id.Valid {
-				rows.Close()
+		if r.status == 0 || r.status == 3 {
+			if !r.seq.Valid || !r.ver.Valid || !r.id.Valid {
 				return errors.New("eventstore: append_batch returned an event without its ID or position")
 			}
-			p.res.Events = append(p.res.Events, AppendedEvent{ID: id.Bytes, GlobalSequence: seq.Int64, StreamVersion: ver.Int64})
-			continue
+			p.res.Events = append(p.res.Events, AppendedEvent{ID: r.id.Bytes, GlobalSequence: r.seq.Int64, StreamVersion: r.ver.Int64})
+			return nil
 		}
 		var actual *int64
-		if actu.Valid {
-			actual = &actu.Int64
+		if r.actu.Valid {
+			actual = &r.actu.Int64
 		}
-		if p.err, err = appendRefused(p.args.stream, p.args.exp, status, actual); err != nil {
-			rows.Close()
-			return err
-		}
+		var err error
+		p.err, err = appendRefused(p.args.stream, p.args.exp, r.status, actual)
+		return err
 	}
-	if err := rows.Err(); err != nil {
-		return translate(err, "", Any)
+	if err := c.execBatch(ctx, encodeBatch(group, n, check), row); err != nil {
+		return err
 	}
 	for _, p := range group {
 		if p.err != nil {

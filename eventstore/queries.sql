@@ -2,7 +2,7 @@
 
 -- name: Append
 SELECT event_id, global_sequence, stream_version
-  FROM {{.Schema}}.append_events($1, $2, $3);
+  FROM {{.Schema}}.append_events($1, $2, $3::jsonb);
 
 -- name: AppendBatch
 SELECT stream_id, status, event_id, global_sequence, stream_version, actual_version

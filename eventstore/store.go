@@ -161,7 +161,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		return nil, err
 	}
 	if !gc.Disabled {
-		s.group = &committer{s: s, cfg: gc}
+		s.group = newCommitter(s, gc)
 	}
 	if s.clock = c.Clock; s.clock == nil {
 		s.clock = time.Now
