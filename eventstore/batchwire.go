@@ -197,11 +197,15 @@ type batchRow struct {
 }
 
 // execBatch runs append_batch with the binary arguments and calls row for
-// each result row. It prepares the statement on the connection (once: pgx
-// keeps it under its SQL, as its statement cache would) unless the pool
-// describes statements without keeping them (QueryExecModeExec, ...), where
-// it sends the statement unnamed, with the parameter types: one round trip
-// either way. That includes QueryExecModeSimpleProtocol: pgx cannot render
+// each result row. In QueryExecModeCacheStatement (pgx's default) it prepares
+// the statement on the connection (once: pgx keeps it under its SQL, as its
+// statement cache would); in every other mode it sends the statement
+// unnamed, with the parameter types: one round trip either way. Those modes
+// keep no named statement on the server: QueryExecModeCacheDescribe is the
+// one pgx offers for poolers in transaction mode without prepared-statement
+// support, where a statement prepared in one transaction may be missing (or
+// another client's) on the server connection of the next. That includes
+// QueryExecModeSimpleProtocol: pgx cannot render
 // these arrays into a statement's text, and the unnamed statement of the
 // extended protocol is what poolers in transaction mode (the usual reason
 // for that mode) handle. A prepared statement the server no longer has (DEALLOCATE
@@ -214,15 +218,11 @@ func (c *committer) execBatch(ctx context.Context, params [][]byte, row func(*ba
 		return translate(err, "", Any)
 	}
 	defer conn.Release()
-	prepare := false
-	switch conn.Conn().Config().DefaultQueryExecMode {
-	case pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe:
-		prepare = true
-	}
+	prepare := c.prepare
 	for attempt := 0; ; attempt++ {
 		read, err := c.execBatchOnce(ctx, conn.Conn(), prepare, params, row)
 		var pgErr *pgconn.PgError
-		if prepare && read == 0 && errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "0A000") {
+		if prepare && read == 0 && errors.As(err, &pgErr) && (pgErr.Code == "26000" || (pgErr.Code == "0A000" && pgErr.Message == "cached plan must not change result type")) {
 			// Forget it here too (the server's Close of a statement it
 			// does not have is no error).
 			if derr := conn.Conn().Deallocate(ctx, c.s.q.appendBatch); derr == nil && attempt == 0 {

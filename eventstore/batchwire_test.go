@@ -34,9 +34,10 @@ func poolWithMode(t *testing.T, db *annalstest.DB, mode pgx.QueryExecMode, maxCo
 
 // Appends that go through append_batch (more than one event, or several
 // appends in a group) have the same outcomes whichever way the pool sends
-// statements: prepared and kept (the default, and CacheDescribe), unnamed
-// with the parameter types (DescribeExec, Exec), or with the arguments in
-// the statement's text (SimpleProtocol, through pgx's own encoding). Each
+// statements: prepared and kept (the default), or unnamed with the
+// parameter types (CacheDescribe, DescribeExec, Exec, and SimpleProtocol,
+// whose lone appends and appends without group commit go through pgx's own
+// encoding with the arguments in the statement's text). Each
 // case covers what the binary encoding and decoding must get right: NULL
 // and present metadata, an expected version of "any" (NULL) beside exact
 // ones, a refused append and its actual version, a stored re-append
@@ -208,6 +209,41 @@ func TestAppendBatchAfterDeallocateAll(t *testing.T) {
 	}
 	if n := prepared(); n != 1 {
 		t.Fatalf("%d append_batch statements prepared after the retry, want 1", n)
+	}
+}
+
+// Only QueryExecModeCacheStatement keeps append_batch prepared on the
+// server. The other modes exist for poolers in transaction mode, where a
+// statement prepared in one transaction may be gone, or another client's, on
+// the server connection of the next: CacheDescribe included, they send it
+// unnamed.
+func TestAppendBatchPreparedOnlyWhenCaching(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	modes := map[pgx.QueryExecMode]int{pgx.QueryExecModeCacheStatement: 1, pgx.QueryExecModeCacheDescribe: 0,
+		pgx.QueryExecModeDescribeExec: 0, pgx.QueryExecModeExec: 0, pgx.QueryExecModeSimpleProtocol: 0}
+	for mode, want := range modes {
+		pool := poolWithMode(t, db, mode, 1)
+		store, err := eventstore.New(pool, &eventstore.Config{Schema: db.Schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stream := "prepared-" + mode.String()
+		for k := range 2 {
+			evs := []eventstore.EventData{{Type: "t.batchwire", Data: map[string]int{"n": 1}}, {Type: "t.batchwire", Data: map[string]int{"n": 2}}}
+			if _, err := store.Append(ctx, stream, eventstore.Exact(int64(2*k)), evs...); err != nil {
+				t.Fatalf("%s: append %d: %v", mode, k, err)
+			}
+		}
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%append_batch(%'`,
+			pgx.QueryExecModeSimpleProtocol).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != want {
+			t.Errorf("%s: %d append_batch statements prepared on the connection, want %d", mode, n, want)
+		}
 	}
 }
 

@@ -109,12 +109,18 @@ type committer struct {
 	// parameters' types (QueryExecModeExec, QueryExecModeSimpleProtocol):
 	// pgx then picks a type from the Go value, and []byte would go as bytea.
 	untyped bool
+	// prepare is set when the pool caches prepared statements
+	// (QueryExecModeCacheStatement): append_batch is then prepared on each
+	// connection, and sent unnamed otherwise (see execBatch).
+	prepare bool
 }
 
 // newCommitter returns the committer of s.
 func newCommitter(s *Store, cfg GroupCommit) *committer {
 	mode := s.pool.Config().ConnConfig.DefaultQueryExecMode
-	return &committer{s: s, cfg: cfg, untyped: mode == pgx.QueryExecModeExec || mode == pgx.QueryExecModeSimpleProtocol}
+	return &committer{s: s, cfg: cfg,
+		untyped: mode == pgx.QueryExecModeExec || mode == pgx.QueryExecModeSimpleProtocol,
+		prepare: mode == pgx.QueryExecModeCacheStatement}
 }
 
 // lingerBackoff is how many groups go without lingering after lingers that
