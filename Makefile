@@ -34,17 +34,22 @@ vet:
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	cd annalstest/pgcontainer && $(GO) vet ./...
+	cd bench/peers && $(GO) vet ./...
 
 # annalstest/pgcontainer is a module of its own (it keeps testcontainers and
 # the Docker client out of the library's go.mod); its tests need no cluster.
+# bench/peers is one too (watermill-sql stays out of the library's go.mod);
+# its smoke test runs every contender and workload of `make bench-peers` for
+# a moment (about 25 s), so that the peer benchmark keeps working.
 test: vet
 	@$(MAKE) --no-print-directory chromium
 	cd annalstest/pgcontainer && $(GO) test $(TEST_FLAGS) ./...
 ifdef ANNALS_TEST_DATABASE_URL
 	$(GO) test $(TEST_FLAGS) ./...
+	cd bench/peers && $(GO) test $(TEST_FLAGS) ./...
 else
 	@$(MAKE) --no-print-directory postgres
-	$(ANNALS) dev --fsync=false -- $(GO) test $(TEST_FLAGS) ./...
+	$(ANNALS) dev --fsync=false -- sh -c '$(GO) test $(TEST_FLAGS) ./... && cd bench/peers && $(GO) test $(TEST_FLAGS) ./...'
 endif
 
 # demo: annals end to end on a throwaway cluster (or on DATABASE_URL, if set):
