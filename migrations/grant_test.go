@@ -3,6 +3,8 @@ package migrations_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -670,5 +672,37 @@ func TestSearchPathIsPinned(t *testing.T) {
 	}
 	if !forged() {
 		t.Error("control: without the pinned search_path the forgery did not happen either; the test proves nothing")
+	}
+}
+
+// The sample of `annals grant writer orders_app --print` in
+// docs/operations.md is what GrantSQL returns, and the count the command
+// prints after it is the number of those statements: the page operators
+// copy privileges from does not fall behind the grants.
+func TestGrantSampleInOperationsDoc(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const printed, apply = "$ annals grant writer orders_app --print\n", "$ annals grant writer orders_app\n"
+	text := string(doc)
+	start := strings.Index(text, printed)
+	if start < 0 {
+		t.Fatalf("docs/operations.md has no %q", strings.TrimSpace(printed))
+	}
+	sample, rest, ok := strings.Cut(text[start+len(printed):], apply)
+	if !ok {
+		t.Fatalf("docs/operations.md: no %q after the sample", strings.TrimSpace(apply))
+	}
+	want, err := migrations.GrantSQL("orders_app", migrations.Writer, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Split(strings.TrimSpace(sample), "\n"); !slices.Equal(got, want) {
+		t.Errorf("docs/operations.md shows\n%s\nGrantSQL returns\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if line, _, _ := strings.Cut(rest, "\n"); line != fmt.Sprintf("granted writer to orders_app (%d statements)", len(want)) {
+		t.Errorf("docs/operations.md: %q after the sample, want the count of %d statements", line, len(want))
 	}
 }

@@ -49,8 +49,10 @@
 //     (observers' default) moves on, Stop halts the partition. Operators act
 //     with package deadletter or annals dlq; released entries are
 //     re-delivered by the live leader, in order.
-//   - Telemetry: a span per handler call, linked to the append that produced
-//     the event, and the metrics listed in internal/telemetry.
+//   - Telemetry: a span per batch ("annals.batch"); with Config.HandlerSpans
+//     also one per handler call, linked to the append that produced the
+//     event (with Config.HandlerSpanParent, a child of it); and the metrics
+//     listed in internal/telemetry.
 //
 // # Read-model setup
 //

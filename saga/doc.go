@@ -24,7 +24,8 @@
 // Register adds the saga to a projection.Runner as a transactional
 // projection (subscriber name = saga name), so it gets the runner's leader
 // election, fencing, retries and dead letters. For each event, inside the
-// batch transaction the runner opened on the leader's lock connection:
+// batch transaction the runner opened on a pool connection (catchup
+// Lease.Do; the leader's lock session only holds the lock):
 //
 //  1. Correlate routes the event to an instance ID (or skips it).
 //  2. The instance's row in saga_states (saga, correlation_id) is loaded:
