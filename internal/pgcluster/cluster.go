@@ -316,7 +316,7 @@ func (c *Cluster) waitReady(ctx context.Context, p *process) error {
 		attemptCtx, cancel := context.WithTimeout(procCtx, 2*time.Second)
 		conn, err := pgx.Connect(attemptCtx, c.URL())
 		if err == nil {
-			err = conn.Ping(attemptCtx)
+			err = c.isOurs(attemptCtx, conn)
 			_ = conn.Close(attemptCtx)
 		}
 		cancel()
@@ -336,6 +336,32 @@ func (c *Cluster) waitReady(ctx context.Context, p *process) error {
 		}
 		delay = min(delay*2, 100*time.Millisecond)
 	}
+}
+
+// isOurs reports, as an error, when the server conn reached is not the one
+// in c's data directory: another server listening on the port answers
+// before this one has failed to bind it (it then exits, and the startup
+// fails with errAddrInUse instead of handing out someone else's server).
+func (c *Cluster) isOurs(ctx context.Context, conn *pgx.Conn) error {
+	var dir string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('data_directory')").Scan(&dir); err != nil {
+		return errors.Wrap(err, "read the server's data directory")
+	}
+	if sameDir(dir, c.dataDir) {
+		return nil
+	}
+	return errors.Newf("port %d is answered by another server (data directory %s)", c.port, dir)
+}
+
+// sameDir reports whether a and b name the same directory, following
+// symbolic links (a temporary directory may be reached through one).
+func sameDir(a, b string) bool {
+	if a == b {
+		return true
+	}
+	ra, errA := filepath.EvalSymlinks(a)
+	rb, errB := filepath.EvalSymlinks(b)
+	return errA == nil && errB == nil && ra == rb
 }
 
 // URL returns the connection URL of the server's "postgres" database, as

@@ -253,3 +253,15 @@ func TestStartPortTaken(t *testing.T) {
 		t.Fatalf("Start on a taken port = %v, want errAddrInUse", err)
 	}
 }
+
+// A port on which another PostgreSQL answers is taken too: the startup
+// fails with errAddrInUse when the new server cannot bind it, instead of
+// reporting the other server, which answers first, as ready.
+func TestStartPortTakenByAnotherServer(t *testing.T) {
+	t.Parallel()
+	other := startCluster(t, nil)
+	_, err := Start(t.Context(), &Options{Port: other.Port()})
+	if !errors.Is(err, errAddrInUse) {
+		t.Fatalf("Start on the port of a running cluster = %v, want errAddrInUse", err)
+	}
+}
