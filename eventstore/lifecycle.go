@@ -225,7 +225,9 @@ func newLifecycleQueries(schema string) (lifecycleQueries, error) {
 // hard delete every append fails with ErrStreamTombstoned. Deleting a
 // deleted stream again fails with ErrStreamDeleted, unless the new delete
 // is hard. The events stay in the log (ReadAll and subscriptions see them)
-// until the scavenger removes them.
+// until the scavenger removes them. A metadata stream (MetadataStream, "$$"
+// and a stream ID) cannot be deleted: the call fails with an
+// *InvalidEventError (field stream_id).
 func (s *Store) DeleteStream(ctx context.Context, streamID string, expected ExpectedVersion, opts *DeleteOptions) (AppendResult, error) {
 	return s.deleteStream(ctx, s.pool, streamID, expected, opts)
 }
@@ -245,6 +247,10 @@ func (s *Store) deleteStream(ctx context.Context, q querier, streamID string, ex
 	}
 	if err := checkName(0, "stream_id", streamID, MaxStreamIDBytes); err != nil {
 		return AppendResult{}, err
+	}
+	if strings.HasPrefix(streamID, "$$") {
+		return AppendResult{}, &InvalidEventError{Field: "stream_id",
+			Reason: "is a metadata stream, kept by annals (SetStreamRetention appends to it); delete the stream it describes instead"}
 	}
 	if expected == NoStream {
 		return AppendResult{}, &InvalidEventError{Field: "expected_version", Reason: "is NoStream; a delete needs a stream"}

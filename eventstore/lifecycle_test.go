@@ -272,3 +272,46 @@ func TestDeleteStreamInline(t *testing.T) {
 		t.Fatalf("the inline projection saw %d events, want 2 (the refused appends rolled back)", c.n)
 	}
 }
+
+// Metadata streams ("$$" + a stream ID, where SetStreamRetention records
+// its changes) cannot be deleted, through the client or the SQL function,
+// and a refused delete changes nothing: retention changes keep landing in
+// the metadata stream, which stays readable.
+func TestMetadataStreamsCannotBeDeleted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil)
+	if _, err := b.store.Append(ctx, "o-1", eventstore.NoStream, placed("1")); err != nil {
+		t.Fatal(err)
+	}
+	five, seven := int64(5), int64(7)
+	if _, err := b.store.SetStreamRetention(ctx, "o-1", eventstore.RetentionChange{MaxCount: &five}); err != nil {
+		t.Fatal(err)
+	}
+	meta := eventstore.MetadataStream("o-1")
+	for _, hard := range []bool{false, true} {
+		_, err := b.store.DeleteStream(ctx, meta, eventstore.Any, &eventstore.DeleteOptions{Hard: hard})
+		var bad *eventstore.InvalidEventError
+		if !errors.As(err, &bad) || bad.Field != "stream_id" {
+			t.Fatalf("DeleteStream(%q, hard %v) = %v, want an *InvalidEventError on stream_id", meta, hard, err)
+		}
+		_, err = b.db.Pool.Exec(ctx, `SELECT * FROM annals.delete_stream($1, NULL, $2)`, meta, hard)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "AN002" || pgErr.Detail != `{"event": 0, "field": "stream_id"}` {
+			t.Fatalf("delete_stream(%q, hard %v) = %v, want AN002 on stream_id", meta, hard, err)
+		}
+	}
+	if _, err := b.store.SetStreamRetention(ctx, "o-1", eventstore.RetentionChange{MaxCount: &seven}); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	for _, err := range b.store.ReadStream(ctx, meta, 1) {
+		if err != nil {
+			t.Fatalf("reading %s: %v", meta, err)
+		}
+		n++
+	}
+	if n != 2 {
+		t.Fatalf("%s holds %d events, want the 2 retention changes", meta, n)
+	}
+}
