@@ -66,9 +66,14 @@ type Config struct {
 	// Inline lists projections applied in the transaction of each append
 	// that carries one of their event types, so that their read model is
 	// never behind the writer (eventstore.Config.Inline; a typed
-	// projection.Projection fits as is). Register the same projection with
-	// AddProjection under another name too when it must be rebuildable from
-	// the log. Added to Store.Inline.
+	// projection.Projection fits as is). Start, Run and RunUntilCaughtUp set
+	// up their read models (projection.Setupper, e.g. OnSetup) as they do
+	// the runner's. Do not also register them with AddProjection: the runner
+	// would apply every event a second time. To rebuild one from the log,
+	// register it with a projection.Runner that is not run and call its
+	// Rebuild while appends of its event types are paused
+	// (docs/architecture.md, "Inline projections").
+	// Added to Store.Inline.
 	Inline []eventstore.InlineProjection
 
 	// Store configures the event store further (page size, event size
@@ -94,6 +99,9 @@ type Client struct {
 	store  *eventstore.Store
 	runner *projection.Runner
 	sched  *scheduler.Scheduler
+	// inline is the store's inline projections (Config.Store.Inline and
+	// Config.Inline): their read models are set up with the runner's.
+	inline []eventstore.InlineProjection
 
 	mu    sync.Mutex
 	tasks []scheduler.Task
@@ -192,7 +200,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if err := runner.AddService(schedulerService, sched); err != nil {
 		return nil, err
 	}
-	return &Client{pool: pool, cfg: c, store: store, runner: runner, sched: sched}, nil
+	return &Client{pool: pool, cfg: c, store: store, runner: runner, sched: sched, inline: sc.Inline}, nil
 }
 
 // schedulerService is the runner service name of the scheduler's
@@ -245,8 +253,9 @@ func (c *Client) ReadStream(ctx context.Context, streamID string, fromVersion in
 	return c.store.ReadStream(ctx, streamID, fromVersion)
 }
 
-// ReadAll reads the whole log after a position, in commit order; see
-// eventstore.Store.ReadAll.
+// ReadAll reads the log from position from on (that position included), in
+// commit order; see eventstore.Store.ReadAll. To resume after the last
+// event seen, pass its GlobalSequence + 1.
 func (c *Client) ReadAll(ctx context.Context, from int64) iter.Seq2[eventstore.Event, error] {
 	return c.store.ReadAll(ctx, from)
 }
@@ -289,11 +298,40 @@ func (c *Client) prepare(ctx context.Context) error {
 			return err
 		}
 	}
-	return c.runner.Setup(ctx)
+	if err := c.runner.Setup(ctx); err != nil {
+		return err
+	}
+	return c.setupInline(ctx)
+}
+
+// setupInline sets up the read model of every inline projection that has a
+// setup (projection.Setupper with a version), each in a transaction of its
+// own, once per version per database (projection.EnsureSetup), as the
+// runner does for its projections: an append that carries their event
+// types finds their tables.
+func (c *Client) setupInline(ctx context.Context) error {
+	for _, p := range c.inline {
+		s, ok := p.(projection.Setupper)
+		if !ok || s.SetupVersion() <= 0 {
+			continue
+		}
+		err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+			ran, err := projection.EnsureSetup(ctx, tx, c.cfg.Schema, p.Name(), s, c.runner.InstanceID())
+			if ran {
+				c.cfg.Logger.InfoContext(ctx, "annals: inline read model set up", "projection", p.Name(), "version", s.SetupVersion())
+			}
+			return err
+		})
+		if err != nil {
+			return errors.Wrap(err, "annals: inline projection setup")
+		}
+	}
+	return nil
 }
 
 // Start migrates the schema (unless Config.SkipMigrations), stores the cron
-// tasks, sets up every projection's read model (so that reads work when it
+// tasks, sets up every projection's read model, the inline ones' included
+// (so that reads and inline appends work when it
 // returns), and starts the runner in the background: every registered
 // subscriber catches up from its checkpoint and follows the log, and the
 // scheduler's dispatcher fires timers and cron ticks. ctx bounds the start
@@ -347,6 +385,12 @@ func (c *Client) Stop(ctx context.Context) error {
 		c.run = nil
 	}
 	c.mu.Unlock()
+	// The run's context is cancelled only here: a run that ends with its
+	// cancellation (a Stop while the runner was still setting up, before it
+	// could stop gracefully) was stopped, it did not fail.
+	if errors.Is(r.err, context.Canceled) {
+		return nil
+	}
 	return r.err
 }
 

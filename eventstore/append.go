@@ -176,6 +176,9 @@ func (b *Batch) Append(streamID string, expected ExpectedVersion, events ...Even
 // If fn returns an error, or any append fails, the transaction rolls back
 // and nothing of it is kept. The results are in staging order.
 func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx, b *Batch) error) (results []AppendResult, err error) {
+	if fn == nil {
+		return nil, errors.New("eventstore: Transact: fn is nil")
+	}
 	ctx, span := s.tel.Tracer.Start(ctx, "annals.transact", trace.WithSpanKind(trace.SpanKindProducer))
 	start := time.Now()
 	defer func() {

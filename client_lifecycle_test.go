@@ -1,0 +1,83 @@
+package annals_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals"
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/projection"
+)
+
+// An inline projection's read model is set up by Start like the runner's
+// projections: the first append that carries its event types finds its
+// table. Before, nothing ran its OnSetup and every such append failed with
+// "relation does not exist". A second client finds the setup recorded and
+// does not run it again (its CREATE TABLE would fail).
+func TestClientSetsUpInlineProjections(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := annalstest.NewDB(t, nil)
+	reg := eventstore.NewRegistry()
+	eventstore.MustRegister[clDeposited](reg, "cl.deposited")
+	p := projection.New("cl.inline_balances", reg)
+	p.OnSetup(1, projection.Statements(`CREATE TABLE cl_inline_balances (account text PRIMARY KEY, amount bigint NOT NULL)`))
+	projection.On(p, func(ctx context.Context, tx pgx.Tx, e eventstore.Envelope[clDeposited]) error {
+		_, err := tx.Exec(ctx, `INSERT INTO cl_inline_balances VALUES ($1, $2)
+			ON CONFLICT (account) DO UPDATE SET amount = cl_inline_balances.amount + $2`, e.StreamID, e.Data.Amount)
+		return err
+	})
+	for i := range 2 {
+		c, err := annals.New(db.Pool, &annals.Config{Registry: reg, Inline: []eventstore.InlineProjection{p}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(ctx); err != nil {
+			t.Fatalf("start %d: %v", i, err)
+		}
+		if _, err := c.Append(ctx, "acct-1", eventstore.Any, eventstore.NewEvent(clDeposited{Amount: 10})); err != nil {
+			t.Fatalf("start %d: inline append: %v", i, err)
+		}
+		if err := c.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var amount int64
+	if err := db.Pool.QueryRow(ctx, `SELECT amount FROM cl_inline_balances WHERE account = 'acct-1'`).Scan(&amount); err != nil || amount != 20 {
+		t.Fatalf("inline read model: amount %d (%v), want 20", amount, err)
+	}
+}
+
+// Stop right after Start ends the run while the runner is still setting
+// up: that is a stop, not a failure, and Stop returns nil (it returned
+// "projection: setup: context canceled" or "register the instance: context
+// canceled" every time without a pause in between).
+func TestClientStopRightAfterStart(t *testing.T) {
+	t.Parallel()
+	b := setupClient(t)
+	ctx := t.Context()
+	for i := range 5 {
+		if err := b.client.Start(ctx); err != nil {
+			t.Fatalf("start %d: %v", i, err)
+		}
+		stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := b.client.Stop(stopCtx)
+		cancel()
+		if err != nil {
+			t.Fatalf("stop %d right after start: %v", i, err)
+		}
+	}
+}
+
+// Transact with a nil fn is bad input: an error, not a panic.
+func TestClientTransactNilFn(t *testing.T) {
+	t.Parallel()
+	b := setupClient(t)
+	if _, err := b.client.Transact(t.Context(), nil); err == nil {
+		t.Fatal("Transact(ctx, nil) succeeded")
+	}
+}
