@@ -14,14 +14,17 @@ import (
 
 func (e *env) appendCommand() *cobra.Command {
 	var expected, metadata, eventID string
+	var format *string
 	cmd := &cobra.Command{
 		Use:   "append STREAM TYPE JSON",
 		Short: "Append one event to a stream",
 		Long: `Append one event of type TYPE with data JSON (an object or array) to STREAM.
 --expected-version is any (default), no-stream (or 0), stream-exists (or -1), or a version N >= 1.
-Prints the event's ID, position and stream version.`,
-		Example: `  annals append order-42 order.placed '{"total": 100}' --expected-version no-stream`,
-		Args:    cobra.ExactArgs(3),
+Prints the event's ID, position and stream version; --output json writes one object:
+{"stream_id", "stream_version", "events": [{"event_id", "global_sequence", "stream_version"}]}.`,
+		Example: `  annals append order-42 order.placed '{"total": 100}' --expected-version no-stream
+  annals append order-42 order.shipped '{}' --output json`,
+		Args: cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			exp, err := parseExpected(expected)
 			if err != nil {
@@ -43,6 +46,9 @@ Prints the event's ID, position and stream version.`,
 				if ev.ID, err = uuid.Parse(eventID); err != nil {
 					return usagef("--event-id is not a UUID: %v", err)
 				}
+				if ev.ID == uuid.Nil {
+					return usagef("--event-id must not be the nil UUID (omit --event-id for a generated one)")
+				}
 			}
 			pool, err := e.connect(cmd.Context())
 			if err != nil {
@@ -57,6 +63,13 @@ Prints the event's ID, position and stream version.`,
 			if err != nil {
 				return err
 			}
+			if *format == outputJSON {
+				out := AppendJSON{StreamID: res.StreamID, StreamVersion: res.StreamVersion, Events: []AppendedEventJSON{}}
+				for _, a := range res.Events {
+					out.Events = append(out.Events, AppendedEventJSON{EventID: a.ID.String(), GlobalSequence: a.GlobalSequence, StreamVersion: a.StreamVersion})
+				}
+				return writeJSON(e.stdout, out)
+			}
 			a := res.Events[0]
 			_, err = fmt.Fprintf(e.stdout, "appended %s to %s at version %d, position %d\n", a.ID, res.StreamID, a.StreamVersion, a.GlobalSequence)
 			return err
@@ -65,7 +78,25 @@ Prints the event's ID, position and stream version.`,
 	cmd.Flags().StringVar(&expected, "expected-version", "any", "any, no-stream (0), stream-exists (-1) or a version N")
 	cmd.Flags().StringVar(&metadata, "metadata", "", "metadata as a JSON object")
 	cmd.Flags().StringVar(&eventID, "event-id", "", "event ID (UUID); re-appending the same event with it is a no-op (default: generated)")
+	format = addOutputFlag(cmd, false, outputText, outputJSON)
 	return cmd
+}
+
+// AppendJSON is the output of `annals append --output json`.
+type AppendJSON struct {
+	StreamID string `json:"stream_id"`
+	// StreamVersion is the stream's version after the append (for a
+	// re-append of stored events, the stored version of the last one).
+	StreamVersion int64 `json:"stream_version"`
+	// Events are the appended events, in order.
+	Events []AppendedEventJSON `json:"events"`
+}
+
+// AppendedEventJSON is one appended event in AppendJSON.
+type AppendedEventJSON struct {
+	EventID        string `json:"event_id"`
+	GlobalSequence int64  `json:"global_sequence"`
+	StreamVersion  int64  `json:"stream_version"`
 }
 
 func parseExpected(s string) (eventstore.ExpectedVersion, error) {

@@ -21,6 +21,7 @@ func TestArchiveCommand(t *testing.T) {
 		{"archive"},
 		{"archive", "--before", "0"},
 		{"archive", "--before", "5", "--batch", "0"},
+		{"archive", "--before", "5", "--pause", "-1s"},
 		{"archive", "status", "--runs", "-1"},
 	} {
 		if r := annals(t, db.URL, args...); r.code != ExitUsage {
@@ -49,6 +50,24 @@ func TestArchiveCommand(t *testing.T) {
 	// Everything but the newest event, in text.
 	if r = annals(t, db.URL, "archive", "--before", "100"); r.code != 0 || !strings.Contains(r.stdout, "done: 3 events moved; positions below 12 are archived") {
 		t.Fatalf("second archive: %+v", r)
+	}
+	// Nothing left to move: it says so and records no run (the status below
+	// still lists two).
+	if r = annals(t, db.URL, "archive", "--before", "3"); r.code != 0 ||
+		r.stdout != "nothing to archive below 3: the archive horizon is 12 already (every position below it is archived); no run recorded\n" {
+		t.Fatalf("archive below the horizon: %+v", r)
+	}
+	if r = annals(t, db.URL, "archive", "--before", "100"); r.code != 0 || !strings.HasPrefix(r.stdout, "nothing to archive below 100: ") {
+		t.Fatalf("archive with only the newest event left: %+v", r)
+	}
+	var none struct {
+		RunID  int64 `json:"run_id"`
+		Done   bool  `json:"done"`
+		Target int64 `json:"target_position"`
+	}
+	if r = annals(t, db.URL, "archive", "--before", "3", "--output", "json"); r.code != 0 || json.Unmarshal([]byte(r.stdout), &none) != nil ||
+		none.RunID != 0 || !none.Done || none.Target != 11 {
+		t.Fatalf("archive below the horizon, json: %+v", r)
 	}
 	r = annals(t, db.URL, "archive", "status", "--output", "json")
 	var st struct {

@@ -122,13 +122,18 @@ start a new subscriber somewhere other than the beginning).`,
 		Example: `  annals checkpoint set orders-view 0 --yes        # rebuild from the beginning
   annals checkpoint set mailer 1234 --partition 3`,
 		Args: cobra.ExactArgs(2),
+		// "-1" reaches the flag parser first, as shorthand flags.
+		Annotations: map[string]string{negativeArgAnnotation: negativePosition},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sub := args[0]
 			if err := validSubscriber(sub, partition); err != nil {
 				return err
 			}
 			position, err := strconv.ParseInt(args[1], 10, 64)
-			if err != nil || position < 0 {
+			if err == nil && position < 0 {
+				return usagef(negativePosition, args[1])
+			}
+			if err != nil {
 				return usagef("POSITION %q: want a non-negative integer", args[1])
 			}
 			store, err := checkpoint.New(e.schema)
@@ -206,6 +211,9 @@ start a new subscriber somewhere other than the beginning).`,
 	cmd.Flags().BoolVar(&create, "create", false, "create the checkpoint if the subscriber partition has none")
 	return cmd
 }
+
+// negativePosition is the message for a negative POSITION of checkpoint set.
+const negativePosition = "POSITION %s: a position must not be negative (0 is before the first event; no '--' is needed before a position)"
 
 func validSubscriber(sub string, partition int) error {
 	if sub == "" {

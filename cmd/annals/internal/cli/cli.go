@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/cockroachdb/errors"
@@ -106,8 +107,14 @@ type exitError struct{ code int }
 
 func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
+// oneLine is err's message on one line, without a leading "annals: " (some
+// errors of the library start with it; run prints it once, before them all).
 func oneLine(err error) string {
-	return strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", " ")
+	msg := strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", " ")
+	for strings.HasPrefix(msg, "annals: ") {
+		msg = strings.TrimPrefix(msg, "annals: ")
+	}
+	return msg
 }
 
 func (e *env) rootCommand() *cobra.Command {
@@ -135,7 +142,7 @@ func (e *env) rootCommand() *cobra.Command {
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.PersistentFlags().StringVar(&e.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL)")
 	root.PersistentFlags().StringVar(&e.schema, "schema", schemaname.Default, "schema holding the annals tables")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(
 		e.migrateCommand(),
 		e.appendCommand(),
@@ -177,6 +184,40 @@ func (e *env) rootCommand() *cobra.Command {
 		wrapArgs(c)
 	}
 	return root
+}
+
+// negativeArgAnnotation, among a command's Annotations, is the message (a
+// format of the argument) for a negative number given as an argument, which
+// the flag parser takes for a group of unknown shorthand flags ("-1").
+const negativeArgAnnotation = "annals:negative-arg"
+
+// flagError makes a flag error a usage error, saying what is wrong with a
+// negative number given where the command has its negativeArgAnnotation.
+func flagError(c *cobra.Command, err error) error {
+	if format, ok := c.Annotations[negativeArgAnnotation]; ok {
+		if arg, ok := negativeNumber(err); ok {
+			return usagef(format, arg)
+		}
+	}
+	return usageError{err}
+}
+
+// negativeNumber returns the argument an unknown-shorthand-flag error names
+// when it is a negative number such as -1 or -2.5.
+func negativeNumber(err error) (string, bool) {
+	msg := err.Error()
+	i := strings.LastIndex(msg, " in -")
+	if !strings.HasPrefix(msg, "unknown shorthand flag: ") || i < 0 {
+		return "", false
+	}
+	arg := msg[i+len(" in "):]
+	if len(arg) < 2 || arg[1] < '0' || arg[1] > '9' {
+		return "", false
+	}
+	if _, err := strconv.ParseFloat(arg, 64); err != nil {
+		return "", false
+	}
+	return arg, true
 }
 
 // wrapArgs makes argument-count errors usage errors.

@@ -158,6 +158,54 @@ func TestCLIEndToEnd(t *testing.T) {
 	}
 }
 
+// annals append --output json prints the appended event's ID, position and
+// version; the nil UUID is no event ID (exit 2); reusing an ID for other
+// content fails (exit 1) with the message's prefix printed once.
+func TestAppendOutputAndEventID(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	const id = "0191d6a4-0000-7000-8000-0000000000aa"
+	if r := annals(t, db.URL, "append", "order-1", "order.placed", `{}`); r.code != 0 {
+		t.Fatalf("append: %+v", r)
+	}
+	r := annals(t, db.URL, "append", "order-1", "order.shipped", `{"n":1}`, "--event-id", id, "--output", "json")
+	var out AppendJSON
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &out) != nil {
+		t.Fatalf("append --output json: %+v", r)
+	}
+	want := AppendJSON{StreamID: "order-1", StreamVersion: 2, Events: []AppendedEventJSON{{EventID: id, GlobalSequence: 2, StreamVersion: 2}}}
+	if !reflect.DeepEqual(out, want) {
+		t.Fatalf("append --output json = %+v, want %+v", out, want)
+	}
+	for _, k := range []string{`"stream_id"`, `"stream_version"`, `"events"`, `"event_id"`, `"global_sequence"`} {
+		if !strings.Contains(r.stdout, k) {
+			t.Errorf("append --output json lacks %s: %s", k, r.stdout)
+		}
+	}
+	// The same event again is a no-op that prints the stored one.
+	if r2 := annals(t, db.URL, "append", "order-1", "order.shipped", `{"n":1}`, "--event-id", id, "--output", "json"); r2.code != 0 || r2.stdout != r.stdout {
+		t.Fatalf("idempotent append --output json: %+v, want %q", r2, r.stdout)
+	}
+	if r := annals(t, db.URL, "append", "order-1", "order.shipped", `{}`, "--output", "jsonl"); r.code != ExitUsage || !strings.Contains(r.stderr, "want text or json") {
+		t.Fatalf("append --output jsonl: %+v", r)
+	}
+
+	// Another event under the same ID.
+	r = annals(t, db.URL, "append", "order-1", "order.shipped", `{"n":2}`, "--event-id", id)
+	if r.code != ExitFailure || !strings.HasPrefix(r.stderr, "annals: some events") || strings.Contains(r.stderr, "annals: annals:") {
+		t.Fatalf("reused event ID: %+v", r)
+	}
+	for _, nilID := range []string{"00000000-0000-0000-0000-000000000000", "00000000000000000000000000000000"} {
+		r = annals(t, db.URL, "append", "order-1", "order.shipped", `{}`, "--event-id", nilID)
+		if r.code != ExitUsage || !strings.Contains(r.stderr, "nil UUID") {
+			t.Fatalf("--event-id %s: %+v", nilID, r)
+		}
+	}
+	if r := annals(t, db.URL, "read", "order-1", "--output", "jsonl"); r.code != 0 || strings.Count(r.stdout, "\n") != 2 {
+		t.Fatalf("the refused appends changed the stream: %+v", r)
+	}
+}
+
 func TestMigratePrint(t *testing.T) {
 	t.Parallel()
 	r := annals(t, "", "migrate", "--print", "--schema", `My "Schema"`)

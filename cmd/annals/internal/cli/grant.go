@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/cockroachdb/errors"
 	"github.com/spf13/cobra"
@@ -34,6 +35,13 @@ schema's owner (the role that ran 'annals migrate'); the role must exist (CREATE
 				return usageError{err}
 			}
 			role := args[1]
+			// Checked here: migrations reports it as an invalid role kind.
+			if role == "" {
+				return usagef("ROLE must not be empty: name an existing PostgreSQL role")
+			}
+			if strings.ContainsRune(role, 0) {
+				return usagef("ROLE %q must not contain a NUL byte", role)
+			}
 			cfg := &migrations.Config{Schema: e.schema}
 			if err := e.validSchema(); err != nil {
 				return err

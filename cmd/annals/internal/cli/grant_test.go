@@ -67,6 +67,12 @@ func TestGrantCommand(t *testing.T) {
 				t.Errorf("%v: exit %d, want 2: %s", args, r.code, r.stderr)
 			}
 		}
+		// An empty role name is the role's fault, not the kind's.
+		for _, args := range [][]string{{"grant", "writer", ""}, {"grant", "writer", "", "--print"}, {"grant", "reader", "a\x00b"}} {
+			if r := annals(t, "", args...); r.code != ExitUsage || !strings.HasPrefix(r.stderr, "annals: ROLE ") || strings.Contains(r.stderr, "kind") {
+				t.Errorf("%q: exit %d, want 2 about ROLE: %s", args, r.code, r.stderr)
+			}
+		}
 	})
 	t.Run("RolesAtWork", func(t *testing.T) {
 		t.Parallel()

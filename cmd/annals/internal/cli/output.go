@@ -28,6 +28,10 @@ type outputValue struct {
 	allowed []string
 	// legacy maps the old --format spellings (table) to --output values.
 	legacy bool
+	// given is what this flag was given (after mapping table to text),
+	// other what the other flag of the pair (--output, --format) was given:
+	// "" when not given. Both given and different is a flag error.
+	given, other *string
 }
 
 func (o *outputValue) String() string { return *o.value }
@@ -39,6 +43,16 @@ func (o *outputValue) Set(s string) error {
 	}
 	if !slices.Contains(o.allowed, s) {
 		return errors.Newf("want %s", orList(o.allowed))
+	}
+	if o.other != nil && *o.other != "" && *o.other != s {
+		flag := "--output"
+		if !o.legacy {
+			flag = "--format"
+		}
+		return errors.Newf("%s %s says otherwise (--format is the old name of --output: give one of them)", flag, *o.other)
+	}
+	if o.given != nil {
+		*o.given = s
 	}
 	*o.value = s
 	return nil
@@ -55,11 +69,13 @@ func orList(s []string) string {
 // addOutputFlag gives cmd the --output flag with the allowed formats (text
 // first, the default) and, when legacyFormat, the old --format flag as a
 // hidden, deprecated alias that writes the same value (table means text).
+// Both given with different values is a usage error.
 func addOutputFlag(cmd *cobra.Command, legacyFormat bool, allowed ...string) *string {
 	out := outputText
-	cmd.Flags().Var(&outputValue{value: &out, allowed: allowed}, "output", orList(allowed))
+	var output, format string
+	cmd.Flags().Var(&outputValue{value: &out, allowed: allowed, given: &output, other: &format}, "output", orList(allowed))
 	if legacyFormat {
-		cmd.Flags().Var(&outputValue{value: &out, allowed: allowed, legacy: true}, "format", "deprecated: use --output")
+		cmd.Flags().Var(&outputValue{value: &out, allowed: allowed, legacy: true, given: &format, other: &output}, "format", "deprecated: use --output")
 		_ = cmd.Flags().MarkHidden("format")
 	}
 	return &out

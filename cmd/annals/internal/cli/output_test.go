@@ -132,6 +132,25 @@ func TestOutput(t *testing.T) {
 		if r := annals(t, db.URL, "read", "--format", "xml"); r.code != ExitUsage || !strings.Contains(r.stderr, "want text, json or jsonl") {
 			t.Errorf("read --format xml: %+v", r)
 		}
+		// Both spellings given: they must agree.
+		for _, args := range [][]string{
+			{"read", "--format", "json", "--output", "jsonl"},
+			{"read", "--output", "jsonl", "--format", "json"},
+			{"read", "--format", "table", "--output", "json"},
+			{"tail", "--output", "jsonl", "--format", "text"},
+		} {
+			if r := annals(t, db.URL, args...); r.code != ExitUsage || r.stdout != "" || !strings.Contains(r.stderr, "says otherwise") {
+				t.Errorf("annals %q: %+v", args, r)
+			}
+		}
+		for _, args := range [][]string{
+			{"read", "--format", "table", "--output", "text"},
+			{"read", "--output", "jsonl", "--format", "jsonl"},
+		} {
+			if r := annals(t, db.URL, args...); r.code != ExitOK {
+				t.Errorf("annals %q: %+v", args, r)
+			}
+		}
 		if r := annals(t, db.URL, "read", "--help"); strings.Contains(r.stdout, "--format") {
 			t.Errorf("read --help shows the deprecated --format:\n%s", r.stdout)
 		}

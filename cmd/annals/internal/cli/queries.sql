@@ -75,3 +75,16 @@ SELECT position, epoch
   FROM {{.Schema}}.checkpoints
  WHERE subscriber_id = $1 AND partition = $2
    FOR UPDATE;
+
+-- name: PartitionCount
+-- How many partitions a subscriber has checkpoints for: one more than the
+-- highest partition number (0: none).
+SELECT coalesce(max(partition) + 1, 0) FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1;
+
+-- name: ArchivePlan
+-- What a new archive run would start from: the newest archived position
+-- (the horizon - 1), whether a run is open (interrupted: the next run
+-- finishes it), and the newest position of the hot events table (0: none).
+SELECT coalesce((SELECT max(archived_to) FROM {{.Schema}}.archive_runs), 0),
+       EXISTS (SELECT 1 FROM {{.Schema}}.archive_runs WHERE finished_at IS NULL),
+       (SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events);

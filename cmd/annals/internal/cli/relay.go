@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -64,6 +65,12 @@ up to the current head and exits, printing how far it got (--output text|json).`
 			}
 			if batch < 0 || duplicates < 0 || maxAge < 0 || ackTimeout < 0 {
 				return usagef("--batch-size, --duplicates, --max-age and --ack-timeout must not be negative")
+			}
+			// Before connecting: the relay would put its defaults in place
+			// of empty values (an empty --name would lead, and fence, the
+			// relay named "relay").
+			if err := validRelayFlags(natsURL, name, prefix, subject, stream); err != nil {
+				return err
 			}
 			pool, err := e.connect(cmd.Context())
 			if err != nil {
@@ -135,4 +142,28 @@ up to the current head and exits, printing how far it got (--output text|json).`
 	f.BoolVar(&once, "once", false, "publish up to the current head, then exit")
 	format = addOutputFlag(cmd, false, outputText, outputJSON)
 	return cmd
+}
+
+// validRelayFlags checks what relay nats can check of its flags before it
+// connects to anything; relay.New checks the rest of the subject template,
+// still before the relay takes its lock.
+func validRelayFlags(natsURL, name, prefix, subject, stream string) error {
+	if strings.TrimSpace(natsURL) == "" {
+		return usagef("--nats-url must not be empty")
+	}
+	if strings.TrimSpace(name) == "" {
+		return usagef("--name must not be empty: it is the relay's subscriber name")
+	}
+	for _, tok := range strings.Split(prefix, ".") {
+		if tok == "" || tok != relay.EscapeToken(tok) {
+			return usagef("--prefix %q: want dot-separated tokens of letters, digits, - and _", prefix)
+		}
+	}
+	if subject == "" {
+		return usagef("--subject must not be empty")
+	}
+	if stream == "" || strings.ContainsAny(stream, " \t\r\n.*>/\\") {
+		return usagef("--stream %q: want a JetStream stream name (not empty; no whitespace, '.', '*', '>', '/' or '\\')", stream)
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
@@ -60,6 +61,40 @@ func TestRelayNATS(t *testing.T) {
 		t.Fatalf("message 2: %v, %v", m, err)
 	}
 
+	// Arguments that cannot work exit 2 before the relay connects or
+	// takes a lock: an empty --name does not lead (and fence) the relay
+	// named "relay", whose defaults would take its place.
+	epoch := func() int64 {
+		var e int64
+		if err := db.Pool.QueryRow(t.Context(), `SELECT epoch FROM annals.checkpoints WHERE subscriber_id = 'relay' AND partition = 0`).Scan(&e); err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	epoch0 := epoch()
+	for _, args := range [][]string{
+		{"--name", ""},
+		{"--name", " "},
+		{"--stream", ""},
+		{"--stream", "A.B"},
+		{"--prefix", ""},
+		{"--prefix", "a..b"},
+		{"--subject", ""},
+	} {
+		for _, url := range []string{ns.ClientURL(), "nats://127.0.0.1:1"} {
+			args := append([]string{"relay", "nats", "--once", "--nats-url", url}, args...)
+			// Bounded: a relay that went ahead might wait for its lock.
+			if r := annalsWithin(t, 20*time.Second, db.URL, args...); r.code != 2 || !strings.Contains(r.stderr, args[5]) {
+				t.Errorf("%q: exit %d, want 2 naming %s (%s)", args, r.code, args[5], r.stderr)
+			}
+		}
+	}
+	if r := annalsWithin(t, 20*time.Second, db.URL, "relay", "nats", "--once", "--nats-url", ""); r.code != 2 {
+		t.Errorf("--nats-url '': exit %d, want 2 (%s)", r.code, r.stderr)
+	}
+	if e := epoch(); e != epoch0 {
+		t.Fatalf("bad arguments moved the relay's epoch from %d to %d", epoch0, e)
+	}
 	for _, args := range [][]string{
 		{"relay", "nats", "--types", "a**b["},
 		{"relay", "nats", "--prefix", "a.*", "--nats-url", ns.ClientURL()},
@@ -130,6 +165,21 @@ func TestRelayNATS(t *testing.T) {
 		r = annals(t, db.URL, "status")
 		return r.code == 0 && contains(r.stdout, slot) && contains(r.stdout, "inactive (retaining WAL)")
 	})
+}
+
+// annalsWithin is annals, cancelled after d.
+func annalsWithin(t *testing.T, d time.Duration, url string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	code := run(ctx, args, strings.NewReader(""), &out, &errOut, func(k string) string {
+		if k == "DATABASE_URL" {
+			return url
+		}
+		return ""
+	})
+	return result{code, out.String(), errOut.String()}
 }
 
 type discard struct{}

@@ -38,6 +38,9 @@ object per batch; json the final state: {"run_id", "started_by", "started_at", "
 			if batch < 1 {
 				return usagef("--batch must be at least 1")
 			}
+			if pause < 0 {
+				return usagef("--pause must not be negative")
+			}
 			if list < 0 {
 				return usagef("--list must not be negative")
 			}
@@ -77,6 +80,10 @@ object per batch; json the final state: {"run_id", "started_by", "started_at", "
 				}
 				if *format != outputText {
 					return writeJSONList(e.stdout, *format, runs)
+				}
+				if len(runs) == 0 {
+					_, err := fmt.Fprintln(e.stdout, "No scavenge runs.")
+					return err
 				}
 				for _, r := range runs {
 					state := "open"

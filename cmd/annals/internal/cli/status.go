@@ -50,13 +50,16 @@ All ages use the database server's clock.
   {"schema", "head", "checked_at", "stale_after_seconds",
    "subscribers": [{"subscriber", "partition", "position", "head", "lag_events",
                     "lag_events_exact", "lag_seconds", "epoch", "owner", "leader",
-                    "leader_epoch", "updated_at"}],
+                    "leader_epoch", "updated_at", "stopped_reason", "stopped_at",
+                    "dead_letters"}],
    "instances":   [{"instance_id", "host", "pid", "started_at", "last_heartbeat",
                     "heartbeat_age_seconds", "live", "leads"}],
    "replication_slots": [{"slot", "database", "active", "active_pid",
                     "confirmed_flush_lsn", "retained_bytes", "wal_status"}]}
-owner, leader and leader_epoch are null when unknown; leads is the instance's list of
-{"subscriber", "partition", "epoch"} as stored; the arrays are [] when empty.
+owner, leader and leader_epoch are null when unknown; stopped_reason and stopped_at are
+null unless the Stop policy halted the partition; dead_letters counts its unresolved (open
+or released) dead letters; leads is the instance's list of {"subscriber", "partition",
+"epoch"} as stored; the arrays are [] when empty.
 
 Replication slots (package walsource: a runner or relay woken from the WAL) are listed
 when there are any: an inactive slot retains WAL until its consumer returns or it is

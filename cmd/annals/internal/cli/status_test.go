@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/walsource"
 )
 
 // sqlExec runs statements on the test database (setup the CLI cannot do:
@@ -329,6 +331,20 @@ func TestCheckpointCommand(t *testing.T) {
 				t.Errorf("annals %q: %+v", args, r)
 			}
 		}
+		// A negative position reaches the flag parser first ("-1" as
+		// shorthand flags): it says what is wrong with the position.
+		for _, args := range [][]string{{"orders", "-1", "--yes"}, {"orders", "-12", "--yes"}, {"--yes", "orders", "-1"}} {
+			r := annals(t, db.URL, append([]string{"checkpoint", "set"}, args...)...)
+			if r.code != ExitUsage || !strings.Contains(r.stderr, "POSITION -1") || !strings.Contains(r.stderr, "must not be negative") || strings.Contains(r.stderr, "shorthand") {
+				t.Errorf("checkpoint set %q: %+v", args, r)
+			}
+		}
+		if r := annals(t, db.URL, "checkpoint", "set", "orders", "--", "-1"); r.code != ExitUsage || !strings.Contains(r.stderr, "must not be negative") {
+			t.Errorf("checkpoint set orders -- -1: %+v", r)
+		}
+		if r := annals(t, db.URL, "checkpoint", "get", "orders", "-x"); r.code != ExitUsage || !strings.Contains(r.stderr, "unknown shorthand flag") {
+			t.Errorf("checkpoint get orders -x: %+v", r)
+		}
 		if r := annals(t, db.URL, "checkpoint", "set", "orders", "4", "--yes"); !strings.Contains(r.stderr, "beyond the head of the log (3)") {
 			t.Errorf("beyond head: %q", r.stderr)
 		}
@@ -431,6 +447,24 @@ func TestStatusShowsStoppedAndDeadLetters(t *testing.T) {
 		case "fine":
 			if s.StoppedReason != nil || s.DeadLetters != 0 {
 				t.Fatalf("fine: %+v", s)
+			}
+		}
+	}
+}
+
+// status --help lists every key of its --output json.
+func TestStatusHelpListsJSONKeys(t *testing.T) {
+	t.Parallel()
+	r := annals(t, "", "status", "--help")
+	if r.code != 0 {
+		t.Fatalf("status --help: %+v", r)
+	}
+	for _, v := range []any{StatusJSON{}, SubscriberStatus{}, InstanceStatus{}, walsource.SlotStatus{}} {
+		typ := reflect.TypeOf(v)
+		for i := range typ.NumField() {
+			key, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
+			if key != "" && key != "-" && !strings.Contains(r.stdout, `"`+key+`"`) {
+				t.Errorf("status --help does not list the key %q of %s", key, typ.Name())
 			}
 		}
 	}

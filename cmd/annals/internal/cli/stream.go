@@ -87,7 +87,8 @@ A stream that does not exist exits 3; one already deleted exits 1.
 			}
 			res, err := store.DeleteStream(cmd.Context(), stream, exp, opts)
 			if errors.Is(err, eventstore.ErrStreamNotFound) {
-				return notFoundError{err}
+				// A *WrongExpectedVersionError with actual version 0.
+				return notFoundf("stream %q does not exist: there is nothing to delete", stream)
 			}
 			if err != nil {
 				return err

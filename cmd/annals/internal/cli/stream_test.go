@@ -56,7 +56,8 @@ func TestStreamDeleteAndInfo(t *testing.T) {
 		t.Fatalf("info of a tombstone: %+v", r)
 	}
 	// Not found, bad arguments.
-	if r = annals(t, db.URL, "stream", "delete", "nope"); r.code != ExitNotFound {
+	if r = annals(t, db.URL, "stream", "delete", "nope"); r.code != ExitNotFound ||
+		r.stderr != "annals: stream \"nope\" does not exist: there is nothing to delete\n" {
 		t.Fatalf("delete of a missing stream: %+v", r)
 	}
 	if r = annals(t, db.URL, "stream", "info", "nope"); r.code != ExitNotFound {
@@ -102,6 +103,7 @@ func TestStreamSetAndScavenge(t *testing.T) {
 		{"stream", "set", "sensor-1", "--max-age", "soon"},
 		{"stream", "set", "sensor-1", "--max-count", "-1"},
 		{"scavenge", "--batch", "0"},
+		{"scavenge", "--pause", "-1s"},
 	} {
 		if r = annals(t, db.URL, args...); r.code != ExitUsage {
 			t.Fatalf("%v: %+v, want exit 2", args, r)
@@ -109,6 +111,14 @@ func TestStreamSetAndScavenge(t *testing.T) {
 	}
 	if r = annals(t, db.URL, "stream", "set", "nope", "--max-count", "1"); r.code != ExitNotFound {
 		t.Fatalf("set on a missing stream: %+v", r)
+	}
+
+	// No run yet: --list says so (json: an empty array), as dlq list does.
+	if r = annals(t, db.URL, "scavenge", "--list", "5"); r.code != 0 || r.stdout != "No scavenge runs.\n" {
+		t.Fatalf("scavenge --list before any run: %+v", r)
+	}
+	if r = annals(t, db.URL, "scavenge", "--list", "5", "--output", "json"); r.code != 0 || r.stdout != "[]\n" {
+		t.Fatalf("scavenge --list --output json before any run: %+v", r)
 	}
 
 	// The scavenge removes sensor-1 v1..3 and old v1; progress per batch.

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 
@@ -33,7 +34,8 @@ its position, and is leader-elected, so two tails with the same name share one p
 partitions (by stream ID, or by --partition-by category or metadata:FIELD) that every tail
 running it shares fairly: two tails lead N/2 each, and when one stops or dies the other
 takes its partitions over within tens of milliseconds; each key's events are printed in
-order. --read-url reads the events from a streaming replica (a hot standby) while
+order. A subscriber that has checkpoints runs only with the partition count it has them
+for (the default is 1; another count exits 2: it would skip or repeat events). --read-url reads the events from a streaming replica (a hot standby) while
 locks and checkpoints stay on the primary; a lagging replica delays what is printed, it
 never skips. --types filters by event-type globs (order.*, *.shipped; '*' is
 one or more whole segments). --output jsonl prints one JSON object per event, flushed at
@@ -109,6 +111,9 @@ which to close an array).`,
 				return w.flush()
 			}
 			if subscriber != "" {
+				if err := checkPartitionCount(ctx, pool, e, subscriber, partitions); err != nil {
+					return err
+				}
 				r, err := projection.NewRunner(pool, &projection.Config{Schema: e.schema, ReadPool: readPool})
 				if err != nil {
 					return err
@@ -187,4 +192,28 @@ func (p *tailProcessor) Process(_ context.Context, _ *catchup.Lease, b catchup.B
 		done = ev.GlobalSequence
 	}
 	return b.Through, nil
+}
+
+// checkPartitionCount refuses to run subscriber with another number of
+// partitions than it has checkpoints for: its keys would move to partitions
+// whose checkpoints are elsewhere, and events would be skipped or repeated
+// (docs/operations.md). The projection runner does not check this.
+func checkPartitionCount(ctx context.Context, pool *pgxpool.Pool, e *env, subscriber string, partitions int) error {
+	q, err := e.queries()
+	if err != nil {
+		return err
+	}
+	var n int
+	if err := pool.QueryRow(ctx, q["PartitionCount"], subscriber).Scan(&n); err != nil {
+		return errors.Wrap(err, "tail: read the subscriber's checkpoints")
+	}
+	if n == 0 || n == partitions {
+		return nil
+	}
+	has := fmt.Sprintf("checkpoints for %d partitions", n)
+	if n == 1 {
+		has = "a checkpoint for 1 partition"
+	}
+	return usagef("subscriber %q has %s, not %d: run it with --partitions %d (changing the partition count skips or repeats events; a new layout needs a new subscriber name)",
+		subscriber, has, partitions, n)
 }

@@ -127,6 +127,45 @@ func TestTail(t *testing.T) {
 		}
 	})
 
+	// A subscriber runs only with the partition count it has checkpoints
+	// for: another would skip or repeat events. Refused, nothing changed.
+	t.Run("PartitionCountIsKept", func(t *testing.T) {
+		for p := range 4 {
+			if r := annals(t, db.URL, "checkpoint", "set", "audit-log", "0", "--create", "--yes", "--partition", fmt.Sprint(p)); r.code != 0 {
+				t.Fatalf("checkpoint set: %+v", r)
+			}
+		}
+		checkpoints := func(sub string) string {
+			var s string
+			if err := db.Pool.QueryRow(t.Context(), `SELECT string_agg(format('%s:%s:%s', partition, position, epoch), ',' ORDER BY partition)
+				FROM annals.checkpoints WHERE subscriber_id = $1`, sub).Scan(&s); err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}
+		before := checkpoints("audit-log")
+		for _, args := range [][]string{
+			{"tail", "--subscriber", "audit-log", "--partitions", "2"},
+			{"tail", "--subscriber", "audit-log"},
+			{"tail", "--subscriber", "audit-log", "--partitions", "8", "--output", "jsonl"},
+		} {
+			r := annals(t, db.URL, args...)
+			if r.code != ExitUsage || r.stdout != "" || !strings.Contains(r.stderr, "checkpoints for 4 partitions") || !strings.Contains(r.stderr, "--partitions 4") {
+				t.Errorf("annals %q: %+v", args, r)
+			}
+		}
+		if after := checkpoints("audit-log"); after != before {
+			t.Fatalf("refused tails changed the checkpoints: %s, then %s", before, after)
+		}
+		// "audit" (above) has one partition.
+		if r := annals(t, db.URL, "tail", "--subscriber", "audit", "--partitions", "3"); r.code != ExitUsage || !strings.Contains(r.stderr, "a checkpoint for 1 partition") {
+			t.Errorf("tail --subscriber audit --partitions 3: %+v", r)
+		}
+		if r := annals(t, db.URL, "tail", "--subscriber", "audit-log", "--partitions", "4", "--output", "jsonl"); r.code != 0 || strings.Count(r.stdout, "\n") < 3 {
+			t.Errorf("tail with the subscriber's own partition count: %+v", r)
+		}
+	})
+
 	t.Run("BadInput", func(t *testing.T) {
 		for _, args := range [][]string{
 			{"tail", "--output", "xml"},

@@ -29,10 +29,11 @@ checkpoints, failures in progress, checkpoint set), dead letters (list, show, re
 purge), the scheduler (cron tasks, timers), runner instances and the audit log.
 
 Reading needs no sign-in. Changing anything needs an operator: start with --auth-token
-(or $ANNALS_UI_TOKEN, which keeps the token out of the process list) and sign in with it;
-API clients may send "Authorization: Bearer TOKEN". The database role must have the
-operator privileges ('annals grant operator ROLE'); every change is recorded in the
-audit_log table. --read-only shows everything and changes nothing.
+(at least 16 characters; or $ANNALS_UI_TOKEN, which keeps the token out of the process
+list) and sign in with it; API clients may send "Authorization: Bearer TOKEN". The
+database role must have the operator privileges ('annals grant operator ROLE'); every
+change is recorded in the audit_log table. --read-only shows everything and changes
+nothing.
 
 The same server answers /metrics (Prometheus text format), /healthz (the process is up)
 and /readyz (the database answers); docs/operations.md lists the series.`,
@@ -107,7 +108,7 @@ and /readyz (the database answers); docs/operations.md lists the series.`,
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve on")
-	cmd.Flags().StringVar(&token, "auth-token", "", "operator token (default $ANNALS_UI_TOKEN); without one nobody can change anything")
+	cmd.Flags().StringVar(&token, "auth-token", "", "operator token, at least 16 characters (default $ANNALS_UI_TOKEN); without one nobody can change anything")
 	cmd.Flags().BoolVar(&readOnly, "read-only", false, "show everything, change nothing")
 	cmd.Flags().StringVar(&basePath, "base-path", "", "serve the console under this path (e.g. /annals, behind a proxy)")
 	cmd.Flags().DurationVar(&staleAfter, "stale-after", defaultStaleAfter, "an instance whose last heartbeat is older than this is stale")

@@ -126,3 +126,15 @@ func TestUI(t *testing.T) {
 		}
 	})
 }
+
+// ui --help says how long the token must be (shorter is exit 2).
+func TestUIHelpTokenLength(t *testing.T) {
+	t.Parallel()
+	r := annals(t, "", "ui", "--help")
+	if r.code != 0 || strings.Count(r.stdout, "at least 16 characters") != 2 {
+		t.Fatalf("ui --help should give the token's minimum length in the text and the flag: %+v", r)
+	}
+	if r := annals(t, "", "ui", "--auth-token", "fifteen-chars!!"); r.code != ExitUsage || !strings.Contains(r.stderr, "at least 16 characters") {
+		t.Fatalf("a 15-character token: %+v", r)
+	}
+}
