@@ -374,6 +374,14 @@ func (c *Client) Stop(ctx context.Context) error {
 	if r == nil {
 		return nil
 	}
+	// Whether the run had ended on its own before this Stop: then its error
+	// is its own, even a cancellation from a context of the user's.
+	endedEarly := false
+	select {
+	case <-r.done:
+		endedEarly = true
+	default:
+	}
 	r.cancel()
 	select {
 	case <-r.done:
@@ -385,10 +393,11 @@ func (c *Client) Stop(ctx context.Context) error {
 		c.run = nil
 	}
 	c.mu.Unlock()
-	// The run's context is cancelled only here: a run that ends with its
-	// cancellation (a Stop while the runner was still setting up, before it
-	// could stop gracefully) was stopped, it did not fail.
-	if errors.Is(r.err, context.Canceled) {
+	// The run's context is cancelled only here: a run still going when
+	// Stop cancelled it, that ends with the cancellation (the runner was
+	// still setting up and could not stop gracefully), was stopped; it did
+	// not fail.
+	if !endedEarly && errors.Is(r.err, context.Canceled) {
 		return nil
 	}
 	return r.err

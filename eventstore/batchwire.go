@@ -222,7 +222,7 @@ func (c *committer) execBatch(ctx context.Context, params [][]byte, row func(*ba
 	for attempt := 0; ; attempt++ {
 		read, err := c.execBatchOnce(ctx, conn.Conn(), prepare, params, row)
 		var pgErr *pgconn.PgError
-		if prepare && read == 0 && errors.As(err, &pgErr) && (pgErr.Code == "26000" || (pgErr.Code == "0A000" && pgErr.Message == "cached plan must not change result type")) {
+		if prepare && read == 0 && errors.As(err, &pgErr) && (pgErr.Code == "26000" || (pgErr.Code == "0A000" && pgErr.Routine == "RevalidateCachedQuery")) {
 			// Forget it here too (the server's Close of a statement it
 			// does not have is no error).
 			if derr := conn.Conn().Deallocate(ctx, c.s.q.appendBatch); derr == nil && attempt == 0 {

@@ -181,6 +181,12 @@ func (c *Cluster) makeDir() error {
 	if err != nil {
 		return errors.Wrap(err, "pgcluster: create temporary directory")
 	}
+	// Absolute: initdb and postgres run in dir, so a relative TMPDIR would
+	// put the data directory inside itself, and the server reports its data
+	// directory absolute (isOurs).
+	if dir, err = filepath.Abs(dir); err != nil {
+		return errors.Wrap(err, "pgcluster: temporary directory")
+	}
 	c.dir = dir
 	c.dataDir = filepath.Join(dir, "data")
 	c.logPath = filepath.Join(dir, logFile)
@@ -359,8 +365,15 @@ func sameDir(a, b string) bool {
 	if a == b {
 		return true
 	}
-	ra, errA := filepath.EvalSymlinks(a)
-	rb, errB := filepath.EvalSymlinks(b)
+	resolve := func(p string) (string, error) {
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return "", err
+		}
+		return filepath.EvalSymlinks(abs)
+	}
+	ra, errA := resolve(a)
+	rb, errB := resolve(b)
 	return errA == nil && errB == nil && ra == rb
 }
 

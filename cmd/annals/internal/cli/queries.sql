@@ -77,9 +77,11 @@ SELECT position, epoch
    FOR UPDATE;
 
 -- name: PartitionCount
--- How many partitions a subscriber has checkpoints for: one more than the
--- highest partition number (0: none).
-SELECT coalesce(max(partition) + 1, 0) FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1;
+-- The highest partition number a subscriber has a checkpoint for (-1:
+-- none), and how many checkpoints it has. Rows are created as partitions
+-- are first claimed, so the first is a lower bound of its partition count,
+-- not the count.
+SELECT coalesce(max(partition), -1), count(*) FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1;
 
 -- name: ArchivePlan
 -- What a new archive run would start from: the newest archived position

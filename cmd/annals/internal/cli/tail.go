@@ -34,8 +34,8 @@ its position, and is leader-elected, so two tails with the same name share one p
 partitions (by stream ID, or by --partition-by category or metadata:FIELD) that every tail
 running it shares fairly: two tails lead N/2 each, and when one stops or dies the other
 takes its partitions over within tens of milliseconds; each key's events are printed in
-order. A subscriber that has checkpoints runs only with the partition count it has them
-for (the default is 1; another count exits 2: it would skip or repeat events). --read-url reads the events from a streaming replica (a hot standby) while
+order. Never change a subscriber's partition count (it would skip or repeat events): a
+count at or below its highest partition with a checkpoint exits 2. --read-url reads the events from a streaming replica (a hot standby) while
 locks and checkpoints stay on the primary; a lagging replica delays what is printed, it
 never skips. --types filters by event-type globs (order.*, *.shipped; '*' is
 one or more whole segments). --output jsonl prints one JSON object per event, flushed at
@@ -194,26 +194,30 @@ func (p *tailProcessor) Process(_ context.Context, _ *catchup.Lease, b catchup.B
 	return b.Through, nil
 }
 
-// checkPartitionCount refuses to run subscriber with another number of
-// partitions than it has checkpoints for: its keys would move to partitions
-// whose checkpoints are elsewhere, and events would be skipped or repeated
-// (docs/operations.md). The projection runner does not check this.
+// checkPartitionCount refuses to run subscriber with fewer partitions than
+// it certainly has: a checkpoint for a partition number of partitions or
+// more. Its keys would move to partitions whose checkpoints are elsewhere,
+// and events would be skipped or repeated (docs/operations.md). A count
+// above the highest checkpoint's cannot be told from a first run that was
+// interrupted before it claimed every partition (checkpoints are created
+// as partitions are claimed), so it is let through. The projection runner
+// does not check this.
 func checkPartitionCount(ctx context.Context, pool *pgxpool.Pool, e *env, subscriber string, partitions int) error {
 	q, err := e.queries()
 	if err != nil {
 		return err
 	}
-	var n int
-	if err := pool.QueryRow(ctx, q["PartitionCount"], subscriber).Scan(&n); err != nil {
+	var highest, rows int
+	if err := pool.QueryRow(ctx, q["PartitionCount"], subscriber).Scan(&highest, &rows); err != nil {
 		return errors.Wrap(err, "tail: read the subscriber's checkpoints")
 	}
-	if n == 0 || n == partitions {
+	if highest < partitions {
 		return nil
 	}
-	has := fmt.Sprintf("checkpoints for %d partitions", n)
-	if n == 1 {
-		has = "a checkpoint for 1 partition"
+	hint := "run it with the partition count it was created with"
+	if rows == highest+1 { // partitions 0..highest all have checkpoints
+		hint = fmt.Sprintf("its checkpoints cover partitions 0-%d: run it with --partitions %d", highest, highest+1)
 	}
-	return usagef("subscriber %q has %s, not %d: run it with --partitions %d (changing the partition count skips or repeats events; a new layout needs a new subscriber name)",
-		subscriber, has, partitions, n)
+	return usagef("subscriber %q has a checkpoint for partition %d, so it runs with more than %d partitions: %s (changing the partition count skips or repeats events; a new layout needs a new subscriber name)",
+		subscriber, highest, partitions, hint)
 }
