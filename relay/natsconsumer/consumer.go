@@ -149,14 +149,21 @@ func (c *Consumer) fetch(ctx context.Context) ([]delivery, error) {
 // idempotency). A failed handle is retried after RetryBackoff, and the
 // events after it wait. It returns nil when ctx ends.
 func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e eventstore.Event) error) error {
+	// In order from the consumer's acknowledgement floor: every message up
+	// to it was handled (they are acknowledged in order).
+	info, err := c.cons.Info(ctx)
+	if err != nil {
+		return errors.Wrapf(err, "natsconsumer: consumer %s", c.cfg.Durable)
+	}
+	done := info.AckFloor.Stream
 	return c.run(ctx, func(ctx context.Context, d delivery) error {
 		if c.filter.Match(d.event.Type) {
 			if err := handle(ctx, d.event); err != nil {
 				return err
 			}
 		}
-		return d.msg.Ack()
-	}, nil)
+		return d.ack()
+	}, &done)
 }
 
 // RunProjection runs p (the same Projection a runner in the source database
@@ -187,9 +194,6 @@ func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p inte
 		return errors.Wrap(err, "natsconsumer: load the checkpoint")
 	}
 	return c.run(ctx, func(ctx context.Context, d delivery) error {
-		if d.seq <= checkpoint {
-			return d.msg.Ack()
-		}
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			if c.filter.Match(d.event.Type) {
 				if err := p.Handle(ctx, tx, d.event); err != nil {
@@ -206,62 +210,133 @@ func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p inte
 			return err
 		}
 		checkpoint = d.seq
-		return d.msg.Ack()
+		return d.ack()
 	}, &checkpoint)
 }
 
-// run fetches and handles in stream order. A failed delivery is retried in
-// place after RetryBackoff; the rest of the fetched batch waits (it is
-// handled after it, not re-fetched). With a checkpoint, a message that
-// arrives after a gap in stream sequences is refused (Nak) unless the
-// stream no longer holds the messages in between (they aged out).
-func (c *Consumer) run(ctx context.Context, handle func(context.Context, delivery) error, checkpoint *uint64) error {
+// ack acknowledges the delivery's message; one read from the stream by
+// sequence (see fill) has none.
+func (d delivery) ack() error {
+	if d.msg == nil {
+		return nil
+	}
+	return d.msg.Ack()
+}
+
+// run fetches and handles in stream order, from the sequence after *done
+// (RunProjection: its checkpoint; Run: the consumer's acknowledgement
+// floor), which handle moves (RunProjection) or run does (Run) as each
+// message is handled. A message at or below *done was handled already (a
+// re-delivery) and is acknowledged. A message further than one past *done
+// means that the ones before it are still unacknowledged somewhere: a
+// process that fetched them crashed, and the server will send them again
+// only after AckWait, behind whatever it delivers meanwhile (and behind it
+// again after each Nak). Rather than wait for that order, fill reads the
+// missing messages from the stream by sequence and handles them first;
+// their re-deliveries come later, at or below *done. A failed delivery is
+// retried in place after RetryBackoff; the rest of the fetched batch waits
+// (it is handled after it, not re-fetched).
+func (c *Consumer) run(ctx context.Context, handle func(context.Context, delivery) error, done *uint64) error {
 	for ctx.Err() == nil {
 		ds, err := c.fetch(ctx)
 		if err != nil && ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) {
 			c.cfg.Logger.WarnContext(ctx, "annals: fetching relayed events failed", slog.Any("error", err))
 			_ = sleep(ctx, c.cfg.RetryBackoff)
 		}
+	batch:
 		for i := 0; i < len(ds); i++ {
 			d := ds[i]
-			if ctx.Err() != nil {
-				// Stopping: hand the rest back at once rather than after AckWait.
+			handBack := func() {
 				for _, rest := range ds[i:] {
 					_ = rest.msg.Nak()
 				}
+			}
+			if ctx.Err() != nil {
+				// Stopping: hand the rest back at once rather than after AckWait.
+				handBack()
 				return nil
 			}
-			if checkpoint != nil && *checkpoint > 0 && d.seq > *checkpoint+1 {
-				info, err := c.stream.Info(ctx)
-				if err != nil || info.State.FirstSeq <= *checkpoint+1 {
-					// Out of order (a re-delivery overtook): let the server resend.
-					for _, rest := range ds[i:] {
-						_ = rest.msg.Nak()
+			if d.seq <= *done {
+				_ = d.msg.Ack()
+				continue
+			}
+			if d.seq > *done+1 {
+				if err := c.fill(ctx, d.seq, handle, done); err != nil {
+					handBack()
+					if ctx.Err() != nil {
+						return nil
 					}
-					break
+					c.cfg.Logger.WarnContext(ctx, "annals: reading relayed events missing before a delivery failed; retrying",
+						slog.String("consumer", c.cfg.Durable), slog.Uint64("after", *done), slog.Any("error", err))
+					_ = sleep(ctx, c.cfg.RetryBackoff)
+					break batch
 				}
 			}
-			for {
-				err := handle(ctx, d)
-				if err == nil {
-					break
-				}
-				if ctx.Err() != nil {
-					for _, rest := range ds[i:] {
-						_ = rest.msg.Nak()
-					}
-					return nil
-				}
-				c.cfg.Logger.WarnContext(ctx, "annals: handling a relayed event failed; retrying",
-					slog.String("consumer", c.cfg.Durable), slog.Int64("position", d.event.GlobalSequence), slog.Any("error", err))
-				_ = d.msg.InProgress() // keep the server from re-delivering it meanwhile
-				if sleep(ctx, c.cfg.RetryBackoff) != nil {
-					return nil
-				}
+			if !c.handle(ctx, d, handle) {
+				handBack()
+				return nil
 			}
+			*done = d.seq
 		}
 	}
 	return nil
+}
+
+// fill handles, in order, the messages the stream holds between *done and
+// upto (exclusive), read by sequence. Those it no longer holds (aged out by
+// MaxAge, deleted) are passed over.
+func (c *Consumer) fill(ctx context.Context, upto uint64, handle func(context.Context, delivery) error, done *uint64) error {
+	info, err := c.stream.Info(ctx)
+	if err != nil {
+		return errors.Wrapf(err, "natsconsumer: stream %s", c.cfg.Stream)
+	}
+	for seq := max(*done+1, info.State.FirstSeq); seq < upto; seq++ {
+		m, err := c.stream.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return errors.Wrapf(err, "natsconsumer: read stream message %d", seq)
+		}
+		e, err := relay.Decode(m.Header, m.Data)
+		if err != nil {
+			return errors.Wrapf(err, "natsconsumer: stream message %d", seq)
+		}
+		if c.cfg.Registry != nil {
+			if e, err = c.cfg.Registry.Upcast(e); err != nil {
+				return errors.Wrapf(err, "natsconsumer: upcast event %d", e.GlobalSequence)
+			}
+		}
+		if !c.handle(ctx, delivery{seq: seq, event: e}, handle) {
+			return ctx.Err()
+		}
+		*done = seq
+	}
+	*done = max(*done, upto-1)
+	return nil
+}
+
+// handle runs handle for d until it succeeds, pausing RetryBackoff after
+// each failure (the events after it wait). It reports false when ctx ended
+// first.
+func (c *Consumer) handle(ctx context.Context, d delivery, handle func(context.Context, delivery) error) bool {
+	for {
+		err := handle(ctx, d)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		c.cfg.Logger.WarnContext(ctx, "annals: handling a relayed event failed; retrying",
+			slog.String("consumer", c.cfg.Durable), slog.Int64("position", d.event.GlobalSequence), slog.Any("error", err))
+		if d.msg != nil {
+			_ = d.msg.InProgress() // keep the server from re-delivering it meanwhile
+		}
+		if sleep(ctx, c.cfg.RetryBackoff) != nil {
+			return false
+		}
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

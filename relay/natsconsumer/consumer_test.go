@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
@@ -158,4 +159,113 @@ func (totals) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
 		err = fmt.Errorf("stream %s: event %d (version %d) out of order", e.StreamID, e.GlobalSequence, e.StreamVersion)
 	}
 	return err
+}
+
+// TestRunProjectionAfterACrash: a process that fetched messages and died
+// leaves them unacknowledged until AckWait, and the server meanwhile
+// delivers the messages after them (and re-delivers the fetched ones behind
+// those). The next RunProjection reads the missing messages from the stream
+// by sequence and handles them first: every event once, in order, without
+// waiting for AckWait. Before, with no checkpoint yet it handled the later
+// messages and then acknowledged the re-delivered earlier ones unhandled
+// (lost); with a checkpoint it refused the later ones (Nak) and the server
+// kept sending them first, forever.
+func TestRunProjectionAfterACrash(t *testing.T) {
+	t.Parallel()
+	src := annalstest.NewDB(t, nil)
+	dst := annalstest.NewDB(t, nil)
+	if _, err := dst.Pool.Exec(t.Context(), totalsTable); err != nil {
+		t.Fatal(err)
+	}
+	store, err := eventstore.New(src.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := natsserver.Start(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Stop)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r, err := relay.New(src.Pool, nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendAndRelay := func(n int) {
+		t.Helper()
+		for range n {
+			if _, err := store.Append(ctx, "acct-0", eventstore.Any,
+				eventstore.EventData{Type: "deposited", Data: map[string]int{"amount": 1}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := r.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const ackWait = 20 * time.Second // longer than the test waits: nothing is re-delivered in time
+	cfg := &natsconsumer.Config{Durable: "totals", Batch: 10, AckWait: ackWait}
+	// crash fetches n messages on the durable consumer and never
+	// acknowledges them, as a process that died after its fetch.
+	crash := func(n int) {
+		t.Helper()
+		if _, err := natsconsumer.New(ctx, nc, cfg); err != nil { // creates the durable consumer
+			t.Fatal(err)
+		}
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons, err := js.Consumer(ctx, "ANNALS", "totals")
+		if err != nil {
+			t.Fatal(err)
+		}
+		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for range batch.Messages() {
+			got++
+		}
+		if got != n {
+			t.Fatalf("the crashed fetch got %d messages, want %d", got, n)
+		}
+	}
+	applied := func() (n, version int64) {
+		_ = dst.Pool.QueryRow(ctx, `SELECT coalesce(sum(n), 0), coalesce(max(version), 0) FROM totals`).Scan(&n, &version)
+		return n, version
+	}
+	consume := func(want int64) {
+		t.Helper()
+		c, err := natsconsumer.New(ctx, nc, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.RunProjection(cctx, dst.Pool, totals{}) }()
+		annalstest.WaitFor(t, 15*time.Second, func() bool { n, v := applied(); return n == want && v == want })
+		stop()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// No checkpoint yet: 1-3 fetched by the crashed process, 4-8 after.
+	appendAndRelay(3)
+	crash(3)
+	appendAndRelay(5)
+	consume(8)
+	// A checkpoint (8): 9-11 fetched by the crashed process, 12-16 after.
+	appendAndRelay(3)
+	crash(3)
+	appendAndRelay(5)
+	consume(16)
 }

@@ -17,17 +17,25 @@
 // ("<schema>.relay_checkpoints": consumer, stream sequence) and commits it
 // in the handler's transaction, so the projection's writes and the
 // checkpoint land together; the message is acknowledged after the commit.
-// A message at or below the checkpoint (re-delivered because the ack was
-// lost) is acknowledged without being handled. A message further than one
-// past the checkpoint is refused (Nak) until the ones before it come back,
-// unless the stream no longer holds those (aged out by MaxAge). Together:
-// each event's effect once, in stream order, which is the relay's position
-// order.
+// Run keeps its place in memory, starting from the consumer's
+// acknowledgement floor (messages are acknowledged in order). A message at
+// or below that place (re-delivered because the ack was lost) is
+// acknowledged without being handled. A message further than one past it
+// means that the messages before it are unacknowledged somewhere: a
+// process fetched them and died, and the server re-delivers them only after
+// AckWait, behind what it delivers meanwhile. The consumer then reads the
+// missing messages from the stream by sequence (a direct get) and handles
+// them first, passing over those the stream no longer holds (aged out by
+// MaxAge); their re-deliveries arrive later, at or below its place.
+// Together: each event's effect once (RunProjection) or at least once
+// (Run), in stream order, which is the relay's position order, without
+// waiting for AckWait after a crash.
 //
 // A failed handler is retried in place after RetryBackoff (the message is
 // kept from re-delivery meanwhile); the events after it wait. On shutdown
 // the fetched but unhandled messages are handed back (Nak) at once; after a
-// crash the server re-delivers them after AckWait (default 30 s).
+// crash the server re-delivers them after AckWait (default 30 s), and the
+// next consumer has read them from the stream already (above).
 //
 // One RunProjection per durable consumer at a time: run it in one process,
 // or leader-elected (a projection.Service in a Runner of this service's
