@@ -14,6 +14,8 @@ import (
 
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/walsource"
@@ -221,13 +223,40 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // CatchUp publishes every event up to the head as it is when called, then
-// returns (for batch jobs and tests). It waits for the relay's lock.
+// returns (for batch jobs and tests). It waits for the relay's lock. It
+// fails when the relay's checkpoint has not reached that head when the run
+// ends: JetStream refused the last publishes (a full stream with
+// DiscardNew, a message over its size limit), which the relay logged and
+// will try again.
 func (r *Relay) CatchUp(ctx context.Context) error {
 	runner, err := r.runner(ctx)
 	if err != nil {
 		return err
 	}
-	return runner.RunUntilCaughtUp(ctx)
+	store, err := eventstore.New(r.pool, &eventstore.Config{Schema: r.cfg.Schema})
+	if err != nil {
+		return err
+	}
+	head, err := store.Head(ctx)
+	if err != nil {
+		return errors.Wrap(err, "relay: read the head")
+	}
+	if err := runner.RunUntilCaughtUp(ctx); err != nil {
+		return err
+	}
+	cps, err := checkpoint.New(r.cfg.Schema)
+	if err != nil {
+		return err
+	}
+	cp, err := cps.Load(ctx, r.pool, r.cfg.Name, 0)
+	if err != nil && !errors.Is(err, checkpoint.ErrNotFound) {
+		return errors.Wrap(err, "relay")
+	}
+	if cp.Position < head {
+		return errors.Newf("relay %s: published through position %d of %d: JetStream did not acknowledge the rest (see the log); a later run tries again",
+			r.cfg.Name, cp.Position, head)
+	}
+	return nil
 }
 
 func (r *Relay) runner(ctx context.Context) (*projection.Runner, error) {

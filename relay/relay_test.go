@@ -2,8 +2,11 @@ package relay_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
@@ -93,5 +96,34 @@ func TestRelayFilters(t *testing.T) {
 	checkExactlyOnce(t, b.relayed("OPENED"), want)
 	if cp := b.checkpoint("opened"); cp != 20 {
 		t.Fatalf("checkpoint %d, want 20", cp)
+	}
+}
+
+// CatchUp fails when JetStream refuses the last publishes (here a stream
+// that holds at most 5 messages and discards new ones): the relay's
+// checkpoint stops short of the head, and `annals relay nats --once` must
+// not report success. It reported nil, as the refusal of the final batch
+// surfaced only in the leadership's end, whose error the engine drops.
+func TestCatchUpFailsWhenJetStreamRefuses(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{RetryBackoff: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := r.StreamConfig()
+	sc.MaxMsgs, sc.Discard = 5, jetstream.DiscardNew
+	if _, err := b.js.CreateStream(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 10)
+	err = r.CatchUp(ctx)
+	if err == nil || !strings.Contains(err.Error(), "did not acknowledge") {
+		t.Fatalf("CatchUp into a full stream = %v, want a failure", err)
+	}
+	if cp, head := b.checkpoint("relay"), int64(len(b.log())); cp >= head {
+		t.Fatalf("checkpoint %d, head %d: the refused events were passed over", cp, head)
 	}
 }
