@@ -7,6 +7,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/annals-dev/annals/catchup"
@@ -89,6 +90,13 @@ func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch cat
 			opts = append(opts, jetstream.WithExpectLastMsgID(p.prevID))
 		}
 		f, err := p.r.js.PublishMsgAsync(msg, opts...)
+		if errors.Is(err, nats.ErrMaxPayload) {
+			// Retrying cannot help, and every later event waits behind
+			// this one: say what the operator can do.
+			err = errors.Wrapf(err, "event %d has %d bytes of data, and with its metadata and the relay's headers it is over the NATS server's max_payload (%d bytes); "+
+				"raise max_payload on the server, or move the relay past the event (annals checkpoint set %s %d --yes); every later event waits behind it",
+				e.GlobalSequence, len(e.Data), p.r.js.Conn().MaxPayload(), p.r.cfg.Name, e.GlobalSequence)
+		}
 		if err != nil {
 			return batch.After, p.fail(ctx, lease, errors.Wrapf(err, "relay: publish event %d", e.GlobalSequence))
 		}

@@ -2,6 +2,8 @@ package relay_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -125,5 +127,34 @@ func TestCatchUpFailsWhenJetStreamRefuses(t *testing.T) {
 	}
 	if cp, head := b.checkpoint("relay"), int64(len(b.log())); cp >= head {
 		t.Fatalf("checkpoint %d, head %d: the refused events were passed over", cp, head)
+	}
+}
+
+// An event that NATS refuses for its size (max_payload, 1 MiB by default,
+// counts the relay's headers too, so an event within the store's own 1 MiB
+// limit can exceed it) blocks the relay: every later event waits behind
+// it, and retrying cannot help. The relay's log says so, with the limit and
+// what the operator can do, instead of only "maximum payload exceeded".
+func TestRelayNamesAnEventOverMaxPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var logs lockedBuffer
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), RetryBackoff: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := b.store.Append(ctx, "big", eventstore.NoStream,
+		eventstore.EventData{Type: "t.big", Data: map[string]string{"s": strings.Repeat("x", 1_048_300)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithTimeout(ctx, 2*time.Second)
+	defer stop()
+	_ = r.CatchUp(runCtx) // retries until runCtx ends
+	want := fmt.Sprintf("annals checkpoint set relay %d --yes", res.Position())
+	if got := logs.String(); !strings.Contains(got, "max_payload") || !strings.Contains(got, want) {
+		t.Fatalf("the relay's log does not name the limit and %q:\n%s", want, got)
 	}
 }
