@@ -37,7 +37,9 @@ var (
 
 	// ErrNoKEK is matched by an append of an event type with personal data
 	// (PersonalData) through a Store configured without a KEK: annals never
-	// stores personal fields in clear.
+	// stores personal fields in clear. Decode matches it too when an event
+	// read without a KEK still has encrypted personal fields and so does
+	// not fit its type.
 	ErrNoKEK = errors.New("personal data needs a key-encryption key (Config.KEK)")
 
 	// ErrSubjectForgotten is matched by an append of personal data of a

@@ -310,6 +310,10 @@ func TestNoKEK(t *testing.T) {
 			if !bytes.Contains(e.Data, []byte(`"$personal"`)) || bytes.Contains(e.Data, []byte("Ada")) {
 				t.Errorf("live subject read without a KEK: %s", e.Data)
 			}
+			// Decoding it fails with an error the caller can match.
+			if _, err := eventstore.Decode[CustomerRegistered](plain.Registry(), e); !errors.Is(err, eventstore.ErrNoKEK) {
+				t.Errorf("Decode of encrypted personal data: %v, want ErrNoKEK", err)
+			}
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package eventstore
 
 import (
+	"bytes"
 	"encoding/json"
 	"reflect"
 	"sync"
@@ -153,7 +154,12 @@ func Decode[T any](r *Registry, e Event) (Envelope[T], error) {
 		return env, err
 	}
 	if err := json.Unmarshal(e.Data, &env.Data); err != nil {
-		return env, errors.Wrapf(err, "decode event %d of type %q into %s", e.GlobalSequence, e.Type, t)
+		err = errors.Wrapf(err, "decode event %d of type %q into %s", e.GlobalSequence, e.Type, t)
+		if bytes.Contains(e.Data, []byte(`"`+personalKey+`"`)) {
+			// Personal fields still encrypted: read by a Store without a KEK.
+			err = errors.Mark(errors.Wrap(err, "its personal fields are encrypted (read it through a Store with Config.KEK)"), ErrNoKEK)
+		}
+		return env, err
 	}
 	env.Event = e
 	return env, nil
