@@ -37,7 +37,10 @@ const (
 // MetadataStream returns the stream that receives streamID's
 // StreamTruncatedType events: "$$" + streamID. (They do not go to the
 // stream itself, whose versions and aggregates they would disturb.)
-func MetadataStream(streamID string) string { return "$$" + streamID }
+func MetadataStream(streamID string) string { return metadataStreamPrefix + streamID }
+
+// metadataStreamPrefix starts every metadata stream's ID (MetadataStream).
+const metadataStreamPrefix = "$$"
 
 // StreamTruncated is the data of a StreamTruncatedType event: a stream's
 // retention after a change. From then on its events below TruncateBefore,
@@ -248,7 +251,7 @@ func (s *Store) deleteStream(ctx context.Context, q querier, streamID string, ex
 	if err := checkName(0, "stream_id", streamID, MaxStreamIDBytes); err != nil {
 		return AppendResult{}, err
 	}
-	if strings.HasPrefix(streamID, "$$") {
+	if strings.HasPrefix(streamID, metadataStreamPrefix) {
 		return AppendResult{}, &InvalidEventError{Field: "stream_id",
 			Reason: "is a metadata stream, kept by annals (SetStreamRetention appends to it); delete the stream it describes instead"}
 	}

@@ -226,8 +226,9 @@ func (r *Relay) Run(ctx context.Context) error {
 // returns (for batch jobs and tests). It waits for the relay's lock. It
 // fails when the relay's checkpoint has not reached that head when the run
 // ends: JetStream refused the last publishes (a full stream with
-// DiscardNew, a message over its size limit), which the relay logged and
-// will try again.
+// DiscardNew), which the relay logged and will try again. (A message over
+// the server's max_payload fails before it is sent: the run retries it
+// until ctx ends.)
 func (r *Relay) CatchUp(ctx context.Context) error {
 	runner, err := r.runner(ctx)
 	if err != nil {

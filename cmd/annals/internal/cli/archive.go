@@ -1,14 +1,12 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"time"
 
 	"github.com/cockroachdb/errors"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/annals-dev/annals/archive"
@@ -39,12 +37,11 @@ After a large run, VACUUM the events table (autovacuum does it in time) so that 
 freed space is reused by new appends; see docs/operations.md.
 
 When there is nothing to move (every position below --before is archived already, or
-only the newest event is left), it says so and records no run.
+only the newest event is left), it says so; the run is recorded all the same, with 0 moved.
 
 The role needs 'annals grant operator'. --output text prints a line per step; jsonl an
 object per step; json the final state: {"run_id", "started_by", "started_at", "before",
-"from_position", "target_position", "archived_to", "moved", "steps", "done"} (run_id 0
-and steps 0 when there was nothing to move: no run is recorded).`,
+"from_position", "target_position", "archived_to", "moved", "steps", "done"}.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if before < 1 {
@@ -57,20 +54,11 @@ and steps 0 when there was nothing to move: no run is recorded).`,
 				return usagef("--pause must not be negative")
 			}
 			ctx := cmd.Context()
-			q, err := e.queries()
-			if err != nil {
-				return err
-			}
 			pool, err := e.connect(ctx)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			// A run with nothing to move would still be recorded (by the
-			// archive function): say so instead, and record none.
-			if done, err := e.nothingToArchive(ctx, pool, q, before, *format); done || err != nil {
-				return err
-			}
 			// Progress goes to stdout; the service's log line would repeat it.
 			cfg := &archive.Config{Schema: e.schema, BatchSize: batch, Pause: pause,
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
@@ -86,6 +74,11 @@ and steps 0 when there was nothing to move: no run is recorded).`,
 				case outputJSONL:
 					werr = writeJSONList(e.stdout, outputJSONL, []archive.Progress{p})
 				case outputText:
+					if p.Target <= p.From { // every position below the target is archived already
+						_, werr = fmt.Fprintf(e.stdout, "run %d: nothing to archive below %d: positions below %d are archived already, and the newest event always stays in events\n",
+							p.RunID, p.Before, p.From+1)
+						return
+					}
 					_, werr = fmt.Fprintf(e.stdout, "run %d: positions %d..%d of %d archived (%.0f%%), %d events moved\n",
 						p.RunID, p.From+1, p.ArchivedTo, p.Target, 100*p.Fraction(), p.Moved)
 				}
@@ -126,40 +119,6 @@ and steps 0 when there was nothing to move: no run is recorded).`,
 	format = addOutputFlag(cmd, false, outputText, outputJSON, outputJSONL)
 	cmd.AddCommand(e.archiveStatusCommand())
 	return cmd
-}
-
-// nothingToArchive reports (done) when no run is open and a new one would
-// move nothing: every position below before is archived already, or only the
-// newest event (which always stays in events) is left. Then it prints so, in
-// format: text says it, json (and jsonl) a final state with run_id 0.
-func (e *env) nothingToArchive(ctx context.Context, pool *pgxpool.Pool, q map[string]string, before int64, format string) (bool, error) {
-	var archived, newest int64
-	var open bool
-	if err := pool.QueryRow(ctx, q["ArchivePlan"]).Scan(&archived, &open, &newest); err != nil {
-		return false, errors.Wrap(err, "archive: read the horizon")
-	}
-	// The target a new run would take (the archive function's rule).
-	if open || max(archived, min(before-1, max(newest-1, 0))) > archived {
-		return false, nil
-	}
-	horizon := archived + 1
-	switch format {
-	case outputJSON, outputJSONL:
-		p := archive.Progress{Before: before, From: archived, Target: archived, ArchivedTo: archived, Done: true}
-		if format == outputJSONL {
-			return true, writeJSONList(e.stdout, outputJSONL, []archive.Progress{p})
-		}
-		return true, writeJSON(e.stdout, p)
-	}
-	var err error
-	if before <= horizon {
-		_, err = fmt.Fprintf(e.stdout, "nothing to archive below %d: the archive horizon is %d already (every position below it is archived); no run recorded\n",
-			before, horizon)
-	} else {
-		_, err = fmt.Fprintf(e.stdout, "nothing to archive below %d: every position below %d is archived already, and the newest event always stays in events; no run recorded\n",
-			before, horizon)
-	}
-	return true, err
 }
 
 func (e *env) archiveStatusCommand() *cobra.Command {

@@ -82,11 +82,3 @@ SELECT position, epoch
 -- are first claimed, so the first is a lower bound of its partition count,
 -- not the count.
 SELECT coalesce(max(partition), -1), count(*) FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1;
-
--- name: ArchivePlan
--- What a new archive run would start from: the newest archived position
--- (the horizon - 1), whether a run is open (interrupted: the next run
--- finishes it), and the newest position of the hot events table (0: none).
-SELECT coalesce((SELECT max(archived_to) FROM {{.Schema}}.archive_runs), 0),
-       EXISTS (SELECT 1 FROM {{.Schema}}.archive_runs WHERE finished_at IS NULL),
-       (SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events);
