@@ -403,7 +403,7 @@ func (r *Runner) generationSubs(reg *registration, g *generations, gen Generatio
 			proc = wrap(proc)
 		}
 		subs = append(subs, &catchup.Subscription{
-			Name: gen.Subscriber, Partition: part, Partitions: reg.opts.Partitions,
+			Name: gen.Subscriber, Partition: part, Partitions: reg.opts.Partitions, PartitionBy: reg.opts.PartitionBy,
 			Filter: reg.filter, BatchSize: reg.opts.BatchSize, Processor: proc,
 			SyncCommits: reg.opts.SyncCommits,
 		})
