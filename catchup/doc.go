@@ -346,6 +346,19 @@
 // one partition and a partition reads in position order, so per-key order
 // holds, and the instances share the partitions (Balanced leadership).
 //
+// The count and the key are the subscriber's layout, and it is fixed:
+// with another one, events would move to partitions whose checkpoints were
+// written for other events, behind them (skipped) or ahead (repeated).
+// Before a subscriber's first claim the engine records its layout in
+// subscriber_layouts (CheckLayout: one statement that inserts the layout
+// unless the subscriber has one, or has checkpoints from before layouts
+// were recorded that show another count, its highest checkpointed
+// partition + 1). Run, CatchUp and TakeOver then refuse another layout with
+// a *PartitionLayoutError before they claim anything; projection.Runner
+// checks every subscriber before it starts. Unpartitioned subscribers are
+// recorded as one partition by stream, whatever their key, which decides
+// nothing. A new layout needs a new subscriber name.
+//
 // # Taking over (rebuilds)
 //
 // TakeOver makes an engine the leader of a partition at once, whoever leads

@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -405,6 +406,9 @@ type Engine struct {
 	// takeOverSeen, when set (tests), replaces the backend PID TakeOver
 	// looks for in pg_locks.
 	takeOverSeen func(pid uint32) uint32
+	// layouts holds the subscriber layouts checkLayout has found in order
+	// (keyed by count, key and name).
+	layouts sync.Map
 }
 
 // NewEngine returns an Engine reading through pool. listener may be nil for
@@ -521,6 +525,9 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 	backoff := e.cfg.RetryBackoff
 	for ctx.Err() == nil {
 		lease, err := e.standBy(ctx, sub, g)
+		if errors.Is(err, ErrPartitionLayout) {
+			return err
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				log.WarnContext(ctx, "annals: cannot take the subscription lock", slog.Any("error", err))
@@ -585,6 +592,9 @@ func (e *Engine) CatchUp(ctx context.Context, sub *Subscription, target int64) e
 	if sub.Ephemeral {
 		lease := &Lease{Subscriber: sub.Name, Partition: sub.Partition, Start: sub.StartAfter}
 		return e.lead(ctx, ctx, sub, lease, target)
+	}
+	if err := e.CheckLayout(ctx, sub); err != nil {
+		return err
 	}
 	lease, err := e.standBy(ctx, sub, nil)
 	if err != nil {

@@ -208,3 +208,22 @@ SELECT set_config('synchronous_commit', 'off', true)
                    WHEN dist.d <= 1048576 THEN pg_xact_status((cur.x + dist.d)::text::xid8) = 'in progress'
                    ELSE false END);
 
+
+-- name: RecordLayout
+-- $1 subscriber, $2 partitions, $3 partition key (canonical: see
+-- layoutOf). Records the subscriber's layout unless it has one, or has
+-- checkpoints that show another count: a subscriber that ran before layouts
+-- were recorded (migration 0022) has a checkpoint for each of its
+-- partitions, so its count was its highest checkpointed partition + 1.
+-- Returns whether it inserted, the recorded layout (NULL when none is
+-- visible) and the highest checkpointed partition (NULL when none).
+WITH ins AS (
+    INSERT INTO {{.Schema}}.subscriber_layouts (subscriber_id, partitions, partition_by)
+    SELECT $1, $2, $3
+     WHERE coalesce((SELECT max(c.partition) FROM {{.Schema}}.checkpoints c WHERE c.subscriber_id = $1), $2 - 1) = $2 - 1
+    ON CONFLICT (subscriber_id) DO NOTHING
+    RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM ins), l.partitions, l.partition_by,
+       (SELECT max(c.partition) FROM {{.Schema}}.checkpoints c WHERE c.subscriber_id = $1)
+  FROM (SELECT 1) AS one
+  LEFT JOIN {{.Schema}}.subscriber_layouts l ON l.subscriber_id = $1;

@@ -822,6 +822,9 @@ func pollJitter(d time.Duration) time.Duration {
 // standBy waits, standing by, until this process holds sub's lock, then
 // claims the checkpoint (bumping the epoch) and returns the lease.
 func (e *Engine) standBy(ctx context.Context, sub *Subscription, g *group) (*Lease, error) {
+	if err := e.CheckLayout(ctx, sub); err != nil {
+		return nil, err
+	}
 	r, err := e.sessions.wait(ctx, LockKey(e.schema, sub.Name, sub.Partition), sub.Name, sub.Partition, g)
 	if err != nil {
 		return nil, err

@@ -51,6 +51,9 @@ func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Dura
 	if sub.Ephemeral {
 		return nil, errors.New("catchup: TakeOver of an ephemeral subscription")
 	}
+	if err := e.CheckLayout(ctx, sub); err != nil {
+		return nil, err
+	}
 	key := LockKey(e.schema, sub.Name, sub.Partition)
 	qctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()

@@ -757,9 +757,12 @@ func TestFailureParkStream(t *testing.T) {
 			h.start(run)
 
 			// bad v2 fails twice and is dead-lettered; v3 and v4 are parked
-			// behind it, in order; good flows.
+			// behind it, in order; good flows. (OnDeadLetter of a parked
+			// event runs after the transaction that parked it commits:
+			// wait for its calls too.)
 			h.waitFor(failWait, "the stream to be parked", func() bool {
-				return len(h.deadLetters(sub)) == 3 && len(h.seen(sub)) == 3
+				_, dead := run.hooks.calls()
+				return len(h.deadLetters(sub)) == 3 && len(h.seen(sub)) == 3 && len(dead) >= 3
 			})
 			dls := h.deadLetters(sub)
 			h.checkFailed(dls[0], all[1], 2)

@@ -126,7 +126,10 @@ type Options struct {
 	// key (PartitionBy) into this many partitions, each with its own lock
 	// and checkpoint, which the runners running the subscriber share fairly
 	// (see package catchup, "Balanced leadership"); per-key order holds.
-	// Defaults to 1.
+	// Defaults to 1. Partitions and PartitionBy are fixed at the
+	// subscriber's first run: Run and RunUntilCaughtUp refuse another
+	// count or key (catchup.ErrPartitionLayout), which would skip or repeat
+	// events. A new layout needs a new projection name.
 	Partitions int
 	// PartitionBy is the partition key: "stream" (the stream ID, the
 	// default), "category" (the stream ID up to its first "-"), or
@@ -505,7 +508,9 @@ func (r *Runner) subscriptions() []*catchup.Subscription {
 // Run runs every registered subscriber until ctx ends, then shuts down
 // gracefully (the batch in hand finishes within ShutdownTimeout, observer
 // checkpoints are flushed, locks released, the instance deregistered) and
-// returns nil. It returns an error only if it cannot start.
+// returns nil. It returns an error only if it cannot start (a subscriber
+// run with another partition layout than before is one such case:
+// catchup.ErrPartitionLayout).
 func (r *Runner) Run(ctx context.Context) error {
 	r.mu.Lock()
 	if r.running {
@@ -536,6 +541,13 @@ func (r *Runner) Run(ctx context.Context) error {
 	engine, err := r.newEngine(listener)
 	if err != nil {
 		return err
+	}
+	// A subscriber run with another partition layout than before would
+	// skip or repeat events: refuse to start instead.
+	for _, s := range subs {
+		if err := engine.CheckLayout(ctx, s); err != nil {
+			return errors.Wrapf(err, "projection: %q", s.Name)
+		}
 	}
 	if err := r.register(ctx); err != nil {
 		return err
@@ -616,7 +628,7 @@ func (r *Runner) catchUp(ctx context.Context, engine *catchup.Engine, s *catchup
 		if err == nil {
 			return nil
 		}
-		if ctx.Err() != nil || errors.Is(err, catchup.ErrStopped) {
+		if ctx.Err() != nil || errors.Is(err, catchup.ErrStopped) || errors.Is(err, catchup.ErrPartitionLayout) {
 			return errors.Wrapf(err, "projection: %q did not catch up", s.Name)
 		}
 		r.cfg.Logger.WarnContext(ctx, "annals: catching up failed; retrying", slog.String("subscriber", s.Name), slog.Any("error", err))

@@ -76,9 +76,3 @@ SELECT position, epoch
  WHERE subscriber_id = $1 AND partition = $2
    FOR UPDATE;
 
--- name: PartitionCount
--- The highest partition number a subscriber has a checkpoint for (-1:
--- none), and how many checkpoints it has. Rows are created as partitions
--- are first claimed, so the first is a lower bound of its partition count,
--- not the count.
-SELECT coalesce(max(partition), -1), count(*) FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1;

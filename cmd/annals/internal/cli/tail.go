@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"sync"
 
@@ -34,9 +33,10 @@ its position, and is leader-elected, so two tails with the same name share one p
 partitions (by stream ID, or by --partition-by category or metadata:FIELD) that every tail
 running it shares fairly: two tails lead N/2 each, and when one stops or dies the other
 takes its partitions over within tens of milliseconds; each key's events are printed in
-order. Never change a subscriber's partition count (it would skip or repeat events): a
-count at or below its highest partition with a checkpoint exits 2. --read-url reads the events from a streaming replica (a hot standby) while
-locks and checkpoints stay on the primary; a lagging replica delays what is printed, it
+order. A subscriber keeps the partition count and key of its first run (another would
+skip or repeat events): tail refuses another with exit code 2. --read-url reads the
+events from a streaming replica (a hot standby) while locks and checkpoints stay on the
+primary; a lagging replica delays what is printed, it
 never skips. --types filters by event-type globs (order.*, *.shipped; '*' is
 one or more whole segments). --output jsonl prints one JSON object per event, flushed at
 once, with the keys of 'annals read' (there is no --output json: a tail has no end at
@@ -111,9 +111,6 @@ which to close an array).`,
 				return w.flush()
 			}
 			if subscriber != "" {
-				if err := checkPartitionCount(ctx, pool, e, subscriber, partitions); err != nil {
-					return err
-				}
 				r, err := projection.NewRunner(pool, &projection.Config{Schema: e.schema, ReadPool: readPool})
 				if err != nil {
 					return err
@@ -122,10 +119,18 @@ which to close an array).`,
 				if err := r.Register(&tailObserver{name: subscriber, print: print}, opts); err != nil {
 					return usageError{err}
 				}
+				run := r.RunUntilCaughtUp
 				if follow {
-					return finish(r.Run(ctx))
+					run = r.Run
 				}
-				return finish(r.RunUntilCaughtUp(ctx))
+				err = run(ctx)
+				if errors.Is(err, catchup.ErrPartitionLayout) {
+					// Another partition count or key than the subscriber's
+					// checkpoints were written under: refused before
+					// anything was claimed or printed.
+					return usageError{err}
+				}
+				return finish(err)
 			}
 			listener, err := catchup.NewListener(pool.Config().ConnConfig, e.schema, nil)
 			if err != nil {
@@ -192,32 +197,4 @@ func (p *tailProcessor) Process(_ context.Context, _ *catchup.Lease, b catchup.B
 		done = ev.GlobalSequence
 	}
 	return b.Through, nil
-}
-
-// checkPartitionCount refuses to run subscriber with fewer partitions than
-// it certainly has: a checkpoint for a partition number of partitions or
-// more. Its keys would move to partitions whose checkpoints are elsewhere,
-// and events would be skipped or repeated (docs/operations.md). A count
-// above the highest checkpoint's cannot be told from a first run that was
-// interrupted before it claimed every partition (checkpoints are created
-// as partitions are claimed), so it is let through. The projection runner
-// does not check this.
-func checkPartitionCount(ctx context.Context, pool *pgxpool.Pool, e *env, subscriber string, partitions int) error {
-	q, err := e.queries()
-	if err != nil {
-		return err
-	}
-	var highest, rows int
-	if err := pool.QueryRow(ctx, q["PartitionCount"], subscriber).Scan(&highest, &rows); err != nil {
-		return errors.Wrap(err, "tail: read the subscriber's checkpoints")
-	}
-	if highest < partitions {
-		return nil
-	}
-	hint := "run it with the partition count it was created with"
-	if rows == highest+1 { // partitions 0..highest all have checkpoints
-		hint = fmt.Sprintf("its checkpoints cover partitions 0-%d: run it with --partitions %d", highest, highest+1)
-	}
-	return usagef("subscriber %q has a checkpoint for partition %d, so it runs with more than %d partitions: %s (changing the partition count skips or repeats events; a new layout needs a new subscriber name)",
-		subscriber, highest, partitions, hint)
 }

@@ -150,24 +150,24 @@ func TestTail(t *testing.T) {
 			{"tail", "--subscriber", "audit-log", "--partitions", "3", "--output", "jsonl"},
 		} {
 			r := annals(t, db.URL, args...)
-			if r.code != ExitUsage || r.stdout != "" || !strings.Contains(r.stderr, "checkpoint for partition 3") || !strings.Contains(r.stderr, "--partitions 4") {
+			if r.code != ExitUsage || r.stdout != "" || !strings.Contains(r.stderr, "checkpoints up to partition 3, so it ran with 4 partitions") {
 				t.Errorf("annals %q: %+v", args, r)
 			}
 		}
 		if after := checkpoints("audit-log"); after != before {
 			t.Fatalf("refused tails changed the checkpoints: %s, then %s", before, after)
 		}
-		// A gap (partition 2 of 3 never claimed, as after an interrupted
-		// first run) gives no count to recommend.
-		if r := annals(t, db.URL, "checkpoint", "set", "gappy", "0", "--create", "--yes", "--partition", "2"); r.code != 0 {
-			t.Fatalf("checkpoint set: %+v", r)
-		}
-		if r := annals(t, db.URL, "tail", "--subscriber", "gappy", "--partitions", "2"); r.code != ExitUsage ||
-			!strings.Contains(r.stderr, "the partition count it was created with") || strings.Contains(r.stderr, "--partitions 3") {
-			t.Errorf("tail --subscriber gappy --partitions 2: %+v", r)
-		}
 		if r := annals(t, db.URL, "tail", "--subscriber", "audit-log", "--partitions", "4", "--output", "jsonl"); r.code != 0 || strings.Count(r.stdout, "\n") < 3 {
 			t.Errorf("tail with the subscriber's own partition count: %+v", r)
+		}
+		// From its first run on, the subscriber's layout is recorded: the
+		// key counts too.
+		if r := annals(t, db.URL, "tail", "--subscriber", "audit-log", "--partitions", "4", "--partition-by", "category"); r.code != ExitUsage ||
+			!strings.Contains(r.stderr, "was run with 4 partitions by stream; asked for 4 partitions by category") {
+			t.Errorf("tail --subscriber audit-log --partition-by category: %+v", r)
+		}
+		if after := checkpoints("audit-log"); strings.Count(after, ",") != 3 {
+			t.Fatalf("checkpoints after the refused tail: %s", after)
 		}
 	})
 
