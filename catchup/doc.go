@@ -349,15 +349,22 @@
 // The count and the key are the subscriber's layout, and it is fixed:
 // with another one, events would move to partitions whose checkpoints were
 // written for other events, behind them (skipped) or ahead (repeated).
-// Before a subscriber's first claim the engine records its layout in
-// subscriber_layouts (CheckLayout: one statement that inserts the layout
-// unless the subscriber has one, or has checkpoints from before layouts
-// were recorded that show another count, its highest checkpointed
-// partition + 1). Run, CatchUp and TakeOver then refuse another layout with
-// a *PartitionLayoutError before they claim anything; projection.Runner
-// checks every subscriber before it starts. Unpartitioned subscribers are
-// recorded as one partition by stream, whatever their key, which decides
-// nothing. A new layout needs a new subscriber name.
+// Before a subscription stands by, the engine records its layout in
+// subscriber_layouts (CheckLayout, one statement): it inserts the layout
+// unless the subscriber has one or has checkpoints from before layouts
+// were recorded that show another count (partitions 0..k all checkpointed:
+// k+1; with gaps: more than k); it replaces a recorded layout only while
+// none of the subscriber's checkpoints ever moved past 0 (nothing was
+// processed), and then bumps every checkpoint's epoch, fencing the old
+// layout's leaders. Run, CatchUp and TakeOver refuse another layout with a
+// *PartitionLayoutError before they claim anything, and every claim is an
+// INSERT that adds or bumps the checkpoint only while the recorded layout
+// is the subscription's: an engine that checked before a replacement
+// cannot start a leader of the old layout. projection.Runner checks every
+// subscriber before it starts (not the generations of blue/green read
+// models, which start later and log a refusal). Unpartitioned subscribers
+// are recorded as one partition by stream, whatever their key, which
+// decides nothing. A new layout needs a new subscriber name.
 //
 // # Taking over (rebuilds)
 //

@@ -9,7 +9,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -406,9 +405,6 @@ type Engine struct {
 	// takeOverSeen, when set (tests), replaces the backend PID TakeOver
 	// looks for in pg_locks.
 	takeOverSeen func(pid uint32) uint32
-	// layouts holds the subscriber layouts checkLayout has found in order
-	// (keyed by count, key and name).
-	layouts sync.Map
 }
 
 // NewEngine returns an Engine reading through pool. listener may be nil for

@@ -5,6 +5,9 @@ import (
 	"fmt"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/checkpoint"
 )
 
 // ErrPartitionLayout is matched (errors.Is) by the error of a subscription
@@ -13,44 +16,51 @@ import (
 var ErrPartitionLayout = errors.New("catchup: the subscriber's partition layout changed")
 
 // PartitionLayoutError says why a subscription was refused: its subscriber
-// has a recorded layout (or, recorded before there were layouts, a
-// checkpoint of a partition it would not have) that its Partitions or
-// PartitionBy contradict. Run, CatchUp and TakeOver return it without
-// claiming anything; nothing was read or delivered.
+// has a recorded layout (or, from before layouts were recorded, checkpoints
+// of another count) that its Partitions or PartitionBy contradict, and
+// events were processed under it. Run, CatchUp and TakeOver return it
+// without claiming anything; nothing was read or delivered.
 //
 // Running a subscriber with another layout would move events to partitions
 // whose checkpoints were written for other events, so some would be skipped
-// and others delivered again. To change the layout, run the projection
-// under a new name (a new subscriber, which starts from the beginning of
-// the log), and retire the old one.
+// and others delivered again. A subscriber none of whose checkpoints ever
+// moved past 0 takes a new layout (nothing was processed under the old
+// one). Otherwise, to change the layout, run the projection under a new
+// name (a new subscriber, which starts from the beginning of the log) and
+// retire the old one.
 type PartitionLayoutError struct {
 	// Subscriber is the subscriber's name.
 	Subscriber string
 	// Partitions and PartitionBy are what the subscription asked for
-	// (PartitionBy canonical: "stream" for "").
+	// (PartitionBy canonical: "stream" for "" and for one partition).
 	Partitions  int
 	PartitionBy string
 	// RecordedPartitions and RecordedPartitionBy are the subscriber's
 	// recorded layout; 0 and "" when it has none.
 	RecordedPartitions  int
 	RecordedPartitionBy string
-	// HighestPartition is the highest partition with a checkpoint, when
-	// that is what refused the subscription: a subscriber that ran before
-	// layouts were recorded, with HighestPartition+1 partitions. -1
-	// otherwise.
+	// HighestPartition and Checkpoints describe the checkpoints of a
+	// subscriber that ran before layouts were recorded, when they refused
+	// the subscription (-1 and 0 otherwise): checkpoints for each of the
+	// partitions 0..HighestPartition mean it ran with HighestPartition+1;
+	// fewer mean it ran with more than HighestPartition.
 	HighestPartition int
+	Checkpoints      int
 }
 
 // Error implements error.
 func (e *PartitionLayoutError) Error() string {
-	if e.RecordedPartitions == 0 {
-		return fmt.Sprintf("catchup: subscriber %q has checkpoints up to partition %d, so it ran with %s; asked for %s now; "+
-			"changing a subscriber's partition count skips or repeats events: run it as before, or the new layout under a new subscriber name",
-			e.Subscriber, e.HighestPartition, layoutString(e.HighestPartition+1, ""), layoutString(e.Partitions, e.PartitionBy))
+	const why = "changing a subscriber's partition count or key skips or repeats events: run it as before, or the new layout under a new subscriber name"
+	switch {
+	case e.RecordedPartitions > 0:
+		return fmt.Sprintf("catchup: subscriber %q was run with %s; asked for %s now; %s",
+			e.Subscriber, layoutString(e.RecordedPartitions, e.RecordedPartitionBy), layoutString(e.Partitions, e.PartitionBy), why)
+	case e.Checkpoints == e.HighestPartition+1:
+		return fmt.Sprintf("catchup: subscriber %q has checkpoints for partitions 0-%d, so it ran with %s; asked for %s now; %s",
+			e.Subscriber, e.HighestPartition, layoutString(e.HighestPartition+1, ""), layoutString(e.Partitions, e.PartitionBy), why)
 	}
-	return fmt.Sprintf("catchup: subscriber %q was run with %s; asked for %s now; "+
-		"changing a subscriber's partition count or key skips or repeats events: run it as before, or the new layout under a new subscriber name",
-		e.Subscriber, layoutString(e.RecordedPartitions, e.RecordedPartitionBy), layoutString(e.Partitions, e.PartitionBy))
+	return fmt.Sprintf("catchup: subscriber %q has a checkpoint for partition %d, so it ran with more than %s; asked for %s now; %s",
+		e.Subscriber, e.HighestPartition, layoutString(e.Partitions, ""), layoutString(e.Partitions, e.PartitionBy), why)
 }
 
 // Is reports whether target is ErrPartitionLayout.
@@ -78,52 +88,76 @@ func layoutOf(sub *Subscription) (int, string) {
 }
 
 // CheckLayout records sub's partition layout (Partitions, PartitionBy) if
-// its subscriber has none, and refuses it with a *PartitionLayoutError
-// (ErrPartitionLayout) if the subscriber has another. Run, CatchUp and
-// TakeOver call it before they claim anything; call it yourself to refuse
-// a misconfigured deployment at start-up rather than when a subscription
-// starts. It asks the database once per subscriber and layout for the
-// engine's life. Ephemeral subscriptions keep no checkpoint and pass.
+// its subscriber has none, replaces it if none of the subscriber's
+// checkpoints ever moved past 0 (fencing the leaders of the old one), and
+// otherwise refuses another with a *PartitionLayoutError
+// (ErrPartitionLayout). Run, CatchUp and TakeOver call it before they
+// stand by, and every claim of a checkpoint is made only while the
+// recorded layout is the subscription's; call it yourself to refuse a
+// misconfigured deployment at start-up. Ephemeral subscriptions keep no
+// checkpoint and pass.
 func (e *Engine) CheckLayout(ctx context.Context, sub *Subscription) error {
 	if sub.Ephemeral {
 		return nil
 	}
 	n, by := layoutOf(sub)
-	key := fmt.Sprintf("%d\x00%s\x00%s", n, by, sub.Name)
-	if _, ok := e.layouts.Load(key); ok {
-		return nil
-	}
-	// RecordLayout inserts the layout unless the subscriber has one or a
-	// checkpoint contradicts it. A layout that a concurrent first run
-	// inserted after this statement's snapshot is neither inserted nor
-	// seen: read again.
+	// A layout that a concurrent first run inserted after RecordLayout's
+	// snapshot was taken is neither inserted nor seen: read again.
 	for attempt := 0; ; attempt++ {
 		var (
-			inserted bool
-			recN     *int32
-			recBy    *string
-			highest  *int32
-			refused  = &PartitionLayoutError{Subscriber: sub.Name, Partitions: n, PartitionBy: by, HighestPartition: -1}
+			written bool
+			recN    *int32
+			recBy   *string
+			highest *int32
+			count   int64
+			moved   bool
+			refused = &PartitionLayoutError{Subscriber: sub.Name, Partitions: n, PartitionBy: by, HighestPartition: -1}
 		)
-		if err := e.pool.QueryRow(ctx, e.q["RecordLayout"], sub.Name, n, by).Scan(&inserted, &recN, &recBy, &highest); err != nil {
+		if err := e.pool.QueryRow(ctx, e.q["RecordLayout"], sub.Name, n, by).Scan(&written, &recN, &recBy, &highest, &count, &moved); err != nil {
 			return errors.Wrapf(err, "catchup: record the partition layout of %s", sub.Name)
 		}
 		switch {
-		case inserted:
+		case written:
+			return nil
 		case recN != nil && recBy != nil:
-			if int(*recN) != n || *recBy != by {
-				refused.RecordedPartitions, refused.RecordedPartitionBy = int(*recN), *recBy
-				return errors.WithStack(refused)
+			if int(*recN) == n && *recBy == by {
+				return nil
 			}
-		case highest != nil && int(*highest) != n-1:
-			refused.HighestPartition = int(*highest)
+			refused.RecordedPartitions, refused.RecordedPartitionBy = int(*recN), *recBy
+			return errors.WithStack(refused)
+		case highest != nil && moved:
+			refused.HighestPartition, refused.Checkpoints = int(*highest), int(count)
 			return errors.WithStack(refused)
 		case attempt < 3:
 			continue
-		default:
-			return errors.Newf("catchup: the partition layout of %s is neither recorded nor recordable", sub.Name)
 		}
-		e.layouts.Store(key, struct{}{})
-		return nil
+		return errors.Newf("catchup: the partition layout of %s is neither recorded nor recordable", sub.Name)
 	}
+}
+
+// claimLaidOut claims sub's checkpoint of partition part for this engine on db
+// (the connection holding the partition's lock, or the pool to fence): the
+// checkpoint package's Claim, made only while the subscriber's recorded
+// layout is sub's. A layout replaced since CheckLayout refuses it with a
+// *PartitionLayoutError.
+func (e *Engine) claimLaidOut(ctx context.Context, db checkpoint.DB, sub *Subscription, part int) (checkpoint.Checkpoint, error) {
+	n, by := layoutOf(sub)
+	c := checkpoint.Checkpoint{Subscriber: sub.Name, Partition: part}
+	var o *string
+	err := db.QueryRow(ctx, e.q["Claim"], sub.Name, part, e.cfg.Owner, n, by).Scan(&c.Position, &c.Epoch, &o, &c.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Say what the layout is now (not CheckLayout, which could
+		// replace it back).
+		refused := &PartitionLayoutError{Subscriber: sub.Name, Partitions: n, PartitionBy: by, HighestPartition: -1}
+		var recN int32
+		if err := db.QueryRow(ctx, e.q["Layout"], sub.Name).Scan(&recN, &refused.RecordedPartitionBy); err != nil {
+			return c, errors.Wrapf(err, "catchup: claim %s/%d: read the subscriber's partition layout", sub.Name, part)
+		}
+		refused.RecordedPartitions = int(recN)
+		return c, errors.WithStack(refused)
+	}
+	if o != nil {
+		c.Owner = *o
+	}
+	return c, errors.Wrapf(err, "catchup: claim %s/%d", sub.Name, part)
 }

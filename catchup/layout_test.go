@@ -11,6 +11,7 @@ import (
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
 )
 
@@ -44,7 +45,7 @@ func TestPartitionLayout(t *testing.T) {
 	delivered := 0
 	sub := func(name string, part, parts int, by string) *catchup.Subscription {
 		return &catchup.Subscription{Name: name, Partition: part, Partitions: parts, PartitionBy: by,
-			Processor: counter{mu: &mu, n: &delivered}}
+			Processor: counter{mu: &mu, n: &delivered, db: db.Pool}}
 	}
 	run := func(name string, parts int, by string) error {
 		for p := range max(parts, 1) {
@@ -118,18 +119,45 @@ func TestPartitionLayout(t *testing.T) {
 
 	// A subscriber that ran before layouts were recorded: checkpoints for
 	// partitions 0-3, no layout. Its count was 4.
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{db.Schema}.Sanitize()+`.checkpoints (subscriber_id, partition, position)
-		SELECT 'legacy', p, 0 FROM generate_series(0, 3) p`); err != nil {
+	schema := pgx.Identifier{db.Schema}.Sanitize()
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO `+schema+`.checkpoints (subscriber_id, partition, position)
+		SELECT 'legacy', p, 1 FROM generate_series(0, 3) p`); err != nil {
 		t.Fatal(err)
 	}
-	refused(t, run("legacy", 2, ""), catchup.PartitionLayoutError{Subscriber: "legacy", Partitions: 2, PartitionBy: "stream", HighestPartition: 3})
-	refused(t, run("legacy", 8, ""), catchup.PartitionLayoutError{Subscriber: "legacy", Partitions: 8, PartitionBy: "stream", HighestPartition: 3})
+	refused(t, run("legacy", 2, ""), catchup.PartitionLayoutError{Subscriber: "legacy", Partitions: 2, PartitionBy: "stream", HighestPartition: 3, Checkpoints: 4})
+	refused(t, run("legacy", 8, ""), catchup.PartitionLayoutError{Subscriber: "legacy", Partitions: 8, PartitionBy: "stream", HighestPartition: 3, Checkpoints: 4})
 	if err := run("legacy", 4, catchup.PartitionByCategory); err != nil {
 		t.Fatal(err)
 	}
 	// From then on its layout is recorded, key and all.
 	refused(t, run("legacy", 4, ""), catchup.PartitionLayoutError{Subscriber: "legacy", Partitions: 4, PartitionBy: "stream",
 		RecordedPartitions: 4, RecordedPartitionBy: "category", HighestPartition: -1})
+	// With a gap (a first run interrupted before it claimed partitions 0
+	// and 1), only fewer partitions than the checkpoints show are refused.
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO `+schema+`.checkpoints (subscriber_id, partition, position) VALUES ('gappy', 2, 1)`); err != nil {
+		t.Fatal(err)
+	}
+	refused(t, run("gappy", 2, ""), catchup.PartitionLayoutError{Subscriber: "gappy", Partitions: 2, PartitionBy: "stream", HighestPartition: 2, Checkpoints: 1})
+	if err := run("gappy", 5, ""); err != nil {
+		t.Fatal(err)
+	}
+
+	// Nothing processed (every checkpoint at 0): a mistaken first run's
+	// layout gives way to the next, and the old layout's leaders are fenced.
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO `+schema+`.checkpoints (subscriber_id, partition, position, epoch)
+		SELECT 'typo', p, 0, 7 FROM generate_series(0, 2) p`); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.CheckLayout(ctx, sub("typo", 0, 3, "")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.CheckLayout(ctx, sub("typo", 0, 4, "")); err != nil {
+		t.Fatalf("a new layout for a subscriber that processed nothing: %v", err)
+	}
+	var fenced bool
+	if err := db.Pool.QueryRow(ctx, `SELECT bool_and(epoch = 8 AND owner IS NULL) FROM `+schema+`.checkpoints WHERE subscriber_id = 'typo'`).Scan(&fenced); err != nil || !fenced {
+		t.Fatalf("the old layout's checkpoints were not fenced (%v)", err)
+	}
 
 	// Ephemeral subscriptions keep no checkpoint: no layout either.
 	eph := sub("orders", 0, 4, "")
@@ -139,17 +167,23 @@ func TestPartitionLayout(t *testing.T) {
 	}
 }
 
-// counter counts the events delivered.
+// counter counts the events delivered, and commits the checkpoint.
 type counter struct {
 	nopProcessor
 	mu *sync.Mutex
 	n  *int
+	db checkpoint.DB
 }
 
-func (c counter) Process(_ context.Context, _ *catchup.Lease, b catchup.Batch) (int64, error) {
+func (c counter) Process(ctx context.Context, l *catchup.Lease, b catchup.Batch) (int64, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	*c.n += len(b.Events)
+	c.mu.Unlock()
+	if len(b.Events) > 0 {
+		if err := l.Commit(ctx, c.db, b.Through); err != nil {
+			return 0, err
+		}
+	}
 	return b.Through, nil
 }
 

@@ -211,19 +211,52 @@ SELECT set_config('synchronous_commit', 'off', true)
 
 -- name: RecordLayout
 -- $1 subscriber, $2 partitions, $3 partition key (canonical: see
--- layoutOf). Records the subscriber's layout unless it has one, or has
--- checkpoints that show another count: a subscriber that ran before layouts
--- were recorded (migration 0022) has a checkpoint for each of its
--- partitions, so its count was its highest checkpointed partition + 1.
--- Returns whether it inserted, the recorded layout (NULL when none is
--- visible) and the highest checkpointed partition (NULL when none).
-WITH ins AS (
-    INSERT INTO {{.Schema}}.subscriber_layouts (subscriber_id, partitions, partition_by)
-    SELECT $1, $2, $3
-     WHERE coalesce((SELECT max(c.partition) FROM {{.Schema}}.checkpoints c WHERE c.subscriber_id = $1), $2 - 1) = $2 - 1
-    ON CONFLICT (subscriber_id) DO NOTHING
-    RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM ins), l.partitions, l.partition_by,
-       (SELECT max(c.partition) FROM {{.Schema}}.checkpoints c WHERE c.subscriber_id = $1)
-  FROM (SELECT 1) AS one
-  LEFT JOIN {{.Schema}}.subscriber_layouts l ON l.subscriber_id = $1;
+-- layoutOf). Records the subscriber's layout when it has none and its
+-- checkpoints allow it, or replaces it when no checkpoint of the
+-- subscriber ever moved past 0 (nothing was processed: a first run with a
+-- mistaken layout, or every partition reset), bumping every checkpoint's
+-- epoch so that leaders of the old layout are fenced. A subscriber that ran
+-- before layouts were recorded (migration 0022) has a checkpoint for each
+-- partition it claimed: with no gap (0..k) its count was k+1; with gaps (a
+-- first run interrupted, checkpoints created by hand) it had more than its
+-- highest checkpointed partition. Returns whether it inserted or replaced,
+-- the layout recorded before (NULL when none is visible), the highest
+-- checkpointed partition (NULL: none), the number of checkpoints, and
+-- whether any moved past 0.
+WITH cp AS (
+    SELECT max(c.partition) AS highest, count(*) AS n, coalesce(bool_or(c.position > 0), false) AS moved
+      FROM {{.Schema}}.checkpoints c WHERE c.subscriber_id = $1),
+ins AS (
+    INSERT INTO {{.Schema}}.subscriber_layouts AS l (subscriber_id, partitions, partition_by)
+    SELECT $1, $2, $3 FROM cp
+     WHERE cp.highest IS NULL OR NOT cp.moved
+        OR (cp.n = cp.highest + 1 AND cp.highest = $2 - 1)
+        OR (cp.n < cp.highest + 1 AND cp.highest < $2)
+    ON CONFLICT (subscriber_id) DO UPDATE
+       SET partitions = excluded.partitions, partition_by = excluded.partition_by, recorded_at = clock_timestamp()
+     WHERE (l.partitions, l.partition_by) IS DISTINCT FROM (excluded.partitions, excluded.partition_by)
+       AND NOT (SELECT cp.moved FROM cp)
+    RETURNING l.xmax::text <> '0' AS replaced),
+bump AS (
+    UPDATE {{.Schema}}.checkpoints c SET epoch = c.epoch + 1, owner = NULL, updated_at = clock_timestamp()
+     WHERE c.subscriber_id = $1 AND EXISTS (SELECT 1 FROM ins WHERE ins.replaced))
+SELECT EXISTS (SELECT 1 FROM ins), l.partitions, l.partition_by, cp.highest, cp.n, cp.moved
+  FROM cp LEFT JOIN {{.Schema}}.subscriber_layouts l ON l.subscriber_id = $1;
+
+-- name: Claim
+-- checkpoint.Store's Claim ($1 subscriber, $2 partition, $3 owner: the row
+-- created at position 0 or its epoch bumped), made only while the
+-- subscriber's recorded layout is $4 partitions by $5: a layout replaced
+-- (RecordLayout) after this engine checked it refuses the claim, so no
+-- leader of the old layout starts after the replacement. No row: refused.
+INSERT INTO {{.Schema}}.checkpoints AS c (subscriber_id, partition, position, epoch, owner)
+SELECT $1, $2, 0, 1, $3
+ WHERE EXISTS (SELECT 1 FROM {{.Schema}}.subscriber_layouts l
+                WHERE l.subscriber_id = $1 AND l.partitions = $4 AND l.partition_by = $5)
+ON CONFLICT (subscriber_id, partition) DO UPDATE
+   SET epoch = c.epoch + 1, owner = EXCLUDED.owner, updated_at = clock_timestamp()
+RETURNING position, epoch, owner, updated_at;
+
+-- name: Layout
+-- The subscriber's recorded layout: partitions, partition_by.
+SELECT partitions, partition_by FROM {{.Schema}}.subscriber_layouts WHERE subscriber_id = $1;

@@ -91,7 +91,8 @@ type waiter struct {
 	key   string
 	sub   string
 	part  int
-	g     *group // nil: take the lock whenever it is free
+	subn  *Subscription // for the claim's layout check
+	g     *group        // nil: take the lock whenever it is free
 	got   chan standbyResult
 	taken bool // the poller took it out of waiting: a result is coming (s.mu)
 }
@@ -223,8 +224,8 @@ func (s *sessions) departLocked(g *group) {
 // this waiter, and returns it. It returns an error when ctx ends, and when
 // the lock session cannot be opened (the caller backs off and stands by
 // again).
-func (s *sessions) wait(ctx context.Context, key, sub string, part int, g *group) (standbyResult, error) {
-	w := &waiter{key: key, sub: sub, part: part, g: g, got: make(chan standbyResult, 1)}
+func (s *sessions) wait(ctx context.Context, key string, sub *Subscription, g *group) (standbyResult, error) {
+	w := &waiter{key: key, sub: sub.Name, part: sub.Partition, subn: sub, g: g, got: make(chan standbyResult, 1)}
 	s.mu.Lock()
 	s.waiting[w] = struct{}{}
 	s.start()
@@ -603,7 +604,7 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 		var cp checkpoint.Checkpoint
 		cerr := sb.Do(ctx, func(conn *pgx.Conn) error {
 			var err error
-			cp, err = s.e.checkpoints.Claim(ctx, conn, w.sub, w.part, s.e.cfg.Owner)
+			cp, err = s.e.claimLaidOut(ctx, conn, w.subn, w.part)
 			return err
 		})
 		if cerr != nil {
@@ -825,7 +826,7 @@ func (e *Engine) standBy(ctx context.Context, sub *Subscription, g *group) (*Lea
 	if err := e.CheckLayout(ctx, sub); err != nil {
 		return nil, err
 	}
-	r, err := e.sessions.wait(ctx, LockKey(e.schema, sub.Name, sub.Partition), sub.Name, sub.Partition, g)
+	r, err := e.sessions.wait(ctx, LockKey(e.schema, sub.Name, sub.Partition), sub, g)
 	if err != nil {
 		return nil, err
 	}
@@ -845,9 +846,9 @@ func (e *Engine) newLease(sub *Subscription) *Lease {
 
 // claim claims the checkpoint of the lease's partition for its lock's
 // holder: epoch + 1, owner = this engine. On failure it releases the lock.
-func (e *Engine) claim(ctx context.Context, lease *Lease) (*Lease, error) {
+func (e *Engine) claim(ctx context.Context, sub *Subscription, lease *Lease) (*Lease, error) {
 	err := lease.Do(ctx, func(conn *pgx.Conn) error {
-		cp, err := e.checkpoints.Claim(ctx, conn, lease.Subscriber, lease.Partition, e.cfg.Owner)
+		cp, err := e.claimLaidOut(ctx, conn, sub, lease.Partition)
 		lease.Epoch, lease.Start = cp.Epoch, cp.Position
 		return err
 	})

@@ -123,14 +123,26 @@ func waitLeads(t *testing.T, db *annalstest.DB, in *instance, n int, after []int
 	return time.Since(start)
 }
 
-// sessions counts the backends of in that are not its pool's.
+// sessions counts the backends of in that are not its pool's. A pool
+// connection being opened is counted by the pool before its backend shows
+// in pg_stat_activity (or after): it counts only while none is.
 func (in *instance) sessions(t *testing.T, db *annalstest.DB) int {
 	t.Helper()
-	var n int
-	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, in.name).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n - int(in.pool.Stat().TotalConns())
+	var got int
+	annalstest.WaitFor(t, 10*time.Second, func() bool {
+		before := in.pool.Stat()
+		var n int
+		if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, in.name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		after := in.pool.Stat()
+		if before.ConstructingConns() != 0 || after.ConstructingConns() != 0 || before.TotalConns() != after.TotalConns() {
+			return false
+		}
+		got = n - int(after.TotalConns())
+		return true
+	})
+	return got
 }
 
 // standbySession waits until in has a standby session that has polled, and

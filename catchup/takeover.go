@@ -85,7 +85,7 @@ func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Dura
 		}
 		lease := e.newLease(sub)
 		lease.Lock = r.lock
-		return e.claim(ctx, lease)
+		return e.claim(ctx, sub, lease)
 	}
 
 	// Queue, then fence. The lock may come at once (nobody held it): the
@@ -122,7 +122,7 @@ func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Dura
 		}
 	}
 	// Fence whoever leads: its next read or commit fails.
-	fenced, err := e.checkpoints.Claim(qctx, e.pool, sub.Name, sub.Partition, e.cfg.Owner)
+	fenced, err := e.claimLaidOut(qctx, e.pool, sub, sub.Partition)
 	if err != nil {
 		if qctx.Err() != nil {
 			return done(<-got)
@@ -149,7 +149,7 @@ func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Dura
 		if cp.Epoch != fenced.Epoch {
 			// A standby that held the lock before we queued claimed after
 			// the fence: fence it too.
-			if fenced, err = e.checkpoints.Claim(qctx, e.pool, sub.Name, sub.Partition, e.cfg.Owner); err != nil && qctx.Err() == nil {
+			if fenced, err = e.claimLaidOut(qctx, e.pool, sub, sub.Partition); err != nil && qctx.Err() == nil {
 				abandon()
 				return nil, errors.Wrapf(err, "catchup: fence the leader of %s/%d", sub.Name, sub.Partition)
 			}

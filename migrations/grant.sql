@@ -58,8 +58,9 @@ GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.snapshots TO {{.Role}};
 -- name: run
 -- checkpoint: Claim, Load, Commit; projection: Stop, FOR SHARE in RecordFailure.
 GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.checkpoints TO {{.Role}};
--- catchup: the subscriber's partition layout, recorded at its first run.
-GRANT SELECT, INSERT ON {{.Schema}}.subscriber_layouts TO {{.Role}};
+-- catchup: RecordLayout, the subscriber's partition layout, recorded at its
+-- first run (replaced while none of its checkpoints moved past 0).
+GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.subscriber_layouts TO {{.Role}};
 -- projection: Register, Heartbeat, Deregister (and expiry of dead instances).
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.instances TO {{.Role}};
 -- projection: RecordFailure, RetryAt, ForgetFailures (also on rebuild).

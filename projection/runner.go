@@ -608,6 +608,12 @@ func (r *Runner) RunUntilCaughtUp(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Refuse another partition layout before any subscriber catches up.
+	for _, s := range subs {
+		if err := engine.CheckLayout(ctx, s); err != nil {
+			return errors.Wrapf(err, "projection: %q", s.Name)
+		}
+	}
 	head, err := engine.Head(ctx)
 	if err != nil {
 		return err

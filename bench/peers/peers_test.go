@@ -36,7 +36,7 @@ func TestSmoke(t *testing.T) {
 	err := run(t.Context(), []string{
 		"-database-url", db.URL, "-prefix", "peers_smoke", "-output", "json",
 		"-rounds", "1", "-duration", "200ms", "-catchup-events", "3000",
-		"-tail-duration", "1s", "-hold", hold.String(), "-drain", "500ms", "-child-start", "500ms",
+		"-tail-duration", "1s", "-hold", hold.String(), "-drain", "500ms", "-child-start", "1s",
 	}, &out, &progress)
 	if err != nil {
 		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())

@@ -10,8 +10,14 @@
 -- records the layout (catchup/doc.go, "Partitions") before a subscriber's
 -- first claim and refuses to run the subscriber with another one
 -- (catchup.ErrPartitionLayout). A subscriber that ran before this migration
--- gets the layout it next runs with, unless a checkpoint of a partition
--- numbered n or higher shows that it had more partitions than that.
+-- is judged by its checkpoints at its next run (catchup/queries.sql,
+-- RecordLayout), except the generations of blue/green read models: until
+-- this version their subscriptions ignored PartitionBy and were split by
+-- stream ID whatever the projection said, so their layout is recorded
+-- here as what it was, by stream. A projection partitioned by another key
+-- then has its live generation refused instead of repartitioned in place:
+-- raise its BlueGreen.Version to build a generation with the key it asks
+-- for.
 CREATE TABLE {{.Schema}}.subscriber_layouts (
     subscriber_id text        NOT NULL PRIMARY KEY CHECK (subscriber_id <> ''),
     partitions    integer     NOT NULL CHECK (partitions >= 1),
@@ -21,3 +27,9 @@ CREATE TABLE {{.Schema}}.subscriber_layouts (
 
 COMMENT ON TABLE {{.Schema}}.subscriber_layouts IS
     'annals: the partition count and key (stream, category or metadata:FIELD) each subscriber''s checkpoints were written under; the catch-up engine refuses to run a subscriber with another.';
+
+INSERT INTO {{.Schema}}.subscriber_layouts (subscriber_id, partitions, partition_by)
+SELECT g.subscriber, max(c.partition) + 1, 'stream'
+  FROM {{.Schema}}.read_model_generations g
+  JOIN {{.Schema}}.checkpoints c ON c.subscriber_id = g.subscriber
+ GROUP BY g.subscriber;
