@@ -320,12 +320,49 @@ func (r *taskRow) scanArgs() []any {
 	return []any{&r.name, &r.spec, &r.zone, &r.stream, &r.missed, &r.paused, &r.activeSince, &r.lastTick, &r.createdAt, &r.updatedAt}
 }
 
-// anchor is the instant after which the task's ticks are due.
-func (r *taskRow) anchor() time.Time {
-	if r.lastTick != nil && r.lastTick.After(r.activeSince) {
+// futureTickTolerance is how far after a dispatcher's clock a task's last
+// tick may lie before the dispatcher takes it for the work of one whose
+// clock ran ahead (see anchor).
+const futureTickTolerance = time.Minute
+
+// anchor is the instant after which the task's ticks are due, for a
+// dispatcher whose clock reads now.
+//
+// A last tick more than futureTickTolerance after now was recorded by a
+// dispatcher whose clock had jumped forward: it fired the ticks up to its
+// own time early. Taken as it is, it would keep every dispatcher with a
+// right clock from firing the task until real time reached it (for as long
+// as the clock was wrong, days perhaps). The anchor is then the grid point
+// before the task's latest tick due by now, so that tick is due: firing it
+// records it (a tick the early dispatcher fired already is not appended
+// again: cron_ticks is unique per task and tick) and moves last_tick back
+// to it, and the task goes on by the right clock. A dispatcher whose clock
+// is still ahead moves it forward again when it fires; the ticks stay
+// unique, and the task recovers when that clock is set right.
+func (r *taskRow) anchor(sched cron.Schedule, now time.Time) time.Time {
+	if r.lastTick == nil || !r.lastTick.After(r.activeSince) {
+		return r.activeSince
+	}
+	if !r.lastTick.After(now.Add(futureTickTolerance)) {
 		return *r.lastTick
 	}
-	return r.activeSince
+	t, due := latestDue(sched, r.activeSince, now)
+	if !due {
+		return r.activeSince
+	}
+	prev := t.Add(-time.Second) // sched.Next(t - 1 s) is t for a cron spec
+	if cd, ok := sched.(cron.ConstantDelaySchedule); ok {
+		prev = t.Add(-cd.Delay) // the previous point of the @every grid
+	}
+	if prev.Before(r.activeSince) {
+		return r.activeSince
+	}
+	return prev
+}
+
+// futureTick reports whether the task's last tick is one anchor disregards.
+func (r *taskRow) futureTick(now time.Time) bool {
+	return r.lastTick != nil && r.lastTick.After(r.activeSince) && r.lastTick.After(now.Add(futureTickTolerance))
 }
 
 func (s *Scheduler) listTasks(ctx context.Context) ([]taskRow, error) {
@@ -357,7 +394,7 @@ func (s *Scheduler) Tasks(ctx context.Context) ([]TaskInfo, error) {
 			LastTick: r.lastTick, ActiveSince: r.activeSince, CreatedAt: r.createdAt, UpdatedAt: r.updatedAt}
 		_, info.Registered = s.factories[r.name]
 		if sched, _, err := parseSpec(r.spec, r.zone); err == nil && !r.paused {
-			info.NextTick = firstAfter(sched, r.anchor())
+			info.NextTick = firstAfter(sched, r.anchor(sched, s.cfg.Clock.Now()))
 		}
 		out = append(out, info)
 	}
@@ -400,7 +437,11 @@ func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, ne
 			earliest(retryAt)
 			continue
 		}
-		if _, due := latestDue(sched, r.anchor(), now); due {
+		if r.futureTick(now) {
+			s.cfg.Logger.WarnContext(ctx, "annals: cron task's last tick is in the future (a dispatcher's clock ran ahead); firing it by this dispatcher's clock",
+				"task", r.name, "last_tick", *r.lastTick, "now", now)
+		}
+		if _, due := latestDue(sched, r.anchor(sched, now), now); due {
 			ok, held, ferr := s.fireTask(ctx, r.name, factory, now)
 			if ferr != nil {
 				if ctx.Err() != nil {
@@ -422,10 +463,10 @@ func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, ne
 				continue
 			}
 			// Fired or skipped: the task's anchor is now its latest due tick.
-			earliest(nextAfter(sched, r.anchor(), now))
+			earliest(nextAfter(sched, r.anchor(sched, now), now))
 			continue
 		}
-		earliest(nextAfter(sched, r.anchor(), now))
+		earliest(nextAfter(sched, r.anchor(sched, now), now))
 	}
 	return fired, next, contended, nil
 }
@@ -459,7 +500,7 @@ func (s *Scheduler) fireTask(ctx context.Context, name string, factory func(time
 		if err != nil {
 			return err
 		}
-		tick, due := latestDue(sched, r.anchor(), now)
+		tick, due := latestDue(sched, r.anchor(sched, now), now)
 		if !due {
 			return nil // another dispatcher fired it meanwhile
 		}

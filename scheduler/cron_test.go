@@ -476,3 +476,55 @@ func TestCronTickRowGuardsAFiredTick(t *testing.T) {
 		t.Fatalf("last tick not restored: %+v", infos)
 	}
 }
+
+// TestCronRecoversFromAFutureLastTick: a dispatcher whose clock ran a day
+// ahead fires a tick early and records it as the task's last tick. The
+// dispatchers with a right clock used to wait for real time to reach it (the
+// task stopped cluster-wide for the day); they now fire by their own clock,
+// and the early tick is not appended twice when its time comes.
+func TestCronRecoversFromAFutureLastTick(t *testing.T) {
+	t.Parallel()
+	for _, spec := range []string{"*/5 * * * *", "@every 5m"} {
+		t.Run(spec, func(t *testing.T) {
+			t.Parallel()
+			db := annalstest.NewDB(t, nil)
+			clock := newFakeClock(t0)
+			s := newScheduler(t, db, &Config{Clock: clock, MissedGrace: time.Minute})
+			task := Task{Name: "m", Spec: spec, StreamID: "m", Missed: FireLatest}
+			if err := s.AddTask(t.Context(), task); err != nil {
+				t.Fatal(err)
+			}
+			ahead := newFakeClock(t0.Add(24 * time.Hour))
+			a := newScheduler(t, db, &Config{Clock: ahead, MissedGrace: time.Minute})
+			if err := a.AddTask(t.Context(), task); err != nil {
+				t.Fatal(err)
+			}
+			if n := fireDue(t, a); n != 1 {
+				t.Fatalf("the dispatcher a day ahead fired %d, want 1", n)
+			}
+			early := t0.Add(24 * time.Hour)
+
+			clock.Set(t0.Add(5 * time.Minute))
+			if n := fireDue(t, s); n != 1 {
+				t.Fatalf("at +5 min the right clock fired %d ticks, want 1 (the task waited for the future last tick)", n)
+			}
+			infos, err := s.Tasks(t.Context())
+			if err != nil || len(infos) != 1 || infos[0].LastTick == nil || !infos[0].LastTick.Equal(t0.Add(5*time.Minute)) ||
+				!infos[0].NextTick.Equal(t0.Add(10*time.Minute)) {
+				t.Fatalf("Tasks = %+v, %v; want last tick +5 min, next +10 min", infos, err)
+			}
+			clock.Set(t0.Add(10 * time.Minute))
+			if n := fireDue(t, s); n != 1 {
+				t.Fatalf("at +10 min fired %d, want 1", n)
+			}
+			// A day later the early tick's time comes: recorded, not again.
+			clock.Set(early)
+			fireDue(t, s)
+			got := ticks(t, db, "m")
+			want := []time.Time{early, t0.Add(5 * time.Minute), t0.Add(10 * time.Minute)}
+			if !equalTimes(got, want) {
+				t.Fatalf("ticks %v, want %v", got, want)
+			}
+		})
+	}
+}

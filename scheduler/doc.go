@@ -23,6 +23,11 @@
 // time because they are not about due times: the back-off after a database
 // error, and ContentionBackoff, when due work is held by another dispatcher.
 //
+// A cron task's last tick more than a minute after a dispatcher's clock was
+// recorded by a dispatcher whose clock ran ahead; that dispatcher fires the
+// task by its own clock instead of waiting for real time to reach it (see
+// taskRow.anchor; cron_ticks keeps the ticks unique).
+//
 // # Timers
 //
 // Schedule validates and encodes the append at once (eventstore.Encode: bad
