@@ -89,3 +89,59 @@ func TestBlueGreenPartitionBy(t *testing.T) {
 		t.Fatal("every stream ID hashes to its category's partition: the test cannot tell the keys apart")
 	}
 }
+
+// TestBlueGreenNewPartitionCount: the way to change a read model's
+// partition count is a new blue/green version. The new generation is a new
+// subscriber, recorded with the new layout, while processes of the old
+// version keep running the live generation with its own; the cut-over
+// gives readers a complete model of the new version.
+func TestBlueGreenNewPartitionCount(t *testing.T) {
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	log := &bgLog{db: db}
+	runner := func(id string, version, parts int) *projection.Runner {
+		r, err := projection.NewRunner(db.Pool, &projection.Config{
+			InstanceID: id, PollInterval: 100 * time.Millisecond, RetryBackoff: 100 * time.Millisecond,
+			ShutdownTimeout: 5 * time.Second,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Register(statsProjection(version), &projection.Options{Partitions: parts, BlueGreen: &projection.BlueGreen{
+			Version: version, AutoRebuild: version > 1, CheckInterval: 100 * time.Millisecond,
+		}}); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if err := runner("v1-setup", 1, 2).RunUntilCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := log.add(ctx, 30, 4); err != nil {
+		t.Fatal(err)
+	}
+	bgRunInBackground(t, runner("v1", 1, 2))
+	annalstest.WaitFor(t, 30*time.Second, func() bool { return checkpointOf(t, db, "bgstats#g1") >= headOf(t, db) })
+	readerSees(t, db, log, 1)
+
+	bgRunInBackground(t, runner("v2", 2, 4))
+	if err := log.add(ctx, 10, 3); err != nil { // while both run
+		t.Fatal(err)
+	}
+	annalstest.WaitFor(t, 90*time.Second, func() bool {
+		return state(t, db, 2) == projection.GenerationLive && checkpointOf(t, db, "bgstats#g2") >= headOf(t, db)
+	})
+	readerSees(t, db, log, 2)
+	var layouts []string
+	rows, err := db.Pool.Query(ctx, `SELECT subscriber_id || ':' || partitions FROM `+pgx.Identifier{db.Schema}.Sanitize()+
+		`.subscriber_layouts WHERE subscriber_id LIKE 'bgstats#%' ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if layouts, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(layouts) != "[bgstats#g1:2 bgstats#g2:4]" {
+		t.Fatalf("layouts %v, want g1 with 2 partitions and g2 with 4", layouts)
+	}
+}
