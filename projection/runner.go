@@ -638,7 +638,11 @@ func (r *Runner) catchUp(ctx context.Context, engine *catchup.Engine, s *catchup
 			return errors.Wrapf(err, "projection: %q did not catch up", s.Name)
 		}
 		r.cfg.Logger.WarnContext(ctx, "annals: catching up failed; retrying", slog.String("subscriber", s.Name), slog.Any("error", err))
-		t := time.NewTimer(max(r.cfg.RetryBackoff, 10*time.Millisecond))
+		backoff := r.cfg.RetryBackoff
+		if backoff <= 0 {
+			backoff = 500 * time.Millisecond // the documented default (a database down is not retried 100 times a second)
+		}
+		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
