@@ -135,7 +135,9 @@ type SlotStatus struct {
 	// session's backend (0 when inactive).
 	Active    bool  `json:"active"`
 	ActivePID int32 `json:"active_pid"`
-	// ConfirmedFlushLSN is how far the consumer confirmed.
+	// ConfirmedFlushLSN is how far the consumer confirmed; "" while the
+	// slot is being created (Active then, waiting for the transactions
+	// that were open when its creation began).
 	ConfirmedFlushLSN string `json:"confirmed_flush_lsn"`
 	// RetainedBytes is the WAL the slot keeps from being recycled
 	// (pg_current_wal_lsn() - restart_lsn).

@@ -17,7 +17,13 @@ func writeSlotsTable(w io.Writer, slots []walsource.SlotStatus) {
 	fmt.Fprintln(w, "REPLICATION SLOT\tSTATE\tCONFIRMED\tRETAINED WAL\tWAL STATUS")
 	for _, s := range slots {
 		state := "inactive (retaining WAL)"
-		if s.Active {
+		switch {
+		case s.Active && s.ConfirmedFlushLSN == "":
+			// Being created: PostgreSQL waits for the transactions that
+			// were running when the creation began (an old open one
+			// holds it up) before the slot has a consistent start.
+			state = fmt.Sprintf("creating (pid %d; waits for the transactions open when it began)", s.ActivePID)
+		case s.Active:
 			state = fmt.Sprintf("streaming (pid %d)", s.ActivePID)
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", s.Slot, state, s.ConfirmedFlushLSN, formatBytes(s.RetainedBytes), s.WALStatus)

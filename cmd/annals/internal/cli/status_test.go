@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/errors"
 
@@ -468,4 +469,46 @@ func TestStatusHelpListsJSONKeys(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A replication slot being created (PostgreSQL waits for the transactions
+// open when the creation began) shows as creating, not as streaming.
+func TestStatusSlotBeingCreated(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	const slot = "annals_status_creating"
+	open, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = open.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := open.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
+		t.Fatal(err)
+	}
+	created := make(chan error, 1)
+	go func() {
+		_, err := db.Pool.Exec(context.WithoutCancel(ctx), `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
+		created <- err
+	}()
+	t.Cleanup(func() {
+		_, _ = db.Pool.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, slot)
+	})
+	annalstest.WaitFor(t, 20*time.Second, func() bool {
+		r := annals(t, db.URL, "status")
+		return r.code == 0 && strings.Contains(r.stdout, slot) && strings.Contains(r.stdout, "creating (pid ")
+	})
+	if r := annals(t, db.URL, "status"); strings.Contains(r.stdout, "streaming (pid") {
+		t.Fatalf("a slot being created shows as streaming:\n%s", r.stdout)
+	}
+	if err := open.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-created; err != nil {
+		t.Fatal(err)
+	}
+	annalstest.WaitFor(t, 20*time.Second, func() bool {
+		r := annals(t, db.URL, "status")
+		return r.code == 0 && strings.Contains(r.stdout, slot) && strings.Contains(r.stdout, "inactive (retaining WAL)")
+	})
 }
