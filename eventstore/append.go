@@ -46,7 +46,11 @@ type AppendedEvent struct {
 //
 // Errors: ErrWrongExpectedVersion (errors.As *WrongExpectedVersionError for
 // the actual version), ErrInvalidEvent, ErrUnknownEventType and
-// ErrEventIDConflict; in every case nothing is written.
+// ErrEventIDConflict; in every case nothing is written. When ctx ends
+// before the append is sent, the error matches ctx's and nothing is
+// written; when it ends while the append is on its way (or the connection
+// fails then), the error says the outcome is unknown: re-append with the
+// same event IDs (EventData.ID) to find out, which is idempotent.
 func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVersion, events ...EventData) (res AppendResult, err error) {
 	ctx, done := s.trace(ctx, "annals.append", streamID, expected, len(events))
 	defer func() { done(res, err) }()

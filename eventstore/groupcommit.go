@@ -129,6 +129,11 @@ const lingerBackoff = 8
 
 // append runs one append through a group and returns its own outcome.
 func (c *committer) append(ctx context.Context, args appendArgs) (AppendResult, error) {
+	if err := ctx.Err(); err != nil {
+		// Ended already: not queued, so never sent (a caller with a free
+		// slot would otherwise send its own group).
+		return AppendResult{}, errors.Wrap(err, notSent)
+	}
 	p := &pendingAppend{ctx: ctx, args: args, done: make(chan struct{})}
 	c.mu.Lock()
 	c.queue = append(c.queue, p)
@@ -156,7 +161,7 @@ func (c *committer) append(ctx context.Context, args appendArgs) (AppendResult, 
 			c.queue = slices.Delete(c.queue, i, i+1)
 		}
 		c.mu.Unlock()
-		return AppendResult{}, errors.Wrap(ctx.Err(), "eventstore: append cancelled before it was sent; nothing was written")
+		return AppendResult{}, errors.Wrap(ctx.Err(), notSent)
 	}
 	c.mu.Unlock()
 	// The group is on its way: its outcome is the append's. Wait for it if
@@ -165,10 +170,17 @@ func (c *committer) append(ctx context.Context, args appendArgs) (AppendResult, 
 	case <-p.done:
 		return p.res, p.err
 	default:
-		return AppendResult{}, errors.Wrap(ctx.Err(), "eventstore: append cancelled while its group was committing; "+
-			"it may have been written (re-append the same event IDs to find out: that is idempotent)")
+		return AppendResult{}, errors.Wrap(ctx.Err(), maybeWritten)
 	}
 }
+
+// The two answers of an append whose context ended: before its group took
+// it, and after.
+const (
+	notSent      = "eventstore: append cancelled before it was sent; nothing was written"
+	maybeWritten = "eventstore: append cancelled while its group was committing; " +
+		"it may have been written (re-append the same event IDs to find out: that is idempotent)"
+)
 
 // takeLocked takes the next group from the queue if a slot is free: the
 // oldest appends, skipping (and leaving queued, in place) any whose stream is
@@ -198,6 +210,12 @@ func (c *committer) takeLocked() []*pendingAppend {
 		if events >= c.cfg.MaxEvents {
 			rest = append(rest, c.queue[i:]...)
 			break
+		}
+		if p.ctx.Err() != nil {
+			// Its caller has gone: it takes it out of the queue itself
+			// (append), with nothing written.
+			rest = append(rest, p)
+			continue
 		}
 		if _, dup := streams[p.args.stream]; dup || (len(group) > 0 && events+p.args.count > c.cfg.MaxEvents) ||
 			(p.args.callerIDs && sharesID(ids, p.args.events)) {
@@ -334,6 +352,14 @@ func (c *committer) send(group []*pendingAppend) {
 	if err == nil {
 		return
 	}
+	if ctx.Err() != nil {
+		// Every member's context ended, and the statement was cancelled
+		// (or its connection closed) on its way: it may have committed.
+		for _, p := range group {
+			p.res, p.err = AppendResult{}, errors.Wrap(err, maybeWritten)
+		}
+		return
+	}
 	if len(group) == 1 {
 		group[0].res, group[0].err = AppendResult{}, err
 		return
@@ -346,6 +372,9 @@ func (c *committer) send(group []*pendingAppend) {
 	// idempotent re-append.
 	for _, p := range group {
 		p.res, p.err = c.s.appendAlone(ctx, p.args)
+		if p.err != nil && ctx.Err() != nil {
+			p.err = errors.Wrap(p.err, maybeWritten)
+		}
 	}
 }
 

@@ -173,3 +173,56 @@ func TestGroupCancelledOnlyWhenEveryCallerIsGone(t *testing.T) {
 		}
 	})
 }
+
+// TestAppendCancelledLone: an append whose context has ended before it is
+// queued is never sent, even by a caller with a free slot (it used to send
+// its own group, which could commit after Append had returned the bare
+// context error), also beside concurrent appenders; a lone append cancelled
+// while its statement is on the server is told its outcome is unknown.
+func TestAppendCancelledLone(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	for round := range 20 {
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Go(func() {
+				if _, err := b.store.Append(ctx, fmt.Sprintf("busy-%d-%d", round, w), eventstore.NoStream,
+					eventstore.NewEvent(OrderPlaced{OrderID: "busy"})); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		stream := fmt.Sprintf("gone-%d", round)
+		_, err := b.store.Append(gone, stream, eventstore.NoStream, eventstore.NewEvent(OrderPlaced{OrderID: stream}))
+		wg.Wait()
+		if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "nothing was written") {
+			t.Fatalf("round %d: append with an ended context: %v, want a cancellation that says nothing was written", round, err)
+		}
+		if v, err := b.store.StreamVersion(ctx, stream); !errors.Is(err, eventstore.ErrStreamNotFound) {
+			t.Fatalf("round %d: %s at version %d (%v): an append with an ended context was written", round, stream, v, err)
+		}
+	}
+
+	// On the server: its statement waits on the locked streams row.
+	if _, err := b.store.Append(ctx, "held", eventstore.NoStream, eventstore.NewEvent(OrderPlaced{OrderID: "held"})); err != nil {
+		t.Fatal(err)
+	}
+	release := holdStreamRow(t, b, "held")
+	cctx, cancelHeld := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := b.store.Append(cctx, "held", eventstore.Exact(1), eventstore.NewEvent(OrderShipped{OrderID: "held"}))
+		errc <- err
+	}()
+	waitFor(t, "the append to wait on the locked streams row", func() bool { return rowLockWaiters(t, b) == 1 })
+	cancelHeld()
+	err := <-errc
+	release()
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "may have been written") {
+		t.Fatalf("a lone append cancelled on the server: %v, want a cancellation that says the outcome is unknown", err)
+	}
+}
