@@ -81,3 +81,44 @@ func TestClientTransactNilFn(t *testing.T) {
 		t.Fatal("Transact(ctx, nil) succeeded")
 	}
 }
+
+// A handler added right after Start is refused, every time: the runner
+// takes its registrations when it starts, and one added while it started
+// ran or not by timing (3 of 6 runs accepted it). Registering works again
+// after Stop.
+func TestClientRefusesRegistrationsOnceStarted(t *testing.T) {
+	t.Parallel()
+	b := setupClient(t)
+	ctx := t.Context()
+	reg := eventstore.NewRegistry()
+	eventstore.MustRegister[clDeposited](reg, "cl.deposited")
+	for i := range 6 {
+		if err := b.client.Start(ctx); err != nil {
+			t.Fatalf("start %d: %v", i, err)
+		}
+		p := projection.New("cl.late", reg)
+		projection.On(p, func(context.Context, pgx.Tx, eventstore.Envelope[clDeposited]) error { return nil })
+		if err := annals.AddProjection(b.client, p, nil); err == nil {
+			t.Fatalf("round %d: AddProjection right after Start was accepted", i)
+		}
+		if err := annals.AddService(b.client, "late", idleService{}); err == nil {
+			t.Fatalf("round %d: AddService right after Start was accepted", i)
+		}
+		stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := b.client.Stop(stopCtx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := projection.New("cl.after_stop", reg)
+	projection.On(p, func(context.Context, pgx.Tx, eventstore.Envelope[clDeposited]) error { return nil })
+	if err := annals.AddProjection(b.client, p, nil); err != nil {
+		t.Fatalf("AddProjection after Stop: %v", err)
+	}
+}
+
+// idleService runs until its context ends.
+type idleService struct{}
+
+func (idleService) Run(ctx context.Context) error { <-ctx.Done(); return nil }

@@ -25,7 +25,7 @@ func AddProjection(c *Client, p projection.Projection, opts *projection.Options)
 	if p == nil {
 		return errors.New("annals: AddProjection with a nil projection")
 	}
-	return c.runner.Register(p, opts)
+	return c.registering("AddProjection", func() error { return c.runner.Register(p, opts) })
 }
 
 // AddObserver registers an observer: side effects outside the database,
@@ -34,7 +34,7 @@ func AddObserver(c *Client, o projection.Observer, opts *projection.Options) err
 	if o == nil {
 		return errors.New("annals: AddObserver with a nil observer")
 	}
-	return c.runner.Register(o, opts)
+	return c.registering("AddObserver", func() error { return c.runner.Register(o, opts) })
 }
 
 // SagaOptions configures a saga registered with AddSaga. A nil
@@ -66,7 +66,7 @@ func AddSaga[S any](c *Client, s saga.Saga[S], opts *SagaOptions) error {
 	if c.cfg.Clock != nil {
 		cfg.Clock = c.cfg.Clock
 	}
-	return saga.Register(c.runner, s, cfg)
+	return c.registering("AddSaga", func() error { return saga.Register(c.runner, s, cfg) })
 }
 
 // AddTask registers a cron task: Start stores its definition (as
@@ -96,7 +96,20 @@ func AddTask(c *Client, t scheduler.Task) error {
 // every process, for as long as the client runs (see
 // projection.Runner.AddService).
 func AddService(c *Client, name string, s projection.Service) error {
-	return c.runner.AddService(name, s)
+	return c.registering("AddService", func() error { return c.runner.AddService(name, s) })
+}
+
+// registering runs register unless the client is running (from the moment
+// Start begins): the runner takes its registrations when it starts, so one
+// added later would run or not by timing. c.mu is held throughout, so Start
+// cannot begin in between.
+func (c *Client) registering(what string, register func() error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.run != nil {
+		return errors.Newf("annals: %s while the client is running: register before Start", what)
+	}
+	return register()
 }
 
 // NewRepository returns the repository of an aggregate type on the
