@@ -15,6 +15,7 @@ import (
 	"github.com/annals-dev/annals/archive"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/projection"
+	"github.com/annals-dev/annals/scavenge"
 )
 
 // PatientAdmitted carries personal data of PatientID.
@@ -231,5 +232,90 @@ func TestForgetEndToEnd(t *testing.T) {
 	}
 	if left := leftIn(name); len(left) != 0 {
 		t.Fatalf("after another save %q is in %v", name, left)
+	}
+}
+
+// TestForgetAfterScavenge: Forget reaches an aggregate's snapshot after
+// the subject's events were scavenged, by retention or by a hard delete.
+// It used to find snapshots only through the events, so the snapshot kept
+// the subject's personal data in clear.
+func TestForgetAfterScavenge(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := annalstest.NewDB(t, nil)
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		t.Fatal(err)
+	}
+	kek, err := eventstore.NewLocalKEK(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := eventstore.NewRegistry()
+	eventstore.MustRegister[PatientAdmitted](reg, "patient.admitted", eventstore.PersonalData("PatientID"))
+	store, err := eventstore.New(db.Pool, &eventstore.Config{Registry: reg, KEK: kek})
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo, err := aggregate.NewRepository(store, "patient", func() *Patient { return &Patient{} },
+		&aggregate.Config{Snapshots: &aggregate.SnapshotConfig{Every: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// p-kept is truncated before its second version (its only event, with
+	// the name, goes; the stream and its snapshot stay); p-gone is
+	// hard-deleted.
+	admit := func(id, subject, name string) {
+		t.Helper()
+		if _, err := repo.Update(ctx, id, func(p *Patient) error {
+			return aggregate.Record(p, PatientAdmitted{PatientID: subject, Name: name, Ward: "A"})
+		}); errors.Is(err, aggregate.ErrNotFound) {
+			_, err = repo.Create(ctx, id, func(p *Patient) error {
+				return aggregate.Record(p, PatientAdmitted{PatientID: subject, Name: name, Ward: "A"})
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	admit("p-kept", "s-1", "Ada Secretname")
+	admit("p-gone", "s-2", "Zelda Secretname")
+	two := int64(2)
+	if _, err := store.SetStreamRetention(ctx, "patient-p-kept", eventstore.RetentionChange{TruncateBefore: &two}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.DeleteStream(ctx, "patient-p-gone", eventstore.Any, &eventstore.DeleteOptions{Hard: true}); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := scavenge.New(db.Pool, &scavenge.Config{Pause: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := sc.RunOnce(ctx); err != nil || p.Removed < 2 {
+		t.Fatalf("scavenge: %+v %v; want the first event of p-kept and p-gone's removed", p, err)
+	}
+	var left int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.events_all WHERE data::text LIKE '%"s-1"%' OR data::text LIKE '%"s-2"%'`).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("%d events of s-1 or s-2 left after the scavenge (%v)", left, err)
+	}
+	for _, c := range []struct{ subject, plain string }{{"s-1", "Ada Secretname"}, {"s-2", "Zelda Secretname"}} {
+		var before int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.snapshots s WHERE s::text LIKE '%' || $1 || '%'`, c.plain).Scan(&before); err != nil || before == 0 {
+			t.Fatalf("%q in %d snapshots before Forget (%v); the test needs it there", c.plain, before, err)
+		}
+		res, err := store.Forget(ctx, c.subject)
+		if err != nil || res.SnapshotsDeleted != 1 {
+			t.Fatalf("Forget(%s): %+v %v; want its stream's snapshot deleted", c.subject, res, err)
+		}
+		var after int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.snapshots s WHERE s::text LIKE '%' || $1 || '%'`, c.plain).Scan(&after); err != nil || after != 0 {
+			t.Fatalf("%q in %d snapshots after Forget (%v)", c.plain, after, err)
+		}
+	}
+	var links int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.personal_streams WHERE subject IN ('s-1', 's-2')`).Scan(&links); err != nil || links != 0 {
+		t.Fatalf("%d links of the forgotten subjects kept (%v)", links, err)
 	}
 }
