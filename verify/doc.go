@@ -17,6 +17,11 @@
 //   - a position above the last one the position sequence handed out (a row
 //     not appended through the function: subscribers would jump past every
 //     event below it);
+//   - a position held by a row of events and one of events_archive (archive
+//     moves rows; the pages read by position would show one copy only);
+//   - a maximum count or age in streams that the latest "$stream.truncated"
+//     event of the stream's metadata stream does not record
+//     (set_stream_retention writes both): it excuses no missing event then;
 //   - with a [Baseline] from an earlier run, every range of positions whose
 //     rows differ from it (any column of any row changed, a row deleted or
 //     inserted).

@@ -18,10 +18,39 @@ SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {{.Schema}}.events_gl
 
 -- name: Retained
 -- Streams whose oldest or newest events the scavenger may have removed:
--- deleted, truncated, or with a maximum age or count.
-SELECT stream_id
+-- deleted, truncated, or with a maximum age or count; and whether for a
+-- reason other than the maximum count or age.
+SELECT stream_id, state <> 0 OR truncate_before > 1
   FROM {{.Schema}}.streams
  WHERE state <> 0 OR truncate_before > 1 OR max_count IS NOT NULL OR max_age IS NOT NULL;
+
+-- name: UnrecordedRetention
+-- Streams whose max_count or max_age is not what the latest
+-- "$stream.truncated" event of their metadata stream ("$$" and the ID)
+-- records: set_stream_retention changes the row and appends that event in
+-- one transaction. Returns the setting and the record (NULL: none).
+SELECT s.stream_id,
+       format('max_count %s, max_age %s', coalesce(s.max_count::text, 'none'), coalesce(s.max_age::text, 'none')),
+       t.data::text
+  FROM {{.Schema}}.streams s
+  LEFT JOIN LATERAL (
+       SELECT e.data
+         FROM {{.Schema}}.events_all e
+        WHERE e.stream_id = '$$' || s.stream_id AND e.event_type = '$stream.truncated'
+        ORDER BY e.stream_version DESC
+        LIMIT 1) t ON true
+ WHERE (s.max_count IS NOT NULL OR s.max_age IS NOT NULL)
+   AND (t.data IS NULL
+        OR (t.data->>'max_count')::bigint IS DISTINCT FROM s.max_count
+        OR (t.data->>'max_age_seconds')::float8 IS DISTINCT FROM extract(epoch FROM s.max_age)::float8)
+ ORDER BY s.stream_id;
+
+-- name: SamePosition
+-- Positions held by a row of events and one of events_archive.
+SELECT e.global_sequence, e.stream_id, a.stream_id
+  FROM {{.Schema}}.events e
+  JOIN {{.Schema}}.events_archive a ON a.global_sequence = e.global_sequence
+ ORDER BY e.global_sequence;
 
 -- name: Events
 -- $1 after (exclusive), $2 limit. data and metadata as stored (json keeps

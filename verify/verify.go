@@ -80,6 +80,15 @@ const (
 	// Changed: the rows in a range of positions differ from the baseline
 	// (a row's content changed, a row was deleted or inserted).
 	Changed Kind = "changed"
+	// DuplicatePosition: a position is held by a row in events and by one
+	// in events_archive (archive moves a row; it never copies one).
+	DuplicatePosition Kind = "duplicate_position"
+	// RetentionUnrecorded: a stream's maximum count or age in streams is
+	// not what the latest "$stream.truncated" event of its metadata stream
+	// records (set_stream_retention writes both, together): the setting
+	// was changed some other way, and it would excuse missing events, so
+	// they are reported as if the stream had no such setting.
+	RetentionUnrecorded Kind = "retention_unrecorded"
 )
 
 // Problem is one inconsistency in the log.
@@ -203,9 +212,60 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 		return nil, errors.Wrap(err, "verify: read streams with retention")
 	}
 	retained := map[string]bool{}
-	var rid string
-	if _, err := pgx.ForEachRow(rrows, []any{&rid}, func() error { retained[rid] = true; return nil }); err != nil {
+	onlyCountOrAge := map[string]bool{} // retained for max_count or max_age alone
+	var (
+		rid   string
+		other bool
+	)
+	if _, err := pgx.ForEachRow(rrows, []any{&rid, &other}, func() error {
+		retained[rid] = true
+		if !other {
+			onlyCountOrAge[rid] = true
+		}
+		return nil
+	}); err != nil {
 		return nil, errors.Wrap(err, "verify: read streams with retention")
+	}
+	// A maximum count or age that set_stream_retention did not record
+	// excuses nothing.
+	urows, err := tx.Query(ctx, q["UnrecordedRetention"])
+	if err != nil {
+		return nil, errors.Wrap(err, "verify: compare retention with its records")
+	}
+	var (
+		setting  string
+		recorded *string
+	)
+	if _, err := pgx.ForEachRow(urows, []any{&rid, &setting, &recorded}, func() error {
+		was := "no \"$stream.truncated\" event records any"
+		if recorded != nil {
+			was = "the latest \"$stream.truncated\" event records " + *recorded
+		}
+		rep.add(c.MaxProblems, Problem{Kind: RetentionUnrecorded, StreamID: rid,
+			Message: fmt.Sprintf("stream %q has retention %s in streams, but %s: set outside set_stream_retention; its missing events are reported", rid, setting, was)})
+		if onlyCountOrAge[rid] {
+			delete(retained, rid)
+		}
+		return nil
+	}); err != nil {
+		return nil, errors.Wrap(err, "verify: compare retention with its records")
+	}
+	// A position in both tables: paging by position would read one copy
+	// only, so they are looked for on their own.
+	drows, err := tx.Query(ctx, q["SamePosition"])
+	if err != nil {
+		return nil, errors.Wrap(err, "verify: look for positions in both events and events_archive")
+	}
+	var (
+		dpos      int64
+		hot, cold string
+	)
+	if _, err := pgx.ForEachRow(drows, []any{&dpos, &hot, &cold}, func() error {
+		rep.add(c.MaxProblems, Problem{Kind: DuplicatePosition, Position: dpos, StreamID: hot,
+			Message: fmt.Sprintf("position %d is in events (stream %q) and in events_archive (stream %q): one of the rows was not written by annals", dpos, hot, cold)})
+		return nil
+	}); err != nil {
+		return nil, errors.Wrap(err, "verify: look for positions in both events and events_archive")
 	}
 
 	seg := newSegmenter(c.Interval, c.Baseline)
