@@ -17,8 +17,10 @@ import (
 func parseMaxAge(s string) (time.Duration, error) {
 	if d, ok := strings.CutSuffix(s, "d"); ok {
 		n, err := strconv.ParseFloat(d, 64)
-		if err != nil || n < 0 || n > 106000 {
-			return 0, usagef("--max-age %q: want a duration such as 30d, 12h or 90m (0: no limit)", s)
+		// !(n >= 0 && …) also refuses NaN; a fraction of a day below 1s
+		// is refused as the plain form's is.
+		if err != nil || !(n >= 0 && n <= 106000) || (n > 0 && n*float64(24*time.Hour) < float64(time.Second)) {
+			return 0, usagef("--max-age %q: want a duration of at least 1s such as 30d, 12h or 90m (0: no limit)", s)
 		}
 		return time.Duration(n * float64(24*time.Hour)), nil
 	}
@@ -117,5 +119,16 @@ func retentionText(i eventstore.StreamInfo) string {
 	if i.MaxCount > 0 {
 		count = strconv.FormatInt(i.MaxCount, 10)
 	}
-	return fmt.Sprintf("max age %s, max count %s, reads from version %d", age, count, max(i.TruncateBefore, 1))
+	// The first version reads return: past truncate-before and, with a
+	// maximum count, the newest count versions (a maximum age may hide
+	// more, by time).
+	first := max(i.TruncateBefore, 1)
+	if i.MaxCount > 0 {
+		first = max(first, i.Version-i.MaxCount+1)
+	}
+	byAge := ""
+	if i.MaxAge > 0 {
+		byAge = " (those younger than the max age)"
+	}
+	return fmt.Sprintf("max age %s, max count %s, reads from version %d%s", age, count, first, byAge)
 }

@@ -94,13 +94,16 @@ func TestStreamSetAndScavenge(t *testing.T) {
 	if r = annals(t, db.URL, "stream", "set", "old", "--truncate-before", "2"); r.code != 0 || !strings.Contains(r.stdout, "reads from version 2") {
 		t.Fatalf("truncate: %+v", r)
 	}
-	if r = annals(t, db.URL, "stream", "info", "sensor-1"); r.code != 0 || !strings.Contains(r.stdout, "max age 720h0m0s, max count 2") {
+	// Five versions, the newest two kept: reads start at version 4.
+	if r = annals(t, db.URL, "stream", "info", "sensor-1"); r.code != 0 || !strings.Contains(r.stdout, "max age 720h0m0s, max count 2, reads from version 4 (those younger") {
 		t.Fatalf("info: %+v", r)
 	}
 	// Bad flags and missing streams change nothing.
 	for _, args := range [][]string{
 		{"stream", "set", "sensor-1"},
 		{"stream", "set", "sensor-1", "--max-age", "soon"},
+		{"stream", "set", "sensor-1", "--max-age", "NaNd"},
+		{"stream", "set", "sensor-1", "--max-age", "0.000001d"},
 		{"stream", "set", "sensor-1", "--max-count", "-1"},
 		{"scavenge", "--batch", "0"},
 		{"scavenge", "--pause", "-1s"},
