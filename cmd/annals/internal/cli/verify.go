@@ -54,6 +54,16 @@ Progress goes to stderr; --output json writes the report as one JSON object.`,
 					return usagef("--baseline %s: %v", baseline, err)
 				}
 			}
+			if writeBaseline != "" {
+				// Find out now, not after reading the whole log, that the
+				// baseline cannot be written there.
+				f, err := os.CreateTemp(filepath.Dir(writeBaseline), ".annals-baseline-*")
+				if err != nil {
+					return usagef("--write-baseline %s: %v", writeBaseline, err)
+				}
+				_ = f.Close()
+				_ = os.Remove(f.Name())
+			}
 			pool, err := e.connect(cmd.Context())
 			if err != nil {
 				return err
@@ -79,11 +89,11 @@ Progress goes to stderr; --output json writes the report as one JSON object.`,
 				return err
 			}
 			wrote := ""
+			var writeErr error // reported after the report: the run's findings are not lost
 			if writeBaseline != "" && rep.OK() {
-				if err := writeBaselineFile(writeBaseline, rep.Baseline); err != nil {
-					return err
+				if writeErr = writeBaselineFile(writeBaseline, rep.Baseline); writeErr == nil {
+					wrote = writeBaseline
 				}
-				wrote = writeBaseline
 			}
 			if *format == outputJSON {
 				out := struct {
@@ -105,7 +115,7 @@ Progress goes to stderr; --output json writes the report as one JSON object.`,
 				}
 				return exitError{ExitFailure}
 			}
-			return nil
+			return writeErr
 		},
 	}
 	format = addOutputFlag(cmd, true, outputText, outputJSON)

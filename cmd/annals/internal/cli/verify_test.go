@@ -70,9 +70,10 @@ func TestVerifyCommand(t *testing.T) {
 		{"verify", "--baseline", filepath.Join(dir, "missing")},
 		{"verify", "--interval", "0"},
 		{"verify", "extra"},
+		{"verify", "--write-baseline", filepath.Join(dir, "no-such-dir", "b")}, // before reading the log
 	} {
-		if r := annals(t, db.URL, args...); r.code != ExitUsage {
-			t.Errorf("%v: exit %d, want 2: %+v", args, r.code, r)
+		if r := annals(t, db.URL, args...); r.code != ExitUsage || strings.Contains(r.stderr, "verify: position") {
+			t.Errorf("%v: exit %d, want 2 before any reading: %+v", args, r.code, r)
 		}
 	}
 	garbage := filepath.Join(dir, "garbage")
