@@ -174,6 +174,17 @@ func (c *committer) append(ctx context.Context, args appendArgs) (AppendResult, 
 	}
 }
 
+// goneErr is the answer of an append whose caller's context ended while
+// its statement was on its way and failed with err: the outcome is unknown.
+// It matches the caller's own context error (a deadline, say), not the
+// cancellation of the group's statement that followed from it.
+func goneErr(caller context.Context, err error) error {
+	if cerr := caller.Err(); cerr != nil {
+		return errors.WithSecondaryError(errors.Wrap(cerr, maybeWritten), err)
+	}
+	return errors.Wrap(err, maybeWritten)
+}
+
 // The two answers of an append whose context ended: before its group took
 // it, and after.
 const (
@@ -237,6 +248,9 @@ func (c *committer) takeLocked() []*pendingAppend {
 	}
 	clear(c.queue[len(rest):])
 	c.queue = rest
+	if len(group) == 0 {
+		return nil // every queued caller has gone: no group, no slot taken
+	}
 	c.inFlight++
 	return group
 }
@@ -356,7 +370,7 @@ func (c *committer) send(group []*pendingAppend) {
 		// Every member's context ended, and the statement was cancelled
 		// (or its connection closed) on its way: it may have committed.
 		for _, p := range group {
-			p.res, p.err = AppendResult{}, errors.Wrap(err, maybeWritten)
+			p.res, p.err = AppendResult{}, goneErr(p.ctx, err)
 		}
 		return
 	}
@@ -373,7 +387,7 @@ func (c *committer) send(group []*pendingAppend) {
 	for _, p := range group {
 		p.res, p.err = c.s.appendAlone(ctx, p.args)
 		if p.err != nil && ctx.Err() != nil {
-			p.err = errors.Wrap(p.err, maybeWritten)
+			p.err = goneErr(p.ctx, p.err)
 		}
 	}
 }

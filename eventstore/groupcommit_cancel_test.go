@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
@@ -224,5 +225,43 @@ func TestAppendCancelledLone(t *testing.T) {
 	release()
 	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "may have been written") {
 		t.Fatalf("a lone append cancelled on the server: %v, want a cancellation that says the outcome is unknown", err)
+	}
+}
+
+// TestAppendCancellationsLeaveNoSlotTaken: appends cancelled at random
+// moments (queued, taken, on their way) never leave the committer without
+// a free slot: a group whose queued members had all gone took a slot and
+// never gave it back, and later appends waited for ever.
+func TestAppendCancellationsLeaveNoSlotTaken(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := range 150 {
+				cctx, cancel := context.WithTimeout(ctx, time.Duration((i*37+w*11)%300)*time.Microsecond)
+				_, err := b.store.Append(cctx, fmt.Sprintf("c-%d-%d", w, i), eventstore.NoStream, eventstore.NewEvent(OrderPlaced{OrderID: "x"}))
+				cancel()
+				if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.store.Append(ctx, "after", eventstore.NoStream, eventstore.NewEvent(OrderPlaced{OrderID: "after"}))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("an append after the cancellations did not return: the committer has no free slot")
 	}
 }
