@@ -46,11 +46,13 @@ type AppendedEvent struct {
 //
 // Errors: ErrWrongExpectedVersion (errors.As *WrongExpectedVersionError for
 // the actual version), ErrInvalidEvent, ErrUnknownEventType and
-// ErrEventIDConflict; in every case nothing is written. When ctx ends
-// before the append is sent, the error matches ctx's and nothing is
-// written; when it ends while the append is on its way (or the connection
-// fails then), the error says the outcome is unknown: re-append with the
-// same event IDs (EventData.ID) to find out, which is idempotent.
+// ErrEventIDConflict; in every case nothing is written. Through group
+// commit (the default), when ctx ends before the append is sent, the error
+// matches ctx's and says nothing was written; when it ends while the
+// append is on its way, the error (matching ctx's too) says the outcome is
+// unknown. With GroupCommit.Disabled or inline projections, a context
+// error can mean either. Re-append with the same event IDs (EventData.ID)
+// to find out, which is idempotent.
 func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVersion, events ...EventData) (res AppendResult, err error) {
 	ctx, done := s.trace(ctx, "annals.append", streamID, expected, len(events))
 	defer func() { done(res, err) }()

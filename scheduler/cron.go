@@ -314,10 +314,13 @@ type taskRow struct {
 	activeSince                      time.Time
 	lastTick                         *time.Time
 	createdAt, updatedAt             time.Time
+	// firedBy is the task's newest tick in cron_ticks at or before the
+	// dispatcher's now (nil: none), read with the row.
+	firedBy *time.Time
 }
 
 func (r *taskRow) scanArgs() []any {
-	return []any{&r.name, &r.spec, &r.zone, &r.stream, &r.missed, &r.paused, &r.activeSince, &r.lastTick, &r.createdAt, &r.updatedAt}
+	return []any{&r.name, &r.spec, &r.zone, &r.stream, &r.missed, &r.paused, &r.activeSince, &r.lastTick, &r.createdAt, &r.updatedAt, &r.firedBy}
 }
 
 // futureTickTolerance is how far after a dispatcher's clock a task's last
@@ -332,12 +335,14 @@ const futureTickTolerance = time.Minute
 // dispatcher whose clock had jumped forward: it fired the ticks up to its
 // own time early. Taken as it is, it would keep every dispatcher with a
 // right clock from firing the task until real time reached it (for as long
-// as the clock was wrong, days perhaps). The anchor is then the grid point
-// before the task's latest tick due by now, so that tick is due: firing it
-// records it (a tick the early dispatcher fired already is not appended
-// again: cron_ticks is unique per task and tick) and moves last_tick back
-// to it, and the task goes on by the right clock. A dispatcher whose clock
-// is still ahead moves it forward again when it fires; the ticks stay
+// as the clock was wrong, days perhaps). The anchor is then the task's
+// newest tick fired at or before now (cron_ticks keeps it, however old:
+// PruneTicks), so the task goes on by the right clock from there; ticks
+// the early dispatcher fired are not appended again when their time comes
+// (cron_ticks is unique per task and tick). With no such tick (none fired
+// since the task became active), it is the grid point before the task's
+// latest tick due by now, so that tick fires. A dispatcher whose clock is
+// still ahead moves last_tick forward again when it fires; the ticks stay
 // unique, and the task recovers when that clock is set right.
 func (r *taskRow) anchor(sched cron.Schedule, now time.Time) time.Time {
 	if r.lastTick == nil || !r.lastTick.After(r.activeSince) {
@@ -345,6 +350,9 @@ func (r *taskRow) anchor(sched cron.Schedule, now time.Time) time.Time {
 	}
 	if !r.lastTick.After(now.Add(futureTickTolerance)) {
 		return *r.lastTick
+	}
+	if r.firedBy != nil && r.firedBy.After(r.activeSince) {
+		return *r.firedBy
 	}
 	t, due := latestDue(sched, r.activeSince, now)
 	if !due {
@@ -365,8 +373,8 @@ func (r *taskRow) futureTick(now time.Time) bool {
 	return r.lastTick != nil && r.lastTick.After(r.activeSince) && r.lastTick.After(now.Add(futureTickTolerance))
 }
 
-func (s *Scheduler) listTasks(ctx context.Context) ([]taskRow, error) {
-	rows, err := s.pool.Query(ctx, s.q.listTasks)
+func (s *Scheduler) listTasks(ctx context.Context, now time.Time) ([]taskRow, error) {
+	rows, err := s.pool.Query(ctx, s.q.listTasks, now)
 	if err != nil {
 		return nil, errors.Wrap(err, "scheduler: list tasks")
 	}
@@ -381,7 +389,8 @@ func (s *Scheduler) listTasks(ctx context.Context) ([]taskRow, error) {
 
 // Tasks lists every stored cron task, by name.
 func (s *Scheduler) Tasks(ctx context.Context) ([]TaskInfo, error) {
-	rows, err := s.listTasks(ctx)
+	now := s.cfg.Clock.Now()
+	rows, err := s.listTasks(ctx, now)
 	if err != nil {
 		return nil, err
 	}
@@ -394,7 +403,7 @@ func (s *Scheduler) Tasks(ctx context.Context) ([]TaskInfo, error) {
 			LastTick: r.lastTick, ActiveSince: r.activeSince, CreatedAt: r.createdAt, UpdatedAt: r.updatedAt}
 		_, info.Registered = s.factories[r.name]
 		if sched, _, err := parseSpec(r.spec, r.zone); err == nil && !r.paused {
-			info.NextTick = firstAfter(sched, r.anchor(sched, s.cfg.Clock.Now()))
+			info.NextTick = firstAfter(sched, r.anchor(sched, now))
 		}
 		out = append(out, info)
 	}
@@ -411,7 +420,7 @@ func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, ne
 	if registered == 0 {
 		return 0, time.Time{}, false, nil
 	}
-	rows, err := s.listTasks(ctx)
+	rows, err := s.listTasks(ctx, now)
 	if err != nil {
 		return 0, time.Time{}, false, err
 	}
@@ -485,7 +494,7 @@ func (s *Scheduler) fireTask(ctx context.Context, name string, factory func(time
 		var r taskRow
 		err := s.boundedClaim(ctx, tx, func(q *pgx.QueuedQuery) {
 			q.QueryRow(func(row pgx.Row) error { return row.Scan(r.scanArgs()...) })
-		}, s.q.lockTask, name)
+		}, s.q.lockTask, name, now)
 		if err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				held = true // held by another dispatcher (or deleted)

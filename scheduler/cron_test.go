@@ -528,3 +528,52 @@ func TestCronRecoversFromAFutureLastTick(t *testing.T) {
 		})
 	}
 }
+
+// TestCronFutureLastTickAfterPrune: the task's newest tick fired by a right
+// clock is kept by PruneTicks however old, and a dispatcher that finds a
+// future last tick goes on from it: the tick is not fired a second time
+// (with a task's own event IDs, that would be a second event).
+func TestCronFutureLastTickAfterPrune(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	clock := newFakeClock(t0.Add(-time.Hour))
+	s := newScheduler(t, db, &Config{Clock: clock, MissedGrace: time.Minute, TickRetention: time.Hour})
+	n := 0
+	task := Task{Name: "d", Spec: "0 12 * * *", StreamID: "d", Missed: FireLatest,
+		Event: func(tick time.Time) (eventstore.EventData, error) {
+			n++ // an event ID of its own each call
+			return eventstore.EventData{Type: "daily.report", Data: map[string]any{"tick": tick, "n": n}}, nil
+		}}
+	if err := s.AddTask(t.Context(), task); err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(t0) // 12:00
+	if got := fireDue(t, s); got != 1 {
+		t.Fatalf("fired %d at the first tick, want 1", got)
+	}
+	clock.Set(t0.Add(3 * time.Hour))
+	s.prune(t.Context(), clock.Now()) // the 12:00 tick is older than TickRetention, and the newest
+	var kept int
+	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM annals.cron_ticks WHERE task = 'd'`).Scan(&kept); err != nil || kept != 1 {
+		t.Fatalf("%d ticks kept by the prune (%v), want the newest", kept, err)
+	}
+	ahead := newFakeClock(t0.Add(25 * time.Hour))
+	a := newScheduler(t, db, &Config{Clock: ahead, MissedGrace: time.Minute, TickRetention: time.Hour})
+	if err := a.AddTask(t.Context(), task); err != nil {
+		t.Fatal(err)
+	}
+	if got := fireDue(t, a); got != 1 {
+		t.Fatalf("the dispatcher a day ahead fired %d, want 1", got)
+	}
+	if got := fireDue(t, s); got != 0 {
+		t.Fatalf("at 15:00 the right clock fired %d ticks, want 0 (12:00 fired already)", got)
+	}
+	clock.Set(t0.Add(48 * time.Hour))
+	if got := fireDue(t, s); got != 1 {
+		t.Fatalf("two days on, fired %d, want 1", got)
+	}
+	var events int
+	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM annals.events WHERE stream_id = 'd'`).Scan(&events); err != nil || events != 3 {
+		t.Fatalf("%d events (%v), want 3: 12:00, the next day's (early), the day after's", events, err)
+	}
+}

@@ -60,7 +60,7 @@ func (s *Scheduler) prune(ctx context.Context, now time.Time) {
 	}
 	s.lastPrune = now
 	s.mu.Unlock()
-	if _, err := s.pool.Exec(ctx, s.q.pruneTicks, now.Add(-s.cfg.TickRetention)); err != nil && ctx.Err() == nil {
+	if _, err := s.pool.Exec(ctx, s.q.pruneTicks, now.Add(-s.cfg.TickRetention), now); err != nil && ctx.Err() == nil {
 		s.cfg.Logger.WarnContext(ctx, "annals: pruning old cron ticks failed", "error", err)
 	}
 }

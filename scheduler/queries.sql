@@ -120,17 +120,22 @@ WITH d AS (DELETE FROM {{.Schema}}.cron_tasks WHERE name = $1 RETURNING name),
 SELECT count(*) FROM d;
 
 -- name: ListTasks
-SELECT name, spec, time_zone, stream_id, missed, paused, active_since, last_tick, created_at, updated_at
-  FROM {{.Schema}}.cron_tasks
- ORDER BY name;
+-- $1 the dispatcher's now. The last column is the task's newest tick fired
+-- at or before it (see taskRow.anchor).
+SELECT c.name, c.spec, c.time_zone, c.stream_id, c.missed, c.paused, c.active_since, c.last_tick, c.created_at, c.updated_at,
+       (SELECT max(t.tick) FROM {{.Schema}}.cron_ticks t WHERE t.task = c.name AND t.tick <= $1)
+  FROM {{.Schema}}.cron_tasks c
+ ORDER BY c.name;
 
 -- name: LockTask
 -- The task a dispatcher is about to fire, locked until it commits. A task
 -- another dispatcher is firing is skipped, not waited for.
-SELECT name, spec, time_zone, stream_id, missed, paused, active_since, last_tick, created_at, updated_at
-  FROM {{.Schema}}.cron_tasks
- WHERE name = $1
-   FOR UPDATE SKIP LOCKED;
+-- $2 the dispatcher's now (the last column as in ListTasks).
+SELECT c.name, c.spec, c.time_zone, c.stream_id, c.missed, c.paused, c.active_since, c.last_tick, c.created_at, c.updated_at,
+       (SELECT max(t.tick) FROM {{.Schema}}.cron_ticks t WHERE t.task = c.name AND t.tick <= $2)
+  FROM {{.Schema}}.cron_tasks c
+ WHERE c.name = $1
+   FOR UPDATE OF c SKIP LOCKED;
 
 -- name: RecordTick
 -- In the transaction that appends the tick's event: the unique (task, tick)
@@ -151,4 +156,9 @@ SELECT count(*)::int FROM t;
 UPDATE {{.Schema}}.cron_tasks SET last_tick = $2, updated_at = clock_timestamp() WHERE name = $1;
 
 -- name: PruneTicks
-DELETE FROM {{.Schema}}.cron_ticks WHERE tick < $1;
+-- $1 the oldest tick to keep, $2 the dispatcher's now: each task's newest
+-- tick at or before now is kept whatever its age (taskRow.anchor relies
+-- on it when a clock ran ahead).
+DELETE FROM {{.Schema}}.cron_ticks c
+ WHERE c.tick < $1
+   AND c.tick < (SELECT max(t.tick) FROM {{.Schema}}.cron_ticks t WHERE t.task = c.task AND t.tick <= $2);

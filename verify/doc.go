@@ -21,7 +21,10 @@
 //     moves rows; the pages read by position would show one copy only);
 //   - a maximum count or age in streams that the latest "$stream.truncated"
 //     event of the stream's metadata stream does not record
-//     (set_stream_retention writes both): it excuses no missing event then;
+//     (set_stream_retention writes both): unless the stream is also
+//     truncated or deleted, it excuses no missing event then (a metadata
+//     stream with retention of its own, or truncated or deleted, may have
+//     lost the record: such a stream is not checked);
 //   - with a [Baseline] from an earlier run, every range of positions whose
 //     rows differ from it (any column of any row changed, a row deleted or
 //     inserted).
