@@ -124,8 +124,17 @@ func setup(t *testing.T, o *fixtureOpts) *fixture {
 		err := f.db.Pool.QueryRow(ctx, `SELECT id FROM annals.dead_letters WHERE subscriber_id = 'mailer'`).Scan(&f.dlID)
 		return err == nil
 	})
-	// The observer checkpoints past the dead letter once it has handled the rest.
+	// The observer checkpoints past the dead letter once it has handled the
+	// rest; its checkpoint is written a moment after the handling (an
+	// observer commits in batches): wait for it, so that tests comparing
+	// the database before and after see no move of its own.
 	annalstest.WaitFor(t, 20*time.Second, func() bool { return f.mailer.handled.Load() == 11 })
+	annalstest.WaitFor(t, 20*time.Second, func() bool {
+		var caughtUp bool
+		err := f.db.Pool.QueryRow(ctx, `SELECT c.position >= (SELECT max(global_sequence) FROM annals.events)
+			FROM annals.checkpoints c WHERE c.subscriber_id = 'mailer'`).Scan(&caughtUp)
+		return err == nil && caughtUp
+	})
 
 	sched, err := scheduler.New(f.store, nil)
 	if err != nil {

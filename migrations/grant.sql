@@ -36,6 +36,9 @@ GRANT SELECT ON {{.Schema}}.personal_keys TO {{.Role}};
 -- failing, what is due. Reading only; runners and operators have it through
 -- run, writers do not need it.
 GRANT SELECT ON {{.Schema}}.instances, {{.Schema}}.failures, {{.Schema}}.timers, {{.Schema}}.cron_tasks TO {{.Role}};
+-- A task's newest fired tick, which its next tick is computed from when a
+-- dispatcher's clock ran ahead (scheduler Tasks).
+GRANT SELECT ON {{.Schema}}.cron_ticks TO {{.Role}};
 
 -- name: append
 -- Every function that appends to the log, one line each.

@@ -141,6 +141,9 @@ func TestExactlyOnceInJetStream(t *testing.T) {
 	stopMonitor()
 	monitorWG.Wait()
 	for _, c := range children {
+		// A child started after the last kill may still be starting (no
+		// signal handler yet, under load): SIGTERM then kills it outright.
+		annalstest.WaitFor(t, 30*time.Second, func() bool { return strings.Contains(c.Log(), "child: relaying") })
 		c.Term(15 * time.Second)
 	}
 	if samples.Load() < 50 {
