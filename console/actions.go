@@ -187,9 +187,9 @@ func (c *Console) dlqPurge(w http.ResponseWriter, r *http.Request, p Principal) 
 		c.actionError(w, r, badRequest("confirm the purge (tick the box): nothing was deleted"))
 		return
 	}
-	age, err := time.ParseDuration(r.PostFormValue("older_than"))
-	if err != nil || age < 0 {
-		c.actionError(w, r, badRequest("older than %q: want a duration such as 24h or 0s", r.PostFormValue("older_than")))
+	age, err := deadletter.ParseAge(r.PostFormValue("older_than"))
+	if err != nil {
+		c.actionError(w, r, badRequest("older than %q: want a duration such as 30d, 24h or 0s", r.PostFormValue("older_than")))
 		return
 	}
 	all := r.PostFormValue("include_unresolved") == "yes"

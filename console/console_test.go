@@ -414,6 +414,10 @@ func TestActions(t *testing.T) {
 		if code, msg := post("/dead-letters/purge", url.Values{"older_than": {"1h"}, "confirm": {"yes"}}); code != http.StatusSeeOther || msg != "Purged 0 dead letter(s)." {
 			t.Errorf("purge of nothing that old: %d %q", code, msg)
 		}
+		// Days, as the CLI and the runbook write them.
+		if code, msg := post("/dead-letters/purge", url.Values{"older_than": {"30d"}, "confirm": {"yes"}}); code != http.StatusSeeOther || msg != "Purged 0 dead letter(s)." {
+			t.Errorf("purge older than 30d: %d %q", code, msg)
+		}
 		code, msg := post("/dead-letters/purge", url.Values{"older_than": {"0s"}, "confirm": {"yes"}})
 		if code != http.StatusSeeOther || msg != "Purged 4 dead letter(s)." {
 			t.Errorf("purge: %d %q", code, msg)
@@ -467,7 +471,7 @@ func TestActions(t *testing.T) {
 			}
 			actions = append(actions, a.Action)
 		}
-		want := "dlq.retry dlq.retry dlq.retry dlq.retry dlq.retry dlq.retry dlq.skip dlq.retry_all dlq.purge dlq.purge checkpoint.set cron.pause cron.resume"
+		want := "dlq.retry dlq.retry dlq.retry dlq.retry dlq.retry dlq.retry dlq.skip dlq.retry_all dlq.purge dlq.purge dlq.purge checkpoint.set cron.pause cron.resume"
 		if got := strings.Join(actions, " "); got != want {
 			t.Errorf("audit actions\n got %s\nwant %s", got, want)
 		}

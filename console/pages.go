@@ -1,7 +1,9 @@
 package console
 
 import (
+	"bytes"
 	"encoding/json"
+	"html/template"
 	"net/http"
 	"net/url"
 	"slices"
@@ -363,19 +365,18 @@ type eventData struct {
 	DeadLetters []deadletter.DeadLetter
 }
 
+// pretty indents a JSON document as stored: json.Indent keeps its numbers
+// and strings byte for byte (decoding into any and encoding again turned
+// integers above 2^53 into other numbers, and < > & into \u escapes).
 func pretty(raw string) string {
 	if raw == "" {
 		return ""
 	}
-	var v any
-	if err := json.Unmarshal([]byte(raw), &v); err != nil {
+	var b bytes.Buffer
+	if err := json.Indent(&b, []byte(raw), "", "  "); err != nil {
 		return raw
 	}
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return raw
-	}
-	return string(b)
+	return b.String()
 }
 
 func (c *Console) event(r *http.Request) (*view, error) {
@@ -458,9 +459,11 @@ func (c *Console) subscriber(r *http.Request) (*view, error) {
 // --- dead letters
 
 type deadLettersData struct {
-	Filter   deadletter.Filter
-	Page     deadletter.Page
-	Query    string
+	Filter deadletter.Filter
+	Page   deadletter.Page
+	// Query is the page's filter as an encoded query string, for links:
+	// template.URL, so that html/template does not escape its = and & again.
+	Query    template.URL
 	NextOff  int
 	PrevOff  int
 	Statuses []deadletter.Status
@@ -490,7 +493,7 @@ func (c *Console) deadLetters(r *http.Request) (*view, error) {
 			keep.Set(k, v)
 		}
 	}
-	d := deadLettersData{Filter: f, Page: page, Query: keep.Encode(), PrevOff: -1,
+	d := deadLettersData{Filter: f, Page: page, Query: template.URL(keep.Encode()), PrevOff: -1,
 		Statuses: []deadletter.Status{deadletter.StatusOpen, deadletter.StatusRetry, deadletter.StatusResolved, deadletter.StatusSkipped}}
 	if page.More {
 		d.NextOff = f.Offset + f.Limit

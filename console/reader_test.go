@@ -23,7 +23,7 @@ func TestReaderRole(t *testing.T) {
 	c := f.client(t)
 	c.login("ada")
 	for _, p := range []string{"/", "/streams", "/events", "/events/1", "/subscribers/mailer", "/dead-letters",
-		fmt.Sprintf("/dead-letters/%d", f.dlID), "/scheduler", "/instances"} {
+		fmt.Sprintf("/dead-letters/%d", f.dlID), "/scheduler", "/instances", "/audit"} {
 		if code, body := c.get(p); code != 200 {
 			t.Errorf("GET %s as a reader role: %d\n%.300s", p, code, body)
 		}

@@ -40,7 +40,6 @@ var funcs = template.FuncMap{
 	},
 	"secs":     formatSeconds,
 	"pathq":    url.PathEscape,
-	"queryq":   url.QueryEscape,
 	"itoa":     func(n int64) string { return strconv.FormatInt(n, 10) },
 	"add":      func(a, b int64) int64 { return a + b },
 	"upper":    strings.ToUpper,

@@ -39,6 +39,8 @@ GRANT SELECT ON {{.Schema}}.instances, {{.Schema}}.failures, {{.Schema}}.timers,
 -- A task's newest fired tick, which its next tick is computed from when a
 -- dispatcher's clock ran ahead (scheduler Tasks).
 GRANT SELECT ON {{.Schema}}.cron_ticks TO {{.Role}};
+-- The console's audit page: who did what through it.
+GRANT SELECT ON {{.Schema}}.audit_log TO {{.Role}};
 
 -- name: append
 -- Every function that appends to the log, one line each.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -333,46 +332,8 @@ func deadLetterError(err error, id int64) error {
 	return err
 }
 
-// maxAgeDays keeps an age within time.Duration (about 292 years).
-const maxAgeDays = math.MaxInt64 / int64(24*time.Hour)
-
-// parseAge parses a Go duration with an optional leading number of days:
-// 30d, 1d12h, 12h, 90m, 0s. It must not be negative.
-func parseAge(s string) (time.Duration, error) {
-	bad := errors.New("want a duration like 30d, 12h or 1d12h")
-	var days int64
-	before, rest, hasDays := strings.Cut(s, "d")
-	if !hasDays {
-		rest = s
-	} else {
-		if before == "" || strings.Trim(before, "0123456789") != "" {
-			return 0, bad
-		}
-		n, err := strconv.ParseInt(before, 10, 64)
-		if err != nil || n > maxAgeDays {
-			return 0, errors.New("too long")
-		}
-		days = n
-	}
-	var r time.Duration
-	if rest != "" || !hasDays {
-		if hasDays && (rest[0] == '+' || rest[0] == '-') {
-			return 0, bad
-		}
-		var err error
-		if r, err = time.ParseDuration(rest); err != nil {
-			return 0, bad
-		}
-		if r < 0 {
-			return 0, errors.New("must not be negative")
-		}
-	}
-	d := time.Duration(days) * 24 * time.Hour
-	if d > math.MaxInt64-r {
-		return 0, errors.New("too long")
-	}
-	return d + r, nil
-}
+// parseAge parses --older-than: deadletter.ParseAge.
+func parseAge(s string) (time.Duration, error) { return deadletter.ParseAge(s) }
 
 // JSONLDeadLetter is one line of `annals dlq list --output jsonl` (and the
 // object of `annals dlq show --output json`); its keys
