@@ -158,6 +158,16 @@ start a new subscriber somewhere other than the beginning).`,
 				if !create {
 					return notFoundf("unknown subscriber %s/%d: it has no checkpoint (see 'annals status', or pass --create to make one)", sub, partition)
 				}
+				// A partition its recorded layout does not have would never
+				// be led, and would show as lagging for ever.
+				var parts int
+				err := pool.QueryRow(ctx, q["SubscriberLayout"], sub).Scan(&parts)
+				if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+					return errors.Wrap(err, "read the subscriber's partition layout")
+				}
+				if err == nil && partition >= parts {
+					return usagef("subscriber %s runs with %d partition(s) (0-%d): no checkpoint for partition %d", sub, parts, parts-1, partition)
+				}
 			} else if err != nil {
 				return err
 			}

@@ -76,3 +76,7 @@ SELECT position, epoch
  WHERE subscriber_id = $1 AND partition = $2
    FOR UPDATE;
 
+
+-- name: SubscriberLayout
+-- The partition count recorded for a subscriber (no row: none recorded).
+SELECT partitions FROM {{.Schema}}.subscriber_layouts WHERE subscriber_id = $1;

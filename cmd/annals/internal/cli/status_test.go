@@ -387,6 +387,15 @@ func TestCheckpointCommand(t *testing.T) {
 		if r = annals(t, db.URL, "checkpoint", "set", "fresh", "3", "--create", "--yes"); r.code != 0 || r.stdout != "fresh/0: created at position 3, epoch 1\n" {
 			t.Fatalf("set --create: %+v", r)
 		}
+		// A partition the subscriber's recorded layout does not have would
+		// never be led: refused.
+		sqlExec(t, db, `INSERT INTO annals.subscriber_layouts (subscriber_id, partitions, partition_by) VALUES ('laid', 2, 'stream')`)
+		if r = annals(t, db.URL, "checkpoint", "set", "laid", "1", "--partition", "5", "--create", "--yes"); r.code != ExitUsage || !strings.Contains(r.stderr, "runs with 2 partition(s) (0-1)") {
+			t.Errorf("set --create of a partition outside the layout: %+v", r)
+		}
+		if r = annals(t, db.URL, "checkpoint", "set", "laid", "1", "--partition", "1", "--create", "--yes"); r.code != 0 {
+			t.Errorf("set --create of a partition of the layout: %+v", r)
+		}
 	})
 
 	t.Run("Prompt", func(t *testing.T) {
