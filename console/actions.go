@@ -120,14 +120,34 @@ func (c *Console) dlqEach(w http.ResponseWriter, r *http.Request, p Principal, a
 	ctx := r.Context()
 	var total deadletter.Change
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		// A dead letter can change twice in one request (skipping one
+		// releases the stream's next, which the next ID then skips): each
+		// is counted once, by its last change.
+		last := map[int64]bool{} // id → skipped (else retried)
+		var order []int64
+		note := func(ids []int64, skipped bool) {
+			for _, id := range ids {
+				if _, seen := last[id]; !seen {
+					order = append(order, id)
+				}
+				last[id] = skipped
+			}
+		}
 		for _, id := range list {
 			ch, err := op(ctx, tx, id)
 			if err != nil {
 				return errors.Wrapf(err, "dead letter %d", id)
 			}
-			total.Retried = append(total.Retried, ch.Retried...)
-			total.Skipped = append(total.Skipped, ch.Skipped...)
+			note(ch.Retried, false)
+			note(ch.Skipped, true)
 			total.Resumed = append(total.Resumed, ch.Resumed...)
+		}
+		for _, id := range order {
+			if last[id] {
+				total.Skipped = append(total.Skipped, id)
+			} else {
+				total.Retried = append(total.Retried, id)
+			}
 		}
 		return c.record(ctx, tx, p, action, idsText(list), map[string]any{
 			"ids": list, "retried": total.Retried, "skipped": total.Skipped, "resumed": len(total.Resumed)})

@@ -3,6 +3,8 @@ package console_test
 import (
 	"encoding/json"
 	"html"
+	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -73,4 +75,41 @@ func line(s, sub string) string {
 		}
 	}
 	return ""
+}
+
+// TestSkipCountsEachDeadLetterOnce: skipping a dead letter and the one
+// parked behind it releases the second (retry) and then skips it; the
+// message and the audit entry count it once, as skipped.
+func TestSkipCountsEachDeadLetterOnce(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	f.stopRunner() // nobody re-delivers meanwhile
+	var failed, parked int64
+	if err := f.db.Pool.QueryRow(t.Context(), `INSERT INTO annals.dead_letters
+		(subscriber_id, event_id, global_sequence, stream_id, event_type, reason, error, status)
+		VALUES ('mailer', gen_random_uuid(), 2, 'order-1', 'order.shipped', 'failed', 'made up', 'open') RETURNING id`).Scan(&failed); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.db.Pool.QueryRow(t.Context(), `INSERT INTO annals.dead_letters
+		(subscriber_id, event_id, global_sequence, stream_id, event_type, reason, error, status)
+		VALUES ('mailer', gen_random_uuid(), 3, 'order-1', 'order.shipped', 'parked', 'behind', 'open') RETURNING id`).Scan(&parked); err != nil {
+		t.Fatal(err)
+	}
+	c := f.client(t)
+	tok := c.login("ada")
+	code, _, hdr := c.post("/dead-letters/skip", url.Values{"csrf": {tok}, "id": {strconv.FormatInt(failed, 10), strconv.FormatInt(parked, 10)}})
+	if code != http.StatusSeeOther {
+		t.Fatalf("skip: %d", code)
+	}
+	u, _ := url.Parse(hdr.Get("Location"))
+	if msg := u.Query().Get("done"); !strings.HasPrefix(msg, "0 dead letter(s) marked for re-delivery, 2 skipped") {
+		t.Errorf("skip of a dead letter and the one parked behind it: %q", msg)
+	}
+	var detail string
+	if err := f.db.Pool.QueryRow(t.Context(), `SELECT detail::text FROM annals.audit_log WHERE action = 'dlq.skip' ORDER BY id DESC LIMIT 1`).Scan(&detail); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(detail, `"retried": []`) && !strings.Contains(detail, `"retried": null`) {
+		t.Errorf("the audit entry lists a skipped dead letter as retried: %s", detail)
+	}
 }
