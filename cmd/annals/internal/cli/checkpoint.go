@@ -107,6 +107,7 @@ type CheckpointJSON struct {
 func (e *env) checkpointSetCommand() *cobra.Command {
 	var partition int
 	var yes, create bool
+	var format *string
 	cmd := &cobra.Command{
 		Use:   "set SUBSCRIBER POSITION",
 		Short: "Move a subscriber partition's checkpoint (re-deliver or skip events)",
@@ -207,6 +208,13 @@ start a new subscriber somewhere other than the beginning).`,
 			if err != nil {
 				return err
 			}
+			if *format == outputJSON {
+				out := CheckpointSetJSON{Subscriber: sub, Partition: partition, Created: !exists, Position: after.Position, Epoch: after.Epoch}
+				if exists {
+					out.PreviousPosition, out.PreviousEpoch = &before.Position, &before.Epoch
+				}
+				return writeJSON(e.stdout, out)
+			}
 			if !exists {
 				_, err = fmt.Fprintf(e.stdout, "%s/%d: created at position %d, epoch %d\n", sub, partition, after.Position, after.Epoch)
 				return err
@@ -219,7 +227,20 @@ start a new subscriber somewhere other than the beginning).`,
 	cmd.Flags().IntVar(&partition, "partition", 0, "partition number (0 for an unpartitioned subscriber)")
 	cmd.Flags().BoolVar(&yes, "yes", false, "do not ask for confirmation")
 	cmd.Flags().BoolVar(&create, "create", false, "create the checkpoint if the subscriber partition has none")
+	format = addOutputFlag(cmd, false, outputText, outputJSON)
 	return cmd
+}
+
+// CheckpointSetJSON is what `annals checkpoint set --output json` prints:
+// the checkpoint after the move, and before it (absent when it was created).
+type CheckpointSetJSON struct {
+	Subscriber       string `json:"subscriber"`
+	Partition        int    `json:"partition"`
+	Created          bool   `json:"created"`
+	Position         int64  `json:"position"`
+	Epoch            int64  `json:"epoch"`
+	PreviousPosition *int64 `json:"previous_position,omitempty"`
+	PreviousEpoch    *int64 `json:"previous_epoch,omitempty"`
 }
 
 // negativePosition is the message for a negative POSITION of checkpoint set.

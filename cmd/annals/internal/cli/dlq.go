@@ -138,6 +138,7 @@ writes one object with the keys of 'dlq list --output jsonl'.`,
 func (e *env) dlqRetryCommand() *cobra.Command {
 	var subscriber string
 	var all bool
+	var format *string
 	cmd := &cobra.Command{
 		Use:   "retry ID | --subscriber SUBSCRIBER --all",
 		Short: "Release a parked stream (or all of a subscriber's) for re-delivery",
@@ -181,6 +182,9 @@ in all its partitions, and resumes every stopped partition of it.`,
 					if err != nil {
 						return err
 					}
+					if *format == outputJSON {
+						return writeJSON(e.stdout, changeJSON(c))
+					}
 					if !c.Changed() {
 						_, err = fmt.Fprintf(e.stdout, "nothing to do: subscriber %s has no open dead letters and is not stopped\n", subscriber)
 						return err
@@ -191,6 +195,9 @@ in all its partitions, and resumes every stopped partition of it.`,
 				if err != nil {
 					return deadLetterError(err, id)
 				}
+				if *format == outputJSON {
+					return writeJSON(e.stdout, changeJSON(c))
+				}
 				if !c.Changed() {
 					_, err = fmt.Fprintf(e.stdout, "nothing to do: dead letter %d %s\n", id, statusPhrase(c.Was))
 					return err
@@ -199,13 +206,15 @@ in all its partitions, and resumes every stopped partition of it.`,
 			})
 		},
 	}
+	format = addOutputFlag(cmd, false, outputText, outputJSON)
 	cmd.Flags().StringVar(&subscriber, "subscriber", "", "with --all: the subscriber whose open dead letters to retry")
 	cmd.Flags().BoolVar(&all, "all", false, "retry every open dead letter of --subscriber")
 	return cmd
 }
 
 func (e *env) dlqSkipCommand() *cobra.Command {
-	return &cobra.Command{
+	var format *string
+	cmd := &cobra.Command{
 		Use:   "skip ID",
 		Short: "Give up on a dead letter and let the rest of its stream flow on",
 		Long: `skip ID marks dead letter ID skipped: its event is never delivered to the subscriber.
@@ -223,6 +232,9 @@ the Stop policy halted it. A dead letter already resolved or skipped changes not
 				if err != nil {
 					return deadLetterError(err, id)
 				}
+				if *format == outputJSON {
+					return writeJSON(e.stdout, changeJSON(c))
+				}
 				if !c.Changed() {
 					_, err = fmt.Fprintf(e.stdout, "nothing to do: dead letter %d %s\n", id, statusPhrase(c.Was))
 					return err
@@ -231,11 +243,14 @@ the Stop policy halted it. A dead letter already resolved or skipped changes not
 			})
 		},
 	}
+	format = addOutputFlag(cmd, false, outputText, outputJSON)
+	return cmd
 }
 
 func (e *env) dlqPurgeCommand() *cobra.Command {
 	var olderThan string
 	var includeUnresolved bool
+	var format *string
 	cmd := &cobra.Command{
 		Use:   "purge --older-than AGE",
 		Short: "Delete resolved and skipped dead letters older than AGE",
@@ -270,6 +285,9 @@ never re-delivered, like a skip that leaves no trace, and their streams flow on.
 				if err != nil {
 					return err
 				}
+				if *format == outputJSON {
+					return writeJSON(e.stdout, PurgeJSON{Purged: n, Cutoff: cutoff, IncludeUnresolved: includeUnresolved})
+				}
 				which := "resolved or skipped"
 				if includeUnresolved {
 					which = "of any status"
@@ -283,6 +301,7 @@ never re-delivered, like a skip that leaves no trace, and their streams flow on.
 			})
 		},
 	}
+	format = addOutputFlag(cmd, false, outputText, outputJSON)
 	cmd.Flags().StringVar(&olderThan, "older-than", "", "delete dead letters last updated at least this long ago (30d, 12h, 1d12h)")
 	cmd.Flags().BoolVar(&includeUnresolved, "include-unresolved", false, "delete open and retry dead letters too")
 	return cmd
@@ -486,6 +505,51 @@ func statusPhrase(s deadletter.Status) string {
 
 // maxListedIDs bounds how many IDs a change message lists.
 const maxListedIDs = 20
+
+// ChangeJSON is what `annals dlq retry` and `dlq skip` print with
+// --output json: what changed (Changed false: nothing to do).
+type ChangeJSON struct {
+	Changed bool `json:"changed"`
+	// Was is the status the named dead letter had before ("" for retry --all).
+	Was     string     `json:"was,omitempty"`
+	Retried []int64    `json:"retried"`
+	Skipped []int64    `json:"skipped"`
+	Resumed []HaltJSON `json:"resumed"`
+}
+
+// HaltJSON is a subscriber partition whose Stop-policy halt was cleared.
+type HaltJSON struct {
+	Subscriber string     `json:"subscriber"`
+	Partition  int        `json:"partition"`
+	Since      *time.Time `json:"since,omitempty"`
+	Reason     string     `json:"reason"`
+}
+
+// PurgeJSON is what `annals dlq purge --output json` prints.
+type PurgeJSON struct {
+	Purged            int64     `json:"purged"`
+	Cutoff            time.Time `json:"cutoff"`
+	IncludeUnresolved bool      `json:"include_unresolved"`
+}
+
+func changeJSON(c deadletter.Change) ChangeJSON {
+	out := ChangeJSON{Changed: c.Changed(), Was: string(c.Was), Retried: c.Retried, Skipped: c.Skipped, Resumed: []HaltJSON{}}
+	if out.Retried == nil {
+		out.Retried = []int64{}
+	}
+	if out.Skipped == nil {
+		out.Skipped = []int64{}
+	}
+	for _, h := range c.Resumed {
+		hj := HaltJSON{Subscriber: h.Subscriber, Partition: h.Partition, Reason: h.Reason}
+		if !h.Since.IsZero() {
+			since := h.Since.UTC()
+			hj.Since = &since
+		}
+		out.Resumed = append(out.Resumed, hj)
+	}
+	return out
+}
 
 // writeChange prints what Retry, RetryAll or Skip changed, a line each.
 func writeChange(w io.Writer, c deadletter.Change) error {

@@ -190,7 +190,8 @@ func (e *env) scheduleTaskCommand(verb string) *cobra.Command {
 A process that adds the task again at start (scheduler.AddTask) recreates it: remove it
 from the code first.`
 	}
-	return &cobra.Command{
+	var format *string
+	cmd := &cobra.Command{
 		Use:   verb + " TASK",
 		Short: short,
 		Long:  long,
@@ -216,15 +217,30 @@ from the code first.`
 			if err != nil {
 				return err
 			}
+			if *format == outputJSON {
+				return writeJSON(cmd.OutOrStdout(), ScheduleActionJSON{Action: verb + "d", Task: name})
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%sd cron task %s\n", verb, name) // paused, resumed, deleted
 			return nil
 		},
 	}
+	format = addOutputFlag(cmd, false, outputText, outputJSON)
+	return cmd
+}
+
+// ScheduleActionJSON is what `annals schedule pause|resume|delete|cancel
+// --output json` prints: the action done ("paused", "resumed", "deleted",
+// "cancelled") and the task or timer it was done to.
+type ScheduleActionJSON struct {
+	Action string `json:"action"`
+	Task   string `json:"task,omitempty"`
+	Timer  string `json:"timer,omitempty"`
 }
 
 // scheduleCancelCommand is 'schedule cancel TIMER-ID'.
 func (e *env) scheduleCancelCommand() *cobra.Command {
-	return &cobra.Command{
+	var format *string
+	cmd := &cobra.Command{
 		Use:   "cancel TIMER-ID",
 		Short: "Cancel a pending or failed timer (its events are never appended)",
 		Long: `Cancel a pending or failed timer by its ID (see 'schedule list'). A timer that is being
@@ -247,10 +263,15 @@ found) then.`,
 			if !ok {
 				return notFoundf("no pending timer %s (fired already, being fired, or never stored)", id)
 			}
+			if *format == outputJSON {
+				return writeJSON(cmd.OutOrStdout(), ScheduleActionJSON{Action: "cancelled", Timer: id.String()})
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "cancelled timer %s\n", id)
 			return nil
 		},
 	}
+	format = addOutputFlag(cmd, false, outputText, outputJSON)
+	return cmd
 }
 
 func readSchedule(ctx context.Context, s *scheduler.Scheduler, limit int) (*ScheduleJSON, error) {
