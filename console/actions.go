@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"crypto/hmac"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -38,13 +39,25 @@ func (c *Console) record(ctx context.Context, tx pgx.Tx, p Principal, action, ta
 	return errors.Wrap(db.QueryRow(ctx, c.q["Audit"], p.Name, action, target, string(b)).Scan(&id), "audit: record the action")
 }
 
-// done redirects to next with a message for the page to show.
+// done redirects to next with a message for the page to show, signed (ds)
+// so that a page shows only messages this console wrote: a link someone
+// else made with ?done=... shows nothing.
 func (c *Console) done(w http.ResponseWriter, r *http.Request, next, msg string) {
 	sep := "?"
 	if strings.Contains(next, "?") {
 		sep = "&"
 	}
-	http.Redirect(w, r, c.cfg.BasePath+next+sep+url.Values{"done": {msg}}.Encode(), http.StatusSeeOther)
+	http.Redirect(w, r, c.cfg.BasePath+next+sep+url.Values{"done": {msg}, "ds": {c.mac("done", msg)}}.Encode(), http.StatusSeeOther)
+}
+
+// doneMessage returns the request's done message if this console signed it.
+func (c *Console) doneMessage(r *http.Request) string {
+	q := r.URL.Query()
+	msg := q.Get("done")
+	if msg == "" || !hmac.Equal([]byte(q.Get("ds")), []byte(c.mac("done", msg))) {
+		return ""
+	}
+	return msg
 }
 
 // actionError answers an action's failure: bad input 400, unknown 404, else 500.

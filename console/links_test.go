@@ -113,3 +113,25 @@ func TestSkipCountsEachDeadLetterOnce(t *testing.T) {
 		t.Errorf("the audit entry lists a skipped dead letter as retried: %s", detail)
 	}
 }
+
+// TestDoneMessageSigned: a page shows a success message only when this
+// console wrote it (after an action); a link with a made-up ?done= shows
+// nothing, so nobody can make the console appear to say something.
+func TestDoneMessageSigned(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	c := f.client(t)
+	tok := c.login("ada")
+	const forged = "Purged 5000 dead letters; call 555-0100 now"
+	if _, body := c.get("/dead-letters?done=" + url.QueryEscape(forged)); strings.Contains(body, "555-0100") {
+		t.Error("a made-up done message is shown")
+	}
+	code, _, hdr := c.post("/dead-letters/purge", url.Values{"csrf": {tok}, "older_than": {"30d"}, "confirm": {"yes"}})
+	if code != http.StatusSeeOther {
+		t.Fatalf("purge: %d", code)
+	}
+	loc := hdr.Get("Location")
+	if _, body := c.get(loc); !strings.Contains(body, "Purged 0 dead letter(s).") {
+		t.Errorf("the console's own message after a purge is not shown (%s)", loc)
+	}
+}
