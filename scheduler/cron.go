@@ -345,32 +345,48 @@ const futureTickTolerance = time.Minute
 // still ahead moves last_tick forward again when it fires; the ticks stay
 // unique, and the task recovers when that clock is set right.
 func (r *taskRow) anchor(sched cron.Schedule, now time.Time) time.Time {
-	if r.lastTick == nil || !r.lastTick.After(r.activeSince) {
-		return r.activeSince
+	since := r.since(now)
+	if r.lastTick == nil || !r.lastTick.After(since) {
+		return since
 	}
 	if !r.lastTick.After(now.Add(futureTickTolerance)) {
 		return *r.lastTick
 	}
-	if r.firedBy != nil && r.firedBy.After(r.activeSince) {
+	if r.firedBy != nil && r.firedBy.After(since) {
 		return *r.firedBy
 	}
-	t, due := latestDue(sched, r.activeSince, now)
+	t, due := latestDue(sched, since, now)
 	if !due {
-		return r.activeSince
+		return since
 	}
 	prev := t.Add(-time.Second) // sched.Next(t - 1 s) is t for a cron spec
 	if cd, ok := sched.(cron.ConstantDelaySchedule); ok {
 		prev = t.Add(-cd.Delay) // the previous point of the @every grid
 	}
-	if prev.Before(r.activeSince) {
-		return r.activeSince
+	if prev.Before(since) {
+		return since
 	}
 	return prev
 }
 
+// since is the instant the task's current definition took effect, for a
+// dispatcher whose clock reads now: active_since, unless a dispatcher whose
+// clock ran ahead stored it (AddTask with a changed definition,
+// ResumeTask) more than futureTickTolerance after now. Then no dispatcher
+// with a right clock would fire the task until real time reached it; the
+// row's updated_at, the database's time of that change (or of a later tick
+// fired), stands in for it.
+func (r *taskRow) since(now time.Time) time.Time {
+	if r.activeSince.After(now.Add(futureTickTolerance)) && r.updatedAt.Before(r.activeSince) {
+		return r.updatedAt
+	}
+	return r.activeSince
+}
+
 // futureTick reports whether the task's last tick is one anchor disregards.
 func (r *taskRow) futureTick(now time.Time) bool {
-	return r.lastTick != nil && r.lastTick.After(r.activeSince) && r.lastTick.After(now.Add(futureTickTolerance))
+	return r.activeSince.After(now.Add(futureTickTolerance)) ||
+		(r.lastTick != nil && r.lastTick.After(r.since(now)) && r.lastTick.After(now.Add(futureTickTolerance)))
 }
 
 func (s *Scheduler) listTasks(ctx context.Context, now time.Time) ([]taskRow, error) {
@@ -447,8 +463,8 @@ func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, ne
 			continue
 		}
 		if r.futureTick(now) {
-			s.cfg.Logger.WarnContext(ctx, "annals: cron task's last tick is in the future (a dispatcher's clock ran ahead); firing it by this dispatcher's clock",
-				"task", r.name, "last_tick", *r.lastTick, "now", now)
+			s.cfg.Logger.WarnContext(ctx, "annals: cron task's last tick or activation is in the future (a dispatcher's clock ran ahead); firing it by this dispatcher's clock",
+				"task", r.name, "last_tick", r.lastTick, "active_since", r.activeSince, "now", now)
 		}
 		if _, due := latestDue(sched, r.anchor(sched, now), now); due {
 			ok, held, ferr := s.fireTask(ctx, r.name, factory, now)

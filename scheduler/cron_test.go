@@ -577,3 +577,32 @@ func TestCronFutureLastTickAfterPrune(t *testing.T) {
 		t.Fatalf("%d events (%v), want 3: 12:00, the next day's (early), the day after's", events, err)
 	}
 }
+
+// TestCronFutureActivation: a dispatcher whose clock runs a day ahead
+// changes a task's definition, storing its own time as the task's
+// activation; the dispatchers with a right clock used to wait a day. They
+// now take the database's time of the change instead. (Clocks near real
+// time: updated_at is the database's.)
+func TestCronFutureActivation(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	start := time.Now().UTC().Truncate(time.Second)
+	clock := newFakeClock(start)
+	s := newScheduler(t, db, &Config{Clock: clock, MissedGrace: time.Minute})
+	if err := s.AddTask(t.Context(), Task{Name: "r", Spec: "*/5 * * * *", StreamID: "r", Missed: FireLatest}); err != nil {
+		t.Fatal(err)
+	}
+	ahead := newFakeClock(start.Add(24 * time.Hour))
+	a := newScheduler(t, db, &Config{Clock: ahead, MissedGrace: time.Minute})
+	if err := a.AddTask(t.Context(), Task{Name: "r", Spec: "*/10 * * * *", StreamID: "r", Missed: FireLatest}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(start.Add(11 * time.Minute)) // a */10 tick lies in between
+	if n := fireDue(t, s); n != 1 {
+		t.Fatalf("11 minutes after the change the right clock fired %d ticks, want 1 (the task waited for the future activation)", n)
+	}
+	got := ticks(t, db, "r")
+	if len(got) != 1 || got[0].Minute()%10 != 0 || got[0].Before(start) || got[0].After(start.Add(11*time.Minute)) {
+		t.Fatalf("ticks %v, want one */10 tick within the 11 minutes", got)
+	}
+}
