@@ -589,10 +589,10 @@ func (e *Engine) CatchUp(ctx context.Context, sub *Subscription, target int64) e
 		lease := &Lease{Subscriber: sub.Name, Partition: sub.Partition, Start: sub.StartAfter}
 		return e.lead(ctx, ctx, sub, lease, target)
 	}
-	if err := e.CheckLayout(ctx, sub); err != nil {
-		return err
-	}
 	lease, err := e.standBy(ctx, sub, nil)
+	if errors.Is(err, ErrPartitionLayout) {
+		return err // refused before it waited for anything
+	}
 	if err != nil {
 		return errors.Wrapf(err, "catchup: waiting for the lock of %s/%d", sub.Name, sub.Partition)
 	}

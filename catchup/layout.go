@@ -135,13 +135,14 @@ func (e *Engine) CheckLayout(ctx context.Context, sub *Subscription) error {
 	}
 }
 
-// claimLaidOut claims sub's checkpoint of partition part for this engine on db
+// claimLaidOut claims sub's checkpoint (its partition) for this engine on db
 // (the connection holding the partition's lock, or the pool to fence): the
 // checkpoint package's Claim, made only while the subscriber's recorded
 // layout is sub's. A layout replaced since CheckLayout refuses it with a
 // *PartitionLayoutError.
-func (e *Engine) claimLaidOut(ctx context.Context, db checkpoint.DB, sub *Subscription, part int) (checkpoint.Checkpoint, error) {
+func (e *Engine) claimLaidOut(ctx context.Context, db checkpoint.DB, sub *Subscription) (checkpoint.Checkpoint, error) {
 	n, by := layoutOf(sub)
+	part := sub.Partition
 	c := checkpoint.Checkpoint{Subscriber: sub.Name, Partition: part}
 	var o *string
 	err := db.QueryRow(ctx, e.q["Claim"], sub.Name, part, e.cfg.Owner, n, by).Scan(&c.Position, &c.Epoch, &o, &c.UpdatedAt)

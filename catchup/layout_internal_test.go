@@ -25,18 +25,18 @@ func TestClaimChecksTheLayout(t *testing.T) {
 	if err := e.CheckLayout(ctx, three); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.claimLaidOut(ctx, db.Pool, three, 1); err != nil {
+	if _, err := e.claimLaidOut(ctx, db.Pool, three); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.CheckLayout(ctx, four); err != nil { // nothing processed: replaced
 		t.Fatal(err)
 	}
-	_, err = e.claimLaidOut(ctx, db.Pool, three, 1)
+	_, err = e.claimLaidOut(ctx, db.Pool, three)
 	var le *PartitionLayoutError
 	if !errors.As(err, &le) || le.RecordedPartitions != 4 || le.Partitions != 3 {
 		t.Fatalf("claim under the replaced layout: %v, want a PartitionLayoutError naming 4 partitions", err)
 	}
-	cp, err := e.claimLaidOut(ctx, db.Pool, four, 1)
+	cp, err := e.claimLaidOut(ctx, db.Pool, four)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -89,9 +89,7 @@ const orphanGrace = 250 * time.Millisecond
 // waiter is a subscriber partition standing by.
 type waiter struct {
 	key   string
-	sub   string
-	part  int
-	subn  *Subscription // for the claim's layout check
+	sub   *Subscription // its name, partition and layout (for the claim)
 	g     *group        // nil: take the lock whenever it is free
 	got   chan standbyResult
 	taken bool // the poller took it out of waiting: a result is coming (s.mu)
@@ -225,7 +223,7 @@ func (s *sessions) departLocked(g *group) {
 // the lock session cannot be opened (the caller backs off and stands by
 // again).
 func (s *sessions) wait(ctx context.Context, key string, sub *Subscription, g *group) (standbyResult, error) {
-	w := &waiter{key: key, sub: sub.Name, part: sub.Partition, subn: sub, g: g, got: make(chan standbyResult, 1)}
+	w := &waiter{key: key, sub: sub, g: g, got: make(chan standbyResult, 1)}
 	s.mu.Lock()
 	s.waiting[w] = struct{}{}
 	s.start()
@@ -562,7 +560,7 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 		}
 	}
 	for g, free := range freeOf {
-		slices.SortFunc(free, func(a, b *waiter) int { return cmp.Compare(a.part, b.part) })
+		slices.SortFunc(free, func(a, b *waiter) int { return cmp.Compare(a.sub.Partition, b.sub.Partition) })
 		start := 0
 		if g.members > 0 {
 			start = g.pos * len(free) / g.members
@@ -604,7 +602,7 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 		var cp checkpoint.Checkpoint
 		cerr := sb.Do(ctx, func(conn *pgx.Conn) error {
 			var err error
-			cp, err = s.e.claimLaidOut(ctx, conn, w.subn, w.part)
+			cp, err = s.e.claimLaidOut(ctx, conn, w.sub)
 			return err
 		})
 		if cerr != nil {
@@ -722,7 +720,7 @@ func (s *sessions) pick(ws []*waiter) *waiter {
 
 // hand gives w the lock of key, taken and claimed on the shared session.
 func (s *sessions) hand(key string, w *waiter, cp checkpoint.Checkpoint) {
-	l := &sharedLock{key: key, part: w.part, g: w.g, lost: make(chan struct{}), handover: make(chan struct{})}
+	l := &sharedLock{key: key, part: w.sub.Partition, g: w.g, lost: make(chan struct{}), handover: make(chan struct{})}
 	s.mu.Lock()
 	s.held[key] = l
 	s.mu.Unlock()
@@ -848,7 +846,7 @@ func (e *Engine) newLease(sub *Subscription) *Lease {
 // holder: epoch + 1, owner = this engine. On failure it releases the lock.
 func (e *Engine) claim(ctx context.Context, sub *Subscription, lease *Lease) (*Lease, error) {
 	err := lease.Do(ctx, func(conn *pgx.Conn) error {
-		cp, err := e.claimLaidOut(ctx, conn, sub, lease.Partition)
+		cp, err := e.claimLaidOut(ctx, conn, sub)
 		lease.Epoch, lease.Start = cp.Epoch, cp.Position
 		return err
 	})

@@ -122,7 +122,7 @@ func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Dura
 		}
 	}
 	// Fence whoever leads: its next read or commit fails.
-	fenced, err := e.claimLaidOut(qctx, e.pool, sub, sub.Partition)
+	fenced, err := e.claimLaidOut(qctx, e.pool, sub)
 	if err != nil {
 		if qctx.Err() != nil {
 			return done(<-got)
@@ -149,7 +149,7 @@ func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Dura
 		if cp.Epoch != fenced.Epoch {
 			// A standby that held the lock before we queued claimed after
 			// the fence: fence it too.
-			if fenced, err = e.claimLaidOut(qctx, e.pool, sub, sub.Partition); err != nil && qctx.Err() == nil {
+			if fenced, err = e.claimLaidOut(qctx, e.pool, sub); err != nil && qctx.Err() == nil {
 				abandon()
 				return nil, errors.Wrapf(err, "catchup: fence the leader of %s/%d", sub.Name, sub.Partition)
 			}
