@@ -366,7 +366,10 @@ func (c *Client) Start(ctx context.Context) error {
 // the instance deregistered) and returns when it has, or when ctx ends
 // (with ctx's error; the shutdown goes on). It returns the error that ended
 // the run early, if any. Stopping a client that is not running does
-// nothing; a stopped client can be started again.
+// nothing; a stopped client can be started again. After a Stop that
+// returned ctx's error the client still counts as running (Start refuses
+// it) until a later Stop returns: call Stop again, with a longer deadline,
+// to wait for the shutdown to finish.
 func (c *Client) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	r := c.run

@@ -25,9 +25,11 @@
 //     headers: Nats-Msg-Id = the event ID, Nats-Expected-Last-Msg-Id = the
 //     ID of the event published before it, and the Annals-* headers
 //     (position, event ID, stream ID, stream version, type, recorded at,
-//     correlation and causation IDs, the whole metadata) and the W3C trace
-//     context (traceparent, tracestate); the body is the event's data as
-//     stored;
+//     correlation and causation IDs, the whole metadata; a stream ID or type
+//     with white space at either end, which NATS would trim, also as a JSON
+//     string in Annals-Stream-Id-Json or Annals-Event-Type-Json) and the W3C
+//     trace context (traceparent, tracestate); the body is the event's data
+//     as stored;
 //  2. collects the acknowledgements of the batches before it, in order
 //     (waiting up to AckTimeout), and those of its own that are in: a batch's
 //     acknowledgements are awaited while the next batch is published;

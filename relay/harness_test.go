@@ -117,6 +117,8 @@ func checkExactlyOnce(t *testing.T, msgs []jetstream.RawStreamMsg, want []events
 		}
 		if w := want[i]; e.ID != w.ID || e.GlobalSequence != w.GlobalSequence {
 			t.Fatalf("message %d is event %d (%s), want %d (%s): not position order", m.Sequence, e.GlobalSequence, e.ID, w.GlobalSequence, w.ID)
+		} else if e.StreamID != w.StreamID || e.Type != w.Type {
+			t.Fatalf("message %d decodes to stream %q, type %q; the event's are %q, %q", m.Sequence, e.StreamID, e.Type, w.StreamID, w.Type)
 		}
 		if e.StreamVersion != versions[e.StreamID]+1 {
 			t.Fatalf("stream %q: version %d after %d", e.StreamID, e.StreamVersion, versions[e.StreamID])

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"encoding/json"
+	"net/textproto"
 	"strconv"
 	"time"
 
@@ -21,12 +22,23 @@ const (
 	HeaderPosition = "Annals-Position"
 	// HeaderEventID is the event ID (also the Nats-Msg-Id).
 	HeaderEventID = "Annals-Event-Id"
-	// HeaderStreamID is the stream the event belongs to (unescaped).
+	// HeaderStreamID is the stream the event belongs to (unescaped). NATS
+	// drops white space at either end of a header value: a stream ID that
+	// starts or ends with a space or tab is also sent, exactly, in
+	// HeaderStreamIDJSON.
 	HeaderStreamID = "Annals-Stream-Id"
+	// HeaderStreamIDJSON is the stream ID as a JSON string, present only
+	// when HeaderStreamID would lose white space at either end. Decode
+	// prefers it.
+	HeaderStreamIDJSON = "Annals-Stream-Id-Json"
 	// HeaderStreamVersion is the event's version in its stream (decimal).
 	HeaderStreamVersion = "Annals-Stream-Version"
-	// HeaderType is the event type (unescaped).
+	// HeaderType is the event type (unescaped); like the stream ID, also
+	// sent in HeaderTypeJSON when it starts or ends with white space.
 	HeaderType = "Annals-Event-Type"
+	// HeaderTypeJSON is the event type as a JSON string, present only when
+	// HeaderType would lose white space at either end.
+	HeaderTypeJSON = "Annals-Event-Type-Json"
 	// HeaderRecordedAt is when the event was appended (RFC 3339, nanoseconds).
 	HeaderRecordedAt = "Annals-Recorded-At"
 	// HeaderCorrelationID and HeaderCausationID carry the metadata's IDs.
@@ -50,9 +62,9 @@ func Message(relayName, subject string, e eventstore.Event) (*nats.Msg, error) {
 	h.Set(HeaderRelay, relayName)
 	h.Set(HeaderPosition, strconv.FormatInt(e.GlobalSequence, 10))
 	h.Set(HeaderEventID, e.ID.String())
-	h.Set(HeaderStreamID, e.StreamID)
+	setExact(h, HeaderStreamID, HeaderStreamIDJSON, e.StreamID)
 	h.Set(HeaderStreamVersion, strconv.FormatInt(e.StreamVersion, 10))
-	h.Set(HeaderType, e.Type)
+	setExact(h, HeaderType, HeaderTypeJSON, e.Type)
 	h.Set(HeaderRecordedAt, e.RecordedAt.UTC().Format(time.RFC3339Nano))
 	if e.Metadata.CorrelationID != "" {
 		h.Set(HeaderCorrelationID, e.Metadata.CorrelationID)
@@ -73,6 +85,31 @@ func Message(relayName, subject string, e eventstore.Event) (*nats.Msg, error) {
 		}
 	}
 	return m, nil
+}
+
+// setExact sets key to v and, when NATS would not carry v as it is (it
+// trims spaces and tabs at either end of a header value, and of the header
+// block's lines), jsonKey to v as a JSON string, which begins and ends
+// with a quote.
+func setExact(h nats.Header, key, jsonKey, v string) {
+	h.Set(key, v)
+	if textproto.TrimString(v) != v {
+		b, _ := json.Marshal(v) // a string always encodes
+		h.Set(jsonKey, string(b))
+	}
+}
+
+// getExact reads what setExact set.
+func getExact(h nats.Header, key, jsonKey string) (string, error) {
+	j := h.Get(jsonKey)
+	if j == "" {
+		return h.Get(key), nil
+	}
+	var v string
+	if err := json.Unmarshal([]byte(j), &v); err != nil {
+		return "", errors.Wrapf(ErrNotRelayed, "%s %q", jsonKey, j)
+	}
+	return v, nil
 }
 
 // ErrNotRelayed is matched by Decode for a message without the relay's
@@ -99,7 +136,12 @@ func Decode(h nats.Header, data []byte) (eventstore.Event, error) {
 	if e.RecordedAt, err = time.Parse(time.RFC3339Nano, h.Get(HeaderRecordedAt)); err != nil {
 		return e, errors.Wrapf(ErrNotRelayed, "recorded at %q", h.Get(HeaderRecordedAt))
 	}
-	e.StreamID, e.Type = h.Get(HeaderStreamID), h.Get(HeaderType)
+	if e.StreamID, err = getExact(h, HeaderStreamID, HeaderStreamIDJSON); err != nil {
+		return e, err
+	}
+	if e.Type, err = getExact(h, HeaderType, HeaderTypeJSON); err != nil {
+		return e, err
+	}
 	e.Data = json.RawMessage(data)
 	if md := h.Get(HeaderMetadata); md != "" {
 		if err := json.Unmarshal([]byte(md), &e.Metadata); err != nil {

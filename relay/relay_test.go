@@ -76,6 +76,35 @@ func TestRelayPublishesTheLog(t *testing.T) {
 	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
 }
 
+// TestRelayKeepsWhiteSpaceAtTheEnds: NATS drops spaces and tabs at either
+// end of a header value, so a stream ID or event type that has them travels
+// also as a JSON string, and decodes exactly; other values get no extra
+// header.
+func TestRelayKeepsWhiteSpaceAtTheEnds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, a := range [][2]string{{" acct", "account.opened"}, {"acct ", " account.opened"}, {"acct", "account.opened "}, {"a c", "t\\u00e9 \"q\""}} {
+		if _, err := b.store.Append(t.Context(), a[0], eventstore.Any, eventstore.EventData{Type: a[1], Data: map[string]int{}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := relay.New(b.db.Pool, b.nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CatchUp(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	msgs := b.relayed("ANNALS")
+	checkExactlyOnce(t, msgs, b.log())
+	for i, m := range msgs {
+		stream, typ := m.Header.Get(relay.HeaderStreamIDJSON) != "", m.Header.Get(relay.HeaderTypeJSON) != ""
+		if want := [][2]bool{{true, false}, {true, true}, {false, true}, {false, false}}[i]; stream != want[0] || typ != want[1] {
+			t.Errorf("message %d: JSON headers of stream and type %v, %v; want %v", i, stream, typ, want)
+		}
+	}
+}
+
 // TestRelayFilters: only events whose type matches the globs are relayed;
 // the checkpoint still moves past the others.
 func TestRelayFilters(t *testing.T) {

@@ -132,7 +132,7 @@ start a new subscriber somewhere other than the beginning).`,
 			}
 			position, err := strconv.ParseInt(args[1], 10, 64)
 			if err == nil && position < 0 {
-				return usagef(negativePosition, args[1])
+				return usagef(negativePositionGiven, args[1])
 			}
 			if err != nil {
 				return usagef("POSITION %q: want a non-negative integer", args[1])
@@ -243,8 +243,13 @@ type CheckpointSetJSON struct {
 	PreviousEpoch    *int64 `json:"previous_epoch,omitempty"`
 }
 
-// negativePosition is the message for a negative POSITION of checkpoint set.
-const negativePosition = "POSITION %s: a position must not be negative (0 is before the first event; no '--' is needed before a position)"
+// negativePosition is the message for a negative POSITION of checkpoint set
+// that the flag parser caught (no '--' before it), negativePositionGiven for
+// one that reached the command (after '--').
+const (
+	negativePosition      = "POSITION %s: a position must not be negative (0 is before the first event; no '--' is needed before a position)"
+	negativePositionGiven = "POSITION %s: a position must not be negative (0 is before the first event)"
+)
 
 func validSubscriber(sub string, partition int) error {
 	if sub == "" {

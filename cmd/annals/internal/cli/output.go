@@ -28,23 +28,32 @@ type outputValue struct {
 	allowed []string
 	// legacy maps the old --format spellings (table) to --output values.
 	legacy bool
-	// given is what this flag was given (after mapping table to text),
-	// other what the other flag of the pair (--output, --format) was given:
-	// "" when not given. Both given and different is a flag error.
+	// given is what this flag was given (as spelled), other what the other
+	// flag of the pair (--output, --format) was given: "" when not given.
+	// Both given and meaning different formats is a flag error.
 	given, other *string
+}
+
+// canonicalOutput maps the old --format spelling table to text.
+func canonicalOutput(s string) string {
+	if s == "table" {
+		return outputText
+	}
+	return s
 }
 
 func (o *outputValue) String() string { return *o.value }
 func (o *outputValue) Type() string   { return "format" }
 
-func (o *outputValue) Set(s string) error {
-	if o.legacy && s == "table" {
-		s = outputText
+func (o *outputValue) Set(spelled string) error {
+	s := spelled
+	if o.legacy {
+		s = canonicalOutput(s)
 	}
 	if !slices.Contains(o.allowed, s) {
 		return errors.Newf("want %s", orList(o.allowed))
 	}
-	if o.other != nil && *o.other != "" && *o.other != s {
+	if o.other != nil && *o.other != "" && canonicalOutput(*o.other) != s {
 		flag := "--output"
 		if !o.legacy {
 			flag = "--format"
@@ -52,7 +61,7 @@ func (o *outputValue) Set(s string) error {
 		return errors.Newf("%s %s says otherwise (--format is the old name of --output: give one of them)", flag, *o.other)
 	}
 	if o.given != nil {
-		*o.given = s
+		*o.given = spelled
 	}
 	*o.value = s
 	return nil

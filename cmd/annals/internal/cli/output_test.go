@@ -143,6 +143,10 @@ func TestOutput(t *testing.T) {
 				t.Errorf("annals %q: %+v", args, r)
 			}
 		}
+		// The message quotes the other flag as the user spelled it.
+		if r := annals(t, db.URL, "read", "--format", "table", "--output", "json"); !strings.Contains(r.stderr, "--format table says otherwise") {
+			t.Errorf("read --format table --output json: %+v", r)
+		}
 		for _, args := range [][]string{
 			{"read", "--format", "table", "--output", "text"},
 			{"read", "--output", "jsonl", "--format", "jsonl"},

@@ -340,7 +340,8 @@ func TestCheckpointCommand(t *testing.T) {
 				t.Errorf("checkpoint set %q: %+v", args, r)
 			}
 		}
-		if r := annals(t, db.URL, "checkpoint", "set", "orders", "--", "-1"); r.code != ExitUsage || !strings.Contains(r.stderr, "must not be negative") {
+		if r := annals(t, db.URL, "checkpoint", "set", "orders", "--", "-1"); r.code != ExitUsage || !strings.Contains(r.stderr, "must not be negative") ||
+			strings.Contains(r.stderr, "is needed") {
 			t.Errorf("checkpoint set orders -- -1: %+v", r)
 		}
 		if r := annals(t, db.URL, "checkpoint", "get", "orders", "-x"); r.code != ExitUsage || !strings.Contains(r.stderr, "unknown shorthand flag") {
