@@ -56,6 +56,9 @@ func notFoundf(format string, args ...any) error {
 type env struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
+	// rawStdout and rawStderr are the writers stdout and stderr wrap (see
+	// safeWriter): for a child process's output, which is not annals'.
+	rawStdout, rawStderr io.Writer
 	getenv         func(string) string
 	databaseURL    string
 	schema         string
@@ -67,8 +70,14 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	return run(ctx, args, stdin, stdout, stderr, os.Getenv)
 }
 
-func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
-	e := &env{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv}
+func run(ctx context.Context, args []string, stdin io.Reader, rawStdout, rawStderr io.Writer, getenv func(string) string) int {
+	safeOut, safeErr := newSafeWriter(rawStdout), newSafeWriter(rawStderr)
+	defer func() {
+		_ = safeOut.Flush()
+		_ = safeErr.Flush()
+	}()
+	var stdout, stderr io.Writer = safeOut, safeErr
+	e := &env{stdin: stdin, stdout: stdout, stderr: stderr, rawStdout: rawStdout, rawStderr: rawStderr, getenv: getenv}
 	root := e.rootCommand()
 	root.SetArgs(args)
 	root.SetIn(stdin)

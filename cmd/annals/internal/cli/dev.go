@@ -88,7 +88,7 @@ func migrate(ctx context.Context, url, schema string) error {
 // exit status into ours. A signal to us is passed on as SIGTERM.
 func (e *env) runChild(ctx context.Context, url string, args []string) error {
 	c := exec.CommandContext(ctx, args[0], args[1:]...)
-	c.Stdin, c.Stdout, c.Stderr = e.stdin, e.stdout, e.stderr
+	c.Stdin, c.Stdout, c.Stderr = e.stdin, e.rawStdout, e.rawStderr
 	c.Env = append(os.Environ(), "DATABASE_URL="+url, "ANNALS_TEST_DATABASE_URL="+url)
 	c.Cancel = func() error { return c.Process.Signal(syscall.SIGTERM) }
 	c.WaitDelay = 30 * time.Second
