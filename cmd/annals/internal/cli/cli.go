@@ -59,9 +59,9 @@ type env struct {
 	// rawStdout and rawStderr are the writers stdout and stderr wrap (see
 	// safeWriter): for a child process's output, which is not annals'.
 	rawStdout, rawStderr io.Writer
-	getenv         func(string) string
-	databaseURL    string
-	schema         string
+	getenv               func(string) string
+	databaseURL          string
+	schema               string
 }
 
 // Run executes the annals command line with args (without the program name)
