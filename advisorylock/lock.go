@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
@@ -268,7 +269,7 @@ func (l *Lock) Do(ctx context.Context, fn func(conn *pgx.Conn) error) error {
 		if err == nil {
 			return l.Err()
 		}
-		return errors.Wrapf(errors.Mark(err, ErrLost), "advisorylock: key %q: %s", l.key, ErrLost)
+		return errors.Wrapf(errmark.Mark(err, ErrLost), "advisorylock: key %q: %s", l.key, ErrLost)
 	}
 	if l.conn.PgConn().TxStatus() != 'I' {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
@@ -411,7 +412,7 @@ func (l *Lock) endTurn() {
 
 // markLost records that the lock was lost because of cause.
 func (l *Lock) markLost(cause error) {
-	err := errors.Wrapf(errors.Mark(cause, ErrLost), "advisorylock: key %q: %s", l.key, ErrLost)
+	err := errors.Wrapf(errmark.Mark(cause, ErrLost), "advisorylock: key %q: %s", l.key, ErrLost)
 	if l.setDone(err) {
 		l.logger.Warn("advisorylock: lock lost", slog.String("key", l.key), slog.Uint64("pid", uint64(l.pid)), slog.Any("err", cause))
 	}

@@ -2,6 +2,7 @@ package advisorylock_test
 
 import (
 	"context"
+	stderrors "errors"
 	"fmt"
 	"runtime"
 	"strings"
@@ -100,7 +101,7 @@ func waitLost(t *testing.T, l *advisorylock.Lock) {
 	case <-time.After(lossTimeout):
 		t.Fatalf("Lost() still open %v after the loss", lossTimeout)
 	}
-	if err := l.Err(); !errors.Is(err, advisorylock.ErrLost) {
+	if err := l.Err(); !errors.Is(err, advisorylock.ErrLost) || !stderrors.Is(err, advisorylock.ErrLost) {
 		t.Fatalf("Err() = %v, want ErrLost", err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/schemaname"
 )
@@ -769,7 +770,7 @@ func (s *sessions) lost(cause error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k, l := range s.held {
-		l.end(errors.Wrapf(errors.Mark(cause, advisorylock.ErrLost), "catchup: lock %q: %s", k, advisorylock.ErrLost))
+		l.end(errors.Wrapf(errmark.Mark(cause, advisorylock.ErrLost), "catchup: lock %q: %s", k, advisorylock.ErrLost))
 		delete(s.held, k)
 	}
 	for _, g := range s.groups {

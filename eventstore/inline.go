@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
@@ -326,7 +327,7 @@ func (s *Store) queueGuard(b *pgx.Batch, plan inlinePlan) {
 
 // guardError is the error of a failed InlineWritten check.
 func guardError(err error) error {
-	return errors.Mark(errors.Wrap(err, ErrStoredConcurrently.Error()), ErrStoredConcurrently)
+	return errmark.Mark(errors.Wrap(err, ErrStoredConcurrently.Error()), ErrStoredConcurrently)
 }
 
 // decodePayload reads the JSON array of an EncodedAppend into events.

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
 
@@ -241,10 +242,10 @@ func (k *keyring) lookup(ctx context.Context, subject string, create bool) (subj
 	case k.kek != nil:
 		dk, err := k.kek.Unwrap(ctx, subject, wrapped)
 		if err != nil {
-			return subjectKey{}, errors.Mark(errors.Wrapf(err, "eventstore: unwrap data key of %q", subject), ErrKeyUnwrap)
+			return subjectKey{}, errmark.Mark(errors.Wrapf(err, "eventstore: unwrap data key of %q", subject), ErrKeyUnwrap)
 		}
 		if key.aead, err = newAEAD(dk); err != nil {
-			return subjectKey{}, errors.Mark(err, ErrKeyUnwrap)
+			return subjectKey{}, errmark.Mark(err, ErrKeyUnwrap)
 		}
 	}
 	k.put(subject, key)

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/errors"
+
+	"github.com/annals-dev/annals/internal/errmark"
 )
 
 // Registry maps event type names to Go types and back, so that appends can
@@ -46,7 +48,7 @@ func Register[T any](r *Registry, name string, opts ...RegisterOption) error {
 	var o registration
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
-			return errors.Mark(err, ErrInvalidEvent)
+			return errmark.Mark(err, ErrInvalidEvent)
 		}
 	}
 	spec, err := personalSpecOf(t, o)
@@ -157,7 +159,7 @@ func Decode[T any](r *Registry, e Event) (Envelope[T], error) {
 		err = errors.Wrapf(err, "decode event %d of type %q into %s", e.GlobalSequence, e.Type, t)
 		if bytes.Contains(e.Data, []byte(`"`+personalKey+`"`)) {
 			// Personal fields still encrypted: read by a Store without a KEK.
-			err = errors.Mark(errors.Wrap(err, "its personal fields are encrypted (read it through a Store with Config.KEK)"), ErrNoKEK)
+			err = errmark.Mark(errors.Wrap(err, "its personal fields are encrypted (read it through a Store with Config.KEK)"), ErrNoKEK)
 		}
 		return env, err
 	}

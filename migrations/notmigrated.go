@@ -3,6 +3,8 @@ package migrations
 import (
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/annals-dev/annals/internal/errmark"
 )
 
 // ErrNotMigrated is matched (errors.Is) by the errors that [MarkNotMigrated]
@@ -18,7 +20,7 @@ var ErrNotMigrated = errors.New("annals schema not migrated")
 func MarkNotMigrated(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "3F000" || pgErr.Code == "42P01") {
-		return errors.Mark(err, ErrNotMigrated)
+		return errmark.Mark(err, ErrNotMigrated)
 	}
 	return err
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/internal/errmark"
 )
 
 // ErrPublish is matched by the error that ends a leadership after a publish
@@ -212,7 +213,7 @@ func (p *publisher) fail(ctx context.Context, lease *catchup.Lease, cause error)
 	p.inflight = nil
 	p.through = p.acked
 	p.synced = false
-	return errors.Mark(errors.Wrap(cause, ErrPublish.Error()), checkpoint.ErrFenced)
+	return errmark.Mark(errmark.Mark(errors.Wrap(cause, ErrPublish.Error()), ErrPublish), checkpoint.ErrFenced)
 }
 
 func (p *publisher) Redeliver(ctx context.Context, lease *catchup.Lease) error { return nil }

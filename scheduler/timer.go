@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/errmark"
 )
 
 // TimerID identifies a timer (a UUIDv7).
@@ -72,7 +73,7 @@ func (s *Scheduler) ScheduleTimer(ctx context.Context, tx pgx.Tx, t Timer) (Time
 	}
 	enc, err := s.store.Encode(ctx, t.StreamID, expected, t.Events...)
 	if err != nil {
-		return uuid.Nil, errors.Mark(errors.Wrap(err, "scheduler: timer"), ErrInvalidTimer)
+		return uuid.Nil, errmark.Mark(errors.Wrap(err, "scheduler: timer"), ErrInvalidTimer)
 	}
 	payload, err := json.Marshal(enc)
 	if err != nil {

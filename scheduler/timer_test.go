@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	stderrors "errors"
 	"testing"
 	"time"
 
@@ -259,7 +260,9 @@ func TestScheduleRejectsBadInput(t *testing.T) {
 	}
 	for _, c := range cases {
 		_, err := s.ScheduleTimer(ctx, nil, c.t)
-		if !errors.Is(err, ErrInvalidTimer) || (c.also != nil && !errors.Is(err, c.also)) {
+		// The standard library's errors.Is sees the same (most callers use it).
+		if !errors.Is(err, ErrInvalidTimer) || (c.also != nil && !errors.Is(err, c.also)) ||
+			!stderrors.Is(err, ErrInvalidTimer) || (c.also != nil && !stderrors.Is(err, c.also)) {
 			t.Errorf("%s: err = %v; want ErrInvalidTimer and %v", c.name, err, c.also)
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/cockroachdb/errors"
+
+	"github.com/annals-dev/annals/internal/errmark"
 )
 
 // ErrNoBinaries is returned (wrapped) by [FindBinaries] and [Start] when no
@@ -41,7 +43,7 @@ func FindBinaries() (dir string, err error) {
 			return d, nil
 		}
 	}
-	return "", errors.Mark(errors.Newf(
+	return "", errmark.Mark(errors.Newf(
 		"pgcluster: no PostgreSQL server binaries (initdb and postgres) on PATH or under %s; install them (%s)",
 		debianGlob, InstallHint), ErrNoBinaries)
 }

@@ -19,6 +19,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/internal/errmark"
 )
 
 // ErrStopped is returned by [Cluster.Restart] after [Cluster.Stop].
@@ -117,7 +119,7 @@ func Start(ctx context.Context, opts *Options) (*Cluster, error) {
 		}
 		o.BinDir = dir
 	} else if !hasServerBinaries(o.BinDir) {
-		return nil, errors.Mark(errors.Newf("pgcluster: %s does not hold both initdb and postgres", o.BinDir), ErrNoBinaries)
+		return nil, errmark.Mark(errors.Newf("pgcluster: %s does not hold both initdb and postgres", o.BinDir), ErrNoBinaries)
 	}
 	u, err := serverUser()
 	if err != nil {
@@ -289,7 +291,7 @@ func (c *Cluster) startServer(ctx context.Context) error {
 		err = errors.Newf("pgcluster: postgres on port %d did not become ready: %w\nserver log:\n%s",
 			c.port, err, logTail)
 		if strings.Contains(logTail, "could not bind") || strings.Contains(logTail, "Address already in use") {
-			err = errors.Mark(err, errAddrInUse)
+			err = errmark.Mark(err, errAddrInUse)
 		}
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/projection"
 )
@@ -43,7 +44,7 @@ func usage(err error) error {
 	if err == nil {
 		return nil
 	}
-	return errors.Mark(err, ErrUsage)
+	return errmark.Mark(err, ErrUsage)
 }
 
 // markUsage makes cmd's and its subcommands' argument-count errors (and, via

@@ -45,7 +45,8 @@ to the stream "$$STREAM". Flags left out keep their value.
 
   --max-age D          hide events older than D (30d, 12h, 90m; 0: no limit)
   --max-count N        keep only the newest N versions (0: no limit)
-  --truncate-before V  hide versions below V (it can only grow)
+  --truncate-before V  hide versions below V (it can only grow; at most the stream's
+                       version + 1, which hides every version)
 
 A stream that does not exist exits 3. --output json writes what 'stream info' writes.`,
 		Example: `  annals stream set audit-2026 --max-age 30d
@@ -88,6 +89,23 @@ A stream that does not exist exits 3. --output json writes what 'stream info' wr
 			store, err := eventstore.New(pool, &eventstore.Config{Schema: e.schema})
 			if err != nil {
 				return err
+			}
+			if c.TruncateBefore != nil {
+				// The SQL function caps V at version + 1 (every version
+				// hidden): a V beyond that is a typo, not a wish to hide
+				// versions that do not exist yet, and would hide the whole
+				// stream (and its next scavenge delete it).
+				cur, err := store.StreamInfo(cmd.Context(), stream)
+				if errors.Is(err, eventstore.ErrStreamNotFound) {
+					return notFoundError{err}
+				}
+				if err != nil {
+					return err
+				}
+				if *c.TruncateBefore > cur.Version+1 {
+					return usagef("--truncate-before %d: stream %s is at version %d, so at most %d (which hides every version)",
+						*c.TruncateBefore, stream, cur.Version, cur.Version+1)
+				}
 			}
 			info, err := store.SetStreamRetention(cmd.Context(), stream, c)
 			if errors.Is(err, eventstore.ErrStreamNotFound) {

@@ -91,6 +91,18 @@ func TestStreamSetAndScavenge(t *testing.T) {
 	if r = annals(t, db.URL, "read", "sensor-1", "--output", "jsonl"); r.code != 0 || strings.Count(r.stdout, "\n") != 2 {
 		t.Fatalf("read after max-count 2: %+v", r)
 	}
+	// A V beyond version + 1 (a typo) is refused, and changes nothing;
+	// version + 1 hides every version (a wish, not a typo).
+	if r = annals(t, db.URL, "stream", "set", "old", "--truncate-before", "1000"); r.code != ExitUsage ||
+		!strings.Contains(r.stderr, "stream old is at version 1, so at most 2") {
+		t.Fatalf("truncate beyond the version: %+v", r)
+	}
+	if r = annals(t, db.URL, "stream", "set", "nosuch", "--truncate-before", "3"); r.code != ExitNotFound {
+		t.Fatalf("truncate of a missing stream: %+v", r)
+	}
+	if r = annals(t, db.URL, "stream", "info", "old"); r.code != 0 || !strings.Contains(r.stdout, "reads from version 1") {
+		t.Fatalf("info after a refused truncate: %+v", r)
+	}
 	if r = annals(t, db.URL, "stream", "set", "old", "--truncate-before", "2"); r.code != 0 || !strings.Contains(r.stdout, "reads from version 2") {
 		t.Fatalf("truncate: %+v", r)
 	}
