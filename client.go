@@ -343,17 +343,33 @@ func (c *Client) Start(ctx context.Context) error {
 		c.mu.Unlock()
 		return errors.New("annals: Start: the client is running")
 	}
-	r := &running{done: make(chan struct{})}
+	// The run's context exists from here on, so that a Stop that comes
+	// while Start is still migrating or setting up (a SIGTERM during a slow
+	// start) cancels the start: prepare runs until ctx ends or Stop.
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r := &running{cancel: cancel, done: make(chan struct{})}
 	c.run = r
 	c.mu.Unlock()
-	if err := c.prepare(ctx); err != nil {
+	prepCtx, cancelPrep := context.WithCancel(ctx)
+	stopPrep := context.AfterFunc(runCtx, cancelPrep)
+	err := c.prepare(prepCtx)
+	stopPrep()
+	cancelPrep()
+	if err == nil && runCtx.Err() != nil {
+		err = runCtx.Err() // stopped just as prepare ended: start nothing
+	}
+	if err != nil {
+		if runCtx.Err() != nil && ctx.Err() == nil && errors.Is(err, context.Canceled) {
+			err = errors.WithSecondaryError(errors.Wrap(context.Canceled, "annals: Start: stopped by Stop while starting"), err)
+		}
 		c.mu.Lock()
 		c.run = nil
 		c.mu.Unlock()
+		r.err = err
+		cancel()
+		close(r.done)
 		return err
 	}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	r.cancel = cancel
 	go func() {
 		defer close(r.done)
 		r.err = c.runner.Run(runCtx)

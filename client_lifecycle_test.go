@@ -2,6 +2,7 @@ package annals_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -122,3 +123,64 @@ func TestClientRefusesRegistrationsOnceStarted(t *testing.T) {
 type idleService struct{}
 
 func (idleService) Run(ctx context.Context) error { <-ctx.Done(); return nil }
+
+// Stop while Start is still setting up (a SIGTERM during a slow start: a
+// read model's setup that builds an index) cancels the start: Start returns
+// an error matching context.Canceled, Stop returns nil, nothing runs, and
+// the client can be started again. Stop panicked (a nil cancel) before.
+func TestClientStopDuringStart(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := annalstest.NewDB(t, nil)
+	reg := eventstore.NewRegistry()
+	eventstore.MustRegister[clDeposited](reg, "cl.deposited")
+	p := projection.New("cl.slow_setup", reg)
+	p.OnSetup(1, projection.Statements(`SELECT pg_sleep(3) /* cl.slow_setup */`, `CREATE TABLE cl_slow (id int)`))
+	projection.On(p, func(ctx context.Context, tx pgx.Tx, e eventstore.Envelope[clDeposited]) error { return nil })
+	c, err := annals.New(db.Pool, &annals.Config{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := annals.AddProjection(c, p, nil); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan error, 1)
+	go func() { started <- c.Start(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(3) /* cl.slow_setup%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the setup never started")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	if err := c.Stop(stopCtx); err != nil {
+		t.Fatalf("Stop during Start: %v", err)
+	}
+	if err := <-started; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Start stopped while setting up returned %v, want context.Canceled", err)
+	}
+	if d := time.Since(t0); d > 2500*time.Millisecond {
+		t.Fatalf("Stop took %v: it waited for the setup instead of cancelling it", d)
+	}
+	var exists bool
+	if err := db.Pool.QueryRow(ctx, `SELECT to_regclass('cl_slow') IS NOT NULL`).Scan(&exists); err != nil || exists {
+		t.Fatalf("the cancelled setup went on: table exists %v (%v)", exists, err)
+	}
+	// Started again, it sets up and runs.
+	if err := c.Start(ctx); err != nil {
+		t.Fatalf("Start after a cancelled start: %v", err)
+	}
+	if err := c.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
+}
