@@ -38,9 +38,12 @@ func New(name string, reg *eventstore.Registry) *Typed {
 }
 
 // On adds the handler for events of type T. Mistakes (T not registered, a
-// second handler for T) are reported by Runner.Register.
+// second handler for T, a nil fn) are reported by Runner.Register.
 func On[T any](p *Typed, fn func(ctx context.Context, tx pgx.Tx, e eventstore.Envelope[T]) error) {
 	name, err := handlerType[T](p.reg, p.handlers)
+	if err == nil && fn == nil {
+		err = errors.Newf("nil handler function for %q", name)
+	}
 	if err != nil {
 		p.err = errors.CombineErrors(p.err, errors.Wrapf(err, "projection %q", p.name))
 		return
@@ -121,9 +124,14 @@ func NewObserver(name string, reg *eventstore.Registry) *TypedObserver {
 	return &TypedObserver{name: name, reg: reg, handlers: map[string]func(context.Context, eventstore.Event) error{}}
 }
 
-// Observe adds the observer's handler for events of type T.
+// Observe adds the observer's handler for events of type T. Mistakes (T
+// not registered, a second handler for T, a nil fn) are reported by
+// Runner.Register.
 func Observe[T any](o *TypedObserver, fn func(ctx context.Context, e eventstore.Envelope[T]) error) {
 	name, err := handlerType[T](o.reg, o.handlers)
+	if err == nil && fn == nil {
+		err = errors.Newf("nil handler function for %q", name)
+	}
 	if err != nil {
 		o.err = errors.CombineErrors(o.err, errors.Wrapf(err, "observer %q", o.name))
 		return
