@@ -397,7 +397,7 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 		if err != nil {
 			return appendArgs{}, err
 		}
-		if data, err = s.registry.seal(ctx, i+1, name, data); err != nil {
+		if data, err = s.registry.seal(ctx, i+1, name, e.ID, data); err != nil {
 			return appendArgs{}, err
 		}
 		if err := checkMetadata(i+1, e.Metadata); err != nil {

@@ -195,8 +195,10 @@
 // top-level fields `annals:"personal"`; give the Store a KEK
 // (Config.KEK: NewLocalKEK, or a KMS implementing KeyEncrypter). Before an
 // append, each personal field's JSON is encrypted with AES-256-GCM under the
-// subject's data key (a random nonce per field; subject and field name as
-// additional data) and replaced by {"$personal": {"v": 1, "subject",
+// subject's data key (a random nonce per field, or for a caller-chosen
+// event ID one derived from the data key, the ID, the field and its value,
+// so that a retried append is recognised as stored; subject and field name
+// as additional data) and replaced by {"$personal": {"v": 1, "subject",
 // "kind", "data"}}. A subject's data key is 32 random bytes made at its
 // first append, stored in the personal_keys table wrapped by the KEK (an
 // INSERT ... ON CONFLICT DO NOTHING then a read, so concurrent first appends

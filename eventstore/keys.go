@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	_ "embed"
 	"sync"
 	"time"
@@ -115,9 +117,40 @@ func sealGCM(aead cipher.AEAD, plain, aad []byte) ([]byte, error) {
 	return aead.Seal(nonce, nonce, plain, aad), nil
 }
 
+// sealGCMFor returns nonce || ciphertext of plain with a nonce derived
+// from nonceKey, the event ID, the field and plain (a synthetic IV): the
+// same field of the same event sealed twice gives the same bytes, so an
+// idempotent re-append of an event with caller-chosen ID finds its stored
+// copy equal. Two different plaintexts get different nonces (but for
+// HMAC-SHA-256 collisions in 96 bits, as likely as random nonces
+// colliding), so GCM never sees a nonce twice with different input; and as
+// the event ID goes in, equal values in different events do not seal
+// alike.
+func sealGCMFor(aead cipher.AEAD, nonceKey []byte, id [16]byte, field string, plain, aad []byte) []byte {
+	mac := hmac.New(sha256.New, nonceKey)
+	mac.Write(id[:])
+	mac.Write([]byte(field))
+	mac.Write([]byte{0})
+	mac.Write(plain)
+	sum := mac.Sum(nil)
+	n := aead.NonceSize()
+	nonce := make([]byte, n, n+len(plain)+aead.Overhead())
+	copy(nonce, sum[:n])
+	return aead.Seal(nonce, nonce, plain, aad)
+}
+
+// nonceKeyOf derives the key of sealGCMFor's nonces from a data key: HMAC
+// with a label of its own, so it is not the encryption key.
+func nonceKeyOf(dataKey []byte) []byte {
+	mac := hmac.New(sha256.New, dataKey)
+	mac.Write([]byte("annals-pd-nonce-v1"))
+	return mac.Sum(nil)
+}
+
 // subjectKey is what the keyring knows of a subject.
 type subjectKey struct {
 	aead      cipher.AEAD // nil when forgotten, absent, or without a KEK
+	nonceKey  []byte      // with aead: the key of the nonces of sealGCMFor
 	forgotten bool        // the key is destroyed (or never existed)
 	at        time.Time   // when it was looked up (the cache's TTL)
 }
@@ -247,6 +280,7 @@ func (k *keyring) lookup(ctx context.Context, subject string, create bool) (subj
 		if key.aead, err = newAEAD(dk); err != nil {
 			return subjectKey{}, errmark.Mark(err, ErrKeyUnwrap)
 		}
+		key.nonceKey = nonceKeyOf(dk)
 	}
 	k.put(subject, key)
 	return key, nil

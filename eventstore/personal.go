@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
 )
 
 // PersonalTag is the struct tag value that marks a top-level field of an
@@ -41,8 +42,11 @@ type registration struct {
 // integer field, e.g. a customer ID: it stays in clear, so make it an opaque
 // ID, not a name or an e-mail address). The type's top-level fields tagged
 // `annals:"personal"` are encrypted, before each append, with the subject's
-// data key (AES-256-GCM, a random nonce per field, the subject and field
-// name bound as additional data) and stored as
+// data key (AES-256-GCM, the subject and field name bound as additional
+// data; a random nonce per field, or, for an event whose ID the caller
+// chose, a nonce derived from the data key, the event ID, the field and its
+// value, so that a retried append seals to the same bytes and is recognised
+// as stored: idempotency holds for personal data too) and stored as
 // {"$personal": {"v": 1, "subject": ..., "kind": ..., "data": base64}};
 // reads decrypt them back. After Store.Forget(subject) they read as
 // Forgotten (strings) or null (other kinds: Go's zero value). A Store needs
@@ -178,7 +182,7 @@ func subjectOf(raw json.RawMessage) (string, bool) {
 
 // seal encrypts the personal fields of data, event n (1-based) of type
 // name; data of a type without personal data is returned as is.
-func (r *Registry) seal(ctx context.Context, n int, name string, data []byte) ([]byte, error) {
+func (r *Registry) seal(ctx context.Context, n int, name string, id uuid.UUID, data []byte) ([]byte, error) {
 	spec := r.personalSpec(name)
 	if spec == nil {
 		return data, nil
@@ -213,8 +217,15 @@ func (r *Registry) seal(ctx context.Context, n int, name string, data []byte) ([
 				return nil, errors.Wrapf(ErrSubjectForgotten, "event %d (%s): subject %q", n, name, subject)
 			}
 		}
-		ct, err := sealGCM(key.aead, raw, fieldAAD(subject, f))
-		if err != nil {
+		var (
+			ct  []byte
+			err error
+		)
+		if id != uuid.Nil {
+			// A caller-chosen ID: the append may be retried, and a retry
+			// must seal to the same bytes to be recognised as stored.
+			ct = sealGCMFor(key.aead, key.nonceKey, id, f, raw, fieldAAD(subject, f))
+		} else if ct, err = sealGCM(key.aead, raw, fieldAAD(subject, f)); err != nil {
 			return nil, err
 		}
 		b, err := json.Marshal(envelope{Personal: &envelopeBody{V: 1, Subject: subject, Kind: jsonKind(raw),

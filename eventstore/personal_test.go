@@ -7,11 +7,15 @@ import (
 	"encoding/json"
 	stderrors "errors"
 	"fmt"
+	"reflect"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
@@ -555,5 +559,97 @@ func TestPersonalConcurrent(t *testing.T) {
 	var leaked int
 	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.events t WHERE t::text LIKE '%Ada Lovelace%'`).Scan(&leaked); err != nil || leaked != 0 {
 		t.Fatalf("%d events hold the plaintext (%v)", leaked, err)
+	}
+}
+
+// TestPersonalIdempotent: an append of personal data with a caller-chosen
+// event ID can be retried like any other (a lone Append, a group, inside
+// Transact, concurrently): the retry returns the stored position and writes
+// nothing. A random nonce per field made every retry differ from the stored
+// copy, and it failed with ErrEventIDConflict. The same ID with other
+// personal content is still a conflict, and equal values in two events
+// are not stored alike.
+func TestPersonalIdempotent(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := annalstest.NewDB(t, nil)
+	kek := newKEK(t)
+	s := personalStore(t, db, kek, nil)
+	id := uuid.Must(uuid.NewV7())
+	ev := eventstore.EventData{ID: id, Data: ada("c-9")}
+	first, err := s.Append(ctx, "customer-c-9", eventstore.NoStream, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := func(what string, res eventstore.AppendResult, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if len(res.Events) != 1 || res.Events[0] != first.Events[0] {
+			t.Fatalf("%s: %+v, want the stored %+v", what, res.Events, first.Events)
+		}
+	}
+	res, err := s.Append(ctx, "customer-c-9", eventstore.NoStream, ev)
+	same("retry with NoStream", res, err)
+	res, err = s.Append(ctx, "customer-c-9", eventstore.Any, ev)
+	same("retry with Any", res, err)
+	// Another Store (another process): the key is read from the database.
+	other := personalStore(t, db, kek, nil)
+	res, err = other.Append(ctx, "customer-c-9", eventstore.Any, ev)
+	same("retry from another store", res, err)
+	results, err := s.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
+		return b.Append("customer-c-9", eventstore.Any, ev)
+	})
+	if err == nil && len(results) != 1 {
+		t.Fatalf("Transact returned %d results", len(results))
+	}
+	if err == nil {
+		res = results[0]
+	}
+	same("retry in Transact", res, err)
+	// Concurrent retries, through group commit.
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := s.Append(ctx, "customer-c-9", eventstore.Any, ev)
+			if err == nil && r.Events[0] != first.Events[0] {
+				err = fmt.Errorf("position %+v", r.Events[0])
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent retry: %v", err)
+		}
+	}
+	var n int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.events WHERE stream_id = 'customer-c-9'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d events stored (%v), want 1", n, err)
+	}
+	// The same ID with other personal content is a conflict.
+	changed := ada("c-9")
+	changed.Email = "other@example.org"
+	if _, err := s.Append(ctx, "customer-c-9", eventstore.Any, eventstore.EventData{ID: id, Data: changed}); !errors.Is(err, eventstore.ErrEventIDConflict) {
+		t.Fatalf("same ID, other personal content: %v, want ErrEventIDConflict", err)
+	}
+	// Equal values in two events (two IDs) are sealed differently.
+	for _, stream := range []string{"twin-1", "twin-2"} {
+		if _, err := s.Append(ctx, stream, eventstore.NoStream, eventstore.EventData{ID: uuid.Must(uuid.NewV7()), Data: ada("c-10")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a, b := storedData(t, db, "twin-1"), storedData(t, db, "twin-2"); a == b {
+		t.Fatalf("two events with equal personal data are stored alike: %s", a)
+	}
+	got, err := readOne(t, s, s.Registry(), "customer-c-9")
+	if err != nil || !reflect.DeepEqual(got, ada("c-9")) {
+		t.Fatalf("read back %+v, %v", got, err)
 	}
 }
