@@ -116,6 +116,11 @@ type Generation struct {
 	// reached then.
 	CutoverMS       *float64 `json:"cutover_ms,omitempty"`
 	CutoverPosition *int64   `json:"cutover_position,omitempty"`
+	// Unresolved is the number of unresolved dead letters (open, or
+	// released for re-delivery) of its subscriber. A building generation is
+	// not cut over while it has any: its read model lacks their events
+	// (see ErrCutoverDeadLetters).
+	Unresolved int `json:"unresolved_dead_letters"`
 }
 
 // Cutover reports a cut-over (or a rollback): readers moved from generation
@@ -153,7 +158,46 @@ var (
 	ErrNoRollback = errors.New("projection: no earlier generation to roll back to")
 	// ErrNoGenerations is returned for a projection without generations.
 	ErrNoGenerations = errors.New("projection: the projection has no read-model generations")
+	// ErrCutoverDeadLetters is returned by a cut-over attempt that found
+	// unresolved dead letters (open, or released and not yet re-delivered)
+	// of the new generation: its read model lacks their events (and, under
+	// ParkStream, the later events of their streams), so readers are not
+	// moved to it; nothing changed. The cut-over waits until an operator
+	// resolves them: annals dlq retry (the events are re-delivered) or
+	// annals dlq skip (a deliberate choice to do without them), with
+	// --subscriber <name>#g<N>.
+	ErrCutoverDeadLetters = errors.New("projection: the new generation has unresolved dead letters")
 )
+
+// deadLetterWait is what a new generation's unresolved dead letters are.
+type deadLetterWait struct {
+	sub      string
+	n        int   // unresolved
+	released int   // of which released for re-delivery (status retry)
+	first    int64 // the position of the first
+}
+
+// err returns the ErrCutoverDeadLetters of the wait, with what to do.
+func (w deadLetterWait) err(name string, gen int) error {
+	return errors.Wrapf(ErrCutoverDeadLetters, "%q: generation %d has %s", name, gen, w)
+}
+
+// String says what the wait is and what resolves it.
+func (w deadLetterWait) String() string {
+	s := fmt.Sprintf("%d unresolved dead letters (the first at position %d", w.n, w.first)
+	if w.released > 0 {
+		s += fmt.Sprintf("; %d released, waiting for re-delivery", w.released)
+	}
+	return s + fmt.Sprintf("): the cut-over waits until they are resolved: annals dlq list --subscriber '%s', "+
+		"then annals dlq retry (re-deliver) or annals dlq skip (do without them)", w.sub)
+}
+
+// unresolved reads the unresolved dead letters of subscriber sub.
+func (g *generations) unresolved(ctx context.Context, db checkpoint.DB, sub string) (deadLetterWait, error) {
+	w := deadLetterWait{sub: sub}
+	err := db.QueryRow(ctx, g.q["Unresolved"], sub).Scan(&w.n, &w.released, &w.first)
+	return w, errors.Wrapf(err, "projection: read the dead letters of %q", sub)
+}
 
 // blueGreenReg is what a blue/green registration keeps besides the usual.
 type blueGreenReg struct {
@@ -224,7 +268,7 @@ func (g *generations) list(ctx context.Context, db checkpoint.DB, name string) (
 	var x Generation
 	var state string
 	_, err = pgx.ForEachRow(rows, []any{&x.Generation, &x.Version, &x.Schema, &x.Reader, &x.Subscriber, &state,
-		&x.CreatedBy, &x.CreatedAt, &x.LiveSince, &x.RetiredAt, &x.DroppedAt, &x.CutoverMS, &x.CutoverPosition}, func() error {
+		&x.CreatedBy, &x.CreatedAt, &x.LiveSince, &x.RetiredAt, &x.DroppedAt, &x.CutoverMS, &x.CutoverPosition, &x.Unresolved}, func() error {
 		x.Projection, x.State = name, GenerationState(state)
 		out = append(out, x)
 		x = Generation{}
@@ -444,6 +488,16 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, p
 			c.To = 0
 			return nil
 		}
+		// A generation with unresolved dead letters lacks events: readers
+		// never get a partial read model. (Looked at again below, once its
+		// checkpoints are locked; here to spare the live one the wait.)
+		if next.Unresolved > 0 {
+			w, err := g.unresolved(ctx, tx, next.Subscriber)
+			if err != nil {
+				return err
+			}
+			return w.err(name, to)
+		}
 		old := live(gens)
 		var from any
 		if old != nil {
@@ -477,6 +531,14 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, p
 		if n < partitions || lo < c.FromPosition {
 			return errors.Wrapf(ErrCutoverBehind, "%q: generation %d is at %d (%d of %d partitions started), generation %d at %d",
 				name, to, lo, n, partitions, c.From, c.FromPosition)
+		}
+		// Its checkpoints are locked: every event they passed was handled or
+		// dead-lettered, and its dead letter committed.
+		if w, err := g.unresolved(ctx, tx, next.Subscriber); err != nil || w.n > 0 {
+			if err != nil {
+				return err
+			}
+			return w.err(name, to)
 		}
 		if err := tx.QueryRow(ctx, g.q["SwapViews"], next.Reader, from, next.Schema).Scan(&c.Views); err != nil {
 			return errors.Wrapf(err, "projection %q: point the views at generation %d", name, to)
@@ -634,7 +696,7 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 				return Cutover{}, err
 			}
 		}
-		if err := rb.driveAll(ctx, subs, leases, head); err != nil {
+		if err := rb.settle(ctx, g, gen, subs, leases, head, bg.cfg.CheckInterval); err != nil {
 			return Cutover{}, errors.Wrapf(err, "projection: blue/green rebuild %q: generation %d (it stays building; "+
 				"running this again, or a runner of version %d, continues it)", name, gen.Generation, bg.cfg.Version)
 		}
@@ -662,6 +724,11 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 			rb.report(true)
 			return c, nil
 		}
+		if errors.Is(err, ErrCutoverDeadLetters) {
+			// Dead-lettered since settle looked: wait again; not an attempt.
+			attempt--
+			continue
+		}
 		if !errors.Is(err, ErrCutoverBehind) {
 			return c, err
 		}
@@ -670,6 +737,53 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	}
 	return Cutover{Projection: name, To: gen.Generation, Attempts: bg.cfg.CutoverAttempts},
 		errors.Wrapf(last, "projection: blue/green rebuild %q: no cut-over after %d attempts", name, bg.cfg.CutoverAttempts)
+}
+
+// settle replays every partition of generation gen through head and,
+// while the generation has unresolved dead letters (or a partition stopped
+// by one, under the Stop policy), waits for an operator to resolve them
+// (annals dlq retry or skip): every interval it replays what was released
+// and appended meanwhile, and looks again. It says why it waits in the log
+// (at once, when their number changes, and every minute) and in
+// RebuildProgress.Waiting. It returns once the generation has none, or
+// with an error (a partition stopped for another reason, ctx's end).
+func (rb *rebuild) settle(ctx context.Context, g *generations, gen Generation, subs []*catchup.Subscription,
+	leases []*catchup.Lease, head int64, interval time.Duration) error {
+	var logged time.Time
+	lastN := -1
+	for {
+		driven := rb.driveAll(ctx, subs, leases, head)
+		if driven != nil && !errors.Is(driven, catchup.ErrStopped) {
+			return driven
+		}
+		w, err := g.unresolved(ctx, rb.r.pool, gen.Subscriber)
+		if err != nil {
+			return err
+		}
+		if w.n == 0 {
+			if driven != nil {
+				return driven // stopped, and not by a dead letter of its own
+			}
+			if rb.wait("") {
+				rb.log.InfoContext(ctx, "annals: blue/green rebuild: the dead letters are resolved; cutting over")
+			}
+			return nil
+		}
+		rb.wait(w.String())
+		if w.n != lastN || time.Since(logged) >= time.Minute {
+			lastN, logged = w.n, time.Now()
+			rb.log.WarnContext(ctx, "annals: blue/green rebuild: the cut-over waits for the new generation's dead letters",
+				slog.String("subscriber", gen.Subscriber), slog.Int("unresolved", w.n), slog.Int("released", w.released),
+				slog.Int64("first_position", w.first), slog.String("why", w.String()))
+			rb.report(false)
+		}
+		if err := sleepCtx(ctx, interval); err != nil {
+			return errors.Wrapf(err, "waiting for %s", w)
+		}
+		if head, err = rb.engine.Head(ctx); err != nil {
+			return err
+		}
+	}
 }
 
 // driveAll replays every partition through head, concurrently.

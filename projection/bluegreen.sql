@@ -7,11 +7,23 @@
 SELECT pg_catalog.pg_advisory_xact_lock($1::int4, $2::int4);
 
 -- name: Generations
-SELECT generation, version, schema_name, reader_schema, subscriber, state, created_by, created_at,
-       live_since, retired_at, dropped_at, cutover_ms, cutover_position
-  FROM {{.Schema}}.read_model_generations
- WHERE projection = $1
- ORDER BY generation;
+-- With each generation's unresolved dead letters (open, or released for
+-- re-delivery): a building generation is not cut over while it has any.
+SELECT g.generation, g.version, g.schema_name, g.reader_schema, g.subscriber, g.state, g.created_by, g.created_at,
+       g.live_since, g.retired_at, g.dropped_at, g.cutover_ms, g.cutover_position,
+       (SELECT count(*)::int FROM {{.Schema}}.dead_letters d
+         WHERE d.subscriber_id = g.subscriber AND d.status IN ('open', 'retry'))
+  FROM {{.Schema}}.read_model_generations g
+ WHERE g.projection = $1
+ ORDER BY g.generation;
+
+-- name: Unresolved
+-- The unresolved dead letters of a generation's subscriber $1 (open, or
+-- released for re-delivery and not yet re-delivered): how many, how many of
+-- them are released, and the position of the first.
+SELECT count(*)::int, (count(*) FILTER (WHERE status = 'retry'))::int, coalesce(min(global_sequence), 0)
+  FROM {{.Schema}}.dead_letters
+ WHERE subscriber_id = $1 AND status IN ('open', 'retry');
 
 -- name: NextGeneration
 SELECT coalesce(max(generation), 0) + 1 FROM {{.Schema}}.read_model_generations WHERE projection = $1;

@@ -56,6 +56,14 @@ func validateReaderSchema(s string) error {
 // drops retired generations whose retention has passed.
 type blueGreenService struct {
 	r *Runner
+	// waits is, per building generation's subscriber whose cut-over waits
+	// for dead letters, the count last logged and when.
+	waits map[string]loggedWait
+}
+
+type loggedWait struct {
+	n  int
+	at time.Time
 }
 
 // running is one generation this process runs.
@@ -105,6 +113,7 @@ func (s *blueGreenService) Run(ctx context.Context) error {
 	}
 	r.mu.Unlock()
 	lastLog := map[string]time.Time{}
+	s.waits = map[string]loggedWait{}
 	for {
 		for _, reg := range regs {
 			if err := s.check(ctx, engine, g, reg, runs, lastLog); err != nil && ctx.Err() == nil {
@@ -183,6 +192,23 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 				return err
 			}
 		}
+		if gen.Unresolved > 0 {
+			// Not cut over while it lacks events: say why, when the count
+			// changes and every minute (an operator has to act).
+			w, err := g.unresolved(ctx, r.pool, gen.Subscriber)
+			if err != nil {
+				return err
+			}
+			if w.n > 0 {
+				s.logWait(ctx, reg.name, gen, w, lo, target)
+				continue
+			}
+		}
+		if _, waited := s.waits[gen.Subscriber]; waited {
+			delete(s.waits, gen.Subscriber)
+			r.cfg.Logger.InfoContext(ctx, "annals: blue/green cut-over: the dead letters of the new generation are resolved",
+				slog.String("projection", reg.name), slog.Int("generation", gen.Generation))
+		}
 		if n < reg.opts.Partitions || lo < target {
 			if time.Since(lastLog[gen.Subscriber]) >= 10*time.Second {
 				lastLog[gen.Subscriber] = time.Now()
@@ -192,7 +218,8 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 			continue
 		}
 		if _, err := r.cutover(ctx, g, reg.name, gen.Generation, reg.opts.Partitions, bg.cfg.CutoverLockTimeout,
-			waitFor(g, r, gen.Subscriber, bg.cfg.CutoverLockTimeout)); err != nil && !errors.Is(err, ErrCutoverBehind) {
+			waitFor(g, r, gen.Subscriber, bg.cfg.CutoverLockTimeout)); err != nil &&
+			!errors.Is(err, ErrCutoverBehind) && !errors.Is(err, ErrCutoverDeadLetters) {
 			return err
 		}
 	}
@@ -209,6 +236,20 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 		}
 	}
 	return nil
+}
+
+// logWait logs that the cut-over of gen waits for its dead letters w: at
+// once, when their number changes, and every minute.
+func (s *blueGreenService) logWait(ctx context.Context, name string, gen Generation, w deadLetterWait, pos, livePos int64) {
+	last, logged := s.waits[gen.Subscriber]
+	if logged && last.n == w.n && time.Since(last.at) < time.Minute {
+		return
+	}
+	s.waits[gen.Subscriber] = loggedWait{n: w.n, at: time.Now()}
+	s.r.cfg.Logger.WarnContext(ctx, "annals: blue/green cut-over waits: the new generation has unresolved dead letters",
+		slog.String("projection", name), slog.Int("generation", gen.Generation), slog.String("subscriber", gen.Subscriber),
+		slog.Int("unresolved", w.n), slog.Int("released", w.released), slog.Int64("first_position", w.first),
+		slog.Int64("position", pos), slog.Int64("live_position", livePos), slog.String("why", w.String()))
 }
 
 func generationOf(gens []Generation, sub string) (Generation, bool) {
@@ -251,6 +292,11 @@ func (r *Runner) catchUpBlueGreen(ctx context.Context, engine *catchup.Engine, h
 			if gen.State == GenerationBuilding {
 				_, err := r.cutover(ctx, g, reg.name, gen.Generation, reg.opts.Partitions, reg.bg.cfg.CutoverLockTimeout,
 					waitFor(g, r, gen.Subscriber, reg.bg.cfg.CutoverLockTimeout))
+				if errors.Is(err, ErrCutoverDeadLetters) {
+					r.cfg.Logger.WarnContext(ctx, "annals: blue/green cut-over waits", slog.String("projection", reg.name),
+						slog.Int("generation", gen.Generation), slog.Any("error", err))
+					continue
+				}
 				if err != nil && !errors.Is(err, ErrCutoverBehind) {
 					return err
 				}

@@ -78,6 +78,11 @@ type RebuildProgress struct {
 	ETA time.Duration
 	// Finished is set on the last call, when the replay reached Head.
 	Finished bool
+	// Waiting, when set, says why a blue/green rebuild does not cut over
+	// although its replay is done: the new generation's unresolved dead
+	// letters, which an operator resolves with annals dlq retry or skip
+	// (see ErrCutoverDeadLetters). Empty otherwise.
+	Waiting string
 }
 
 // SubscriberInfo describes a registered projection or observer.
@@ -238,6 +243,7 @@ type rebuild struct {
 	subs   []*catchup.Subscription
 	log    *slog.Logger
 
+	mu       sync.Mutex // progress: partitions replay concurrently
 	progress RebuildProgress
 	started  time.Time
 }
@@ -519,11 +525,30 @@ func (rb *rebuild) advance(n int) {
 	if n == 0 {
 		return
 	}
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
 	rb.progress.Done += int64(n)
-	rb.report(false)
+	rb.reportLocked(false)
 }
 
+// report reports progress to OnProgress.
 func (rb *rebuild) report(finished bool) {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	rb.reportLocked(finished)
+}
+
+// wait sets (or, with "", clears) RebuildProgress.Waiting and reports
+// whether it changed.
+func (rb *rebuild) wait(why string) bool {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	changed := rb.progress.Waiting != why
+	rb.progress.Waiting = why
+	return changed
+}
+
+func (rb *rebuild) reportLocked(finished bool) {
 	p := &rb.progress
 	p.Elapsed = time.Since(rb.started)
 	p.Rate, p.ETA = 0, 0

@@ -103,16 +103,28 @@ func (c *commands) generationsCommand() *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "GENERATION\tVERSION\tSTATE\tSCHEMA\tSUBSCRIBER\tLIVE SINCE\tRETIRED AT\tCUT-OVER")
+			fmt.Fprintln(tw, "GENERATION\tVERSION\tSTATE\tSCHEMA\tSUBSCRIBER\tLIVE SINCE\tRETIRED AT\tCUT-OVER\tDEAD LETTERS")
+			var waits []string
 			for _, g := range gens {
 				cut := "-"
 				if g.CutoverMS != nil {
 					cut = fmt.Sprintf("%.1f ms at %d", *g.CutoverMS, *g.CutoverPosition)
 				}
-				fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Generation, g.Version, g.State, g.Schema, g.Subscriber,
-					stamp(g.LiveSince), stamp(g.RetiredAt), cut)
+				fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", g.Generation, g.Version, g.State, g.Schema, g.Subscriber,
+					stamp(g.LiveSince), stamp(g.RetiredAt), cut, g.Unresolved)
+				if g.State == projection.GenerationBuilding && g.Unresolved > 0 {
+					waits = append(waits, fmt.Sprintf("generation %d: the cut-over waits for its %d unresolved dead letters "+
+						"(its read model lacks their events): annals dlq list --subscriber '%s', then annals dlq retry "+
+						"(re-deliver) or annals dlq skip (do without them)", g.Generation, g.Unresolved, g.Subscriber))
+				}
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			for _, w := range waits {
+				fmt.Fprintln(out, w)
+			}
+			return nil
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "text, json or jsonl")

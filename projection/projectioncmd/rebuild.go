@@ -140,8 +140,19 @@ func (c *commands) newProgress(w io.Writer) *progress {
 }
 
 func (p *progress) update(r projection.RebuildProgress) {
+	waits := r.Waiting != "" && r.Waiting != p.last.Waiting
 	p.last = r
 	now := p.now()
+	if waits {
+		// Why a blue/green rebuild does not cut over: at once, on a line of
+		// its own.
+		if p.bar && p.drawn {
+			fmt.Fprintln(p.w)
+		}
+		p.lastOut, p.drawn = now, false
+		fmt.Fprintf(p.w, "rebuild %s: waiting: %s\n", r.Projection, r.Waiting)
+		return
+	}
 	if !r.Finished && now.Sub(p.lastOut) < p.interval {
 		return
 	}
