@@ -48,6 +48,13 @@ var (
 	// ErrSubjectForgotten is matched by an append of personal data of a
 	// subject that was forgotten (Forget): its key is gone for good.
 	ErrSubjectForgotten = errors.New("subject is forgotten")
+
+	// ErrKeyMissing is matched by a read of personal data whose subject has
+	// no row in personal_keys at all. Forget keeps a row (without the key)
+	// for every subject it forgets, and an append makes the row before the
+	// event, so a missing row is damage (a partial restore, a row deleted
+	// by hand), not an erasure: the fields are not shown as forgotten.
+	ErrKeyMissing = errors.New("no data key is stored for the subject, and it was never forgotten")
 )
 
 // KeyEncrypter wraps and unwraps the per-subject data keys with a
@@ -151,7 +158,7 @@ func nonceKeyOf(dataKey []byte) []byte {
 type subjectKey struct {
 	aead      cipher.AEAD // nil when forgotten, absent, or without a KEK
 	nonceKey  []byte      // with aead: the key of the nonces of sealGCMFor
-	forgotten bool        // the key is destroyed (or never existed)
+	forgotten bool        // the key is destroyed (Forget)
 	at        time.Time   // when it was looked up (the cache's TTL)
 }
 
@@ -269,7 +276,10 @@ func (k *keyring) lookup(ctx context.Context, subject string, create bool) (subj
 	}
 	key := subjectKey{at: k.now()}
 	switch {
-	case forgotten || !found:
+	case !found:
+		// Not cached: the row may be restored.
+		return subjectKey{}, errors.Wrapf(ErrKeyMissing, "eventstore: subject %q", subject)
+	case forgotten:
 		// No key, so nothing can ever decrypt the subject's fields.
 		key.forgotten = true
 	case k.kek != nil:

@@ -8,6 +8,7 @@ import (
 	stderrors "errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -651,5 +652,45 @@ func TestPersonalIdempotent(t *testing.T) {
 	got, err := readOne(t, s, s.Registry(), "customer-c-9")
 	if err != nil || !reflect.DeepEqual(got, ada("c-9")) {
 		t.Fatalf("read back %+v, %v", got, err)
+	}
+}
+
+// TestKeyRowMissing: personal data whose subject has no personal_keys row
+// at all (a partial restore, a row deleted by hand) fails to read with
+// ErrKeyMissing, with a KEK and without; it read as "[forgotten]", an
+// erasure that never happened. A forgotten subject (whose row Forget
+// keeps) still reads redacted, and the restored row makes it readable.
+func TestKeyRowMissing(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := annalstest.NewDB(t, nil)
+	kek := newKEK(t)
+	s := personalStore(t, db, kek, nil)
+	for _, id := range []string{"c-1", "c-2"} {
+		if _, err := s.Append(ctx, "customer-"+id, eventstore.NoStream, eventstore.NewEvent(ada(id))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Forget(ctx, "c-2"); err != nil {
+		t.Fatal(err)
+	}
+	var saved []byte
+	if err := db.Pool.QueryRow(ctx, `DELETE FROM annals.personal_keys WHERE subject = 'c-1' RETURNING wrapped_key`).Scan(&saved); err != nil {
+		t.Fatal(err)
+	}
+	for name, st := range map[string]*eventstore.Store{"with a KEK": personalStore(t, db, kek, nil), "without": personalStore(t, db, nil, nil)} {
+		if _, err := readOne(t, st, st.Registry(), "customer-c-1"); !errors.Is(err, eventstore.ErrKeyMissing) || !strings.Contains(err.Error(), `"c-1"`) {
+			t.Errorf("%s: read of a subject without a key row: %v, want ErrKeyMissing naming c-1", name, err)
+		}
+		events, err := collect(t, st.ReadStream(ctx, "customer-c-2", 0))
+		if err != nil || len(events) != 1 || !bytes.Contains(events[0].Data, []byte(`"name":"[forgotten]"`)) {
+			t.Errorf("%s: forgotten subject: %v, %v", name, events, err)
+		}
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO annals.personal_keys (subject, wrapped_key) VALUES ('c-1', $1)`, saved); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readOne(t, personalStore(t, db, kek, nil), s.Registry(), "customer-c-1"); err != nil || !reflect.DeepEqual(got, ada("c-1")) {
+		t.Fatalf("after the row is restored: %+v, %v", got, err)
 	}
 }
