@@ -57,7 +57,9 @@ type InvalidEventError struct {
 	// Field names what is at fault: "stream_id", "expected_version",
 	// "type", "data", "metadata", or "data+metadata" for the size of an event.
 	Field string
-	// Reason says what is wrong, e.g. "is 3000 bytes; the limit is 512".
+	// Reason says what is wrong with Field, e.g. "is 3000 bytes; the
+	// limit is 512" or "the subject ID customer_id of its personal data is
+	// missing or empty". Error() writes it after the field and a colon.
 	Reason string
 	// Limit is the size limit in bytes that was exceeded, or 0.
 	Limit int
@@ -72,9 +74,9 @@ func (e *InvalidEventError) Error() string {
 	case e.sqlMessage:
 		return ErrInvalidEvent.Error() + ": " + e.Reason
 	case e.Event > 0:
-		return fmt.Sprintf("%s: event %d: %s %s", ErrInvalidEvent, e.Event, e.Field, e.Reason)
+		return fmt.Sprintf("%s: event %d: %s: %s", ErrInvalidEvent, e.Event, e.Field, e.Reason)
 	}
-	return fmt.Sprintf("%s: %s %s", ErrInvalidEvent, e.Field, e.Reason)
+	return fmt.Sprintf("%s: %s: %s", ErrInvalidEvent, e.Field, e.Reason)
 }
 
 // Is makes errors.Is match ErrInvalidEvent.

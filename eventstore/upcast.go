@@ -113,6 +113,14 @@ func (m Metadata) SchemaVersion() (int, error) {
 	if !ok {
 		return 1, nil
 	}
+	v, err := schemaVersionOf(raw)
+	return v, errors.Wrap(err, "metadata")
+}
+
+// schemaVersionOf returns the schema version raw (the value of
+// SchemaVersionKey) holds, or an error that names the key, not the
+// metadata: callers say where it is.
+func schemaVersionOf(raw any) (int, error) {
 	var f float64
 	switch v := raw.(type) {
 	case float64:
@@ -124,13 +132,13 @@ func (m Metadata) SchemaVersion() (int, error) {
 	case json.Number:
 		var err error
 		if f, err = v.Float64(); err != nil {
-			return 0, errors.Newf("metadata %s %q is not a positive integer", SchemaVersionKey, v)
+			return 0, errors.Newf("%s %q is not a positive integer", SchemaVersionKey, v)
 		}
 	default:
-		return 0, errors.Newf("metadata %s %v (%T) is not a positive integer", SchemaVersionKey, raw, raw)
+		return 0, errors.Newf("%s %v (%T) is not a positive integer", SchemaVersionKey, raw, raw)
 	}
 	if f < 1 || f != math.Trunc(f) || f > math.MaxInt32 {
-		return 0, errors.Newf("metadata %s %v is not a positive integer", SchemaVersionKey, raw)
+		return 0, errors.Newf("%s %v is not a positive integer", SchemaVersionKey, raw)
 	}
 	return int(f), nil
 }
@@ -190,15 +198,17 @@ func (r *Registry) Upcast(e Event) (Event, error) {
 // a schema version set explicitly must be a positive integer not newer than
 // the type's current version; without one, the current version is added
 // when the type has upcasters (version 1 is the default and not stored).
+// Its errors describe the metadata's content; the caller names the
+// metadata (InvalidEventError.Field).
 func (r *Registry) stamp(name string, md Metadata) (Metadata, error) {
 	current := r.SchemaVersion(name)
-	if _, ok := md.Extra[SchemaVersionKey]; ok {
-		v, err := md.SchemaVersion()
+	if raw, ok := md.Extra[SchemaVersionKey]; ok {
+		v, err := schemaVersionOf(raw)
 		if err != nil {
 			return md, err
 		}
 		if v > current && current > 1 {
-			return md, errors.Newf("metadata %s %d is newer than %d, the current version of %q", SchemaVersionKey, v, current, name)
+			return md, errors.Newf("%s %d is newer than %d, the current version of %q", SchemaVersionKey, v, current, name)
 		}
 		return md, nil
 	}

@@ -177,11 +177,21 @@ func TestUpcasting(t *testing.T) {
 	t.Run("AppendValidatesVersions", func(t *testing.T) {
 		t.Parallel()
 		db, store, _ := setupUp(t)
-		for _, v := range []any{4, 0, "2", 1.5} {
+		// The message names the metadata once (the InvalidEventError's
+		// Field), then what is wrong with it.
+		for v, want := range map[any]string{
+			4:   `invalid event: event 1: metadata: schema_version 4 is newer than 3, the current version of "member.joined"`,
+			0:   `invalid event: event 1: metadata: schema_version 0 is not a positive integer`,
+			"2": `invalid event: event 1: metadata: schema_version 2 (string) is not a positive integer`,
+			1.5: `invalid event: event 1: metadata: schema_version 1.5 is not a positive integer`,
+		} {
 			md := eventstore.Metadata{Extra: map[string]any{eventstore.SchemaVersionKey: v}}
 			_, err := store.Append(ctx, "member-1", eventstore.Any, eventstore.EventData{Type: "member.joined", Data: []byte(`{}`), Metadata: md})
 			if !errors.Is(err, eventstore.ErrInvalidEvent) {
 				t.Errorf("append with schema_version %v: %v, want ErrInvalidEvent", v, err)
+			}
+			if err == nil || err.Error() != want {
+				t.Errorf("append with schema_version %v: %v, want %q", v, err, want)
 			}
 		}
 		var n int
