@@ -58,7 +58,7 @@ type SnapshotConfig struct {
 	// only uses a snapshot written with the same SchemaVersion; bump it
 	// whenever the aggregate's state (its JSON, or what Apply computes)
 	// changes, and loads replay from the first event until the next
-	// snapshot is written. Defaults to 1.
+	// snapshot is written. Defaults to 1 (when 0); negative is refused.
 	SchemaVersion int
 }
 
@@ -124,8 +124,11 @@ func NewRepository[A Root](store *eventstore.Store, aggregateType string, newAgg
 	}
 	if c.Snapshots != nil {
 		s := *c.Snapshots
-		if s.Every < 1 || s.SchemaVersion < 0 {
+		switch {
+		case s.Every < 1:
 			return nil, errors.Newf("aggregate %s: invalid snapshot config %+v (Every must be at least 1)", aggregateType, s)
+		case s.SchemaVersion < 0:
+			return nil, errors.Newf("aggregate %s: invalid snapshot config %+v (SchemaVersion must be at least 1, or 0 for the default 1)", aggregateType, s)
 		}
 		if s.SchemaVersion == 0 {
 			s.SchemaVersion = 1

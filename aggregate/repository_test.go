@@ -289,12 +289,18 @@ func TestBadInput(t *testing.T) {
 	t.Run("BadConfig", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		for name, cfg := range map[string]*aggregate.Config{
-			"retries":   {UpdateRetries: -2},
-			"snapshots": {Snapshots: &aggregate.SnapshotConfig{Every: 0}},
+		// Each error names what is wrong (not another field of the same config).
+		for name, c := range map[string]struct {
+			cfg  *aggregate.Config
+			want string
+		}{
+			"retries":               {&aggregate.Config{UpdateRetries: -2}, "UpdateRetries -2"},
+			"snapshots":             {&aggregate.Config{Snapshots: &aggregate.SnapshotConfig{Every: 0}}, "Every must be at least 1"},
+			"snapshotSchemaVersion": {&aggregate.Config{Snapshots: &aggregate.SnapshotConfig{Every: 1, SchemaVersion: -1}}, "SchemaVersion must be at least 1"},
 		} {
-			if _, err := aggregate.NewRepository(b.store, "account", newAccount, cfg); err == nil {
-				t.Errorf("%s: no error", name)
+			_, err := aggregate.NewRepository(b.store, "account", newAccount, c.cfg)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s: %v, want an error saying %q", name, err, c.want)
 			}
 		}
 		if _, err := aggregate.NewRepository(b.store, "", newAccount, nil); err == nil {
