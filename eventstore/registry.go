@@ -2,6 +2,7 @@ package eventstore
 
 import (
 	"bytes"
+	"encoding"
 	"encoding/json"
 	"reflect"
 	"sync"
@@ -37,6 +38,12 @@ func NewRegistry() *Registry {
 // appended without a Type is named name). A name or Go type may be registered
 // once; registering the same pair again is a no-op. Options: PersonalData
 // (a type with fields tagged `annals:"personal"` must name its subject so).
+//
+// Event data is a JSON object or array, so T is a struct, map, slice or
+// array, or has a MarshalJSON method; a type whose JSON is surely something
+// else (a number, string or bool, a byte slice, which encodes as a base64
+// string, or a type with only a MarshalText method) is refused
+// (ErrInvalidEvent), as is a pointer type (register its element type).
 func Register[T any](r *Registry, name string, opts ...RegisterOption) error {
 	t := reflect.TypeFor[T]()
 	if name == "" {
@@ -44,6 +51,9 @@ func Register[T any](r *Registry, name string, opts ...RegisterOption) error {
 	}
 	if t.Kind() == reflect.Pointer {
 		return invalidf("register the element type of %s, not a pointer", t)
+	}
+	if why := notJSONContainer(t); why != "" {
+		return invalidf("cannot register %s as event type %q: %s, and event data must be a JSON object or array", t, name, why)
 	}
 	var o registration
 	for _, opt := range opts {
@@ -72,6 +82,42 @@ func Register[T any](r *Registry, name string, opts ...RegisterOption) error {
 		r.personal[name] = spec
 	}
 	return nil
+}
+
+var (
+	jsonMarshalerType = reflect.TypeFor[json.Marshaler]()
+	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
+)
+
+// notJSONContainer returns why encoding/json surely encodes every value of
+// t as something other than a JSON object or array, or "" when some value
+// may encode as one (a MarshalJSON method, on T or *T, may return anything;
+// an interface type holds values of other types).
+func notJSONContainer(t reflect.Type) string {
+	if t.Kind() == reflect.Interface || t.Implements(jsonMarshalerType) || reflect.PointerTo(t).Implements(jsonMarshalerType) {
+		return ""
+	}
+	if t.Implements(textMarshalerType) {
+		return "its MarshalText method makes its JSON a string"
+	}
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map, reflect.Array:
+		return ""
+	case reflect.Slice:
+		// encoding/json's rule for []byte: a slice of a uint8 kind whose
+		// pointer has neither marshaler is a base64 string.
+		if p := reflect.PointerTo(t.Elem()); t.Elem().Kind() == reflect.Uint8 && !p.Implements(jsonMarshalerType) && !p.Implements(textMarshalerType) {
+			return "its JSON is a base64 string (use json.RawMessage for raw JSON)"
+		}
+		return ""
+	case reflect.String:
+		return "its JSON is a string"
+	case reflect.Bool:
+		return "its JSON is true or false"
+	case reflect.Chan, reflect.Func, reflect.Complex64, reflect.Complex128, reflect.UnsafePointer:
+		return "encoding/json cannot encode a " + t.Kind().String()
+	}
+	return "its JSON is a number" // the integer and float kinds
 }
 
 // MustRegister is Register that panics on error, for package initialization.

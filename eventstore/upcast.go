@@ -45,6 +45,11 @@ var (
 // registry) see the data upcast to the current version with the metadata's
 // version set to it, and the stored events stay as they were written.
 //
+// eventType need not be registered as a Go type (Register): events that
+// are only read as raw JSON (ReadAll, ReadStream, Upcast, untyped
+// projection handlers) are upcast too, and a type may be registered before
+// or after its upcasters.
+//
 // Register upcasters before the registry is used: the chain of a type is
 // read without locking, so a chain completed later is only seen by later
 // reads.
