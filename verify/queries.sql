@@ -16,22 +16,79 @@ SELECT coalesce((SELECT pg_catalog.has_sequence_privilege(c.oid, 'SELECT')
 -- transactional: this is the value now, never lower than at the snapshot.
 SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {{.Schema}}.events_global_sequence;
 
--- name: Retained
--- Streams whose oldest or newest events the scavenger may have removed:
--- deleted, truncated, or with a maximum age or count; and whether for a
--- reason other than the maximum count or age.
-SELECT stream_id, state <> 0 OR truncate_before > 1
-  FROM {{.Schema}}.streams
- WHERE state <> 0 OR truncate_before > 1 OR max_count IS NOT NULL OR max_age IS NOT NULL;
+-- name: Lifecycle
+-- Streams whose events the scavenger may have removed (deleted, truncated,
+-- with a maximum age or count, or with a metadata stream "$$" and the ID,
+-- whose records may show an earlier retention), with what the log keeps to
+-- check that against:
+--   state, version, truncate_before, whether max_count or max_age is set;
+--   lossy: the metadata stream has retention of its own or was truncated or
+--     deleted (possible before migrations 0021 and 0024): its records may
+--     be gone;
+--   records: how many "$stream.truncated" records it keeps, the highest
+--     truncate_before they record, and whether any records a max_count or
+--     max_age;
+--   the first and the last event of the stream (version, position);
+--   the type and data->>'hard' of its event at streams.version, and the
+--     type of its event at truncate_before - 1 (a deletion sets
+--     truncate_before just above its "$stream.deleted" event).
+SELECT s.stream_id, s.state, s.version, s.truncate_before,
+       s.max_count IS NOT NULL OR s.max_age IS NOT NULL,
+       coalesce(m.state <> 0 OR m.truncate_before > 1 OR m.max_count IS NOT NULL OR m.max_age IS NOT NULL, false),
+       r.n, r.truncate_before, coalesce(r.limits, false),
+       f.stream_version, f.global_sequence, l.stream_version, l.global_sequence,
+       v.event_type, v.hard, d.event_type
+  FROM {{.Schema}}.streams s
+  LEFT JOIN {{.Schema}}.streams m ON m.stream_id = '$$' || s.stream_id
+  LEFT JOIN LATERAL (
+       SELECT count(*) AS n,
+              max(CASE WHEN e.data->>'truncate_before' ~ '^[0-9]{1,18}$' THEN (e.data->>'truncate_before')::bigint END) AS truncate_before,
+              bool_or(e.data->>'max_count' IS NOT NULL OR e.data->>'max_age_seconds' IS NOT NULL) AS limits
+         FROM {{.Schema}}.events_all e
+        WHERE e.stream_id = '$$' || s.stream_id AND e.event_type = '$stream.truncated') r ON true
+  LEFT JOIN LATERAL (
+       SELECT e.stream_version, e.global_sequence FROM {{.Schema}}.events_all e
+        WHERE e.stream_id = s.stream_id ORDER BY e.stream_version, e.global_sequence LIMIT 1) f ON true
+  LEFT JOIN LATERAL (
+       SELECT e.stream_version, e.global_sequence FROM {{.Schema}}.events_all e
+        WHERE e.stream_id = s.stream_id ORDER BY e.stream_version DESC, e.global_sequence DESC LIMIT 1) l ON true
+  LEFT JOIN LATERAL (
+       SELECT e.event_type, e.data->>'hard' AS hard FROM {{.Schema}}.events_all e
+        WHERE e.stream_id = s.stream_id AND e.stream_version = s.version
+        ORDER BY e.global_sequence LIMIT 1) v ON true
+  LEFT JOIN LATERAL (
+       SELECT e.event_type FROM {{.Schema}}.events_all e
+        WHERE e.stream_id = s.stream_id AND e.stream_version = s.truncate_before - 1
+        ORDER BY e.global_sequence LIMIT 1) d ON s.truncate_before > 1
+ WHERE s.state <> 0 OR s.truncate_before > 1 OR s.max_count IS NOT NULL OR s.max_age IS NOT NULL
+    OR m.stream_id IS NOT NULL
+ ORDER BY s.stream_id;
+
+-- name: CanReadScavengeRuns
+SELECT coalesce((SELECT pg_catalog.has_table_privilege(c.oid, 'SELECT')
+                   FROM pg_catalog.pg_class c
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                  WHERE n.nspname = {{.SchemaLiteral}} AND c.relname = 'scavenge_runs'), false);
+
+-- name: ScavengeRuns
+-- The ranges of positions (from_position, scanned_to] in which a scavenge
+-- run removed events: only scavenge() removes events from the log.
+SELECT from_position, scanned_to
+  FROM {{.Schema}}.scavenge_runs
+ WHERE removed > 0 AND scanned_to > from_position
+ ORDER BY from_position;
 
 -- name: UnrecordedRetention
 -- Streams whose max_count or max_age is not what the latest
 -- "$stream.truncated" event of their metadata stream ("$$" and the ID)
 -- records: set_stream_retention changes the row and appends that event in
--- one transaction. Returns the setting and the record (NULL: none). A
--- metadata stream that has retention of its own, or was truncated or
--- deleted (possible before migration 0021), may have lost the record
--- legitimately: its stream is not checked.
+-- one transaction. Returns the setting and the record (NULL: none). The
+-- scavenger removes a stream's oldest versions first, so a record that is
+-- kept is the latest one whatever the metadata stream's own retention.
+-- Only when none is kept and the metadata stream has retention of its own,
+-- or was truncated or deleted (possible before migrations 0021 and 0024),
+-- may the record have been lost legitimately: the stream is then not
+-- checked (Lifecycle notes it).
 SELECT s.stream_id,
        format('max_count %s, max_age %s', coalesce(s.max_count::text, 'none'), coalesce(s.max_age::text, 'none')),
        t.data::text
@@ -46,10 +103,10 @@ SELECT s.stream_id,
    AND (t.data IS NULL
         OR (t.data->>'max_count')::bigint IS DISTINCT FROM s.max_count
         OR (t.data->>'max_age_seconds')::float8 IS DISTINCT FROM extract(epoch FROM s.max_age)::float8)
-   AND NOT EXISTS (
+   AND NOT (t.data IS NULL AND EXISTS (
        SELECT 1 FROM {{.Schema}}.streams m
         WHERE m.stream_id = '$$' || s.stream_id
-          AND (m.state <> 0 OR m.truncate_before > 1 OR m.max_count IS NOT NULL OR m.max_age IS NOT NULL))
+          AND (m.state <> 0 OR m.truncate_before > 1 OR m.max_count IS NOT NULL OR m.max_age IS NOT NULL)))
  ORDER BY s.stream_id;
 
 -- name: SamePosition

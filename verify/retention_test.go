@@ -34,28 +34,6 @@ func TestRetentionAndArchiveTampering(t *testing.T) {
 		}
 		wantProblems(t, b.verify(t, nil))
 	})
-	t.Run("MetadataStreamWithRetention", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		ctx := context.Background()
-		two := int64(2)
-		if _, err := b.store.SetStreamRetention(ctx, "b", eventstore.RetentionChange{MaxCount: &two}); err != nil {
-			t.Fatal(err)
-		}
-		// The metadata stream truncated past b's record: the scavenger
-		// removes the record, legitimately.
-		if _, err := b.store.SetStreamRetention(ctx, "$$b", eventstore.RetentionChange{TruncateBefore: &two}); err != nil {
-			t.Fatal(err)
-		}
-		sc, err := scavenge.New(b.db.Pool, &scavenge.Config{Schema: b.db.Schema, Pause: -1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := sc.RunOnce(ctx); err != nil {
-			t.Fatal(err)
-		}
-		wantProblems(t, b.verify(t, nil))
-	})
 	t.Run("ForgedRetention", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

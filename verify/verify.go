@@ -89,6 +89,20 @@ const (
 	// was changed some other way, and it would excuse missing events, so
 	// they are reported as if the stream had no such setting.
 	RetentionUnrecorded Kind = "retention_unrecorded"
+	// TruncationUnrecorded: a stream's truncate_before in streams is above
+	// what its "$stream.truncated" records hold and no deletion explains
+	// it (delete_stream sets it just above its "$stream.deleted" event, and
+	// a deleted stream is recreated only by an append): it was set some
+	// other way, and it would excuse missing events, so they are reported.
+	TruncationUnrecorded Kind = "truncation_unrecorded"
+	// DeletionUnrecorded: streams marks a stream deleted, but the log
+	// contradicts it: its truncate_before is not just above its version,
+	// or events of it remain while its newest event is not the
+	// "$stream.deleted" event delete_stream appends (the scavenger removes
+	// that event only together with all older events of the stream). The
+	// state was set some other way, and the deletion excuses no missing
+	// event.
+	DeletionUnrecorded Kind = "deletion_unrecorded"
 )
 
 // Problem is one inconsistency in the log.
@@ -203,53 +217,14 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 		rep.Notes = append(rep.Notes, "positions were not compared with the position sequence: no SELECT on it (annals grant operator gives it)")
 	}
 
-	// Streams with retention or deleted: the scavenger may have removed
-	// their oldest events (all of them, for a deleted stream), so a first
-	// version above 1, no events at all, or a highest event below the
-	// stream's version are not problems for them.
-	rrows, err := tx.Query(ctx, q["Retained"])
+	// Streams with retention, truncated or deleted: the scavenger may have
+	// removed their oldest events (all of them, for a deleted stream) or,
+	// by age, their newest; only what the log records excuses that.
+	ex, err := checkLifecycle(ctx, tx, q, rep, c.MaxProblems)
 	if err != nil {
-		return nil, errors.Wrap(err, "verify: read streams with retention")
+		return nil, err
 	}
-	retained := map[string]bool{}
-	onlyCountOrAge := map[string]bool{} // retained for max_count or max_age alone
-	var (
-		rid   string
-		other bool
-	)
-	if _, err := pgx.ForEachRow(rrows, []any{&rid, &other}, func() error {
-		retained[rid] = true
-		if !other {
-			onlyCountOrAge[rid] = true
-		}
-		return nil
-	}); err != nil {
-		return nil, errors.Wrap(err, "verify: read streams with retention")
-	}
-	// A maximum count or age that set_stream_retention did not record
-	// excuses nothing.
-	urows, err := tx.Query(ctx, q["UnrecordedRetention"])
-	if err != nil {
-		return nil, errors.Wrap(err, "verify: compare retention with its records")
-	}
-	var (
-		setting  string
-		recorded *string
-	)
-	if _, err := pgx.ForEachRow(urows, []any{&rid, &setting, &recorded}, func() error {
-		was := "no \"$stream.truncated\" event records any"
-		if recorded != nil {
-			was = "the latest \"$stream.truncated\" event records " + *recorded
-		}
-		rep.add(c.MaxProblems, Problem{Kind: RetentionUnrecorded, StreamID: rid,
-			Message: fmt.Sprintf("stream %q has retention %s in streams, but %s: set outside set_stream_retention; its missing events are reported", rid, setting, was)})
-		if onlyCountOrAge[rid] {
-			delete(retained, rid)
-		}
-		return nil
-	}); err != nil {
-		return nil, errors.Wrap(err, "verify: compare retention with its records")
-	}
+
 	// A position in both tables: paging by position would read one copy
 	// only, so they are looked for on their own.
 	drows, err := tx.Query(ctx, q["SamePosition"])
@@ -293,14 +268,15 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 			}
 			st, seen := streams[row.stream]
 			switch {
-			case !seen && row.version != 1 && !retained[row.stream]:
+			case !seen && row.version != 1 && !ex.gap(row.stream, row.version-1, 0, row.position):
 				rep.add(c.MaxProblems, Problem{Kind: VersionGap, Position: row.position, StreamID: row.stream, Version: row.version,
-					Message: fmt.Sprintf("stream %q starts at version %d: versions 1 to %d are missing", row.stream, row.version, row.version-1)})
+					Message: fmt.Sprintf("stream %q starts at version %d: versions 1 to %d are missing%s", row.stream, row.version, row.version-1, ex.why[row.stream])})
 			case seen && row.version == st.last+1:
+			case seen && row.version > st.last+1 && ex.gap(row.stream, row.version-1, st.lastPos, row.position):
 			case seen && row.version > st.last+1:
 				rep.add(c.MaxProblems, Problem{Kind: VersionGap, Position: row.position, StreamID: row.stream, Version: row.version,
-					Message: fmt.Sprintf("stream %q jumps from version %d (position %d) to %d (position %d): %s missing",
-						row.stream, st.last, st.lastPos, row.version, row.position, versionRange(st.last+1, row.version-1))})
+					Message: fmt.Sprintf("stream %q jumps from version %d (position %d) to %d (position %d): %s missing%s",
+						row.stream, st.last, st.lastPos, row.version, row.position, versionRange(st.last+1, row.version-1), ex.why[row.stream])})
 			case seen && row.version == st.last:
 				rep.add(c.MaxProblems, Problem{Kind: DuplicateVersion, Position: row.position, StreamID: row.stream, Version: row.version,
 					Message: fmt.Sprintf("stream %q has version %d twice: at positions %d and %d", row.stream, row.version, st.lastPos, row.position)})
@@ -340,13 +316,13 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 			from = id
 			st, ok := streams[id]
 			switch {
-			case !ok && retained[id]:
+			case !ok && ex.start[id]:
 			case !ok:
 				rep.add(c.MaxProblems, Problem{Kind: StreamWithoutEvents, StreamID: id, Version: version,
-					Message: fmt.Sprintf("stream %q is at version %d in streams but has no events", id, version)})
-			case st.last != version && !(retained[id] && st.last < version):
+					Message: fmt.Sprintf("stream %q is at version %d in streams but has no events%s", id, version, ex.why[id])})
+			case st.last != version && !(ex.tail[id] && st.last < version):
 				rep.add(c.MaxProblems, Problem{Kind: StreamVersion, StreamID: id, Version: version,
-					Message: fmt.Sprintf("stream %q is at version %d in streams, but its highest event is version %d", id, version, st.last)})
+					Message: fmt.Sprintf("stream %q is at version %d in streams, but its highest event is version %d%s", id, version, st.last, ex.why[id])})
 			}
 			if ok {
 				st.lastPos = -1 // has its row
