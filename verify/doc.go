@@ -9,11 +9,14 @@
 // change is found: it reads the whole log from one snapshot and reports
 //
 //   - a stream whose versions have a gap, a duplicate, or go down as the
-//     position goes up (a row deleted, or inserted out of order); a
-//     deleted stream or one with retention may start above version 1;
-//   - a streams row that disagrees with the stream's events (for a deleted
-//     stream or one with retention, whose oldest or newest events the
-//     scavenger may have removed, only a highest event above its version);
+//     position goes up (a row deleted, or inserted out of order), unless
+//     the stream's recorded retention, truncation or deletion excuses the
+//     missing versions and a scavenge run removed events at their
+//     positions (scavenge() is the only way events leave the log; the
+//     latter is checked when the role can read scavenge_runs);
+//   - a streams row that disagrees with the stream's events (for a stream
+//     excused as above, whose oldest or newest events the scavenger may
+//     have removed, only a highest event above its version);
 //   - a position above the last one the position sequence handed out (a row
 //     not appended through the function: subscribers would jump past every
 //     event below it);
@@ -21,10 +24,19 @@
 //     moves rows; the pages read by position would show one copy only);
 //   - a maximum count or age in streams that the latest "$stream.truncated"
 //     event of the stream's metadata stream does not record
-//     (set_stream_retention writes both): unless the stream is also
-//     truncated or deleted, it excuses no missing event then (a metadata
-//     stream with retention of its own, or truncated or deleted, may have
-//     lost the record: such a stream is not checked);
+//     (set_stream_retention writes both): it excuses no missing event then
+//     (only when no record is kept and the metadata stream has lost events
+//     to retention of its own, possible before migration 0024, is the
+//     stream not checked, with a note);
+//   - a truncate_before in streams above what the stream's
+//     "$stream.truncated" records hold that no deletion just below it
+//     explains (delete_stream sets it above its "$stream.deleted" event;
+//     that event is there, or the scavenger removed it with every older
+//     event of the stream);
+//   - a stream marked deleted in streams whose truncate_before is not its
+//     version + 1, or whose newest event is not the "$stream.deleted"
+//     event while older ones remain (delete_stream writes both; the
+//     scavenger removes that event only with every older one);
 //   - with a [Baseline] from an earlier run, every range of positions whose
 //     rows differ from it (any column of any row changed, a row deleted or
 //     inserted).
@@ -34,4 +46,10 @@
 // Config.Interval events; a later run hashes the same ranges and compares.
 // It costs nothing at write time and is only as trustworthy as the place it
 // is kept: store it outside the database, out of the owner's reach.
+//
+// Without a baseline some changes cannot be told from legitimate ones: a
+// stream whose state, truncate_before and events were all set to look like
+// a deletion the scavenger cleaned up after (every event removed, in a
+// range a scavenge run removed events from) passes, and so does a forged
+// "$stream.truncated" record or scavenge_runs row.
 package verify
