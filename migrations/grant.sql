@@ -107,8 +107,10 @@ GRANT SELECT ON {{.Schema}}.scavenge_runs TO {{.Role}};
 -- recording each run.
 GRANT EXECUTE ON FUNCTION {{.Schema}}.archive(text, bigint, int) TO {{.Role}};
 GRANT SELECT ON {{.Schema}}.archive_runs TO {{.Role}};
--- The operator console (package console) records each action in audit_log
--- and lists it; a trigger stamps the ID, time and role.
+-- The operator console (package console) and the CLI's operator actions (annals
+-- dlq retry|skip|purge, checkpoint set, schedule pause|resume|delete|cancel)
+-- record each action in audit_log (the console lists it); a trigger stamps
+-- the ID, time and role.
 GRANT SELECT, INSERT ON {{.Schema}}.audit_log TO {{.Role}};
 GRANT USAGE ON SEQUENCE {{.Schema}}.audit_log_id_seq TO {{.Role}};
 

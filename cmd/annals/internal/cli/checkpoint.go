@@ -190,20 +190,25 @@ start a new subscriber somewhere other than the beginning).`,
 			}
 
 			var before, after checkpoint.Checkpoint
-			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			target := fmt.Sprintf("%s/%d", sub, partition)
+			err = e.audited(ctx, pool, "checkpoint.set", func(tx pgx.Tx) (string, any, error) {
+				before = checkpoint.Checkpoint{}
 				err := tx.QueryRow(ctx, q["LockCheckpoint"], sub, partition).Scan(&before.Position, &before.Epoch)
 				switch {
 				case errors.Is(err, pgx.ErrNoRows) && !create:
-					return unknownSubscriber(sub, partition) // deleted meanwhile
+					return "", nil, unknownSubscriber(sub, partition) // deleted meanwhile
 				case errors.Is(err, pgx.ErrNoRows):
 					exists = false
 				case err != nil:
-					return errors.Wrap(err, "lock the checkpoint")
+					return "", nil, errors.Wrap(err, "lock the checkpoint")
 				default:
 					exists = true
 				}
-				after, err = store.Set(ctx, tx, sub, partition, position)
-				return err
+				if after, err = store.Set(ctx, tx, sub, partition, position); err != nil {
+					return "", nil, err
+				}
+				return target, map[string]any{"from": before.Position, "to": after.Position, "epoch_from": before.Epoch,
+					"epoch_to": after.Epoch, "created": !exists}, nil
 			})
 			if err != nil {
 				return err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -173,9 +174,15 @@ in all its partitions, and resumes every stopped partition of it.`,
 					return err
 				}
 			}
-			return e.withDeadLetters(cmd.Context(), func(_ *pgxpool.Pool, store *deadletter.Store) error {
+			return e.withDeadLetters(cmd.Context(), func(pool *pgxpool.Pool, store *deadletter.Store) error {
+				ctx := cmd.Context()
 				if id == 0 {
-					c, err := store.RetryAll(cmd.Context(), subscriber)
+					var c deadletter.Change
+					err := e.audited(ctx, pool, "dlq.retry_all", func(tx pgx.Tx) (string, any, error) {
+						var err error
+						c, err = store.RetryAllTx(ctx, tx, subscriber)
+						return "subscriber " + subscriber, map[string]any{"retried": c.Retried, "resumed": len(c.Resumed)}, err
+					})
 					if errors.Is(err, deadletter.ErrNotFound) {
 						return notFoundf("unknown subscriber %q: it has no dead letters and no checkpoint", subscriber)
 					}
@@ -191,7 +198,12 @@ in all its partitions, and resumes every stopped partition of it.`,
 					}
 					return writeChange(e.stdout, c)
 				}
-				c, err := store.Retry(cmd.Context(), id)
+				var c deadletter.Change
+				err := e.audited(ctx, pool, "dlq.retry", func(tx pgx.Tx) (string, any, error) {
+					var err error
+					c, err = store.RetryTx(ctx, tx, id)
+					return deadLetterTarget(id), changeDetail(id, c), err
+				})
 				if err != nil {
 					return deadLetterError(err, id)
 				}
@@ -227,8 +239,14 @@ the Stop policy halted it. A dead letter already resolved or skipped changes not
 			if err != nil {
 				return err
 			}
-			return e.withDeadLetters(cmd.Context(), func(_ *pgxpool.Pool, store *deadletter.Store) error {
-				c, err := store.Skip(cmd.Context(), id)
+			return e.withDeadLetters(cmd.Context(), func(pool *pgxpool.Pool, store *deadletter.Store) error {
+				ctx := cmd.Context()
+				var c deadletter.Change
+				err := e.audited(ctx, pool, "dlq.skip", func(tx pgx.Tx) (string, any, error) {
+					var err error
+					c, err = store.SkipTx(ctx, tx, id)
+					return deadLetterTarget(id), changeDetail(id, c), err
+				})
 				if err != nil {
 					return deadLetterError(err, id)
 				}
@@ -281,7 +299,13 @@ never re-delivered, like a skip that leaves no trace, and their streams flow on.
 					return errors.Wrap(err, "read the server's clock")
 				}
 				cutoff := now.Add(-age).UTC()
-				n, err := store.Purge(cmd.Context(), cutoff, includeUnresolved)
+				var n int64
+				err := e.audited(cmd.Context(), pool, "dlq.purge", func(tx pgx.Tx) (string, any, error) {
+					var err error
+					n, err = store.PurgeTx(cmd.Context(), tx, cutoff, includeUnresolved)
+					return "dead_letters", map[string]any{"older_than": age.String(), "cutoff": cutoff,
+						"include_unresolved": includeUnresolved, "deleted": n}, err
+				})
 				if err != nil {
 					return err
 				}
@@ -331,6 +355,14 @@ func (e *env) withDeadLetters(ctx context.Context, fn func(*pgxpool.Pool, *deadl
 		return usageError{err}
 	}
 	return err
+}
+
+// deadLetterTarget and changeDetail are the audit entry of a retry or skip
+// of dead letter id, as the console writes them.
+func deadLetterTarget(id int64) string { return "dead_letters " + strconv.FormatInt(id, 10) }
+
+func changeDetail(id int64, c deadletter.Change) map[string]any {
+	return map[string]any{"ids": []int64{id}, "retried": c.Retried, "skipped": c.Skipped, "resumed": len(c.Resumed)}
 }
 
 // parseDeadLetterID parses a dead-letter ID argument.

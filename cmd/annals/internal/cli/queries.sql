@@ -80,3 +80,9 @@ SELECT position, epoch
 -- name: SubscriberLayout
 -- The partition count recorded for a subscriber (no row: none recorded).
 SELECT partitions FROM {{.Schema}}.subscriber_layouts WHERE subscriber_id = $1;
+
+-- name: Audit
+-- One entry of the audit trail for a CLI action; the trigger stamps its ID,
+-- time and database role (as for the console's actions).
+INSERT INTO {{.Schema}}.audit_log (actor, action, target, detail)
+VALUES ($1, $2, $3, $4);

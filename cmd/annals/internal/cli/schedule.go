@@ -9,7 +9,9 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/annals-dev/annals/eventstore"
@@ -130,7 +132,7 @@ type ScheduleTimer struct {
 
 // withScheduler runs fn with a scheduler on the configured database; an
 // unmigrated schema is reported as such.
-func (e *env) withScheduler(ctx context.Context, fn func(s *scheduler.Scheduler) error) error {
+func (e *env) withScheduler(ctx context.Context, fn func(s *scheduler.Scheduler, pool *pgxpool.Pool) error) error {
 	pool, err := e.connect(ctx)
 	if err != nil {
 		return err
@@ -150,7 +152,7 @@ func (e *env) withScheduler(ctx context.Context, fn func(s *scheduler.Scheduler)
 	if err != nil {
 		return err
 	}
-	err = fn(s)
+	err = fn(s, pool)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
 		return errors.Wrapf(err, "schema %q lacks the scheduler tables (run 'annals migrate')", e.schema)
@@ -166,7 +168,7 @@ func (c offsetClock) After(d time.Duration) <-chan time.Time { return time.After
 
 func (e *env) loadSchedule(ctx context.Context, limit int) (*ScheduleJSON, error) {
 	var out *ScheduleJSON
-	err := e.withScheduler(ctx, func(s *scheduler.Scheduler) error {
+	err := e.withScheduler(ctx, func(s *scheduler.Scheduler, _ *pgxpool.Pool) error {
 		var err error
 		out, err = readSchedule(ctx, s, limit)
 		return err
@@ -201,15 +203,25 @@ from the code first.`
 			if name == "" {
 				return usagef("the task name is empty")
 			}
-			err := e.withScheduler(cmd.Context(), func(s *scheduler.Scheduler) error {
+			err := e.withScheduler(cmd.Context(), func(s *scheduler.Scheduler, pool *pgxpool.Pool) error {
+				var err error
 				switch verb {
 				case "pause":
-					return s.PauseTask(cmd.Context(), name)
+					err = s.PauseTask(cmd.Context(), name)
 				case "resume":
-					return s.ResumeTask(cmd.Context(), name)
+					err = s.ResumeTask(cmd.Context(), name)
 				default:
-					return s.DeleteTask(cmd.Context(), name)
+					err = s.DeleteTask(cmd.Context(), name)
 				}
+				if err != nil {
+					return err
+				}
+				// The scheduler committed the change in a transaction of
+				// its own: the audit entry follows (as the console's does).
+				if err := e.audit(cmd.Context(), pool, "cron."+verb, "cron_task "+name, map[string]any{}); err != nil {
+					return errors.Wrapf(err, "%sd cron task %s, but", verb, name)
+				}
+				return nil
 			})
 			if errors.Is(err, scheduler.ErrUnknownTask) {
 				return notFoundError{err}
@@ -253,9 +265,12 @@ found) then.`,
 				return usagef("timer ID %q: %v", args[0], err)
 			}
 			var ok bool
-			err = e.withScheduler(cmd.Context(), func(s *scheduler.Scheduler) error {
-				ok, err = s.Cancel(cmd.Context(), nil, id)
-				return err
+			err = e.withScheduler(cmd.Context(), func(s *scheduler.Scheduler, pool *pgxpool.Pool) error {
+				return e.audited(cmd.Context(), pool, "timer.cancel", func(tx pgx.Tx) (string, any, error) {
+					var err error
+					ok, err = s.Cancel(cmd.Context(), tx, id)
+					return "timer " + id.String(), map[string]any{"cancelled": ok}, err
+				})
 			})
 			if err != nil {
 				return err

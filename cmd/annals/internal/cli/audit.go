@@ -1,0 +1,91 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/user"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// The CLI's operator actions (dlq retry, skip and purge, checkpoint set,
+// schedule pause, resume, delete and cancel) are recorded in audit_log as
+// the console's are: who (auditActor; the trigger stamps the database role),
+// what (the action, its target and a JSON detail of what changed) and when
+// (the server's clock). Where the action is a transaction of the CLI's own
+// (dead letters, checkpoints) the entry commits with it, so an entry exists
+// exactly when its change does, and a role that may not write the audit log
+// changes nothing; the scheduler's actions commit on their own, and their
+// entry follows.
+
+// auditActor is who the audit log names for this command: $ANNALS_ACTOR
+// when set (a CI job, a ticket), else "cli:" and the operating-system user
+// and host.
+func (e *env) auditActor() string {
+	if a := e.getenv("ANNALS_ACTOR"); a != "" {
+		return truncate(a, 200)
+	}
+	name := e.getenv("USER")
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	if name == "" {
+		name = "unknown"
+	}
+	if host, err := os.Hostname(); err == nil && host != "" {
+		name += "@" + host
+	}
+	return truncate("cli:"+name, 200)
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// audit records one entry on db (the action's transaction, or the pool).
+func (e *env) audit(ctx context.Context, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, action, target string, detail any) error {
+	q, err := e.queries()
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(detail)
+	if err != nil {
+		return errors.Wrap(err, "audit: encode the detail")
+	}
+	_, err = db.Exec(ctx, q["Audit"], e.auditActor(), action, truncate(target, 1000), string(b))
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+		return errors.Wrap(err, "the role may not record the action in the audit log ('annals grant operator' gives it that right)")
+	}
+	return errors.Wrap(err, "audit: record the action")
+}
+
+// audited runs fn and its audit entry in one transaction on pool: fn
+// returns the entry's target and detail. A deadlock or serialization
+// failure runs it again, up to three times in all (as package deadletter
+// does).
+func (e *env) audited(ctx context.Context, pool *pgxpool.Pool, action string, fn func(tx pgx.Tx) (target string, detail any, err error)) error {
+	for attempt := 1; ; attempt++ {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			target, detail, err := fn(tx)
+			if err != nil {
+				return err
+			}
+			return e.audit(ctx, tx, action, target, detail)
+		})
+		var pgErr *pgconn.PgError
+		if attempt < 3 && errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") {
+			continue // deadlock_detected, serialization_failure
+		}
+		return err
+	}
+}

@@ -1,0 +1,165 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/migrations"
+	"github.com/annals-dev/annals/scheduler"
+)
+
+// annalsAs runs the command line against url with $ANNALS_ACTOR set.
+func annalsAs(t *testing.T, url, actor string, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	getenv := func(k string) string {
+		switch k {
+		case "DATABASE_URL":
+			return url
+		case "ANNALS_ACTOR":
+			return actor
+		}
+		return ""
+	}
+	code := run(context.Background(), args, strings.NewReader(""), &out, &errOut, getenv)
+	return result{code, out.String(), errOut.String()}
+}
+
+type auditRow struct {
+	Actor, Role, Action, Target string
+	Detail                      map[string]any
+}
+
+func auditRows(t *testing.T, db *annalstest.DB) []auditRow {
+	t.Helper()
+	rows, err := db.Pool.Query(t.Context(), `SELECT actor, db_role, action, target, detail::text FROM annals.audit_log ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []auditRow
+	for rows.Next() {
+		var r auditRow
+		var detail string
+		if err := rows.Scan(&r.Actor, &r.Role, &r.Action, &r.Target, &detail); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal([]byte(detail), &r.Detail); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestCLIActionsAudited: the CLI's operator actions are recorded in
+// audit_log like the console's, with the actor ($ANNALS_ACTOR, else
+// cli:user@host), the database role, the action, target and detail; a role
+// that may not write the audit log has the action refused with nothing
+// changed. Before, nothing the CLI did left a trace there.
+func TestCLIActionsAudited(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := annalstest.NewDB(t, nil)
+	if r := annals(t, db.URL, "append", "order-1", "order.placed", `{}`); r.code != 0 {
+		t.Fatalf("append: %+v", r)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO annals.dead_letters (subscriber_id, event_id, global_sequence, stream_id, event_type, reason, error)
+		SELECT s, event_id, global_sequence, stream_id, event_type, 'failed', 'boom' FROM annals.events, unnest(ARRAY['mailer', 'billing', 'audit']) s`); err != nil {
+		t.Fatal(err)
+	}
+	store, err := eventstore.New(db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := scheduler.New(store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddTask(ctx, scheduler.Task{Name: "nightly", Spec: "30 2 * * *", StreamID: "reports"}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A runner may change dead letters, but not write the audit log: refused.
+	runner, runnerURL := loginRole(t, db, "auditrunner")
+	if err := migrations.Grant(ctx, db.Pool, runner, migrations.Runner, nil); err != nil {
+		t.Fatal(err)
+	}
+	if r := annals(t, runnerURL, "dlq", "retry", "1"); r.code != ExitFailure || !strings.Contains(r.stderr, "annals grant operator") {
+		t.Fatalf("dlq retry as a runner: %+v", r)
+	}
+	var status string
+	if err := db.Pool.QueryRow(ctx, `SELECT status FROM annals.dead_letters WHERE id = 1`).Scan(&status); err != nil || status != "open" {
+		t.Fatalf("refused retry changed dead letter 1: %s (%v)", status, err)
+	}
+
+	for _, args := range [][]string{
+		{"dlq", "retry", "1"},
+		{"dlq", "skip", "2"},
+		{"dlq", "retry", "--subscriber", "audit", "--all"},
+		{"dlq", "purge", "--older-than", "0s"},
+		{"checkpoint", "set", "mailer", "1", "--create", "--yes"},
+		{"checkpoint", "set", "mailer", "0", "--yes"},
+		{"schedule", "pause", "nightly"},
+		{"schedule", "resume", "nightly"},
+		{"schedule", "delete", "nightly"},
+	} {
+		if r := annalsAs(t, db.URL, "jane (ticket 42)", args...); r.code != 0 {
+			t.Fatalf("annals %q: %+v", args, r)
+		}
+	}
+	if r := annals(t, db.URL, "schedule", "cancel", "0191d6a4-0000-7000-8000-0000000000aa"); r.code != ExitNotFound {
+		t.Fatalf("schedule cancel of an unknown timer: %+v", r)
+	}
+	rows := auditRows(t, db)
+	want := []struct{ action, target string }{
+		{"dlq.retry", "dead_letters 1"},
+		{"dlq.skip", "dead_letters 2"},
+		{"dlq.retry_all", "subscriber audit"},
+		{"dlq.purge", "dead_letters"},
+		{"checkpoint.set", "mailer/0"},
+		{"checkpoint.set", "mailer/0"},
+		{"cron.pause", "cron_task nightly"},
+		{"cron.resume", "cron_task nightly"},
+		{"cron.delete", "cron_task nightly"},
+		{"timer.cancel", "timer 0191d6a4-0000-7000-8000-0000000000aa"},
+	}
+	if len(rows) != len(want) {
+		t.Fatalf("%d audit entries, want %d: %+v", len(rows), len(want), rows)
+	}
+	for i, w := range want {
+		r := rows[i]
+		if r.Action != w.action || r.Target != w.target {
+			t.Errorf("entry %d: %s %q, want %s %q", i, r.Action, r.Target, w.action, w.target)
+		}
+		if i < len(want)-1 && r.Actor != "jane (ticket 42)" {
+			t.Errorf("entry %d: actor %q", i, r.Actor)
+		}
+		if r.Role == "" {
+			t.Errorf("entry %d: no database role", i)
+		}
+	}
+	if a := rows[len(rows)-1].Actor; !strings.HasPrefix(a, "cli:") {
+		t.Errorf("actor without $ANNALS_ACTOR: %q, want cli:user@host", a)
+	}
+	if d := rows[0].Detail; d["retried"] == nil || len(d["retried"].([]any)) != 1 {
+		t.Errorf("dlq.retry detail %v", d)
+	}
+	if d := rows[3].Detail; d["deleted"] != float64(1) || d["include_unresolved"] != false { // the skipped one
+		t.Errorf("dlq.purge detail %v", d)
+	}
+	if d := rows[4].Detail; d["created"] != true || d["to"] != float64(1) {
+		t.Errorf("checkpoint.set (create) detail %v", d)
+	}
+	if d := rows[5].Detail; d["created"] != false || d["from"] != float64(1) || d["to"] != float64(0) {
+		t.Errorf("checkpoint.set detail %v", d)
+	}
+}
