@@ -33,7 +33,8 @@ type AwaitOptions struct {
 // projection's checkpoint reached the position. It matches the context's
 // error (errors.Is(err, context.DeadlineExceeded)).
 type BehindError struct {
-	// Projection is the subscriber waited for.
+	// Projection is the subscriber waited for (for a blue/green
+	// projection, its live generation's: <name>#g<N>).
 	Projection string
 	// Target is the position waited for.
 	Target int64
@@ -158,21 +159,37 @@ func (a *Awaiter) Await(ctx context.Context, name string, position int64) error 
 // AwaitPartitions is Await for a projection run with Options.Partitions =
 // partitions (0: unknown, as Await): it waits for the checkpoint of the
 // partition that position's stream belongs to.
+//
+// For a blue/green projection (Options.BlueGreen) it waits for the live
+// generation (its subscriber <name>#g<N>), the one readers see. A cut-over
+// or rollback during the wait is followed at the next poll: from then on
+// it waits for the generation that became live.
 func (a *Awaiter) AwaitPartitions(ctx context.Context, name string, partitions int, position int64) error {
+	return a.await(ctx, name, func(int) int { return partitions }, position)
+}
+
+// await is AwaitPartitions with the partition count of each generation
+// version (0: not blue/green) given by partitions.
+func (a *Awaiter) await(ctx context.Context, name string, partitions func(version int) int, position int64) error {
 	if name == "" {
 		return errors.New("projection: Await: empty projection name")
 	}
-	if partitions < 0 {
-		return errors.Newf("projection: Await: %d partitions", partitions)
+	if n := partitions(0); n < 0 {
+		return errors.Newf("projection: Await: %d partitions", n)
 	}
 	if position <= 0 {
 		return nil
 	}
 	wake, ready := a.join()
 	defer a.leave()
-	part, err := a.partition(ctx, name, partitions, position)
+	// sub is the subscriber waited for: name, or its live generation's.
+	sub, version, err := a.live(ctx, name)
 	if err != nil {
 		return a.failed(ctx, name, position, -1, err)
+	}
+	part, err := a.partition(ctx, sub, partitions(version), position)
+	if err != nil {
+		return a.failed(ctx, sub, position, -1, err)
 	}
 	ticker := time.NewTicker(a.poll)
 	defer ticker.Stop()
@@ -182,25 +199,39 @@ func (a *Awaiter) AwaitPartitions(ctx context.Context, name string, partitions i
 	case <-ready:
 	case <-ticker.C:
 	case <-ctx.Done():
-		return a.behind(ctx, name, position, part, ctx.Err())
+		return a.behind(ctx, sub, position, part, ctx.Err())
 	}
 	read := true // from the database: at the start and at each poll
-	for {
+	for polls := 0; ; {
 		var ok bool
 		if read {
-			ok, err = a.reached(ctx, name, part, position)
+			if polls++; polls > 1 {
+				// A cut-over (or rollback) moves readers to another
+				// generation: wait for that one from now on.
+				s, v, err := a.live(ctx, name)
+				if err != nil {
+					return a.failed(ctx, sub, position, part, err)
+				}
+				if s != sub {
+					if part, err = a.partition(ctx, s, partitions(v), position); err != nil {
+						return a.failed(ctx, s, position, -1, err)
+					}
+					sub = s
+				}
+			}
+			ok, err = a.reached(ctx, sub, part, position)
 			if err != nil {
-				return a.failed(ctx, name, position, part, err)
+				return a.failed(ctx, sub, position, part, err)
 			}
 		} else {
-			ok = a.notified(name, part, position)
+			ok = a.notified(sub, part, position)
 		}
 		if ok {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return a.behind(ctx, name, position, part, ctx.Err())
+			return a.behind(ctx, sub, position, part, ctx.Err())
 		case <-wake:
 			// The new channel before the check: a notification records its
 			// position before it replaces the channel, so none is missed.
@@ -212,6 +243,21 @@ func (a *Awaiter) AwaitPartitions(ctx context.Context, name string, partitions i
 			read = true
 		}
 	}
+}
+
+// live returns the subscriber of the live generation of name and its
+// version, or name and 0 when name has no generations (not blue/green).
+func (a *Awaiter) live(ctx context.Context, name string) (string, int, error) {
+	var sub string
+	var version int
+	err := a.pool.QueryRow(ctx, a.q["AwaitLive"], name).Scan(&sub, &version)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return name, 0, nil
+	}
+	if err != nil {
+		return "", 0, errors.Wrap(err, "projection: Await: find the live generation")
+	}
+	return sub, version, nil
 }
 
 // partition returns the partition the event at position belongs to, or -1
@@ -393,7 +439,9 @@ func (a *Awaiter) listenOnce(ctx context.Context, listening func()) error {
 // ends first. It knows the subscriber's partitions, and shares one
 // Awaiter (one LISTEN connection while anybody waits) across calls. The
 // runner need not be running in this process: any process's leader moves
-// the checkpoint.
+// the checkpoint. For a blue/green projection it waits for the live
+// generation, and follows a cut-over during the wait (see
+// Awaiter.AwaitPartitions).
 func (r *Runner) Await(ctx context.Context, name string, position int64) error {
 	reg, err := r.lookup(name)
 	if err != nil {
@@ -408,5 +456,11 @@ func (r *Runner) Await(ctx context.Context, name string, position int64) error {
 	if err != nil {
 		return err
 	}
-	return a.AwaitPartitions(ctx, name, max(reg.opts.Partitions, 1), position)
+	parts := max(reg.opts.Partitions, 1)
+	return a.await(ctx, name, func(version int) int {
+		if version == 0 || (reg.bg != nil && version == reg.bg.cfg.Version) {
+			return parts
+		}
+		return 0 // another version's generation: as many as it has checkpoint rows
+	}, position)
 }

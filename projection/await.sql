@@ -27,3 +27,10 @@ SELECT c.partition, c.position,
                             WHERE subscriber_id = $1 AND ($3::int < 0 OR partition = $3::int))) c
  ORDER BY c.position
  LIMIT 1;
+
+-- name: AwaitLive
+-- The live generation of the blue/green projection $1 (its subscriber and
+-- version); no row for a projection without generations.
+SELECT subscriber, version
+  FROM {{.Schema}}.read_model_generations
+ WHERE projection = $1 AND state = 'live';

@@ -148,6 +148,9 @@
 // reads the checkpoints every AwaitOptions.PollInterval (1 s), which
 // covers a lost notification and the moves that send none (a dead letter,
 // an observer's batched checkpoint, a rebuild, annals checkpoint set).
+// For a blue/green projection Await waits for the live generation's
+// checkpoints (subscriber <name>#g<N>: what readers see), and a cut-over
+// or rollback during the wait is followed at the next poll.
 //
 // # Blue/green read models
 //
