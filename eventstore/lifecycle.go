@@ -97,10 +97,18 @@ type StreamDeletedError struct {
 	Version int64
 	// Hard reports a hard delete (a tombstone).
 	Hard bool
+
+	read bool // a read met it: the message says what that means for a read
 }
 
 func (e *StreamDeletedError) Error() string {
-	if e.Hard {
+	switch {
+	case e.read && e.Hard:
+		return fmt.Sprintf("stream %q is hard-deleted (version %d): it has nothing to read, and never will", e.StreamID, e.Version)
+	case e.read:
+		return fmt.Sprintf("stream %q is deleted (version %d): it has nothing to read until an append expecting exactly version %d recreates it",
+			e.StreamID, e.Version, e.Version)
+	case e.Hard:
 		return fmt.Sprintf("stream %q is hard-deleted (version %d): it can never be appended to again", e.StreamID, e.Version)
 	}
 	return fmt.Sprintf("stream %q is deleted (version %d); an append expecting exactly version %d recreates it",

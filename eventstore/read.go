@@ -124,7 +124,7 @@ func (s *Store) streamVersionOf(ctx context.Context, db querier, streamID string
 		return 0, errors.Wrapf(ErrStreamNotFound, "stream %q", streamID)
 	}
 	if err == nil && state != 0 {
-		return 0, errors.WithStack(&StreamDeletedError{StreamID: streamID, Version: v, Hard: state == 2})
+		return 0, errors.WithStack(&StreamDeletedError{StreamID: streamID, Version: v, Hard: state == 2, read: true})
 	}
 	return v, errors.Wrapf(err, "eventstore: read version of stream %q", streamID)
 }

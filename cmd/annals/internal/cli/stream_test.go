@@ -24,7 +24,8 @@ func TestStreamDeleteAndInfo(t *testing.T) {
 	if r.code != 0 || r.stdout != "order-1 deleted at version 3, position 4\n" {
 		t.Fatalf("stream delete: %+v", r)
 	}
-	if r = annals(t, db.URL, "read", "order-1"); r.code != 1 || !strings.Contains(r.stderr, "deleted") {
+	if r = annals(t, db.URL, "read", "order-1"); r.code != 1 ||
+		r.stderr != "annals: stream \"order-1\" is deleted (version 3): it has nothing to read until an append expecting exactly version 3 recreates it\n" {
 		t.Fatalf("read of a deleted stream: %+v", r)
 	}
 	r = annals(t, db.URL, "stream", "info", "order-1", "--output", "json")
@@ -51,6 +52,11 @@ func TestStreamDeleteAndInfo(t *testing.T) {
 	}
 	if r = annals(t, db.URL, "append", "customer-7", "customer.registered", `{}`); r.code != 1 || !strings.Contains(r.stderr, "hard-deleted") {
 		t.Fatalf("append to a tombstone: %+v", r)
+	}
+	// A read says what the tombstone means for a read, not for an append.
+	if r = annals(t, db.URL, "read", "customer-7"); r.code != 1 ||
+		r.stderr != "annals: stream \"customer-7\" is hard-deleted (version 2): it has nothing to read, and never will\n" {
+		t.Fatalf("read of a tombstone: %+v", r)
 	}
 	if r = annals(t, db.URL, "stream", "info", "customer-7"); r.code != 0 || !strings.Contains(r.stdout, "hard-deleted") {
 		t.Fatalf("info of a tombstone: %+v", r)
