@@ -6,6 +6,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/annals-dev/annals/migrations"
 )
 
 // SQLSTATE codes raised by annals.append_events and the events table.
@@ -112,6 +114,9 @@ func translate(err error, streamID string, expected ExpectedVersion) error {
 		return errors.Wrap(ErrAppendOnly, pgErr.Message)
 	case CodeStreamDeleted, CodeStreamTombstoned:
 		return streamDeletedFromSQL(pgErr, streamID)
+	case "3F000", "42P01": // invalid_schema_name, undefined_table
+		return errors.Wrap(migrations.MarkNotMigrated(err),
+			"annals: the schema is not migrated (Client.Start migrates it; or migrations.Up, or 'annals migrate')")
 	}
 	return err
 }
