@@ -168,6 +168,7 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 			go func() {
 				defer wg.Done()
 				if err := engine.Run(gctx, sc); err != nil {
+					err = layoutAdvice(err, reg, gen)
 					r.cfg.Logger.ErrorContext(gctx, "annals: subscription ended", slog.String("subscriber", sc.Name), slog.Any("error", err))
 				}
 			}()
@@ -304,6 +305,56 @@ func (r *Runner) catchUpBlueGreen(ctx context.Context, engine *catchup.Engine, h
 		}
 	}
 	return nil
+}
+
+// checkBlueGreenLayouts refuses, before anything starts, a blue/green
+// projection whose generations of the registered version (live or
+// building) were built with another partition layout than its Options
+// say: with a *catchup.PartitionLayoutError (catchup.ErrPartitionLayout)
+// that says how to change the layout (a new BlueGreen.Version). A
+// generation without a recorded layout gets this one.
+func (r *Runner) checkBlueGreenLayouts(ctx context.Context, engine *catchup.Engine) error {
+	r.mu.Lock()
+	regs := slices.Clone(r.regs)
+	r.mu.Unlock()
+	var g *generations
+	for _, reg := range regs {
+		if reg.bg == nil {
+			continue
+		}
+		if g == nil {
+			var err error
+			if g, err = newGenerations(r.cfg.Schema); err != nil {
+				return err
+			}
+		}
+		gens, err := g.list(ctx, r.pool, reg.name)
+		if err != nil {
+			return err
+		}
+		for _, gen := range gens {
+			if gen.Version != reg.bg.cfg.Version || (gen.State != GenerationBuilding && gen.State != GenerationLive) {
+				continue
+			}
+			for _, sc := range r.generationSubs(reg, g, gen, nil) {
+				if err := engine.CheckLayout(ctx, sc); err != nil {
+					return layoutAdvice(err, reg, gen)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// layoutAdvice adds to a generation's catchup.ErrPartitionLayout how a
+// blue/green read model changes its layout; other errors pass unchanged.
+func layoutAdvice(err error, reg *registration, gen Generation) error {
+	if !errors.Is(err, catchup.ErrPartitionLayout) {
+		return err
+	}
+	return errors.Wrapf(err, "projection: %q: generation %d of the blue/green read model (version %d) keeps the partition "+
+		"layout it was built with; to change Partitions or PartitionBy, raise BlueGreen.Version (to %d): a new generation "+
+		"is built with the new layout beside the live one and cut over", reg.name, gen.Generation, gen.Version, gen.Version+1)
 }
 
 // hasBlueGreen reports whether a blue/green projection is registered.

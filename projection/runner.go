@@ -549,6 +549,9 @@ func (r *Runner) Run(ctx context.Context) error {
 			return errors.Wrapf(err, "projection: %q", s.Name)
 		}
 	}
+	if err := r.checkBlueGreenLayouts(ctx, engine); err != nil {
+		return err
+	}
 	if err := r.register(ctx); err != nil {
 		return err
 	}
@@ -613,6 +616,9 @@ func (r *Runner) RunUntilCaughtUp(ctx context.Context) error {
 		if err := engine.CheckLayout(ctx, s); err != nil {
 			return errors.Wrapf(err, "projection: %q", s.Name)
 		}
+	}
+	if err := r.checkBlueGreenLayouts(ctx, engine); err != nil {
+		return err
 	}
 	head, err := engine.Head(ctx)
 	if err != nil {
