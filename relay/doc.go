@@ -60,6 +60,13 @@
 // 10 minutes, which must exceed the longest takeover) is a second line of
 // defence for the messages in flight at the moment of a takeover.
 //
+// The skip needs the newest message still in the stream: a relay that
+// published, was acknowledged and died before its checkpoint committed,
+// and stayed down until Config.MaxAge removed every message of the stream,
+// finds nothing to skip by, and its successor publishes those events again
+// (past the duplicate window too). Keep MaxAge (default: none) well above
+// the longest outage of every relay process.
+//
 // Hence the rules: one relay per JetStream stream (EnsureStream refuses a
 // stream whose newest message another relay published, and the chain would
 // break with two publishers), an unpartitioned relay subscription (one

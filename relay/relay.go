@@ -48,6 +48,9 @@ type Config struct {
 	// Replicas is the stream's replica count. Defaults to 1.
 	Replicas int
 	// MaxAge is how long the stream keeps messages. Defaults to 0: forever.
+	// Keep it well above the longest outage of a relay process: a relay
+	// skips what the stream's newest message shows published, and a stream
+	// emptied by age shows nothing (see the package doc, "Why exactly once").
 	MaxAge time.Duration
 	// Duplicates is the stream's de-duplication window. It must exceed the
 	// longest takeover (from a leader's last publish to its successor's
