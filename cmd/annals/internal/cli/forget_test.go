@@ -17,7 +17,8 @@ type personRegistered struct {
 }
 
 // TestForget: annals read shows personal fields encrypted (it has no KEK),
-// annals forget destroys the key, and annals read then shows "[forgotten]".
+// annals forget destroys the key, and annals read and annals tail then show
+// "[forgotten]".
 func TestForget(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)
@@ -50,10 +51,18 @@ func TestForget(t *testing.T) {
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &res) != nil || !res.HadKey || res.Subject != "p-1" {
 		t.Fatalf("forget: %+v %+v", r, res)
 	}
+	// tail shows what read shows, through the engine and as a subscriber
+	// (a new one per run: a second run would resume after the event).
 	for _, format := range []string{"text", "jsonl"} {
-		r = annals(t, db.URL, "read", "person-1", "--output", format)
-		if r.code != 0 || !strings.Contains(r.stdout, eventstore.Forgotten) || strings.Contains(r.stdout, `$personal`) {
-			t.Fatalf("read --output %s after forget: %+v", format, r)
+		for _, args := range [][]string{
+			{"read", "person-1"},
+			{"tail"},
+			{"tail", "--subscriber", "forget-tail-" + format},
+		} {
+			r = annals(t, db.URL, append(args, "--output", format)...)
+			if r.code != 0 || !strings.Contains(r.stdout, eventstore.Forgotten) || strings.Contains(r.stdout, `$personal`) {
+				t.Fatalf("%s --output %s after forget: %+v", strings.Join(args, " "), format, r)
+			}
 		}
 	}
 	if r = annals(t, db.URL, "forget", "p-1", "--yes"); r.code != 0 || !strings.Contains(r.stdout, "no data key") {

@@ -40,7 +40,8 @@ primary; a lagging replica delays what is printed, it
 never skips. --types filters by event-type globs (order.*, *.shipped; '*' is
 one or more whole segments). --output jsonl prints one JSON object per event, flushed at
 once, with the keys of 'annals read' (there is no --output json: a tail has no end at
-which to close an array).`,
+which to close an array). As in 'annals read', the personal fields of forgotten subjects
+read as [forgotten].`,
 		Example: `  annals tail --follow --output jsonl | jq .
   annals tail --follow --subscriber audit-log --types 'order.*,payment.*'
   annals tail --follow --subscriber audit-log --partitions 8 --output jsonl`,
@@ -80,21 +81,33 @@ which to close an array).`,
 				}
 				defer readPool.Close()
 			}
+			// The store's registry reads events as 'annals read' does:
+			// the personal fields of forgotten subjects as [forgotten].
+			store, err := eventstore.New(pool, &eventstore.Config{Schema: e.schema})
+			if err != nil {
+				return err
+			}
+			reg := store.Registry()
 			w := newEventWriter(e.stdout, *format)
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
-			// A failed write (a closed pipe) ends the tail instead of being retried.
+			// A failed write (a closed pipe), or an event that cannot be
+			// read (as it would end 'annals read'), ends the tail instead
+			// of being retried.
 			var mu sync.Mutex
 			var writeErr error
 			print := func(ev eventstore.Event) error {
 				mu.Lock()
 				defer mu.Unlock()
-				err := w.write(ev)
-				if err == nil && follow {
-					err = w.flush()
+				ev, err := reg.Upcast(ev)
+				if err == nil {
+					if err = w.write(ev); err == nil && follow {
+						err = w.flush()
+					}
+					err = errors.Wrap(err, "tail: write")
 				}
 				if err != nil && writeErr == nil {
-					writeErr = errors.Wrap(err, "tail: write")
+					writeErr = err
 					cancel()
 				}
 				return err
