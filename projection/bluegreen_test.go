@@ -561,8 +561,9 @@ func TestBlueGreenBadInput(t *testing.T) {
 	if _, err := r.RebuildBlueGreen(ctx, "plain", nil); !errors.Is(err, projection.ErrNotBlueGreen) {
 		t.Fatalf("RebuildBlueGreen of a plain projection: %v", err)
 	}
-	if err := r.Rebuild(ctx, bgName, nil); !errors.Is(err, projection.ErrNotResetter) {
-		t.Fatalf("Rebuild in place of a blue/green projection: %v", err)
+	if err := r.Rebuild(ctx, bgName, nil); !errors.Is(err, projection.ErrBlueGreenRebuild) || errors.Is(err, projection.ErrNotResetter) ||
+		strings.Contains(err.Error(), "--blue-green") || !strings.Contains(err.Error(), "Runner.RebuildBlueGreen") {
+		t.Fatalf("Rebuild in place of a blue/green projection: %v; want ErrBlueGreenRebuild pointing at Runner.RebuildBlueGreen", err)
 	}
 	if _, err := projection.Rollback(ctx, db.Pool, db.Schema, bgName); !errors.Is(err, projection.ErrNoGenerations) {
 		t.Fatalf("Rollback without generations: %v", err)

@@ -34,6 +34,12 @@ var (
 	// ErrObserver is returned by Rebuild for an observer: its side effects
 	// are outside the database and cannot be undone.
 	ErrObserver = errors.New("projection: observers cannot be rebuilt")
+	// ErrBlueGreenRebuild is returned by Rebuild for a projection with a
+	// blue/green read model (Options.BlueGreen), which is not rebuilt in
+	// place (readers would see a partial read model): Runner.RebuildBlueGreen
+	// rebuilds it, and so does the projections rebuild command of package
+	// projectioncmd, which picks blue/green for such a projection itself.
+	ErrBlueGreenRebuild = errors.New("projection: a blue/green read model is not rebuilt in place")
 	// ErrRebuildRunning is returned by Rebuild, at once, when another rebuild
 	// of the same projection is running: it holds the projection's rebuild
 	// lock (RebuildLockKey), or leads one of its partitions.
@@ -127,8 +133,9 @@ func (r *Runner) Schema() string { return r.cfg.Schema }
 // and why it cannot be rebuilt (nil if it can).
 func rebuildable(reg *registration) (Resetter, bool, error) {
 	if reg.bg != nil {
-		return nil, false, errors.Wrapf(ErrNotResetter, "%q has a blue/green read model: rebuild it with RebuildBlueGreen "+
-			"(projections rebuild --blue-green)", reg.name)
+		return nil, false, errors.Wrapf(ErrBlueGreenRebuild, "%q has a blue/green read model: rebuild it with "+
+			"Runner.RebuildBlueGreen (from a Client: Client.Runner().RebuildBlueGreen), or with 'projections rebuild %s' "+
+			"(package projectioncmd), which rebuilds it blue/green", reg.name, reg.name)
 	}
 	switch p := reg.newProc().(type) {
 	case *observerProcessor:
@@ -178,8 +185,14 @@ func rebuildable(reg *registration) (Resetter, bool, error) {
 // checkpoint, so a live instance takes the freed lock and simply continues
 // the replay from the last committed batch.
 //
-// It fails with ErrUnknownProjection, ErrObserver or ErrNotResetter (and
-// changes nothing) for a name it cannot rebuild, ErrRebuildRunning while
+// A partition halted by a dead letter under the Stop policy ends the
+// rebuild with catchup.ErrStopped: nobody continues that partition's
+// replay until an operator retries or skips the dead letter (annals dlq
+// retry or skip); then its live instance does, from the last committed
+// batch.
+//
+// It fails with ErrUnknownProjection, ErrObserver, ErrNotResetter or
+// ErrBlueGreenRebuild (and changes nothing) for a name it cannot rebuild, ErrRebuildRunning while
 // another rebuild of it runs, and catchup.ErrTakeOverTimeout when a lock is
 // not free within LockTimeout. Events are counted for progress with one
 // scan of the log up to the head.
@@ -336,6 +349,12 @@ func (rb *rebuild) run(ctx context.Context) (err error) {
 
 	for part, sub := range rb.subs {
 		if err := rb.replay(ctx, sub, leases[part], head); err != nil {
+			if errors.Is(err, catchup.ErrStopped) {
+				return errors.Wrapf(err, "projection: rebuild %q: partition %d is stopped by a dead letter (the Stop policy): "+
+					"its replay stays at the last committed batch until an operator retries or skips the dead letter "+
+					"(annals dlq list --subscriber '%s', then annals dlq retry or annals dlq skip); then a live instance "+
+					"continues it", name, part, name)
+			}
 			return errors.Wrapf(err, "projection: rebuild %q: partition %d (a live instance continues the replay "+
 				"from the last committed batch)", name, part)
 		}
