@@ -588,6 +588,13 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, p
 // the new generation behind (writers faster than the replay, or readers
 // holding the views past CutoverLockTimeout): the new generation stays
 // building, and a runner of this version (or the next call) continues it.
+//
+// While the new generation has unresolved dead letters (its handlers
+// failed on events; see ErrCutoverDeadLetters) it does not cut over: it
+// waits, saying why in the log and in RebuildProgress.Waiting, and replays
+// what is released meanwhile, until an operator retries (annals dlq retry)
+// or skips (annals dlq skip) them on its subscriber <name>#g<N>, or ctx
+// ends. A partition halted by the Stop policy waits the same way.
 func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *RebuildOptions) (Cutover, error) {
 	var o RebuildOptions
 	if opts != nil {

@@ -193,11 +193,15 @@
 // take an exclusive lock only for that transaction: a reader waits at most
 // its length (or sees the old model), and every answer is the complete model
 // of one generation at some position, and the new one at or after the
-// position of the old one. The old generation is not kept warm: it stays
-// exactly as readers last saw it, for Rollback, which swaps the views back
-// and lets it resume from its checkpoints (the runners of its version catch
-// it up). A crash anywhere loses nothing: the replay continues from the new
-// generation's checkpoints, and a cut-over either committed or did nothing.
+// position of the old one. A generation with unresolved dead letters (open,
+// or released and not yet re-delivered) is never cut over: it lacks their
+// events, so the cut-over refuses (ErrCutoverDeadLetters) and waits until
+// an operator retries or skips them on its subscriber. The old generation
+// is not kept warm: it stays exactly as readers last saw it, for Rollback,
+// which swaps the views back and lets it resume from its checkpoints (the
+// runners of its version catch it up). A crash anywhere loses nothing: the
+// replay continues from the new generation's checkpoints, and a cut-over
+// either committed or did nothing.
 //
 // Runners run the generations of their own Version that are live or
 // building, and check the registry every BlueGreen.CheckInterval: they
