@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -97,9 +98,13 @@ func run(ctx context.Context, args []string, stdin io.Reader, rawStdout, rawStde
 	if errors.As(err, &ee) {
 		return ee.code
 	}
-	if migrations.IsNotMigrated(err) && !strings.Contains(err.Error(), "annals migrate") {
-		// Found on the error path only: the happy path pays no check.
-		fmt.Fprintf(stderr, "annals: schema %q is missing or not migrated: 'annals migrate' creates it (%s)\n", e.schema, oneLine(err))
+	if migrations.IsNotMigrated(err) {
+		// Found on the error path only: the happy path pays no check. One
+		// message for every command, however the library or the command
+		// wrapped PostgreSQL's error (some wraps already suggest a
+		// migration; the user sees the suggestion once), with PostgreSQL's
+		// own words on what is missing.
+		fmt.Fprintf(stderr, "annals: schema %q is missing or not migrated: 'annals migrate' creates it (%s)\n", e.schema, oneLine(pgCause(err)))
 		return ExitFailure
 	}
 	fmt.Fprintf(stderr, "annals: %s\n", oneLine(err))
@@ -108,6 +113,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, rawStdout, rawStde
 		return ExitNotFound
 	}
 	return ExitFailure
+}
+
+// pgCause is the PostgreSQL error in err's chain, or err without one.
+func pgCause(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr
+	}
+	return err
 }
 
 // exitError ends the process with a code and no message (for `dev -- CMD`,

@@ -332,8 +332,10 @@ func TestExitCodes(t *testing.T) {
 		}
 	})
 
-	// A schema that was never migrated says so and names the fix, whatever
-	// the command touches first (a function: 3F000, a table: 42P01).
+	// A schema that was never migrated says so and names the fix, once,
+	// in the same words for every command, whatever the command touches
+	// first (a function: 3F000, a table: 42P01) and however the library
+	// wrapped the error.
 	t.Run("NotMigrated", func(t *testing.T) {
 		for _, args := range [][]string{
 			{"append", "s", "t", `{}`},
@@ -341,10 +343,22 @@ func TestExitCodes(t *testing.T) {
 			{"read", "s"},
 			{"tail"},
 			{"checkpoint", "get", "x"},
+			{"status"},
+			{"dlq", "list"},
+			{"dlq", "show", "1"},
+			{"dlq", "retry", "1"},
+			{"dlq", "purge", "--older-than", "1h"},
+			{"schedule", "list"},
+			{"schedule", "pause", "x"},
+			{"stream", "info", "s"},
+			{"forget", "x", "--yes"},
+			{"verify"},
+			{"archive", "status"},
 		} {
 			r := annals(t, db.URL, append(args, "--schema", "never_migrated")...)
-			want := `annals: schema "never_migrated" is missing or not migrated: 'annals migrate' creates it (`
-			if r.code != ExitFailure || !strings.HasPrefix(r.stderr, want) || strings.Count(r.stderr, "\n") != 1 {
+			want := `annals: schema "never_migrated" is missing or not migrated: 'annals migrate' creates it (ERROR: `
+			if r.code != ExitFailure || !strings.HasPrefix(r.stderr, want) || strings.Count(r.stderr, "\n") != 1 ||
+				strings.Count(r.stderr, "annals migrate") != 1 {
 				t.Errorf("annals %q: %+v", args, r)
 			}
 		}

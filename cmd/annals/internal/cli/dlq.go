@@ -12,7 +12,6 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -347,10 +346,6 @@ func (e *env) withDeadLetters(ctx context.Context, fn func(*pgxpool.Pool, *deadl
 		return err
 	}
 	err = fn(pool, store)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return errors.Wrapf(err, "schema %q lacks the dead-letter tables (run 'annals migrate')", e.schema)
-	}
 	if errors.Is(err, deadletter.ErrInvalid) {
 		return usageError{err}
 	}

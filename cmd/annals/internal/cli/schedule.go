@@ -10,7 +10,6 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -152,12 +151,7 @@ func (e *env) withScheduler(ctx context.Context, fn func(s *scheduler.Scheduler,
 	if err != nil {
 		return err
 	}
-	err = fn(s, pool)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return errors.Wrapf(err, "schema %q lacks the scheduler tables (run 'annals migrate')", e.schema)
-	}
-	return err
+	return fn(s, pool)
 }
 
 // offsetClock is the wall clock shifted by an offset (to the database's).

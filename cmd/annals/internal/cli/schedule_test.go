@@ -112,7 +112,7 @@ func TestScheduleList(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q; want usage error (2)", args, r.code, r.stderr)
 		}
 	}
-	if r := annals(t, db.URL, "--schema", "elsewhere", "schedule", "list"); r.code != ExitFailure || !strings.Contains(r.stderr, `schema "elsewhere" lacks the scheduler tables`) {
+	if r := annals(t, db.URL, "--schema", "elsewhere", "schedule", "list"); r.code != ExitFailure || !strings.Contains(r.stderr, `schema "elsewhere" is missing or not migrated`) {
 		t.Errorf("unmigrated schema: %+v", r)
 	}
 	if r := annals(t, "", "schedule", "list"); r.code != ExitUsage || !strings.Contains(r.stderr, "no database") {

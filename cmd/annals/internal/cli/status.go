@@ -12,7 +12,6 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -80,11 +79,7 @@ dropped; see docs/operations.md.`,
 			defer pool.Close()
 			st, err := loadStatus(cmd.Context(), pool, q, staleAfter)
 			if err != nil {
-				var pgErr *pgconn.PgError
-				if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-					return errors.Wrapf(err, "schema %q lacks the subscription tables (run 'annals migrate')", e.schema)
-				}
-				return err
+				return err // an unmigrated schema is reported by run, as for every command
 			}
 			st.Schema = e.schema
 			if *format == outputJSON {
