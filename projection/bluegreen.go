@@ -184,12 +184,19 @@ func (w deadLetterWait) err(name string, gen int) error {
 
 // String says what the wait is and what resolves it.
 func (w deadLetterWait) String() string {
-	s := fmt.Sprintf("%d unresolved dead letters (the first at position %d", w.n, w.first)
+	s := fmt.Sprintf("%d unresolved dead letter%s (the first at position %d", w.n, plural(w.n), w.first)
 	if w.released > 0 {
 		s += fmt.Sprintf("; %d released, waiting for re-delivery", w.released)
 	}
 	return s + fmt.Sprintf("): the cut-over waits until they are resolved: annals dlq list --subscriber '%s', "+
 		"then annals dlq retry (re-deliver) or annals dlq skip (do without them)", w.sub)
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
 }
 
 // unresolved reads the unresolved dead letters of subscriber sub.

@@ -113,8 +113,8 @@ func (c *commands) generationsCommand() *cobra.Command {
 				fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", g.Generation, g.Version, g.State, g.Schema, g.Subscriber,
 					stamp(g.LiveSince), stamp(g.RetiredAt), cut, g.Unresolved)
 				if g.State == projection.GenerationBuilding && g.Unresolved > 0 {
-					waits = append(waits, fmt.Sprintf("generation %d: the cut-over waits for its %d unresolved dead letters "+
-						"(its read model lacks their events): annals dlq list --subscriber '%s', then annals dlq retry "+
+					waits = append(waits, fmt.Sprintf("generation %d: the cut-over waits for its unresolved dead letters (%d; "+
+						"its read model lacks their events): annals dlq list --subscriber '%s', then annals dlq retry "+
 						"(re-deliver) or annals dlq skip (do without them)", g.Generation, g.Unresolved, g.Subscriber))
 				}
 			}
