@@ -3,11 +3,13 @@ package cli
 import (
 	"encoding/json"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/scheduler"
 )
 
@@ -91,5 +93,58 @@ func TestActionsOutputJSON(t *testing.T) {
 	run(&c, "schedule", "cancel", timer.String())
 	if c.Action != "cancelled" || c.Timer != timer.String() {
 		t.Errorf("schedule cancel: %+v", c)
+	}
+}
+
+// TestSetupOutputJSON: migrate (applying) and grant say what they did in
+// JSON too, with the keys their --help lists (migrate refused --output
+// without --status; grant had no --output).
+func TestSetupOutputJSON(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	all, err := migrations.All(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const schema = "setup_json"
+	run := func(v any, args ...string) {
+		t.Helper()
+		r := annals(t, db.URL, append(args, "--schema", schema, "--output", "json")...)
+		dec := json.NewDecoder(strings.NewReader(r.stdout))
+		dec.DisallowUnknownFields()
+		if r.code != 0 || dec.Decode(v) != nil {
+			t.Fatalf("annals %v --output json: %+v", args, r)
+		}
+	}
+
+	var first, again MigrateJSON
+	run(&first, "migrate")
+	if first.Schema != schema || len(first.Applied) != len(all) || first.Applied[0] != (AppliedMigrationJSON{Version: all[0].Version, Name: all[0].Name}) ||
+		first.Applied[len(all)-1].Version != all[len(all)-1].Version {
+		t.Errorf("migrate of a new schema: %+v", first)
+	}
+	run(&again, "migrate")
+	if again.Schema != schema || again.Applied == nil || len(again.Applied) != 0 {
+		t.Errorf("migrate of an up-to-date schema: %+v; want applied []", again)
+	}
+
+	role, _ := loginRole(t, db, "json")
+	var g GrantJSON
+	run(&g, "grant", "writer", role)
+	if g.Role != role || g.Kind != "writer" || g.Schema != schema || g.Statements < 1 {
+		t.Errorf("grant: %+v", g)
+	}
+
+	// --help lists the keys.
+	for _, c := range []struct {
+		args []string
+		keys string
+	}{
+		{[]string{"migrate", "--help"}, `{"schema", "applied": [{"version", "name"}]}`},
+		{[]string{"grant", "--help"}, `{"role", "kind", "schema", "statements"}`},
+	} {
+		if r := annals(t, "", c.args...); r.code != 0 || !strings.Contains(strings.Join(strings.Fields(r.stdout), " "), c.keys) {
+			t.Errorf("annals %q does not list %s: %+v", c.args, c.keys, r)
+		}
 	}
 }

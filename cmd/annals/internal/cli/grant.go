@@ -12,6 +12,7 @@ import (
 
 func (e *env) grantCommand() *cobra.Command {
 	var print bool
+	var format *string
 	cmd := &cobra.Command{
 		Use:   "grant writer|reader|runner|operator ROLE",
 		Short: "Give an existing role what one job needs in the annals schema",
@@ -24,7 +25,8 @@ func (e *env) grantCommand() *cobra.Command {
             annals table: dlq, checkpoint set, schedule, status, verify, rebuilds
 No role gets INSERT, UPDATE, DELETE or TRUNCATE on events or streams. Run it as the
 schema's owner (the role that ran 'annals migrate'); the role must exist (CREATE ROLE).
---print writes the SQL instead of running it.`,
+--print writes the SQL instead of running it. --output json writes what was granted as
+{"role", "kind", "schema", "statements"} (statements: how many ran).`,
 		Example: `  annals grant writer orders_app
   annals grant runner orders_worker --schema orders
   annals grant operator oncall --print`,
@@ -33,6 +35,9 @@ schema's owner (the role that ran 'annals migrate'); the role must exist (CREATE
 			kind, err := migrations.ParseRoleKind(args[0])
 			if err != nil {
 				return usageError{err}
+			}
+			if print && *format != outputText {
+				return usagef("--output %s cannot be combined with --print, which writes SQL", *format)
 			}
 			role := args[1]
 			// Checked here: migrations reports it as an invalid role kind.
@@ -68,10 +73,23 @@ schema's owner (the role that ran 'annals migrate'); the role must exist (CREATE
 			if err := migrations.Grant(cmd.Context(), pool, role, kind, cfg); err != nil {
 				return err
 			}
+			if *format == outputJSON {
+				return writeJSON(e.stdout, GrantJSON{Role: role, Kind: kind.String(), Schema: e.schema, Statements: len(stmts)})
+			}
 			_, err = fmt.Fprintf(e.stdout, "granted %s to %s (%d statements)\n", kind, role, len(stmts))
 			return err
 		},
 	}
 	cmd.Flags().BoolVar(&print, "print", false, "print the SQL instead of running it")
+	format = addOutputFlag(cmd, false, outputText, outputJSON)
 	return cmd
+}
+
+// GrantJSON is what `annals grant --output json` prints: the role, the
+// kind of job it was granted, the schema and how many statements ran.
+type GrantJSON struct {
+	Role       string `json:"role"`
+	Kind       string `json:"kind"`
+	Schema     string `json:"schema"`
+	Statements int    `json:"statements"`
 }

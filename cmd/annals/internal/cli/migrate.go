@@ -19,16 +19,21 @@ func (e *env) migrateCommand() *cobra.Command {
 --print writes the whole schema as SQL instead, for goose, golang-migrate or atlas.
 --status lists the migrations and whether each is applied; with --output json as one
 array, with --output jsonl one object a line: {"version", "name", "applied",
-"applied_at"} (applied_at null when pending). The schema version this binary migrates
-to is in 'annals version'.`,
+"applied_at"} (applied_at null when pending). Applying, --output json writes one object
+when it is done: {"schema", "applied": [{"version", "name"}]} (applied empty when the
+schema was up to date). The schema version this binary migrates to is in 'annals
+version'.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg := &migrations.Config{Schema: e.schema}
 			if print && status {
 				return usagef("--print and --status cannot be combined")
 			}
-			if *format != outputText && !status {
-				return usagef("--output %s needs --status", *format)
+			if print && *format != outputText {
+				return usagef("--output %s cannot be combined with --print, which writes SQL", *format)
+			}
+			if *format == outputJSONL && !status {
+				return usagef("--output jsonl needs --status (applying writes one object: use --output json)")
 			}
 			if print {
 				if err := e.validSchema(); err != nil {
@@ -72,6 +77,16 @@ to is in 'annals version'.`,
 				return nil
 			}
 			done, err := migrations.Up(cmd.Context(), pool, cfg)
+			if *format == outputJSON {
+				if err != nil {
+					return err // what was applied before is in 'migrate --status'
+				}
+				out := MigrateJSON{Schema: e.schema, Applied: make([]AppliedMigrationJSON, len(done))}
+				for i, m := range done {
+					out.Applied[i] = AppliedMigrationJSON{Version: m.Version, Name: m.Name}
+				}
+				return writeJSON(e.stdout, out)
+			}
 			for _, m := range done {
 				fmt.Fprintf(e.stdout, "applied %04d_%s\n", m.Version, m.Name)
 			}
@@ -88,6 +103,19 @@ to is in 'annals version'.`,
 	cmd.Flags().BoolVar(&status, "status", false, "list migrations and whether each is applied")
 	format = addOutputFlag(cmd, false, outputText, outputJSON, outputJSONL)
 	return cmd
+}
+
+// MigrateJSON is what `annals migrate --output json` prints once the
+// schema is up to date: the migrations this run applied, in order.
+type MigrateJSON struct {
+	Schema  string                 `json:"schema"`
+	Applied []AppliedMigrationJSON `json:"applied"`
+}
+
+// AppliedMigrationJSON is one migration a `annals migrate` run applied.
+type AppliedMigrationJSON struct {
+	Version int    `json:"version"`
+	Name    string `json:"name"`
 }
 
 // MigrationJSON is one migration in `annals migrate --status --output json`.

@@ -175,10 +175,20 @@ func TestOutput(t *testing.T) {
 		}
 	})
 
-	t.Run("MigrateOutputNeedsStatus", func(t *testing.T) {
+	// Applying writes one object (TestSetupOutputJSON): not JSON lines;
+	// --print writes SQL.
+	t.Run("MigrateOutputJSONLNeedsStatus", func(t *testing.T) {
 		t.Parallel()
-		if r := annals(t, db.URL, "migrate", "--output", "json"); r.code != ExitUsage || !strings.Contains(r.stderr, "needs --status") {
-			t.Errorf("migrate --output json: %+v", r)
+		if r := annals(t, db.URL, "migrate", "--output", "jsonl"); r.code != ExitUsage || !strings.Contains(r.stderr, "needs --status") {
+			t.Errorf("migrate --output jsonl: %+v", r)
+		}
+		for _, args := range [][]string{
+			{"migrate", "--print", "--output", "json"},
+			{"grant", "writer", "app", "--print", "--output", "json"},
+		} {
+			if r := annals(t, db.URL, args...); r.code != ExitUsage || !strings.Contains(r.stderr, "cannot be combined with --print") {
+				t.Errorf("annals %q: %+v", args, r)
+			}
 		}
 	})
 
