@@ -86,3 +86,27 @@ SELECT partitions FROM {{.Schema}}.subscriber_layouts WHERE subscriber_id = $1;
 -- time and database role (as for the console's actions).
 INSERT INTO {{.Schema}}.audit_log (actor, action, target, detail)
 VALUES ($1, $2, $3, $4);
+
+-- name: LockStates
+-- Which of the two-int4 advisory keys in the arrays $1 (k1) and $2 (k2) a
+-- session holds (exclusively: a partition's leader), and that session's
+-- backend pid: the 1-based positions of the held ones. pg_locks is live,
+-- not part of status's snapshot, and readable by every role.
+SELECT k.i, l.pid
+  FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS k(k1, k2, i)
+  JOIN pg_locks l
+    ON l.locktype = 'advisory' AND l.objsubid = 2 AND l.mode = 'ExclusiveLock' AND l.granted
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.classid = (k.k1::int8 & 4294967295)::oid AND l.objid = (k.k2::int8 & 4294967295)::oid;
+
+-- name: CanReadGenerations
+-- Whether the role may read read_model_generations (a reader may not).
+-- $1: the schema's name.
+SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'read_model_generations')), 'SELECT'), false);
+
+-- name: Generations
+-- The blue/green generations of read models that are not dropped, by
+-- subscriber.
+SELECT g.subscriber, g.projection, g.generation, g.state
+  FROM {{.Schema}}.read_model_generations g
+ WHERE g.state <> 'dropped';

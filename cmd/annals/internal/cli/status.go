@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/walsource"
 )
 
@@ -42,22 +44,31 @@ leave holes in the positions). Lag in seconds is the age of the oldest event aft
 checkpoint, 0 when caught up. An instance is stale when its last heartbeat is older
 than --stale-after (live runners delete rows older than their InstanceExpiry,
 by default 10 heartbeats); the leader of a partition is a live instance that lists it among
-those it leads, else the checkpoint's last owner is shown with "(no live leader)".
-All ages use the database server's clock.
+those it leads, else the checkpoint's last owner is shown with "(no live leader)". The
+partition's advisory lock, read live, has the last word: an instance whose heartbeat is
+fresh but whose lock is free (killed a moment ago) is shown as "(none: X's lock is free)",
+and a session that holds the lock without an instance listing it (a rebuild, a relay,
+'annals tail --subscriber') as "(lock held by backend PID)". A generation of a blue/green
+read model is named as such, with its state (building, live, retired); a retired one is
+not run, so it gets no STOPPED line or dead-letter advice. All ages use the database
+server's clock.
 
 --output json writes one object:
   {"schema", "head", "checked_at", "stale_after_seconds",
    "subscribers": [{"subscriber", "partition", "position", "head", "lag_events",
                     "lag_events_exact", "lag_seconds", "epoch", "owner", "leader",
                     "leader_epoch", "updated_at", "stopped_reason", "stopped_at",
-                    "dead_letters"}],
+                    "dead_letters", "lock_held", "lock_pid",
+                    "generation": {"read_model", "generation", "state"}}],
    "instances":   [{"instance_id", "host", "pid", "started_at", "last_heartbeat",
                     "heartbeat_age_seconds", "live", "leads"}],
    "replication_slots": [{"slot", "database", "active", "active_pid",
                     "confirmed_flush_lsn", "retained_bytes", "wal_status"}]}
 owner, leader and leader_epoch are null when unknown; stopped_reason and stopped_at are
 null unless the Stop policy halted the partition; dead_letters counts its unresolved (open
-or released) dead letters; leads is the instance's list of {"subscriber", "partition",
+or released) dead letters; lock_pid is null when the lock is free; generation is null
+unless the subscriber is a blue/green generation (and for a role that may not read
+read_model_generations); leads is the instance's list of {"subscriber", "partition",
 "epoch"} as stored; the arrays are [] when empty.
 
 Replication slots (package walsource: a runner or relay woken from the WAL) are listed
@@ -77,7 +88,7 @@ dropped; see docs/operations.md.`,
 				return err
 			}
 			defer pool.Close()
-			st, err := loadStatus(cmd.Context(), pool, q, staleAfter)
+			st, err := loadStatus(cmd.Context(), pool, q, e.schema, staleAfter)
 			if err != nil {
 				return err // an unmigrated schema is reported by run, as for every command
 			}
@@ -145,6 +156,25 @@ type SubscriberStatus struct {
 	StoppedAt     *time.Time `json:"stopped_at"`
 	// DeadLetters counts its unresolved dead letters (open or released).
 	DeadLetters int64 `json:"dead_letters"`
+	// LockHeld reports whether a session holds the partition's advisory
+	// lock, as a leader does (read live from pg_locks: a process killed a
+	// moment ago still has a fresh heartbeat, but its lock is free);
+	// LockPID is that session's backend pid (null: free).
+	LockHeld bool   `json:"lock_held"`
+	LockPID  *int32 `json:"lock_pid"`
+	// Generation is set when the subscriber is a generation of a blue/green
+	// read model (null otherwise, and for a role that may not read
+	// read_model_generations).
+	Generation *GenerationStatus `json:"generation"`
+}
+
+// GenerationStatus says which blue/green generation a subscriber runs.
+type GenerationStatus struct {
+	// ReadModel is the projection's name, Generation its number.
+	ReadModel  string `json:"read_model"`
+	Generation int    `json:"generation"`
+	// State is building, live or retired.
+	State string `json:"state"`
 }
 
 // InstanceStatus is one runner instance in StatusJSON.
@@ -162,8 +192,62 @@ type InstanceStatus struct {
 	Leads json.RawMessage `json:"leads"`
 }
 
+// readLocksAndGenerations fills in the subscribers' lock holders and
+// blue/green generations.
+func readLocksAndGenerations(ctx context.Context, tx pgx.Tx, q map[string]string, schema string, subs []SubscriberStatus) error {
+	if len(subs) > 0 {
+		k1, k2 := make([]int32, len(subs)), make([]int32, len(subs))
+		for i, s := range subs {
+			k1[i], k2[i] = lockkey.Pair(catchup.LockKey(schema, s.Subscriber, s.Partition))
+		}
+		rows, err := tx.Query(ctx, q["LockStates"], k1, k2)
+		if err != nil {
+			return errors.Wrap(err, "status: read the advisory locks")
+		}
+		var (
+			i   int
+			pid int32
+		)
+		_, err = pgx.ForEachRow(rows, []any{&i, &pid}, func() error {
+			if i >= 1 && i <= len(subs) {
+				p := pid
+				subs[i-1].LockHeld, subs[i-1].LockPID = true, &p
+			}
+			return nil
+		})
+		if err != nil {
+			return errors.Wrap(err, "status: read the advisory locks")
+		}
+	}
+	var can bool
+	if err := tx.QueryRow(ctx, q["CanReadGenerations"], schema).Scan(&can); err != nil || !can {
+		return errors.Wrap(err, "status: read the blue/green generations")
+	}
+	rows, err := tx.Query(ctx, q["Generations"])
+	if err != nil {
+		return errors.Wrap(err, "status: read the blue/green generations")
+	}
+	gens := map[string]*GenerationStatus{}
+	var (
+		sub string
+		g   GenerationStatus
+	)
+	_, err = pgx.ForEachRow(rows, []any{&sub, &g.ReadModel, &g.Generation, &g.State}, func() error {
+		c := g
+		gens[sub] = &c
+		return nil
+	})
+	if err != nil {
+		return errors.Wrap(err, "status: read the blue/green generations")
+	}
+	for i := range subs {
+		subs[i].Generation = gens[subs[i].Subscriber]
+	}
+	return nil
+}
+
 // loadStatus reads the status in one snapshot.
-func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, staleAfter time.Duration) (*StatusJSON, error) {
+func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, schema string, staleAfter time.Duration) (*StatusJSON, error) {
 	st := &StatusJSON{
 		StaleAfterSeconds: staleAfter.Seconds(),
 		Subscribers:       []SubscriberStatus{},
@@ -195,6 +279,9 @@ func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, st
 		})
 		if err != nil {
 			return errors.Wrap(err, "status: read the checkpoints")
+		}
+		if err := readLocksAndGenerations(ctx, tx, q, schema, st.Subscribers); err != nil {
+			return err
 		}
 		rows, err = tx.Query(ctx, q["Instances"], stale)
 		if err != nil {
@@ -238,8 +325,23 @@ func writeStatusTable(w io.Writer, st *StatusJSON) error {
 				lag, formatSeconds(s.LagSeconds), s.Epoch, leaderText(s))
 		}
 	}
+	seen := map[string]bool{}
 	for _, s := range st.Subscribers {
-		if s.StoppedReason != nil {
+		if g := s.Generation; g != nil && !seen[s.Subscriber] {
+			seen[s.Subscriber] = true
+			what := map[string]string{
+				"live":     "serves the readers",
+				"building": "being built; readers get it at the cut-over",
+				"retired":  "retired by a cut-over, kept for a rollback until it is dropped: nothing runs it, so its lag means nothing",
+			}[g.State]
+			if what == "" {
+				what = g.State
+			}
+			fmt.Fprintf(tw, "%s is generation %d of blue/green read model %s: %s\n", s.Subscriber, g.Generation, g.ReadModel, what)
+		}
+	}
+	for _, s := range st.Subscribers {
+		if s.StoppedReason != nil && !retired(s) {
 			since := ""
 			if s.StoppedAt != nil {
 				since = " since " + s.StoppedAt.UTC().Format("2006-01-02 15:04:05Z")
@@ -248,7 +350,7 @@ func writeStatusTable(w io.Writer, st *StatusJSON) error {
 		}
 	}
 	for _, s := range st.Subscribers {
-		if s.DeadLetters > 0 {
+		if s.DeadLetters > 0 && !retired(s) {
 			fmt.Fprintf(tw, "%s/%d has %d unresolved dead letter(s): annals dlq list --subscriber %s\n", s.Subscriber, s.Partition, s.DeadLetters, s.Subscriber)
 		}
 	}
@@ -273,18 +375,33 @@ func writeStatusTable(w io.Writer, st *StatusJSON) error {
 
 const timeLayout = "2006-01-02 15:04:05Z"
 
+// retired reports a subscriber that is a retired blue/green generation.
+func retired(s SubscriberStatus) bool { return s.Generation != nil && s.Generation.State == "retired" }
+
 // leaderText is the LEADER column: the live leader, its epoch when it is not
-// the checkpoint's, or the last owner when no live instance leads.
+// the checkpoint's, or the last owner when no live instance leads. A
+// partition's advisory lock says who really leads: an instance whose
+// heartbeat is still fresh but whose lock is free (killed a moment ago)
+// does not, and a session holding the lock leads even when no instance
+// lists the partition (a rebuild, annals tail --subscriber, a relay).
 func leaderText(s SubscriberStatus) string {
 	switch {
+	case retired(s) && !s.LockHeld:
+		return "(retired: none)"
+	case !s.LockHeld && s.Leader != nil:
+		return fmt.Sprintf("(none: %s's lock is free)", *s.Leader)
+	case !s.LockHeld && s.Owner != nil && *s.Owner != "":
+		return *s.Owner + " (no live leader)"
+	case !s.LockHeld:
+		return "(no live leader)"
 	case s.Leader != nil && s.LeaderEpoch != nil && *s.LeaderEpoch != s.Epoch:
 		return fmt.Sprintf("%s (at epoch %d)", *s.Leader, *s.LeaderEpoch)
 	case s.Leader != nil:
 		return *s.Leader
 	case s.Owner != nil && *s.Owner != "":
-		return *s.Owner + " (no live leader)"
+		return fmt.Sprintf("%s (lock held by backend %d)", *s.Owner, *s.LockPID)
 	}
-	return "(no live leader)"
+	return fmt.Sprintf("(lock held by backend %d)", *s.LockPID)
 }
 
 // leadsText is the LEADS column: subscriber/partition, comma-separated, or

@@ -15,7 +15,9 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/walsource"
 )
 
@@ -88,6 +90,26 @@ func TestStatus(t *testing.T) {
 	sqlExec(t, db, `INSERT INTO annals.instances (instance_id, host, pid, last_heartbeat, leads) VALUES
 		('inst-live',  'host-a', 101, now(), '[{"subscriber": "projector", "partition": 0, "epoch": 3}, {"subscriber": "projector", "partition": 1, "epoch": 2}]'),
 		('inst-stale', 'host-b', 202, now() - interval '5 minutes', '[{"subscriber": "mailer", "partition": 0, "epoch": 1}]')`)
+
+	// Leaders hold their partition's advisory lock; status checks it.
+	lockConn, err := db.Pool.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lockConn.Release()
+	lockPartition := func(sub string, part int, lock bool) {
+		t.Helper()
+		k1, k2 := lockkey.Pair(catchup.LockKey("annals", sub, part))
+		fn := "pg_advisory_lock"
+		if !lock {
+			fn = "pg_advisory_unlock"
+		}
+		if _, err := lockConn.Exec(t.Context(), "SELECT "+fn+"($1::int4, $2::int4)", k1, k2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lockPartition("projector", 0, true)
+	lockPartition("projector", 1, true)
 
 	t.Run("Table", func(t *testing.T) {
 		r := annals(t, db.URL, "status")
@@ -178,6 +200,60 @@ func TestStatus(t *testing.T) {
 		if l := tableLine(t, r.stdout, "projector", "1"); l != "projector 1 6 6 0 0s 3 inst-live (at epoch 2)" {
 			t.Errorf("projector/1 after set: %q", l)
 		}
+	})
+
+	t.Run("LockSaysWhoLeads", func(t *testing.T) {
+		// projector/1's leader was killed a moment ago: its heartbeat is
+		// fresh, its lock free. A session holds mailer/0's lock with no
+		// live instance listing it (a rebuild, a tail --subscriber).
+		lockPartition("projector", 1, false)
+		lockPartition("mailer", 0, true)
+		defer lockPartition("mailer", 0, false)
+		defer lockPartition("projector", 1, true)
+		r := annals(t, db.URL, "status")
+		if l := tableLine(t, r.stdout, "projector", "1"); !strings.HasSuffix(l, " (none: inst-live's lock is free)") {
+			t.Errorf("projector/1 with its lock free: %q", l)
+		}
+		if l := tableLine(t, r.stdout, "mailer", "0"); !regexp.MustCompile(` inst-stale \(lock held by backend [0-9]+\)$`).MatchString(l) {
+			t.Errorf("mailer/0 with its lock held: %q", l)
+		}
+		st := statusJSON(t, db.URL)
+		for _, s := range st.Subscribers {
+			want := s.Subscriber != "projector" || s.Partition != 1
+			if s.LockHeld != want || (s.LockPID != nil) != want {
+				t.Errorf("%s/%d: lock_held %v, lock_pid %v; want held %v", s.Subscriber, s.Partition, s.LockHeld, s.LockPID, want)
+			}
+		}
+	})
+
+	t.Run("BlueGreenGenerations", func(t *testing.T) {
+		// A retired generation keeps its checkpoint (for a rollback) and the
+		// cut-over's stop, but nothing runs it: no STOPPED advice for it.
+		sqlExec(t, db, `INSERT INTO annals.read_model_generations (projection, generation, version, schema_name, reader_schema, subscriber, state, created_by)
+			VALUES ('bgm', 1, 1, 'rm_bgm_g1', 'public', 'bgm#g1', 'retired', 'test'),
+			       ('bgm', 2, 2, 'rm_bgm_g2', 'public', 'bgm#g2', 'live', 'test')`)
+		sqlExec(t, db, `INSERT INTO annals.checkpoints (subscriber_id, partition, position, epoch, owner, stopped_reason, stopped_at) VALUES
+			('bgm#g1', 0, 2, 1, 'inst-old', 'annals: generation 1 retired by the cut-over to generation 2', now()),
+			('bgm#g2', 0, 6, 1, 'inst-live', NULL, NULL)`)
+		r := annals(t, db.URL, "status")
+		if r.code != 0 || strings.Contains(r.stdout, "STOPPED bgm#g1") ||
+			!strings.Contains(r.stdout, "bgm#g1 is generation 1 of blue/green read model bgm: retired") ||
+			!strings.Contains(r.stdout, "bgm#g2 is generation 2 of blue/green read model bgm: serves the readers") {
+			t.Errorf("status with blue/green generations: %+v", r)
+		}
+		if l := tableLine(t, r.stdout, "bgm#g1", "0"); !strings.HasSuffix(l, " (retired: none)") {
+			t.Errorf("bgm#g1/0: %q", l)
+		}
+		st := statusJSON(t, db.URL)
+		for _, s := range st.Subscribers {
+			if strings.HasPrefix(s.Subscriber, "bgm#") != (s.Generation != nil) {
+				t.Errorf("%s: generation %+v", s.Subscriber, s.Generation)
+			}
+			if s.Subscriber == "bgm#g1" && (s.Generation.ReadModel != "bgm" || s.Generation.Generation != 1 || s.Generation.State != "retired") {
+				t.Errorf("bgm#g1: generation %+v", s.Generation)
+			}
+		}
+		sqlExec(t, db, `DELETE FROM annals.checkpoints WHERE subscriber_id LIKE 'bgm#%'`)
 	})
 
 	t.Run("BadInput", func(t *testing.T) {
@@ -470,7 +546,7 @@ func TestStatusHelpListsJSONKeys(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("status --help: %+v", r)
 	}
-	for _, v := range []any{StatusJSON{}, SubscriberStatus{}, InstanceStatus{}, walsource.SlotStatus{}} {
+	for _, v := range []any{StatusJSON{}, SubscriberStatus{}, GenerationStatus{}, InstanceStatus{}, walsource.SlotStatus{}} {
 		typ := reflect.TypeOf(v)
 		for i := range typ.NumField() {
 			key, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
