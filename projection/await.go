@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -83,6 +84,7 @@ func Await(ctx context.Context, pool *pgxpool.Pool, name string, position int64,
 // concurrent use.
 type Awaiter struct {
 	pool    *pgxpool.Pool
+	schema  string
 	channel string
 	poll    time.Duration
 	q       map[string]string
@@ -96,6 +98,10 @@ type Awaiter struct {
 	done    chan struct{}
 	ready   chan struct{} // closed once the listener's first LISTEN is in place
 	closed  bool
+	// generations is 1 when the role may read read_model_generations, -1
+	// when it may not (a writer or reader awaiting its own writes: only
+	// runners may), 0 until checked.
+	generations atomic.Int32
 }
 
 type awaitKey struct {
@@ -127,7 +133,7 @@ func NewAwaiter(pool *pgxpool.Pool, opts *AwaitOptions) (*Awaiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Awaiter{pool: pool, channel: schemaname.CheckpointChannel(schema), poll: o.PollInterval, q: q,
+	return &Awaiter{pool: pool, schema: schema, channel: schemaname.CheckpointChannel(schema), poll: o.PollInterval, q: q,
 		seen: map[awaitKey]int64{}, wake: make(chan struct{})}, nil
 }
 
@@ -163,14 +169,18 @@ func (a *Awaiter) Await(ctx context.Context, name string, position int64) error 
 // For a blue/green projection (Options.BlueGreen) it waits for the live
 // generation (its subscriber <name>#g<N>), the one readers see. A cut-over
 // or rollback during the wait is followed at the next poll: from then on
-// it waits for the generation that became live.
+// it waits for the generation that became live. An Awaiter whose role may
+// not read read_model_generations (a writer or reader: only runners may)
+// waits for name's own checkpoints.
 func (a *Awaiter) AwaitPartitions(ctx context.Context, name string, partitions int, position int64) error {
-	return a.await(ctx, name, func(int) int { return partitions }, position)
+	return a.await(ctx, name, true, func(int) int { return partitions }, position)
 }
 
 // await is AwaitPartitions with the partition count of each generation
-// version (0: not blue/green) given by partitions.
-func (a *Awaiter) await(ctx context.Context, name string, partitions func(version int) int, position int64) error {
+// version (0: not blue/green) given by partitions; blueGreen says whether
+// name may be a blue/green projection (false: it is known not to be, and no
+// generation is looked up).
+func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, partitions func(version int) int, position int64) error {
 	if name == "" {
 		return errors.New("projection: Await: empty projection name")
 	}
@@ -183,7 +193,7 @@ func (a *Awaiter) await(ctx context.Context, name string, partitions func(versio
 	wake, ready := a.join()
 	defer a.leave()
 	// sub is the subscriber waited for: name, or its live generation's.
-	sub, version, err := a.live(ctx, name)
+	sub, version, err := a.live(ctx, name, blueGreen)
 	if err != nil {
 		return a.failed(ctx, name, position, -1, err)
 	}
@@ -208,7 +218,7 @@ func (a *Awaiter) await(ctx context.Context, name string, partitions func(versio
 			if polls++; polls > 1 {
 				// A cut-over (or rollback) moves readers to another
 				// generation: wait for that one from now on.
-				s, v, err := a.live(ctx, name)
+				s, v, err := a.live(ctx, name, blueGreen)
 				if err != nil {
 					return a.failed(ctx, sub, position, part, err)
 				}
@@ -247,7 +257,27 @@ func (a *Awaiter) await(ctx context.Context, name string, partitions func(versio
 
 // live returns the subscriber of the live generation of name and its
 // version, or name and 0 when name has no generations (not blue/green).
-func (a *Awaiter) live(ctx context.Context, name string) (string, int, error) {
+func (a *Awaiter) live(ctx context.Context, name string, blueGreen bool) (string, int, error) {
+	if !blueGreen {
+		return name, 0, nil
+	}
+	switch a.generations.Load() {
+	case -1:
+		return name, 0, nil
+	case 0:
+		// Checked once per Awaiter: a role that may not read the table
+		// would have every Await fail, and it cannot run a blue/green
+		// projection (only runners may) but may await an ordinary one.
+		var can bool
+		if err := a.pool.QueryRow(ctx, a.q["AwaitCanReadGenerations"], a.schema).Scan(&can); err != nil {
+			return "", 0, errors.Wrap(err, "projection: Await: may the role read the generations")
+		}
+		if !can {
+			a.generations.Store(-1)
+			return name, 0, nil
+		}
+		a.generations.Store(1)
+	}
 	var sub string
 	var version int
 	err := a.pool.QueryRow(ctx, a.q["AwaitLive"], name).Scan(&sub, &version)
@@ -457,7 +487,7 @@ func (r *Runner) Await(ctx context.Context, name string, position int64) error {
 		return err
 	}
 	parts := max(reg.opts.Partitions, 1)
-	return a.await(ctx, name, func(version int) int {
+	return a.await(ctx, name, reg.bg != nil, func(version int) int {
 		if version == 0 || (reg.bg != nil && version == reg.bg.cfg.Version) {
 			return parts
 		}

@@ -34,3 +34,8 @@ SELECT c.partition, c.position,
 SELECT subscriber, version
   FROM {{.Schema}}.read_model_generations
  WHERE projection = $1 AND state = 'live';
+
+-- name: AwaitCanReadGenerations
+-- Whether the role may read read_model_generations (runners may; writers
+-- and readers, who await ordinary projections, may not). $1: the schema.
+SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'read_model_generations')), 'SELECT'), false);

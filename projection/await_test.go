@@ -2,14 +2,17 @@ package projection_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/projection"
 )
 
@@ -212,4 +215,57 @@ func listeners(t *testing.T, b *bundle) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// A writer awaits its own appends (read-your-writes) through an Awaiter on
+// its own pool: its role may not read read_model_generations (only runners
+// may), so the Awaiter does not look for blue/green generations. Every
+// Await of such a role failed with "permission denied" once Await began
+// looking them up.
+func TestAwaitAsAWriter(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runBalances(t, b, 1)
+	ctx := t.Context()
+	role := fmt.Sprintf("annals_await_writer_%d", time.Now().UnixNano())
+	if _, err := b.db.Pool.Exec(ctx, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD 'pw-await'", role)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, s := range []string{"DROP OWNED BY " + role, "DROP ROLE " + role} {
+			if _, err := b.db.Pool.Exec(context.Background(), s); err != nil {
+				t.Errorf("%s: %v", s, err)
+			}
+		}
+	})
+	if err := migrations.Grant(ctx, b.db.Pool, role, migrations.Writer, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, "pw-await"
+	writer, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close()
+	a, err := projection.NewAwaiter(writer, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	for i := range 3 {
+		pos := deposit(t, b, "acct-w", 1)
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err := a.Await(wctx, "balances", pos)
+		cancel()
+		if err != nil {
+			t.Fatalf("await %d as a writer: %v", i, err)
+		}
+	}
+	if got := readBalances(t, b)["acct-w"]; got != 3 {
+		t.Fatalf("acct-w at %d after the awaits", got)
+	}
 }
