@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/user"
+	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
@@ -42,11 +43,34 @@ func (e *env) auditActor() string {
 	return truncate("cli:"+name, 200)
 }
 
+// truncate cuts s to at most n bytes, at a character boundary (a cut in
+// the middle of one would be refused by PostgreSQL as invalid UTF-8).
 func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
+	if len(s) <= n {
+		return s
 	}
-	return s
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// mayAudit fails unless the role may write the audit log: checked before an
+// action that commits on its own (the scheduler's), so that a role that
+// could make the change but not record it changes nothing.
+func (e *env) mayAudit(ctx context.Context, pool *pgxpool.Pool) error {
+	q, err := e.queries()
+	if err != nil {
+		return err
+	}
+	var can bool
+	if err := pool.QueryRow(ctx, q["CanAudit"], e.schema).Scan(&can); err != nil {
+		return errors.Wrap(err, "audit: may the role write the audit log")
+	}
+	if !can {
+		return errors.New("the role may not record the action in the audit log ('annals grant operator' gives it that right): nothing was changed")
+	}
+	return nil
 }
 
 // audit records one entry on db (the action's transaction, or the pool).

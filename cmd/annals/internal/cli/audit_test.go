@@ -101,6 +101,24 @@ func TestCLIActionsAudited(t *testing.T) {
 		t.Fatalf("refused retry changed dead letter 1: %s (%v)", status, err)
 	}
 
+	// Nor pause a task: it could change the task, but not record it.
+	if r := annals(t, runnerURL, "schedule", "pause", "nightly"); r.code != ExitFailure || !strings.Contains(r.stderr, "annals grant operator") {
+		t.Fatalf("schedule pause as a runner: %+v", r)
+	}
+	var paused bool
+	if err := db.Pool.QueryRow(ctx, `SELECT paused FROM annals.cron_tasks WHERE name = 'nightly'`).Scan(&paused); err != nil || paused {
+		t.Fatalf("refused pause paused the task: %v (%v)", paused, err)
+	}
+	// A long actor is cut at a character boundary (a cut inside é was
+	// refused as invalid UTF-8, and the action with it).
+	if r := annalsAs(t, db.URL, strings.Repeat("a", 199)+"é", "checkpoint", "set", "other", "0", "--create", "--yes"); r.code != 0 {
+		t.Fatalf("checkpoint set with a long actor: %+v", r)
+	}
+	sqlExec(t, db, `DELETE FROM annals.checkpoints WHERE subscriber_id = 'other'`)
+	if rows := auditRows(t, db); len(rows) != 1 || rows[0].Actor != strings.Repeat("a", 199) {
+		t.Fatalf("audit of the long actor: %+v", rows)
+	}
+
 	for _, args := range [][]string{
 		{"dlq", "retry", "1"},
 		{"dlq", "skip", "2"},
@@ -119,7 +137,7 @@ func TestCLIActionsAudited(t *testing.T) {
 	if r := annals(t, db.URL, "schedule", "cancel", "0191d6a4-0000-7000-8000-0000000000aa"); r.code != ExitNotFound {
 		t.Fatalf("schedule cancel of an unknown timer: %+v", r)
 	}
-	rows := auditRows(t, db)
+	rows := auditRows(t, db)[1:] // after the long actor's
 	want := []struct{ action, target string }{
 		{"dlq.retry", "dead_letters 1"},
 		{"dlq.skip", "dead_letters 2"},

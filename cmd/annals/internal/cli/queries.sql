@@ -110,3 +110,7 @@ SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'read_
 SELECT g.subscriber, g.projection, g.generation, g.state
   FROM {{.Schema}}.read_model_generations g
  WHERE g.state <> 'dropped';
+
+-- name: CanAudit
+-- Whether the role may write the audit log. $1: the schema's name.
+SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'audit_log')), 'INSERT'), false);

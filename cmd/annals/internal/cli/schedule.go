@@ -198,6 +198,9 @@ from the code first.`
 				return usagef("the task name is empty")
 			}
 			err := e.withScheduler(cmd.Context(), func(s *scheduler.Scheduler, pool *pgxpool.Pool) error {
+				if err := e.mayAudit(cmd.Context(), pool); err != nil {
+					return err
+				}
 				var err error
 				switch verb {
 				case "pause":
