@@ -34,5 +34,10 @@ func (m *marked) Is(target error) bool {
 // Format prints the marked error as it prints itself (%+v keeps its stack).
 func (m *marked) Format(s fmt.State, verb rune) { errors.FormatError(m, s, verb) }
 
-// FormatError implements errors.Formatter: nothing of its own to print.
-func (m *marked) FormatError(p errors.Printer) error { return m.err }
+// FormatError implements errors.Formatter: with %+v it names the mark.
+func (m *marked) FormatError(p errors.Printer) error {
+	if p.Detail() {
+		p.Printf("marked as: %v", m.mark)
+	}
+	return m.err
+}

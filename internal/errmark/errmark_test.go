@@ -29,7 +29,7 @@ func TestMark(t *testing.T) {
 	if err.Error() != "outer: context: the cause" {
 		t.Fatalf("message %q", err.Error())
 	}
-	if v := fmt.Sprintf("%+v", err); !strings.Contains(v, "the cause") || !strings.Contains(v, "errmark_test.go") {
+	if v := fmt.Sprintf("%+v", err); !strings.Contains(v, "the cause") || !strings.Contains(v, "errmark_test.go") || !strings.Contains(v, "marked as: sentinel") {
 		t.Fatalf("%%+v lost the cause or its stack:\n%s", v)
 	}
 	if errmark.Mark(nil, sentinel) != nil {
