@@ -765,6 +765,12 @@ func (rb *rebuild) settle(ctx context.Context, g *generations, gen Generation, s
 	leases []*catchup.Lease, head int64, interval time.Duration) error {
 	var logged time.Time
 	lastN := -1
+	// stoppedClear counts the rounds in a row that found a partition
+	// stopped but no dead letter: an operator's retry or skip between the
+	// drive and the look resumes the partition, and the next drive finds it
+	// running; only a stop that outlasts a second round is not a dead
+	// letter's.
+	stoppedClear := 0
 	for {
 		driven := rb.driveAll(ctx, subs, leases, head)
 		if driven != nil && !errors.Is(driven, catchup.ErrStopped) {
@@ -776,13 +782,18 @@ func (rb *rebuild) settle(ctx context.Context, g *generations, gen Generation, s
 		}
 		if w.n == 0 {
 			if driven != nil {
+				if stoppedClear++; stoppedClear < 2 {
+					continue
+				}
 				return driven // stopped, and not by a dead letter of its own
 			}
 			if rb.wait("") {
 				rb.log.InfoContext(ctx, "annals: blue/green rebuild: the dead letters are resolved; cutting over")
+				rb.report(false)
 			}
 			return nil
 		}
+		stoppedClear = 0
 		rb.wait(w.String())
 		if w.n != lastN || time.Since(logged) >= time.Minute {
 			lastN, logged = w.n, time.Now()

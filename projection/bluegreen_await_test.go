@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/projection"
 )
 
@@ -45,6 +48,20 @@ func TestBlueGreenAwait(t *testing.T) {
 		t.Fatal(err)
 	}
 	head = headOf(t, db)
+	// Who listens for checkpoint moves: v2's Awaiter, once it waits. The
+	// Awaiters used above let their connections go when their waiters
+	// have left; wait until they have, so that the listener seen next is
+	// v2's.
+	listeners := func() int {
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query = $1 AND pid <> pg_backend_pid()`,
+			"LISTEN "+pgx.Identifier{schemaname.CheckpointChannel(db.Schema)}.Sanitize()).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	annalstest.WaitFor(t, 30*time.Second, func() bool { return listeners() == 0 })
 	waited := make(chan error, 1)
 	v2 := bgRunner(t, db, "v2", 2, true)
 	go func() {
@@ -52,14 +69,7 @@ func TestBlueGreenAwait(t *testing.T) {
 		defer cancel()
 		waited <- v2.Await(wctx, bgName, head)
 	}()
-	annalstest.WaitFor(t, 10*time.Second, func() bool {
-		var n int
-		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n > 0
-	})
+	annalstest.WaitFor(t, 10*time.Second, func() bool { return listeners() > 0 })
 	select {
 	case err := <-waited:
 		t.Fatalf("Await returned %v before any generation reached %d", err, head)

@@ -255,8 +255,11 @@ func TestScavenge(t *testing.T) {
 		if !errors.Is(errA, context.Canceled) || pa.Done || pa.Steps < 2 {
 			t.Fatalf("stopped run: %+v %v", pa, errA)
 		}
+		// The stopped run's last progress may lag its last committed step
+		// by one (a step commits while the cancellation is being noticed),
+		// so the resumed run made at least one step more.
 		pb, err := b.RunOnce(ctx)
-		if err != nil || pb.RunID != pa.RunID || !pb.Done || pb.Steps != pa.Steps+1 || pb.Removed != f.removed {
+		if err != nil || pb.RunID != pa.RunID || !pb.Done || pb.Steps < pa.Steps+1 || pb.Steps > pa.Steps+2 || pb.Removed != f.removed {
 			t.Fatalf("resumed run %+v %v (stopped at %+v)", pb, err, pa)
 		}
 		f.check(t)
