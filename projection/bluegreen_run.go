@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -142,6 +143,28 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 		if x.Version == bg.cfg.Version && (x.State == GenerationBuilding || x.State == GenerationLive) {
 			want[x.Subscriber] = x
 		}
+	}
+	if key := "idle:" + reg.name; len(want) == 0 && time.Since(lastLog[key]) >= time.Minute {
+		// This process runs nothing of the read model: say so, and why (an
+		// operator rolling out a new version may not know that instances of
+		// the old one must keep running meanwhile).
+		lastLog[key] = time.Now()
+		why := "no generation of this version is live or being built"
+		if l := live(gens); l != nil {
+			switch {
+			case l.Version < bg.cfg.Version && !bg.cfg.AutoRebuild:
+				why = fmt.Sprintf("the live generation is version %d, and BlueGreen.AutoRebuild is off: nothing builds version %d until "+
+					"Runner.RebuildBlueGreen (projections rebuild %s) runs; instances of version %d must serve it meanwhile",
+					l.Version, bg.cfg.Version, reg.name, l.Version)
+			case l.Version < bg.cfg.Version:
+				why = fmt.Sprintf("version %d was built and rolled back, and is not rebuilt by itself; the live generation is version %d",
+					bg.cfg.Version, l.Version)
+			case l.Version > bg.cfg.Version:
+				why = fmt.Sprintf("the live generation is version %d, newer than this runner's", l.Version)
+			}
+		}
+		r.cfg.Logger.WarnContext(ctx, "annals: this runner runs no generation of the blue/green read model",
+			slog.String("projection", reg.name), slog.Int("version", bg.cfg.Version), slog.String("why", why))
 	}
 	for sub, x := range runs {
 		if _, ok := want[sub]; ok {

@@ -8,6 +8,7 @@ package projection_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sort"
 	"strconv"
@@ -641,4 +642,36 @@ func TestBlueGreenBadInput(t *testing.T) {
 		t.Fatalf("Rollback after the old generation was dropped: %v", err)
 	}
 	readerSees(t, db, log, 2)
+}
+
+// A runner of a newer version without AutoRebuild runs nothing of the read
+// model; it says so, and why, instead of nothing at all (an operator rolling
+// out version 2 must keep version 1 running, or build version 2).
+func TestBlueGreenIdleRunnerSaysWhy(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	if err := bgRunner(t, db, "v1", 1, false).RunUntilCaughtUp(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	r, err := projection.NewRunner(db.Pool, &projection.Config{
+		InstanceID: "v2", PollInterval: 100 * time.Millisecond, ShutdownTimeout: 5 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(statsProjection(2), &projection.Options{BlueGreen: &projection.BlueGreen{
+		Version: 2, CheckInterval: 100 * time.Millisecond,
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	bgRunInBackground(t, r)
+	annalstest.WaitFor(t, 30*time.Second, func() bool {
+		return strings.Contains(logs.String(), "runs no generation of the blue/green read model")
+	})
+	if l := logs.String(); !strings.Contains(l, "the live generation is version 1, and BlueGreen.AutoRebuild is off") ||
+		!strings.Contains(l, "level=WARN") {
+		t.Fatalf("the idle runner's log:\n%s", l)
+	}
 }
