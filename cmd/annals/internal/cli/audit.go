@@ -63,11 +63,11 @@ func (e *env) mayAudit(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
-	var can bool
+	var can *bool
 	if err := pool.QueryRow(ctx, q["CanAudit"], e.schema).Scan(&can); err != nil {
 		return errors.Wrap(err, "audit: may the role write the audit log")
 	}
-	if !can {
+	if can != nil && !*can {
 		return errors.New("the role may not record the action in the audit log ('annals grant operator' gives it that right): nothing was changed")
 	}
 	return nil

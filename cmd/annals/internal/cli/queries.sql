@@ -112,5 +112,7 @@ SELECT g.subscriber, g.projection, g.generation, g.state
  WHERE g.state <> 'dropped';
 
 -- name: CanAudit
--- Whether the role may write the audit log. $1: the schema's name.
-SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'audit_log')), 'INSERT'), false);
+-- Whether the role may write the audit log: NULL when there is none (the
+-- schema is not migrated: the action's own statements say so). $1: the
+-- schema's name.
+SELECT has_table_privilege(to_regclass(format('%I.%I', $1::text, 'audit_log')), 'INSERT');
