@@ -82,6 +82,18 @@ committed batch. Asks for confirmation unless --yes; without a terminal, --yes i
 			last := p.last
 			fmt.Fprintf(cmd.OutOrStdout(), "rebuilt %q: %d events through position %d in %s (%.0f events/s)\n",
 				name, last.Done, last.Head, last.Elapsed.Round(time.Millisecond), last.Rate)
+			// The replay's failures went to the dead-letter table: a read
+			// model rebuilt without them lacks their events, so say so.
+			if parts, _, err := c.load(cmd.Context(), []projection.SubscriberInfo{s}); err == nil && len(parts) == 1 {
+				var dl int64
+				for _, ps := range parts[0] {
+					dl += ps.deadLetters
+				}
+				if dl > 0 {
+					fmt.Fprintf(cmd.OutOrStdout(), "%q has %d unresolved dead letter(s): its read model lacks their events until "+
+						"'annals dlq retry' (or 'annals dlq skip'); see 'annals dlq list --subscriber %s'\n", name, dl, name)
+				}
+			}
 			return nil
 		},
 	}
