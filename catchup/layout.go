@@ -25,9 +25,10 @@ var ErrPartitionLayout = errors.New("catchup: the subscriber's partition layout 
 // whose checkpoints were written for other events, so some would be skipped
 // and others delivered again. A subscriber none of whose checkpoints ever
 // moved past 0 takes a new layout (nothing was processed under the old
-// one). Otherwise, to change the layout, run the projection under a new
-// name (a new subscriber, which starts from the beginning of the log) and
-// retire the old one.
+// one, and no rebuild owns its checkpoints). Otherwise, to change the
+// layout: a projection's rebuild with projection.RebuildOptions.NewLayout,
+// a blue/green read model's new BlueGreen.Version, or the subscriber under
+// a new name (which starts from the beginning of the log).
 type PartitionLayoutError struct {
 	// Subscriber is the subscriber's name.
 	Subscriber string
@@ -50,7 +51,9 @@ type PartitionLayoutError struct {
 
 // Error implements error.
 func (e *PartitionLayoutError) Error() string {
-	const why = "changing a subscriber's partition count or key skips or repeats events: run it as before, or the new layout under a new subscriber name"
+	const why = "changing a subscriber's partition count or key skips or repeats events: run it as before, " +
+		"or rebuild the projection with the new layout (RebuildOptions.NewLayout, projections rebuild --new-layout), " +
+		"or run the new layout under a new subscriber name"
 	switch {
 	case e.RecordedPartitions > 0:
 		return fmt.Sprintf("catchup: subscriber %q was run with %s; asked for %s now; %s",

@@ -222,9 +222,13 @@ SELECT set_config('synchronous_commit', 'off', true)
 -- highest checkpointed partition. Returns whether it inserted or replaced,
 -- the layout recorded before (NULL when none is visible), the highest
 -- checkpointed partition (NULL: none), the number of checkpoints, and
--- whether any moved past 0.
+-- whether any moved past 0. A rebuild (a checkpoint owned by "rebuild:…",
+-- projection.RebuildOwnerPrefix) sets checkpoints back to 0 while its
+-- layout stands: that counts as moved, or an instance of another layout
+-- still running would take the layout from under the rebuild.
 WITH cp AS (
-    SELECT max(c.partition) AS highest, count(*) AS n, coalesce(bool_or(c.position > 0), false) AS moved
+    SELECT max(c.partition) AS highest, count(*) AS n,
+           coalesce(bool_or(c.position > 0 OR starts_with(coalesce(c.owner, ''), 'rebuild:')), false) AS moved
       FROM {{.Schema}}.checkpoints c WHERE c.subscriber_id = $1),
 ins AS (
     INSERT INTO {{.Schema}}.subscriber_layouts AS l (subscriber_id, partitions, partition_by)

@@ -2,6 +2,9 @@ package projection_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,6 +63,116 @@ func TestRunnerRefusesAnotherPartitionLayout(t *testing.T) {
 		t.Log(err)
 	}
 	if err := runner(2, catchup.PartitionByStream).RunUntilCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A rebuild with NewLayout changes a projection's partition count in place:
+// the old layout's runner, still running and leading while events keep
+// coming, is fenced and refused from then on; the new layout's runner takes
+// over after the rebuild; every event is applied exactly once. Without
+// NewLayout the rebuild is refused, with nothing changed.
+func TestRebuildChangesTheLayout(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+	resettable := func() *projection.Typed {
+		p := balances(b.reg)
+		p.OnReset(func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `DELETE FROM balances`)
+			return err
+		})
+		return p
+	}
+	runner := func(id string, parts int) *projection.Runner {
+		r, err := projection.NewRunner(b.db.Pool, &projection.Config{InstanceID: id, PollInterval: 50 * time.Millisecond,
+			LockRetryInterval: 100 * time.Millisecond, RetryBackoff: 50 * time.Millisecond, ShutdownTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Register(resettable(), &projection.Options{Partitions: parts}); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	want := appendN(t, b, 200, 7)
+	oldCtx, stopOld := context.WithCancel(ctx)
+	oldDone := make(chan error, 1)
+	old := runner("old", 2)
+	go func() { oldDone <- old.Run(oldCtx) }()
+	defer stopOld()
+	// The old layout has processed events: its layout is fixed.
+	if head, err := b.store.Head(ctx); err != nil {
+		t.Fatal(err)
+	} else if err := old.Await(ctx, "balances", head); err != nil {
+		t.Fatal(err)
+	}
+
+	// Events keep coming throughout.
+	var stop atomic.Bool
+	stopWriter := func() { stop.Store(true) }
+	var mu sync.Mutex
+	written := make(chan error, 1)
+	go func() {
+		for i := 0; !stop.Load(); i++ {
+			s := fmt.Sprintf("acct-%d", i%7)
+			if _, err := b.store.Append(ctx, s, eventstore.Any, eventstore.NewEvent(Deposited{Amount: 1})); err != nil {
+				written <- err
+				return
+			}
+			mu.Lock()
+			want[s]++
+			mu.Unlock()
+			time.Sleep(2 * time.Millisecond) // the writer's pace, not a wait for a condition
+		}
+		written <- nil
+	}()
+
+	nr := runner("new", 3)
+	if err := nr.Rebuild(ctx, "balances", nil); !errors.Is(err, catchup.ErrPartitionLayout) {
+		t.Fatalf("Rebuild with another layout: %v, want ErrPartitionLayout", err)
+	}
+	if err := nr.Rebuild(ctx, "balances", &projection.RebuildOptions{NewLayout: true, LockTimeout: 30 * time.Second}); err != nil {
+		t.Fatalf("Rebuild with NewLayout: %v", err)
+	}
+	newCtx, stopNew := context.WithCancel(ctx)
+	newDone := make(chan error, 1)
+	go func() { newDone <- nr.Run(newCtx) }()
+	defer stopNew()
+	// The old layout's runner cannot lead any more; its Run goes on
+	// standing by (refused) until it is stopped, which the operator does.
+	stopWriter()
+	if err := <-written; err != nil {
+		t.Fatal(err)
+	}
+	stopOld()
+	<-oldDone
+	mu.Lock()
+	defer mu.Unlock()
+	// Every partition catches up (Await waits for one stream's partition).
+	annalstest.WaitFor(t, 60*time.Second, func() bool {
+		got := readBalances(t, b)
+		for s, w := range want {
+			if got[s] < w {
+				return false
+			}
+		}
+		return true
+	})
+	got := readBalances(t, b)
+	for s, w := range want {
+		if got[s] != w {
+			t.Errorf("%s: %d, want %d (each event once)", s, got[s], w)
+		}
+	}
+	var parts int
+	var by string
+	if err := b.db.Pool.QueryRow(ctx, `SELECT partitions, partition_by FROM `+pgx.Identifier{b.db.Schema}.Sanitize()+
+		`.subscriber_layouts WHERE subscriber_id = 'balances'`).Scan(&parts, &by); err != nil || parts != 3 {
+		t.Fatalf("recorded layout %d by %q (%v), want 3", parts, by, err)
+	}
+	stopNew()
+	if err := <-newDone; err != nil {
 		t.Fatal(err)
 	}
 }

@@ -63,6 +63,18 @@ type RebuildOptions struct {
 	// OnProgress is called after each committed batch and once at the end
 	// (with Done == Total). Defaults to nothing.
 	OnProgress func(RebuildProgress)
+	// NewLayout lets the rebuild change the subscriber's partition layout
+	// (count and key) to the registered one (Options.Partitions,
+	// PartitionBy), which the subscriber's recorded layout otherwise
+	// refuses (catchup.ErrPartitionLayout). Before it takes the partitions
+	// over, in one transaction, it empties the read model (Reset), sets
+	// every checkpoint of the subscriber back to 0 with a new epoch (the
+	// old layout's leaders are fenced, and cannot claim again: claims check
+	// the layout) and records the new layout; then it rebuilds as usual.
+	// Checkpoints of partitions the new count lacks stay, at 0. Instances
+	// still running the old layout stand by, refused; deploy the new one.
+	// Without a layout change it does nothing more than a rebuild.
+	NewLayout bool
 }
 
 // RebuildProgress is how far a rebuild has come.
@@ -318,6 +330,11 @@ func (rb *rebuild) run(ctx context.Context) (err error) {
 	if err := rb.refuseConcurrent(ctx); err != nil {
 		return err
 	}
+	if rb.opts.NewLayout {
+		if err := rb.relayout(ctx); err != nil {
+			return err
+		}
+	}
 	leases, err := rb.takeOver(ctx)
 	defer func() {
 		for _, l := range leases {
@@ -449,6 +466,42 @@ func (rb *rebuild) takeOver(ctx context.Context) ([]*catchup.Lease, error) {
 		return got, errors.Wrapf(err, "projection: rebuild %q: take the subscriber's locks", rb.reg.name)
 	}
 	return leases, nil
+}
+
+// relayout records the registered layout when the subscriber's recorded
+// one differs (see RebuildOptions.NewLayout): in one transaction it empties
+// the read model, fences every checkpoint of the subscriber back to 0 and
+// replaces the layout. Nothing changes when the layouts agree.
+func (rb *rebuild) relayout(ctx context.Context) error {
+	err := rb.engine.CheckLayout(ctx, rb.subs[0])
+	var refused *catchup.PartitionLayoutError
+	if err == nil || !errors.As(err, &refused) {
+		return err
+	}
+	name := rb.reg.name
+	rb.log.InfoContext(ctx, "annals: rebuild: changing the partition layout",
+		slog.Int("from_partitions", refused.RecordedPartitions), slog.String("from_key", refused.RecordedPartitionBy),
+		slog.Int("to_partitions", refused.Partitions), slog.String("to_key", refused.PartitionBy))
+	err = pgx.BeginFunc(ctx, rb.r.pool, func(tx pgx.Tx) error {
+		if err := rb.setupBeforeReset(ctx, tx); err != nil {
+			return err
+		}
+		if err := safely(func() error { return rb.res.Reset(ctx, tx) }); err != nil {
+			return errors.Wrap(err, "Reset")
+		}
+		if _, err := tx.Exec(ctx, rb.q["SupersedeDeadLetters"], name); err != nil {
+			return errors.Wrap(err, "settle the dead letters")
+		}
+		if _, err := tx.Exec(ctx, rb.q["ForgetFailures"], name); err != nil {
+			return errors.Wrap(err, "forget the failed attempts")
+		}
+		if _, err := tx.Exec(ctx, rb.q["FenceAllCheckpoints"], name, RebuildOwnerPrefix+rb.r.cfg.InstanceID); err != nil {
+			return errors.Wrap(err, "set every checkpoint to 0")
+		}
+		_, err := tx.Exec(ctx, rb.q["ReplaceLayout"], name, refused.Partitions, refused.PartitionBy)
+		return errors.Wrap(err, "record the new layout")
+	})
+	return errors.Wrapf(err, "projection: rebuild %q: change the partition layout (nothing changed)", name)
 }
 
 // count returns the number of events to replay per partition.

@@ -38,3 +38,24 @@ SELECT CASE WHEN $3::int <= 1 THEN 0 ELSE {{.Schema}}.stream_partition(
 -- the reset's transaction, after the rebuild fenced every earlier leader (a
 -- fenced leader records no more attempts).
 DELETE FROM {{.Schema}}.failures WHERE subscriber_id = $1;
+
+-- name: FenceAllCheckpoints
+-- A rebuild that changes the subscriber's partition layout: every
+-- checkpoint of subscriber $1, whatever its partition, back to 0 with a new
+-- epoch (fencing the old layout's leaders: their batches in flight cannot
+-- commit), owned by the rebuild ($2: so that no instance of another layout
+-- replaces the layout meanwhile, see catchup's RecordLayout) and no stop. Runs in the transaction that empties the read model
+-- and records the new layout.
+UPDATE {{.Schema}}.checkpoints
+   SET position = 0, epoch = epoch + 1, owner = $2, stopped_reason = NULL, stopped_at = NULL,
+       updated_at = clock_timestamp()
+ WHERE subscriber_id = $1;
+
+-- name: ReplaceLayout
+-- Records $2 partitions by $3 as subscriber $1's layout (in the transaction
+-- above, which set every checkpoint to 0): from its commit on, only claims
+-- of the new layout succeed.
+INSERT INTO {{.Schema}}.subscriber_layouts AS l (subscriber_id, partitions, partition_by)
+VALUES ($1, $2, $3)
+ON CONFLICT (subscriber_id) DO UPDATE
+   SET partitions = excluded.partitions, partition_by = excluded.partition_by, recorded_at = clock_timestamp();

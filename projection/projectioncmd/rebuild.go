@@ -22,6 +22,7 @@ func (c *commands) rebuildCommand() *cobra.Command {
 	var yes bool
 	var batch int
 	var lockTimeout time.Duration
+	var newLayout bool
 	cmd := &cobra.Command{
 		Use:   "rebuild NAME",
 		Short: "Clear a projection's read model and replay the log into it, while the service runs",
@@ -32,9 +33,16 @@ take over afterwards, processing what was appended during the rebuild.
 
 The projection's checkpoints are set to 0 and its read model reset in one transaction; if
 the rebuild is interrupted, a running instance continues the replay from the last
-committed batch. Asks for confirmation unless --yes; without a terminal, --yes is required.`,
+committed batch. Asks for confirmation unless --yes; without a terminal, --yes is required.
+
+A projection whose partition count or key changed (Options.Partitions, PartitionBy) is
+refused with its recorded layout, unless --new-layout: the rebuild then records the
+registered layout, fencing every instance of the old one (they are refused from then on:
+deploy the new one). A blue/green read model takes a new layout with a new
+BlueGreen.Version instead.`,
 		Example: `  myservice projections rebuild balances
-  myservice projections rebuild balances --yes --batch-size 10000`,
+  myservice projections rebuild balances --yes --batch-size 10000
+  myservice projections rebuild balances --yes --new-layout   # after changing Partitions`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
@@ -73,7 +81,7 @@ committed batch. Asks for confirmation unless --yes; without a terminal, --yes i
 			}
 			p := c.newProgress(cmd.ErrOrStderr())
 			err = c.runner.Rebuild(cmd.Context(), name, &projection.RebuildOptions{
-				BatchSize: batch, LockTimeout: lockTimeout, OnProgress: p.update,
+				BatchSize: batch, LockTimeout: lockTimeout, OnProgress: p.update, NewLayout: newLayout,
 			})
 			p.end()
 			if err != nil {
@@ -100,6 +108,7 @@ committed batch. Asks for confirmation unless --yes; without a terminal, --yes i
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation (required without a terminal)")
 	cmd.Flags().IntVar(&batch, "batch-size", 5000, "events replayed and committed per transaction")
 	cmd.Flags().DurationVar(&lockTimeout, "lock-timeout", time.Minute, "how long to wait for the live instances to stand aside")
+	cmd.Flags().BoolVar(&newLayout, "new-layout", false, "adopt the registered partition count and key (the old layout's instances are fenced and refused)")
 	return cmd
 }
 
