@@ -432,6 +432,9 @@ func (c *Client) Run(ctx context.Context) error {
 	c.mu.Lock()
 	r := c.run
 	c.mu.Unlock()
+	if r == nil {
+		return nil // stopped by a concurrent Stop already
+	}
 	select {
 	case <-ctx.Done():
 	case <-r.done: // the runner could not start
