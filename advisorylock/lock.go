@@ -17,6 +17,7 @@ import (
 	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 //go:embed queries.sql
@@ -403,7 +404,7 @@ func (l *Lock) endTurn() {
 	if l.Err() != nil && !l.conn.IsClosed() {
 		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 		if err := l.conn.Close(ctx); err != nil {
-			l.logger.Debug("advisorylock: close after loss", slog.String("key", l.key), slog.Any("err", err))
+			l.logger.Debug("advisorylock: close after loss", slog.String("key", l.key), telemetry.Err(err))
 		}
 		cancel()
 	}
@@ -414,7 +415,7 @@ func (l *Lock) endTurn() {
 func (l *Lock) markLost(cause error) {
 	err := errors.Wrapf(errmark.Mark(cause, ErrLost), "advisorylock: key %q: %s", l.key, ErrLost)
 	if l.setDone(err) {
-		l.logger.Warn("advisorylock: lock lost", slog.String("key", l.key), slog.Uint64("pid", uint64(l.pid)), slog.Any("err", cause))
+		l.logger.Warn("advisorylock: lock lost", slog.String("key", l.key), slog.Uint64("pid", uint64(l.pid)), telemetry.Err(cause))
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // Snapshotter is implemented by aggregates that encode their own snapshot
@@ -62,7 +64,7 @@ func (r *Repository[A]) loadSnapshot(ctx context.Context, tx pgx.Tx, id, stream 
 	}
 	if ctx.Err() == nil {
 		r.cfg.Logger.WarnContext(ctx, "annals: snapshot unusable; replaying the stream",
-			slog.String("aggregate", r.typ), slog.String("stream", stream), slog.Any("error", err))
+			slog.String("aggregate", r.typ), slog.String("stream", stream), telemetry.Err(err))
 	}
 	return zero, false, nil
 }
@@ -87,6 +89,6 @@ func (r *Repository[A]) saveSnapshot(ctx context.Context, a A, stream string) {
 	}
 	if err != nil {
 		r.cfg.Logger.WarnContext(ctx, "annals: writing a snapshot failed; the save stands",
-			slog.String("aggregate", r.typ), slog.String("stream", stream), slog.Int64("version", b.version), slog.Any("error", err))
+			slog.String("aggregate", r.typ), slog.String("stream", stream), slog.Int64("version", b.version), telemetry.Err(err))
 	}
 }

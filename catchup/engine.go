@@ -24,6 +24,7 @@ import (
 	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 //go:embed queries.sql
@@ -526,7 +527,7 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 		}
 		if err != nil {
 			if ctx.Err() == nil {
-				log.WarnContext(ctx, "annals: cannot take the subscription lock", slog.Any("error", err))
+				log.WarnContext(ctx, "annals: cannot take the subscription lock", telemetry.Err(err))
 				sleep(ctx, jitter(backoff))
 				backoff = min(backoff*2, max(maxReconnectBackoff, e.cfg.RetryBackoff))
 			}
@@ -563,7 +564,7 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 			log.InfoContext(ctx, "annals: handed over", slog.Int64("epoch", lease.Epoch))
 			continue
 		}
-		log.WarnContext(ctx, "annals: stopped leading", slog.Int64("epoch", lease.Epoch), slog.Any("error", err))
+		log.WarnContext(ctx, "annals: stopped leading", slog.Int64("epoch", lease.Epoch), telemetry.Err(err))
 		sleep(ctx, jitter(e.cfg.RetryBackoff))
 	}
 	return nil
@@ -750,7 +751,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			if isFatal(err) {
 				return err
 			}
-			e.cfg.Logger.WarnContext(ctx, "annals: flushing the checkpoint failed", slog.String("subscriber", sub.Name), slog.Any("error", err))
+			e.cfg.Logger.WarnContext(ctx, "annals: flushing the checkpoint failed", slog.String("subscriber", sub.Name), telemetry.Err(err))
 		}
 		d := e.cfg.PollInterval
 		if e.cfg.ReadPool != nil {
@@ -813,7 +814,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			if isFatal(err) {
 				return err
 			}
-			e.cfg.Logger.WarnContext(ctx, "annals: read failed", slog.String("subscriber", sub.Name), slog.Any("error", err))
+			e.cfg.Logger.WarnContext(ctx, "annals: read failed", slog.String("subscriber", sub.Name), telemetry.Err(err))
 			if !live {
 				return err
 			}
@@ -835,7 +836,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 					return err
 				}
 				e.cfg.Logger.WarnContext(ctx, "annals: re-delivering dead letters failed",
-					slog.String("subscriber", sub.Name), slog.Int("partition", sub.Partition), slog.Any("error", err))
+					slog.String("subscriber", sub.Name), slog.Int("partition", sub.Partition), telemetry.Err(err))
 				if err := e.wait(ctx, lost, nil, e.cfg.RetryBackoff); err != nil {
 					return err
 				}
@@ -917,7 +918,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			}
 			e.cfg.Logger.WarnContext(ctx, "annals: batch failed; retrying",
 				slog.String("subscriber", sub.Name), slog.Int("partition", sub.Partition),
-				slog.Int64("after", cursor), slog.Any("error", err))
+				slog.Int64("after", cursor), telemetry.Err(err))
 			if err := e.wait(ctx, lost, nil, e.cfg.RetryBackoff); err != nil {
 				return err
 			}
@@ -949,9 +950,18 @@ const aheadQuick = 50 * time.Millisecond
 // aheadBatches is how many batches of batchSize a read ahead asks for.
 func aheadBatches(batchSize int) int { return max(1, aheadEvents/batchSize) }
 
-// isFatal reports errors that end a leadership: fencing and a lost lock.
+// ErrEndLeadership, matched by an error a Processor returns, ends the
+// leadership as fencing does (the engine stands by and claims again, from
+// the checkpoint, after RetryBackoff), without claiming that another leader
+// took over: for a processor that cannot go on from where the engine's
+// cursor is (the relay, after a publish failed).
+var ErrEndLeadership = errors.New("catchup: the processor ended its leadership")
+
+// isFatal reports errors that end a leadership: fencing, a lost lock, and
+// a processor's ErrEndLeadership.
 func isFatal(err error) bool {
-	return errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, advisorylock.ErrLost) || errors.Is(err, advisorylock.ErrReleased)
+	return errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, advisorylock.ErrLost) || errors.Is(err, advisorylock.ErrReleased) ||
+		errors.Is(err, ErrEndLeadership)
 }
 
 // wait returns after d, on a signal, or with an error when the lock is lost;

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // Listener holds the process's one LISTEN connection and fans wake-up
@@ -123,7 +124,7 @@ func (l *Listener) Run(ctx context.Context) error {
 			return nil
 		}
 		l.logger.WarnContext(ctx, "annals: listener connection lost; reconnecting",
-			slog.String("channel", l.channel), slog.Any("error", err), slog.Duration("backoff", backoff))
+			slog.String("channel", l.channel), telemetry.Err(err), slog.Duration("backoff", backoff))
 		// Subscriptions fall back to polling meanwhile; wake them to re-read now.
 		l.broadcast()
 		d := backoff/2 + rand.N(backoff/2+1)

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // DefaultLockRetryInterval is the default Config.LockRetryInterval: how
@@ -358,7 +358,7 @@ func (s *sessions) poll(stopped chan struct{}) {
 			continue // look at the state again: it may have changed while dialling
 		}
 		if err := s.cycle(ctx, sb, st); err != nil {
-			log.Warn("annals: lock session failed; reconnecting", slog.Any("error", err))
+			log.Warn("annals: lock session failed; reconnecting", telemetry.Err(err))
 			s.lost(err)
 			closeSession()
 			s.sleep(jitter(backoff))
@@ -367,7 +367,7 @@ func (s *sessions) poll(stopped chan struct{}) {
 		}
 		backoff = s.e.cfg.RetryBackoff
 		if _, err := sb.Wait(ctx, pollJitter(s.e.cfg.LockRetryInterval)); err != nil {
-			log.Warn("annals: lock session lost; reconnecting", slog.Any("error", err))
+			log.Warn("annals: lock session lost; reconnecting", telemetry.Err(err))
 			s.lost(err)
 			closeSession()
 		}

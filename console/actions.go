@@ -16,6 +16,7 @@ import (
 
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/deadletter"
+	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/scheduler"
 )
 
@@ -71,7 +72,7 @@ func (c *Console) actionError(w http.ResponseWriter, r *http.Request, err error)
 	case errors.Is(err, deadletter.ErrInvalid), errors.Is(err, scheduler.ErrInvalidTask):
 		c.fail(w, r, http.StatusBadRequest, err.Error()+": nothing was changed.")
 	default:
-		c.cfg.Logger.Error("console: action", "path", r.URL.Path, "err", err)
+		c.cfg.Logger.Error("console: action", "path", r.URL.Path, telemetry.Err(err))
 		c.fail(w, r, http.StatusInternalServerError, "The action failed and was rolled back: "+err.Error())
 	}
 }

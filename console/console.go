@@ -18,6 +18,7 @@ import (
 	"github.com/annals-dev/annals/deadletter"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/scheduler"
 )
 
@@ -208,7 +209,7 @@ func (c *Console) canOperate(ctx context.Context) bool {
 	}
 	var ok bool
 	if err := c.pool.QueryRow(ctx, c.q["CanOperate"], c.cfg.Schema).Scan(&ok); err != nil {
-		c.cfg.Logger.Warn("console: check the database role's privileges", "err", err)
+		c.cfg.Logger.Warn("console: check the database role's privileges", telemetry.Err(err))
 		return false
 	}
 	c.canOp, c.canOpCheck = &ok, c.cfg.Now()

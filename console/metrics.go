@@ -17,6 +17,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // MetricsConfig configures NewMetrics. A nil *MetricsConfig means defaults.
@@ -189,7 +190,7 @@ func (d *dbCollector) Collect(ch chan<- prometheus.Metric) {
 		return nil
 	})
 	if err != nil {
-		d.rd.log.Warn("console: metrics: read the database", "err", err)
+		d.rd.log.Warn("console: metrics: read the database", telemetry.Err(err))
 		ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, 0)
 		return
 	}

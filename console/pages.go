@@ -17,6 +17,7 @@ import (
 
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/deadletter"
+	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/scheduler"
 )
 
@@ -65,7 +66,7 @@ func (c *Console) page(fn func(*http.Request) (*view, error)) http.HandlerFunc {
 				c.fail(w, r, he.code, he.msg)
 				return
 			}
-			c.cfg.Logger.Error("console: page", "path", r.URL.Path, "err", err)
+			c.cfg.Logger.Error("console: page", "path", r.URL.Path, telemetry.Err(err))
 			c.fail(w, r, http.StatusInternalServerError, "The database did not answer as expected: "+err.Error())
 			return
 		}
@@ -84,7 +85,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, code int, v *vi
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
 	if err := c.tpl.execute(w, v.Tpl, l); err != nil {
-		c.cfg.Logger.Error("console: render", "template", v.Tpl, "err", err)
+		c.cfg.Logger.Error("console: render", "template", v.Tpl, telemetry.Err(err))
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 //go:embed bluegreen.sql
@@ -747,7 +748,7 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 			return c, err
 		}
 		last = err
-		log.InfoContext(ctx, "annals: blue/green rebuild: behind at cut-over; catching up", slog.Int("attempt", attempt), slog.Any("error", err))
+		log.InfoContext(ctx, "annals: blue/green rebuild: behind at cut-over; catching up", slog.Int("attempt", attempt), telemetry.Err(err))
 	}
 	return Cutover{Projection: name, To: gen.Generation, Attempts: bg.cfg.CutoverAttempts},
 		errors.Wrapf(last, "projection: blue/green rebuild %q: no cut-over after %d attempts", name, bg.cfg.CutoverAttempts)

@@ -118,7 +118,7 @@ func (s *blueGreenService) Run(ctx context.Context) error {
 	for {
 		for _, reg := range regs {
 			if err := s.check(ctx, engine, g, reg, runs, lastLog); err != nil && ctx.Err() == nil {
-				r.cfg.Logger.WarnContext(ctx, "annals: blue/green check failed", slog.String("projection", reg.name), slog.Any("error", err))
+				r.cfg.Logger.WarnContext(ctx, "annals: blue/green check failed", slog.String("projection", reg.name), telemetry.Err(err))
 			}
 		}
 		t := time.NewTimer(interval)
@@ -192,7 +192,7 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 				defer wg.Done()
 				if err := engine.Run(gctx, sc); err != nil {
 					err = layoutAdvice(err, reg, gen)
-					r.cfg.Logger.ErrorContext(gctx, "annals: subscription ended", slog.String("subscriber", sc.Name), slog.Any("error", err))
+					r.cfg.Logger.ErrorContext(gctx, "annals: subscription ended", slog.String("subscriber", sc.Name), telemetry.Err(err))
 				}
 			}()
 		}
@@ -318,7 +318,7 @@ func (r *Runner) catchUpBlueGreen(ctx context.Context, engine *catchup.Engine, h
 					waitFor(g, r, gen.Subscriber, reg.bg.cfg.CutoverLockTimeout))
 				if errors.Is(err, ErrCutoverDeadLetters) {
 					r.cfg.Logger.WarnContext(ctx, "annals: blue/green cut-over waits", slog.String("projection", reg.name),
-						slog.Int("generation", gen.Generation), slog.Any("error", err))
+						slog.Int("generation", gen.Generation), telemetry.Err(err))
 					continue
 				}
 				if err != nil && !errors.Is(err, ErrCutoverBehind) {

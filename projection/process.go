@@ -164,7 +164,7 @@ func (f *failures) noteRetryAt(ctx context.Context, lease *catchup.Lease, e even
 	})
 	if err != nil {
 		f.logger.DebugContext(ctx, "annals: recording when a failed event is retried failed",
-			slog.String("subscriber", f.name), slog.Any("error", err))
+			slog.String("subscriber", f.name), telemetry.Err(err))
 	}
 }
 
@@ -195,7 +195,7 @@ func (f *failures) checkEpoch(ctx context.Context, lease *catchup.Lease) error {
 		return err
 	case err != nil:
 		f.logger.DebugContext(ctx, "annals: checking the epoch while waiting to retry failed",
-			slog.String("subscriber", f.name), slog.Any("error", err))
+			slog.String("subscriber", f.name), telemetry.Err(err))
 	}
 	return nil
 }
@@ -242,7 +242,7 @@ func (f *failures) afterFailure(ctx context.Context, lease *catchup.Lease, e eve
 	if spent(f.retry, attempt, cause) {
 		f.logger.WarnContext(ctx, "annals: dead-lettering an event",
 			slog.String("subscriber", f.name), slog.Int64("position", e.GlobalSequence),
-			slog.String("stream", e.StreamID), slog.Int("attempts", attempt), slog.Any("error", cause))
+			slog.String("stream", e.StreamID), slog.Int("attempts", attempt), telemetry.Err(cause))
 		f.deadLettered(ctx, e, "failed", cause)
 		return false, nil
 	}
@@ -251,7 +251,7 @@ func (f *failures) afterFailure(ctx context.Context, lease *catchup.Lease, e eve
 	f.noteRetryAt(ctx, lease, e, attempt, d)
 	f.logger.InfoContext(ctx, "annals: handler failed; retrying",
 		slog.String("subscriber", f.name), slog.Int64("position", e.GlobalSequence),
-		slog.Int("attempt", attempt), slog.Duration("delay", d), slog.Any("error", cause))
+		slog.Int("attempt", attempt), slog.Duration("delay", d), telemetry.Err(cause))
 	// The wait (on Clock) also checks the epoch every fenceCheckInterval of
 	// real time, and once more before the retry: a fenced leader lets go of
 	// its lock within about a second, and does not run (for an observer,
@@ -284,7 +284,8 @@ func (f *failures) afterFailure(ctx context.Context, lease *catchup.Lease, e eve
 // so comes first; otherwise a does.
 func combine(a, b error) error {
 	fatal := func(err error) bool {
-		return errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, advisorylock.ErrLost) || errors.Is(err, advisorylock.ErrReleased)
+		return errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, advisorylock.ErrLost) || errors.Is(err, advisorylock.ErrReleased) ||
+			errors.Is(err, catchup.ErrEndLeadership)
 	}
 	if !fatal(a) && fatal(b) {
 		a, b = b, a
@@ -575,7 +576,7 @@ func redeliver(ctx context.Context, f *failures, lease *catchup.Lease, deliver f
 			return errors.Wrap(err, "projection: reopen a dead letter")
 		}
 		f.logger.WarnContext(ctx, "annals: re-delivery failed; the dead letter is open again",
-			slog.String("subscriber", f.name), slog.Int64("position", en.e.GlobalSequence), slog.Any("error", cause))
+			slog.String("subscriber", f.name), slog.Int64("position", en.e.GlobalSequence), telemetry.Err(cause))
 		if f.policy == Stop {
 			return nil // the next read sees the stop reason; nothing after it runs
 		}
@@ -659,7 +660,7 @@ func (p *observerProcessor) process(ctx context.Context, lease *catchup.Lease, b
 			if p.f.retried(e) {
 				// Best effort: left behind, the rows only cost space.
 				if ferr := p.inLock(ctx, lease, func(conn *pgx.Conn) error { return p.f.forget(ctx, conn, e) }); ferr != nil {
-					p.f.logger.WarnContext(ctx, "annals: deleting the failed attempts of a handled event failed", slog.String("subscriber", p.f.name), slog.Any("error", ferr))
+					p.f.logger.WarnContext(ctx, "annals: deleting the failed attempts of a handled event failed", slog.String("subscriber", p.f.name), telemetry.Err(ferr))
 				}
 				p.f.forgotten(e)
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 //go:embed rebuild.sql
@@ -574,7 +575,7 @@ func (rb *rebuild) replay(ctx context.Context, sub *catchup.Subscription, lease 
 			lease.Err() != nil {
 			return err
 		}
-		rb.log.WarnContext(ctx, "annals: rebuild: replay failed; retrying", slog.Int("partition", sub.Partition), slog.Any("error", err))
+		rb.log.WarnContext(ctx, "annals: rebuild: replay failed; retrying", slog.Int("partition", sub.Partition), telemetry.Err(err))
 		if err := sleepCtx(ctx, max(rb.r.cfg.RetryBackoff, 10*time.Millisecond)); err != nil {
 			return err
 		}

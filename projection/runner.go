@@ -434,7 +434,7 @@ func (r *Runner) runService(ctx context.Context, ns namedService) {
 		if err == nil {
 			err = errors.New("returned before shutdown")
 		}
-		r.cfg.Logger.ErrorContext(ctx, "annals: service failed; restarting", slog.String("service", ns.name), slog.Any("error", err))
+		r.cfg.Logger.ErrorContext(ctx, "annals: service failed; restarting", slog.String("service", ns.name), telemetry.Err(err))
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
@@ -578,7 +578,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		go func() {
 			defer subWG.Done()
 			if err := engine.Run(ctx, s); err != nil {
-				r.cfg.Logger.ErrorContext(ctx, "annals: subscription ended", slog.String("subscriber", s.Name), slog.Any("error", err))
+				r.cfg.Logger.ErrorContext(ctx, "annals: subscription ended", slog.String("subscriber", s.Name), telemetry.Err(err))
 			}
 		}()
 	}
@@ -590,7 +590,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if _, err := r.pool.Exec(dctx, r.q["Deregister"], r.cfg.InstanceID); err != nil {
-		r.cfg.Logger.WarnContext(dctx, "annals: deregistering the instance failed", slog.Any("error", err))
+		r.cfg.Logger.WarnContext(dctx, "annals: deregistering the instance failed", telemetry.Err(err))
 	}
 	return nil
 }
@@ -643,7 +643,7 @@ func (r *Runner) catchUp(ctx context.Context, engine *catchup.Engine, s *catchup
 		if ctx.Err() != nil || errors.Is(err, catchup.ErrStopped) || errors.Is(err, catchup.ErrPartitionLayout) {
 			return errors.Wrapf(err, "projection: %q did not catch up", s.Name)
 		}
-		r.cfg.Logger.WarnContext(ctx, "annals: catching up failed; retrying", slog.String("subscriber", s.Name), slog.Any("error", err))
+		r.cfg.Logger.WarnContext(ctx, "annals: catching up failed; retrying", slog.String("subscriber", s.Name), telemetry.Err(err))
 		backoff := r.cfg.RetryBackoff
 		if backoff <= 0 {
 			backoff = 500 * time.Millisecond // the documented default (a database down is not retried 100 times a second)
@@ -765,7 +765,7 @@ func (r *Runner) heartbeat(ctx context.Context) {
 			}
 		}
 		if err != nil && ctx.Err() == nil {
-			r.cfg.Logger.WarnContext(ctx, "annals: heartbeat failed", slog.Any("error", err))
+			r.cfg.Logger.WarnContext(ctx, "annals: heartbeat failed", telemetry.Err(err))
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/internal/errmark"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // ErrPublish is matched by the error that ends a leadership after a publish
@@ -203,17 +204,17 @@ func (p *publisher) commit(ctx context.Context, lease *catchup.Lease) error {
 func (p *publisher) fail(ctx context.Context, lease *catchup.Lease, cause error) error {
 	_ = p.collect(ctx, len(p.inflight), false)
 	if err := p.commit(ctx, lease); err != nil && !errors.Is(err, checkpoint.ErrFenced) {
-		p.r.cfg.Logger.WarnContext(ctx, "annals: relay checkpoint failed", slog.String("relay", p.r.cfg.Name), slog.Any("error", err))
+		p.r.cfg.Logger.WarnContext(ctx, "annals: relay checkpoint failed", slog.String("relay", p.r.cfg.Name), telemetry.Err(err))
 	}
 	p.r.cfg.Logger.WarnContext(ctx, "annals: relay publish failed; claiming again from the checkpoint",
-		slog.String("relay", p.r.cfg.Name), slog.Int64("checkpoint", p.committed), slog.Any("error", cause))
+		slog.String("relay", p.r.cfg.Name), slog.Int64("checkpoint", p.committed), telemetry.Err(cause))
 	// What was in flight is abandoned, not acknowledged: nothing past acked
 	// may be committed by the End that follows (synced false: End is a
 	// no-op), and the next leadership starts from the checkpoint.
 	p.inflight = nil
 	p.through = p.acked
 	p.synced = false
-	return errmark.Mark(errmark.Mark(errors.Wrap(cause, ErrPublish.Error()), ErrPublish), checkpoint.ErrFenced)
+	return errmark.Mark(errmark.Mark(errors.Wrap(cause, ErrPublish.Error()), ErrPublish), catchup.ErrEndLeadership)
 }
 
 func (p *publisher) Redeliver(ctx context.Context, lease *catchup.Lease) error { return nil }

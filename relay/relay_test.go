@@ -186,4 +186,14 @@ func TestRelayNamesAnEventOverMaxPayload(t *testing.T) {
 	if got := logs.String(); !strings.Contains(got, "max_payload") || !strings.Contains(got, want) {
 		t.Fatalf("the relay's log does not name the limit and %q:\n%s", want, got)
 	}
+	// Each line is one record, with the error on it (not its chain and
+	// stack traces), and a failed publish is not said to be a fencing.
+	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if !strings.HasPrefix(l, "time=") {
+			t.Fatalf("a log record spans lines (an error printed with its stack?):\n%s", logs.String())
+		}
+	}
+	if got := logs.String(); strings.Contains(got, "fenced") || strings.Contains(got, ".go:") {
+		t.Fatalf("a failed publish is logged as a fencing, or an error with its stack trace:\n%s", got)
+	}
 }

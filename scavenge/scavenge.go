@@ -15,6 +15,7 @@ import (
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 //go:embed queries.sql
@@ -198,7 +199,7 @@ func (s *Scavenger) Run(ctx context.Context) error {
 		case errors.Is(err, ErrBusy):
 			wait = s.cfg.LockRetryInterval
 		case err != nil:
-			s.cfg.Logger.WarnContext(ctx, "annals: scavenge run failed; retrying", slog.Any("error", err))
+			s.cfg.Logger.WarnContext(ctx, "annals: scavenge run failed; retrying", telemetry.Err(err))
 			wait = s.cfg.LockRetryInterval
 		}
 		t := time.NewTimer(wait)

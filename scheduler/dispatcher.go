@@ -6,6 +6,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // clockJump is how far the Clock may move while the dispatcher sets up its
@@ -61,7 +63,7 @@ func (s *Scheduler) prune(ctx context.Context, now time.Time) {
 	s.lastPrune = now
 	s.mu.Unlock()
 	if _, err := s.pool.Exec(ctx, s.q.pruneTicks, now.Add(-s.cfg.TickRetention), now); err != nil && ctx.Err() == nil {
-		s.cfg.Logger.WarnContext(ctx, "annals: pruning old cron ticks failed", "error", err)
+		s.cfg.Logger.WarnContext(ctx, "annals: pruning old cron ticks failed", telemetry.Err(err))
 	}
 }
 
@@ -94,7 +96,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			s.cfg.Logger.WarnContext(ctx, "annals: scheduler pass failed; retrying", "error", err, "backoff", errBackoff)
+			s.cfg.Logger.WarnContext(ctx, "annals: scheduler pass failed; retrying", telemetry.Err(err), "backoff", errBackoff)
 			s.wallWait(ctx, errBackoff)
 			errBackoff = min(errBackoff*2, 5*time.Second)
 			continue
@@ -158,7 +160,7 @@ func (s *Scheduler) listen(ctx context.Context) {
 			backoff = 100 * time.Millisecond
 		}
 		s.cfg.Logger.WarnContext(ctx, "annals: scheduler listener lost its connection; reconnecting",
-			"channel", s.channel, "error", err, "backoff", backoff)
+			"channel", s.channel, telemetry.Err(err), "backoff", backoff)
 		s.reconnects.Add(1)
 		s.signal()
 		t := time.NewTimer(backoff)

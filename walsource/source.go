@@ -17,6 +17,7 @@ import (
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // Commit is one committed transaction that appended events, as decoded from
@@ -135,7 +136,7 @@ func (s *Source) Run(ctx context.Context) error {
 			backoff = 100 * time.Millisecond
 		}
 		s.cfg.Logger.WarnContext(ctx, "annals: WAL stream ended; reconnecting",
-			slog.String("slot", s.cfg.Slot), slog.Any("error", err), slog.Duration("backoff", backoff))
+			slog.String("slot", s.cfg.Slot), telemetry.Err(err), slog.Duration("backoff", backoff))
 		if sleep(ctx, backoff/2+rand.N(backoff/2+1)) != nil {
 			return nil
 		}
@@ -260,7 +261,7 @@ func (s *Source) sendStatus(ctx context.Context, conn *pgconn.PgConn, serverEnd 
 		if any {
 			pos, err := s.cfg.Confirmed(ctx)
 			if err != nil {
-				s.cfg.Logger.WarnContext(ctx, "annals: reading the consumer's checkpoint failed", slog.String("slot", s.cfg.Slot), slog.Any("error", err))
+				s.cfg.Logger.WarnContext(ctx, "annals: reading the consumer's checkpoint failed", slog.String("slot", s.cfg.Slot), telemetry.Err(err))
 				pos = -1
 			}
 			confirmed = pos

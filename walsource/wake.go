@@ -12,6 +12,7 @@ import (
 
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // WakeConfig configures a Wake. A nil *WakeConfig means defaults.
@@ -110,7 +111,7 @@ func (w *Wake) For(ctx context.Context, sub *catchup.Subscription, lease *catchu
 		},
 	})
 	if err != nil { // only for invalid configuration, which For never makes
-		w.cfg.Logger.ErrorContext(ctx, "annals: WAL wake-up unavailable; polling", slog.Any("error", err))
+		w.cfg.Logger.ErrorContext(ctx, "annals: WAL wake-up unavailable; polling", telemetry.Err(err))
 		return b, func() {}
 	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))

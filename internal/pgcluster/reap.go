@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // reapStale removes the directories of clusters whose owner died without
@@ -20,7 +22,7 @@ func reapStale(logger *slog.Logger) {
 	for _, dir := range dirs {
 		if reapable(dir) {
 			if err := os.RemoveAll(dir); err != nil {
-				logger.Debug("pgcluster: could not remove a stale cluster", slog.String("dir", dir), slog.Any("err", err))
+				logger.Debug("pgcluster: could not remove a stale cluster", slog.String("dir", dir), telemetry.Err(err))
 				continue
 			}
 			logger.Info("pgcluster: removed a stale cluster left by a dead process", slog.String("dir", dir))

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"log/slog"
 
 	"github.com/cockroachdb/errors"
 	"go.opentelemetry.io/otel"
@@ -170,4 +171,15 @@ func Extract(meta map[string]any) trace.SpanContext {
 		carrier[TracestateKey] = ts
 	}
 	return trace.SpanContextFromContext(propagator.Extract(context.Background(), carrier))
+}
+
+// Err is the log attribute of an error: "error" with the error's message on
+// one line. slog.Any would print it with %+v, which for a cockroachdb error
+// is its whole chain with a stack trace per wrap, some forty lines in an
+// operator's log for every retry.
+func Err(err error) slog.Attr {
+	if err == nil {
+		return slog.String("error", "<nil>")
+	}
+	return slog.String("error", err.Error())
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/relay"
 )
 
@@ -240,7 +241,7 @@ func (c *Consumer) run(ctx context.Context, handle func(context.Context, deliver
 	for ctx.Err() == nil {
 		ds, err := c.fetch(ctx)
 		if err != nil && ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) {
-			c.cfg.Logger.WarnContext(ctx, "annals: fetching relayed events failed", slog.Any("error", err))
+			c.cfg.Logger.WarnContext(ctx, "annals: fetching relayed events failed", telemetry.Err(err))
 			_ = sleep(ctx, c.cfg.RetryBackoff)
 		}
 	batch:
@@ -267,7 +268,7 @@ func (c *Consumer) run(ctx context.Context, handle func(context.Context, deliver
 						return nil
 					}
 					c.cfg.Logger.WarnContext(ctx, "annals: reading relayed events missing before a delivery failed; retrying",
-						slog.String("consumer", c.cfg.Durable), slog.Uint64("after", *done), slog.Any("error", err))
+						slog.String("consumer", c.cfg.Durable), slog.Uint64("after", *done), telemetry.Err(err))
 					_ = sleep(ctx, c.cfg.RetryBackoff)
 					break batch
 				}
@@ -329,7 +330,7 @@ func (c *Consumer) handle(ctx context.Context, d delivery, handle func(context.C
 			return false
 		}
 		c.cfg.Logger.WarnContext(ctx, "annals: handling a relayed event failed; retrying",
-			slog.String("consumer", c.cfg.Durable), slog.Int64("position", d.event.GlobalSequence), slog.Any("error", err))
+			slog.String("consumer", c.cfg.Durable), slog.Int64("position", d.event.GlobalSequence), telemetry.Err(err))
 		if d.msg != nil {
 			_ = d.msg.InProgress() // keep the server from re-delivering it meanwhile
 		}
