@@ -59,7 +59,23 @@ type sent struct {
 
 func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 	pos, id, err := p.r.lastStored(ctx, p.stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// The stream is gone (deleted, or the server's store lost): make
+		// it again, or the relay would stand by and fail here for ever.
+		// What it held is not published again by itself.
+		s, eerr := p.r.EnsureStream(ctx)
+		if eerr != nil {
+			p.r.failed(eerr)
+			return eerr
+		}
+		p.stream = s
+		p.r.cfg.Logger.WarnContext(ctx, "annals: the relay's JetStream stream was gone; created it again. It holds the events from the checkpoint on: "+
+			"to publish the earlier ones again, stop the relay and set its checkpoint back (annals checkpoint set RELAY 0 --yes)",
+			slog.String("relay", p.r.cfg.Name), slog.String("stream", p.r.cfg.Stream), slog.Int64("checkpoint", lease.Start))
+		pos, id, err = p.r.lastStored(ctx, p.stream)
+	}
 	if err != nil {
+		p.r.failed(err)
 		return err
 	}
 	*p = publisher{r: p.r, stream: p.stream, synced: true, lastPos: pos, lastID: id, prevID: id,
@@ -191,6 +207,7 @@ func (p *publisher) commit(ctx context.Context, lease *catchup.Lease) error {
 		return err
 	}
 	p.committed = pos
+	p.r.failures.Store(0) // progress: CatchUp's count of failures starts again
 	if p.r.cfg.OnCommitted != nil {
 		p.r.cfg.OnCommitted(pos)
 	}
@@ -214,6 +231,7 @@ func (p *publisher) fail(ctx context.Context, lease *catchup.Lease, cause error)
 	p.inflight = nil
 	p.through = p.acked
 	p.synced = false
+	p.r.failed(cause)
 	return errmark.Mark(errmark.Mark(errors.Wrap(cause, ErrPublish.Error()), ErrPublish), catchup.ErrEndLeadership)
 }
 

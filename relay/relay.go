@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -98,7 +99,27 @@ type Relay struct {
 	cfg    Config
 	filter catchup.Filter
 	subj   subjects
+
+	// failures counts the leaderships in a row that ended in a failure
+	// (a publish, or the stream's state at the start) without the
+	// checkpoint moving; lastFailure is the newest. CatchUp gives up on
+	// them (catchUpAttempts).
+	failures    atomic.Int64
+	lastFailure atomic.Pointer[error]
 }
+
+// failed records a leadership's failure (see Relay.failures).
+func (r *Relay) failed(err error) {
+	r.lastFailure.Store(&err)
+	r.failures.Add(1)
+}
+
+// catchUpAttempts is how many leaderships in a row may fail without the
+// checkpoint moving before CatchUp gives up: a failure that retrying cannot
+// mend (an event over max_payload, a stream another relay publishes to)
+// would otherwise keep a batch job (annals relay nats --once) running until
+// it is killed.
+const catchUpAttempts = 5
 
 // New returns a Relay reading through pool and publishing on nc.
 func New(pool *pgxpool.Pool, nc *nats.Conn, cfg *Config) (*Relay, error) {
@@ -208,6 +229,11 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 	case got.Duplicates < want.Duplicates:
 		return nil, errors.Wrapf(ErrStreamMismatch, "%s de-duplicates over %v, less than %v", want.Name, got.Duplicates, want.Duplicates)
 	}
+	// Another publisher's newest message: refused now, not at every
+	// leadership (it would stand by and try again for ever).
+	if _, _, err := r.lastStored(ctx, s); errors.Is(err, ErrStreamMismatch) {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -229,9 +255,10 @@ func (r *Relay) Run(ctx context.Context) error {
 // returns (for batch jobs and tests). It waits for the relay's lock. It
 // fails when the relay's checkpoint has not reached that head when the run
 // ends: JetStream refused the last publishes (a full stream with
-// DiscardNew), which the relay logged and will try again. (A message over
-// the server's max_payload fails before it is sent: the run retries it
-// until ctx ends.)
+// DiscardNew), which the relay logged and will try again; and it gives up,
+// with the last failure, after five leaderships in a row that failed with
+// nothing published (an event over the server's max_payload, a stream
+// another relay publishes to): retrying would not end.
 func (r *Relay) CatchUp(ctx context.Context) error {
 	runner, err := r.runner(ctx)
 	if err != nil {
@@ -245,7 +272,35 @@ func (r *Relay) CatchUp(ctx context.Context) error {
 	if err != nil {
 		return errors.Wrap(err, "relay: read the head")
 	}
-	if err := runner.RunUntilCaughtUp(ctx); err != nil {
+	// Give up after catchUpAttempts leaderships in a row that failed
+	// without the checkpoint moving.
+	r.failures.Store(0)
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-t.C:
+				if n := r.failures.Load(); n >= catchUpAttempts {
+					last := errors.New("relay: failed")
+					if e := r.lastFailure.Load(); e != nil {
+						last = *e
+					}
+					cancel(errors.Wrapf(last, "relay %s: gave up after %d failed attempts in a row, with nothing published (a later run tries again)", r.cfg.Name, n))
+					return
+				}
+			}
+		}
+	}()
+	err = runner.RunUntilCaughtUp(runCtx)
+	if cause := context.Cause(runCtx); ctx.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	if err != nil {
 		return err
 	}
 	cps, err := checkpoint.New(r.cfg.Schema)
@@ -301,7 +356,7 @@ func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (int64,
 		return 0, "", errors.Wrapf(err, "relay: read message %d", info.State.LastSeq)
 	}
 	if name := m.Header.Get(HeaderRelay); name != r.cfg.Name {
-		return 0, "", errors.Newf("relay: the newest message of stream %s was published by %q, not relay %q: one relay per stream",
+		return 0, "", errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s was published by %q, not relay %q: one relay per stream",
 			r.cfg.Stream, name, r.cfg.Name)
 	}
 	pos, err := strconv.ParseInt(m.Header.Get(HeaderPosition), 10, 64)

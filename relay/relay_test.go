@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/relay"
@@ -179,9 +181,12 @@ func TestRelayNamesAnEventOverMaxPayload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithTimeout(ctx, 2*time.Second)
+	runCtx, stop := context.WithTimeout(ctx, 30*time.Second)
 	defer stop()
-	_ = r.CatchUp(runCtx) // retries until runCtx ends
+	// It gives up (retrying cannot help) well before runCtx ends.
+	if err := r.CatchUp(runCtx); err == nil || !strings.Contains(err.Error(), "gave up after 5 failed attempts") || runCtx.Err() != nil {
+		t.Fatalf("CatchUp with an event over max_payload: %v (deadline passed: %v)", err, runCtx.Err())
+	}
 	want := fmt.Sprintf("annals checkpoint set relay %d --yes", res.Position())
 	if got := logs.String(); !strings.Contains(got, "max_payload") || !strings.Contains(got, want) {
 		t.Fatalf("the relay's log does not name the limit and %q:\n%s", want, got)
@@ -196,4 +201,61 @@ func TestRelayNamesAnEventOverMaxPayload(t *testing.T) {
 	if got := logs.String(); strings.Contains(got, "fenced") || strings.Contains(got, ".go:") {
 		t.Fatalf("a failed publish is logged as a fencing, or an error with its stack trace:\n%s", got)
 	}
+}
+
+// A stream whose newest message another relay published is refused when
+// the relay starts (it stood by and failed at every leadership, for ever,
+// and --once never ended); a stream deleted under a running relay is made
+// again, and the relay goes on publishing into it.
+func TestRelayStreamOwnershipAndLoss(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	appendMany(t, b.store, 5)
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{RetryBackoff: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other, err := relay.New(b.db.Pool, b.nc, &relay.Config{Name: "other", RetryBackoff: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	if err := other.CatchUp(ctx); !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), `published by "relay"`) {
+		t.Fatalf("a second relay on the stream: %v, want ErrStreamMismatch", err)
+	}
+	if d := time.Since(t0); d > 10*time.Second {
+		t.Fatalf("refused after %v", d)
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	if err := b.js.DeleteStream(ctx, "ANNALS"); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 3)
+	head := int64(len(b.log()))
+	annalstest.WaitFor(t, 30*time.Second, func() bool {
+		s, err := b.js.Stream(ctx, "ANNALS")
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(ctx)
+		if err != nil || info.State.Msgs == 0 {
+			return false
+		}
+		m, err := s.GetMsg(ctx, info.State.LastSeq)
+		return err == nil && m.Header.Get(relay.HeaderPosition) == fmt.Sprint(head)
+	})
 }
