@@ -150,7 +150,7 @@ func (c *Console) dlqEach(w http.ResponseWriter, r *http.Request, p Principal, a
 		for _, id := range list {
 			ch, err := op(ctx, tx, id)
 			if err != nil {
-				return errors.Wrapf(err, "dead letter %d", id)
+				return err // it names the dead letter
 			}
 			note(ch.Retried, false)
 			note(ch.Skipped, true)

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 const (
@@ -49,10 +51,10 @@ func (c *Console) principal(r *http.Request) (Principal, bool) {
 	if c.cfg.AuthToken == "" {
 		return Principal{}, false
 	}
-	if h := r.Header.Get("Authorization"); strings.HasPrefix(h, "Bearer ") {
-		if c.tokenOK(strings.TrimPrefix(h, "Bearer ")) {
+	if tok, ok := bearer(r); ok {
+		if c.tokenOK(tok) {
 			name := r.Header.Get("X-Annals-Actor")
-			if name == "" || len(name) > 100 {
+			if name == "" || len(name) > 100 || !actorOK(name) {
 				name = "token"
 			}
 			return Principal{Name: name, Operator: true}, true
@@ -108,7 +110,7 @@ func (c *Console) csrfToken(w http.ResponseWriter, r *http.Request) string {
 // this origin (when the browser says so) and carry the token in the form
 // that matches its cookie.
 func (c *Console) csrfOK(r *http.Request) bool {
-	if h := r.Header.Get("Authorization"); c.cfg.AuthToken != "" && strings.HasPrefix(h, "Bearer ") && c.tokenOK(strings.TrimPrefix(h, "Bearer ")) {
+	if tok, ok := bearer(r); c.cfg.AuthToken != "" && ok && c.tokenOK(tok) {
 		return true
 	}
 	if o := r.Header.Get("Origin"); o != "" && o != "null" {
@@ -135,8 +137,8 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := strings.TrimSpace(r.PostFormValue("name"))
-	if name == "" || len(name) > 100 {
-		c.fail(w, r, http.StatusBadRequest, "Give your name (1 to 100 characters): the audit log records it with every action.")
+	if name == "" || len(name) > 100 || !actorOK(name) {
+		c.fail(w, r, http.StatusBadRequest, "Give your name (1 to 100 characters, no control characters): the audit log records it with every action.")
 		return
 	}
 	if !c.tokenOK(r.PostFormValue("token")) {
@@ -189,4 +191,29 @@ func (c *Console) write(action string, fn func(http.ResponseWriter, *http.Reques
 		}
 		fn(w, r, p)
 	}
+}
+
+// bearer returns the token of an "Authorization: Bearer TOKEN" header; the
+// scheme's name is case-insensitive (RFC 9110).
+func bearer(r *http.Request) (string, bool) {
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimSpace(tok), true
+}
+
+// actorOK reports whether name may stand in the audit log as who acted:
+// UTF-8 text without control or bidirectional formatting characters (a
+// name with a line break would forge lines in an export of the log).
+func actorOK(name string) bool {
+	if !utf8.ValidString(name) {
+		return false
+	}
+	for _, r := range name {
+		if unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) {
+			return false
+		}
+	}
+	return true
 }

@@ -4,12 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	_ "embed"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -165,7 +168,38 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Referrer-Policy", "same-origin")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'; form-action 'self'")
+	// Every value the console passes on to PostgreSQL is text, which holds
+	// neither NUL nor bytes that are not UTF-8: such input is refused here,
+	// rather than failing in the database as an internal error.
+	if err := r.ParseForm(); err != nil {
+		c.fail(w, r, http.StatusBadRequest, "The request's query or form cannot be read: "+err.Error())
+		return
+	}
+	if bad := notText(r.URL.Path, r.Form); bad != "" {
+		c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("%s is not text (a NUL byte, or bytes that are not UTF-8): nothing was read or changed.", bad))
+		return
+	}
 	c.mux.ServeHTTP(w, r)
+}
+
+// notText names the first of path and the form's values that PostgreSQL
+// would refuse as text, or returns "".
+func notText(path string, form url.Values) string {
+	bad := func(s string) bool { return !utf8.ValidString(s) || strings.ContainsRune(s, 0) }
+	if bad(path) {
+		return "The path"
+	}
+	for k, vs := range form {
+		if bad(k) {
+			return "A parameter's name"
+		}
+		for _, v := range vs {
+			if bad(v) {
+				return fmt.Sprintf("The value of %q", k)
+			}
+		}
+	}
+	return ""
 }
 
 func (c *Console) routes() {

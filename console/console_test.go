@@ -70,6 +70,11 @@ func TestPages(t *testing.T) {
 		{"/subscribers/nobody", 404, []string{"No subscriber"}},
 		{"/streams/nobody", 404, []string{"No stream"}},
 		{"/nothing-here", 404, nil},
+		// Input PostgreSQL cannot hold as text is refused, not a 500.
+		{"/streams?prefix=%00", 400, []string{"is not text"}},
+		{"/streams?after=%FF", 400, []string{"is not text"}},
+		{"/events?type=%C3", 400, []string{"is not text"}},
+		{"/streams/a%00b", 400, []string{"is not text"}},
 	}
 	for _, p := range pages {
 		code, body := c.get(p.path)
@@ -180,8 +185,19 @@ func TestCSRF(t *testing.T) {
 	if code != http.StatusSeeOther {
 		t.Fatalf("bearer pause: %d %s", code, body)
 	}
+	// The scheme's name is case-insensitive; an actor with a control or
+	// bidirectional formatting character (a line break would forge lines
+	// in an export of the audit log) is recorded as "token", and refused
+	// as a login name.
+	if code, body, _ := api.post("/scheduler/tasks/nightly-report/resume", url.Values{}, "Authorization", "bearer "+token, "X-Annals-Actor", "eve\u202egnp.exe"); code != http.StatusSeeOther {
+		t.Fatalf("lowercase bearer resume: %d %s", code, body)
+	}
+	login := f.client(t)
+	if code, body, _ := login.post("/login", url.Values{"csrf": {login.csrf()}, "name": {"eve\nadmin"}, "token": {token}}); code != http.StatusBadRequest || !strings.Contains(body, "no control characters") {
+		t.Errorf("login as a name with a line break: %d %s", code, body)
+	}
 	log := auditLog(t, f.db)
-	if len(log) != 2 || log[1].Actor != "deploy-bot" || log[1].Action != "cron.pause" {
+	if len(log) != 3 || log[1].Actor != "deploy-bot" || log[1].Action != "cron.pause" || log[2].Actor != "token" || log[2].Action != "cron.resume" {
 		t.Errorf("audit log %+v", log)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"os"
 	"os/user"
+	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
@@ -28,7 +30,7 @@ import (
 // and host.
 func (e *env) auditActor() string {
 	if a := e.getenv("ANNALS_ACTOR"); a != "" {
-		return truncate(a, 200)
+		return truncate(plainText(a), 200)
 	}
 	name := e.getenv("USER")
 	if u, err := user.Current(); err == nil && u.Username != "" {
@@ -40,7 +42,19 @@ func (e *env) auditActor() string {
 	if host, err := os.Hostname(); err == nil && host != "" {
 		name += "@" + host
 	}
-	return truncate("cli:"+name, 200)
+	return truncate(plainText("cli:"+name), 200)
+}
+
+// plainText is s with what would forge lines or disguise text in an export
+// of the audit log (control and bidirectional formatting characters, bytes
+// that are not UTF-8) replaced by "?".
+func plainText(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == utf8.RuneError || unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) {
+			return '?'
+		}
+		return r
+	}, strings.ToValidUTF8(s, "?"))
 }
 
 // truncate cuts s to at most n bytes, at a character boundary (a cut in
