@@ -173,19 +173,19 @@ func (a *Awaiter) Await(ctx context.Context, name string, position int64) error 
 // not read read_model_generations (a writer or reader: only runners may)
 // waits for name's own checkpoints.
 func (a *Awaiter) AwaitPartitions(ctx context.Context, name string, partitions int, position int64) error {
-	return a.await(ctx, name, true, func(int) int { return partitions }, position)
+	if partitions < 0 {
+		return errors.Newf("projection: Await: %d partitions", partitions)
+	}
+	return a.await(ctx, name, true, "", func(int) int { return partitions }, position)
 }
 
 // await is AwaitPartitions with the partition count of each generation
 // version (0: not blue/green) given by partitions; blueGreen says whether
 // name may be a blue/green projection (false: it is known not to be, and no
 // generation is looked up).
-func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, partitions func(version int) int, position int64) error {
+func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, partitionBy string, partitions func(version int) int, position int64) error {
 	if name == "" {
 		return errors.New("projection: Await: empty projection name")
-	}
-	if n := partitions(0); n < 0 {
-		return errors.Newf("projection: Await: %d partitions", n)
 	}
 	if position <= 0 {
 		return nil
@@ -197,7 +197,7 @@ func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, partit
 	if err != nil {
 		return a.failed(ctx, name, position, -1, err)
 	}
-	part, err := a.partition(ctx, sub, partitions(version), position)
+	part, err := a.partition(ctx, sub, partitions(version), partitionBy, position)
 	if err != nil {
 		return a.failed(ctx, sub, position, -1, err)
 	}
@@ -223,7 +223,7 @@ func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, partit
 					return a.failed(ctx, sub, position, part, err)
 				}
 				if s != sub {
-					if part, err = a.partition(ctx, s, partitions(v), position); err != nil {
+					if part, err = a.partition(ctx, s, partitions(v), partitionBy, position); err != nil {
 						return a.failed(ctx, s, position, -1, err)
 					}
 					sub = s
@@ -292,9 +292,10 @@ func (a *Awaiter) live(ctx context.Context, name string, blueGreen bool) (string
 
 // partition returns the partition the event at position belongs to, or -1
 // for every partition (one partition, or the event is not found).
-func (a *Awaiter) partition(ctx context.Context, name string, partitions int, position int64) (int, error) {
+func (a *Awaiter) partition(ctx context.Context, name string, partitions int, partitionBy string, position int64) (int, error) {
 	var part int
-	err := a.pool.QueryRow(ctx, a.q["AwaitPartition"], name, position, partitions).Scan(&part)
+	kind, field := partitionKeyArgs(partitionBy)
+	err := a.pool.QueryRow(ctx, a.q["AwaitPartition"], name, position, partitions, kind, field).Scan(&part)
 	return part, errors.Wrap(err, "projection: Await: find the partition")
 }
 
@@ -487,7 +488,7 @@ func (r *Runner) Await(ctx context.Context, name string, position int64) error {
 		return err
 	}
 	parts := max(reg.opts.Partitions, 1)
-	return a.await(ctx, name, reg.bg != nil, func(version int) int {
+	return a.await(ctx, name, reg.bg != nil, reg.opts.PartitionBy, func(version int) int {
 		if version == 0 || (reg.bg != nil && version == reg.bg.cfg.Version) {
 			return parts
 		}

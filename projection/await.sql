@@ -2,13 +2,21 @@
 
 -- name: AwaitPartition
 -- $1 subscriber, $2 position, $3 partitions (0: as many as the subscriber
--- has checkpoint rows): the partition of the event at $2 when there are
--- several; otherwise, or when no event is at $2, -1 (every partition).
-SELECT coalesce((SELECT {{.Schema}}.stream_partition(e.stream_id, n.parts)
+-- has checkpoint rows), $4 and $5 the partition key (as in the catch-up
+-- engine's ReadBatch: stream, category or metadata and its field): the
+-- partition of the event at $2 when there are several; 0 when the
+-- subscriber is known to have one (not -1: checkpoints of partitions a
+-- rebuild to fewer left behind are not waited for); otherwise, or when no
+-- event is at $2, -1 (every partition).
+SELECT CASE WHEN $3::int = 1 THEN 0 ELSE
+       coalesce((SELECT {{.Schema}}.stream_partition(
+                            CASE $4::text WHEN 'category' THEN split_part(e.stream_id, '-', 1)
+                                          WHEN 'metadata' THEN coalesce(e.metadata ->> $5::text, '')
+                                          ELSE e.stream_id END, n.parts)
                    FROM {{.Schema}}.events_all e,
                         (SELECT CASE WHEN $3::int > 0 THEN $3::int
                                      ELSE (SELECT count(*)::int FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1) END AS parts) n
-                  WHERE e.global_sequence = $2 AND n.parts > 1), -1);
+                  WHERE e.global_sequence = $2 AND n.parts > 1), -1) END;
 
 -- name: AwaitCheckpoints
 SELECT partition, position FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1;

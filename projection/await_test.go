@@ -3,14 +3,18 @@ package projection_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/projection"
@@ -268,4 +272,93 @@ func TestAwaitAsAWriter(t *testing.T) {
 	if got := readBalances(t, b)["acct-w"]; got != 3 {
 		t.Fatalf("acct-w at %d after the awaits", got)
 	}
+}
+
+// Runner.Await of a projection partitioned by category waits until the
+// event is applied: its partition is its category's, not its stream's
+// (Await computed the stream's and could return while the event's own
+// partition was behind).
+func TestAwaitPartitionedByCategory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r, err := projection.NewRunner(b.db.Pool, &projection.Config{PollInterval: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gate atomic.Pointer[chan struct{}] // the handler of category "slow" waits until it is closed
+	open := make(chan struct{})
+	close(open)
+	gate.Store(&open)
+	if err := r.Register(balancesGate(b.reg, &gate), &projection.Options{Partitions: 4, PartitionBy: catchup.PartitionByCategory}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	// A category whose partition is not "slow"'s: its events go on while
+	// the slow partition waits.
+	part := func(key string) int {
+		var p int
+		if err := b.db.Pool.QueryRow(t.Context(), `SELECT `+pgx.Identifier{b.db.Schema}.Sanitize()+`.stream_partition($1, 4)`, key).Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	fast := "fast0"
+	for k := 0; part(fast) == part("slow"); k++ {
+		fast = fmt.Sprintf("fast%d", k+1)
+	}
+	for i := range 12 {
+		shut := make(chan struct{})
+		gate.Store(&shut)
+		pos := deposit(t, b, fmt.Sprintf("slow-%d", i), 1)
+		deposit(t, b, fmt.Sprintf("%s-%d", fast, i), 1)
+		returned := make(chan error, 1)
+		go func() {
+			wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer wcancel()
+			returned <- r.Await(wctx, "balances", pos)
+		}()
+		// The slow event cannot be applied while the gate is held: Await
+		// must still be waiting once the other partitions have caught up.
+		annalstest.WaitFor(t, 30*time.Second, func() bool { return readBalances(t, b)[fmt.Sprintf("%s-%d", fast, i)] == 1 })
+		select {
+		case err := <-returned:
+			t.Fatalf("event %d: Await returned (%v) before its partition applied it", i, err)
+		default:
+		}
+		close(shut)
+		if err := <-returned; err != nil {
+			t.Fatal(err)
+		}
+		if got := readBalances(t, b)[fmt.Sprintf("slow-%d", i)]; got != 1 {
+			t.Fatalf("after Await, slow-%d at %d", i, got)
+		}
+	}
+}
+
+// balancesGate is balances whose deposits to category "slow" wait until
+// the channel gate holds is closed (or their context ends: a failed test's
+// runner stops).
+func balancesGate(reg *eventstore.Registry, gate *atomic.Pointer[chan struct{}]) *projection.Typed {
+	p := projection.New("balances", reg)
+	projection.On(p, func(ctx context.Context, tx pgx.Tx, e eventstore.Envelope[Deposited]) error {
+		if strings.HasPrefix(e.StreamID, "slow-") {
+			select {
+			case <-*gate.Load():
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO balances VALUES ($1, $2, 1)
+			ON CONFLICT (account) DO UPDATE SET amount = balances.amount + $2, events = balances.events + 1`, e.StreamID, e.Data.Amount)
+		return err
+	})
+	return p
 }

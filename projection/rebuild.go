@@ -446,10 +446,15 @@ func (rb *rebuild) refuseConcurrent(ctx context.Context) error {
 // takeOver takes every partition's lock, concurrently, within LockTimeout.
 // It returns the leases it got, also on error (the caller releases them).
 func (rb *rebuild) takeOver(ctx context.Context) ([]*catchup.Lease, error) {
-	leases := make([]*catchup.Lease, len(rb.subs))
-	errs := make([]error, len(rb.subs))
+	return rb.takeOverSubs(ctx, rb.subs)
+}
+
+// takeOverSubs is takeOver for subs.
+func (rb *rebuild) takeOverSubs(ctx context.Context, subs []*catchup.Subscription) ([]*catchup.Lease, error) {
+	leases := make([]*catchup.Lease, len(subs))
+	errs := make([]error, len(subs))
 	var wg sync.WaitGroup
-	for i, sub := range rb.subs {
+	for i, sub := range subs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -470,9 +475,13 @@ func (rb *rebuild) takeOver(ctx context.Context) ([]*catchup.Lease, error) {
 }
 
 // relayout records the registered layout when the subscriber's recorded
-// one differs (see RebuildOptions.NewLayout): in one transaction it empties
-// the read model, fences every checkpoint of the subscriber back to 0 and
-// replaces the layout. Nothing changes when the layouts agree.
+// one differs (see RebuildOptions.NewLayout). It takes every partition of
+// the old layout over first, as a rebuild takes its own (their leaders
+// stand aside; a batch of theirs in flight cannot commit), then in one
+// transaction fences every checkpoint of the subscriber back to 0, empties
+// the read model and replaces the layout; checkpoints of partitions the new
+// count lacks are deleted when the role may (else they stay, at 0, and the
+// log says so). Nothing changes when the layouts agree.
 func (rb *rebuild) relayout(ctx context.Context) error {
 	err := rb.engine.CheckLayout(ctx, rb.subs[0])
 	var refused *catchup.PartitionLayoutError
@@ -480,29 +489,68 @@ func (rb *rebuild) relayout(ctx context.Context) error {
 		return err
 	}
 	name := rb.reg.name
+	oldN, oldBy := refused.RecordedPartitions, refused.RecordedPartitionBy
+	if oldN == 0 { // from before layouts were recorded: as its checkpoints show
+		oldN, oldBy = refused.HighestPartition+1, ""
+	}
 	rb.log.InfoContext(ctx, "annals: rebuild: changing the partition layout",
-		slog.Int("from_partitions", refused.RecordedPartitions), slog.String("from_key", refused.RecordedPartitionBy),
+		slog.Int("from_partitions", oldN), slog.String("from_key", oldBy),
 		slog.Int("to_partitions", refused.Partitions), slog.String("to_key", refused.PartitionBy))
-	err = pgx.BeginFunc(ctx, rb.r.pool, func(tx pgx.Tx) error {
-		if err := rb.setupBeforeReset(ctx, tx); err != nil {
-			return err
+	old := make([]*catchup.Subscription, oldN)
+	for p := range oldN {
+		sub := *rb.subs[0]
+		sub.Partition, sub.Partitions, sub.PartitionBy = p, oldN, oldBy
+		old[p] = &sub
+	}
+	leases, err := rb.takeOverSubs(ctx, old)
+	defer func() {
+		for _, l := range leases {
+			rb.engine.Release(ctx, l)
 		}
-		if err := safely(func() error { return rb.res.Reset(ctx, tx) }); err != nil {
-			return errors.Wrap(err, "Reset")
-		}
-		if _, err := tx.Exec(ctx, rb.q["SupersedeDeadLetters"], name); err != nil {
-			return errors.Wrap(err, "settle the dead letters")
-		}
-		if _, err := tx.Exec(ctx, rb.q["ForgetFailures"], name); err != nil {
-			return errors.Wrap(err, "forget the failed attempts")
-		}
-		if _, err := tx.Exec(ctx, rb.q["FenceAllCheckpoints"], name, RebuildOwnerPrefix+rb.r.cfg.InstanceID); err != nil {
-			return errors.Wrap(err, "set every checkpoint to 0")
-		}
-		_, err := tx.Exec(ctx, rb.q["ReplaceLayout"], name, refused.Partitions, refused.PartitionBy)
-		return errors.Wrap(err, "record the new layout")
+	}()
+	if err != nil {
+		return errors.Wrapf(err, "projection: rebuild %q: take the old layout's partitions over (nothing changed)", name)
+	}
+	var surplus bool
+	if err := rb.r.pool.QueryRow(ctx, rb.q["CanDeleteCheckpoints"], schemaname.Or(rb.r.cfg.Schema)).Scan(&surplus); err != nil {
+		return errors.Wrapf(err, "projection: rebuild %q: may the role delete checkpoints", name)
+	}
+	err = leases[0].Do(ctx, func(conn *pgx.Conn) error {
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			// The fence first: from here on no leader's batch commits.
+			if _, err := tx.Exec(ctx, rb.q["FenceAllCheckpoints"], name, RebuildOwnerPrefix+rb.r.cfg.InstanceID); err != nil {
+				return errors.Wrap(err, "set every checkpoint to 0")
+			}
+			if err := rb.setupBeforeReset(ctx, tx); err != nil {
+				return err
+			}
+			if err := safely(func() error { return rb.res.Reset(ctx, tx) }); err != nil {
+				return errors.Wrap(err, "Reset")
+			}
+			if _, err := tx.Exec(ctx, rb.q["SupersedeDeadLetters"], name); err != nil {
+				return errors.Wrap(err, "settle the dead letters")
+			}
+			if _, err := tx.Exec(ctx, rb.q["ForgetFailures"], name); err != nil {
+				return errors.Wrap(err, "forget the failed attempts")
+			}
+			if surplus {
+				if _, err := tx.Exec(ctx, rb.q["DeleteSurplusCheckpoints"], name, refused.Partitions); err != nil {
+					return errors.Wrap(err, "delete the checkpoints of the partitions the new layout lacks")
+				}
+			}
+			_, err := tx.Exec(ctx, rb.q["ReplaceLayout"], name, refused.Partitions, refused.PartitionBy)
+			return errors.Wrap(err, "record the new layout")
+		})
 	})
-	return errors.Wrapf(err, "projection: rebuild %q: change the partition layout (nothing changed)", name)
+	if err != nil {
+		return errors.Wrapf(err, "projection: rebuild %q: change the partition layout (nothing changed)", name)
+	}
+	if !surplus && oldN > refused.Partitions {
+		rb.log.WarnContext(ctx, "annals: rebuild: the checkpoints of the partitions the new layout lacks stay, at 0 (the role may not delete them): "+
+			"delete them as the schema's owner, or annals status shows them lagging and an Await that counts checkpoints may wait for them",
+			slog.Int("from_partition", refused.Partitions), slog.Int("to_partition", oldN-1))
+	}
+	return nil
 }
 
 // count returns the number of events to replay per partition.

@@ -59,3 +59,13 @@ INSERT INTO {{.Schema}}.subscriber_layouts AS l (subscriber_id, partitions, part
 VALUES ($1, $2, $3)
 ON CONFLICT (subscriber_id) DO UPDATE
    SET partitions = excluded.partitions, partition_by = excluded.partition_by, recorded_at = clock_timestamp();
+
+-- name: CanDeleteCheckpoints
+-- Whether the role may delete checkpoints (the schema's owner and
+-- superusers may; the runner kind may not). $1: the schema's name.
+SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'checkpoints')), 'DELETE'), false);
+
+-- name: DeleteSurplusCheckpoints
+-- A rebuild to fewer partitions: the checkpoints of subscriber $1's
+-- partitions from $2 on, which the new layout does not have.
+DELETE FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1 AND partition >= $2;

@@ -70,7 +70,7 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 		}
 		p.stream = s
 		p.r.cfg.Logger.WarnContext(ctx, "annals: the relay's JetStream stream was gone; created it again. It holds the events from the checkpoint on: "+
-			"to publish the earlier ones again, stop the relay and set its checkpoint back (annals checkpoint set RELAY 0 --yes)",
+			"to publish the earlier ones again, stop the relay and set its checkpoint back (annals checkpoint set "+p.r.cfg.Name+" 0 --yes)",
 			slog.String("relay", p.r.cfg.Name), slog.String("stream", p.r.cfg.Stream), slog.Int64("checkpoint", lease.Start))
 		pos, id, err = p.r.lastStored(ctx, p.stream)
 	}

@@ -104,22 +104,28 @@ type Relay struct {
 	// (a publish, or the stream's state at the start) without the
 	// checkpoint moving; lastFailure is the newest. CatchUp gives up on
 	// them (catchUpAttempts).
-	failures    atomic.Int64
-	lastFailure atomic.Pointer[error]
+	failures     atomic.Int64
+	firstFailure atomic.Int64 // when the streak began (Unix nanoseconds)
+	lastFailure  atomic.Pointer[error]
 }
 
 // failed records a leadership's failure (see Relay.failures).
 func (r *Relay) failed(err error) {
 	r.lastFailure.Store(&err)
-	r.failures.Add(1)
+	if r.failures.Add(1) == 1 {
+		r.firstFailure.Store(time.Now().UnixNano())
+	}
 }
 
 // catchUpAttempts is how many leaderships in a row may fail without the
-// checkpoint moving before CatchUp gives up: a failure that retrying cannot
-// mend (an event over max_payload, a stream another relay publishes to)
+// checkpoint moving, over at least catchUpPatience, before CatchUp gives
+// up: a failure that retrying cannot mend (an event over max_payload)
 // would otherwise keep a batch job (annals relay nats --once) running until
-// it is killed.
-const catchUpAttempts = 5
+// it is killed, while a short outage (JetStream restarting) is waited out.
+const (
+	catchUpAttempts = 5
+	catchUpPatience = 10 * time.Second
+)
 
 // New returns a Relay reading through pool and publishing on nc.
 func New(pool *pgxpool.Pool, nc *nats.Conn, cfg *Config) (*Relay, error) {
@@ -256,9 +262,9 @@ func (r *Relay) Run(ctx context.Context) error {
 // fails when the relay's checkpoint has not reached that head when the run
 // ends: JetStream refused the last publishes (a full stream with
 // DiscardNew), which the relay logged and will try again; and it gives up,
-// with the last failure, after five leaderships in a row that failed with
-// nothing published (an event over the server's max_payload, a stream
-// another relay publishes to): retrying would not end.
+// with the last failure, after five leaderships in a row, over ten seconds
+// at least, that failed with nothing published (an event over the server's
+// max_payload): retrying would not end.
 func (r *Relay) CatchUp(ctx context.Context) error {
 	runner, err := r.runner(ctx)
 	if err != nil {
@@ -285,7 +291,7 @@ func (r *Relay) CatchUp(ctx context.Context) error {
 			case <-runCtx.Done():
 				return
 			case <-t.C:
-				if n := r.failures.Load(); n >= catchUpAttempts {
+				if n := r.failures.Load(); n >= catchUpAttempts && time.Since(time.Unix(0, r.firstFailure.Load())) >= catchUpPatience {
 					last := errors.New("relay: failed")
 					if e := r.lastFailure.Load(); e != nil {
 						last = *e
@@ -297,10 +303,10 @@ func (r *Relay) CatchUp(ctx context.Context) error {
 		}
 	}()
 	err = runner.RunUntilCaughtUp(runCtx)
-	if cause := context.Cause(runCtx); ctx.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
-		return cause
-	}
-	if err != nil {
+	var gaveUp error
+	if cause := context.Cause(runCtx); err != nil && ctx.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		gaveUp = cause // judged below, with how far it got
+	} else if err != nil {
 		return err
 	}
 	cps, err := checkpoint.New(r.cfg.Schema)
@@ -312,8 +318,12 @@ func (r *Relay) CatchUp(ctx context.Context) error {
 		return errors.Wrap(err, "relay")
 	}
 	if cp.Position < head {
-		return errors.Newf("relay %s: published through position %d of %d: JetStream did not acknowledge the rest (see the log); a later run tries again",
+		short := errors.Newf("relay %s: published through position %d of %d: JetStream did not acknowledge the rest (see the log); a later run tries again",
 			r.cfg.Name, cp.Position, head)
+		if gaveUp != nil {
+			return errors.Wrap(gaveUp, short.Error())
+		}
+		return short
 	}
 	return nil
 }

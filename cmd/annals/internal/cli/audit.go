@@ -13,6 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/internal/errmark"
+	"github.com/annals-dev/annals/migrations"
 )
 
 // The CLI's operator actions (dlq retry, skip and purge, checkpoint set,
@@ -81,7 +84,16 @@ func (e *env) mayAudit(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := pool.QueryRow(ctx, q["CanAudit"], e.schema).Scan(&can); err != nil {
 		return errors.Wrap(err, "audit: may the role write the audit log")
 	}
-	if can != nil && !*can {
+	if can == nil {
+		// No audit log: the schema is not migrated (or only before 0011).
+		// Refused before anything changes, with PostgreSQL's own error,
+		// which run reports as "not migrated".
+		if _, err := pool.Exec(ctx, q["AuditProbe"]); err != nil {
+			return err
+		}
+		return errmark.Mark(errors.Newf("schema %q has no audit_log table", e.schema), migrations.ErrNotMigrated)
+	}
+	if !*can {
 		return errors.New("the role may not record the action in the audit log ('annals grant operator' gives it that right): nothing was changed")
 	}
 	return nil

@@ -116,3 +116,7 @@ SELECT g.subscriber, g.projection, g.generation, g.state
 -- schema is not migrated: the action's own statements say so). $1: the
 -- schema's name.
 SELECT has_table_privilege(to_regclass(format('%I.%I', $1::text, 'audit_log')), 'INSERT');
+
+-- name: AuditProbe
+-- Fails as PostgreSQL does when the schema has no audit_log table.
+SELECT FROM {{.Schema}}.audit_log LIMIT 0;
