@@ -59,19 +59,27 @@ type sent struct {
 
 func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 	pos, id, err := p.r.lastStored(ctx, p.stream)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		// The stream is gone (deleted, or the server's store lost): make
-		// it again, or the relay would stand by and fail here for ever.
-		// What it held is not published again by itself.
+	if err != nil && !errors.Is(err, ErrStreamMismatch) {
+		// The stream may be gone (deleted, or the server's store lost),
+		// or this handle stale: look it up again by name, and make it
+		// again if it is not there, or the relay would stand by and fail
+		// here for ever. What a lost stream held is not published again
+		// by itself.
+		gone := errors.Is(err, jetstream.ErrStreamNotFound)
+		if _, ierr := p.r.js.Stream(ctx, p.r.cfg.Stream); errors.Is(ierr, jetstream.ErrStreamNotFound) {
+			gone = true
+		}
 		s, eerr := p.r.EnsureStream(ctx)
 		if eerr != nil {
 			p.r.failed(eerr)
 			return eerr
 		}
 		p.stream = s
-		p.r.cfg.Logger.WarnContext(ctx, "annals: the relay's JetStream stream was gone; created it again. It holds the events from the checkpoint on: "+
-			"to publish the earlier ones again, stop the relay and set its checkpoint back (annals checkpoint set "+p.r.cfg.Name+" 0 --yes)",
-			slog.String("relay", p.r.cfg.Name), slog.String("stream", p.r.cfg.Stream), slog.Int64("checkpoint", lease.Start))
+		if gone {
+			p.r.cfg.Logger.WarnContext(ctx, "annals: the relay's JetStream stream was gone; created it again. It holds the events from the checkpoint on: "+
+				"to publish the earlier ones again, stop the relay and set its checkpoint back (annals checkpoint set "+p.r.cfg.Name+" 0 --yes)",
+				slog.String("relay", p.r.cfg.Name), slog.String("stream", p.r.cfg.Stream), slog.Int64("checkpoint", lease.Start))
+		}
 		pos, id, err = p.r.lastStored(ctx, p.stream)
 	}
 	if err != nil {

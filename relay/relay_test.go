@@ -210,13 +210,20 @@ func TestRelayNamesAnEventOverMaxPayload(t *testing.T) {
 func TestRelayStreamOwnershipAndLoss(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	appendMany(t, b.store, 5)
-	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{RetryBackoff: 20 * time.Millisecond})
+	var logs lockedBuffer
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{RetryBackoff: 20 * time.Millisecond, AckTimeout: 2 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("the relay's log:\n%s", logs.String())
+		}
+	}()
 	if err := r.CatchUp(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -241,12 +248,17 @@ func TestRelayStreamOwnershipAndLoss(t *testing.T) {
 			t.Error(err)
 		}
 	}()
+	// Deleted while the relay leads (not while it starts: Run makes the
+	// stream first).
+	annalstest.WaitFor(t, 30*time.Second, func() bool { return strings.Contains(logs.String(), "annals: leading") })
 	if err := b.js.DeleteStream(ctx, "ANNALS"); err != nil {
 		t.Fatal(err)
 	}
 	appendMany(t, b.store, 3)
 	head := int64(len(b.log()))
-	annalstest.WaitFor(t, 30*time.Second, func() bool {
+	// The publish into the deleted stream fails (at the latest after
+	// AckTimeout), the relay claims again and makes the stream again.
+	annalstest.WaitFor(t, 90*time.Second, func() bool {
 		s, err := b.js.Stream(ctx, "ANNALS")
 		if err != nil {
 			return false

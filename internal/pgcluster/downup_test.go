@@ -66,7 +66,14 @@ func TestCrashUp(t *testing.T) {
 		// Busy backends at the moment of the kill.
 		for range 4 {
 			conn := connect(t, c.URL())
-			go func() { _, _ = conn.Exec(context.Background(), "SELECT pg_sleep(10)") }()
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_, _ = conn.Exec(context.Background(), "SELECT pg_sleep(10)")
+			}()
+			// Before connect's cleanup closes conn (cleanups run last
+			// first): the Exec has ended, with the crash.
+			t.Cleanup(func() { <-done })
 		}
 		if err := c.Crash(t.Context()); err != nil {
 			t.Fatalf("round %d: Crash: %v", round, err)
