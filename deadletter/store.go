@@ -8,9 +8,9 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
@@ -149,14 +149,7 @@ func (s *Store) Schema() string { return s.schema }
 // a deadlock victim changed nothing and is run again (every operation is
 // idempotent), up to three times in all.
 func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	for attempt := 1; ; attempt++ {
-		err := pgx.BeginFunc(ctx, s.pool, fn)
-		var pgErr *pgconn.PgError
-		if attempt < 3 && errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") {
-			continue // deadlock_detected, serialization_failure
-		}
-		return err
-	}
+	return pgtx.Retrying(ctx, s.pool, fn)
 }
 
 func validID(id int64) error {

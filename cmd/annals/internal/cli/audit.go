@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/internal/errmark"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/migrations"
 )
 
@@ -124,18 +125,11 @@ func (e *env) audit(ctx context.Context, db interface {
 // failure runs it again, up to three times in all (as package deadletter
 // does).
 func (e *env) audited(ctx context.Context, pool *pgxpool.Pool, action string, fn func(tx pgx.Tx) (target string, detail any, err error)) error {
-	for attempt := 1; ; attempt++ {
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			target, detail, err := fn(tx)
-			if err != nil {
-				return err
-			}
-			return e.audit(ctx, tx, action, target, detail)
-		})
-		var pgErr *pgconn.PgError
-		if attempt < 3 && errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") {
-			continue // deadlock_detected, serialization_failure
+	return pgtx.Retrying(ctx, pool, func(tx pgx.Tx) error {
+		target, detail, err := fn(tx)
+		if err != nil {
+			return err
 		}
-		return err
-	}
+		return e.audit(ctx, tx, action, target, detail)
+	})
 }
