@@ -12,8 +12,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
+
+	"github.com/annals-dev/annals/internal/plaintext"
 )
 
 const (
@@ -211,7 +212,7 @@ func actorOK(name string) bool {
 		return false
 	}
 	for _, r := range name {
-		if unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) {
+		if plaintext.Disguising(r) {
 			return false
 		}
 	}

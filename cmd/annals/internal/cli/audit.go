@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/user"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/pgtx"
+	"github.com/annals-dev/annals/internal/plaintext"
 	"github.com/annals-dev/annals/migrations"
 )
 
@@ -54,7 +54,7 @@ func (e *env) auditActor() string {
 // that are not UTF-8) replaced by "?".
 func plainText(s string) string {
 	return strings.Map(func(r rune) rune {
-		if r == utf8.RuneError || unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) {
+		if r == utf8.RuneError || plaintext.Disguising(r) {
 			return '?'
 		}
 		return r

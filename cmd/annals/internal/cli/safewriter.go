@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"unicode/utf8"
+
+	"github.com/annals-dev/annals/internal/plaintext"
 )
 
 // safeWriter passes what annals prints on to w with every character that
@@ -85,17 +87,11 @@ func incompleteTail(data []byte) int {
 	return len(data)
 }
 
-// unsafeRune reports the characters safeWriter escapes.
+// unsafeRune reports the characters safeWriter escapes: tab and newline
+// are the output's own; every other character that can drive a terminal or
+// disguise text (plaintext.Disguising) is escaped.
 func unsafeRune(r rune) bool {
-	switch {
-	case r == '\t' || r == '\n':
-		return false
-	case r < 0x20 || r == 0x7F || (r >= 0x80 && r <= 0x9F):
-		return true
-	case r == 0x061C || r == 0x200E || r == 0x200F || (r >= 0x202A && r <= 0x202E) || (r >= 0x2066 && r <= 0x2069):
-		return true
-	}
-	return false
+	return r != '\t' && r != '\n' && plaintext.Disguising(r)
 }
 
 // appendSafe appends p to dst with unsafe characters and bytes that are not
