@@ -65,15 +65,13 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 		// again if it is not there, or the relay would stand by and fail
 		// here for ever. What a lost stream held is not published again
 		// by itself.
-		gone := errors.Is(err, jetstream.ErrStreamNotFound)
-		if _, ierr := p.r.js.Stream(ctx, p.r.cfg.Stream); errors.Is(ierr, jetstream.ErrStreamNotFound) {
-			gone = true
-		}
 		s, eerr := p.r.EnsureStream(ctx)
 		if eerr != nil {
 			p.r.failed(eerr)
 			return eerr
 		}
+		// Made again (not the stream this handle was for): say so.
+		gone := !s.CachedInfo().Created.Equal(p.stream.CachedInfo().Created)
 		p.stream = s
 		if gone {
 			p.r.cfg.Logger.WarnContext(ctx, "annals: the relay's JetStream stream was gone; created it again. It holds the events from the checkpoint on: "+

@@ -270,4 +270,8 @@ func TestRelayStreamOwnershipAndLoss(t *testing.T) {
 		m, err := s.GetMsg(ctx, info.State.LastSeq)
 		return err == nil && m.Header.Get(relay.HeaderPosition) == fmt.Sprint(head)
 	})
+	// And the log says what happened, and what the new stream lacks.
+	if l := logs.String(); !strings.Contains(l, "stream was gone; created it again") || !strings.Contains(l, "annals checkpoint set relay 0 --yes") {
+		t.Fatalf("the relay's log does not tell of the lost stream:\n%s", l)
+	}
 }
