@@ -809,7 +809,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil
+				continue // the loop's top: nil when live, else stopped short of target
 			}
 			if isFatal(err) {
 				return err
