@@ -11,6 +11,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // MissedPolicy says what a cron task does about ticks that no dispatcher
@@ -455,7 +456,7 @@ func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, ne
 		}
 		sched, _, perr := parseSpec(r.spec, r.zone)
 		if perr != nil {
-			s.cfg.Logger.ErrorContext(ctx, "annals: stored cron task does not parse; not firing it", "task", r.name, "error", perr)
+			s.cfg.Logger.ErrorContext(ctx, "annals: stored cron task does not parse; not firing it", "task", r.name, telemetry.Err(perr))
 			continue
 		}
 		if now.Before(retryAt) {
@@ -473,7 +474,7 @@ func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, ne
 					return fired, next, contended, ferr
 				}
 				s.cfg.Logger.ErrorContext(ctx, "annals: cron tick failed; retrying later",
-					"task", r.name, "retry_in", s.cfg.RetryBackoff, "error", ferr)
+					"task", r.name, "retry_in", s.cfg.RetryBackoff, telemetry.Err(ferr))
 				s.mu.Lock()
 				s.retryAt[r.name] = now.Add(s.cfg.RetryBackoff)
 				s.mu.Unlock()

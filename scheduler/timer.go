@@ -15,6 +15,7 @@ import (
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/errmark"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // TimerID identifies a timer (a UUIDv7).
@@ -396,10 +397,10 @@ func (s *Scheduler) fail(ctx context.Context, now time.Time, c claimed, ferr err
 	}
 	if failedAt != nil {
 		s.cfg.Logger.ErrorContext(ctx, "annals: timer failed; it is kept and no longer retried",
-			"timer", c.id, "attempts", attempt, "permanent", permanent, "error", ferr)
+			"timer", c.id, "attempts", attempt, "permanent", permanent, telemetry.Err(ferr))
 	} else {
 		s.cfg.Logger.WarnContext(ctx, "annals: timer failed; retrying later",
-			"timer", c.id, "attempts", attempt, "retry_at", *retryAt, "error", ferr)
+			"timer", c.id, "attempts", attempt, "retry_at", *retryAt, telemetry.Err(ferr))
 	}
 	return nil
 }
