@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -88,7 +89,8 @@ type Task struct {
 	StreamID string
 	// Event returns the event to append for a tick (the tick's scheduled
 	// time, in TimeZone). Its ID defaults to TickEventID(Name, tick). An
-	// error skips this attempt; it is retried after Config.RetryBackoff.
+	// error, or a panic (recovered: the error names the task and the panic
+	// value), skips this attempt; it is retried after Config.RetryBackoff.
 	// Defaults to a TickEventType event with TickData.
 	Event func(tick time.Time) (eventstore.EventData, error)
 	// Missed is the missed-tick policy. Defaults to FireLatest.
@@ -548,7 +550,7 @@ func (s *Scheduler) fireTask(ctx context.Context, name string, factory func(time
 			s.cfg.Logger.InfoContext(ctx, "annals: cron task missed its ticks; firing the latest (FireLatest)",
 				"task", name, "tick", tick, "late", late)
 		}
-		ev, err := factory(tick)
+		ev, err := callEvent(factory, tick)
 		if err != nil {
 			return errors.Wrapf(err, "scheduler: event of task %q for tick %s", name, tick)
 		}
@@ -578,4 +580,17 @@ func (s *Scheduler) fireTask(ctx context.Context, name string, factory func(time
 		s.ticksFired.Add(1)
 	}
 	return inserted == 1, held, nil
+}
+
+// callEvent calls a task's Event func, turning a panic into an error (with
+// the panic's stack as a detail, which a one-line log leaves out): the
+// failure of one task's code is that task's failed attempt, retried like an
+// error it returned, and neither stops the other tasks nor the dispatcher.
+func callEvent(factory func(time.Time) (eventstore.EventData, error), tick time.Time) (ev eventstore.EventData, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = errors.WithDetail(errors.Newf("Event func panicked: %v", r), string(debug.Stack()))
+		}
+	}()
+	return factory(tick)
 }

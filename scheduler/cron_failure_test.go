@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,6 +42,64 @@ func (b *syncBuffer) lines(substr string) []string {
 		}
 	}
 	return out
+}
+
+// A panic in one task's Event func is that task's failed attempt: the pass
+// goes on to the other tasks, and the panicking task is retried after
+// RetryBackoff like a task whose Event returned an error.
+func TestCronEventPanicIsTheTasksError(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	clock := newFakeClock(t0)
+	var logs syncBuffer
+	s := newScheduler(t, db, &Config{Clock: clock, RetryBackoff: 5 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	var calls atomic.Int64
+	if err := s.AddTask(t.Context(), Task{Name: "a-panics", Spec: "*/10 * * * * *", StreamID: "cron-a",
+		Event: func(time.Time) (eventstore.EventData, error) {
+			calls.Add(1)
+			panic("report generator bug")
+		}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddTask(t.Context(), Task{Name: "b-fine", Spec: "*/10 * * * * *", StreamID: "cron-b"}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(10 * time.Second)
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Fatalf("FireDue panicked: %v", r)
+			}
+		}()
+		if n := fireDue(t, s); n != 1 {
+			t.Errorf("fired %d, want 1 (b-fine)", n)
+		}
+	}()
+	if got := ticks(t, db, "cron-b"); len(got) != 1 || !got[0].Equal(t0.Add(10*time.Second)) {
+		t.Errorf("b-fine fired %v, want its tick at +10 s", got)
+	}
+	if n := eventsIn(t, db, "cron-a"); n != 0 {
+		t.Errorf("a-panics appended %d events", n)
+	}
+	failed := logs.lines("cron tick failed")
+	if len(failed) != 1 || !strings.Contains(failed[0], `a-panics`) || !strings.Contains(failed[0], "report generator bug") {
+		t.Errorf("logged %q; want one line naming the task and the panic value", failed)
+	}
+	if strings.Contains(logs.String(), "stack trace") || strings.Contains(logs.String(), "goroutine ") {
+		t.Errorf("the log carries a stack:\n%s", logs.String())
+	}
+	// Retried after RetryBackoff, not before: as an erroring Event is.
+	clock.Advance(4 * time.Second)
+	fireDue(t, s)
+	if n := calls.Load(); n != 1 {
+		t.Errorf("Event called %d times before RetryBackoff passed, want 1", n)
+	}
+	clock.Advance(time.Second)
+	fireDue(t, s)
+	if n := calls.Load(); n != 2 {
+		t.Errorf("Event called %d times once RetryBackoff passed, want 2", n)
+	}
 }
 
 // The dispatcher's failure logs carry the error's message on one line
