@@ -37,6 +37,14 @@
 // consumer never comes back retains WAL until it is dropped (DropSlot) or
 // max_slot_wal_keep_size invalidates it (docs/operations.md).
 //
+// An invalidated slot (wal_status lost) can never be streamed again: its
+// start fails with SQLSTATE 55000. The Source then drops it and creates it
+// again, logging one warning with PostgreSQL's DETAIL, and streams from the
+// new slot. That slot starts at the current WAL position, so the commits in
+// between are not sent; OnStreaming(true) follows as after any reconnect,
+// and a consumer reads what it missed from its own checkpoint (Wake's
+// engine reads from the events table, so it loses nothing).
+//
 // # Reconnecting and failover
 //
 // Run reconnects with backoff (100 ms doubling to 1 s, jittered) after any

@@ -125,6 +125,15 @@ func DropSlot(ctx context.Context, pool *pgxpool.Pool, slot string) error {
 	return errors.Newf("walsource: slot %s stays in use", slot)
 }
 
+// slotLost reports whether the slot exists and has been invalidated
+// (wal_status lost: max_slot_wal_keep_size let PostgreSQL remove WAL it
+// needed), so that it can never be streamed again.
+func slotLost(ctx context.Context, pool *pgxpool.Pool, slot string) (bool, error) {
+	var lost bool
+	err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = $1 AND wal_status = 'lost')`, slot).Scan(&lost)
+	return lost, errors.Wrapf(err, "walsource: look up slot %s", slot)
+}
+
 // SlotStatus is a replication slot as pg_replication_slots shows it.
 type SlotStatus struct {
 	// Slot is the slot's name.

@@ -136,7 +136,7 @@ func (s *Source) Run(ctx context.Context) error {
 			backoff = 100 * time.Millisecond
 		}
 		s.cfg.Logger.WarnContext(ctx, "annals: WAL stream ended; reconnecting",
-			slog.String("slot", s.cfg.Slot), telemetry.Err(err), slog.Duration("backoff", backoff))
+			append([]any{slog.String("slot", s.cfg.Slot), slog.Duration("backoff", backoff)}, errAttrs(err)...)...)
 		if sleep(ctx, backoff/2+rand.N(backoff/2+1)) != nil {
 			return nil
 		}
@@ -152,26 +152,20 @@ func (s *Source) stream(ctx context.Context) (streamed bool, err error) {
 	if _, err := EnsureSlot(ctx, s.pool, s.cfg.Slot); err != nil {
 		return false, err
 	}
-	pc := s.pool.Config().ConnConfig.Config.Copy()
-	pc.RuntimeParams["replication"] = "database"
-	pc.RuntimeParams["application_name"] = "annals walsource " + s.cfg.Slot
-	conn, err := pgconn.ConnectConfig(ctx, pc)
+	conn, err := s.start(ctx)
+	if isCode(err, "55000") {
+		// object_not_in_prerequisite_state: among others, a slot that
+		// max_slot_wal_keep_size invalidated (wal_status lost), which can
+		// never be streamed again. Make it afresh and start once more.
+		var recreated bool
+		if recreated, err = s.recreateLost(ctx, err); recreated {
+			conn, err = s.start(ctx)
+		}
+	}
 	if err != nil {
-		return false, errors.Wrap(err, "walsource: connect for replication")
+		return false, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + s.publication + "'"},
-	})
-	if isCode(err, "55006") {
-		// The slot is active for another session: a former leader that lost
-		// its lease but not yet its connection. The caller holds the
-		// subscriber's lock now, so that session is stale: end it.
-		_, _ = s.pool.Exec(ctx, `SELECT pg_catalog.pg_terminate_backend(active_pid) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, s.cfg.Slot)
-	}
-	if err != nil {
-		return false, errors.Wrapf(err, "walsource: start replication on %s", s.cfg.Slot)
-	}
 	// Anything received but not confirmed on the last connection is sent
 	// again from the slot's confirmed position.
 	s.mu.Lock()
@@ -247,6 +241,56 @@ func (s *Source) stream(ctx context.Context) (streamed bool, err error) {
 	}
 }
 
+// start opens a replication connection and starts streaming the slot on
+// it. A slot still active for another session ends that session (a former
+// leader that lost its lease but not yet its connection; the caller holds
+// the subscriber's lock now, so that session is stale) and fails: Run
+// tries again.
+func (s *Source) start(ctx context.Context) (*pgconn.PgConn, error) {
+	pc := s.pool.Config().ConnConfig.Config.Copy()
+	pc.RuntimeParams["replication"] = "database"
+	pc.RuntimeParams["application_name"] = "annals walsource " + s.cfg.Slot
+	conn, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		return nil, errors.Wrap(err, "walsource: connect for replication")
+	}
+	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + s.publication + "'"},
+	})
+	if err == nil {
+		return conn, nil
+	}
+	conn.Close(context.WithoutCancel(ctx))
+	if isCode(err, "55006") {
+		_, _ = s.pool.Exec(ctx, `SELECT pg_catalog.pg_terminate_backend(active_pid) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, s.cfg.Slot)
+	}
+	return nil, errors.Wrapf(err, "walsource: start replication on %s", s.cfg.Slot)
+}
+
+// recreateLost drops and creates again the slot when it has been
+// invalidated (wal_status lost), which is why starting it failed with
+// startErr, and reports whether it did. A new slot starts at the current
+// WAL position: the commits between are not sent, and the (re)connect that
+// follows tells the consumer (OnStreaming) to read from its own checkpoint.
+func (s *Source) recreateLost(ctx context.Context, startErr error) (bool, error) {
+	lost, err := slotLost(ctx, s.pool, s.cfg.Slot)
+	if err != nil {
+		return false, errors.CombineErrors(startErr, err)
+	}
+	if !lost {
+		return false, startErr
+	}
+	s.cfg.Logger.WarnContext(ctx, "annals: replication slot invalidated (wal_status lost); dropping it and creating it again at the current WAL position (the commits before are not sent: the consumer reads from its checkpoint)",
+		append([]any{slog.String("slot", s.cfg.Slot)}, errAttrs(startErr)...)...)
+	if err := DropSlot(ctx, s.pool, s.cfg.Slot); err != nil {
+		return false, err
+	}
+	if _, err := EnsureSlot(ctx, s.pool, s.cfg.Slot); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
 // sendStatus confirms the slot through the last transaction the consumer
 // has checkpointed (all of it when Confirmed is nil), and, when nothing
 // received is unconfirmed, through the server's end as its keepalives report
@@ -256,12 +300,13 @@ func (s *Source) sendStatus(ctx context.Context, conn *pgconn.PgConn, serverEnd 
 	confirmed := int64(-1)
 	if s.cfg.Confirmed != nil {
 		s.mu.Lock()
-		any := len(s.pending) > 0
+		unconfirmed := len(s.pending) > 0
 		s.mu.Unlock()
-		if any {
+		if unconfirmed {
 			pos, err := s.cfg.Confirmed(ctx)
 			if err != nil {
-				s.cfg.Logger.WarnContext(ctx, "annals: reading the consumer's checkpoint failed", slog.String("slot", s.cfg.Slot), telemetry.Err(err))
+				s.cfg.Logger.WarnContext(ctx, "annals: reading the consumer's checkpoint failed",
+					append([]any{slog.String("slot", s.cfg.Slot)}, errAttrs(err)...)...)
 				pos = -1
 			}
 			confirmed = pos
@@ -299,4 +344,21 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// errAttrs returns err as log attributes: its message and, when it carries
+// a PostgreSQL error, that error's DETAIL and HINT, which the message leaves
+// out (an invalidated slot's DETAIL is the reason why).
+func errAttrs(err error) []any {
+	attrs := []any{telemetry.Err(err)}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		if pgErr.Detail != "" {
+			attrs = append(attrs, slog.String("detail", pgErr.Detail))
+		}
+		if pgErr.Hint != "" {
+			attrs = append(attrs, slog.String("hint", pgErr.Hint))
+		}
+	}
+	return attrs
 }
