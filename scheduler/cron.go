@@ -166,8 +166,22 @@ func parseSpec(spec, zone string) (cron.Schedule, string, error) {
 // five years).
 func firstAfter(sched cron.Schedule, t time.Time) time.Time { return sched.Next(t) }
 
+// maxWindow bounds the windows latestDue looks for a tick in: a cron
+// spec's Next looks at most five years ahead (then it returns zero), so
+// within a shorter window a zero Next means no tick in the window.
+const maxWindow = 4 * 365 * 24 * time.Hour
+
 // latestDue returns the latest tick of sched in (after, now]. For @every
 // schedules the ticks are after + k·delay.
+//
+// For a cron spec it costs a number of calls of Next that grows with the
+// logarithm of now - after, however many ticks lie between (a spec that
+// ticks every second of half a year has millions). It looks backwards from
+// now in adjoining windows, each twice as long as the one before (at most
+// maxWindow), for the latest that holds a tick, then bisects that window:
+// Next(x) ≤ now holds for every x before the latest tick T ≤ now and for
+// no x at or after it (Next depends only on x's whole second, and ticks are
+// whole seconds), so the bisection ends on x = T - 1 s, and Next(x) is T.
 func latestDue(sched cron.Schedule, after, now time.Time) (time.Time, bool) {
 	first := sched.Next(after)
 	if first.IsZero() || first.After(now) {
@@ -177,25 +191,41 @@ func latestDue(sched cron.Schedule, after, now time.Time) (time.Time, bool) {
 		k := now.Sub(first) / cd.Delay
 		return first.Add(k * cd.Delay), true
 	}
-	// Start from the smallest recent window that holds a tick, so a task
-	// that was down for a year does not walk every tick of that year.
-	start := after
-	for _, w := range []time.Duration{time.Minute, time.Hour, 24 * time.Hour, 32 * 24 * time.Hour, 367 * 24 * time.Hour} {
-		s := now.Add(-w)
-		if !s.After(after) {
-			break
-		}
-		if t := sched.Next(s); !t.IsZero() && !t.After(now) {
-			start = s
-			break
+	// tickBy reports whether sched has a tick in (x, end], for windows
+	// shorter than Next's reach.
+	tickBy := func(x, end time.Time) bool {
+		n := sched.Next(x)
+		return !n.IsZero() && !n.After(end)
+	}
+	// The latest window (start, end] that holds a tick: none after end
+	// (up to now) does. The first tick, after `after`, is in it at the
+	// latest.
+	end, size := now, time.Second
+	start := now.Add(-size)
+	for start.After(after) && !tickBy(start, end) {
+		end = start
+		size = min(2*size, maxWindow)
+		start = end.Add(-size)
+	}
+	if !start.After(after) {
+		start = after
+	}
+	// Bisect on whole seconds: tickBy(lo, end) holds, tickBy(hi, end) does
+	// not (Next(end) is after end).
+	lo, hi := start.Truncate(time.Second), end.Truncate(time.Second)
+	for hi.Sub(lo) > time.Second {
+		mid := lo.Add(hi.Sub(lo) / 2).Truncate(time.Second)
+		if tickBy(mid, end) {
+			lo = mid
+		} else {
+			hi = mid
 		}
 	}
-	t := sched.Next(start)
-	for range 10_000_000 {
-		n := sched.Next(t)
-		if n.IsZero() || n.After(now) {
-			break
-		}
+	t := sched.Next(lo)
+	// A Schedule whose Next is not monotonic (none of the parser's is known
+	// to be) could end the bisection on an earlier tick: never return one
+	// that has a successor due by now.
+	for n := sched.Next(t); !n.IsZero() && !n.After(now) && n.After(t); n = sched.Next(t) {
 		t = n
 	}
 	return t, true
