@@ -243,6 +243,19 @@ func generationSubscriber(name string, gen int) string {
 	return name + "#g" + strconv.Itoa(gen)
 }
 
+// checkName refuses a subscriber name that ends like a generation's
+// subscriber (#g and digits: <name>#g<N>). Such a name is reserved: a
+// subscriber under it would share a blue/green generation's checkpoints,
+// lock and dead letters, each moving the other's checkpoint past events it
+// never handled.
+func checkName(name string) error {
+	i := strings.LastIndex(name, "#g")
+	if i < 0 || i+2 == len(name) || strings.TrimLeft(name[i+2:], "0123456789") != "" {
+		return nil
+	}
+	return errors.Newf("projection: %q: names ending in #g and digits are reserved for the subscribers of blue/green generations (<name>#g<N>); choose another name", name)
+}
+
 // generations is the registry of one schema's blue/green read models.
 type generations struct {
 	schema string

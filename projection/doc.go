@@ -161,9 +161,10 @@
 // views in BlueGreen.ReaderSchema (public by default), one per relation of
 // the live generation (SELECT * FROM rm_<name>_g<N>.<relation>). Each
 // generation is a subscriber of its own (<name>#g<N>: own checkpoints, own
-// lock), and its handlers and setup run with the transaction's search_path
-// set to its schema first, so the same code with unqualified table names
-// writes into whichever generation it runs for:
+// lock; Register refuses every name ending in #g and digits, which would
+// share them), and its handlers and setup run with the transaction's
+// search_path set to its schema first, so the same code with unqualified
+// table names writes into whichever generation it runs for:
 //
 //	p.OnSetup(1, projection.Statements(`CREATE TABLE balances (…)`))
 //	_ = runner.Register(p, &projection.Options{BlueGreen: &projection.BlueGreen{Version: 2}})

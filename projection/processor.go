@@ -17,6 +17,9 @@ func (r *Runner) RegisterProcessor(name string, newProc func() catchup.Processor
 	if name == "" {
 		return errors.New("projection: RegisterProcessor with an empty name")
 	}
+	if err := checkName(name); err != nil {
+		return err
+	}
 	if newProc == nil {
 		return errors.Newf("projection: %q: RegisterProcessor without a processor", name)
 	}

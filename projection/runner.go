@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -121,6 +122,9 @@ type Config struct {
 type Options struct {
 	// Types are event-type glob patterns (see catchup.Filter). Defaults to
 	// the handled types of a typed projection or observer, else all types.
+	// For a typed one, Types that select none of its handled types are
+	// refused (it would handle nothing), and Types that leave some out are
+	// logged as a warning at Register (their handlers never run).
 	Types []string
 	// Partitions splits the subscriber by a stable hash of the partition
 	// key (PartitionBy) into this many partitions, each with its own lock
@@ -273,8 +277,11 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 func (r *Runner) InstanceID() string { return r.cfg.InstanceID }
 
 // Register adds a Projection or an Observer. It fails for an empty or
-// duplicate name, a handler that is neither (or both), invalid options or
-// glob patterns, and mistakes in typed handlers.
+// duplicate name, a name reserved for blue/green generations (ending in #g
+// and digits, like their subscribers <name>#g<N>), a handler that is
+// neither (or both), invalid options or glob patterns, Options.Types that
+// select none of a typed handler's event types, and mistakes in typed
+// handlers.
 func (r *Runner) Register(handler any, opts *Options) error {
 	var o Options
 	if opts != nil {
@@ -318,6 +325,9 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	if name == "" {
 		return errors.Newf("projection: %T has an empty name", handler)
 	}
+	if err := checkName(name); err != nil {
+		return err
+	}
 	if e, ok := handler.(interface{ Err() error }); ok && e.Err() != nil {
 		return e.Err()
 	}
@@ -337,16 +347,20 @@ func (r *Runner) Register(handler any, opts *Options) error {
 		return errors.Newf("projection: %q: %d partitions; at most 1024", name, o.Partitions)
 	}
 	types := o.Types
-	if len(types) == 0 {
-		if tl, ok := handler.(TypeLister); ok {
-			if types = tl.EventTypes(); len(types) == 0 {
-				return errors.Newf("projection: %q handles no event types", name)
-			}
+	tl, lists := handler.(TypeLister)
+	if len(types) == 0 && lists {
+		if types = tl.EventTypes(); len(types) == 0 {
+			return errors.Newf("projection: %q handles no event types", name)
 		}
 	}
 	filter, err := catchup.ParseFilter(types)
 	if err != nil {
 		return errors.Wrapf(err, "projection: %q", name)
+	}
+	if len(o.Types) > 0 && lists {
+		if err := r.checkTypes(name, filter, tl.EventTypes()); err != nil {
+			return err
+		}
 	}
 	if err := catchup.ParsePartitionBy(o.PartitionBy); err != nil {
 		return errors.Wrapf(err, "projection: %q", name)
@@ -370,6 +384,30 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	if bg != nil && !slices.ContainsFunc(r.services, func(ns namedService) bool { return ns.name == blueGreenServiceName }) {
 		r.services = append(r.services, namedService{blueGreenServiceName, &blueGreenService{r: r}})
 	}
+	return nil
+}
+
+// checkTypes compares Options.Types (filter) with the event types a typed
+// handler handles: a filter that selects none of them delivers the handler
+// nothing, which is refused; one that leaves some out is allowed (the
+// subscriber may be split on purpose) and logged as a warning.
+func (r *Runner) checkTypes(name string, filter catchup.Filter, handled []string) error {
+	var left []string
+	for _, t := range handled {
+		if !filter.Match(t) {
+			left = append(left, t)
+		}
+	}
+	switch {
+	case len(handled) == 0 || len(left) == 0:
+		return nil
+	case len(left) == len(handled):
+		return errors.Newf("projection: %q: Options.Types %q select none of the event types it handles (%s): it would handle nothing",
+			name, filter.Patterns(), strings.Join(handled, ", "))
+	}
+	sort.Strings(left)
+	r.cfg.Logger.Warn("annals: Options.Types leave out event types the handler handles; their handlers never run",
+		slog.String("subscriber", name), slog.Any("types", filter.Patterns()), slog.String("not_selected", strings.Join(left, ", ")))
 	return nil
 }
 
