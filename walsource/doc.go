@@ -62,8 +62,17 @@
 // Wake.For is a catchup.WakeFor (projection.Config.Wake): each live
 // leadership of a subscriber partition runs a Source on the partition's slot
 // with Confirmed reading the partition's checkpoint, and signals the
-// engine whenever a transaction appended an event its filter matches, and
-// at every (re)connect. The engine still reads its batches from the events
+// engine whenever a transaction appended an event its filter matches, at
+// every (re)connect, and WakeConfig.AdvanceAfter (1 s) after any decoded
+// commit at the latest, once for all the commits of that span. The last
+// is for the commits the filter leaves out: they signal nothing, and the
+// slot is confirmed only as the checkpoint passes them, so while only such
+// commits came, a filtered subscriber's checkpoint would stay behind them,
+// and its slot would retain the WAL written since, until the next poll.
+// Woken, the engine reads, finds nothing, and moves its checkpoint to the
+// head; the slot's confirmed position follows within a StatusInterval.
+// (It also covers a signalled commit whose read came a moment before the
+// commit was visible.) The engine still reads its batches from the events
 // table: the signal carries no data the engine relies on, so the table
 // stays the one source of truth for exactly-once processing, fencing,
 // filters, partitions and dead letters, and a lost signal costs at most a

@@ -12,7 +12,6 @@ import (
 
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/internal/schemaname"
-	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // WakeConfig configures a Wake. A nil *WakeConfig means defaults.
@@ -24,8 +23,19 @@ type WakeConfig struct {
 	// Logger receives reconnects. Defaults to discarding.
 	Logger *slog.Logger
 	// OnCommit, when set, also receives every Commit a leadership's Source
-	// decodes (for tests and metrics). Defaults to nothing.
+	// decodes (for tests and metrics), after the Waker has signalled for it
+	// or not. Defaults to nothing.
 	OnCommit func(sub string, partition int, c Commit)
+	// AdvanceAfter is how long after a commit the engine is woken at the
+	// latest, whether the commit had events for it or not: once for all
+	// the commits of that span. A commit without an event the filter
+	// matches signals nothing by itself, and the slot is confirmed only
+	// through the partition's checkpoint, so without this wake the slot
+	// would retain the WAL of such commits, and the checkpoint would stay
+	// behind them, until the next poll. Woken, the engine reads, finds
+	// nothing for it, moves its checkpoint to the head, and the slot's
+	// confirmed position follows. Defaults to 1s.
+	AdvanceAfter time.Duration
 }
 
 // Wake wakes led subscriber partitions from the WAL instead of NOTIFY:
@@ -56,6 +66,9 @@ func NewWake(ctx context.Context, pool *pgxpool.Pool, cfg *WakeConfig) (*Wake, e
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if c.AdvanceAfter <= 0 {
+		c.AdvanceAfter = time.Second
+	}
 	var database string
 	if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&database); err != nil {
 		return nil, errors.Wrap(err, "walsource: current database")
@@ -77,10 +90,11 @@ func (w *Wake) Slot(subscriber string, partition int) string {
 
 // For is a catchup.WakeFor: it starts streaming from the partition's slot
 // and returns a Waker that signals whenever a transaction appended an event
-// the subscription's filter matches, and at every (re)connect. The slot is
-// confirmed only through what the partition's checkpoint holds.
+// the subscription's filter matches, at every (re)connect, and AdvanceAfter
+// after any commit at the latest. The slot is confirmed only through what
+// the partition's checkpoint holds.
 func (w *Wake) For(ctx context.Context, sub *catchup.Subscription, lease *catchup.Lease) (catchup.Waker, func()) {
-	b := newBroadcaster()
+	b := newBroadcaster(w.cfg.AdvanceAfter)
 	name, part := sub.Name, sub.Partition
 	src, err := New(w.pool, &Config{
 		Schema:         w.cfg.Schema,
@@ -93,14 +107,17 @@ func (w *Wake) For(ctx context.Context, sub *catchup.Subscription, lease *catchu
 			return pos, errors.Wrap(err, "walsource: read the checkpoint")
 		},
 		OnCommit: func(c Commit) {
-			if w.cfg.OnCommit != nil {
-				w.cfg.OnCommit(name, part, c)
-			}
 			for _, e := range c.Events {
 				if sub.Filter.Match(e.Type) {
 					b.signal()
-					return
+					break
 				}
+			}
+			// Also for a commit just signalled: its read may have come a
+			// moment before the commit was visible, and found nothing.
+			b.signalLater()
+			if w.cfg.OnCommit != nil {
+				w.cfg.OnCommit(name, part, c)
 			}
 		},
 		OnStreaming: func(on bool) {
@@ -111,13 +128,13 @@ func (w *Wake) For(ctx context.Context, sub *catchup.Subscription, lease *catchu
 		},
 	})
 	if err != nil { // only for invalid configuration, which For never makes
-		w.cfg.Logger.ErrorContext(ctx, "annals: WAL wake-up unavailable; polling", telemetry.Err(err))
+		w.cfg.Logger.ErrorContext(ctx, "annals: WAL wake-up unavailable; polling", errAttrs(err)...)
 		return b, func() {}
 	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() { defer close(done); _ = src.Run(sctx) }()
-	return b, func() { cancel(); <-done }
+	return b, func() { cancel(); <-done; b.stop() }
 }
 
 // broadcaster is a catchup.Waker fed by a Source.
@@ -126,10 +143,15 @@ type broadcaster struct {
 	subs      map[chan struct{}]struct{}
 	listening chan struct{}
 	up        bool
+	// later signals after advanceAfter (signalLater); armed while it runs.
+	advanceAfter time.Duration
+	later        *time.Timer
+	armed        bool
+	stopped      bool
 }
 
-func newBroadcaster() *broadcaster {
-	return &broadcaster{subs: map[chan struct{}]struct{}{}, listening: make(chan struct{})}
+func newBroadcaster(advanceAfter time.Duration) *broadcaster {
+	return &broadcaster{subs: map[chan struct{}]struct{}{}, listening: make(chan struct{}), advanceAfter: advanceAfter}
 }
 
 func (b *broadcaster) Subscribe() (<-chan struct{}, func()) {
@@ -158,6 +180,39 @@ func (b *broadcaster) signal() {
 		case ch <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// signalLater signals advanceAfter from now, unless a signal is already
+// due then: one signal for every commit of the span.
+func (b *broadcaster) signalLater() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.armed || b.stopped {
+		return
+	}
+	b.armed = true
+	if b.later == nil {
+		b.later = time.AfterFunc(b.advanceAfter, b.fire)
+	} else {
+		b.later.Reset(b.advanceAfter)
+	}
+}
+
+func (b *broadcaster) fire() {
+	b.mu.Lock()
+	b.armed = false
+	b.mu.Unlock()
+	b.signal()
+}
+
+// stop ends signalLater's timer.
+func (b *broadcaster) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.stopped = true
+	if b.later != nil {
+		b.later.Stop()
 	}
 }
 
