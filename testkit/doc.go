@@ -41,8 +41,10 @@
 // The replay is the production path, not a simulation of it: the events go
 // through eventstore (so they are encoded, validated and numbered as in
 // production) and the handler runs under projection.Runner.RunUntilCaughtUp,
-// in the runner's transactions, with its checkpoints. The read model's
-// tables come from ReplayOptions.Setup, the projection's own setup
+// in the runner's transactions, with its checkpoints; ReplayOptions.Registry
+// is the runner's registry too, as an annals.Client's is, so untyped
+// handlers also get events upcast to their current schema version. The
+// read model's tables come from ReplayOptions.Setup, the projection's own setup
 // (projection.Setupper: Typed.OnSetup) and its Reset (projection.Resetter),
 // which run first, as a rebuild would run them: a projection with an
 // OnSetup needs no set-up in its tests. [Replay.Append] appends more events and

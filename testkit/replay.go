@@ -24,8 +24,11 @@ const DefaultStream = "testkit-1"
 type ReplayOptions struct {
 	// Registry names the Go types of the events given as plain values (and
 	// of EventData with an empty Type). Usually the registry the projection
-	// decodes with. Defaults to an empty registry: every event must then be
-	// an eventstore.EventData with its Type set.
+	// decodes with. It is also the runner's (projection.Config.Registry,
+	// unless Config sets one), as in an annals.Client: every handler,
+	// untyped ones too, sees events upcast to their type's current schema
+	// version. Defaults to an empty registry: every event must then be an
+	// eventstore.EventData with its Type set.
 	Registry *eventstore.Registry
 	// Stream is the stream of the events given outside a [Stream].
 	// Defaults to [DefaultStream].
@@ -47,8 +50,8 @@ type ReplayOptions struct {
 	// failures and can inspect them (package deadletter). Defaults to nil.
 	Options *projection.Options
 	// Config configures the runner (Logger, Clock, Hooks, …). Its Schema
-	// is replaced by the test database's. Defaults to nil: the runner's
-	// defaults.
+	// is replaced by the test database's, and a nil Registry by Registry.
+	// Defaults to nil: the runner's defaults.
 	Config *projection.Config
 	// Timeout bounds each replay (setup, append and run to the head).
 	// Defaults to one minute.
@@ -124,6 +127,11 @@ func (s *runSettings) defaults(opts *ReplayOptions) {
 	}
 	if opts.Config != nil {
 		s.cfg = *opts.Config
+	}
+	// Untyped handlers get events upcast as a Client's runner gives them
+	// (its Registry is the client's).
+	if s.cfg.Registry == nil {
+		s.cfg.Registry = opts.Registry
 	}
 	// Report the handler's own error, not only "the subscriber is stopped".
 	userHook := s.cfg.Hooks.OnDeadLetter

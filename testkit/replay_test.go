@@ -317,6 +317,62 @@ func TestReplayProjectionRegisterError(t *testing.T) {
 	}
 }
 
+// rawSeen is an untyped projection: it records each event's data as it
+// gets it.
+type rawSeen struct{}
+
+func (rawSeen) Name() string { return "raw" }
+func (rawSeen) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
+	_, err := tx.Exec(ctx, `INSERT INTO raw_seen (data) VALUES ($1)`, string(e.Data))
+	return err
+}
+func (rawSeen) Reset(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS raw_seen (n serial, data jsonb); TRUNCATE raw_seen`)
+	return err
+}
+
+// An untyped projection sees an old event upcast to its type's current
+// schema version, as under an annals.Client (whose runner has the client's
+// registry): the replay's runner had no registry, so the handler got the
+// event as stored.
+func TestReplayProjectionUpcastsForUntypedHandlers(t *testing.T) {
+	t.Parallel()
+	reg := replayRegistry()
+	reg.MustRegisterUpcaster("test.accDeposited", 1, func(data json.RawMessage) (json.RawMessage, error) {
+		var v1 struct {
+			Cents int `json:"cents"`
+		}
+		if err := json.Unmarshal(data, &v1); err != nil {
+			return nil, err
+		}
+		return json.Marshal(accDeposited{Amount: v1.Cents / 100})
+	})
+	old := eventstore.EventData{Type: "test.accDeposited", Data: json.RawMessage(`{"cents": 1500}`),
+		Metadata: eventstore.Metadata{Extra: map[string]any{eventstore.SchemaVersionKey: 1}}}
+	r := testkit.ReplayProjection(t, rawSeen{}, &testkit.ReplayOptions{Registry: reg}, old, accDeposited{Amount: 7})
+	rows, err := r.Pool.Query(t.Context(), `SELECT data::text FROM raw_seen ORDER BY n`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{`{"amount": 15}`, `{"amount": 7}`}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("the untyped handler saw %q, want %q (upcast)", got, want)
+	}
+	// A runner registry of the test's own wins.
+	r = testkit.ReplayProjection(t, rawSeen{}, &testkit.ReplayOptions{Registry: reg,
+		Config: &projection.Config{Registry: replayRegistry()}}, old)
+	var data string
+	if err := r.Pool.QueryRow(t.Context(), `SELECT data::text FROM raw_seen`).Scan(&data); err != nil {
+		t.Fatal(err)
+	}
+	if data != `{"cents": 1500}` {
+		t.Fatalf("with Config.Registry (no upcaster) the handler saw %s, want the event as stored", data)
+	}
+}
+
 func hundredReplayEvents() []any {
 	events := make([]any, 0, 100)
 	for i := range 10 {
