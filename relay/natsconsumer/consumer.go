@@ -49,16 +49,40 @@ type Config struct {
 	// service's database ("<schema>.relay_checkpoints", created if
 	// missing). Defaults to "annals".
 	Schema string
-	// Logger receives handler failures. Defaults to discarding.
+	// Logger receives handler failures, the stream found made again, and
+	// (the default OnGap) gaps. Defaults to discarding.
 	Logger *slog.Logger
+	// OnGap is called when the stream no longer holds messages the consumer
+	// has not handled yet (removed by the stream's MaxAge, MaxMsgs or
+	// MaxBytes, or deleted), before the consumer handles anything after
+	// them. Returning nil passes over them; an error stops Run or
+	// RunProjection, which return it (errors.Is matches it) without moving
+	// past the gap, so the next run reports it again. Defaults to logging
+	// the gap at ERROR level on Logger and passing over it.
+	OnGap func(ctx context.Context, g Gap) error
+}
+
+// Gap is a run of stream messages a consumer did not handle because the
+// stream no longer held them when it got there (Config.OnGap).
+type Gap struct {
+	// Consumer is the durable consumer (Config.Durable).
+	Consumer string
+	// Stream is the stream (Config.Stream).
+	Stream string
+	// First and Last are the stream sequences of the first and the last
+	// missing message.
+	First, Last uint64
+	// Count is how many messages are missing: Last - First + 1.
+	Count uint64
+	// After is the position (eventstore.Event.GlobalSequence) of the last
+	// event the consumer handled before the gap; 0 when none or unknown.
+	After int64
 }
 
 // Consumer reads relayed events from a durable JetStream consumer.
 type Consumer struct {
 	cfg    Config
 	js     jetstream.JetStream
-	stream jetstream.Stream
-	cons   jetstream.Consumer
 	filter catchup.Filter
 }
 
@@ -89,6 +113,16 @@ func New(ctx context.Context, nc *nats.Conn, cfg *Config) (*Consumer, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if c.OnGap == nil {
+		logger := c.Logger
+		c.OnGap = func(ctx context.Context, g Gap) error {
+			logger.ErrorContext(ctx, "annals: the relay's stream no longer holds messages this consumer had not handled (removed by a stream limit, or deleted); passing over them",
+				slog.String("consumer", g.Consumer), slog.String("stream", g.Stream),
+				slog.Uint64("first", g.First), slog.Uint64("last", g.Last), slog.Uint64("count", g.Count),
+				slog.Int64("after_position", g.After))
+			return nil
+		}
+	}
 	filter, err := catchup.ParseFilter(c.Types)
 	if err != nil {
 		return nil, errors.Wrap(err, "natsconsumer")
@@ -97,19 +131,85 @@ func New(ctx context.Context, nc *nats.Conn, cfg *Config) (*Consumer, error) {
 	if err != nil {
 		return nil, errors.Wrap(err, "natsconsumer: JetStream")
 	}
-	stream, err := js.Stream(ctx, c.Stream)
+	cons := &Consumer{cfg: c, js: js, filter: filter}
+	if err := (&session{c: cons}).attach(ctx); err != nil {
+		return nil, err
+	}
+	return cons, nil
+}
+
+// session is one Run or RunProjection: the stream and durable consumer it
+// reads, and its place.
+type session struct {
+	c      *Consumer
+	stream jetstream.Stream
+	cons   jetstream.Consumer
+	// created is when the stream was made (its incarnation: a stream made
+	// again under the same name starts its sequence again); zero before the
+	// first attach when unknown.
+	created time.Time
+	// seq is the stream sequence (of the stream made at created) handled
+	// through, and pos the position of the last event handled (0: none or
+	// unknown).
+	seq uint64
+	pos int64
+	// handle handles one delivery (RunProjection: and saves the place).
+	handle func(context.Context, delivery) error
+}
+
+// attach looks the stream up by name and creates (or updates) the durable
+// consumer on it. A stream made after the one the session's place belongs
+// to (deleted and made again by the relay) is read from its start: the
+// sequence is reset, the position kept.
+func (s *session) attach(ctx context.Context) error {
+	cfg := &s.c.cfg
+	stream, err := s.c.js.Stream(ctx, cfg.Stream)
 	if err != nil {
-		return nil, errors.Wrapf(err, "natsconsumer: stream %s", c.Stream)
+		return errors.Wrapf(err, "natsconsumer: stream %s", cfg.Stream)
 	}
 	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-		Durable: c.Durable, AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckWait: c.AckWait, MaxAckPending: c.Batch,
+		Durable: cfg.Durable, AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckWait: cfg.AckWait, MaxAckPending: cfg.Batch,
 	})
 	if err != nil {
-		return nil, errors.Wrapf(err, "natsconsumer: consumer %s", c.Durable)
+		return errors.Wrapf(err, "natsconsumer: consumer %s", cfg.Durable)
 	}
-	return &Consumer{cfg: c, js: js, stream: stream, cons: cons, filter: filter}, nil
+	created := stream.CachedInfo().Created
+	if !s.created.IsZero() && !sameStream(s.created, created) {
+		cfg.Logger.WarnContext(ctx, "annals: the relay's JetStream stream was made again; reading the new one from its start, passing over the events at or below the last position handled. "+
+			"Events the old stream held after that position, if any, are not in the new one",
+			slog.String("consumer", cfg.Durable), slog.String("stream", cfg.Stream),
+			slog.Time("old_created", s.created), slog.Time("new_created", created), slog.Int64("position", s.pos))
+		s.seq = 0
+	}
+	s.stream, s.cons, s.created = stream, cons, created
+	return nil
 }
+
+// sameStream reports whether two creation times are of one stream, to the
+// microsecond the checkpoint table keeps.
+func sameStream(a, b time.Time) bool {
+	return a.Truncate(time.Microsecond).Equal(b.Truncate(time.Microsecond))
+}
+
+// errRemade is marked on the error of a read that found the stream made
+// again under the session.
+var errRemade = errors.New("natsconsumer: the stream was made again")
+
+// gone reports whether err says that the stream or the durable consumer the
+// session reads is no longer there (deleted, or made again), so that it
+// must look them up again.
+func gone(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) ||
+		errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, errRemade)
+}
+
+// stop is an error that ends run (OnGap refused a gap), unlike the
+// failures run retries.
+type stop struct{ err error }
+
+func (s stop) Error() string { return s.err.Error() }
 
 // delivery is one fetched message and its event.
 type delivery struct {
@@ -118,9 +218,16 @@ type delivery struct {
 	event eventstore.Event
 }
 
-// fetch returns the next messages (up to Batch, waiting up to a second).
-func (c *Consumer) fetch(ctx context.Context) ([]delivery, error) {
-	batch, err := c.cons.Fetch(c.cfg.Batch, jetstream.FetchMaxWait(time.Second))
+// fetch returns the next messages (up to Batch): those the server has at
+// once when noWait, else waiting up to a second.
+func (s *session) fetch(noWait bool) ([]delivery, error) {
+	var batch jetstream.MessageBatch
+	var err error
+	if noWait {
+		batch, err = s.cons.FetchNoWait(s.c.cfg.Batch)
+	} else {
+		batch, err = s.cons.Fetch(s.c.cfg.Batch, jetstream.FetchMaxWait(time.Second))
+	}
 	if err != nil {
 		return nil, errors.Wrap(err, "natsconsumer: fetch")
 	}
@@ -130,52 +237,67 @@ func (c *Consumer) fetch(ctx context.Context) ([]delivery, error) {
 		if err != nil {
 			return out, errors.Wrap(err, "natsconsumer: message metadata")
 		}
-		e, err := relay.Decode(m.Headers(), m.Data())
+		e, err := s.c.decode(md.Sequence.Stream, m.Headers(), m.Data())
 		if err != nil {
-			return out, errors.Wrapf(err, "natsconsumer: stream message %d", md.Sequence.Stream)
-		}
-		if c.cfg.Registry != nil {
-			if e, err = c.cfg.Registry.Upcast(e); err != nil {
-				return out, errors.Wrapf(err, "natsconsumer: upcast event %d", e.GlobalSequence)
-			}
+			return out, err
 		}
 		out = append(out, delivery{msg: m, seq: md.Sequence.Stream, event: e})
 	}
 	return out, errors.Wrap(batch.Error(), "natsconsumer: fetch")
 }
 
+// decode returns the event of stream message seq, upcast.
+func (c *Consumer) decode(seq uint64, h nats.Header, data []byte) (eventstore.Event, error) {
+	e, err := relay.Decode(h, data)
+	if err != nil {
+		return e, errors.Wrapf(err, "natsconsumer: stream message %d", seq)
+	}
+	if c.cfg.Registry != nil {
+		if e, err = c.cfg.Registry.Upcast(e); err != nil {
+			return e, errors.Wrapf(err, "natsconsumer: upcast event %d", e.GlobalSequence)
+		}
+	}
+	return e, nil
+}
+
 // Run calls handle for each relayed event whose type matches, in stream
 // order, and acknowledges it once handle returned nil: at-least-once (a
 // crash between the two delivers the event again; handle gets e.ID for
 // idempotency). A failed handle is retried after RetryBackoff, and the
-// events after it wait. It returns nil when ctx ends.
+// events after it wait. It returns nil when ctx ends, or OnGap's error.
 func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e eventstore.Event) error) error {
+	s := &session{c: c}
+	if err := s.attach(ctx); err != nil {
+		return err
+	}
 	// In order from the consumer's acknowledgement floor: every message up
 	// to it was handled (they are acknowledged in order).
-	info, err := c.cons.Info(ctx)
+	info, err := s.cons.Info(ctx)
 	if err != nil {
 		return errors.Wrapf(err, "natsconsumer: consumer %s", c.cfg.Durable)
 	}
-	done := info.AckFloor.Stream
-	return c.run(ctx, func(ctx context.Context, d delivery) error {
+	s.seq = info.AckFloor.Stream
+	s.handle = func(ctx context.Context, d delivery) error {
 		if c.filter.Match(d.event.Type) {
 			if err := handle(ctx, d.event); err != nil {
 				return err
 			}
 		}
 		return d.ack()
-	}, &done)
+	}
+	return s.run(ctx)
 }
 
 // RunProjection runs p (the same Projection a runner in the source database
 // runs) over the relayed events in this service's database: each event is
 // handled in a transaction on pool that also moves the consumer's
-// checkpoint (the stream sequence, in "<schema>.relay_checkpoints"), so its
-// effects are applied exactly once; the message is acknowledged after the
-// commit, and a message at or below the checkpoint (a re-delivery) is
-// acknowledged without being handled. One RunProjection per Durable at a
-// time (run it leader-elected, e.g. as a projection.Service, when several
-// instances run).
+// checkpoint (the stream sequence, the stream's creation time and the
+// event's position, in "<schema>.relay_checkpoints"), so its effects are
+// applied exactly once; the message is acknowledged after the commit, and a
+// message at or below the checkpoint (a re-delivery) is acknowledged
+// without being handled. One RunProjection per Durable at a time (run it
+// leader-elected, e.g. as a projection.Service, when several instances
+// run). It returns nil when ctx ends, or OnGap's error.
 func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p interface {
 	Name() string
 	Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error
@@ -184,24 +306,40 @@ func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p inte
 	if err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, q["CreateSchema"]); err != nil {
-		return errors.Wrap(err, "natsconsumer: create the checkpoint schema")
+	for _, name := range []string{"CreateSchema", "CreateTable", "UpgradeTable"} {
+		if _, err := pool.Exec(ctx, q[name]); err != nil {
+			return errors.Wrap(err, "natsconsumer: create the checkpoint table")
+		}
 	}
-	if _, err := pool.Exec(ctx, q["CreateTable"]); err != nil {
-		return errors.Wrap(err, "natsconsumer: create the checkpoint table")
-	}
-	var checkpoint uint64
-	if err := pool.QueryRow(ctx, q["Load"], c.cfg.Durable).Scan(&checkpoint); err != nil {
+	var (
+		seq     int64
+		pos     *int64
+		created *time.Time
+	)
+	err = pool.QueryRow(ctx, q["Load"], c.cfg.Durable).Scan(&seq, &pos, &created)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return errors.Wrap(err, "natsconsumer: load the checkpoint")
 	}
-	return c.run(ctx, func(ctx context.Context, d delivery) error {
+	// A checkpoint saved before the table kept the stream's creation time
+	// (NULL) is taken to be of the stream as it is now.
+	s := &session{c: c, seq: uint64(seq)}
+	if pos != nil {
+		s.pos = *pos
+	}
+	if created != nil {
+		s.created = *created
+	}
+	if err := s.attach(ctx); err != nil {
+		return err
+	}
+	s.handle = func(ctx context.Context, d delivery) error {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			if c.filter.Match(d.event.Type) {
 				if err := p.Handle(ctx, tx, d.event); err != nil {
 					return err
 				}
 			}
-			tag, err := tx.Exec(ctx, q["Save"], c.cfg.Durable, int64(d.seq))
+			tag, err := tx.Exec(ctx, q["Save"], c.cfg.Durable, int64(d.seq), d.event.GlobalSequence, s.created)
 			if err == nil && tag.RowsAffected() != 1 {
 				err = errors.Newf("natsconsumer: checkpoint of %s moved under us", c.cfg.Durable)
 			}
@@ -210,9 +348,9 @@ func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p inte
 		if err != nil {
 			return err
 		}
-		checkpoint = d.seq
 		return d.ack()
-	}, &checkpoint)
+	}
+	return s.run(ctx)
 }
 
 // ack acknowledges the delivery's message; one read from the stream by
@@ -224,96 +362,206 @@ func (d delivery) ack() error {
 	return d.msg.Ack()
 }
 
-// run fetches and handles in stream order, from the sequence after *done
+// run fetches and handles in stream order, from the sequence after s.seq
 // (RunProjection: its checkpoint; Run: the consumer's acknowledgement
-// floor), which handle moves (RunProjection) or run does (Run) as each
-// message is handled. A message at or below *done was handled already (a
-// re-delivery) and is acknowledged. A message further than one past *done
-// means that the ones before it are still unacknowledged somewhere: a
-// process that fetched them crashed, and the server will send them again
-// only after AckWait, behind whatever it delivers meanwhile (and behind it
-// again after each Nak). Rather than wait for that order, fill reads the
-// missing messages from the stream by sequence and handles them first;
-// their re-deliveries come later, at or below *done. A failed delivery is
-// retried in place after RetryBackoff; the rest of the fetched batch waits
-// (it is handled after it, not re-fetched).
-func (c *Consumer) run(ctx context.Context, handle func(context.Context, delivery) error, done *uint64) error {
+// floor), which it moves as each message is handled. A message at or below
+// s.seq was handled already (a re-delivery) and is acknowledged. A message
+// further than one past s.seq means that the ones before it are still
+// unacknowledged somewhere: a process that fetched them crashed, and the
+// server will send them again only after AckWait, behind whatever it
+// delivers meanwhile (and behind it again after each Nak). Rather than wait
+// for that order, fill reads the missing messages from the stream by
+// sequence and handles them first; their re-deliveries come later, at or
+// below s.seq. A fetch that returns nothing while the stream holds messages
+// after s.seq (the crashed process had fetched as many as the server lets
+// out unacknowledged, so it delivers nothing newer until AckWait) reads
+// those by sequence too, Batch at a time. A failed delivery is retried in
+// place after RetryBackoff; the rest of the fetched batch waits (it is
+// handled after it, not re-fetched). A stream or consumer found gone (or
+// the stream made again) is looked up again by name.
+func (s *session) run(ctx context.Context) error {
+	noWait := false
 	for ctx.Err() == nil {
-		ds, err := c.fetch(ctx)
-		if err != nil && ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) {
-			c.cfg.Logger.WarnContext(ctx, "annals: fetching relayed events failed", telemetry.Err(err))
-			_ = sleep(ctx, c.cfg.RetryBackoff)
+		ds, ferr := s.fetch(noWait)
+		noWait = false
+		if err := s.deliver(ctx, ds); err != nil {
+			return err
 		}
-	batch:
-		for i := 0; i < len(ds); i++ {
-			d := ds[i]
-			handBack := func() {
-				for _, rest := range ds[i:] {
-					_ = rest.msg.Nak()
+		switch {
+		case ctx.Err() != nil:
+		case ferr != nil && gone(ferr):
+			s.reattach(ctx, ferr)
+		case ferr != nil && !errors.Is(ferr, nats.ErrTimeout):
+			s.c.cfg.Logger.WarnContext(ctx, "annals: fetching relayed events failed", telemetry.Err(ferr))
+			_ = sleep(ctx, s.c.cfg.RetryBackoff)
+		case len(ds) == 0:
+			more, err := s.fill(ctx, 0)
+			if err != nil {
+				if err := s.failed(ctx, err); err != nil {
+					return err
 				}
 			}
-			if ctx.Err() != nil {
-				// Stopping: hand the rest back at once rather than after AckWait.
-				handBack()
-				return nil
-			}
-			if d.seq <= *done {
-				_ = d.msg.Ack()
-				continue
-			}
-			if d.seq > *done+1 {
-				if err := c.fill(ctx, d.seq, handle, done); err != nil {
-					handBack()
-					if ctx.Err() != nil {
-						return nil
-					}
-					c.cfg.Logger.WarnContext(ctx, "annals: reading relayed events missing before a delivery failed; retrying",
-						slog.String("consumer", c.cfg.Durable), slog.Uint64("after", *done), telemetry.Err(err))
-					_ = sleep(ctx, c.cfg.RetryBackoff)
-					break batch
-				}
-			}
-			if !c.handle(ctx, d, handle) {
-				handBack()
-				return nil
-			}
-			*done = d.seq
+			noWait = more
 		}
 	}
 	return nil
 }
 
-// fill handles, in order, the messages the stream holds between *done and
-// upto (exclusive), read by sequence. Those it no longer holds (aged out by
-// MaxAge, deleted) are passed over.
-func (c *Consumer) fill(ctx context.Context, upto uint64, handle func(context.Context, delivery) error, done *uint64) error {
-	info, err := c.stream.Info(ctx)
-	if err != nil {
-		return errors.Wrapf(err, "natsconsumer: stream %s", c.cfg.Stream)
+// deliver handles a fetched batch in order (see run). It returns an error
+// only when run must end with it.
+func (s *session) deliver(ctx context.Context, ds []delivery) error {
+	for i, d := range ds {
+		handBack := func() {
+			for _, rest := range ds[i:] {
+				_ = rest.msg.Nak()
+			}
+		}
+		if ctx.Err() != nil {
+			// Stopping: hand the rest back at once rather than after AckWait.
+			handBack()
+			return nil
+		}
+		if d.seq <= s.seq {
+			_ = d.msg.Ack()
+			continue
+		}
+		if d.seq > s.seq+1 {
+			if _, err := s.fill(ctx, d.seq); err != nil {
+				handBack()
+				return s.failed(ctx, err)
+			}
+		}
+		if !s.handleOne(ctx, d) {
+			handBack()
+			return nil
+		}
 	}
-	for seq := max(*done+1, info.State.FirstSeq); seq < upto; seq++ {
-		m, err := c.stream.GetMsg(ctx, seq)
+	return nil
+}
+
+// failed deals with fill's error: OnGap's is returned (run ends with it);
+// a gone stream is looked up again; anything else is logged, and retried
+// after RetryBackoff.
+func (s *session) failed(ctx context.Context, err error) error {
+	var st stop
+	switch {
+	case errors.As(err, &st):
+		return st.err
+	case ctx.Err() != nil:
+	case gone(err):
+		s.reattach(ctx, err)
+	default:
+		s.c.cfg.Logger.WarnContext(ctx, "annals: reading relayed events from the stream by sequence failed; retrying",
+			slog.String("consumer", s.c.cfg.Durable), slog.Uint64("after", s.seq), telemetry.Err(err))
+		_ = sleep(ctx, s.c.cfg.RetryBackoff)
+	}
+	return nil
+}
+
+// reattach looks the stream and the durable consumer up again after cause
+// said they were gone; when that fails too, it waits RetryBackoff (run
+// tries again at its next fetch).
+func (s *session) reattach(ctx context.Context, cause error) {
+	if err := s.attach(ctx); err != nil {
+		if ctx.Err() == nil {
+			s.c.cfg.Logger.WarnContext(ctx, "annals: the relay's stream or the durable consumer is gone; looking them up again failed, retrying",
+				slog.String("consumer", s.c.cfg.Durable), slog.String("stream", s.c.cfg.Stream),
+				slog.String("cause", cause.Error()), telemetry.Err(err))
+			_ = sleep(ctx, s.c.cfg.RetryBackoff)
+		}
+	}
+}
+
+// handleOne handles d (see handle) and moves the place past it. An event at
+// or below the last position handled (published again into a stream made
+// again) is acknowledged without being handled. It reports false when ctx
+// ended first.
+func (s *session) handleOne(ctx context.Context, d delivery) bool {
+	if d.event.GlobalSequence <= s.pos {
+		if err := d.ack(); err != nil {
+			s.c.cfg.Logger.DebugContext(ctx, "annals: acknowledging a relayed event handled before failed", telemetry.Err(err))
+		}
+		s.seq = d.seq
+		return true
+	}
+	if !s.c.handle(ctx, d, s.handle) {
+		return false
+	}
+	s.seq, s.pos = d.seq, d.event.GlobalSequence
+	return true
+}
+
+// fill handles, in order, the messages the stream holds after s.seq and
+// before upto, read by sequence; upto 0 means through the stream's last
+// message, at most Batch of them (more reports that it stopped short).
+// Those the stream no longer holds (removed by a limit, deleted) are
+// reported to OnGap, a run of them at a time, before anything after them
+// is handled.
+func (s *session) fill(ctx context.Context, upto uint64) (more bool, err error) {
+	info, err := s.stream.Info(ctx)
+	if err != nil {
+		return false, errors.Wrapf(err, "natsconsumer: stream %s", s.c.cfg.Stream)
+	}
+	if !sameStream(info.Created, s.created) {
+		return false, errors.Mark(errors.Newf("natsconsumer: stream %s was made again (at %s)", s.c.cfg.Stream, info.Created), errRemade)
+	}
+	from := max(s.seq+1, info.State.FirstSeq)
+	end := upto // exclusive
+	if upto == 0 {
+		if info.State.LastSeq <= s.seq {
+			return false, nil
+		}
+		end = info.State.LastSeq + 1
+		if lim := from + uint64(s.c.cfg.Batch); end > lim {
+			end, more = lim, true
+		}
+	}
+	var missing uint64 // the first of a run of missing messages; 0: none
+	if from > s.seq+1 {
+		missing = s.seq + 1
+	}
+	for seq := from; seq < end; seq++ {
+		m, err := s.stream.GetMsg(ctx, seq)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			if missing == 0 {
+				missing = seq
+			}
 			continue
 		}
 		if err != nil {
-			return errors.Wrapf(err, "natsconsumer: read stream message %d", seq)
+			return false, errors.Wrapf(err, "natsconsumer: read stream message %d", seq)
 		}
-		e, err := relay.Decode(m.Header, m.Data)
-		if err != nil {
-			return errors.Wrapf(err, "natsconsumer: stream message %d", seq)
-		}
-		if c.cfg.Registry != nil {
-			if e, err = c.cfg.Registry.Upcast(e); err != nil {
-				return errors.Wrapf(err, "natsconsumer: upcast event %d", e.GlobalSequence)
+		if missing != 0 {
+			if err := s.gap(ctx, missing, seq-1); err != nil {
+				return false, err
 			}
+			missing = 0
 		}
-		if !c.handle(ctx, delivery{seq: seq, event: e}, handle) {
-			return ctx.Err()
+		e, err := s.c.decode(seq, m.Header, m.Data)
+		if err != nil {
+			return false, err
 		}
-		*done = seq
+		if !s.handleOne(ctx, delivery{seq: seq, event: e}) {
+			return false, ctx.Err()
+		}
 	}
-	*done = max(*done, upto-1)
+	if missing != 0 && end-1 >= missing {
+		if err := s.gap(ctx, missing, end-1); err != nil {
+			return false, err
+		}
+	}
+	s.seq = max(s.seq, end-1)
+	return more, nil
+}
+
+// gap reports the missing stream messages first to last to OnGap; its
+// error comes back as a stop.
+func (s *session) gap(ctx context.Context, first, last uint64) error {
+	cfg := &s.c.cfg
+	g := Gap{Consumer: cfg.Durable, Stream: cfg.Stream, First: first, Last: last, Count: last - first + 1, After: s.pos}
+	if err := cfg.OnGap(ctx, g); err != nil {
+		return stop{errors.Wrapf(err, "natsconsumer: consumer %s: stream %s no longer holds messages %d to %d", cfg.Durable, cfg.Stream, first, last)}
+	}
 	return nil
 }
 

@@ -14,8 +14,9 @@
 // decoded from its headers (relay.Decode) and upcast with Config.Registry.
 //
 // RunProjection keeps a checkpoint in the service's database
-// ("<schema>.relay_checkpoints": consumer, stream sequence) and commits it
-// in the handler's transaction, so the projection's writes and the
+// ("<schema>.relay_checkpoints": consumer, stream sequence, the stream's
+// creation time, and the position of the last event handled) and commits
+// it in the handler's transaction, so the projection's writes and the
 // checkpoint land together; the message is acknowledged after the commit.
 // Run keeps its place in memory, starting from the consumer's
 // acknowledgement floor (messages are acknowledged in order). A message at
@@ -25,11 +26,36 @@
 // process fetched them and died, and the server re-delivers them only after
 // AckWait, behind what it delivers meanwhile. The consumer then reads the
 // missing messages from the stream by sequence (a direct get) and handles
-// them first, passing over those the stream no longer holds (aged out by
-// MaxAge); their re-deliveries arrive later, at or below its place.
+// them first; their re-deliveries arrive later, at or below its place. A
+// process that died holding a full batch (Batch messages: the server lets
+// no more out unacknowledged) leaves the server delivering nothing until
+// AckWait: a fetch that comes back empty while the stream's last sequence
+// is past the place reads those messages by sequence too, Batch at a time.
 // Together: each event's effect once (RunProjection) or at least once
 // (Run), in stream order, which is the relay's position order, without
 // waiting for AckWait after a crash.
+//
+// Messages the stream no longer holds when the consumer gets there
+// (removed by MaxAge, MaxMsgs or MaxBytes, or deleted) are reported to
+// Config.OnGap, a run of them at a time (a Gap: first and last stream
+// sequence, count, the last position handled before them), before anything
+// after them is handled. By default it logs them at ERROR level and the
+// consumer passes over them; an OnGap that returns an error stops Run or
+// RunProjection with it, the place left before the gap.
+//
+// The relay makes its stream again when it is gone (deleted, or the
+// server's store lost), and the new stream numbers its messages from 1. At
+// its start, and whenever a fetch finds the stream or the durable consumer
+// gone (or a read finds the stream made again), the consumer looks the
+// stream up by name and creates its durable consumer on it again. A stream
+// made after the one its place belongs to (creation times differ; a
+// checkpoint saved before they were kept counts as of the current stream)
+// is read from its start, with a WARN: events the old stream held after the
+// last position handled, if any, are not in the new one (the relay
+// publishes from its checkpoint on). Its events at or below the last
+// position handled (published again, the relay's checkpoint set back) are
+// acknowledged without being handled: within one stream, stream order is
+// position order, so this passes over no new event.
 //
 // A failed handler is retried in place after RetryBackoff (the message is
 // kept from re-delivery meanwhile); the events after it wait. On shutdown

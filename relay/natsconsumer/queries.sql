@@ -2,18 +2,32 @@
 CREATE SCHEMA IF NOT EXISTS {{.Schema}};
 
 -- name: CreateTable
--- The checkpoints of natsconsumer projections in the service's database:
--- the last JetStream stream sequence applied, per durable consumer.
+-- The checkpoints of natsconsumer projections in the service's database,
+-- per durable consumer: the last JetStream stream sequence applied, in the
+-- stream made at stream_created (the stream's creation time: a stream made
+-- again starts its sequence again), and the position (Annals-Position) of
+-- the last event applied.
 CREATE TABLE IF NOT EXISTS {{.Schema}}.relay_checkpoints (
-    consumer   text        NOT NULL PRIMARY KEY,
-    stream_seq bigint      NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    consumer       text        NOT NULL PRIMARY KEY,
+    stream_seq     bigint      NOT NULL,
+    position       bigint,
+    stream_created timestamptz,
+    updated_at     timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 
+-- name: UpgradeTable
+-- Tables made before position and stream_created: their rows keep NULL
+-- there (unknown: the stream as it is now, no position) until the next save.
+ALTER TABLE {{.Schema}}.relay_checkpoints
+    ADD COLUMN IF NOT EXISTS position bigint,
+    ADD COLUMN IF NOT EXISTS stream_created timestamptz;
+
 -- name: Load
-SELECT coalesce((SELECT stream_seq FROM {{.Schema}}.relay_checkpoints WHERE consumer = $1), 0);
+SELECT stream_seq, position, stream_created FROM {{.Schema}}.relay_checkpoints WHERE consumer = $1;
 
 -- name: Save
-INSERT INTO {{.Schema}}.relay_checkpoints AS c (consumer, stream_seq) VALUES ($1, $2)
-ON CONFLICT (consumer) DO UPDATE SET stream_seq = excluded.stream_seq, updated_at = clock_timestamp()
- WHERE c.stream_seq < excluded.stream_seq;
+-- Forward only within one stream; a stream made again restarts the sequence.
+INSERT INTO {{.Schema}}.relay_checkpoints AS c (consumer, stream_seq, position, stream_created) VALUES ($1, $2, $3, $4)
+ON CONFLICT (consumer) DO UPDATE SET stream_seq = excluded.stream_seq, position = excluded.position,
+       stream_created = excluded.stream_created, updated_at = clock_timestamp()
+ WHERE c.stream_seq < excluded.stream_seq OR c.stream_created IS DISTINCT FROM excluded.stream_created;
