@@ -62,12 +62,18 @@
 // Wake.For is a catchup.WakeFor (projection.Config.Wake): each live
 // leadership of a subscriber partition runs a Source on the partition's slot
 // with Confirmed reading the partition's checkpoint, and signals the
-// engine whenever a transaction appended an event its filter matches, at
-// every (re)connect, and WakeConfig.AdvanceAfter (1 s) after any decoded
-// commit at the latest, once for all the commits of that span. The last
-// is for the commits the filter leaves out: they signal nothing, and the
+// engine whenever a transaction appended an event its filter matches in its
+// partition, at every (re)connect, and WakeConfig.AdvanceAfter (1 s) after
+// any decoded commit at the latest, once for all the commits of that span.
+// The partition is computed as the engine's read computes it
+// (annals.stream_partition of the stream ID or its category) when the
+// subscriber is partitioned by stream or category and the server encoding
+// is UTF8; partitioned by a metadata field, whose text PostgreSQL renders
+// from the JSON, an event of any partition signals every partition (an
+// empty read for the others). The AdvanceAfter wake is for the commits the
+// filter or the partition leaves out: they signal nothing, and the
 // slot is confirmed only as the checkpoint passes them, so while only such
-// commits came, a filtered subscriber's checkpoint would stay behind them,
+// commits came, the partition's checkpoint would stay behind them,
 // and its slot would retain the WAL written since, until the next poll.
 // Woken, the engine reads, finds nothing, and moves its checkpoint to the
 // head; the slot's confirmed position follows within a StatusInterval.

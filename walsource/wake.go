@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/schemaname"
 )
 
@@ -29,12 +31,12 @@ type WakeConfig struct {
 	// AdvanceAfter is how long after a commit the engine is woken at the
 	// latest, whether the commit had events for it or not: once for all
 	// the commits of that span. A commit without an event the filter
-	// matches signals nothing by itself, and the slot is confirmed only
-	// through the partition's checkpoint, so without this wake the slot
-	// would retain the WAL of such commits, and the checkpoint would stay
-	// behind them, until the next poll. Woken, the engine reads, finds
-	// nothing for it, moves its checkpoint to the head, and the slot's
-	// confirmed position follows. Defaults to 1s.
+	// matches in the partition signals nothing by itself, and the slot is
+	// confirmed only through the partition's checkpoint, so without this
+	// wake the slot would retain the WAL of such commits, and the
+	// checkpoint would stay behind them, until the next poll. Woken, the
+	// engine reads, finds nothing for it, moves its checkpoint to the
+	// head, and the slot's confirmed position follows. Defaults to 1s.
 	AdvanceAfter time.Duration
 }
 
@@ -47,6 +49,9 @@ type Wake struct {
 	cfg      WakeConfig
 	database string
 	cpSQL    string
+	// utf8 reports a UTF8 server encoding: the stream IDs the WAL sends
+	// (client encoding UTF8) are then the bytes stream_partition hashes.
+	utf8 bool
 }
 
 // NewWake returns a Wake on pool (whose role needs the REPLICATION
@@ -69,8 +74,8 @@ func NewWake(ctx context.Context, pool *pgxpool.Pool, cfg *WakeConfig) (*Wake, e
 	if c.AdvanceAfter <= 0 {
 		c.AdvanceAfter = time.Second
 	}
-	var database string
-	if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&database); err != nil {
+	var database, encoding string
+	if err := pool.QueryRow(ctx, `SELECT current_database(), pg_catalog.current_setting('server_encoding')`).Scan(&database, &encoding); err != nil {
 		return nil, errors.Wrap(err, "walsource: current database")
 	}
 	if _, err := EnsurePublication(ctx, pool, c.Schema); err != nil {
@@ -80,7 +85,7 @@ func NewWake(ctx context.Context, pool *pgxpool.Pool, cfg *WakeConfig) (*Wake, e
 	if err != nil {
 		return nil, err
 	}
-	return &Wake{pool: pool, cfg: c, database: database, cpSQL: cpSQL}, nil
+	return &Wake{pool: pool, cfg: c, database: database, cpSQL: cpSQL, utf8: encoding == "UTF8"}, nil
 }
 
 // Slot returns the replication slot of a subscriber partition.
@@ -90,12 +95,15 @@ func (w *Wake) Slot(subscriber string, partition int) string {
 
 // For is a catchup.WakeFor: it starts streaming from the partition's slot
 // and returns a Waker that signals whenever a transaction appended an event
-// the subscription's filter matches, at every (re)connect, and AdvanceAfter
-// after any commit at the latest. The slot is confirmed only through what
-// the partition's checkpoint holds.
+// the subscription's filter matches and that falls in its partition (when
+// partitioned by stream or category; by a metadata field, an event of any
+// partition signals), at every (re)connect, and AdvanceAfter after any
+// commit at the latest. The slot is confirmed only through what the
+// partition's checkpoint holds.
 func (w *Wake) For(ctx context.Context, sub *catchup.Subscription, lease *catchup.Lease) (catchup.Waker, func()) {
 	b := newBroadcaster(w.cfg.AdvanceAfter)
 	name, part := sub.Name, sub.Partition
+	inPartition := w.partitionOf(sub)
 	src, err := New(w.pool, &Config{
 		Schema:         w.cfg.Schema,
 		Slot:           w.Slot(name, part),
@@ -108,7 +116,7 @@ func (w *Wake) For(ctx context.Context, sub *catchup.Subscription, lease *catchu
 		},
 		OnCommit: func(c Commit) {
 			for _, e := range c.Events {
-				if sub.Filter.Match(e.Type) {
+				if sub.Filter.Match(e.Type) && inPartition(e.StreamID) {
 					b.signal()
 					break
 				}
@@ -135,6 +143,36 @@ func (w *Wake) For(ctx context.Context, sub *catchup.Subscription, lease *catchu
 	done := make(chan struct{})
 	go func() { defer close(done); _ = src.Run(sctx) }()
 	return b, func() { cancel(); <-done; b.stop() }
+}
+
+// partitionOf returns whether an event of a stream falls in sub's
+// partition, as the engine's read computes it (annals.stream_partition of
+// the partition key): for unpartitioned subscribers always, and also for
+// keys that the decoded event cannot reproduce byte for byte (a metadata
+// field, whose JSON text PostgreSQL renders; stream IDs in a server
+// encoding other than UTF8). Erring that way costs an empty read.
+func (w *Wake) partitionOf(sub *catchup.Subscription) func(streamID string) bool {
+	n, part := sub.Partitions, sub.Partition
+	if n <= 1 || !w.utf8 {
+		return func(string) bool { return true }
+	}
+	switch sub.PartitionBy {
+	case "", catchup.PartitionByStream:
+		return func(id string) bool { return streamPartition(id, n) == part }
+	case catchup.PartitionByCategory:
+		return func(id string) bool {
+			category, _, _ := strings.Cut(id, "-") // split_part(stream_id, '-', 1)
+			return streamPartition(category, n) == part
+		}
+	}
+	return func(string) bool { return true }
+}
+
+// streamPartition is annals.stream_partition (migrations/sql/0002): the
+// first four bytes of md5(key) as an int4, masked to non-negative, modulo n.
+func streamPartition(key string, n int) int {
+	k1, _ := lockkey.Pair(key)
+	return int(int64(k1)&0x7fffffff) % n
 }
 
 // broadcaster is a catchup.Waker fed by a Source.
