@@ -90,7 +90,8 @@ type Task struct {
 	// Event returns the event to append for a tick (the tick's scheduled
 	// time, in TimeZone). Its ID defaults to TickEventID(Name, tick). An
 	// error, or a panic (recovered: the error names the task and the panic
-	// value), skips this attempt; it is retried after Config.RetryBackoff.
+	// value), skips this attempt; it is retried after Config.RetryBackoff,
+	// doubling with each consecutive failure up to Config.MaxRetryBackoff.
 	// Defaults to a TickEventType event with TickData.
 	Event func(tick time.Time) (eventstore.EventData, error)
 	// Missed is the missed-tick policy. Defaults to FireLatest.
@@ -284,7 +285,7 @@ func (s *Scheduler) AddTask(ctx context.Context, t Task) error {
 	}
 	s.mu.Lock()
 	s.factories[t.Name] = factory
-	delete(s.retryAt, t.Name)
+	delete(s.retries, t.Name)
 	s.mu.Unlock()
 	s.signal()
 	return nil
@@ -316,7 +317,7 @@ func (s *Scheduler) DeleteTask(ctx context.Context, name string) error {
 	}
 	s.mu.Lock()
 	delete(s.factories, name)
-	delete(s.retryAt, name)
+	delete(s.retries, name)
 	s.mu.Unlock()
 	if n == 0 {
 		return errors.Wrapf(ErrUnknownTask, "no cron task %q", name)
@@ -481,7 +482,7 @@ func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, ne
 	for _, r := range rows {
 		s.mu.Lock()
 		factory, ok := s.factories[r.name]
-		retryAt := s.retryAt[r.name]
+		retry := s.retries[r.name]
 		s.mu.Unlock()
 		if !ok || r.paused {
 			continue
@@ -491,8 +492,8 @@ func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, ne
 			s.cfg.Logger.ErrorContext(ctx, "annals: stored cron task does not parse; not firing it", "task", r.name, telemetry.Err(perr))
 			continue
 		}
-		if now.Before(retryAt) {
-			earliest(retryAt)
+		if now.Before(retry.at) {
+			earliest(retry.at)
 			continue
 		}
 		if r.futureTick(now) {
@@ -505,13 +506,24 @@ func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, ne
 				if ctx.Err() != nil {
 					return fired, next, contended, ferr
 				}
-				s.cfg.Logger.ErrorContext(ctx, "annals: cron tick failed; retrying later",
-					"task", r.name, "retry_in", s.cfg.RetryBackoff, telemetry.Err(ferr))
+				// Back off: a task that keeps failing (an Event func that
+				// panics, an invalid event) is tried, and logs, ever less
+				// often, up to once per MaxRetryBackoff.
+				retry.failures++
+				d := s.backoff(retry.failures)
+				retry.at = now.Add(d)
 				s.mu.Lock()
-				s.retryAt[r.name] = now.Add(s.cfg.RetryBackoff)
+				s.retries[r.name] = retry
 				s.mu.Unlock()
-				earliest(now.Add(s.cfg.RetryBackoff))
+				s.cfg.Logger.ErrorContext(ctx, "annals: cron tick failed; retrying later",
+					"task", r.name, "failures", retry.failures, "retry_in", d, telemetry.Err(ferr))
+				earliest(retry.at)
 				continue
+			}
+			if !held && retry.failures > 0 {
+				s.mu.Lock()
+				delete(s.retries, r.name)
+				s.mu.Unlock()
 			}
 			if ok {
 				fired++

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"bytes"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -146,5 +147,70 @@ func TestFailureLogsAreOneLine(t *testing.T) {
 				t.Errorf("%q logged %d bytes over more than one line:\n%s", msg, len(l), l)
 			}
 		}
+	}
+}
+
+// A task whose every attempt fails (its event is invalid: no retry can fix
+// it) is retried after RetryBackoff, doubling up to MaxRetryBackoff: over N
+// seconds it is tried and logged about log2(N) times (plus N over the cap),
+// not N times. A task that fails for a while and recovers fires its ticks
+// as usual from then on, and its next failure is retried after
+// RetryBackoff again.
+func TestCronFailingTaskBacksOff(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	clock := newFakeClock(t0)
+	var logs syncBuffer
+	s := newScheduler(t, db, &Config{Clock: clock, RetryBackoff: time.Second, MaxRetryBackoff: 64 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	ctx := t.Context()
+	var brokenCalls, flakyCalls []int // seconds after t0 of each attempt
+	if err := s.AddTask(ctx, Task{Name: "broken", Spec: "* * * * * *", StreamID: "broken",
+		Event: func(tick time.Time) (eventstore.EventData, error) {
+			brokenCalls = append(brokenCalls, int(tick.Sub(t0)/time.Second))
+			return eventstore.EventData{Type: ""}, nil // invalid: eventstore.ErrInvalidEvent
+		}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddTask(ctx, Task{Name: "flaky", Spec: "* * * * * *", StreamID: "flaky",
+		Event: func(tick time.Time) (eventstore.EventData, error) {
+			sec := int(tick.Sub(t0) / time.Second)
+			flakyCalls = append(flakyCalls, sec)
+			if sec < 20 || sec == 100 {
+				return eventstore.EventData{}, errors.New("report service down")
+			}
+			return eventstore.EventData{Type: TickEventType, Data: TickData{Task: "flaky", Tick: tick.UTC()}}, nil
+		}}); err != nil {
+		t.Fatal(err)
+	}
+	const seconds = 300
+	for range seconds {
+		clock.Advance(time.Second)
+		fireDue(t, s)
+	}
+	// Gaps 1, 2, 4, …, 64, then 64 (the cap): 10 attempts in 300 s.
+	if want := []int{1, 2, 4, 8, 16, 32, 64, 128, 192, 256}; !slices.Equal(brokenCalls, want) {
+		t.Errorf("the broken task was tried at %v s (%d times in %d s), want %v", brokenCalls, len(brokenCalls), seconds, want)
+	}
+	if n := len(logs.lines("task=broken")); n != len(brokenCalls) {
+		t.Errorf("the broken task logged %d lines for %d attempts", n, len(brokenCalls))
+	}
+	if n := eventsIn(t, db, "broken"); n != 0 {
+		t.Errorf("the broken task appended %d events", n)
+	}
+	// flaky failed at 1, 2, 4, 8 and 16 s, recovered by 32 s (its first
+	// try after 20 s), fired every second since, failed at 100 s and was
+	// retried a second later.
+	if want := []int{1, 2, 4, 8, 16}; !slices.Equal(flakyCalls[:min(5, len(flakyCalls))], want) {
+		t.Errorf("flaky was tried at %v, want %v first", flakyCalls, want)
+	}
+	var want []time.Time
+	for sec := 32; sec <= seconds; sec++ {
+		if sec != 100 {
+			want = append(want, t0.Add(time.Duration(sec)*time.Second))
+		}
+	}
+	if got := ticks(t, db, "flaky"); !equalTimes(got, want) {
+		t.Errorf("flaky fired %d ticks (%v … ), want %d: every second from 32 s on but 100 s", len(got), got[:min(3, len(got))], len(want))
 	}
 }

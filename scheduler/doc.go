@@ -139,6 +139,21 @@
 // once; SkipMissed fires none. Either way the task then waits for its next
 // tick.
 //
+// Failures. An attempt to fire a tick fails when the task's Event func
+// returns an error or panics (the panic is recovered; the error names the
+// task and the panic value), when its event is invalid, or when the
+// database refuses the tick's transaction. The dispatcher logs one error
+// line and tries the task again after RetryBackoff, doubling with each
+// consecutive failure of the task up to MaxRetryBackoff (default 10 min);
+// a successful attempt resets it. So a task whose every attempt fails (a
+// bug, an event that can never be appended) is tried, and logs, about
+// log2(MaxRetryBackoff/RetryBackoff) times in its first MaxRetryBackoff and
+// then once per MaxRetryBackoff, instead of once per RetryBackoff forever;
+// the other tasks fire meanwhile. The back-off is kept in each process. A
+// retry fires the latest tick due by then (not each tick that fell
+// meanwhile); if that is older than MissedGrace, it was missed and the
+// task's MissedPolicy applies.
+//
 // Time zones and DST. Ticks are what the parser yields in the task's zone:
 // on the day clocks spring forward, a wall time that does not exist (02:30
 // in Europe/Berlin on 2026-03-29) has no tick; on the day they fall back, a

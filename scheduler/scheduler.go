@@ -57,10 +57,13 @@ type Config struct {
 	// MaxAttempts is how many times a timer's append may fail before the
 	// timer is kept as failed and no longer retried. Defaults to 5.
 	MaxAttempts int
-	// RetryBackoff is the delay before a failed timer is tried again; it
-	// doubles with each failed attempt, up to MaxRetryBackoff. Defaults to 1 s.
+	// RetryBackoff is the delay before a failed timer, or a cron task whose
+	// tick failed, is tried again; it doubles with each consecutive failed
+	// attempt, up to MaxRetryBackoff. Defaults to 1 s.
 	RetryBackoff time.Duration
-	// MaxRetryBackoff caps RetryBackoff's doubling. Defaults to 10 min.
+	// MaxRetryBackoff caps RetryBackoff's doubling: a task whose ticks
+	// keep failing is tried (and logs an error) once per MaxRetryBackoff.
+	// Defaults to 10 min.
 	MaxRetryBackoff time.Duration
 	// MissedGrace is how late a cron tick may be fired and still count as on
 	// time. A tick older than that when a dispatcher gets to it is missed,
@@ -139,7 +142,7 @@ type Scheduler struct {
 
 	mu        sync.Mutex
 	factories map[string]func(time.Time) (eventstore.EventData, error)
-	retryAt   map[string]time.Time // per task: do not try before (after a failure)
+	retries   map[string]taskRetry // per failing task: its back-off
 	lastPrune time.Time
 
 	wake chan struct{} // coalesced: a timer was scheduled, or the listener (re)connected
@@ -153,6 +156,12 @@ type Scheduler struct {
 	reconnects atomic.Int64
 	notified   atomic.Int64    // notifications received
 	afterClaim func(tx pgx.Tx) // called inside a claim transaction once timers are claimed
+}
+
+// taskRetry is the back-off of a cron task whose latest attempts failed.
+type taskRetry struct {
+	failures int       // consecutive failed attempts
+	at       time.Time // when to try again (by the Clock)
 }
 
 type queries struct {
@@ -182,7 +191,7 @@ func New(store *eventstore.Store, cfg *Config) (*Scheduler, error) {
 		cfg:       c,
 		channel:   TimersChannel(c.Schema),
 		factories: map[string]func(time.Time) (eventstore.EventData, error){},
-		retryAt:   map[string]time.Time{},
+		retries:   map[string]taskRetry{},
 		wake:      make(chan struct{}, 1),
 		q: queries{
 			boundClaim:  named["BoundClaim"],
