@@ -88,6 +88,21 @@
 // consumer of a database follows the WAL, appends need not NOTIFY; see
 // docs/benchmarks.md for the figures.
 //
+// # Latency and synchronous_commit
+//
+// A walsender sends a transaction only once its commit record is flushed
+// to disk. With synchronous_commit on (PostgreSQL's default) the commit
+// flushes it itself, and the wake-up follows within a few milliseconds,
+// like a NOTIFY. With synchronous_commit off for the appends (the clusters
+// of `annals dev --fsync=false`, internal/pgcluster and
+// annalstest/pgcontainer run so), the WAL writer flushes it on its own
+// schedule: up to about twice wal_writer_delay (200 ms by default) after
+// the commit. Measured on such a cluster: medians of 25 to 200 ms and
+// maxima around 400 ms from append to handler, against 3 to 5 ms with
+// synchronous_commit on; NOTIFY, sent at commit, took a few ms either way.
+// Tests that time the WAL wake-up on such a cluster must allow for that,
+// or turn synchronous_commit on for their database.
+//
 // Costs: one walsender and one slot per led subscriber partition, each
 // decoding the whole WAL stream of the database (pgoutput filters by
 // publication after decoding). It suits a few subscribers (the relay, a
