@@ -111,8 +111,8 @@ type Client struct {
 // running is one Start…Stop of a Client.
 type running struct {
 	cancel context.CancelFunc
-	done   chan struct{} // closed when the runner's Run returned
-	err    error         // what it returned; read after done
+	done   chan struct{} // closed when the runner's run ended (or it never started)
+	err    error         // why it did not start; read after done
 }
 
 // New returns a Client on pool. It does not touch the database: Start (or
@@ -336,7 +336,10 @@ func (c *Client) setupInline(ctx context.Context) error {
 // subscriber catches up from its checkpoint and follows the log, and the
 // scheduler's dispatcher fires timers and cron ticks. ctx bounds the start
 // only; Stop ends the run. Start fails if the client is running or any step
-// fails (then nothing runs).
+// fails (then nothing runs), the runner's start-up included
+// (projection.Runner.Start): a subscriber registered with another
+// partition layout than it ran with fails Start with a
+// *catchup.PartitionLayoutError (catchup.ErrPartitionLayout).
 func (c *Client) Start(ctx context.Context) error {
 	c.mu.Lock()
 	if c.run != nil {
@@ -358,6 +361,22 @@ func (c *Client) Start(ctx context.Context) error {
 	if err == nil && runCtx.Err() != nil {
 		err = runCtx.Err() // stopped just as prepare ended: start nothing
 	}
+	var done <-chan struct{}
+	if err == nil {
+		// The runner's start-up (the partition-layout checks, the instance's
+		// registration) is part of Start: its refusal is Start's error, and
+		// ctx bounds it too.
+		stopStart := context.AfterFunc(ctx, cancel)
+		done, err = c.runner.Start(runCtx)
+		if !stopStart() {
+			// ctx ended as the runner started, and cancelled it: say so (its
+			// statements saw a cancellation, not ctx's own error).
+			if err == nil {
+				<-done
+			}
+			err = errors.WithSecondaryError(errors.Wrap(ctx.Err(), "annals: Start"), err)
+		}
+	}
 	if err != nil {
 		if runCtx.Err() != nil && ctx.Err() == nil && errors.Is(err, context.Canceled) {
 			err = errors.WithSecondaryError(errors.Wrap(context.Canceled, "annals: Start: stopped by Stop while starting"), err)
@@ -372,7 +391,7 @@ func (c *Client) Start(ctx context.Context) error {
 	}
 	go func() {
 		defer close(r.done)
-		r.err = c.runner.Run(runCtx)
+		<-done
 	}()
 	return nil
 }
@@ -437,7 +456,7 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	select {
 	case <-ctx.Done():
-	case <-r.done: // the runner could not start
+	case <-r.done: // a concurrent Stop ended the run
 	}
 	return c.Stop(context.WithoutCancel(ctx))
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/annals-dev/annals"
 	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/projection"
 )
@@ -210,5 +211,78 @@ func TestClientStopDuringStart(t *testing.T) {
 	}
 	if err := c.Stop(stopCtx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A projection registered with another partition layout than it ran with
+// is refused by the runner: Start returns that refusal (a
+// *catchup.PartitionLayoutError) and nothing runs. Start returned nil, the
+// client ran nothing and logged nothing, and the refusal surfaced only
+// from Stop.
+func TestClientStartReturnsTheRunnersRefusal(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := annalstest.NewDB(t, nil)
+	reg := eventstore.NewRegistry()
+	eventstore.MustRegister[clDeposited](reg, "cl.deposited")
+	var handled atomic.Int64
+	newClient := func(partitions int) *annals.Client {
+		c, err := annals.New(db.Pool, &annals.Config{Registry: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := projection.New("cl.layout", reg)
+		projection.On(p, func(context.Context, pgx.Tx, eventstore.Envelope[clDeposited]) error {
+			handled.Add(1)
+			return nil
+		})
+		if err := annals.AddProjection(c, p, &projection.Options{Partitions: partitions}); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	old := newClient(2)
+	if _, err := old.Append(ctx, "acct-1", eventstore.Any, eventstore.NewEvent(clDeposited{Amount: 1})); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.RunUntilCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if handled.Load() != 1 {
+		t.Fatalf("handled %d events, want 1", handled.Load())
+	}
+	if _, err := old.Append(ctx, "acct-2", eventstore.Any, eventstore.NewEvent(clDeposited{Amount: 2})); err != nil {
+		t.Fatal(err)
+	}
+
+	c := newClient(4)
+	err := c.Start(ctx)
+	var layout *catchup.PartitionLayoutError
+	if !errors.As(err, &layout) || !errors.Is(err, catchup.ErrPartitionLayout) {
+		stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		t.Fatalf("Start with another partition layout = %v (Stop: %v), want a *catchup.PartitionLayoutError", err, c.Stop(stopCtx))
+	}
+	if layout.RecordedPartitions != 2 || layout.Partitions != 4 {
+		t.Fatalf("PartitionLayoutError %+v, want recorded 2, asked 4", layout)
+	}
+	// Nothing runs: the event appended since is not handled, no instance is
+	// registered, Stop has nothing to stop, and Start may be called again.
+	time.Sleep(300 * time.Millisecond)
+	if handled.Load() != 1 {
+		t.Fatalf("handled %d events after the refused Start, want 1", handled.Load())
+	}
+	var instances int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.instances`).Scan(&instances); err != nil || instances != 0 {
+		t.Fatalf("%d instances registered after the refused Start (%v)", instances, err)
+	}
+	if err := c.Stop(ctx); err != nil {
+		t.Fatalf("Stop after a refused Start: %v", err)
+	}
+	if err := c.Start(ctx); !errors.Is(err, catchup.ErrPartitionLayout) {
+		t.Fatalf("second Start = %v, want the refusal again", err)
+	}
+	if err := c.Run(ctx); !errors.Is(err, catchup.ErrPartitionLayout) {
+		t.Fatalf("Run = %v, want the refusal", err)
 	}
 }

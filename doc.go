@@ -14,8 +14,10 @@
 // AddObserver, AddSaga, AddTask, AddService), typed by what it registers.
 // Start migrates the schema (unless Config.SkipMigrations), stores the cron
 // tasks, runs each projection's read-model setup (projection.Typed.OnSetup)
-// and starts the runner and the scheduler's dispatcher in the background;
-// Stop shuts them down gracefully. Run is Start, then Stop when its context
+// and the runner's start-up checks (a subscriber's partition layout, say),
+// returning the first failure with nothing running, and starts the runner
+// and the scheduler's dispatcher in the background; Stop shuts them down
+// gracefully. Run is Start, then Stop when its context
 // ends. RunUntilCaughtUp processes to the head and returns, for tests and
 // batch jobs.
 //

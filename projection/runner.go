@@ -548,56 +548,98 @@ func (r *Runner) subscriptions() []*catchup.Subscription {
 // checkpoints are flushed, locks released, the instance deregistered) and
 // returns nil. It returns an error only if it cannot start (a subscriber
 // run with another partition layout than before is one such case:
-// catchup.ErrPartitionLayout).
+// catchup.ErrPartitionLayout). It is Start, then a wait for its run.
 func (r *Runner) Run(ctx context.Context) error {
+	done, err := r.Start(ctx)
+	if err != nil {
+		return err
+	}
+	<-done
+	return nil
+}
+
+// Start runs Run's start-up steps — the read-model setups (Setup), the
+// partition-layout checks of every subscriber (catchup.ErrPartitionLayout)
+// and of the blue/green generations, the instance's registration — and
+// returns the error of the first that fails, with nothing started. When
+// they succeed it starts the subscribers and services in the background
+// and returns at once; they run until ctx ends and then shut down
+// gracefully, as in Run, and the returned channel is closed once they have.
+// A runner runs once at a time: Start and Run fail while it runs.
+func (r *Runner) Start(ctx context.Context) (<-chan struct{}, error) {
 	r.mu.Lock()
 	if r.running {
 		r.mu.Unlock()
-		return errors.New("projection: Run called twice")
+		return nil, errors.New("projection: the runner is running already (Run or Start called twice)")
 	}
 	r.running = true
 	r.mu.Unlock()
-	defer func() {
+	stopped := func() {
 		r.mu.Lock()
 		r.running = false
 		r.mu.Unlock()
+	}
+	run, err := r.start(ctx)
+	if err != nil {
+		stopped()
+		return nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer stopped()
+		run()
 	}()
+	return done, nil
+}
+
+// start runs the start-up steps of Start and returns the run that follows
+// them: the subscribers and services until ctx ends, then the shutdown.
+func (r *Runner) start(ctx context.Context) (run func(), err error) {
 	subs := r.subscriptions()
 	r.mu.Lock()
 	services := append([]namedService(nil), r.services...)
 	r.mu.Unlock()
 	if len(subs) == 0 && len(services) == 0 {
-		return errors.New("projection: nothing registered")
+		return nil, errors.New("projection: nothing registered")
 	}
 	if err := r.Setup(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	listener, err := catchup.NewListener(r.pool.Config().ConnConfig, r.cfg.Schema, r.cfg.Logger)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	engine, err := r.newEngine(listener)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// A subscriber run with another partition layout than before would
 	// skip or repeat events: refuse to start instead.
 	for _, s := range subs {
 		if err := engine.CheckLayout(ctx, s); err != nil {
-			return errors.Wrapf(err, "projection: %q", s.Name)
+			return nil, errors.Wrapf(err, "projection: %q", s.Name)
 		}
 	}
 	if err := r.checkBlueGreenLayouts(ctx, engine); err != nil {
-		return err
+		return nil, err
 	}
 	if err := r.register(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	metrics, err := r.observe(listener)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer func() { _ = metrics.Unregister() }()
+	return func() {
+		defer func() { _ = metrics.Unregister() }()
+		r.serve(ctx, listener, engine, subs, services)
+	}, nil
+}
+
+// serve runs the listener, the heartbeat, the services and the subscribers
+// until ctx ends, waits for them and deregisters the instance.
+func (r *Runner) serve(ctx context.Context, listener *catchup.Listener, engine *catchup.Engine, subs []*catchup.Subscription, services []namedService) {
 	var wg sync.WaitGroup
 	listenCtx, stopListener := context.WithCancel(context.WithoutCancel(ctx))
 	wg.Add(1)
@@ -630,7 +672,6 @@ func (r *Runner) Run(ctx context.Context) error {
 	if _, err := r.pool.Exec(dctx, r.q["Deregister"], r.cfg.InstanceID); err != nil {
 		r.cfg.Logger.WarnContext(dctx, "annals: deregistering the instance failed", telemetry.Err(err))
 	}
-	return nil
 }
 
 // RunUntilCaughtUp processes every registered subscriber up to the head of
