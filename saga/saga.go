@@ -98,7 +98,10 @@ var (
 // empty name, Options.Partitions > 1 (the events of one instance may come
 // from several streams, and partitions split the log by stream, so two
 // partitions could handle one instance at once and out of order), and any
-// error of projection.Runner.Register.
+// error of projection.Runner.Register. Config.Scheduler is added to the
+// runner only once the saga is registered; if that fails (the runner
+// already has a different service named "annals.scheduler", e.g. another
+// saga's scheduler), the saga stays registered and the error says so.
 func Register[S any](runner *projection.Runner, s Saga[S], cfg *Config) error {
 	if runner == nil {
 		return errors.New("saga: Register with a nil runner")
@@ -143,10 +146,16 @@ func Register[S any](runner *projection.Runner, s Saga[S], cfg *Config) error {
 	if err != nil {
 		return err
 	}
+	// Register first: it is what rejects bad options (type globs, a
+	// duplicate name, …), and a rejected saga must not leave its scheduler's
+	// dispatcher added to the runner (a runner cannot remove a service).
+	if err := runner.Register(&adapter[S]{saga: s, rt: rt}, &opts); err != nil {
+		return err
+	}
 	if cfg.Scheduler != nil {
 		if err := runner.AddService(schedulerService, cfg.Scheduler); err != nil {
-			return errors.Wrapf(err, "saga %q: add the scheduler", name)
+			return errors.Wrapf(err, "saga %q is registered, but its scheduler could not be added", name)
 		}
 	}
-	return runner.Register(&adapter[S]{saga: s, rt: rt}, &opts)
+	return nil
 }
