@@ -203,6 +203,32 @@ func TestBadInput(t *testing.T) {
 		}
 	})
 
+	// A panic in a saga's code is retried, then dead-lettered, like an
+	// error it returned, and the dead letter names the saga (and instance).
+	t.Run("PanicIsDeadLetteredWithTheSagaAndInstance", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.runner(t)
+		handles := &rawSaga[counterState]{name: "panicky", correlate: addedID,
+			handle: func(ctx context.Context, inst *saga.Instance[counterState], e eventstore.Event) error {
+				panic("boom")
+			}}
+		correlates := &rawSaga[counterState]{name: "panicky-correlate",
+			correlate: func(e eventstore.Event) (string, bool) { panic("no route") },
+			handle: func(ctx context.Context, inst *saga.Instance[counterState], e eventstore.Event) error {
+				return nil
+			}}
+		for _, s := range []*rawSaga[counterState]{handles, correlates} {
+			if err := saga.Register[counterState](r, s, &saga.Config{Store: b.store}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b.append(t, "s", Added{ID: "a", N: 1})
+		catchUp(t, r)
+		b.wantDeadLetter(t, "panicky", "s", 3, `saga "panicky" instance "a": handler panicked: boom`)
+		b.wantDeadLetter(t, "panicky-correlate", "s", 3, `saga "panicky-correlate": correlate event`, "handler panicked: no route")
+	})
+
 	t.Run("ScheduleWithoutScheduler", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

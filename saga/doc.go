@@ -45,6 +45,8 @@
 // a crash anywhere re-runs whole events or none: an effect is never applied
 // twice nor lost. Any error rolls the batch back from the failing event on;
 // the runner retries the event by its RetryPolicy and then dead-letters it.
+// Errors (and panics, recovered as errors) of Correlate and Handle are
+// wrapped with the saga's name and the instance ID.
 // Bad correlation (ok with an empty ID, an event a typed saga cannot
 // decode) and a state that cannot be decoded or encoded are marked
 // annals.Permanent: dead-lettered at once, with the saga and instance in the

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -143,13 +144,19 @@ func (a *adapter[S]) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) 
 	rt := a.rt
 	var id string
 	var ok bool
-	if c, typed := a.saga.(correlator); typed {
-		var err error
-		if id, ok, err = c.correlate(e); err != nil {
-			return failure.Permanent(errors.Wrapf(err, "saga %q: correlate event %s (%s)", rt.name, e.ID, e.Type))
+	var cerr error // a typed saga's event that does not decode
+	if err := safely(func() error {
+		if c, typed := a.saga.(correlator); typed {
+			id, ok, cerr = c.correlate(e)
+		} else {
+			id, ok = a.saga.Correlate(e)
 		}
-	} else {
-		id, ok = a.saga.Correlate(e)
+		return nil
+	}); err != nil {
+		return errors.Wrapf(err, "saga %q: correlate event %s (%s)", rt.name, e.ID, e.Type)
+	}
+	if cerr != nil {
+		return failure.Permanent(errors.Wrapf(cerr, "saga %q: correlate event %s (%s)", rt.name, e.ID, e.Type))
 	}
 	if !ok {
 		return nil
@@ -178,7 +185,7 @@ func (a *adapter[S]) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) 
 			return failure.Permanent(errors.Wrapf(err, "saga %q instance %q: decode state %.200s into %T", rt.name, id, raw, inst.State))
 		}
 	}
-	err = a.saga.Handle(ctx, inst, e)
+	err = safely(func() error { return a.saga.Handle(ctx, inst, e) })
 	inst.done = true
 	if err != nil {
 		return errors.Wrapf(err, "saga %q instance %q", rt.name, id)
@@ -206,6 +213,18 @@ func (a *adapter[S]) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) 
 		}
 	}
 	return nil
+}
+
+// safely calls fn, turning a panic into an error with its stack, as the
+// runner would: recovered here, the error is wrapped with the saga's name
+// (and instance) like any error of the saga's code.
+func safely(fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = errors.WithDetail(errors.Newf("handler panicked: %v", r), string(debug.Stack()))
+		}
+	}()
+	return fn()
 }
 
 // correlator is implemented by the typed sagas of this package, whose
