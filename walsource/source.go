@@ -56,7 +56,8 @@ type Config struct {
 	// StatusInterval is how often the Source asks Confirmed and sends a
 	// standby status update. Defaults to 500ms.
 	StatusInterval time.Duration
-	// Logger receives reconnects. Defaults to discarding.
+	// Logger receives reconnects and the re-creation of an invalidated
+	// slot. Defaults to discarding.
 	Logger *slog.Logger
 }
 

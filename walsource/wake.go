@@ -22,7 +22,8 @@ type WakeConfig struct {
 	Schema string
 	// StatusInterval goes to each Source. Defaults to 500ms.
 	StatusInterval time.Duration
-	// Logger receives reconnects. Defaults to discarding.
+	// Logger receives reconnects and the re-creation of an invalidated
+	// slot. Defaults to discarding.
 	Logger *slog.Logger
 	// OnCommit, when set, also receives every Commit a leadership's Source
 	// decodes (for tests and metrics), after the Waker has signalled for it
