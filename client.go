@@ -269,7 +269,11 @@ func (c *Client) StreamVersion(ctx context.Context, streamID string) (int64, err
 // processed every event through position (read-your-writes: pass an
 // append's AppendResult.Position()), woken by the checkpoint's
 // notification rather than a poll. When ctx ends first it fails with a
-// *projection.BehindError that says how far behind the subscriber is. The
+// *projection.BehindError that says how far behind the subscriber is (and
+// why, when its partition is stopped); when the subscriber passed position
+// without applying its event (a dead letter: the event failed, or was
+// parked behind a failure of its stream) it fails with a
+// *projection.DeadLetteredError (projection.ErrDeadLettered). The
 // runner need not run in this process: whichever process leads the
 // subscriber moves its checkpoint.
 func (c *Client) Await(ctx context.Context, name string, position int64) error {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
@@ -45,24 +46,86 @@ type BehindError struct {
 	Checkpoint int64
 	// Lag is how many events lie after Checkpoint, up to Target.
 	Lag int64
+	// Stopped is the partition's stop reason when the Stop dead-letter
+	// policy halted it (it stays at Checkpoint until an operator retries or
+	// skips the dead letter: annals dlq), else "".
+	Stopped string
 	// Err is the context's error.
 	Err error
 }
 
 func (e *BehindError) Error() string {
-	return fmt.Sprintf("projection %q is behind position %d: partition %d at checkpoint %d, %d events behind: %v",
-		e.Projection, e.Target, e.Partition, e.Checkpoint, e.Lag, e.Err)
+	stopped := ""
+	if e.Stopped != "" {
+		stopped = fmt.Sprintf("; the partition is stopped until an operator retries or skips its dead letter (annals dlq): %s", e.Stopped)
+	}
+	return fmt.Sprintf("projection %q is behind position %d: partition %d at checkpoint %d, %d events behind%s: %v",
+		e.Projection, e.Target, e.Partition, e.Checkpoint, e.Lag, stopped, e.Err)
 }
 
 // Unwrap returns the context's error.
 func (e *BehindError) Unwrap() error { return e.Err }
 
+// ErrDeadLettered is matched (errors.Is) by the error of an Await whose
+// event the subscriber passed without applying it: a *DeadLetteredError.
+var ErrDeadLettered = errors.New("projection: the awaited event was dead-lettered")
+
+// DeadLetteredError is returned by Await when the subscriber's checkpoint
+// has passed the position but the event at it is one of the subscriber's
+// dead letters: it failed (its retry policy spent, or a permanent error),
+// or it was parked behind an earlier failure of its stream (ParkStream),
+// and it is still open, or an operator skipped it. The read model lacks
+// that event. Await waits on (and returns nil once it is applied) while an
+// operator's retry re-delivers it.
+type DeadLetteredError struct {
+	// Projection is the subscriber waited for (for a blue/green
+	// projection, its live generation's: <name>#g<N>).
+	Projection string
+	// Position is the position waited for, and Stream its event's stream.
+	Position int64
+	Stream   string
+	// DeadLetter is the dead letter's ID (annals dlq show, retry, skip).
+	DeadLetter int64
+	// Reason is "failed" (the event failed) or "parked" (held back behind
+	// an earlier failure of its stream).
+	Reason string
+	// Status is "open" (waiting for an operator) or "skipped" (an operator
+	// chose to do without it).
+	Status string
+}
+
+func (e *DeadLetteredError) Error() string {
+	what := "failed"
+	if e.Reason == "parked" {
+		what = "was parked behind an earlier failure of its stream"
+	}
+	then := "it stays unapplied until an operator retries it (annals dlq retry " + strconv.FormatInt(e.DeadLetter, 10) + ")"
+	if e.Status == "skipped" {
+		then = "an operator skipped it: it will not be applied"
+	}
+	return fmt.Sprintf("projection %q passed position %d without applying it: the event (stream %q) %s and is dead letter %d (%s); %s",
+		e.Projection, e.Position, e.Stream, what, e.DeadLetter, e.Status, then)
+}
+
+// Is reports whether target is ErrDeadLettered.
+func (e *DeadLetteredError) Is(target error) bool { return target == ErrDeadLettered }
+
 // Await returns when the projection name has processed every event through
 // position (the GlobalSequence of an append's last event): its checkpoint
-// has reached position in the partition that position's stream belongs to
-// (every partition if that event is not found). It opens an Awaiter for the
-// one call; a service that waits often keeps one Awaiter instead. On
-// timeout or cancellation it returns a *BehindError.
+// has reached position in the partition that position's event belongs to
+// (by the subscriber's recorded partition count and key; every partition
+// if that event is not found, or the role may not read the recorded
+// layout). It opens an Awaiter for the one call; a service that waits often
+// keeps one Awaiter instead. On timeout or cancellation it returns a
+// *BehindError, which names the partition's stop reason when the Stop
+// dead-letter policy halted it. When the checkpoint has passed position
+// but the event at position is a dead letter of the subscriber (failed,
+// or parked behind a failure of its stream), open or skipped, it returns a
+// *DeadLetteredError (errors.Is(err, ErrDeadLettered)) instead of nil: the
+// read model lacks the event. Only the event at position is looked up: an
+// earlier event of the same append that the SkipEvent policy passed is not
+// (under ParkStream its failure parks the later ones, under Stop it halts
+// the partition).
 func Await(ctx context.Context, pool *pgxpool.Pool, name string, position int64, opts *AwaitOptions) error {
 	a, err := NewAwaiter(pool, opts)
 	if err != nil {
@@ -98,10 +161,19 @@ type Awaiter struct {
 	done    chan struct{}
 	ready   chan struct{} // closed once the listener's first LISTEN is in place
 	closed  bool
-	// generations is 1 when the role may read read_model_generations, -1
-	// when it may not (a writer or reader awaiting its own writes: only
-	// runners may), 0 until checked.
-	generations atomic.Int32
+	// privileges is what the role may read, once checked (nil until then).
+	privileges atomic.Pointer[awaitPrivileges]
+}
+
+// awaitPrivileges says which tables beyond checkpoints and dead letters
+// (which every role of annals grant may read) an Awaiter's role may read.
+type awaitPrivileges struct {
+	// generations: read_model_generations (runners may; a writer or reader
+	// awaiting its own writes may not).
+	generations bool
+	// layouts: subscriber_layouts, the recorded partition layouts (runners
+	// may).
+	layouts bool
 }
 
 type awaitKey struct {
@@ -152,19 +224,24 @@ func (a *Awaiter) Close() {
 }
 
 // Await returns nil once the projection name's checkpoint has reached
-// position (see the package function Await), or a *BehindError when ctx ends
-// first. For a partitioned projection it takes the number of partitions
-// to be the number of checkpoint rows the projection has: while its
-// partitions are first started that may be too few, and the partition
-// computed for position wrong; use AwaitPartitions (or Runner.Await), which
-// are told.
+// position (see the package function Await), a *DeadLetteredError when it
+// passed position without applying its event, or a *BehindError when ctx
+// ends first. For a partitioned projection it reads the partition count
+// and key the subscriber's checkpoints were written under
+// (subscriber_layouts, recorded at its first run). A role that may not
+// read them (a writer or reader granted before it could) waits for every
+// partition, whose count it takes to be the number of checkpoint rows the
+// projection has (while its partitions are first started that may be too
+// few); AwaitPartitions (or Runner.Await) is told the count.
 func (a *Awaiter) Await(ctx context.Context, name string, position int64) error {
 	return a.AwaitPartitions(ctx, name, 0, position)
 }
 
 // AwaitPartitions is Await for a projection run with Options.Partitions =
 // partitions (0: unknown, as Await): it waits for the checkpoint of the
-// partition that position's stream belongs to.
+// partition that position's event belongs to, by the subscriber's recorded
+// partition key (every partition when the role may not read it; the
+// recorded count wins over partitions too).
 //
 // For a blue/green projection (Options.BlueGreen) it waits for the live
 // generation (its subscriber <name>#g<N>), the one readers see. A cut-over
@@ -176,14 +253,15 @@ func (a *Awaiter) AwaitPartitions(ctx context.Context, name string, partitions i
 	if partitions < 0 {
 		return errors.Newf("projection: Await: %d partitions", partitions)
 	}
-	return a.await(ctx, name, true, "", func(int) int { return partitions }, position)
+	return a.await(ctx, name, true, func(int) (int, string) { return partitions, "" }, position)
 }
 
-// await is AwaitPartitions with the partition count of each generation
-// version (0: not blue/green) given by partitions; blueGreen says whether
-// name may be a blue/green projection (false: it is known not to be, and no
-// generation is looked up).
-func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, partitionBy string, partitions func(version int) int, position int64) error {
+// await is AwaitPartitions with the partition count and key of each
+// generation version (0: not blue/green) given by layout (0 and "" where
+// unknown; the key canonical, as recorded: catchup.PartitionByStream for
+// the default); blueGreen says whether name may be a blue/green projection
+// (false: it is known not to be, and no generation is looked up).
+func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, layout func(version int) (int, string), position int64) error {
 	if name == "" {
 		return errors.New("projection: Await: empty projection name")
 	}
@@ -197,7 +275,7 @@ func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, partit
 	if err != nil {
 		return a.failed(ctx, name, position, -1, err)
 	}
-	part, err := a.partition(ctx, sub, partitions(version), partitionBy, position)
+	part, err := a.partition(ctx, sub, version, layout, position)
 	if err != nil {
 		return a.failed(ctx, sub, position, -1, err)
 	}
@@ -211,33 +289,42 @@ func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, partit
 	case <-ctx.Done():
 		return a.behind(ctx, sub, position, part, ctx.Err())
 	}
-	read := true // from the database: at the start and at each poll
-	for polls := 0; ; {
-		var ok bool
-		if read {
-			if polls++; polls > 1 {
-				// A cut-over (or rollback) moves readers to another
-				// generation: wait for that one from now on.
-				s, v, err := a.live(ctx, name, blueGreen)
-				if err != nil {
-					return a.failed(ctx, sub, position, part, err)
-				}
-				if s != sub {
-					if part, err = a.partition(ctx, s, partitions(v), partitionBy, position); err != nil {
-						return a.failed(ctx, s, position, -1, err)
-					}
-					sub = s
-				}
-			}
-			ok, err = a.reached(ctx, sub, part, position)
+	read := true    // from the database: at the start, at each poll, and to confirm a notification
+	follow := false // look for the live generation first: at each poll
+	held := false   // the checkpoint passed, but a released dead letter of the event awaits re-delivery
+	for {
+		if follow {
+			// A cut-over (or rollback) moves readers to another
+			// generation: wait for that one from now on.
+			s, v, err := a.live(ctx, name, blueGreen)
 			if err != nil {
 				return a.failed(ctx, sub, position, part, err)
 			}
-		} else {
-			ok = a.notified(sub, part, position)
+			if s != sub {
+				if part, err = a.partition(ctx, s, v, layout, position); err != nil {
+					return a.failed(ctx, s, position, -1, err)
+				}
+				sub = s
+			}
+			follow = false
 		}
-		if ok {
-			return nil
+		if read {
+			var r reach
+			if r, err = a.reached(ctx, sub, part, position); err != nil {
+				return a.failed(ctx, sub, position, part, err)
+			}
+			switch {
+			case r.dead != nil:
+				return errors.WithStack(r.dead)
+			case r.done:
+				return nil
+			}
+			held = r.held
+		} else if !held && a.notified(sub, part, position) {
+			// The checkpoint passed position: read it back, with the dead
+			// letter of the event if there is one, before saying so.
+			read = true
+			continue
 		}
 		select {
 		case <-ctx.Done():
@@ -250,9 +337,26 @@ func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, partit
 			a.mu.Unlock()
 			read = false
 		case <-ticker.C:
-			read = true
+			read, follow = true, true
 		}
 	}
+}
+
+// privileged returns what the role may read, checking once per Awaiter: a
+// role that may not read a table would have every Await that reads it
+// fail. Only runners may read the generations (and run a blue/green
+// projection) and the recorded layouts, but writers and readers may await
+// ordinary projections.
+func (a *Awaiter) privileged(ctx context.Context) (awaitPrivileges, error) {
+	if p := a.privileges.Load(); p != nil {
+		return *p, nil
+	}
+	var p awaitPrivileges
+	if err := a.pool.QueryRow(ctx, a.q["AwaitPrivileges"], a.schema).Scan(&p.generations, &p.layouts); err != nil {
+		return p, errors.Wrap(err, "projection: Await: what may the role read")
+	}
+	a.privileges.Store(&p)
+	return p, nil
 }
 
 // live returns the subscriber of the live generation of name and its
@@ -261,26 +365,16 @@ func (a *Awaiter) live(ctx context.Context, name string, blueGreen bool) (string
 	if !blueGreen {
 		return name, 0, nil
 	}
-	switch a.generations.Load() {
-	case -1:
+	p, err := a.privileged(ctx)
+	if err != nil {
+		return "", 0, err
+	}
+	if !p.generations {
 		return name, 0, nil
-	case 0:
-		// Checked once per Awaiter: a role that may not read the table
-		// would have every Await fail, and it cannot run a blue/green
-		// projection (only runners may) but may await an ordinary one.
-		var can bool
-		if err := a.pool.QueryRow(ctx, a.q["AwaitCanReadGenerations"], a.schema).Scan(&can); err != nil {
-			return "", 0, errors.Wrap(err, "projection: Await: may the role read the generations")
-		}
-		if !can {
-			a.generations.Store(-1)
-			return name, 0, nil
-		}
-		a.generations.Store(1)
 	}
 	var sub string
 	var version int
-	err := a.pool.QueryRow(ctx, a.q["AwaitLive"], name).Scan(&sub, &version)
+	err = a.pool.QueryRow(ctx, a.q["AwaitLive"], name).Scan(&sub, &version)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return name, 0, nil
 	}
@@ -290,30 +384,64 @@ func (a *Awaiter) live(ctx context.Context, name string, blueGreen bool) (string
 	return sub, version, nil
 }
 
-// partition returns the partition the event at position belongs to, or -1
-// for every partition (one partition, or the event is not found).
-func (a *Awaiter) partition(ctx context.Context, name string, partitions int, partitionBy string, position int64) (int, error) {
+// partition returns the partition the event at position belongs to in the
+// subscriber name (of generation version, 0 if none), or -1 for every
+// partition (the event is not found, or the partition key is unknown): by
+// the subscriber's recorded layout when the role may read it, else by
+// layout's.
+func (a *Awaiter) partition(ctx context.Context, name string, version int, layout func(version int) (int, string), position int64) (int, error) {
+	p, err := a.privileged(ctx)
+	if err != nil {
+		return 0, err
+	}
+	q := a.q["AwaitPartition"]
+	if !p.layouts {
+		q = a.q["AwaitPartitionUnrecorded"]
+	}
+	partitions, by := layout(version)
 	var part int
-	kind, field := partitionKeyArgs(partitionBy)
-	err := a.pool.QueryRow(ctx, a.q["AwaitPartition"], name, position, partitions, kind, field).Scan(&part)
+	err = a.pool.QueryRow(ctx, q, name, position, partitions, by).Scan(&part)
 	return part, errors.Wrap(err, "projection: Await: find the partition")
 }
 
+// reach is what a read of the checkpoints found: the ones waited for have
+// reached the position (done), or passed it without applying its event,
+// which is an open or skipped dead letter (dead) or a released one waiting
+// for re-delivery (held).
+type reach struct {
+	done, held bool
+	dead       *DeadLetteredError
+}
+
 // reached reads the checkpoints and reports whether the one(s) waited for
-// are at position; it also records them for notified.
-func (a *Awaiter) reached(ctx context.Context, name string, part int, position int64) (bool, error) {
+// are at position, and, when they are, whether its event was dead-lettered;
+// it also records them for notified.
+func (a *Awaiter) reached(ctx context.Context, name string, part int, position int64) (reach, error) {
 	a.mu.Lock()
 	gen := a.gen
 	a.mu.Unlock()
-	rows, err := a.pool.Query(ctx, a.q["AwaitCheckpoints"], name)
+	rows, err := a.pool.Query(ctx, a.q["AwaitCheckpoints"], name, position, part)
 	if err != nil {
-		return false, errors.Wrap(err, "projection: Await: read checkpoints")
+		return reach{}, errors.Wrap(err, "projection: Await: read checkpoints")
 	}
-	var p int
-	var pos int64
-	found := map[int]int64{}
-	if _, err := pgx.ForEachRow(rows, []any{&p, &pos}, func() error { found[p] = pos; return nil }); err != nil {
-		return false, errors.Wrap(err, "projection: Await: read checkpoints")
+	var (
+		p                              int
+		pos                            int64
+		dlID                           *int64
+		dlStatus, dlReason, dlStream   *string
+		found                          = map[int]int64{}
+		deadID                         int64
+		deadStatus, deadReason, stream string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&p, &pos, &dlID, &dlStatus, &dlReason, &dlStream}, func() error {
+		found[p] = pos
+		if dlID != nil {
+			deadID, deadStatus, deadReason, stream = *dlID, *dlStatus, *dlReason, *dlStream
+		}
+		return nil
+	})
+	if err != nil {
+		return reach{}, errors.Wrap(err, "projection: Await: read checkpoints")
 	}
 	// The database's word replaces what notifications said, since a
 	// checkpoint can move back (a rebuild, annals checkpoint set); unless a
@@ -328,7 +456,20 @@ func (a *Awaiter) reached(ctx context.Context, name string, part int, position i
 		}
 	}
 	a.mu.Unlock()
-	return a.notified(name, part, position), nil
+	var r reach
+	if r.done = a.notified(name, part, position); !r.done || deadID == 0 {
+		return r, nil
+	}
+	switch deadStatus {
+	case "resolved": // re-delivered and applied
+	case "retry":
+		r.done, r.held = false, true
+	default: // open, skipped
+		r.done = false
+		r.dead = &DeadLetteredError{Projection: name, Position: position, Stream: stream,
+			DeadLetter: deadID, Reason: deadReason, Status: deadStatus}
+	}
+	return r, nil
 }
 
 // notified reports whether the positions known for name cover position.
@@ -367,7 +508,7 @@ func (a *Awaiter) behind(ctx context.Context, name string, position int64, part 
 	e := &BehindError{Projection: name, Target: position, Err: cause}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	_ = a.pool.QueryRow(rctx, a.q["AwaitBehind"], name, position, part).Scan(&e.Partition, &e.Checkpoint, &e.Lag)
+	_ = a.pool.QueryRow(rctx, a.q["AwaitBehind"], name, position, part).Scan(&e.Partition, &e.Checkpoint, &e.Lag, &e.Stopped)
 	return errors.WithStack(e)
 }
 
@@ -466,8 +607,9 @@ func (a *Awaiter) listenOnce(ctx context.Context, listening func()) error {
 
 // Await returns once the registered projection or observer name has
 // processed every event through position (read-your-writes: pass the
-// GlobalSequence of an append's last event), or a *BehindError when ctx
-// ends first. It knows the subscriber's partitions, and shares one
+// GlobalSequence of an append's last event), a *DeadLetteredError when it
+// passed position without applying its event (a dead letter: failed or
+// parked), or a *BehindError when ctx ends first. It knows the subscriber's partitions, and shares one
 // Awaiter (one LISTEN connection while anybody waits) across calls. The
 // runner need not be running in this process: any process's leader moves
 // the checkpoint. For a blue/green projection it waits for the live
@@ -487,11 +629,14 @@ func (r *Runner) Await(ctx context.Context, name string, position int64) error {
 	if err != nil {
 		return err
 	}
-	parts := max(reg.opts.Partitions, 1)
-	return a.await(ctx, name, reg.bg != nil, reg.opts.PartitionBy, func(version int) int {
+	parts, by := max(reg.opts.Partitions, 1), reg.opts.PartitionBy
+	if by == "" {
+		by = catchup.PartitionByStream
+	}
+	return a.await(ctx, name, reg.bg != nil, func(version int) (int, string) {
 		if version == 0 || (reg.bg != nil && version == reg.bg.cfg.Version) {
-			return parts
+			return parts, by
 		}
-		return 0 // another version's generation: as many as it has checkpoint rows
+		return 0, "" // another version's generation: its recorded layout, or every partition
 	}, position)
 }

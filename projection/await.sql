@@ -1,36 +1,76 @@
 -- Statements of Await (await.go). {{.Schema}} is the quoted schema name.
 
 -- name: AwaitPartition
--- $1 subscriber, $2 position, $3 partitions (0: as many as the subscriber
--- has checkpoint rows), $4 and $5 the partition key (as in the catch-up
--- engine's ReadBatch: stream, category or metadata and its field): the
--- partition of the event at $2 when there are several; 0 when the
--- subscriber is known to have one (not -1: checkpoints of partitions a
--- rebuild to fewer left behind are not waited for); otherwise, or when no
--- event is at $2, -1 (every partition).
-SELECT CASE WHEN $3::int = 1 THEN 0 ELSE
+-- $1 subscriber, $2 position, $3 partitions and $4 partition key as the
+-- caller knows them (0 and '': unknown; the key as recorded: stream,
+-- category or metadata:FIELD). The subscriber's recorded layout
+-- (subscriber_layouts: what its checkpoints were written under) wins over
+-- both; without one, an unknown count is the number of the subscriber's
+-- checkpoint rows. Returns the partition of the event at $2, computed with
+-- the catch-up engine's key (ReadBatch); 0 when the subscriber is known to
+-- have one partition (not -1: checkpoints of partitions a rebuild to fewer
+-- left behind are not waited for); otherwise -1 (every partition) when no
+-- event is at $2 or the key is unknown.
+SELECT CASE WHEN k.parts <= 1 AND k.known THEN 0
+            WHEN k.parts <= 1 OR k.by = '' THEN -1 ELSE
        coalesce((SELECT {{.Schema}}.stream_partition(
-                            CASE $4::text WHEN 'category' THEN split_part(e.stream_id, '-', 1)
-                                          WHEN 'metadata' THEN coalesce(e.metadata ->> $5::text, '')
-                                          ELSE e.stream_id END, n.parts)
-                   FROM {{.Schema}}.events_all e,
-                        (SELECT CASE WHEN $3::int > 0 THEN $3::int
-                                     ELSE (SELECT count(*)::int FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1) END AS parts) n
-                  WHERE e.global_sequence = $2 AND n.parts > 1), -1) END;
+                            CASE WHEN k.by = 'category' THEN split_part(e.stream_id, '-', 1)
+                                 WHEN k.by LIKE 'metadata:%' THEN coalesce(e.metadata ->> substr(k.by, 10), '')
+                                 ELSE e.stream_id END, k.parts)
+                   FROM {{.Schema}}.events_all e
+                  WHERE e.global_sequence = $2), -1) END
+  FROM (SELECT coalesce(l.partitions, nullif($3::int, 0),
+                        (SELECT count(*)::int FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1)) AS parts,
+               l.partitions IS NOT NULL OR $3::int > 0 AS known,
+               coalesce(l.partition_by, $4::text) AS by
+          FROM (SELECT) one
+          LEFT JOIN {{.Schema}}.subscriber_layouts l ON l.subscriber_id = $1) k;
+
+-- name: AwaitPartitionUnrecorded
+-- AwaitPartition for a role that may not read subscriber_layouts (writers
+-- and readers granted before they could): the caller's count and key only.
+SELECT CASE WHEN k.parts <= 1 AND k.known THEN 0
+            WHEN k.parts <= 1 OR k.by = '' THEN -1 ELSE
+       coalesce((SELECT {{.Schema}}.stream_partition(
+                            CASE WHEN k.by = 'category' THEN split_part(e.stream_id, '-', 1)
+                                 WHEN k.by LIKE 'metadata:%' THEN coalesce(e.metadata ->> substr(k.by, 10), '')
+                                 ELSE e.stream_id END, k.parts)
+                   FROM {{.Schema}}.events_all e
+                  WHERE e.global_sequence = $2), -1) END
+  FROM (SELECT coalesce(nullif($3::int, 0),
+                        (SELECT count(*)::int FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1)) AS parts,
+               $3::int > 0 AS known,
+               $4::text AS by) k;
 
 -- name: AwaitCheckpoints
-SELECT partition, position FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1;
+-- $1 subscriber, $2 position, $3 the partition waited for, or -1 (every
+-- one): the subscriber's checkpoints, each row with the subscriber's dead
+-- letter of the event at $2 (ID, status, reason, stream; NULLs when it has
+-- none). The dead letter is looked up only once the checkpoints waited for
+-- have all passed $2 (a one-time filter): an event dead-lettered (or
+-- parked) was passed without being applied, in the same transaction as
+-- the checkpoint move.
+WITH c AS (SELECT partition, position FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1)
+SELECT c.partition, c.position, d.id, d.status, d.reason, d.stream_id
+  FROM c
+  LEFT JOIN (SELECT d.id, d.status, d.reason, d.stream_id
+               FROM {{.Schema}}.dead_letters d
+              WHERE d.subscriber_id = $1
+                AND d.event_id = (SELECT e.event_id FROM {{.Schema}}.events_all e WHERE e.global_sequence = $2)
+                AND (SELECT min(position) FROM c WHERE $3::int < 0 OR partition = $3::int) >= $2) d ON true;
 
 -- name: AwaitBehind
 -- $1 subscriber, $2 target, $3 partition or -1: the partition furthest
--- behind (0 at 0 when there is no checkpoint yet) and how many events lie
--- after its checkpoint up to the target.
+-- behind (0 at 0 when there is no checkpoint yet), how many events lie
+-- after its checkpoint up to the target, and its stop reason ('' unless the
+-- Stop policy halted it).
 SELECT c.partition, c.position,
-       (SELECT count(*) FROM {{.Schema}}.events_all e WHERE e.global_sequence > c.position AND e.global_sequence <= $2)
-  FROM (SELECT partition, position FROM {{.Schema}}.checkpoints
+       (SELECT count(*) FROM {{.Schema}}.events_all e WHERE e.global_sequence > c.position AND e.global_sequence <= $2),
+       c.stopped_reason
+  FROM (SELECT partition, position, coalesce(stopped_reason, '') AS stopped_reason FROM {{.Schema}}.checkpoints
          WHERE subscriber_id = $1 AND ($3::int < 0 OR partition = $3::int)
         UNION ALL
-        SELECT greatest($3::int, 0), 0
+        SELECT greatest($3::int, 0), 0, ''
          WHERE NOT EXISTS (SELECT 1 FROM {{.Schema}}.checkpoints
                             WHERE subscriber_id = $1 AND ($3::int < 0 OR partition = $3::int))) c
  ORDER BY c.position
@@ -43,7 +83,9 @@ SELECT subscriber, version
   FROM {{.Schema}}.read_model_generations
  WHERE projection = $1 AND state = 'live';
 
--- name: AwaitCanReadGenerations
--- Whether the role may read read_model_generations (runners may; writers
--- and readers, who await ordinary projections, may not). $1: the schema.
-SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'read_model_generations')), 'SELECT'), false);
+-- name: AwaitPrivileges
+-- Whether the role may read read_model_generations and subscriber_layouts
+-- (runners may; writers and readers, who await ordinary projections, may
+-- not). $1: the schema.
+SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'read_model_generations')), 'SELECT'), false),
+       coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'subscriber_layouts')), 'SELECT'), false);

@@ -231,6 +231,30 @@ func TestAwaitAsAWriter(t *testing.T) {
 	b := setup(t)
 	runBalances(t, b, 1)
 	ctx := t.Context()
+	a, err := projection.NewAwaiter(writerPool(t, b), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	for i := range 3 {
+		pos := deposit(t, b, "acct-w", 1)
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err := a.Await(wctx, "balances", pos)
+		cancel()
+		if err != nil {
+			t.Fatalf("await %d as a writer: %v", i, err)
+		}
+	}
+	if got := readBalances(t, b)["acct-w"]; got != 3 {
+		t.Fatalf("acct-w at %d after the awaits", got)
+	}
+}
+
+// writerPool returns a pool of the test's own role, granted what annals
+// grant gives a writer; the role is dropped when the test ends.
+func writerPool(t *testing.T, b *bundle) *pgxpool.Pool {
+	t.Helper()
+	ctx := t.Context()
 	role := fmt.Sprintf("annals_await_writer_%d", time.Now().UnixNano())
 	if _, err := b.db.Pool.Exec(ctx, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD 'pw-await'", role)); err != nil {
 		t.Fatal(err)
@@ -254,34 +278,21 @@ func TestAwaitAsAWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer writer.Close()
-	a, err := projection.NewAwaiter(writer, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	for i := range 3 {
-		pos := deposit(t, b, "acct-w", 1)
-		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		err := a.Await(wctx, "balances", pos)
-		cancel()
-		if err != nil {
-			t.Fatalf("await %d as a writer: %v", i, err)
-		}
-	}
-	if got := readBalances(t, b)["acct-w"]; got != 3 {
-		t.Fatalf("acct-w at %d after the awaits", got)
-	}
+	t.Cleanup(writer.Close) // before the role is dropped: cleanups run last first
+	return writer
 }
 
-// Runner.Await of a projection partitioned by category waits until the
-// event is applied: its partition is its category's, not its stream's
-// (Await computed the stream's and could return while the event's own
-// partition was behind).
+// Await of a projection partitioned by category waits until the event is
+// applied: its partition is its category's, not its stream's. Runner.Await
+// computed the stream's and could return while the event's own partition
+// was behind; the package function Await and an Awaiter, used where the
+// projection is not registered (an API process), still did: they read the
+// subscriber's recorded layout now. A writer's role may not read it: its
+// Awaiter waits for every partition.
 func TestAwaitPartitionedByCategory(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	r, err := projection.NewRunner(b.db.Pool, &projection.Config{PollInterval: time.Minute})
+	r, err := projection.NewRunner(b.db.Pool, &projection.Config{PollInterval: time.Minute, ShutdownTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,28 +325,57 @@ func TestAwaitPartitionedByCategory(t *testing.T) {
 	for k := 0; part(fast) == part("slow"); k++ {
 		fast = fmt.Sprintf("fast%d", k+1)
 	}
+	writer, err := projection.NewAwaiter(writerPool(t, b), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close()
+	waiters := map[string]func(ctx context.Context, pos int64) error{
+		"Runner.Await": func(ctx context.Context, pos int64) error { return r.Await(ctx, "balances", pos) },
+		"Await": func(ctx context.Context, pos int64) error {
+			return projection.Await(ctx, b.db.Pool, "balances", pos, nil)
+		},
+		"a writer's Awaiter": func(ctx context.Context, pos int64) error { return writer.Await(ctx, "balances", pos) },
+	}
 	for i := range 12 {
 		shut := make(chan struct{})
 		gate.Store(&shut)
 		pos := deposit(t, b, fmt.Sprintf("slow-%d", i), 1)
 		deposit(t, b, fmt.Sprintf("%s-%d", fast, i), 1)
-		returned := make(chan error, 1)
-		go func() {
-			wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
-			defer wcancel()
-			returned <- r.Await(wctx, "balances", pos)
-		}()
+		type result struct {
+			how string
+			err error
+		}
+		returned := make(chan result, len(waiters))
+		for how, wait := range waiters {
+			go func() {
+				wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
+				defer wcancel()
+				returned <- result{how, wait(wctx, pos)}
+			}()
+		}
 		// The slow event cannot be applied while the gate is held: Await
-		// must still be waiting once the other partitions have caught up.
+		// must still be waiting once the other partitions have caught up
+		// (the fast one, and the idle ones, which move on with the head).
 		annalstest.WaitFor(t, 30*time.Second, func() bool { return readBalances(t, b)[fmt.Sprintf("%s-%d", fast, i)] == 1 })
+		var head int64
+		annalstest.WaitFor(t, 30*time.Second, func() bool {
+			if err := b.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM annals.checkpoints
+				WHERE subscriber_id = 'balances' AND position >= $1`, pos).Scan(&head); err != nil {
+				t.Fatal(err)
+			}
+			return head == 3
+		})
 		select {
-		case err := <-returned:
-			t.Fatalf("event %d: Await returned (%v) before its partition applied it", i, err)
-		default:
+		case res := <-returned:
+			t.Fatalf("event %d: %s returned (%v) before its partition applied it", i, res.how, res.err)
+		case <-time.After(50 * time.Millisecond):
 		}
 		close(shut)
-		if err := <-returned; err != nil {
-			t.Fatal(err)
+		for range waiters {
+			if res := <-returned; res.err != nil {
+				t.Fatalf("event %d: %s: %v", i, res.how, res.err)
+			}
 		}
 		if got := readBalances(t, b)[fmt.Sprintf("slow-%d", i)]; got != 1 {
 			t.Fatalf("after Await, slow-%d at %d", i, got)

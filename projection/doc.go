@@ -135,9 +135,18 @@
 //
 // Runner.Await (or an Awaiter, or the function Await, for a process that
 // does not run the projection) returns once the checkpoint of the
-// partition that position's stream belongs to has reached position, or,
-// when ctx ends first, a *BehindError naming the checkpoint, the target
-// and the number of events between them. It is woken, not polling: after
+// partition that position's event belongs to (by the subscriber's recorded
+// partition key: stream, category or metadata field) has reached position,
+// or, when ctx ends first, a *BehindError naming the checkpoint, the target
+// and the number of events between them (and the partition's stop reason
+// when the Stop policy halted it). A checkpoint that passed position
+// without applying its event is no success: when the event at position is
+// an open or skipped dead letter of the subscriber (it failed, or was
+// parked behind a failure of its stream), Await returns a
+// *DeadLetteredError (ErrDeadLettered) instead of nil; one that an operator
+// released is waited for until it is re-delivered. The dead letter is
+// looked up only once the checkpoint has passed, in the statement that
+// reads it. It is woken, not polling: after
 // each batch commit the runner NOTIFYs the schema's checkpoint channel
 // ("<schema>_checkpoints", payload "position:partition:subscriber") in the
 // same round trip, as a transaction of its own that does not wait for its
