@@ -125,6 +125,12 @@
 // handlers do not store GlobalSequence or RecordedAt, which inline handlers
 // do not know (projection/TestInlineProjection rebuilds one built by
 // concurrent writers).
+// A deploy that adds a handler (an event type the projection did not handle
+// before) needs a rebuild (blue/green: a new BlueGreen.Version): the
+// new version continues from the old one's checkpoint, which passed the
+// earlier events of that type unread, so the new handler sees only the
+// events appended after the deploy.
+//
 //
 // # Read-your-writes: Await
 //
