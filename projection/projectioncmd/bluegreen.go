@@ -22,7 +22,7 @@ func (c *commands) rebuildBlueGreen(cmd *cobra.Command, name string, batch int, 
 	})
 	p.end()
 	if err != nil {
-		return err
+		return interrupted(cmd.Context(), name, "the new generation keeps what it committed: rebuild again to continue", err)
 	}
 	last := p.last
 	fmt.Fprintf(cmd.OutOrStdout(), "rebuilt %q blue/green: %d events in %s (%.0f events/s); cut over from generation %d to %d "+

@@ -47,5 +47,8 @@
 //
 // Interrupting the command (its context ends) stops the rebuild after the
 // batch in hand is rolled back; a live instance continues the replay from
-// the last committed batch, so nothing is lost or applied twice.
+// the last committed batch, so nothing is lost or applied twice. The
+// command's error then says the rebuild was interrupted and matches the
+// context's error (errors.Is(err, context.Canceled) after a Ctrl-C), not
+// the cancelled statement or lost lock that followed.
 package projectioncmd

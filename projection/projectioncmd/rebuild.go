@@ -2,6 +2,7 @@ package projectioncmd
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -85,7 +86,7 @@ BlueGreen.Version instead.`,
 			})
 			p.end()
 			if err != nil {
-				return err
+				return interrupted(cmd.Context(), name, "a live instance continues the replay from the last committed batch", err)
 			}
 			last := p.last
 			fmt.Fprintf(cmd.OutOrStdout(), "rebuilt %q: %d events through position %d in %s (%.0f events/s)\n",
@@ -222,4 +223,16 @@ func barLine(r projection.RebuildProgress, width int) string {
 	}
 	return fmt.Sprintf("rebuild %s [%s%s] %5.1f%% %d/%d %.0f ev/s %s   ", r.Projection,
 		strings.Repeat("#", filled), strings.Repeat(".", width-filled), percent(r), r.Done, r.Total, r.Rate, eta)
+}
+
+// interrupted returns err, or, when the command's context has ended (an
+// operator's Ctrl-C), an error that says the rebuild of name was
+// interrupted and what follows (then), matching the context's error, with
+// err kept as its secondary error: the cancelled statement and the lost
+// lock it reports are consequences of the interruption, not news.
+func interrupted(ctx context.Context, name, then string, err error) error {
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	return errors.WithSecondaryError(errors.Mark(errors.Newf("rebuild of %q interrupted; %s", name, then), ctx.Err()), err)
 }
