@@ -229,10 +229,10 @@ func (a *Awaiter) Close() {
 // ends first. For a partitioned projection it reads the partition count
 // and key the subscriber's checkpoints were written under
 // (subscriber_layouts, recorded at its first run). A role that may not
-// read them (a writer or reader granted before it could) waits for every
-// partition, whose count it takes to be the number of checkpoint rows the
-// projection has (while its partitions are first started that may be too
-// few); AwaitPartitions (or Runner.Await) is told the count.
+// read them (annals grant gives writers and readers no access) waits for
+// every partition, whose count it takes to be the number of checkpoint
+// rows the projection has (while its partitions are first started that
+// may be too few); AwaitPartitions (or Runner.Await) is told the count.
 func (a *Awaiter) Await(ctx context.Context, name string, position int64) error {
 	return a.AwaitPartitions(ctx, name, 0, position)
 }

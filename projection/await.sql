@@ -27,8 +27,9 @@ SELECT CASE WHEN k.parts <= 1 AND k.known THEN 0
           LEFT JOIN {{.Schema}}.subscriber_layouts l ON l.subscriber_id = $1) k;
 
 -- name: AwaitPartitionUnrecorded
--- AwaitPartition for a role that may not read subscriber_layouts (writers
--- and readers granted before they could): the caller's count and key only.
+-- AwaitPartition for a role that may not read subscriber_layouts (annals
+-- grant gives writers and readers no access): the caller's count and key
+-- only.
 SELECT CASE WHEN k.parts <= 1 AND k.known THEN 0
             WHEN k.parts <= 1 OR k.by = '' THEN -1 ELSE
        coalesce((SELECT {{.Schema}}.stream_partition(
