@@ -40,9 +40,10 @@
 //   - Every subscriber sees each stream's events in stream-version order,
 //     with partitions too.
 //   - Failures are recorded, never lost: each failed attempt (an error, a
-//     panic with its stack, a HandlerTimeout) is a row in failures, retried
-//     by the subscriber's RetryPolicy (3 retries, 1 s ×2 up to 60 s by
-//     default; annals.Permanent errors are not retried). When the policy is
+//     panic with its stack, a HandlerTimeout, a projection's transaction
+//     that cannot commit: see "Failures at commit") is a row in failures,
+//     retried by the subscriber's RetryPolicy (3 retries, 1 s ×2 up to 60 s
+//     by default; annals.Permanent errors are not retried). When the policy is
 //     spent the event becomes a dead letter, committed with the checkpoint
 //     move, and the DeadLetterPolicy applies: ParkStream (projections'
 //     default) holds back the rest of the stream in order, SkipEvent
@@ -53,6 +54,29 @@
 //     also one per handler call, linked to the append that produced the
 //     event (with Config.HandlerSpanParent, a child of it); and the metrics
 //     listed in internal/telemetry.
+//
+// # Failures at commit
+//
+// Some failures of a projection's batch show only when its transaction
+// commits: a deferred constraint (DEFERRABLE INITIALLY DEFERRED) is checked
+// at COMMIT, and a handler that ignores the error of a failed statement
+// returns nil in a transaction PostgreSQL has aborted, whose commit then
+// fails with 25P02 ("current transaction is aborted"). When PostgreSQL
+// answers a batch with such an error after every handler returned nil, the
+// runner narrows the batch down: it applies the first half of the failing
+// events in a transaction of their own (with the fenced checkpoint move,
+// like every batch), and halves whichever part fails again, until one
+// event's own transaction fails. That is the event's failure: recorded,
+// retried and dead-lettered like a handler's error, its message saying
+// that its transaction could not commit, with PostgreSQL's error (and, for
+// 25P02, that its handler ignored the error of an SQL statement). The
+// events before it commit on the way, each exactly once, and the events
+// after it go on in one transaction again. A failure of the connection or
+// of the server itself is not blamed on an event (no answer, classes 08,
+// 40, 53, 57, 58 and XX, a lock timeout, a read-only server): the batch is
+// retried after RetryBackoff, as any error besides a handler's. A released
+// dead letter whose re-delivery cannot commit is open again, as after a
+// handler error.
 //
 // # Read-model setup
 //
@@ -101,6 +125,12 @@
 // instance takes the freed lock and continues the replay from the last
 // committed batch.
 //
+// A deploy that adds a handler (an event type the projection did not handle
+// before) needs a rebuild (blue/green: a new BlueGreen.Version): the
+// new version continues from the old one's checkpoint, which passed the
+// earlier events of that type unread, so the new handler sees only the
+// events appended after the deploy.
+//
 // # Inline or asynchronous
 //
 // A Projection can also run inline: listed in eventstore.Config.Inline, it
@@ -125,12 +155,6 @@
 // handlers do not store GlobalSequence or RecordedAt, which inline handlers
 // do not know (projection/TestInlineProjection rebuilds one built by
 // concurrent writers).
-// A deploy that adds a handler (an event type the projection did not handle
-// before) needs a rebuild (blue/green: a new BlueGreen.Version): the
-// new version continues from the old one's checkpoint, which passed the
-// earlier events of that type unread, so the new handler sees only the
-// events appended after the deploy.
-//
 //
 // # Read-your-writes: Await
 //

@@ -10,6 +10,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/annals-dev/annals/advisorylock"
@@ -329,68 +330,164 @@ func (t *txProcessor) process(ctx context.Context, lease *catchup.Lease, b catch
 		return b.After, err
 	}
 	cursor, events := b.After, b.Events
+	// failing >= 0: events[failing] failed (failed says how), and the events
+	// before it commit on their own first, so that the failing event is
+	// retried alone and its batch-mates are applied once.
+	failing, failed := -1, error(nil)
+	// suspects > 0: a transaction of the first suspects events failed after
+	// every handler had returned nil (at its commit, say, on a deferred
+	// constraint), and the event to blame is being narrowed down (see
+	// blameable).
+	suspects := 0
 	for {
-		failedAt, cutAt, err := t.apply(ctx, lease, events, park, b.Through)
-		if err == nil {
-			if cutAt < 0 {
+		if failing == 0 {
+			e := events[0]
+			retry, ferr := t.f.afterFailure(ctx, lease, e, failed)
+			switch {
+			case errors.Is(ferr, errStopping):
+				return cursor, nil
+			case ferr != nil:
+				return cursor, ferr
+			case retry:
+				failing, failed = -1, nil
+				continue
+			}
+			// Spent: the dead letter and the checkpoint move commit together.
+			err := t.inTx(ctx, lease, func(tx pgx.Tx) error {
+				if err := t.f.deadLetter(ctx, tx, lease, e, "failed", "open", failed); err != nil {
+					return err
+				}
+				return lease.Commit(ctx, tx, e.GlobalSequence)
+			})
+			if err != nil {
+				return cursor, err
+			}
+			cursor, events, failing, failed = e.GlobalSequence, events[1:], -1, nil
+			switch t.f.policy {
+			case Stop:
+				return cursor, nil // the next read sees the stop reason
+			case ParkStream:
+				if _, ok := park[e.StreamID]; !ok {
+					park[e.StreamID] = parkState{open: true, first: e.GlobalSequence}
+				}
+			}
+			continue
+		}
+		// The events to apply in this transaction: all of them (the fast
+		// path), those before a failing one, or the first half of the
+		// suspects.
+		n := len(events)
+		switch {
+		case failing > 0:
+			n = failing
+		case suspects > 0:
+			n = max(1, suspects/2)
+		}
+		through := b.Through
+		if n < len(events) {
+			through = events[n-1].GlobalSequence
+		}
+		failedAt, cutAt, err := t.apply(ctx, lease, events[:n], park, through)
+		switch {
+		case err == nil:
+			if cutAt < 0 && n == len(events) {
 				return b.Through, nil
 			}
-			// Committed early, through events[cutAt] (see CommitCutter).
-			cursor, events = events[cutAt].GlobalSequence, events[cutAt+1:]
-			continue
-		}
-		if failedAt < 0 {
+			// Committed through events[k-1]: all n, or early (see CommitCutter).
+			k := n
+			if cutAt >= 0 {
+				k = cutAt + 1
+			}
+			cursor, events = events[k-1].GlobalSequence, events[k:]
+			if failing > 0 {
+				failing -= k
+			}
+			suspects = max(0, suspects-k)
+		case failedAt >= 0:
+			failing, failed, suspects = failedAt, err, 0
+		case blameable(ctx, err):
+			if n == 1 {
+				// The event's own transaction fails: its failure, like a
+				// handler's, is recorded, retried and dead-lettered.
+				failing, failed, suspects = 0, eventFailure(t.p.Name(), events[0], err, true), 0
+				continue
+			}
+			t.f.logger.DebugContext(ctx, "annals: a transaction failed after its handlers returned; narrowing down the event to blame",
+				slog.String("subscriber", t.f.name), slog.Int64("after", cursor), slog.Int("events", n), telemetry.Err(err))
+			failing, failed, suspects = -1, nil, n
+		case failed != nil:
+			// err (fenced, lock lost, database down) decides what the engine
+			// does next.
+			return cursor, combine(err, failed)
+		default:
 			return cursor, err
-		}
-		// The events before the failing one commit on their own, so that the
-		// failing event is retried alone and its batch-mates are applied once.
-		if failedAt > 0 {
-			before := events[:failedAt]
-			pos := before[len(before)-1].GlobalSequence
-			for len(before) > 0 {
-				_, cut, err2 := t.apply(ctx, lease, before, park, pos)
-				if err2 != nil {
-					// err2 (fenced, lock lost, database down) decides what the
-					// engine does next.
-					return cursor, combine(err2, err)
-				}
-				if cut < 0 {
-					break
-				}
-				cursor, before = before[cut].GlobalSequence, before[cut+1:]
-			}
-			cursor, events = pos, events[failedAt:]
-		}
-		e := events[0]
-		retry, ferr := t.f.afterFailure(ctx, lease, e, err)
-		switch {
-		case errors.Is(ferr, errStopping):
-			return cursor, nil
-		case ferr != nil:
-			return cursor, ferr
-		case retry:
-			continue
-		}
-		// Spent: the dead letter and the checkpoint move commit together.
-		err = t.inTx(ctx, lease, func(tx pgx.Tx) error {
-			if err := t.f.deadLetter(ctx, tx, lease, e, "failed", "open", err); err != nil {
-				return err
-			}
-			return lease.Commit(ctx, tx, e.GlobalSequence)
-		})
-		if err != nil {
-			return cursor, err
-		}
-		cursor, events = e.GlobalSequence, events[1:]
-		switch t.f.policy {
-		case Stop:
-			return cursor, nil // the next read sees the stop reason
-		case ParkStream:
-			if _, ok := park[e.StreamID]; !ok {
-				park[e.StreamID] = parkState{open: true, first: e.GlobalSequence}
-			}
 		}
 	}
+}
+
+// blameable reports whether err, which failed a transaction of events after
+// every handler had returned nil (at its commit, as a rule), is PostgreSQL's
+// answer about what the transaction did, which one of its events causes
+// and retrying the batch as it is cannot fix: a deferred constraint
+// violated at COMMIT, or "current transaction is aborted" (25P02) because
+// a handler ignored the error of a failed statement. Such a batch is
+// narrowed down (process): its events are applied in smaller transactions,
+// halving the failing one, until one event's own transaction fails, and
+// that is the event's failure, recorded, retried and dead-lettered like a
+// handler's (the events before it commit normally, each transaction with
+// its fenced checkpoint move, so each is still applied exactly once).
+//
+// Not blameable, and returned to the engine, which retries the batch after
+// RetryBackoff as for any error besides a handler's: no answer from the
+// server (the connection failed or was closed, the context ended), a fenced
+// or lost lease (checkpoint.ErrFenced has no PostgreSQL error in its
+// chain), and the server's answers about itself rather than the batch:
+// connection exceptions (class 08), serialization failures and deadlocks
+// (40), lack of resources (53), an administrator's or a timeout's cancel
+// and shutdowns (57), system and internal errors (58, XX), a lock timeout
+// (55P03), an object in use (55006) and a read-only server (25006).
+func blameable(ctx context.Context, err error) bool {
+	var pgErr *pgconn.PgError
+	if ctx.Err() != nil || !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "08", "40", "53", "57", "58", "XX":
+		return false
+	}
+	switch pgErr.Code {
+	case "55P03", "55006", "25006": // lock_not_available, object_in_use, read_only_sql_transaction
+		return false
+	}
+	return true
+}
+
+// eventFailure is err, the failure of projection name's transaction for e,
+// with the event named and explained (see explain).
+func eventFailure(name string, e eventstore.Event, err error, atCommit bool) error {
+	return errors.Wrapf(explain(err, atCommit), "projection %q: event %d (%s, stream %s v%d)", name, e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion)
+}
+
+// explain returns err, the error of an event's handler or (atCommit) of its
+// transaction, which could not commit although the handler returned nil,
+// with what happened said in front. When PostgreSQL had aborted the
+// transaction (25P02: every statement after a failed one fails, and so
+// does the commit), it says that the handler ignored the error of an
+// earlier statement: the error it returned, if any, is not the first one.
+func explain(err error, atCommit bool) error {
+	var pgErr *pgconn.PgError
+	aborted := errors.As(err, &pgErr) && pgErr.Code == "25P02" // in_failed_sql_transaction
+	switch {
+	case atCommit && aborted:
+		return errors.Wrap(err, "its handler returned nil after one of its SQL statements had failed (it ignored the statement's error, "+
+			"and PostgreSQL aborts a transaction at its first failed statement), so its transaction could not commit")
+	case atCommit:
+		return errors.Wrap(err, "its handler returned nil, but its transaction could not commit")
+	case aborted:
+		return errors.Wrap(err, "an earlier SQL statement of its handler had failed and the handler ignored its error "+
+			"(PostgreSQL aborts a transaction at its first failed statement)")
+	}
+	return err
 }
 
 // inBatchTx runs fn in the batch's transaction on the lock's connection
@@ -448,7 +545,7 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 			err := t.f.deliver(ctx, e, handle)
 			if err != nil {
 				failedAt = i
-				return 0, errors.Wrapf(err, "projection %q: event %d (%s, stream %s v%d)", t.p.Name(), e.GlobalSequence, e.Type, e.StreamID, e.StreamVersion)
+				return 0, eventFailure(t.p.Name(), e, err, false)
 			}
 			if t.f.retried(e) {
 				if err := t.f.forget(ctx, tx, e); err != nil {
@@ -480,17 +577,26 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 func (t *txProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error {
 	defer t.f.releaseContext()
 	return redeliver(ctx, t.f, lease, func(e eventstore.Event, id int64) error {
-		return t.inTx(ctx, lease, func(tx pgx.Tx) error {
+		handled := false
+		err := t.inTx(ctx, lease, func(tx pgx.Tx) error {
 			// Fenced like every write: a no-op checkpoint move checks the epoch.
 			if err := lease.Commit(ctx, tx, 0); err != nil {
 				return err
 			}
 			err := t.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return t.p.Handle(ctx, tx, e) })
 			if err != nil {
-				return handlerError{err}
+				return handlerError{explain(err, false)}
 			}
+			handled = true
 			return resolve(ctx, tx, t.f, id)
 		})
+		var he handlerError
+		if handled && !errors.As(err, &he) && blameable(ctx, err) {
+			// The transaction of the event alone failed after its handler
+			// returned (a deferred constraint at commit): the event's failure.
+			return handlerError{explain(err, true)}
+		}
+		return err
 	})
 }
 
