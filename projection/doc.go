@@ -43,7 +43,9 @@
 //     panic with its stack, a HandlerTimeout, a projection's transaction
 //     that cannot commit: see "Failures at commit") is a row in failures,
 //     retried by the subscriber's RetryPolicy (3 retries, 1 s ×2 up to 60 s
-//     by default; annals.Permanent errors are not retried). When the policy is
+//     by default; annals.Permanent errors are not retried, nor is an event
+//     whose data a typed handler cannot decode into its type: a JSON error
+//     is permanent, a failed upcast is retried). When the policy is
 //     spent the event becomes a dead letter, committed with the checkpoint
 //     move, and the DeadLetterPolicy applies: ParkStream (projections'
 //     default) holds back the rest of the stream in order, SkipEvent

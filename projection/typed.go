@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/failure"
 )
 
 // Typed is a Projection assembled from typed handlers:
@@ -50,7 +51,7 @@ func On[T any](p *Typed, fn func(ctx context.Context, tx pgx.Tx, e eventstore.En
 	}
 	reg := p.reg
 	p.handlers[name] = func(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
-		env, err := eventstore.Decode[T](reg, e)
+		env, err := decode[T](reg, e)
 		if err != nil {
 			return err
 		}
@@ -138,7 +139,7 @@ func Observe[T any](o *TypedObserver, fn func(ctx context.Context, e eventstore.
 	}
 	reg := o.reg
 	o.handlers[name] = func(ctx context.Context, e eventstore.Event) error {
-		env, err := eventstore.Decode[T](reg, e)
+		env, err := decode[T](reg, e)
 		if err != nil {
 			return err
 		}
@@ -162,6 +163,24 @@ func (o *TypedObserver) EventTypes() []string { return keys(o.handlers) }
 
 // Err returns the mistakes made while adding handlers.
 func (o *TypedObserver) Err() error { return o.err }
+
+// decode is eventstore.Decode[T] for a typed handler, with its failures
+// told apart: an event that cannot be upcast (or its personal fields
+// decrypted, which may read keys from the database) fails as Upcast does,
+// and is retried by the RetryPolicy like any handler error; an upcast event
+// whose data does not decode into T (a JSON error, personal fields still
+// encrypted for want of a KEK) is a permanent failure (failure.Permanent),
+// dead-lettered after this one attempt, since the same data cannot decode
+// at a retry either. Decode[T] upcasts again, which for an upcast event is
+// a no-op.
+func decode[T any](reg *eventstore.Registry, e eventstore.Event) (eventstore.Envelope[T], error) {
+	up, err := reg.Upcast(e)
+	if err != nil {
+		return eventstore.Envelope[T]{}, err
+	}
+	env, err := eventstore.Decode[T](reg, up)
+	return env, failure.Permanent(err)
+}
 
 func handlerType[T any, H any](reg *eventstore.Registry, handlers map[string]H) (string, error) {
 	if reg == nil {
