@@ -26,6 +26,10 @@ GRANT SELECT ON {{.Schema}}.events_archive, {{.Schema}}.events_all TO {{.Role}};
 -- The catch-up engine's read (catchup ReadBatch, also in annals tail) looks
 -- at the subscriber's checkpoint and dead letters in the same statement.
 GRANT SELECT ON {{.Schema}}.checkpoints, {{.Schema}}.dead_letters TO {{.Role}};
+-- Await (read-your-writes) finds the awaited event's partition by the
+-- subscriber's recorded layout, and a blue/green projection's live
+-- generation: without these a writer's Await waits for every partition.
+GRANT SELECT ON {{.Schema}}.subscriber_layouts, {{.Schema}}.read_model_generations TO {{.Role}};
 -- Reads of events with personal data look up whether the subject is forgotten
 -- (and its wrapped data key, useless without the application's KEK).
 GRANT SELECT ON {{.Schema}}.personal_keys TO {{.Role}};

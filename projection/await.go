@@ -168,11 +168,11 @@ type Awaiter struct {
 // awaitPrivileges says which tables beyond checkpoints and dead letters
 // (which every role of annals grant may read) an Awaiter's role may read.
 type awaitPrivileges struct {
-	// generations: read_model_generations (runners may; a writer or reader
-	// awaiting its own writes may not).
+	// generations: read_model_generations (every role of annals grant
+	// may; roles granted before Await read it may not).
 	generations bool
-	// layouts: subscriber_layouts, the recorded partition layouts (runners
-	// may).
+	// layouts: subscriber_layouts, the recorded partition layouts (as
+	// generations).
 	layouts bool
 }
 
@@ -229,7 +229,7 @@ func (a *Awaiter) Close() {
 // ends first. For a partitioned projection it reads the partition count
 // and key the subscriber's checkpoints were written under
 // (subscriber_layouts, recorded at its first run). A role that may not
-// read them (annals grant gives writers and readers no access) waits for
+// read them (a role granted by an older annals: grant it again) waits for
 // every partition, whose count it takes to be the number of checkpoint
 // rows the projection has (while its partitions are first started that
 // may be too few); AwaitPartitions (or Runner.Await) is told the count.
@@ -247,7 +247,7 @@ func (a *Awaiter) Await(ctx context.Context, name string, position int64) error 
 // generation (its subscriber <name>#g<N>), the one readers see. A cut-over
 // or rollback during the wait is followed at the next poll: from then on
 // it waits for the generation that became live. An Awaiter whose role may
-// not read read_model_generations (a writer or reader: only runners may)
+// not read read_model_generations (a role granted by an older annals)
 // waits for name's own checkpoints.
 func (a *Awaiter) AwaitPartitions(ctx context.Context, name string, partitions int, position int64) error {
 	if partitions < 0 {

@@ -222,31 +222,54 @@ func listeners(t *testing.T, b *bundle) int {
 }
 
 // A writer awaits its own appends (read-your-writes) through an Awaiter on
-// its own pool: its role may not read read_model_generations (only runners
-// may), so the Awaiter does not look for blue/green generations. Every
-// Await of such a role failed with "permission denied" once Await began
-// looking them up.
+// its own pool. A role granted by an older annals may not read
+// read_model_generations or subscriber_layouts: its Awaiter does not look
+// for blue/green generations or the layout. Every Await of such a role
+// failed with "permission denied" once Await began looking them up.
 func TestAwaitAsAWriter(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	runBalances(t, b, 1)
 	ctx := t.Context()
-	a, err := projection.NewAwaiter(writerPool(t, b), nil)
+	for _, older := range []bool{false, true} {
+		pool := writerPool(t, b)
+		if older {
+			revokeAwaitReads(t, b, pool)
+		}
+		awaitAsWriter(ctx, t, b, pool, older)
+	}
+}
+
+// revokeAwaitReads takes from pool's role what an older annals grant did
+// not give a writer: SELECT on the recorded layouts and the generations.
+func revokeAwaitReads(t *testing.T, b *bundle, pool *pgxpool.Pool) {
+	t.Helper()
+	role := pgx.Identifier{pool.Config().ConnConfig.User}.Sanitize()
+	schema := pgx.Identifier{b.db.Schema}.Sanitize()
+	if _, err := b.db.Pool.Exec(t.Context(), "REVOKE SELECT ON "+schema+".subscriber_layouts, "+schema+".read_model_generations FROM "+role); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func awaitAsWriter(ctx context.Context, t *testing.T, b *bundle, pool *pgxpool.Pool, older bool) {
+	t.Helper()
+	a, err := projection.NewAwaiter(pool, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
+	before := readBalances(t, b)["acct-w"]
 	for i := range 3 {
 		pos := deposit(t, b, "acct-w", 1)
 		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		err := a.Await(wctx, "balances", pos)
 		cancel()
 		if err != nil {
-			t.Fatalf("await %d as a writer: %v", i, err)
+			t.Fatalf("await %d as a writer (older grant %v): %v", i, older, err)
 		}
 	}
-	if got := readBalances(t, b)["acct-w"]; got != 3 {
-		t.Fatalf("acct-w at %d after the awaits", got)
+	if got := readBalances(t, b)["acct-w"]; got != before+3 {
+		t.Fatalf("acct-w at %d after the awaits (older grant %v), want %d", got, older, before+3)
 	}
 }
 
@@ -287,8 +310,8 @@ func writerPool(t *testing.T, b *bundle) *pgxpool.Pool {
 // computed the stream's and could return while the event's own partition
 // was behind; the package function Await and an Awaiter, used where the
 // projection is not registered (an API process), still did: they read the
-// subscriber's recorded layout now. A writer's role may not read it: its
-// Awaiter waits for every partition.
+// subscriber's recorded layout now, as a writer may. A role granted by an
+// older annals may not read it: its Awaiter waits for every partition.
 func TestAwaitPartitionedByCategory(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -330,12 +353,20 @@ func TestAwaitPartitionedByCategory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer writer.Close()
+	olderPool := writerPool(t, b)
+	revokeAwaitReads(t, b, olderPool)
+	older, err := projection.NewAwaiter(olderPool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer older.Close()
 	waiters := map[string]func(ctx context.Context, pos int64) error{
 		"Runner.Await": func(ctx context.Context, pos int64) error { return r.Await(ctx, "balances", pos) },
 		"Await": func(ctx context.Context, pos int64) error {
 			return projection.Await(ctx, b.db.Pool, "balances", pos, nil)
 		},
-		"a writer's Awaiter": func(ctx context.Context, pos int64) error { return writer.Await(ctx, "balances", pos) },
+		"a writer's Awaiter":        func(ctx context.Context, pos int64) error { return writer.Await(ctx, "balances", pos) },
+		"an older writer's Awaiter": func(ctx context.Context, pos int64) error { return older.Await(ctx, "balances", pos) },
 	}
 	for i := range 12 {
 		shut := make(chan struct{})
