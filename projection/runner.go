@@ -438,19 +438,45 @@ func (r *Runner) AddService(name string, s Service) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.running {
-		return errors.New("projection: AddService after Run started")
-	}
-	for _, ns := range r.services {
-		if sameService(ns.svc, s) {
-			return nil
-		}
-		if ns.name == name {
-			return errors.Newf("projection: a different service is already added as %q", name)
-		}
+	added, err := r.canAddServiceLocked(name, s)
+	if err != nil || added {
+		return err
 	}
 	r.services = append(r.services, namedService{name, s})
 	return nil
+}
+
+// CanAddService reports the error AddService(name, s) would return now,
+// adding nothing: for a caller that must add a service along with a
+// registration and may do neither if either is refused (saga.Register).
+func (r *Runner) CanAddService(name string, s Service) error {
+	if name == "" {
+		return errors.New("projection: AddService with an empty name")
+	}
+	if v := reflect.ValueOf(s); s == nil || (v.Kind() == reflect.Pointer && v.IsNil()) {
+		return errors.Newf("projection: AddService(%q, nil)", name)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, err := r.canAddServiceLocked(name, s)
+	return err
+}
+
+// canAddServiceLocked checks AddService(name, s) under r.mu: added reports
+// that s is added already (under any name), which AddService accepts.
+func (r *Runner) canAddServiceLocked(name string, s Service) (added bool, err error) {
+	if r.running {
+		return false, errors.New("projection: AddService after Run started")
+	}
+	for _, ns := range r.services {
+		if sameService(ns.svc, s) {
+			return true, nil
+		}
+		if ns.name == name {
+			return false, errors.Newf("projection: a different service is already added as %q", name)
+		}
+	}
+	return false, nil
 }
 
 // sameService reports whether a and b are the same service value; values of

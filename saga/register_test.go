@@ -65,4 +65,22 @@ func TestRejectedRegisterAddsNoScheduler(t *testing.T) {
 			t.Errorf("case %d: after the rejected Register, Run returned %v; want nothing registered", i, err)
 		}
 	}
+	// A runner with another scheduler under the name rejects the saga,
+	// registering nothing: the same saga registers once that is resolved.
+	r := b.runner(t)
+	other, err := scheduler.New(b.store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.AddService("annals.scheduler", other); err != nil {
+		t.Fatal(err)
+	}
+	s := counterSaga(b.reg, time.Minute)
+	if err := saga.Register(r, s, &saga.Config{Store: b.store, Scheduler: sched}); err == nil ||
+		!strings.Contains(err.Error(), "different service") {
+		t.Fatalf("Register beside another scheduler: %v; want it refused", err)
+	}
+	if err := saga.Register(r, s, &saga.Config{Store: b.store, Scheduler: other}); err != nil {
+		t.Fatalf("Register with the runner's scheduler after a refusal: %v (the first left the saga registered?)", err)
+	}
 }

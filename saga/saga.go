@@ -98,10 +98,10 @@ var (
 // empty name, Options.Partitions > 1 (the events of one instance may come
 // from several streams, and partitions split the log by stream, so two
 // partitions could handle one instance at once and out of order), and any
-// error of projection.Runner.Register. Config.Scheduler is added to the
-// runner only once the saga is registered; if that fails (the runner
-// already has a different service named "annals.scheduler", e.g. another
-// saga's scheduler), the saga stays registered and the error says so.
+// error of projection.Runner.Register, and a Config.Scheduler the runner
+// cannot take (it has a different service named "annals.scheduler", e.g.
+// another saga's scheduler: give the sagas of one runner one scheduler).
+// The scheduler is added to the runner only once the saga is registered.
 func Register[S any](runner *projection.Runner, s Saga[S], cfg *Config) error {
 	if runner == nil {
 		return errors.New("saga: Register with a nil runner")
@@ -146,9 +146,14 @@ func Register[S any](runner *projection.Runner, s Saga[S], cfg *Config) error {
 	if err != nil {
 		return err
 	}
-	// Register first: it is what rejects bad options (type globs, a
-	// duplicate name, …), and a rejected saga must not leave its scheduler's
-	// dispatcher added to the runner (a runner cannot remove a service).
+	// The scheduler's dispatcher is checked first and added last, after
+	// Register (which rejects bad options: type globs, a duplicate name, …):
+	// a rejected saga changes nothing, and a runner cannot remove a service.
+	if cfg.Scheduler != nil {
+		if err := runner.CanAddService(schedulerService, cfg.Scheduler); err != nil {
+			return errors.Wrapf(err, "saga %q: its scheduler", name)
+		}
+	}
 	if err := runner.Register(&adapter[S]{saga: s, rt: rt}, &opts); err != nil {
 		return err
 	}
