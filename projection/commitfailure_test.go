@@ -307,6 +307,83 @@ func (p *terminatingProjection) Handle(ctx context.Context, tx pgx.Tx, e eventst
 	return err
 }
 
+// A failure of the batch's transaction that is PostgreSQL's answer about
+// the runner rather than an event (here the fenced checkpoint UPDATE sent
+// with the COMMIT is denied, 42501, as after a revoked privilege) is not
+// blamed on an event, although nothing excluded it by name: the batch is
+// retried as a whole, three times in a row, recording nothing, and then
+// applied once. (Were it narrowed down, the last event's own transaction
+// would fail too and be recorded as its failure.)
+func TestCommitFailureOfTheCheckpointIsRetried(t *testing.T) {
+	t.Parallel()
+	h := newFailHarness(t)
+	ctx := t.Context()
+	role := pgx.Identifier{fmt.Sprintf("denied_%d_%d", time.Now().UnixNano(), h.queryInt(`SELECT pg_backend_pid()`))}.Sanitize()
+	if _, err := h.pool.Exec(ctx, `CREATE ROLE `+role); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := h.pool.Exec(context.Background(), `DROP ROLE `+role); err != nil {
+			t.Errorf("dropping the role: %v", err)
+		}
+	})
+	// SET ROLE needs membership unless the test's role is a superuser.
+	if _, err := h.pool.Exec(ctx, `GRANT `+role+` TO CURRENT_USER`); err != nil {
+		t.Fatal(err)
+	}
+	const sub = "denied"
+	evs := h.appendTo("s-a", "s-b", "s-c")
+	p := &denyingProjection{name: sub, role: role}
+	run := h.newRunner(projection.RetryPolicy{MaxRetries: -1}, -1, failReg{p, nil})
+	if err := run.catchUp(); err != nil {
+		t.Fatalf("RunUntilCaughtUp: %v\n%s", err, h.dump())
+	}
+	if n := p.denied.Load(); n != denials {
+		t.Fatalf("the batch's checkpoint was denied %d times, want %d\n%s", n, denials, h.dump())
+	}
+	h.checkApplied(sub, evs)
+	if n := h.queryInt(`SELECT count(*) FROM annals.failures`); n != 0 {
+		t.Errorf("%d failures rows, want none\n%s", n, h.dump())
+	}
+	if dls := h.deadLetters(sub); len(dls) != 0 {
+		t.Errorf("dead letters %v, want none", dls)
+	}
+	if pos, stopped := h.checkpoint(sub); pos != evs[len(evs)-1].Pos || stopped != nil {
+		t.Errorf("checkpoint %d (stopped %v), want the head %d", pos, stopped, evs[len(evs)-1].Pos)
+	}
+	if !strings.Contains(h.logs.tail(1000), "42501") {
+		t.Errorf("the log does not quote the denial (42501):\n%s", h.logs.tail(20))
+	}
+}
+
+// denials is how often denyingProjection denies its checkpoint.
+const denials = 3
+
+// denyingProjection writes each event to seen and, at the first denials
+// deliveries of the event of stream s-c (the batch's last), switches its
+// transaction to role, which has no privileges, and returns nil: the
+// checkpoint UPDATE that follows the handlers is denied. The switch is
+// SET LOCAL, undone by the rollback.
+type denyingProjection struct {
+	name   string
+	role   string
+	denied atomic.Int32
+}
+
+func (p *denyingProjection) Name() string { return p.name }
+
+func (p *denyingProjection) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
+	if _, err := tx.Exec(ctx, failInsertSeen, p.name, e.ID, e.GlobalSequence, e.StreamID, e.StreamVersion); err != nil {
+		return err
+	}
+	if e.StreamID != "s-c" || p.denied.Load() >= denials {
+		return nil
+	}
+	p.denied.Add(1) // one runner: its handler calls do not overlap
+	_, err := tx.Exec(ctx, `SET LOCAL ROLE `+p.role)
+	return err
+}
+
 // commitTB records Fatalf instead of failing the test (testkit reports
 // through it); everything else goes to the real test.
 type commitTB struct {

@@ -426,40 +426,46 @@ func (t *txProcessor) process(ctx context.Context, lease *catchup.Lease, b catch
 }
 
 // blameable reports whether err, which failed a transaction of events after
-// every handler had returned nil (at its commit, as a rule), is PostgreSQL's
-// answer about what the transaction did, which one of its events causes
-// and retrying the batch as it is cannot fix: a deferred constraint
-// violated at COMMIT, or "current transaction is aborted" (25P02) because
-// a handler ignored the error of a failed statement. Such a batch is
-// narrowed down (process): its events are applied in smaller transactions,
-// halving the failing one, until one event's own transaction fails, and
-// that is the event's failure, recorded, retried and dead-lettered like a
-// handler's (the events before it commit normally, each transaction with
-// its fenced checkpoint move, so each is still applied exactly once).
+// every handler had returned nil (at its commit, or in the fenced
+// checkpoint statement sent with it), is PostgreSQL's answer about what
+// one of the transaction's events did, which retrying the batch as it is
+// cannot fix. Such a batch is narrowed down (process): its events are
+// applied in smaller transactions, halving the failing one, until one
+// event's own transaction fails, and that is the event's failure,
+// recorded, retried and dead-lettered like a handler's (the events before
+// it commit normally, each transaction with its fenced checkpoint move, so
+// each is still applied exactly once).
 //
-// Not blameable, and returned to the engine, which retries the batch after
-// RetryBackoff as for any error besides a handler's: no answer from the
-// server (the connection failed or was closed, the context ended), a fenced
-// or lost lease (checkpoint.ErrFenced has no PostgreSQL error in its
-// chain), and the server's answers about itself rather than the batch:
-// connection exceptions (class 08), serialization failures and deadlocks
-// (40), lack of resources (53), an administrator's or a timeout's cancel
-// and shutdowns (57), system and internal errors (58, XX), a lock timeout
-// (55P03), an object in use (55006) and a read-only server (25006).
+// It is an allow-list of what a single event's writes can cause there:
+// integrity constraint violations (class 23, a deferred constraint checked
+// at COMMIT), data exceptions (class 22) and raise_exception (P0001) from
+// deferred constraint triggers, and "current transaction is aborted"
+// (25P02) because a handler ignored the error of a failed statement.
+//
+// Everything else is not blamed on an event, and is returned to the engine,
+// which retries the batch after RetryBackoff as for any error besides a
+// handler's: no answer from the server (the connection failed or was
+// closed, the context ended), a fenced or lost lease (checkpoint.ErrFenced
+// has no PostgreSQL error in its chain), and the server's answers about
+// itself or the runner rather than an event, such as a permission denied on
+// the checkpoint (42501), an idle-in-transaction timeout (25P03), a
+// connection exception (class 08), a cancel or shutdown (57), a lack of
+// resources (53), and serialization failures and deadlocks (40001, 40P01),
+// which are transient: the batch is retried as it is.
 func blameable(ctx context.Context, err error) bool {
 	var pgErr *pgconn.PgError
 	if ctx.Err() != nil || !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
 		return false
 	}
 	switch pgErr.Code[:2] {
-	case "08", "40", "53", "57", "58", "XX":
-		return false
+	case "22", "23": // data_exception, integrity_constraint_violation
+		return true
 	}
 	switch pgErr.Code {
-	case "55P03", "55006", "25006": // lock_not_available, object_in_use, read_only_sql_transaction
-		return false
+	case "25P02", "P0001": // in_failed_sql_transaction, raise_exception
+		return true
 	}
-	return true
+	return false
 }
 
 // eventFailure is err, the failure of projection name's transaction for e,
