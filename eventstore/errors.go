@@ -57,6 +57,16 @@ var (
 	// type name, or a stored event's type has no registered Go type.
 	ErrUnknownEventType = errors.New("unknown event type")
 
+	// ErrDecode is matched (errors.Is) when Decode or Registry.Decode cannot
+	// decode an event's data, upcast to its type's current schema version,
+	// into the registered Go type: a JSON error (errors.As still finds
+	// encoding/json's error), such as that of personal fields still
+	// encrypted for want of a KEK (Decode marks that with ErrNoKEK too).
+	// The same data fails again at any retry. A failed upcast or decryption
+	// (ErrUpcast, ErrDecrypt, a key that could not be read) and an
+	// unregistered type (ErrUnknownEventType) do not match it.
+	ErrDecode = errors.New("cannot decode event data")
+
 	// ErrEventIDConflict is returned when an event ID is already stored for a
 	// different event. Re-appending exactly the same events is not an error.
 	ErrEventIDConflict = errors.New("event ID already used by a different event")

@@ -154,7 +154,8 @@ func (r *Registry) Types() []string {
 // Decode decodes e's data, upcast to the current schema version (see
 // RegisterUpcaster), into a new value of the Go type registered for e.Type
 // and returns it (a T, not a *T). An unregistered type returns
-// ErrUnknownEventType; a failed upcast ErrUpcast.
+// ErrUnknownEventType; a failed upcast ErrUpcast; data that does not decode
+// into the type ErrDecode.
 func (r *Registry) Decode(e Event) (any, error) {
 	e, err := r.Upcast(e)
 	if err != nil {
@@ -168,7 +169,7 @@ func (r *Registry) Decode(e Event) (any, error) {
 	}
 	p := reflect.New(t)
 	if err := json.Unmarshal(e.Data, p.Interface()); err != nil {
-		return nil, errors.Wrapf(err, "decode event %d of type %q into %s", e.GlobalSequence, e.Type, t)
+		return nil, errmark.Mark(errors.Wrapf(err, "decode event %d of type %q into %s", e.GlobalSequence, e.Type, t), ErrDecode)
 	}
 	return p.Elem().Interface(), nil
 }
@@ -184,7 +185,9 @@ type Envelope[T any] struct {
 // Decode decodes e into an Envelope[T], upcasting its data to the current
 // schema version first (the envelope's Event is the upcast event). It fails
 // with ErrUnknownEventType when e.Type is not the name registered for T,
-// and with ErrUpcast when the upcast fails.
+// with ErrUpcast when the upcast fails, and with ErrDecode when the upcast
+// data does not decode into T (also ErrNoKEK when that is because its
+// personal fields are still encrypted).
 func Decode[T any](r *Registry, e Event) (Envelope[T], error) {
 	var env Envelope[T]
 	t := reflect.TypeFor[T]()
@@ -207,7 +210,7 @@ func Decode[T any](r *Registry, e Event) (Envelope[T], error) {
 			// Personal fields still encrypted: read by a Store without a KEK.
 			err = errmark.Mark(errors.Wrap(err, "its personal fields are encrypted (read it through a Store with Config.KEK)"), ErrNoKEK)
 		}
-		return env, err
+		return env, errmark.Mark(err, ErrDecode)
 	}
 	env.Event = e
 	return env, nil

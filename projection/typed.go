@@ -164,22 +164,23 @@ func (o *TypedObserver) EventTypes() []string { return keys(o.handlers) }
 // Err returns the mistakes made while adding handlers.
 func (o *TypedObserver) Err() error { return o.err }
 
-// decode is eventstore.Decode[T] for a typed handler, with its failures
-// told apart: an event that cannot be upcast (or its personal fields
-// decrypted, which may read keys from the database) fails as Upcast does,
-// and is retried by the RetryPolicy like any handler error; an upcast event
-// whose data does not decode into T (a JSON error, personal fields still
-// encrypted for want of a KEK) is a permanent failure (failure.Permanent),
-// dead-lettered after this one attempt, since the same data cannot decode
-// at a retry either. Decode[T] upcasts again, which for an upcast event is
-// a no-op.
+// decode is eventstore.Decode[T] for a typed handler: one call, which
+// upcasts the event once (an event the runner's Config.Registry upcast
+// already is current, and only has its version checked), with its
+// failures told apart by the error's mark. An event that cannot be upcast
+// (or its personal fields decrypted, which may read keys from the
+// database) fails as Upcast does, and is retried by the RetryPolicy like
+// any handler error; an upcast event whose data does not decode into T
+// (eventstore.ErrDecode: a JSON error, personal fields still encrypted for
+// want of a KEK) is a permanent failure (failure.Permanent), dead-lettered
+// after this one attempt, since the same data cannot decode at a retry
+// either.
 func decode[T any](reg *eventstore.Registry, e eventstore.Event) (eventstore.Envelope[T], error) {
-	up, err := reg.Upcast(e)
-	if err != nil {
-		return eventstore.Envelope[T]{}, err
+	env, err := eventstore.Decode[T](reg, e)
+	if errors.Is(err, eventstore.ErrDecode) {
+		err = failure.Permanent(err)
 	}
-	env, err := eventstore.Decode[T](reg, up)
-	return env, failure.Permanent(err)
+	return env, err
 }
 
 func handlerType[T any, H any](reg *eventstore.Registry, handlers map[string]H) (string, error) {
