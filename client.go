@@ -403,8 +403,7 @@ func (c *Client) Start(ctx context.Context) error {
 // Stop shuts the runner down gracefully (the batch in hand finishes within
 // the runner's ShutdownTimeout, checkpoints are flushed, locks released,
 // the instance deregistered) and returns when it has, or when ctx ends
-// (with ctx's error; the shutdown goes on). It returns the error that ended
-// the run early, if any. Stopping a client that is not running does
+// (with ctx's error; the shutdown goes on). Stopping a client that is not running does
 // nothing; a stopped client can be started again. After a Stop that
 // returned ctx's error the client still counts as running (Start refuses
 // it) until a later Stop returns: call Stop again, with a longer deadline,

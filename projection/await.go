@@ -318,6 +318,8 @@ func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, layout
 				return errors.WithStack(r.dead)
 			case r.done:
 				return nil
+			case r.again:
+				continue
 			}
 			held = r.held
 		} else if !held && a.notified(sub, part, position) {
@@ -344,9 +346,10 @@ func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, layout
 
 // privileged returns what the role may read, checking once per Awaiter: a
 // role that may not read a table would have every Await that reads it
-// fail. Only runners may read the generations (and run a blue/green
-// projection) and the recorded layouts, but writers and readers may await
-// ordinary projections.
+// fail. Every role of annals grant may read the generations and the
+// recorded layouts; a role granted by an older annals may not, and still
+// awaits (ordinary projections, by the caller's layout or every
+// partition).
 func (a *Awaiter) privileged(ctx context.Context) (awaitPrivileges, error) {
 	if p := a.privileges.Load(); p != nil {
 		return *p, nil
@@ -411,6 +414,10 @@ func (a *Awaiter) partition(ctx context.Context, name string, version int, layou
 type reach struct {
 	done, held bool
 	dead       *DeadLetteredError
+	// again: a notification said the checkpoint passed, but the rows read
+	// (from a snapshot taken before it) did not: read again, as the dead
+	// letter of the event was not looked up.
+	again bool
 }
 
 // reached reads the checkpoints and reports whether the one(s) waited for
@@ -457,7 +464,14 @@ func (a *Awaiter) reached(ctx context.Context, name string, part int, position i
 	}
 	a.mu.Unlock()
 	var r reach
-	if r.done = a.notified(name, part, position); !r.done || deadID == 0 {
+	if !a.notified(name, part, position) {
+		return r, nil
+	}
+	if !covers(found, part, position) {
+		r.again = true
+		return r, nil
+	}
+	if r.done = true; deadID == 0 {
 		return r, nil
 	}
 	switch deadStatus {
@@ -470,6 +484,21 @@ func (a *Awaiter) reached(ctx context.Context, name string, part int, position i
 			DeadLetter: deadID, Reason: deadReason, Status: deadStatus}
 	}
 	return r, nil
+}
+
+// covers reports whether the checkpoints read (partition → position) have
+// reached position: partition part's, or every one when part is -1.
+func covers(found map[int]int64, part int, position int64) bool {
+	if part >= 0 {
+		pos, ok := found[part]
+		return ok && pos >= position
+	}
+	for _, pos := range found {
+		if pos < position {
+			return false
+		}
+	}
+	return len(found) > 0
 }
 
 // notified reports whether the positions known for name cover position.

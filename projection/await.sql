@@ -27,9 +27,8 @@ SELECT CASE WHEN k.parts <= 1 AND k.known THEN 0
           LEFT JOIN {{.Schema}}.subscriber_layouts l ON l.subscriber_id = $1) k;
 
 -- name: AwaitPartitionUnrecorded
--- AwaitPartition for a role that may not read subscriber_layouts (annals
--- grant gives writers and readers no access): the caller's count and key
--- only.
+-- AwaitPartition for a role that may not read subscriber_layouts (one
+-- granted by an older annals grant): the caller's count and key only.
 SELECT CASE WHEN k.parts <= 1 AND k.known THEN 0
             WHEN k.parts <= 1 OR k.by = '' THEN -1 ELSE
        coalesce((SELECT {{.Schema}}.stream_partition(
@@ -86,7 +85,7 @@ SELECT subscriber, version
 
 -- name: AwaitPrivileges
 -- Whether the role may read read_model_generations and subscriber_layouts
--- (runners may; writers and readers, who await ordinary projections, may
--- not). $1: the schema.
+-- (every role of annals grant may; one granted by an older annals grant
+-- may not). $1: the schema.
 SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'read_model_generations')), 'SELECT'), false),
        coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'subscriber_layouts')), 'SELECT'), false);

@@ -34,6 +34,10 @@ func runFailingBalances(t *testing.T, b *bundle, policy projection.DeadLetterPol
 			ON CONFLICT (account) DO UPDATE SET amount = balances.amount + $2, events = balances.events + 1`, e.StreamID, e.Data.Amount)
 		return err
 	})
+	p.OnReset(func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `DELETE FROM balances`)
+		return err
+	})
 	if err := r.Register(p, &projection.Options{OnDeadLetter: policy}); err != nil {
 		t.Fatal(err)
 	}
@@ -132,10 +136,34 @@ func TestAwaitDeadLettered(t *testing.T) {
 		var failing atomic.Bool
 		failing.Store(true)
 		r := runFailingBalances(t, b, projection.SkipEvent, &failing)
-		awaitDeadLettered(t, r, deposit(t, b, "acct-1", -1), "acct-1", "failed", "open")
+		failed := deposit(t, b, "acct-1", -1)
+		awaitDeadLettered(t, r, failed, "acct-1", "failed", "open")
 		awaitNil(t, r, deposit(t, b, "acct-1", 5))
 		if got := readBalances(t, b)["acct-1"]; got != 5 {
 			t.Fatalf("acct-1 at %d, want 5", got)
+		}
+		// Another dead letter, skipped by an operator.
+		skipped := deposit(t, b, "acct-2", -2)
+		dl := awaitDeadLettered(t, r, skipped, "acct-2", "failed", "open")
+		dls, err := deadletter.New(b.db.Pool, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dls.Skip(t.Context(), dl.DeadLetter); err != nil {
+			t.Fatal(err)
+		}
+		// The handler fixed, a rebuild applies both events: Await reports
+		// them applied, not dead-lettered (the rebuild left the dead
+		// letters as they were, and Await said "skipped" for events the
+		// rebuilt read model held).
+		failing.Store(false)
+		if err := r.Rebuild(t.Context(), "balances", nil); err != nil {
+			t.Fatal(err)
+		}
+		awaitNil(t, r, failed)
+		awaitNil(t, r, skipped)
+		if got := readBalances(t, b); got["acct-1"] != 4 || got["acct-2"] != -2 {
+			t.Fatalf("balances after the rebuild %v, want acct-1 4, acct-2 -2", got)
 		}
 	})
 

@@ -116,8 +116,9 @@
 // retry a failing event (it checks its epoch while it waits, and a fenced
 // leader can record no further failed attempt), so rebuilding to fix a
 // poison event does not wait out the retry policy. In one transaction it
-// calls Reset, sets the checkpoints to 0, settles the subscriber's
-// unresolved dead letters (the replay delivers those events again) and
+// calls Reset, sets the checkpoints to 0, settles the subscriber's dead
+// letters as resolved (the replay delivers those events again; one that
+// fails again is open again) and
 // deletes its recorded failed attempts, so that each event is retried by
 // the policy afresh during the replay; then it replays through the head,
 // RebuildOptions.BatchSize events per transaction (5,000 by default) each

@@ -180,8 +180,9 @@ func rebuildable(reg *registration) (Resetter, bool, error) {
 //     it is free. Live instances stand by for the rest of the rebuild.
 //  2. In one transaction, fenced by the rebuild's epochs, it calls the
 //     projection's Reset, sets every partition's checkpoint to 0 (clearing a
-//     Stop), settles the subscriber's unresolved dead letters (status
-//     skipped: the replay delivers those events again) and deletes its
+//     Stop), settles the subscriber's dead letters (status resolved, also
+//     the skipped ones: the replay delivers those events again, and one that
+//     fails again is open again) and deletes its
 //     recorded failed attempts (the replay retries each event by the policy
 //     afresh).
 //  3. It replays each partition through the head as it was at the reset,

@@ -9,13 +9,16 @@ UPDATE {{.Schema}}.checkpoints
  WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3;
 
 -- name: SupersedeDeadLetters
--- The rebuild delivers every event again, so the subscriber's unresolved dead
--- letters are settled: an event that fails again is dead-lettered again (the
--- entry goes back to open, with the new error). Without this, a stream parked
--- before the rebuild would stay parked behind an event the rebuild applies.
+-- The rebuild delivers every event again, so the subscriber's dead letters,
+-- also those an operator skipped, are settled as resolved: an event that
+-- fails again is dead-lettered again (the entry goes back to open, with the
+-- new error), and one the replay applies is resolved, which Await then
+-- reports as applied. Without this, a stream parked before the rebuild would
+-- stay parked behind an event the rebuild applies, and Await would report a
+-- skipped dead letter for an event the rebuilt read model holds.
 UPDATE {{.Schema}}.dead_letters
-   SET status = 'skipped', updated_at = clock_timestamp()
- WHERE subscriber_id = $1 AND status IN ('open', 'retry');
+   SET status = 'resolved', updated_at = clock_timestamp()
+ WHERE subscriber_id = $1 AND status IN ('open', 'retry', 'skipped');
 
 -- name: CountEvents
 -- The events a rebuild replays, per partition: $1 head (inclusive), $2 type

@@ -115,7 +115,9 @@ func (e *env) checkpointSetCommand() *cobra.Command {
 then processes the events after POSITION, again if it had processed them (moving back),
 and never those it skips (moving forward). POSITION is an integer from 0 (replay the
 whole log) to the head of the log. The fencing epoch is bumped, so a running leader stops
-and re-reads from POSITION instead of overwriting it.
+and re-reads from POSITION instead of overwriting it. Moving back settles the partition's
+dead letters after POSITION as resolved, since their events are delivered again (one that
+fails again is open again).
 
 This is deliberate: on a terminal, set asks for confirmation; otherwise pass --yes.
 An unknown subscriber exits 3 (not found) unless --create makes its checkpoint (to
@@ -190,6 +192,7 @@ start a new subscriber somewhere other than the beginning).`,
 			}
 
 			var before, after checkpoint.Checkpoint
+			var settled int64
 			target := fmt.Sprintf("%s/%d", sub, partition)
 			err = e.audited(ctx, pool, "checkpoint.set", func(tx pgx.Tx) (string, any, error) {
 				before = checkpoint.Checkpoint{}
@@ -207,14 +210,21 @@ start a new subscriber somewhere other than the beginning).`,
 				if after, err = store.Set(ctx, tx, sub, partition, position); err != nil {
 					return "", nil, err
 				}
+				settled = 0
+				if exists && after.Position < before.Position {
+					if err := tx.QueryRow(ctx, q["SettleDeadLetters"], sub, partition, after.Position).Scan(&settled); err != nil {
+						return "", nil, errors.Wrap(err, "settle the dead letters after the new position")
+					}
+				}
 				return target, map[string]any{"from": before.Position, "to": after.Position, "epoch_from": before.Epoch,
-					"epoch_to": after.Epoch, "created": !exists}, nil
+					"epoch_to": after.Epoch, "created": !exists, "dead_letters_settled": settled}, nil
 			})
 			if err != nil {
 				return err
 			}
 			if *format == outputJSON {
-				out := CheckpointSetJSON{Subscriber: sub, Partition: partition, Created: !exists, Position: after.Position, Epoch: after.Epoch}
+				out := CheckpointSetJSON{Subscriber: sub, Partition: partition, Created: !exists, Position: after.Position, Epoch: after.Epoch,
+					DeadLettersSettled: settled}
 				if exists {
 					out.PreviousPosition, out.PreviousEpoch = &before.Position, &before.Epoch
 				}
@@ -226,6 +236,10 @@ start a new subscriber somewhere other than the beginning).`,
 			}
 			_, err = fmt.Fprintf(e.stdout, "%s/%d: position %d → %d, epoch %d → %d\n",
 				sub, partition, before.Position, after.Position, before.Epoch, after.Epoch)
+			if err == nil && settled > 0 {
+				_, err = fmt.Fprintf(e.stdout, "%d dead letter(s) after position %d settled as resolved: their events are delivered again (one that fails again is open again)\n",
+					settled, after.Position)
+			}
 			return err
 		},
 	}
@@ -246,6 +260,10 @@ type CheckpointSetJSON struct {
 	Epoch            int64  `json:"epoch"`
 	PreviousPosition *int64 `json:"previous_position,omitempty"`
 	PreviousEpoch    *int64 `json:"previous_epoch,omitempty"`
+	// DeadLettersSettled counts the dead letters after the new position
+	// settled as resolved by a checkpoint set back (their events are
+	// delivered again).
+	DeadLettersSettled int64 `json:"dead_letters_settled"`
 }
 
 // negativePosition is the message for a negative POSITION of checkpoint set

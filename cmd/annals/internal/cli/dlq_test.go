@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/eventstore"
 )
 
 // dlqRow is a dead letter as the runner writes it. Zero fields get
@@ -523,5 +524,56 @@ func TestDlqBadInput(t *testing.T) {
 	r := annals(t, db.URL, "dlq", "list", "--schema", "nowhere")
 	if r.code != 1 || !strings.Contains(r.stderr, "annals migrate") || strings.Count(r.stderr, "\n") != 1 {
 		t.Errorf("dlq list on a missing schema: %+v", r)
+	}
+}
+
+// Setting a checkpoint back delivers the events after it again: the
+// partition's dead letters after the new position, skipped ones too, are
+// settled as resolved (one that fails again is open again), so that Await
+// does not report an event the replay applies as dead-lettered. Moving
+// forward, or another partition's, leaves them.
+func TestCheckpointSetBackSettlesDeadLetters(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	store, err := eventstore.New(db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 30 {
+		if _, err := store.Append(t.Context(), "order-1", eventstore.Any, eventstore.EventData{Type: "order.placed", Data: map[string]any{}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sqlExec(t, db, `INSERT INTO annals.checkpoints (subscriber_id, partition, position, epoch) VALUES ('orders', 0, 20, 1), ('orders', 1, 20, 1)`)
+	before := dlqAdd(t, db, dlqRow{seq: 5})
+	open := dlqAdd(t, db, dlqRow{seq: 12})
+	skipped := dlqAdd(t, db, dlqRow{seq: 14, status: "skipped"})
+	released := dlqAdd(t, db, dlqRow{seq: 15, status: "retry"})
+	otherPart := dlqAdd(t, db, dlqRow{seq: 13, part: 1})
+	otherSub := dlqAdd(t, db, dlqRow{seq: 13, sub: "mailer"})
+
+	r := annals(t, db.URL, "checkpoint", "set", "orders", "25", "--yes")
+	if r.code != 0 || strings.Contains(r.stdout, "settled") {
+		t.Fatalf("set forward: %+v", r)
+	}
+	if st := dlqStatuses(t, db); st[open] != "open" || st[skipped] != "skipped" || st[released] != "retry" {
+		t.Fatalf("moving forward changed dead letters: %v", st)
+	}
+	var out CheckpointSetJSON
+	r = annals(t, db.URL, "checkpoint", "set", "orders", "10", "--yes", "--output", "json")
+	if r.code != 0 {
+		t.Fatalf("set back: %+v", r)
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || out.DeadLettersSettled != 3 {
+		t.Fatalf("set back: %+v (%v); want 3 dead letters settled", r, err)
+	}
+	want := map[int64]string{before: "open", open: "resolved", skipped: "resolved", released: "resolved", otherPart: "open", otherSub: "open"}
+	if st := dlqStatuses(t, db); !maps.Equal(st, want) {
+		t.Fatalf("statuses after setting back: %v, want %v", st, want)
+	}
+	var detail string
+	if err := db.Pool.QueryRow(t.Context(), `SELECT detail->>'dead_letters_settled' FROM annals.audit_log
+		WHERE action = 'checkpoint.set' ORDER BY id DESC LIMIT 1`).Scan(&detail); err != nil || detail != "3" {
+		t.Fatalf("audit detail dead_letters_settled = %q (%v), want 3", detail, err)
 	}
 }

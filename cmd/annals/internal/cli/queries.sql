@@ -76,6 +76,18 @@ SELECT position, epoch
  WHERE subscriber_id = $1 AND partition = $2
    FOR UPDATE;
 
+-- name: SettleDeadLetters
+-- A checkpoint set back delivers the events after it again: the dead letters
+-- of that subscriber partition after the new position $3 (also those an
+-- operator skipped) are settled as resolved, as a rebuild settles them; one
+-- that fails again is open again. Returns how many.
+WITH s AS (
+    UPDATE {{.Schema}}.dead_letters
+       SET status = 'resolved', updated_at = clock_timestamp()
+     WHERE subscriber_id = $1 AND partition = $2 AND global_sequence > $3
+       AND status IN ('open', 'retry', 'skipped')
+    RETURNING 1)
+SELECT count(*) FROM s;
 
 -- name: SubscriberLayout
 -- The partition count recorded for a subscriber (no row: none recorded).
@@ -100,7 +112,8 @@ SELECT k.i, l.pid
    AND l.classid = (k.k1::int8 & 4294967295)::oid AND l.objid = (k.k2::int8 & 4294967295)::oid;
 
 -- name: CanReadGenerations
--- Whether the role may read read_model_generations (a reader may not).
+-- Whether the role may read read_model_generations (a role granted by an
+-- older annals grant may not).
 -- $1: the schema's name.
 SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'read_model_generations')), 'SELECT'), false);
 
