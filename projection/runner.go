@@ -430,12 +430,6 @@ type namedService struct {
 // both add the scheduler without running two dispatchers; another service
 // under a used name is an error.
 func (r *Runner) AddService(name string, s Service) error {
-	if name == "" {
-		return errors.New("projection: AddService with an empty name")
-	}
-	if v := reflect.ValueOf(s); s == nil || (v.Kind() == reflect.Pointer && v.IsNil()) {
-		return errors.Newf("projection: AddService(%q, nil)", name)
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	added, err := r.canAddServiceLocked(name, s)
@@ -450,12 +444,6 @@ func (r *Runner) AddService(name string, s Service) error {
 // adding nothing: for a caller that must add a service along with a
 // registration and may do neither if either is refused (saga.Register).
 func (r *Runner) CanAddService(name string, s Service) error {
-	if name == "" {
-		return errors.New("projection: AddService with an empty name")
-	}
-	if v := reflect.ValueOf(s); s == nil || (v.Kind() == reflect.Pointer && v.IsNil()) {
-		return errors.Newf("projection: AddService(%q, nil)", name)
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	_, err := r.canAddServiceLocked(name, s)
@@ -465,6 +453,12 @@ func (r *Runner) CanAddService(name string, s Service) error {
 // canAddServiceLocked checks AddService(name, s) under r.mu: added reports
 // that s is added already (under any name), which AddService accepts.
 func (r *Runner) canAddServiceLocked(name string, s Service) (added bool, err error) {
+	if name == "" {
+		return false, errors.New("projection: AddService with an empty name")
+	}
+	if v := reflect.ValueOf(s); s == nil || (v.Kind() == reflect.Pointer && v.IsNil()) {
+		return false, errors.Newf("projection: AddService(%q, nil)", name)
+	}
 	if r.running {
 		return false, errors.New("projection: AddService after Run started")
 	}
@@ -591,6 +585,7 @@ func (r *Runner) Run(ctx context.Context) error {
 // they succeed it starts the subscribers and services in the background
 // and returns at once; they run until ctx ends and then shut down
 // gracefully, as in Run, and the returned channel is closed once they have.
+// Unlike Client.Start's, ctx is the run's lifetime, not only the start's.
 // A runner runs once at a time: Start and Run fail while it runs.
 func (r *Runner) Start(ctx context.Context) (<-chan struct{}, error) {
 	r.mu.Lock()
