@@ -9,9 +9,11 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/robfig/cron/v3"
 
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
 
@@ -506,11 +508,17 @@ func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, ne
 				if ctx.Err() != nil {
 					return fired, next, contended, ferr
 				}
-				// Back off: a task that keeps failing (an Event func that
-				// panics, an invalid event) is tried, and logs, ever less
-				// often, up to once per MaxRetryBackoff.
-				retry.failures++
-				d := s.backoff(retry.failures)
+				// Back off from the task's own failures (an Event func that
+				// panics, an invalid event): a task that keeps failing is
+				// tried, and logs, ever less often, up to once per
+				// MaxRetryBackoff. Any other failure (the connection, the
+				// server) is retried after RetryBackoff: the task fires as
+				// soon as the database is back.
+				d := s.cfg.RetryBackoff
+				if ownFailure(ferr) {
+					retry.failures++
+					d = s.backoff(retry.failures)
+				}
 				retry.at = now.Add(d)
 				s.mu.Lock()
 				s.retries[r.name] = retry
@@ -520,7 +528,7 @@ func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, ne
 				earliest(retry.at)
 				continue
 			}
-			if !held && retry.failures > 0 {
+			if !held && (retry.failures > 0 || !retry.at.IsZero()) {
 				s.mu.Lock()
 				delete(s.retries, r.name)
 				s.mu.Unlock()
@@ -568,7 +576,7 @@ func (s *Scheduler) fireTask(ctx context.Context, name string, factory func(time
 		}
 		sched, zone, err := parseSpec(r.spec, r.zone)
 		if err != nil {
-			return err
+			return errmark.Mark(err, errTaskFault)
 		}
 		tick, due := latestDue(sched, r.anchor(sched, now), now)
 		if !due {
@@ -579,7 +587,7 @@ func (s *Scheduler) fireTask(ctx context.Context, name string, factory func(time
 		}
 		policy, err := parsePolicy(r.missed)
 		if err != nil {
-			return err
+			return errmark.Mark(err, errTaskFault)
 		}
 		if late = now.Sub(tick); late > s.cfg.MissedGrace {
 			if policy == SkipMissed {
@@ -594,7 +602,7 @@ func (s *Scheduler) fireTask(ctx context.Context, name string, factory func(time
 		}
 		ev, err := callEvent(factory, tick)
 		if err != nil {
-			return errors.Wrapf(err, "scheduler: event of task %q for tick %s", name, tick)
+			return errmark.Mark(errors.Wrapf(err, "scheduler: event of task %q for tick %s", name, tick), errTaskFault)
 		}
 		if ev.ID == uuid.Nil {
 			ev.ID = TickEventID(name, tick)
@@ -622,6 +630,37 @@ func (s *Scheduler) fireTask(ctx context.Context, name string, factory func(time
 		s.ticksFired.Add(1)
 	}
 	return inserted == 1, held, nil
+}
+
+// errTaskFault marks a failed attempt to fire a tick that is the task's own
+// doing, not the database's: its Event func returned an error or panicked,
+// or its stored definition does not parse.
+var errTaskFault = errors.New("the cron task's own failure")
+
+// ownFailure reports whether err, a failed attempt to fire a task's tick,
+// is the task's own failure, which retrying as it is will not fix, so that
+// its back-off doubles (fireTasks): its Event func failed or panicked, its
+// definition does not parse (errTaskFault), or its event cannot be
+// appended: invalid (eventstore.ErrInvalidEvent, SQLSTATE AN002), of an
+// unregistered type, with an ID stored as a different event (AN003), or to
+// a deleted stream (AN005, AN006). Anything else is the connection's or the
+// server's failure (a connection lost, a shutdown, a lock or statement
+// timeout, a serialization failure), retried after a flat RetryBackoff, so
+// that after a database outage every task fires again as soon as the
+// database is back instead of waiting out a back-off grown meanwhile.
+func ownFailure(err error) bool {
+	if errors.IsAny(err, errTaskFault, eventstore.ErrInvalidEvent, eventstore.ErrUnknownEventType,
+		eventstore.ErrEventIDConflict, eventstore.ErrStreamDeleted) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case eventstore.CodeInvalidEvent, eventstore.CodeEventIDConflict, eventstore.CodeStreamDeleted, eventstore.CodeStreamTombstoned:
+			return true
+		}
+	}
+	return false
 }
 
 // callEvent calls a task's Event func, turning a panic into an error (with

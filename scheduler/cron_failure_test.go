@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/errmark"
 )
 
 // syncBuffer is a bytes.Buffer safe for a logger and a test to share.
@@ -212,5 +214,119 @@ func TestCronFailingTaskBacksOff(t *testing.T) {
 	}
 	if got := ticks(t, db, "flaky"); !equalTimes(got, want) {
 		t.Errorf("flaky fired %d ticks (%v … ), want %d: every second from 32 s on but 100 s", len(got), got[:min(3, len(got))], len(want))
+	}
+}
+
+// A task whose ticks fail because of the database, not the task (here its
+// transaction's connection is terminated, as in an outage), is retried
+// after a flat RetryBackoff, and fires at the first try once the database
+// is back: its back-off did not grow during the outage (with doubling it
+// would have waited 16 s at the end of a 20 s outage, and up to
+// MaxRetryBackoff after a longer one, missing ticks older than
+// MissedGrace). A failure of its own afterwards still backs off from
+// RetryBackoff, doubling.
+func TestCronDatabaseFailureDoesNotBackOff(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	clock := newFakeClock(t0)
+	var logs syncBuffer
+	s := newScheduler(t, db, &Config{Clock: clock, RetryBackoff: time.Second, MaxRetryBackoff: 64 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	ctx := t.Context()
+	const outage, broken = 20, 40 // the database fails ticks 1–20; the task's Event fails ticks 40–59
+	var calls []int               // seconds after t0 of each attempt
+	var killErr error
+	if err := s.AddTask(ctx, Task{Name: "outage", Spec: "* * * * * *", StreamID: "outage",
+		Event: func(tick time.Time) (eventstore.EventData, error) {
+			sec := int(tick.Sub(t0) / time.Second)
+			calls = append(calls, sec)
+			switch {
+			case sec <= outage:
+				// The outage: the tick's transaction (the one connection of
+				// this database idle in a transaction) loses its connection.
+				var n int
+				err := db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))
+					FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'idle in transaction'`).Scan(&n)
+				if err == nil && n != 1 {
+					err = errors.Newf("terminated %d backends, want 1", n)
+				}
+				if err != nil && killErr == nil {
+					killErr = err
+				}
+			case sec >= broken && sec < broken+20:
+				return eventstore.EventData{}, errors.New("report service down")
+			}
+			return eventstore.EventData{Type: TickEventType, Data: TickData{Task: "outage", Tick: tick.UTC()}}, nil
+		}}); err != nil {
+		t.Fatal(err)
+	}
+	const seconds = 80
+	for range seconds {
+		clock.Advance(time.Second)
+		fireDue(t, s)
+	}
+	if killErr != nil {
+		t.Fatalf("terminating the tick's connection: %v", killErr)
+	}
+	// Tried every second through the outage, fired at once after it.
+	var want []int
+	for sec := 1; sec <= outage; sec++ {
+		want = append(want, sec)
+	}
+	if got := calls[:min(len(calls), outage)]; !slices.Equal(got, want) {
+		t.Errorf("during the outage the task was tried at %v s, want every second %v", calls, want)
+	}
+	if n := len(logs.lines("cron tick failed")); n < outage {
+		t.Errorf("logged %d failed ticks, want at least the %d of the outage:\n%s", n, outage, logs.String())
+	}
+	if l := logs.lines("cron tick failed"); len(l) > 0 && !strings.Contains(l[0], "SQLSTATE 57P01") && !strings.Contains(l[0], "conn") {
+		t.Errorf("the first failure %q is not the lost connection", l[0])
+	}
+	var fired []time.Time
+	for sec := outage + 1; sec < broken; sec++ {
+		fired = append(fired, t0.Add(time.Duration(sec)*time.Second))
+	}
+	// Then its own failures from 40 s back off (40, 41, 43, 47, 55 fail;
+	// 71 fires the latest tick), and it fires every second again.
+	for sec := 71; sec <= seconds; sec++ {
+		fired = append(fired, t0.Add(time.Duration(sec)*time.Second))
+	}
+	if got := ticks(t, db, "outage"); !equalTimes(got, fired) {
+		t.Errorf("fired %v, want %v", got, fired)
+	}
+	after := calls[min(len(calls), outage+(broken-outage-1)):] // the attempts from 40 s on
+	if want := []int{40, 41, 43, 47, 55, 71}; !slices.Equal(after[:min(len(after), len(want))], want) {
+		t.Errorf("after its own failure at 40 s the task was tried at %v, want %v first", after, want)
+	}
+}
+
+// Which failed attempts are the task's own (its back-off doubles) and which
+// the database's (retried after RetryBackoff).
+func TestCronOwnFailure(t *testing.T) {
+	pg := func(code string) error {
+		return errors.Wrap(&pgconn.PgError{Code: code, Message: "m"}, "scheduler: append tick")
+	}
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"EventFunc", errmark.Mark(errors.New("Event func panicked: boom"), errTaskFault), true},
+		{"InvalidEvent", errors.Wrap(eventstore.ErrInvalidEvent, "empty type"), true},
+		{"AN002", pg(eventstore.CodeInvalidEvent), true},
+		{"UnknownType", errors.Wrap(eventstore.ErrUnknownEventType, "x"), true},
+		{"EventIDConflict", pg(eventstore.CodeEventIDConflict), true},
+		{"StreamTombstoned", pg(eventstore.CodeStreamTombstoned), true},
+		{"AdminShutdown", pg("57P01"), false},
+		{"ConnectionFailure", pg("08006"), false},
+		{"SerializationFailure", pg("40001"), false},
+		{"LockTimeout", pg("55P03"), false},
+		{"StatementTimeout", pg("57014"), false},
+		{"ReadOnly", pg("25006"), false},
+		{"Closed", errors.New("conn closed"), false},
+	} {
+		if got := ownFailure(c.err); got != c.want {
+			t.Errorf("%s: ownFailure(%v) = %v, want %v", c.name, c.err, got, c.want)
+		}
 	}
 }

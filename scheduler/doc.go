@@ -143,13 +143,20 @@
 // returns an error or panics (the panic is recovered; the error names the
 // task and the panic value), when its event is invalid, or when the
 // database refuses the tick's transaction. The dispatcher logs one error
-// line and tries the task again after RetryBackoff, doubling with each
-// consecutive failure of the task up to MaxRetryBackoff (default 10 min);
-// a successful attempt resets it. So a task whose every attempt fails (a
-// bug, an event that can never be appended) is tried, and logs, about
-// log2(MaxRetryBackoff/RetryBackoff) times in its first MaxRetryBackoff and
-// then once per MaxRetryBackoff, instead of once per RetryBackoff forever;
-// the other tasks fire meanwhile. The back-off is kept in each process. A
+// line and tries the task again after RetryBackoff. For the task's own
+// failures (its Event func failed or panicked, or its event cannot be
+// appended: invalid, of an unregistered type, with an ID stored as a
+// different event, to a deleted stream) the wait doubles with each one, up
+// to MaxRetryBackoff (default 10 min); a successful attempt resets it. So a
+// task whose every attempt fails (a bug, an event that can never be
+// appended) is tried, and logs, about log2(MaxRetryBackoff/RetryBackoff)
+// times in its first MaxRetryBackoff and then once per MaxRetryBackoff,
+// instead of once per RetryBackoff forever; the other tasks fire
+// meanwhile. Failures of the connection or the server (an outage, a
+// timeout, a serialization failure) are retried after RetryBackoff
+// without growing the wait, so that the task fires as soon as the database
+// is back, not up to MaxRetryBackoff later. The back-off is kept in each
+// process. A
 // retry fires the latest tick due by then (not each tick that fell
 // meanwhile); if that is older than MissedGrace, it was missed and the
 // task's MissedPolicy applies.

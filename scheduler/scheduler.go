@@ -59,7 +59,8 @@ type Config struct {
 	MaxAttempts int
 	// RetryBackoff is the delay before a failed timer, or a cron task whose
 	// tick failed, is tried again; it doubles with each consecutive failed
-	// attempt, up to MaxRetryBackoff. Defaults to 1 s.
+	// attempt (of a cron task: each failure of its own, not the database's),
+	// up to MaxRetryBackoff. Defaults to 1 s.
 	RetryBackoff time.Duration
 	// MaxRetryBackoff caps RetryBackoff's doubling: a task whose ticks
 	// keep failing is tried (and logs an error) once per MaxRetryBackoff.
