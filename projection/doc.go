@@ -44,14 +44,14 @@
 //     that cannot commit: see "Failures at commit") is a row in failures,
 //     retried by the subscriber's RetryPolicy (3 retries, 1 s ×2 up to 60 s
 //     by default; annals.Permanent errors are not retried, nor is an event
-//     whose data a typed handler cannot decode into its type: a JSON error
-//     is permanent, a failed upcast is retried). When the policy is
-//     spent the event becomes a dead letter, committed with the checkpoint
-//     move, and the DeadLetterPolicy applies: ParkStream (projections'
-//     default) holds back the rest of the stream in order, SkipEvent
-//     (observers' default) moves on, Stop halts the partition. Operators act
-//     with package deadletter or annals dlq; released entries are
-//     re-delivered by the live leader, in order.
+//     whose data a typed handler cannot decode into its type: a JSON error,
+//     eventstore.ErrDecode, is permanent, a failed upcast is retried). When
+//     the policy is spent the event becomes a dead letter, committed with
+//     the checkpoint move, and the DeadLetterPolicy applies: ParkStream
+//     (projections' default) holds back the rest of the stream in order,
+//     SkipEvent (observers' default) moves on, Stop halts the partition.
+//     Operators act with package deadletter or annals dlq; released entries
+//     are re-delivered by the live leader, in order.
 //   - Telemetry: a span per batch ("annals.batch"); with Config.HandlerSpans
 //     also one per handler call, linked to the append that produced the
 //     event (with Config.HandlerSpanParent, a child of it); and the metrics
@@ -73,12 +73,15 @@
 // that its transaction could not commit, with PostgreSQL's error (and, for
 // 25P02, that its handler ignored the error of an SQL statement). The
 // events before it commit on the way, each exactly once, and the events
-// after it go on in one transaction again. A failure of the connection or
-// of the server itself is not blamed on an event (no answer, classes 08,
-// 40, 53, 57, 58 and XX, a lock timeout, a read-only server): the batch is
-// retried after RetryBackoff, as any error besides a handler's. A released
-// dead letter whose re-delivery cannot commit is open again, as after a
-// handler error.
+// after it go on in one transaction again. Only what one event's writes can
+// cause is blamed on an event: an integrity constraint violation (class
+// 23), a data exception (22) or a raise_exception (P0001) from a deferred
+// trigger, and 25P02. Anything else (no answer, the connection's or the
+// server's failures, a permission denied on the checkpoint, an
+// idle-in-transaction timeout, a serialization failure or deadlock) is
+// retried as a batch after RetryBackoff, as any error besides a handler's.
+// A released dead letter whose re-delivery cannot commit is open again, as
+// after a handler error.
 //
 // # Read-model setup
 //
