@@ -57,8 +57,15 @@ type Config struct {
 	// MaxBytes, or deleted), before the consumer handles anything after
 	// them. Returning nil passes over them; an error stops Run or
 	// RunProjection, which return it (errors.Is matches it) without moving
-	// past the gap, so the next run reports it again. Defaults to logging
-	// the gap at ERROR level on Logger and passing over it.
+	// past the gap. The next RunProjection reports it again (its checkpoint
+	// is left before the gap). The next Run reports it again only while the
+	// server keeps the durable consumer's acknowledgement floor (Run's
+	// place between runs) before it: once the stream removes the messages
+	// that were delivered after the gap too, the server drops them after
+	// AckWait and moves the floor past them, and the next Run reports only
+	// what is missing after that. Record the gap here, or use RunProjection,
+	// when none may go unreported. Defaults to logging the gap at ERROR
+	// level on Logger and passing over it.
 	OnGap func(ctx context.Context, g Gap) error
 }
 
@@ -153,6 +160,13 @@ type session struct {
 	// unknown).
 	seq uint64
 	pos int64
+	// held is set when messages after seq may be held unacknowledged by a
+	// process that fetched them and died (the server showed messages
+	// pending at attach, or a delivery came after messages this session
+	// never got): an empty fetch then asks the server about the consumer
+	// (see behind). A consumer nobody else holds messages of costs one
+	// request (its fetch) per empty fetch.
+	held bool
 	// handle handles one delivery (RunProjection: and saves the place).
 	handle func(context.Context, delivery) error
 }
@@ -183,6 +197,7 @@ func (s *session) attach(ctx context.Context) error {
 		s.seq = 0
 	}
 	s.stream, s.cons, s.created = stream, cons, created
+	s.held = cons.CachedInfo().NumAckPending > 0
 	return nil
 }
 
@@ -372,10 +387,14 @@ func (d delivery) ack() error {
 // delivers meanwhile (and behind it again after each Nak). Rather than wait
 // for that order, fill reads the missing messages from the stream by
 // sequence and handles them first; their re-deliveries come later, at or
-// below s.seq. A fetch that returns nothing while the stream holds messages
-// after s.seq (the crashed process had fetched as many as the server lets
-// out unacknowledged, so it delivers nothing newer until AckWait) reads
-// those by sequence too, Batch at a time. A failed delivery is retried in
+// below s.seq. A fetch that returns nothing while messages may be held
+// elsewhere (s.held) looks at the consumer on the server (behind): the
+// messages it delivered past s.seq (to the crashed process) are read by
+// sequence, and so, when it holds as many unacknowledged as it lets out
+// (it delivers nothing newer until AckWait), are those after them, Batch
+// at a time. An empty fetch otherwise costs nothing more: a message
+// published just after it is delivered by the next one, not read by
+// sequence and then delivered again. A failed delivery is retried in
 // place after RetryBackoff; the rest of the fetched batch waits (it is
 // handled after it, not re-fetched). A stream or consumer found gone (or
 // the stream made again) is looked up again by name.
@@ -394,8 +413,8 @@ func (s *session) run(ctx context.Context) error {
 		case ferr != nil && !errors.Is(ferr, nats.ErrTimeout):
 			s.c.cfg.Logger.WarnContext(ctx, "annals: fetching relayed events failed", telemetry.Err(ferr))
 			_ = sleep(ctx, s.c.cfg.RetryBackoff)
-		case len(ds) == 0:
-			more, err := s.fill(ctx, 0)
+		case len(ds) == 0 && s.held:
+			more, err := s.behind(ctx)
 			if err != nil {
 				if err := s.failed(ctx, err); err != nil {
 					return err
@@ -426,7 +445,7 @@ func (s *session) deliver(ctx context.Context, ds []delivery) error {
 			continue
 		}
 		if d.seq > s.seq+1 {
-			if _, err := s.fill(ctx, d.seq); err != nil {
+			if _, err := s.fill(ctx, d.seq, 0); err != nil {
 				handBack()
 				return s.failed(ctx, err)
 			}
@@ -491,13 +510,42 @@ func (s *session) handleOne(ctx context.Context, d delivery) bool {
 	return true
 }
 
+// behind deals with an empty fetch while messages may be held elsewhere
+// (s.held): it asks the server about the consumer. Messages it delivered
+// past s.seq went to a process that died (this session handled all it
+// got); when, besides, the server holds as many messages unacknowledged as
+// it lets out (MaxAckPending), it delivers nothing newer until AckWait. So
+// it reads by sequence, Batch at a time (more: it stopped short), the
+// delivered ones, and when the server is full the stream's newer ones too.
+// When the server delivered nothing past s.seq and is not full, s.held is
+// cleared: what it delivers next comes to the fetch.
+func (s *session) behind(ctx context.Context) (more bool, err error) {
+	info, err := s.cons.Info(ctx)
+	if err != nil {
+		return false, errors.Wrapf(err, "natsconsumer: consumer %s", s.c.cfg.Durable)
+	}
+	full := info.Config.MaxAckPending > 0 && info.NumAckPending >= info.Config.MaxAckPending
+	switch {
+	case full && info.NumPending > 0:
+		return s.fill(ctx, 0, s.c.cfg.Batch)
+	case info.Delivered.Stream > s.seq:
+		return s.fill(ctx, info.Delivered.Stream+1, s.c.cfg.Batch)
+	case !full:
+		s.held = false
+	}
+	return false, nil
+}
+
 // fill handles, in order, the messages the stream holds after s.seq and
-// before upto, read by sequence; upto 0 means through the stream's last
-// message, at most Batch of them (more reports that it stopped short).
-// Those the stream no longer holds (removed by a limit, deleted) are
-// reported to OnGap, a run of them at a time, before anything after them
-// is handled.
-func (s *session) fill(ctx context.Context, upto uint64) (more bool, err error) {
+// before upto (0: through the stream's last message), read by sequence;
+// limit > 0 stops it after that many reads (more reports that it stopped
+// short). Each read asks for the stream's first message at or after a
+// sequence, so a run of messages the stream no longer holds (removed by a
+// limit, deleted) costs one read, and is reported to OnGap as one Gap
+// before anything after it is handled. A message read here was held
+// unacknowledged by another process (or acknowledged past a checkpoint
+// set back): s.held is set.
+func (s *session) fill(ctx context.Context, upto uint64, limit int) (more bool, err error) {
 	info, err := s.stream.Info(ctx)
 	if err != nil {
 		return false, errors.Wrapf(err, "natsconsumer: stream %s", s.c.cfg.Stream)
@@ -505,53 +553,42 @@ func (s *session) fill(ctx context.Context, upto uint64) (more bool, err error) 
 	if !sameStream(info.Created, s.created) {
 		return false, errors.Mark(errors.Newf("natsconsumer: stream %s was made again (at %s)", s.c.cfg.Stream, info.Created), errRemade)
 	}
-	from := max(s.seq+1, info.State.FirstSeq)
 	end := upto // exclusive
-	if upto == 0 {
-		if info.State.LastSeq <= s.seq {
-			return false, nil
-		}
+	if end == 0 {
 		end = info.State.LastSeq + 1
-		if lim := from + uint64(s.c.cfg.Batch); end > lim {
-			end, more = lim, true
-		}
 	}
-	var missing uint64 // the first of a run of missing messages; 0: none
-	if from > s.seq+1 {
-		missing = s.seq + 1
-	}
-	for seq := from; seq < end; seq++ {
-		m, err := s.stream.GetMsg(ctx, seq)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			if missing == 0 {
-				missing = seq
-			}
-			continue
+	for n := 0; s.seq+1 < end; n++ {
+		if limit > 0 && n == limit {
+			return true, nil
 		}
-		if err != nil {
-			return false, errors.Wrapf(err, "natsconsumer: read stream message %d", seq)
+		next := s.seq + 1
+		m, err := s.stream.GetMsg(ctx, next, jetstream.WithGetMsgSubject(">"))
+		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, errors.Wrapf(err, "natsconsumer: read stream message %d", next)
 		}
-		if missing != 0 {
-			if err := s.gap(ctx, missing, seq-1); err != nil {
+		seq := end // the stream's first message at or after next; end: none before end
+		if err == nil && m.Sequence < end {
+			seq = m.Sequence
+		}
+		if seq > next {
+			if err := s.gap(ctx, next, seq-1); err != nil {
 				return false, err
 			}
-			missing = 0
+			s.seq = seq - 1
+		}
+		if seq == end {
+			break
 		}
 		e, err := s.c.decode(seq, m.Header, m.Data)
 		if err != nil {
 			return false, err
 		}
+		s.held = true
 		if !s.handleOne(ctx, delivery{seq: seq, event: e}) {
 			return false, ctx.Err()
 		}
 	}
-	if missing != 0 && end-1 >= missing {
-		if err := s.gap(ctx, missing, end-1); err != nil {
-			return false, err
-		}
-	}
-	s.seq = max(s.seq, end-1)
-	return more, nil
+	return false, nil
 }
 
 // gap reports the missing stream messages first to last to OnGap; its

@@ -25,23 +25,36 @@
 // means that the messages before it are unacknowledged somewhere: a
 // process fetched them and died, and the server re-delivers them only after
 // AckWait, behind what it delivers meanwhile. The consumer then reads the
-// missing messages from the stream by sequence (a direct get) and handles
-// them first; their re-deliveries arrive later, at or below its place. A
-// process that died holding a full batch (Batch messages: the server lets
-// no more out unacknowledged) leaves the server delivering nothing until
-// AckWait: a fetch that comes back empty while the stream's last sequence
-// is past the place reads those messages by sequence too, Batch at a time.
-// Together: each event's effect once (RunProjection) or at least once
-// (Run), in stream order, which is the relay's position order, without
-// waiting for AckWait after a crash.
+// missing messages from the stream by sequence (a request each) and handles
+// them first; their re-deliveries arrive later, at or below its place.
+// When no delivery comes after them (the process died holding a full
+// batch, Batch messages: the server lets no more out unacknowledged and
+// delivers nothing newer until AckWait; or nothing was published since),
+// a fetch comes back empty instead. A consumer that found messages
+// unacknowledged on the server at its start (or read some by sequence)
+// then asks the server about its durable consumer: what it delivered past
+// the place is read by sequence, and, while it holds a full batch
+// unacknowledged, so is what the stream holds after that, Batch at a time.
+// Otherwise an empty fetch costs nothing more: a consumer nobody else holds
+// messages of makes one request per fetch, idle or not, and reads nothing
+// by sequence. Together: each event's effect once (RunProjection) or at
+// least once (Run), in stream order, which is the relay's position order,
+// without waiting for AckWait after a crash. (A process that fetched a
+// full batch after the next one had started, two at a time, leaves that
+// one waiting for AckWait, as before.)
 //
 // Messages the stream no longer holds when the consumer gets there
-// (removed by MaxAge, MaxMsgs or MaxBytes, or deleted) are reported to
-// Config.OnGap, a run of them at a time (a Gap: first and last stream
-// sequence, count, the last position handled before them), before anything
-// after them is handled. By default it logs them at ERROR level and the
-// consumer passes over them; an OnGap that returns an error stops Run or
-// RunProjection with it, the place left before the gap.
+// (removed by MaxAge, MaxMsgs, MaxBytes or MaxMsgsPerSubject, or deleted)
+// are reported to Config.OnGap, one Gap for each run of consecutive
+// missing messages however long (first and last stream sequence, count,
+// the last position handled before them), before anything after them is
+// handled; a run costs one read (the stream's first message at or after a
+// sequence). By default it logs them at ERROR level and the consumer passes
+// over them; an OnGap that returns an error stops Run or RunProjection with
+// it, the place left before the gap: the next RunProjection reports it
+// again, and so does the next Run unless the server moved the consumer's
+// acknowledgement floor past it meanwhile (it does once the stream has
+// removed the messages delivered after the gap too; see Config.OnGap).
 //
 // The relay makes its stream again when it is gone (deleted, or the
 // server's store lost), and the new stream numbers its messages from 1. At

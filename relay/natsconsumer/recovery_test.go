@@ -47,6 +47,7 @@ func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(
 type env struct {
 	src, dst *annalstest.DB
 	store    *eventstore.Store
+	ns       *natsserver.Server
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	r        *relay.Relay
@@ -83,7 +84,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{src: src, dst: dst, store: store, nc: nc, js: js, r: r}
+	return &env{src: src, dst: dst, store: store, ns: ns, nc: nc, js: js, r: r}
 }
 
 // appendEvents appends n "deposited" events to acct-0.
@@ -136,6 +137,27 @@ func (e *env) deleteStream(t *testing.T, ctx context.Context) {
 	}
 }
 
+// crash fetches n messages on the durable consumer (made already) and
+// never acknowledges them, as a process that died after its fetch.
+func (e *env) crash(t *testing.T, ctx context.Context, durable string, n int) {
+	t.Helper()
+	cons, err := e.js.Consumer(ctx, "ANNALS", durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for range batch.Messages() {
+		got++
+	}
+	if got != n {
+		t.Fatalf("the crashed fetch got %d messages, want %d", got, n)
+	}
+}
+
 // start runs f in a goroutine; the returned stop ends it and returns its error.
 func start(ctx context.Context, f func(ctx context.Context) error) (stop func() error) {
 	cctx, cancel := context.WithCancel(ctx)
@@ -175,21 +197,7 @@ func TestRunProjectionAfterACrashWithAFullBatch(t *testing.T) {
 	if _, err := natsconsumer.New(ctx, e.nc, cfg); err != nil { // makes the durable consumer
 		t.Fatal(err)
 	}
-	cons, err := e.js.Consumer(ctx, "ANNALS", "totals")
-	if err != nil {
-		t.Fatal(err)
-	}
-	batch, err := cons.Fetch(10, jetstream.FetchMaxWait(5*time.Second)) // the crashed process: never acknowledged
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := 0
-	for range batch.Messages() {
-		got++
-	}
-	if got != 10 {
-		t.Fatalf("the crashed fetch got %d messages, want 10", got)
-	}
+	e.crash(t, ctx, "totals", 10)
 	e.appendAndRelay(t, ctx, 5)
 
 	c, err := natsconsumer.New(ctx, e.nc, cfg)
@@ -198,6 +206,35 @@ func TestRunProjectionAfterACrashWithAFullBatch(t *testing.T) {
 	}
 	stop := start(ctx, func(ctx context.Context) error { return c.RunProjection(ctx, e.dst.Pool, totals{}) })
 	annalstest.WaitFor(t, 10*time.Second, func() bool { n, v := e.applied(ctx); return n == 15 && v == 15 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRunProjectionAfterACrashWithNothingPublishedSince: a process that
+// fetched fewer messages than a full batch and died, with nothing published
+// after them: no delivery comes to show they are missing (the server sends
+// them again only after AckWait, 30 s here). The next RunProjection saw them
+// pending at its start, asks the server about the consumer at its first
+// empty fetch, and reads what it delivered past the checkpoint by sequence.
+func TestRunProjectionAfterACrashWithNothingPublishedSince(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := &natsconsumer.Config{Durable: "totals", Batch: 10, AckWait: 30 * time.Second}
+	e.appendAndRelay(t, ctx, 3)
+	if _, err := natsconsumer.New(ctx, e.nc, cfg); err != nil { // makes the durable consumer
+		t.Fatal(err)
+	}
+	e.crash(t, ctx, "totals", 3)
+
+	c, err := natsconsumer.New(ctx, e.nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := start(ctx, func(ctx context.Context) error { return c.RunProjection(ctx, e.dst.Pool, totals{}) })
+	annalstest.WaitFor(t, 10*time.Second, func() bool { n, v := e.applied(ctx); return n == 3 && v == 3 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -431,6 +468,180 @@ func TestGapsAreReported(t *testing.T) {
 		if !strings.Contains(logs.String(), s) {
 			t.Fatalf("the log does not report the gap (%s):\n%s", s, logs.String())
 		}
+	}
+}
+
+// TestAGapLongerThanABatchIsOneGap: a run of missing messages longer than
+// Batch in the middle of the stream (MaxMsgsPerSubject 1 removed all but
+// the last of acct-0's ten events: sequences 5..13), met while the next
+// consumer reads past a crashed full batch by sequence, goes to OnGap as
+// one Gap. Before, it went as one Gap per Batch of sequences read (5..8,
+// 9..12, 13..13).
+func TestAGapLongerThanABatchIsOneGap(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	appendTo := func(stream string, n int) {
+		t.Helper()
+		for range n {
+			if _, err := e.store.Append(ctx, stream, eventstore.Any,
+				eventstore.EventData{Type: "deposited", Data: map[string]int{"amount": 1}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i := 1; i <= 4; i++ {
+		appendTo(fmt.Sprintf("acct-%d", i), 1)
+	}
+	if err := e.r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var gaps []natsconsumer.Gap
+	cfg := &natsconsumer.Config{Durable: "tally", Batch: 4, OnGap: func(_ context.Context, g natsconsumer.Gap) error {
+		mu.Lock()
+		defer mu.Unlock()
+		gaps = append(gaps, g)
+		return nil
+	}}
+	if _, err := natsconsumer.New(ctx, e.nc, cfg); err != nil { // makes the durable consumer
+		t.Fatal(err)
+	}
+	e.crash(t, ctx, "tally", 4) // a full batch: the server delivers nothing more until AckWait
+	s, err := e.js.Stream(ctx, "ANNALS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := s.CachedInfo().Config
+	sc.MaxMsgsPerSubject = 1
+	if _, err := e.js.UpdateStream(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	appendTo("acct-0", 10) // sequences 5..14, one subject: the stream keeps 14
+	appendTo("acct-5", 1)
+	appendTo("acct-6", 1)
+	if err := e.r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	c, err := natsconsumer.New(ctx, e.nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := start(ctx, func(ctx context.Context) error { return c.RunProjection(ctx, e.dst.Pool, tally{}) })
+	annalstest.WaitFor(t, 20*time.Second, func() bool { return e.tallied(ctx) == "1:1,2:1,3:1,4:1,14:1,15:1,16:1" })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	want := natsconsumer.Gap{Consumer: "tally", Stream: "ANNALS", First: 5, Last: 13, Count: 9, After: 4}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(gaps) != 1 || gaps[0] != want {
+		t.Fatalf("OnGap got %+v, want once %+v", gaps, want)
+	}
+}
+
+// TestRunAndARefusedGap: Run keeps its place between runs as the durable
+// consumer's acknowledgement floor on the server. An OnGap error stops Run
+// with it (errors.Is), and the next Run reports the same gap again: the
+// messages delivered after the gap were handed back, not acknowledged, so
+// the floor stays before it. But once the stream removes those messages
+// too (the stream keeps 5 here and 10 more are published), the server
+// drops them from the consumer's pending messages after AckWait and moves
+// the floor past them: the next Run starts there, and reports only the
+// messages removed after it (22..26), not the gap refused before (2..16)
+// nor the messages after it (17..21). RunProjection, whose checkpoint the
+// server does not move, reports 2..26.
+func TestRunAndARefusedGap(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	e.appendAndRelay(t, ctx, 1)
+	var mu sync.Mutex
+	var handled []int64
+	var gaps []natsconsumer.Gap
+	run := func(ctx context.Context, onGap error) error {
+		cfg := &natsconsumer.Config{Durable: "run", Batch: 10, AckWait: time.Second, OnGap: func(_ context.Context, g natsconsumer.Gap) error {
+			mu.Lock()
+			defer mu.Unlock()
+			gaps = append(gaps, g)
+			return onGap
+		}}
+		c, err := natsconsumer.New(ctx, e.nc, cfg)
+		if err != nil {
+			return err
+		}
+		return c.Run(ctx, func(_ context.Context, ev eventstore.Event) error {
+			mu.Lock()
+			defer mu.Unlock()
+			handled = append(handled, ev.GlobalSequence)
+			return nil
+		})
+	}
+	result := func() (h []int64, g []natsconsumer.Gap) {
+		mu.Lock()
+		defer mu.Unlock()
+		h, g = handled, gaps
+		handled, gaps = nil, nil
+		return h, g
+	}
+	stop := start(ctx, func(ctx context.Context) error { return run(ctx, nil) })
+	annalstest.WaitFor(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == 1 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	result()
+	s, err := e.js.Stream(ctx, "ANNALS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := s.CachedInfo().Config
+	sc.MaxMsgs = 5
+	if _, err := e.js.UpdateStream(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	e.appendAndRelay(t, ctx, 20) // the stream keeps 17..21
+
+	errRefused := errors.New("refused")
+	for i := range 2 {
+		rctx, rcancel := context.WithTimeout(ctx, 15*time.Second)
+		err := run(rctx, errRefused)
+		rcancel()
+		if !errors.Is(err, errRefused) {
+			t.Fatalf("run %d returned %v, want OnGap's error", i+1, err)
+		}
+		want := natsconsumer.Gap{Consumer: "run", Stream: "ANNALS", First: 2, Last: 16, Count: 15}
+		if h, g := result(); len(h) != 0 || len(g) != 1 || g[0] != want {
+			t.Fatalf("run %d handled %v, OnGap got %+v; want nothing handled, once %+v", i+1, h, g, want)
+		}
+	}
+
+	e.appendAndRelay(t, ctx, 10) // the stream keeps 27..31: 17..21, delivered and handed back, are gone too
+	cons, err := e.js.Consumer(ctx, "ANNALS", "run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var floor uint64
+	annalstest.WaitFor(t, 15*time.Second, func() bool {
+		info, err := cons.Info(ctx)
+		if err == nil {
+			floor = info.AckFloor.Stream
+		}
+		return floor > 16 // 21 with nats-server 2.15
+	})
+	stop = start(ctx, func(ctx context.Context) error { return run(ctx, nil) })
+	annalstest.WaitFor(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == 5 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	var want []natsconsumer.Gap
+	if floor < 26 {
+		want = append(want, natsconsumer.Gap{Consumer: "run", Stream: "ANNALS", First: floor + 1, Last: 26, Count: 26 - floor})
+	}
+	if h, g := result(); fmt.Sprint(h) != "[27 28 29 30 31]" || fmt.Sprint(g) != fmt.Sprint(want) {
+		t.Fatalf("after the floor moved to %d: handled %v, OnGap got %+v; want 27..31, %+v", floor, h, g, want)
 	}
 }
 
