@@ -191,8 +191,11 @@ func TestWakeDeliversExactlyOnce(t *testing.T) {
 	annalstest.WaitFor(t, 20*time.Second, func() bool { return decodedIn(downFrom+1, downFrom+40) == 40 })
 	stop()
 
-	if got, h := query(`SELECT count(DISTINCT event_id) FROM applied`), head(); got != n+40 || h != n+40 {
-		t.Fatalf("%d distinct events applied, head %d, want %d", got, h, n+40)
+	// Counted, not read off the head: an append the restart cut off after
+	// it drew its position leaves a gap in the positions (its retry draws
+	// another), as any rolled-back append does.
+	if got, logged := query(`SELECT count(DISTINCT event_id) FROM applied`), query(`SELECT count(*) FROM annals.events`); got != n+40 || logged != n+40 {
+		t.Fatalf("%d distinct events applied, %d in the log, want %d", got, logged, n+40)
 	}
 	if mismatch := query(`SELECT count(*) FROM applied a JOIN annals.events e USING (global_sequence) WHERE a.event_id <> e.event_id`); mismatch != 0 {
 		t.Fatalf("%d applied rows differ from the log", mismatch)
