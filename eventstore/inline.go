@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/lockkey"
+	"github.com/annals-dev/annals/internal/recovered"
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -303,14 +303,7 @@ func (r *inlineRun) apply(ctx context.Context, tx pgx.Tx, a *appendArgs) (inline
 }
 
 // safely calls fn, turning a panic into an error with its stack.
-func safely(fn func() error) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = errors.WithDetail(errors.Newf("handler panicked: %v", r), string(debug.Stack()))
-		}
-	}()
-	return fn()
-}
+func safely(fn func() error) error { return recovered.Call("handler", fn) }
 
 // queueGuard adds, after an inline append with caller-chosen IDs, the check
 // that this transaction wrote every one of its events (not another that

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"runtime/debug"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -16,6 +15,7 @@ import (
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/failure"
+	"github.com/annals-dev/annals/internal/recovered"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
 
@@ -156,17 +156,14 @@ func (f *failures) deliver(ctx context.Context, e eventstore.Event, fn handlerFu
 }
 
 // call upcasts e and runs fn, turning a panic into an error with its stack.
-func (f *failures) call(ctx context.Context, e eventstore.Event, fn handlerFunc) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = errors.WithDetail(errors.Newf("handler panicked: %v", r), string(debug.Stack()))
+func (f *failures) call(ctx context.Context, e eventstore.Event, fn handlerFunc) error {
+	return recovered.Call("handler", func() error {
+		up, err := f.registry.Upcast(e)
+		if err != nil {
+			return err
 		}
-	}()
-	up, err := f.registry.Upcast(e)
-	if err != nil {
-		return err
-	}
-	return fn(ctx, up)
+		return fn(ctx, up)
+	})
 }
 
 // deliverTraced is deliver with a span and a duration record per call.

@@ -2,12 +2,11 @@ package projection
 
 import (
 	"context"
-	"runtime/debug"
 
-	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/recovered"
 )
 
 // Projection builds a read model in the same database as the log. Each batch
@@ -63,11 +62,4 @@ type TypeLister interface {
 }
 
 // safely calls fn, turning a panic into an error with its stack.
-func safely(fn func() error) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = errors.WithDetail(errors.Newf("handler panicked: %v", r), string(debug.Stack()))
-		}
-	}()
-	return fn()
-}
+func safely(fn func() error) error { return recovered.Call("handler", fn) }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"runtime/debug"
 	"sync"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/failure"
+	"github.com/annals-dev/annals/internal/recovered"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/projection"
@@ -218,14 +218,7 @@ func (a *adapter[S]) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) 
 // safely calls fn, turning a panic into an error with its stack, as the
 // runner would: recovered here, the error is wrapped with the saga's name
 // (and instance) like any error of the saga's code.
-func safely(fn func() error) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = errors.WithDetail(errors.Newf("handler panicked: %v", r), string(debug.Stack()))
-		}
-	}()
-	return fn()
-}
+func safely(fn func() error) error { return recovered.Call("handler", fn) }
 
 // correlator is implemented by the typed sagas of this package, whose
 // correlation decodes the event and can fail.

@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"runtime/debug"
 	"strings"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/errmark"
+	"github.com/annals-dev/annals/internal/recovered"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
 
@@ -668,10 +668,9 @@ func ownFailure(err error) bool {
 // failure of one task's code is that task's failed attempt, retried like an
 // error it returned, and neither stops the other tasks nor the dispatcher.
 func callEvent(factory func(time.Time) (eventstore.EventData, error), tick time.Time) (ev eventstore.EventData, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = errors.WithDetail(errors.Newf("Event func panicked: %v", r), string(debug.Stack()))
-		}
-	}()
-	return factory(tick)
+	err = recovered.Call("Event func", func() error {
+		ev, err = factory(tick)
+		return err
+	})
+	return ev, err
 }
