@@ -32,10 +32,11 @@ const (
 	// Writer reads and appends (EXECUTE on the append functions), and loads
 	// and saves aggregate snapshots: an application service.
 	Writer RoleKind = "writer"
-	// Runner runs projections, observers, sagas and the scheduler: it appends
-	// through the functions and writes checkpoints, instances, failures, dead
-	// letters, timers, cron tasks and ticks, and saga states. A projection's
-	// own read-model tables are the application's to grant.
+	// Runner runs projections, observers, sagas and the scheduler: it has
+	// all a Reader has, appends through the functions and writes
+	// checkpoints, instances, failures, dead letters, timers, cron tasks and
+	// ticks, and saga states. A projection's own read-model tables are the
+	// application's to grant.
 	Runner RoleKind = "runner"
 	// Operator is a runner that also purges dead letters, deletes cron tasks
 	// and reads every annals table: `annals dlq`, `annals checkpoint set`,
@@ -46,12 +47,14 @@ const (
 // RoleKinds lists the kinds in order of increasing rights.
 var RoleKinds = []RoleKind{Reader, Writer, Runner, Operator}
 
-// grantGroups maps each kind to the groups of grant.sql it gets.
+// grantGroups maps each kind to the groups of grant.sql it gets. A runner
+// and an operator get all a reader gets (observe included: run grants most
+// of it again, but not SELECT on audit_log, the console's audit page).
 var grantGroups = map[RoleKind][]string{
 	Reader:   {"schema", "read", "observe"},
 	Writer:   {"schema", "read", "append", "snapshots"},
-	Runner:   {"schema", "read", "append", "run"},
-	Operator: {"schema", "read", "append", "run", "operate"},
+	Runner:   {"schema", "read", "observe", "append", "run"},
+	Operator: {"schema", "read", "observe", "append", "run", "operate"},
 }
 
 // ParseRoleKind returns the kind named s ("reader", "writer", "runner" or

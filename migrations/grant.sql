@@ -3,8 +3,8 @@
 --
 --   reader:   schema, read, observe
 --   writer:   schema, read, append, snapshots
---   runner:   schema, read, append, run
---   operator: schema, read, append, run, operate
+--   runner:   schema, read, observe, append, run
+--   operator: schema, read, observe, append, run, operate
 --
 -- {{.Schema}} is the schema and {{.Role}} the role, both quoted identifiers.
 -- One statement per line. The group role_exists is Grant's own check, not
@@ -37,8 +37,9 @@ GRANT SELECT ON {{.Schema}}.personal_keys TO {{.Role}};
 -- name: observe
 -- A reader's view of the machinery, for annals status and the console's
 -- pages (overview, subscriber, scheduler, instances): who runs, what is
--- failing, what is due. Reading only; runners and operators have it through
--- run, writers do not need it.
+-- failing, what is due. Reading only; runners and operators get it too (run
+-- grants more on most of these tables, but not audit_log), writers do not
+-- need it.
 GRANT SELECT ON {{.Schema}}.instances, {{.Schema}}.failures, {{.Schema}}.timers, {{.Schema}}.cron_tasks TO {{.Role}};
 -- A task's newest fired tick, which its next tick is computed from when a
 -- dispatcher's clock ran ahead (scheduler Tasks).

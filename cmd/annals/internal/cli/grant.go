@@ -18,11 +18,16 @@ func (e *env) grantCommand() *cobra.Command {
 		Short: "Give an existing role what one job needs in the annals schema",
 		Long: `Grant an existing PostgreSQL role exactly the privileges of one job:
   reader    reads the log (events, streams; checkpoints and dead letters for 'annals tail')
-  writer    reads and appends (through the append functions only), saves aggregate snapshots
-  runner    runs projections, sagas and the scheduler: checkpoints, instances, failures,
-            dead letters, timers, cron tasks, saga states; appends through the functions
-  operator  a runner that also purges dead letters and deletes cron tasks, and reads every
-            annals table: dlq, checkpoint set, schedule, status, verify, rebuilds
+            and what 'annals status' and the console show (instances, failures, timers,
+            cron tasks, the audit log); writes nothing
+  writer    reads the log and appends (through the append functions only), saves
+            aggregate snapshots; not what status and the console show
+  runner    a reader that also runs projections, sagas and the scheduler: checkpoints,
+            instances, failures, dead letters, timers, cron tasks, saga states; appends
+            through the functions
+  operator  a runner that also purges dead letters and deletes cron tasks, records its
+            actions in the audit log and reads every annals table: dlq, checkpoint set,
+            schedule, status, verify, rebuilds
 No role gets INSERT, UPDATE, DELETE or TRUNCATE on events or streams. Run it as the
 schema's owner (the role that ran 'annals migrate'); the role must exist (CREATE ROLE).
 --print writes the SQL instead of running it. --output json writes what was granted as
