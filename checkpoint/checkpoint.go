@@ -20,7 +20,8 @@ var (
 	// ErrFenced is returned by Commit when another leader has claimed the
 	// subscriber partition since this one did (the epoch moved on).
 	ErrFenced = errors.New("checkpoint: fenced off: another leader has claimed this subscriber partition")
-	// ErrNotFound is returned by Load for a subscriber partition with no checkpoint.
+	// ErrNotFound is returned by Load and Move for a subscriber partition
+	// with no checkpoint.
 	ErrNotFound = errors.New("checkpoint: not found")
 	// ErrInvalid is matched by bad arguments: empty subscriber, negative partition or position.
 	ErrInvalid = errors.New("checkpoint: invalid argument")
@@ -128,9 +129,11 @@ func (s *Store) Commit(ctx context.Context, db DB, sub string, part int, epoch, 
 	return errors.Wrapf(err, "checkpoint: commit %s/%d", sub, part)
 }
 
-// Set moves the checkpoint to position unconditionally (an operator's
-// reset or skip) and bumps the epoch, so that a running leader is fenced off
-// and re-reads from the new position.
+// Set moves the checkpoint to position unconditionally and bumps the epoch,
+// so that a running leader is fenced off and re-reads from the new
+// position; it creates the checkpoint if there is none. It touches nothing
+// else: an operator moving an existing checkpoint calls Move, which also
+// settles the dead letters a move back delivers again.
 func (s *Store) Set(ctx context.Context, db DB, sub string, part int, position int64) (Checkpoint, error) {
 	if err := validate(sub, part); err != nil {
 		return Checkpoint{}, err
@@ -142,6 +145,59 @@ func (s *Store) Set(ctx context.Context, db DB, sub string, part int, position i
 	var o *string
 	err := db.QueryRow(ctx, s.q["Set"], sub, part, position).Scan(&c.Position, &c.Epoch, &o, &c.UpdatedAt)
 	return c, errors.Wrapf(err, "checkpoint: set %s/%d", sub, part)
+}
+
+// Moved is what Move did: the checkpoint before and after the move, and
+// how many dead letters it settled.
+type Moved struct {
+	// Before is the checkpoint as it was.
+	Before Checkpoint
+	// After is the checkpoint as it is now: at the new position, with the
+	// epoch bumped and no owner.
+	After Checkpoint
+	// DeadLettersSettled counts the dead letters of the partition after the
+	// new position that a move back settled as resolved (0 for any other
+	// move).
+	DeadLettersSettled int64
+}
+
+// Move is an operator's move of an existing checkpoint (annals checkpoint
+// set, the console's checkpoint set): it moves the checkpoint to position
+// and bumps the epoch, as Set does, and when position is before where the
+// checkpoint was, it settles the partition's dead letters after position
+// (open, retry, or skipped by an operator) as resolved, since their events
+// are delivered again: one that fails again is open again, as after a
+// rebuild. Without that a later retry of such a dead letter (annals dlq
+// retry) would deliver its event a second time. It returns ErrNotFound, and
+// changes nothing, when the partition has no checkpoint (Set creates one).
+//
+// It is one statement, which locks the row: in the caller's transaction,
+// the move, the settling and whatever the caller writes (an audit entry)
+// commit together.
+func (s *Store) Move(ctx context.Context, db DB, sub string, part int, position int64) (Moved, error) {
+	if err := validate(sub, part); err != nil {
+		return Moved{}, err
+	}
+	if position < 0 {
+		return Moved{}, errors.Wrapf(ErrInvalid, "position %d is negative", position)
+	}
+	m := Moved{Before: Checkpoint{Subscriber: sub, Partition: part}, After: Checkpoint{Subscriber: sub, Partition: part}}
+	var bo, ao *string
+	err := db.QueryRow(ctx, s.q["Move"], sub, part, position).Scan(&m.Before.Position, &m.Before.Epoch, &bo, &m.Before.UpdatedAt,
+		&m.After.Position, &m.After.Epoch, &ao, &m.After.UpdatedAt, &m.DeadLettersSettled)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Moved{}, errors.Wrapf(ErrNotFound, "checkpoint %s/%d", sub, part)
+	}
+	if err != nil {
+		return Moved{}, errors.Wrapf(err, "checkpoint: move %s/%d", sub, part)
+	}
+	if bo != nil {
+		m.Before.Owner = *bo
+	}
+	if ao != nil {
+		m.After.Owner = *ao
+	}
+	return m, nil
 }
 
 // List returns every checkpoint, ordered by subscriber and partition.

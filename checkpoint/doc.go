@@ -16,6 +16,17 @@
 //
 // Commit never moves a checkpoint backwards (greatest(old, new)).
 //
+// # An operator's move
+//
+// Move (annals checkpoint set, the console's checkpoint set) moves an
+// existing checkpoint anywhere between 0 and the head, bumping the epoch.
+// Moving it back delivers the events after the new position again, so it
+// also settles the partition's dead letters after that position as
+// resolved, in the same statement (so in the caller's transaction): one
+// that fails again is open again, and none is left open for a retry to
+// deliver a second time. It reports how many it settled. Set is the plain
+// write underneath: it moves or creates the row and touches nothing else.
+//
 // # Batched checkpoints
 //
 // Observers (side effects outside the database) are at-least-once anyway, so

@@ -29,3 +29,34 @@ RETURNING position, epoch, owner, updated_at;
 SELECT subscriber_id, partition, position, epoch, owner, updated_at
   FROM {{.Schema}}.checkpoints
  ORDER BY subscriber_id, partition;
+
+-- name: Move
+-- An operator's move of an existing checkpoint to $3 (see Store.Move), in
+-- one statement: lock the row and read where it was, move it and bump the
+-- epoch, and when it moves back, settle the partition's dead letters after
+-- $3 (also those an operator skipped) as resolved, since their events are
+-- delivered again (one that fails again is open again), as a rebuild
+-- settles them. No row (no checkpoint): no row returned.
+WITH old AS (
+    SELECT position, epoch, owner, updated_at
+      FROM {{.Schema}}.checkpoints
+     WHERE subscriber_id = $1 AND partition = $2
+       FOR UPDATE),
+moved AS (
+    UPDATE {{.Schema}}.checkpoints AS c
+       SET position = $3, epoch = c.epoch + 1, owner = NULL, updated_at = clock_timestamp()
+      FROM old
+     WHERE c.subscriber_id = $1 AND c.partition = $2
+    RETURNING c.position, c.epoch, c.owner, c.updated_at),
+settled AS (
+    UPDATE {{.Schema}}.dead_letters AS d
+       SET status = 'resolved', updated_at = clock_timestamp()
+      FROM old
+     WHERE d.subscriber_id = $1 AND d.partition = $2 AND d.global_sequence > $3
+       AND $3 < old.position
+       AND d.status IN ('open', 'retry', 'skipped')
+    RETURNING 1)
+SELECT old.position, old.epoch, old.owner, old.updated_at,
+       moved.position, moved.epoch, moved.owner, moved.updated_at,
+       (SELECT count(*) FROM settled)
+  FROM old, moved;

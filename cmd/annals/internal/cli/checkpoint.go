@@ -195,26 +195,22 @@ start a new subscriber somewhere other than the beginning).`,
 			var settled int64
 			target := fmt.Sprintf("%s/%d", sub, partition)
 			err = e.audited(ctx, pool, "checkpoint.set", func(tx pgx.Tx) (string, any, error) {
-				before = checkpoint.Checkpoint{}
-				err := tx.QueryRow(ctx, q["LockCheckpoint"], sub, partition).Scan(&before.Position, &before.Epoch)
+				before, settled = checkpoint.Checkpoint{}, 0
+				// Move locks the row, moves it and, moving back, settles the
+				// partition's dead letters after the new position.
+				m, err := store.Move(ctx, tx, sub, partition, position)
 				switch {
-				case errors.Is(err, pgx.ErrNoRows) && !create:
+				case errors.Is(err, checkpoint.ErrNotFound) && !create:
 					return "", nil, unknownSubscriber(sub, partition) // deleted meanwhile
-				case errors.Is(err, pgx.ErrNoRows):
+				case errors.Is(err, checkpoint.ErrNotFound):
 					exists = false
-				case err != nil:
-					return "", nil, errors.Wrap(err, "lock the checkpoint")
-				default:
-					exists = true
-				}
-				if after, err = store.Set(ctx, tx, sub, partition, position); err != nil {
-					return "", nil, err
-				}
-				settled = 0
-				if exists && after.Position < before.Position {
-					if err := tx.QueryRow(ctx, q["SettleDeadLetters"], sub, partition, after.Position).Scan(&settled); err != nil {
-						return "", nil, errors.Wrap(err, "settle the dead letters after the new position")
+					if after, err = store.Set(ctx, tx, sub, partition, position); err != nil {
+						return "", nil, err
 					}
+				case err != nil:
+					return "", nil, err
+				default:
+					exists, before, after, settled = true, m.Before, m.After, m.DeadLettersSettled
 				}
 				return target, map[string]any{"from": before.Position, "to": after.Position, "epoch_from": before.Epoch,
 					"epoch_to": after.Epoch, "created": !exists, "dead_letters_settled": settled}, nil

@@ -76,19 +76,6 @@ SELECT position, epoch
  WHERE subscriber_id = $1 AND partition = $2
    FOR UPDATE;
 
--- name: SettleDeadLetters
--- A checkpoint set back delivers the events after it again: the dead letters
--- of that subscriber partition after the new position $3 (also those an
--- operator skipped) are settled as resolved, as a rebuild settles them; one
--- that fails again is open again. Returns how many.
-WITH s AS (
-    UPDATE {{.Schema}}.dead_letters
-       SET status = 'resolved', updated_at = clock_timestamp()
-     WHERE subscriber_id = $1 AND partition = $2 AND global_sequence > $3
-       AND status IN ('open', 'retry', 'skipped')
-    RETURNING 1)
-SELECT count(*) FROM s;
-
 -- name: SubscriberLayout
 -- The partition count recorded for a subscriber (no row: none recorded).
 SELECT partitions FROM {{.Schema}}.subscriber_layouts WHERE subscriber_id = $1;
