@@ -6,6 +6,8 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
 	"github.com/spf13/cobra"
@@ -133,4 +135,93 @@ func writeJSONList[T any](w io.Writer, format string, items []T) error {
 		return err
 	}
 	return nil
+}
+
+// displayWidth is how many terminal columns s takes, as terminals commonly
+// show it: control, format and zero-width characters and combining marks
+// none, East Asian wide and fullwidth characters and pictographs two, any
+// other character one (and a byte that is not UTF-8 one). Text cells are
+// padded and cut by it, not by bytes (which split characters) or runes
+// (which undercount CJK and overcount accents written as combining marks).
+func displayWidth(s string) int {
+	n := 0
+	for _, r := range s {
+		n += runeWidth(r)
+	}
+	return n
+}
+
+// wideRanges are the code points displayWidth counts as two columns:
+// Unicode's East Asian Wide and Fullwidth blocks and the pictograph blocks
+// terminals draw wide.
+var wideRanges = [...][2]rune{
+	{0x1100, 0x115F},   // Hangul Jamo initial consonants
+	{0x2E80, 0x303E},   // CJK radicals, Kangxi, CJK symbols and punctuation
+	{0x3041, 0x33FF},   // Hiragana, Katakana, Bopomofo, Hangul compatibility, CJK strokes, enclosed, compatibility
+	{0x3400, 0x4DBF},   // CJK extension A
+	{0x4E00, 0x9FFF},   // CJK unified ideographs
+	{0xA000, 0xA4CF},   // Yi
+	{0xA960, 0xA97F},   // Hangul Jamo extended A
+	{0xAC00, 0xD7A3},   // Hangul syllables
+	{0xF900, 0xFAFF},   // CJK compatibility ideographs
+	{0xFE10, 0xFE19},   // vertical forms
+	{0xFE30, 0xFE6F},   // CJK compatibility and small forms
+	{0xFF00, 0xFF60},   // fullwidth forms
+	{0xFFE0, 0xFFE6},   // fullwidth signs
+	{0x1F300, 0x1F64F}, // pictographs, emoticons
+	{0x1F900, 0x1F9FF}, // supplemental pictographs
+	{0x20000, 0x3FFFD}, // CJK extensions B and later
+}
+
+func runeWidth(r rune) int {
+	switch {
+	case r < 0x20 || (r >= 0x7F && r < 0xA0):
+		return 0
+	case r < 0x300:
+		return 1
+	case unicode.In(r, unicode.Mn, unicode.Me, unicode.Cf):
+		return 0
+	}
+	for _, w := range wideRanges {
+		if r < w[0] {
+			break
+		}
+		if r <= w[1] {
+			return 2
+		}
+	}
+	return 1
+}
+
+// truncateWidth cuts s to at most width columns (displayWidth), ending it
+// with ellipsis when it cuts; it cuts only between characters, keeping the
+// combining marks of the last character it keeps.
+func truncateWidth(s string, width int, ellipsis string) string {
+	if displayWidth(s) <= width {
+		return s
+	}
+	budget := width - displayWidth(ellipsis)
+	n, end := 0, 0
+	for end < len(s) {
+		r, size := utf8.DecodeRuneInString(s[end:]) // a byte that is not UTF-8: size 1, width 1
+		w := runeWidth(r)
+		if n+w > budget {
+			break
+		}
+		n += w
+		end += size
+	}
+	return s[:end] + ellipsis
+}
+
+// textCell is s as one cell of a text table: tabs and line breaks, which
+// would start another cell or row, become spaces.
+func textCell(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '\t', '\n', '\r', '\v', '\f':
+			return ' '
+		}
+		return r
+	}, s)
 }

@@ -47,7 +47,7 @@ func TestOutput(t *testing.T) {
 	}{
 		{"Read", []string{"read"}, []string{"json", "jsonl"}, 3, "global_sequence"},
 		{"ReadStream", []string{"read", "order-1"}, []string{"json", "jsonl"}, 2, "stream_version"},
-		{"Tail", []string{"tail"}, []string{"jsonl"}, 3, "event_type"},
+		{"Tail", []string{"tail"}, []string{"json", "jsonl"}, 3, "event_type"},
 		{"Status", []string{"status"}, []string{"json"}, -1, "subscribers"},
 		{"DlqList", []string{"dlq", "list"}, []string{"json", "jsonl"}, 1, "subscriber_id"},
 		{"DlqShow", []string{"dlq", "show", dl}, []string{"json"}, -1, "error_detail"},

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -52,7 +54,7 @@ recorded_at; --output json writes them as one JSON array.`,
 			} else {
 				events = store.ReadAll(cmd.Context(), from)
 			}
-			w := newEventWriter(e.stdout, *format)
+			w := newEventWriter(e.stdout, *format, false)
 			var n int64
 			for ev, err := range events {
 				if errors.Is(err, eventstore.ErrStreamNotFound) {
@@ -96,16 +98,61 @@ type JSONLEvent struct {
 type eventWriter struct {
 	format string
 	out    *bufio.Writer
-	tw     *tabwriter.Writer
+	// tw aligns the table of a command that ends (read, tail without
+	// --follow): it holds the rows until the end, so each column is as wide
+	// as its widest value.
+	tw *tabwriter.Writer
+	// widths are the column widths of a followed tail's table, which prints
+	// each row as it comes (a tabwriter flushed at each row aligned each
+	// row on its own): eventColumns at first, a column widening for the
+	// rows after one whose value does not fit.
+	widths []int
 	header bool // the table header or the array's opening bracket is written
 }
 
-func newEventWriter(w io.Writer, format string) *eventWriter {
+// eventColumns are the first widths of a followed tail's columns but the
+// last (POSITION, STREAM, VERSION, TYPE, RECORDED; DATA is not padded):
+// room for ten-digit positions, most stream IDs and event types, and the
+// time as printed.
+var eventColumns = []int{10, 24, 7, 24, len(eventTimeLayout)}
+
+// eventTimeLayout is how the table prints an event's time.
+const eventTimeLayout = "2006-01-02 15:04:05.000Z"
+
+// eventDataWidth is how many columns of an event's data the table shows.
+const eventDataWidth = 80
+
+// newEventWriter prints events to w in format; followed is true when rows
+// are printed as they come and never all together (tail --follow).
+func newEventWriter(w io.Writer, format string, followed bool) *eventWriter {
 	ew := &eventWriter{format: format, out: bufio.NewWriter(w)}
-	if format == outputText {
+	if format == outputText && followed {
+		ew.widths = slices.Clone(eventColumns)
+	} else if format == outputText {
 		ew.tw = tabwriter.NewWriter(ew.out, 0, 4, 2, ' ', 0)
 	}
 	return ew
+}
+
+// row writes one row of the text table.
+func (w *eventWriter) row(cells ...string) error {
+	if w.tw != nil {
+		_, err := fmt.Fprintln(w.tw, strings.Join(cells, "\t"))
+		return err
+	}
+	var b strings.Builder
+	for i, c := range cells {
+		b.WriteString(c)
+		if i == len(cells)-1 {
+			break
+		}
+		cw := displayWidth(c)
+		w.widths[i] = max(w.widths[i], cw)
+		b.WriteString(strings.Repeat(" ", w.widths[i]-cw+2))
+	}
+	b.WriteByte('\n')
+	_, err := w.out.WriteString(b.String())
+	return err
 }
 
 func (w *eventWriter) write(e eventstore.Event) error {
@@ -140,16 +187,16 @@ func (w *eventWriter) write(e eventstore.Event) error {
 		return w.out.Flush()
 	}
 	if !w.header {
-		fmt.Fprintln(w.tw, "POSITION\tSTREAM\tVERSION\tTYPE\tRECORDED\tDATA")
+		if err := w.row("POSITION", "STREAM", "VERSION", "TYPE", "RECORDED", "DATA"); err != nil {
+			return err
+		}
 		w.header = true
 	}
-	data := strings.ReplaceAll(string(e.Data), "\n", " ")
-	if len(data) > 80 {
-		data = data[:77] + "..."
-	}
-	_, err := fmt.Fprintf(w.tw, "%d\t%s\t%d\t%s\t%s\t%s\n", e.GlobalSequence, e.StreamID, e.StreamVersion, e.Type,
-		e.RecordedAt.UTC().Format("2006-01-02 15:04:05.000Z"), data)
-	return err
+	// Cut by display width between characters: cut by bytes, it split
+	// a multi-byte character and printed half of it.
+	data := truncateWidth(textCell(string(e.Data)), eventDataWidth, "...")
+	return w.row(strconv.FormatInt(e.GlobalSequence, 10), textCell(e.StreamID), strconv.FormatInt(e.StreamVersion, 10),
+		textCell(e.Type), e.RecordedAt.UTC().Format(eventTimeLayout), data)
 }
 
 // finish closes the JSON array, if any, and flushes.

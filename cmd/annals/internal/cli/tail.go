@@ -39,9 +39,11 @@ events from a streaming replica (a hot standby) while locks and checkpoints stay
 primary; a lagging replica delays what is printed, it
 never skips. --types filters by event-type globs (order.*, *.shipped; '*' is
 one or more whole segments). --output jsonl prints one JSON object per event, flushed at
-once, with the keys of 'annals read' (there is no --output json: a tail has no end at
-which to close an array). As in 'annals read', the personal fields of forgotten subjects
-read as [forgotten].`,
+once, with the keys of 'annals read'; --output json prints them as one JSON array, and
+only without --follow (a followed tail has no end at which to close the array). With
+--follow the text table prints each row as it comes, in columns of fixed widths (a
+column widens, for the rows after it, when a value does not fit). As in 'annals read',
+the personal fields of forgotten subjects read as [forgotten].`,
 		Example: `  annals tail --follow --output jsonl | jq .
   annals tail --follow --subscriber audit-log --types 'order.*,payment.*'
   annals tail --follow --subscriber audit-log --partitions 8 --output jsonl`,
@@ -49,6 +51,9 @@ read as [forgotten].`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if from < 0 {
 				return usagef("--from must not be negative")
+			}
+			if follow && *format == outputJSON {
+				return usagef("--output json needs an end to close its array, which a followed tail has not: use --output jsonl with --follow")
 			}
 			if subscriber != "" && cmd.Flags().Changed("from") {
 				return usagef("--from cannot be combined with --subscriber: the checkpoint decides where a subscriber starts (see 'annals checkpoint set')")
@@ -88,7 +93,7 @@ read as [forgotten].`,
 				return err
 			}
 			reg := store.Registry()
-			w := newEventWriter(e.stdout, *format)
+			w := newEventWriter(e.stdout, *format, follow)
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			// A failed write (a closed pipe), or an event that cannot be
@@ -121,7 +126,7 @@ read as [forgotten].`,
 				if err != nil {
 					return err
 				}
-				return w.flush()
+				return w.finish()
 			}
 			if subscriber != "" {
 				r, err := projection.NewRunner(pool, &projection.Config{Schema: e.schema, ReadPool: readPool})
@@ -175,7 +180,7 @@ read as [forgotten].`,
 	cmd.Flags().IntVar(&partitions, "partitions", 1, "with --subscriber: split it into this many partitions, shared by every tail running it")
 	cmd.Flags().StringVar(&partitionBy, "partition-by", "", "with --partitions: stream (default), category, or metadata:FIELD")
 	cmd.Flags().StringVar(&readURL, "read-url", "", "read the events from this streaming replica (locks and checkpoints stay on the primary)")
-	format = addOutputFlag(cmd, true, outputText, outputJSONL)
+	format = addOutputFlag(cmd, true, outputText, outputJSON, outputJSONL)
 	return cmd
 }
 
