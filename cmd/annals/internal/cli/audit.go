@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/user"
+	"reflect"
 	"strings"
 	"unicode/utf8"
 
@@ -108,7 +109,7 @@ func (e *env) audit(ctx context.Context, db interface {
 	if err != nil {
 		return err
 	}
-	b, err := json.Marshal(detail)
+	b, err := json.Marshal(auditDetail(detail))
 	if err != nil {
 		return errors.Wrap(err, "audit: encode the detail")
 	}
@@ -118,6 +119,27 @@ func (e *env) audit(ctx context.Context, db interface {
 		return errors.Wrap(err, "the role may not record the action in the audit log ('annals grant operator' gives it that right)")
 	}
 	return errors.Wrap(err, "audit: record the action")
+}
+
+// auditDetail is detail as recorded: a list it leaves nil is recorded as []
+// and not null (a Change lists nothing skipped as a nil slice: "skipped"
+// read null in one entry and [] in the next), and no detail as {}.
+func auditDetail(detail any) any {
+	m, ok := detail.(map[string]any)
+	if detail == nil || (ok && m == nil) {
+		return map[string]any{}
+	}
+	if !ok {
+		return detail
+	}
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		if rv := reflect.ValueOf(v); rv.Kind() == reflect.Slice && rv.IsNil() {
+			v = reflect.MakeSlice(rv.Type(), 0, 0).Interface()
+		}
+		out[k] = v
+	}
+	return out
 }
 
 // audited runs fn and its audit entry in one transaction on pool: fn

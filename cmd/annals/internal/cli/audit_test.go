@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -179,5 +180,80 @@ func TestCLIActionsAudited(t *testing.T) {
 	}
 	if d := rows[5].Detail; d["created"] != false || d["from"] != float64(1) || d["to"] != float64(0) {
 		t.Errorf("checkpoint.set detail %v", d)
+	}
+}
+
+// TestAuditDetailListsNeverNull: a list in an audit entry's detail is []
+// when empty, never null. A retry that skipped nothing recorded "skipped":
+// null (the Change's nil slice) while a skip recorded "retried": [], so a
+// reader of the log had to expect both.
+func TestAuditDetailListsNeverNull(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		detail any
+		want   string
+	}{
+		{nil, `{}`},
+		{map[string]any(nil), `{}`},
+		{map[string]any{"ids": []int64{7}, "retried": []int64(nil), "skipped": []int64{}, "names": []string(nil), "n": 0},
+			`{"ids":[7],"n":0,"names":[],"retried":[],"skipped":[]}`},
+		{[]int64(nil), `null`}, // not a map: as given
+	} {
+		b, err := json.Marshal(auditDetail(tc.detail))
+		if err != nil || string(b) != tc.want {
+			t.Errorf("auditDetail(%#v) = %s (%v), want %s", tc.detail, b, err, tc.want)
+		}
+	}
+
+	db := annalstest.NewDB(t, nil)
+	for _, stream := range []string{"order-1", "order-1", "order-2", "order-3"} {
+		if r := annals(t, db.URL, "append", stream, "order.placed", `{}`); r.code != ExitOK {
+			t.Fatalf("append: %+v", r)
+		}
+	}
+	// mailer: two of order-1's (a retry marks both, skips none); billing:
+	// order-2's alone (a skip marks no other for retry); audit: order-3's.
+	sqlExec(t, db, `INSERT INTO annals.dead_letters (subscriber_id, event_id, global_sequence, stream_id, event_type, reason, error)
+		SELECT s, event_id, global_sequence, stream_id, event_type, 'failed', 'boom'
+		  FROM annals.events JOIN (VALUES ('mailer', 'order-1'), ('billing', 'order-2'), ('audit', 'order-3')) v(s, st) ON st = stream_id
+		 ORDER BY global_sequence`)
+	var mailer, billing int64
+	if err := db.Pool.QueryRow(t.Context(), `SELECT min(id) FILTER (WHERE subscriber_id = 'mailer'), min(id) FILTER (WHERE subscriber_id = 'billing')
+		FROM annals.dead_letters`).Scan(&mailer, &billing); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"dlq", "retry", fmt.Sprint(mailer)},
+		{"dlq", "skip", fmt.Sprint(billing)},
+		{"dlq", "retry", "--subscriber", "audit", "--all"},
+		{"dlq", "retry", fmt.Sprint(mailer)}, // nothing to do: every list empty
+		{"dlq", "retry", "--subscriber", "audit", "--all"},
+	} {
+		if r := annals(t, db.URL, args...); r.code != ExitOK {
+			t.Fatalf("annals %q: %+v", args, r)
+		}
+	}
+	rows := auditRows(t, db)
+	if len(rows) != 5 {
+		t.Fatalf("%d audit entries, want 5: %+v", len(rows), rows)
+	}
+	for i, r := range rows {
+		for k, v := range r.Detail {
+			if v == nil {
+				t.Errorf("entry %d (%s): %q is null: %v", i, r.Action, k, r.Detail)
+			}
+		}
+		want := []string{"retried"}
+		if r.Action == "dlq.retry" || r.Action == "dlq.skip" {
+			want = append(want, "ids", "skipped")
+		}
+		for _, k := range want {
+			if _, ok := r.Detail[k].([]any); !ok {
+				t.Errorf("entry %d (%s): %q is %#v, want a list: %v", i, r.Action, k, r.Detail[k], r.Detail)
+			}
+		}
+	}
+	if got := rows[0].Detail["retried"].([]any); len(got) != 2 {
+		t.Errorf("retry of mailer's: retried %v, want its two", got)
 	}
 }
