@@ -46,13 +46,26 @@ type AppendedEvent struct {
 //
 // Errors: ErrWrongExpectedVersion (errors.As *WrongExpectedVersionError for
 // the actual version), ErrInvalidEvent, ErrUnknownEventType and
-// ErrEventIDConflict; in every case nothing is written. Through group
-// commit (the default), when ctx ends before the append is sent, the error
-// matches ctx's and says nothing was written; when it ends while the
-// append is on its way, the error (matching ctx's too) says the outcome is
-// unknown. With GroupCommit.Disabled or inline projections, a context
-// error can mean either. Re-append with the same event IDs (EventData.ID)
-// to find out, which is idempotent.
+// ErrEventIDConflict; in every case nothing is written. When ctx ends or
+// the connection fails, the error says which of two things happened:
+//
+//   - ErrNotWritten (and ctx's error): ctx ended before the append was
+//     sent. Nothing was written; append again as you like.
+//   - ErrOutcomeUnknown, an *OutcomeUnknownError (matching ctx's error
+//     when ctx ended): the append was on its way when ctx ended, or its
+//     connection or session failed without an answer. It may have been
+//     written. Append the same events again with the event IDs the error
+//     holds (OutcomeUnknownError.EventIDs, as EventData.ID): that returns
+//     the stored positions if it was written, and appends it if not.
+//
+// Through group commit (the default) an Append returns at ctx's end even
+// while its group goes on for others. With inline projections (an Append
+// whose events one handles), a context error can mean either and matches
+// neither; re-append with caller-chosen event IDs to find out.
+//
+// An Append made again after an unknown outcome, while the first attempt
+// still commits, answers as the first: its stored positions, or
+// ErrEventIDConflict if the stored events differ.
 func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVersion, events ...EventData) (res AppendResult, err error) {
 	ctx, done := s.trace(ctx, "annals.append", streamID, expected, len(events))
 	defer func() { done(res, err) }()
@@ -64,7 +77,24 @@ func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVe
 		return s.appendInline(ctx, args)
 	}
 	if s.group == nil {
-		return s.appendAlone(ctx, args)
+		if err := ctx.Err(); err != nil {
+			return AppendResult{}, notWritten(err)
+		}
+		res, err := s.appendAlone(ctx, args)
+		switch {
+		case err == nil:
+		case answerLost(err):
+			// Sent, perhaps (ctx may have ended while the statement waited
+			// for a connection, too), and not answered.
+			msg := answerMissing
+			if ctx.Err() != nil {
+				msg = cancelledSent
+			}
+			err = outcomeUnknown(&args, err, msg)
+		case ctx.Err() != nil && unsent(err):
+			err = notWritten(err)
+		}
+		return res, err
 	}
 	return s.group.append(ctx, args)
 }

@@ -31,12 +31,16 @@
 //   - Append validates and encodes its events, then queues itself.
 //   - If no group is on its way (or a second may go: GroupCommit.MaxInFlight,
 //     default 2, for when at least ParallelEvents, default 200, events are
-//     queued), the appending goroutine takes a group at once and sends it itself:
-//     the oldest queued appends, at most one per stream (a later append to
-//     the same stream waits for the next group, so per-stream order is
-//     queue order) and no two sharing a caller-chosen event ID, up to
-//     GroupCommit.MaxEvents (400) events. A lone writer thus sends its append
-//     without waiting for anybody.
+//     queued), the appending goroutine takes a group at once: the oldest
+//     queued appends, at most one per stream (a later append to the same
+//     stream waits for the next group, so per-stream order is queue
+//     order) and no two sharing a caller-chosen event ID, up to
+//     GroupCommit.MaxEvents (400) events. A group of its own append alone
+//     it sends itself, so a lone writer sends its append without waiting
+//     for anybody or handing it to another goroutine; a group holding
+//     others' appends goes from a new goroutine, and the taker waits for
+//     its own outcome as every member does (so it can leave when its
+//     context ends, while the group goes on for the others).
 //   - A group is one call of the SQL function append_batch, one statement
 //     and so one transaction: one round trip, one acquisition of the
 //     ordering lock, one WAL flush for all its appends. append_batch decides
@@ -81,11 +85,21 @@
 //     such as a lost connection) is re-sent append by append through
 //     append_events, so each member learns its own outcome; re-sending an
 //     append that did commit is harmless, as it is an idempotent re-append.
+//     A lone append is re-sent so only after a unique violation (23505):
+//     the retry of an append whose caller-chosen IDs its original stored
+//     while the retry waited for the ordering lock. append_one and
+//     append_batch look IDs up before the lock (again under it only when a
+//     stream refuses the append: migration 0025), as a look-up under it
+//     would cost every append; append_events looks them up under it and
+//     answers the stored positions. A lone append whose statement was sent
+//     and got no answer (a lost connection, a terminated session) is
+//     outcome-unknown (below).
 //   - A caller whose context ends while its append is still queued gets the
-//     context's error and nothing is written; once its group is on its way,
-//     the outcome is decided by the group (the caller is told it is
-//     unknown). A group's statement is cancelled only when every member's
-//     context has ended.
+//     context's error marked ErrNotWritten, and nothing is written; once
+//     its group is on its way, the outcome is decided by the group, and the
+//     caller gets an *OutcomeUnknownError (ErrOutcomeUnknown, and the
+//     context's error) at once. A group's statement is cancelled only when
+//     every member's context has ended.
 //
 // Positions remain commit order, known when Append returns, and the
 // transactions of AppendTx and Transact are untouched (they commit on their
@@ -155,7 +169,8 @@
 // (*WrongExpectedVersionError). Every event has an ID (a UUIDv7 unless the
 // caller sets one); re-appending events whose IDs are stored already, with
 // the same stream, type and data, returns the stored positions and writes
-// nothing, so a client may retry an append whose outcome it did not learn.
+// nothing, so a client may retry an append whose outcome it did not learn,
+// even while the first attempt is still committing.
 //
 // # Reading
 //
@@ -230,4 +245,18 @@
 // checks the same rules for producers in other languages and reports them
 // with the SQLSTATEs listed in errors.go and docs/sql-api.md (AN002 comes
 // back to Go as an *InvalidEventError too).
+//
+// Every error of Store.Append means nothing was written, except one that
+// matches ErrOutcomeUnknown: the append was sent, and its caller's context
+// ended or its connection failed before the answer came. It may have been
+// written. The error is an *OutcomeUnknownError holding the event IDs the
+// append was sent with (those annals generated too): append the same
+// events again with those IDs (EventData.ID) and the same expected
+// version, and the answer is the outcome, since re-appending stored events
+// is idempotent. An error that matches ErrNotWritten says the append was
+// never sent (its context ended first): it may simply be made again. Both
+// also match the context's error when a context ended, and both match
+// under the standard library's errors.Is as under cockroachdb's. (Through
+// inline projections a context error is neither: give the events IDs of
+// your own to retry them.)
 package eventstore

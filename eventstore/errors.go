@@ -5,8 +5,10 @@ import (
 	"fmt"
 
 	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/migrations"
 )
 
@@ -73,7 +75,128 @@ var (
 
 	// ErrAppendOnly is returned when something tries to change or delete stored events.
 	ErrAppendOnly = errors.New("events are append-only")
+
+	// ErrNotWritten is matched (errors.Is, the standard library's or
+	// cockroachdb's) by the error of a Store.Append that was never sent: its
+	// context ended before it was (the error matches the context's error
+	// too). Nothing was written; the append may be made again as it is.
+	ErrNotWritten = errors.New("append not sent: nothing was written")
+
+	// ErrOutcomeUnknown is matched (errors.Is, the standard library's or
+	// cockroachdb's) by the error of an append whose outcome the client did
+	// not learn: its context ended (the error matches the context's error
+	// too), its connection was lost, or its session ended, while its
+	// statement was on its way. It may have been written. The error is an
+	// *OutcomeUnknownError (errors.As), which holds the event IDs the append
+	// was sent with: append the same events again with those IDs
+	// (EventData.ID) to learn the outcome; that is idempotent (see
+	// OutcomeUnknownError).
+	ErrOutcomeUnknown = errors.New("append outcome unknown: it may have been written")
 )
+
+// OutcomeUnknownError is the error of an append whose outcome is unknown
+// (ErrOutcomeUnknown, which it matches): it may have been written. Its
+// cause (errors.Unwrap) is what ended the wait for the answer: the caller's
+// context error, or the connection's.
+//
+// To find out, append the same events (same stream, types and data) again
+// with EventIDs as their IDs (EventData.ID): if the first append was
+// written, the second returns its stored positions and writes nothing,
+// whatever its expected version says (an idempotent re-append); if it was
+// not, the second appends the events, checking its expected version as
+// any append does. Keep the expected version of the first attempt: with
+// Exact(n) or NoStream, a stream that some other writer moved meanwhile
+// makes the second fail with ErrWrongExpectedVersion only if the first was
+// not written. (An event of a type with personal data whose ID annals
+// generated was encrypted under a random nonce, and its re-append with
+// EventIDs seals it differently: it then answers ErrEventIDConflict if the
+// first was written, since only that append stored the ID. Give such
+// events IDs of your own if you may retry them.)
+type OutcomeUnknownError struct {
+	// StreamID is the stream appended to.
+	StreamID string
+	// EventIDs are the IDs the append's events were sent with, in order:
+	// the caller's, or those annals generated.
+	EventIDs []uuid.UUID
+	err      error
+}
+
+func (e *OutcomeUnknownError) Error() string { return e.err.Error() }
+
+// Unwrap returns the cause: the context's error, or the connection's.
+func (e *OutcomeUnknownError) Unwrap() error { return e.err }
+
+// Is makes errors.Is match ErrOutcomeUnknown.
+func (e *OutcomeUnknownError) Is(target error) bool { return target == ErrOutcomeUnknown }
+
+// Format prints the error as its cause prints itself (%+v keeps the stack).
+func (e *OutcomeUnknownError) Format(s fmt.State, verb rune) { errors.FormatError(e, s, verb) }
+
+// FormatError implements errors.Formatter: with %+v it names the stream and
+// the event IDs.
+func (e *OutcomeUnknownError) FormatError(p errors.Printer) error {
+	if p.Detail() {
+		p.Printf("outcome unknown: stream %q, event IDs %v", e.StreamID, e.EventIDs)
+	}
+	return e.err
+}
+
+// The messages of an append's context end: before it was sent, and after.
+const (
+	notSent = "eventstore: append cancelled before it was sent; nothing was written"
+	// retryHint ends the message of every outcome-unknown error.
+	retryHint     = "; it may have been written (append the same events again with the event IDs of this OutcomeUnknownError to find out: that is idempotent)"
+	maybeWritten  = "eventstore: append cancelled while its group was committing" + retryHint
+	cancelledSent = "eventstore: append cancelled while it was committing" + retryHint
+	answerMissing = "eventstore: append sent, but its answer was lost" + retryHint
+)
+
+// notWritten is the error of an append whose context ended before it was sent.
+func notWritten(ctxErr error) error {
+	return errmark.Mark(errors.WrapWithDepth(1, ctxErr, notSent), ErrNotWritten)
+}
+
+// outcomeUnknown returns cause, described by msg, as the OutcomeUnknownError
+// of the append a.
+func outcomeUnknown(a *appendArgs, cause error, msg string) error {
+	ids := make([]uuid.UUID, len(a.events))
+	for i, e := range a.events {
+		ids[i] = e.id
+	}
+	return &OutcomeUnknownError{StreamID: a.stream, EventIDs: ids, err: errors.WrapWithDepth(1, cause, msg)}
+}
+
+// answerLost reports whether err, the failure of a statement that may have
+// been sent, leaves its outcome unknown: neither was it certainly unsent,
+// nor did the server's answer say that it failed.
+func answerLost(err error) bool { return !unsent(err) && !answered(err) }
+
+// unsent reports whether err says that the statement was never sent: a
+// connection that could not be had, or a request pgconn knows it did not
+// send (SafeToRetry).
+func unsent(err error) bool {
+	var connectErr *pgconn.ConnectError
+	return pgconn.SafeToRetry(err) || errors.As(err, &connectErr)
+}
+
+// answered reports whether err is the server's answer that the statement
+// failed: an ERROR (a *pgconn.PgError, or what translate made of one) rolled
+// its transaction back. A FATAL one ends the session, possibly after the
+// commit (terminated while waiting for a synchronous standby, say), and
+// says nothing.
+func answered(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		sev := pgErr.SeverityUnlocalized // Severity is in the server's lc_messages
+		if sev == "" {
+			sev = pgErr.Severity
+		}
+		return sev != "FATAL" && sev != "PANIC"
+	}
+	// translate's errors without the *pgconn.PgError they came from.
+	return errors.Is(err, ErrWrongExpectedVersion) || errors.Is(err, ErrInvalidEvent) ||
+		errors.Is(err, ErrEventIDConflict) || errors.Is(err, ErrAppendOnly) || errors.Is(err, ErrStreamDeleted)
+}
 
 // WrongExpectedVersionError reports an append whose expected version did not
 // hold. It matches ErrWrongExpectedVersion, and ErrStreamNotFound when the

@@ -132,7 +132,7 @@ func (c *committer) append(ctx context.Context, args appendArgs) (AppendResult, 
 	if err := ctx.Err(); err != nil {
 		// Ended already: not queued, so never sent (a caller with a free
 		// slot would otherwise send its own group).
-		return AppendResult{}, errors.Wrap(err, notSent)
+		return AppendResult{}, notWritten(err)
 	}
 	p := &pendingAppend{ctx: ctx, args: args, done: make(chan struct{})}
 	c.mu.Lock()
@@ -144,11 +144,19 @@ func (c *committer) append(ctx context.Context, args appendArgs) (AppendResult, 
 	}
 	group := c.takeLocked()
 	c.mu.Unlock()
-	if group != nil {
-		// This caller has a free slot: it sends the group itself, which
-		// saves a hand-over to another goroutine when appends are not
-		// concurrent.
+	switch {
+	case group == nil:
+	case len(group) == 1 && group[0] == p:
+		// This caller has a free slot and its append goes alone: it sends
+		// it itself, which saves a hand-over to another goroutine when
+		// appends are not concurrent. The statement ends with ctx (it has
+		// no other member), so this returns at ctx's end.
 		c.run(group)
+	default:
+		// A group of others too (or of others only): it goes on when
+		// this caller's ctx ends, and the caller must not wait for it
+		// then. It waits for its own outcome as the other members do.
+		go c.run(group)
 	}
 	select {
 	case <-p.done:
@@ -161,7 +169,7 @@ func (c *committer) append(ctx context.Context, args appendArgs) (AppendResult, 
 			c.queue = slices.Delete(c.queue, i, i+1)
 		}
 		c.mu.Unlock()
-		return AppendResult{}, errors.Wrap(ctx.Err(), notSent)
+		return AppendResult{}, notWritten(ctx.Err())
 	}
 	c.mu.Unlock()
 	// The group is on its way: its outcome is the append's. Wait for it if
@@ -170,28 +178,31 @@ func (c *committer) append(ctx context.Context, args appendArgs) (AppendResult, 
 	case <-p.done:
 		return p.res, p.err
 	default:
-		return AppendResult{}, errors.Wrap(ctx.Err(), maybeWritten)
+		return AppendResult{}, outcomeUnknown(&p.args, ctx.Err(), maybeWritten)
 	}
 }
 
 // goneErr is the answer of an append whose caller's context ended while
-// its statement was on its way and failed with err: the outcome is unknown.
-// It matches the caller's own context error (a deadline, say), not the
-// cancellation of the group's statement that followed from it.
-func goneErr(caller context.Context, err error) error {
-	if cerr := caller.Err(); cerr != nil {
-		return errors.WithSecondaryError(errors.Wrap(cerr, maybeWritten), err)
+// its statement was on its way and failed with err: the outcome is unknown,
+// unless err says the statement was never sent. It matches the caller's
+// own context error (a deadline, say), not the cancellation of the group's
+// statement that followed from it.
+func goneErr(p *pendingAppend, err error) error {
+	if cerr := p.ctx.Err(); cerr != nil && unsent(err) {
+		return notWritten(errors.WithSecondaryError(cerr, err))
 	}
-	return errors.Wrap(err, maybeWritten)
+	return unknownErr(p, err)
 }
 
-// The two answers of an append whose context ended: before its group took
-// it, and after.
-const (
-	notSent      = "eventstore: append cancelled before it was sent; nothing was written"
-	maybeWritten = "eventstore: append cancelled while its group was committing; " +
-		"it may have been written (re-append the same event IDs to find out: that is idempotent)"
-)
+// unknownErr is the answer of an append whose statement was sent and failed
+// with err, which is no answer: an *OutcomeUnknownError, matching the
+// caller's context error if it has ended.
+func unknownErr(p *pendingAppend, err error) error {
+	if cerr := p.ctx.Err(); cerr != nil {
+		return outcomeUnknown(&p.args, errors.WithSecondaryError(cerr, err), maybeWritten)
+	}
+	return outcomeUnknown(&p.args, err, answerMissing)
+}
 
 // takeLocked takes the next group from the queue if a slot is free: the
 // oldest appends, skipping (and leaving queued, in place) any whose stream is
@@ -370,26 +381,55 @@ func (c *committer) send(group []*pendingAppend) {
 		// Every member's context ended, and the statement was cancelled
 		// (or its connection closed) on its way: it may have committed.
 		for _, p := range group {
-			p.res, p.err = AppendResult{}, goneErr(p.ctx, err)
+			p.res, p.err = AppendResult{}, goneErr(p, err)
 		}
 		return
 	}
-	if len(group) == 1 {
-		group[0].res, group[0].err = AppendResult{}, err
+	if len(group) == 1 && !uniqueViolation(err) {
+		p := group[0]
+		p.res, p.err = AppendResult{}, err
+		if answerLost(err) {
+			// Sent, and no answer came: a connection lost mid-statement,
+			// a session terminated. The append may have committed.
+			p.err = unknownErr(p, err)
+		}
 		return
 	}
 	// The group as a whole failed (not one append's expected version or
-	// event IDs: those are answered per append). Send each append alone, so
+	// event IDs: those are answered per append), or a lone append met a
+	// unique violation. Send each append alone through append_events, so
 	// that each gets its own outcome and a bad one cannot fail the others.
 	// Should the group have committed after all (a connection lost after
 	// COMMIT), re-sending is harmless: an append of stored event IDs is an
-	// idempotent re-append.
+	// idempotent re-append. The unique violation of a lone append is the
+	// race of a retry with its original: another append of its
+	// caller-chosen IDs committed while it waited for the ordering lock,
+	// after append_one or append_batch had looked its IDs up (their
+	// look-up under the lock would cost every append; docs/sql-api.md).
+	// append_events looks them up under the lock and answers the stored
+	// positions (or ErrEventIDConflict).
 	for _, p := range group {
 		p.res, p.err = c.s.appendAlone(ctx, p.args)
-		if p.err != nil && ctx.Err() != nil {
-			p.err = goneErr(p.ctx, p.err)
+		switch {
+		case p.err == nil:
+		case unsent(p.err) && answerLost(err):
+			// Neither the group's statement nor the re-send was answered
+			// (the re-send never left): the group may have committed it.
+			p.err = unknownErr(p, p.err)
+		case ctx.Err() != nil:
+			p.err = goneErr(p, p.err)
+		case answerLost(p.err):
+			p.err = unknownErr(p, p.err)
 		}
 	}
+}
+
+// uniqueViolation reports whether err is a unique violation (23505): from
+// append_one or append_batch, an event ID stored while the call waited for
+// the ordering lock (see send).
+func uniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
 // appendRefused returns the error of an append that append_batch or
@@ -440,7 +480,7 @@ func (c *committer) sendOne(ctx context.Context, p *pendingAppend) error {
 	err := c.s.pool.QueryRow(ctx, c.s.q.appendOne, p.args.stream, expected, pgtype.UUID{Bytes: e.id, Valid: true}, e.typ, data, meta, p.args.callerIDs).
 		Scan(&status, &seq, &ver, &actu)
 	if err != nil {
-		return translate(err, "", Any)
+		return translate(err, p.args.stream, p.args.exp)
 	}
 	if status == 0 || status == 3 {
 		if !seq.Valid || !ver.Valid {
