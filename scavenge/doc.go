@@ -2,16 +2,22 @@
 // any more: the events of hard-deleted streams, and every event below its
 // stream's truncate_before (deleted streams, explicit truncation), beyond
 // its stream's maximum count or older than its maximum age (see
-// eventstore.Store.DeleteStream and SetStreamRetention).
+// eventstore.Store.DeleteStream and SetStreamRetention); and the aggregate
+// snapshots built from them.
 //
 // # Algorithm
 //
 // The work is done by the SQL function scavenge(instance, now, batch), one
 // batch per call and per transaction. A call finds the open run in
 // scavenge_runs or starts one (range: the oldest stored position to the
-// head at that moment; retention clock: now), removes the expired events
-// whose positions lie in the next batch of positions, and records the
-// step (scanned_to, removed, steps) in the same transaction. A run is
+// head at that moment; retention clock: now, or the server's clock if that
+// is earlier: a caller can make a run remove less, never more), removes
+// the expired events whose positions lie in the next batch of positions,
+// and records the step (scanned_to, removed, steps) in the same
+// transaction. With the events it removes the snapshots (package
+// aggregate) of their streams at or below the highest version it removed,
+// and every snapshot of a hard-deleted stream: state built from removed
+// events does not outlive them. A run is
 // therefore resumable: if the process dies (SIGKILL, a lost connection)
 // the step in flight rolls back, and the next call, from any process,
 // continues the run where its last committed step left it. Events appended

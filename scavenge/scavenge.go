@@ -40,8 +40,12 @@ type Config struct {
 	// scavenger holds the lock. Defaults to 30s.
 	LockRetryInterval time.Duration
 	// Clock gives the retention clock of a new run: events older than
-	// Clock() minus their stream's maximum age are removed. A resumed run
-	// keeps the clock it started with. Defaults to time.Now.
+	// Clock() minus their stream's maximum age are removed. scavenge()
+	// clamps it to the database server's clock when the run starts: a
+	// time earlier than the server's is used as given (the run removes
+	// less), a later one is replaced by the server's (there is no
+	// allowance for skew). A resumed run keeps the clock it started with.
+	// Defaults to time.Now.
 	Clock func() time.Time
 	// InstanceID is recorded with each run started. Defaults to host:pid.
 	InstanceID string
@@ -61,7 +65,8 @@ type Progress struct {
 	RunID int64 `json:"run_id"`
 	// StartedBy is the database role that started the run.
 	StartedBy string `json:"started_by"`
-	// StartedAt is when it started; Now its retention clock.
+	// StartedAt is when it started (the server's clock); Now its
+	// retention clock, never later than StartedAt (since migration 0027).
 	StartedAt time.Time `json:"started_at"`
 	Now       time.Time `json:"now"`
 	// From and Target bound the positions it scans: (From, Target].

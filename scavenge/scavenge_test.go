@@ -29,7 +29,7 @@ type fixture struct {
 	db    *annalstest.DB
 	store *eventstore.Store
 	// keep is every stream's versions that must survive a scavenge run
-	// whose clock is two hours ahead; removed counts the rest.
+	// (the events are made two hours old); removed counts the rest.
 	keep    map[string][]int64
 	removed int64
 }
@@ -88,6 +88,19 @@ func newFixture(t *testing.T) *fixture {
 	if _, err := store.Append(ctx, "recreated", eventstore.Exact(3), ev()); err != nil {
 		t.Fatal(err)
 	}
+	// A run's clock is the server's (migration 0027): the events are made
+	// two hours old instead, as the superuser, with the append-only
+	// trigger off.
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE annals.events SET recorded_at = recorded_at - interval '2 hours'`)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	f.keep["age-keep"] = []int64{1, 2, 3}
 	f.keep["live"] = []int64{1, 2, 3, 4}
 	f.keep["count"] = []int64{8, 9, 10}
@@ -120,9 +133,6 @@ func (f *fixture) check(t *testing.T) {
 
 func (f *fixture) scavenger(t *testing.T, cfg scavenge.Config) *scavenge.Scavenger {
 	t.Helper()
-	if cfg.Clock == nil {
-		cfg.Clock = func() time.Time { return time.Now().Add(2 * time.Hour) }
-	}
 	if cfg.Pause == 0 {
 		cfg.Pause = -1
 	}
@@ -176,7 +186,7 @@ func TestScavenge(t *testing.T) {
 		}
 		r := runs[0]
 		if r.StartedBy != user || r.Instance != "test-1" || r.FinishedAt == nil || r.Removed != f.removed || r.Target != head ||
-			time.Since(r.StartedAt) > time.Minute || r.Now.Sub(r.StartedAt) < 119*time.Minute {
+			time.Since(r.StartedAt) > time.Minute || r.Now.After(r.StartedAt) || r.StartedAt.Sub(r.Now) > time.Minute {
 			t.Fatalf("recorded run %+v", r)
 		}
 		// annals verify finds nothing wrong with a scavenged log.

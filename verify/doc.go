@@ -13,7 +13,12 @@
 //     the stream's recorded retention, truncation or deletion excuses the
 //     missing versions and a scavenge run removed events at their
 //     positions (scavenge() is the only way events leave the log; the
-//     latter is checked when the role can read scavenge_runs);
+//     latter is checked when the role can read scavenge_runs). A deletion
+//     or a maximum age excuses any version; a truncation the versions
+//     below it; a maximum count the versions up to the stream's version
+//     less the smallest count recorded in force while a scavenge run
+//     removed events (any recorded count, when the runs cannot be read),
+//     never the newest;
 //   - a streams row that disagrees with the stream's events (for a stream
 //     excused as above, whose oldest or newest events the scavenger may
 //     have removed, only a highest event above its version);
@@ -37,6 +42,11 @@
 //     version + 1, or whose newest event is not the "$stream.deleted"
 //     event while older ones remain (delete_stream writes both; the
 //     scavenger removes that event only with every older one);
+//   - a scavenge run that removed events with a clock more than
+//     ScavengeClockTolerance later than its start (scavenge() took the
+//     caller's clock before migration 0027; since, a run's clock is never
+//     later than the server's): it removed events by an age measured from
+//     the future, and which ones cannot be told;
 //   - with a [Baseline] from an earlier run, every range of positions whose
 //     rows differ from it (any column of any row changed, a row deleted or
 //     inserted).

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sort"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
@@ -17,8 +19,9 @@ const (
 
 // excuses says, per stream, which missing events the log's own records
 // excuse: the oldest versions (start; for a stream without events, all of
-// them) or the newest (tail, removed by a maximum age). why, when set, is
-// appended to the message of a problem the stream's missing events raise.
+// them) or the newest (tail, removed by a deletion or a maximum age). why,
+// when set, is appended to the message of a problem the stream's missing
+// events raise.
 type excuses struct {
 	start, tail map[string]bool
 	why         map[string]string
@@ -31,6 +34,9 @@ type excuses struct {
 	// runs removed events.
 	canRuns bool
 	runs    []scavengeRange
+	// inForce tells which retention records were in force while a run
+	// removed events (when canRuns).
+	inForce runIndex
 }
 
 // gap reports whether missing versions of stream id up to to (inclusive),
@@ -44,13 +50,19 @@ func (ex *excuses) gap(id string, to, after, before int64) bool {
 
 // lifecycleRow is a row of the Lifecycle query.
 type lifecycleRow struct {
-	id                       string
-	state                    int16
-	version, truncateBefore  int64
-	limits, lossy            bool
-	records                  int64
-	recordedTB               *int64
-	recordedLimits           bool
+	id                      string
+	state                   int16
+	version, truncateBefore int64
+	limits, lossy           bool
+	records                 int64
+	recordedTB              *int64
+	recordedLimits          bool
+	// Each "$stream.truncated" record of the stream, in version order:
+	// its position, when it was recorded, its max_count (0: none) and
+	// whether it has a max_age.
+	recPos, recCount         []int64
+	recAt                    []time.Time
+	recAge                   []bool
 	firstV, firstPos         *int64
 	lastV, lastPos           *int64
 	atVersion, atVersionHard *string
@@ -59,13 +71,65 @@ type lifecycleRow struct {
 
 func (r *lifecycleRow) targets() []any {
 	return []any{&r.id, &r.state, &r.version, &r.truncateBefore, &r.limits, &r.lossy,
-		&r.records, &r.recordedTB, &r.recordedLimits, &r.firstV, &r.firstPos, &r.lastV, &r.lastPos,
+		&r.records, &r.recordedTB, &r.recordedLimits, &r.recPos, &r.recAt, &r.recCount, &r.recAge, &r.firstV, &r.firstPos, &r.lastV, &r.lastPos,
 		&r.atVersion, &r.atVersionHard, &r.belowTB}
 }
 
 // scavengeRange is the range of positions (from, to] in which a scavenge
 // run removed events.
 type scavengeRange struct{ from, to int64 }
+
+// scavengeRun is a row of the ScavengeRuns query: a run that removed
+// events.
+type scavengeRun struct {
+	id                             int64
+	startedBy                      string
+	from, scanned, target, removed int64
+	started, end, now              time.Time
+}
+
+// runIndex answers which retention records were in force while a scavenge
+// run removed events. A run's steps decide with the settings committed
+// when each step starts (set_stream_retention waits for a step in
+// progress): its first step sees exactly the records at positions up to
+// its target (the head when it started; positions are commit order), and
+// a later step sees a record committed before that step, which is before
+// the run's last step ended.
+type runIndex struct {
+	// targets are the runs' targets in ascending order; maxEnd[i] is the
+	// latest end of the runs with targets[:i+1].
+	targets []int64
+	maxEnd  []time.Time
+}
+
+func newRunIndex(runs []scavengeRun) runIndex {
+	byTarget := append([]scavengeRun(nil), runs...)
+	sort.Slice(byTarget, func(i, j int) bool { return byTarget[i].target < byTarget[j].target })
+	var x runIndex
+	for i, r := range byTarget {
+		end := r.end
+		if i > 0 && x.maxEnd[i-1].After(end) {
+			end = x.maxEnd[i-1]
+		}
+		x.targets = append(x.targets, r.target)
+		x.maxEnd = append(x.maxEnd, end)
+	}
+	return x
+}
+
+// inForce reports whether a record at position pos, recorded at at and
+// replaced by the record at position next (0: none, it is the latest), was
+// in force during a run that removed events: a run that started before the
+// next record was committed (its target is below next) and that saw the
+// record (its target is at or above pos, or its last step ended at or
+// after at).
+func (x runIndex) inForce(pos int64, at time.Time, next int64) bool {
+	k := len(x.targets)
+	if next > 0 {
+		k = sort.Search(len(x.targets), func(i int) bool { return x.targets[i] >= next })
+	}
+	return k > 0 && (x.targets[k-1] >= pos || !x.maxEnd[k-1].Before(at))
+}
 
 // checkLifecycle compares every stream's retention, truncation and deletion
 // with what the log records of them, reports what was set some other way,
@@ -110,13 +174,28 @@ func checkLifecycle(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Re
 		if err != nil {
 			return nil, errors.Wrap(err, "verify: read scavenge runs")
 		}
-		var r scavengeRange
-		if _, err := pgx.ForEachRow(rows, []any{&r.from, &r.to}, func() error {
-			runs = append(runs, r)
+		var (
+			r   scavengeRun
+			all []scavengeRun
+		)
+		if _, err := pgx.ForEachRow(rows, []any{&r.id, &r.startedBy, &r.from, &r.scanned, &r.target, &r.removed,
+			&r.started, &r.end, &r.now}, func() error {
+			all = append(all, r)
+			if r.scanned > r.from {
+				runs = append(runs, scavengeRange{from: r.from, to: r.scanned})
+			}
+			// Before migration 0027 a run's clock was the caller's: one
+			// ahead of the server removed events a maximum age kept.
+			if ahead := r.now.Sub(r.started); ahead > ScavengeClockTolerance {
+				rep.add(maxProblems, Problem{Kind: ScavengeClockAhead, After: r.from, Position: r.scanned,
+					Message: fmt.Sprintf("scavenge run %d (started %s by %s) ran with the clock %s, %s ahead of its start, and removed %d events at positions %d to %d: events of streams with a maximum age that the age still kept may be among them (scavenge() took the caller's clock before migration 0027)",
+						r.id, r.started.UTC().Format(time.RFC3339), r.startedBy, r.now.UTC().Format(time.RFC3339), ahead.Round(time.Second), r.removed, r.from+1, r.scanned)})
+			}
 			return nil
 		}); err != nil {
 			return nil, errors.Wrap(err, "verify: read scavenge runs")
 		}
+		ex.inForce = newRunIndex(all)
 	} else {
 		rep.Notes = append(rep.Notes, "events a stream's retention, truncation or deletion excuses were not checked against scavenge_runs: no SELECT on it (annals grant operator gives it)")
 	}
@@ -225,17 +304,68 @@ func (lc *lifecycleRow) judge(rep *Report, maxProblems int, ex *excuses, limitsU
 
 	// A maximum count or age, now (as recorded) or in a record of the
 	// past: the events it let the scavenger remove stay gone when it is
-	// lifted.
-	limited := !limitsUnrecorded && (lc.limits || lc.recordedLimits || lost)
+	// lifted. Only the records in force while a scavenge run removed
+	// events count (all of them, when the runs cannot be read). A count
+	// removes versions up to the stream's version at the time less the
+	// count, never its newest; an age may remove any, the newest too. When
+	// the metadata stream may have lost records, any limit it or the
+	// stream shows excuses every version, as before the records were read.
+	var (
+		count      int64 // the smallest count in force (0: none)
+		age        bool  // an age was in force
+		permissive bool  // records may be missing
+	)
+	if !limitsUnrecorded {
+		if lc.lossy && (lc.limits || lc.recordedLimits || lc.records == 0) {
+			permissive = true
+		} else {
+			for i, pos := range lc.recPos {
+				var next int64
+				if i+1 < len(lc.recPos) {
+					next = lc.recPos[i+1]
+				}
+				if canRuns && !ex.inForce.inForce(pos, lc.recAt[i], next) {
+					continue
+				}
+				if c := lc.recCount[i]; c > 0 && (count == 0 || c < count) {
+					count = c
+				}
+				age = age || lc.recAge[i]
+			}
+		}
+	}
 
 	if lost && (lc.limits || (lc.truncateBefore > 1 && !deleted)) {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("the retention of stream %q was not checked: its metadata stream %q lost its %q records (it has retention of its own or was deleted, possible before migration 0024)",
 			id, "$$"+id, truncatedType))
 	}
-	if !deleted && !truncated && !limited {
+
+	// The versions below bound are excused; with tail, the newest too.
+	tail := deleted || age || permissive
+	var bound int64
+	switch {
+	case tail:
+		bound = math.MaxInt64
+	default:
+		if truncated {
+			bound = lc.truncateBefore
+		}
+		if count > 0 {
+			bound = max(bound, lc.version-count+1)
+		}
+		if lc.limits || lc.recordedLimits {
+			if count > 0 {
+				ex.why[id] = fmt.Sprintf("; a maximum count lets the scavenger remove versions up to the stream's version less the count only (%d - %d: the smallest count in force while scavenge runs removed events), never the newest",
+					lc.version, count)
+			} else {
+				ex.why[id] = "; no maximum count or age of it was in force while a scavenge run removed events, so its retention excuses none"
+			}
+		}
+	}
+	if bound <= 1 {
 		return
 	}
-	start, tail := true, deleted || limited
+	start := true
 	// Only scavenge() removes events: the missing ones lie below the first
 	// event kept (all of them, without one) or above the last one.
 	if canRuns {
@@ -258,10 +388,7 @@ func (lc *lifecycleRow) judge(rep *Report, maxProblems int, ex *excuses, limitsU
 	}
 	ex.start[id] = start
 	ex.tail[id] = tail
-	ex.below[id] = math.MaxInt64
-	if !deleted && !limited {
-		ex.below[id] = lc.truncateBefore
-	}
+	ex.below[id] = bound
 }
 
 // removedIn reports whether a run removed events at a position above

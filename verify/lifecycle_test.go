@@ -157,6 +157,94 @@ func TestLifecycleTampering(t *testing.T) {
 		wantProblems(t, b.verify(t, nil),
 			verify.Problem{Kind: verify.VersionGap, Position: 8, StreamID: "b"})
 	})
+	// A maximum count removes only versions up to the stream's version
+	// minus the count (the smallest count in force while scavenge runs
+	// removed events), never the newest: a row deleted by hand above that
+	// is reported, however many events other streams lost to scavenging.
+	for _, lifted := range []bool{false, true} {
+		name := "CountExcusesNoMiddleVersion"
+		if lifted {
+			name += "Lifted"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.retention(t, "a", eventstore.RetentionChange{MaxCount: ptr(1000)})
+			if lifted {
+				b.retention(t, "a", eventstore.RetentionChange{MaxCount: ptr(0)})
+			}
+			b.deleteStream(t, "c", true)
+			if p := b.scavengeAll(t); p.Removed != 5 {
+				t.Fatalf("scavenge: %+v", p)
+			}
+			b.tamper(t, `DELETE FROM %s.events WHERE global_sequence = 7`) // a-3
+			wantProblems(t, b.verify(t, nil),
+				verify.Problem{Kind: verify.VersionGap, Position: 10, StreamID: "a"})
+		})
+	}
+	t.Run("CountNeverRemovesTheNewest", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.retention(t, "a", eventstore.RetentionChange{MaxCount: ptr(1000)})
+		b.retention(t, "b", eventstore.RetentionChange{MaxCount: ptr(2)})
+		if p := b.scavengeAll(t); p.Removed != 2 {
+			t.Fatalf("scavenge: %+v", p)
+		}
+		b.tamper(t, `DELETE FROM %s.events WHERE global_sequence IN (14, 11)`) // a-5, b-4
+		wantProblems(t, b.verify(t, nil),
+			verify.Problem{Kind: verify.StreamVersion, StreamID: "a"},
+			verify.Problem{Kind: verify.StreamVersion, StreamID: "b"})
+	})
+	t.Run("CountExcusesOnlyUpToItsBound", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.retention(t, "b", eventstore.RetentionChange{MaxCount: ptr(2)})
+		if p := b.scavengeAll(t); p.Removed != 2 {
+			t.Fatalf("scavenge: %+v", p)
+		}
+		b.tamper(t, `DELETE FROM %s.events WHERE global_sequence = 8`) // b-3, above 4 - 2
+		wantProblems(t, b.verify(t, nil),
+			verify.Problem{Kind: verify.VersionGap, Position: 11, StreamID: "b"})
+	})
+	t.Run("CountNotInForceWhenRunsRemovedEvents", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// A count of 1, replaced by 1000 before any scavenge run: only
+		// 1000 was ever in force when events were removed.
+		b.retention(t, "a", eventstore.RetentionChange{MaxCount: ptr(1)})
+		b.retention(t, "a", eventstore.RetentionChange{MaxCount: ptr(1000)})
+		b.deleteStream(t, "c", true)
+		b.scavengeAll(t)
+		b.tamper(t, `DELETE FROM %s.events WHERE global_sequence = 7`) // a-3
+		wantProblems(t, b.verify(t, nil),
+			verify.Problem{Kind: verify.VersionGap, Position: 10, StreamID: "a"})
+	})
+	t.Run("CountAfterTheRuns", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// A count set after the last run that removed events excuses
+		// nothing yet.
+		b.deleteStream(t, "c", true)
+		b.scavengeAll(t)
+		b.retention(t, "a", eventstore.RetentionChange{MaxCount: ptr(1)})
+		b.tamper(t, `DELETE FROM %s.events WHERE global_sequence = 7`) // a-3
+		wantProblems(t, b.verify(t, nil),
+			verify.Problem{Kind: verify.VersionGap, Position: 10, StreamID: "a"})
+	})
+	t.Run("ScavengeClockAhead", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.retention(t, "b", eventstore.RetentionChange{MaxCount: ptr(2)})
+		b.scavengeAll(t)
+		b.deleteStream(t, "c", true)
+		b.scavengeAll(t)
+		// Runs before migration 0027 took the caller's clock: one a day
+		// ahead of the server removed events a maximum age keeps; one a
+		// few seconds ahead (a client's clock) is let through.
+		b.tamper(t, `UPDATE %s.scavenge_runs SET now_at = started_at + CASE id WHEN 1 THEN interval '1 day' ELSE interval '5 seconds' END`)
+		wantProblems(t, b.verify(t, nil),
+			verify.Problem{Kind: verify.ScavengeClockAhead, After: 0, Position: 15})
+	})
 	t.Run("MetadataStreamRetentionHidesNothing", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -262,16 +350,64 @@ func TestLifecycleLegitimate(t *testing.T) {
 		b := setup(t)
 		age := time.Minute
 		b.retention(t, "b", eventstore.RetentionChange{MaxAge: &age})
-		sc, err := scavenge.New(b.db.Pool, &scavenge.Config{Schema: b.db.Schema, Pause: -1,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Clock:  func() time.Time { return time.Now().Add(time.Hour) }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p, err := sc.RunOnce(ctx); err != nil || p.Removed != 4 {
-			t.Fatalf("scavenge: %+v %v", p, err)
+		// The scavenger's clock is the server's (migration 0027): b's
+		// events are made an hour old instead.
+		b.tamper(t, `UPDATE %s.events SET recorded_at = recorded_at - interval '1 hour' WHERE stream_id = 'b'`)
+		if p := b.scavengeAll(t); p.Removed != 4 {
+			t.Fatalf("scavenge: %+v", p)
 		}
 		check(t, b, "scavenged by age")
+		b.retention(t, "b", eventstore.RetentionChange{MaxAge: new(time.Duration)})
+		check(t, b, "age lifted")
+	})
+	t.Run("CountLoweredDuringARun", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.retention(t, "b", eventstore.RetentionChange{MaxCount: ptr(3)})
+		b.scavengeStep(t, 6) // the run's target is 15; b-1 removed, b-2 kept
+		b.retention(t, "b", eventstore.RetentionChange{MaxCount: ptr(1)})
+		b.scavengeStep(t, 100) // b-3 removed: b-2 and b-4 left
+		check(t, b, "first run")
+		b.retention(t, "b", eventstore.RetentionChange{MaxCount: ptr(0)})
+		check(t, b, "lifted")
+		b.retention(t, "b", eventstore.RetentionChange{MaxCount: ptr(1)})
+		b.scavengeAll(t) // b-2
+		check(t, b, "second run")
+	})
+	t.Run("RetentionChangedLiftedAndAppended", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		appendTo := func(id string, n int) {
+			for range n {
+				if _, err := b.store.Append(ctx, id, eventstore.Any, eventstore.EventData{Type: "T", Data: map[string]any{}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		b.retention(t, "b", eventstore.RetentionChange{MaxCount: ptr(2)})
+		b.retention(t, "a", eventstore.RetentionChange{MaxCount: ptr(3)})
+		if p := b.scavengeAll(t); p.Removed != 4 {
+			t.Fatalf("scavenge: %+v", p)
+		}
+		check(t, b, "first run")
+		b.retention(t, "b", eventstore.RetentionChange{MaxCount: ptr(0)})
+		appendTo("b", 3) // b-5..7
+		check(t, b, "lifted and appended")
+		b.retention(t, "b", eventstore.RetentionChange{MaxCount: ptr(4)})
+		b.retention(t, "a", eventstore.RetentionChange{MaxCount: ptr(1000)})
+		appendTo("a", 2)
+		if p := b.scavengeAll(t); p.Removed != 1 { // b-3
+			t.Fatalf("scavenge: %+v", p)
+		}
+		check(t, b, "second run")
+		b.retention(t, "b", eventstore.RetentionChange{MaxCount: ptr(2), TruncateBefore: ptr(6)})
+		appendTo("b", 1)
+		b.scavengeStep(t, 10)
+		check(t, b, "third run, one step")
+		b.scavengeStep(t, 100)
+		b.retention(t, "b", eventstore.RetentionChange{MaxCount: ptr(0)})
+		appendTo("b", 2)
+		check(t, b, "third run")
 	})
 	t.Run("ArchivedDeletedScavenged", func(t *testing.T) {
 		t.Parallel()

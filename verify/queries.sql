@@ -27,7 +27,8 @@ SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {{.Schema}}.events_gl
 --     be gone;
 --   records: how many "$stream.truncated" records it keeps, the highest
 --     truncate_before they record, and whether any records a max_count or
---     max_age;
+--     max_age; then each record in version order: its position, when it
+--     was recorded, its max_count (0: none) and whether it has a max_age;
 --   the first and the last event of the stream (version, position);
 --   the type and data->>'hard' of its event at streams.version, and the
 --     type of its event at truncate_before - 1 (a deletion sets
@@ -36,6 +37,7 @@ SELECT s.stream_id, s.state, s.version, s.truncate_before,
        s.max_count IS NOT NULL OR s.max_age IS NOT NULL,
        coalesce(m.state <> 0 OR m.truncate_before > 1 OR m.max_count IS NOT NULL OR m.max_age IS NOT NULL, false),
        r.n, r.truncate_before, coalesce(r.limits, false),
+       r.positions, r.times, r.counts, r.ages,
        f.stream_version, f.global_sequence, l.stream_version, l.global_sequence,
        v.event_type, v.hard, d.event_type
   FROM {{.Schema}}.streams s
@@ -43,7 +45,12 @@ SELECT s.stream_id, s.state, s.version, s.truncate_before,
   LEFT JOIN LATERAL (
        SELECT count(*) AS n,
               max(CASE WHEN e.data->>'truncate_before' ~ '^[0-9]{1,18}$' THEN (e.data->>'truncate_before')::bigint END) AS truncate_before,
-              bool_or(e.data->>'max_count' IS NOT NULL OR e.data->>'max_age_seconds' IS NOT NULL) AS limits
+              bool_or(e.data->>'max_count' IS NOT NULL OR e.data->>'max_age_seconds' IS NOT NULL) AS limits,
+              coalesce(array_agg(e.global_sequence ORDER BY e.stream_version), '{}') AS positions,
+              coalesce(array_agg(e.recorded_at ORDER BY e.stream_version), '{}') AS times,
+              coalesce(array_agg(CASE WHEN e.data->>'max_count' ~ '^[0-9]{1,18}$' THEN (e.data->>'max_count')::bigint ELSE 0 END
+                                 ORDER BY e.stream_version), '{}') AS counts,
+              coalesce(array_agg(e.data->>'max_age_seconds' IS NOT NULL ORDER BY e.stream_version), '{}') AS ages
          FROM {{.Schema}}.events_all e
         WHERE e.stream_id = '$$' || s.stream_id AND e.event_type = '$stream.truncated') r ON true
   LEFT JOIN LATERAL (
@@ -71,12 +78,16 @@ SELECT coalesce((SELECT pg_catalog.has_table_privilege(c.oid, 'SELECT')
                   WHERE n.nspname = {{.SchemaLiteral}} AND c.relname = 'scavenge_runs'), false);
 
 -- name: ScavengeRuns
--- The ranges of positions (from_position, scanned_to] in which a scavenge
--- run removed events: only scavenge() removes events from the log.
-SELECT from_position, scanned_to
+-- The scavenge runs that removed events (only scavenge() removes events
+-- from the log): the range of positions (from_position, scanned_to] it
+-- scanned, the head when it started (target_position: what its first step
+-- could see), when it started and when its last step so far ended, and its
+-- retention clock.
+SELECT id, started_by, from_position, scanned_to, target_position, removed,
+       started_at, coalesce(finished_at, updated_at), now_at
   FROM {{.Schema}}.scavenge_runs
- WHERE removed > 0 AND scanned_to > from_position
- ORDER BY from_position;
+ WHERE removed > 0
+ ORDER BY id;
 
 -- name: UnrecordedRetention
 -- Streams whose max_count or max_age is not what the latest

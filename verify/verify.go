@@ -103,6 +103,14 @@ const (
 	// state was set some other way, and the deletion excuses no missing
 	// event.
 	DeletionUnrecorded Kind = "deletion_unrecorded"
+	// ScavengeClockAhead: a scavenge run that removed events had a
+	// retention clock (scavenge_runs.now_at) more than
+	// [ScavengeClockTolerance] later than its start: it removed events of
+	// streams with a maximum age that the age still kept, and which ones
+	// cannot be told. Before migration 0027 scavenge() took the caller's
+	// time unbounded; since, a run's clock is never later than the
+	// server's.
+	ScavengeClockAhead Kind = "scavenge_clock_ahead"
 )
 
 // Problem is one inconsistency in the log.
@@ -316,7 +324,7 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 			from = id
 			st, ok := streams[id]
 			switch {
-			case !ok && ex.start[id]:
+			case !ok && ex.start[id] && ex.below[id] > version:
 			case !ok:
 				rep.add(c.MaxProblems, Problem{Kind: StreamWithoutEvents, StreamID: id, Version: version,
 					Message: fmt.Sprintf("stream %q is at version %d in streams but has no events%s", id, version, ex.why[id])})
@@ -500,3 +508,10 @@ func (s *segmenter) compare(base *Baseline) []Problem {
 	}
 	return out
 }
+
+// ScavengeClockTolerance is how much later than a scavenge run's start its
+// clock may be before [Log] reports it as [ScavengeClockAhead]. Runs from
+// before migration 0027 took the clock of the client that started them
+// (scavenge.Config.Clock, time.Now by default), which may be a little
+// ahead of the server's; later runs are never ahead at all.
+const ScavengeClockTolerance = time.Minute

@@ -22,13 +22,17 @@ func (e *env) scavengeCommand() *cobra.Command {
 		Long: `Make one scavenge run: remove from the log the events of hard-deleted streams and
 every event below its stream's truncate-before, beyond its maximum count or older than
 its maximum age (see 'annals stream set' and 'annals stream delete'). Stream reads hide
-those events already; ReadAll, subscriptions and rebuilds stop seeing them now.
+those events already; ReadAll, subscriptions and rebuilds stop seeing them now. The
+aggregate snapshots of those streams at or below a removed version, and every snapshot
+of a hard-deleted stream, are deleted with them. A run's clock (for maximum ages) is the
+database server's when it starts.
 
 The run goes through the log in batches of --batch positions, one transaction each,
 pausing --pause between them, and reports its progress after each. It is resumable: a
 run that is interrupted (Ctrl-C, a crash) is continued by the next 'annals scavenge' or
 scavenger service. Only one scavenger runs at a time (exit 1 if another is running).
-Every run is recorded in scavenge_runs (who, when, range, rows): --list N shows the last N.
+Every run is recorded in scavenge_runs (who, when, clock, range, rows): --list N shows
+the last N.
 
 The role needs 'annals grant operator'. --output text prints a line per batch; jsonl an
 object per batch; json the final state: {"run_id", "started_by", "started_at", "now",
@@ -90,8 +94,9 @@ object per batch; json the final state: {"run_id", "started_by", "started_at", "
 					if r.FinishedAt != nil {
 						state = "finished " + r.FinishedAt.UTC().Format(timeLayout)
 					}
-					if _, err := fmt.Fprintf(e.stdout, "run %d by %s (%s), started %s, %s: positions %d..%d, scanned to %d, %d removed in %d steps\n",
-						r.RunID, r.StartedBy, r.Instance, r.StartedAt.UTC().Format(timeLayout), state, r.From+1, r.Target, r.ScannedTo, r.Removed, r.Steps); err != nil {
+					if _, err := fmt.Fprintf(e.stdout, "run %d by %s (%s), started %s, clock %s, %s: positions %d..%d, scanned to %d, %d removed in %d steps\n",
+						r.RunID, r.StartedBy, r.Instance, r.StartedAt.UTC().Format(timeLayout), r.Now.UTC().Format(timeLayout), state,
+						r.From+1, r.Target, r.ScannedTo, r.Removed, r.Steps); err != nil {
 						return err
 					}
 				}

@@ -43,7 +43,9 @@ func (e *env) streamDeleteCommand() *cobra.Command {
 		Long: `Delete STREAM by appending a "$stream.deleted" event to it (projections and sagas
 see it). After a soft delete, reads of the stream fail until an append that expects
 exactly the deletion event's version recreates it; after --hard no append is ever
-accepted again. The events stay in the log until 'annals scavenge' removes them.
+accepted again. The events stay in the log until 'annals scavenge' removes them, and
+with them the stream's aggregate snapshots (all of them after --hard; after a soft
+delete, those up to the deletion).
 
 --hard cannot be undone: on a terminal it asks for confirmation, otherwise pass --yes.
 A stream that does not exist exits 3; one already deleted exits 1.

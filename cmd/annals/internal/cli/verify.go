@@ -24,7 +24,11 @@ func (e *env) verifyCommand() *cobra.Command {
 		Short: "Check the log for rows written, changed or removed outside annals",
 		Long: `Read the whole log from one snapshot and report what appends through annals never
 produce: a gap, duplicate or disorder in a stream's versions, a streams row that disagrees
-with its events, a position above the position sequence (a forged row).
+with its events, a position above the position sequence (a forged row). Missing events are
+excused only as far as a stream's recorded deletion, truncation or retention lets the
+scavenger remove them (a maximum count never removes the newest version), where a
+scavenge run removed events; a scavenge run whose clock was ahead of its start (possible
+before migration 0027) is reported.
 
 --baseline FILE also compares the log with an earlier run's digest (a running SHA-256 with
 a checkpoint every --interval events) and reports every range of positions whose rows
