@@ -52,6 +52,13 @@ type Base struct {
 	id          string
 	version     int64
 	uncommitted []any
+	// from is the first stream version the state folds: the stream's first
+	// visible event when the aggregate was loaded (1 unless the stream was
+	// truncated or deleted and recreated), or that of the snapshot it was
+	// loaded from. 0 for a new aggregate (its events start at 1). A snapshot
+	// records it, and a load uses a snapshot only when it is the stream's
+	// first visible version.
+	from int64
 }
 
 func (b *Base) root() *Base { return b }

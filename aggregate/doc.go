@@ -76,17 +76,45 @@
 //
 // With Config.Snapshots, a Save that brings the stream to or past a multiple
 // of Every events also writes the aggregate's state (encoding/json of the
-// aggregate, or its Snapshotter methods) to the snapshots table, as a
-// statement of its own after the append has committed: it never holds the
+// aggregate, or its Snapshotter methods) to the snapshots table, in a
+// transaction of its own after the append has committed: it never holds the
 // log's ordering lock, and a failed write is logged, never returned. Load
 // reads the snapshot written with the configured SchemaVersion and replays
 // only the events after it; a snapshot of another schema version, or one
 // that no longer decodes, is ignored and the stream is replayed from its
 // first event. Snapshots are a cache: the table may be truncated at any
-// time. Its key is (aggregate type, stream, schema version), one row per
-// key, replaced only by a newer one, so that during a rolling deploy the
-// old and the new code each keep using their own snapshots. Config.OnLoad
-// reports what a load read (LoadStats).
+// time, and a load returns the same state with or without them. Its key is
+// (aggregate type, stream, schema version), one row per key, replaced only
+// by a newer one, so that during a rolling deploy the old and the new code
+// each keep using their own snapshots. Config.OnLoad reports what a load
+// read (LoadStats).
+//
+// Retention. The state of an aggregate is the fold of the events stream
+// reads return. A snapshot records the first version its state folds (the
+// stream's first visible one when the aggregate was loaded), and a load
+// uses it only when that is still the stream's first visible version: after
+// a truncation (or a delete and recreation) the snapshots from before are
+// ignored, and those written since are used. On a stream with a maximum
+// count they stop being used once its oldest events are hidden; a stream
+// with a maximum age is always replayed (its visible events depend on the
+// Store's clock). A Save writes no snapshot of a state that folds hidden
+// events (an aggregate loaded before a truncation).
+//
+// Personal data. A state may hold personal fields (eventstore.PersonalData)
+// decrypted before their subject was forgotten: an aggregate loaded before
+// Store.Forget and saved after it, or loaded by a process whose key cache
+// still held the key. So that no plaintext survives Forget in the
+// snapshots, a snapshot is written only if no event its state folds carries
+// personal data of a subject whose key is gone (the database checks the
+// events' envelopes: which subjects a state holds only the log knows). A
+// stream with personal data of a forgotten subject therefore gets no
+// snapshots while those events are visible (the repository cannot tell a
+// redacted state from one decrypted earlier); its loads replay it. The
+// check and Forget serialise on an advisory lock that snapshot writes take
+// shared and forget_subject exclusively: a write that has the lock commits
+// before Forget deletes the stream's snapshots (so its row is deleted too),
+// and a write after Forget sees the key gone. While a Forget runs, snapshot
+// writes are skipped rather than wait.
 //
 // # Why an Apply method and an embedded Base
 //

@@ -184,8 +184,13 @@ func (r *Repository[A]) New(id string) (A, error) {
 // ErrUnhandledEvent (or what Apply returned) and
 // eventstore.ErrUnknownEventType for an event the aggregate cannot apply,
 // named with its type and version; eventstore.ErrStreamDeleted when the
-// stream is deleted. A stream recreated after a delete (or truncated) loads
-// from its first visible event, ignoring older snapshots.
+// stream is deleted.
+//
+// The state is the fold of the events stream reads return, with or without
+// snapshots: a stream recreated after a delete, or truncated, loads from its
+// first visible event, and a snapshot that folds events hidden since (a
+// truncation, a maximum count) is ignored. A stream with a maximum age is
+// always replayed.
 func (r *Repository[A]) Load(ctx context.Context, id string) (A, error) {
 	return r.load(ctx, nil, id)
 }
@@ -232,14 +237,18 @@ func (r *Repository[A]) load(ctx context.Context, tx pgx.Tx, id string) (A, erro
 			return zero, errors.Wrapf(err, "aggregate %s %q: load", r.typ, id)
 		}
 		if first && e.StreamVersion > b.version+1 {
-			// The stream was truncated or deleted and recreated: the
-			// events before e no longer count, and neither does a
-			// snapshot of them. Start afresh at e.
+			// The stream was truncated or deleted and recreated (or
+			// truncated after the snapshot was read): the events before e
+			// no longer count, and neither does a snapshot of them.
+			// Start afresh at e.
 			a = r.newAgg()
 			a.root().id = id
 			b = a.root()
 			b.version = e.StreamVersion - 1
 			stats.SnapshotVersion = 0
+		}
+		if first && b.from == 0 {
+			b.from = e.StreamVersion
 		}
 		first = false
 		if e.StreamVersion != b.version+1 {

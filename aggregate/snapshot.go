@@ -34,7 +34,7 @@ func (r *Repository[A]) loadSnapshot(ctx context.Context, tx pgx.Tx, id, stream 
 	if s == nil {
 		return zero, false, nil
 	}
-	var version int64
+	var version, from int64
 	var state []byte
 	var row pgx.Row
 	if tx != nil {
@@ -42,7 +42,7 @@ func (r *Repository[A]) loadSnapshot(ctx context.Context, tx pgx.Tx, id, stream 
 	} else {
 		row = r.store.Pool().QueryRow(ctx, r.q["LoadSnapshot"], r.typ, stream, s.SchemaVersion)
 	}
-	err := row.Scan(&version, &state)
+	err := row.Scan(&version, &state, &from)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return zero, false, nil
 	}
@@ -59,6 +59,7 @@ func (r *Repository[A]) loadSnapshot(ctx context.Context, tx pgx.Tx, id, stream 
 		if err == nil {
 			a.root().id = id
 			a.root().version = version
+			a.root().from = from
 			return a, true, nil
 		}
 	}
@@ -70,8 +71,21 @@ func (r *Repository[A]) loadSnapshot(ctx context.Context, tx pgx.Tx, id, stream 
 }
 
 // saveSnapshot writes a's state as the stream's snapshot. It runs after the
-// save's append has committed, as a statement of its own: it never holds
+// save's append has committed, in a transaction of its own: it never holds
 // the log's ordering lock, and its failure only costs later loads time.
+//
+// Personal data. a's state may hold personal fields decrypted before their
+// subject was forgotten (a was loaded before the Forget, or by a process
+// whose key cache still held the key). Writing it would put the plaintext
+// back into the snapshots Forget has just emptied. Which subjects a state
+// holds only the log knows (reads return the fields decrypted), so
+// SaveSnapshot reads the envelopes of the events the state folds and writes
+// nothing when one belongs to a subject whose key is gone. The check and a
+// concurrent Forget are serialised by the advisory lock SnapshotLock takes
+// shared and forget_subject exclusively: a write holding it has committed
+// before forget_subject destroys the key and deletes the stream's
+// snapshots (including this one), and a write after that sees the key gone.
+// While a Forget runs the lock is not waited for: the write is skipped.
 func (r *Repository[A]) saveSnapshot(ctx context.Context, a A, stream string) {
 	b := a.root()
 	var state []byte
@@ -84,11 +98,30 @@ func (r *Repository[A]) saveSnapshot(ctx context.Context, a A, stream string) {
 	if err == nil && !json.Valid(state) {
 		err = errors.New("the snapshot state is not valid JSON")
 	}
+	skipped := false
 	if err == nil {
-		_, err = r.store.Pool().Exec(ctx, r.q["SaveSnapshot"], r.typ, stream, r.cfg.Snapshots.SchemaVersion, b.version, json.RawMessage(state))
+		// READ COMMITTED whatever the session's default: SaveSnapshot must
+		// read what committed before the lock was granted.
+		err = pgx.BeginTxFunc(ctx, r.store.Pool(), pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			var locked bool
+			if err := tx.QueryRow(ctx, r.q["SnapshotLock"]).Scan(&locked); err != nil {
+				return err
+			}
+			if !locked {
+				skipped = true
+				return nil
+			}
+			_, err := tx.Exec(ctx, r.q["SaveSnapshot"], r.typ, stream, r.cfg.Snapshots.SchemaVersion, b.version,
+				json.RawMessage(state), max(b.from, 1))
+			return err
+		})
 	}
-	if err != nil {
+	switch {
+	case err != nil:
 		r.cfg.Logger.WarnContext(ctx, "annals: writing a snapshot failed; the save stands",
 			slog.String("aggregate", r.typ), slog.String("stream", stream), slog.Int64("version", b.version), telemetry.Err(err))
+	case skipped:
+		r.cfg.Logger.DebugContext(ctx, "annals: snapshot not written: a Forget is running",
+			slog.String("aggregate", r.typ), slog.String("stream", stream), slog.Int64("version", b.version))
 	}
 }
