@@ -263,8 +263,7 @@ func TestForgetAfterScavenge(t *testing.T) {
 		t.Fatal(err)
 	}
 	// p-kept is truncated before its second version (its only event, with
-	// the name, goes; the stream and its snapshot stay); p-gone is
-	// hard-deleted.
+	// the name, goes; the stream stays); p-gone is hard-deleted.
 	admit := func(id, subject, name string) {
 		t.Helper()
 		if _, err := repo.Update(ctx, id, func(p *Patient) error {
@@ -300,14 +299,25 @@ func TestForgetAfterScavenge(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.events_all WHERE data::text LIKE '%"s-1"%' OR data::text LIKE '%"s-2"%'`).Scan(&left); err != nil || left != 0 {
 		t.Fatalf("%d events of s-1 or s-2 left after the scavenge (%v)", left, err)
 	}
-	for _, c := range []struct{ subject, plain string }{{"s-1", "Ada Secretname"}, {"s-2", "Zelda Secretname"}} {
-		var before int
-		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.snapshots s WHERE s::text LIKE '%' || $1 || '%'`, c.plain).Scan(&before); err != nil || before == 0 {
-			t.Fatalf("%q in %d snapshots before Forget (%v); the test needs it there", c.plain, before, err)
-		}
+	// The scavenger deleted the snapshots built from the events it removed
+	// (migration 0027). One saved by a load that raced with it (read
+	// before the removal) can remain: Forget still finds it through
+	// personal_streams. p-gone's is put back as such a save would.
+	var snaps int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.snapshots`).Scan(&snaps); err != nil || snaps != 0 {
+		t.Fatalf("%d snapshots left after the scavenge (%v); want those of the removed events deleted", snaps, err)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO annals.snapshots (aggregate_type, stream_id, schema_version, stream_version, state)
+		VALUES ('patient', 'patient-p-gone', 1, 1, '{"Name": "Zelda Secretname"}')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		subject, plain string
+		snapshots      int64
+	}{{"s-1", "Ada Secretname", 0}, {"s-2", "Zelda Secretname", 1}} {
 		res, err := store.Forget(ctx, c.subject)
-		if err != nil || res.SnapshotsDeleted != 1 {
-			t.Fatalf("Forget(%s): %+v %v; want its stream's snapshot deleted", c.subject, res, err)
+		if err != nil || res.SnapshotsDeleted != c.snapshots {
+			t.Fatalf("Forget(%s): %+v %v; want %d snapshots deleted", c.subject, res, err, c.snapshots)
 		}
 		var after int
 		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.snapshots s WHERE s::text LIKE '%' || $1 || '%'`, c.plain).Scan(&after); err != nil || after != 0 {
