@@ -156,6 +156,8 @@ func (c *Console) dlqEach(w http.ResponseWriter, r *http.Request, p Principal, a
 			note(ch.Skipped, true)
 			total.Resumed = append(total.Resumed, ch.Resumed...)
 		}
+		// The audit detail lists none as [], never null.
+		total.Retried, total.Skipped = []int64{}, []int64{}
 		for _, id := range order {
 			if last[id] {
 				total.Skipped = append(total.Skipped, id)
@@ -176,6 +178,15 @@ func (c *Console) dlqEach(w http.ResponseWriter, r *http.Request, p Principal, a
 		msg = "Nothing to change: the selected dead letters were no longer open."
 	}
 	c.done(w, r, c.back(r), msg)
+}
+
+// orEmpty returns list, or an empty list for nil: an audit detail writes
+// none as [], as the other entries do, not null.
+func orEmpty(list []int64) []int64 {
+	if list == nil {
+		return []int64{}
+	}
+	return list
 }
 
 func idsText(list []int64) string {
@@ -207,7 +218,7 @@ func (c *Console) dlqRetryAll(w http.ResponseWriter, r *http.Request, p Principa
 		if ch, err = c.dlq.RetryAllTx(ctx, tx, sub); err != nil {
 			return err
 		}
-		return c.record(ctx, tx, p, "dlq.retry_all", "subscriber "+sub, map[string]any{"retried": ch.Retried, "resumed": len(ch.Resumed)})
+		return c.record(ctx, tx, p, "dlq.retry_all", "subscriber "+sub, map[string]any{"retried": orEmpty(ch.Retried), "resumed": len(ch.Resumed)})
 	})
 	if err != nil {
 		c.actionError(w, r, err)
@@ -264,7 +275,7 @@ func (c *Console) checkpointSet(w http.ResponseWriter, r *http.Request, p Princi
 		return
 	}
 	ctx := r.Context()
-	var before, after checkpoint.Checkpoint
+	var m checkpoint.Moved
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		var head int64
 		if err := tx.QueryRow(ctx, c.q["Head"]).Scan(&head, new(time.Time)); err != nil {
@@ -273,25 +284,32 @@ func (c *Console) checkpointSet(w http.ResponseWriter, r *http.Request, p Princi
 		if pos > head {
 			return badRequest("position %d is past the head of the log (%d): the checkpoint is unchanged", pos, head)
 		}
-		err := tx.QueryRow(ctx, c.q["LockCheckpoint"], sub, part).Scan(&before.Position, &before.Epoch)
-		if errors.Is(err, pgx.ErrNoRows) {
+		// Move locks the row, moves it and, moving back, settles the
+		// partition's dead letters after the new position, as `annals
+		// checkpoint set` does.
+		var err error
+		m, err = c.cps.Move(ctx, tx, sub, part, pos)
+		if errors.Is(err, checkpoint.ErrNotFound) {
 			return notFound("No subscriber %s/%d: the checkpoint is unchanged.", sub, part)
 		}
 		if err != nil {
-			return errors.Wrap(err, "lock the checkpoint")
-		}
-		if after, err = c.cps.Set(ctx, tx, sub, part, pos); err != nil {
 			return err
 		}
 		return c.record(ctx, tx, p, "checkpoint.set", fmt.Sprintf("%s/%d", sub, part),
-			map[string]any{"from": before.Position, "to": after.Position, "epoch_from": before.Epoch, "epoch_to": after.Epoch})
+			map[string]any{"from": m.Before.Position, "to": m.After.Position, "epoch_from": m.Before.Epoch, "epoch_to": m.After.Epoch,
+				"dead_letters_settled": m.DeadLettersSettled})
 	})
 	if err != nil {
 		c.actionError(w, r, err)
 		return
 	}
-	c.done(w, r, "/subscribers/"+url.PathEscape(sub), fmt.Sprintf("%s/%d: position %d → %d, epoch %d → %d.",
-		sub, part, before.Position, after.Position, before.Epoch, after.Epoch))
+	msg := fmt.Sprintf("%s/%d: position %d → %d, epoch %d → %d.",
+		sub, part, m.Before.Position, m.After.Position, m.Before.Epoch, m.After.Epoch)
+	if m.DeadLettersSettled > 0 {
+		msg += fmt.Sprintf(" %d dead letter(s) after position %d settled as resolved: their events are delivered again (one that fails again is open again).",
+			m.DeadLettersSettled, m.After.Position)
+	}
+	c.done(w, r, "/subscribers/"+pathSegment(sub), msg)
 }
 
 func (c *Console) taskCommand(w http.ResponseWriter, r *http.Request, p Principal, action string, op func(context.Context, string) error) {
