@@ -210,6 +210,8 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /events", c.page(c.log))
 	m.HandleFunc("GET /events/follow", c.follow)
 	m.HandleFunc("GET /events/{pos}", c.page(c.event))
+	m.HandleFunc("GET /events/{pos}/data", c.eventRaw(false))
+	m.HandleFunc("GET /events/{pos}/metadata", c.eventRaw(true))
 	m.HandleFunc("GET /subscribers/{name}", c.page(c.subscriber))
 	m.HandleFunc("GET /dead-letters", c.page(c.deadLetters))
 	m.HandleFunc("GET /dead-letters/{id}", c.page(c.deadLetter))

@@ -67,17 +67,40 @@ type Lead struct {
 	Epoch      int64  `json:"epoch"`
 }
 
-// Event is one event of the log.
+// Event is one event of the log, its data and metadata perhaps cut short:
+// a page of many events reads the first listChars characters of each, an
+// event's own page the first eventChars.
 type Event struct {
-	Position   int64
-	ID         uuid.UUID
-	Stream     string
-	Version    int64
-	Type       string
-	Data       string
-	Metadata   string
-	RecordedAt time.Time
+	Position int64
+	ID       uuid.UUID
+	Stream   string
+	Version  int64
+	Type     string
+	// Data and Metadata are the JSON text as stored ("" for no metadata),
+	// or its first characters when DataBytes or MetadataBytes is more than
+	// their length.
+	Data          string
+	DataBytes     int64
+	Metadata      string
+	MetadataBytes int64
+	RecordedAt    time.Time
 }
+
+// DataCut reports whether Data is only the start of the event's data.
+func (e Event) DataCut() bool { return int64(len(e.Data)) < e.DataBytes }
+
+// MetadataCut reports whether Metadata is only the start of the metadata.
+func (e Event) MetadataCut() bool { return int64(len(e.Metadata)) < e.MetadataBytes }
+
+// What a read of events carries of each event's data and metadata, in
+// characters: a page of the log or of a stream (50 events) and a live
+// follow cut them to listChars, so that big events (up to 64 MiB each) make
+// neither a page nor the console's memory big; an event's page shows up to
+// eventChars, and /events/{pos}/data and /metadata serve them whole.
+const (
+	listChars  = 2000
+	eventChars = 1 << 20
+)
 
 // reader holds what the console's pages, its metrics and its health checks
 // read the database with.
@@ -173,7 +196,7 @@ func scanEvents(rows pgx.Rows, err error) ([]Event, error) {
 	}
 	var out []Event
 	var e Event
-	_, err = pgx.ForEachRow(rows, []any{&e.Position, &e.ID, &e.Stream, &e.Version, &e.Type, &e.Data, &e.Metadata, &e.RecordedAt}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&e.Position, &e.ID, &e.Stream, &e.Version, &e.Type, &e.Data, &e.DataBytes, &e.Metadata, &e.MetadataBytes, &e.RecordedAt}, func() error {
 		out = append(out, e)
 		return nil
 	})

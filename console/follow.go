@@ -19,14 +19,20 @@ type followEvent struct {
 	Version    int64     `json:"version"`
 	Type       string    `json:"type"`
 	RecordedAt time.Time `json:"recorded_at"`
-	Data       string    `json:"data"`
+	// Data is the event's data, or its first listChars characters when
+	// DataBytes (its whole size) is more: /events/{position}/data serves it
+	// whole.
+	Data      string `json:"data"`
+	DataBytes int64  `json:"data_bytes"`
 }
 
 // follow streams the log after ?after= (filtered by ?type= globs) as
-// server-sent events: one "event" message per event, its position as the
+// server-sent events: one "append" message per event, its position as the
 // message ID (a reconnecting browser sends it back as Last-Event-ID and
 // resumes after it). It polls every FollowInterval, reading at most
-// followBatch events at a time, until the client goes away.
+// followBatch events at a time, until the client goes away. A poll that
+// fails (the database is down) sends a "failure" message with the error,
+// and the first poll that succeeds after failures a "recovered" message.
 func (c *Console) follow(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	re, err := typeRegex(q.Get("type"))
@@ -68,6 +74,7 @@ func (c *Console) follow(w http.ResponseWriter, r *http.Request) {
 	tick := time.NewTicker(c.cfg.FollowInterval)
 	defer tick.Stop()
 	lastWrite := time.Now()
+	failing := false
 	for {
 		// Read the head first, then the events up to it: positions are
 		// commit order, so every event at or below a visible head is visible,
@@ -76,7 +83,7 @@ func (c *Console) follow(w http.ResponseWriter, r *http.Request) {
 		head, _, err := c.head(ctx, c.pool)
 		var evs []Event
 		if err == nil && head > after {
-			evs, err = scanEvents(c.pool.Query(ctx, c.q["LogEvents"], after, followBatch, re, head-after))
+			evs, err = scanEvents(c.pool.Query(ctx, c.q["LogEvents"], after, followBatch, re, head, listChars))
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -84,10 +91,15 @@ func (c *Console) follow(w http.ResponseWriter, r *http.Request) {
 			}
 			fmt.Fprintf(w, "event: failure\ndata: %s\n\n", jsonString(err.Error()))
 			fl.Flush()
+			failing, lastWrite = true, time.Now()
+		} else if failing {
+			fmt.Fprintf(w, "event: recovered\ndata: {\"after\": %d}\n\n", after)
+			fl.Flush()
+			failing, lastWrite = false, time.Now()
 		}
 		for _, e := range evs {
 			b, _ := json.Marshal(followEvent{Position: e.Position, ID: e.ID.String(), Stream: e.Stream, Version: e.Version,
-				Type: e.Type, RecordedAt: e.RecordedAt.UTC(), Data: e.Data})
+				Type: e.Type, RecordedAt: e.RecordedAt.UTC(), Data: e.Data, DataBytes: e.DataBytes})
 			fmt.Fprintf(w, "id: %d\nevent: append\ndata: %s\n\n", e.Position, b)
 			after = e.Position
 		}

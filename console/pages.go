@@ -3,7 +3,10 @@ package console
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"html/template"
+	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -256,7 +259,7 @@ func (c *Console) stream(r *http.Request) (*view, error) {
 		}
 		d.From = v
 	}
-	evs, err := scanEvents(c.pool.Query(r.Context(), c.q["StreamEvents"], d.ID, d.From, pageSize+1))
+	evs, err := scanEvents(c.pool.Query(r.Context(), c.q["StreamEvents"], d.ID, d.From, pageSize+1, listChars))
 	if err != nil {
 		return nil, err
 	}
@@ -329,15 +332,23 @@ func (c *Console) log(r *http.Request) (*view, error) {
 	if d.Head, _, err = c.head(ctx, c.pool); err != nil {
 		return nil, err
 	}
+	// The window a page scans, clamped to the positions a bigint holds
+	// (after=9223372036854700000 is a page past the head, not an error); a
+	// page before a position past the head is the log's last page.
+	d.Before = min(d.Before, d.Head+1)
+	upper := d.After + scanWindow
+	if upper < d.After {
+		upper = math.MaxInt64
+	}
 	if d.Before > 0 {
-		evs, err := scanEvents(c.pool.Query(ctx, c.q["LogEventsBefore"], d.Before, pageSize, re, scanWindow))
+		evs, err := scanEvents(c.pool.Query(ctx, c.q["LogEventsBefore"], d.Before, pageSize, re, max(d.Before-scanWindow, 0), listChars))
 		if err != nil {
 			return nil, err
 		}
 		slices.Reverse(evs)
 		d.Events = evs
 	} else {
-		if d.Events, err = scanEvents(c.pool.Query(ctx, c.q["LogEvents"], d.After, pageSize, re, scanWindow)); err != nil {
+		if d.Events, err = scanEvents(c.pool.Query(ctx, c.q["LogEvents"], d.After, pageSize, re, upper, listChars)); err != nil {
 			return nil, err
 		}
 	}
@@ -348,8 +359,8 @@ func (c *Console) log(r *http.Request) (*view, error) {
 		if d.Events[0].Position > 1 {
 			d.Prev = d.Events[0].Position
 		}
-	} else if d.Before == 0 && d.After+scanWindow < d.Head {
-		d.Next = d.After + scanWindow // nothing of the type in this window: look further
+	} else if d.Before == 0 && upper < d.Head {
+		d.Next = upper // nothing of the type in this window: look further
 	}
 	last := d.Head
 	if n := len(d.Events); n > 0 {
@@ -360,10 +371,9 @@ func (c *Console) log(r *http.Request) (*view, error) {
 }
 
 type eventData struct {
-	Event       Event
-	PrettyData  string
-	PrettyMeta  string
-	DeadLetters []deadletter.DeadLetter
+	Event      Event
+	PrettyData string
+	PrettyMeta string
 }
 
 // pretty indents a JSON document as stored: json.Indent keeps its numbers
@@ -385,7 +395,7 @@ func (c *Console) event(r *http.Request) (*view, error) {
 	if err != nil || pos < 1 {
 		return nil, badRequest("%q: want a position from 1", r.PathValue("pos"))
 	}
-	evs, err := scanEvents(c.pool.Query(r.Context(), c.q["Event"], pos))
+	evs, err := scanEvents(c.pool.Query(r.Context(), c.q["Event"], pos, eventChars))
 	if err != nil {
 		return nil, err
 	}
@@ -394,6 +404,37 @@ func (c *Console) event(r *http.Request) (*view, error) {
 	}
 	d := eventData{Event: evs[0], PrettyData: pretty(evs[0].Data), PrettyMeta: pretty(evs[0].Metadata)}
 	return &view{Tpl: "event", Title: "Event " + strconv.FormatInt(pos, 10), Nav: "log", Data: d}, nil
+}
+
+// eventRaw serves one event's data (or metadata) whole, as stored, as
+// application/json: what a page shows cut short (an event bigger than
+// eventChars characters), for a download or a script.
+func (c *Console) eventRaw(metadata bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		pos, err := strconv.ParseInt(r.PathValue("pos"), 10, 64)
+		if err != nil || pos < 1 {
+			c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("%q: want a position from 1", r.PathValue("pos")))
+			return
+		}
+		var text *string
+		err = c.pool.QueryRow(r.Context(), c.q["EventRaw"], pos, metadata).Scan(&text)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No event at position %d.", pos))
+			return
+		case err != nil:
+			c.cfg.Logger.Error("console: raw event", "path", r.URL.Path, telemetry.Err(err))
+			c.fail(w, r, http.StatusInternalServerError, "The database did not answer as expected: "+err.Error())
+			return
+		case text == nil:
+			c.fail(w, r, http.StatusNotFound, fmt.Sprintf("The event at position %d has no metadata.", pos))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("Content-Length", strconv.Itoa(len(*text)))
+		_, _ = io.WriteString(w, *text)
+	}
 }
 
 // --- subscribers
@@ -524,7 +565,7 @@ func (c *Console) deadLetter(r *http.Request) (*view, error) {
 		return nil, err
 	}
 	d := deadLetterData{DL: dl}
-	evs, err := scanEvents(c.pool.Query(r.Context(), c.q["EventByID"], dl.EventID))
+	evs, err := scanEvents(c.pool.Query(r.Context(), c.q["EventByID"], dl.EventID, eventChars))
 	if err != nil {
 		return nil, err
 	}

@@ -112,56 +112,65 @@ SELECT stream_id, version, created_at, updated_at
  LIMIT $3;
 
 -- name: StreamEvents
--- A stream's events from version $2 on, at most $3.
-SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::text,
-       coalesce(metadata::text, ''), recorded_at
+-- A stream's events from version $2 on, at most $3, with the first $4
+-- characters of data and metadata and their whole size in bytes (a page of
+-- big events does not carry them whole).
+SELECT global_sequence, event_id, stream_id, stream_version, event_type,
+       left(data::text, $4), octet_length(data::text),
+       coalesce(left(metadata::text, $4), ''), coalesce(octet_length(metadata::text), 0), recorded_at
   FROM {{.Schema}}.events_all
  WHERE stream_id = $1 AND stream_version >= $2
  ORDER BY stream_version
  LIMIT $3;
 
 -- name: LogEvents
--- The log after position $1, at most $2 events, whose type matches the
--- regular expression $3 (NULL: every type). Scans at most $4 positions past
--- $1, so a rare type does not make one page read the whole log.
-SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::text,
-       coalesce(metadata::text, ''), recorded_at
+-- The log after position $1 up to position $4 (the caller bounds the scan,
+-- so a rare type does not make one page read the whole log), at most $2
+-- events, whose type matches the regular expression $3 (NULL: every type);
+-- data and metadata cut to $5 characters, with their whole size in bytes.
+SELECT global_sequence, event_id, stream_id, stream_version, event_type,
+       left(data::text, $5), octet_length(data::text),
+       coalesce(left(metadata::text, $5), ''), coalesce(octet_length(metadata::text), 0), recorded_at
   FROM {{.Schema}}.events_all
- WHERE global_sequence > $1 AND global_sequence <= $1 + $4::bigint
+ WHERE global_sequence > $1 AND global_sequence <= $4
    AND ($3::text IS NULL OR event_type ~ $3)
  ORDER BY global_sequence
  LIMIT $2;
 
 -- name: LogEventsBefore
--- The page before position $1 (newest first; the caller reverses it).
-SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::text,
-       coalesce(metadata::text, ''), recorded_at
+-- The page before position $1 down to position $4 (newest first; the caller
+-- reverses it), as LogEvents.
+SELECT global_sequence, event_id, stream_id, stream_version, event_type,
+       left(data::text, $5), octet_length(data::text),
+       coalesce(left(metadata::text, $5), ''), coalesce(octet_length(metadata::text), 0), recorded_at
   FROM {{.Schema}}.events_all
- WHERE global_sequence < $1 AND global_sequence >= $1 - $4::bigint
+ WHERE global_sequence < $1 AND global_sequence >= $4
    AND ($3::text IS NULL OR event_type ~ $3)
  ORDER BY global_sequence DESC
  LIMIT $2;
 
 -- name: Event
--- One event by position.
-SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::text,
-       coalesce(metadata::text, ''), recorded_at
+-- One event by position, data and metadata cut to $2 characters.
+SELECT global_sequence, event_id, stream_id, stream_version, event_type,
+       left(data::text, $2), octet_length(data::text),
+       coalesce(left(metadata::text, $2), ''), coalesce(octet_length(metadata::text), 0), recorded_at
   FROM {{.Schema}}.events_all
  WHERE global_sequence = $1;
 
 -- name: EventByID
--- One event by ID.
-SELECT global_sequence, event_id, stream_id, stream_version, event_type, data::text,
-       coalesce(metadata::text, ''), recorded_at
+-- One event by ID, as Event.
+SELECT global_sequence, event_id, stream_id, stream_version, event_type,
+       left(data::text, $2), octet_length(data::text),
+       coalesce(left(metadata::text, $2), ''), coalesce(octet_length(metadata::text), 0), recorded_at
   FROM {{.Schema}}.events_all
  WHERE event_id = $1;
 
--- name: LockCheckpoint
--- The checkpoint about to be set, locked until the transaction ends.
-SELECT position, epoch
-  FROM {{.Schema}}.checkpoints
- WHERE subscriber_id = $1 AND partition = $2
-   FOR UPDATE;
+-- name: EventRaw
+-- One event's data ($2 false) or metadata ($2 true) whole, as stored; no
+-- row when there is no event at position $1.
+SELECT CASE WHEN $2 THEN metadata::text ELSE data::text END
+  FROM {{.Schema}}.events_all
+ WHERE global_sequence = $1;
 
 -- name: Audit
 -- One entry of the audit trail; the trigger stamps its ID, time and role.

@@ -6,10 +6,10 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
 )
@@ -38,8 +38,13 @@ var funcs = template.FuncMap{
 		}
 		return t.UTC().Format("2006-01-02 15:04:05Z")
 	},
-	"secs":     formatSeconds,
-	"pathq":    url.PathEscape,
+	"secs":  formatSeconds,
+	"pathq": pathSegment,
+	// vis shows stored text on one line, visl on several (it keeps tab and
+	// newline): every character that could disguise it escaped.
+	"vis":      visible,
+	"visl":     visibleLines,
+	"bytes":    formatBytes,
 	"itoa":     func(n int64) string { return strconv.FormatInt(n, 10) },
 	"add":      func(a, b int64) int64 { return a + b },
 	"upper":    strings.ToUpper,
@@ -61,11 +66,29 @@ var funcs = template.FuncMap{
 	},
 }
 
+// truncate cuts s to at most n bytes, at a character's start, and marks
+// the cut with an ellipsis.
 func truncate(n int, s string) string {
 	if len(s) <= n {
 		return s
 	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
 	return s[:n] + "…"
+}
+
+// formatBytes prints a size in bytes with thousands separators.
+func formatBytes(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(r)
+	}
+	return b.String() + " bytes"
 }
 
 // formatSeconds prints an age rounded to a precision that suits its size.
