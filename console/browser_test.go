@@ -32,18 +32,10 @@ func chromium(t *testing.T) string {
 	return ""
 }
 
-// TestBrowser drives headless Chromium through the console as an operator
-// at 3 a.m. would: sign in, open the overview, find a stream, open an
-// event, follow the log live, see the dead letter, retry it and watch the
-// open count drop to 0 as the runner re-delivers it. It saves a screenshot
-// of each page in the test's artifact directory (go test -artifacts keeps
-// them) and, when $ANNALS_SCREENSHOTS names a directory, the overview and the
-// dead letter there too (`make screenshots` writes docs/screenshots).
-func TestBrowser(t *testing.T) {
-	f := setup(t, nil)
-	artifacts := t.ArtifactDir()
-	t.Logf("screenshots in %s", artifacts)
-
+// browser starts headless Chromium for the test and returns its context,
+// which ends after 90 s.
+func browser(t *testing.T) context.Context {
+	t.Helper()
 	// The profile directory: Chromium's helper processes may still write to it
 	// for a moment after the browser is gone, so it is removed when they stop.
 	profile, err := os.MkdirTemp("", "annals-chromium-")
@@ -62,13 +54,28 @@ func TestBrowser(t *testing.T) {
 		chromedp.WindowSize(1280, 860),
 	)
 	bctx, cancelBrowser := chromedp.NewContext(alloc)
+	ctx, cancel := context.WithTimeout(bctx, 90*time.Second)
 	t.Cleanup(func() {
+		cancel()
 		cancelBrowser()
 		cancelAlloc()
 		annalstest.WaitFor(t, 20*time.Second, func() bool { return os.RemoveAll(profile) == nil })
 	})
-	ctx, cancel := context.WithTimeout(bctx, 90*time.Second)
-	defer cancel()
+	return ctx
+}
+
+// TestBrowser drives headless Chromium through the console as an operator
+// at 3 a.m. would: sign in, open the overview, find a stream, open an
+// event, follow the log live, see the dead letter, retry it and watch the
+// open count drop to 0 as the runner re-delivers it. It saves a screenshot
+// of each page in the test's artifact directory (go test -artifacts keeps
+// them) and, when $ANNALS_SCREENSHOTS names a directory, the overview and the
+// dead letter there too (`make screenshots` writes docs/screenshots).
+func TestBrowser(t *testing.T) {
+	f := setup(t, nil)
+	artifacts := t.ArtifactDir()
+	t.Logf("screenshots in %s", artifacts)
+	ctx := browser(t)
 
 	run := func(what string, actions ...chromedp.Action) {
 		t.Helper()
@@ -247,5 +254,90 @@ func TestBrowser(t *testing.T) {
 		if err != nil || st.Size() < 1000 {
 			t.Errorf("screenshot %s: %v", name, err)
 		}
+	}
+}
+
+// TestBrowserFollow follows the log in Chromium through a database outage:
+// the page says the log cannot be read while it cannot (not "following…"),
+// and following again once it can; a followed event's text is shown with
+// disguising characters escaped and its stream linked even when named
+// ".."; and the table keeps the newest rows only (data-keep), dropping the
+// oldest.
+func TestBrowserFollow(t *testing.T) {
+	f, outage := readerFixture(t)
+	ctx := browser(t)
+	run := func(what string, actions ...chromedp.Action) {
+		t.Helper()
+		if err := chromedp.Run(ctx, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	// waitJS waits until the JavaScript expression is true.
+	waitJS := func(what, expr string) {
+		t.Helper()
+		var ok bool
+		if err := chromedp.Run(ctx, chromedp.Poll(expr, &ok, chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+			var state string
+			_ = chromedp.Run(ctx, chromedp.Text("#follow-state", &state, chromedp.ByQuery))
+			t.Fatalf("%s: %v (follow state %q)", what, err, state)
+		}
+	}
+	const state = `document.getElementById("follow-state")`
+	run("open the log and follow",
+		chromedp.Navigate(f.srv.URL+"/events"),
+		chromedp.WaitVisible("#log-events", chromedp.ByQuery),
+		chromedp.Click("#follow", chromedp.ByQuery),
+	)
+	waitJS("following", state+`.textContent.startsWith("following")`)
+
+	restore := outage()
+	waitJS("the outage is shown", state+`.textContent.includes("cannot be read") && `+state+`.classList.contains("failing")`)
+	restore()
+	waitJS("the recovery is shown", state+`.textContent.startsWith("following") && !`+state+`.classList.contains("failing")`)
+
+	res, err := f.store.Append(ctx, "..", eventstore.NoStream, eventstore.EventData{Type: "odd.\u202eplaced", Data: map[string]string{"n": "\u202e"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pos := res.Events[0].GlobalSequence
+	row := fmt.Sprintf(`Array.from(document.querySelectorAll("#log-events tbody tr")).find(tr => tr.querySelector("a.event-link").textContent === "%d")`, pos)
+	waitJS("the followed event arrives", row+` !== undefined`)
+	var href, typ string
+	run("read the followed row",
+		chromedp.Evaluate(row+`.cells[1].querySelector("a").getAttribute("href")`, &href),
+		chromedp.Evaluate(row+`.cells[3].textContent`, &typ),
+	)
+	if href != "/streams/%2E%2E" {
+		t.Errorf("the followed event of stream .. links %q", href)
+	}
+	if typ != `odd.\u202eplaced` {
+		t.Errorf("the followed event's type shows as %q", typ)
+	}
+
+	// More events than the table keeps: the oldest rows go.
+	var keep int
+	run("read data-keep", chromedp.Evaluate(`parseInt(document.getElementById("follow").dataset.keep, 10)`, &keep))
+	var last int64
+	for range 2 {
+		var evs []eventstore.EventData
+		for i := range keep/2 + 20 {
+			evs = append(evs, eventstore.EventData{Type: "bulk.added", Data: map[string]int{"i": i}})
+		}
+		res, err := f.store.Append(ctx, "bulk", eventstore.Any, evs...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = res.Events[len(res.Events)-1].GlobalSequence
+	}
+	waitJS("the last bulk event arrives", fmt.Sprintf(`(() => { const r = document.querySelectorAll("#log-events tbody tr");
+		return r.length > 0 && r[r.length-1].querySelector("a.event-link").textContent === "%d"; })()`, last))
+	var rows int
+	var first string
+	run("count the rows",
+		chromedp.Evaluate(`document.querySelectorAll("#log-events tbody tr").length`, &rows),
+		chromedp.Evaluate(`document.querySelector("#log-events tbody tr a.event-link").textContent`, &first),
+	)
+	if rows != keep || first != fmt.Sprint(last-int64(keep)+1) {
+		t.Errorf("the followed table holds %d rows from position %s, want the newest %d (from %d)", rows, first, keep, last-int64(keep)+1)
 	}
 }
