@@ -64,7 +64,9 @@ type Config struct {
 	Authorizer Authorizer
 	// BasePath is the path the console is mounted at, e.g. "/annals" when a
 	// service routes "/annals/" to http.StripPrefix("/annals", console).
-	// Links and forms are made under it. Defaults to "" (the root).
+	// Links and forms are made under it. It is path segments of letters,
+	// digits, "-", ".", "_" and "~" (CheckBasePath); New refuses anything
+	// else. Defaults to "" (the root).
 	BasePath string
 	// StaleAfter is the heartbeat age past which a runner instance is
 	// stale. Defaults to 30s (three heartbeats of the runner).
@@ -121,8 +123,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 		c.Now = time.Now
 	}
 	c.BasePath = strings.TrimSuffix(c.BasePath, "/")
-	if c.BasePath != "" && !strings.HasPrefix(c.BasePath, "/") {
-		return nil, errors.Newf("console: BasePath %q must start with /", c.BasePath)
+	if err := CheckBasePath(c.BasePath); err != nil {
+		return nil, errors.Wrap(err, "console: BasePath")
 	}
 	rd, err := newReader(pool, c.Schema, c.StaleAfter)
 	if err != nil {
@@ -160,6 +162,39 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 	}
 	con.routes()
 	return con, nil
+}
+
+// CheckBasePath reports whether p may be a Config.BasePath: "" (the root),
+// or one or more path segments, each a "/" and then letters, digits, "-",
+// ".", "_" or "~" (the characters a URL never escapes), none "." or "..",
+// and no trailing "/" (New trims one). Anything else would have to be
+// escaped in every link the console makes, and a service (or annals ui)
+// routing it with http.ServeMux would read "{x}" as a wildcard and a space
+// as the end of a method.
+func CheckBasePath(p string) error {
+	if p == "" {
+		return nil
+	}
+	bad := func(why string) error {
+		return errors.Newf("%q: %s; want a path such as /annals or /ops/annals: segments of letters, digits, '-', '.', '_' and '~'", p, why)
+	}
+	if p[0] != '/' {
+		return bad("it must start with /")
+	}
+	for _, seg := range strings.Split(p[1:], "/") {
+		switch seg {
+		case "":
+			return bad("an empty segment (// or a trailing /)")
+		case ".", "..":
+			return bad("a segment . or ..")
+		}
+		for _, r := range seg {
+			if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || strings.ContainsRune("-._~", r)) {
+				return bad(fmt.Sprintf("the character %q", r))
+			}
+		}
+	}
+	return nil
 }
 
 // ServeHTTP serves the console.

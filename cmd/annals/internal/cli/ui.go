@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -47,8 +46,8 @@ and /readyz (the database answers); docs/operations.md lists the series.`,
 			if token != "" && len(token) < 16 {
 				return usagef("--auth-token must be at least 16 characters")
 			}
-			if basePath != "" && (!strings.HasPrefix(basePath, "/") || strings.HasSuffix(basePath, "/")) {
-				return usagef("--base-path %q: want a path such as /annals (a leading /, no trailing /)", basePath)
+			if err := console.CheckBasePath(basePath); err != nil {
+				return usagef("--base-path %v", err)
 			}
 			if staleAfter <= 0 {
 				return usagef("--stale-after must be positive")
