@@ -165,6 +165,14 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request, _ Principal) {
 func (c *Console) write(action string, fn func(http.ResponseWriter, *http.Request, Principal)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+		// A wrong bearer token is a failed sign-in, whatever else the
+		// request lacks (it needs no CSRF token only when the token is
+		// right): 401, not a CSRF refusal that would send a script's author
+		// looking for a form token.
+		if c.wrongBearer(r) {
+			c.fail(w, r, http.StatusUnauthorized, "Wrong token (Authorization: Bearer): nothing was changed.")
+			return
+		}
 		if !c.csrfOK(r) {
 			c.fail(w, r, http.StatusForbidden, "The form's CSRF token is missing or wrong (or the request came from another site): nothing was changed. Reload the page and try again.")
 			return
@@ -194,11 +202,28 @@ func (c *Console) write(action string, fn func(http.ResponseWriter, *http.Reques
 	}
 }
 
-// bearer returns the token of an "Authorization: Bearer TOKEN" header; the
-// scheme's name is case-insensitive (RFC 9110).
+// wrongBearer reports whether r presents an "Authorization: Bearer"
+// header that neither the token (Config.AuthToken) nor the Authorizer
+// accepts.
+func (c *Console) wrongBearer(r *http.Request) bool {
+	tok, ok := bearer(r)
+	if !ok || (c.cfg.AuthToken != "" && c.tokenOK(tok)) {
+		return false
+	}
+	if c.cfg.Authorizer != nil {
+		if _, ok := c.cfg.Authorizer(r); ok {
+			return false
+		}
+	}
+	return true
+}
+
+// bearer returns the token of an "Authorization: Bearer TOKEN" header
+// ("" for a header with the scheme alone); the scheme's name is
+// case-insensitive (RFC 9110).
 func bearer(r *http.Request) (string, bool) {
-	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
+	scheme, tok, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	if !strings.EqualFold(scheme, "Bearer") {
 		return "", false
 	}
 	return strings.TrimSpace(tok), true

@@ -188,10 +188,15 @@ SELECT id, at, actor, db_role, action, target, detail::text
 
 -- name: CanOperate
 -- Whether the session's role may do what the console's actions do: change
--- dead letters and checkpoints, pause cron tasks, delete dead letters, and
--- record the action in the audit log (the operator kind of `annals grant`).
-SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'dead_letters')), 'UPDATE, DELETE')
-   AND has_table_privilege(to_regclass(format('%I.%I', $1::text, 'checkpoints')), 'UPDATE, INSERT')
+-- dead letters and checkpoints, pause cron tasks, delete dead letters (and
+-- a purged one's failed attempts), and record the action in the audit log
+-- (the operator kind of `annals grant`).
+-- Each privilege is asked on its own: has_table_privilege with a list
+-- ('UPDATE, DELETE') is true when any one of them is held.
+SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'dead_letters')), 'UPDATE')
+   AND has_table_privilege(to_regclass(format('%I.%I', $1::text, 'dead_letters')), 'DELETE')
+   AND has_table_privilege(to_regclass(format('%I.%I', $1::text, 'failures')), 'DELETE')
+   AND has_table_privilege(to_regclass(format('%I.%I', $1::text, 'checkpoints')), 'UPDATE')
    AND has_table_privilege(to_regclass(format('%I.%I', $1::text, 'cron_tasks')), 'UPDATE')
    AND has_table_privilege(to_regclass(format('%I.%I', $1::text, 'audit_log')), 'INSERT'), false);
 
