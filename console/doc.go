@@ -25,8 +25,11 @@
 //	/events              the whole log paged by position, filtered by event-type
 //	                     globs (catchup.Filter's syntax); "Follow live" opens
 //	/events/follow       server-sent events: the log after a position, polled
-//	                     every FollowInterval, resumable with Last-Event-ID
+//	                     every FollowInterval, resumable with Last-Event-ID;
+//	                     "failure" while the log cannot be read, "recovered"
+//	                     once it can again
 //	/events/{pos}        one event: data and metadata pretty-printed
+//	/events/{pos}/data   the data (or /metadata) whole, as stored (JSON)
 //	/subscribers/{name}  partitions (leader, epoch, checkpoint, lag, stop),
 //	                     failures in progress (with the next retry, which the
 //	                     runner records in failures.retry_at), checkpoint set
@@ -40,13 +43,28 @@
 //
 // Reads are bounded: lag is counted up to 10,000 events (beyond, head -
 // position), a filtered page of the log scans at most 100,000 positions, the
-// lists are paged. A page's several reads run in one read-only REPEATABLE
-// READ transaction, so they agree.
+// lists are paged. So are their bytes: a page of the log or of a stream and
+// the live follow carry the first 2,000 characters of each event's data and
+// metadata (cut in SQL, so a big payload does not cross the wire), with a
+// note of the whole size and a link to the event, whose page shows up to
+// 1,048,576 characters of each; /events/{pos}/data and /metadata serve one
+// whole. A page's
+// several reads run in one read-only REPEATABLE READ transaction, so they
+// agree.
+//
+// Stored text (stream IDs, event types, data, errors, names) is shown with
+// every character that can disguise it (package plaintext's Disguising:
+// control characters, bidirectional formatting characters such as U+202E,
+// U+2028 and U+2029) written as \uXXXX, as the command line prints it;
+// links and form values keep the real text. A path segment "." or ".." is
+// linked as %2E or %2E%2E, which a browser does not resolve away.
 //
 // # Who may write
 //
 // Reading needs nobody. A write (every POST) passes four checks, in order,
-// and any refusal changes nothing:
+// and any refusal changes nothing (a request with a wrong
+// "Authorization: Bearer" token, one neither the token nor the Authorizer
+// accepts, is refused first: 401):
 //
 //  1. CSRF: the form carries a token, HMAC(secret, a random per-browser
 //     cookie) with a per-process secret, and an Origin header, when the
@@ -59,23 +77,25 @@
 //     session cookie the login form sets, signed with the secret and the
 //     token, holding the name the operator gave and an expiry (12 hours).
 //  4. The database role may do it: it holds the operator privileges of
-//     `annals grant operator` (checked with has_table_privilege, cached for
-//     30 s). Otherwise the database would refuse half-way; the console says
+//     `annals grant operator` (checked with has_table_privilege, each
+//     privilege on its own, cached for 30 s). Otherwise the database would refuse half-way; the console says
 //     so first.
 //
 // # Actions and the audit log
 //
 // Dead-letter actions reuse package deadletter (RetryTx, SkipTx,
-// RetryAllTx, PurgeTx), the checkpoint set reuses package checkpoint (Set
-// bumps the epoch, fencing the running leader off), pause and resume reuse
-// package scheduler. Each action and its audit entry (who: the principal's
-// name; the database role, stamped by a trigger; what: action, target and a
-// JSON detail of what changed; when: the server's clock) commit in one
-// transaction, so an entry exists exactly when its change does; several IDs
-// in one request are one transaction too (an unknown ID rolls them all back).
-// Pause and resume run in the scheduler's own transaction, so their entry
-// follows once it has committed. The audit_log table is append-only
-// (migration console_audit).
+// RetryAllTx, PurgeTx), the checkpoint set reuses package checkpoint (Move
+// bumps the epoch, fencing the running leader off, and a move back settles
+// the partition's dead letters after the new position as resolved, as
+// `annals checkpoint set` does), pause and resume reuse package scheduler.
+// Each action and its audit entry (who: the principal's name; the database
+// role, stamped by a trigger; what: action, target and a JSON detail of
+// what changed, a list of none written []; when: the server's clock) commit
+// in one transaction, so an entry exists exactly when its change does;
+// several IDs in one request are one transaction too (an unknown ID rolls
+// them all back). Pause and resume run in the scheduler's own transaction,
+// so their entry follows once it has committed. The audit_log table is
+// append-only (migration console_audit).
 //
 // # Metrics and health
 //
