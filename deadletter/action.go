@@ -18,8 +18,17 @@ type Change struct {
 	// Retried lists the dead letters marked for re-delivery (status retry),
 	// in the order the runner re-delivers them (by partition, then position).
 	Retried []int64
-	// Skipped lists the dead letters marked skipped.
+	// Skipped lists the dead letters marked skipped: the one Skip names,
+	// and those in Gone.
 	Skipped []int64
+	// Gone lists the dead letters that were to be marked for re-delivery
+	// but whose events no longer exist in the log (a hard delete and
+	// scavenge, a truncation or retention removed them): nothing can
+	// deliver them, so they were marked skipped instead (they are in
+	// Skipped too), with "not delivered: the event no longer exists" in
+	// front of their error. The operator is told; the rest of the stream
+	// flows on without them.
+	Gone []int64
 	// Resumed lists the subscriber partitions halted by the Stop policy
 	// whose halt was cleared, by partition.
 	Resumed []Halt
@@ -44,7 +53,9 @@ type Halt struct {
 // Retry releases the stream of an open dead letter: it marks every open
 // dead letter of the same stream, subscriber and partition for re-delivery
 // (status retry), so that the subscriber's runner re-delivers them in
-// position order, and clears the partition's Stop if it is halted. A dead
+// position order, and clears the partition's Stop if it is halted. Those
+// whose events no longer exist in the log (scavenged) cannot be re-delivered:
+// they are marked skipped instead and listed in Change.Gone. A dead
 // letter that is not open (already retry, resolved or skipped) changes
 // nothing; Change.Was says what it is. An unknown ID fails with ErrNotFound.
 func (s *Store) Retry(ctx context.Context, id int64) (Change, error) {
@@ -66,7 +77,7 @@ func (s *Store) RetryTx(ctx context.Context, tx pgx.Tx, id int64) (Change, error
 	if d.status != StatusOpen {
 		return c, nil
 	}
-	if c.Retried, err = s.ids(ctx, tx, "ReleaseStream", d.subscriber, d.partition, d.stream); err != nil {
+	if err = s.release(ctx, tx, &c, "ReleaseStream", d.subscriber, d.partition, d.stream); err != nil {
 		return Change{}, errors.Wrapf(err, "deadletter: retry %d", id)
 	}
 	if c.Resumed, err = s.resume(ctx, tx, d.subscriber, &d.partition); err != nil {
@@ -78,8 +89,10 @@ func (s *Store) RetryTx(ctx context.Context, tx pgx.Tx, id int64) (Change, error
 // RetryAll marks every open dead letter of the subscriber, in every
 // partition, for re-delivery, and clears the Stop of every halted partition
 // of the subscriber (even one with no open dead letter: RetryAll is how an
-// operator resumes a subscriber as a whole). A subscriber with neither dead
-// letters nor a checkpoint fails with ErrNotFound (probably a typo).
+// operator resumes a subscriber as a whole). Dead letters whose events no
+// longer exist in the log are marked skipped instead (Change.Gone), as in
+// Retry. A subscriber with neither dead letters nor a checkpoint fails with
+// ErrNotFound (probably a typo).
 func (s *Store) RetryAll(ctx context.Context, subscriber string) (Change, error) {
 	var c Change
 	err := s.inTx(ctx, func(tx pgx.Tx) (err error) {
@@ -99,7 +112,7 @@ func (s *Store) RetryAllTx(ctx context.Context, tx pgx.Tx, subscriber string) (C
 	if _, err = s.ids(ctx, tx, "LockOpen", subscriber); err != nil {
 		return Change{}, errors.Wrapf(err, "deadletter: retry all of %s", subscriber)
 	}
-	if c.Retried, err = s.ids(ctx, tx, "ReleaseSubscriber", subscriber); err != nil {
+	if err = s.release(ctx, tx, &c, "ReleaseSubscriber", subscriber); err != nil {
 		return Change{}, errors.Wrapf(err, "deadletter: retry all of %s", subscriber)
 	}
 	if c.Resumed, err = s.resume(ctx, tx, subscriber, nil); err != nil {
@@ -121,8 +134,9 @@ func (s *Store) RetryAllTx(ctx context.Context, tx pgx.Tx, subscriber string) (C
 // Skip gives up on a dead letter: it is marked skipped (resolved without
 // delivery), the other open dead letters of its stream for the same
 // subscriber partition are marked for re-delivery (the stream flows on
-// without the broken event), and the partition's Stop is cleared. A dead
-// letter in retry may be skipped too (before the runner re-delivers it);
+// without the broken event; those whose events no longer exist in the log
+// are skipped too, as in Retry: Change.Gone), and the partition's Stop is
+// cleared. A dead letter in retry may be skipped too (before the runner re-delivers it);
 // one already resolved or skipped changes nothing. An unknown ID fails with
 // ErrNotFound.
 func (s *Store) Skip(ctx context.Context, id int64) (Change, error) {
@@ -148,7 +162,7 @@ func (s *Store) SkipTx(ctx context.Context, tx pgx.Tx, id int64) (Change, error)
 		return Change{}, errors.Wrapf(err, "deadletter: skip %d", id)
 	}
 	c.Skipped = []int64{id}
-	if c.Retried, err = s.ids(ctx, tx, "ReleaseStream", d.subscriber, d.partition, d.stream); err != nil {
+	if err = s.release(ctx, tx, &c, "ReleaseStream", d.subscriber, d.partition, d.stream); err != nil {
 		return Change{}, errors.Wrapf(err, "deadletter: skip %d", id)
 	}
 	if c.Resumed, err = s.resume(ctx, tx, d.subscriber, &d.partition); err != nil {
@@ -224,6 +238,28 @@ func (s *Store) ids(ctx context.Context, tx pgx.Tx, query string, args ...any) (
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+// release runs ReleaseStream or ReleaseSubscriber and adds what it did to
+// c: the dead letters marked for re-delivery to Retried, those whose events
+// are gone (marked skipped instead) to Gone and Skipped.
+func (s *Store) release(ctx context.Context, tx pgx.Tx, c *Change, query string, args ...any) error {
+	rows, err := tx.Query(ctx, s.q[query], args...)
+	if err != nil {
+		return err
+	}
+	var id int64
+	var gone bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &gone}, func() error {
+		if gone {
+			c.Gone = append(c.Gone, id)
+			c.Skipped = append(c.Skipped, id)
+		} else {
+			c.Retried = append(c.Retried, id)
+		}
+		return nil
+	})
+	return err
 }
 
 // resume clears the Stop of the subscriber's partition (nil: all of them).

@@ -31,6 +31,8 @@
 //	resolved  re-delivered successfully. The stream flows again once none
 //	          of its dead letters is open or retry.
 //	skipped   an operator gave up on the event: resolved without delivery.
+//	          Also where a dead letter ends whose event no longer exists in
+//	          the log (see "Events removed from the log").
 //
 // # Lifecycle
 //
@@ -48,6 +50,10 @@
 //	                        ▼
 //	                    resolved
 //
+//	An entry whose event is no longer in the log goes to skipped instead of
+//	retry (Retry, RetryAll, Skip of another entry of its stream), or from
+//	retry to skipped (runner): see "Events removed from the log".
+//
 //	Purge deletes resolved and skipped dead letters last updated at or
 //	before a cutoff (and open and retry ones too, if asked).
 //
@@ -62,6 +68,24 @@
 //
 // If a re-delivery fails, the runner puts the dead letter, and the released
 // ones behind it in its stream, back to open (with the new error).
+//
+// # Events removed from the log
+//
+// A dead letter keeps its event's position, not the event: a hard delete
+// followed by a scavenge, a truncation or a retention policy (package
+// scavenge) may remove the event from the log while its dead letter is
+// open or released. Such an entry can never be delivered, and it must not
+// hold its stream or its partition, so it is skipped, with
+// "not delivered: the event no longer exists in the log" in front of its
+// error (the last error follows on the next line):
+//
+//   - Retry, RetryAll and Skip mark it skipped instead of releasing it and
+//     list it in Change.Gone (and in Change.Skipped); annals dlq retry
+//     prints it ("gone" with --output json). The rest of its stream is
+//     released and flows on without it.
+//   - The runner, finding a released entry whose event went after the
+//     release, marks it skipped the same way, logs one warning for all it
+//     found, and re-delivers the rest.
 //
 // # Guarantees of the operations
 //

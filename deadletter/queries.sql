@@ -55,25 +55,49 @@ UPDATE {{.Schema}}.dead_letters
 
 -- name: ReleaseStream
 -- Marks for re-delivery every open dead letter of one stream of a subscriber
--- partition; returns their IDs in the order the runner re-delivers them.
-WITH released AS (
-    UPDATE {{.Schema}}.dead_letters
-       SET status = 'retry', updated_at = clock_timestamp()
-     WHERE subscriber_id = $1 AND partition = $2 AND stream_id = $3 AND status = 'open'
-    RETURNING id, global_sequence
+-- partition; returns their IDs in the order the runner re-delivers them,
+-- each with whether its event is gone. An entry whose event is no longer in
+-- the log (a hard delete and scavenge, a truncation or retention removed
+-- it) cannot be re-delivered: it is skipped instead (gone), with why in
+-- front of its last error; projection's SettleGone writes the same for one
+-- released before its event went.
+WITH candidates AS (
+    SELECT d.id, NOT EXISTS (SELECT 1 FROM {{.Schema}}.events_all e WHERE e.global_sequence = d.global_sequence) AS gone
+      FROM {{.Schema}}.dead_letters d
+     WHERE d.subscriber_id = $1 AND d.partition = $2 AND d.stream_id = $3 AND d.status = 'open'
+), released AS (
+    UPDATE {{.Schema}}.dead_letters d
+       SET status = CASE WHEN c.gone THEN 'skipped' ELSE 'retry' END, updated_at = clock_timestamp(),
+           error = CASE WHEN c.gone
+                        THEN 'not delivered: the event no longer exists in the log (removed by a hard delete and scavenge, '
+                             || 'a truncation or retention), so it was skipped' || E'\nlast error: ' || d.error
+                        ELSE d.error END
+      FROM candidates c
+     WHERE d.id = c.id AND d.status = 'open'
+    RETURNING d.id, d.partition, d.global_sequence, c.gone
 )
-SELECT id FROM released ORDER BY global_sequence, id;
+SELECT id, gone FROM released ORDER BY global_sequence, id;
 
 -- name: ReleaseSubscriber
 -- Marks for re-delivery every open dead letter of a subscriber, in every
--- partition; returns their IDs by partition, then re-delivery order.
-WITH released AS (
-    UPDATE {{.Schema}}.dead_letters
-       SET status = 'retry', updated_at = clock_timestamp()
-     WHERE subscriber_id = $1 AND status = 'open'
-    RETURNING id, partition, global_sequence
+-- partition; returns their IDs by partition, then re-delivery order, each
+-- with whether its event is gone (skipped instead, as in ReleaseStream).
+WITH candidates AS (
+    SELECT d.id, NOT EXISTS (SELECT 1 FROM {{.Schema}}.events_all e WHERE e.global_sequence = d.global_sequence) AS gone
+      FROM {{.Schema}}.dead_letters d
+     WHERE d.subscriber_id = $1 AND d.status = 'open'
+), released AS (
+    UPDATE {{.Schema}}.dead_letters d
+       SET status = CASE WHEN c.gone THEN 'skipped' ELSE 'retry' END, updated_at = clock_timestamp(),
+           error = CASE WHEN c.gone
+                        THEN 'not delivered: the event no longer exists in the log (removed by a hard delete and scavenge, '
+                             || 'a truncation or retention), so it was skipped' || E'\nlast error: ' || d.error
+                        ELSE d.error END
+      FROM candidates c
+     WHERE d.id = c.id AND d.status = 'open'
+    RETURNING d.id, d.partition, d.global_sequence, c.gone
 )
-SELECT id FROM released ORDER BY partition, global_sequence, id;
+SELECT id, gone FROM released ORDER BY partition, global_sequence, id;
 
 -- name: Resume
 -- Clears the Stop of subscriber $1, partition $2 (NULL: every partition);

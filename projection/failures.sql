@@ -67,13 +67,33 @@ UPDATE {{.Schema}}.checkpoints
 
 -- name: Released
 -- Dead letters an operator released, with their events, in position order.
-SELECT d.id, e.global_sequence, e.event_id, e.stream_id, e.stream_version, e.event_type,
-       e.data, e.metadata, e.recorded_at
+-- gone: the event is no longer in the log (a hard delete and scavenge, a
+-- truncation or retention removed it); its event columns are then the dead
+-- letter's own, or zero, and it is settled with SettleGone, never delivered.
+SELECT d.id, e.global_sequence IS NULL AS gone, d.global_sequence, d.event_id,
+       coalesce(e.stream_id, d.stream_id), coalesce(e.stream_version, 0),
+       coalesce(e.event_type, d.event_type), e.data, e.metadata, coalesce(e.recorded_at, d.created_at)
   FROM {{.Schema}}.dead_letters d
-  JOIN {{.Schema}}.events_all e ON e.global_sequence = d.global_sequence
+  LEFT JOIN {{.Schema}}.events_all e ON e.global_sequence = d.global_sequence
  WHERE d.subscriber_id = $1 AND d.partition = $2 AND d.status = 'retry'
  ORDER BY d.global_sequence
  LIMIT $3;
+
+-- name: SettleGone
+-- Released dead letters $1 whose events are no longer in the log: they can
+-- never be delivered, so they are skipped (resolved without delivery, as
+-- an operator's skip), with why in front of their last error, which the
+-- console and annals dlq show. The same text as deadletter's ReleaseStream
+-- writes when an operator releases such an entry. Returns the entries
+-- settled (one that an operator skipped meanwhile, or whose event is there
+-- after all, is left alone).
+UPDATE {{.Schema}}.dead_letters d
+   SET status = 'skipped', updated_at = clock_timestamp(),
+       error = 'not delivered: the event no longer exists in the log (removed by a hard delete and scavenge, '
+               || 'a truncation or retention), so it was skipped' || E'\nlast error: ' || d.error
+ WHERE d.id = ANY($1) AND d.status = 'retry'
+   AND NOT EXISTS (SELECT 1 FROM {{.Schema}}.events_all e WHERE e.global_sequence = d.global_sequence)
+RETURNING d.id;
 
 -- name: Resolve
 UPDATE {{.Schema}}.dead_letters

@@ -627,23 +627,33 @@ func redeliver(ctx context.Context, f *failures, lease *catchup.Lease, deliver f
 		e  eventstore.Event
 	}
 	var entries []entry
+	var gone []int64 // released entries whose events are no longer in the log
+	var firstGone eventstore.Event
 	err := lease.Do(ctx, func(conn *pgx.Conn) error {
 		rows, err := conn.Query(ctx, f.q["Released"], lease.Subscriber, lease.Partition, 500)
 		if err != nil {
 			return err
 		}
 		var id int64
+		var isGone bool
 		var meta []byte
 		var e eventstore.Event
-		_, err = pgx.ForEachRow(rows, []any{&id, &e.GlobalSequence, &e.ID, &e.StreamID, &e.StreamVersion, &e.Type, &e.Data, &meta, &e.RecordedAt}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&id, &isGone, &e.GlobalSequence, &e.ID, &e.StreamID, &e.StreamVersion, &e.Type, &e.Data, &meta, &e.RecordedAt}, func() error {
 			ev := e
+			e.Data = nil
+			if isGone {
+				if len(gone) == 0 {
+					firstGone = ev
+				}
+				gone = append(gone, id)
+				return nil
+			}
 			if len(meta) > 0 {
 				if err := ev.Metadata.UnmarshalJSON(meta); err != nil {
 					return err
 				}
 			}
 			entries = append(entries, entry{id, ev})
-			e.Data = nil
 			return nil
 		})
 		return err
@@ -651,7 +661,16 @@ func redeliver(ctx context.Context, f *failures, lease *catchup.Lease, deliver f
 	if err != nil {
 		return errors.Wrap(err, "projection: read released dead letters")
 	}
-	if len(entries) == 0 {
+	settled := 0
+	if len(gone) > 0 {
+		// Nothing can deliver them, and every batch read would count them
+		// released, which holds the partition in re-delivery: they are
+		// settled (skipped, with the reason) before the rest is delivered.
+		if settled, err = settleGone(ctx, f, lease, gone, firstGone); err != nil {
+			return err
+		}
+	}
+	if len(entries) == 0 && settled == 0 {
 		// The batch read counted released entries that are gone now (an
 		// operator skipped or purged them): wait a retry interval, no spinning.
 		return errors.New("projection: the released dead letters were resolved by someone else")
@@ -694,6 +713,39 @@ func redeliver(ctx context.Context, f *failures, lease *catchup.Lease, deliver f
 		}
 	}
 	return nil
+}
+
+// settleGone marks skipped the released dead letters ids, whose events are
+// no longer in the log (first is the first of them, for the log), fenced
+// like every write of a leader, and returns how many it settled (not those
+// an operator skipped meanwhile). It logs one warning for them all.
+func settleGone(ctx context.Context, f *failures, lease *catchup.Lease, ids []int64, first eventstore.Event) (int, error) {
+	var settled []int64
+	err := lease.Do(ctx, func(conn *pgx.Conn) error {
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			// Fenced like every write: a no-op checkpoint move checks the epoch.
+			if err := lease.Commit(ctx, tx, 0); err != nil {
+				return err
+			}
+			rows, err := tx.Query(ctx, f.q["SettleGone"], ids)
+			if err != nil {
+				return err
+			}
+			settled, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+			return err
+		})
+	})
+	if err != nil {
+		return 0, errors.Wrap(err, "projection: skip released dead letters whose events are gone")
+	}
+	if len(settled) > 0 {
+		f.logger.WarnContext(ctx, "annals: released dead letters skipped: their events no longer exist in the log "+
+			"(removed by a hard delete and scavenge, a truncation or retention)",
+			slog.String("subscriber", f.name), slog.Int("partition", lease.Partition),
+			slog.Int("dead_letters", len(settled)), slog.Any("ids", settled[:min(len(settled), 20)]),
+			slog.Int64("first_position", first.GlobalSequence), slog.String("first_stream", first.StreamID))
+	}
+	return len(settled), nil
 }
 
 // observerProcessor runs an Observer outside any transaction, with batched

@@ -35,6 +35,7 @@ func TestActionsOutputJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	var failed, parked int64
+	dlqLog(t, db, 2) // their events, at positions 1 and 2: one not in the log is not released
 	for i, target := range []*int64{&failed, &parked} {
 		reason := []string{"failed", "parked"}[i]
 		if err := db.Pool.QueryRow(ctx, `INSERT INTO annals.dead_letters

@@ -30,7 +30,8 @@ halts until an operator acts.
 
 Statuses: open (waits for an operator), retry (released: the live runner re-delivers
 it in position order, then marks it resolved, or open again if it fails), resolved,
-skipped (given up: never delivered).
+skipped (given up: never delivered; also a dead letter whose event no longer exists in
+the log, which nothing can deliver).
 
 'retry ID' releases the dead letter's whole stream (every open dead letter of the same
 subscriber partition and stream) and resumes a stopped subscriber partition; 'skip ID'
@@ -148,7 +149,11 @@ them in position order, and resumes the subscriber partition if the Stop policy 
 it. A dead letter that is not open changes nothing ("nothing to do").
 
 retry --subscriber SUBSCRIBER --all does so for every open dead letter of the subscriber,
-in all its partitions, and resumes every stopped partition of it.`,
+in all its partitions, and resumes every stopped partition of it.
+
+A dead letter whose event no longer exists in the log (a hard delete and scavenge, a
+truncation or retention removed it) cannot be re-delivered: it is skipped instead, and
+said so (--output json lists it under "gone", and under "skipped").`,
 		Example: `  annals dlq retry 12
   annals dlq retry --subscriber orders-view --all`,
 		Args: cobra.MaximumNArgs(1),
@@ -180,7 +185,7 @@ in all its partitions, and resumes every stopped partition of it.`,
 					err := e.audited(ctx, pool, "dlq.retry_all", func(tx pgx.Tx) (string, any, error) {
 						var err error
 						c, err = store.RetryAllTx(ctx, tx, subscriber)
-						return "subscriber " + subscriber, map[string]any{"retried": c.Retried, "resumed": len(c.Resumed)}, err
+						return "subscriber " + subscriber, map[string]any{"retried": c.Retried, "gone": c.Gone, "resumed": len(c.Resumed)}, err
 					})
 					if errors.Is(err, deadletter.ErrNotFound) {
 						return notFoundf("unknown subscriber %q: it has no dead letters and no checkpoint", subscriber)
@@ -357,7 +362,7 @@ func (e *env) withDeadLetters(ctx context.Context, fn func(*pgxpool.Pool, *deadl
 func deadLetterTarget(id int64) string { return "dead_letters " + strconv.FormatInt(id, 10) }
 
 func changeDetail(id int64, c deadletter.Change) map[string]any {
-	return map[string]any{"ids": []int64{id}, "retried": c.Retried, "skipped": c.Skipped, "resumed": len(c.Resumed)}
+	return map[string]any{"ids": []int64{id}, "retried": c.Retried, "skipped": c.Skipped, "gone": c.Gone, "resumed": len(c.Resumed)}
 }
 
 // parseDeadLetterID parses a dead-letter ID argument.
@@ -538,9 +543,12 @@ const maxListedIDs = 20
 type ChangeJSON struct {
 	Changed bool `json:"changed"`
 	// Was is the status the named dead letter had before ("" for retry --all).
-	Was     string     `json:"was,omitempty"`
-	Retried []int64    `json:"retried"`
-	Skipped []int64    `json:"skipped"`
+	Was     string  `json:"was,omitempty"`
+	Retried []int64 `json:"retried"`
+	Skipped []int64 `json:"skipped"`
+	// Gone are the dead letters of Skipped that were skipped instead of
+	// marked for retry: their events no longer exist in the log.
+	Gone    []int64    `json:"gone"`
 	Resumed []HaltJSON `json:"resumed"`
 }
 
@@ -560,12 +568,15 @@ type PurgeJSON struct {
 }
 
 func changeJSON(c deadletter.Change) ChangeJSON {
-	out := ChangeJSON{Changed: c.Changed(), Was: string(c.Was), Retried: c.Retried, Skipped: c.Skipped, Resumed: []HaltJSON{}}
+	out := ChangeJSON{Changed: c.Changed(), Was: string(c.Was), Retried: c.Retried, Skipped: c.Skipped, Gone: c.Gone, Resumed: []HaltJSON{}}
 	if out.Retried == nil {
 		out.Retried = []int64{}
 	}
 	if out.Skipped == nil {
 		out.Skipped = []int64{}
+	}
+	if out.Gone == nil {
+		out.Gone = []int64{}
 	}
 	for _, h := range c.Resumed {
 		hj := HaltJSON{Subscriber: h.Subscriber, Partition: h.Partition, Reason: h.Reason}
@@ -581,8 +592,22 @@ func changeJSON(c deadletter.Change) ChangeJSON {
 // writeChange prints what Retry, RetryAll or Skip changed, a line each.
 func writeChange(w io.Writer, c deadletter.Change) error {
 	var b strings.Builder
+	gone := map[int64]bool{}
+	for _, id := range c.Gone {
+		gone[id] = true
+	}
 	for _, id := range c.Skipped {
-		fmt.Fprintf(&b, "skipped dead letter %d\n", id)
+		if !gone[id] {
+			fmt.Fprintf(&b, "skipped dead letter %d\n", id)
+		}
+	}
+	const removed = "(removed by a hard delete and scavenge, a truncation or retention)"
+	switch {
+	case len(c.Gone) == 1:
+		fmt.Fprintf(&b, "skipped dead letter %d: its event no longer exists in the log %s, so it cannot be retried\n", c.Gone[0], removed)
+	case len(c.Gone) > 1:
+		fmt.Fprintf(&b, "skipped %d dead letters whose events no longer exist in the log %s, so they cannot be retried: %s\n",
+			len(c.Gone), removed, idList(c.Gone))
 	}
 	if len(c.Retried) > 0 {
 		fmt.Fprintf(&b, "marked %s for retry: %s\n", countNoun(len(c.Retried), "dead letter"), idList(c.Retried))

@@ -63,6 +63,24 @@ func dlqAdd(t *testing.T, db *annalstest.DB, r dlqRow) int64 {
 	return id
 }
 
+// dlqLog appends n events, positions 1 to n in a new database, for dead
+// letters to point at: one whose event is not in the log is skipped, not
+// released, by dlq retry (TestDlqRetryGone).
+func dlqLog(t *testing.T, db *annalstest.DB, n int) {
+	t.Helper()
+	store, err := eventstore.New(db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := make([]eventstore.EventData, n)
+	for i := range evs {
+		evs[i] = eventstore.EventData{Type: "order.placed", Data: map[string]int{"n": i}}
+	}
+	if _, err := store.Append(t.Context(), "log-1", eventstore.NoStream, evs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // dlqState is every dead letter (ID, status, update time) and every
 // checkpoint's stop, to show that a command changed nothing.
 func dlqState(t *testing.T, db *annalstest.DB) string {
@@ -285,6 +303,7 @@ type dlqParked struct {
 
 func dlqPark(t *testing.T, db *annalstest.DB) dlqParked {
 	t.Helper()
+	dlqLog(t, db, 20)
 	var p dlqParked
 	p.resolved = dlqAdd(t, db, dlqRow{seq: 2, status: "resolved"})
 	p.parked15 = dlqAdd(t, db, dlqRow{seq: 15, reason: "parked"})
@@ -384,6 +403,48 @@ func TestDlqSkip(t *testing.T) {
 	}
 	if after := dlqState(t, db); after != before {
 		t.Errorf("no-op skips changed\n%s\nto\n%s", before, after)
+	}
+}
+
+// TestDlqRetryGone: a dead letter whose event a hard delete and scavenge
+// (a truncation, retention) removed from the log cannot be re-delivered;
+// dlq retry skips it and says so, in text and in JSON ("gone", also in
+// "skipped"), and releases the rest of its stream.
+func TestDlqRetryGone(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	dlqLog(t, db, 20)
+	failed := dlqAdd(t, db, dlqRow{seq: 30, err: "boom", attempts: 1})
+	parked := dlqAdd(t, db, dlqRow{seq: 31, reason: "parked"})
+	kept := dlqAdd(t, db, dlqRow{seq: 10, reason: "parked"})
+	r := annals(t, db.URL, "dlq", "retry", fmt.Sprint(failed))
+	want := fmt.Sprintf("skipped 2 dead letters whose events no longer exist in the log (removed by a hard delete and scavenge, "+
+		"a truncation or retention), so they cannot be retried: %d, %d\nmarked 1 dead letter for retry: %d\n", failed, parked, kept)
+	if r.code != 0 || r.stdout != want {
+		t.Fatalf("retry: %+v\nwant stdout %q", r, want)
+	}
+	if st := dlqStatuses(t, db); st[failed] != "skipped" || st[parked] != "skipped" || st[kept] != "retry" {
+		t.Errorf("statuses %v", st)
+	}
+	r = annals(t, db.URL, "dlq", "show", fmt.Sprint(failed))
+	if r.code != 0 || !strings.Contains(r.stdout, "error:\nnot delivered: the event no longer exists in the log") || !strings.Contains(r.stdout, "last error: boom\n") {
+		t.Errorf("show: %+v", r)
+	}
+
+	one := dlqAdd(t, db, dlqRow{seq: 40, sub: "mailer"})
+	r = annals(t, db.URL, "dlq", "retry", fmt.Sprint(one), "--output", "json")
+	var c ChangeJSON
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &c) != nil {
+		t.Fatalf("retry --output json: %+v", r)
+	}
+	if !c.Changed || c.Was != "open" || !slices.Equal(c.Gone, []int64{one}) || !slices.Equal(c.Skipped, []int64{one}) || len(c.Retried) != 0 {
+		t.Errorf("retry --output json: %+v; want %d gone and skipped", c, one)
+	}
+	again := dlqAdd(t, db, dlqRow{seq: 41, sub: "billing"})
+	r = annals(t, db.URL, "dlq", "retry", "--subscriber", "billing", "--all")
+	if want := fmt.Sprintf("skipped dead letter %d: its event no longer exists in the log (removed by a hard delete and scavenge, "+
+		"a truncation or retention), so it cannot be retried\n", again); r.code != 0 || r.stdout != want {
+		t.Errorf("retry --all: %+v\nwant stdout %q", r, want)
 	}
 }
 
