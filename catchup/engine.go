@@ -773,6 +773,10 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 	// slowest is about the longest recent Process call (see the read
 	// ahead); until a batch has been timed, as if slow.
 	slowest := aheadQuick
+	// redelivered is how many released dead letters the read before the
+	// last re-delivery counted, when that re-delivery returned nil (0
+	// otherwise); stuck says that a warning about it was logged.
+	redelivered, stuck := 0, false
 	for {
 		if ctx.Err() != nil {
 			if live {
@@ -831,6 +835,31 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			e.cfg.OnProgress(sub.Name, sub.Partition, cursor, batch.Head, oldest)
 		}
 		if batch.Redeliveries > 0 {
+			// The batches read ahead carry the same header, stale once the
+			// re-delivery has settled what it counted: each would ask for a
+			// re-delivery again (and find nothing, and wait a RetryBackoff).
+			// Read again after it.
+			pending = nil
+			if next != nil {
+				<-next
+				next = nil
+			}
+			if redelivered > 0 && batch.Redeliveries >= redelivered {
+				// The last re-delivery returned nil and yet settled none
+				// of what the read counted (a processor that cannot
+				// re-deliver, or entries it cannot see): the count would
+				// not drain, and re-reading at once would spin. Try again
+				// after a RetryBackoff, as after a failed re-delivery.
+				if !stuck {
+					stuck = true
+					e.cfg.Logger.WarnContext(ctx, "annals: released dead letters are not being re-delivered; retrying",
+						slog.String("subscriber", sub.Name), slog.Int("partition", sub.Partition), slog.Int("released", batch.Redeliveries))
+				}
+				if err := e.wait(ctx, lost, nil, e.cfg.RetryBackoff); err != nil {
+					return err
+				}
+			}
+			redelivered = 0
 			if err := sub.Processor.Redeliver(procCtx, lease); err != nil {
 				if isFatal(err) {
 					return err
@@ -840,9 +869,12 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 				if err := e.wait(ctx, lost, nil, e.cfg.RetryBackoff); err != nil {
 					return err
 				}
+			} else {
+				redelivered = batch.Redeliveries
 			}
 			continue
 		}
+		redelivered, stuck = 0, false
 		if batch.Stopped != "" {
 			if !live {
 				return errors.Wrapf(ErrStopped, "%s/%d: %s", sub.Name, sub.Partition, batch.Stopped)
