@@ -68,14 +68,6 @@ SELECT instance_id, host, pid, started_at, last_heartbeat,
   FROM {{.Schema}}.instances
  ORDER BY instance_id;
 
--- name: LockCheckpoint
--- The checkpoint `annals checkpoint set` is about to overwrite, locked until
--- its transaction ends so that the old value it prints is the one replaced.
-SELECT position, epoch
-  FROM {{.Schema}}.checkpoints
- WHERE subscriber_id = $1 AND partition = $2
-   FOR UPDATE;
-
 -- name: SubscriberLayout
 -- The partition count recorded for a subscriber (no row: none recorded).
 SELECT partitions FROM {{.Schema}}.subscriber_layouts WHERE subscriber_id = $1;
