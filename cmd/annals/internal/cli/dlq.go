@@ -449,23 +449,27 @@ func writeDeadLettersTable(w io.Writer, page deadletter.Page, f deadletter.Filte
 		}
 		return err
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSUBSCRIBER\tPARTITION\tSTREAM\tPOSITION\tTYPE\tREASON\tSTATUS\tATTEMPTS\tCREATED\tERROR")
+	var tbl textTable
+	tbl.add("ID", "SUBSCRIBER", "PARTITION", "STREAM", "POSITION", "TYPE", "REASON", "STATUS", "ATTEMPTS", "CREATED", "ERROR")
 	for _, d := range page.DeadLetters {
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, d.Subscriber, d.Partition, d.StreamID,
-			d.GlobalSequence, d.EventType, d.Reason, d.Status, d.Attempts, d.CreatedAt.UTC().Format(timeLayout), summary(d.Error))
+		tbl.add(strconv.FormatInt(d.ID, 10), textCell(d.Subscriber), strconv.Itoa(d.Partition), textCell(d.StreamID),
+			strconv.FormatInt(d.GlobalSequence, 10), textCell(d.EventType), string(d.Reason), string(d.Status),
+			strconv.Itoa(d.Attempts), d.CreatedAt.UTC().Format(timeLayout), summary(d.Error))
 	}
 	if page.More {
-		fmt.Fprintf(tw, "(more: --offset %d)\n", f.Offset+len(page.DeadLetters))
+		tbl.add(fmt.Sprintf("(more: --offset %d)", f.Offset+len(page.DeadLetters)))
 	}
-	return tw.Flush()
+	return tbl.write(w)
 }
 
-// summary is the first line of an error, shortened for a table cell.
+// summary is the first line of an error, shortened for a table cell: to
+// errorColumnWidth display columns (it counted runes: a CJK message took
+// twice the room), its tabs made spaces (a tab started another cell).
 func summary(s string) string {
 	s, _, cut := strings.Cut(s, "\n")
-	if r := []rune(s); len(r) > errorColumnWidth {
-		return string(r[:errorColumnWidth-1]) + "…"
+	s = textCell(s)
+	if displayWidth(s) > errorColumnWidth {
+		return truncateWidth(s, errorColumnWidth, "…")
 	}
 	if cut {
 		return s + " …"

@@ -225,3 +225,39 @@ func textCell(s string) string {
 		return r
 	}, s)
 }
+
+// textTable lines rows of cells up in columns two spaces apart, by display
+// width (text/tabwriter counts runes, so a CJK value pushed the columns
+// after it out of line). The last cell of a row is not padded. It holds
+// every row until write, as a tabwriter does until Flush.
+type textTable struct {
+	rows [][]string
+}
+
+func (t *textTable) add(cells ...string) { t.rows = append(t.rows, cells) }
+
+// write writes the rows held and forgets them.
+func (t *textTable) write(w io.Writer) error {
+	var widths []int
+	for _, r := range t.rows {
+		for i, c := range r[:len(r)-1] {
+			if i == len(widths) {
+				widths = append(widths, 0)
+			}
+			widths[i] = max(widths[i], displayWidth(c))
+		}
+	}
+	var b strings.Builder
+	for _, r := range t.rows {
+		for i, c := range r {
+			b.WriteString(c)
+			if i < len(r)-1 {
+				b.WriteString(strings.Repeat(" ", widths[i]-displayWidth(c)+2))
+			}
+		}
+		b.WriteByte('\n')
+	}
+	t.rows = nil
+	_, err := io.WriteString(w, b.String())
+	return err
+}

@@ -3,12 +3,10 @@ package cli
 import (
 	"bufio"
 	"encoding/json"
-	"fmt"
 	"io"
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -98,10 +96,10 @@ type JSONLEvent struct {
 type eventWriter struct {
 	format string
 	out    *bufio.Writer
-	// tw aligns the table of a command that ends (read, tail without
+	// table aligns the table of a command that ends (read, tail without
 	// --follow): it holds the rows until the end, so each column is as wide
 	// as its widest value.
-	tw *tabwriter.Writer
+	table *textTable
 	// widths are the column widths of a followed tail's table, which prints
 	// each row as it comes (a tabwriter flushed at each row aligned each
 	// row on its own): eventColumns at first, a column widening for the
@@ -129,16 +127,16 @@ func newEventWriter(w io.Writer, format string, followed bool) *eventWriter {
 	if format == outputText && followed {
 		ew.widths = slices.Clone(eventColumns)
 	} else if format == outputText {
-		ew.tw = tabwriter.NewWriter(ew.out, 0, 4, 2, ' ', 0)
+		ew.table = &textTable{}
 	}
 	return ew
 }
 
 // row writes one row of the text table.
 func (w *eventWriter) row(cells ...string) error {
-	if w.tw != nil {
-		_, err := fmt.Fprintln(w.tw, strings.Join(cells, "\t"))
-		return err
+	if w.table != nil {
+		w.table.add(cells...)
+		return nil
 	}
 	var b strings.Builder
 	for i, c := range cells {
@@ -212,8 +210,8 @@ func (w *eventWriter) finish() error {
 }
 
 func (w *eventWriter) flush() error {
-	if w.tw != nil {
-		if err := w.tw.Flush(); err != nil {
+	if w.table != nil {
+		if err := w.table.write(w.out); err != nil {
 			return err
 		}
 	}

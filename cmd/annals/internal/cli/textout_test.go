@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -192,12 +193,13 @@ func TestTailFollowAligned(t *testing.T) {
 func TestReadTextCutsData(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)
-	for _, data := range []string{
+	for i, data := range []string{
 		`["` + strings.Repeat("é", 90) + `"]`,
 		`{"note": "` + strings.Repeat("日本", 30) + `"}`,
 		`["` + strings.Repeat("é", 60) + `"]`,
 	} {
-		if r := annals(t, db.URL, "append", "s", "note.added", data); r.code != ExitOK {
+		stream := []string{"s", "注文-1", "s-2"}[i] // the columns after a CJK stream ID line up too
+		if r := annals(t, db.URL, "append", stream, "note.added", data); r.code != ExitOK {
 			t.Fatalf("append: %+v", r)
 		}
 	}
@@ -249,5 +251,53 @@ func TestTailOutputJSON(t *testing.T) {
 	}
 	if r := annals(t, db.URL, "tail", "--follow", "--output", "json"); r.code != ExitUsage || !strings.Contains(r.stderr, "--output jsonl") || r.stdout != "" {
 		t.Errorf("tail --follow --output json: %+v", r)
+	}
+}
+
+// TestDlqListTableCells: the dead-letter table cuts an error to 60 display
+// columns (it counted runes, so a CJK message took 120) and makes a tab in
+// a cell a space (a tab started a new cell and pushed the rest of the row
+// out of its columns).
+func TestDlqListTableCells(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ err, want string }{
+		{"", "-"},
+		{"boom", "boom"},
+		{"boom\nstack", "boom …"},
+		{"a\tb", "a b"},
+		{strings.Repeat("x", 61), strings.Repeat("x", 59) + "…"},
+		{strings.Repeat("失敗", 20), strings.Repeat("失敗", 14) + "失…"},
+	} {
+		got := summary(tc.err)
+		if got != tc.want || displayWidth(got) > errorColumnWidth+2 {
+			t.Errorf("summary(%q) = %q (%d columns), want %q", tc.err, got, displayWidth(got), tc.want)
+		}
+	}
+
+	db := annalstest.NewDB(t, nil)
+	dlqAdd(t, db, dlqRow{seq: 1, stream: "order\t1", err: "x"})
+	dlqAdd(t, db, dlqRow{seq: 2, stream: "order-22", typ: "注文.作成", err: "db\tdown"})
+	dlqAdd(t, db, dlqRow{seq: 3, err: strings.Repeat("失敗", 40)})
+	r := annals(t, db.URL, "dlq", "list")
+	if r.code != ExitOK {
+		t.Fatalf("dlq list: %+v", r)
+	}
+	if strings.Contains(r.stdout, "\t") {
+		t.Errorf("a tab in the table:\n%s", r.stdout)
+	}
+	if !regexp.MustCompile(`  order 1 +1 +order\.placed  `).MatchString(r.stdout) { // stream, position, type: each in its column
+		t.Errorf("the stream ID with a tab is not one cell:\n%s", r.stdout)
+	}
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("want the header and 3 rows:\n%s", r.stdout)
+	}
+	// Every column lines up, after the wide type too (text/tabwriter
+	// counted its runes, not its columns).
+	checkAligned(t, lines, 11)
+	for _, l := range lines[1:] {
+		if i := strings.Index(l, "失"); i >= 0 && displayWidth(l[i:]) > errorColumnWidth {
+			t.Errorf("error cell %q wider than %d columns", l[i:], errorColumnWidth)
+		}
 	}
 }
