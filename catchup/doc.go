@@ -55,7 +55,10 @@
 //	                                   other errors: wait RetryBackoff, READ
 //	            fenced / lock lost  -> RELEASE, STANDBY
 //	REDELIVER the processor re-delivers dead letters an operator released, in
-//	          position order                 -> READ
+//	          position order (an entry whose event was scavenged is marked
+//	          skipped instead); batches read ahead are dropped -> READ
+//	            nothing settled and the next read counts as many released
+//	            entries: wait RetryBackoff (and warn once), READ
 //	IDLE      write a buffered checkpoint if due; wait for a signal, PollInterval,
 //	          lock loss or a handover request
 //	            signal or timeout   -> READ

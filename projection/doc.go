@@ -51,7 +51,11 @@
 //     (projections' default) holds back the rest of the stream in order,
 //     SkipEvent (observers' default) moves on, Stop halts the partition.
 //     Operators act with package deadletter or annals dlq; released entries
-//     are re-delivered by the live leader, in order.
+//     are re-delivered by the live leader, in order. An entry whose event
+//     is no longer in the log (a hard delete, truncation or retention, then
+//     a scavenge) cannot be delivered: the leader marks it skipped, keeping
+//     its last error, and logs one WARN; deadletter's Retry and Skip do the
+//     same and list it in Change.Gone.
 //   - Telemetry: a span per batch ("annals.batch"); with Config.HandlerSpans
 //     also one per handler call, linked to the append that produced the
 //     event (with Config.HandlerSpanParent, a child of it); and the metrics
