@@ -57,7 +57,7 @@
 //	REDELIVER the processor re-delivers dead letters an operator released, in
 //	          position order (an entry whose event was scavenged is marked
 //	          skipped instead); batches read ahead are dropped -> READ
-//	            nothing settled and the next read counts as many released
+//	            a nil re-delivery and the next read counts no fewer released
 //	            entries: wait RetryBackoff (and warn once), READ
 //	IDLE      write a buffered checkpoint if due; wait for a signal, PollInterval,
 //	          lock loss or a handover request
