@@ -154,6 +154,7 @@ func (c *Console) dlqEach(w http.ResponseWriter, r *http.Request, p Principal, a
 			}
 			note(ch.Retried, false)
 			note(ch.Skipped, true)
+			total.Gone = append(total.Gone, ch.Gone...)
 			total.Resumed = append(total.Resumed, ch.Resumed...)
 		}
 		// The audit detail lists none as [], never null.
@@ -166,7 +167,8 @@ func (c *Console) dlqEach(w http.ResponseWriter, r *http.Request, p Principal, a
 			}
 		}
 		return c.record(ctx, tx, p, action, idsText(list), map[string]any{
-			"ids": list, "retried": total.Retried, "skipped": total.Skipped, "resumed": len(total.Resumed)})
+			"ids": list, "retried": total.Retried, "skipped": total.Skipped, "gone": orEmpty(total.Gone),
+			"resumed": len(total.Resumed)})
 	})
 	if err != nil {
 		c.actionError(w, r, err)
@@ -174,6 +176,7 @@ func (c *Console) dlqEach(w http.ResponseWriter, r *http.Request, p Principal, a
 	}
 	msg := fmt.Sprintf("%d dead letter(s) marked for re-delivery, %d skipped, %d halted partition(s) resumed.",
 		len(total.Retried), len(total.Skipped), len(total.Resumed))
+	msg += gone(total.Gone)
 	if !total.Changed() {
 		msg = "Nothing to change: the selected dead letters were no longer open."
 	}
@@ -218,13 +221,25 @@ func (c *Console) dlqRetryAll(w http.ResponseWriter, r *http.Request, p Principa
 		if ch, err = c.dlq.RetryAllTx(ctx, tx, sub); err != nil {
 			return err
 		}
-		return c.record(ctx, tx, p, "dlq.retry_all", "subscriber "+sub, map[string]any{"retried": orEmpty(ch.Retried), "resumed": len(ch.Resumed)})
+		return c.record(ctx, tx, p, "dlq.retry_all", "subscriber "+sub, map[string]any{"retried": orEmpty(ch.Retried),
+			"gone": orEmpty(ch.Gone), "resumed": len(ch.Resumed)})
 	})
 	if err != nil {
 		c.actionError(w, r, err)
 		return
 	}
-	c.done(w, r, c.back(r), fmt.Sprintf("%d dead letter(s) of %s marked for re-delivery, %d halted partition(s) resumed.", len(ch.Retried), sub, len(ch.Resumed)))
+	c.done(w, r, c.back(r), fmt.Sprintf("%d dead letter(s) of %s marked for re-delivery, %d halted partition(s) resumed.", len(ch.Retried), sub, len(ch.Resumed))+gone(ch.Gone))
+}
+
+// gone is the sentence a retry adds for the dead letters it skipped
+// because their events are no longer in the log (deadletter.Change.Gone),
+// or "".
+func gone(ids []int64) string {
+	if len(ids) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" Skipped %d whose event no longer exists in the log (removed by a delete, truncation or retention, then a scavenge): %s.",
+		len(ids), strings.TrimPrefix(idsText(ids), "dead_letters "))
 }
 
 func (c *Console) dlqPurge(w http.ResponseWriter, r *http.Request, p Principal) {
