@@ -283,8 +283,10 @@ func (r *Repository[A]) load(ctx context.Context, tx pgx.Tx, id string) (A, erro
 // to the stream since a was loaded (load again and retry, or use Update);
 // eventstore.ErrUnknownEventType for an unregistered event; ErrInvalidID.
 // On error a is unchanged and nothing is written, with one exception: when
-// ctx ends while the append is on its way to the database, the error
-// (matching ctx's error) says the events may have been written. Save a
+// ctx ends (or the connection is lost) while the append is on its way to
+// the database, the error matches eventstore.ErrOutcomeUnknown (and ctx's
+// error, when ctx ended): the events may have been written. (One that
+// matches eventstore.ErrNotWritten was never sent.) Save a
 // again to find out: it expects the same version, so a stored append makes
 // it fail with ErrWrongExpectedVersion instead of writing the events twice.
 // (Update, which loads again and re-runs the command, would apply it
