@@ -357,8 +357,8 @@
 // unless the subscriber has one or has checkpoints from before layouts
 // were recorded that show another count (partitions 0..k all checkpointed:
 // k+1; with gaps: more than k); it replaces a recorded layout only while
-// none of the subscriber's checkpoints ever moved past 0 (nothing was
-// processed), and then bumps every checkpoint's epoch, fencing the old
+// every checkpoint of the subscriber is at 0 (nothing was processed, or
+// every partition was reset) and no rebuild owns one, and then bumps every checkpoint's epoch, fencing the old
 // layout's leaders. Run, CatchUp and TakeOver refuse another layout with a
 // *PartitionLayoutError before they claim anything, and every claim is an
 // INSERT that adds or bumps the checkpoint only while the recorded layout

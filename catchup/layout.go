@@ -91,8 +91,9 @@ func layoutOf(sub *Subscription) (int, string) {
 }
 
 // CheckLayout records sub's partition layout (Partitions, PartitionBy) if
-// its subscriber has none, replaces it if none of the subscriber's
-// checkpoints ever moved past 0 (fencing the leaders of the old one), and
+// its subscriber has none, replaces it while every checkpoint of the
+// subscriber is at 0 and no rebuild owns one (fencing the leaders of the
+// old one), and
 // otherwise refuses another with a *PartitionLayoutError
 // (ErrPartitionLayout). Run, CatchUp and TakeOver call it before they
 // stand by, and every claim of a checkpoint is made only while the

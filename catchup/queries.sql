@@ -212,9 +212,9 @@ SELECT set_config('synchronous_commit', 'off', true)
 -- name: RecordLayout
 -- $1 subscriber, $2 partitions, $3 partition key (canonical: see
 -- layoutOf). Records the subscriber's layout when it has none and its
--- checkpoints allow it, or replaces it when no checkpoint of the
--- subscriber ever moved past 0 (nothing was processed: a first run with a
--- mistaken layout, or every partition reset), bumping every checkpoint's
+-- checkpoints allow it, or replaces it while every checkpoint of the
+-- subscriber is at 0 (nothing was processed: a first run with a mistaken
+-- layout, or every partition reset), bumping every checkpoint's
 -- epoch so that leaders of the old layout are fenced. A subscriber that ran
 -- before layouts were recorded (migration 0022) has a checkpoint for each
 -- partition it claimed: with no gap (0..k) its count was k+1; with gaps (a

@@ -33,8 +33,8 @@ its position, and is leader-elected, so two tails with the same name share one p
 partitions (by stream ID, or by --partition-by category or metadata:FIELD) that every tail
 running it shares fairly: two tails lead N/2 each, and when one stops or dies the other
 takes its partitions over within tens of milliseconds; each key's events are printed in
-order. A subscriber keeps the partition count and key of its first run (another would
-skip or repeat events): tail refuses another with exit code 2. --read-url reads the
+order. A subscriber keeps its partition count and key once it has processed events
+(another would skip or repeat events): tail refuses another with exit code 2. --read-url reads the
 events from a streaming replica (a hot standby) while locks and checkpoints stay on the
 primary; a lagging replica delays what is printed, it
 never skips. --types filters by event-type globs (order.*, *.shipped; '*' is
