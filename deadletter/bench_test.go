@@ -18,8 +18,9 @@ import (
 //
 // The data: 10 subscribers of 990 dead letters each, spread over 4
 // partitions and 500 streams, a tenth of them open, plus a rare subscriber
-// whose 100 dead letters are the oldest (a filter on it walks the whole
-// newest-first index before it fills a page).
+// whose 100 dead letters are the oldest (a walk of the primary key, newest
+// first, would pass over every other before it filled a page). LastPageBefore is the last
+// page by the cursor Before, LastPage by Offset.
 func BenchmarkList(b *testing.B) {
 	db := annalstest.NewDB(b, nil)
 	ctx := b.Context()
@@ -49,15 +50,17 @@ func BenchmarkList(b *testing.B) {
 		args   []any
 	}{
 		{"Newest", deadletter.Filter{},
-			`SELECT * FROM annals.dead_letters ORDER BY created_at DESC, id DESC LIMIT 100`, nil},
+			`SELECT * FROM annals.dead_letters ORDER BY id DESC LIMIT 100`, nil},
 		{"Subscriber", deadletter.Filter{Subscriber: "sub-3"},
-			`SELECT * FROM annals.dead_letters WHERE subscriber_id = $1 ORDER BY created_at DESC, id DESC LIMIT 100`, []any{"sub-3"}},
+			`SELECT * FROM annals.dead_letters WHERE subscriber_id = $1 ORDER BY id DESC LIMIT 100`, []any{"sub-3"}},
 		{"RareSubscriber", deadletter.Filter{Subscriber: "rare"},
-			`SELECT * FROM annals.dead_letters WHERE subscriber_id = $1 ORDER BY created_at DESC, id DESC LIMIT 100`, []any{"rare"}},
+			`SELECT * FROM annals.dead_letters WHERE subscriber_id = $1 ORDER BY id DESC LIMIT 100`, []any{"rare"}},
 		{"OpenOfSubscriber", deadletter.Filter{Subscriber: "sub-3", Status: deadletter.StatusOpen},
-			`SELECT * FROM annals.dead_letters WHERE subscriber_id = $1 AND status = 'open' ORDER BY created_at DESC, id DESC LIMIT 100`, []any{"sub-3"}},
+			`SELECT * FROM annals.dead_letters WHERE subscriber_id = $1 AND status = 'open' ORDER BY id DESC LIMIT 100`, []any{"sub-3"}},
 		{"LastPage", deadletter.Filter{Limit: 100, Offset: 9900},
-			`SELECT * FROM annals.dead_letters ORDER BY created_at DESC, id DESC LIMIT 100 OFFSET 9900`, nil},
+			`SELECT * FROM annals.dead_letters ORDER BY id DESC LIMIT 100 OFFSET 9900`, nil},
+		{"LastPageBefore", deadletter.Filter{Limit: 100, Before: 101},
+			`SELECT * FROM annals.dead_letters WHERE id < 101 ORDER BY id DESC LIMIT 100`, nil},
 	} {
 		b.Run(c.name+"/deadletter", func(b *testing.B) {
 			for b.Loop() {

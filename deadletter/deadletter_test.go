@@ -160,10 +160,11 @@ func TestDeadLetterList(t *testing.T) {
 	ctx := t.Context()
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	at := func(min int) time.Time { return t0.Add(time.Duration(min) * time.Minute) }
-	// Inserted out of creation order; two share a creation time (ID breaks the tie).
+	// Listed by ID, newest first (the order they were created in; two share
+	// a creation time).
 	a := b.add(t, deadletter.DeadLetter{GlobalSequence: 1, CreatedAt: at(0)})
-	c := b.add(t, deadletter.DeadLetter{GlobalSequence: 3, StreamID: "order-2", CreatedAt: at(2), Status: deadletter.StatusResolved})
 	bb := b.add(t, deadletter.DeadLetter{GlobalSequence: 2, EventType: "order.shipped", CreatedAt: at(1), Reason: deadletter.ReasonParked})
+	c := b.add(t, deadletter.DeadLetter{GlobalSequence: 3, StreamID: "order-2", CreatedAt: at(2), Status: deadletter.StatusResolved})
 	d := b.add(t, deadletter.DeadLetter{GlobalSequence: 4, Subscriber: "mailer", CreatedAt: at(2)})
 	e := b.add(t, deadletter.DeadLetter{GlobalSequence: 5, Subscriber: "mailer", StreamID: "order-2", CreatedAt: at(3), Status: deadletter.StatusSkipped})
 
@@ -194,6 +195,15 @@ func TestDeadLetterList(t *testing.T) {
 		{"ExactLastPage", deadletter.Filter{Limit: 3, Offset: 2}, []int64{c, bb, a}, false},
 		{"BeyondTheEnd", deadletter.Filter{Offset: 10}, []int64{}, false},
 		{"FilteredPage", deadletter.Filter{Status: deadletter.StatusOpen, Limit: 1, Offset: 1}, []int64{bb}, true},
+		{"Before", deadletter.Filter{Before: c}, []int64{bb, a}, false},
+		{"BeforePage", deadletter.Filter{Limit: 2, Before: d}, []int64{c, bb}, true},
+		{"BeforeFiltered", deadletter.Filter{Status: deadletter.StatusOpen, Limit: 1, Before: d}, []int64{bb}, true},
+		{"BeforeTheFirst", deadletter.Filter{Before: a}, []int64{}, false},
+		{"BeforeBeyondTheNewest", deadletter.Filter{Before: e + 100}, []int64{e, d, c, bb, a}, false},
+		{"After", deadletter.Filter{After: c}, []int64{e, d}, false},
+		{"AfterPage", deadletter.Filter{Limit: 2, After: a}, []int64{c, bb}, true},
+		{"AfterFiltered", deadletter.Filter{Subscriber: "orders", Limit: 1, After: a}, []int64{bb}, true},
+		{"AfterTheNewest", deadletter.Filter{After: e}, []int64{}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -230,6 +240,7 @@ func TestDeadLetterList(t *testing.T) {
 		t.Parallel()
 		for _, f := range []deadletter.Filter{
 			{Limit: -1}, {Limit: deadletter.MaxLimit + 1}, {Offset: -1}, {Status: "pending"}, {Status: "OPEN"},
+			{Before: -1}, {After: -1}, {Before: 5, After: 1}, {Before: 5, Offset: 1}, {After: 1, Offset: 1},
 		} {
 			if _, err := b.store.List(ctx, f); !errors.Is(err, deadletter.ErrInvalid) {
 				t.Errorf("List(%+v): %v, want ErrInvalid", f, err)

@@ -97,7 +97,9 @@
 // and say so. An unknown ID fails with ErrNotFound and changes nothing; a
 // bad argument fails with ErrInvalid.
 //
-// List pages newest first (creation time, then ID), which is the order of
-// the index dead_letters_newest: the first page is one index scan whatever
-// the filter.
+// List pages newest first, by ID, with a cursor: Filter.Before set to the
+// last ID of a page gives the next one, which repeats no dead letter and
+// passes over none, however many are added or purged between the two
+// (Filter.Offset, kept for compatibility, does both). A page is one
+// backward scan of the primary key from the cursor.
 package deadletter

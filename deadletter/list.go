@@ -2,6 +2,8 @@ package deadletter
 
 import (
 	"context"
+	"math"
+	"slices"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -28,24 +30,39 @@ type Filter struct {
 	Status Status
 	// Limit is the page size, 1 to MaxLimit. Defaults to DefaultLimit (100).
 	Limit int
-	// Offset is how many matching dead letters to pass over first.
-	// Defaults to 0.
+	// Before, when not 0, is the cursor of the next older page: only dead
+	// letters with IDs below it match. Set it to the ID of the last dead
+	// letter of a page to get the page after it: no dead letter is listed
+	// twice or passed over, however many are added or purged meanwhile.
+	Before int64
+	// After, when not 0, is the cursor of the next newer page: only dead
+	// letters with IDs above it match, and the page is the Limit of them
+	// nearest to it (still listed newest first). Set it to the ID of the
+	// first dead letter of a page to get the page before it. At most one of
+	// Before and After.
+	After int64
+	// Offset is how many matching dead letters to pass over first. Defaults
+	// to 0. Prefer Before: dead letters added or purged between two pages
+	// shift an offset, so that the next page repeats dead letters already
+	// listed or passes over some. Not with Before or After.
 	Offset int
 }
 
 // Page is one page of List.
 type Page struct {
-	// DeadLetters are the matching dead letters, newest first (by creation
-	// time, then ID).
+	// DeadLetters are the matching dead letters, newest first (by ID, the
+	// order they were created in).
 	DeadLetters []DeadLetter
-	// More reports whether further dead letters match beyond this page
-	// (ask again with Offset + Limit).
+	// More reports whether further dead letters match beyond this page, in
+	// the direction of the paging: older ones (ask again with Before set to
+	// the ID of the last dead letter), or, for a page of Filter.After, newer
+	// ones (ask again with After set to the ID of the first).
 	More bool
 }
 
 // List returns a page of the dead letters that match f, newest first. It
 // returns a slice rather than an iterator: a page is at most MaxLimit rows,
-// and an operator pages through them with Offset.
+// and an operator pages through them with Before.
 func (s *Store) List(ctx context.Context, f Filter) (Page, error) {
 	if f.Status != "" && !f.Status.Valid() {
 		return Page{}, errors.Wrapf(ErrInvalid, "status %q: want open, retry, resolved or skipped", string(f.Status))
@@ -59,13 +76,32 @@ func (s *Store) List(ctx context.Context, f Filter) (Page, error) {
 	if f.Offset < 0 {
 		return Page{}, errors.Wrapf(ErrInvalid, "offset %d: want 0 or more", f.Offset)
 	}
+	if f.Before < 0 {
+		return Page{}, errors.Wrapf(ErrInvalid, "before %d: want a dead letter ID (1 or more), or 0 for the newest", f.Before)
+	}
+	if f.After < 0 {
+		return Page{}, errors.Wrapf(ErrInvalid, "after %d: want a dead letter ID (1 or more), or 0", f.After)
+	}
+	if f.Before != 0 && f.After != 0 {
+		return Page{}, errors.Wrap(ErrInvalid, "before and after: give one cursor, not both")
+	}
+	if f.Offset != 0 && (f.Before != 0 || f.After != 0) {
+		return Page{}, errors.Wrap(ErrInvalid, "offset with a cursor (before or after): give one or the other")
+	}
 	// One row beyond the page tells whether there is more. QueryExecModeExec
 	// (an unnamed statement) has the query planned for these arguments every
 	// time: a cached generic plan could not drop the filters that are not
 	// set, nor know the limit, and sorts the whole table instead of walking
 	// an index.
-	rows, err := s.pool.Query(ctx, s.q["List"], pgx.QueryExecModeExec,
-		f.Subscriber, f.Stream, f.Type, string(f.Status), f.Limit+1, f.Offset)
+	query, bound := s.q["List"], f.Before
+	if bound == 0 {
+		bound = math.MaxInt64
+	}
+	if f.After != 0 {
+		query, bound = s.q["ListAfter"], f.After
+	}
+	rows, err := s.pool.Query(ctx, query, pgx.QueryExecModeExec,
+		f.Subscriber, f.Stream, f.Type, string(f.Status), f.Limit+1, f.Offset, bound)
 	if err != nil {
 		return Page{}, errors.Wrap(err, "deadletter: list")
 	}
@@ -82,6 +118,9 @@ func (s *Store) List(ctx context.Context, f Filter) (Page, error) {
 	}
 	if len(page.DeadLetters) > f.Limit {
 		page.DeadLetters, page.More = page.DeadLetters[:f.Limit], true
+	}
+	if f.After != 0 {
+		slices.Reverse(page.DeadLetters) // ListAfter reads oldest first
 	}
 	return page, nil
 }

@@ -10,9 +10,13 @@ SELECT id, subscriber_id, partition, event_id, global_sequence, stream_id, event
  WHERE id = $1;
 
 -- name: List
--- Newest first. An empty filter matches everything; $5 limit, $6 offset.
--- The order is that of the index dead_letters_newest, so the first page is
--- an index scan that stops after $5 + $6 matching rows.
+-- Newest first: the page of dead letters with IDs below $7 (the cursor
+-- Before, or the largest bigint). An empty filter matches everything; $5
+-- limit, $6 offset. The ID is unique and follows the order of creation, so
+-- a page that starts below the last ID of the one before repeats none of it
+-- and passes over nothing, whatever was added or purged meanwhile. The
+-- primary key serves the order: a page is one backward index scan from $7
+-- that stops after $5 + $6 matching rows.
 SELECT id, subscriber_id, partition, event_id, global_sequence, stream_id, event_type,
        reason, error, error_detail, attempts, status, first_failed_at, last_failed_at,
        created_at, updated_at
@@ -21,7 +25,23 @@ SELECT id, subscriber_id, partition, event_id, global_sequence, stream_id, event
    AND ($2 = '' OR stream_id = $2)
    AND ($3 = '' OR event_type = $3)
    AND ($4 = '' OR status = $4)
- ORDER BY created_at DESC, id DESC
+   AND id < $7
+ ORDER BY id DESC
+ LIMIT $5 OFFSET $6;
+
+-- name: ListAfter
+-- As List, for the cursor After: the dead letters with IDs above $7 nearest
+-- to it, oldest first (the caller reverses the page).
+SELECT id, subscriber_id, partition, event_id, global_sequence, stream_id, event_type,
+       reason, error, error_detail, attempts, status, first_failed_at, last_failed_at,
+       created_at, updated_at
+  FROM {{.Schema}}.dead_letters
+ WHERE ($1 = '' OR subscriber_id = $1)
+   AND ($2 = '' OR stream_id = $2)
+   AND ($3 = '' OR event_type = $3)
+   AND ($4 = '' OR status = $4)
+   AND id > $7
+ ORDER BY id
  LIMIT $5 OFFSET $6;
 
 -- name: Lock
