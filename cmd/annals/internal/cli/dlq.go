@@ -59,14 +59,24 @@ func (e *env) dlqListCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List dead letters, newest first",
-		Long: `List dead letters, newest first (by creation time, then ID), --limit at a time
-(1 to 1000, default 100) after passing over --offset. The filters match exactly.
---output jsonl writes one JSON object per dead letter (--output json: one array) with the dead_letters table's
-column names as keys (id, subscriber_id, partition, event_id, global_sequence,
-stream_id, event_type, reason, error, error_detail, attempts, status,
+		Long: `List dead letters, newest first (by ID, the order they were created in), --limit at
+a time (1 to 1000, default 100). The filters match exactly.
+
+Page with --before: the next page is the same command with --before the ID of the
+last dead letter listed (the text output ends with it when there are more). It lists
+nothing again and misses nothing still there, however many dead letters are added or
+purged meanwhile. --offset (pass over that many first) still works, but
+shifts when dead letters are added or purged between pages, listing some again or
+passing over others; it does not go with --before.
+
+--output jsonl writes one JSON object per dead letter (--output json: one array) with
+the dead_letters table's column names as keys (id, subscriber_id, partition, event_id,
+global_sequence, stream_id, event_type, reason, error, error_detail, attempts, status,
 first_failed_at, last_failed_at, created_at, updated_at; the failure times are null
-for a parked event).`,
+for a parked event). A script pages the same way: it asks again with --before the id
+of the last object until the array (or the output) is empty.`,
 		Example: `  annals dlq list --subscriber orders-view --status open
+  annals dlq list --subscriber orders-view --status open --before 4711
   annals dlq list --stream order-42 --output jsonl | jq .error`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -78,6 +88,12 @@ for a parked event).`,
 			}
 			if f.Offset < 0 {
 				return usagef("--offset %d: want 0 or more", f.Offset)
+			}
+			if cmd.Flags().Changed("before") && f.Before < 1 {
+				return usagef("--before %d: want a dead letter ID (1 or more)", f.Before)
+			}
+			if f.Before != 0 && f.Offset != 0 {
+				return usagef("--before and --offset: page with --before alone")
 			}
 			for _, name := range []string{"subscriber", "stream", "type"} {
 				if v, _ := cmd.Flags().GetString(name); cmd.Flags().Changed(name) && v == "" {
@@ -102,7 +118,8 @@ for a parked event).`,
 	cmd.Flags().StringVar(&f.Type, "type", "", "only dead letters of this event type")
 	cmd.Flags().StringVar(&status, "status", "", "only dead letters with this status: open, retry, resolved or skipped")
 	cmd.Flags().IntVar(&f.Limit, "limit", deadletter.DefaultLimit, "how many to list, 1 to 1000")
-	cmd.Flags().IntVar(&f.Offset, "offset", 0, "how many matching dead letters to pass over first")
+	cmd.Flags().Int64Var(&f.Before, "before", 0, "only dead letters with IDs below `ID`: the last ID of the page before")
+	cmd.Flags().IntVar(&f.Offset, "offset", 0, "how many matching dead letters to pass over first (shifts when dead letters come or go: prefer --before)")
 	format = addOutputFlag(cmd, true, outputText, outputJSON, outputJSONL)
 	return cmd
 }
@@ -442,7 +459,7 @@ const errorColumnWidth = 60
 func writeDeadLettersTable(w io.Writer, page deadletter.Page, f deadletter.Filter) error {
 	if len(page.DeadLetters) == 0 {
 		var err error
-		if f.Subscriber == "" && f.Stream == "" && f.Type == "" && f.Status == "" && f.Offset == 0 {
+		if f.Subscriber == "" && f.Stream == "" && f.Type == "" && f.Status == "" && f.Offset == 0 && f.Before == 0 {
 			_, err = fmt.Fprintln(w, "No dead letters.")
 		} else {
 			_, err = fmt.Fprintln(w, "No dead letters match.")
@@ -457,7 +474,13 @@ func writeDeadLettersTable(w io.Writer, page deadletter.Page, f deadletter.Filte
 			strconv.Itoa(d.Attempts), d.CreatedAt.UTC().Format(timeLayout), summary(d.Error))
 	}
 	if page.More {
-		tbl.add(fmt.Sprintf("(more: --offset %d)", f.Offset+len(page.DeadLetters)))
+		// The cursor, not --offset + the page: dead letters added or purged
+		// before the next page would shift an offset (it listed some again).
+		hint := fmt.Sprintf("(more: --before %d)", page.DeadLetters[len(page.DeadLetters)-1].ID)
+		if f.Offset != 0 {
+			hint = fmt.Sprintf("(more: --before %d instead of --offset)", page.DeadLetters[len(page.DeadLetters)-1].ID)
+		}
+		tbl.add(hint)
 	}
 	return tbl.write(w)
 }

@@ -186,10 +186,12 @@ func TestDlqList(t *testing.T) {
 		{[]string{"--type", "order.shipped"}, []int64{c}, ""},
 		{[]string{"--status", "open"}, []int64{e, b, a}, ""},
 		{[]string{"--subscriber", "mailer", "--status", "open"}, []int64{e}, ""},
-		{[]string{"--limit", "2"}, []int64{d, e}, "(more: --offset 2)"},
-		{[]string{"--limit", "2", "--offset", "2"}, []int64{c, b}, "(more: --offset 4)"},
+		{[]string{"--limit", "2"}, []int64{d, e}, fmt.Sprintf("(more: --before %d)", e)},
+		{[]string{"--limit", "2", "--before", fmt.Sprint(e)}, []int64{c, b}, fmt.Sprintf("(more: --before %d)", b)},
+		{[]string{"--limit", "2", "--before", fmt.Sprint(b)}, []int64{a}, ""},
+		{[]string{"--status", "open", "--limit", "1", "--before", fmt.Sprint(e)}, []int64{b}, fmt.Sprintf("(more: --before %d)", b)},
+		{[]string{"--limit", "2", "--offset", "2"}, []int64{c, b}, fmt.Sprintf("(more: --before %d instead of --offset)", b)},
 		{[]string{"--limit", "2", "--offset", "4"}, []int64{a}, ""},
-		{[]string{"--status", "open", "--limit", "1", "--offset", "1"}, []int64{b}, "(more: --offset 2)"},
 	} {
 		r := annals(t, db.URL, append([]string{"dlq", "list"}, tc.args...)...)
 		if r.code != 0 || r.stderr != "" {
@@ -214,6 +216,9 @@ func TestDlqList(t *testing.T) {
 	}
 	if r := annals(t, db.URL, "dlq", "list", "--offset", "5"); r.code != 0 || r.stdout != "No dead letters match.\n" {
 		t.Errorf("beyond the end: %+v", r)
+	}
+	if r := annals(t, db.URL, "dlq", "list", "--before", fmt.Sprint(a)); r.code != 0 || r.stdout != "No dead letters match.\n" {
+		t.Errorf("before the first: %+v", r)
 	}
 
 	t.Run("JSONL", func(t *testing.T) {
@@ -527,6 +532,10 @@ func TestDlqBadInput(t *testing.T) {
 		{"dlq", "list", "--limit", "-1"},
 		{"dlq", "list", "--limit", "ten"},
 		{"dlq", "list", "--offset", "-1"},
+		{"dlq", "list", "--before", "0"},
+		{"dlq", "list", "--before", "-1"},
+		{"dlq", "list", "--before", "x"},
+		{"dlq", "list", "--before", "5", "--offset", "1"},
 		{"dlq", "list", "--output", "yaml"},
 		{"dlq", "list", "--subscriber", ""},
 		{"dlq", "list", "extra"},
