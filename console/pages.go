@@ -505,9 +505,14 @@ type deadLettersData struct {
 	Page   deadletter.Page
 	// Query is the page's filter as an encoded query string, for links:
 	// template.URL, so that html/template does not escape its = and & again.
-	Query    template.URL
-	NextOff  int
-	PrevOff  int
+	Query template.URL
+	// Older and Newer are the cursors of the next pages (before= the last
+	// ID of this one, after= its first), 0 for none. A cursor, not an
+	// offset: dead letters added or purged between two pages shifted an
+	// offset, so that "Older" listed some of this page again or passed
+	// over some.
+	Older    int64
+	Newer    int64
 	Statuses []deadletter.Status
 }
 
@@ -518,14 +523,25 @@ func (c *Console) deadLetters(r *http.Request) (*view, error) {
 	if f.Status != "" && !f.Status.Valid() {
 		return nil, badRequest("status=%q: want open, retry, resolved or skipped", f.Status)
 	}
-	if v := q.Get("offset"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return nil, badRequest("offset=%q: want 0 or more", v)
+	for name, dst := range map[string]*int64{"before": &f.Before, "after": &f.After} {
+		if v := q.Get(name); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 1 {
+				return nil, badRequest("%s=%q: want a dead letter ID", name, v)
+			}
+			*dst = n
 		}
-		f.Offset = n
+	}
+	if f.Before != 0 && f.After != 0 {
+		return nil, badRequest("before and after: want one of them")
 	}
 	page, err := c.dlq.List(r.Context(), f)
+	if err == nil && f.After != 0 && !page.More && len(page.DeadLetters) < f.Limit {
+		// Newer ones than this short page there are none: it is the first
+		// page, shown whole.
+		f.After = 0
+		page, err = c.dlq.List(r.Context(), f)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -535,13 +551,18 @@ func (c *Console) deadLetters(r *http.Request) (*view, error) {
 			keep.Set(k, v)
 		}
 	}
-	d := deadLettersData{Filter: f, Page: page, Query: template.URL(keep.Encode()), PrevOff: -1,
+	d := deadLettersData{Filter: f, Page: page, Query: template.URL(keep.Encode()),
 		Statuses: []deadletter.Status{deadletter.StatusOpen, deadletter.StatusRetry, deadletter.StatusResolved, deadletter.StatusSkipped}}
-	if page.More {
-		d.NextOff = f.Offset + f.Limit
-	}
-	if f.Offset > 0 {
-		d.PrevOff = max(0, f.Offset-f.Limit)
+	if n := len(page.DeadLetters); n > 0 {
+		// More is about the direction the page was asked for: older ones
+		// for the first page and a before= page, newer ones for an after=
+		// page. The other way there are some if the page came from there.
+		if (f.After == 0 && page.More) || f.After != 0 {
+			d.Older = page.DeadLetters[n-1].ID
+		}
+		if (f.After != 0 && page.More) || f.Before != 0 {
+			d.Newer = page.DeadLetters[0].ID
+		}
 	}
 	return &view{Tpl: "deadletters", Title: "Dead letters", Nav: "dlq", Data: d}, nil
 }
