@@ -4,7 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"text/tabwriter"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -330,12 +331,16 @@ func utcPtr(t *time.Time) *time.Time {
 	return &u
 }
 
+// writeScheduleTable writes the cron tasks and the timers as two tables,
+// lined up by display width (textTable: text/tabwriter counted runes, so a
+// CJK task name or stream ID pushed the columns after it out of line).
 func writeScheduleTable(w io.Writer, s *ScheduleJSON, now time.Time) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	var b strings.Builder
 	if len(s.Tasks) == 0 {
-		fmt.Fprintln(tw, "No cron tasks.")
+		b.WriteString("No cron tasks.\n")
 	} else {
-		fmt.Fprintln(tw, "TASK\tSPEC\tZONE\tSTREAM\tMISSED\tSTATE\tNEXT TICK\tLAST FIRED")
+		var tbl textTable
+		tbl.add("TASK", "SPEC", "ZONE", "STREAM", "MISSED", "STATE", "NEXT TICK", "LAST FIRED")
 		for _, t := range s.Tasks {
 			state, next := "active", "-"
 			if t.Paused {
@@ -351,18 +356,20 @@ func writeScheduleTable(w io.Writer, s *ScheduleJSON, now time.Time) error {
 			if t.LastTick != nil {
 				last = t.LastTick.Format(timeLayout)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Spec, t.TimeZone, t.StreamID, t.Missed, state, next, last)
+			tbl.add(textCell(t.Name), textCell(t.Spec), textCell(t.TimeZone), textCell(t.StreamID), t.Missed, state, next, last)
 		}
+		_ = tbl.write(&b)
 	}
-	fmt.Fprintln(tw)
+	b.WriteString("\n")
 	tm := s.Timers
 	next := ""
 	if tm.NextDue != nil {
 		next = ", next due " + tm.NextDue.Format(timeLayout)
 	}
-	fmt.Fprintf(tw, "Timers: %s%s, %d failed.\n", countNoun(tm.Pending, "pending timer"), next, tm.Failed)
+	fmt.Fprintf(&b, "Timers: %s%s, %d failed.\n", countNoun(tm.Pending, "pending timer"), next, tm.Failed)
 	if len(tm.List) > 0 {
-		fmt.Fprintln(tw, "TIMER\tSTATE\tDUE\tSTREAM\tOWNER\tEVENTS\tATTEMPTS\tERROR")
+		var tbl textTable
+		tbl.add("TIMER", "STATE", "DUE", "STREAM", "OWNER", "EVENTS", "ATTEMPTS", "ERROR")
 		for _, t := range tm.List {
 			state := "pending"
 			if t.FailedAt != nil {
@@ -370,20 +377,22 @@ func writeScheduleTable(w io.Writer, s *ScheduleJSON, now time.Time) error {
 			}
 			owner, errText := "-", "-"
 			if t.Owner != nil {
-				owner = *t.Owner
+				owner = textCell(*t.Owner)
 			}
 			if t.LastError != nil {
 				errText = summary(*t.LastError)
 			}
-			events := fmt.Sprintf("%d × %s", t.Events, t.EventType)
+			events := fmt.Sprintf("%d × %s", t.Events, textCell(t.EventType))
 			if t.Events == 1 {
-				events = t.EventType
+				events = textCell(t.EventType)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", t.ID, state, t.DueAt.Format(timeLayout), t.StreamID, owner, events, t.Attempts, errText)
+			tbl.add(t.ID, state, t.DueAt.Format(timeLayout), textCell(t.StreamID), owner, events, strconv.Itoa(t.Attempts), errText)
 		}
 		if shown := len(tm.List); shown < tm.Pending+tm.Failed {
-			fmt.Fprintf(tw, "(%d of %d shown: --limit)\n", shown, tm.Pending+tm.Failed)
+			tbl.add(fmt.Sprintf("(%d of %d shown: --limit)", shown, tm.Pending+tm.Failed))
 		}
+		_ = tbl.write(&b)
 	}
-	return tw.Flush()
+	_, err := io.WriteString(w, b.String())
+	return err
 }

@@ -310,20 +310,26 @@ func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, sc
 	return st, err
 }
 
+// writeStatusTable writes the subscribers and the instances as tables lined
+// up by display width (textTable: text/tabwriter counted runes, so a CJK
+// subscriber name pushed the columns after it out of line), each with the
+// lines about it after it.
 func writeStatusTable(w io.Writer, st *StatusJSON) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	var b strings.Builder
 	if len(st.Subscribers) == 0 {
-		fmt.Fprintf(tw, "No subscribers yet: no checkpoints in schema %q (head of the log: %d).\n", st.Schema, st.Head)
+		fmt.Fprintf(&b, "No subscribers yet: no checkpoints in schema %q (head of the log: %d).\n", st.Schema, st.Head)
 	} else {
-		fmt.Fprintln(tw, "SUBSCRIBER\tPARTITION\tPOSITION\tHEAD\tLAG\tLAG TIME\tEPOCH\tLEADER")
+		var tbl textTable
+		tbl.add("SUBSCRIBER", "PARTITION", "POSITION", "HEAD", "LAG", "LAG TIME", "EPOCH", "LEADER")
 		for _, s := range st.Subscribers {
 			lag := strconv.FormatInt(s.LagEvents, 10)
 			if !s.LagEventsExact {
 				lag = "~" + lag
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%d\t%s\n", s.Subscriber, s.Partition, s.Position, s.Head,
-				lag, formatSeconds(s.LagSeconds), s.Epoch, leaderText(s))
+			tbl.add(textCell(s.Subscriber), strconv.Itoa(s.Partition), strconv.FormatInt(s.Position, 10), strconv.FormatInt(s.Head, 10),
+				lag, formatSeconds(s.LagSeconds), strconv.FormatInt(s.Epoch, 10), textCell(leaderText(s)))
 		}
+		_ = tbl.write(&b)
 	}
 	seen := map[string]bool{}
 	for _, s := range st.Subscribers {
@@ -337,7 +343,7 @@ func writeStatusTable(w io.Writer, st *StatusJSON) error {
 			if what == "" {
 				what = g.State
 			}
-			fmt.Fprintf(tw, "%s is generation %d of blue/green read model %s: %s\n", s.Subscriber, g.Generation, g.ReadModel, what)
+			fmt.Fprintf(&b, "%s is generation %d of blue/green read model %s: %s\n", s.Subscriber, g.Generation, g.ReadModel, what)
 		}
 	}
 	for _, s := range st.Subscribers {
@@ -346,31 +352,38 @@ func writeStatusTable(w io.Writer, st *StatusJSON) error {
 			if s.StoppedAt != nil {
 				since = " since " + s.StoppedAt.UTC().Format("2006-01-02 15:04:05Z")
 			}
-			fmt.Fprintf(tw, "STOPPED %s/%d%s: %s (act with 'annals dlq retry' or 'annals dlq skip')\n", s.Subscriber, s.Partition, since, *s.StoppedReason)
+			fmt.Fprintf(&b, "STOPPED %s/%d%s: %s (act with 'annals dlq retry' or 'annals dlq skip')\n", s.Subscriber, s.Partition, since, *s.StoppedReason)
 		}
 	}
 	for _, s := range st.Subscribers {
 		if s.DeadLetters > 0 && !retired(s) {
-			fmt.Fprintf(tw, "%s/%d has %d unresolved dead letter(s): annals dlq list --subscriber %s\n", s.Subscriber, s.Partition, s.DeadLetters, s.Subscriber)
+			fmt.Fprintf(&b, "%s/%d has %d unresolved dead letter(s): annals dlq list --subscriber %s\n", s.Subscriber, s.Partition, s.DeadLetters, s.Subscriber)
 		}
 	}
-	fmt.Fprintln(tw)
+	b.WriteString("\n")
 	if len(st.Instances) == 0 {
-		fmt.Fprintln(tw, "No runner instances registered.")
+		b.WriteString("No runner instances registered.\n")
 	} else {
-		fmt.Fprintln(tw, "INSTANCE\tHOST\tPID\tSTARTED\tLAST HEARTBEAT\tSTATE\tLEADS")
+		var tbl textTable
+		tbl.add("INSTANCE", "HOST", "PID", "STARTED", "LAST HEARTBEAT", "STATE", "LEADS")
 		for _, in := range st.Instances {
 			state := "live"
 			if !in.Live {
 				state = "stale"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s (%s ago)\t%s\t%s\n", in.InstanceID, in.Host, in.PID,
-				in.StartedAt.Format(timeLayout), in.LastHeartbeat.Format(timeLayout),
-				formatSeconds(in.HeartbeatAgeSeconds), state, leadsText(in.Leads))
+			tbl.add(textCell(in.InstanceID), textCell(in.Host), strconv.Itoa(in.PID),
+				in.StartedAt.Format(timeLayout), in.LastHeartbeat.Format(timeLayout)+" ("+formatSeconds(in.HeartbeatAgeSeconds)+" ago)",
+				state, textCell(leadsText(in.Leads)))
 		}
+		_ = tbl.write(&b)
 	}
+	// Slot names are lower-case letters, digits and underscores, its other
+	// cells ASCII: a tabwriter's rune count is their display width.
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
 	writeSlotsTable(tw, st.ReplicationSlots)
-	return tw.Flush()
+	_ = tw.Flush()
+	_, err := io.WriteString(w, b.String())
+	return err
 }
 
 const timeLayout = "2006-01-02 15:04:05Z"
