@@ -333,7 +333,14 @@ func (s *Store) Forget(ctx context.Context, subject string) (ForgetResult, error
 	if subject == "" {
 		return res, invalidf("subject is empty")
 	}
-	if err := s.keys.pool.QueryRow(ctx, s.keys.q.forget, subject).Scan(&res.HadKey, &res.SnapshotsDeleted); err != nil {
+	// forget_subject refuses REPEATABLE READ and SERIALIZABLE (its delete
+	// must see the snapshots committed while it waited for the forget
+	// lock): READ COMMITTED whatever the role's or database's
+	// default_transaction_isolation.
+	err := pgx.BeginTxFunc(ctx, s.keys.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, s.keys.q.forget, subject).Scan(&res.HadKey, &res.SnapshotsDeleted)
+	})
+	if err != nil {
 		return res, errors.Wrapf(translate(err, "", Any), "eventstore: forget %q", subject)
 	}
 	s.keys.put(subject, subjectKey{forgotten: true, at: s.keys.now()})
