@@ -49,8 +49,9 @@ type AppendedEvent struct {
 // ErrEventIDConflict; in every case nothing is written. When ctx ends or
 // the connection fails, the error says which of two things happened:
 //
-//   - ErrNotWritten (and ctx's error): ctx ended before the append was
-//     sent. Nothing was written; append again as you like.
+//   - ErrNotWritten (and ctx's error, when ctx ended): ctx ended before
+//     the append was sent, or no connection could be had for it. Nothing
+//     was written; append again as you like.
 //   - ErrOutcomeUnknown, an *OutcomeUnknownError (matching ctx's error
 //     when ctx ended): the append was on its way when ctx ended, or its
 //     connection or session failed without an answer. It may have been
@@ -93,6 +94,8 @@ func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVe
 			err = outcomeUnknown(&args, err, msg)
 		case ctx.Err() != nil && unsent(err):
 			err = notWritten(err)
+		case unsent(err):
+			err = notSentErr(err)
 		}
 		return res, err
 	}

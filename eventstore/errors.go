@@ -79,7 +79,8 @@ var (
 	// ErrNotWritten is matched (errors.Is, the standard library's or
 	// cockroachdb's) by the error of a Store.Append that was never sent: its
 	// context ended before it was (the error matches the context's error
-	// too). Nothing was written; the append may be made again as it is.
+	// too), or no connection could be had for it. Nothing was written; the
+	// append may be made again as it is.
 	ErrNotWritten = errors.New("append not sent: nothing was written")
 
 	// ErrOutcomeUnknown is matched (errors.Is, the standard library's or
@@ -154,6 +155,13 @@ const (
 // notWritten is the error of an append whose context ended before it was sent.
 func notWritten(ctxErr error) error {
 	return errmark.Mark(errors.WrapWithDepth(1, ctxErr, notSent), ErrNotWritten)
+}
+
+// notSentErr is the error of an append whose statement was never sent, its
+// context still live: err (unsent) says why, a connection that could not be
+// had, say.
+func notSentErr(err error) error {
+	return errmark.Mark(errors.WrapWithDepth(1, err, "eventstore: append not sent; nothing was written"), ErrNotWritten)
 }
 
 // outcomeUnknown returns cause, described by msg, as the OutcomeUnknownError

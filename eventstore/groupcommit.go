@@ -388,10 +388,15 @@ func (c *committer) send(group []*pendingAppend) {
 	if len(group) == 1 && !uniqueViolation(err) {
 		p := group[0]
 		p.res, p.err = AppendResult{}, err
-		if answerLost(err) {
+		switch {
+		case answerLost(err):
 			// Sent, and no answer came: a connection lost mid-statement,
 			// a session terminated. The append may have committed.
 			p.err = unknownErr(p, err)
+		case unsent(err):
+			// Never sent (no connection could be had, say): nothing was
+			// written.
+			p.err = notSentErr(err)
 		}
 		return
 	}
