@@ -16,6 +16,7 @@ import (
 
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/deadletter"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/scheduler"
 )
@@ -133,11 +134,12 @@ func (c *Console) dlqEach(w http.ResponseWriter, r *http.Request, p Principal, a
 	}
 	ctx := r.Context()
 	var total deadletter.Change
-	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err = pgtx.Retrying(ctx, c.pool, func(tx pgx.Tx) error {
 		// A dead letter can change twice in one request (skipping one
 		// releases the stream's next, which the next ID then skips): each
 		// is counted once, by its last change.
-		last := map[int64]bool{} // id → skipped (else retried)
+		total = deadletter.Change{} // an attempt a deadlock aborted counted nothing
+		last := map[int64]bool{}    // id → skipped (else retried)
 		var order []int64
 		note := func(ids []int64, skipped bool) {
 			for _, id := range ids {
@@ -216,7 +218,7 @@ func (c *Console) dlqRetryAll(w http.ResponseWriter, r *http.Request, p Principa
 	}
 	ctx := r.Context()
 	var ch deadletter.Change
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err := pgtx.Retrying(ctx, c.pool, func(tx pgx.Tx) error {
 		var err error
 		if ch, err = c.dlq.RetryAllTx(ctx, tx, sub); err != nil {
 			return err
@@ -255,7 +257,7 @@ func (c *Console) dlqPurge(w http.ResponseWriter, r *http.Request, p Principal) 
 	all := r.PostFormValue("include_unresolved") == "yes"
 	ctx := r.Context()
 	var n int64
-	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err = pgtx.Retrying(ctx, c.pool, func(tx pgx.Tx) error {
 		var now time.Time
 		if err := tx.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
 			return errors.Wrap(err, "read the clock")
@@ -291,7 +293,7 @@ func (c *Console) checkpointSet(w http.ResponseWriter, r *http.Request, p Princi
 	}
 	ctx := r.Context()
 	var m checkpoint.Moved
-	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err = pgtx.Retrying(ctx, c.pool, func(tx pgx.Tx) error {
 		var head int64
 		if err := tx.QueryRow(ctx, c.q["Head"]).Scan(&head, new(time.Time)); err != nil {
 			return errors.Wrap(err, "read the head")
