@@ -6,10 +6,13 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
@@ -131,9 +134,11 @@ func TestScavengeClock(t *testing.T) {
 }
 
 // A scavenge step deletes the snapshots built from the events it removes:
-// at or below the highest version it removed of a stream, and every one
-// of a hard-deleted stream (migration 0027). The operator's EXECUTE on
-// scavenge() is enough: the function deletes them as the schema's owner.
+// at or below the highest version it removed of a stream, those whose state
+// folds the stream from a version at or below it (first_version; from 1
+// for a row older code wrote), and every one of a hard-deleted stream
+// (migration 0027). The operator's EXECUTE on scavenge() is enough: the
+// function deletes them as the schema's owner.
 func TestScavengeSnapshots(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -149,9 +154,28 @@ func TestScavengeSnapshots(t *testing.T) {
 			}
 		}
 	}
+	// snap writes a snapshot as older code did (first and checked versions
+	// NULL: it folds the stream from version 1).
 	snap := func(typ, stream string, version int64) {
+		t.Helper()
 		if _, err := db.Pool.Exec(ctx, `INSERT INTO annals.snapshots (aggregate_type, stream_id, schema_version, stream_version, state)
 			VALUES ($1, $2, 1, $3, '{"secret": "plaintext"}')`, typ, stream, version); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// folds writes one as SaveSnapshot does: it folds the stream from
+	// version first, checked at its version (checked: checked_version is
+	// the stream version; otherwise older code overwrote it, and it folds
+	// from 1 again).
+	folds := func(typ, stream string, version, first int64, checked bool) {
+		t.Helper()
+		cv := version
+		if !checked {
+			cv = first
+		}
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO annals.snapshots (aggregate_type, stream_id, schema_version, stream_version, state,
+				first_version, checked_version)
+			VALUES ($1, $2, 1, $3, '{"secret": "plaintext"}', $4, $5)`, typ, stream, version, first, cv); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -165,9 +189,12 @@ func TestScavengeSnapshots(t *testing.T) {
 	snap("A", "soft", 3)
 	snap("A", "trunc", 2)
 	snap("B", "trunc", 3)
-	snap("C", "trunc", 4)
+	folds("C", "trunc", 4, 3, true)
+	folds("D", "trunc", 4, 1, true)
+	folds("E", "trunc", 4, 3, false)
 	snap("A", "count", 1)
-	snap("B", "count", 3)
+	folds("B", "count", 3, 3, true)
+	folds("C", "count", 4, 1, true)
 	snap("A", "live", 4)
 	if _, err := store.DeleteStream(ctx, "hard", eventstore.Any, &eventstore.DeleteOptions{Hard: true}); err != nil {
 		t.Fatal(err)
@@ -180,6 +207,7 @@ func TestScavengeSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	snap("B", "soft", 6)
+	folds("C", "soft", 6, 6, true)
 	three, two := int64(3), int64(2)
 	if _, err := store.SetStreamRetention(ctx, "trunc", eventstore.RetentionChange{TruncateBefore: &three}); err != nil {
 		t.Fatal(err)
@@ -204,16 +232,23 @@ func TestScavengeSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// hard: every snapshot; soft: up to the deletion (version 5); trunc:
-	// versions 1, 2 removed, so the snapshot at 2; count: versions 1, 2
-	// removed (4 - 2), so the snapshot at 1.
-	if want := []string{"count/B@3", "live/A@4", "soft/B@6", "trunc/B@3", "trunc/C@4"}; !slices.Equal(got, want) {
+	// hard: every snapshot. soft: versions 1 to 5 removed (the deletion
+	// is 5), so the one at 3 and B at 6, which older code wrote (it folds
+	// from 1); C folds 6 alone. trunc: versions 1, 2 removed, so the one at
+	// 2, B (older code), D (folds from 1) and E (first version 3, but
+	// overwritten by older code: from 1); C folds 3 and 4. count: versions
+	// 1, 2 removed (4 - 2), so the one at 1 and C (folds from 1); B folds 3.
+	if want := []string{"count/B@3", "live/A@4", "soft/C@6", "trunc/C@4"}; !slices.Equal(got, want) {
 		t.Fatalf("snapshots after scavenging: %v, want %v", got, want)
 	}
 }
 
-// Migration 0027 deletes the snapshots of events scavenged before it: the
-// ones whose stream version's event is gone.
+// Migration 0026 deletes the snapshots of events scavenged before it: the
+// rows (all written by older code, folding their stream from version 1) of
+// streams that lost their first version or the row's own. Its ALTER TABLE,
+// whose ACCESS EXCLUSIVE lock makes loads wait until the whole upgrade
+// commits, comes after the statements that read the table, and reads
+// nothing itself (the new columns' CHECK is added NOT VALID).
 func TestScavengeSnapshotsUpgrade(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -223,9 +258,9 @@ func TestScavengeSnapshotsUpgrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	i := slices.IndexFunc(all, func(m migrations.Migration) bool { return m.Name == "scavenge_clock_and_snapshots" })
+	i := slices.IndexFunc(all, func(m migrations.Migration) bool { return m.Name == "snapshot_folds" })
 	if i < 0 {
-		t.Fatal("no migration scavenge_clock_and_snapshots")
+		t.Fatal("no migration snapshot_folds")
 	}
 	exec := func(sql string, args ...any) {
 		t.Helper()
@@ -237,7 +272,7 @@ func TestScavengeSnapshotsUpgrade(t *testing.T) {
 	for _, m := range all[:i] {
 		exec(m.SQL)
 	}
-	for _, s := range []string{"gone", "kept", "gone", "kept", "kept"} {
+	for _, s := range []string{"gone", "kept", "gone", "kept", "kept", "whole", "whole"} {
 		exec(`SELECT * FROM upgraded.append_events($1, NULL, '[{"type":"t","data":{}}]')`, s)
 	}
 	exec(`SELECT * FROM upgraded.delete_stream('gone', -1, true, NULL)`)
@@ -245,18 +280,57 @@ func TestScavengeSnapshotsUpgrade(t *testing.T) {
 	for _, v := range []struct {
 		stream  string
 		version int
-	}{{"gone", 2}, {"kept", 2}, {"kept", 3}} {
+	}{{"gone", 2}, {"kept", 2}, {"kept", 3}, {"whole", 2}} {
 		exec(fmt.Sprintf(`INSERT INTO upgraded.snapshots (aggregate_type, stream_id, schema_version, stream_version, state)
 			VALUES ('A%d', $1, 1, $2, '{}')`, v.version), v.stream, v.version)
 	}
 	exec(`SELECT * FROM upgraded.scavenge('x', NULL, 1000)`)
-	exec(all[i].SQL)
+
+	// The migration, in the transaction Up would run it in: what comes
+	// from the ALTER TABLE on scans snapshots no more.
+	sql := all[i].SQL
+	at := strings.Index(sql, "\nALTER TABLE "+pgx.Identifier{schema}.Sanitize()+".snapshots")
+	if at < 0 {
+		t.Fatalf("migration %04d alters no snapshots table", all[i].Version)
+	}
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		scans := func() (n int64) {
+			t.Helper()
+			if err := tx.QueryRow(ctx, `SELECT seq_scan FROM pg_stat_xact_user_tables
+				WHERE schemaname = $1 AND relname = 'snapshots'`, schema).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		if _, err := tx.Exec(ctx, sql[:at]); err != nil {
+			return err
+		}
+		before := scans()
+		if _, err := tx.Exec(ctx, sql[at:]); err != nil {
+			return err
+		}
+		if after := scans(); after != before || before == 0 {
+			t.Errorf("snapshots scanned %d times before the ALTER TABLE and %d after it; want the scans before it only", before, after-before)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var got []string
 	rows, err := db.Pool.Query(ctx, `SELECT stream_id || '@' || stream_version FROM upgraded.snapshots ORDER BY 1`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || !slices.Equal(got, []string{"kept@3"}) {
-		t.Fatalf("snapshots after the upgrade: %v %v, want kept@3 only", got, err)
+	// gone: hard-deleted, every event removed; kept: versions 1 and 2
+	// removed (the row at 3 folds them too).
+	if got, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || !slices.Equal(got, []string{"whole@2"}) {
+		t.Fatalf("snapshots after the upgrade: %v %v, want whole@2 only", got, err)
+	}
+	// The CHECK added NOT VALID holds for new rows.
+	_, err = db.Pool.Exec(ctx, `INSERT INTO upgraded.snapshots (aggregate_type, stream_id, schema_version, stream_version, state, first_version)
+		VALUES ('B', 'whole', 1, 2, '{}', 0)`)
+	if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "23514" {
+		t.Fatalf("a snapshot with first version 0: %v, want a check violation (23514)", err)
 	}
 }

@@ -26,14 +26,57 @@
 --   is taken to fold the stream from version 1. A load uses a snapshot only
 --   when it folds exactly the stream's visible events up to its version.
 --
+-- Snapshots built from events a scavenge run removed before 0027 (whose
+-- steps delete them since) go now: each row whose stream no longer holds
+-- its version 1 or the row's own version (up to the stream's version). A
+-- row older code wrote folds its stream from version 1, and scavenging
+-- removes a stream's oldest versions (all of a hard-deleted stream's): such
+-- a row holds state built from removed events (a hard-deleted stream's
+-- decrypted state, say), and no load can use it. An index on (stream_id,
+-- stream_version) lets a scavenge step find a stream's snapshots (and
+-- forget_subject, which deletes by stream).
+--
 -- forget_subject now refuses to run in a REPEATABLE READ or SERIALIZABLE
 -- transaction (SQLSTATE 25000, invalid_transaction_state). Otherwise it is
 -- 0023's. Writers need no new privilege (they read events_all, streams and
 -- personal_keys already; advisory locks need none).
+--
+-- Upgrading: migrations.Up applies all pending migrations in one
+-- transaction, so each lock taken here is held until the whole upgrade
+-- commits. The statements that read the whole snapshots table (time
+-- proportional to its size) therefore come before the ALTER TABLE:
+--
+-- - the DELETE takes row locks only (a snapshot write of a row it deletes
+--   waits);
+-- - the index build takes a SHARE lock: snapshot writes (Saves with
+--   snapshots configured return late) and forget_subject wait from here to
+--   the end of the upgrade; loads go on;
+-- - the ALTER TABLE takes ACCESS EXCLUSIVE: every load of an aggregate
+--   with snapshots configured waits from here to the end of the upgrade
+--   (the rest of this file, 0027 and any later pending migration). Its
+--   columns are nullable without a default and its CHECK is added NOT
+--   VALID (the existing rows all hold NULL there, which passes it; new
+--   rows are checked), so it changes the catalog only, reading and
+--   rewriting nothing. It first waits for the loads in progress, and new
+--   loads queue behind it meanwhile.
+--
+-- docs/operations.md ("Migrations") has operators upgrade in a quiet
+-- moment, with a lock_timeout.
+
+DELETE FROM {{.Schema}}.snapshots sn
+ WHERE EXISTS (SELECT 1 FROM {{.Schema}}.streams s
+                WHERE s.stream_id = sn.stream_id AND s.version >= sn.stream_version)
+   AND (NOT EXISTS (SELECT 1 FROM {{.Schema}}.events_all e
+                     WHERE e.stream_id = sn.stream_id AND e.stream_version = 1)
+        OR NOT EXISTS (SELECT 1 FROM {{.Schema}}.events_all e
+                        WHERE e.stream_id = sn.stream_id AND e.stream_version = sn.stream_version));
+
+CREATE INDEX snapshots_stream ON {{.Schema}}.snapshots (stream_id, stream_version);
 
 ALTER TABLE {{.Schema}}.snapshots
-    ADD COLUMN first_version   bigint CHECK (first_version > 0),
-    ADD COLUMN checked_version bigint;
+    ADD COLUMN first_version   bigint,
+    ADD COLUMN checked_version bigint,
+    ADD CONSTRAINT snapshots_first_version_check CHECK (first_version > 0) NOT VALID;
 
 COMMENT ON COLUMN {{.Schema}}.snapshots.first_version IS
     'annals: the first stream version the state folds (NULL: unknown, taken as 1).';
