@@ -15,9 +15,11 @@
 // the expired events whose positions lie in the next batch of positions,
 // and records the step (scanned_to, removed, steps) in the same
 // transaction. With the events it removes the snapshots (package
-// aggregate) of their streams at or below the highest version it removed,
-// and every snapshot of a hard-deleted stream: state built from removed
-// events does not outlive them. A run is
+// aggregate) of their streams at or below the highest version it removed
+// or folding from a version it removed, and every snapshot of a
+// hard-deleted stream: state built from removed events does not outlive
+// them. A step holds the forget lock shared (forget_subject holds it
+// exclusively), so a step and a Forget take turns instead of deadlocking. A run is
 // therefore resumable: if the process dies (SIGKILL, a lost connection)
 // the step in flight rolls back, and the next call, from any process,
 // continues the run where its last committed step left it. Events appended
