@@ -1,7 +1,6 @@
 package console_test
 
 import (
-	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -35,16 +34,7 @@ func TestActionsRetryADeadlock(t *testing.T) {
 	}
 	op := f.client(t)
 	tok := op.login("ada")
-	post := func(path string, form url.Values) string {
-		t.Helper()
-		form.Set("csrf", tok)
-		code, body, hdr := op.post(path, form)
-		if code != http.StatusSeeOther {
-			t.Fatalf("POST %s: %d %s", path, code, line(body, `id="error"`))
-		}
-		u, _ := url.Parse(hdr.Get("Location"))
-		return u.Query().Get("done")
-	}
+	post := func(path string, form url.Values) string { t.Helper(); return op.act(tok, path, form) }
 	id := strconv.FormatInt(f.dlID, 10)
 	if msg := post("/dead-letters/retry", url.Values{"id": {id}}); !strings.HasPrefix(msg, "1 dead letter(s) marked for re-delivery, 0 skipped") {
 		t.Errorf("retry: %q", msg)

@@ -212,6 +212,20 @@ func (c *client) post(path string, form url.Values, hdr ...string) (int, string,
 	return c.do(req)
 }
 
+// act posts form (with the CSRF token tok) to the action at path, fails the
+// test unless the action redirected (it succeeded), and returns the
+// message it redirected with.
+func (c *client) act(tok, path string, form url.Values) string {
+	c.t.Helper()
+	form.Set("csrf", tok)
+	code, body, hdr := c.post(path, form)
+	if code != http.StatusSeeOther {
+		c.t.Fatalf("POST %s: %d %s", path, code, line(body, `id="error"`))
+	}
+	u, _ := url.Parse(hdr.Get("Location"))
+	return u.Query().Get("done")
+}
+
 var csrfRe = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
 
 // csrf loads a page and returns the CSRF token of its forms.

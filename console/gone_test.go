@@ -1,7 +1,6 @@
 package console_test
 
 import (
-	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -32,16 +31,7 @@ func TestRetryGoneDeadLetters(t *testing.T) {
 	}
 	op := f.client(t)
 	tok := op.login("ada")
-	post := func(path string, form url.Values) string {
-		t.Helper()
-		form.Set("csrf", tok)
-		code, body, hdr := op.post(path, form)
-		if code != http.StatusSeeOther {
-			t.Fatalf("POST %s: %d %s", path, code, body)
-		}
-		u, _ := url.Parse(hdr.Get("Location"))
-		return u.Query().Get("done")
-	}
+	post := func(path string, form url.Values) string { t.Helper(); return op.act(tok, path, form) }
 
 	one := add()
 	msg := post("/dead-letters/retry", url.Values{"id": {strconv.FormatInt(one, 10)}})
