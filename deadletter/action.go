@@ -77,7 +77,7 @@ func (s *Store) RetryTx(ctx context.Context, tx pgx.Tx, id int64) (Change, error
 	if d.status != StatusOpen {
 		return c, nil
 	}
-	if err = s.release(ctx, tx, &c, "ReleaseStream", d.subscriber, d.partition, d.stream); err != nil {
+	if err = s.release(ctx, tx, &c, d.subscriber, &d.partition, &d.stream); err != nil {
 		return Change{}, errors.Wrapf(err, "deadletter: retry %d", id)
 	}
 	if c.Resumed, err = s.resume(ctx, tx, d.subscriber, &d.partition); err != nil {
@@ -112,7 +112,7 @@ func (s *Store) RetryAllTx(ctx context.Context, tx pgx.Tx, subscriber string) (C
 	if _, err = s.ids(ctx, tx, "LockOpen", subscriber); err != nil {
 		return Change{}, errors.Wrapf(err, "deadletter: retry all of %s", subscriber)
 	}
-	if err = s.release(ctx, tx, &c, "ReleaseSubscriber", subscriber); err != nil {
+	if err = s.release(ctx, tx, &c, subscriber, nil, nil); err != nil {
 		return Change{}, errors.Wrapf(err, "deadletter: retry all of %s", subscriber)
 	}
 	if c.Resumed, err = s.resume(ctx, tx, subscriber, nil); err != nil {
@@ -162,7 +162,7 @@ func (s *Store) SkipTx(ctx context.Context, tx pgx.Tx, id int64) (Change, error)
 		return Change{}, errors.Wrapf(err, "deadletter: skip %d", id)
 	}
 	c.Skipped = []int64{id}
-	if err = s.release(ctx, tx, &c, "ReleaseStream", d.subscriber, d.partition, d.stream); err != nil {
+	if err = s.release(ctx, tx, &c, d.subscriber, &d.partition, &d.stream); err != nil {
 		return Change{}, errors.Wrapf(err, "deadletter: skip %d", id)
 	}
 	if c.Resumed, err = s.resume(ctx, tx, d.subscriber, &d.partition); err != nil {
@@ -240,11 +240,12 @@ func (s *Store) ids(ctx context.Context, tx pgx.Tx, query string, args ...any) (
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
-// release runs ReleaseStream or ReleaseSubscriber and adds what it did to
-// c: the dead letters marked for re-delivery to Retried, those whose events
-// are gone (marked skipped instead) to Gone and Skipped.
-func (s *Store) release(ctx context.Context, tx pgx.Tx, c *Change, query string, args ...any) error {
-	rows, err := tx.Query(ctx, s.q[query], args...)
+// release marks for re-delivery the open dead letters of subscriber's
+// stream in partition (both nil: of all its partitions) and adds what it
+// did to c: the dead letters marked for re-delivery to Retried, those whose
+// events are gone (marked skipped instead) to Gone and Skipped.
+func (s *Store) release(ctx context.Context, tx pgx.Tx, c *Change, subscriber string, partition *int, stream *string) error {
+	rows, err := tx.Query(ctx, s.q["Release"], subscriber, partition, stream)
 	if err != nil {
 		return err
 	}

@@ -73,39 +73,21 @@ UPDATE {{.Schema}}.dead_letters
    SET status = 'skipped', updated_at = clock_timestamp()
  WHERE id = $1;
 
--- name: ReleaseStream
--- Marks for re-delivery every open dead letter of one stream of a subscriber
--- partition; returns their IDs in the order the runner re-delivers them,
--- each with whether its event is gone. An entry whose event is no longer in
--- the log (a hard delete and scavenge, a truncation or retention removed
--- it) cannot be re-delivered: it is skipped instead (gone), with why in
--- front of its last error; projection's SettleGone writes the same for one
+-- name: Release
+-- Marks for re-delivery every open dead letter of subscriber $1, of one
+-- stream $3 of partition $2 (ReleaseStream: Retry and Skip) or, with $2 and
+-- $3 NULL, of every partition (ReleaseSubscriber: RetryAll); returns their
+-- IDs by partition, then in the order the runner re-delivers them, each
+-- with whether its event is gone. An entry whose event is no longer in the
+-- log (a hard delete and scavenge, a truncation or retention removed it)
+-- cannot be re-delivered: it is skipped instead (gone), with why in front
+-- of its last error; projection's SettleGone writes the same for one
 -- released before its event went.
 WITH candidates AS (
     SELECT d.id, NOT EXISTS (SELECT 1 FROM {{.Schema}}.events_all e WHERE e.global_sequence = d.global_sequence) AS gone
       FROM {{.Schema}}.dead_letters d
-     WHERE d.subscriber_id = $1 AND d.partition = $2 AND d.stream_id = $3 AND d.status = 'open'
-), released AS (
-    UPDATE {{.Schema}}.dead_letters d
-       SET status = CASE WHEN c.gone THEN 'skipped' ELSE 'retry' END, updated_at = clock_timestamp(),
-           error = CASE WHEN c.gone
-                        THEN 'not delivered: the event no longer exists in the log (removed by a hard delete and scavenge, '
-                             || 'a truncation or retention), so it was skipped' || E'\nlast error: ' || d.error
-                        ELSE d.error END
-      FROM candidates c
-     WHERE d.id = c.id AND d.status = 'open'
-    RETURNING d.id, d.partition, d.global_sequence, c.gone
-)
-SELECT id, gone FROM released ORDER BY global_sequence, id;
-
--- name: ReleaseSubscriber
--- Marks for re-delivery every open dead letter of a subscriber, in every
--- partition; returns their IDs by partition, then re-delivery order, each
--- with whether its event is gone (skipped instead, as in ReleaseStream).
-WITH candidates AS (
-    SELECT d.id, NOT EXISTS (SELECT 1 FROM {{.Schema}}.events_all e WHERE e.global_sequence = d.global_sequence) AS gone
-      FROM {{.Schema}}.dead_letters d
      WHERE d.subscriber_id = $1 AND d.status = 'open'
+       AND ($2::int IS NULL OR d.partition = $2::int) AND ($3::text IS NULL OR d.stream_id = $3::text)
 ), released AS (
     UPDATE {{.Schema}}.dead_letters d
        SET status = CASE WHEN c.gone THEN 'skipped' ELSE 'retry' END, updated_at = clock_timestamp(),

@@ -83,7 +83,7 @@ SELECT d.id, e.global_sequence IS NULL AS gone, d.global_sequence, d.event_id,
 -- Released dead letters $1 whose events are no longer in the log: they can
 -- never be delivered, so they are skipped (resolved without delivery, as
 -- an operator's skip), with why in front of their last error, which the
--- console and annals dlq show. The same text as deadletter's ReleaseStream
+-- console and annals dlq show. The same text as deadletter's Release
 -- writes when an operator releases such an entry. Returns the entries
 -- settled (one that an operator skipped meanwhile, or whose event is there
 -- after all, is left alone).
