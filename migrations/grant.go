@@ -38,9 +38,11 @@ const (
 	// ticks, and saga states. A projection's own read-model tables are the
 	// application's to grant.
 	Runner RoleKind = "runner"
-	// Operator is a runner that also purges dead letters, deletes cron tasks
-	// and reads every annals table: `annals dlq`, `annals checkpoint set`,
-	// `annals schedule`, `annals status`, `annals verify` and rebuilds.
+	// Operator is a runner that also purges dead letters, deletes cron tasks,
+	// scavenges, archives and reads the machinery's records: `annals dlq`,
+	// `annals checkpoint set`, `annals schedule`, `annals status`, `annals
+	// verify` and rebuilds. It does not read snapshots, which hold
+	// aggregates' state decrypted.
 	Operator RoleKind = "operator"
 )
 

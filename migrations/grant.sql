@@ -56,9 +56,12 @@ GRANT EXECUTE ON FUNCTION {{.Schema}}.append_one(text, bigint, uuid, text, text,
 GRANT EXECUTE ON FUNCTION {{.Schema}}.delete_stream(text, bigint, boolean, jsonb) TO {{.Role}};
 -- eventstore SetStreamRetention (annals stream set): appends "$stream.truncated".
 GRANT EXECUTE ON FUNCTION {{.Schema}}.set_stream_retention(text, interval, bigint, bigint) TO {{.Role}};
--- eventstore personal data: a subject's first append creates its data key;
--- Store.Forget (annals forget) destroys it through forget_subject.
-GRANT INSERT ON {{.Schema}}.personal_keys TO {{.Role}};
+-- eventstore personal data: a subject's first append creates its data key
+-- (CreateKey inserts these two columns only); Store.Forget (annals forget)
+-- destroys it through forget_subject. INSERT on the two columns only:
+-- created_at takes its default and forgotten_at stays NULL, so a writer
+-- cannot plant a (backdated) erasure record forget_subject never wrote.
+GRANT INSERT (subject, wrapped_key) ON {{.Schema}}.personal_keys TO {{.Role}};
 GRANT EXECUTE ON FUNCTION {{.Schema}}.forget_subject(text) TO {{.Role}};
 
 -- name: snapshots
@@ -101,9 +104,9 @@ GRANT EXECUTE ON FUNCTION {{.Schema}}.read_model_swap_views(text, text, text) TO
 -- name: operate
 -- annals dlq purge; annals schedule delete.
 GRANT DELETE ON {{.Schema}}.dead_letters, {{.Schema}}.cron_tasks TO {{.Role}};
--- annals status and annals verify read everything; verify compares the
--- log's head with the position sequence (reading it draws no number).
-GRANT SELECT ON {{.Schema}}.snapshots TO {{.Role}};
+-- annals verify compares the log's head with the position sequence (reading
+-- it draws no number). No SELECT on snapshots: they hold aggregates' state
+-- decrypted, personal fields in clear, and no operator command reads them.
 GRANT SELECT ON SEQUENCE {{.Schema}}.events_global_sequence TO {{.Role}};
 -- annals scavenge (package scavenge): removes expired events, recording each run.
 GRANT EXECUTE ON FUNCTION {{.Schema}}.scavenge(text, timestamptz, int) TO {{.Role}};

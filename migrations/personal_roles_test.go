@@ -18,7 +18,8 @@ type memberJoined struct {
 }
 
 // A writer appends personal data (creating keys) and forgets subjects
-// through forget_subject only: it cannot update or delete keys itself. A
+// through forget_subject only: it cannot update or delete keys itself, nor
+// insert a row with a created_at or forgotten_at of its choosing. A
 // reader reads (forgotten subjects redacted) but can neither create keys
 // nor forget.
 func TestPersonalKeyRoles(t *testing.T) {
@@ -53,6 +54,10 @@ func TestPersonalKeyRoles(t *testing.T) {
 	for _, stmt := range []string{
 		`UPDATE ` + db.Schema + `.personal_keys SET wrapped_key = NULL, forgotten_at = now()`,
 		`DELETE FROM ` + db.Schema + `.personal_keys`,
+		// A tombstone forget_subject never wrote, backdated: INSERT covers
+		// subject and wrapped_key only.
+		`INSERT INTO ` + db.Schema + `.personal_keys (subject, wrapped_key, created_at, forgotten_at) VALUES ('m-9', NULL, '2019-01-01', '2019-01-02')`,
+		`INSERT INTO ` + db.Schema + `.personal_keys (subject, wrapped_key, forgotten_at) VALUES ('m-9', NULL, now())`,
 	} {
 		if _, err := writer.Pool.Exec(ctx, stmt); !errors.As(err, &pgErr) || pgErr.Code != "42501" {
 			t.Fatalf("writer runs %s: %v, want permission denied", stmt, err)

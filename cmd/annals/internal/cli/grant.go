@@ -26,8 +26,9 @@ func (e *env) grantCommand() *cobra.Command {
             instances, failures, dead letters, timers, cron tasks, saga states; appends
             through the functions
   operator  a runner that also purges dead letters and deletes cron tasks, records its
-            actions in the audit log and reads every annals table: dlq, checkpoint set,
-            schedule, status, verify, rebuilds
+            actions in the audit log, scavenges and archives: dlq, checkpoint set,
+            schedule, status, verify, scavenge, archive, rebuilds; not snapshots (they
+            hold aggregates' state decrypted)
 No role gets INSERT, UPDATE, DELETE or TRUNCATE on events or streams. Run it as the
 schema's owner (the role that ran 'annals migrate'); the role must exist (CREATE ROLE).
 --print writes the SQL instead of running it. --output json writes what was granted as

@@ -120,7 +120,9 @@ func TestGrantCommand(t *testing.T) {
 
 // rolePrivileges is every privilege role has in schema, beyond what a role
 // granted nothing has (PUBLIC's): "schema USAGE", "table events SELECT",
-// "sequence failures_id_seq USAGE", "function append_one(text, ...) EXECUTE".
+// "sequence failures_id_seq USAGE", "function append_one(text, ...) EXECUTE",
+// and "column personal_keys(subject) INSERT" for a privilege on a column the
+// role lacks on the whole table.
 func rolePrivileges(t *testing.T, db *annalstest.DB, role, none string) map[string]bool {
 	t.Helper()
 	const q = `
@@ -131,6 +133,13 @@ func rolePrivileges(t *testing.T, db *annalstest.DB, role, none string) map[stri
 		  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,
 		       unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES', 'TRIGGER']) p
 		 WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f') AND has_table_privilege($2, c.oid, p)
+		UNION ALL
+		SELECT 'column ' || c.relname || '(' || a.attname || ') ' || p
+		  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		       JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped,
+		       unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'REFERENCES']) p
+		 WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+		   AND has_column_privilege($2, c.oid, a.attnum, p) AND NOT has_table_privilege($2, c.oid, p)
 		UNION ALL
 		SELECT 'sequence ' || c.relname || ' ' || p
 		  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,
@@ -190,7 +199,9 @@ func documentedPrivileges() map[string][]string {
 		"delete_stream(text, bigint, boolean, jsonb)",
 		"set_stream_retention(text, interval, bigint, bigint)",
 		"forget_subject(text)"),
-		on("table", []string{"INSERT"}, "personal_keys"))
+		// Not the whole table: created_at takes its default, forgotten_at
+		// stays NULL (no forged erasure records).
+		on("column", []string{"INSERT"}, "personal_keys(subject)", "personal_keys(wrapped_key)"))
 	reader := slices.Concat(read, observe)
 	writer := slices.Concat(read, appendRights, on("table", siu, "snapshots"))
 	runner := slices.Concat(reader, appendRights,
@@ -201,7 +212,7 @@ func documentedPrivileges() map[string][]string {
 		exec("read_model_create_schema(text, integer)", "read_model_drop_schema(text, integer)", "read_model_swap_views(text, text, text)"))
 	operator := slices.Concat(runner,
 		on("table", []string{"DELETE"}, "dead_letters", "cron_tasks"),
-		on("table", sel, "snapshots", "scavenge_runs", "archive_runs"),
+		on("table", sel, "scavenge_runs", "archive_runs"), // not snapshots: decrypted state
 		on("sequence", sel, "events_global_sequence"),
 		on("table", []string{"SELECT", "INSERT"}, "audit_log"),
 		on("sequence", []string{"USAGE"}, "audit_log_id_seq"),
