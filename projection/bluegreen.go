@@ -609,6 +609,14 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, p
 // the new generation behind (writers faster than the replay, or readers
 // holding the views past CutoverLockTimeout): the new generation stays
 // building, and a runner of this version (or the next call) continues it.
+// Like Rebuild, it holds the projection's rebuild lock (RebuildLockKey) for
+// its whole run and fails at once with ErrRebuildRunning while another
+// rebuild of the projection runs. A generation of the registered version
+// (live or building) that was built with another partition layout than
+// Options.Partitions and PartitionBy refuses it with a
+// *catchup.PartitionLayoutError (catchup.ErrPartitionLayout), as it refuses
+// Run: a blue/green read model changes its layout with a new
+// BlueGreen.Version, and opts.NewLayout is refused.
 //
 // While the new generation has unresolved dead letters (its handlers
 // failed on events; see ErrCutoverDeadLetters) it does not cut over: it
@@ -616,7 +624,7 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, p
 // what is released meanwhile, until an operator retries (annals dlq retry)
 // or skips (annals dlq skip) them on its subscriber <name>#g<N>, or ctx
 // ends. A partition halted by the Stop policy waits the same way.
-func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *RebuildOptions) (Cutover, error) {
+func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *RebuildOptions) (_ Cutover, err error) {
 	var o RebuildOptions
 	if opts != nil {
 		o = *opts
@@ -637,9 +645,45 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	if reg.bg == nil {
 		return Cutover{}, errors.Wrapf(ErrNotBlueGreen, "%q", name)
 	}
+	if o.NewLayout {
+		return Cutover{}, errors.Newf("projection: rebuild %q: RebuildOptions.NewLayout does not apply: blue/green projections "+
+			"change layout by raising BlueGreen.Version (to change Partitions or PartitionBy, register a new version: "+
+			"its generation is built with the new layout beside the live one and cut over)", name)
+	}
 	bg := reg.bg
 	g, err := newGenerations(r.cfg.Schema)
 	if err != nil {
+		return Cutover{}, err
+	}
+	engine, err := catchup.NewEngine(r.pool, nil, &catchup.Config{
+		Schema: r.cfg.Schema, Owner: RebuildOwnerPrefix + r.cfg.InstanceID, RetryBackoff: r.cfg.RetryBackoff,
+		ShutdownTimeout: r.cfg.ShutdownTimeout, Lock: r.cfg.Lock, Logger: r.cfg.Logger,
+	})
+	if err != nil {
+		return Cutover{}, err
+	}
+	rb := &rebuild{r: r, reg: reg, opts: o, engine: engine, log: r.cfg.Logger.With(slog.String("projection", name)),
+		progress: RebuildProgress{Projection: name}}
+	if rb.cps, err = checkpoint.New(r.cfg.Schema); err != nil {
+		return Cutover{}, err
+	}
+	if rb.q, err = sqltmpl.Named("rebuild.sql", rebuildSQL, sqltmpl.NewData(r.cfg.Schema)); err != nil {
+		return Cutover{}, err
+	}
+	// Two builds of the projection (whatever their generations) would fence
+	// each other's partitions halfway: the projection's rebuild lock, as
+	// Rebuild takes it, lets one run and fails the other at once.
+	ctx, stop, err := rb.lock(ctx)
+	if err != nil {
+		return Cutover{}, err
+	}
+	defer stop()
+	defer func() { err = lockLost(ctx, err) }()
+	// A generation of this version keeps the layout it was built with (Run
+	// refuses another the same way): building one of the same version with
+	// another layout would cut over to a generation that the instances of
+	// this version still running the old layout are refused by.
+	if err := r.checkGenerationLayouts(ctx, engine, g, reg); err != nil {
 		return Cutover{}, err
 	}
 	// The generation to build: one building for this version, or a new one.
@@ -666,21 +710,8 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	if err != nil {
 		return Cutover{}, err
 	}
-	log := r.cfg.Logger.With(slog.String("projection", name), slog.Int("generation", gen.Generation))
-	engine, err := catchup.NewEngine(r.pool, nil, &catchup.Config{
-		Schema: r.cfg.Schema, Owner: RebuildOwnerPrefix + r.cfg.InstanceID, RetryBackoff: r.cfg.RetryBackoff,
-		ShutdownTimeout: r.cfg.ShutdownTimeout, Lock: r.cfg.Lock, Logger: r.cfg.Logger,
-	})
-	if err != nil {
-		return Cutover{}, err
-	}
-	rb := &rebuild{r: r, reg: reg, opts: o, engine: engine, log: log, progress: RebuildProgress{Projection: name}}
-	if rb.cps, err = checkpoint.New(r.cfg.Schema); err != nil {
-		return Cutover{}, err
-	}
-	if rb.q, err = sqltmpl.Named("rebuild.sql", rebuildSQL, sqltmpl.NewData(r.cfg.Schema)); err != nil {
-		return Cutover{}, err
-	}
+	log := rb.log.With(slog.Int("generation", gen.Generation))
+	rb.log = log
 	subs := r.generationSubs(reg, g, gen, func(p catchup.Processor) catchup.Processor {
 		return &countingProcessor{Processor: p, done: rb.advance}
 	})
@@ -688,6 +719,9 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 		s.BatchSize = o.BatchSize
 	}
 	rb.subs = subs
+	if err := rb.refuseConcurrent(ctx); err != nil {
+		return Cutover{}, err
+	}
 	leases, err := rb.takeOver(ctx)
 	defer func() {
 		for _, l := range leases {

@@ -351,33 +351,85 @@ func (r *Runner) checkBlueGreenLayouts(ctx context.Context, engine *catchup.Engi
 				return err
 			}
 		}
-		gens, err := g.list(ctx, r.pool, reg.name)
-		if err != nil {
+		if err := r.checkGenerationLayouts(ctx, engine, g, reg); err != nil {
 			return err
 		}
-		for _, gen := range gens {
-			if gen.Version != reg.bg.cfg.Version || (gen.State != GenerationBuilding && gen.State != GenerationLive) {
-				continue
-			}
-			for _, sc := range r.generationSubs(reg, g, gen, nil) {
-				if err := engine.CheckLayout(ctx, sc); err != nil {
-					return layoutAdvice(err, reg, gen)
-				}
+	}
+	return nil
+}
+
+// checkGenerationLayouts is checkBlueGreenLayouts for one blue/green
+// registration.
+func (r *Runner) checkGenerationLayouts(ctx context.Context, engine *catchup.Engine, g *generations, reg *registration) error {
+	gens, err := g.list(ctx, r.pool, reg.name)
+	if err != nil {
+		return err
+	}
+	for _, gen := range gens {
+		if gen.Version != reg.bg.cfg.Version || (gen.State != GenerationBuilding && gen.State != GenerationLive) {
+			continue
+		}
+		for _, sc := range r.generationSubs(reg, g, gen, nil) {
+			if err := engine.CheckLayout(ctx, sc); err != nil {
+				return layoutAdvice(err, reg, gen)
 			}
 		}
 	}
 	return nil
 }
 
-// layoutAdvice adds to a generation's catchup.ErrPartitionLayout how a
-// blue/green read model changes its layout; other errors pass unchanged.
+// layoutAdvice replaces a generation's catchup.ErrPartitionLayout by one
+// that says how a blue/green read model changes its layout (a new
+// BlueGreen.Version; not a rebuild's NewLayout, which the catch-up error
+// suggests), still matching it (errors.Is, errors.As); other errors pass
+// unchanged.
 func layoutAdvice(err error, reg *registration, gen Generation) error {
 	if !errors.Is(err, catchup.ErrPartitionLayout) {
 		return err
 	}
-	return errors.Wrapf(err, "projection: %q: generation %d of the blue/green read model (version %d) keeps the partition "+
-		"layout it was built with; to change Partitions or PartitionBy, raise BlueGreen.Version (to %d): a new generation "+
-		"is built with the new layout beside the live one and cut over", reg.name, gen.Generation, gen.Version, gen.Version+1)
+	remedy := fmt.Sprintf("a generation keeps the partition layout it was built with: to change Partitions or PartitionBy, "+
+		"raise BlueGreen.Version (to %d): a new generation is built with the new layout beside the live one and cut over; "+
+		"until then, run this version with the layout it was built with", gen.Version+1)
+	var le *catchup.PartitionLayoutError
+	if !errors.As(err, &le) {
+		return errors.Wrapf(err, "projection: %q: generation %d of the blue/green read model (version %d): %s",
+			reg.name, gen.Generation, gen.Version, remedy)
+	}
+	var was string
+	switch {
+	case le.RecordedPartitions > 0:
+		was = "was built with " + layoutText(le.RecordedPartitions, le.RecordedPartitionBy)
+	case le.Checkpoints == le.HighestPartition+1:
+		was = fmt.Sprintf("has checkpoints for partitions 0-%d, so it was built with %s", le.HighestPartition,
+			layoutText(le.HighestPartition+1, ""))
+	default:
+		was = fmt.Sprintf("has a checkpoint for partition %d, so it was built with more than %s", le.HighestPartition,
+			layoutText(le.Partitions, ""))
+	}
+	return &blueGreenLayoutError{err: err, msg: fmt.Sprintf("projection: %q: generation %d of the blue/green read model "+
+		"(version %d, subscriber %q) %s; asked for %s now; %s", reg.name, gen.Generation, gen.Version, le.Subscriber, was,
+		layoutText(le.Partitions, le.PartitionBy), remedy)}
+}
+
+// blueGreenLayoutError is a generation's catchup.ErrPartitionLayout with
+// the blue/green advice in place of the catch-up error's message.
+type blueGreenLayoutError struct {
+	err error // matches catchup.ErrPartitionLayout
+	msg string
+}
+
+func (e *blueGreenLayoutError) Error() string { return e.msg }
+func (e *blueGreenLayoutError) Unwrap() error { return e.err }
+
+// layoutText describes a partition layout as catchup's errors do.
+func layoutText(partitions int, by string) string {
+	switch {
+	case partitions <= 1:
+		return "1 partition"
+	case by == "" || by == catchup.PartitionByStream:
+		return fmt.Sprintf("%d partitions", partitions)
+	}
+	return fmt.Sprintf("%d partitions by %s", partitions, by)
 }
 
 // hasBlueGreen reports whether a blue/green projection is registered.

@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	_ "embed"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -323,12 +324,7 @@ func (rb *rebuild) run(ctx context.Context) (err error) {
 		return err
 	}
 	defer stop()
-	defer func() {
-		// A lost rebuild lock ends ctx: say so rather than "context canceled".
-		if cause := context.Cause(ctx); err != nil && cause != nil && cause != ctx.Err() {
-			err = errors.CombineErrors(err, cause)
-		}
-	}()
+	defer func() { err = lockLost(ctx, err) }()
 	if err := rb.refuseConcurrent(ctx); err != nil {
 		return err
 	}
@@ -414,6 +410,19 @@ func (rb *rebuild) lock(ctx context.Context) (context.Context, func(), error) {
 		_ = lock.Release(rctx)
 	}
 	return lctx, stop, nil
+}
+
+// lockLost returns err, or, when the rebuild lock was lost (which ended
+// ctx, the context lock returned), an error that says so first, followed
+// by where the rebuild stopped (err, which mostly reports the cancellation
+// that the lost lock caused): "context canceled" alone does not say why.
+// It matches (errors.Is, errors.As) both the lost lock's cause and err.
+func lockLost(ctx context.Context, err error) error {
+	cause := context.Cause(ctx)
+	if err == nil || cause == nil || cause == ctx.Err() {
+		return err
+	}
+	return fmt.Errorf("%w; the rebuild stopped: %w", cause, err)
 }
 
 // refuseConcurrent fails with ErrRebuildRunning while another rebuild leads
