@@ -84,6 +84,19 @@ func (c *commands) generationsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if len(gens) == 0 {
+				// A name that has none: not registered (a mistyped name), or
+				// not blue/green, is a usage error like status's and
+				// rebuild's; a registered blue/green projection not yet run
+				// has an empty list.
+				subs, err := c.selected(args[0])
+				if err != nil {
+					return err
+				}
+				if !subs[0].BlueGreen {
+					return usage(errors.Wrapf(projection.ErrNotBlueGreen, "%q", args[0]))
+				}
+			}
 			out := cmd.OutOrStdout()
 			switch output {
 			case "json":

@@ -3,7 +3,9 @@ package projectioncmd
 import (
 	"context"
 	_ "embed"
+	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -238,29 +240,84 @@ func kind(s projection.SubscriberInfo) string {
 	}
 }
 
+// listEntry is one line of list, as --output json gives it.
+type listEntry struct {
+	Name       string `json:"name"`
+	Kind       string `json:"kind"`
+	Partitions int    `json:"partitions"`
+	// Checkpoint is the lowest checkpoint of the partitions and Lag the
+	// head minus it; null before every partition's first run.
+	Checkpoint *int64   `json:"checkpoint"`
+	Head       int64    `json:"head"`
+	Lag        *int64   `json:"lag"`
+	Leaders    []string `json:"leaders"`
+}
+
+// statusEntry is one partition of status, as --output json gives it.
+type statusEntry struct {
+	Name      string `json:"name"`
+	Kind      string `json:"kind"`
+	Partition int    `json:"partition"`
+	// Checkpoint, Lag and Epoch are null for a partition without a
+	// checkpoint (before its first run).
+	Checkpoint *int64 `json:"checkpoint"`
+	Lag        *int64 `json:"lag"`
+	Epoch      *int64 `json:"epoch"`
+	// Leader is the checkpoint's owner while a session holds the lock,
+	// "none" otherwise; LockPID the backend holding it (null: none).
+	Leader      string `json:"leader"`
+	LockPID     *int32 `json:"lock_pid"`
+	DeadLetters int64  `json:"dead_letters"`
+	Stopped     string `json:"stopped"`
+}
+
+// statusOutput is status as --output json gives it.
+type statusOutput struct {
+	Head       int64         `json:"head"`
+	Partitions []statusEntry `json:"partitions"`
+}
+
+// checkOutput refuses an --output other than text or json.
+func checkOutput(output string) error {
+	if output != "text" && output != "json" {
+		return usage(errors.Newf("--output %q: want text or json", output))
+	}
+	return nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
 func (c *commands) listCommand() *cobra.Command {
-	return &cobra.Command{
+	var output string
+	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List the registered projections and observers with checkpoint, head, lag and leader",
 		Long: `List the registered projections and observers, one line each: kind, partitions, the
 lowest checkpoint of its partitions ("-" before its first run), the head of the log, the
-lag (head minus the lowest checkpoint) and the leaders of its partitions.`,
+lag (head minus the lowest checkpoint) and the leaders of its partitions. With --output
+json: an array of objects (checkpoint and lag null before the first run).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
 			subs, err := c.generations(cmd.Context(), c.runner.Registered())
 			if err != nil {
 				return err
 			}
-			states, _, err := c.load(cmd.Context(), subs)
+			states, head, err := c.load(cmd.Context(), subs)
 			if err != nil {
 				return err
 			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tKIND\tPARTITIONS\tCHECKPOINT\tHEAD\tLAG\tLEADER")
+			entries := make([]listEntry, 0, len(subs))
 			for i, s := range subs {
 				parts := states[i]
 				low, started := int64(0), true
-				var leaders []string
+				leaders := []string{}
 				seen := map[string]bool{}
 				for j, p := range parts {
 					if !p.exists {
@@ -274,31 +331,50 @@ lag (head minus the lowest checkpoint) and the leaders of its partitions.`,
 						leaders = append(leaders, l)
 					}
 				}
-				cp, lag := "-", "-"
-				head := int64(0)
-				if len(parts) > 0 {
-					head = parts[0].head
-				}
+				e := listEntry{Name: s.Name, Kind: kind(s), Partitions: s.Partitions, Head: head, Leaders: leaders}
 				if started {
-					cp, lag = fmt.Sprint(low), fmt.Sprint(max(head-low, 0))
+					lag := max(head-low, 0)
+					e.Checkpoint, e.Lag = &low, &lag
 				}
-				leader := strings.Join(leaders, ",")
+				entries = append(entries, e)
+			}
+			if output == "json" {
+				return writeJSON(cmd.OutOrStdout(), entries)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tKIND\tPARTITIONS\tCHECKPOINT\tHEAD\tLAG\tLEADER")
+			for _, e := range entries {
+				cp, lag := "-", "-"
+				if e.Checkpoint != nil {
+					cp, lag = fmt.Sprint(*e.Checkpoint), fmt.Sprint(*e.Lag)
+				}
+				leader := strings.Join(e.Leaders, ",")
 				if leader == "" {
 					leader = "none"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", s.Name, kind(s), s.Partitions, cp, head, lag, leader)
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", e.Name, e.Kind, e.Partitions, cp, e.Head, lag, leader)
 			}
 			return tw.Flush()
 		},
 	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	return cmd
 }
 
 func (c *commands) statusCommand() *cobra.Command {
-	return &cobra.Command{
+	var output string
+	cmd := &cobra.Command{
 		Use:   "status [NAME]",
 		Short: "Show every partition of the projections (or of NAME): checkpoint, lag, epoch, leader, stops, dead letters",
-		Args:  cobra.MaximumNArgs(1),
+		Long: `Show every partition of the registered projections and observers (or of NAME): checkpoint,
+lag, epoch, leader, the backend holding its lock, dead letters and why it is stopped.
+With --output json: an object with the head of the log and an array of partitions
+(checkpoint, lag and epoch null before the first run, lock_pid null without a leader).`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
 			name := ""
 			if len(args) == 1 {
 				name = args[0]
@@ -314,30 +390,49 @@ func (c *commands) statusCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			res := statusOutput{Head: head, Partitions: []statusEntry{}}
+			for i, s := range subs {
+				for _, p := range states[i] {
+					e := statusEntry{Name: s.Name, Kind: kind(s), Partition: p.partition, Leader: p.leader(),
+						DeadLetters: p.deadLetters, Stopped: p.stopped}
+					if p.exists {
+						pos, lag, epoch := p.position, p.lag(), p.epoch
+						e.Checkpoint, e.Lag, e.Epoch = &pos, &lag, &epoch
+					}
+					if p.lockHeld {
+						pid := p.lockPID
+						e.LockPID = &pid
+					}
+					res.Partitions = append(res.Partitions, e)
+				}
+			}
 			out := cmd.OutOrStdout()
+			if output == "json" {
+				return writeJSON(out, res)
+			}
 			fmt.Fprintf(out, "head of the log: %d\n", head)
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tKIND\tPARTITION\tCHECKPOINT\tLAG\tEPOCH\tLEADER\tLOCK PID\tDEAD LETTERS\tSTOPPED")
-			for i, s := range subs {
-				for _, p := range states[i] {
-					cp, lag, epoch := "-", "-", "-"
-					if p.exists {
-						cp, lag, epoch = fmt.Sprint(p.position), fmt.Sprint(p.lag()), fmt.Sprint(p.epoch)
-					}
-					pid, stopped := "-", "-"
-					if p.lockHeld {
-						pid = fmt.Sprint(p.lockPID)
-					}
-					if p.stopped != "" {
-						stopped = oneLine(p.stopped, 60)
-					}
-					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", s.Name, kind(s), p.partition, cp, lag, epoch,
-						p.leader(), pid, p.deadLetters, stopped)
+			for _, e := range res.Partitions {
+				cp, lag, epoch := "-", "-", "-"
+				if e.Checkpoint != nil {
+					cp, lag, epoch = fmt.Sprint(*e.Checkpoint), fmt.Sprint(*e.Lag), fmt.Sprint(*e.Epoch)
 				}
+				pid, stopped := "-", "-"
+				if e.LockPID != nil {
+					pid = fmt.Sprint(*e.LockPID)
+				}
+				if e.Stopped != "" {
+					stopped = oneLine(e.Stopped, 60)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", e.Name, e.Kind, e.Partition, cp, lag, epoch,
+					e.Leader, pid, e.DeadLetters, stopped)
 			}
 			return tw.Flush()
 		},
 	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	return cmd
 }
 
 // oneLine shortens s to one line of at most n runes.

@@ -63,6 +63,9 @@ BlueGreen.Version instead.`,
 				return usage(errors.Wrapf(projection.ErrObserver, "%q is an observer (its side effects cannot be undone)", name))
 			case !s.Rebuildable && !s.BlueGreen:
 				return usage(errors.Wrapf(projection.ErrNotResetter, "%q cannot reset its read model (implement projection.Resetter, or call OnReset)", name))
+			case s.BlueGreen && newLayout:
+				return usage(errors.Newf("%q has a blue/green read model: --new-layout does not apply; blue/green projections change "+
+					"layout by raising BlueGreen.Version (a new generation is built with the new layout beside the live one and cut over)", name))
 			}
 			if !yes && s.BlueGreen {
 				if !c.terminal(cmd.InOrStdin()) {
@@ -109,7 +112,7 @@ BlueGreen.Version instead.`,
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation (required without a terminal)")
 	cmd.Flags().IntVar(&batch, "batch-size", 5000, "events replayed and committed per transaction")
 	cmd.Flags().DurationVar(&lockTimeout, "lock-timeout", time.Minute, "how long to wait for the live instances to stand aside")
-	cmd.Flags().BoolVar(&newLayout, "new-layout", false, "adopt the registered partition count and key (the old layout's instances are fenced and refused)")
+	cmd.Flags().BoolVar(&newLayout, "new-layout", false, "adopt the registered partition count and key (the old layout's instances are fenced and refused); not for blue/green read models, which raise BlueGreen.Version")
 	return cmd
 }
 
