@@ -741,13 +741,23 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	if err != nil {
 		return Cutover{}, err
 	}
-	totals, err := rb.count(ctx, head)
+	// Progress counts from the generation's start: what its checkpoints
+	// passed (a continued generation) is done already.
+	starts := make([]int64, reg.opts.Partitions)
+	for _, l := range leases {
+		if l.Partition >= 0 && l.Partition < len(starts) {
+			starts[l.Partition] = l.Start
+		}
+	}
+	totals, done, err := rb.count(ctx, head, starts)
 	if err != nil {
 		return Cutover{}, err
 	}
-	for _, n := range totals {
+	for part, n := range totals {
 		rb.progress.Total += n
+		rb.progress.Done += done[part]
 	}
+	rb.base = rb.progress.Done
 	rb.progress.Head = head
 	rb.started = time.Now()
 	log.InfoContext(ctx, "annals: blue/green rebuild: replaying", slog.Int64("from", start), slog.Int64("head", head), slog.String("schema", gen.Schema))

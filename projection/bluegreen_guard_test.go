@@ -219,3 +219,44 @@ func TestRebuildLostLockSaysSo(t *testing.T) {
 		check(t, err)
 	})
 }
+
+// TestBlueGreenResumedProgress: a blue/green rebuild that continues an
+// interrupted generation counts what its checkpoints passed as done, so its
+// progress starts there and ends at 100% (Done == Total), with no ETA once
+// finished.
+func TestBlueGreenResumedProgress(t *testing.T) {
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	log := &bgLog{db: db}
+	seedV1(t, db, log, 40, 100) // 4,000 events
+	r := bgRunner(t, db, "v2-p", 2, false)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if _, err := r.RebuildBlueGreen(cctx, bgName, &projection.RebuildOptions{BatchSize: 100, OnProgress: func(p projection.RebuildProgress) {
+		if p.Done >= 2000 {
+			cancel()
+		}
+	}}); err == nil {
+		t.Fatal("the first rebuild was not interrupted")
+	}
+	resumeAt := checkpointOf(t, db, "bgstats#g2")
+	if resumeAt < 2000 || resumeAt >= 4000 {
+		t.Fatalf("generation 2 stopped at %d; want 2000..3999", resumeAt)
+	}
+	var first, last projection.RebuildProgress
+	if _, err := r.RebuildBlueGreen(ctx, bgName, &projection.RebuildOptions{BatchSize: 100, OnProgress: func(p projection.RebuildProgress) {
+		if first.Projection == "" {
+			first = p
+		}
+		last = p
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	if first.Done <= resumeAt || first.Total != 4000 {
+		t.Errorf("the resumed rebuild's first progress %+v; want Done past the %d replayed before, of 4000", first, resumeAt)
+	}
+	if !last.Finished || last.Done != last.Total || last.Total != 4000 || last.ETA != 0 {
+		t.Errorf("the resumed rebuild's last progress %+v; want finished, Done == Total == 4000, no ETA", last)
+	}
+	exactAt(t, db, "rm_bgstats_g2.stats", "bgstats#g2", 2)
+}

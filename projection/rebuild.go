@@ -83,16 +83,21 @@ type RebuildOptions struct {
 type RebuildProgress struct {
 	// Projection is the projection being rebuilt.
 	Projection string
-	// Done is the number of events replayed so far (every partition).
+	// Done is the number of events replayed so far (every partition),
+	// counting, for a blue/green rebuild that continues a generation, what
+	// was replayed into it before (through its checkpoints).
 	Done int64
 	// Total is the number of events to replay: those the projection reads,
-	// up to the head of the log when the rebuild began.
+	// up to the head of the log when the rebuild began. A blue/green
+	// rebuild that catches up past it (events appended meanwhile) ends with
+	// Total raised to Done.
 	Total int64
 	// Head is the position the rebuild replays through.
 	Head int64
 	// Elapsed is the time since the replay began (after the reset).
 	Elapsed time.Duration
-	// Rate is Done per second of Elapsed.
+	// Rate is the events replayed by this run (Done, less what a resumed
+	// blue/green rebuild had replayed before) per second of Elapsed.
 	Rate float64
 	// ETA estimates the time left at Rate (0 when unknown or done).
 	ETA time.Duration
@@ -273,6 +278,7 @@ type rebuild struct {
 
 	mu       sync.Mutex // progress: partitions replay concurrently
 	progress RebuildProgress
+	base     int64 // progress.Done replayed before this run (a resumed blue/green rebuild)
 	started  time.Time
 }
 
@@ -348,7 +354,7 @@ func (rb *rebuild) run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	totals, err := rb.count(ctx, head)
+	totals, _, err := rb.count(ctx, head, nil)
 	if err != nil {
 		return err
 	}
@@ -563,22 +569,24 @@ func (rb *rebuild) relayout(ctx context.Context) error {
 	return nil
 }
 
-// count returns the number of events to replay per partition.
-func (rb *rebuild) count(ctx context.Context, head int64) (map[int]int64, error) {
+// count returns the number of events to replay per partition through
+// head, and of those the number at or before starts[partition] (replayed
+// already; starts nil: none).
+func (rb *rebuild) count(ctx context.Context, head int64, starts []int64) (total, done map[int]int64, err error) {
 	var regex *string
 	if re := rb.reg.filter.Regex(); re != "" {
 		regex = &re
 	}
 	kind, field := partitionKeyArgs(rb.reg.opts.PartitionBy)
-	rows, err := rb.r.pool.Query(ctx, rb.q["CountEvents"], head, regex, rb.reg.opts.Partitions, kind, field)
+	rows, err := rb.r.pool.Query(ctx, rb.q["CountEvents"], head, regex, rb.reg.opts.Partitions, kind, field, starts)
 	if err != nil {
-		return nil, errors.Wrap(err, "projection: rebuild: count the events")
+		return nil, nil, errors.Wrap(err, "projection: rebuild: count the events")
 	}
-	out := map[int]int64{}
+	total, done = map[int]int64{}, map[int]int64{}
 	var part int
-	var n int64
-	_, err = pgx.ForEachRow(rows, []any{&part, &n}, func() error { out[part] = n; return nil })
-	return out, errors.Wrap(err, "projection: rebuild: count the events")
+	var n, d int64
+	_, err = pgx.ForEachRow(rows, []any{&part, &n, &d}, func() error { total[part], done[part] = n, d; return nil })
+	return total, done, errors.Wrap(err, "projection: rebuild: count the events")
 }
 
 // reset clears the read model, sets every partition's checkpoint to 0,
@@ -681,12 +689,15 @@ func (rb *rebuild) wait(why string) bool {
 
 func (rb *rebuild) reportLocked(finished bool) {
 	p := &rb.progress
+	if finished && p.Done > p.Total {
+		p.Total = p.Done // a blue/green rebuild caught up past the head it counted to
+	}
 	p.Elapsed = time.Since(rb.started)
 	p.Rate, p.ETA = 0, 0
 	if s := p.Elapsed.Seconds(); s > 0 {
-		p.Rate = float64(p.Done) / s
+		p.Rate = float64(p.Done-rb.base) / s
 	}
-	if p.Rate > 0 && p.Done < p.Total {
+	if p.Rate > 0 && p.Done < p.Total && !finished {
 		p.ETA = time.Duration(float64(p.Total-p.Done) / p.Rate * float64(time.Second))
 	}
 	p.Finished = finished

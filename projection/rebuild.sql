@@ -23,16 +23,20 @@ UPDATE {{.Schema}}.dead_letters
 -- name: CountEvents
 -- The events a rebuild replays, per partition: $1 head (inclusive), $2 type
 -- regex or NULL, $3 partitions, $4 and $5 the partition key (as in the
--- catch-up engine's ReadBatch).
-SELECT CASE WHEN $3::int <= 1 THEN 0 ELSE {{.Schema}}.stream_partition(
-           CASE $4::text WHEN 'category' THEN split_part(e.stream_id, '-', 1)
-                         WHEN 'metadata' THEN coalesce(e.metadata ->> $5::text, '')
-                         ELSE e.stream_id END, $3) END AS part,
-       count(*)
-  FROM {{.Schema}}.events_all e
- WHERE e.global_sequence <= $1
-   AND ($2::text IS NULL OR e.event_type ~ $2)
- GROUP BY 1;
+-- catch-up engine's ReadBatch), $6 the position each partition starts
+-- after (indexed by partition + 1; NULL or missing: 0). The second count
+-- is all of them through $1, the third those through the partition's start
+-- (already replayed: a resumed blue/green rebuild).
+SELECT part, count(*), count(*) FILTER (WHERE seq <= coalesce(($6::bigint[])[part + 1], 0))
+  FROM (SELECT CASE WHEN $3::int <= 1 THEN 0 ELSE {{.Schema}}.stream_partition(
+                   CASE $4::text WHEN 'category' THEN split_part(e.stream_id, '-', 1)
+                                 WHEN 'metadata' THEN coalesce(e.metadata ->> $5::text, '')
+                                 ELSE e.stream_id END, $3) END AS part,
+               e.global_sequence AS seq
+          FROM {{.Schema}}.events_all e
+         WHERE e.global_sequence <= $1
+           AND ($2::text IS NULL OR e.event_type ~ $2)) x
+ GROUP BY part;
 
 -- name: ForgetFailures
 -- The failed attempts recorded before the rebuild: the replay starts every
