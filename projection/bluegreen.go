@@ -906,6 +906,13 @@ func (rb *rebuild) driveAll(ctx context.Context, subs []*catchup.Subscription, l
 // that was live is retired, stopped where it is. It needs no projection
 // code: package projectioncmd and the annals CLI call it. It fails with
 // ErrNoGenerations or ErrNoRollback and changes nothing.
+//
+// The generation it picks is the retired (not dropped) one with the
+// highest number below the live one's, whatever retired it: a cut-over
+// away from it or an earlier rollback away from it (the registry does not
+// record which generation a cut-over came from). After g1 → g2, a rollback
+// to g1 and g3 built and cut over from g1, it picks g2, not g1: look at
+// ListGenerations first.
 func Rollback(ctx context.Context, db interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }, schema, name string) (Cutover, error) {

@@ -40,7 +40,13 @@ func (c *commands) rollbackCommand() *cobra.Command {
 NAME live again, in one transaction: the reader views point back at it and it resumes from
 where it stopped at the cut-over (the runners of its version catch it up); the generation
 that was live is retired, stopped where it is. Needs a generation still kept (see
-BlueGreen.Retention). Asks for confirmation unless --yes; without a terminal, --yes is required.`,
+BlueGreen.Retention). Asks for confirmation unless --yes; without a terminal, --yes is required.
+
+The generation it picks is the retired (not dropped) one with the highest number below the
+live one's, whatever retired it: a cut-over away from it, or an earlier rollback away from
+it. After g1 -> g2, a rollback to g1 and g3 rebuilt from g1, it picks g2 (the version rolled
+back before), not g1: check 'generations NAME' first, and if it would pick the wrong one,
+deploy the version you want and rebuild instead.`,
 		Example: `  myservice projections rollback balances --yes`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
