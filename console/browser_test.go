@@ -64,6 +64,30 @@ func browser(t *testing.T) context.Context {
 	return ctx
 }
 
+// steps runs actions one at a time in the browser of ctx and fails the test
+// (naming what) at the first that fails. An action that met chromedp's
+// "Could not find node with given id" is run again, up to three times in
+// all: the node it had looked up was replaced by a DOM update that came
+// between the look-up and the use (seen once, with Chromium starved of CPU
+// by a parallel test run), before the action did anything, so running it
+// again is what the operator's second click would be.
+func steps(t *testing.T, ctx context.Context, what string, actions ...chromedp.Action) {
+	t.Helper()
+	for _, a := range actions {
+		for attempt := 1; ; attempt++ {
+			err := chromedp.Run(ctx, a)
+			if err != nil && attempt < 3 && strings.Contains(err.Error(), "Could not find node with given id") {
+				t.Logf("%s: %v; again", what, err)
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			break
+		}
+	}
+}
+
 // TestBrowser drives headless Chromium through the console as an operator
 // at 3 a.m. would: sign in, open the overview, find a stream, open an
 // event, follow the log live, see the dead letter, retry it and watch the
@@ -79,9 +103,7 @@ func TestBrowser(t *testing.T) {
 
 	run := func(what string, actions ...chromedp.Action) {
 		t.Helper()
-		if err := chromedp.Run(ctx, actions...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
+		steps(t, ctx, what, actions...)
 	}
 	shots := map[string]bool{}
 	shot := func(name string) {
@@ -268,9 +290,7 @@ func TestBrowserFollow(t *testing.T) {
 	ctx := browser(t)
 	run := func(what string, actions ...chromedp.Action) {
 		t.Helper()
-		if err := chromedp.Run(ctx, actions...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
+		steps(t, ctx, what, actions...)
 	}
 	// waitJS waits until the JavaScript expression is true.
 	waitJS := func(what, expr string) {
