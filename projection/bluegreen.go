@@ -117,6 +117,11 @@ type Generation struct {
 	// reached then.
 	CutoverMS       *float64 `json:"cutover_ms,omitempty"`
 	CutoverPosition *int64   `json:"cutover_position,omitempty"`
+	// Replaced is the generation that was live before the cut-over that
+	// made this one live, which Rollback goes back to: nil for none, and
+	// for a generation cut over before migration 0030 recorded it. A
+	// rollback that makes a generation live again leaves it as it was.
+	Replaced *int `json:"replaced,omitempty"`
 	// Unresolved is the number of unresolved dead letters (open, or
 	// released for re-delivery) of its subscriber. A building generation is
 	// not cut over while it has any: its read model lacks their events
@@ -154,8 +159,8 @@ var (
 	// ErrCutoverBehind is returned by a cut-over attempt that found the new
 	// generation behind the live one; nothing changed.
 	ErrCutoverBehind = errors.New("projection: the new generation is behind the live one")
-	// ErrNoRollback is returned by Rollback when no retired generation
-	// older than the live one is kept.
+	// ErrNoRollback is returned by Rollback when the generation the live
+	// one replaced is no longer kept (dropped), or there is none.
 	ErrNoRollback = errors.New("projection: no earlier generation to roll back to")
 	// ErrNoGenerations is returned for a projection without generations.
 	ErrNoGenerations = errors.New("projection: the projection has no read-model generations")
@@ -289,7 +294,7 @@ func (g *generations) list(ctx context.Context, db checkpoint.DB, name string) (
 	var x Generation
 	var state string
 	_, err = pgx.ForEachRow(rows, []any{&x.Generation, &x.Version, &x.Schema, &x.Reader, &x.Subscriber, &state,
-		&x.CreatedBy, &x.CreatedAt, &x.LiveSince, &x.RetiredAt, &x.DroppedAt, &x.CutoverMS, &x.CutoverPosition, &x.Unresolved}, func() error {
+		&x.CreatedBy, &x.CreatedAt, &x.LiveSince, &x.RetiredAt, &x.DroppedAt, &x.CutoverMS, &x.CutoverPosition, &x.Replaced, &x.Unresolved}, func() error {
 		x.Projection, x.State = name, GenerationState(state)
 		out = append(out, x)
 		x = Generation{}
@@ -573,8 +578,12 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, p
 				return errors.Wrap(err, "projection: retire the old generation")
 			}
 		}
+		var replaced *int
+		if old != nil {
+			replaced = &old.Generation
+		}
 		ms := float64(time.Since(start).Microseconds()) / 1000
-		_, err = tx.Exec(ctx, g.q["MarkLive"], name, to, ms, c.ToPosition)
+		_, err = tx.Exec(ctx, g.q["MarkLive"], name, to, ms, c.ToPosition, replaced)
 		return errors.Wrap(err, "projection: make the new generation live")
 	})
 	c.Duration = time.Since(start)
@@ -899,19 +908,26 @@ func (rb *rebuild) driveAll(ctx context.Context, subs []*catchup.Subscription, l
 	return errors.Join(errs...)
 }
 
-// Rollback makes the newest retired generation older than the live one of
-// the blue/green projection name live again, in one transaction: the views
-// point back at it, it resumes from its checkpoints (where it stopped at
-// the cut-over; runners of its version catch it up), and the generation
-// that was live is retired, stopped where it is. It needs no projection
-// code: package projectioncmd and the annals CLI call it. It fails with
+// Rollback makes the generation that the live one of the blue/green
+// projection name replaced live again, in one transaction: the views point
+// back at it, it resumes from its checkpoints (where it stopped at the
+// cut-over; runners of its version catch it up), and the generation that
+// was live is retired, stopped where it is. It needs no projection code:
+// package projectioncmd and the annals CLI call it. It fails with
 // ErrNoGenerations or ErrNoRollback and changes nothing.
 //
-// The generation it picks is the retired (not dropped) one with the
-// highest number below the live one's, whatever retired it: a cut-over
-// away from it or an earlier rollback away from it (the registry does not
-// record which generation a cut-over came from). After g1 → g2, a rollback
-// to g1 and g3 built and cut over from g1, it picks g2, not g1: look at
+// The generation it goes back to is the one the live generation's cut-over
+// replaced (Generation.Replaced), if it is still kept (retired, not
+// dropped); if it was dropped, Rollback fails with ErrNoRollback. After
+// g1 → g2, a rollback to g1 and g3 built and cut over from g1, it goes back
+// to g1, never to g2, which was rolled back from. A rollback leaves the
+// Replaced of the generation it revives as it was, so rolling back again
+// goes further down the chain of cut-overs (g1 back to what g1 replaced).
+//
+// A live generation that has no Replaced (cut over before migration 0030,
+// or by an annals older than it) falls back to the earlier rule: the retired (not dropped)
+// generation with the highest number below the live one's, whatever
+// retired it, which after the sequence above is g2: look at
 // ListGenerations first.
 func Rollback(ctx context.Context, db interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
@@ -939,9 +955,27 @@ func Rollback(ctx context.Context, db interface {
 		return c, errors.Wrapf(ErrNoGenerations, "%q has no live generation", name)
 	}
 	var prev *Generation
-	for i := range gens {
-		if gens[i].State == GenerationRetired && gens[i].Generation < cur.Generation {
-			prev = &gens[i]
+	if cur.Replaced != nil {
+		// The generation the live one's cut-over replaced, if kept.
+		for i := range gens {
+			if gens[i].Generation == *cur.Replaced {
+				prev = &gens[i]
+			}
+		}
+		if prev == nil || prev.State != GenerationRetired {
+			state := "gone"
+			if prev != nil {
+				state = string(prev.State)
+			}
+			return c, errors.Wrapf(ErrNoRollback, "%q: generation %d is live and generation %d, which it replaced, is %s",
+				name, cur.Generation, *cur.Replaced, state)
+		}
+	} else {
+		// Cut over before the registry recorded what it replaced.
+		for i := range gens {
+			if gens[i].State == GenerationRetired && gens[i].Generation < cur.Generation {
+				prev = &gens[i]
+			}
 		}
 	}
 	if prev == nil {
@@ -968,7 +1002,7 @@ func Rollback(ctx context.Context, db interface {
 		return c, errors.Wrap(err, "projection: rollback: resume the previous generation")
 	}
 	ms := float64(time.Since(start).Microseconds()) / 1000
-	if _, err := tx.Exec(ctx, g.q["MarkLive"], name, prev.Generation, ms, c.ToPosition); err != nil {
+	if _, err := tx.Exec(ctx, g.q["MarkLiveAgain"], name, prev.Generation, ms, c.ToPosition); err != nil {
 		return c, errors.Wrap(err, "projection: rollback")
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -10,7 +10,7 @@ SELECT pg_catalog.pg_advisory_xact_lock($1::int4, $2::int4);
 -- With each generation's unresolved dead letters (open, or released for
 -- re-delivery): a building generation is not cut over while it has any.
 SELECT g.generation, g.version, g.schema_name, g.reader_schema, g.subscriber, g.state, g.created_by, g.created_at,
-       g.live_since, g.retired_at, g.dropped_at, g.cutover_ms, g.cutover_position,
+       g.live_since, g.retired_at, g.dropped_at, g.cutover_ms, g.cutover_position, g.replaced,
        (SELECT count(*)::int FROM {{.Schema}}.dead_letters d
          WHERE d.subscriber_id = g.subscriber AND d.status IN ('open', 'retry'))
   FROM {{.Schema}}.read_model_generations g
@@ -89,7 +89,18 @@ UPDATE {{.Schema}}.checkpoints
  WHERE subscriber_id = $1;
 
 -- name: MarkLive
--- $1 projection, $2 generation, $3 cut-over milliseconds, $4 position.
+-- A cut-over. $1 projection, $2 generation, $3 cut-over milliseconds, $4
+-- position, $5 the generation that was live until now (NULL: none), which
+-- Rollback goes back to.
+UPDATE {{.Schema}}.read_model_generations
+   SET state = 'live', live_since = clock_timestamp(), retired_at = NULL, cutover_ms = $3, cutover_position = $4,
+       replaced = $5::int
+ WHERE projection = $1 AND generation = $2;
+
+-- name: MarkLiveAgain
+-- A rollback: as MarkLive, but the generation keeps the one it replaced
+-- when it was first cut over, so that the next rollback goes further back
+-- and not forward to the generation rolled back from.
 UPDATE {{.Schema}}.read_model_generations
    SET state = 'live', live_since = clock_timestamp(), retired_at = NULL, cutover_ms = $3, cutover_position = $4
  WHERE projection = $1 AND generation = $2;

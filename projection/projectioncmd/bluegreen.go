@@ -36,17 +36,23 @@ func (c *commands) rollbackCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "rollback NAME",
 		Short: "Point a blue/green read model's views back at its previous generation",
-		Long: `Make the newest retired generation older than the live one of the blue/green projection
-NAME live again, in one transaction: the reader views point back at it and it resumes from
-where it stopped at the cut-over (the runners of its version catch it up); the generation
-that was live is retired, stopped where it is. Needs a generation still kept (see
-BlueGreen.Retention). Asks for confirmation unless --yes; without a terminal, --yes is required.
+		Long: `Make the generation that the live one of the blue/green projection NAME replaced at its
+cut-over live again, in one transaction: the reader views point back at it and it resumes
+from where it stopped at the cut-over (the runners of its version catch it up); the
+generation that was live is retired, stopped where it is. Needs that generation still kept
+(retired, not dropped: see BlueGreen.Retention). Asks for confirmation unless --yes; without
+a terminal, --yes is required.
 
-The generation it picks is the retired (not dropped) one with the highest number below the
-live one's, whatever retired it: a cut-over away from it, or an earlier rollback away from
-it. After g1 -> g2, a rollback to g1 and g3 rebuilt from g1, it picks g2 (the version rolled
-back before), not g1: check 'generations NAME' first, and if it would pick the wrong one,
-deploy the version you want and rebuild instead.`,
+After g1 -> g2, a rollback to g1 and g3 rebuilt and cut over from g1, it goes back to g1 (what
+g3 replaced), never to g2, which was rolled back from. A generation made live again by a
+rollback keeps what it replaced, so rolling back again goes further back. 'generations NAME
+--output json' shows what each generation replaced ("replaced").
+
+A live generation cut over before the schema recorded what it replaced (migration 0030) has
+no "replaced": for it, rollback picks the retired (not dropped) generation with the highest
+number below the live one's, whatever retired it, which after the sequence above is g2.
+Check 'generations NAME' first, and if it would pick the wrong one, deploy the version you
+want and rebuild instead.`,
 		Example: `  myservice projections rollback balances --yes`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -1,0 +1,138 @@
+package projection_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/projection"
+)
+
+// rollbackSequence builds g1 (version 1, live), cuts over to g2 (version
+// 2), rolls back to g1 and cuts over from g1 to g3 (version 2 again), with
+// a runner of version 1 running throughout. It returns with g3 live.
+func rollbackSequence(t *testing.T, db *annalstest.DB, log *bgLog) {
+	t.Helper()
+	ctx := t.Context()
+	seedV1(t, db, log, 20, 10)
+	bgRunInBackground(t, bgRunner(t, db, "v1", 1, false))
+	v2 := bgRunner(t, db, "v2", 2, false)
+	c, err := v2.RebuildBlueGreen(ctx, bgName, nil)
+	if err != nil || c.From != 1 || c.To != 2 {
+		t.Fatalf("cut-over to g2: %+v %v", c, err)
+	}
+	rb, err := projection.Rollback(ctx, db.Pool, db.Schema, bgName)
+	if err != nil || rb.From != 2 || rb.To != 1 {
+		t.Fatalf("rollback to g1: %+v %v", rb, err)
+	}
+	if err := log.add(ctx, 3, 2); err != nil {
+		t.Fatal(err)
+	}
+	c, err = v2.RebuildBlueGreen(ctx, bgName, nil)
+	if err != nil || c.From != 1 || c.To != 3 {
+		t.Fatalf("cut-over to g3: %+v %v", c, err)
+	}
+}
+
+func replacedOf(t *testing.T, db *annalstest.DB, gen int) int {
+	t.Helper()
+	g := generation(t, db, gen)
+	if g.Replaced == nil {
+		return 0
+	}
+	return *g.Replaced
+}
+
+// TestRollbackGoesToWhatTheCutoverReplaced: after g1 → g2, a rollback to g1
+// and g3 cut over from g1, a rollback goes back to g1 (what g3 replaced),
+// not to g2, the generation rolled back from; and from g1, which replaced
+// nothing, there is no rollback.
+func TestRollbackGoesToWhatTheCutoverReplaced(t *testing.T) {
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	log := &bgLog{db: db}
+	rollbackSequence(t, db, log)
+	for gen, want := range map[int]int{1: 0, 2: 1, 3: 1} {
+		if got := replacedOf(t, db, gen); got != want {
+			t.Errorf("generation %d replaced %d, want %d", gen, got, want)
+		}
+	}
+	rb, err := projection.Rollback(ctx, db.Pool, db.Schema, bgName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rb.From != 3 || rb.To != 1 {
+		t.Fatalf("rollback went %d -> %d, want 3 -> 1", rb.From, rb.To)
+	}
+	for gen, want := range map[int]projection.GenerationState{1: projection.GenerationLive,
+		2: projection.GenerationRetired, 3: projection.GenerationRetired} {
+		if got := state(t, db, gen); got != want {
+			t.Errorf("generation %d is %s, want %s", gen, got, want)
+		}
+	}
+	// The rollback left what g1 replaced (nothing) as it was.
+	if got := replacedOf(t, db, 1); got != 0 {
+		t.Errorf("after the rollback generation 1 replaced %d, want none", got)
+	}
+	if _, err := projection.Rollback(ctx, db.Pool, db.Schema, bgName); !errors.Is(err, projection.ErrNoRollback) {
+		t.Fatalf("rollback from g1: %v, want ErrNoRollback", err)
+	}
+	// Version 1's runner carries g1 on, and readers see version 1.
+	if err := log.add(ctx, 3, 2); err != nil {
+		t.Fatal(err)
+	}
+	head := headOf(t, db)
+	annalstest.WaitFor(t, 20*time.Second, func() bool { return checkpointOf(t, db, "bgstats#g1") >= head })
+	exactAt(t, db, "rm_bgstats_g1.stats", "bgstats#g1", 1)
+	readerSees(t, db, log, 1)
+}
+
+// TestRollbackReplacedDropped: the generation the live one replaced was
+// dropped; the rollback fails with ErrNoRollback and does not fall back to
+// another retired generation.
+func TestRollbackReplacedDropped(t *testing.T) {
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	log := &bgLog{db: db}
+	rollbackSequence(t, db, log)
+	dropped, err := projection.DropRetired(ctx, db.Pool, db.Schema, bgName, 0)
+	if err != nil || len(dropped) != 2 {
+		t.Fatalf("drop retired: %v %v", dropped, err)
+	}
+	// g2 kept retired: only g1, which g3 replaced, is dropped.
+	schema := pgx.Identifier{db.Schema}.Sanitize()
+	if _, err := db.Pool.Exec(ctx, `UPDATE `+schema+`.read_model_generations SET state = 'retired', dropped_at = NULL
+		WHERE projection = $1 AND generation = 2`, bgName); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := projection.Rollback(ctx, db.Pool, db.Schema, bgName); !errors.Is(err, projection.ErrNoRollback) {
+		t.Fatalf("rollback with g1 dropped: %v, want ErrNoRollback", err)
+	}
+	if got := state(t, db, 3); got != projection.GenerationLive {
+		t.Fatalf("generation 3 is %s after a refused rollback", got)
+	}
+}
+
+// TestRollbackWithoutReplaced: a live generation cut over before migration
+// 0030 (replaced NULL) rolls back by the earlier rule, to the retired
+// generation with the highest number below it.
+func TestRollbackWithoutReplaced(t *testing.T) {
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	log := &bgLog{db: db}
+	rollbackSequence(t, db, log)
+	schema := pgx.Identifier{db.Schema}.Sanitize()
+	if _, err := db.Pool.Exec(ctx, `UPDATE `+schema+`.read_model_generations SET replaced = NULL WHERE projection = $1`, bgName); err != nil {
+		t.Fatal(err)
+	}
+	rb, err := projection.Rollback(ctx, db.Pool, db.Schema, bgName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rb.From != 3 || rb.To != 2 {
+		t.Fatalf("rollback went %d -> %d, want 3 -> 2 (the rule for generations without replaced)", rb.From, rb.To)
+	}
+}
