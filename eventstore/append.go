@@ -82,20 +82,8 @@ func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVe
 			return AppendResult{}, notWritten(err)
 		}
 		res, err := s.appendAlone(ctx, args)
-		switch {
-		case err == nil:
-		case answerLost(err):
-			// Sent, perhaps (ctx may have ended while the statement waited
-			// for a connection, too), and not answered.
-			msg := answerMissing
-			if ctx.Err() != nil {
-				msg = cancelledSent
-			}
-			err = outcomeUnknown(&args, err, msg)
-		case ctx.Err() != nil && unsent(err):
-			err = notWritten(err)
-		case unsent(err):
-			err = notSentErr(err)
+		if err != nil {
+			err = failedErr(ctx, &args, err)
 		}
 		return res, err
 	}

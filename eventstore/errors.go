@@ -1,6 +1,7 @@
 package eventstore
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 
@@ -157,11 +158,26 @@ func notWritten(ctxErr error) error {
 	return errmark.Mark(errors.WrapWithDepth(1, ctxErr, notSent), ErrNotWritten)
 }
 
-// notSentErr is the error of an append whose statement was never sent, its
-// context still live: err (unsent) says why, a connection that could not be
-// had, say.
-func notSentErr(err error) error {
-	return errmark.Mark(errors.WrapWithDepth(1, err, "eventstore: append not sent; nothing was written"), ErrNotWritten)
+// failedErr is the error of append a, made for ctx, whose statement failed
+// with err: ErrNotWritten when err says the statement was never sent (no
+// connection could be had, say), an *OutcomeUnknownError when no answer
+// came (a connection lost mid-statement, a session terminated), err itself
+// when the server's answer says the append failed. Either marker matches
+// ctx's error too when ctx has ended.
+func failedErr(ctx context.Context, a *appendArgs, err error) error {
+	cerr := ctx.Err()
+	switch {
+	case unsent(err) && cerr != nil:
+		return notWritten(errors.WithSecondaryError(cerr, err))
+	case unsent(err):
+		return errmark.Mark(errors.Wrap(err, "eventstore: append not sent; nothing was written"), ErrNotWritten)
+	case answered(err):
+		return err
+	case cerr != nil:
+		return outcomeUnknown(a, errors.WithSecondaryError(cerr, err), cancelledSent)
+	default:
+		return outcomeUnknown(a, err, answerMissing)
+	}
 }
 
 // outcomeUnknown returns cause, described by msg, as the OutcomeUnknownError

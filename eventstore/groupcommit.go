@@ -188,20 +188,10 @@ func (c *committer) append(ctx context.Context, args appendArgs) (AppendResult, 
 // own context error (a deadline, say), not the cancellation of the group's
 // statement that followed from it.
 func goneErr(p *pendingAppend, err error) error {
-	if cerr := p.ctx.Err(); cerr != nil && unsent(err) {
-		return notWritten(errors.WithSecondaryError(cerr, err))
-	}
-	return unknownErr(p, err)
-}
-
-// unknownErr is the answer of an append whose statement was sent and failed
-// with err, which is no answer: an *OutcomeUnknownError, matching the
-// caller's context error if it has ended.
-func unknownErr(p *pendingAppend, err error) error {
-	if cerr := p.ctx.Err(); cerr != nil {
+	if cerr := p.ctx.Err(); cerr != nil && !unsent(err) {
 		return outcomeUnknown(&p.args, errors.WithSecondaryError(cerr, err), maybeWritten)
 	}
-	return outcomeUnknown(&p.args, err, answerMissing)
+	return failedErr(p.ctx, &p.args, err)
 }
 
 // takeLocked takes the next group from the queue if a slot is free: the
@@ -387,17 +377,7 @@ func (c *committer) send(group []*pendingAppend) {
 	}
 	if len(group) == 1 && !uniqueViolation(err) {
 		p := group[0]
-		p.res, p.err = AppendResult{}, err
-		switch {
-		case answerLost(err):
-			// Sent, and no answer came: a connection lost mid-statement,
-			// a session terminated. The append may have committed.
-			p.err = unknownErr(p, err)
-		case unsent(err):
-			// Never sent (no connection could be had, say): nothing was
-			// written.
-			p.err = notSentErr(err)
-		}
+		p.res, p.err = AppendResult{}, failedErr(p.ctx, &p.args, err)
 		return
 	}
 	// The group as a whole failed (not one append's expected version or
@@ -420,11 +400,11 @@ func (c *committer) send(group []*pendingAppend) {
 		case unsent(p.err) && answerLost(err):
 			// Neither the group's statement nor the re-send was answered
 			// (the re-send never left): the group may have committed it.
-			p.err = unknownErr(p, p.err)
+			p.err = failedErr(p.ctx, &p.args, errors.WithSecondaryError(err, p.err))
 		case ctx.Err() != nil:
 			p.err = goneErr(p, p.err)
-		case answerLost(p.err):
-			p.err = unknownErr(p, p.err)
+		default:
+			p.err = failedErr(p.ctx, &p.args, p.err)
 		}
 	}
 }
