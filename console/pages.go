@@ -557,7 +557,7 @@ func (c *Console) deadLetters(r *http.Request) (*view, error) {
 		// More is about the direction the page was asked for: older ones
 		// for the first page and a before= page, newer ones for an after=
 		// page. The other way there are some if the page came from there.
-		if (f.After == 0 && page.More) || f.After != 0 {
+		if page.More || f.After != 0 {
 			d.Older = page.DeadLetters[n-1].ID
 		}
 		if (f.After != 0 && page.More) || f.Before != 0 {

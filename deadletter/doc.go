@@ -100,6 +100,8 @@
 // List pages newest first, by ID, with a cursor: Filter.Before set to the
 // last ID of a page gives the next one, which repeats no dead letter and
 // passes over none, however many are added or purged between the two
-// (Filter.Offset, kept for compatibility, does both). A page is one
-// backward scan of the primary key from the cursor.
+// (Filter.Offset, kept for compatibility, does both). A page is one index
+// range scan from the cursor: the primary key's, or with a subscriber or
+// status filter that of (subscriber_id, id) or (status, id) (migration
+// 0028); a stream or type filter passes over the rows it does not match.
 package deadletter

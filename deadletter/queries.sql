@@ -14,8 +14,9 @@ SELECT id, subscriber_id, partition, event_id, global_sequence, stream_id, event
 -- Before, or the largest bigint). An empty filter matches everything; $5
 -- limit, $6 offset. The ID is unique and follows the order of creation, so
 -- a page that starts below the last ID of the one before repeats none of it
--- and passes over nothing, whatever was added or purged meanwhile. The
--- primary key serves the order: a page is one backward index scan from $7
+-- and passes over nothing, whatever was added or purged meanwhile. A page is
+-- one backward index range scan from $7 (the primary key, or with a
+-- subscriber or status filter 0028's (subscriber_id, id) or (status, id))
 -- that stops after $5 + $6 matching rows.
 SELECT id, subscriber_id, partition, event_id, global_sequence, stream_id, event_type,
        reason, error, error_detail, attempts, status, first_failed_at, last_failed_at,

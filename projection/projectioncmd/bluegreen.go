@@ -115,9 +115,7 @@ func (c *commands) generationsCommand() *cobra.Command {
 				if gens == nil {
 					gens = []projection.Generation{}
 				}
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(gens)
+				return writeJSON(out, gens)
 			case "jsonl":
 				enc := json.NewEncoder(out)
 				for _, g := range gens {
