@@ -327,7 +327,9 @@ type ForgetResult struct {
 // projection and rebuild; appends of new personal data of subject are
 // refused (ErrSubjectForgotten). Forgetting a subject twice, or one never
 // seen, is not an error. Another process's key cache may still decrypt the
-// subject's fields for up to its KeyCacheTTL. Forget needs no KEK.
+// subject's fields for up to its KeyCacheTTL. Forget needs no KEK. Its cost
+// follows the events of the streams that have snapshots (it reads those to
+// find the subject's), not the size of the log.
 func (s *Store) Forget(ctx context.Context, subject string) (ForgetResult, error) {
 	res := ForgetResult{Subject: subject}
 	if subject == "" {
