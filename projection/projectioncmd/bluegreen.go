@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -126,15 +127,19 @@ func (c *commands) generationsCommand() *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "GENERATION\tVERSION\tSTATE\tSCHEMA\tSUBSCRIBER\tLIVE SINCE\tRETIRED AT\tCUT-OVER\tDEAD LETTERS")
+			fmt.Fprintln(tw, "GENERATION\tVERSION\tSTATE\tSCHEMA\tSUBSCRIBER\tLIVE SINCE\tRETIRED AT\tCUT-OVER\tREPLACED\tDEAD LETTERS")
 			var waits []string
 			for _, g := range gens {
 				cut := "-"
 				if g.CutoverMS != nil {
 					cut = fmt.Sprintf("%.1f ms at %d", *g.CutoverMS, *g.CutoverPosition)
 				}
-				fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", g.Generation, g.Version, g.State, g.Schema, g.Subscriber,
-					stamp(g.LiveSince), stamp(g.RetiredAt), cut, g.Unresolved)
+				replaced := "-"
+				if g.Replaced != nil {
+					replaced = strconv.Itoa(*g.Replaced)
+				}
+				fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", g.Generation, g.Version, g.State, g.Schema, g.Subscriber,
+					stamp(g.LiveSince), stamp(g.RetiredAt), cut, replaced, g.Unresolved)
 				if g.State == projection.GenerationBuilding && g.Unresolved > 0 {
 					waits = append(waits, fmt.Sprintf("generation %d: the cut-over waits for its unresolved dead letters (%d; "+
 						"its read model lacks their events): annals dlq list --subscriber '%s', then annals dlq retry "+

@@ -81,12 +81,19 @@ func TestBlueGreenCommands(t *testing.T) {
 	if err := json.Unmarshal([]byte(res.stdout), &gens); err != nil {
 		t.Fatalf("%v in %q", err, res.stdout)
 	}
-	if len(gens) != 2 || gens[0].State != projection.GenerationRetired || gens[1].State != projection.GenerationLive || gens[1].CutoverMS == nil {
+	if len(gens) != 2 || gens[0].State != projection.GenerationRetired || gens[1].State != projection.GenerationLive || gens[1].CutoverMS == nil ||
+		gens[1].Replaced == nil || *gens[1].Replaced != 1 {
 		t.Fatalf("generations: %+v", gens)
 	}
 	res = v2.execute(t, false, "", "generations", "counts")
 	if res.err != nil || !strings.Contains(lineOf(t, res.stdout, "2 "), "live") {
 		t.Fatalf("generations (text): %v\n%s", res.err, res.stdout)
+	}
+	// The text table shows what the live generation replaced, in the column
+	// under REPLACED (tabwriter aligns the columns' starts).
+	if col := strings.Index(lineOf(t, res.stdout, "GENERATION"), "REPLACED"); col < 0 ||
+		!strings.HasPrefix(lineOf(t, res.stdout, "2 ")[col:], "1 ") || !strings.HasPrefix(lineOf(t, res.stdout, "1 ")[col:], "- ") {
+		t.Fatalf("generations (text): no REPLACED column reading 1 for generation 2 and - for 1:\n%s", res.stdout)
 	}
 	if res = v2.execute(t, false, "", "generations", "counts", "--output", "yaml"); !errors.Is(res.err, ErrUsage) {
 		t.Fatalf("--output yaml: %v", res.err)
