@@ -338,6 +338,28 @@
 // committed first, so the failing event is retried alone and its batch-mates
 // are applied exactly once; the engine never moves past a failing event.
 //
+// # Commits whose outcome is unknown
+//
+// When the connection fails after a batch's COMMIT was sent (the network
+// drops, the server ends the session while it waits for a synchronous
+// standby), the batch may have committed although the processor got an
+// error, and the engine's cursor is behind what is stored. Retrying from
+// the cursor would apply those events a second time. Every read's header
+// therefore carries the checkpoint's position (with its epoch, from the
+// same row): in this leadership's epoch only this leadership's commits move
+// the checkpoint, and every commit is at or below the position the
+// processor reported, so a checkpoint past the cursor can only be such a
+// commit that landed. The engine then goes on from the checkpoint (logged
+// at WARN), drops what it read ahead, and reads again. It costs no round
+// trip: the header row already joins the checkpoint row. Read ahead is not
+// confused by it: a batch read ahead is used only once the cursor has
+// reached its start, and its header was read before that.
+//
+// Projections add the other half (package projection): a handler whose
+// transaction's connection failed under it is not blamed for it (no
+// attempt is counted, so an outage cannot dead-letter events); the batch
+// is retried as after any database error.
+//
 // # Partitions
 //
 // A subscriber split into N partitions is N independent subscriptions, each

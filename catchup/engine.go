@@ -50,6 +50,10 @@ type Batch struct {
 	Unresolved int
 	// Head is the newest position when the batch was read.
 	Head int64
+
+	// checkpoint is the checkpoint's position when the batch was read (0
+	// for an ephemeral subscription).
+	checkpoint int64
 }
 
 // Lease is one process's leadership of a subscriber partition.
@@ -827,6 +831,24 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			}
 			continue
 		}
+		if batch.checkpoint > cursor {
+			// The checkpoint is past the cursor in this leadership's epoch,
+			// which only this leadership's commits move: one of them whose
+			// answer was lost (the connection failed after the COMMIT was
+			// sent, and the batch was taken as failed) had committed. Go on
+			// from it: the events up to it are applied, and applying them
+			// again would apply them twice.
+			e.cfg.Logger.WarnContext(ctx, "annals: a commit reported as failed had committed; going on from the checkpoint",
+				slog.String("subscriber", sub.Name), slog.Int("partition", sub.Partition),
+				slog.Int64("cursor", cursor), slog.Int64("checkpoint", batch.checkpoint))
+			cursor = batch.checkpoint
+			pending = nil
+			if next != nil {
+				<-next
+				next = nil
+			}
+			continue
+		}
 		if e.cfg.OnProgress != nil && !lease.Ephemeral() {
 			var oldest time.Time
 			if len(batch.Events) > 0 {
@@ -1069,7 +1091,7 @@ func (e *Engine) readBatches(ctx context.Context, sub *Subscription, lease *Leas
 		query = "ReadBatchArchive"
 	}
 	if e.cfg.ReadPool != nil && !lease.Ephemeral() {
-		if err := e.pool.QueryRow(ctx, e.q["ReadHeader"], sub.Name, sub.Partition).Scan(&h.epoch, &h.stopped, &h.retry, &h.unresolved); err != nil {
+		if err := e.pool.QueryRow(ctx, e.q["ReadHeader"], sub.Name, sub.Partition).Scan(&h.epoch, &h.stopped, &h.retry, &h.unresolved, &h.checkpoint); err != nil {
 			return nil, errors.Wrap(err, "catchup: read the batch header")
 		}
 	}
@@ -1087,7 +1109,7 @@ func (e *Engine) readBatches(ctx context.Context, sub *Subscription, lease *Leas
 	for i, c := range chunks {
 		b := Batch{After: after, Events: c, Head: h.head}
 		if !lease.Ephemeral() {
-			b.Redeliveries, b.Unresolved, b.Stopped = h.retry, h.unresolved, h.stopped
+			b.Redeliveries, b.Unresolved, b.Stopped, b.checkpoint = h.retry, h.unresolved, h.stopped, h.checkpoint
 		}
 		if i < len(chunks)-1 || total == limit {
 			// Not the last batch, or the read was cut at its limit: this

@@ -9,7 +9,9 @@
 -- visible, so when fewer than $2 rows match, everything through the head (up
 -- to $6) has been considered and the checkpoint may move there. The
 -- checkpoint's epoch lets an idle leader notice that it has been fenced (an
--- operator's checkpoint set) without waiting for its next commit; the stop
+-- operator's checkpoint set) without waiting for its next commit, and its
+-- position one of the leader's own commits whose answer was lost (see
+-- "Commits whose outcome is unknown" in the package doc); the stop
 -- reason and the dead-letter counts tell it to halt, to re-deliver what an
 -- operator released, and whether any stream may be parked. A missing
 -- checkpoint row has epoch -1.
@@ -37,7 +39,7 @@
 WITH h AS MATERIALIZED (
     SELECT greatest(a.archived, (SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events)) AS head,
            coalesce(c.epoch, -1) AS epoch, coalesce(c.stopped_reason, '') AS stopped_reason,
-           d.retry, d.unresolved, a.archived
+           d.retry, d.unresolved, a.archived, coalesce(c.position, 0) AS checkpoint
       FROM (SELECT coalesce(max(global_sequence), 0) AS archived FROM {{.Schema}}.events_archive) a
       LEFT JOIN {{.Schema}}.checkpoints c ON c.subscriber_id = $7 AND c.partition = $5
      CROSS JOIN (SELECT count(*) FILTER (WHERE dl.status = 'retry') AS retry, count(*) AS unresolved
@@ -45,12 +47,12 @@ WITH h AS MATERIALIZED (
                   WHERE dl.subscriber_id = $7 AND dl.partition = $5
                     AND dl.status IN ('open', 'retry')) d)
 SELECT NULL::bigint, NULL::uuid, NULL::text, NULL::bigint, NULL::text, NULL::json, NULL::json, NULL::timestamptz,
-       h.head, h.epoch, h.stopped_reason, h.retry, h.unresolved, h.archived
+       h.head, h.epoch, h.stopped_reason, h.retry, h.unresolved, h.archived, h.checkpoint
   FROM h
 UNION ALL
 (SELECT ev.global_sequence, ev.event_id, ev.stream_id, ev.stream_version,
         ev.event_type, ev.data, ev.metadata, ev.recorded_at,
-        NULL, NULL, NULL, NULL, NULL, NULL
+        NULL, NULL, NULL, NULL, NULL, NULL, NULL
    FROM {{.Schema}}.events ev
   WHERE ev.global_sequence > $1
     AND ev.global_sequence <= least((SELECT head FROM h), $6)
@@ -168,7 +170,7 @@ SELECT CASE WHEN (SELECT count(*) FROM moved) = 1 THEN 1
 -- replica (Config.ReadPool): $1 subscriber, $2 partition. The checkpoint's
 -- epoch, stop reason and dead-letter counts must be the primary's, not a
 -- replica's that may lag behind this leader's own claim.
-SELECT coalesce(c.epoch, -1), coalesce(c.stopped_reason, ''), d.retry, d.unresolved
+SELECT coalesce(c.epoch, -1), coalesce(c.stopped_reason, ''), d.retry, d.unresolved, coalesce(c.position, 0)
   FROM (SELECT 1) one
   LEFT JOIN {{.Schema}}.checkpoints c ON c.subscriber_id = $1 AND c.partition = $2
  CROSS JOIN (SELECT count(*) FILTER (WHERE dl.status = 'retry') AS retry, count(*) AS unresolved

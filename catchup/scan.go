@@ -50,9 +50,11 @@ type batchHeader struct {
 	retry, unresolved int
 	// archived is the newest archived position (0: nothing archived).
 	archived int64
+	// checkpoint is the checkpoint's position (0: no row).
+	checkpoint int64
 }
 
-// ReadBatch's columns: the event's eight, then the header's six.
+// ReadBatch's columns: the event's eight, then the header's seven.
 const (
 	colPosition = iota
 	colID
@@ -68,6 +70,7 @@ const (
 	colRetry
 	colUnresolved
 	colArchived
+	colCheckpoint
 	batchColumns
 )
 
@@ -139,6 +142,9 @@ func (d *batchDecoder) row(vals [][]byte, h *batchHeader, saw *bool, events *[]e
 			return err
 		}
 		if h.archived, err = int8At(vals[colArchived], colArchived); err != nil {
+			return err
+		}
+		if h.checkpoint, err = int8At(vals[colCheckpoint], colCheckpoint); err != nil {
 			return err
 		}
 		h.retry, h.unresolved, *saw = int(r), int(u), true
@@ -250,21 +256,22 @@ func scanBatch(rows pgx.Rows, batchSize int) (batchHeader, [][]eventstore.Event,
 // scan reads a row answered in text through pgx's Scan.
 func (d *batchDecoder) scan(rows pgx.Rows, h *batchHeader, saw *bool, events *[]eventstore.Event) error {
 	var (
-		pos, version, head, epoch, retry, unresolved, archived *int64
-		id                                                     *uuid.UUID
-		stream, typ, stopped                                   *string
-		data, meta                                             []byte
-		recorded                                               *time.Time
+		pos, version, head, epoch, retry, unresolved, archived, checkpoint *int64
+		id                                                                 *uuid.UUID
+		stream, typ, stopped                                               *string
+		data, meta                                                         []byte
+		recorded                                                           *time.Time
 	)
 	if err := rows.Scan(&pos, &id, &stream, &version, &typ, &data, &meta, &recorded,
-		&head, &epoch, &stopped, &retry, &unresolved, &archived); err != nil {
+		&head, &epoch, &stopped, &retry, &unresolved, &archived, &checkpoint); err != nil {
 		return err
 	}
 	if pos == nil {
-		if head == nil || epoch == nil || stopped == nil || retry == nil || unresolved == nil || archived == nil {
+		if head == nil || epoch == nil || stopped == nil || retry == nil || unresolved == nil || archived == nil || checkpoint == nil {
 			return errors.New("header row with NULLs")
 		}
-		*h = batchHeader{head: *head, epoch: *epoch, stopped: *stopped, retry: int(*retry), unresolved: int(*unresolved), archived: *archived}
+		*h = batchHeader{head: *head, epoch: *epoch, stopped: *stopped, retry: int(*retry), unresolved: int(*unresolved), archived: *archived,
+			checkpoint: *checkpoint}
 		*saw = true
 		return nil
 	}

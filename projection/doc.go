@@ -87,6 +87,17 @@
 // A released dead letter whose re-delivery cannot commit is open again, as
 // after a handler error.
 //
+// Nor is a handler's error blamed on its event when the transaction's
+// connection failed under it (the server ended the session, the network
+// dropped): the transaction went with the session, nothing of it was
+// applied, and the batch is retried after RetryBackoff without counting an
+// attempt, so an outage cannot dead-letter events or park streams. A
+// handler that runs out of HandlerTimeout is still to blame (pgx closes the
+// connection of a query whose context ends). A batch whose COMMIT was sent
+// when the connection failed may have committed: the engine finds that out
+// at its next read and goes on from the checkpoint, so those events are not
+// applied twice (package catchup, "Commits whose outcome is unknown").
+//
 // # Read-model setup
 //
 // A projection declares what its read model needs with Typed.OnSetup (or by

@@ -15,6 +15,7 @@ import (
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/failure"
+	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/recovered"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
@@ -150,10 +151,15 @@ func (f *failures) deliver(ctx context.Context, e eventstore.Event, fn handlerFu
 	hctx := f.handlerContext(ctx)
 	err := f.call(hctx, e, fn)
 	if err != nil && hctx.Err() != nil && ctx.Err() == nil {
-		err = errors.Wrapf(err, "handler timed out after %s", f.timeout)
+		err = errmark.Mark(errors.Wrapf(err, "handler timed out after %s", f.timeout), errHandlerTimedOut)
 	}
 	return err
 }
+
+// errHandlerTimedOut marks the error of a handler that ran out of its
+// timeout: its own failure, although pgx closes the connection of a query
+// whose context ends under it (see connLost).
+var errHandlerTimedOut = errors.New("projection: handler timed out")
 
 // call upcasts e and runs fn, turning a panic into an error with its stack.
 func (f *failures) call(ctx context.Context, e eventstore.Event, fn handlerFunc) error {
@@ -193,7 +199,7 @@ func (f *failures) deliverTraced(ctx context.Context, e eventstore.Event, fn han
 	defer cancel()
 	err := f.call(hctx, e, fn)
 	if err != nil && hctx.Err() != nil && ctx.Err() == nil {
-		err = errors.Wrapf(err, "handler timed out after %s", f.timeout)
+		err = errmark.Mark(errors.Wrapf(err, "handler timed out after %s", f.timeout), errHandlerTimedOut)
 	}
 	outcome := f.okAttrs
 	if err != nil {

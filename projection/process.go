@@ -468,6 +468,19 @@ func blameable(ctx context.Context, err error) bool {
 	return false
 }
 
+// connLost reports whether err, returned by a handler running in tx, came
+// from tx's connection failing under it (the server ended the session, the
+// network failed, the pool's connection was closed) rather than from what
+// the handler did with the event: the transaction went with the session,
+// so nothing of it was applied, and the batch is retried as after any
+// database outage (the engine's RetryBackoff) instead of counting an
+// attempt against the event, which could dead-letter it and park its
+// stream for an outage. A handler that ran out of its timeout is still to
+// blame, although pgx closes the connection of a query whose context ends.
+func connLost(ctx context.Context, tx pgx.Tx, err error) bool {
+	return ctx.Err() == nil && tx.Conn().IsClosed() && !errors.Is(err, errHandlerTimedOut)
+}
+
 // eventFailure is err, the failure of projection name's transaction for e,
 // with the event named and explained (see explain).
 func eventFailure(name string, e eventstore.Event, err error, atCommit bool) error {
@@ -549,6 +562,10 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 				continue
 			}
 			err := t.f.deliver(ctx, e, handle)
+			if err != nil && connLost(ctx, tx, err) {
+				return 0, errors.Wrapf(err, "projection %q: event %d: the connection failed under its handler (the event is not to blame)",
+					t.p.Name(), e.GlobalSequence)
+			}
 			if err != nil {
 				failedAt = i
 				return 0, eventFailure(t.p.Name(), e, err, false)
@@ -590,6 +607,10 @@ func (t *txProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error
 				return err
 			}
 			err := t.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return t.p.Handle(ctx, tx, e) })
+			if err != nil && connLost(ctx, tx, err) {
+				return errors.Wrapf(err, "projection %q: re-delivering event %d: the connection failed under its handler (the event is not to blame)",
+					t.p.Name(), e.GlobalSequence)
+			}
 			if err != nil {
 				return handlerError{explain(err, false)}
 			}

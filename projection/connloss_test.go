@@ -1,0 +1,241 @@
+package projection_test
+
+// A projection's connection failing at the worst moments: right after the
+// batch's COMMIT was sent (the commit lands, its answer is lost), and under
+// a handler (the transaction is gone with the session). Neither may apply
+// an event twice, and neither is the event's failure.
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/projection"
+)
+
+// cutConn is a client connection to PostgreSQL that a test can cut: at
+// once, or right after the next write that carries an Execute message (the
+// statements of a pipelined batch, such as a batch's checkpoint move and
+// COMMIT, go in one write; preparing statements sends no Execute).
+type cutConn struct {
+	net.Conn
+	afterExecute atomic.Bool
+}
+
+func (c *cutConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if err == nil && c.afterExecute.Load() && hasExecute(b) {
+		c.afterExecute.Store(false)
+		_ = c.Conn.Close()
+	}
+	return n, err
+}
+
+// hasExecute reports whether b, whole frontend messages, holds an Execute
+// ('E') message.
+func hasExecute(b []byte) bool {
+	for len(b) >= 5 {
+		n := int(binary.BigEndian.Uint32(b[1:5]))
+		if b[0] == 'E' {
+			return true
+		}
+		if n < 4 || 1+n > len(b) {
+			return false
+		}
+		b = b[1+n:]
+	}
+	return false
+}
+
+// cutPool is a pool whose connections the test can find by their local
+// port (the server's inet_client_port()) and cut.
+type cutPool struct {
+	mu    sync.Mutex
+	conns map[int]*cutConn
+}
+
+func newCutPool(t *testing.T, db *annalstest.DB) (*pgxpool.Pool, *cutPool) {
+	t.Helper()
+	cp := &cutPool{conns: map[int]*cutConn{}}
+	cfg := db.Pool.Config()
+	var d net.Dialer
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		cc := &cutConn{Conn: c}
+		if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
+			cp.mu.Lock()
+			cp.conns[a.Port] = cc
+			cp.mu.Unlock()
+		}
+		return cc, nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, cp
+}
+
+// of returns the connection tx runs on.
+func (cp *cutPool) of(ctx context.Context, t *testing.T, tx pgx.Tx) *cutConn {
+	var port int
+	if err := tx.QueryRow(ctx, `SELECT inet_client_port()`).Scan(&port); err != nil {
+		t.Errorf("the handler's client port: %v", err)
+		return nil
+	}
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	c := cp.conns[port]
+	if c == nil {
+		t.Errorf("no connection of the pool on local port %d (not TCP?)", port)
+	}
+	return c
+}
+
+// cutProjection records each application of an event in applied (no key:
+// an event applied twice has two rows) and, on its first call, does what
+// cut says to its connection (cut reports whether it cut at once).
+type cutProjection struct {
+	t     *testing.T
+	cp    *cutPool
+	cut   func(c *cutConn) bool
+	calls atomic.Int64
+}
+
+func (p *cutProjection) Name() string { return "cut" }
+
+func (p *cutProjection) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
+	if p.calls.Add(1) == 1 {
+		if c := p.cp.of(ctx, p.t, tx); c != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO applied (position) VALUES ($1)`, e.GlobalSequence); err != nil {
+				return err
+			}
+			if p.cut(c) {
+				// Cut at once: this statement fails, and the handler returns
+				// its error, as a handler does.
+				_, err := tx.Exec(ctx, `SELECT 1`)
+				return err
+			}
+			return nil
+		}
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO applied (position) VALUES ($1)`, e.GlobalSequence)
+	return err
+}
+
+func runCut(t *testing.T, cut func(c *cutConn) bool) (*annalstest.DB, *cutProjection) {
+	t.Helper()
+	ctx := t.Context()
+	db := annalstest.NewDB(t, nil)
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE applied (position bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	store, err := eventstore.New(db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, cp := newCutPool(t, db)
+	p := &cutProjection{t: t, cp: cp, cut: cut}
+	runner, err := projection.NewRunner(pool, &projection.Config{RetryBackoff: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No retries: an attempt counted against the event dead-letters it.
+	if err := runner.Register(p, &projection.Options{Retry: &projection.RetryPolicy{MaxRetries: -1}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Append(ctx, "cut-1", eventstore.NoStream, eventstore.EventData{Type: "cut.happened", Data: map[string]int{"n": 1}}); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- runner.Run(rctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	// The first event, then a second appended once the first attempt is
+	// over: the runner has caught up past both only when it holds 2.
+	annalstest.WaitFor(t, 20*time.Second, func() bool { return p.calls.Load() >= 1 })
+	if _, err := store.Append(ctx, "cut-2", eventstore.NoStream, eventstore.EventData{Type: "cut.happened", Data: map[string]int{"n": 2}}); err != nil {
+		t.Fatal(err)
+	}
+	annalstest.WaitFor(t, 20*time.Second, func() bool {
+		var n int64
+		err := db.Pool.QueryRow(ctx, `SELECT position FROM annals.checkpoints WHERE subscriber_id = 'cut'`).Scan(&n)
+		return err == nil && n >= 2
+	})
+	return db, p
+}
+
+// appliedCounts returns how often each position was applied, and the
+// subscriber's dead letters.
+func appliedCounts(t *testing.T, db *annalstest.DB) (map[int64]int, int) {
+	t.Helper()
+	ctx := t.Context()
+	rows, err := db.Pool.Query(ctx, `SELECT position, count(*) FROM applied GROUP BY position`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[int64]int{}
+	var pos int64
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&pos, &n}, func() error { counts[pos] = n; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	var dead int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM annals.dead_letters WHERE subscriber_id = 'cut'`).Scan(&dead); err != nil {
+		t.Fatal(err)
+	}
+	return counts, dead
+}
+
+// The connection is cut right after the batch's COMMIT is sent: the batch
+// commits, and the runner gets an error instead of its answer. It must not
+// apply the batch again (its next read finds the checkpoint past its
+// cursor and goes on from there).
+func TestCommitAnswerLost(t *testing.T) {
+	t.Parallel()
+	db, p := runCut(t, func(c *cutConn) bool { c.afterExecute.Store(true); return false })
+	counts, dead := appliedCounts(t, db)
+	if counts[1] != 1 || counts[2] != 1 || dead != 0 {
+		t.Fatalf("applied %v (position: times), %d dead letters, %d handler calls; want each position once and no dead letter",
+			counts, dead, p.calls.Load())
+	}
+}
+
+// The connection is cut under a handler: its transaction is gone, nothing
+// of it applied. That is an outage, not the event's failure: no attempt is
+// counted (with no retries allowed, one would dead-letter the event), and
+// the event is applied once when the batch is retried.
+func TestConnectionCutUnderHandler(t *testing.T) {
+	t.Parallel()
+	db, p := runCut(t, func(c *cutConn) bool { _ = c.Conn.Close(); return true })
+	counts, dead := appliedCounts(t, db)
+	if counts[1] != 1 || counts[2] != 1 || dead != 0 {
+		t.Fatalf("applied %v (position: times), %d dead letters, %d handler calls; want each position once and no dead letter",
+			counts, dead, p.calls.Load())
+	}
+	var failures int
+	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM annals.failures WHERE subscriber_id = 'cut'`).Scan(&failures); err != nil {
+		t.Fatal(err)
+	}
+	if failures != 0 {
+		t.Fatalf("%d failed attempts recorded for a connection cut under the handler, want 0", failures)
+	}
+}
