@@ -126,13 +126,49 @@ func open(ctx context.Context, label string, opts *Options) (*DB, func() error, 
 		return nil, nil, errors.CombineErrors(errors.Wrapf(err, "annalstest: connect to %s", name), drop())
 	}
 	closeDB := func() error {
-		db.Pool.Close() // before the drop
-		return drop()
+		leaked := closePool(db.Pool, leakGrace)
+		err := drop() // WITH (FORCE): ends the sessions of leaked connections
+		if leaked > 0 {
+			err = errors.CombineErrors(errors.Newf("annalstest: %d connection(s) of the pool of database %s "+
+				"were still acquired %v after the test ended: a transaction never committed or rolled back, "+
+				"rows never closed, or a connection acquired and never released; the database was dropped anyway",
+				leaked, name, leakGrace), err)
+		}
+		return err
 	}
 	if err := db.Pool.Ping(ctx); err != nil {
 		return nil, nil, errors.CombineErrors(errors.Wrapf(err, "annalstest: connect to %s", name), closeDB())
 	}
 	return db, closeDB, nil
+}
+
+// leakGrace is how long closing a test's pool waits for acquired connections
+// to be released before they are reported as leaked. A variable for tests.
+var leakGrace = 5 * time.Second
+
+// closePool closes pool, waiting at most grace for its acquired connections to
+// be released, and returns how many were still acquired then (0 if the pool
+// closed). pgxpool's Close blocks until every acquired connection is released,
+// which for a leaked transaction is never; in that case Close goes on in the
+// background and ends if the test releases them later.
+func closePool(pool *pgxpool.Pool, grace time.Duration) int32 {
+	closed := make(chan struct{})
+	go func() {
+		pool.Close()
+		close(closed)
+	}()
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-closed:
+		return 0
+	case <-timer.C:
+		if n := pool.Stat().AcquiredConns(); n > 0 {
+			return n
+		}
+		<-closed // none acquired: only idle connections being closed, which is bounded
+		return 0
+	}
 }
 
 // newDBName returns a unique database name that shows which test made it.

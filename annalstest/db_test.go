@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -208,4 +209,64 @@ func TestQueries(t *testing.T) {
 	if got, want := bind("CloneTemplate", `a"b`, "t"), `CREATE DATABASE "a""b" TEMPLATE "t";`; got != want {
 		t.Errorf("bind = %s, want %s", got, want)
 	}
+}
+
+// cleanupTB is a testing.TB for NewDB that records errors and keeps the
+// cleanups for the test to run.
+type cleanupTB struct {
+	testing.TB
+	ctx      context.Context
+	errors   []string
+	cleanups []func()
+}
+
+func (f *cleanupTB) Helper()                  {}
+func (f *cleanupTB) Name() string             { return "TestCleanupTB" }
+func (f *cleanupTB) Context() context.Context { return f.ctx }
+func (f *cleanupTB) Cleanup(fn func())        { f.cleanups = append(f.cleanups, fn) }
+func (f *cleanupTB) Errorf(format string, args ...any) {
+	f.errors = append(f.errors, fmt.Sprintf(format, args...))
+}
+func (f *cleanupTB) Fatalf(format string, args ...any) {
+	panic(fmt.Sprintf("Fatalf: "+format, args...))
+}
+
+func (f *cleanupTB) runCleanups() {
+	for i := len(f.cleanups) - 1; i >= 0; i-- {
+		f.cleanups[i]()
+	}
+}
+
+func TestNewDBLeakedTransaction(t *testing.T) {
+	// Not parallel: it lowers leakGrace.
+	defer func(g time.Duration) { leakGrace = g }(leakGrace)
+	leakGrace = 200 * time.Millisecond
+
+	ft := &cleanupTB{ctx: t.Context()}
+	db := NewDB(ft, nil)
+	tx, err := db.Pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// tx is leaked: neither committed nor rolled back before the test ends.
+
+	done := make(chan struct{})
+	go func() {
+		ft.runCleanups()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the cleanup of a test that leaked a transaction did not end within 30s")
+	}
+	if len(ft.errors) != 1 || !strings.Contains(ft.errors[0], "1 connection(s)") ||
+		!strings.Contains(ft.errors[0], "still acquired") {
+		t.Errorf("errors = %q, want one reporting 1 leaked connection", ft.errors)
+	}
+	if databaseExists(t, db.Name) {
+		t.Errorf("database %s still exists after the cleanup", db.Name)
+	}
+	// The drop ended the leaked session; releasing it lets the pool finish closing.
+	_ = tx.Rollback(context.Background())
 }

@@ -58,8 +58,12 @@
 // Templates stay on the server for the next run.
 //
 // When the test ends, the database's pool is closed and the database dropped
-// (DROP DATABASE ... WITH (FORCE), so connections the test leaked do not
-// block it). PostgreSQL 13 or later is required.
+// (DROP DATABASE ... WITH (FORCE)). A connection of the pool that is still
+// acquired a few seconds after the test ended (a transaction never committed
+// or rolled back, rows never closed, a conn never released) fails the test
+// with the number of such connections; the database is dropped anyway, which
+// ends their sessions. Connections the test opened itself, outside the pool,
+// do not block the drop either. PostgreSQL 13 or later is required.
 //
 // # Waiting
 //
