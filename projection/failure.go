@@ -156,6 +156,12 @@ func (f *failures) deliver(ctx context.Context, e eventstore.Event, fn handlerFu
 	return err
 }
 
+// unboundedTimeout is the smallest HandlerTimeout that means no timeout at
+// all: a handler deadline so far ahead that nobody means one, and
+// math.MaxInt64 (a common way to say "never") would overflow the deadline
+// arithmetic of handlerContext, which puts it centuries in the past.
+const unboundedTimeout = 100 * 365 * 24 * time.Hour
+
 // errHandlerTimedOut marks the error of a handler that ran out of its
 // timeout: its own failure, although pgx closes the connection of a query
 // whose context ends under it (see connLost).
@@ -195,8 +201,12 @@ func (f *failures) deliverTraced(ctx context.Context, e eventstore.Event, fn han
 		)
 	}
 	start := time.Now()
-	hctx, cancel := context.WithTimeout(ctx, f.timeout)
-	defer cancel()
+	hctx := ctx
+	if f.timeout > 0 {
+		var cancel context.CancelFunc
+		hctx, cancel = context.WithTimeout(ctx, f.timeout)
+		defer cancel()
+	}
 	err := f.call(hctx, e, fn)
 	if err != nil && hctx.Err() != nil && ctx.Err() == nil {
 		err = errmark.Mark(errors.Wrapf(err, "handler timed out after %s", f.timeout), errHandlerTimedOut)
@@ -219,8 +229,12 @@ func (f *failures) deliverTraced(ctx context.Context, e eventstore.Event, fn han
 // its deadline comes closer than HandlerTimeout; releaseContext cancels it
 // at the end of a batch. The check reads only the monotonic clock (time.Since
 // a base taken once): time.Now reads the wall clock too, and was the largest
-// remaining cost of this path in a catch-up profile.
+// remaining cost of this path in a catch-up profile. Without a timeout
+// (f.timeout 0: see unboundedTimeout) it returns ctx itself.
 func (f *failures) handlerContext(ctx context.Context) context.Context {
+	if f.timeout <= 0 {
+		return ctx
+	}
 	if f.hbase.IsZero() {
 		f.hbase = time.Now()
 	}

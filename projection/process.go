@@ -23,10 +23,11 @@ import (
 // failures is the failure handling both processors share: recording
 // attempts, waiting between retries, dead-lettering, parking and stopping.
 type failures struct {
-	name       string
-	q          map[string]string
-	retry      RetryPolicy
-	policy     DeadLetterPolicy
+	name   string
+	q      map[string]string
+	retry  RetryPolicy
+	policy DeadLetterPolicy
+	// timeout is the HandlerTimeout; 0 means none (see unboundedTimeout).
 	timeout    time.Duration
 	clock      Clock
 	hooks      Hooks

@@ -155,7 +155,9 @@ type Options struct {
 	// Defaults to ParkStream for projections and SkipEvent for observers.
 	OnDeadLetter DeadLetterPolicy
 	// HandlerTimeout bounds each Handle call through its context; a timeout
-	// is a failed attempt. Defaults to 30s.
+	// is a failed attempt. Defaults to 30s. A timeout of 100 years or more
+	// (math.MaxInt64, say) means none: the handler's context then has no
+	// deadline of its own.
 	HandlerTimeout time.Duration
 	// SyncCommits makes every batch of a projection wait for its commit's
 	// WAL flush. By default a batch read while the projection is behind the
@@ -513,8 +515,11 @@ func (r *Runner) failures(name string, o Options) *failures {
 		policy = *o.Retry
 	}
 	timeout := o.HandlerTimeout
-	if timeout <= 0 {
+	switch {
+	case timeout <= 0:
 		timeout = 30 * time.Second
+	case timeout >= unboundedTimeout:
+		timeout = 0 // none
 	}
 	sub := telemetry.Subscriber.String(name)
 	return &failures{
