@@ -76,8 +76,10 @@
 // [FakeClock], and returns what the saga made of them: its instances'
 // state ([SagaReplay.Instance]), the effects it appended
 // ([SagaReplay.Effects]) and its timers ([SagaReplay.Timers]).
-// [SagaReplay.Advance] moves the clock and fires the deadlines that fall
-// due, which the saga then handles; [SagaReplay.Append] adds events. Its
+// [SagaReplay.Advance] moves the clock as time would pass, stepping through
+// each timer's due time and each tick of the cron tasks added to
+// SagaReplay.Scheduler, and fires each when it falls due, which the saga
+// then handles; [SagaReplay.Append] adds events. Its
 // options embed ReplayOptions, and failures are reported as for
 // projections.
 package testkit

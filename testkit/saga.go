@@ -130,14 +130,18 @@ func (r *SagaReplay[S]) Append(t testing.TB, events ...any) {
 const maxAdvanceSteps = 10000
 
 // Advance moves the fake clock forward by d as time would pass: it steps
-// the clock through each pending timer's due time up to Now()+d, in order,
-// and at each fires the timers due then and runs the saga to the head. So
-// a handler sees Now() equal to the due time of the timer whose event it
-// handles, and a timer that a handler schedules within the window fires in
-// it too. Then it sets the clock to Now()+d (firing what is due then, such
-// as cron ticks of tasks added to Scheduler) and returns how many timers and
-// ticks fired in all. A negative d, or a timer that is due but does not
-// fire, fails the test.
+// the clock through each pending timer's due time and each tick of the cron
+// tasks added to Scheduler (registered in it and not paused) up to
+// Now()+d, in order, and at each fires what is due then and runs the saga
+// to the head. So a handler sees Now() equal to the due time of the timer
+// whose event it handles, a timer that a handler schedules within the
+// window fires in it too, and a task fires every tick that falls in the
+// window (a daily task, three ticks for Advance(72h)), whatever its
+// MissedPolicy, as a dispatcher that never stopped would. Then it sets the
+// clock to Now()+d and returns how many timers and ticks fired in all. A
+// negative d, a timer or tick that is due but does not fire (a task's Event
+// that fails is retried only after Config.RetryBackoff), or more than 10000
+// due times in the window, fails the test.
 func (r *SagaReplay[S]) Advance(t testing.TB, d time.Duration) int {
 	t.Helper()
 	if d < 0 {
@@ -150,24 +154,26 @@ func (r *SagaReplay[S]) Advance(t testing.TB, d time.Duration) int {
 	fired := 0
 	var stuck *time.Time // the due time of the last pass that fired nothing
 	for step := 0; ; step++ {
-		st, err := r.Scheduler.TimerStats(ctx)
+		next, err := r.nextDue(ctx)
 		if err != nil {
 			t.Fatalf("testkit: %v", err)
 			return fired
 		}
-		if st.NextDue == nil || st.NextDue.After(target) {
+		if next == nil || next.After(target) {
 			break
 		}
 		if step == maxAdvanceSteps {
-			t.Fatalf("testkit: Advance(%v): still timers due at %v after %d passes; does a handler schedule timers due at once forever?",
-				d, st.NextDue, step)
+			t.Fatalf("testkit: Advance(%v): still timers or cron ticks due at %v after %d passes; "+
+				"does a handler schedule timers due at once forever, or a task tick more often than that in the window?",
+				d, next, step)
 			return fired
 		}
-		if stuck != nil && stuck.Equal(*st.NextDue) {
-			t.Fatalf("testkit: Advance(%v): a timer due at %v does not fire (held by another dispatcher?)", d, st.NextDue)
+		if stuck != nil && stuck.Equal(*next) {
+			t.Fatalf("testkit: Advance(%v): a timer or cron tick due at %v does not fire "+
+				"(held by another dispatcher, or a task's Event fails?)", d, next)
 			return fired
 		}
-		r.Clock.advanceTo(*st.NextDue)
+		r.Clock.advanceTo(*next)
 		n, err := r.fire(ctx)
 		fired += n
 		if err != nil {
@@ -176,7 +182,7 @@ func (r *SagaReplay[S]) Advance(t testing.TB, d time.Duration) int {
 		}
 		stuck = nil
 		if n == 0 {
-			stuck = st.NextDue
+			stuck = next
 		}
 	}
 	r.Clock.advanceTo(target)
@@ -185,6 +191,31 @@ func (r *SagaReplay[S]) Advance(t testing.TB, d time.Duration) int {
 		t.Fatalf("testkit: %v", err)
 	}
 	return fired + n
+}
+
+// nextDue returns the earliest due time of a pending timer or of the next
+// tick of a cron task this Scheduler fires (registered, not paused); nil if
+// there is none.
+func (r *SagaReplay[S]) nextDue(ctx context.Context) (*time.Time, error) {
+	st, err := r.Scheduler.TimerStats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	next := st.NextDue
+	tasks, err := r.Scheduler.Tasks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, task := range tasks {
+		if !task.Registered || task.Paused || task.NextTick.IsZero() {
+			continue
+		}
+		if next == nil || task.NextTick.Before(*next) {
+			tick := task.NextTick
+			next = &tick
+		}
+	}
+	return next, nil
 }
 
 // fire fires what is due by the clock's time and runs the saga to the head.

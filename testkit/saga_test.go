@@ -2,6 +2,7 @@ package testkit_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/saga"
+	"github.com/annals-dev/annals/scheduler"
 	"github.com/annals-dev/annals/testkit"
 )
 
@@ -227,5 +229,36 @@ func TestReplaySagaAdvanceStepsThroughDueTimes(t *testing.T) {
 	}
 	if n := r.Advance(t, time.Hour); n != 1 || seen() != "2h0m0s 4h0m0s 6h0m0s" {
 		t.Errorf("Advance(1h) fired %d; ticks at start+[%s]; want 1 at 6h", n, seen())
+	}
+}
+
+// Advance passes over cron ticks as time would pass: a daily task fires once
+// for each night in the window, whatever its missed-tick policy, and the
+// saga sees each tick at its own time.
+func TestReplaySagaAdvanceFiresEveryCronTick(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []scheduler.MissedPolicy{scheduler.FireLatest, scheduler.SkipMissed} {
+		t.Run(policy.String(), func(t *testing.T) {
+			t.Parallel()
+			reg := sagaRegistry()
+			r := testkit.ReplaySaga(t, onboardingSaga(reg), &testkit.SagaReplayOptions{ReplayOptions: testkit.ReplayOptions{Registry: reg}})
+			if err := r.Scheduler.AddTask(t.Context(), scheduler.Task{Name: "nightly", Spec: "30 2 * * *", StreamID: "reports", Missed: policy}); err != nil {
+				t.Fatal(err)
+			}
+			if n := r.Advance(t, 72*time.Hour); n != 3 {
+				t.Errorf("Advance(72h) fired %d, want 3 (a tick each night)", n)
+			}
+			var ticks []string
+			for _, e := range r.Effects(t) {
+				var td scheduler.TickData
+				if err := json.Unmarshal(e.Data, &td); err != nil || e.StreamID != "reports" {
+					t.Fatalf("effect %s %s: %v", e.StreamID, e.Type, err)
+				}
+				ticks = append(ticks, td.Tick.Sub(testkit.DefaultSagaStart).String())
+			}
+			if got, want := strings.Join(ticks, " "), "2h30m0s 26h30m0s 50h30m0s"; got != want {
+				t.Errorf("ticks at start+[%s], want [%s]", got, want)
+			}
+		})
 	}
 }
