@@ -16,6 +16,11 @@ var (
 	// Nothing is stored.
 	ErrInvalidTask = errors.New("invalid cron task")
 
+	// ErrInvalidConfig is matched by every rejection of a Config by New: a
+	// negative duration or count, a schema other than the store's, a
+	// ClaimTimeout PostgreSQL cannot take (under 1 ms or over 2^31-1 ms).
+	ErrInvalidConfig = errors.New("invalid scheduler config")
+
 	// ErrUnknownTask is returned by PauseTask, ResumeTask and DeleteTask for
 	// a name that has no task.
 	ErrUnknownTask = errors.New("unknown cron task")

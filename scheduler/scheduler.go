@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"io"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,9 +84,15 @@ type Config struct {
 	// while connected cannot keep what it claimed; another dispatcher fires
 	// it. Wall time, set with SET LOCAL idle_in_transaction_session_timeout.
 	// A claim is idle only between its round trips (and while a task's Event
-	// func runs), so this must exceed the slowest Event func. Defaults to 10 s.
+	// func runs), so this must exceed the slowest Event func. At least 1 ms
+	// and at most 2^31-1 ms (about 24.8 days, PostgreSQL's limit for the
+	// setting); New rejects other values. Defaults to 10 s.
 	ClaimTimeout time.Duration
 }
+
+// maxClaimTimeout is the largest idle_in_transaction_session_timeout
+// PostgreSQL accepts: INT_MAX milliseconds.
+const maxClaimTimeout = math.MaxInt32 * time.Millisecond
 
 func (c *Config) withDefaults(storeSchema string) (Config, error) {
 	var out Config
@@ -96,7 +103,7 @@ func (c *Config) withDefaults(storeSchema string) (Config, error) {
 		out.Schema = storeSchema
 	}
 	if out.Schema != storeSchema {
-		return out, errors.Newf("scheduler: Config.Schema %q differs from the store's schema %q", out.Schema, storeSchema)
+		return out, errors.Wrapf(ErrInvalidConfig, "scheduler: Config.Schema %q differs from the store's schema %q", out.Schema, storeSchema)
 	}
 	if out.Clock == nil {
 		out.Clock = wallClock{}
@@ -107,7 +114,7 @@ func (c *Config) withDefaults(storeSchema string) (Config, error) {
 	if out.PollInterval < 0 || out.BatchSize < 0 || out.MaxAttempts < 0 || out.RetryBackoff < 0 ||
 		out.MaxRetryBackoff < 0 || out.MissedGrace < 0 || out.TickRetention < 0 || out.ContentionBackoff < 0 ||
 		out.ClaimTimeout < 0 {
-		return out, errors.New("scheduler: Config durations and counts must not be negative")
+		return out, errors.Wrap(ErrInvalidConfig, "scheduler: Config durations and counts must not be negative")
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
@@ -126,6 +133,12 @@ func (c *Config) withDefaults(storeSchema string) (Config, error) {
 	}
 	if out.MaxAttempts == 0 {
 		out.MaxAttempts = 5
+	}
+	// Sent to the server as whole milliseconds: under 1 ms would be 0, which
+	// turns the timeout off, and over INT_MAX ms the server refuses it, so
+	// that every claim (and so every pass) would fail.
+	if out.ClaimTimeout < time.Millisecond || out.ClaimTimeout > maxClaimTimeout {
+		return out, errors.Wrapf(ErrInvalidConfig, "scheduler: Config.ClaimTimeout %v: want 1ms to %v", out.ClaimTimeout, maxClaimTimeout)
 	}
 	return out, nil
 }

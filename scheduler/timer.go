@@ -409,6 +409,10 @@ func (s *Scheduler) fail(ctx context.Context, now time.Time, c claimed, ferr err
 func (s *Scheduler) backoff(attempt int) time.Duration {
 	d := s.cfg.RetryBackoff
 	for i := 1; i < attempt && d < s.cfg.MaxRetryBackoff; i++ {
+		if d > s.cfg.MaxRetryBackoff/2 {
+			d = s.cfg.MaxRetryBackoff // doubling could overflow
+			break
+		}
 		d *= 2
 	}
 	return min(d, s.cfg.MaxRetryBackoff)
