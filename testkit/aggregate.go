@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -105,7 +106,9 @@ func (s *AggregateScenario[A]) Then(expected ...any) A {
 }
 
 // ThenError runs the scenario and checks that the command failed with an
-// error matching target (errors.Is); a nil target accepts any error. Events
+// error matching target (errors.Is); a nil target accepts any error, but
+// not a panic: a command that panics fails Then and ThenError alike, with
+// the panic value and its stack. Events
 // the command recorded before failing are not checked: a failed command is
 // never saved.
 func (s *AggregateScenario[A]) ThenError(target error) A {
@@ -148,7 +151,11 @@ func (s *AggregateScenario[A]) run() (a A, recorded []any, err error, ok bool) {
 		s.t.Errorf("testkit: %s: the given history does not apply: %v", s.name(), herr)
 		return a, nil, nil, false
 	}
-	err = aggSafely(func() error { return s.command(a) })
+	panicked, err := aggSafely(func() error { return s.command(a) })
+	if panicked != "" {
+		s.t.Errorf("testkit: %s: %s", s.name(), panicked)
+		return a, nil, nil, false
+	}
 	return a, append([]any(nil), a.Uncommitted()...), err, true
 }
 
@@ -230,12 +237,13 @@ func aggDeref(events []any) []any {
 	return out
 }
 
-// aggSafely runs a command, turning a panic into an error.
-func aggSafely(fn func() error) (err error) {
+// aggSafely runs a command and recovers a panic: panicked then describes it,
+// with the stack. A panic is a bug, never the error a scenario expects.
+func aggSafely(fn func() error) (panicked string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = errors.Newf("the command panicked: %v", r)
+			panicked = fmt.Sprintf("the command panicked: %v\n%s", r, debug.Stack())
 		}
 	}()
-	return fn()
+	return "", fn()
 }

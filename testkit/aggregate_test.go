@@ -216,7 +216,24 @@ func TestGivenWhenThenReportsFailures(t *testing.T) {
 		t.Parallel()
 		f := &gwTB{}
 		testkit.Given(f, newWallet).When(func(*wallet) error { panic("boom") }).Then()
-		expectFailure(t, f, "panicked: boom")
+		expectFailure(t, f, "panicked: boom", "goroutine ", "aggregate_test.go:")
+	})
+
+	// A panic is a bug, not the error a scenario expects: ThenError fails
+	// on it whatever its target, "any error" (nil) included.
+	t.Run("PanicIsNotAnError", func(t *testing.T) {
+		t.Parallel()
+		for _, target := range []error{nil, errNoFunds} {
+			f := &gwTB{}
+			testkit.Given(f, newWallet, opened).
+				When(func(*wallet) error {
+					var m map[string]int
+					m["x"] = 1 // panics: assignment to entry in nil map
+					return errNoFunds
+				}).
+				ThenError(target)
+			expectFailure(t, f, "panicked: assignment to entry in nil map", "aggregate_test.go:")
+		}
 	})
 
 	t.Run("UnregisteredEvent", func(t *testing.T) {
