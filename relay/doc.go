@@ -78,8 +78,10 @@
 // EnsureStream creates the stream (Config.Stream, default "ANNALS") with the
 // template's subject filter (placeholders as "*": "annals.*.*"), limits
 // retention, file storage, Config.MaxAge, DenyDelete and DenyPurge, and the
-// duplicate window; an existing stream must take those subjects, keep
-// limits retention and de-duplicate at least as long.
+// duplicate window; an existing stream must take those subjects (one of
+// its subjects covers the filter by NATS wildcard rules, token by token:
+// "annals.*.*", "annals.*.>" or "annals.>" for the default), keep limits
+// retention and de-duplicate at least as long.
 //
 // # Failures
 //

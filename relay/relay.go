@@ -207,7 +207,8 @@ func (r *Relay) StreamConfig() jetstream.StreamConfig {
 var ErrStreamMismatch = errors.New("relay: the JetStream stream does not fit the relay")
 
 // EnsureStream creates the stream unless it exists, and checks an existing
-// one: it must take the relay's subjects, keep messages by limits (not
+// one: it must take the relay's subjects (one of its subjects must cover
+// SubjectFilter by NATS wildcard rules: "annals.*.*", "annals.>", ">"), keep messages by limits (not
 // interest or work queue, which delete them), and de-duplicate over at least
 // Duplicates.
 func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
@@ -225,7 +226,7 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 	got := s.CachedInfo().Config
 	covered := false
 	for _, sub := range got.Subjects {
-		covered = covered || sub == want.Subjects[0] || sub == r.cfg.Prefix+".>"
+		covered = covered || subjectCovers(sub, want.Subjects[0])
 	}
 	switch {
 	case !covered:

@@ -275,3 +275,49 @@ func TestRelayStreamOwnershipAndLoss(t *testing.T) {
 		t.Fatalf("the relay's log does not tell of the lost stream:\n%s", l)
 	}
 }
+
+// An existing stream is taken when one of its subjects covers the relay's
+// by NATS wildcard rules ("annals.*.*.*" for "annals.x.*.*", "annals.*.>",
+// which were refused), and
+// refused when none does ("wide.>" for "orders.*.*", which was taken, and
+// then every publish failed with "no response from stream").
+func TestEnsureStreamChecksSubjectsByWildcards(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	appendMany(t, b.store, 3)
+	for _, c := range []struct {
+		streamSubject, prefix, template string
+		ok                              bool
+	}{
+		{"annals.*.*.*", "", "{prefix}.x.{type}.{stream}", true},
+		{"annals.*.>", "", "", true},
+		{"wide.>", "wide", "orders.{type}.{stream}", false},
+		{"annals.*", "", "", false},
+	} {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		if _, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{c.streamSubject}, Duplicates: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Stream: "S", Prefix: c.prefix, Subject: c.template, Name: "r" + fmt.Sprint(len(c.template), c.ok)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = r.EnsureStream(ctx)
+		switch {
+		case c.ok && err != nil:
+			t.Errorf("stream on %q, relay on %q: %v", c.streamSubject, r.SubjectFilter(), err)
+		case !c.ok && !errors.Is(err, relay.ErrStreamMismatch):
+			t.Errorf("stream on %q, relay on %q: %v, want ErrStreamMismatch", c.streamSubject, r.SubjectFilter(), err)
+		case c.ok:
+			if err := r.CatchUp(ctx); err != nil {
+				t.Errorf("stream on %q: %v", c.streamSubject, err)
+			} else if n := len(b.relayed("S")); n != 3 {
+				t.Errorf("stream on %q holds %d messages, want 3", c.streamSubject, n)
+			}
+		}
+		if err := b.js.DeleteStream(ctx, "S"); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+	}
+}

@@ -150,3 +150,29 @@ func (s subjects) render(e eventstore.Event) string {
 	}
 	return b.String()
 }
+
+// subjectCovers reports whether every subject that filter matches is one
+// that the stream subject sub takes, by NATS wildcard rules applied token by
+// token: in sub, "*" takes any one token and a final ">" one or more; in
+// filter (made by parseSubject: literal tokens and "*"), a "*" is covered
+// only by "*" or ">" in sub, a literal token also by the same literal.
+func subjectCovers(sub, filter string) bool {
+	st, ft := strings.Split(sub, "."), strings.Split(filter, ".")
+	for i, s := range st {
+		if s == ">" && i == len(st)-1 {
+			return len(ft) > i
+		}
+		if i >= len(ft) {
+			return false
+		}
+		switch f := ft[i]; {
+		case s == "*":
+			if f == ">" {
+				return false
+			}
+		case s != f || f == "*" || f == ">":
+			return false
+		}
+	}
+	return len(ft) == len(st)
+}

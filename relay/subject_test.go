@@ -61,3 +61,35 @@ func TestSubjectTemplate(t *testing.T) {
 		}
 	}
 }
+
+// TestSubjectCovers: a stream subject takes the relay's filter only when
+// it covers every subject the filter matches, token by token ("*" one
+// token, a final ">" the rest), not by comparing strings.
+func TestSubjectCovers(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		sub, filter string
+		want        bool
+	}{
+		{"annals.*.*", "annals.*.*", true},
+		{"annals.>", "annals.*.*", true},
+		{">", "annals.*.*", true},
+		{"annals.*.>", "annals.*.*", true},
+		{"*.*.*", "annals.*.*", true},
+		{"annals.*.*.>", "annals.*.*", false},
+		{"wide.>", "orders.*.*", false},
+		{"annals.x.*", "annals.*.*", false},
+		{"annals.*", "annals.*.*", false},
+		{"annals.*.*.*", "annals.*.*", false},
+		{"annals", "annals.*.*", false},
+		{"acme.orders.>", "acme.orders.*.*", true},
+		{"acme.*.*.*", "acme.orders.*.*", true},
+		{"acme.orders.placed.*", "acme.orders.*.*", false},
+		{"x.>", "x.*", true},
+		{"x.*.>", "x.*", false},
+	} {
+		if got := subjectCovers(c.sub, c.filter); got != c.want {
+			t.Errorf("subjectCovers(%q, %q) = %v, want %v", c.sub, c.filter, got, c.want)
+		}
+	}
+}
