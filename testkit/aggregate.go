@@ -3,9 +3,12 @@ package testkit
 import (
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"reflect"
+	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/cockroachdb/errors"
@@ -27,7 +30,9 @@ import (
 // (aggregate.Record) are compared with the expected ones with
 // reflect.DeepEqual, in order. A mismatch fails the test (t.Errorf) with
 // both lists, one event a line, the first difference marked. The scenario
-// runs when Then or ThenError is called, once.
+// runs when Then or ThenError is called, once; a scenario that is never
+// checked (Given and When without Then or ThenError) fails the test when it
+// ends.
 type AggregateScenario[A aggregate.Root] struct {
 	t       testing.TB
 	newAgg  func() A
@@ -35,13 +40,27 @@ type AggregateScenario[A aggregate.Root] struct {
 	reg     *eventstore.Registry
 	history []any
 	command func(A) error
+	checked atomic.Bool // Then or ThenError was called
 }
 
 // Given starts a scenario for the aggregate newAgg returns, with the events
 // of its history (none for a new aggregate). Its ID is "test" unless
-// WithID says otherwise.
+// WithID says otherwise. The scenario must end with Then or ThenError: if
+// it does not, the test fails when it ends (t.Cleanup), naming where Given
+// was called.
 func Given[A aggregate.Root](t testing.TB, newAgg func() A, history ...any) *AggregateScenario[A] {
-	return &AggregateScenario[A]{t: t, newAgg: newAgg, id: "test", history: history}
+	t.Helper()
+	s := &AggregateScenario[A]{t: t, newAgg: newAgg, id: "test", history: history}
+	where := "an unknown line"
+	if _, file, line, ok := runtime.Caller(1); ok {
+		where = fmt.Sprintf("%s:%d", filepath.Base(file), line)
+	}
+	t.Cleanup(func() {
+		if !s.checked.Load() {
+			t.Errorf("testkit: %s: the scenario started at %s was never checked: end it with Then or ThenError", s.name(), where)
+		}
+	})
+	return s
 }
 
 // WithID sets the aggregate's ID.
@@ -134,6 +153,7 @@ func (s *AggregateScenario[A]) ThenError(target error) A {
 // false when the scenario itself is broken (reported).
 func (s *AggregateScenario[A]) run() (a A, recorded []any, err error, ok bool) {
 	s.t.Helper()
+	s.checked.Store(true)
 	if s.newAgg == nil || s.command == nil {
 		s.t.Errorf("testkit: %s: Given needs a constructor and When a command", s.name())
 		return a, nil, nil, false

@@ -62,19 +62,30 @@ func (w *wallet) Withdraw(n int) error {
 
 // gwTB records what the kit reports instead of failing the real test.
 type gwTB struct {
-	testing.TB // nil: the kit must only call Helper and Errorf
+	testing.TB // nil: the kit must only call Helper, Errorf and Cleanup
 	errs       []string
+	cleanups   []func()
 }
 
 func (f *gwTB) Helper() {}
 func (f *gwTB) Errorf(format string, args ...any) {
 	f.errs = append(f.errs, fmt.Sprintf(format, args...))
 }
+func (f *gwTB) Cleanup(fn func()) { f.cleanups = append(f.cleanups, fn) }
+
+// end runs the cleanups, as the end of a test would.
+func (f *gwTB) end() {
+	for i := len(f.cleanups) - 1; i >= 0; i-- {
+		f.cleanups[i]()
+	}
+	f.cleanups = nil
+}
 
 // expectFailure checks that the kit reported exactly one failure holding
 // every fragment.
 func expectFailure(t *testing.T, f *gwTB, fragments ...string) {
 	t.Helper()
+	f.end()
 	if len(f.errs) != 1 {
 		t.Fatalf("the kit reported %d failures, want 1: %q", len(f.errs), f.errs)
 	}
@@ -234,6 +245,19 @@ func TestGivenWhenThenReportsFailures(t *testing.T) {
 				ThenError(target)
 			expectFailure(t, f, "panicked: assignment to entry in nil map", "aggregate_test.go:")
 		}
+	})
+
+	// A scenario without Then or ThenError checks nothing: it fails the
+	// test when the test ends, not silently passes.
+	t.Run("NeverChecked", func(t *testing.T) {
+		t.Parallel()
+		f := &gwTB{}
+		testkit.Given(f, newWallet, opened).
+			When(func(w *wallet) error { return w.Withdraw(100) })
+		if len(f.errs) != 0 {
+			t.Fatalf("failures before the test ended: %q", f.errs)
+		}
+		expectFailure(t, f, "never checked", "Then or ThenError", "aggregate_test.go:")
 	})
 
 	t.Run("UnregisteredEvent", func(t *testing.T) {
