@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -33,9 +34,36 @@ type RetryPolicy struct {
 	Multiplier float64
 	// MaxDelay caps the delay. Defaults to 60s.
 	MaxDelay time.Duration
-	// Jitter is the fraction of the delay added or removed at random.
-	// Defaults to 0.2; -1 means none.
+	// Jitter is the fraction of the delay added or removed at random, at
+	// most 1. Defaults to 0.2; -1 means none.
 	Jitter float64
+}
+
+// ErrInvalidRetryPolicy is the error of a RetryPolicy that Validate
+// refuses (NewRunner for Config.Retry, Register for Options.Retry); the
+// message says which field is wrong.
+var ErrInvalidRetryPolicy = errors.New("projection: invalid retry policy")
+
+// Validate returns an error matching ErrInvalidRetryPolicy when p cannot be
+// used: MaxRetries below -1, a negative InitialDelay or MaxDelay, a
+// Multiplier that is not a finite number, or a Jitter that is not a finite
+// number or is above 1 (a delay could then be negative: an instant retry).
+// Zero values are fine: they mean the defaults.
+func (p RetryPolicy) Validate() error {
+	finite := func(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+	switch {
+	case p.MaxRetries < -1:
+		return errors.Wrapf(ErrInvalidRetryPolicy, "MaxRetries %d is below -1", p.MaxRetries)
+	case p.InitialDelay < 0:
+		return errors.Wrapf(ErrInvalidRetryPolicy, "InitialDelay %s is negative", p.InitialDelay)
+	case p.MaxDelay < 0:
+		return errors.Wrapf(ErrInvalidRetryPolicy, "MaxDelay %s is negative", p.MaxDelay)
+	case !finite(p.Multiplier):
+		return errors.Wrapf(ErrInvalidRetryPolicy, "Multiplier %v is not a finite number", p.Multiplier)
+	case !finite(p.Jitter) || p.Jitter > 1:
+		return errors.Wrapf(ErrInvalidRetryPolicy, "Jitter %v is not a finite number at most 1", p.Jitter)
+	}
+	return nil
 }
 
 func (p RetryPolicy) withDefaults() RetryPolicy {
@@ -63,7 +91,10 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 	return p
 }
 
-// Delay returns the pause before retry number n (1-based).
+// Delay returns the pause before retry number n (1-based), of a policy
+// that Validate accepts, with its defaults applied (as the runner uses it).
+// It is never negative, and a delay past what a time.Duration holds is the
+// longest one.
 func (p RetryPolicy) Delay(n int) time.Duration {
 	d := float64(p.InitialDelay)
 	for i := 1; i < n && d < float64(p.MaxDelay); i++ {
@@ -72,6 +103,12 @@ func (p RetryPolicy) Delay(n int) time.Duration {
 	d = min(d, float64(p.MaxDelay))
 	if p.Jitter > 0 {
 		d *= 1 + p.Jitter*(2*rand.Float64()-1)
+	}
+	switch {
+	case !(d > 0): // NaN too
+		return 0
+	case d >= math.MaxInt64: // converting it would overflow
+		return math.MaxInt64
 	}
 	return time.Duration(d)
 }

@@ -77,7 +77,8 @@ type Config struct {
 	// Defaults to discarding.
 	Logger *slog.Logger
 	// Retry is the retry policy of every subscriber that sets none of its
-	// own. Defaults to 3 retries, 1s initial delay, ×2, at most 60s, ±20%.
+	// own (NewRunner refuses one that RetryPolicy.Validate refuses).
+	// Defaults to 3 retries, 1s initial delay, ×2, at most 60s, ±20%.
 	Retry *RetryPolicy
 	// Clock times retry delays. Defaults to the wall clock.
 	Clock Clock
@@ -149,7 +150,8 @@ type Options struct {
 	// checkpoint commits with each batch.
 	CheckpointEvery    int
 	CheckpointInterval time.Duration
-	// Retry overrides Config.Retry for this subscriber.
+	// Retry overrides Config.Retry for this subscriber (Register refuses
+	// one that RetryPolicy.Validate refuses).
 	Retry *RetryPolicy
 	// OnDeadLetter is what happens after an event is dead-lettered.
 	// Defaults to ParkStream for projections and SkipEvent for observers.
@@ -229,7 +231,8 @@ type leadKey struct {
 	part int
 }
 
-// NewRunner returns a Runner on pool.
+// NewRunner returns a Runner on pool. It fails for a Config.Retry that
+// RetryPolicy.Validate refuses (ErrInvalidRetryPolicy).
 func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	if pool == nil {
 		return nil, errors.New("projection: pool is nil")
@@ -241,6 +244,11 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	var err error
 	if c.Schema, err = schemaname.Resolve(c.Schema); err != nil {
 		return nil, err
+	}
+	if c.Retry != nil {
+		if err := c.Retry.Validate(); err != nil {
+			return nil, errors.Wrap(err, "projection: Config.Retry")
+		}
 	}
 	host, _ := os.Hostname()
 	if c.InstanceID == "" {
@@ -339,8 +347,10 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	if o.OnDeadLetter < DefaultPolicy || o.OnDeadLetter > Stop {
 		return errors.Newf("projection: %q: unknown dead-letter policy %d", name, o.OnDeadLetter)
 	}
-	if o.Retry != nil && (o.Retry.MaxRetries < -1 || o.Retry.InitialDelay < 0 || o.Retry.MaxDelay < 0 || o.Retry.Jitter > 1) {
-		return errors.Newf("projection: %q: invalid retry policy %+v", name, *o.Retry)
+	if o.Retry != nil {
+		if err := o.Retry.Validate(); err != nil {
+			return errors.Wrapf(err, "projection: %q: Options.Retry", name)
+		}
 	}
 	if o.Partitions == 0 {
 		o.Partitions = 1
