@@ -4,7 +4,8 @@ import "github.com/cockroachdb/errors"
 
 var (
 	// ErrInvalidTimer is matched by every rejection of a timer's input (a
-	// zero due time, an empty owner for CancelOwned). An append that
+	// zero due time or one outside the years 1 to 9999, an empty owner for
+	// CancelOwned). An append that
 	// eventstore.Encode rejects (empty stream ID, no events, bad JSON, unknown
 	// type) matches both ErrInvalidTimer and eventstore.ErrInvalidEvent (or
 	// eventstore.ErrUnknownEventType). Nothing is stored.

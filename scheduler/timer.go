@@ -25,7 +25,7 @@ type TimerID = uuid.UUID
 type Timer struct {
 	// At is when the timer is due, by the scheduler's Clock. A time in the
 	// past (or now) makes the timer due at once: the next dispatcher pass
-	// fires it. Required.
+	// fires it. Required, in the years 1 to 9999 (UTC).
 	At time.Time
 	// StreamID is the stream the events are appended to. Required.
 	StreamID string
@@ -63,6 +63,9 @@ func (s *Scheduler) ScheduleTimer(ctx context.Context, tx pgx.Tx, t Timer) (Time
 	if t.At.IsZero() {
 		return uuid.Nil, errors.Wrapf(ErrInvalidTimer, "timer for stream %q has no due time", t.StreamID)
 	}
+	if !storableTime(t.At) {
+		return uuid.Nil, errors.Wrapf(ErrInvalidTimer, "timer for stream %q is due at %s: want a time in the years 1 to 9999", t.StreamID, t.At.UTC())
+	}
 	expected := t.Expected
 	switch {
 	case t.ExpectNoStream && expected != 0:
@@ -93,6 +96,17 @@ func (s *Scheduler) ScheduleTimer(ctx context.Context, tx pgx.Tx, t Timer) (Time
 	}
 	s.signal()
 	return id, nil
+}
+
+// storableTime reports whether t can be stored as a due time: the years 1
+// to 9999 (UTC). pgx encodes a timestamptz in microseconds since 2000 in an
+// int64 that silently wraps around for times far from it (a timer due in
+// the year 292277026596 was stored as 1969 and fired at once); PostgreSQL
+// itself takes 4713 BC to 294276 AD, but no timer needs those, and RFC 3339
+// (JSON, `annals schedule list`) stops at 9999.
+func storableTime(t time.Time) bool {
+	y := t.UTC().Year()
+	return y >= 1 && y <= 9999
 }
 
 // Cancel deletes a pending (or failed) timer and reports whether it did.
