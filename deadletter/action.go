@@ -176,7 +176,8 @@ func (s *Store) SkipTx(ctx context.Context, tx pgx.Tx, id int64) (Change, error)
 // includeUnresolved, when open and retry ones go too. Deleting an
 // unresolved dead letter releases its stream without re-delivering the
 // event (like Skip, but leaving no trace) and does not resume a halted
-// subscriber. It returns how many were deleted.
+// subscriber. It returns how many were deleted. A cutoff that is zero or
+// outside the years 1 to 9999 (UTC) fails with ErrInvalid.
 func (s *Store) Purge(ctx context.Context, olderThan time.Time, includeUnresolved bool) (int64, error) {
 	var n int64
 	err := s.inTx(ctx, func(tx pgx.Tx) (err error) {
@@ -190,6 +191,12 @@ func (s *Store) Purge(ctx context.Context, olderThan time.Time, includeUnresolve
 func (s *Store) PurgeTx(ctx context.Context, tx pgx.Tx, olderThan time.Time, includeUnresolved bool) (int64, error) {
 	if olderThan.IsZero() {
 		return 0, errors.Wrap(ErrInvalid, "purge cutoff is the zero time")
+	}
+	// pgx encodes a timestamptz in microseconds since 2000 in an int64 that
+	// wraps around silently: a cutoff billions of years in the past could
+	// reach the database as the year 2100 and purge everything.
+	if y := olderThan.UTC().Year(); y < 1 || y > 9999 {
+		return 0, errors.Wrapf(ErrInvalid, "purge cutoff %s: want a time in the years 1 to 9999", olderThan.UTC())
 	}
 	var n int64
 	if err := tx.QueryRow(ctx, s.q["Purge"], olderThan, includeUnresolved).Scan(&n); err != nil {

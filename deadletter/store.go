@@ -24,7 +24,8 @@ var (
 	// letters nor a checkpoint. Nothing is changed.
 	ErrNotFound = errors.New("deadletter: not found")
 	// ErrInvalid is matched by bad arguments: an ID below 1, an empty
-	// subscriber, an unknown status, a limit or offset out of range.
+	// subscriber, an unknown status, a limit or offset out of range, a
+	// purge cutoff outside the years 1 to 9999.
 	// Nothing is read or changed.
 	ErrInvalid = errors.New("deadletter: invalid argument")
 )
