@@ -158,8 +158,9 @@ func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) 
 type Hooks struct {
 	// OnRetry is called after a failed attempt that will be retried.
 	OnRetry func(subscriber string, e eventstore.Event, attempt int, err error)
-	// OnDeadLetter is called when an event is dead-lettered; reason is
-	// "failed" or "parked".
+	// OnDeadLetter is called when an event is dead-lettered, once its dead
+	// letter has committed (a write that fails and is tried again calls it
+	// once); reason is "failed" or "parked".
 	OnDeadLetter func(subscriber string, e eventstore.Event, reason string, err error)
 }
 
@@ -338,7 +339,7 @@ func (f *failures) retrying(ctx context.Context, e eventstore.Event, attempt int
 	}
 }
 
-// deadLettered counts a dead letter.
+// deadLettered counts a dead letter, after its write has committed.
 func (f *failures) deadLettered(ctx context.Context, e eventstore.Event, reason string, err error) {
 	delete(f.attempts, e.ID)
 	f.tel.DeadLetters.Add(ctx, 1, metric.WithAttributes(telemetry.Subscriber.String(f.name), telemetry.Reason.String(reason)))

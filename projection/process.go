@@ -235,7 +235,9 @@ func (f *failures) parkedError(e eventstore.Event) error {
 }
 
 // afterFailure records a failed attempt and either waits out the retry delay
-// (retry: true) or reports that the event must be dead-lettered.
+// (retry: true) or reports that the event must be dead-lettered: the caller
+// writes the dead letter, and once it has committed calls deadLettered (the
+// hook and the metric count dead letters, not attempts to write one).
 func (f *failures) afterFailure(ctx context.Context, lease *catchup.Lease, e eventstore.Event, cause error) (retry bool, err error) {
 	attempt, err := f.recordFailure(ctx, lease, e, cause)
 	if err != nil {
@@ -245,7 +247,6 @@ func (f *failures) afterFailure(ctx context.Context, lease *catchup.Lease, e eve
 		f.logger.WarnContext(ctx, "annals: dead-lettering an event",
 			slog.String("subscriber", f.name), slog.Int64("position", e.GlobalSequence),
 			slog.String("stream", e.StreamID), slog.Int("attempts", attempt), telemetry.Err(cause))
-		f.deadLettered(ctx, e, "failed", cause)
 		return false, nil
 	}
 	f.retrying(ctx, e, attempt, cause)
@@ -363,6 +364,7 @@ func (t *txProcessor) process(ctx context.Context, lease *catchup.Lease, b catch
 			if err != nil {
 				return cursor, err
 			}
+			t.f.deadLettered(ctx, e, "failed", failed)
 			cursor, events, failing, failed = e.GlobalSequence, events[1:], -1, nil
 			switch t.f.policy {
 			case Stop:
@@ -876,6 +878,7 @@ func (p *observerProcessor) process(ctx context.Context, lease *catchup.Lease, b
 		}); err != nil {
 			return done, p.advance(ctx, done, handled, err)
 		}
+		p.f.deadLettered(ctx, e, "failed", err)
 		done, handled = e.GlobalSequence, 0
 		p.batcher.Committed(done)
 		if p.f.policy == ParkStream {
