@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"encoding/json"
+	stderrors "errors"
 	"fmt"
 	"path/filepath"
 	"reflect"
@@ -125,7 +126,11 @@ func (s *AggregateScenario[A]) Then(expected ...any) A {
 }
 
 // ThenError runs the scenario and checks that the command failed with an
-// error matching target (errors.Is); a nil target accepts any error, but
+// error matching target by the standard library's errors.Is: the error, or
+// one it wraps, is target or says it is (an Is method; annals' own marked
+// errors do). A different error with the same message does not match, nor
+// does a mark made with cockroachdb/errors' Mark, which only that package's
+// Is sees. A nil target accepts any error, but
 // not a panic: a command that panics fails Then and ThenError alike, with
 // the panic value and its stack. Events
 // the command recorded before failing are not checked: a failed command is
@@ -143,7 +148,7 @@ func (s *AggregateScenario[A]) ThenError(target error) A {
 	switch {
 	case err == nil:
 		s.t.Errorf("testkit: %s: expected %s, but the command succeeded and recorded %s", s.name(), want, aggList(recorded, -1))
-	case target != nil && !errors.Is(err, target):
+	case target != nil && !stderrors.Is(err, target):
 		s.t.Errorf("testkit: %s: expected %s, got %q", s.name(), want, err)
 	}
 	return a

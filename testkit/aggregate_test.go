@@ -119,6 +119,11 @@ func TestGivenWhenThen(t *testing.T) {
 		testkit.Given(t, newWallet, gwOpened{Owner: "ann"}).WithID("w-1").
 			When(func(w *wallet) error { return w.Withdraw(1) }).
 			ThenError(errNoFunds)
+		// annals' own errors match their sentinels: Record of an event Apply
+		// does not handle.
+		testkit.Given(t, newWallet).
+			When(func(w *wallet) error { return aggregate.Record(w, gwClosed{}) }).
+			ThenError(aggregate.ErrUnhandledEvent)
 	})
 
 	t.Run("WithRegistry", func(t *testing.T) {
@@ -212,6 +217,18 @@ func TestGivenWhenThenReportsFailures(t *testing.T) {
 			When(func(*wallet) error { return errors.New("disk on fire") }).
 			ThenError(errNoFunds)
 		expectFailure(t, f, "disk on fire")
+	})
+
+	// Matching is by identity, not by message: another sentinel with the
+	// same text is another error.
+	t.Run("SameMessageOtherSentinel", func(t *testing.T) {
+		t.Parallel()
+		f := &gwTB{}
+		lookalike := errors.New("insufficient funds")
+		testkit.Given(f, newWallet, opened).
+			When(func(w *wallet) error { return w.Withdraw(30) }).
+			ThenError(lookalike)
+		expectFailure(t, f, `expected an error matching "insufficient funds"`, "withdraw 30 from 0")
 	})
 
 	t.Run("HistoryNotApplied", func(t *testing.T) {
