@@ -45,7 +45,8 @@ type AggregateScenario[A aggregate.Root] struct {
 }
 
 // Given starts a scenario for the aggregate newAgg returns, with the events
-// of its history (none for a new aggregate). Its ID is "test" unless
+// of its history (none for a new aggregate; a pointer event is applied as
+// the value it points to, as Record records it). Its ID is "test" unless
 // WithID says otherwise. The scenario must end with Then or ThenError: if
 // it does not, the test fails when it ends (t.Cleanup), naming where Given
 // was called.
@@ -163,7 +164,9 @@ func (s *AggregateScenario[A]) run() (a A, recorded []any, err error, ok bool) {
 		s.t.Errorf("testkit: %s: Given needs a constructor and When a command", s.name())
 		return a, nil, nil, false
 	}
-	history := s.history
+	// Pointer events are applied as the values they point to, as Record
+	// records them and a load decodes them.
+	history := aggDeref(s.history)
 	if s.reg != nil {
 		var herr error
 		if history, herr = s.roundTrip(history, "history"); herr != nil {

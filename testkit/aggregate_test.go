@@ -109,6 +109,26 @@ func TestGivenWhenThen(t *testing.T) {
 		}
 	})
 
+	// Pointer events, in the history as in the expected events, are the
+	// values they point to, with or without a registry.
+	t.Run("PointerEvents", func(t *testing.T) {
+		t.Parallel()
+		reg := eventstore.NewRegistry()
+		eventstore.MustRegister[gwOpened](reg, "wallet.opened")
+		eventstore.MustRegister[gwDeposited](reg, "wallet.deposited")
+		eventstore.MustRegister[gwWithdrawn](reg, "wallet.withdrawn")
+		for _, reg := range []*eventstore.Registry{nil, reg} {
+			s := testkit.Given(t, newWallet, &gwOpened{Owner: "ann"}, &gwDeposited{Amount: 100})
+			if reg != nil {
+				s = s.WithRegistry(reg)
+			}
+			w := s.When(func(w *wallet) error { return w.Withdraw(30) }).Then(&gwWithdrawn{Amount: 30})
+			if w == nil || w.Owner != "ann" || w.Balance != 70 {
+				t.Errorf("registry %v: aggregate after the command: %+v", reg != nil, w)
+			}
+		}
+	})
+
 	t.Run("ThenNothing", func(t *testing.T) {
 		t.Parallel()
 		testkit.Given(t, newWallet).When(func(*wallet) error { return nil }).Then()
