@@ -249,17 +249,15 @@ func TestHungCronDispatcherLosesTheTaskToOthers(t *testing.T) {
 	unblock := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(unblock)
 	var once sync.Once
-	hang := func(time.Time) (eventstore.EventData, error) {
+	a.afterClaim = func(pgx.Tx) { // a holds the task's row, and hangs
 		once.Do(func() { close(claimed); <-release })
-		return ev("tick", map[string]any{"n": 0}), nil
 	}
-	task := Task{Name: "hung", Spec: "* * * * *", StreamID: "cron-hung", Event: hang}
-	if err := a.AddTask(t.Context(), task); err != nil {
-		t.Fatal(err)
-	}
-	task.Event = func(time.Time) (eventstore.EventData, error) { return ev("tick", map[string]any{"n": 0}), nil }
-	if err := b.AddTask(t.Context(), task); err != nil {
-		t.Fatal(err)
+	task := Task{Name: "hung", Spec: "* * * * *", StreamID: "cron-hung",
+		Event: func(time.Time) (eventstore.EventData, error) { return ev("tick", map[string]any{"n": 0}), nil }}
+	for _, s := range []*Scheduler{a, b} {
+		if err := s.AddTask(t.Context(), task); err != nil {
+			t.Fatal(err)
+		}
 	}
 	clock.Advance(time.Minute)
 	aDone := make(chan error, 1)

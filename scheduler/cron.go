@@ -94,6 +94,9 @@ type Task struct {
 	// error, or a panic (recovered: the error names the task and the panic
 	// value), skips this attempt; it is retried after Config.RetryBackoff,
 	// doubling with each consecutive failure up to Config.MaxRetryBackoff.
+	// It runs outside the tick's transaction (it may be slow), and may run
+	// for a tick that another dispatcher fires, or again after a failed
+	// attempt: it should only build the event.
 	// Defaults to a TickEventType event with TickData.
 	Event func(tick time.Time) (eventstore.EventData, error)
 	// Missed is the missed-tick policy. Defaults to FireLatest.
@@ -502,8 +505,8 @@ func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, ne
 			s.cfg.Logger.WarnContext(ctx, "annals: cron task's last tick or activation is in the future (a dispatcher's clock ran ahead); firing it by this dispatcher's clock",
 				"task", r.name, "last_tick", r.lastTick, "active_since", r.activeSince, "now", now)
 		}
-		if _, due := latestDue(sched, r.anchor(sched, now), now); due {
-			ok, held, ferr := s.fireTask(ctx, r.name, factory, now)
+		if tick, due := latestDue(sched, r.anchor(sched, now), now); due {
+			ok, held, ferr := s.fireTask(ctx, r, tick, factory, now)
 			if ferr != nil {
 				if ctx.Err() != nil {
 					return fired, next, contended, ferr
@@ -550,12 +553,41 @@ func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, ne
 }
 
 // fireTask fires (or, under SkipMissed, skips) the latest due tick of the
-// task in one transaction (eventstore.Store.Transact): lock the task row
-// (skipping it if another dispatcher holds it), re-read it, record the tick
-// (unique per task and tick) and advance last_tick; then the tick's append
-// and the COMMIT go in one round trip, so the log's ordering lock is held
-// only for their server-side time.
-func (s *Scheduler) fireTask(ctx context.Context, name string, factory func(time.Time) (eventstore.EventData, error), now time.Time) (fired, held bool, err error) {
+// task, tick as computed from r, the task's row read without a lock.
+//
+// The task's Event func runs first, outside any transaction: it is the
+// user's code and may take its time, which inside the claim would count as
+// idle in transaction, and past ClaimTimeout the server would end the
+// session (the task then never fired, and every attempt cost a
+// connection). Then one transaction (eventstore.Store.Transact): lock the
+// task row (skipping it if another dispatcher holds it), re-read it and
+// recompute the due tick, record the tick (unique per task and tick) and
+// advance last_tick; then the tick's append and the COMMIT go in one round
+// trip, so the log's ordering lock is held only for their server-side
+// time. If the locked row's due tick is not the one the event was made
+// for (the task was fired, changed or resumed meanwhile), nothing is
+// fired and the task counts as held: the next pass looks again. Exactly
+// once still rests on the row lock and the unique (task, tick) row.
+func (s *Scheduler) fireTask(ctx context.Context, r taskRow, tick time.Time, factory func(time.Time) (eventstore.EventData, error), now time.Time) (fired, held bool, err error) {
+	name := r.name
+	_, zone, err := parseSpec(r.spec, r.zone)
+	if err != nil {
+		return false, false, errmark.Mark(err, errTaskFault)
+	}
+	policy, err := parsePolicy(r.missed)
+	if err != nil {
+		return false, false, errmark.Mark(err, errTaskFault)
+	}
+	tick = inZone(tick, zone)
+	var ev eventstore.EventData
+	haveEvent := false
+	if now.Sub(tick) <= s.cfg.MissedGrace || policy == FireLatest {
+		if ev, err = callEvent(factory, tick); err != nil {
+			return false, false, errmark.Mark(errors.Wrapf(err, "scheduler: event of task %q for tick %s", name, tick), errTaskFault)
+		}
+		haveEvent = true
+	}
+
 	inserted, staged := 0, false
 	var skipped time.Time
 	var late time.Duration
@@ -571,38 +603,39 @@ func (s *Scheduler) fireTask(ctx context.Context, name string, factory func(time
 			}
 			return errors.Wrapf(err, "scheduler: lock task %q", name)
 		}
+		if s.afterClaim != nil {
+			s.afterClaim(tx)
+		}
 		if r.paused {
 			return nil
 		}
-		sched, zone, err := parseSpec(r.spec, r.zone)
+		sched, lockedZone, err := parseSpec(r.spec, r.zone)
 		if err != nil {
 			return errmark.Mark(err, errTaskFault)
 		}
-		tick, due := latestDue(sched, r.anchor(sched, now), now)
+		lockedTick, due := latestDue(sched, r.anchor(sched, now), now)
 		if !due {
 			return nil // another dispatcher fired it meanwhile
 		}
-		if loc, lerr := time.LoadLocation(zone); lerr == nil {
-			tick = tick.In(loc)
-		}
+		lockedTick = inZone(lockedTick, lockedZone)
 		policy, err := parsePolicy(r.missed)
 		if err != nil {
 			return errmark.Mark(err, errTaskFault)
 		}
-		if late = now.Sub(tick); late > s.cfg.MissedGrace {
-			if policy == SkipMissed {
-				if _, err := tx.Exec(ctx, s.q.skipTick, name, tick); err != nil {
-					return errors.Wrapf(err, "scheduler: skip missed tick of %q", name)
-				}
-				skipped = tick
-				return nil
+		if late = now.Sub(lockedTick); late > s.cfg.MissedGrace && policy == SkipMissed {
+			if _, err := tx.Exec(ctx, s.q.skipTick, name, lockedTick); err != nil {
+				return errors.Wrapf(err, "scheduler: skip missed tick of %q", name)
 			}
+			skipped = lockedTick
+			return nil
+		}
+		if !haveEvent || !lockedTick.Equal(tick) || lockedZone != zone {
+			held = true // changed since it was read: the next pass looks again
+			return nil
+		}
+		if late > s.cfg.MissedGrace {
 			s.cfg.Logger.InfoContext(ctx, "annals: cron task missed its ticks; firing the latest (FireLatest)",
 				"task", name, "tick", tick, "late", late)
-		}
-		ev, err := callEvent(factory, tick)
-		if err != nil {
-			return errmark.Mark(errors.Wrapf(err, "scheduler: event of task %q for tick %s", name, tick), errTaskFault)
 		}
 		if ev.ID == uuid.Nil {
 			ev.ID = TickEventID(name, tick)
@@ -630,6 +663,15 @@ func (s *Scheduler) fireTask(ctx context.Context, name string, factory func(time
 		s.ticksFired.Add(1)
 	}
 	return inserted == 1, held, nil
+}
+
+// inZone returns tick in the named zone (as it is if the zone does not
+// load, which parseSpec has checked).
+func inZone(tick time.Time, zone string) time.Time {
+	if loc, err := time.LoadLocation(zone); err == nil {
+		return tick.In(loc)
+	}
+	return tick
 }
 
 // errTaskFault marks a failed attempt to fire a tick that is the task's own

@@ -122,13 +122,22 @@
 // last fired tick and active_since (set when the task is created, when its
 // definition changes, and when it resumes, so no tick from before those
 // moments ever fires) — up to the clock's now. A pass fires at most one
-// tick per task, the latest due one, in one transaction: lock the task row
-// FOR UPDATE SKIP LOCKED (a task another dispatcher is firing is skipped),
-// re-read it and recompute the due tick, insert the (task, tick) row into
-// cron_ticks (unique: a tick recorded once is never fired again), advance
-// last_tick; then the event's append and the COMMIT go in one round trip,
-// so a tick holds the log's ordering lock no longer than a claim does. The event's ID defaults to
-// TickEventID(task, tick), a UUIDv5, as a third guard.
+// tick per task, the latest due one. It first calls the task's Event func
+// for that tick (computed from the row read without a lock), outside any
+// transaction: the func is user code and may be slow, and inside the claim
+// that time would count as idle in transaction (ClaimTimeout). Then one
+// transaction: lock the task row FOR UPDATE SKIP LOCKED (a task another
+// dispatcher is firing is skipped), re-read it and recompute the due tick
+// (if it is not the one the event was made for, because another
+// dispatcher fired it or the task changed meanwhile, nothing fires and the
+// next pass looks again), insert the (task, tick) row into cron_ticks
+// (unique: a tick recorded once is never fired again), advance last_tick;
+// then the event's append and the COMMIT go in one round trip, so a tick
+// holds the log's ordering lock no longer than a claim does. The event's
+// ID defaults to TickEventID(task, tick), a UUIDv5, as a third guard. So
+// an Event func may be called for a tick that another dispatcher fires (or
+// more than once for one tick, after a failed attempt): it should build
+// the event, not act on its own.
 //
 // Missed ticks. A tick is on time while it is at most MissedGrace (default
 // 1 min) old when a dispatcher gets to it, so a tick fired a few hundred

@@ -83,8 +83,8 @@ type Config struct {
 	// ends its session and rolls the claim back, so a dispatcher that hangs
 	// while connected cannot keep what it claimed; another dispatcher fires
 	// it. Wall time, set with SET LOCAL idle_in_transaction_session_timeout.
-	// A claim is idle only between its round trips (and while a task's Event
-	// func runs), so this must exceed the slowest Event func. At least 1 ms
+	// A claim is idle only between its round trips (a task's Event func runs
+	// before its claim begins, so a slow one does not count). At least 1 ms
 	// and at most 2^31-1 ms (about 24.8 days, PostgreSQL's limit for the
 	// setting); New rejects other values. Defaults to 10 s.
 	ClaimTimeout time.Duration
@@ -169,7 +169,7 @@ type Scheduler struct {
 	listenPID  atomic.Uint32 // backend PID of the LISTEN connection
 	reconnects atomic.Int64
 	notified   atomic.Int64    // notifications received
-	afterClaim func(tx pgx.Tx) // called inside a claim transaction once timers are claimed
+	afterClaim func(tx pgx.Tx) // called inside a claim transaction once timers are claimed or a task row locked
 }
 
 // taskRetry is the back-off of a cron task whose latest attempts failed.
