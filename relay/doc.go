@@ -25,9 +25,10 @@
 //     headers: Nats-Msg-Id = the event ID, Nats-Expected-Last-Msg-Id = the
 //     ID of the event published before it, and the Annals-* headers
 //     (position, event ID, stream ID, stream version, type, recorded at,
-//     correlation and causation IDs, the whole metadata; a stream ID or type
-//     with white space at either end, which NATS would trim, also as a JSON
-//     string in Annals-Stream-Id-Json or Annals-Event-Type-Json) and the W3C
+//     correlation and causation IDs, the whole metadata; a stream ID, type
+//     or relay name with white space at either end, which NATS would trim,
+//     also as a JSON string in Annals-Stream-Id-Json, Annals-Event-Type-Json
+//     or Annals-Relay-Json) and the W3C
 //     trace context (traceparent, tracestate); the body is the event's data
 //     as stored;
 //  2. collects the acknowledgements of the batches before it, in order

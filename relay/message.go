@@ -16,8 +16,13 @@ import (
 
 // Headers of a relayed message. The body is the event's data as stored.
 const (
-	// HeaderRelay names the relay that published the message.
+	// HeaderRelay names the relay that published the message (Config.Name;
+	// like the stream ID, also sent in HeaderRelayJSON when it starts or
+	// ends with white space).
 	HeaderRelay = "Annals-Relay"
+	// HeaderRelayJSON is the relay's name as a JSON string, present only
+	// when HeaderRelay would lose white space at either end.
+	HeaderRelayJSON = "Annals-Relay-Json"
 	// HeaderPosition is the event's global sequence (decimal).
 	HeaderPosition = "Annals-Position"
 	// HeaderEventID is the event ID (also the Nats-Msg-Id).
@@ -59,7 +64,7 @@ func Message(relayName, subject string, e eventstore.Event) (*nats.Msg, error) {
 	m.Data = e.Data
 	h := m.Header
 	h.Set(jetstream.MsgIDHeader, e.ID.String())
-	h.Set(HeaderRelay, relayName)
+	setExact(h, HeaderRelay, HeaderRelayJSON, relayName)
 	h.Set(HeaderPosition, strconv.FormatInt(e.GlobalSequence, 10))
 	h.Set(HeaderEventID, e.ID.String())
 	setExact(h, HeaderStreamID, HeaderStreamIDJSON, e.StreamID)

@@ -366,7 +366,11 @@ func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (int64,
 	if err != nil {
 		return 0, "", errors.Wrapf(err, "relay: read message %d", info.State.LastSeq)
 	}
-	if name := m.Header.Get(HeaderRelay); name != r.cfg.Name {
+	name, err := getExact(m.Header, HeaderRelay, HeaderRelayJSON)
+	if err != nil {
+		return 0, "", errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s: %v", r.cfg.Stream, err)
+	}
+	if name != r.cfg.Name {
 		return 0, "", errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s was published by %q, not relay %q: one relay per stream",
 			r.cfg.Stream, name, r.cfg.Name)
 	}

@@ -321,3 +321,35 @@ func TestEnsureStreamChecksSubjectsByWildcards(t *testing.T) {
 		cancel()
 	}
 }
+
+// A relay whose name starts or ends with a space (NATS trims header values)
+// recognises its own messages: it was locked out of its stream, its second
+// run refused as "published by "padded", not relay " padded "".
+func TestRelayNameWithSpacesAtTheEnds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	appendMany(t, b.store, 3)
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Name: " padded\t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 2)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatalf("the relay's second run: %v", err)
+	}
+	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
+	// And another relay, named as NATS would show this one's name, is
+	// still refused.
+	other, err := relay.New(b.db.Pool, b.nc, &relay.Config{Name: "padded"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.EnsureStream(ctx); !errors.Is(err, relay.ErrStreamMismatch) {
+		t.Fatalf("relay %q on the stream of %q: %v, want ErrStreamMismatch", "padded", " padded\t", err)
+	}
+}
