@@ -30,11 +30,11 @@ func Update[S any, A aggregate.Root](ctx context.Context, inst *Instance[S], rep
 		return zero, err
 	}
 	if repo == nil || command == nil {
-		return zero, errors.Newf("saga %q instance %q: Update needs a repository and a command", inst.rt.name, inst.id)
+		return zero, errors.New("Update needs a repository and a command")
 	}
 	inst.rt.appended(inst.event.ID) // the save takes the ordering lock: commit right after this event
 	a, err := repo.UpdateTx(aggregate.WithCause(ctx, inst.cause()), inst.tx, id, command)
-	return a, commandError(err, inst.rt.name, inst.id, repo.Type(), id)
+	return a, commandError(err, repo.Type(), id)
 }
 
 // Create runs command on a new aggregate id of repo and saves it inside the
@@ -46,20 +46,21 @@ func Create[S any, A aggregate.Root](ctx context.Context, inst *Instance[S], rep
 		return zero, err
 	}
 	if repo == nil || command == nil {
-		return zero, errors.Newf("saga %q instance %q: Create needs a repository and a command", inst.rt.name, inst.id)
+		return zero, errors.New("Create needs a repository and a command")
 	}
 	inst.rt.appended(inst.event.ID)
 	a, err := repo.CreateTx(aggregate.WithCause(ctx, inst.cause()), inst.tx, id, command)
-	return a, commandError(err, inst.rt.name, inst.id, repo.Type(), id)
+	return a, commandError(err, repo.Type(), id)
 }
 
-// commandError names the saga and the aggregate in err, keeping what it
-// matches (the command's own error included).
-func commandError(err error, saga, inst, typ, id string) error {
+// commandError names the aggregate in err, keeping what it matches (the
+// command's own error included). The saga and instance are named once, by
+// the runtime, when Handle returns the error.
+func commandError(err error, typ, id string) error {
 	if err == nil {
 		return nil
 	}
-	return errors.Wrapf(err, "saga %q instance %q: command on %s %q", saga, inst, typ, id)
+	return errors.Wrapf(err, "command on %s %q", typ, id)
 }
 
 // cause is the metadata whose causation and correlation IDs the instance's

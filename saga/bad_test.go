@@ -229,6 +229,52 @@ func TestBadInput(t *testing.T) {
 		b.wantDeadLetter(t, "panicky-correlate", "s", 3, `saga "panicky-correlate": correlate event`, "handler panicked: no route")
 	})
 
+	// An effect's error reaches the dead letter naming the saga and the
+	// instance once, then what failed.
+	t.Run("EffectErrorNamesTheInstanceOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.runner(t)
+		b.append(t, "taken", Expired{ID: "x"}) // a stream that exists; not an Added, so no saga handles it
+		effects := map[string]func(ctx context.Context, inst *saga.Instance[counterState]) error{
+			"appends": func(ctx context.Context, inst *saga.Instance[counterState]) error {
+				_, err := inst.Append(ctx, "taken", eventstore.NoStream, eventstore.NewEvent(Effect{ID: inst.ID()}))
+				return err
+			},
+			"schedules": func(ctx context.Context, inst *saga.Instance[counterState]) error {
+				_, err := inst.ScheduleAfter(ctx, time.Minute, "s", eventstore.NewEvent(Deadline{ID: inst.ID()}))
+				return err
+			},
+			"commands": func(ctx context.Context, inst *saga.Instance[counterState]) error {
+				_, err := saga.Update[counterState](ctx, inst, tallies(t, b.store), "t-1", func(*Tally) error { return nil })
+				return err
+			},
+		}
+		for name, effect := range effects {
+			s := &rawSaga[counterState]{name: name, correlate: addedID,
+				handle: func(ctx context.Context, inst *saga.Instance[counterState], e eventstore.Event) error {
+					return effect(ctx, inst)
+				}}
+			if err := saga.Register[counterState](r, s, &saga.Config{Store: b.store}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b.append(t, "s", Added{ID: "a", N: 1})
+		catchUp(t, r)
+		for name, what := range map[string]string{
+			"appends":   `append to "taken"`,
+			"schedules": "schedule: saga: no scheduler configured",
+			"commands":  `command on `,
+		} {
+			b.wantDeadLetter(t, name, "s", 3, `saga "`+name+`" instance "a": `+what)
+			for _, dl := range b.deadLetters(t, name) {
+				if n := strings.Count(dl.Error, `instance "a"`); n != 1 {
+					t.Errorf("saga %s: the dead letter's error names the instance %d times: %s", name, n, dl.Error)
+				}
+			}
+		}
+	})
+
 	t.Run("ScheduleWithoutScheduler", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

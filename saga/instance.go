@@ -85,7 +85,7 @@ func (i *Instance[S]) Append(ctx context.Context, streamID string, expected even
 	}
 	i.rt.appended(i.event.ID) // even if it fails: the lock may be taken
 	res, err := i.rt.store.AppendTx(ctx, i.tx, streamID, expected, i.stamp(events)...)
-	return res, errors.Wrapf(err, "saga %q instance %q: append to %q", i.rt.name, i.id, streamID)
+	return res, errors.Wrapf(err, "append to %q", streamID)
 }
 
 // Schedule stores a timer that appends events to streamID at time at
@@ -108,12 +108,12 @@ func (i *Instance[S]) ScheduleTimer(ctx context.Context, t scheduler.Timer) (sch
 		return scheduler.TimerID{}, err
 	}
 	if i.rt.sched == nil {
-		return scheduler.TimerID{}, errors.Wrapf(ErrNoScheduler, "saga %q instance %q: schedule", i.rt.name, i.id)
+		return scheduler.TimerID{}, errors.Wrap(ErrNoScheduler, "schedule")
 	}
 	t.Owner = i.Owner()
 	t.Events = i.stamp(t.Events)
 	id, err := i.rt.sched.ScheduleTimer(ctx, i.tx, t)
-	return id, errors.Wrapf(err, "saga %q instance %q: schedule a timer", i.rt.name, i.id)
+	return id, errors.Wrap(err, "schedule a timer")
 }
 
 // Cancel cancels a pending timer and reports whether it did. It never waits:
@@ -125,10 +125,10 @@ func (i *Instance[S]) Cancel(ctx context.Context, id scheduler.TimerID) (bool, e
 		return false, err
 	}
 	if i.rt.sched == nil {
-		return false, errors.Wrapf(ErrNoScheduler, "saga %q instance %q: cancel", i.rt.name, i.id)
+		return false, errors.Wrap(ErrNoScheduler, "cancel")
 	}
 	ok, err := i.rt.sched.Cancel(ctx, i.tx, id)
-	return ok, errors.Wrapf(err, "saga %q instance %q: cancel timer %s", i.rt.name, i.id, id)
+	return ok, errors.Wrapf(err, "cancel timer %s", id)
 }
 
 // stamp returns a copy of events with causation and correlation filled in.
