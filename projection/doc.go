@@ -45,7 +45,11 @@
 //     retried by the subscriber's RetryPolicy (3 retries, 1 s ×2 up to 60 s
 //     by default; annals.Permanent errors are not retried, nor is an event
 //     whose data a typed handler cannot decode into its type: a JSON error,
-//     eventstore.ErrDecode, is permanent, a failed upcast is retried). When
+//     eventstore.ErrDecode, is permanent, a failed upcast is retried). The
+//     attempts count across processes, and their rows go when the event is
+//     handled, whichever leader handles it: a new leader takes over the
+//     failed attempts of the events ahead of its checkpoint, and deletes
+//     those left at or below it that no dead letter keeps. When
 //     the policy is spent the event becomes a dead letter, committed with
 //     the checkpoint move, and the DeadLetterPolicy applies: ParkStream
 //     (projections' default) holds back the rest of the stream in order,

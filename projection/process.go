@@ -46,7 +46,9 @@ type failures struct {
 	hdeadline time.Duration
 	// registry upcasts events before they reach the handler (nil: none).
 	registry *eventstore.Registry
-	// attempts of events being retried in this process (for span attributes).
+	// attempts of events being retried, by this leader or (inherit) the
+	// earlier ones: their rows are deleted once the event is handled, and
+	// the count is a span attribute.
 	attempts map[uuid.UUID]int
 	// Metric attribute sets, built once rather than per event.
 	subAttrs, okAttrs, errAttrs metric.MeasurementOption
@@ -103,8 +105,36 @@ func (f *failures) loadParked(ctx context.Context, lease *catchup.Lease, b catch
 	return p, errors.Wrap(err, "projection: read parked streams")
 }
 
-// retried reports whether e failed in this process before (it has failed
-// attempts recorded that forget should delete once it succeeds).
+// inherit starts a leadership: the failed attempts of the events still
+// ahead of the checkpoint become the attempts being tracked, whoever made
+// them, so that forget deletes them when the event is handled (rows left
+// behind by earlier leaders, at or below the checkpoint, are deleted). It
+// is best effort, like an observer's forget: rows it misses only cost
+// space until the next leadership, and the attempt count comes from the
+// table anyway.
+func (f *failures) inherit(ctx context.Context, lease *catchup.Lease) {
+	clear(f.attempts)
+	if lease.Ephemeral() {
+		return
+	}
+	err := lease.Do(ctx, func(conn *pgx.Conn) error {
+		rows, err := conn.Query(ctx, f.q["InheritFailures"], lease.Subscriber, lease.Partition, lease.Start)
+		if err != nil {
+			return err
+		}
+		var id uuid.UUID
+		var attempt int
+		_, err = pgx.ForEachRow(rows, []any{&id, &attempt}, func() error { f.attempts[id] = attempt; return nil })
+		return err
+	})
+	if err != nil {
+		f.logger.WarnContext(ctx, "annals: reading the failed attempts of earlier leaders failed",
+			slog.String("subscriber", f.name), slog.Int("partition", lease.Partition), telemetry.Err(err))
+	}
+}
+
+// retried reports whether e has failed attempts recorded, by this leader or
+// an earlier one (inherit), that forget should delete once it succeeds.
 func (f *failures) retried(e eventstore.Event) bool {
 	_, ok := f.attempts[e.ID]
 	return ok
@@ -308,9 +338,13 @@ type txProcessor struct {
 	cut CommitCutter // p's, or nil
 }
 
-func (t *txProcessor) Start(context.Context, *catchup.Lease) error { return nil }
-func (t *txProcessor) Idle(context.Context, *catchup.Lease) error  { return nil }
-func (t *txProcessor) End(context.Context, *catchup.Lease) error   { return nil }
+func (t *txProcessor) Start(ctx context.Context, lease *catchup.Lease) error {
+	t.f.inherit(ctx, lease)
+	return nil
+}
+
+func (t *txProcessor) Idle(context.Context, *catchup.Lease) error { return nil }
+func (t *txProcessor) End(context.Context, *catchup.Lease) error  { return nil }
 
 // handledThrough counts the events of b at or before position done.
 func handledThrough(b catchup.Batch, done int64) int {
@@ -784,6 +818,7 @@ type observerProcessor struct {
 }
 
 func (p *observerProcessor) Start(ctx context.Context, lease *catchup.Lease) error {
+	p.f.inherit(ctx, lease)
 	// The checkpoint write is its own transaction, sent with its BEGIN and
 	// COMMIT in one round trip (Lease.CommitConn): fenced by the epoch (and,
 	// for a lease on the lock session, by the lock being held), and, for a

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
@@ -33,6 +34,9 @@ var instancesSQL string
 
 //go:embed failures.sql
 var failuresSQL string
+
+//go:embed attempts.sql
+var attemptsSQL string
 
 // Config configures a Runner. A nil *Config means defaults.
 type Config struct {
@@ -205,7 +209,7 @@ type Runner struct {
 	cfg    Config
 	engine *catchup.Engine
 	q      map[string]string
-	fq     map[string]string // failures.sql
+	fq     map[string]string // failures.sql and attempts.sql
 
 	mu       sync.Mutex
 	regs     []*registration
@@ -277,6 +281,11 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	if r.fq, err = sqltmpl.Named("failures.sql", failuresSQL, sqltmpl.NewData(c.Schema)); err != nil {
 		return nil, err
 	}
+	aq, err := sqltmpl.Named("attempts.sql", attemptsSQL, sqltmpl.NewData(c.Schema))
+	if err != nil {
+		return nil, err
+	}
+	maps.Copy(r.fq, aq)
 	if c.Clock == nil {
 		r.cfg.Clock = realClock{}
 	}
