@@ -56,8 +56,23 @@
 //
 // A saga is one subscriber partition (Options.Partitions > 1 is refused:
 // one instance's events may come from several streams, and partitions split
-// the log by stream). It sees events in log order, which is commit order and
-// stream-version order within each stream.
+// the log by stream). It reads the log in order, which is commit order and
+// stream-version order within each stream, and a failing event is retried
+// in place (the saga waits) by the RetryPolicy. So an instance handles its
+// events in log order, even when they come from several streams, as long as
+// none of them is dead-lettered.
+//
+// A dead letter breaks that order for an instance whose events come from
+// several streams, under the default dead-letter policy (ParkStream: it
+// holds back the rest of the dead letter's stream, not the instance) and
+// under SkipEvent: the instance's later events from other streams are
+// handled, and the dead-lettered event, when an operator retries it, after
+// them. Within one stream the order always holds (ParkStream parks the
+// stream's later events behind the dead letter). Where an instance must see
+// its events strictly in log order, register the saga with
+// Options.OnDeadLetter = projection.Stop: the saga then halts at a dead
+// letter, every instance waiting, until it is retried (handled first) or
+// skipped (TestInstanceOrderAcrossStreamsAfterADeadLetter).
 //
 // # Effects and the log's ordering lock
 //
