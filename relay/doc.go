@@ -74,6 +74,26 @@
 // publisher in order), and limits retention (interest or work-queue
 // retention would delete what the chain and the skip read).
 //
+// # Whose stream
+//
+// The skip trusts the newest message's position only if it is a position of
+// this relay's log: a relay of another database or schema, with the same
+// name (the default, "relay"), would otherwise take the other log's newest
+// position as published and skip its own events up to it, silently. So
+// every message carries the log's origin (Annals-Origin: the cluster's
+// system identifier, the database and the schema) besides the relay's name
+// (Annals-Relay), the stream EnsureStream creates carries both in its
+// metadata (MetadataRelay, MetadataOrigin), and EnsureStream and each
+// leadership refuse (ErrStreamMismatch) a stream whose metadata or newest
+// message names another relay or origin, or whose newest position is above
+// this log's head. Messages of relays older than the origin header have
+// none: such a newest message is taken as this log's when its position is
+// within the head (logged as a warning until the relay publishes); a stream
+// made by an older relay has no metadata and is judged by its messages. A
+// database that took over a log (restored from a dump, upgraded with
+// pg_upgrade, which changes the system identifier, or renamed) adopts the
+// stream once with Config.AdoptStream.
+//
 // # The stream
 //
 // EnsureStream creates the stream (Config.Stream, default "ANNALS") with the

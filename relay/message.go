@@ -23,6 +23,14 @@ const (
 	// HeaderRelayJSON is the relay's name as a JSON string, present only
 	// when HeaderRelay would lose white space at either end.
 	HeaderRelayJSON = "Annals-Relay-Json"
+	// HeaderOrigin is where the relayed log is, as "<system
+	// identifier>/<database>/<schema>": the PostgreSQL cluster's system
+	// identifier (pg_control_system; "0" when the relay's role may not run
+	// it), the database and the annals schema, the names escaped as by
+	// EscapeToken. A relay refuses a stream whose newest message has
+	// another origin (ErrStreamMismatch; see Config.AdoptStream). Messages
+	// of relays older than this header have none.
+	HeaderOrigin = "Annals-Origin"
 	// HeaderPosition is the event's global sequence (decimal).
 	HeaderPosition = "Annals-Position"
 	// HeaderEventID is the event ID (also the Nats-Msg-Id).

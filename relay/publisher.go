@@ -31,6 +31,7 @@ var ErrPublish = errors.New("relay: publish failed")
 type publisher struct {
 	r      *Relay
 	stream jetstream.Stream
+	origin string // HeaderOrigin
 
 	// What the stream is known to hold (position and message ID of its
 	// newest message), read at the start of each leadership.
@@ -84,7 +85,12 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 		p.r.failed(err)
 		return err
 	}
-	*p = publisher{r: p.r, stream: p.stream, synced: true, lastPos: pos, lastID: id, prevID: id,
+	origin, err := p.r.loadOrigin(ctx)
+	if err != nil {
+		p.r.failed(err)
+		return err
+	}
+	*p = publisher{r: p.r, stream: p.stream, origin: origin, synced: true, lastPos: pos, lastID: id, prevID: id,
 		through: lease.Start, acked: lease.Start, committed: lease.Start, lastCommit: time.Now()}
 	return nil
 }
@@ -109,6 +115,7 @@ func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch cat
 		if err != nil {
 			return batch.After, p.fail(ctx, lease, err)
 		}
+		msg.Header.Set(HeaderOrigin, p.origin)
 		opts := []jetstream.PublishOpt{jetstream.WithMsgID(e.ID.String()), jetstream.WithExpectStream(p.r.cfg.Stream)}
 		if p.prevID != "" {
 			opts = append(opts, jetstream.WithExpectLastMsgID(p.prevID))

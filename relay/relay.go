@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -74,6 +75,16 @@ type Config struct {
 	// WAL, when set, wakes the relay from its replication slot (package
 	// walsource) instead of NOTIFY. Defaults to nil: NOTIFY.
 	WAL *walsource.Wake
+	// AdoptStream takes a stream whose newest message (or whose metadata)
+	// shows another origin (HeaderOrigin) as this relay's, provided the
+	// relay's name matches and that message's position is within this log's
+	// head; the stream's metadata is updated to this origin. Set it once,
+	// when this database took over the log the stream holds (restored from
+	// a dump, upgraded by pg_upgrade, renamed): otherwise the relay refuses
+	// such a stream, for it may be another database's, whose newest
+	// position this relay would take as published and skip its own events
+	// up to. Defaults to false.
+	AdoptStream bool
 	// Owner names this process in the checkpoint and the instance registry.
 	// Defaults to "host:pid:" and a random suffix.
 	Owner string
@@ -96,9 +107,14 @@ type Config struct {
 type Relay struct {
 	pool   *pgxpool.Pool
 	js     jetstream.JetStream
+	store  *eventstore.Store // the log's head (lastStored)
 	cfg    Config
 	filter catchup.Filter
 	subj   subjects
+
+	// origin is where the log is (HeaderOrigin), read once (loadOrigin).
+	originMu sync.Mutex
+	origin   string
 
 	// failures counts the leaderships in a row that ended in a failure
 	// (a publish, or the stream's state at the start) without the
@@ -167,6 +183,9 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg *Config) (*Relay, error) {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	r := &Relay{pool: pool, cfg: c}
+	if r.store, err = eventstore.New(pool, &eventstore.Config{Schema: c.Schema}); err != nil {
+		return nil, err
+	}
 	if r.filter, err = catchup.ParseFilter(c.Types); err != nil {
 		return nil, errors.Wrap(err, "relay")
 	}
@@ -203,16 +222,30 @@ func (r *Relay) StreamConfig() jetstream.StreamConfig {
 }
 
 // ErrStreamMismatch is matched by EnsureStream when the stream exists with
-// a configuration the relay cannot publish exactly once into.
+// a configuration the relay cannot publish exactly once into, or holds
+// another publisher's messages: another relay's (by name), or those of a
+// relay of another log (another cluster, database or schema: see
+// HeaderOrigin), which this relay would take as its own and skip its own
+// events up to.
 var ErrStreamMismatch = errors.New("relay: the JetStream stream does not fit the relay")
 
-// EnsureStream creates the stream unless it exists, and checks an existing
-// one: it must take the relay's subjects (one of its subjects must cover
-// SubjectFilter by NATS wildcard rules: "annals.*.*", "annals.>", ">"), keep messages by limits (not
-// interest or work queue, which delete them), and de-duplicate over at least
-// Duplicates.
+// EnsureStream creates the stream unless it exists (with Metadata naming
+// the relay and its origin, MetadataRelay and MetadataOrigin), and checks an
+// existing one: it must take the relay's subjects (one of its subjects must
+// cover SubjectFilter by NATS wildcard rules: "annals.*.*", "annals.*.>",
+// "annals.>"), keep messages by limits (not interest or work queue, which delete
+// them), de-duplicate over at least Duplicates, and be this relay's: its
+// metadata, when it has the relay's entries, must name this relay and
+// origin, and its newest message must have been published by this relay
+// (Annals-Relay), from this log (Annals-Origin, unless absent: a relay
+// older than the header), at a position not above this log's head.
 func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
+	origin, err := r.loadOrigin(ctx)
+	if err != nil {
+		return nil, err
+	}
 	want := r.StreamConfig()
+	want.Metadata = map[string]string{MetadataRelay: r.cfg.Name, MetadataOrigin: origin}
 	s, err := r.js.Stream(ctx, want.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		s, err = r.js.CreateStream(ctx, want)
@@ -240,6 +273,22 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 	// leadership (it would stand by and try again for ever).
 	if _, _, err := r.lastStored(ctx, s); errors.Is(err, ErrStreamMismatch) {
 		return nil, err
+	}
+	if name, ok := got.Metadata[MetadataRelay]; ok && name != r.cfg.Name {
+		return nil, errors.Wrapf(ErrStreamMismatch, "stream %s was made by relay %q, not %q: one relay per stream", want.Name, name, r.cfg.Name)
+	}
+	if o, ok := got.Metadata[MetadataOrigin]; ok && o != origin {
+		if !r.cfg.AdoptStream {
+			return nil, errors.Wrapf(ErrStreamMismatch, "stream %s was made for the log at %s, not this one (%s): one relay per stream "+
+				"(if this database took over that log, restored or upgraded, adopt the stream: relay.Config.AdoptStream, annals relay nats --adopt-stream)",
+				want.Name, o, origin)
+		}
+		got.Metadata[MetadataOrigin] = origin
+		if s, err = r.js.UpdateStream(ctx, got); err != nil {
+			return nil, errors.Wrapf(err, "relay: adopt stream %s", want.Name)
+		}
+		r.cfg.Logger.WarnContext(ctx, "annals: the relay adopted a stream made for another origin",
+			slog.String("relay", r.cfg.Name), slog.String("stream", want.Name), slog.String("was", o), slog.String("origin", origin))
 	}
 	return s, nil
 }
@@ -352,9 +401,18 @@ func (r *Relay) runner(ctx context.Context) (*projection.Runner, error) {
 }
 
 // lastStored returns the position and message ID of the newest message in
-// the stream (0 and "" when it is empty). It fails when that message is not
-// this relay's: another publisher on the stream would break the order.
+// the stream (0 and "" when it is empty). It fails (ErrStreamMismatch) when
+// that message is not this relay's: another publisher on the stream would
+// break the order, and a relay of another log (another origin, or a
+// position this log has not reached) would have this relay skip its own
+// events up to that position. A message without an origin (published by an
+// older relay) is taken as this log's when its position is within the
+// head, with a warning.
 func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (int64, string, error) {
+	origin, err := r.loadOrigin(ctx)
+	if err != nil {
+		return 0, "", err
+	}
 	info, err := stream.Info(ctx)
 	if err != nil {
 		return 0, "", errors.Wrap(err, "relay: stream info")
@@ -377,6 +435,26 @@ func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (int64,
 	pos, err := strconv.ParseInt(m.Header.Get(HeaderPosition), 10, 64)
 	if err != nil {
 		return 0, "", errors.Wrapf(err, "relay: message %d has no position", info.State.LastSeq)
+	}
+	from := m.Header.Get(HeaderOrigin)
+	if from != "" && from != origin && !r.cfg.AdoptStream {
+		return 0, "", errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s was published from the log at %s, not this one (%s): one relay per stream "+
+			"(if this database took over that log, restored or upgraded, adopt the stream: relay.Config.AdoptStream, annals relay nats --adopt-stream)",
+			r.cfg.Stream, from, origin)
+	}
+	head, err := r.store.Head(ctx)
+	if err != nil {
+		return 0, "", errors.Wrap(err, "relay: read the head")
+	}
+	if pos > head {
+		return 0, "", errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s is event %d, past this log's head (%d): it was published from another database or schema "+
+			"(or this database lost events since); one relay per stream", r.cfg.Stream, pos, head)
+	}
+	if from != origin {
+		r.cfg.Logger.WarnContext(ctx, "annals: the newest message of the relay's stream is not marked as this log's (published by an older relay, or adopted); "+
+			"taken as this log's, as its position is within the head",
+			slog.String("relay", r.cfg.Name), slog.String("stream", r.cfg.Stream), slog.Int64("position", pos),
+			slog.String("message_origin", from), slog.String("origin", origin))
 	}
 	return pos, m.Header.Get(jetstream.MsgIDHeader), nil
 }

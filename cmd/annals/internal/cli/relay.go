@@ -33,7 +33,7 @@ func (e *env) relayNATSCommand() *cobra.Command {
 	var (
 		natsURL, name, prefix, subject, stream string
 		types                                  []string
-		wal, once                              bool
+		wal, once, adopt                       bool
 		duplicates, maxAge, ackTimeout         time.Duration
 		batch                                  int
 		format                                 *string
@@ -51,7 +51,9 @@ moves only past what JetStream acknowledged.
 
 The relay is a subscriber named --name: one relay of a name leads cluster-wide, others
 stand by and take over. It creates the stream (--stream, subjects from the template,
-limits retention, --duplicates de-duplication window) or checks an existing one. With
+limits retention, --duplicates de-duplication window) or checks an existing one, and
+refuses a stream written by another relay or from another log (cluster, database or
+schema: --adopt-stream takes it once this database took over that log). With
 --wal it is woken by its own logical replication slot instead of NOTIFY (wal_level =
 logical and a role with REPLICATION; see docs/operations.md). With --once it publishes
 up to the current head and exits, printing how far it got (--output text|json).`,
@@ -86,6 +88,7 @@ up to the current head and exits, printing how far it got (--output text|json).`
 			cfg := &relay.Config{
 				Name: name, Schema: e.schema, Types: types, Prefix: prefix, Subject: subject, Stream: stream,
 				Duplicates: duplicates, MaxAge: maxAge, BatchSize: batch, AckTimeout: ackTimeout, Logger: logger,
+				AdoptStream: adopt,
 			}
 			if wal {
 				if cfg.WAL, err = walsource.NewWake(cmd.Context(), pool, &walsource.WakeConfig{Schema: e.schema, Logger: logger}); err != nil {
@@ -140,6 +143,7 @@ up to the current head and exits, printing how far it got (--output text|json).`
 	f.IntVar(&batch, "batch-size", 500, "events per batch (one checkpoint commit each)")
 	f.BoolVar(&wal, "wal", false, "wake from a logical replication slot instead of NOTIFY")
 	f.BoolVar(&once, "once", false, "publish up to the current head, then exit")
+	f.BoolVar(&adopt, "adopt-stream", false, "take a stream written from another origin (cluster, database, schema) as this log's: once, after a restore or pg_upgrade")
 	format = addOutputFlag(cmd, false, outputText, outputJSON)
 	return cmd
 }

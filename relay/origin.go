@@ -1,0 +1,54 @@
+package relay
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/annals-dev/annals/internal/sqltmpl"
+)
+
+//go:embed queries.sql
+var queriesSQL string
+
+// Keys of the relay's entries in the Metadata of a stream EnsureStream
+// creates: the relay's name and origin (see HeaderOrigin). An existing
+// stream whose metadata names another relay or origin is refused.
+const (
+	MetadataRelay  = "annals-relay"
+	MetadataOrigin = "annals-origin"
+)
+
+// originOf formats an origin (see HeaderOrigin).
+func originOf(system, database, schema string) string {
+	return fmt.Sprintf("%s/%s/%s", system, EscapeToken(database), EscapeToken(schema))
+}
+
+// loadOrigin reads, once, where the relay's log is (see HeaderOrigin).
+func (r *Relay) loadOrigin(ctx context.Context) (string, error) {
+	r.originMu.Lock()
+	defer r.originMu.Unlock()
+	if r.origin != "" {
+		return r.origin, nil
+	}
+	q, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(r.cfg.Schema))
+	if err != nil {
+		return "", err
+	}
+	var system, database string
+	err = r.pool.QueryRow(ctx, q["Origin"]).Scan(&system, &database)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+		// pg_control_system revoked (some managed services): the
+		// database and schema still tell logs apart within one cluster.
+		system = "0"
+		err = r.pool.QueryRow(ctx, q["Database"]).Scan(&database)
+	}
+	if err != nil {
+		return "", errors.Wrap(err, "relay: read the log's origin")
+	}
+	r.origin = originOf(system, database, r.cfg.Schema)
+	return r.origin, nil
+}

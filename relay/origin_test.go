@@ -1,0 +1,183 @@
+package relay_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/migrations"
+	"github.com/annals-dev/annals/relay"
+)
+
+// Relays of two logs (two databases, or two schemas of one) with the
+// default name, pointed at one stream: the second is refused. It passed the
+// name check, took the other log's newest position as published, and
+// skipped its own events at or below it, silently.
+func TestRelaysOfTwoLogsOnOneStream(t *testing.T) {
+	t.Parallel()
+	b := setup(t) // database A, with 3 events
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	appendMany(t, b.store, 3)
+	a, err := relay.New(b.db.Pool, b.nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.js.Stream(ctx, "ANNALS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md := s.CachedInfo().Config.Metadata; md[relay.MetadataRelay] != "relay" || !strings.Contains(md[relay.MetadataOrigin], "/"+b.db.Name+"/annals") {
+		t.Fatalf("the stream's metadata %v does not name the relay and its origin", md)
+	}
+	msgs := b.relayed("ANNALS")
+	origin := msgs[0].Header.Get(relay.HeaderOrigin)
+	if !strings.HasSuffix(origin, "/"+b.db.Name+"/annals") || strings.HasPrefix(origin, "0/") {
+		t.Fatalf("Annals-Origin %q", origin)
+	}
+
+	// Database B, with more events than A: the position check alone would
+	// pass.
+	dbB := annalstest.NewDB(t, nil)
+	storeB, err := eventstore.New(dbB.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, storeB, 5)
+	// A schema of A's database, with fewer events.
+	if _, err := migrations.Up(ctx, b.db.Pool, &migrations.Config{Schema: "second"}); err != nil {
+		t.Fatal(err)
+	}
+	storeS, err := eventstore.New(b.db.Pool, &eventstore.Config{Schema: "second"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, storeS, 2)
+	for _, c := range []struct {
+		what string
+		db   *annalstest.DB
+		cfg  relay.Config
+	}{
+		{"another database", dbB, relay.Config{}},
+		{"another schema", b.db, relay.Config{Schema: "second"}},
+	} {
+		r, err := relay.New(c.db.Pool, b.nc, &c.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.CatchUp(ctx); !errors.Is(err, relay.ErrStreamMismatch) {
+			t.Errorf("a relay of %s on the stream: %v, want ErrStreamMismatch", c.what, err)
+		}
+	}
+	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
+
+	// An empty stream made by A's relay is refused by its metadata.
+	empty, err := relay.New(b.db.Pool, b.nc, &relay.Config{Stream: "EMPTY", Prefix: "e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := empty.EnsureStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other, err := relay.New(dbB.Pool, b.nc, &relay.Config{Stream: "EMPTY", Prefix: "e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.EnsureStream(ctx); !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "adopt") {
+		t.Fatalf("B's relay on an empty stream A's relay made: %v, want ErrStreamMismatch", err)
+	}
+	// Unless B adopts it (this database took over A's log): then it is
+	// B's, and stays B's without adopting again.
+	adopt, err := relay.New(dbB.Pool, b.nc, &relay.Config{Stream: "EMPTY", Prefix: "e", AdoptStream: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := adopt.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.EnsureStream(ctx); err != nil {
+		t.Fatalf("B's relay on the stream it adopted: %v", err)
+	}
+	if _, err := empty.EnsureStream(ctx); !errors.Is(err, relay.ErrStreamMismatch) {
+		t.Fatalf("A's relay on the stream B adopted: %v, want ErrStreamMismatch", err)
+	}
+}
+
+// Messages published by relays older than Annals-Origin carry none: the
+// relay takes such a newest message as its own when its position is within
+// the log's head (with a warning), and refuses it when it is above (another
+// log's).
+func TestRelayOnAStreamOfAnOlderRelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	appendMany(t, b.store, 5)
+	log := b.log()
+	// An older relay published events 1 to 3, as it did: no origin, no
+	// metadata on the stream.
+	var logs lockedBuffer
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Stream: "OLD", Prefix: "old", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.js.CreateStream(ctx, r.StreamConfig()); err != nil {
+		t.Fatal(err)
+	}
+	publishOld := func(stream string, events []eventstore.Event) {
+		t.Helper()
+		prev := ""
+		for _, e := range events {
+			m, err := relay.Message("relay", strings.ToLower(stream)+"."+relay.EscapeToken(e.Type)+"."+relay.EscapeToken(e.StreamID), e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := []jetstream.PublishOpt{jetstream.WithMsgID(e.ID.String())}
+			if prev != "" {
+				opts = append(opts, jetstream.WithExpectLastMsgID(prev))
+			}
+			if _, err := b.js.PublishMsg(ctx, m, opts...); err != nil {
+				t.Fatal(err)
+			}
+			prev = e.ID.String()
+		}
+	}
+	publishOld("OLD", log[:3])
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, b.relayed("OLD"), log)
+	if !strings.Contains(logs.String(), "not marked as this log's") {
+		t.Fatalf("no warning about the message without an origin:\n%s", logs.String())
+	}
+
+	// Another log's messages, positions 1 to 5, on a stream of a relay
+	// whose log has 2 events: refused.
+	db2 := annalstest.NewDB(t, nil)
+	store2, err := eventstore.New(db2.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, store2, 2)
+	r2, err := relay.New(db2.Pool, b.nc, &relay.Config{Stream: "FOREIGN", Prefix: "foreign"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.js.CreateStream(ctx, r2.StreamConfig()); err != nil {
+		t.Fatal(err)
+	}
+	publishOld("FOREIGN", log)
+	if err := r2.CatchUp(ctx); !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "past this log's head (2)") {
+		t.Fatalf("a relay on a stream of another log's older relay: %v, want ErrStreamMismatch", err)
+	}
+}
