@@ -139,6 +139,13 @@ func (s *Store) RetryAllTx(ctx context.Context, tx pgx.Tx, subscriber string) (C
 // cleared. A dead letter in retry may be skipped too (before the runner re-delivers it);
 // one already resolved or skipped changes nothing. An unknown ID fails with
 // ErrNotFound.
+//
+// The runner holds a dead letter's row lock while it re-delivers it, so a
+// Skip during a re-delivery waits for it (an observer's, for at most its
+// handler timeout and a few seconds): when the handler succeeded, the entry is resolved and Skip
+// changes nothing (Change.Was is StatusResolved: the event was delivered
+// after all); when it failed, Skip skips it as usual. An entry reported
+// skipped was never delivered.
 func (s *Store) Skip(ctx context.Context, id int64) (Change, error) {
 	var c Change
 	err := s.inTx(ctx, func(tx pgx.Tx) (err error) {

@@ -67,7 +67,12 @@
 // dead letter skipped and releases the rest of its stream the same way.
 //
 // If a re-delivery fails, the runner puts the dead letter, and the released
-// ones behind it in its stream, back to open (with the new error).
+// ones behind it in its stream, back to open (with the new error). The
+// runner re-delivers an entry in a transaction that holds its row lock from
+// before the handler runs until the entry is resolved (for an observer, a
+// transaction bounded by the handler timeout and a few seconds), so an
+// operation on it meanwhile waits: a Skip then finds it resolved if the
+// handler succeeded, and skipped always means "never delivered".
 //
 // # Events removed from the log
 //

@@ -55,7 +55,11 @@
 //     (projections' default) holds back the rest of the stream in order,
 //     SkipEvent (observers' default) moves on, Stop halts the partition.
 //     Operators act with package deadletter or annals dlq; released entries
-//     are re-delivered by the live leader, in order. An entry whose event
+//     are re-delivered by the live leader, in order, each holding its
+//     dead letter's row lock until it is resolved (for an observer, for at
+//     most its HandlerTimeout and a few seconds), so that an operator's
+//     skip meanwhile waits and never marks skipped an event that was
+//     delivered. An entry whose event
 //     is no longer in the log (a hard delete, truncation or retention, then
 //     a scavenge) cannot be delivered: the leader marks it skipped, keeping
 //     its last error, and logs one WARN; deadletter's Retry and Skip do the

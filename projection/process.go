@@ -3,7 +3,9 @@ package projection
 import (
 	"context"
 	"log/slog"
+	"math"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -632,13 +634,17 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 }
 
 // Redeliver re-delivers released dead letters in position order, each in a
-// transaction that also resolves it. A failure reopens it and the released
-// entries behind it in its stream, which stays parked.
+// transaction that also resolves it, holding its row lock from the start
+// (lockRedelivery). A failure reopens it and the released entries behind it
+// in its stream, which stays parked.
 func (t *txProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error {
 	defer t.f.releaseContext()
 	return redeliver(ctx, t.f, lease, func(e eventstore.Event, id int64) error {
 		handled := false
 		err := t.inTx(ctx, lease, func(tx pgx.Tx) error {
+			if ok, err := lockRedelivery(ctx, tx, t.f, id, false); err != nil || !ok {
+				return err
+			}
 			// Fenced like every write: a no-op checkpoint move checks the epoch.
 			if err := lease.Commit(ctx, tx, 0); err != nil {
 				return err
@@ -664,8 +670,49 @@ func (t *txProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error
 	})
 }
 
-// resolve marks a re-delivered dead letter resolved; if an operator skipped
-// it meanwhile (no row changes), the delivery's transaction rolls back.
+// lockRedelivery locks dead letter id in tx, the transaction of its
+// re-delivery, which then resolves it, and reports whether it is still to
+// be delivered: an operator may have skipped it (or purged it) since it
+// was read, and then nothing is delivered (logged at debug level). Held
+// until tx ends, the lock makes an operator's Skip of the entry wait for
+// the re-delivery, which it then finds resolved: without it, a Skip
+// while an observer's handler ran succeeded, and the entry stayed
+// "skipped" (resolved without delivery) although its event was delivered.
+// bounded (an observer's re-delivery, whose handler runs while tx waits)
+// sets the transaction's idle_in_transaction_session_timeout to the
+// handler timeout and redeliverySlack, so that a handler that ignores its
+// context and overruns cannot hold the lock for longer: the server ends
+// the session, the transaction rolls back, and the entry is delivered
+// again later.
+func lockRedelivery(ctx context.Context, tx pgx.Tx, f *failures, id int64, bounded bool) (bool, error) {
+	var idle *string
+	if ms := (f.timeout + redeliverySlack).Milliseconds(); bounded && f.timeout > 0 && ms <= math.MaxInt32 {
+		v := strconv.FormatInt(ms, 10)
+		idle = &v
+	}
+	var status string
+	err := tx.QueryRow(ctx, f.q["LockRedelivery"], id, idle).Scan(&status)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		status = "gone"
+	case err != nil:
+		return false, errors.Wrapf(err, "projection: lock dead letter %d for its re-delivery", id)
+	}
+	if status != "retry" {
+		f.logger.DebugContext(ctx, "annals: a released dead letter was settled by someone else before its re-delivery",
+			slog.String("subscriber", f.name), slog.Int64("dead_letter", id), slog.String("status", status))
+		return false, nil
+	}
+	return true, nil
+}
+
+// redeliverySlack is how much longer than the handler timeout an observer's
+// re-delivery transaction may wait for its handler (see lockRedelivery).
+const redeliverySlack = 5 * time.Second
+
+// resolve marks a re-delivered dead letter resolved; if it is no longer
+// marked for retry (which the lock taken by lockRedelivery rules out), the
+// delivery's transaction rolls back.
 func resolve(ctx context.Context, db checkpoint.DB, f *failures, id int64) error {
 	tag, err := db.Exec(ctx, f.q["Resolve"], id)
 	if err == nil && tag.RowsAffected() != 1 {
@@ -944,15 +991,23 @@ func (p *observerProcessor) inLock(ctx context.Context, lease *catchup.Lease, fn
 	return lease.Do(ctx, fn)
 }
 
-// Redeliver re-delivers released dead letters in position order.
+// Redeliver re-delivers released dead letters in position order. Each is
+// delivered inside a transaction that holds its row lock (lockRedelivery,
+// bounded by the handler timeout) and resolves it after the handler
+// returned, so that an operator's Skip meanwhile waits and finds it
+// resolved, rather than marking skipped an entry the handler got.
 func (p *observerProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error {
 	defer p.f.releaseContext()
 	return redeliver(ctx, p.f, lease, func(e eventstore.Event, id int64) error {
-		if err := p.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return p.o.Handle(ctx, e) }); err != nil {
-			return handlerError{err}
-		}
 		return lease.Do(ctx, func(conn *pgx.Conn) error {
 			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				if ok, err := lockRedelivery(ctx, tx, p.f, id, true); err != nil || !ok {
+					return err
+				}
+				if err := p.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return p.o.Handle(ctx, e) }); err != nil {
+					return handlerError{err} // rolls back: the entry is reopened after
+				}
+				// Fenced like every write: a no-op checkpoint move checks the epoch.
 				if err := lease.Commit(ctx, tx, 0); err != nil {
 					return err
 				}

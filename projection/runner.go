@@ -38,6 +38,9 @@ var failuresSQL string
 //go:embed attempts.sql
 var attemptsSQL string
 
+//go:embed redeliver.sql
+var redeliverSQL string
+
 // Config configures a Runner. A nil *Config means defaults.
 type Config struct {
 	// Schema is the annals schema. Defaults to "annals".
@@ -209,7 +212,7 @@ type Runner struct {
 	cfg    Config
 	engine *catchup.Engine
 	q      map[string]string
-	fq     map[string]string // failures.sql and attempts.sql
+	fq     map[string]string // failures.sql, attempts.sql and redeliver.sql
 
 	mu       sync.Mutex
 	regs     []*registration
@@ -281,11 +284,13 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	if r.fq, err = sqltmpl.Named("failures.sql", failuresSQL, sqltmpl.NewData(c.Schema)); err != nil {
 		return nil, err
 	}
-	aq, err := sqltmpl.Named("attempts.sql", attemptsSQL, sqltmpl.NewData(c.Schema))
-	if err != nil {
-		return nil, err
+	for file, src := range map[string]string{"attempts.sql": attemptsSQL, "redeliver.sql": redeliverSQL} {
+		q, err := sqltmpl.Named(file, src, sqltmpl.NewData(c.Schema))
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(r.fq, q)
 	}
-	maps.Copy(r.fq, aq)
 	if c.Clock == nil {
 		r.cfg.Clock = realClock{}
 	}
