@@ -104,6 +104,14 @@
 // "annals.*.*", "annals.*.>" or "annals.>" for the default), keep limits
 // retention and de-duplicate at least as long.
 //
+// A stream that is gone (deleted, or lost with the server's store) is made
+// again, by EnsureStream when the relay starts or at its next leadership,
+// and holds the events after the checkpoint on. When the checkpoint is past
+// 0, EnsureStream logs so, with the way to publish the earlier ones: stop
+// the relay, delete the stream, set the checkpoint to 0 and start it (only
+// setting the checkpoint back would not do: the relay skips what the new
+// stream's newest message shows published).
+//
 // # Failures
 //
 // A failed or unacknowledged publish (NATS down, a timeout after

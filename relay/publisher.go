@@ -65,20 +65,14 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 		// or this handle stale: look it up again by name, and make it
 		// again if it is not there, or the relay would stand by and fail
 		// here for ever. What a lost stream held is not published again
-		// by itself.
+		// by itself (EnsureStream logs how).
 		s, eerr := p.r.EnsureStream(ctx)
 		if eerr != nil {
 			p.r.failed(eerr)
 			return eerr
 		}
-		// Made again (not the stream this handle was for): say so.
-		gone := !s.CachedInfo().Created.Equal(p.stream.CachedInfo().Created)
+		// Made again, EnsureStream has said so.
 		p.stream = s
-		if gone {
-			p.r.cfg.Logger.WarnContext(ctx, "annals: the relay's JetStream stream was gone; created it again. It holds the events from the checkpoint on: "+
-				"to publish the earlier ones again, stop the relay and set its checkpoint back (annals checkpoint set "+p.r.cfg.Name+" 0 --yes)",
-				slog.String("relay", p.r.cfg.Name), slog.String("stream", p.r.cfg.Stream), slog.Int64("checkpoint", lease.Start))
-		}
 		pos, id, err = p.r.lastStored(ctx, p.stream)
 	}
 	if err != nil {

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
@@ -247,14 +248,21 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 	want := r.StreamConfig()
 	want.Metadata = map[string]string{MetadataRelay: r.cfg.Name, MetadataOrigin: origin}
 	s, err := r.js.Stream(ctx, want.Name)
+	created := false
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		s, err = r.js.CreateStream(ctx, want)
+		created = err == nil
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			s, err = r.js.Stream(ctx, want.Name)
 		}
 	}
 	if err != nil {
 		return nil, errors.Wrapf(err, "relay: stream %s", want.Name)
+	}
+	if created {
+		if err := r.warnIfBehind(ctx); err != nil {
+			return nil, err
+		}
 	}
 	got := s.CachedInfo().Config
 	covered := false
@@ -291,6 +299,32 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 			slog.String("relay", r.cfg.Name), slog.String("stream", want.Name), slog.String("was", o), slog.String("origin", origin))
 	}
 	return s, nil
+}
+
+// warnIfBehind logs, for a stream EnsureStream has just created, that the
+// stream lacks the events up to the relay's checkpoint when that is past 0
+// (the stream was lost, deleted, or Config.Stream changed), and how to
+// publish them: the relay publishes only what is past both its checkpoint
+// and the stream's newest message, so setting the checkpoint back is not
+// enough once it has published into the new stream.
+func (r *Relay) warnIfBehind(ctx context.Context) error {
+	cps, err := checkpoint.New(r.cfg.Schema)
+	if err != nil {
+		return err
+	}
+	cp, err := cps.Load(ctx, r.pool, r.cfg.Name, 0)
+	if errors.Is(err, checkpoint.ErrNotFound) || err == nil && cp.Position == 0 {
+		return nil
+	}
+	if err != nil {
+		return errors.Wrap(err, "relay: read the checkpoint")
+	}
+	r.cfg.Logger.WarnContext(ctx, fmt.Sprintf("annals: the relay created its JetStream stream %s (it was lost or deleted, or is new), and its checkpoint is at %d: "+
+		"the stream holds only the events after the checkpoint. To publish the earlier ones too: stop every relay process named %s, "+
+		"delete the stream (nats stream rm %s -f), run `%s`, and start the relay again",
+		r.cfg.Stream, cp.Position, shellQuote(r.cfg.Name), shellQuote(r.cfg.Stream), r.checkpointSetHint(0)),
+		slog.String("relay", r.cfg.Name), slog.String("stream", r.cfg.Stream), slog.Int64("checkpoint", cp.Position))
+	return nil
 }
 
 // Run relays until ctx ends: it ensures the stream, then runs the relay's

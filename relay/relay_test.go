@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -271,7 +272,7 @@ func TestRelayStreamOwnershipAndLoss(t *testing.T) {
 		return err == nil && m.Header.Get(relay.HeaderPosition) == fmt.Sprint(head)
 	})
 	// And the log says what happened, and what the new stream lacks.
-	if l := logs.String(); !strings.Contains(l, "stream was gone; created it again") || !strings.Contains(l, "annals checkpoint set relay 0 --yes") {
+	if l := logs.String(); !strings.Contains(l, "the relay created its JetStream stream ANNALS") || !strings.Contains(l, "annals checkpoint set relay 0 --yes") {
 		t.Fatalf("the relay's log does not tell of the lost stream:\n%s", l)
 	}
 }
@@ -352,4 +353,64 @@ func TestRelayNameWithSpacesAtTheEnds(t *testing.T) {
 	if _, err := other.EnsureStream(ctx); !errors.Is(err, relay.ErrStreamMismatch) {
 		t.Fatalf("relay %q on the stream of %q: %v, want ErrStreamMismatch", "padded", " padded\t", err)
 	}
+}
+
+// A stream lost while the relay was down is made again when the relay
+// starts (by EnsureStream, which did so silently: the warning was only at a
+// leadership's start), and the log says so when the checkpoint is past 0,
+// with a way to publish the earlier events that works: stop the relay,
+// delete the stream, set the checkpoint to 0. (Setting the checkpoint back
+// alone, the hint it gave, did nothing: the relay skips what the new
+// stream's newest message shows published.)
+func TestRelayStreamLostWhileDown(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	appendMany(t, b.store, 5)
+	var logs lockedBuffer
+	cfg := &relay.Config{Name: "it's", Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	r, err := relay.New(b.db.Pool, b.nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), "created its JetStream stream") {
+		t.Fatalf("a warning for a relay's first stream, with its checkpoint at 0:\n%s", logs.String())
+	}
+	// Lost while the relay is down; events appended meanwhile.
+	if err := b.js.DeleteStream(ctx, "ANNALS"); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 3)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(b.relayed("ANNALS")); n != 3 {
+		t.Fatalf("the new stream holds %d messages, want the 3 after the checkpoint", n)
+	}
+	hint := `annals checkpoint set 'it'\''s' 0 --yes`
+	quoted := strconv.Quote(hint) // as the text handler writes it in msg="…"
+	if l := logs.String(); !strings.Contains(l, "created its JetStream stream ANNALS") || !strings.Contains(l, "checkpoint is at 5") ||
+		!strings.Contains(l, "delete the stream") || !strings.Contains(l, quoted[1:len(quoted)-1]) {
+		t.Fatalf("the relay's log does not tell of the lost stream, or how to publish the rest (%s):\n%s", hint, l)
+	}
+	// The hint: the relay stopped (CatchUp returned), delete the stream,
+	// set the checkpoint to 0, start again.
+	if err := b.js.DeleteStream(ctx, "ANNALS"); err != nil {
+		t.Fatal(err)
+	}
+	cps, err := checkpoint.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cps.Set(ctx, b.db.Pool, "it's", 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
 }
