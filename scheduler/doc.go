@@ -104,10 +104,21 @@
 // re-established after a loss. When due work exists that another
 // dispatcher holds, it looks again after ContentionBackoff.
 //
-// Cancel and CancelOwned delete rows selected FOR UPDATE SKIP LOCKED: they
-// never wait for a dispatcher that holds a timer it is firing (which may be
-// waiting for the log's append lock held by the caller's own transaction).
-// They report false (or don't count) such a timer; it fires.
+// Cancel and CancelOwned wait for a dispatcher that holds a timer it is
+// firing: when its claim commits, the timer fired and is not counted; when
+// it rolls back (the append failed), they delete the row before the
+// dispatcher takes it again or records the failure. So a timer they did
+// not delete has fired: it is not put back to fire later. The wait runs in
+// a transaction of its own, or in a savepoint of the caller's, with
+// lock_timeout = ClaimTimeout (the caller's lock_timeout is put back
+// after). It ends in ErrTimerBusy, nothing cancelled and the caller's
+// transaction still usable, if the dispatcher does not let go in that
+// time, or if it waits for a lock the caller's transaction holds: after an
+// append in it, the log's ordering lock, a deadlock that PostgreSQL ends
+// after deadlock_timeout (1 s by default) by failing one of the two. If
+// the dispatcher is the one it fails, the timer is cancelled; if the
+// savepoint, ErrTimerBusy, and the timer fires when the caller's
+// transaction ends (roll it back and try again to cancel it).
 //
 // # Cron tasks
 //

@@ -11,6 +11,18 @@ var (
 	// eventstore.ErrUnknownEventType). Nothing is stored.
 	ErrInvalidTimer = errors.New("invalid timer")
 
+	// ErrTimerBusy is returned by Cancel and CancelOwned when a dispatcher
+	// that is firing the timer holds it and did not let go in time: within
+	// Config.ClaimTimeout, or at all because it waits for a lock that the
+	// caller's transaction holds (the log's ordering lock, after an append
+	// in that transaction: PostgreSQL reports the deadlock after its
+	// deadlock_timeout, 1 s by default). Nothing was cancelled, and the
+	// caller's transaction is still usable (the attempt is rolled back to a
+	// savepoint); the timer fires when the dispatcher goes on, unless its
+	// append fails. To cancel it for sure, roll the transaction back and
+	// try again.
+	ErrTimerBusy = errors.New("timer is being fired")
+
 	// ErrInvalidTask is matched by every rejection of a cron task definition:
 	// an empty name or stream ID, a cron expression that does not parse or
 	// never fires, an unknown time zone, an unknown missed-tick policy.

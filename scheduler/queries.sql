@@ -58,15 +58,27 @@ UPDATE {{.Schema}}.timers
        updated_at = clock_timestamp()
  WHERE id = $1 AND attempts = $5 AND failed_at IS NULL;
 
+-- name: BoundCancel
+-- Sent with a cancellation, in its transaction or savepoint: it waits for a
+-- row lock (a dispatcher firing the timer) at most $1 ms (as text). The
+-- caller's lock_timeout is kept in annals.saved_lock_timeout and put back
+-- by UnboundCancel, so that a caller's transaction goes on with its own.
+SELECT set_config('annals.saved_lock_timeout', current_setting('lock_timeout'), true),
+       set_config('lock_timeout', $1::text, true);
+
+-- name: UnboundCancel
+SELECT set_config('lock_timeout', current_setting('annals.saved_lock_timeout'), true);
+
 -- name: CancelTimer
--- Never waits for a dispatcher that holds the row: a timer being fired now
--- is skipped (and fires).
-DELETE FROM {{.Schema}}.timers
- WHERE id IN (SELECT id FROM {{.Schema}}.timers WHERE id = $1 FOR UPDATE SKIP LOCKED);
+-- Waits for a dispatcher that holds the row (it is firing the timer): if
+-- its claim commits, the row is gone and nothing is deleted (the timer
+-- fired); if it rolls back (the append failed), the row is deleted here,
+-- before the dispatcher can take it again or record the failure.
+DELETE FROM {{.Schema}}.timers WHERE id = $1;
 
 -- name: CancelOwned
-DELETE FROM {{.Schema}}.timers
- WHERE id IN (SELECT id FROM {{.Schema}}.timers WHERE owner = $1 FOR UPDATE SKIP LOCKED);
+-- Waits for held rows as CancelTimer does.
+DELETE FROM {{.Schema}}.timers WHERE owner = $1;
 
 -- name: NextDue
 -- The earliest due time of a timer that may still fire.

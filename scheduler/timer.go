@@ -110,31 +110,65 @@ func storableTime(t time.Time) bool {
 }
 
 // Cancel deletes a pending (or failed) timer and reports whether it did.
-// It reports false for an unknown or already fired ID, and for a timer that
-// a dispatcher is firing right now (that timer fires): Cancel never waits
-// for a dispatcher, so it cannot deadlock with one that holds the timer and
-// waits for the log's append lock held by the caller's transaction. With a
-// tx, the cancellation takes effect if tx commits.
+// It reports false for an unknown, cancelled or fired ID. A timer that a
+// dispatcher is firing right now is waited for: if its append succeeds, it
+// fired and Cancel reports false; if it fails, Cancel deletes the timer
+// (true) before the dispatcher can take it again or record the failure, so
+// a timer Cancel did not delete has fired. A dispatcher that does not let
+// go within Config.ClaimTimeout, or that waits for a lock tx holds (after
+// an append in tx), makes Cancel fail with ErrTimerBusy: nothing cancelled,
+// tx still usable. With a tx, the cancellation takes effect if tx commits.
 func (s *Scheduler) Cancel(ctx context.Context, tx pgx.Tx, id TimerID) (bool, error) {
-	tag, err := s.db(tx).Exec(ctx, s.q.cancelTimer, id)
+	n, err := s.cancel(ctx, tx, s.q.cancelTimer, id)
 	if err != nil {
 		return false, errors.Wrapf(err, "scheduler: cancel timer %s", id)
 	}
-	return tag.RowsAffected() == 1, nil
+	return n == 1, nil
 }
 
 // CancelOwned cancels every pending (or failed) timer whose Owner is owner,
-// as Cancel does (timers being fired right now are skipped), and returns how
-// many it deleted.
+// as Cancel does (it waits for the timers being fired right now, and fails
+// with ErrTimerBusy, cancelling none, as Cancel does), and returns how many
+// it deleted.
 func (s *Scheduler) CancelOwned(ctx context.Context, tx pgx.Tx, owner string) (int, error) {
 	if owner == "" {
 		return 0, errors.Wrap(ErrInvalidTimer, "CancelOwned with an empty owner")
 	}
-	tag, err := s.db(tx).Exec(ctx, s.q.cancelOwned, owner)
+	n, err := s.cancel(ctx, tx, s.q.cancelOwned, owner)
 	if err != nil {
 		return 0, errors.Wrapf(err, "scheduler: cancel timers of %q", owner)
 	}
-	return int(tag.RowsAffected()), nil
+	return int(n), nil
+}
+
+// cancel runs a cancellation (sql with arg) in a transaction of its own, or
+// in a savepoint of tx, waiting for held rows at most ClaimTimeout. A wait
+// that times out or ends a deadlock (the dispatcher holding the row waits
+// for a lock that tx holds) rolls back to the savepoint: ErrTimerBusy, and
+// tx goes on.
+func (s *Scheduler) cancel(ctx context.Context, tx pgx.Tx, sql string, arg any) (int64, error) {
+	var db interface {
+		Begin(context.Context) (pgx.Tx, error)
+	} = s.pool
+	if tx != nil {
+		db = tx
+	}
+	var n int64
+	err := pgx.BeginFunc(ctx, db, func(sp pgx.Tx) error {
+		b := &pgx.Batch{}
+		b.Queue(s.q.boundCancel, strconv.FormatInt(s.cfg.ClaimTimeout.Milliseconds(), 10))
+		b.Queue(sql, arg).Exec(func(tag pgconn.CommandTag) error {
+			n = tag.RowsAffected()
+			return nil
+		})
+		b.Queue(s.q.unboundCancel)
+		return sp.SendBatch(ctx, b).Close()
+	})
+	var pgErr *pgconn.PgError // lock_not_available (the lock_timeout), deadlock_detected
+	if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01") {
+		return 0, errmark.Mark(errors.Wrap(err, "a dispatcher firing it did not let go"), ErrTimerBusy)
+	}
+	return n, err
 }
 
 // TimerInfo describes a stored timer.

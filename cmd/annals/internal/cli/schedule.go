@@ -254,8 +254,9 @@ func (e *env) scheduleCancelCommand() *cobra.Command {
 		Use:   "cancel TIMER-ID",
 		Short: "Cancel a pending or failed timer (its events are never appended)",
 		Long: `Cancel a pending or failed timer by its ID (see 'schedule list'). A timer that is being
-fired right now, or was fired already, cannot be cancelled: the command exits 3 (not
-found) then.`,
+fired right now is waited for (at most the scheduler's ClaimTimeout): cancelled if its
+append fails, fired otherwise. A timer that was fired already cannot be cancelled: the
+command exits 3 (not found) then.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := uuid.Parse(args[0])
@@ -274,7 +275,7 @@ found) then.`,
 				return err
 			}
 			if !ok {
-				return notFoundf("no pending timer %s (fired already, being fired, or never stored)", id)
+				return notFoundf("no pending timer %s (fired already, cancelled, or never stored)", id)
 			}
 			if *format == outputJSON {
 				return writeJSON(cmd.OutOrStdout(), ScheduleActionJSON{Action: "cancelled", Timer: id.String()})
