@@ -54,7 +54,8 @@
 //
 // A relay does not even rely on the window: at the start of each leadership
 // and after any failed publish it reads the newest message of the stream
-// (its Annals-Position header) and skips every event at or below it. A
+// (its Annals-Position header) and skips every event at or below it,
+// counting them as acknowledged (its checkpoint may move past them). A
 // leader that published and died before its checkpoint committed leaves
 // events the next leader finds there and does not publish again, however
 // long the takeover took. The duplicate window (Config.Duplicates, default

@@ -84,8 +84,13 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 		p.r.failed(err)
 		return err
 	}
+	// What the stream holds through its newest message (pos, within the
+	// head: lastStored) is acknowledged, though not by this leadership:
+	// the relay skips those events, so nothing else would move the
+	// checkpoint past them (an event that cannot be published right after
+	// them would keep it behind them for ever).
 	*p = publisher{r: p.r, stream: p.stream, origin: origin, synced: true, lastPos: pos, lastID: id, prevID: id,
-		through: lease.Start, acked: lease.Start, committed: lease.Start, lastCommit: time.Now()}
+		through: lease.Start, acked: max(lease.Start, pos), committed: lease.Start, lastCommit: time.Now()}
 	return nil
 }
 
@@ -136,7 +141,7 @@ func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch cat
 	}
 	p.through = batch.Through
 	if len(p.inflight) == 0 {
-		p.acked = batch.Through // nothing to publish or wait for
+		p.acked = max(p.acked, batch.Through) // nothing to publish or wait for
 	}
 	// Wait for the earlier batches' acknowledgements; take this batch's
 	// that are in.

@@ -347,8 +347,8 @@ func (r *Relay) Run(ctx context.Context) error {
 // ends: JetStream refused the last publishes (a full stream with
 // DiscardNew), which the relay logged and will try again; and it gives up,
 // with the last failure, after five leaderships in a row, over ten seconds
-// at least, that failed with nothing published (an event over the server's
-// max_payload): retrying would not end.
+// at least, that failed without moving the checkpoint (an event over the
+// server's max_payload): retrying would not end.
 func (r *Relay) CatchUp(ctx context.Context) error {
 	runner, err := r.runner(ctx)
 	if err != nil {
@@ -380,7 +380,7 @@ func (r *Relay) CatchUp(ctx context.Context) error {
 					if e := r.lastFailure.Load(); e != nil {
 						last = *e
 					}
-					cancel(errors.Wrapf(last, "relay %s: gave up after %d failed attempts in a row, with nothing published (a later run tries again)", r.cfg.Name, n))
+					cancel(errors.Wrapf(last, "relay %s: gave up after %d failed attempts in a row that did not move the checkpoint (a later run tries again)", r.cfg.Name, n))
 					return
 				}
 			}
@@ -402,8 +402,8 @@ func (r *Relay) CatchUp(ctx context.Context) error {
 		return errors.Wrap(err, "relay")
 	}
 	if cp.Position < head {
-		short := errors.Newf("relay %s: published through position %d of %d: JetStream did not acknowledge the rest (see the log); a later run tries again",
-			r.cfg.Name, cp.Position, head)
+		short := errors.Newf("relay %s: the checkpoint reached position %d, short of the head %d: JetStream did not acknowledge the rest (see the log); "+
+			"a later run goes on from there, publishing nothing twice", r.cfg.Name, cp.Position, head)
 		if gaveUp != nil {
 			return errors.Wrap(gaveUp, short.Error())
 		}

@@ -185,7 +185,7 @@ func TestRelayNamesAnEventOverMaxPayload(t *testing.T) {
 	runCtx, stop := context.WithTimeout(ctx, 30*time.Second)
 	defer stop()
 	// It gives up (retrying cannot help) well before runCtx ends.
-	if err := r.CatchUp(runCtx); err == nil || !strings.Contains(err.Error(), "gave up after") || runCtx.Err() != nil {
+	if err := r.CatchUp(runCtx); err == nil || !strings.Contains(err.Error(), "gave up after") || !strings.Contains(err.Error(), "did not move the checkpoint") || runCtx.Err() != nil {
 		t.Fatalf("CatchUp with an event over max_payload: %v (deadline passed: %v)", err, runCtx.Err())
 	}
 	want := fmt.Sprintf("annals checkpoint set relay %d --yes", res.Position())
@@ -413,4 +413,46 @@ func TestRelayStreamLostWhileDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
+}
+
+// Events the stream holds already, which the relay skips, are acknowledged
+// for the checkpoint: the checkpoint set back to 0 under a stream holding 3
+// events, then a publish refused right after them (a full stream): the
+// checkpoint moves to 3, and CatchUp's error says where it stands. The
+// checkpoint stayed at 0 for ever, the skipped events never counted as
+// acknowledged, and the error said "published through position 0".
+func TestSkippedEventsMoveTheCheckpoint(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{RetryBackoff: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := r.StreamConfig()
+	sc.MaxMsgs, sc.Discard = 3, jetstream.DiscardNew
+	if _, err := b.js.CreateStream(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 3)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cps, err := checkpoint.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cps.Set(ctx, b.db.Pool, "relay", 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 2)
+	err = r.CatchUp(ctx)
+	if err == nil || !strings.Contains(err.Error(), "checkpoint reached position 3, short of the head 5") {
+		t.Fatalf("CatchUp into a full stream = %v, want it to say the checkpoint reached 3", err)
+	}
+	if cp := b.checkpoint("relay"); cp != 3 {
+		t.Fatalf("checkpoint %d, want 3: the events the stream holds", cp)
+	}
+	checkExactlyOnce(t, b.relayed("ANNALS"), b.log()[:3])
 }
