@@ -162,10 +162,52 @@ func parseSpec(spec, zone string) (cron.Schedule, string, error) {
 	if err != nil {
 		return nil, "", errors.Wrapf(ErrInvalidTask, "cron expression %q: %v", spec, err)
 	}
-	if ss, ok := sched.(*cron.SpecSchedule); ok && ss.Location == time.Local {
-		ss.Location = loc
+	if ss, ok := sched.(*cron.SpecSchedule); ok {
+		if ss.Location == time.Local {
+			ss.Location = loc
+		}
+		return zonedSpec{*ss}, zone, nil
 	}
 	return sched, zone, nil
+}
+
+// zonedSpec is a cron spec read in its zone, one UTC offset at a time.
+//
+// robfig/cron's SpecSchedule.Next steps through the zone's wall time by
+// adding hours to instants, which goes wrong where an offset changes by
+// other than a whole hour: in Australia/Lord_Howe (+11 to +10:30 on
+// 2026-04-05) "0 2 * * *" had no tick that day although 02:00 +10:30
+// happens once. Next instead takes the zone's periods of one offset
+// (time.Time.ZoneBounds) in turn and asks the spec, read at that fixed
+// offset, for its first tick within the period. So a tick is every instant
+// whose wall time in the zone matches the spec: a wall time that a change
+// skips has none, one that a change repeats has two.
+type zonedSpec struct{ spec cron.SpecSchedule }
+
+// maxZonePeriods bounds the periods Next looks through: two changes a year
+// over the five years the spec looks ahead, with room to spare.
+const maxZonePeriods = 64
+
+// Next returns the first tick after t (zero: none within about five years).
+func (z zonedSpec) Next(t time.Time) time.Time {
+	loc := z.spec.Location
+	x, period := t, t // ticks after x, in the period of one offset that holds period
+	for range maxZonePeriods {
+		local := period.In(loc)
+		name, offset := local.Zone()
+		_, end := local.ZoneBounds()
+		fixed := z.spec
+		fixed.Location = time.FixedZone(name, offset)
+		n := fixed.Next(x)
+		if n.IsZero() {
+			return n
+		}
+		if end.IsZero() || n.Before(end) {
+			return n.In(loc)
+		}
+		x, period = end.Add(-time.Nanosecond), end // Next(x) starts at end
+	}
+	return time.Time{}
 }
 
 // firstAfter returns the first tick of sched after t (zero: none within

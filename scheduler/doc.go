@@ -181,12 +181,16 @@
 // meanwhile); if that is older than MissedGrace, it was missed and the
 // task's MissedPolicy applies.
 //
-// Time zones and DST. Ticks are what the parser yields in the task's zone:
-// on the day clocks spring forward, a wall time that does not exist (02:30
-// in Europe/Berlin on 2026-03-29) has no tick; on the day they fall back, a
-// wall time that happens twice (02:30 on 2026-10-25) has two ticks, one
-// hour apart in UTC. Hourly and finer specs stay evenly spaced in UTC.
-// Use TimeZone "UTC" for exactly one tick per day.
+// Time zones and DST. A task's ticks are the instants whose wall time in
+// its zone matches the spec: on the day clocks spring forward, a wall time
+// that does not exist (02:30 in Europe/Berlin on 2026-03-29) has no tick;
+// on the day they fall back, a wall time that happens twice (02:30 on
+// 2026-10-25) has two ticks, one hour apart in UTC. This holds for changes
+// of other than a whole hour too (Australia/Lord_Howe's 30 minutes, where
+// robfig/cron's own Next skipped 02:00 +10:30 on 2026-04-05): zonedSpec
+// reads the spec at one fixed offset per period of the zone. Hourly and
+// finer specs stay evenly spaced in UTC across whole-hour changes. Use
+// TimeZone "UTC" for exactly one tick per day.
 //
 // Fired tick rows are pruned after TickRetention (default 7 days).
 package scheduler
