@@ -75,6 +75,16 @@ type Config struct {
 	// instead of at the standby's next poll. A lock whose holder dies
 	// announces nothing; the standbys' polls find it free. Defaults to none.
 	ReleaseChannel string
+	// Connect, if set, opens each of the lock's connections (and a
+	// Standby's) in place of pgx.ConnectConfig. It is given the settings
+	// to connect with (a copy of the connConfig, set up for the lock as
+	// above) and may change them before it connects: the place to supply a
+	// password that rotates (an IAM token) at every connection, or to run
+	// a pool's BeforeConnect and AfterConnect hooks, so that the lock's
+	// sessions log in as the pool's do. It must keep the settings'
+	// DialFunc and BuildContextWatcherHandler, which the lock relies on.
+	// Defaults to pgx.ConnectConfig.
+	Connect func(ctx context.Context, connConfig *pgx.ConnConfig) (*pgx.Conn, error)
 }
 
 // maxChannelLen is the longest notification channel name PostgreSQL takes
@@ -100,6 +110,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.UserTimeout == 0 {
 		out.UserTimeout = DefaultUserTimeout
+	}
+	if out.Connect == nil {
+		out.Connect = pgx.ConnectConfig
 	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -32,6 +32,12 @@
 // The lock is held as long as that session lives, and no longer: when the
 // session ends, however it ends, the server frees the lock.
 //
+// The connection is opened with Config.Connect, pgx.ConnectConfig unless
+// set: the place for credentials that rotate (an IAM token), or for a
+// pool's BeforeConnect and AfterConnect hooks, so that the lock's sessions
+// log in as the pool's connections do (annals' own packages pass their
+// pool's hooks).
+//
 // Work that must be fenced by the lock runs on that connection, in Do. A
 // transaction there (a projection's batch together with its checkpoint, say)
 // dies with the session, so a process that has lost the lock cannot commit

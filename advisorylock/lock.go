@@ -151,7 +151,7 @@ func connectFor(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg
 	if key == "" {
 		return c, nil, nil, errors.New("advisorylock: key is empty")
 	}
-	conn, err := pgx.ConnectConfig(ctx, cc)
+	conn, err := c.Connect(ctx, cc)
 	if err != nil {
 		return c, nil, nil, errors.Wrapf(connectHint(err), "advisorylock: key %q: connect", key)
 	}

@@ -44,7 +44,7 @@ func NewStandby(ctx context.Context, connConfig *pgx.ConnConfig, cfg *Config) (*
 	if err != nil {
 		return nil, err
 	}
-	conn, err := pgx.ConnectConfig(ctx, cc)
+	conn, err := c.Connect(ctx, cc)
 	if err != nil {
 		return nil, errors.Wrap(connectHint(err), "advisorylock: standby: connect")
 	}

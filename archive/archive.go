@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/advisorylock"
+	"github.com/annals-dev/annals/internal/poolconn"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
@@ -133,7 +134,7 @@ func (a *Archiver) RunOnce(ctx context.Context, before int64) (Progress, error) 
 	if before < 1 {
 		return Progress{}, errors.Newf("archive: before must be a position of at least 1, not %d", before)
 	}
-	lock, err := advisorylock.TryAcquire(ctx, a.pool.Config().ConnConfig, a.schema+":archiver", a.cfg.Lock)
+	lock, err := advisorylock.TryAcquire(ctx, a.pool.Config().ConnConfig, a.schema+":archiver", poolconn.LockConfig(a.pool, a.cfg.Lock))
 	if errors.Is(err, advisorylock.ErrNotAcquired) {
 		return Progress{}, errors.WithStack(ErrBusy)
 	}

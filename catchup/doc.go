@@ -88,7 +88,10 @@
 // like any lock connection (client_connection_check_interval, keepalives,
 // user timeout), so that the server frees its locks within about a second
 // of the process's end even mid-query, and at once when the process dies
-// and the kernel closes its socket.
+// and the kernel closes its socket. It is opened as the engine's pool opens
+// its connections: the pool's BeforeConnect runs on a copy of its
+// ConnConfig at every dial (rotating credentials), then its AfterConnect
+// (Config.Lock.Connect, unless the caller sets its own).
 //
 // Batches do not run on the lock session: a processor's statements go
 // through Lease.Do to a connection of the engine's pool, held for the

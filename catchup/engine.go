@@ -22,6 +22,7 @@ import (
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/lockkey"
+	"github.com/annals-dev/annals/internal/poolconn"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/internal/telemetry"
@@ -364,7 +365,10 @@ type Config struct {
 	// context ends before its context is cancelled; a batch that ignores
 	// that for another second is abandoned (see Run). Defaults to 30s.
 	ShutdownTimeout time.Duration
-	// Lock configures the advisory locks' connections. Defaults to advisorylock's defaults.
+	// Lock configures the advisory locks' connections. Defaults to
+	// advisorylock's defaults, with a Connect that opens them as the
+	// engine's pool opens its own (its BeforeConnect and AfterConnect hooks
+	// run at each dial).
 	Lock *advisorylock.Config
 	// ReadPool, if set, is where batches are read: a pool on a streaming
 	// replica of the database (a hot standby). Locks, claims, checkpoints,
@@ -468,7 +472,10 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 	cc.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: 5 * time.Second}
 	}
-	c.Lock = lockConfig(c.Lock, c.Schema)
+	// The lock sessions log in as the pool's connections do (its
+	// BeforeConnect and AfterConnect, at every dial), unless Lock names a
+	// Connect of its own.
+	c.Lock = poolconn.LockConfig(pool, lockConfig(c.Lock, c.Schema))
 	e := &Engine{pool: pool, connConfig: cc, schema: c.Schema, listener: listener, checkpoints: cps, cfg: c, q: q}
 	e.sessions = newSessions(e)
 	return e, nil

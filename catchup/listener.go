@@ -11,7 +11,9 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/annals-dev/annals/internal/poolconn"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
@@ -25,6 +27,7 @@ import (
 // notification sent while nobody listened.
 type Listener struct {
 	connConfig *pgx.ConnConfig
+	connect    poolconn.ConnectFunc
 	channel    string
 	logger     *slog.Logger
 
@@ -37,8 +40,28 @@ type Listener struct {
 }
 
 // NewListener returns a Listener for the schema's channel on connections
-// made from connConfig (which is copied). logger may be nil.
+// made from connConfig (which is copied) with pgx.ConnectConfig. logger may
+// be nil. For connections made as a pool makes its own (its BeforeConnect
+// and AfterConnect hooks), use NewPoolListener.
 func NewListener(connConfig *pgx.ConnConfig, schema string, logger *slog.Logger) (*Listener, error) {
+	return newListener(connConfig, pgx.ConnectConfig, schema, logger)
+}
+
+// NewPoolListener returns a Listener for the schema's channel whose
+// connection is opened, at every (re)connect, the way pool opens its own:
+// from a copy of pool's ConnConfig, with pool's BeforeConnect run on it
+// (where rotating credentials such as an IAM token are supplied) and its
+// AfterConnect run on the new connection. The connection is not taken
+// from the pool. logger may be nil.
+func NewPoolListener(pool *pgxpool.Pool, schema string, logger *slog.Logger) (*Listener, error) {
+	if pool == nil {
+		return nil, errors.New("catchup: listener needs a pool")
+	}
+	cc, hooks := poolconn.Of(pool)
+	return newListener(cc, hooks.Connect, schema, logger)
+}
+
+func newListener(connConfig *pgx.ConnConfig, connect poolconn.ConnectFunc, schema string, logger *slog.Logger) (*Listener, error) {
 	if connConfig == nil {
 		return nil, errors.New("catchup: listener needs a connection config")
 	}
@@ -51,6 +74,7 @@ func NewListener(connConfig *pgx.ConnConfig, schema string, logger *slog.Logger)
 	}
 	return &Listener{
 		connConfig: connConfig.Copy(),
+		connect:    connect,
 		channel:    schemaname.Channel(schema),
 		logger:     logger,
 		subs:       map[chan struct{}]struct{}{},
@@ -145,7 +169,7 @@ func (l *Listener) Run(ctx context.Context) error {
 // listen runs one connection: LISTEN, then wait for notifications, until
 // the connection fails or ctx ends. wasUp reports whether LISTEN succeeded.
 func (l *Listener) listen(ctx context.Context) (wasUp bool, err error) {
-	conn, err := pgx.ConnectConfig(ctx, l.connConfig)
+	conn, err := l.connect(ctx, l.connConfig)
 	if err != nil {
 		return false, errors.Wrap(err, "catchup: connect listener")
 	}

@@ -79,7 +79,7 @@ func (s *blueGreenService) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	listener, err := catchup.NewListener(r.pool.Config().ConnConfig, r.cfg.Schema, r.cfg.Logger)
+	listener, err := catchup.NewPoolListener(r.pool, r.cfg.Schema, r.cfg.Logger)
 	if err != nil {
 		return err
 	}

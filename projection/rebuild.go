@@ -16,6 +16,7 @@ import (
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/internal/poolconn"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/internal/telemetry"
@@ -394,7 +395,7 @@ func (rb *rebuild) run(ctx context.Context) (err error) {
 // interrupted one; a live instance continues the replay); stop releases it.
 func (rb *rebuild) lock(ctx context.Context) (context.Context, func(), error) {
 	key := RebuildLockKey(rb.r.cfg.Schema, rb.reg.name)
-	lock, err := advisorylock.TryAcquire(ctx, rb.r.pool.Config().ConnConfig, key, rb.r.cfg.Lock)
+	lock, err := advisorylock.TryAcquire(ctx, rb.r.pool.Config().ConnConfig, key, poolconn.LockConfig(rb.r.pool, rb.r.cfg.Lock))
 	if errors.Is(err, advisorylock.ErrNotAcquired) {
 		return nil, nil, errors.Wrapf(ErrRebuildRunning, "%q: another session holds the rebuild lock %q", rb.reg.name, key)
 	}

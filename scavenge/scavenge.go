@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/advisorylock"
+	"github.com/annals-dev/annals/internal/poolconn"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/internal/telemetry"
@@ -149,7 +150,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Scavenger, error) {
 // back whole) and returns ctx's error with the progress so far: the run
 // stays open, and the next RunOnce, from any process, resumes it.
 func (s *Scavenger) RunOnce(ctx context.Context) (Progress, error) {
-	lock, err := advisorylock.TryAcquire(ctx, s.pool.Config().ConnConfig, s.schema+":scavenger", s.cfg.Lock)
+	lock, err := advisorylock.TryAcquire(ctx, s.pool.Config().ConnConfig, s.schema+":scavenger", poolconn.LockConfig(s.pool, s.cfg.Lock))
 	if errors.Is(err, advisorylock.ErrNotAcquired) {
 		return Progress{}, errors.WithStack(ErrBusy)
 	}

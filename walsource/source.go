@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/poolconn"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
@@ -247,8 +248,18 @@ func (s *Source) stream(ctx context.Context) (streamed bool, err error) {
 // leader that lost its lease but not yet its connection; the caller holds
 // the subscriber's lock now, so that session is stale) and fails: Run
 // tries again.
+//
+// The connection's settings are the pool's, with the pool's BeforeConnect
+// run on them at each connect (credentials that rotate, such as an IAM
+// token, are supplied there); its AfterConnect is not run, since it expects
+// a session that speaks the ordinary protocol.
 func (s *Source) start(ctx context.Context) (*pgconn.PgConn, error) {
-	pc := s.pool.Config().ConnConfig.Config.Copy()
+	base, hooks := poolconn.Of(s.pool)
+	cc, err := hooks.Prepare(ctx, base)
+	if err != nil {
+		return nil, errors.Wrap(err, "walsource: connect for replication")
+	}
+	pc := &cc.Config
 	pc.RuntimeParams["replication"] = "database"
 	pc.RuntimeParams["application_name"] = "annals walsource " + s.cfg.Slot
 	conn, err := pgconn.ConnectConfig(ctx, pc)

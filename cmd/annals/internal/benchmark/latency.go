@@ -17,6 +17,7 @@ import (
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/lockkey"
+	"github.com/annals-dev/annals/internal/poolconn"
 	"github.com/annals-dev/annals/projection"
 )
 
@@ -406,7 +407,7 @@ func (o *latencyObserver) Handle(_ context.Context, e eventstore.Event) error {
 // rawListen is the raw consumer: LISTEN on a connection of its own and, on
 // each notification, read the rows after the last one seen.
 func rawListen(ctx context.Context, pool *pgxpool.Pool, q map[string]string, pp *atomic.Pointer[probe], listening chan<- struct{}) error {
-	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	conn, err := poolconn.Connect(ctx, pool)
 	if err != nil {
 		return errors.Wrap(err, "connect the raw listener")
 	}

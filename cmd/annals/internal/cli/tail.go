@@ -150,7 +150,7 @@ the personal fields of forgotten subjects read as [forgotten].`,
 				}
 				return finish(err)
 			}
-			listener, err := catchup.NewListener(pool.Config().ConnConfig, e.schema, nil)
+			listener, err := catchup.NewPoolListener(pool, e.schema, nil)
 			if err != nil {
 				return err
 			}
