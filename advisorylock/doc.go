@@ -163,7 +163,10 @@
 // Queued, it is ahead of every standby: pg_try_advisory_lock fails while
 // another session waits for the lock, so polling standbys cannot snatch it.
 // It costs a connection per waiting key, so it is for one-off takeovers (a
-// rebuild's), not for standing by.
+// rebuild's), not for standing by. Its wait is bounded by its context
+// alone: a lock_timeout or statement_timeout of the role or the database
+// is lifted for the wait (SET LOCAL in the wait's transaction) and applies
+// again to the work done under the lock.
 //
 // # PgBouncer and other poolers
 //

@@ -25,20 +25,21 @@ var queriesSQL string
 
 // q holds the statements of queries.sql. They use no placeholder, so they
 // are rendered once.
-var q = func() struct{ tryLock, lock, unlock, unlockNotify, held, rollback, tryLocks, unlockAll string } {
+var q = func() struct{ tryLock, lock, waitUnbounded, unlock, unlockNotify, held, rollback, tryLocks, unlockAll string } {
 	named, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(schemaname.Default))
 	if err != nil {
 		panic(err) // the file is embedded: a test catches this
 	}
-	return struct{ tryLock, lock, unlock, unlockNotify, held, rollback, tryLocks, unlockAll string }{
-		tryLock:      named["TryLock"],
-		lock:         named["Lock"],
-		unlock:       named["Unlock"],
-		unlockNotify: named["UnlockNotify"],
-		held:         named["Held"],
-		rollback:     named["Rollback"],
-		tryLocks:     named["TryLocks"],
-		unlockAll:    named["UnlockAll"],
+	return struct{ tryLock, lock, waitUnbounded, unlock, unlockNotify, held, rollback, tryLocks, unlockAll string }{
+		tryLock:       named["TryLock"],
+		lock:          named["Lock"],
+		waitUnbounded: named["WaitUnbounded"],
+		unlock:        named["Unlock"],
+		unlockNotify:  named["UnlockNotify"],
+		held:          named["Held"],
+		rollback:      named["Rollback"],
+		tryLocks:      named["TryLocks"],
+		unlockAll:     named["UnlockAll"],
 	}
 }()
 
@@ -105,7 +106,10 @@ func TryAcquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg
 // lets go, ahead of every session that only tries (pg_try_advisory_lock
 // fails while another session waits in the queue). ctx bounds connecting
 // and the wait; when it ends the connection is closed, which takes the
-// session out of the queue, and the error wraps ctx's.
+// session out of the queue, and the error wraps ctx's. Nothing else bounds
+// the wait: a lock_timeout or statement_timeout of the role or the database
+// is lifted for it (and only for it: work done under the lock later runs
+// with them).
 func Acquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *Config) (*Lock, error) {
 	return AcquireQueued(ctx, connConfig, key, cfg, nil)
 }
@@ -132,8 +136,16 @@ func AcquireQueued(ctx context.Context, connConfig *pgx.ConnConfig, key string, 
 		}
 		asking(uint32(pid))
 	}
+	// One round trip: the wait runs in a transaction whose SET LOCALs lift
+	// the server's lock_timeout and statement_timeout for it (a session
+	// lock outlives the transaction).
 	k1, k2 := Key(key)
-	if _, err := conn.Exec(ctx, q.lock, k1, k2); err != nil {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(q.waitUnbounded)
+	b.Queue(q.lock, k1, k2)
+	b.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		if ctx.Err() != nil {
 			err = errors.CombineErrors(ctx.Err(), err)
 		}

@@ -9,6 +9,14 @@ SELECT pg_try_advisory_lock($1::int4, $2::int4);
 -- Waits in the lock queue until the lock is granted.
 SELECT pg_advisory_lock($1::int4, $2::int4);
 
+-- name: WaitUnbounded
+-- Run in the transaction that waits in Lock, before it: the wait is bounded
+-- by the caller's context alone, not by a lock_timeout or statement_timeout
+-- of the role or the database (a production guard meant for application
+-- statements). SET LOCAL: the session's own values are back at COMMIT, for
+-- the work done under the lock.
+SELECT set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true);
+
 -- name: Unlock
 SELECT pg_advisory_unlock($1::int4, $2::int4);
 
