@@ -34,6 +34,9 @@
 //	                                   or at once when a release is announced
 //	            taken               -> the lock stays on the lock session; in the
 //	                                   same poll, on that session, CLAIM
+//	            held by this engine -> not tried (another Run or a CatchUp of it
+//	                                   on this engine leads): wait for the
+//	                                   release, as another process would
 //	            session unusable    -> wait RetryBackoff (doubling, jittered), STANDBY
 //	CLAIM     checkpoint row: epoch = epoch + 1, owner = this instance;
 //	          cursor = its position -> READ
@@ -92,6 +95,11 @@
 // its connections: the pool's BeforeConnect runs on a copy of its
 // ConnConfig at every dial (rotating credentials), then its AfterConnect
 // (Config.Lock.Connect, unless the caller sets its own).
+//
+// Advisory locks are re-entrant on a session, so the poll never tries a
+// key the session already holds: a second Run of a partition on the same
+// engine, or a CatchUp of it while a Run leads, stands by until the lock is
+// given back, as in another process.
 //
 // Batches do not run on the lock session: a processor's statements go
 // through Lease.Do to a connection of the engine's pool, held for the

@@ -421,6 +421,14 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 	var take []string
 	takeSlot := map[string]*group{}
 	s.mu.Lock()
+	// Keys this session holds already (another Run or a CatchUp of the same
+	// partition on this engine leads it): pg_try_advisory_lock would take
+	// them again on the same session, so their waiters wait for the
+	// release instead.
+	held := make(map[string]bool, len(s.held))
+	for k := range s.held {
+		held[k] = true
+	}
 	leads := map[*group]int{}
 	var ledOf = map[*group][]*sharedLock{}
 	for _, l := range s.held {
@@ -535,6 +543,9 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 	seen := make(map[string]bool, len(st.keys))
 	for _, k := range st.keys {
 		ws := st.byKey[k]
+		if held[k] {
+			continue
+		}
 		if g := ws[0].g; g != nil {
 			seen[k] = true
 			if busy[k] {
