@@ -40,6 +40,9 @@
 //	            session unusable    -> wait RetryBackoff (doubling, jittered), STANDBY
 //	CLAIM     checkpoint row: epoch = epoch + 1, owner = this instance;
 //	          cursor = its position -> READ
+//	            row held elsewhere  -> after 200 ms (the claim's lock_timeout) give
+//	                                   the lock back, STANDBY (the partition is
+//	                                   not tried again for 200 ms)
 //	READ      next batch after the cursor (see below), with the checkpoint's epoch,
 //	          its stop reason and the partition's dead-letter counts
 //	            epoch changed       -> RELEASE, STANDBY (an operator set the checkpoint)
@@ -95,6 +98,13 @@
 // its connections: the pool's BeforeConnect runs on a copy of its
 // ConnConfig at every dial (rotating credentials), then its AfterConnect
 // (Config.Lock.Connect, unless the caller sets its own).
+//
+// A claim waits for the checkpoint row at most 200 ms: the one poller
+// serves every partition of the process, so a row held elsewhere (an open
+// transaction of an operator's) must not hold up the others' takeovers and
+// releases; the claim gives the lock back and the partition stands by
+// again. A partition's Run or CatchUp whose context ends returns at once,
+// also while the poller claims for it: the poller gives back what it took.
 //
 // Advisory locks are re-entrant on a session, so the poll never tries a
 // key the session already holds: a second Run of a partition on the same

@@ -3,6 +3,7 @@ package catchup
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
@@ -165,4 +166,20 @@ func (e *Engine) claimLaidOut(ctx context.Context, db checkpoint.DB, sub *Subscr
 		c.Owner = *o
 	}
 	return c, errors.Wrapf(err, "catchup: claim %s/%d", sub.Name, part)
+}
+
+// claimBounded is claimLaidOut on the lock session's conn, in a
+// transaction whose lock_timeout is claimLockTimeout, so that a checkpoint
+// row held elsewhere holds up the lock session's poller for that long at
+// most (isClaimTimeout tells that failure apart).
+func (e *Engine) claimBounded(ctx context.Context, conn *pgx.Conn, sub *Subscription) (cp checkpoint.Checkpoint, err error) {
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, e.q["ClaimLockTimeout"], strconv.FormatInt(claimLockTimeout.Milliseconds(), 10)+"ms"); err != nil {
+			return errors.Wrapf(err, "catchup: claim %s/%d: set its lock_timeout", sub.Name, sub.Partition)
+		}
+		var err error
+		cp, err = e.claimLaidOut(ctx, tx, sub)
+		return err
+	})
+	return cp, err
 }

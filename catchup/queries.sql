@@ -263,6 +263,12 @@ ON CONFLICT (subscriber_id, partition) DO UPDATE
    SET epoch = c.epoch + 1, owner = EXCLUDED.owner, updated_at = clock_timestamp()
 RETURNING position, epoch, owner, updated_at;
 
+-- name: ClaimLockTimeout
+-- The lock_timeout ($1) of a claim on the lock session, for its transaction
+-- only: a checkpoint row held elsewhere must not hold up the session's
+-- poller, which serves every partition of the process.
+SELECT pg_catalog.set_config('lock_timeout', $1, true);
+
 -- name: Layout
 -- The subscriber's recorded layout: partitions, partition_by.
 SELECT partitions, partition_by FROM {{.Schema}}.subscriber_layouts WHERE subscriber_id = $1;

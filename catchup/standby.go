@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -37,6 +38,20 @@ const standbyDialTimeout = 30 * time.Second
 
 // closeTimeout bounds closing the lock session.
 const closeTimeout = 5 * time.Second
+
+// claimLockTimeout bounds how long a claim on the lock session waits for
+// the checkpoint row (lock_timeout, for the claim's transaction only). A
+// claim normally waits for nothing, or for a commit in flight; a row held
+// longer (an operator's open transaction, a blue-green cut-over) would
+// otherwise hold the one poller, and with it every other partition's
+// takeover and release and the Stop of the partition's Run. A claim that
+// times out gives the lock back, and its waiter stands by again.
+const claimLockTimeout = 200 * time.Millisecond
+
+// claimRetryPause is how long the poller leaves a partition whose claim
+// timed out before it takes its lock again, so that a row held for long
+// costs the poller at most about half of its time.
+const claimRetryPause = claimLockTimeout
 
 // releaseChannel is the notification channel on which the engine's locks
 // announce a graceful release to the standbys (advisorylock.Config's
@@ -75,6 +90,9 @@ type sessions struct {
 	// seen free (nobody holding or queued for its lock), for the orphan
 	// rule (see orphanGrace). Only the poller goroutine touches it.
 	freeSince map[string]time.Time
+	// retryAt is when the poller may take a partition's lock again after
+	// its claim timed out (see claimRetryPause). Only the poller touches it.
+	retryAt map[string]time.Time
 }
 
 // orphanGrace is how long a balanced partition may stay free before a
@@ -93,7 +111,8 @@ type waiter struct {
 	sub   *Subscription // its name, partition and layout (for the claim)
 	g     *group        // nil: take the lock whenever it is free
 	got   chan standbyResult
-	taken bool // the poller took it out of waiting: a result is coming (s.mu)
+	taken bool // the poller took it out of waiting: a result may come (s.mu)
+	gone  bool // its wait ended: the poller gives back what it takes for it (s.mu)
 }
 
 // standbyResult is a waiter's lock, claimed (its checkpoint's epoch
@@ -158,7 +177,7 @@ type group struct {
 
 func newSessions(e *Engine) *sessions {
 	return &sessions{e: e, waiting: map[*waiter]struct{}{}, held: map[string]*sharedLock{},
-		groups: map[string]*group{}, wake: make(chan struct{}, 1), freeSince: map[string]time.Time{}}
+		groups: map[string]*group{}, wake: make(chan struct{}, 1), freeSince: map[string]time.Time{}, retryAt: map[string]time.Time{}}
 }
 
 // start runs the poller unless it runs. The caller holds s.mu.
@@ -220,9 +239,10 @@ func (s *sessions) departLocked(g *group) {
 }
 
 // wait stands by for the lock of key until the lock session takes it for
-// this waiter, and returns it. It returns an error when ctx ends, and when
-// the lock session cannot be opened (the caller backs off and stands by
-// again).
+// this waiter, and returns it. It returns an error when ctx ends (at once,
+// also while the poller claims for it: the poller then gives back what it
+// took), and when the lock session cannot be opened (the caller backs off
+// and stands by again).
 func (s *sessions) wait(ctx context.Context, key string, sub *Subscription, g *group) (standbyResult, error) {
 	w := &waiter{key: key, sub: sub, g: g, got: make(chan standbyResult, 1)}
 	s.mu.Lock()
@@ -235,14 +255,18 @@ func (s *sessions) wait(ctx context.Context, key string, sub *Subscription, g *g
 	case <-ctx.Done():
 	}
 	s.mu.Lock()
-	taken := w.taken
+	w.gone = true
 	delete(s.waiting, w)
 	s.changed()
 	s.mu.Unlock()
-	if taken { // the poller is claiming it for us: take the result and give it back
-		if r := <-w.got; r.lock != nil {
+	// A lock handed over before gone was set is in w.got (hand sends under
+	// s.mu); after it, the poller gives back what it takes for w.
+	select {
+	case r := <-w.got:
+		if r.lock != nil {
 			s.release(context.WithoutCancel(ctx), r.lock)
 		}
+	default:
 	}
 	return standbyResult{}, errors.Wrapf(ctx.Err(), "catchup: standing by for %q", key)
 }
@@ -543,6 +567,12 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 	seen := make(map[string]bool, len(st.keys))
 	for _, k := range st.keys {
 		ws := st.byKey[k]
+		if at, ok := s.retryAt[k]; ok {
+			if now.Before(at) {
+				continue // its claim timed out a moment ago
+			}
+			delete(s.retryAt, k)
+		}
 		if held[k] {
 			continue
 		}
@@ -569,6 +599,11 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 	for k := range s.freeSince {
 		if !seen[k] {
 			delete(s.freeSince, k)
+		}
+	}
+	for k := range s.retryAt {
+		if st.byKey[k] == nil {
+			delete(s.retryAt, k)
 		}
 	}
 	for g, free := range freeOf {
@@ -614,18 +649,28 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 		var cp checkpoint.Checkpoint
 		cerr := sb.Do(ctx, func(conn *pgx.Conn) error {
 			var err error
-			cp, err = s.e.claimLaidOut(ctx, conn, w.sub)
+			cp, err = s.e.claimBounded(ctx, conn, w.sub)
 			return err
 		})
-		if cerr != nil {
-			w.got <- standbyResult{err: cerr}
-			if isConnErr(cerr) {
-				return cerr // the session's end frees what it took
+		switch {
+		case cerr == nil:
+			if !s.hand(k, w, cp) {
+				giveBack = append(giveBack, k) // its wait ended meanwhile
 			}
+		case isConnErr(cerr):
+			s.fail(w, cerr)
+			return cerr // the session's end frees what it took
+		case isClaimTimeout(cerr):
+			// The checkpoint row is held: give the lock back and stand by
+			// again (another instance may claim meanwhile; that is fine).
+			s.logClaimTimeout(ctx, w, cerr)
+			s.unpick(w)
+			s.retryAt[k] = time.Now().Add(claimRetryPause)
 			giveBack = append(giveBack, k)
-			continue
+		default:
+			s.fail(w, cerr)
+			giveBack = append(giveBack, k)
 		}
-		s.hand(k, w, cp)
 	}
 	if len(giveBack) > 0 {
 		if _, err := sb.Give(ctx, giveBack); err != nil {
@@ -730,13 +775,52 @@ func (s *sessions) pick(ws []*waiter) *waiter {
 	return nil
 }
 
-// hand gives w the lock of key, taken and claimed on the shared session.
-func (s *sessions) hand(key string, w *waiter, cp checkpoint.Checkpoint) {
-	l := &sharedLock{key: key, part: w.sub.Partition, g: w.g, lost: make(chan struct{}), handover: make(chan struct{})}
+// hand gives w the lock of key, taken and claimed on the shared session,
+// unless w's wait has ended (it returns false: give the lock back).
+func (s *sessions) hand(key string, w *waiter, cp checkpoint.Checkpoint) bool {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w.gone {
+		return false
+	}
+	l := &sharedLock{key: key, part: w.sub.Partition, g: w.g, lost: make(chan struct{}), handover: make(chan struct{})}
 	s.held[key] = l
-	s.mu.Unlock()
-	w.got <- standbyResult{lock: l, epoch: cp.Epoch, start: cp.Position}
+	w.got <- standbyResult{lock: l, epoch: cp.Epoch, start: cp.Position} // buffered: one result per pick
+	return true
+}
+
+// fail hands w the error of its claim.
+func (s *sessions) fail(w *waiter, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !w.gone {
+		w.got <- standbyResult{err: err}
+	}
+}
+
+// unpick puts w back among the waiters (its claim timed out), unless its
+// wait has ended.
+func (s *sessions) unpick(w *waiter) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w.taken = false
+	if !w.gone {
+		s.waiting[w] = struct{}{}
+	}
+}
+
+// logClaimTimeout notes a claim that timed out on a held checkpoint row.
+func (s *sessions) logClaimTimeout(ctx context.Context, w *waiter, err error) {
+	s.e.cfg.Logger.DebugContext(ctx, "annals: the checkpoint row is held; standing by again",
+		slog.String("subscriber", w.sub.Name), slog.Int("partition", w.sub.Partition), telemetry.Err(err))
+}
+
+// isClaimTimeout reports whether a claim failed because it waited too
+// long for the checkpoint row (claimLockTimeout, or a statement_timeout of
+// the server's).
+func isClaimTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014")
 }
 
 // isConnErr reports whether err comes from a connection that is gone
