@@ -4,6 +4,7 @@ import (
 	"reflect"
 
 	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
 )
 
 // Root is an event-sourced aggregate. Implement Apply and embed Base:
@@ -52,6 +53,11 @@ type Base struct {
 	id          string
 	version     int64
 	uncommitted []any
+	// ids are the event IDs of uncommitted[:len(ids)], given by the first
+	// Save that tried to append them and kept until one succeeds, so that a
+	// Save made again after an unknown outcome re-appends the same events
+	// (an idempotent re-append if the first one was written).
+	ids []uuid.UUID
 	// from is the first stream version the state folds: the stream's first
 	// visible event when the aggregate was loaded (1 unless the stream was
 	// truncated or deleted and recreated), or that of the snapshot it was

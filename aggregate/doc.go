@@ -55,6 +55,14 @@
 // Config.UpdateBackoff) and then fails with ErrConflict. Create saves a new
 // aggregate and fails with ErrAlreadyExists if the stream exists.
 //
+// A Save whose outcome is unknown (its context ended or its connection was
+// lost while the append was on its way: eventstore.ErrOutcomeUnknown) may
+// have written the events. Save the same aggregate again, unchanged: its
+// events keep the IDs the first attempt gave them, so the second Save is an
+// idempotent re-append if the first was written (it returns nil, at the
+// stored version, writing nothing twice) and an ordinary append, checking
+// the expected version, if it was not.
+//
 // Errors: ErrNotFound for a missing aggregate, ErrInvalidID for an empty ID,
 // and an error naming the event type, the Go type, the stream and the
 // version for an event the aggregate does not handle (ErrUnhandledEvent) or

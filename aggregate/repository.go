@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/eventstore"
@@ -282,15 +283,28 @@ func (r *Repository[A]) load(ctx context.Context, tx pgx.Tx, id string) (A, erro
 // Errors: eventstore.ErrWrongExpectedVersion when another writer appended
 // to the stream since a was loaded (load again and retry, or use Update);
 // eventstore.ErrUnknownEventType for an unregistered event; ErrInvalidID.
-// On error a is unchanged and nothing is written, with one exception: when
-// ctx ends (or the connection is lost) while the append is on its way to
-// the database, the error matches eventstore.ErrOutcomeUnknown (and ctx's
-// error, when ctx ended): the events may have been written. (One that
-// matches eventstore.ErrNotWritten was never sent.) Save a
-// again to find out: it expects the same version, so a stored append makes
-// it fail with ErrWrongExpectedVersion instead of writing the events twice.
-// (Update, which loads again and re-runs the command, would apply it
-// twice: load and check first.)
+// On error a is unchanged (but for the event IDs below) and nothing is
+// written, with one exception: when ctx ends (or the connection is lost)
+// while the append is on its way to the database, the error matches
+// eventstore.ErrOutcomeUnknown (and ctx's error, when ctx ended): the
+// events may have been written. (One that matches eventstore.ErrNotWritten
+// was never sent.)
+//
+// Retrying. The first Save that tries to append a's uncommitted events
+// gives them their event IDs (UUIDv7), and a keeps them until a Save
+// succeeds. So after ErrOutcomeUnknown, Save a again, unchanged (record
+// nothing more on it first): the events go with the same IDs and the same
+// expected version. If the first attempt was written, that is an
+// idempotent re-append: Save returns nil and a is at the stored version,
+// with nothing written twice. If it was not, the events are appended now,
+// or, if another writer appended to the stream meanwhile, Save fails with
+// ErrWrongExpectedVersion (then load again and re-run the command, as after
+// any conflict). A Save of a with more events recorded after the first
+// attempt fails with eventstore.ErrEventIDConflict if that attempt was
+// written. (Update, which loads again and re-runs the command, would apply
+// it twice after a written attempt: load and check first.) Events whose
+// IDs the aggregate package chose are idempotent for types with personal
+// data too (eventstore.PersonalData seals them alike on each attempt).
 func (r *Repository[A]) Save(ctx context.Context, a A) error {
 	return r.save(ctx, nil, a)
 }
@@ -326,9 +340,18 @@ func (r *Repository[A]) save(ctx context.Context, tx pgx.Tx, a A) error {
 		md = r.cfg.Metadata(ctx)
 	}
 	md = withCause(ctx, md)
+	// The events keep the IDs a first attempt gave them until a Save
+	// succeeds: see Save.
+	for len(b.ids) < len(b.uncommitted) {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return errors.Wrapf(err, "aggregate %s %q: event ID", r.typ, b.id)
+		}
+		b.ids = append(b.ids, id)
+	}
 	events := make([]eventstore.EventData, len(b.uncommitted))
 	for i, e := range b.uncommitted {
-		events[i] = eventstore.EventData{Data: e, Metadata: md}
+		events[i] = eventstore.EventData{ID: b.ids[i], Data: e, Metadata: md}
 	}
 	var res eventstore.AppendResult
 	if tx != nil {
@@ -337,11 +360,15 @@ func (r *Repository[A]) save(ctx context.Context, tx pgx.Tx, a A) error {
 		res, err = r.store.Append(ctx, stream, eventstore.Exact(b.version), events...)
 	}
 	if err != nil {
+		if errors.Is(err, eventstore.ErrOutcomeUnknown) {
+			return errors.Wrapf(err, "aggregate %s %q: save %d event(s) at version %d (it may have been written: "+
+				"Save the same aggregate again, unchanged, to find out)", r.typ, b.id, len(events), b.version)
+		}
 		return errors.Wrapf(err, "aggregate %s %q: save %d event(s) at version %d", r.typ, b.id, len(events), b.version)
 	}
 	before := b.version
 	b.version = res.StreamVersion
-	b.uncommitted = nil
+	b.uncommitted, b.ids = nil, nil
 	if s := r.cfg.Snapshots; tx == nil && s != nil && b.version/int64(s.Every) > before/int64(s.Every) {
 		r.saveSnapshot(ctx, a, stream)
 	}
