@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,7 +34,32 @@ func TestRelayDemoRuns(t *testing.T) {
 	t.Setenv("DATABASE_URL", db.URL)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
 	defer cancel()
-	if err := run(ctx); err != nil {
+	if err := run(ctx, os.Stdout); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A second run on the same database starts a new JetStream server, so its
+// closing line says which positions this run's JetStream holds: those after
+// the head when it began (the six events of the first run are not in it).
+func TestRelayDemoRunsTwice(t *testing.T) {
+	db := annalstest.NewDB(t, &annalstest.Options{Schema: "annals"})
+	t.Setenv("DATABASE_URL", db.URL)
+	var last string
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+		var out strings.Builder
+		err := run(ctx, &out)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		last = lines[len(lines)-1]
+	}
+	want := "relay checkpoint at position 12: the shop.* events after position 6 (the head when the relay began) " +
+		"up to it are in this run's JetStream stream SHOP, each once"
+	if last != want {
+		t.Errorf("the second run ends with\n%s\nwant\n%s", last, want)
 	}
 }
