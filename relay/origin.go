@@ -2,17 +2,11 @@ package relay
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/annals-dev/annals/internal/sqltmpl"
 )
-
-//go:embed queries.sql
-var queriesSQL string
 
 // Keys of the relay's entries in the Metadata of a stream EnsureStream
 // creates: the relay's name and origin (see HeaderOrigin). An existing
@@ -34,7 +28,7 @@ func (r *Relay) loadOrigin(ctx context.Context) (string, error) {
 	if r.origin != "" {
 		return r.origin, nil
 	}
-	q, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(r.cfg.Schema))
+	q, err := r.queries()
 	if err != nil {
 		return "", err
 	}

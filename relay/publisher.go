@@ -124,8 +124,8 @@ func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch cat
 			// Retrying cannot help, and every later event waits behind
 			// this one: say what the operator can do.
 			err = errors.Wrapf(err, "event %d has %d bytes of data, and with its metadata and the relay's headers it is over the NATS server's max_payload (%d bytes); "+
-				"raise max_payload on the server, or move the relay past the event (annals checkpoint set %s %d --yes); every later event waits behind it",
-				e.GlobalSequence, len(e.Data), p.r.js.Conn().MaxPayload(), p.r.cfg.Name, e.GlobalSequence)
+				"raise max_payload on the server, or move the relay past the event (%s); every later event waits behind it",
+				e.GlobalSequence, len(e.Data), p.r.js.Conn().MaxPayload(), p.r.checkpointSetHint(e.GlobalSequence))
 		}
 		if err != nil {
 			return batch.After, p.fail(ctx, lease, errors.Wrapf(err, "relay: publish event %d", e.GlobalSequence))

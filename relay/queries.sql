@@ -7,3 +7,9 @@ SELECT (SELECT system_identifier::text FROM pg_catalog.pg_control_system()), pg_
 -- name: Database
 -- The database alone, for a role that may not run pg_control_system.
 SELECT pg_catalog.current_database();
+
+-- name: CanReplicate
+-- Whether the role may stream from a replication slot (Config.WAL): the
+-- REPLICATION attribute, or superuser (neither is inherited from a role
+-- one is a member of).
+SELECT r.rolsuper OR r.rolreplication, r.rolname FROM pg_catalog.pg_roles r WHERE r.rolname = current_user;

@@ -50,7 +50,8 @@ type Config struct {
 	Storage jetstream.StorageType
 	// Replicas is the stream's replica count. Defaults to 1.
 	Replicas int
-	// MaxAge is how long the stream keeps messages. Defaults to 0: forever.
+	// MaxAge is how long the stream keeps messages; not less than
+	// Duplicates (New refuses it). Defaults to 0: forever.
 	// Keep it well above the longest outage of a relay process: a relay
 	// skips what the stream's newest message shows published, and a stream
 	// emptied by age shows nothing (see the package doc, "Why exactly once").
@@ -74,7 +75,9 @@ type Config struct {
 	// only re-reading. Defaults to 1s.
 	CheckpointInterval time.Duration
 	// WAL, when set, wakes the relay from its replication slot (package
-	// walsource) instead of NOTIFY. Defaults to nil: NOTIFY.
+	// walsource) instead of NOTIFY; the pool's role needs the REPLICATION
+	// attribute (or superuser), or Run and CatchUp fail at once with
+	// ErrNoReplication. Defaults to nil: NOTIFY.
 	WAL *walsource.Wake
 	// AdoptStream takes a stream whose newest message (or whose metadata)
 	// shows another origin (HeaderOrigin) as this relay's, provided the
@@ -167,6 +170,11 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg *Config) (*Relay, error) {
 	def(&c.Stream, "ANNALS")
 	if c.Duplicates <= 0 {
 		c.Duplicates = 10 * time.Minute
+	}
+	if c.MaxAge > 0 && c.Duplicates > c.MaxAge {
+		// JetStream refuses such a stream ("duplicates window can not be
+		// larger then max age"), later and less clearly.
+		return nil, errors.Newf("relay: the duplicate window (Duplicates %v) must not exceed MaxAge (%v)", c.Duplicates, c.MaxAge)
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = 500
@@ -413,6 +421,11 @@ func (r *Relay) CatchUp(ctx context.Context) error {
 }
 
 func (r *Relay) runner(ctx context.Context) (*projection.Runner, error) {
+	if r.cfg.WAL != nil {
+		if err := r.checkReplication(ctx); err != nil {
+			return nil, err
+		}
+	}
 	stream, err := r.EnsureStream(ctx)
 	if err != nil {
 		return nil, err

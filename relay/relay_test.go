@@ -173,7 +173,7 @@ func TestRelayNamesAnEventOverMaxPayload(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var logs lockedBuffer
-	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), RetryBackoff: 50 * time.Millisecond})
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Name: "r 3", Logger: slog.New(slog.NewTextHandler(&logs, nil)), RetryBackoff: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +188,8 @@ func TestRelayNamesAnEventOverMaxPayload(t *testing.T) {
 	if err := r.CatchUp(runCtx); err == nil || !strings.Contains(err.Error(), "gave up after") || !strings.Contains(err.Error(), "did not move the checkpoint") || runCtx.Err() != nil {
 		t.Fatalf("CatchUp with an event over max_payload: %v (deadline passed: %v)", err, runCtx.Err())
 	}
-	want := fmt.Sprintf("annals checkpoint set relay %d --yes", res.Position())
+	// The command, ready to paste: the name quoted for the shell.
+	want := fmt.Sprintf("annals checkpoint set 'r 3' %d --yes", res.Position())
 	if got := logs.String(); !strings.Contains(got, "max_payload") || !strings.Contains(got, want) {
 		t.Fatalf("the relay's log does not name the limit and %q:\n%s", want, got)
 	}
@@ -455,4 +456,17 @@ func TestSkippedEventsMoveTheCheckpoint(t *testing.T) {
 		t.Fatalf("checkpoint %d, want 3: the events the stream holds", cp)
 	}
 	checkExactlyOnce(t, b.relayed("ANNALS"), b.log()[:3])
+}
+
+// A duplicate window longer than MaxAge is refused by New, saying which
+// fields, rather than by JetStream when the stream is made.
+func TestNewRefusesAWindowLongerThanMaxAge(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := relay.New(b.db.Pool, b.nc, &relay.Config{MaxAge: time.Minute}); err == nil || !strings.Contains(err.Error(), "MaxAge") {
+		t.Fatalf("New with MaxAge 1m and the default Duplicates: %v, want an error naming MaxAge", err)
+	}
+	if _, err := relay.New(b.db.Pool, b.nc, &relay.Config{MaxAge: time.Minute, Duplicates: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
 }

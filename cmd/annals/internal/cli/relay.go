@@ -55,7 +55,7 @@ limits retention, --duplicates de-duplication window) or checks an existing one,
 refuses a stream written by another relay or from another log (cluster, database or
 schema: --adopt-stream takes it once this database took over that log). With
 --wal it is woken by its own logical replication slot instead of NOTIFY (wal_level =
-logical and a role with REPLICATION; see docs/operations.md). With --once it publishes
+logical and a role with REPLICATION, checked first; see docs/operations.md). With --once it publishes
 up to the current head and exits, printing how far it got (--output text|json).`,
 		Example: `  annals relay nats --nats-url nats://127.0.0.1:4222
   annals relay nats --types 'order.*' --prefix acme.orders --stream ORDERS --wal
@@ -67,6 +67,9 @@ up to the current head and exits, printing how far it got (--output text|json).`
 			}
 			if batch < 0 || duplicates < 0 || maxAge < 0 || ackTimeout < 0 {
 				return usagef("--batch-size, --duplicates, --max-age and --ack-timeout must not be negative")
+			}
+			if maxAge > 0 && duplicates > maxAge {
+				return usagef("--duplicates %v must not exceed --max-age %v: JetStream refuses a de-duplication window longer than the stream keeps messages", duplicates, maxAge)
 			}
 			// Before connecting: the relay would put its defaults in place
 			// of empty values (an empty --name would lead, and fence, the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -105,6 +106,41 @@ func TestRelayNATS(t *testing.T) {
 		if r := annals(t, db.URL, args...); r.code != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", args, r.code, r.stderr)
 		}
+	}
+
+	// A window longer than the stream keeps messages: refused up front,
+	// naming both flags, not by the server after connecting (exit 1).
+	if r := annalsWithin(t, 20*time.Second, db.URL, "relay", "nats", "--once", "--nats-url", ns.ClientURL(), "--stream", "SHORT", "--max-age", "1m"); r.code != 2 ||
+		!strings.Contains(r.stderr, "--max-age") || !strings.Contains(r.stderr, "--duplicates") {
+		t.Errorf("--max-age 1m with the default --duplicates: exit %d, want 2 naming both flags (%s)", r.code, r.stderr)
+	}
+	if r := annalsWithin(t, 20*time.Second, db.URL, "relay", "nats", "--once", "--nats-url", ns.ClientURL(), "--stream", "SHORT", "--prefix", "short", "--name", "short", "--max-age", "1m", "--duplicates", "1m"); r.code != 0 {
+		t.Errorf("--max-age 1m --duplicates 1m: exit %d (%s)", r.code, r.stderr)
+	}
+
+	// --wal with a role that may not stream from a slot (it has the
+	// owner's privileges but not REPLICATION, which is not inherited):
+	// a clear error at once, not 42501 retried for ever.
+	noRepl := "norepl_" + strings.TrimPrefix(db.Name, "annalstest_")
+	if _, err := db.Pool.Exec(t.Context(), "CREATE ROLE "+noRepl+" LOGIN NOREPLICATION IN ROLE "+"current_user"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := db.Pool.Exec(context.Background(), "DROP ROLE "+noRepl); err != nil {
+			t.Error(err)
+		}
+	})
+	if _, err := walsource.EnsurePublication(t.Context(), db.Pool, ""); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(noRepl)
+	if r := annalsWithin(t, 30*time.Second, u.String(), "relay", "nats", "--once", "--nats-url", ns.ClientURL(), "--name", "norepl", "--stream", "NOREPL", "--prefix", "n", "--wal"); r.code != 1 ||
+		!strings.Contains(r.stderr, "REPLICATION") {
+		t.Errorf("--wal as a role without REPLICATION: exit %d, want 1 saying REPLICATION (%s)", r.code, r.stderr)
 	}
 
 	// --wal: the relay's slot appears in annals status.
