@@ -116,10 +116,16 @@ func (i *Instance[S]) ScheduleTimer(ctx context.Context, t scheduler.Timer) (sch
 	return id, errors.Wrap(err, "schedule a timer")
 }
 
-// Cancel cancels a pending timer and reports whether it did. It never waits:
-// a timer that is firing at this moment (or has fired) is not cancelled, and
-// its events will reach the saga, which should then ignore them (check the
-// state) or have completed.
+// Cancel cancels a pending timer and reports whether it did, in the
+// handler's transaction (scheduler.Scheduler.Cancel). A timer a dispatcher
+// is firing at this moment is waited for: if its append succeeds, the timer
+// has fired and Cancel reports false (its events will reach the saga, which
+// should then ignore them, checking the state, or have completed); if it
+// fails, Cancel deletes the timer. When that dispatcher waits for the log's
+// append lock that this handler's own appends hold, PostgreSQL breaks the
+// deadlock within its deadlock_timeout: either the dispatcher's append fails
+// (the timer is cancelled) or Cancel fails with scheduler.ErrTimerBusy, the
+// handler's attempt fails, and the event is tried again.
 func (i *Instance[S]) Cancel(ctx context.Context, id scheduler.TimerID) (bool, error) {
 	if err := i.live(); err != nil {
 		return false, err
