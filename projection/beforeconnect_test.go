@@ -17,7 +17,7 @@ import (
 // A pool whose login comes from BeforeConnect (pgxpool's hook for
 // credentials that rotate, such as an RDS IAM token; here the user name,
 // over a placeholder that does not exist): the runner's own sessions (the
-// lock session, a rebuild's locks) log in through it too, so the
+// lock session, its listener, a rebuild's locks) log in through it too, so the
 // projection leads, applies events and rebuilds.
 func TestRunnerWithBeforeConnectPool(t *testing.T) {
 	t.Parallel()
@@ -65,6 +65,14 @@ func TestRunnerWithBeforeConnectPool(t *testing.T) {
 		return n
 	}
 	annalstest.WaitFor(t, 15*time.Second, func() bool { return amount() == 5 })
+	// The runner's LISTEN connection logged in through the hooks too (a
+	// runner whose listener cannot connect falls back to polling).
+	annalstest.WaitFor(t, 15*time.Second, func() bool {
+		var n int
+		err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query LIKE 'LISTEN %'`).Scan(&n)
+		return err == nil && n > 0
+	})
 
 	// A rebuild takes its own lock and the partition's (TakeOver) on
 	// sessions of their own.

@@ -656,7 +656,7 @@ func (r *Runner) start(ctx context.Context) (run func(), err error) {
 	if err := r.Setup(ctx); err != nil {
 		return nil, err
 	}
-	listener, err := catchup.NewListener(r.pool.Config().ConnConfig, r.cfg.Schema, r.cfg.Logger)
+	listener, err := catchup.NewPoolListener(r.pool, r.cfg.Schema, r.cfg.Logger)
 	if err != nil {
 		return nil, err
 	}

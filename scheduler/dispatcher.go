@@ -7,6 +7,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/annals-dev/annals/internal/poolconn"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
 
@@ -175,7 +176,7 @@ func (s *Scheduler) listen(ctx context.Context) {
 }
 
 func (s *Scheduler) listenOnce(ctx context.Context) (up bool, err error) {
-	conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
+	conn, err := poolconn.Connect(ctx, s.pool)
 	if err != nil {
 		return false, errors.Wrap(err, "scheduler: connect listener")
 	}
