@@ -48,6 +48,7 @@ var layers = map[string]int{
 	"migrations":             1,
 	"failure":                1,
 	"internal":               0,
+	"internal/poolconn":      3, // opens annals' own connections as the pool does; fills advisorylock.Config
 	"cmd/annals/internal":    8, // the CLI application's own internals
 	"annalstest/pgcontainer": 2, // a module of its own; listed for completeness
 }

@@ -93,9 +93,10 @@ func TestSameEnginePartitionTakenOnce(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	annalstest.WaitFor(t, 10*time.Second, func() bool { return leads.Load() == 2 && epoch() == 2 })
-	if n := grants(); n != 1 {
-		t.Fatalf("the partition's lock is granted %d times after the handover; want 1", n)
-	}
+	// The stopped leadership's unlock may run just after the new one's
+	// take (both on the engine's one lock session, which PostgreSQL counts
+	// per session): the count settles at one.
+	annalstest.WaitFor(t, 10*time.Second, func() bool { return grants() == 1 })
 	if err := stopB(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
