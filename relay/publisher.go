@@ -84,13 +84,11 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 		p.r.failed(err)
 		return err
 	}
-	// What the stream holds through its newest message (pos, within the
-	// head: lastStored) is acknowledged, though not by this leadership:
-	// the relay skips those events, so nothing else would move the
-	// checkpoint past them (an event that cannot be published right after
-	// them would keep it behind them for ever).
+	// What the stream holds through its newest message (pos) counts as
+	// acknowledged as Process skips it (not here: the engine relies on
+	// every commit being at or below a position Process has returned).
 	*p = publisher{r: p.r, stream: p.stream, origin: origin, synced: true, lastPos: pos, lastID: id, prevID: id,
-		through: lease.Start, acked: max(lease.Start, pos), committed: lease.Start, lastCommit: time.Now()}
+		through: lease.Start, acked: lease.Start, committed: lease.Start, lastCommit: time.Now()}
 	return nil
 }
 
@@ -108,7 +106,15 @@ func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch cat
 	earlier := len(p.inflight)
 	for _, e := range batch.Events {
 		if e.GlobalSequence <= p.lastPos {
-			continue // stored already (a takeover after an uncommitted checkpoint)
+			// Stored already (a takeover after an uncommitted checkpoint):
+			// acknowledged, though not by this leadership. Counted here, so
+			// the checkpoint moves past it even when the next publish fails
+			// (nothing else would: an event that cannot be published right
+			// after it would keep the checkpoint behind it for ever).
+			if len(p.inflight) == 0 {
+				p.acked = max(p.acked, e.GlobalSequence)
+			}
+			continue
 		}
 		msg, err := Message(p.r.cfg.Name, p.r.subj.render(e), e)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -469,4 +470,58 @@ func TestNewRefusesAWindowLongerThanMaxAge(t *testing.T) {
 	if _, err := relay.New(b.db.Pool, b.nc, &relay.Config{MaxAge: time.Minute, Duplicates: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// The checkpoint commits only positions the relay's processor has returned
+// to the engine, also for the events it skips: the checkpoint set back to 0
+// under a stream holding 5 events, read in batches of 2, commits 2 first
+// (the first batch), not 5. It committed the stream's newest position at
+// the first batch, past the cursor, and the engine logged "a commit
+// reported as failed had committed" and jumped.
+func TestSkippedEventsCommitOnlyWhatWasProcessed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	var logs lockedBuffer
+	var mu sync.Mutex
+	var commits []int64
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{
+		BatchSize: 2, CheckpointInterval: time.Nanosecond, RetryBackoff: 10 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		OnCommitted: func(pos int64) {
+			mu.Lock()
+			defer mu.Unlock()
+			commits = append(commits, pos)
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 5)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cps, err := checkpoint.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cps.Set(ctx, b.db.Pool, "relay", 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	commits = nil
+	mu.Unlock()
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), "had committed") {
+		t.Fatalf("the engine found a commit past its cursor:\n%s", logs.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(commits) == 0 || commits[0] != 2 || commits[len(commits)-1] != 5 {
+		t.Fatalf("commits %v, want 2 first (the first batch's end) and 5 last", commits)
+	}
+	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
 }
