@@ -642,11 +642,14 @@ func (t *txProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error
 	return redeliver(ctx, t.f, lease, func(e eventstore.Event, id int64) error {
 		handled := false
 		err := t.inTx(ctx, lease, func(tx pgx.Tx) error {
-			if ok, err := lockRedelivery(ctx, tx, t.f, id, false); err != nil || !ok {
+			// Fenced like every write: a no-op checkpoint move checks the
+			// epoch. It locks the checkpoint row before the dead letter's,
+			// in the order an operator's checkpoint move takes them
+			// (checkpoint.Store.Move), so the two cannot deadlock.
+			if err := lease.Commit(ctx, tx, 0); err != nil {
 				return err
 			}
-			// Fenced like every write: a no-op checkpoint move checks the epoch.
-			if err := lease.Commit(ctx, tx, 0); err != nil {
+			if ok, err := lockRedelivery(ctx, tx, t.f, id, false); err != nil || !ok {
 				return err
 			}
 			err := t.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return t.p.Handle(ctx, tx, e) })
@@ -1001,15 +1004,19 @@ func (p *observerProcessor) Redeliver(ctx context.Context, lease *catchup.Lease)
 	return redeliver(ctx, p.f, lease, func(e eventstore.Event, id int64) error {
 		return lease.Do(ctx, func(conn *pgx.Conn) error {
 			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				// Fenced like every write, before the handler runs (a fenced
+				// leader delivers nothing): a no-op checkpoint move checks the
+				// epoch. It locks the checkpoint row before the dead letter's,
+				// in the order an operator's checkpoint move takes them
+				// (checkpoint.Store.Move), so the two cannot deadlock.
+				if err := lease.Commit(ctx, tx, 0); err != nil {
+					return err
+				}
 				if ok, err := lockRedelivery(ctx, tx, p.f, id, true); err != nil || !ok {
 					return err
 				}
 				if err := p.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return p.o.Handle(ctx, e) }); err != nil {
 					return handlerError{err} // rolls back: the entry is reopened after
-				}
-				// Fenced like every write: a no-op checkpoint move checks the epoch.
-				if err := lease.Commit(ctx, tx, 0); err != nil {
-					return err
 				}
 				return resolve(ctx, tx, p.f, id)
 			})
