@@ -93,7 +93,18 @@ type sessions struct {
 	// retryAt is when the poller may take a partition's lock again after
 	// its claim timed out (see claimRetryPause). Only the poller touches it.
 	retryAt map[string]time.Time
+	// blocked is, per partition whose claims keep timing out, when the
+	// first of them did and when a warning was last logged (see
+	// logClaimTimeout). Only the poller touches it.
+	blocked map[string]*claimBlock
 }
+
+// claimBlock is a run of timed-out claims of one partition.
+type claimBlock struct{ since, warned time.Time }
+
+// claimBlockedWarn is how long a partition's claims may keep timing out
+// before a warning is logged (and again at this interval while they do).
+const claimBlockedWarn = 10 * time.Second
 
 // orphanGrace is how long a balanced partition may stay free before a
 // member whose share is full takes it anyway. Shares assume that every
@@ -177,7 +188,8 @@ type group struct {
 
 func newSessions(e *Engine) *sessions {
 	return &sessions{e: e, waiting: map[*waiter]struct{}{}, held: map[string]*sharedLock{},
-		groups: map[string]*group{}, wake: make(chan struct{}, 1), freeSince: map[string]time.Time{}, retryAt: map[string]time.Time{}}
+		groups: map[string]*group{}, wake: make(chan struct{}, 1), freeSince: map[string]time.Time{}, retryAt: map[string]time.Time{},
+		blocked: map[string]*claimBlock{}}
 }
 
 // start runs the poller unless it runs. The caller holds s.mu.
@@ -606,6 +618,11 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 			delete(s.retryAt, k)
 		}
 	}
+	for k := range s.blocked {
+		if st.byKey[k] == nil {
+			delete(s.blocked, k)
+		}
+	}
 	for g, free := range freeOf {
 		slices.SortFunc(free, func(a, b *waiter) int { return cmp.Compare(a.sub.Partition, b.sub.Partition) })
 		start := 0
@@ -654,6 +671,7 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 		})
 		switch {
 		case cerr == nil:
+			delete(s.blocked, k)
 			if !s.hand(k, w, cp) {
 				giveBack = append(giveBack, k) // its wait ended meanwhile
 			}
@@ -663,7 +681,7 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 		case isClaimTimeout(cerr):
 			// The checkpoint row is held: give the lock back and stand by
 			// again (another instance may claim meanwhile; that is fine).
-			s.logClaimTimeout(ctx, w, cerr)
+			s.logClaimTimeout(ctx, k, w, cerr)
 			s.unpick(w)
 			s.retryAt[k] = time.Now().Add(claimRetryPause)
 			giveBack = append(giveBack, k)
@@ -809,8 +827,26 @@ func (s *sessions) unpick(w *waiter) {
 	}
 }
 
-// logClaimTimeout notes a claim that timed out on a held checkpoint row.
-func (s *sessions) logClaimTimeout(ctx context.Context, w *waiter, err error) {
+// logClaimTimeout notes a claim of partition key k that timed out on a
+// held checkpoint row: at debug level each time, and at WARN once the
+// partition's claims have kept timing out for claimBlockedWarn (a
+// transaction holding the row, an operator's say, keeps it without a
+// leader), then every claimBlockedWarn while they do.
+func (s *sessions) logClaimTimeout(ctx context.Context, k string, w *waiter, err error) {
+	now := time.Now()
+	b := s.blocked[k]
+	if b == nil {
+		b = &claimBlock{since: now}
+		s.blocked[k] = b
+	}
+	if now.Sub(b.since) >= claimBlockedWarn && now.Sub(b.warned) >= claimBlockedWarn {
+		b.warned = now
+		s.e.cfg.Logger.WarnContext(ctx, "annals: the partition has no leader: its checkpoint row is held by another transaction, "+
+			"so every claim times out (look for a long transaction on the checkpoints table in pg_stat_activity)",
+			slog.String("subscriber", w.sub.Name), slog.Int("partition", w.sub.Partition),
+			slog.Duration("blocked_for", now.Sub(b.since).Round(time.Second)), telemetry.Err(err))
+		return
+	}
 	s.e.cfg.Logger.DebugContext(ctx, "annals: the checkpoint row is held; standing by again",
 		slog.String("subscriber", w.sub.Name), slog.Int("partition", w.sub.Partition), telemetry.Err(err))
 }
