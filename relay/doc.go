@@ -86,14 +86,21 @@
 // (Annals-Relay), the stream EnsureStream creates carries both in its
 // metadata (MetadataRelay, MetadataOrigin), and EnsureStream and each
 // leadership refuse (ErrStreamMismatch) a stream whose metadata or newest
-// message names another relay or origin, or whose newest position is above
-// this log's head. Messages of relays older than the origin header have
-// none: such a newest message is taken as this log's when its position is
-// within the head (logged as a warning until the relay publishes); a stream
-// made by an older relay has no metadata and is judged by its messages. A
-// database that took over a log (restored from a dump, upgraded with
-// pg_upgrade, which changes the system identifier, or renamed) adopts the
-// stream once with Config.AdoptStream.
+// message names another relay or origin, whose newest position is above
+// this log's head, or whose newest message's event ID is not that of this
+// log's event at its position (one index probe): the position alone holds
+// only while this log is the shorter, and neither tells a log that lost
+// its newest events (an asynchronous failover) and appended others at
+// their positions. Messages of relays older than the origin header have
+// none; their event ID decides, and where this log no longer holds the
+// event (scavenged by retention) such a newest message is taken as this
+// log's when its position is within the head (logged as a warning until
+// the relay publishes); a stream made by an older relay has no metadata
+// and is judged by its messages. An origin read by a role that may not run
+// pg_control_system has "0" for the cluster, which matches any cluster of
+// the same database and schema. A database that took over a log (restored
+// from a dump, upgraded with pg_upgrade, which changes the system
+// identifier, or renamed) adopts the stream once with Config.AdoptStream.
 //
 // # The stream
 //

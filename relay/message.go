@@ -28,8 +28,9 @@ const (
 	// identifier (pg_control_system; "0" when the relay's role may not run
 	// it), the database and the annals schema, the names escaped as by
 	// EscapeToken. A relay refuses a stream whose newest message has
-	// another origin (ErrStreamMismatch; see Config.AdoptStream). Messages
-	// of relays older than this header have none.
+	// another origin (ErrStreamMismatch; see Config.AdoptStream); a cluster
+	// part "0" matches any cluster of the same database and schema.
+	// Messages of relays older than this header have none.
 	HeaderOrigin = "Annals-Origin"
 	// HeaderPosition is the event's global sequence (decimal).
 	HeaderPosition = "Annals-Position"

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -19,6 +20,19 @@ const (
 // originOf formats an origin (see HeaderOrigin).
 func originOf(system, database, schema string) string {
 	return fmt.Sprintf("%s/%s/%s", system, EscapeToken(database), EscapeToken(schema))
+}
+
+// sameOrigin reports whether origins a and b (see HeaderOrigin) are of one
+// log: equal, or of one database and schema where one's cluster is "0"
+// (read by a role that may not run pg_control_system): moving the relay to
+// a less privileged role, or back, changes only that part.
+func sameOrigin(a, b string) bool {
+	if a == b {
+		return true
+	}
+	sysA, restA, okA := strings.Cut(a, "/")
+	sysB, restB, okB := strings.Cut(b, "/")
+	return okA && okB && restA == restB && (sysA == "0" || sysB == "0")
 }
 
 // loadOrigin reads, once, where the relay's log is (see HeaderOrigin).

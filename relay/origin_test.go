@@ -3,11 +3,15 @@ package relay_test
 import (
 	"context"
 	"log/slog"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/annals-dev/annals/annalstest"
@@ -157,8 +161,10 @@ func TestRelayOnAStreamOfAnOlderRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkExactlyOnce(t, b.relayed("OLD"), log)
-	if !strings.Contains(logs.String(), "not marked as this log's") {
-		t.Fatalf("no warning about the message without an origin:\n%s", logs.String())
+	// Its event ID is that of this log's event at its position: no doubt,
+	// no warning.
+	if strings.Contains(logs.String(), "not marked as this log's") {
+		t.Fatalf("a warning about a message whose event this log holds:\n%s", logs.String())
 	}
 
 	// Another log's messages, positions 1 to 5, on a stream of a relay
@@ -180,4 +186,151 @@ func TestRelayOnAStreamOfAnOlderRelay(t *testing.T) {
 	if err := r2.CatchUp(ctx); !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "past this log's head (2)") {
 		t.Fatalf("a relay on a stream of another log's older relay: %v, want ErrStreamMismatch", err)
 	}
+	// Once that log has grown past the newest message's position, the
+	// event ID tells: refused still. The position check alone passed, and
+	// the relay skipped its own events 1 to 5.
+	appendMany(t, store2, 4)
+	if err := r2.CatchUp(ctx); !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "this log's event there is") {
+		t.Fatalf("a relay whose log is longer, on a stream of another log's older relay: %v, want ErrStreamMismatch", err)
+	}
+}
+
+// The newest message's event ID is checked against this log's event at
+// its position, whatever its origin says: a database that lost its newest
+// events (an asynchronous failover) and appended others at their positions
+// refuses a stream holding the lost ones. Where this log holds no event at
+// that position (scavenged by retention), the origin alone tells: a message
+// without one is taken as this log's, with a warning.
+func TestRelayChecksTheNewestMessagesEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	appendMany(t, b.store, 3)
+	var logs lockedBuffer
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := r.EnsureStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := b.log()
+	publish := func(e eventstore.Event, origin string) {
+		t.Helper()
+		m, err := relay.Message("relay", "annals."+relay.EscapeToken(e.Type)+"."+relay.EscapeToken(e.StreamID), e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if origin != "" {
+			m.Header.Set(relay.HeaderOrigin, origin)
+		}
+		if _, err := b.js.PublishMsg(ctx, m, jetstream.WithMsgID(e.ID.String())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Event 2 as published before a failover lost it: same position and
+	// origin, another event.
+	lost := log[1]
+	lost.ID = uuid.New()
+	origin := ""
+	if err := b.db.Pool.QueryRow(ctx, `SELECT (SELECT system_identifier::text FROM pg_control_system()) || '/' || current_database() || '/annals'`).Scan(&origin); err != nil {
+		t.Fatal(err)
+	}
+	publish(lost, origin)
+	if err := r.CatchUp(ctx); !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "this log's event there is "+log[1].ID.String()) {
+		t.Fatalf("a stream whose newest message is not this log's event at its position: %v, want ErrStreamMismatch", err)
+	}
+
+	// A position this log holds no event at (here a gap in the sequence;
+	// retention scavenges alike): the origin decides.
+	if _, err := b.db.Pool.Exec(ctx, `SELECT setval('annals.events_global_sequence', 10)`); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 1) // position 11
+	gone := log[0]
+	gone.ID, gone.GlobalSequence = uuid.New(), 7
+	publish(gone, "")
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatalf("a stream whose newest message has no origin, at a position without an event: %v", err)
+	}
+	if !strings.Contains(logs.String(), "not marked as this log's") {
+		t.Fatalf("no warning about the message without an origin:\n%s", logs.String())
+	}
+	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 3 {
+		t.Fatalf("the stream: %v, %v; want the two messages and event 11", info, err)
+	}
+}
+
+// A role that may not run pg_control_system reads the origin's cluster as
+// "0", which matches any cluster of the same database and schema: the
+// relay moved to such a role, and back, goes on with the stream. It was
+// refused as another log's.
+func TestRelayOriginWithoutTheClusterMatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	appendMany(t, b.store, 3)
+	full, err := relay.New(b.db.Pool, b.nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := full.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Pool.Exec(ctx, `REVOKE EXECUTE ON FUNCTION pg_catalog.pg_control_system() FROM PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+	pool := runnerPool(t, b)
+	lesser, err := relay.New(pool, b.nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 2)
+	if err := lesser.CatchUp(ctx); err != nil {
+		t.Fatalf("the relay on a role without pg_control_system: %v", err)
+	}
+	msgs := b.relayed("ANNALS")
+	if o := msgs[len(msgs)-1].Header.Get(relay.HeaderOrigin); !strings.HasPrefix(o, "0/") {
+		t.Fatalf("Annals-Origin %q, want the cluster part 0", o)
+	}
+	appendMany(t, b.store, 1)
+	if err := full.CatchUp(ctx); err != nil {
+		t.Fatalf("the relay back on its first role: %v", err)
+	}
+	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
+}
+
+// runnerPool returns a pool on b's database as a new role with the rights
+// of a runner (annals grant runner), and no membership in the owner.
+func runnerPool(t *testing.T, b *bundle) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	role := "runner_" + strings.TrimPrefix(b.db.Name, "annalstest_")
+	if _, err := b.db.Pool.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Grant(ctx, b.db.Pool, role, migrations.Runner, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // after the pool below is closed
+		for _, q := range []string{"DROP OWNED BY ", "DROP ROLE "} {
+			if _, err := b.db.Pool.Exec(context.Background(), q+pgx.Identifier{role}.Sanitize()); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	u, err := url.Parse(b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }

@@ -13,3 +13,9 @@ SELECT pg_catalog.current_database();
 -- REPLICATION attribute, or superuser (neither is inherited from a role
 -- one is a member of).
 SELECT r.rolsuper OR r.rolreplication, r.rolname FROM pg_catalog.pg_roles r WHERE r.rolname = current_user;
+
+-- name: EventAt
+-- The ID of the event at a position of the log, archived or not (an index
+-- probe on each table): whether the stream's newest message is this log's
+-- event (lastStored). No row once retention has scavenged the position.
+SELECT event_id::text FROM {{.Schema}}.events_all WHERE global_sequence = $1;

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -247,7 +248,8 @@ var ErrStreamMismatch = errors.New("relay: the JetStream stream does not fit the
 // metadata, when it has the relay's entries, must name this relay and
 // origin, and its newest message must have been published by this relay
 // (Annals-Relay), from this log (Annals-Origin, unless absent: a relay
-// older than the header), at a position not above this log's head.
+// older than the header), at a position not above this log's head, and be
+// this log's event at that position (Annals-Event-Id).
 func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 	origin, err := r.loadOrigin(ctx)
 	if err != nil {
@@ -293,7 +295,7 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 	if name, ok := got.Metadata[MetadataRelay]; ok && name != r.cfg.Name {
 		return nil, errors.Wrapf(ErrStreamMismatch, "stream %s was made by relay %q, not %q: one relay per stream", want.Name, name, r.cfg.Name)
 	}
-	if o, ok := got.Metadata[MetadataOrigin]; ok && o != origin {
+	if o, ok := got.Metadata[MetadataOrigin]; ok && !sameOrigin(o, origin) {
 		if !r.cfg.AdoptStream {
 			return nil, errors.Wrapf(ErrStreamMismatch, "stream %s was made for the log at %s, not this one (%s): one relay per stream "+
 				"(if this database took over that log, restored or upgraded, adopt the stream: relay.Config.AdoptStream, annals relay nats --adopt-stream)",
@@ -450,11 +452,13 @@ func (r *Relay) runner(ctx context.Context) (*projection.Runner, error) {
 // lastStored returns the position and message ID of the newest message in
 // the stream (0 and "" when it is empty). It fails (ErrStreamMismatch) when
 // that message is not this relay's: another publisher on the stream would
-// break the order, and a relay of another log (another origin, or a
-// position this log has not reached) would have this relay skip its own
-// events up to that position. A message without an origin (published by an
-// older relay) is taken as this log's when its position is within the
-// head, with a warning.
+// break the order, and a relay of another log would have this relay skip
+// its own events up to that position. A message of another log is told by
+// its origin (HeaderOrigin, unless adopted), by a position this log has not
+// reached, and by its event ID (HeaderEventID) differing from that of this
+// log's event at its position (one index probe). Where retention has
+// scavenged that event, a message without an origin (published by an older
+// relay) or of an adopted origin is taken as this log's, with a warning.
 func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (int64, string, error) {
 	origin, err := r.loadOrigin(ctx)
 	if err != nil {
@@ -484,7 +488,7 @@ func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (int64,
 		return 0, "", errors.Wrapf(err, "relay: message %d has no position", info.State.LastSeq)
 	}
 	from := m.Header.Get(HeaderOrigin)
-	if from != "" && from != origin && !r.cfg.AdoptStream {
+	if from != "" && !sameOrigin(from, origin) && !r.cfg.AdoptStream {
 		return 0, "", errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s was published from the log at %s, not this one (%s): one relay per stream "+
 			"(if this database took over that log, restored or upgraded, adopt the stream: relay.Config.AdoptStream, annals relay nats --adopt-stream)",
 			r.cfg.Stream, from, origin)
@@ -497,11 +501,33 @@ func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (int64,
 		return 0, "", errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s is event %d, past this log's head (%d): it was published from another database or schema "+
 			"(or this database lost events since); one relay per stream", r.cfg.Stream, pos, head)
 	}
-	if from != origin {
-		r.cfg.Logger.WarnContext(ctx, "annals: the newest message of the relay's stream is not marked as this log's (published by an older relay, or adopted); "+
-			"taken as this log's, as its position is within the head",
-			slog.String("relay", r.cfg.Name), slog.String("stream", r.cfg.Stream), slog.Int64("position", pos),
-			slog.String("message_origin", from), slog.String("origin", origin))
+	msgID := m.Header.Get(HeaderEventID)
+	if msgID == "" {
+		msgID = m.Header.Get(jetstream.MsgIDHeader)
+	}
+	q, err := r.queries()
+	if err != nil {
+		return 0, "", err
+	}
+	var eventID string
+	err = r.pool.QueryRow(ctx, q["EventAt"], pos).Scan(&eventID)
+	switch {
+	case err == nil && eventID != msgID:
+		// The position alone passes as long as this log is the longer;
+		// past it, the relay would skip its own events up to it.
+		return 0, "", errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s is event %s at position %d, but this log's event there is %s: "+
+			"it was published from another log (another database or schema, or this database before it lost its newest events); one relay per stream",
+			r.cfg.Stream, msgID, pos, eventID)
+	case errors.Is(err, pgx.ErrNoRows):
+		// Scavenged by retention: the origin alone tells.
+		if !sameOrigin(from, origin) {
+			r.cfg.Logger.WarnContext(ctx, "annals: the newest message of the relay's stream is not marked as this log's (published by an older relay, or adopted), "+
+				"and this log no longer holds its event (retention); taken as this log's, as its position is within the head",
+				slog.String("relay", r.cfg.Name), slog.String("stream", r.cfg.Stream), slog.Int64("position", pos),
+				slog.String("message_origin", from), slog.String("origin", origin))
+		}
+	case err != nil:
+		return 0, "", errors.Wrapf(err, "relay: read the event at position %d", pos)
 	}
 	return pos, m.Header.Get(jetstream.MsgIDHeader), nil
 }
