@@ -8,11 +8,10 @@ SELECT (SELECT system_identifier::text FROM pg_catalog.pg_control_system()), pg_
 -- The database alone, for a role that may not run pg_control_system.
 SELECT pg_catalog.current_database();
 
--- name: CanReplicate
--- Whether the role may stream from a replication slot (Config.WAL): the
--- REPLICATION attribute, or superuser (neither is inherited from a role
--- one is a member of).
-SELECT r.rolsuper OR r.rolreplication, r.rolname FROM pg_catalog.pg_roles r WHERE r.rolname = current_user;
+-- name: SlotActive
+-- Whether a replication slot is in use (streaming, or being created): the
+-- WAL source that wakes the relay is at work (wakeFor).
+SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_name = $1;
 
 -- name: EventAt
 -- The ID of the event at a position of the log, archived or not (an index

@@ -76,9 +76,12 @@ type Config struct {
 	// only re-reading. Defaults to 1s.
 	CheckpointInterval time.Duration
 	// WAL, when set, wakes the relay from its replication slot (package
-	// walsource) instead of NOTIFY; the pool's role needs the REPLICATION
-	// attribute (or superuser), or Run and CatchUp fail at once with
-	// ErrNoReplication. Defaults to nil: NOTIFY.
+	// walsource) instead of NOTIFY; the Wake's role needs the REPLICATION
+	// attribute (or superuser, or a managed service's replication role).
+	// When a leadership's WAL source has not started streaming within 10
+	// seconds and the relay's own role is refused a replication
+	// connection, Run fails with ErrNoReplication. CatchUp does not use
+	// it. Defaults to nil: NOTIFY.
 	WAL *walsource.Wake
 	// AdoptStream takes a stream whose newest message (or whose metadata)
 	// shows another origin (HeaderOrigin) as this relay's, provided the
@@ -128,6 +131,11 @@ type Relay struct {
 	failures     atomic.Int64
 	firstFailure atomic.Int64 // when the streak began (Unix nanoseconds)
 	lastFailure  atomic.Pointer[error]
+
+	// walStartTimeout, when positive, replaces walStartTimeout; onWALCheck
+	// receives wakeFor's verdict on each leadership (tests).
+	walStartTimeout time.Duration
+	onWALCheck      func(error)
 }
 
 // failed records a leadership's failure (see Relay.failures).
@@ -344,11 +352,17 @@ func (r *Relay) warnIfBehind(ctx context.Context) error {
 // annals status shows it leading. It returns nil when ctx ends, or an error
 // if it cannot start.
 func (r *Relay) Run(ctx context.Context) error {
-	runner, err := r.runner(ctx)
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	runner, err := r.runner(ctx, cancel)
 	if err != nil {
 		return err
 	}
-	return runner.Run(ctx)
+	err = runner.Run(runCtx)
+	if cause := context.Cause(runCtx); ctx.Err() == nil && errors.Is(cause, ErrNoReplication) {
+		return cause
+	}
+	return err
 }
 
 // CatchUp publishes every event up to the head as it is when called, then
@@ -360,7 +374,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // at least, that failed without moving the checkpoint (an event over the
 // server's max_payload): retrying would not end.
 func (r *Relay) CatchUp(ctx context.Context) error {
-	runner, err := r.runner(ctx)
+	runner, err := r.runner(ctx, func(error) {}) // no live leadership: no WAL
 	if err != nil {
 		return err
 	}
@@ -422,12 +436,9 @@ func (r *Relay) CatchUp(ctx context.Context) error {
 	return nil
 }
 
-func (r *Relay) runner(ctx context.Context) (*projection.Runner, error) {
-	if r.cfg.WAL != nil {
-		if err := r.checkReplication(ctx); err != nil {
-			return nil, err
-		}
-	}
+// runner makes the relay's projection.Runner; abort ends its Run with an
+// error (wakeFor).
+func (r *Relay) runner(ctx context.Context, abort func(error)) (*projection.Runner, error) {
 	stream, err := r.EnsureStream(ctx)
 	if err != nil {
 		return nil, err
@@ -438,7 +449,7 @@ func (r *Relay) runner(ctx context.Context) (*projection.Runner, error) {
 		Lock: r.cfg.Lock, Logger: r.cfg.Logger,
 	}
 	if r.cfg.WAL != nil {
-		cfg.Wake = r.cfg.WAL.For
+		cfg.Wake = r.wakeFor(abort)
 	}
 	runner, err := projection.NewRunner(r.pool, cfg)
 	if err != nil {

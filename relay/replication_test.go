@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/relay"
 	"github.com/annals-dev/annals/walsource"
 )
@@ -47,9 +48,10 @@ func noReplicationPool(t *testing.T, b *bundle) (*pgxpool.Pool, string) {
 	return pool, u.String()
 }
 
-// A relay woken from the WAL whose role lacks REPLICATION fails at once
-// with ErrNoReplication: it ran on polling alone, its WAL source retrying
-// the replication connection, refused with 42501, for ever.
+// A relay woken from the WAL whose role lacks REPLICATION, its Wake on the
+// same pool, fails with ErrNoReplication once its WAL source has not
+// started streaming in time: it ran on polling alone, its WAL source
+// retrying the replication connection, refused with 42501, for ever.
 func TestRelayWALNeedsReplication(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -68,9 +70,54 @@ func TestRelayWALNeedsReplication(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	relay.SetWALCheck(r, 500*time.Millisecond, nil)
 	runCtx, stop := context.WithTimeout(ctx, 20*time.Second)
 	defer stop()
-	if err := r.CatchUp(runCtx); !errors.Is(err, relay.ErrNoReplication) || !strings.Contains(err.Error(), "REPLICATION") {
-		t.Fatalf("CatchUp with the WAL and a role without REPLICATION: %v, want ErrNoReplication", err)
+	if err := r.Run(runCtx); !errors.Is(err, relay.ErrNoReplication) || !strings.Contains(err.Error(), "REPLICATION") || runCtx.Err() != nil {
+		t.Fatalf("Run with the WAL and a role without REPLICATION: %v, want ErrNoReplication", err)
 	}
+}
+
+// A relay whose own role lacks REPLICATION, woken by a Wake built on
+// another pool whose role has it, is not refused: the Wake streams. It was
+// refused at once by the relay's own role's attributes, as is a role
+// granted replication by a managed service's role (RDS: rds_replication),
+// whose rolreplication stays false.
+func TestRelayWALOnAnotherPool(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	appendMany(t, b.store, 2)
+	pool, _ := noReplicationPool(t, b)
+	wake, err := walsource.NewWake(ctx, b.db.Pool, nil) // a superuser's pool
+	if err != nil {
+		t.Fatal(err)
+	}
+	verdicts := make(chan error, 10)
+	r, err := relay.New(pool, b.nc, &relay.Config{Name: "walrelay", WAL: wake, RetryBackoff: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetWALCheck(r, 5*time.Second, func(err error) { verdicts <- err })
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	select {
+	case err := <-verdicts:
+		if err != nil {
+			t.Fatalf("the relay refused a Wake that streams: %v", err)
+		}
+	case err := <-done:
+		t.Fatalf("Run returned %v while the Wake streams", err)
+	case <-ctx.Done():
+		t.Fatal("no verdict on the WAL source")
+	}
+	appendMany(t, b.store, 3)
+	annalstest.WaitFor(t, 30*time.Second, func() bool { return len(b.relayed("ANNALS")) == 5 })
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
 }
