@@ -55,7 +55,8 @@ limits retention, --duplicates de-duplication window) or checks an existing one,
 refuses a stream written by another relay or from another log (cluster, database or
 schema: --adopt-stream takes it once this database took over that log). With
 --wal it is woken by its own logical replication slot instead of NOTIFY (wal_level =
-logical and a role with REPLICATION, checked first; see docs/operations.md). With --once it publishes
+logical and a role that may replicate: a running relay whose slot does not stream ends with
+an error saying so; see docs/operations.md). With --once it publishes
 up to the current head and exits, printing how far it got (--output text|json).`,
 		Example: `  annals relay nats --nats-url nats://127.0.0.1:4222
   annals relay nats --types 'order.*' --prefix acme.orders --stream ORDERS --wal

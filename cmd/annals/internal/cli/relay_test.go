@@ -119,8 +119,10 @@ func TestRelayNATS(t *testing.T) {
 	}
 
 	// --wal with a role that may not stream from a slot (it has the
-	// owner's privileges but not REPLICATION, which is not inherited):
-	// a clear error at once, not 42501 retried for ever.
+	// owner's privileges but not REPLICATION, which is not inherited): a
+	// running relay ends with a clear error once its WAL source has not
+	// streamed for a while (relay.ErrNoReplication), not 42501 retried for
+	// ever. (--once never streams from the slot, so it is not checked.)
 	noRepl := "norepl_" + strings.TrimPrefix(db.Name, "annalstest_")
 	if _, err := db.Pool.Exec(t.Context(), "CREATE ROLE "+noRepl+" LOGIN NOREPLICATION IN ROLE "+"current_user"); err != nil {
 		t.Fatal(err)
@@ -138,7 +140,7 @@ func TestRelayNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.User = url.User(noRepl)
-	if r := annalsWithin(t, 30*time.Second, u.String(), "relay", "nats", "--once", "--nats-url", ns.ClientURL(), "--name", "norepl", "--stream", "NOREPL", "--prefix", "n", "--wal"); r.code != 1 ||
+	if r := annalsWithin(t, 90*time.Second, u.String(), "relay", "nats", "--nats-url", ns.ClientURL(), "--name", "norepl", "--stream", "NOREPL", "--prefix", "n", "--wal"); r.code != 1 ||
 		!strings.Contains(r.stderr, "REPLICATION") {
 		t.Errorf("--wal as a role without REPLICATION: exit %d, want 1 saying REPLICATION (%s)", r.code, r.stderr)
 	}
