@@ -1,4 +1,5 @@
--- What the runner records when handlers fail.
+-- What the runner records when handlers fail, what a new leader inherits of
+-- it, and the re-delivery of released dead letters.
 
 -- name: RecordFailure
 -- One row per failed attempt; returns the attempt number (counting earlier
@@ -110,3 +111,50 @@ UPDATE {{.Schema}}.dead_letters
        attempts = CASE WHEN id = $3 THEN attempts + 1 ELSE attempts END,
        last_failed_at = CASE WHEN id = $3 THEN clock_timestamp() ELSE last_failed_at END
  WHERE subscriber_id = $1 AND partition = $2 AND stream_id = $4 AND status = 'retry';
+
+
+-- name: InheritFailures
+-- Run when a leadership starts, at checkpoint $3 of subscriber $1's
+-- partition $2. Returns the events above the checkpoint that have failed
+-- attempts (made by any leader, this process or another, before a
+-- handover, a crash or a restart) and are no dead letter, with their last
+-- attempt number: the leader deletes their rows when it handles them
+-- (ForgetFailures), as it does for its own. And it deletes the failed
+-- attempts at or below the checkpoint of events that are no dead letter:
+-- such an event was handled by a leader that did not know of them, or
+-- passed over by an operator's checkpoint set, and its rows would stay for
+-- ever (the console would list them as a failure in progress, and after a
+-- rewind the event would start with part of its retries spent). The
+-- attempts of dead-lettered events stay with their dead letter.
+WITH stale AS (
+    DELETE FROM {{.Schema}}.failures f
+     WHERE f.subscriber_id = $1 AND f.partition = $2 AND f.global_sequence <= $3
+       AND NOT EXISTS (SELECT 1 FROM {{.Schema}}.dead_letters d
+                        WHERE d.subscriber_id = f.subscriber_id AND d.event_id = f.event_id)
+)
+SELECT f.event_id, max(f.attempt)
+  FROM {{.Schema}}.failures f
+ WHERE f.subscriber_id = $1 AND f.partition = $2 AND f.global_sequence > $3
+   AND NOT EXISTS (SELECT 1 FROM {{.Schema}}.dead_letters d
+                    WHERE d.subscriber_id = f.subscriber_id AND d.event_id = f.event_id)
+ GROUP BY f.event_id;
+
+
+-- name: LockRedelivery
+-- Locks dead letter $1 for its re-delivery, in the transaction that then
+-- resolves it, and returns its status: an operator's Skip (or Retry, or
+-- Purge) of it waits until the re-delivery has committed or rolled back,
+-- so that an entry the handler got is never marked skipped (resolved
+-- without delivery), and the runner delivers nothing an operator skipped
+-- first (status is no longer retry then). $2, when not NULL, is the
+-- transaction's idle_in_transaction_session_timeout (in milliseconds): an
+-- observer's handler runs while the transaction waits, and a handler that
+-- overruns its timeout must not hold the lock for long.
+WITH bound AS (
+    SELECT set_config('idle_in_transaction_session_timeout',
+                      coalesce($2::text, current_setting('idle_in_transaction_session_timeout')), true)
+)
+SELECT d.status
+  FROM {{.Schema}}.dead_letters d, bound
+ WHERE d.id = $1
+   FOR UPDATE OF d;

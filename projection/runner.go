@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"maps"
 	"os"
 	"reflect"
 	"slices"
@@ -34,12 +33,6 @@ var instancesSQL string
 
 //go:embed failures.sql
 var failuresSQL string
-
-//go:embed attempts.sql
-var attemptsSQL string
-
-//go:embed redeliver.sql
-var redeliverSQL string
 
 // Config configures a Runner. A nil *Config means defaults.
 type Config struct {
@@ -212,7 +205,7 @@ type Runner struct {
 	cfg    Config
 	engine *catchup.Engine
 	q      map[string]string
-	fq     map[string]string // failures.sql, attempts.sql and redeliver.sql
+	fq     map[string]string // failures.sql
 
 	mu       sync.Mutex
 	regs     []*registration
@@ -283,13 +276,6 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	r.q = q
 	if r.fq, err = sqltmpl.Named("failures.sql", failuresSQL, sqltmpl.NewData(c.Schema)); err != nil {
 		return nil, err
-	}
-	for file, src := range map[string]string{"attempts.sql": attemptsSQL, "redeliver.sql": redeliverSQL} {
-		q, err := sqltmpl.Named(file, src, sqltmpl.NewData(c.Schema))
-		if err != nil {
-			return nil, err
-		}
-		maps.Copy(r.fq, q)
 	}
 	if c.Clock == nil {
 		r.cfg.Clock = realClock{}
