@@ -8,11 +8,6 @@ SELECT (SELECT system_identifier::text FROM pg_catalog.pg_control_system()), pg_
 -- The database alone, for a role that may not run pg_control_system.
 SELECT pg_catalog.current_database();
 
--- name: SlotActive
--- Whether a replication slot is in use (streaming, or being created): the
--- WAL source that wakes the relay is at work (wakeFor).
-SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_name = $1;
-
 -- name: EventAt
 -- The ID of the event at a position of the log, archived or not (an index
 -- probe on each table): whether the stream's newest message is this log's

@@ -10,6 +10,7 @@ import (
 
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/internal/poolconn"
+	"github.com/annals-dev/annals/walsource"
 )
 
 // ErrNoReplication is matched by Run's error when Config.WAL is set, the
@@ -72,13 +73,13 @@ func (r *Relay) watchWAL(ctx context.Context, w catchup.Waker, slot string) erro
 		return nil
 	case <-t.C:
 	}
-	q, err := r.queries()
-	if err != nil {
-		return nil
-	}
-	var active bool
-	if err := r.pool.QueryRow(ctx, q["SlotActive"], slot).Scan(&active); err == nil && active {
-		return nil // streaming now, or being created (which waits for running transactions)
+	slots, err := walsource.Slots(ctx, r.pool)
+	if err == nil {
+		for _, s := range slots {
+			if s.Slot == slot && s.Active {
+				return nil // streaming now, or being created (which waits for running transactions)
+			}
+		}
 	}
 	return r.probeReplication(ctx, timeout)
 }
@@ -91,14 +92,10 @@ func (r *Relay) watchWAL(ctx context.Context, w catchup.Waker, slot string) erro
 // failure says nothing about the role, and is left to the WAL source's
 // retries and log.
 func (r *Relay) probeReplication(ctx context.Context, waited time.Duration) error {
-	base, hooks := poolconn.Of(r.pool)
-	cc, err := hooks.Prepare(ctx, base)
+	pc, err := poolconn.Replication(ctx, r.pool, "annals relay replication check")
 	if err != nil {
 		return nil
 	}
-	pc := &cc.Config
-	pc.RuntimeParams["replication"] = "database"
-	pc.RuntimeParams["application_name"] = "annals relay replication check"
 	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if err == nil {
 		_, err = pglogrepl.IdentifySystem(ctx, conn)

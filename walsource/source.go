@@ -254,14 +254,10 @@ func (s *Source) stream(ctx context.Context) (streamed bool, err error) {
 // token, are supplied there); its AfterConnect is not run, since it expects
 // a session that speaks the ordinary protocol.
 func (s *Source) start(ctx context.Context) (*pgconn.PgConn, error) {
-	base, hooks := poolconn.Of(s.pool)
-	cc, err := hooks.Prepare(ctx, base)
+	pc, err := poolconn.Replication(ctx, s.pool, "annals walsource "+s.cfg.Slot)
 	if err != nil {
 		return nil, errors.Wrap(err, "walsource: connect for replication")
 	}
-	pc := &cc.Config
-	pc.RuntimeParams["replication"] = "database"
-	pc.RuntimeParams["application_name"] = "annals walsource " + s.cfg.Slot
 	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if err != nil {
 		return nil, errors.Wrap(err, "walsource: connect for replication")

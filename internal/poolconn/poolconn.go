@@ -6,6 +6,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/advisorylock"
@@ -86,4 +87,20 @@ func LockConfig(pool *pgxpool.Pool, cfg *advisorylock.Config) *advisorylock.Conf
 		c.Connect = h.Connect
 	}
 	return &c
+}
+
+// Replication returns the settings of one logical replication connection
+// (replication=database) named application: pool's connection settings
+// with its BeforeConnect run on them. Its AfterConnect is not run: it
+// expects a session that speaks the ordinary protocol.
+func Replication(ctx context.Context, pool *pgxpool.Pool, application string) (*pgconn.Config, error) {
+	base, hooks := Of(pool)
+	cc, err := hooks.Prepare(ctx, base)
+	if err != nil {
+		return nil, err
+	}
+	pc := &cc.Config
+	pc.RuntimeParams["replication"] = "database"
+	pc.RuntimeParams["application_name"] = application
+	return pc, nil
 }

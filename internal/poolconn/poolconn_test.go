@@ -71,3 +71,42 @@ func TestConnect(t *testing.T) {
 		t.Fatalf("Connect with a failing AfterConnect = %v", err)
 	}
 }
+
+// Replication's settings are the pool's with its BeforeConnect run, for a
+// replication connection under the given name; the pool's own config is
+// not changed.
+func TestReplication(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig("postgres://placeholder@127.0.0.1:1/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		cc.User = "from_before_connect"
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	pc, err := poolconn.Replication(t.Context(), pool, "annals test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc.User != "from_before_connect" || pc.RuntimeParams["replication"] != "database" || pc.RuntimeParams["application_name"] != "annals test" {
+		t.Fatalf("user %q, params %v", pc.User, pc.RuntimeParams)
+	}
+	if c := pool.Config().ConnConfig; c.User != "placeholder" || c.RuntimeParams["replication"] != "" {
+		t.Fatalf("the pool's config changed: user %q, params %v", c.User, c.RuntimeParams)
+	}
+	cfg.BeforeConnect = func(context.Context, *pgx.ConnConfig) error { return errors.New("no token") }
+	failing, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer failing.Close()
+	if _, err := poolconn.Replication(t.Context(), failing, "x"); err == nil {
+		t.Fatal("a failing BeforeConnect gave settings")
+	}
+}
