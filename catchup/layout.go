@@ -3,7 +3,6 @@ package catchup
 import (
 	"context"
 	"fmt"
-	"strconv"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
@@ -147,39 +146,75 @@ func (e *Engine) CheckLayout(ctx context.Context, sub *Subscription) error {
 // *PartitionLayoutError.
 func (e *Engine) claimLaidOut(ctx context.Context, db checkpoint.DB, sub *Subscription) (checkpoint.Checkpoint, error) {
 	n, by := layoutOf(sub)
-	part := sub.Partition
-	c := checkpoint.Checkpoint{Subscriber: sub.Name, Partition: part}
-	var o *string
-	err := db.QueryRow(ctx, e.q["Claim"], sub.Name, part, e.cfg.Owner, n, by).Scan(&c.Position, &c.Epoch, &o, &c.UpdatedAt)
+	c, err := scanClaim(sub, db.QueryRow(ctx, e.q["Claim"], sub.Name, sub.Partition, e.cfg.Owner, n, by))
 	if errors.Is(err, pgx.ErrNoRows) {
-		// Say what the layout is now (not CheckLayout, which could
-		// replace it back).
-		refused := &PartitionLayoutError{Subscriber: sub.Name, Partitions: n, PartitionBy: by, HighestPartition: -1}
-		var recN int32
-		if err := db.QueryRow(ctx, e.q["Layout"], sub.Name).Scan(&recN, &refused.RecordedPartitionBy); err != nil {
-			return c, errors.Wrapf(err, "catchup: claim %s/%d: read the subscriber's partition layout", sub.Name, part)
-		}
-		refused.RecordedPartitions = int(recN)
-		return c, errors.WithStack(refused)
+		return c, e.layoutRefused(ctx, db, sub)
 	}
+	return c, errors.Wrapf(err, "catchup: claim %s/%d", sub.Name, sub.Partition)
+}
+
+// scanClaim scans the row of sub's Claim statement (pgx.ErrNoRows: the
+// recorded layout is another one).
+func scanClaim(sub *Subscription, row pgx.Row) (checkpoint.Checkpoint, error) {
+	c := checkpoint.Checkpoint{Subscriber: sub.Name, Partition: sub.Partition}
+	var o *string
+	err := row.Scan(&c.Position, &c.Epoch, &o, &c.UpdatedAt)
 	if o != nil {
 		c.Owner = *o
 	}
-	return c, errors.Wrapf(err, "catchup: claim %s/%d", sub.Name, part)
+	return c, err
+}
+
+// layoutRefused is the error of a claim that the recorded layout refused:
+// a *PartitionLayoutError saying what the layout is now (read here, not
+// CheckLayout, which could replace it back).
+func (e *Engine) layoutRefused(ctx context.Context, db checkpoint.DB, sub *Subscription) error {
+	n, by := layoutOf(sub)
+	refused := &PartitionLayoutError{Subscriber: sub.Name, Partitions: n, PartitionBy: by, HighestPartition: -1}
+	var recN int32
+	if err := db.QueryRow(ctx, e.q["Layout"], sub.Name).Scan(&recN, &refused.RecordedPartitionBy); err != nil {
+		return errors.Wrapf(err, "catchup: claim %s/%d: read the subscriber's partition layout", sub.Name, sub.Partition)
+	}
+	refused.RecordedPartitions = int(recN)
+	return errors.WithStack(refused)
 }
 
 // claimBounded is claimLaidOut on the lock session's conn, in a
 // transaction whose lock_timeout is claimLockTimeout, so that a checkpoint
 // row held elsewhere holds up the lock session's poller for that long at
-// most (isClaimTimeout tells that failure apart).
-func (e *Engine) claimBounded(ctx context.Context, conn *pgx.Conn, sub *Subscription) (cp checkpoint.Checkpoint, err error) {
-	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, e.q["ClaimLockTimeout"], strconv.FormatInt(claimLockTimeout.Milliseconds(), 10)+"ms"); err != nil {
-			return errors.Wrapf(err, "catchup: claim %s/%d: set its lock_timeout", sub.Name, sub.Partition)
+// most (isClaimTimeout tells that failure apart). BEGIN, the timeout, the
+// claim and COMMIT go in one round trip: a takeover waits for it.
+func (e *Engine) claimBounded(ctx context.Context, conn *pgx.Conn, sub *Subscription) (checkpoint.Checkpoint, error) {
+	n, by := layoutOf(sub)
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(e.q["ClaimLockTimeout"], claimLockTimeoutSetting)
+	b.Queue(e.q["Claim"], sub.Name, sub.Partition, e.cfg.Owner, n, by)
+	b.Queue("COMMIT")
+	br := conn.SendBatch(ctx, b)
+	var c checkpoint.Checkpoint
+	_, err := br.Exec()
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		c, err = scanClaim(sub, br.QueryRow())
+	}
+	noRow := errors.Is(err, pgx.ErrNoRows)
+	if err == nil || noRow {
+		if _, cerr := br.Exec(); cerr != nil {
+			err = cerr
 		}
-		var err error
-		cp, err = e.claimLaidOut(ctx, tx, sub)
-		return err
-	})
-	return cp, err
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	switch {
+	case noRow && errors.Is(err, pgx.ErrNoRows):
+		return c, e.layoutRefused(ctx, conn, sub)
+	case err != nil:
+		rollbackOpen(ctx, conn)
+		return c, errors.Wrapf(err, "catchup: claim %s/%d", sub.Name, sub.Partition)
+	}
+	return c, nil
 }

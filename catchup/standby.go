@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -47,6 +48,9 @@ const closeTimeout = 5 * time.Second
 // takeover and release and the Stop of the partition's Run. A claim that
 // times out gives the lock back, and its waiter stands by again.
 const claimLockTimeout = 200 * time.Millisecond
+
+// claimLockTimeoutSetting is claimLockTimeout as a lock_timeout setting.
+var claimLockTimeoutSetting = strconv.FormatInt(claimLockTimeout.Milliseconds(), 10) + "ms"
 
 // claimRetryPause is how long the poller leaves a partition whose claim
 // timed out before it takes its lock again, so that a row held for long
