@@ -288,7 +288,7 @@ func TestEnsureStreamChecksSubjectsByWildcards(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	appendMany(t, b.store, 3)
-	for _, c := range []struct {
+	for i, c := range []struct {
 		streamSubject, prefix, template string
 		ok                              bool
 	}{
@@ -297,11 +297,15 @@ func TestEnsureStreamChecksSubjectsByWildcards(t *testing.T) {
 		{"wide.>", "wide", "orders.{type}.{stream}", false},
 		{"annals.*", "", "", false},
 	} {
+		// A stream of its own per case: a stream made again under the name
+		// of one just deleted can fail in the server ("error creating store
+		// for stream") while its files are still being removed.
+		stream := fmt.Sprintf("S%d", i)
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-		if _, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{c.streamSubject}, Duplicates: time.Hour}); err != nil {
+		if _, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{c.streamSubject}, Duplicates: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
-		r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Stream: "S", Prefix: c.prefix, Subject: c.template, Name: "r" + fmt.Sprint(len(c.template), c.ok)})
+		r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Stream: stream, Prefix: c.prefix, Subject: c.template, Name: "r" + fmt.Sprint(len(c.template), c.ok)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -314,11 +318,11 @@ func TestEnsureStreamChecksSubjectsByWildcards(t *testing.T) {
 		case c.ok:
 			if err := r.CatchUp(ctx); err != nil {
 				t.Errorf("stream on %q: %v", c.streamSubject, err)
-			} else if n := len(b.relayed("S")); n != 3 {
+			} else if n := len(b.relayed(stream)); n != 3 {
 				t.Errorf("stream on %q holds %d messages, want 3", c.streamSubject, n)
 			}
 		}
-		if err := b.js.DeleteStream(ctx, "S"); err != nil {
+		if err := b.js.DeleteStream(ctx, stream); err != nil {
 			t.Fatal(err)
 		}
 		cancel()
