@@ -1,7 +1,10 @@
 package catchup
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,7 +36,9 @@ func TestTakeOverFencesWhenItsRequestDoesNotShow(t *testing.T) {
 	// time out (under load), and the leader then gives the lock back, which
 	// TakeOver takes without a fence.
 	var leading atomic.Bool
+	var logs lockedBuffer // the leader's log, shown if the test fails
 	leader, err := NewEngine(db.Pool, nil, &Config{Owner: "leader", PollInterval: 20 * time.Millisecond,
+		Logger:       slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		OnLeadership: func(_ string, _ int, _ int64, l bool) { leading.Store(l) }})
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +65,25 @@ func TestTakeOverFencesWhenItsRequestDoesNotShow(t *testing.T) {
 	defer rebuild.Release(ctx, lease)
 	took := time.Since(start)
 	if took < takeOverQueuedWait {
-		t.Fatalf("TakeOver took %v, before it could have given up looking for its request (%v)", took, takeOverQueuedWait)
+		t.Fatalf("TakeOver took %v, before it could have given up looking for its request (%v); the leader's log:\n%s", took, takeOverQueuedWait, logs.String())
 	}
 	t.Logf("TakeOver took %v", took)
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent use.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
