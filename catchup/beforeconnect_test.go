@@ -6,43 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/internal/hookedpool"
 )
-
-// hookedPool returns a pool whose login comes from BeforeConnect (as an
-// IAM token would): its ConnConfig names a user that does not exist. Its
-// sessions carry name as application_name. before counts BeforeConnect's
-// calls, after AfterConnect's.
-func hookedPool(t *testing.T, db *annalstest.DB, name string) (pool *pgxpool.Pool, before, after *atomic.Int64) {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	user := cfg.ConnConfig.User
-	cfg.ConnConfig.User = "annals_placeholder_role"
-	cfg.ConnConfig.RuntimeParams["application_name"] = name
-	before, after = new(atomic.Int64), new(atomic.Int64)
-	cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
-		before.Add(1)
-		cc.User = user
-		return nil
-	}
-	cfg.AfterConnect = func(context.Context, *pgx.Conn) error {
-		after.Add(1)
-		return nil
-	}
-	pool, err = pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool, before, after
-}
 
 // The engine's lock session and a pool listener log in through the pool's
 // BeforeConnect, at each dial: a reconnect runs it again.
@@ -51,7 +18,7 @@ func TestPoolHooks(t *testing.T) {
 	db := annalstest.NewDB(t, nil)
 
 	t.Run("LockSession", func(t *testing.T) {
-		pool, _, _ := hookedPool(t, db, "hooked-engine")
+		pool := hookedpool.New(t, db.URL, "hooked-engine").Pool
 		var leading atomic.Bool
 		e, err := catchup.NewEngine(pool, nil, &catchup.Config{PollInterval: 50 * time.Millisecond,
 			OnLeadership: func(_ string, _ int, _ int64, l bool) { leading.Store(l) }})
@@ -71,7 +38,8 @@ func TestPoolHooks(t *testing.T) {
 	})
 
 	t.Run("Listener", func(t *testing.T) {
-		pool, before, after := hookedPool(t, db, "hooked-listener")
+		hp := hookedpool.New(t, db.URL, "hooked-listener")
+		pool, before, after := hp.Pool, hp.Before, hp.After
 		l, err := catchup.NewPoolListener(pool, "", nil)
 		if err != nil {
 			t.Fatal(err)

@@ -2,15 +2,14 @@ package projection_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/hookedpool"
 	"github.com/annals-dev/annals/projection"
 )
 
@@ -23,24 +22,8 @@ func TestRunnerWithBeforeConnectPool(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := t.Context()
-	cfg := b.db.Pool.Config().Copy()
-	user := cfg.ConnConfig.User
-	cfg.ConnConfig.User = "annals_placeholder_role"
-	var before, after atomic.Int64
-	cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
-		before.Add(1)
-		cc.User = user
-		return nil
-	}
-	cfg.AfterConnect = func(context.Context, *pgx.Conn) error {
-		after.Add(1)
-		return nil
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	hp := hookedpool.New(t, b.db.URL, "")
+	pool, before, after := hp.Pool, hp.Before, hp.After
 	r, err := projection.NewRunner(pool, &projection.Config{PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -1,15 +1,12 @@
 package scheduler
 
 import (
-	"context"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/hookedpool"
 )
 
 // A pool whose login comes from BeforeConnect (credentials that rotate; here
@@ -18,21 +15,7 @@ import (
 func TestListenerUsesThePoolsBeforeConnect(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)
-	pcfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	user := pcfg.ConnConfig.User
-	pcfg.ConnConfig.User = "annals_placeholder_role"
-	pcfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
-		cc.User = user
-		return nil
-	}
-	pool, err := pgxpool.NewWithConfig(t.Context(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := hookedpool.New(t, db.URL, "").Pool
 	store, err := eventstore.New(pool, &eventstore.Config{Schema: db.Schema})
 	if err != nil {
 		t.Fatal(err)
