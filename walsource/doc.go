@@ -57,6 +57,17 @@
 // (pg_terminate_backend on the slot's active_pid) and tries again. The
 // caller holds the subscriber's lock, so that session is stale.
 //
+// A failure that retrying cannot mend ends Run instead, with a
+// *PermanentError, logged once at ERROR with what to do about it: a role
+// without the REPLICATION attribute (42501), or one that may not create
+// the publication; wal_level below logical, max_replication_slots or
+// max_wal_senders 0 (55000, 53300, told from their passing namesakes by
+// reading the settings); a login refused (28000, 28P01); a database that
+// does not exist (3D000); the output plugin missing (58P01). Wake.For's
+// Waker then stops signalling (StoppingWaker), the engine polls at its
+// PollInterval, and Wake.Err reports the failure; the next leadership
+// tries again.
+//
 // # Waking subscribers
 //
 // Wake.For is a catchup.WakeFor (projection.Config.Wake): each live

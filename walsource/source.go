@@ -57,8 +57,8 @@ type Config struct {
 	// StatusInterval is how often the Source asks Confirmed and sends a
 	// standby status update. Defaults to 500ms.
 	StatusInterval time.Duration
-	// Logger receives reconnects and the re-creation of an invalidated
-	// slot. Defaults to discarding.
+	// Logger receives reconnects, the re-creation of an invalidated slot,
+	// and a permanent failure (see Run). Defaults to discarding.
 	Logger *slog.Logger
 }
 
@@ -120,7 +120,12 @@ func (s *Source) Flushed() pglogrepl.LSN {
 }
 
 // Run streams until ctx ends, reconnecting with backoff (100 ms doubling to
-// 1 s, jittered) after any failure. It returns nil when ctx ends.
+// 1 s, jittered) after a failure that may pass (a lost connection, a
+// server restarting, a slot still in use). It returns nil when ctx ends,
+// and a *PermanentError when PostgreSQL refuses the stream for a reason
+// that retrying cannot mend (a role without the REPLICATION attribute,
+// wal_level below logical, ...): it logs that once, at ERROR, with what to
+// do about it, and does not retry.
 func (s *Source) Run(ctx context.Context) error {
 	backoff := 100 * time.Millisecond
 	for first := true; ; first = false {
@@ -133,6 +138,12 @@ func (s *Source) Run(ctx context.Context) error {
 		}
 		if ctx.Err() != nil {
 			return nil
+		}
+		if pe := (*PermanentError)(nil); errors.As(err, &pe) {
+			s.cfg.Logger.ErrorContext(ctx, "annals: the WAL stream of replication slot "+s.cfg.Slot+" stopped for good, not retried "+
+				"(a subscriber it woke polls instead): "+pe.Problem+"; "+pe.Fix,
+				append([]any{slog.String("slot", s.cfg.Slot), slog.String("sqlstate", pe.Code)}, errAttrs(pe.Err)...)...)
+			return err
 		}
 		if streamed {
 			backoff = 100 * time.Millisecond
@@ -149,23 +160,23 @@ func (s *Source) Run(ctx context.Context) error {
 // stream runs one replication connection until it fails or ctx ends.
 func (s *Source) stream(ctx context.Context) (streamed bool, err error) {
 	if _, err := EnsurePublication(ctx, s.pool, s.schema); err != nil {
-		return false, err
+		return false, s.permanent(ctx, stepPublication, "", err)
 	}
 	if _, err := EnsureSlot(ctx, s.pool, s.cfg.Slot); err != nil {
-		return false, err
+		return false, s.permanent(ctx, stepSlot, "", err)
 	}
-	conn, err := s.start(ctx)
+	conn, user, err := s.start(ctx)
 	if isCode(err, "55000") {
 		// object_not_in_prerequisite_state: among others, a slot that
 		// max_slot_wal_keep_size invalidated (wal_status lost), which can
 		// never be streamed again. Make it afresh and start once more.
 		var recreated bool
 		if recreated, err = s.recreateLost(ctx, err); recreated {
-			conn, err = s.start(ctx)
+			conn, user, err = s.start(ctx)
 		}
 	}
 	if err != nil {
-		return false, err
+		return false, s.permanent(ctx, stepStream, user, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	// Anything received but not confirmed on the last connection is sent
@@ -244,35 +255,36 @@ func (s *Source) stream(ctx context.Context) (streamed bool, err error) {
 }
 
 // start opens a replication connection and starts streaming the slot on
-// it. A slot still active for another session ends that session (a former
-// leader that lost its lease but not yet its connection; the caller holds
-// the subscriber's lock now, so that session is stale) and fails: Run
-// tries again.
+// it; it returns the connection's role too ("" when the pool's
+// BeforeConnect failed). A slot still active for another session ends that
+// session (a former leader that lost its lease but not yet its connection;
+// the caller holds the subscriber's lock now, so that session is stale)
+// and fails: Run tries again.
 //
 // The connection's settings are the pool's, with the pool's BeforeConnect
 // run on them at each connect (credentials that rotate, such as an IAM
 // token, are supplied there); its AfterConnect is not run, since it expects
 // a session that speaks the ordinary protocol.
-func (s *Source) start(ctx context.Context) (*pgconn.PgConn, error) {
+func (s *Source) start(ctx context.Context) (*pgconn.PgConn, string, error) {
 	pc, err := poolconn.Replication(ctx, s.pool, "annals walsource "+s.cfg.Slot)
 	if err != nil {
-		return nil, errors.Wrap(err, "walsource: connect for replication")
+		return nil, "", errors.Wrap(err, "walsource: connect for replication")
 	}
 	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if err != nil {
-		return nil, errors.Wrap(err, "walsource: connect for replication")
+		return nil, pc.User, errors.Wrap(err, "walsource: connect for replication")
 	}
 	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + s.publication + "'"},
 	})
 	if err == nil {
-		return conn, nil
+		return conn, pc.User, nil
 	}
 	conn.Close(context.WithoutCancel(ctx))
 	if isCode(err, "55006") {
 		_, _ = s.pool.Exec(ctx, `SELECT pg_catalog.pg_terminate_backend(active_pid) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, s.cfg.Slot)
 	}
-	return nil, errors.Wrapf(err, "walsource: start replication on %s", s.cfg.Slot)
+	return nil, pc.User, errors.Wrapf(err, "walsource: start replication on %s", s.cfg.Slot)
 }
 
 // recreateLost drops and creates again the slot when it has been

@@ -22,8 +22,9 @@ type WakeConfig struct {
 	Schema string
 	// StatusInterval goes to each Source. Defaults to 500ms.
 	StatusInterval time.Duration
-	// Logger receives reconnects and the re-creation of an invalidated
-	// slot. Defaults to discarding.
+	// Logger receives reconnects, the re-creation of an invalidated slot,
+	// and a Source's permanent failure (Source.Run). Defaults to
+	// discarding.
 	Logger *slog.Logger
 	// OnCommit, when set, also receives every Commit a leadership's Source
 	// decodes (for tests and metrics), after the Waker has signalled for it
@@ -53,6 +54,38 @@ type Wake struct {
 	// utf8 reports a UTF8 server encoding: the stream IDs the WAL sends
 	// (client encoding UTF8) are then the bytes stream_partition hashes.
 	utf8 bool
+
+	mu  sync.Mutex
+	err error // the last permanent failure of a leadership's Source (Err)
+}
+
+// StoppingWaker is the catchup.Waker that Wake.For returns: it also tells
+// when the leadership's Source has stopped for good.
+type StoppingWaker interface {
+	catchup.Waker
+	// Stopped returns a channel that is closed when the Source has stopped
+	// on a *PermanentError (Source.Run): the Waker signals nothing more,
+	// and the engine polls.
+	Stopped() <-chan struct{}
+	// Err returns that *PermanentError once Stopped is closed, nil before.
+	Err() error
+}
+
+// Err returns the *PermanentError on which a leadership's Source last
+// stopped for good (see Source.Run), so that an application can tell, in a
+// health check say, that the WAL does not wake its subscribers and why;
+// nil when none has, or when a leadership's Source has streamed since.
+// Each new leadership tries again.
+func (w *Wake) Err() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+func (w *Wake) setErr(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.err = err
 }
 
 // NewWake returns a Wake on pool (whose role needs the REPLICATION
@@ -101,6 +134,12 @@ func (w *Wake) Slot(subscriber string, partition int) string {
 // partition signals), at every (re)connect, and AdvanceAfter after any
 // commit at the latest. The slot is confirmed only through what the
 // partition's checkpoint holds.
+//
+// When PostgreSQL refuses the stream for good (Source.Run's
+// *PermanentError: a role without REPLICATION, wal_level below logical),
+// the Source logs it once and stops; the Waker (a StoppingWaker) then
+// signals nothing, the engine polls at its PollInterval, and Err reports
+// the failure. The next leadership tries again.
 func (w *Wake) For(ctx context.Context, sub *catchup.Subscription, lease *catchup.Lease) (catchup.Waker, func()) {
 	b := newBroadcaster(w.cfg.AdvanceAfter)
 	name, part := sub.Name, sub.Partition
@@ -132,6 +171,7 @@ func (w *Wake) For(ctx context.Context, sub *catchup.Subscription, lease *catchu
 		OnStreaming: func(on bool) {
 			b.setUp(on)
 			if on {
+				w.setErr(nil)
 				b.signal() // anything committed while nobody streamed: re-read
 			}
 		},
@@ -142,7 +182,13 @@ func (w *Wake) For(ctx context.Context, sub *catchup.Subscription, lease *catchu
 	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
-	go func() { defer close(done); _ = src.Run(sctx) }()
+	go func() {
+		defer close(done)
+		if err := src.Run(sctx); err != nil {
+			w.setErr(err)
+			b.fail(err)
+		}
+	}()
 	return b, func() { cancel(); <-done; b.stop() }
 }
 
@@ -187,10 +233,31 @@ type broadcaster struct {
 	later        *time.Timer
 	armed        bool
 	stopped      bool
+	// failed is closed, and err set, when the Source stopped for good.
+	failed chan struct{}
+	err    error
 }
 
 func newBroadcaster(advanceAfter time.Duration) *broadcaster {
-	return &broadcaster{subs: map[chan struct{}]struct{}{}, listening: make(chan struct{}), advanceAfter: advanceAfter}
+	return &broadcaster{subs: map[chan struct{}]struct{}{}, listening: make(chan struct{}), advanceAfter: advanceAfter, failed: make(chan struct{})}
+}
+
+var _ StoppingWaker = (*broadcaster)(nil)
+
+func (b *broadcaster) Stopped() <-chan struct{} { return b.failed }
+
+func (b *broadcaster) Err() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
+}
+
+// fail records the Source's permanent failure.
+func (b *broadcaster) fail(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.err = err
+	close(b.failed)
 }
 
 func (b *broadcaster) Subscribe() (<-chan struct{}, func()) {
