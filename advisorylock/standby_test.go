@@ -32,6 +32,7 @@ func (b *testBundle) holderPID(t *testing.T, key string) uint32 {
 	err := b.db.Pool.QueryRow(t.Context(), `
 		SELECT pid FROM pg_locks
 		 WHERE locktype = 'advisory' AND granted AND objsubid = 2
+		   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		   AND classid = ($1::int4::int8 & 4294967295)::oid AND objid = ($2::int4::int8 & 4294967295)::oid`, k1, k2).Scan(&pid)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0
@@ -266,7 +267,7 @@ func TestAcquire(t *testing.T) {
 		}()
 		annalstest.WaitFor(t, 10*time.Second, func() bool {
 			var n int
-			err := b.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n)
+			err := b.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
 			return err == nil && n == 1
 		})
 		b.terminate(t, holder)
@@ -299,7 +300,7 @@ func TestAcquire(t *testing.T) {
 		// The abandoned session left the queue.
 		annalstest.WaitFor(t, lossTimeout, func() bool {
 			var n int
-			err := b.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n)
+			err := b.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
 			return err == nil && n == 0
 		})
 	})

@@ -60,7 +60,7 @@ func TestPoolHooks(t *testing.T) {
 		if before.Load() != 1 || after.Load() != 1 {
 			t.Fatalf("one listener connection: BeforeConnect ran %d times, AfterConnect %d", before.Load(), after.Load())
 		}
-		if _, err := db.Pool.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'hooked-listener'`); err != nil {
+		if _, err := db.Pool.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'hooked-listener' AND datname = current_database()`); err != nil {
 			t.Fatal(err)
 		}
 		annalstest.WaitFor(t, 10*time.Second, func() bool { return l.Reconnects() > 0 && listening() })

@@ -71,7 +71,8 @@ func TestClaimBlockedOnCheckpointRow(t *testing.T) {
 	// in the claim.
 	k1, k2 := lockkey.Pair(catchup.LockKey("", "s", 0))
 	if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted
-		AND classid = ($1::int8 & 4294967295)::oid AND objid = ($2::int8 & 4294967295)::oid`, k1, k2); err != nil {
+		AND classid = ($1::int8 & 4294967295)::oid AND objid = ($2::int8 & 4294967295)::oid
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, k1, k2); err != nil {
 		t.Fatal(err)
 	}
 	claiming := func(in *instance) bool {

@@ -42,7 +42,8 @@ func TestSameEnginePartitionTakenOnce(t *testing.T) {
 	grants := func() int {
 		var n int
 		if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted
-			AND classid = ($1::int8 & 4294967295)::oid AND objid = ($2::int8 & 4294967295)::oid`, k1, k2).Scan(&n); err != nil {
+			AND classid = ($1::int8 & 4294967295)::oid AND objid = ($2::int8 & 4294967295)::oid
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, k1, k2).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n

@@ -165,7 +165,8 @@ func terminateLockHolder(t *testing.T, db *annalstest.DB, key string) {
 	var n int
 	if err := db.Pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
 		WHERE locktype = 'advisory' AND classid = ($1::int4::int8 & 4294967295)::oid
-		  AND objid = ($2::int4::int8 & 4294967295)::oid AND objsubid = 2 AND granted`, k1, k2).Scan(&n); err != nil {
+		  AND objid = ($2::int4::int8 & 4294967295)::oid AND objsubid = 2 AND granted
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, k1, k2).Scan(&n); err != nil {
 		t.Error(err)
 	} else if n != 1 {
 		t.Errorf("%d sessions held the lock %q; want 1", n, key)

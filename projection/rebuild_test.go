@@ -404,7 +404,8 @@ func TestRebuildCrashContinuedByLive(t *testing.T) {
 					// The rebuild holds the lock: end its session.
 					if _, err := h.db.Pool.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_locks
 						WHERE locktype = 'advisory' AND classid = ($1::int4::int8 & 4294967295)::oid
-						  AND objid = ($2::int4::int8 & 4294967295)::oid AND objsubid = 2 AND granted`, k1, k2); err != nil {
+						  AND objid = ($2::int4::int8 & 4294967295)::oid AND objsubid = 2 AND granted
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, k1, k2); err != nil {
 						t.Error(err)
 					}
 				}})
