@@ -359,7 +359,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	err = runner.Run(runCtx)
-	if cause := context.Cause(runCtx); ctx.Err() == nil && errors.Is(cause, ErrNoReplication) {
+	// The WAL check's abort: ErrNoReplication, or the WAL source's
+	// walsource.PermanentError.
+	if cause := context.Cause(runCtx); ctx.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
 	return err

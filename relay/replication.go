@@ -14,11 +14,12 @@ import (
 )
 
 // ErrNoReplication is matched by Run's error when Config.WAL is set, the
-// WAL source of the relay's leadership has not started streaming within
-// walStartTimeout, its replication slot is not in use, and PostgreSQL
+// WAL source of the relay's leadership has stopped for good
+// (walsource.PermanentError) or not started streaming within
+// walStartTimeout while its replication slot is not in use, and PostgreSQL
 // refuses the relay's own role a replication connection (42501 or 28000):
 // the slot could never be streamed from, and the relay would run on
-// polling, its WAL source retrying for ever.
+// polling only.
 var ErrNoReplication = errors.New("relay: the role may not stream from a replication slot")
 
 // walStartTimeout is how long a leadership's WAL source may take to start
@@ -58,12 +59,23 @@ func (r *Relay) wakeFor(abort func(error)) catchup.WakeFor {
 // watchWAL waits for w to stream, up to walStartTimeout (or the relay's
 // own setting, for tests), and returns ErrNoReplication when it has not,
 // slot is not in use, and the relay's role is refused a replication
-// connection; nil otherwise (or when ctx ends).
+// connection. When w's source stops for good before (a
+// walsource.PermanentError) it returns at once: ErrNoReplication when the
+// relay's role is refused, the source's error otherwise. nil when w
+// streams (or ctx ends).
 func (r *Relay) watchWAL(ctx context.Context, w catchup.Waker, slot string) error {
 	timeout := walStartTimeout
 	if r.walStartTimeout > 0 {
 		timeout = r.walStartTimeout
 	}
+	// A WAL source that stopped for good (walsource.PermanentError: a role
+	// without REPLICATION, wal_level below logical, ...) says so at once.
+	var stopped <-chan struct{}
+	sw, _ := w.(walsource.StoppingWaker)
+	if sw != nil {
+		stopped = sw.Stopped()
+	}
+	start := time.Now()
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
@@ -71,6 +83,13 @@ func (r *Relay) watchWAL(ctx context.Context, w catchup.Waker, slot string) erro
 		return nil
 	case <-ctx.Done():
 		return nil
+	case <-stopped:
+		// The relay's own role may be the one refused (ErrNoReplication), or
+		// the Wake's, on another pool, or the server's settings.
+		if err := r.probeReplication(ctx, time.Since(start)); err != nil {
+			return errors.WithSecondaryError(err, sw.Err())
+		}
+		return errors.Wrap(sw.Err(), "relay: the WAL source stopped")
 	case <-t.C:
 	}
 	slots, err := walsource.Slots(ctx, r.pool)

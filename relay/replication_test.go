@@ -121,3 +121,51 @@ func TestRelayWALOnAnotherPool(t *testing.T) {
 	}
 	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
 }
+
+// A WAL source that stops for good ends the relay's Run at once, without
+// waiting out the start timeout: with ErrNoReplication when the relay's own
+// role is refused replication, with the source's walsource.PermanentError
+// when the Wake's role (another pool) is refused and the relay's is not.
+func TestRelayEndsWhenItsWALSourceStops(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	appendMany(t, b.store, 2)
+	if _, err := walsource.EnsurePublication(ctx, b.db.Pool, ""); err != nil {
+		t.Fatal(err)
+	}
+	noRepl, _ := noReplicationPool(t, b)
+	for _, c := range []struct {
+		name        string
+		relay, wake *pgxpool.Pool
+		noRepl      bool
+	}{
+		{"RelaysRole", noRepl, noRepl, true},
+		{"WakesRole", b.db.Pool, noRepl, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			wake, err := walsource.NewWake(ctx, c.wake, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := relay.New(c.relay, b.nc, &relay.Config{Name: "walstop-" + c.name, Prefix: "walstop" + strings.ToLower(c.name), Stream: "WALSTOP" + strings.ToUpper(c.name), WAL: wake, RetryBackoff: 20 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			relay.SetWALCheck(r, time.Hour, nil) // only the source's stop can end Run
+			runCtx, stop := context.WithTimeout(ctx, 30*time.Second)
+			defer stop()
+			err = r.Run(runCtx)
+			var perr *walsource.PermanentError
+			switch {
+			case runCtx.Err() != nil:
+				t.Fatalf("Run with a WAL source that stopped for good: %v after its context ended", err)
+			case c.noRepl && !errors.Is(err, relay.ErrNoReplication):
+				t.Fatalf("Run: %v, want ErrNoReplication", err)
+			case !c.noRepl && (errors.Is(err, relay.ErrNoReplication) || !errors.As(err, &perr) || perr.Code != "42501"):
+				t.Fatalf("Run: %v, want the WAL source's PermanentError (42501) and not ErrNoReplication", err)
+			}
+		})
+	}
+}

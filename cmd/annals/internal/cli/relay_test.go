@@ -120,9 +120,9 @@ func TestRelayNATS(t *testing.T) {
 
 	// --wal with a role that may not stream from a slot (it has the
 	// owner's privileges but not REPLICATION, which is not inherited): a
-	// running relay ends with a clear error once its WAL source has not
-	// streamed for a while (relay.ErrNoReplication), not 42501 retried for
-	// ever. (--once never streams from the slot, so it is not checked.)
+	// running relay ends with a clear error once its WAL source stops on
+	// 42501 (relay.ErrNoReplication), not 42501 retried for ever. (--once
+	// never streams from the slot, so it is not checked.)
 	noRepl := "norepl_" + strings.TrimPrefix(db.Name, "annalstest_")
 	if _, err := db.Pool.Exec(t.Context(), "CREATE ROLE "+noRepl+" LOGIN NOREPLICATION IN ROLE "+"current_user"); err != nil {
 		t.Fatal(err)
