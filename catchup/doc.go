@@ -22,7 +22,10 @@
 // subscription relies on. When the connection is lost, the Listener
 // reconnects with backoff (100 ms doubling to 1 s, jittered); subscriptions
 // poll meanwhile, and on every (re)connect the Listener signals all of them so
-// they re-read whatever was announced while nobody listened.
+// they re-read whatever was announced while nobody listened. The same
+// connection listens to the schema's fence channel and passes each fence
+// announcement to the fenced partition's leader alone (see Announcing a
+// fence).
 //
 // # Per subscriber partition: the state machine
 //
@@ -66,8 +69,9 @@
 //	            a nil re-delivery and the next read counts no fewer released
 //	            entries: wait RetryBackoff (and warn once), READ
 //	IDLE      write a buffered checkpoint if due; wait for a signal, PollInterval,
-//	          lock loss or a handover request
-//	            signal or timeout   -> READ
+//	          an announced fence of the partition, lock loss or a handover request
+//	            signal, fence or timeout -> READ (a fence: the read finds the
+//	                                   epoch changed)
 //	            lock lost           -> RELEASE, STANDBY
 //	            handover requested  -> HANDOVER
 //	HANDOVER  (balanced subscribers) as at shutdown: finish the batch in hand,
@@ -418,7 +422,8 @@
 // it: it queues for the lock in PostgreSQL's lock queue, on a connection of
 // its own, and once pg_locks shows its request it bumps the checkpoint's
 // epoch (fencing the leader, which releases its lock at its next read or
-// commit and stands by). Queued first, it gets the lock the moment the
+// commit, at once when it waits idle: see Announcing a fence, and stands
+// by). Queued first, it gets the lock the moment the
 // leader lets go, ahead of every standby, the fenced leader included (its
 // try as a standby fails while TakeOver queues; fencing before queueing
 // left a window of a connection's set-up in which it could take the lock
@@ -428,6 +433,59 @@
 // wait ends with ErrTakeOverTimeout. The caller then Drives
 // the lease through a target position and Releases it; meanwhile every other
 // instance stands by. Package projection's Rebuild is built on it.
+//
+// TakeOver's fence and its claim each run in a transaction of their own
+// (BEGIN, the timeouts, the claim and COMMIT in one round trip) whose
+// lock_timeout and statement_timeout are 0, as its wait for the lock is
+// (advisorylock.AcquireQueued): a lock_timeout that the role or the
+// database sets as a production guard would otherwise make TakeOver fail
+// whenever the checkpoint row is held for a moment (a batch's commit in
+// flight), and a rebuild with it. The fence is bounded by TakeOver's wait,
+// the claim by its context (TestTakeOverIgnoresServerTimeouts).
+//
+// # Announcing a fence
+//
+// A leader learns that it is fenced (its checkpoint's epoch moved: a
+// TakeOver, an operator's checkpoint set, a layout replaced) when it next
+// reads or commits. A leader waiting idle for new events would learn it
+// only at its next poll (PollInterval: 1 s by default, set longer where
+// NOTIFY or the WAL wakes leaders anyway), and a TakeOver queued for its
+// lock would wait as long. So each statement that fences a leader also
+// announces the fence, in the same statement (no round trip more), on the
+// schema's fence channel "<schema>_fences" (checkpoint.FenceChannel), with
+// a digest of the subscriber and partition as the payload
+// (checkpoint.FencePayload): TakeOver's claims (ClaimAnnounced), the bumps
+// of a layout replacement (RecordLayout), and package checkpoint's Set and
+// Move (annals checkpoint set, the console). PostgreSQL delivers it when
+// the fencing transaction commits. The process's Listener LISTENs to that
+// channel on its one connection, beside the events channel, and passes
+// each announcement to the local leader of that partition alone, as a
+// signal that cuts whatever wait it is in short (idle, a stopped
+// partition's wait, a retry's backoff): it reads, finds the epoch changed,
+// releases its lock (announced) and stands by, and a TakeOver queued for
+// the lock gets it. Measured (TestFencedIdleLeaderLetsGoAtOnce, a leader
+// with a PollInterval of 30 s, -race): the idle leader lets go 5-50 ms
+// after the fence, and TakeOver completes in 30-60 ms, where it timed out
+// after 10 s before (the leader would have let go at its poll).
+//
+// The announcement reaches the leader through the engine's Listener, not
+// through its Waker, so it works whatever the Waker: package walsource's
+// wakes a leader only for events of its own partition, and a fence writes
+// no event. Alternatives considered: a NOTIFY on the events channel wakes
+// every subscription of every process for one fence, and no WAL-woken
+// leader; the lock session's LISTEN on "<schema>_locks" (release
+// announcements) would tell the session that something happened, not which
+// partition was fenced (advisorylock.Standby's Wait drops the payload), and
+// the session would have to read the epoch of every partition it leads to
+// find out; a trigger on the checkpoints table would run at every batch
+// commit.
+//
+// An announcement is a hint, like every signal: the woken leader reads its
+// epoch again (a stale one costs one read). One that is missed (an engine
+// without a Listener; a Listener reconnecting, which then signals every
+// leader, as it does for events) is noticed at the next poll, as before. A
+// lock session's claim is not announced: it took a free lock, so no leader
+// is left to tell.
 //
 // # Ephemeral subscriptions
 //

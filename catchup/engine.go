@@ -393,8 +393,8 @@ type Config struct {
 	// processed (zero when caught up), for lag metrics. Defaults to nothing.
 	OnProgress func(sub string, partition int, cursor, head int64, oldest time.Time)
 	// WakeFor, when set, makes the Waker of each live leadership (see
-	// WakeFor) in place of the engine's Listener. Defaults to nil: the
-	// Listener (NOTIFY).
+	// WakeFor) in place of the engine's Listener, which still brings the
+	// fence announcements. Defaults to nil: the Listener (NOTIFY).
 	WakeFor WakeFor
 }
 
@@ -408,6 +408,8 @@ type Engine struct {
 	cfg         Config
 	q           map[string]string
 	sessions    *sessions
+	// fenceChannel is where fences are announced (checkpoint.FenceChannel).
+	fenceChannel string
 	// archived is the newest archived position a read saw (a hint: see
 	// readBatches).
 	archived atomic.Int64
@@ -417,7 +419,10 @@ type Engine struct {
 }
 
 // NewEngine returns an Engine reading through pool. listener may be nil for
-// engines that only catch up (CatchUp); Run then polls.
+// engines that only catch up (CatchUp) or take over (TakeOver); Run then
+// polls, and a leader fenced while it waits idle notices only at its next
+// poll. With Config.WakeFor, pass a Listener all the same: it brings the
+// fence announcements (see "Announcing a fence" in the package doc).
 func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, error) {
 	if pool == nil {
 		return nil, errors.New("catchup: pool is nil")
@@ -476,7 +481,8 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 	// BeforeConnect and AfterConnect, at every dial), unless Lock names a
 	// Connect of its own.
 	c.Lock = poolconn.LockConfig(pool, lockConfig(c.Lock, c.Schema))
-	e := &Engine{pool: pool, connConfig: cc, schema: c.Schema, listener: listener, checkpoints: cps, cfg: c, q: q}
+	e := &Engine{pool: pool, connConfig: cc, schema: c.Schema, listener: listener, checkpoints: cps, cfg: c, q: q,
+		fenceChannel: checkpoint.FenceChannel(c.Schema)}
 	e.sessions = newSessions(e)
 	return e, nil
 }
@@ -706,12 +712,20 @@ func (e *Engine) release(ctx context.Context, lease *Lease) {
 func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Lease, target int64) error {
 	lost := lease.Lost()
 	live := target == math.MaxInt64
-	var signal <-chan struct{}
+	var signal, fenced <-chan struct{}
 	var waker Waker
 	if live {
 		var stopWaker func()
 		waker, stopWaker = e.waker(ctx, sub, lease)
 		defer stopWaker()
+		if e.listener != nil && !lease.Ephemeral() {
+			// An announced fence of the partition cuts every wait short, so
+			// that the next read finds the epoch changed, whatever the
+			// waker (see "Announcing a fence" in the package doc).
+			var unsubscribe func()
+			fenced, unsubscribe = e.listener.subscribeFence(sub.Name, sub.Partition)
+			defer unsubscribe()
+		}
 	}
 	if waker != nil {
 		var unsubscribe func()
@@ -768,7 +782,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		if e.cfg.ReadPool != nil {
 			d = e.cfg.ReadPollInterval
 		}
-		return e.wait(ctx, lost, signal, d)
+		return e.wait(ctx, lost, fenced, signal, d)
 	}
 	// atHead: the last batch, processed completely, was read up to the head
 	// of its snapshot, so the next read would find only what was committed
@@ -833,7 +847,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			if !live {
 				return err
 			}
-			if err := e.wait(ctx, lost, nil, e.cfg.RetryBackoff); err != nil {
+			if err := e.wait(ctx, lost, fenced, nil, e.cfg.RetryBackoff); err != nil {
 				return err
 			}
 			continue
@@ -884,7 +898,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 					e.cfg.Logger.WarnContext(ctx, "annals: released dead letters are not being re-delivered; retrying",
 						slog.String("subscriber", sub.Name), slog.Int("partition", sub.Partition), slog.Int("released", batch.Redeliveries))
 				}
-				if err := e.wait(ctx, lost, nil, e.cfg.RetryBackoff); err != nil {
+				if err := e.wait(ctx, lost, fenced, nil, e.cfg.RetryBackoff); err != nil {
 					return err
 				}
 			}
@@ -895,7 +909,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 				}
 				e.cfg.Logger.WarnContext(ctx, "annals: re-delivering dead letters failed",
 					slog.String("subscriber", sub.Name), slog.Int("partition", sub.Partition), telemetry.Err(err))
-				if err := e.wait(ctx, lost, nil, e.cfg.RetryBackoff); err != nil {
+				if err := e.wait(ctx, lost, fenced, nil, e.cfg.RetryBackoff); err != nil {
 					return err
 				}
 			} else {
@@ -908,7 +922,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			if !live {
 				return errors.Wrapf(ErrStopped, "%s/%d: %s", sub.Name, sub.Partition, batch.Stopped)
 			}
-			if err := e.wait(ctx, lost, signal, e.cfg.PollInterval); err != nil {
+			if err := e.wait(ctx, lost, fenced, signal, e.cfg.PollInterval); err != nil {
 				return err
 			}
 			continue
@@ -916,7 +930,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		if batch.Through <= cursor {
 			if !live && e.cfg.ReadPool != nil && cursor < target {
 				// The replica has not replayed through target yet: wait for it.
-				if err := e.wait(ctx, lost, nil, e.cfg.ReadPollInterval); err != nil {
+				if err := e.wait(ctx, lost, fenced, nil, e.cfg.ReadPollInterval); err != nil {
 					return err
 				}
 				continue
@@ -980,7 +994,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			e.cfg.Logger.WarnContext(ctx, "annals: batch failed; retrying",
 				slog.String("subscriber", sub.Name), slog.Int("partition", sub.Partition),
 				slog.Int64("after", cursor), telemetry.Err(err))
-			if err := e.wait(ctx, lost, nil, e.cfg.RetryBackoff); err != nil {
+			if err := e.wait(ctx, lost, fenced, nil, e.cfg.RetryBackoff); err != nil {
 				return err
 			}
 		}
@@ -1025,15 +1039,18 @@ func isFatal(err error) bool {
 		errors.Is(err, ErrEndLeadership)
 }
 
-// wait returns after d, on a signal, or with an error when the lock is lost;
-// nil when ctx ends (the caller checks ctx).
-func (e *Engine) wait(ctx context.Context, lost <-chan struct{}, signal <-chan struct{}, d time.Duration) error {
+// wait returns after d, on a signal, on an announced fence of the
+// partition (the caller's next read finds out whether it is fenced), or
+// with an error when the lock is lost; nil when ctx ends (the caller checks
+// ctx).
+func (e *Engine) wait(ctx context.Context, lost, fenced, signal <-chan struct{}, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 	case <-lost:
 		return errors.Wrap(advisorylock.ErrLost, "catchup: lock lost while waiting")
+	case <-fenced:
 	case <-signal:
 	case <-t.C:
 	}

@@ -93,7 +93,7 @@ func layoutOf(sub *Subscription) (int, string) {
 // CheckLayout records sub's partition layout (Partitions, PartitionBy) if
 // its subscriber has none, replaces it while every checkpoint of the
 // subscriber is at 0 and no rebuild owns one (fencing the leaders of the
-// old one), and
+// old one, and announcing it so that idle ones let go at once), and
 // otherwise refuses another with a *PartitionLayoutError
 // (ErrPartitionLayout). Run, CatchUp and TakeOver call it before they
 // stand by, and every claim of a checkpoint is made only while the
@@ -117,7 +117,7 @@ func (e *Engine) CheckLayout(ctx context.Context, sub *Subscription) error {
 			moved   bool
 			refused = &PartitionLayoutError{Subscriber: sub.Name, Partitions: n, PartitionBy: by, HighestPartition: -1}
 		)
-		if err := e.pool.QueryRow(ctx, e.q["RecordLayout"], sub.Name, n, by).Scan(&written, &recN, &recBy, &highest, &count, &moved); err != nil {
+		if err := e.pool.QueryRow(ctx, e.q["RecordLayout"], sub.Name, n, by, e.fenceChannel).Scan(&written, &recN, &recBy, &highest, &count, &moved); err != nil {
 			return errors.Wrapf(err, "catchup: record the partition layout of %s", sub.Name)
 		}
 		switch {
@@ -139,18 +139,74 @@ func (e *Engine) CheckLayout(ctx context.Context, sub *Subscription) error {
 	}
 }
 
-// claimLaidOut claims sub's checkpoint (its partition) for this engine on db
-// (the connection holding the partition's lock, or the pool to fence): the
-// checkpoint package's Claim, made only while the subscriber's recorded
-// layout is sub's. A layout replaced since CheckLayout refuses it with a
-// *PartitionLayoutError.
-func (e *Engine) claimLaidOut(ctx context.Context, db checkpoint.DB, sub *Subscription) (checkpoint.Checkpoint, error) {
+// claimLaidOut is TakeOver's claim of sub's checkpoint (its partition) for
+// this engine, on db: the connection holding the partition's lock, or the
+// pool (to fence the leader before the lock is taken). It is the checkpoint
+// package's Claim, made only while the subscriber's recorded layout is
+// sub's (a layout replaced since CheckLayout refuses it with a
+// *PartitionLayoutError), announced on the fence channel (so that a leader
+// waiting idle lets go at once), in a transaction of its own in which no
+// lock_timeout or statement_timeout of the server's applies: ctx alone
+// bounds the wait for a checkpoint row held elsewhere for a moment.
+func (e *Engine) claimLaidOut(ctx context.Context, db claimDB, sub *Subscription) (checkpoint.Checkpoint, error) {
 	n, by := layoutOf(sub)
-	c, err := scanClaim(sub, db.QueryRow(ctx, e.q["Claim"], sub.Name, sub.Partition, e.cfg.Owner, n, by))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return c, e.layoutRefused(ctx, db, sub)
+	return e.claimTx(ctx, db, sub, statement{sql: e.q["ClaimUnbounded"]},
+		statement{e.q["ClaimAnnounced"], []any{sub.Name, sub.Partition, e.cfg.Owner, n, by, e.fenceChannel}})
+}
+
+// claimDB is where a claim runs: a connection (the lock session's, a
+// TakeOver lock's) or the pool.
+type claimDB interface {
+	checkpoint.DB
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// statement is a statement to queue and its arguments.
+type statement struct {
+	sql  string
+	args []any
+}
+
+// claimTx runs a claim in a transaction of its own on db: BEGIN, setup
+// (which sets the transaction's timeouts), claim (which returns the
+// checkpoint row, or no row when the layout refuses it) and COMMIT, in one
+// round trip: a takeover waits for it. A claim that fails leaves no
+// transaction open on a connection (it is rolled back); a pool's
+// connection left in a failed transaction is discarded by the pool.
+func (e *Engine) claimTx(ctx context.Context, db claimDB, sub *Subscription, setup, claim statement) (checkpoint.Checkpoint, error) {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(setup.sql, setup.args...)
+	b.Queue(claim.sql, claim.args...)
+	b.Queue("COMMIT")
+	br := db.SendBatch(ctx, b)
+	var c checkpoint.Checkpoint
+	_, err := br.Exec()
+	if err == nil {
+		_, err = br.Exec()
 	}
-	return c, errors.Wrapf(err, "catchup: claim %s/%d", sub.Name, sub.Partition)
+	if err == nil {
+		c, err = scanClaim(sub, br.QueryRow())
+	}
+	noRow := errors.Is(err, pgx.ErrNoRows)
+	if err == nil || noRow {
+		if _, cerr := br.Exec(); cerr != nil {
+			err = cerr
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	switch {
+	case noRow && errors.Is(err, pgx.ErrNoRows):
+		return c, e.layoutRefused(ctx, db, sub)
+	case err != nil:
+		if conn, ok := db.(*pgx.Conn); ok {
+			rollbackOpen(ctx, conn)
+		}
+		return c, errors.Wrapf(err, "catchup: claim %s/%d", sub.Name, sub.Partition)
+	}
+	return c, nil
 }
 
 // scanClaim scans the row of sub's Claim statement (pgx.ErrNoRows: the
@@ -179,42 +235,14 @@ func (e *Engine) layoutRefused(ctx context.Context, db checkpoint.DB, sub *Subsc
 	return errors.WithStack(refused)
 }
 
-// claimBounded is claimLaidOut on the lock session's conn, in a
-// transaction whose lock_timeout is claimLockTimeout, so that a checkpoint
-// row held elsewhere holds up the lock session's poller for that long at
-// most (isClaimTimeout tells that failure apart). BEGIN, the timeout, the
-// claim and COMMIT go in one round trip: a takeover waits for it.
+// claimBounded is the lock session's claim of sub's checkpoint on conn:
+// the checkpoint package's Claim, made only while the recorded layout is
+// sub's, in a transaction whose lock_timeout is claimLockTimeout, so that a
+// checkpoint row held elsewhere holds up the lock session's poller for that
+// long at most (isClaimTimeout tells that failure apart). Not announced:
+// the partition's lock was free, so no leader is left to tell.
 func (e *Engine) claimBounded(ctx context.Context, conn *pgx.Conn, sub *Subscription) (checkpoint.Checkpoint, error) {
 	n, by := layoutOf(sub)
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(e.q["ClaimLockTimeout"], claimLockTimeoutSetting)
-	b.Queue(e.q["Claim"], sub.Name, sub.Partition, e.cfg.Owner, n, by)
-	b.Queue("COMMIT")
-	br := conn.SendBatch(ctx, b)
-	var c checkpoint.Checkpoint
-	_, err := br.Exec()
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if err == nil {
-		c, err = scanClaim(sub, br.QueryRow())
-	}
-	noRow := errors.Is(err, pgx.ErrNoRows)
-	if err == nil || noRow {
-		if _, cerr := br.Exec(); cerr != nil {
-			err = cerr
-		}
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	switch {
-	case noRow && errors.Is(err, pgx.ErrNoRows):
-		return c, e.layoutRefused(ctx, conn, sub)
-	case err != nil:
-		rollbackOpen(ctx, conn)
-		return c, errors.Wrapf(err, "catchup: claim %s/%d", sub.Name, sub.Partition)
-	}
-	return c, nil
+	return e.claimTx(ctx, conn, sub, statement{e.q["ClaimLockTimeout"], []any{claimLockTimeoutSetting}},
+		statement{e.q["Claim"], []any{sub.Name, sub.Partition, e.cfg.Owner, n, by}})
 }

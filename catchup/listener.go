@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/internal/poolconn"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/telemetry"
@@ -25,15 +26,22 @@ import (
 // the connection is lost, Listener reconnects with backoff and, once it
 // listens again, signals every subscription so that none waits for a
 // notification sent while nobody listened.
+//
+// The same connection listens to the schema's fence channel
+// (checkpoint.FenceChannel) and passes each announcement to the engine's
+// leader of the fenced partition only, whatever wakes that leader for new
+// events (see "Announcing a fence" in the package documentation).
 type Listener struct {
-	connConfig *pgx.ConnConfig
-	connect    poolconn.ConnectFunc
-	channel    string
-	logger     *slog.Logger
+	connConfig   *pgx.ConnConfig
+	connect      poolconn.ConnectFunc
+	channel      string
+	fenceChannel string
+	logger       *slog.Logger
 
 	mu        sync.Mutex
 	subs      map[chan struct{}]struct{}
-	listening chan struct{} // closed while LISTEN is active; replaced on loss
+	fences    map[string]map[chan struct{}]struct{} // by checkpoint.FencePayload
+	listening chan struct{}                         // closed while LISTEN is active; replaced on loss
 	up        bool
 
 	reconnects atomic.Int64
@@ -73,12 +81,14 @@ func newListener(connConfig *pgx.ConnConfig, connect poolconn.ConnectFunc, schem
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	return &Listener{
-		connConfig: connConfig.Copy(),
-		connect:    connect,
-		channel:    schemaname.Channel(schema),
-		logger:     logger,
-		subs:       map[chan struct{}]struct{}{},
-		listening:  make(chan struct{}),
+		connConfig:   connConfig.Copy(),
+		connect:      connect,
+		channel:      schemaname.Channel(schema),
+		fenceChannel: checkpoint.FenceChannel(schema),
+		logger:       logger,
+		subs:         map[chan struct{}]struct{}{},
+		fences:       map[string]map[chan struct{}]struct{}{},
+		listening:    make(chan struct{}),
 	}, nil
 }
 
@@ -96,6 +106,30 @@ func (l *Listener) Subscribe() (<-chan struct{}, func()) {
 	}
 }
 
+// subscribeFence returns a channel that receives a (coalesced) signal
+// whenever the fence of subscriber's partition is announced, and at every
+// (re)connect and loss of the connection (an announcement may have been
+// missed), and a function that unsubscribes. A signal is a hint: the
+// leader reads its checkpoint's epoch again.
+func (l *Listener) subscribeFence(subscriber string, partition int) (<-chan struct{}, func()) {
+	key := checkpoint.FencePayload(subscriber, partition)
+	ch := make(chan struct{}, 1)
+	l.mu.Lock()
+	if l.fences[key] == nil {
+		l.fences[key] = map[chan struct{}]struct{}{}
+	}
+	l.fences[key][ch] = struct{}{}
+	l.mu.Unlock()
+	return ch, func() {
+		l.mu.Lock()
+		delete(l.fences[key], ch)
+		if len(l.fences[key]) == 0 {
+			delete(l.fences, key)
+		}
+		l.mu.Unlock()
+	}
+}
+
 // Listening returns a channel that is closed while the listener's LISTEN is
 // active. After a loss, a new (open) channel is returned until it is back.
 func (l *Listener) Listening() <-chan struct{} {
@@ -107,14 +141,40 @@ func (l *Listener) Listening() <-chan struct{} {
 // Reconnects returns how many times the listener has had to reconnect.
 func (l *Listener) Reconnects() int64 { return l.reconnects.Load() }
 
-func (l *Listener) broadcast() {
+// broadcast signals every subscription; with fences, every fence
+// subscription too (the connection was lost or is back: an announcement
+// may have been missed).
+func (l *Listener) broadcast(fences bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for ch := range l.subs {
-		select {
-		case ch <- struct{}{}:
-		default: // a signal is pending already: coalesced
+		poke(ch)
+	}
+	if fences {
+		for _, chs := range l.fences {
+			for ch := range chs {
+				poke(ch)
+			}
 		}
+	}
+}
+
+// fenced signals the fence subscriptions of the partition whose
+// checkpoint.FencePayload is key.
+func (l *Listener) fenced(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for ch := range l.fences[key] {
+		poke(ch)
+	}
+}
+
+// poke sends on ch (of capacity 1) unless a signal is pending already:
+// coalesced.
+func poke(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 }
 
@@ -150,7 +210,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		l.logger.WarnContext(ctx, "annals: listener connection lost; reconnecting",
 			slog.String("channel", l.channel), telemetry.Err(err), slog.Duration("backoff", backoff))
 		// Subscriptions fall back to polling meanwhile; wake them to re-read now.
-		l.broadcast()
+		l.broadcast(true)
 		d := backoff/2 + rand.N(backoff/2+1)
 		select {
 		case <-ctx.Done():
@@ -174,15 +234,21 @@ func (l *Listener) listen(ctx context.Context) (wasUp bool, err error) {
 		return false, errors.Wrap(err, "catchup: connect listener")
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()); err != nil {
+	// Both channels in one round trip (one simple-protocol query).
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()+"; LISTEN "+pgx.Identifier{l.fenceChannel}.Sanitize()); err != nil {
 		return false, errors.Wrap(err, "catchup: LISTEN")
 	}
 	l.setUp(true)
-	l.broadcast() // anything committed before LISTEN took effect: re-read
+	l.broadcast(true) // anything committed before LISTEN took effect: re-read
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
 			return true, errors.Wrap(err, "catchup: wait for notification")
 		}
-		l.broadcast()
+		if n.Channel == l.fenceChannel {
+			l.fenced(n.Payload)
+			continue
+		}
+		l.broadcast(false)
 	}
 }

@@ -213,11 +213,14 @@ SELECT set_config('synchronous_commit', 'off', true)
 
 -- name: RecordLayout
 -- $1 subscriber, $2 partitions, $3 partition key (canonical: see
--- layoutOf). Records the subscriber's layout when it has none and its
--- checkpoints allow it, or replaces it while every checkpoint of the
--- subscriber is at 0 (nothing was processed: a first run with a mistaken
--- layout, or every partition reset), bumping every checkpoint's
--- epoch so that leaders of the old layout are fenced. A subscriber that ran
+-- layoutOf), $4 the fence channel. Records the subscriber's layout when it
+-- has none and its checkpoints allow it, or replaces it while every
+-- checkpoint of the subscriber is at 0 (nothing was processed: a first run
+-- with a mistaken layout, or every partition reset), bumping every
+-- checkpoint's epoch so that leaders of the old layout are fenced, and
+-- announcing each bump on the fence channel (checkpoint.FencePayload; the
+-- RETURNING of a data-modifying CTE is computed for every row even though
+-- nothing reads it), so that an idle one lets go at once. A subscriber that ran
 -- before layouts were recorded (migration 0022) has a checkpoint for each
 -- partition it claimed: with no gap (0..k) its count was k+1; with gaps (a
 -- first run interrupted, checkpoints created by hand) it had more than its
@@ -245,7 +248,8 @@ ins AS (
     RETURNING l.xmax::text <> '0' AS replaced),
 bump AS (
     UPDATE {{.Schema}}.checkpoints c SET epoch = c.epoch + 1, owner = NULL, updated_at = clock_timestamp()
-     WHERE c.subscriber_id = $1 AND EXISTS (SELECT 1 FROM ins WHERE ins.replaced))
+     WHERE c.subscriber_id = $1 AND EXISTS (SELECT 1 FROM ins WHERE ins.replaced)
+    RETURNING pg_catalog.pg_notify($4::text, pg_catalog.md5(pg_catalog.convert_to(c.subscriber_id || ':' || c.partition::text, 'UTF8'))))
 SELECT EXISTS (SELECT 1 FROM ins), l.partitions, l.partition_by, cp.highest, cp.n, cp.moved
   FROM cp LEFT JOIN {{.Schema}}.subscriber_layouts l ON l.subscriber_id = $1;
 
@@ -262,6 +266,31 @@ SELECT $1, $2, 0, 1, $3
 ON CONFLICT (subscriber_id, partition) DO UPDATE
    SET epoch = c.epoch + 1, owner = EXCLUDED.owner, updated_at = clock_timestamp()
 RETURNING position, epoch, owner, updated_at;
+
+-- name: ClaimAnnounced
+-- Claim, announced on the fence channel $6 (checkpoint.FencePayload) when
+-- it claims: TakeOver's claims, which fence a leader that may be waiting
+-- idle for new events (see "Announcing a fence" in the package doc). The
+-- notification is delivered when the claim's transaction commits.
+WITH claimed AS (
+    INSERT INTO {{.Schema}}.checkpoints AS c (subscriber_id, partition, position, epoch, owner)
+    SELECT $1, $2, 0, 1, $3
+     WHERE EXISTS (SELECT 1 FROM {{.Schema}}.subscriber_layouts l
+                    WHERE l.subscriber_id = $1 AND l.partitions = $4 AND l.partition_by = $5)
+    ON CONFLICT (subscriber_id, partition) DO UPDATE
+       SET epoch = c.epoch + 1, owner = EXCLUDED.owner, updated_at = clock_timestamp()
+    RETURNING position, epoch, owner, updated_at)
+SELECT cl.position, cl.epoch, cl.owner, cl.updated_at
+  FROM claimed cl, pg_catalog.pg_notify($6::text, pg_catalog.md5(pg_catalog.convert_to($1::text || ':' || $2::int::text, 'UTF8'))) n;
+
+-- name: ClaimUnbounded
+-- The timeouts of TakeOver's claims, for their transaction only: no
+-- lock_timeout or statement_timeout of the role's or the database's (a
+-- production guard meant for application statements) cuts a claim short
+-- while the checkpoint row is held for a moment (a batch's commit in
+-- flight); the caller's context bounds it, as it bounds the wait for the
+-- lock (advisorylock's WaitUnbounded).
+SELECT pg_catalog.set_config('lock_timeout', '0', true), pg_catalog.set_config('statement_timeout', '0', true);
 
 -- name: ClaimLockTimeout
 -- The lock_timeout ($1) of a claim on the lock session, for its transaction

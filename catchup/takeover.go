@@ -39,11 +39,15 @@ const takeOverQueuedWait = 2 * time.Second
 // fails while someone queues), and once pg_locks shows its request, it
 // fences the current leader by bumping the checkpoint's epoch (as an
 // operator's checkpoint set does: the leader notices at its next read or
-// commit, releases its lock and stands by). In that order the fenced leader
+// commit, releases its lock and stands by) and announcing it on the fence
+// channel (a leader waiting idle for events is woken by its Listener and
+// notices at once, not at its next poll). In that order the fenced leader
 // cannot take the lock back as a standby when it lets go. If a standby that
 // held the lock before TakeOver queued claims after the fence, TakeOver
-// fences again. It gives up with ErrTakeOverTimeout after wait (and when
-// ctx ends, with ctx's error).
+// fences again. The fence and the claim ignore the server's lock_timeout
+// and statement_timeout, as the wait for the lock does: a checkpoint row
+// held for a moment delays them, it does not fail them. It gives up with
+// ErrTakeOverTimeout after wait (and when ctx ends, with ctx's error).
 func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Duration) (*Lease, error) {
 	if err := e.validate(sub); err != nil {
 		return nil, err
@@ -121,7 +125,8 @@ func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Dura
 		case <-queued.C:
 		}
 	}
-	// Fence whoever leads: its next read or commit fails.
+	// Fence whoever leads, announced: its next read or commit fails, and an
+	// idle leader reads at once.
 	fenced, err := e.claimLaidOut(qctx, e.pool, sub)
 	if err != nil {
 		if qctx.Err() != nil {

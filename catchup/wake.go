@@ -5,7 +5,10 @@ import "context"
 // Waker wakes led subscriptions when the head may have moved. Signals are
 // coalesced and never trusted as data: a woken subscription re-reads from
 // its cursor. *Listener (NOTIFY) is the default Waker; package walsource
-// offers one fed by logical replication.
+// offers one fed by logical replication. A Waker need not wake a leader
+// whose checkpoint was fenced: the engine's Listener, whatever the Waker,
+// passes fence announcements to the fenced partition's leader (see
+// "Announcing a fence" in the package documentation).
 type Waker interface {
 	// Subscribe returns a channel that receives a (coalesced) signal whenever
 	// the head may have moved, and a function that unsubscribes.

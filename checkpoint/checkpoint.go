@@ -2,7 +2,10 @@ package checkpoint
 
 import (
 	"context"
+	"crypto/md5"
 	_ "embed"
+	"encoding/hex"
+	"strconv"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -53,7 +56,29 @@ type Checkpoint struct {
 
 // Store runs the checkpoint statements for one schema.
 type Store struct {
-	q map[string]string
+	q       map[string]string
+	channel string // FenceChannel
+}
+
+// FenceChannel returns the NOTIFY channel on which the statements that
+// fence a leader of a subscriber partition in schema (an operator's Set and
+// Move, package catchup's TakeOver and layout replacement) announce it,
+// with FencePayload as the payload. Package catchup's Listener listens to
+// it, so that a leader waiting idle for new events lets go at once instead
+// of at its next poll. The name is the schema's followed by "_fences" (at
+// most 63 bytes, PostgreSQL's limit, for the longest schema name allowed).
+func FenceChannel(schema string) string { return schemaname.Or(schema) + "_fences" }
+
+// FencePayload returns the payload of a fence announcement of partition
+// part of subscriber sub: the hex MD5 of the UTF-8 bytes of
+// "subscriber:partition", which SQL computes as
+// md5(convert_to(subscriber || ':' || partition, 'UTF8')). A digest, not
+// the name: a NOTIFY payload is limited to 8000 bytes, and a subscriber
+// name is not. An announcement is a hint, never data: a leader that gets
+// it reads its checkpoint's epoch again.
+func FencePayload(sub string, part int) string {
+	sum := md5.Sum([]byte(sub + ":" + strconv.Itoa(part)))
+	return hex.EncodeToString(sum[:])
 }
 
 // New returns a Store for the schema (default "annals").
@@ -66,7 +91,7 @@ func New(schema string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{q: q}, nil
+	return &Store{q: q, channel: FenceChannel(schema)}, nil
 }
 
 func validate(sub string, part int) error {
@@ -143,7 +168,7 @@ func (s *Store) Set(ctx context.Context, db DB, sub string, part int, position i
 	}
 	c := Checkpoint{Subscriber: sub, Partition: part}
 	var o *string
-	err := db.QueryRow(ctx, s.q["Set"], sub, part, position).Scan(&c.Position, &c.Epoch, &o, &c.UpdatedAt)
+	err := db.QueryRow(ctx, s.q["Set"], sub, part, position, s.channel).Scan(&c.Position, &c.Epoch, &o, &c.UpdatedAt)
 	return c, errors.Wrapf(err, "checkpoint: set %s/%d", sub, part)
 }
 
@@ -183,7 +208,7 @@ func (s *Store) Move(ctx context.Context, db DB, sub string, part int, position 
 	}
 	m := Moved{Before: Checkpoint{Subscriber: sub, Partition: part}, After: Checkpoint{Subscriber: sub, Partition: part}}
 	var bo, ao *string
-	err := db.QueryRow(ctx, s.q["Move"], sub, part, position).Scan(&m.Before.Position, &m.Before.Epoch, &bo, &m.Before.UpdatedAt,
+	err := db.QueryRow(ctx, s.q["Move"], sub, part, position, s.channel).Scan(&m.Before.Position, &m.Before.Epoch, &bo, &m.Before.UpdatedAt,
 		&m.After.Position, &m.After.Epoch, &ao, &m.After.UpdatedAt, &m.DeadLettersSettled)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Moved{}, errors.Wrapf(ErrNotFound, "checkpoint %s/%d", sub, part)

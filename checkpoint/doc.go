@@ -14,6 +14,14 @@
 // Commit rolls their writes back too. An operator's Set also bumps the epoch,
 // so a running leader stops and re-reads instead of overwriting it.
 //
+// A leader learns of a fence when it next reads or writes. One waiting idle
+// for new events would learn of it only at its next poll, so Set and Move
+// announce the bump on FenceChannel (payload FencePayload), in the same
+// statement, delivered when the caller's transaction commits; package
+// catchup's Listener passes it to the partition's leader, which reads at
+// once, finds the epoch changed and lets go. The announcement is a hint:
+// the epoch stays the fence.
+//
 // Commit never moves a checkpoint backwards (greatest(old, new)).
 //
 // # An operator's move

@@ -19,11 +19,17 @@ UPDATE {{.Schema}}.checkpoints
 RETURNING position;
 
 -- name: Set
-INSERT INTO {{.Schema}}.checkpoints AS c (subscriber_id, partition, position, epoch, owner)
-VALUES ($1, $2, $3, 1, NULL)
-ON CONFLICT (subscriber_id, partition) DO UPDATE
-   SET position = EXCLUDED.position, epoch = c.epoch + 1, owner = NULL, updated_at = clock_timestamp()
-RETURNING position, epoch, owner, updated_at;
+-- $4 is the fence channel (FenceChannel): the epoch's bump is announced
+-- there with FencePayload's digest, delivered when the caller's
+-- transaction commits, so that a leader waiting idle lets go at once.
+WITH written AS (
+    INSERT INTO {{.Schema}}.checkpoints AS c (subscriber_id, partition, position, epoch, owner)
+    VALUES ($1, $2, $3, 1, NULL)
+    ON CONFLICT (subscriber_id, partition) DO UPDATE
+       SET position = EXCLUDED.position, epoch = c.epoch + 1, owner = NULL, updated_at = clock_timestamp()
+    RETURNING position, epoch, owner, updated_at)
+SELECT w.position, w.epoch, w.owner, w.updated_at
+  FROM written w, pg_catalog.pg_notify($4::text, pg_catalog.md5(pg_catalog.convert_to($1::text || ':' || $2::int::text, 'UTF8'))) n;
 
 -- name: List
 SELECT subscriber_id, partition, position, epoch, owner, updated_at
@@ -36,7 +42,8 @@ SELECT subscriber_id, partition, position, epoch, owner, updated_at
 -- epoch, and when it moves back, settle the partition's dead letters after
 -- $3 (also those an operator skipped) as resolved, since their events are
 -- delivered again (one that fails again is open again), as a rebuild
--- settles them. No row (no checkpoint): no row returned.
+-- settles them, and announce the fence on $4 (as Set does). No row (no
+-- checkpoint): no row returned, nothing announced.
 WITH old AS (
     SELECT position, epoch, owner, updated_at
       FROM {{.Schema}}.checkpoints
@@ -47,7 +54,8 @@ moved AS (
        SET position = $3, epoch = c.epoch + 1, owner = NULL, updated_at = clock_timestamp()
       FROM old
      WHERE c.subscriber_id = $1 AND c.partition = $2
-    RETURNING c.position, c.epoch, c.owner, c.updated_at),
+    RETURNING c.position, c.epoch, c.owner, c.updated_at,
+              pg_catalog.pg_notify($4::text, pg_catalog.md5(pg_catalog.convert_to($1::text || ':' || $2::int::text, 'UTF8')))),
 settled AS (
     UPDATE {{.Schema}}.dead_letters AS d
        SET status = 'resolved', updated_at = clock_timestamp()
