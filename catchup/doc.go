@@ -227,6 +227,15 @@
 // handover, and an under-target member only takes free partitions, so no
 // partition is taken away from a live leader except by its own handover.
 //
+// When only the lock session ends and its process lives (the session was
+// terminated, the connection cut), that member's poller opens a new
+// session and takes a member slot again at once, so N does not drop and
+// the member is owed what it held: its partitions stand by again at once
+// (not after RetryBackoff), and it takes them back within a poll of its
+// new session (18 ms in the projection package's three-member test,
+// against ~265 ms when they waited out RetryBackoff and the orphan rule
+// below handed them elsewhere).
+//
 // The deficit argument assumes every live member takes what it is owed. A
 // member can hold its slot and yet not stand by for a partition it is owed:
 // its goroutine for it is still inside a batch of a leadership it lost (the

@@ -582,6 +582,15 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 			continue
 		}
 		log.WarnContext(ctx, "annals: stopped leading", slog.Int64("epoch", lease.Epoch), telemetry.Err(err))
+		if lease.shared != nil && errors.Is(err, advisorylock.ErrLost) {
+			// The lock session ended (killed, or the server restarted): the
+			// poller opens a new one, paced by its own back-off, and this
+			// partition stands by again at once. A pause here left it (and,
+			// balanced, every partition owed to this member, whose new
+			// session holds a member slot at once) without a leader until
+			// the orphan rule gave it to another member, ~250 ms later.
+			continue
+		}
 		sleep(ctx, jitter(e.cfg.RetryBackoff))
 	}
 	return nil

@@ -3,6 +3,7 @@ package catchup_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,11 +38,20 @@ type instance struct {
 
 func startInstance(t *testing.T, db *annalstest.DB, name string, cfg catchup.Config) *instance {
 	t.Helper()
+	return startInstanceWith(t, db, name, cfg, nil)
+}
+
+// startInstanceWith is startInstance whose pool's config edit changes first.
+func startInstanceWith(t *testing.T, db *annalstest.DB, name string, cfg catchup.Config, edit func(*pgxpool.Config)) *instance {
+	t.Helper()
 	pc, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pc.ConnConfig.RuntimeParams["application_name"] = name
+	if edit != nil {
+		edit(pc)
+	}
 	pool, err := pgxpool.NewWithConfig(t.Context(), pc)
 	if err != nil {
 		t.Fatal(err)
@@ -166,8 +176,17 @@ func TestStandbyOneSessionForAllPartitions(t *testing.T) {
 	t.Parallel()
 	const n = 6
 	db := annalstest.NewDB(t, nil)
-	// The leader, once its locks are gone, stays away (RetryBackoff).
-	a := startInstance(t, db, "a", catchup.Config{RetryBackoff: time.Minute})
+	// The leader, once its locks are gone, stays away: it cannot connect
+	// again (its BeforeConnect refuses), and backs off for a minute.
+	var refuse atomic.Bool
+	a := startInstanceWith(t, db, "a", catchup.Config{RetryBackoff: time.Minute}, func(pc *pgxpool.Config) {
+		pc.BeforeConnect = func(context.Context, *pgx.ConnConfig) error {
+			if refuse.Load() {
+				return errors.New("a may not connect again")
+			}
+			return nil
+		}
+	})
 	a.run(t, n)
 	waitLeads(t, db, a, n, nil, 10*time.Second)
 	b := startInstance(t, db, "b", catchup.Config{})
@@ -180,6 +199,7 @@ func TestStandbyOneSessionForAllPartitions(t *testing.T) {
 		time.Sleep(30 * time.Millisecond)
 	}
 	_, before := owners(t, db, n)
+	refuse.Store(true)
 	// a holds its n locks on one session: pg_terminate_backend of it frees
 	// all of them at once, and b wins several locks in one poll.
 	var killed int
