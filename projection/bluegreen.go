@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,8 +46,16 @@ type BlueGreen struct {
 	// a new generation, replays into it beside the live one and cuts over
 	// when it has caught up. Instances of this version cooperate (the
 	// generation's subscriber lock elects one to replay each partition).
+	// It does not build a version again that was live and rolled back
+	// (Rollback), nor while a generation of a newer version is building.
 	// Defaults to false: such a runner only waits for someone to run
 	// Runner.RebuildBlueGreen.
+	//
+	// No cut-over moves readers to an older version than the live
+	// generation's (only Rollback does): a building generation of an older
+	// version (a straggling instance of the previous deploy, an interrupted
+	// rebuild) is retired without going live, with a warning (see
+	// ErrCutoverOlderVersion).
 	AutoRebuild bool
 	// Retention is how long a retired generation is kept for rollback
 	// before a runner drops its schema. Negative: never dropped
@@ -89,8 +98,9 @@ func (b BlueGreen) withDefaults() BlueGreen {
 type GenerationState string
 
 // The states of a generation: building (replaying, readers do not see it),
-// live (readers see it), retired (kept for rollback, no longer updated),
-// dropped (its schema is gone).
+// live (readers see it), retired (kept for rollback, no longer updated; or,
+// with no LiveSince, set aside before it went live because a newer version
+// went live first), dropped (its schema is gone).
 const (
 	GenerationBuilding GenerationState = "building"
 	GenerationLive     GenerationState = "live"
@@ -173,7 +183,72 @@ var (
 	// annals dlq skip (a deliberate choice to do without them), with
 	// --subscriber <name>#g<N>.
 	ErrCutoverDeadLetters = errors.New("projection: the new generation has unresolved dead letters")
+	// ErrCutoverOlderVersion is returned by a cut-over (and by
+	// Runner.RebuildBlueGreen) whose generation is of an older
+	// BlueGreen.Version than the live generation's: readers are never moved
+	// back a version by a cut-over (a straggling instance of an earlier
+	// deploy, an interrupted rebuild finishing late). The generation is
+	// retired without going live (its LiveSince stays nil), so that nothing
+	// runs or retries it; the live one is untouched. Going back to an older
+	// read model is Rollback's job, or a deploy of the older code under a
+	// newer Version.
+	ErrCutoverOlderVersion = errors.New("projection: the new generation's version is older than the live generation's")
 )
+
+// olderThanLive returns the live generation of gens when gen is building
+// and of an older version than it: a cut-over must not make gen live.
+func olderThanLive(gens []Generation, gen Generation) (Generation, bool) {
+	l := live(gens)
+	if l == nil || gen.State != GenerationBuilding || gen.Version >= l.Version {
+		return Generation{}, false
+	}
+	return *l, true
+}
+
+// abandon retires building generation gen, never live, because generation
+// l, of a newer version, is live (olderThanLive), in tx, which holds the
+// generations lock: its checkpoints are stopped with the reason returned
+// (the epoch bump fences a leader replaying it), the runners of its version
+// stop running it, and its schema is dropped after BlueGreen.Retention
+// like any retired generation's. Its LiveSince stays nil, which tells it
+// from a generation rolled back from.
+func (g *generations) abandon(ctx context.Context, tx pgx.Tx, name string, gen, l Generation) (string, error) {
+	reason := fmt.Sprintf("annals: generation %d (version %d) retired before it went live: generation %d, of the newer version %d, "+
+		"is live, and a cut-over never moves readers back to an older version (Rollback does, on purpose)",
+		gen.Generation, gen.Version, l.Generation, l.Version)
+	if _, err := tx.Exec(ctx, g.q["RetireCheckpoints"], gen.Subscriber, reason); err != nil {
+		return "", errors.Wrapf(err, "projection %q: stop generation %d", name, gen.Generation)
+	}
+	if _, err := tx.Exec(ctx, g.q["MarkRetired"], name, gen.Generation); err != nil {
+		return "", errors.Wrapf(err, "projection %q: retire generation %d", name, gen.Generation)
+	}
+	return reason, nil
+}
+
+// logAbandoned says that gen was retired by abandon, and why.
+func (r *Runner) logAbandoned(ctx context.Context, name string, gen, l Generation, reason string) {
+	r.cfg.Logger.WarnContext(ctx, "annals: blue/green: a building generation of an older version than the live one was retired, not cut over",
+		slog.String("projection", name), slog.Int("generation", gen.Generation), slog.Int("version", gen.Version),
+		slog.Int("live_generation", l.Generation), slog.Int("live_version", l.Version), slog.String("why", reason))
+}
+
+// overtaken returns ErrCutoverOlderVersion, wrapped, when generation gen
+// of a rebuild was retired before it went live because a newer version is
+// live (abandon), and nil otherwise (or when the generations cannot be
+// read): it says why a rebuild lost its generation.
+func (r *Runner) overtaken(ctx context.Context, g *generations, name string, gen Generation) error {
+	gens, err := g.list(context.WithoutCancel(ctx), r.pool, name)
+	if err != nil {
+		return nil
+	}
+	x, ok := generationOf(gens, gen.Subscriber)
+	l := live(gens)
+	if !ok || x.State != GenerationRetired || x.LiveSince != nil || l == nil || l.Version <= x.Version {
+		return nil
+	}
+	return errors.Wrapf(ErrCutoverOlderVersion, "projection: blue/green rebuild %q: generation %d (version %d) was retired before it went live: "+
+		"generation %d, of the newer version %d, is live", name, x.Generation, x.Version, l.Generation, l.Version)
+}
 
 // deadLetterWait is what a new generation's unresolved dead letters are.
 type deadLetterWait struct {
@@ -380,23 +455,47 @@ func (r *Runner) createGeneration(ctx context.Context, tx pgx.Tx, g *generations
 // ensureGenerations creates what this runner's version needs: the first
 // generation (live at once: there is nothing older to serve) when the
 // projection has none, or with AutoRebuild a building generation when the
-// live one is older and no generation of this version or a newer one
-// exists (once rolled back, a version is not rebuilt by itself again). It
-// returns the generations.
+// live one is older and nothing blocks it (rebuildBlocker: once rolled
+// back, a version is not rebuilt by itself again). A building generation
+// of this version while a newer version is live is retired (abandon): it
+// must never be cut over. It returns the generations.
 func (r *Runner) ensureGenerations(ctx context.Context, g *generations, name string, bg *blueGreenReg) ([]Generation, error) {
 	gens, err := g.list(ctx, r.pool, name)
 	if err != nil {
 		return nil, err
 	}
-	if !r.wantsGeneration(gens, bg) {
+	if !r.staleBuilding(gens, bg) && !r.wantsGeneration(gens, bg) {
 		return gens, nil
 	}
+	type abandoned struct {
+		gen, live Generation
+		reason    string
+	}
+	var retired []abandoned
 	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		retired = nil
 		if err := g.lock(ctx, tx, name); err != nil {
 			return err
 		}
-		if gens, err = g.list(ctx, tx, name); err != nil || !r.wantsGeneration(gens, bg) {
+		if gens, err = g.list(ctx, tx, name); err != nil {
 			return err
+		}
+		for _, x := range gens {
+			if l, stale := olderThanLive(gens, x); stale && x.Version == bg.cfg.Version {
+				reason, err := g.abandon(ctx, tx, name, x, l)
+				if err != nil {
+					return err
+				}
+				retired = append(retired, abandoned{gen: x, live: l, reason: reason})
+			}
+		}
+		if len(retired) > 0 {
+			if gens, err = g.list(ctx, tx, name); err != nil {
+				return err
+			}
+		}
+		if !r.wantsGeneration(gens, bg) {
+			return nil
 		}
 		state := GenerationBuilding
 		if len(gens) == 0 {
@@ -408,7 +507,19 @@ func (r *Runner) ensureGenerations(ctx context.Context, g *generations, name str
 	if err != nil {
 		return nil, err
 	}
+	for _, x := range retired {
+		r.logAbandoned(ctx, name, x.gen, x.live, x.reason)
+	}
 	return g.list(ctx, r.pool, name)
+}
+
+// staleBuilding reports whether a generation of bg's version is building
+// while a newer version is live.
+func (r *Runner) staleBuilding(gens []Generation, bg *blueGreenReg) bool {
+	return slices.ContainsFunc(gens, func(x Generation) bool {
+		_, stale := olderThanLive(gens, x)
+		return stale && x.Version == bg.cfg.Version
+	})
 }
 
 func (r *Runner) wantsGeneration(gens []Generation, bg *blueGreenReg) bool {
@@ -419,12 +530,54 @@ func (r *Runner) wantsGeneration(gens []Generation, bg *blueGreenReg) bool {
 	if !bg.cfg.AutoRebuild || l == nil || l.Version >= bg.cfg.Version {
 		return false
 	}
-	for _, x := range gens {
-		if x.Version >= bg.cfg.Version {
-			return false
+	_, _, blocked := rebuildBlocker(gens, bg.cfg.Version)
+	return !blocked
+}
+
+// rebuildBlocker returns the generation that keeps AutoRebuild from
+// building version v while an older version is live, and why: the newest
+// generation of version v or a newer one that is building, or that was
+// live and left it by a rollback. Generations of those versions that do
+// not block it: one retired before it went live (abandon: a newer version
+// was live then), and one that a cut-over replaced (cutOverFrom): the
+// generation that replaced it decides if it is of version v or newer, and
+// a cut-over to an older version (which annals made before it refused
+// them) rolled nothing back.
+func rebuildBlocker(gens []Generation, v int) (Generation, string, bool) {
+	for i := len(gens) - 1; i >= 0; i-- {
+		x := gens[i]
+		if x.Version < v {
+			continue
+		}
+		switch {
+		case x.State == GenerationBuilding || x.State == GenerationLive:
+			return x, fmt.Sprintf("generation %d, of version %d, is %s", x.Generation, x.Version, x.State), true
+		case x.LiveSince == nil:
+			continue
+		}
+		if _, replaced := cutOverFrom(gens, x); replaced {
+			continue
+		}
+		return x, fmt.Sprintf("version %d (generation %d) was live and rolled back (projections rollback)", x.Version, x.Generation), true
+	}
+	return Generation{}, "", false
+}
+
+// cutOverFrom returns the generation whose cut-over retired x, which is
+// retired or dropped: the one that records x as Replaced and went live no
+// earlier than x was retired (a cut-over retires the old generation and
+// makes the new one live in one transaction, in that order). A generation
+// that none such replaced was retired by a rollback.
+func cutOverFrom(gens []Generation, x Generation) (Generation, bool) {
+	if x.RetiredAt == nil {
+		return Generation{}, false
+	}
+	for _, y := range gens {
+		if y.Replaced != nil && *y.Replaced == x.Generation && y.LiveSince != nil && !x.RetiredAt.After(*y.LiveSince) {
+			return y, true
 		}
 	}
-	return true
+	return Generation{}, false
 }
 
 // generationProjection runs a projection's handlers in a generation's
@@ -488,12 +641,20 @@ func (r *Runner) generationSubs(reg *registration, g *generations, gen Generatio
 // reached the old one's highest position; else it points the reader views
 // at the new schema, stops and fences the old generation where it is, and
 // flips the states. A generation that is no longer building (another
-// process cut over) returns a Cutover with To = 0.
+// process cut over) returns a Cutover with To = 0. A generation of an older
+// version than the live one's is never made live: it is retired in the
+// same transaction (abandon, under the generations lock, so that two
+// racing cut-overs see each other's result) and the cut-over fails with
+// ErrCutoverOlderVersion.
 func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, partitions int, lockTimeout time.Duration,
 	catchUp func(ctx context.Context, from, target int64) error) (Cutover, error) {
 	c := Cutover{Projection: name, To: to, Attempts: 1}
 	start := time.Now()
+	var stale *Generation // the live generation, newer than generation to
+	var abandoned Generation
+	var reason string
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		stale = nil
 		if _, err := tx.Exec(ctx, g.q["LockTimeout"], strconv.FormatInt(lockTimeout.Milliseconds(), 10)+"ms"); err != nil {
 			return err
 		}
@@ -512,6 +673,15 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, p
 		}
 		if next == nil || next.State != GenerationBuilding {
 			c.To = 0
+			return nil
+		}
+		// Readers never go back a version by a cut-over: the generation is
+		// set aside for good, so that nothing runs or retries it.
+		if l, older := olderThanLive(gens, *next); older {
+			if reason, err = g.abandon(ctx, tx, name, *next, l); err != nil {
+				return err
+			}
+			stale, abandoned, c.From = &l, *next, l.Generation
 			return nil
 		}
 		// A generation with unresolved dead letters lacks events: readers
@@ -593,6 +763,11 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, p
 			return c, errors.Wrapf(ErrCutoverBehind, "%q: cut-over lock wait: %s", name, pgErr.Message)
 		}
 		return c, err
+	}
+	if stale != nil {
+		r.logAbandoned(ctx, name, abandoned, *stale, reason)
+		return c, errors.Wrapf(ErrCutoverOlderVersion, "%q: generation %d is version %d, and generation %d, live, is version %d: "+
+			"generation %d was retired, not cut over", name, to, abandoned.Version, stale.Generation, stale.Version, to)
 	}
 	if c.To != 0 {
 		r.cfg.Logger.InfoContext(ctx, "annals: read model cut over", slog.String("projection", name),
@@ -695,15 +870,33 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	if err := r.checkGenerationLayouts(ctx, engine, g, reg); err != nil {
 		return Cutover{}, err
 	}
-	// The generation to build: one building for this version, or a new one.
-	var gen Generation
+	// The generation to build: one building for this version, or a new one;
+	// none while a newer version is live (it could never be cut over: one
+	// building for this version is retired).
+	var gen, newer Generation
+	var retired []Generation
+	var reasons []string
 	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		retired, reasons = nil, nil
 		if err := g.lock(ctx, tx, name); err != nil {
 			return err
 		}
 		gens, err := g.list(ctx, tx, name)
 		if err != nil {
 			return err
+		}
+		if l := live(gens); l != nil && l.Version > bg.cfg.Version {
+			newer = *l
+			for _, x := range gens {
+				if _, stale := olderThanLive(gens, x); stale && x.Version == bg.cfg.Version {
+					reason, err := g.abandon(ctx, tx, name, x, *l)
+					if err != nil {
+						return err
+					}
+					retired, reasons = append(retired, x), append(reasons, reason)
+				}
+			}
+			return nil
 		}
 		for _, x := range gens {
 			if x.State == GenerationBuilding && x.Version == bg.cfg.Version {
@@ -718,6 +911,15 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	})
 	if err != nil {
 		return Cutover{}, err
+	}
+	if newer.Generation != 0 {
+		for i, x := range retired {
+			r.logAbandoned(ctx, name, x, newer, reasons[i])
+		}
+		return Cutover{}, errors.Wrapf(ErrCutoverOlderVersion, "projection: blue/green rebuild %q: generation %d, live, is version %d, "+
+			"newer than this runner's %d: a rebuild never moves readers back a version (projections rollback does, to the "+
+			"generation the live one replaced; or deploy the older code under a newer BlueGreen.Version)",
+			name, newer.Generation, newer.Version, bg.cfg.Version)
 	}
 	log := rb.log.With(slog.Int("generation", gen.Generation))
 	rb.log = log
@@ -778,6 +980,9 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 			}
 		}
 		if err := rb.settle(ctx, g, gen, subs, leases, head, bg.cfg.CheckInterval); err != nil {
+			if over := r.overtaken(ctx, g, name, gen); over != nil {
+				return Cutover{}, errors.WithSecondaryError(over, err)
+			}
 			return Cutover{}, errors.Wrapf(err, "projection: blue/green rebuild %q: generation %d (it stays building; "+
 				"running this again, or a runner of version %d, continues it)", name, gen.Generation, bg.cfg.Version)
 		}
@@ -799,6 +1004,9 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 						rb.report(true)
 						return Cutover{Projection: name, To: gen.Generation, Attempts: attempt}, nil
 					}
+				}
+				if over := r.overtaken(ctx, g, name, gen); over != nil {
+					return c, over
 				}
 				return c, errors.Newf("projection: blue/green rebuild %q: generation %d is no longer building (rolled back or cut over elsewhere)", name, gen.Generation)
 			}
@@ -926,9 +1134,13 @@ func (rb *rebuild) driveAll(ctx context.Context, subs []*catchup.Subscription, l
 //
 // A live generation that has no Replaced (cut over before migration 0030,
 // or by an annals older than it) falls back to the earlier rule: the retired (not dropped)
-// generation with the highest number below the live one's, whatever
-// retired it, which after the sequence above is g2: look at
+// generation with the highest number below the live one's that was live
+// once (not one retired before it went live: see ErrCutoverOlderVersion),
+// whatever retired it, which after the sequence above is g2: look at
 // ListGenerations first.
+//
+// A rollback is the one way readers go back to an older version: a
+// cut-over never does (ErrCutoverOlderVersion).
 func Rollback(ctx context.Context, db interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }, schema, name string) (Cutover, error) {
@@ -971,9 +1183,11 @@ func Rollback(ctx context.Context, db interface {
 				name, cur.Generation, *cur.Replaced, state)
 		}
 	} else {
-		// Cut over before the registry recorded what it replaced.
+		// Cut over before the registry recorded what it replaced. A
+		// generation retired before it went live (abandon) never served
+		// readers: not one to go back to.
 		for i := range gens {
-			if gens[i].State == GenerationRetired && gens[i].Generation < cur.Generation {
+			if gens[i].State == GenerationRetired && gens[i].Generation < cur.Generation && gens[i].LiveSince != nil {
 				prev = &gens[i]
 			}
 		}

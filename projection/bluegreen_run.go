@@ -157,10 +157,17 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 					"Runner.RebuildBlueGreen (projections rebuild %s) runs; instances of version %d must serve it meanwhile",
 					l.Version, bg.cfg.Version, reg.name, l.Version)
 			case l.Version < bg.cfg.Version:
-				why = fmt.Sprintf("version %d was built and rolled back, and is not rebuilt by itself; the live generation is version %d",
+				// Say what the registry records: a rollback, a newer version
+				// being built, or (in between) a generation about to be set up.
+				why = fmt.Sprintf("a generation of version %d is to be set up (BlueGreen.AutoRebuild); the live generation is version %d",
 					bg.cfg.Version, l.Version)
+				if _, blocker, ok := rebuildBlocker(gens, bg.cfg.Version); ok {
+					why = fmt.Sprintf("%s: BlueGreen.AutoRebuild does not build version %d by itself (projections rebuild %s "+
+						"does); the live generation is version %d", blocker, bg.cfg.Version, reg.name, l.Version)
+				}
 			case l.Version > bg.cfg.Version:
-				why = fmt.Sprintf("the live generation is version %d, newer than this runner's", l.Version)
+				why = fmt.Sprintf("the live generation is version %d, newer than this runner's: a cut-over never moves readers "+
+					"back a version (a building generation of this version is retired)", l.Version)
 			}
 		}
 		r.cfg.Logger.WarnContext(ctx, "annals: this runner runs no generation of the blue/green read model",
@@ -241,9 +248,11 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 			}
 			continue
 		}
+		// A newer version gone live meanwhile makes it retired, not live
+		// (logged by cutover); the next round stops running it.
 		if _, err := r.cutover(ctx, g, reg.name, gen.Generation, reg.opts.Partitions, bg.cfg.CutoverLockTimeout,
 			waitFor(g, r, gen.Subscriber, bg.cfg.CutoverLockTimeout)); err != nil &&
-			!errors.Is(err, ErrCutoverBehind) && !errors.Is(err, ErrCutoverDeadLetters) {
+			!errors.Is(err, ErrCutoverBehind) && !errors.Is(err, ErrCutoverDeadLetters) && !errors.Is(err, ErrCutoverOlderVersion) {
 			return err
 		}
 	}
@@ -321,7 +330,7 @@ func (r *Runner) catchUpBlueGreen(ctx context.Context, engine *catchup.Engine, h
 						slog.Int("generation", gen.Generation), telemetry.Err(err))
 					continue
 				}
-				if err != nil && !errors.Is(err, ErrCutoverBehind) {
+				if err != nil && !errors.Is(err, ErrCutoverBehind) && !errors.Is(err, ErrCutoverOlderVersion) {
 					return err
 				}
 			}
