@@ -676,8 +676,8 @@ func TestLeaderElection(t *testing.T) {
 		}
 		gone := time.Now()
 		f.terminate(h.PID)
-		// Either runner may lead next (the standby usually wins: the old
-		// leader backs off first), but from a new session at a new epoch.
+		// Either runner may lead next (the old leader stands by again at
+		// once, from a new session), but from a new session at a new epoch.
 		cp := takeover(t, f, before, gone, "pg_terminate_backend of the leader's lock session", func(cp cpState) bool {
 			nh, ok := f.holder()
 			return ok && nh.PID != h.PID && nh.App == cp.Owner
