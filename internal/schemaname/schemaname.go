@@ -1,6 +1,8 @@
 package schemaname
 
 import (
+	"crypto/md5"
+	"encoding/hex"
 	"strings"
 	"unicode/utf8"
 
@@ -83,8 +85,21 @@ func Channel(name string) string { return name + "_events" }
 
 // CheckpointChannel returns the NOTIFY channel of checkpoint moves in schema
 // name (payload "position:partition:subscriber"), which projection.Await
-// listens to.
-func CheckpointChannel(name string) string { return name + "_checkpoints" }
+// listens to: the name followed by "_checkpoints", or, when that is longer
+// than a channel name may be (63 bytes: a schema name over 51 bytes),
+// "annals_checkpoints_" and the md5 of the name in hex. pg_notify refuses
+// a longer name, and LISTEN would truncate it, so the notices were lost.
+func CheckpointChannel(name string) string {
+	if c := name + "_checkpoints"; len(c) <= maxChannelLen {
+		return c
+	}
+	sum := md5.Sum([]byte(name))
+	return "annals_checkpoints_" + hex.EncodeToString(sum[:])
+}
+
+// maxChannelLen is the longest NOTIFY channel name PostgreSQL takes, in
+// bytes (NAMEDATALEN - 1).
+const maxChannelLen = 63
 
 // AppendLockKey returns the transaction-scoped advisory-lock key that
 // serializes the numbering of appends in the schema.
