@@ -162,6 +162,7 @@ func TestRefusedSchemaNameLeavesNothing(t *testing.T) {
 	for _, bad := range []string{
 		`a$$b`, `x$fn$; DROP SCHEMA public CASCADE; --`, `$1`, // '$' (dollar-quoted bodies)
 		"nul\x00byte", "\xff\xfe", // not storable in PostgreSQL
+		"t1\nCREATE TABLE injected(who text);--", "cr\rSELECT 1;--", // a line break ends the "--" comments that name the schema
 		strings.Repeat("a", schemaname.MaxLen+1), strings.Repeat("é", schemaname.MaxLen/2) + "x",
 	} {
 		if _, err := migrations.Up(ctx, db.Pool, &migrations.Config{Schema: bad}); !errors.Is(err, schemaname.ErrInvalid) {
@@ -176,6 +177,10 @@ func TestRefusedSchemaNameLeavesNothing(t *testing.T) {
 	}
 	if after := namespaces(t, db.Pool); !slices.Equal(before, after) {
 		t.Fatalf("schemas changed from %q to %q", before, after)
+	}
+	var injected bool
+	if err := db.Pool.QueryRow(ctx, `SELECT to_regclass('public.injected') IS NOT NULL`).Scan(&injected); err != nil || injected {
+		t.Fatalf("a schema name's SQL ran: public.injected exists (%v)", err)
 	}
 }
 

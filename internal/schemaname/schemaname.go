@@ -4,6 +4,7 @@ import (
 	"crypto/md5"
 	"encoding/hex"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
@@ -41,9 +42,11 @@ func Resolve(name string) (string, error) {
 // PostgreSQL accepts in a quoted identifier is allowed (quotes, backslashes,
 // semicolons, "--", unicode: every use of the name in SQL is a quoted
 // identifier or a quoted literal) except NUL, which PostgreSQL cannot store,
-// and '$': the migrations' function bodies are dollar-quoted ($fn$ ... $fn$),
-// and a name holding a dollar-quote tag would end a body early. Refusing '$'
-// is simpler and safer than choosing a tag per name.
+// '$': the migrations' function bodies are dollar-quoted ($fn$ ... $fn$),
+// and a name holding a dollar-quote tag would end a body early (refusing '$'
+// is simpler and safer than choosing a tag per name), and control
+// characters: the migrations name the schema in "--" comments too, which a
+// line break would end, making the rest of the name SQL.
 func Validate(name string) error {
 	switch {
 	case name == "":
@@ -56,6 +59,8 @@ func Validate(name string) error {
 		return errors.Wrap(ErrInvalid, "schema name contains a NUL byte")
 	case strings.ContainsRune(name, '$'):
 		return errors.Wrapf(ErrInvalid, "schema name %q contains '$', which annals does not allow", name)
+	case strings.ContainsFunc(name, unicode.IsControl):
+		return errors.Wrapf(ErrInvalid, "schema name %q contains a control character (a line break, a tab, ...), which annals does not allow", name)
 	}
 	return nil
 }

@@ -14,7 +14,7 @@ func TestValidate(t *testing.T) {
 			t.Errorf("Validate(%q) = %v, want nil", ok, err)
 		}
 	}
-	for _, bad := range []string{"", strings.Repeat("a", MaxLen+1), "a$b", "a\x00b", "\xff"} {
+	for _, bad := range []string{"", strings.Repeat("a", MaxLen+1), "a$b", "a\x00b", "\xff", "t1\nCREATE TABLE injected(who text);--", "a\rb", "a\tb", "a\u0085b"} {
 		if err := Validate(bad); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Validate(%q) = %v, want ErrInvalid", bad, err)
 		}
