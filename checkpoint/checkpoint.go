@@ -67,7 +67,7 @@ type Store struct {
 // it, so that a leader waiting idle for new events lets go at once instead
 // of at its next poll. The name is the schema's followed by "_fences" (at
 // most 63 bytes, PostgreSQL's limit, for the longest schema name allowed).
-func FenceChannel(schema string) string { return schemaname.Or(schema) + "_fences" }
+func FenceChannel(schema string) string { return schemaname.FenceChannel(schemaname.Or(schema)) }
 
 // FencePayload returns the payload of a fence announcement of partition
 // part of subscriber sub: the hex MD5 of the UTF-8 bytes of

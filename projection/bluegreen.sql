@@ -77,11 +77,14 @@ SELECT partition, position FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1
 -- name: RetireCheckpoints
 -- Stops a generation that readers no longer see exactly where it is: the
 -- epoch bump fences the leader (its next commit fails), the stop reason
--- keeps any leader from processing more.
+-- keeps any leader from processing more. Each fence is announced
+-- (checkpoint.FenceChannel, delivered at commit), so that an idle leader
+-- lets go at once.
 UPDATE {{.Schema}}.checkpoints
    SET epoch = epoch + 1, owner = NULL, stopped_reason = $2, stopped_at = clock_timestamp(),
        updated_at = clock_timestamp()
- WHERE subscriber_id = $1;
+ WHERE subscriber_id = $1
+RETURNING pg_catalog.pg_notify({{.FenceChannel}}, pg_catalog.md5(pg_catalog.convert_to(subscriber_id || ':' || partition::text, 'UTF8')));
 
 -- name: ReviveCheckpoints
 UPDATE {{.Schema}}.checkpoints

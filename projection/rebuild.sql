@@ -52,11 +52,13 @@ DELETE FROM {{.Schema}}.failures WHERE subscriber_id = $1;
 -- epoch (fencing the old layout's leaders: their batches in flight cannot
 -- commit), owned by the rebuild ($2: so that no instance of another layout
 -- replaces the layout meanwhile, see catchup's RecordLayout) and no stop. Runs in the transaction that empties the read model
--- and records the new layout.
+-- and records the new layout. Each fence is announced (checkpoint.FenceChannel,
+-- delivered at commit), so that an idle leader lets go at once.
 UPDATE {{.Schema}}.checkpoints
    SET position = 0, epoch = epoch + 1, owner = $2, stopped_reason = NULL, stopped_at = NULL,
        updated_at = clock_timestamp()
- WHERE subscriber_id = $1;
+ WHERE subscriber_id = $1
+RETURNING pg_catalog.pg_notify({{.FenceChannel}}, pg_catalog.md5(pg_catalog.convert_to(subscriber_id || ':' || partition::text, 'UTF8')));
 
 -- name: ReplaceLayout
 -- Records $2 partitions by $3 as subscriber $1's layout (in the transaction

@@ -106,6 +106,12 @@ func CheckpointChannel(name string) string {
 // bytes (NAMEDATALEN - 1).
 const maxChannelLen = 63
 
+// FenceChannel returns the NOTIFY channel on which the statements that
+// fence a subscriber partition's leader announce it (checkpoint.FenceChannel
+// says more): the name followed by "_fences", at most 63 bytes for the
+// longest name allowed.
+func FenceChannel(name string) string { return name + "_fences" }
+
 // AppendLockKey returns the transaction-scoped advisory-lock key that
 // serializes the numbering of appends in the schema.
 func AppendLockKey(name string) (int32, int32) { return lockkey.Pair(name + ":append") }

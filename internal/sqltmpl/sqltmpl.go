@@ -24,6 +24,9 @@ type Data struct {
 	// CheckpointChannel is the NOTIFY channel of checkpoint moves as a
 	// quoted literal: E'annals_checkpoints'.
 	CheckpointChannel string
+	// FenceChannel is the NOTIFY channel of fences (checkpoint.FenceChannel)
+	// as a quoted literal: E'annals_fences'.
+	FenceChannel string
 	// EventsSequence is the events' position sequence as a regclass
 	// constant: E'"annals"."events_global_sequence"'::regclass.
 	EventsSequence string
@@ -43,6 +46,7 @@ func NewData(schema string) Data {
 		SchemaLiteral:       schemaname.Literal(schema),
 		Channel:             schemaname.Literal(schemaname.Channel(schema)),
 		CheckpointChannel:   schemaname.Literal(schemaname.CheckpointChannel(schema)),
+		FenceChannel:        schemaname.Literal(schemaname.FenceChannel(schema)),
 		EventsSequence:      schemaname.QualifiedLiteral(schema, "events_global_sequence") + "::regclass",
 		ArchiveStepSequence: schemaname.QualifiedLiteral(schema, "archive_step_xact") + "::regclass",
 		AppendLockK1:        k1,
