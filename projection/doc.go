@@ -282,5 +282,14 @@
 // partition), while the instances of the old version keep serving the old
 // generation until the cut-over, and then stop it.
 //
+// A cut-over never goes back to an older Version than the live one's: the
+// cut-over transaction compares them under the same lock, and a building
+// generation of an older version (an interrupted rebuild finished late, an
+// old instance restarting during a rolling deploy) is retired instead,
+// never having been live (ErrCutoverOlderVersion; RebuildBlueGreen of an
+// older version is refused at once). Going back is Rollback's, an
+// operator's decision. A cut-over's fences are announced, so the old
+// generation's idle leaders let go at once.
+//
 // The algorithm, with its state machine, is described in package catchup.
 package projection
