@@ -190,7 +190,8 @@ type Retention struct {
 // RetentionChange is what SetStreamRetention changes; nil fields are left
 // as they are.
 type RetentionChange struct {
-	// MaxAge sets the maximum age (0: no limit).
+	// MaxAge sets the maximum age (0: no limit); at most MaxRetentionAge:
+	// a longer one is refused (ErrInvalidEvent).
 	MaxAge *time.Duration
 	// MaxCount sets the maximum count (0: no limit).
 	MaxCount *int64
@@ -199,6 +200,11 @@ type RetentionChange struct {
 	// hides every event so far).
 	TruncateBefore *int64
 }
+
+// MaxRetentionAge is the longest RetentionChange.MaxAge: 292 years of
+// 365.25 days, as set_stream_retention bounds it (migration 0032), so that
+// no age subtracted from a date leaves PostgreSQL's range.
+const MaxRetentionAge = 292 * 8766 * time.Hour
 
 // DeleteOptions configures DeleteStream. A nil *DeleteOptions means a soft
 // delete with no metadata.
@@ -324,7 +330,8 @@ func retention(maxAgeMicros, maxCount *int64) Retention {
 // until the scavenger removes them. It waits for a scavenge step in
 // progress, so a step never removes what the change keeps. Returns the
 // stream's info afterwards. A stream with no events returns
-// ErrStreamNotFound; negative values ErrInvalidEvent.
+// ErrStreamNotFound; negative values, and a MaxAge over MaxRetentionAge,
+// ErrInvalidEvent.
 func (s *Store) SetStreamRetention(ctx context.Context, streamID string, c RetentionChange) (StreamInfo, error) {
 	if err := checkName(0, "stream_id", streamID, MaxStreamIDBytes-2); err != nil {
 		return StreamInfo{}, err
@@ -336,6 +343,9 @@ func (s *Store) SetStreamRetention(ctx context.Context, streamID string, c Reten
 		}
 		if *c.MaxAge > 0 && *c.MaxAge < time.Microsecond {
 			return StreamInfo{}, &InvalidEventError{Field: "max_age", Reason: "is below a microsecond"}
+		}
+		if *c.MaxAge > MaxRetentionAge {
+			return StreamInfo{}, &InvalidEventError{Field: "max_age", Reason: "is over 292 years"}
 		}
 		age = c.MaxAge.Microseconds()
 	}

@@ -117,4 +117,13 @@ func TestStreamRetentionReads(t *testing.T) {
 	if _, err := b.store.SetStreamRetention(ctx, "count", eventstore.RetentionChange{MaxCount: &neg}); !errors.Is(err, eventstore.ErrInvalidEvent) {
 		t.Fatalf("negative count: %v", err)
 	}
+	// The longest age is the server's bound too: it is accepted, and a
+	// longer one refused before it is sent.
+	longest, over := eventstore.MaxRetentionAge, eventstore.MaxRetentionAge+time.Hour
+	if info, err := b.store.SetStreamRetention(ctx, "age", eventstore.RetentionChange{MaxAge: &longest}); err != nil || info.MaxAge != longest {
+		t.Fatalf("max age of %v: %+v, %v", longest, info, err)
+	}
+	if _, err := b.store.SetStreamRetention(ctx, "age", eventstore.RetentionChange{MaxAge: &over}); !errors.Is(err, eventstore.ErrInvalidEvent) {
+		t.Fatalf("max age of %v: %v, want ErrInvalidEvent", over, err)
+	}
 }
