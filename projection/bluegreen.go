@@ -628,7 +628,10 @@ func (r *Runner) generationSubs(reg *registration, g *generations, gen Generatio
 		subs = append(subs, &catchup.Subscription{
 			Name: gen.Subscriber, Partition: part, Partitions: reg.opts.Partitions, PartitionBy: reg.opts.PartitionBy,
 			Filter: reg.filter, BatchSize: reg.opts.BatchSize, Processor: proc,
-			SyncCommits: reg.opts.SyncCommits,
+			// Balanced as a projection without BlueGreen is: the runners of
+			// the generation's version share its partitions (TakeOver, a
+			// rebuild's, ignores it).
+			Balance: true, SyncCommits: reg.opts.SyncCommits,
 		})
 	}
 	return subs
