@@ -816,6 +816,11 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			if live {
 				return nil
 			}
+			if cursor >= target {
+				// Everything through target is processed; ctx ended during
+				// the look for more (released dead letters, say).
+				return errors.Wrapf(ctx.Err(), "catchup: %s/%d reached %d, then stopped before it had looked for released dead letters", sub.Name, sub.Partition, target)
+			}
 			return errors.Wrapf(ctx.Err(), "catchup: %s/%d stopped at %d before reaching %d", sub.Name, sub.Partition, cursor, target)
 		}
 		select {
