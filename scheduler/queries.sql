@@ -16,11 +16,15 @@ SELECT pg_notify($6, $7) FROM ins;
 -- The first statement of every claim's transaction, sent in one round trip
 -- with the claim itself: a dispatcher that hangs while its transaction holds
 -- claimed rows (or a task's row) loses its session after $1 idle, so its
--- rows go back to the other dispatchers. No statement_timeout: an append
+-- rows go back to the other dispatchers. No lock_timeout and no
+-- statement_timeout, whatever the role or the database sets: an append
 -- that waits for the log's lock behind a long transaction would then fail,
--- and count as a failed attempt of its timers. $1: the timeout in
--- milliseconds, as text. Local to the transaction.
-SELECT set_config('idle_in_transaction_session_timeout', $1::text, true);
+-- and count as a failed attempt of its timers (after MaxAttempts a valid
+-- timer would never fire). $1: the timeout in milliseconds, as text. Local
+-- to the transaction.
+SELECT set_config('idle_in_transaction_session_timeout', $1::text, true),
+       set_config('lock_timeout', '0', true),
+       set_config('statement_timeout', '0', true);
 
 -- name: ClaimDue
 -- Claims and deletes up to $2 due timers in one statement. Rows another

@@ -147,14 +147,8 @@ func (s *Scheduler) CancelOwned(ctx context.Context, tx pgx.Tx, owner string) (i
 // for a lock that tx holds) rolls back to the savepoint: ErrTimerBusy, and
 // tx goes on.
 func (s *Scheduler) cancel(ctx context.Context, tx pgx.Tx, sql string, arg any) (int64, error) {
-	var db interface {
-		Begin(context.Context) (pgx.Tx, error)
-	} = s.pool
-	if tx != nil {
-		db = tx
-	}
 	var n int64
-	err := pgx.BeginFunc(ctx, db, func(sp pgx.Tx) error {
+	run := func(sp pgx.Tx) error {
 		b := &pgx.Batch{}
 		b.Queue(s.q.boundCancel, strconv.FormatInt(s.cfg.ClaimTimeout.Milliseconds(), 10))
 		b.Queue(sql, arg).Exec(func(tag pgconn.CommandTag) error {
@@ -163,10 +157,24 @@ func (s *Scheduler) cancel(ctx context.Context, tx pgx.Tx, sql string, arg any) 
 		})
 		b.Queue(s.q.unboundCancel)
 		return sp.SendBatch(ctx, b).Close()
-	})
-	var pgErr *pgconn.PgError // lock_not_available (the lock_timeout), deadlock_detected
-	if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01") {
+	}
+	var err error
+	if tx != nil {
+		err = pgx.BeginFunc(ctx, tx, run)
+	} else {
+		// READ COMMITTED whatever the server's default: the DELETE that
+		// waited for a firing dispatcher then sees its outcome (the row
+		// gone: it fired) instead of failing to serialize.
+		err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, run)
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case !errors.As(err, &pgErr):
+	case pgErr.Code == "55P03" || pgErr.Code == "40P01": // lock_not_available (the lock_timeout), deadlock_detected
 		return 0, errmark.Mark(errors.Wrap(err, "a dispatcher firing it did not let go"), ErrTimerBusy)
+	case pgErr.Code == "40001": // serialization_failure: the caller's transaction is REPEATABLE READ or SERIALIZABLE
+		return 0, errmark.Mark(errors.Wrap(err, "a dispatcher fired or retried the timer meanwhile, which a REPEATABLE READ or SERIALIZABLE "+
+			"transaction cannot see: retry the transaction (the timer's row is rolled back to before the cancel), or cancel in a READ COMMITTED one"), ErrTimerBusy)
 	}
 	return n, err
 }
