@@ -16,7 +16,9 @@ var (
 	// Config.ClaimTimeout, or at all because it waits for a lock that the
 	// caller's transaction holds (the log's ordering lock, after an append
 	// in that transaction: PostgreSQL reports the deadlock after its
-	// deadlock_timeout, 1 s by default). Nothing was cancelled, and the
+	// deadlock_timeout, 1 s by default), or because the caller's transaction
+	// is REPEATABLE READ or SERIALIZABLE and the dispatcher fired or retried
+	// the timer meanwhile (a serialization failure). Nothing was cancelled, and the
 	// caller's transaction is still usable (the attempt is rolled back to a
 	// savepoint); the timer fires when the dispatcher goes on, unless its
 	// append fails. To cancel it for sure, roll the transaction back and
