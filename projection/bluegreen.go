@@ -7,15 +7,18 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"weak"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/checkpoint"
@@ -71,7 +74,10 @@ type BlueGreen struct {
 	CutoverAttempts int
 	// CutoverLockTimeout bounds each lock wait of a cut-over transaction
 	// (readers holding a view in a long transaction, the live leader's batch
-	// in flight); the attempt then fails and is retried. Defaults to 2s.
+	// in flight), and, once it holds the live generation's checkpoints, the
+	// catch-up of the new generation to their position (the live read model
+	// is not updated meanwhile); the attempt then fails and is retried.
+	// Defaults to 2s.
 	CutoverLockTimeout time.Duration
 }
 
@@ -622,6 +628,9 @@ func (r *Runner) generationSubs(reg *registration, g *generations, gen Generatio
 			f:   r.failures(gen.Subscriber, reg.opts),
 			cut: bg.cut,
 		}
+		// Held while a cut-over on this pool holds the generation's
+		// checkpoints (see cutover).
+		proc = &gatedProcessor{Processor: proc, gate: r.leaderGate(gen.Subscriber)}
 		if wrap != nil {
 			proc = wrap(proc)
 		}
@@ -637,6 +646,172 @@ func (r *Runner) generationSubs(reg *registration, g *generations, gen Generatio
 	return subs
 }
 
+// leaderGate holds the batches of this process's leaders of one generation
+// (those whose processors are on one pool) while a cut-over on that pool
+// holds the generation's checkpoints (see cutover): a batch that reached
+// its commit then would wait for the cut-over's commit holding a
+// connection of the pool, and the cut-over's own catch-up needs the pool.
+type leaderGate struct {
+	mu       sync.Mutex
+	held     int           // cut-overs holding the gate
+	opened   chan struct{} // closed when the gate opens again (made by the first hold)
+	inFlight int           // Process and Redeliver calls under way
+	drained  chan struct{} // closed when inFlight falls to 0; nil when nobody waits for it
+}
+
+// gateKey names the gate of a generation subscriber's leaders on a pool.
+type gateKey struct {
+	pool       weak.Pointer[pgxpool.Pool]
+	schema     string
+	subscriber string
+}
+
+// leaderGates are the gates of the generation subscribers run in this
+// process, by pool: the leaders that a cut-over on a pool must keep off it
+// are those on the same pool, whichever Runner runs them. A pool's entries
+// (one small gate per generation subscriber) go when the pool is garbage
+// collected; they do not keep it.
+var leaderGates = struct {
+	mu    sync.Mutex
+	m     map[gateKey]*leaderGate
+	pools map[weak.Pointer[pgxpool.Pool]]bool // those with a cleanup
+}{m: map[gateKey]*leaderGate{}, pools: map[weak.Pointer[pgxpool.Pool]]bool{}}
+
+// leaderGate returns the gate of generation subscriber sub on r's pool.
+func (r *Runner) leaderGate(sub string) *leaderGate {
+	wp := weak.Make(r.pool)
+	k := gateKey{pool: wp, schema: r.cfg.Schema, subscriber: sub}
+	leaderGates.mu.Lock()
+	defer leaderGates.mu.Unlock()
+	g := leaderGates.m[k]
+	if g == nil {
+		g = &leaderGate{}
+		leaderGates.m[k] = g
+		if !leaderGates.pools[wp] {
+			leaderGates.pools[wp] = true
+			runtime.AddCleanup(r.pool, forgetGates, wp)
+		}
+	}
+	return g
+}
+
+// forgetGates drops the gates of a pool that is gone.
+func forgetGates(wp weak.Pointer[pgxpool.Pool]) {
+	leaderGates.mu.Lock()
+	defer leaderGates.mu.Unlock()
+	for k := range leaderGates.m {
+		if k.pool == wp {
+			delete(leaderGates.m, k)
+		}
+	}
+	delete(leaderGates.pools, wp)
+}
+
+// enter waits while the gate is held, then counts a call in flight (leave
+// ends it): it returns true, or false when the leadership is ending
+// meanwhile (with lease.Err when its lock is lost, ctx's error when ctx
+// ends, nil when the run stops).
+func (g *leaderGate) enter(ctx context.Context, lease *catchup.Lease) (bool, error) {
+	for {
+		g.mu.Lock()
+		if g.held == 0 {
+			g.inFlight++
+			g.mu.Unlock()
+			return true, nil
+		}
+		opened := g.opened
+		g.mu.Unlock()
+		select {
+		case <-opened:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-lease.Stopping():
+			return false, nil
+		case <-lease.Lost():
+			return false, lease.Err()
+		}
+	}
+}
+
+// leave ends a call counted by enter.
+func (g *leaderGate) leave() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.inFlight--; g.inFlight == 0 && g.drained != nil {
+		close(g.drained)
+		g.drained = nil
+	}
+}
+
+// hold closes the gate (calls that have not entered wait) and waits, up to
+// wait, for the calls in flight to end; drained says whether they did. A
+// call can be in flight for long without a connection (a handler's retry
+// waiting for its delay): the cut-over then goes on, as it did before the
+// gate. release opens the gate again (once every hold is released).
+func (g *leaderGate) hold(ctx context.Context, wait time.Duration) (release func(), drained bool) {
+	g.mu.Lock()
+	if g.held == 0 {
+		g.opened = make(chan struct{})
+	}
+	g.held++
+	var ch chan struct{}
+	if g.inFlight > 0 {
+		if g.drained == nil {
+			g.drained = make(chan struct{})
+		}
+		ch = g.drained
+	}
+	g.mu.Unlock()
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			if g.held--; g.held == 0 {
+				close(g.opened)
+			}
+		})
+	}
+	if ch == nil {
+		return release, true
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return release, true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return release, false
+}
+
+// gatedProcessor passes a generation's batches and re-deliveries through
+// its leaderGate: they wait while a cut-over on this pool holds the
+// generation's checkpoints, before they take a connection.
+type gatedProcessor struct {
+	catchup.Processor
+	gate *leaderGate
+}
+
+func (p *gatedProcessor) Process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
+	ok, err := p.gate.enter(ctx, lease)
+	if !ok {
+		return b.After, err // nothing done: the batch is read again, or the leadership ends
+	}
+	defer p.gate.leave()
+	return p.Processor.Process(ctx, lease, b)
+}
+
+func (p *gatedProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error {
+	ok, err := p.gate.enter(ctx, lease)
+	if !ok {
+		return err
+	}
+	defer p.gate.leave()
+	return p.Processor.Redeliver(ctx, lease)
+}
+
 // cutover tries once to make generation to of name live: in one
 // transaction it locks the live generation's checkpoints (waiting for its
 // leader's batch in flight and holding the next), then the new one's, and
@@ -649,14 +824,45 @@ func (r *Runner) generationSubs(reg *registration, g *generations, gen Generatio
 // same transaction (abandon, under the generations lock, so that two
 // racing cut-overs see each other's result) and the cut-over fails with
 // ErrCutoverOlderVersion.
-func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, partitions int, lockTimeout time.Duration,
-	catchUp func(ctx context.Context, from, target int64) error) (Cutover, error) {
+//
+// Between the two locks catchUp brings the new generation to the old one's
+// position (the old one is held there; readers still read it). While the
+// old generation's checkpoints are locked its leaders cannot commit, and a
+// leader that reaches its commit waits for the cut-over's, holding a
+// connection of its pool; catchUp, and nothing else the transaction waits
+// for, must then not need one of r's pool, or the two wait for each other
+// for good (every leader of a generation of P partitions in this process
+// waiting on a pool of P+1 or fewer, the transaction holding the last).
+// So:
+//
+//   - the transaction reads on its own connection (catchUp gets it too, to
+//     poll the new generation's checkpoints);
+//   - before it locks the old generation's checkpoints, it holds the old
+//     generation's leaderGate on r's pool: this process's leaders of it
+//     (whichever Runner on this pool runs them) finish the batch in hand
+//     (waited for up to BlueGreen.CutoverLockTimeout) and start no other
+//     until the transaction ends, so they hold no connection meanwhile.
+//     A batch so held fails its commit afterwards if the cut-over went
+//     through (the old generation is fenced), and goes on as usual if not;
+//     the fence, not the gate, is what keeps the old generation from
+//     moving past the cut-over;
+//   - catchUp runs under a deadline of CutoverLockTimeout, like the
+//     transaction's lock waits: a catch-up that does not make it in that
+//     time (leaders of other processes or Runners on this pool held up as
+//     above, a pool too small for the catch-up, writers faster than the
+//     new generation) ends the attempt with ErrCutoverBehind, which rolls
+//     back and releases the rows; callers retry.
+func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *blueGreenReg, to, partitions int,
+	catchUp func(ctx context.Context, tx pgx.Tx, from, target int64) error) (Cutover, error) {
+	lockTimeout := bg.cfg.CutoverLockTimeout
 	c := Cutover{Projection: name, To: to, Attempts: 1}
 	start := time.Now()
 	var stale *Generation // the live generation, newer than generation to
 	var abandoned Generation
 	var reason string
-	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+	release := func() {} // the old generation's leaderGate, once held
+	// Read committed: the transaction's reads see the leaders' commits.
+	err := pgx.BeginTxFunc(ctx, r.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		stale = nil
 		if _, err := tx.Exec(ctx, g.q["LockTimeout"], strconv.FormatInt(lockTimeout.Milliseconds(), 10)+"ms"); err != nil {
 			return err
@@ -701,6 +907,12 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, p
 		var from any
 		if old != nil {
 			c.From = old.Generation
+			var drained bool
+			release, drained = r.leaderGate(old.Subscriber).hold(ctx, lockTimeout)
+			if !drained && ctx.Err() == nil {
+				r.cfg.Logger.DebugContext(ctx, "annals: blue/green cut-over: a batch of the live generation in this process is still in flight; locking its checkpoints anyway",
+					slog.String("projection", name), slog.Int("generation", old.Generation), slog.Duration("waited", lockTimeout))
+			}
 			if _, c.FromPosition, _, err = g.positions(ctx, tx, old.Subscriber, true); err != nil {
 				return err
 			}
@@ -709,14 +921,21 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, p
 		if catchUp != nil && old != nil {
 			// The old generation is held at FromPosition: bring the new one
 			// there (readers still read the old one), then lock it too.
-			lo, _, _, err := g.positions(ctx, r.pool, next.Subscriber, false)
+			lo, _, _, err := g.positions(ctx, tx, next.Subscriber, false)
 			if err != nil {
 				return err
 			}
 			if lo < c.FromPosition {
 				t := time.Now()
-				err := catchUp(ctx, lo, c.FromPosition)
+				cctx, cancel := context.WithTimeout(ctx, lockTimeout)
+				err := catchUp(cctx, tx, lo, c.FromPosition)
+				expired := cctx.Err() != nil && ctx.Err() == nil
+				cancel()
 				c.CatchUp = time.Since(t)
+				if err != nil && expired && !errors.Is(err, ErrCutoverBehind) {
+					return errors.Wrapf(ErrCutoverBehind, "%q: generation %d did not reach generation %d's position %d within %s "+
+						"(BlueGreen.CutoverLockTimeout) from %d: %v", name, to, c.From, c.FromPosition, lockTimeout, lo, err)
+				}
 				if err != nil {
 					return err
 				}
@@ -759,6 +978,9 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, to, p
 		_, err = tx.Exec(ctx, g.q["MarkLive"], name, to, ms, c.ToPosition, replaced)
 		return errors.Wrap(err, "projection: make the new generation live")
 	})
+	// Committed or rolled back: the old generation's leaders here go on
+	// (fenced, if it went through).
+	release()
 	c.Duration = time.Since(start)
 	if err != nil {
 		var pgErr *pgconn.PgError
@@ -991,8 +1213,8 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 		}
 		// Within the cut-over, a gap of up to a batch is replayed while the
 		// old generation is held; a larger one is caught up first, outside.
-		c, err := r.cutover(ctx, g, name, gen.Generation, reg.opts.Partitions, bg.cfg.CutoverLockTimeout,
-			func(ctx context.Context, from, target int64) error {
+		c, err := r.cutover(ctx, g, name, bg, gen.Generation, reg.opts.Partitions,
+			func(ctx context.Context, _ pgx.Tx, from, target int64) error {
 				if target-from > int64(o.BatchSize) {
 					return errors.Wrapf(ErrCutoverBehind, "%q: generation %d is %d positions behind", name, gen.Generation, target-from)
 				}
@@ -1099,16 +1321,21 @@ func (rb *rebuild) driveAll(ctx context.Context, subs []*catchup.Subscription, l
 		go func() {
 			defer wg.Done()
 			err := rb.replay(ctx, s, leases[i], head)
+			// The next drive starts where this one committed (Drive starts
+			// at lease.Start): never replay an event twice. Also after a
+			// drive cut short (the cut-over's catch-up deadline): it may have
+			// committed batches.
+			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			lerr := leases[i].Do(lctx, func(conn *pgx.Conn) error {
+				cp, err := rb.cps.Load(lctx, conn, s.Name, s.Partition)
+				if err == nil {
+					leases[i].Start = cp.Position
+				}
+				return err
+			})
+			cancel()
 			if err == nil {
-				// The next drive starts where this one committed (Drive starts
-				// at lease.Start): never replay an event twice.
-				err = leases[i].Do(ctx, func(conn *pgx.Conn) error {
-					cp, err := rb.cps.Load(ctx, conn, s.Name, s.Partition)
-					if err == nil {
-						leases[i].Start = cp.Position
-					}
-					return err
-				})
+				err = lerr
 			}
 			mu.Lock()
 			errs[i] = err

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/annals-dev/annals/catchup"
@@ -250,8 +251,8 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 		}
 		// A newer version gone live meanwhile makes it retired, not live
 		// (logged by cutover); the next round stops running it.
-		if _, err := r.cutover(ctx, g, reg.name, gen.Generation, reg.opts.Partitions, bg.cfg.CutoverLockTimeout,
-			waitFor(g, r, gen.Subscriber, bg.cfg.CutoverLockTimeout)); err != nil &&
+		if _, err := r.cutover(ctx, g, reg.name, bg, gen.Generation, reg.opts.Partitions,
+			waitFor(g, gen.Subscriber)); err != nil &&
 			!errors.Is(err, ErrCutoverBehind) && !errors.Is(err, ErrCutoverDeadLetters) && !errors.Is(err, ErrCutoverOlderVersion) {
 			return err
 		}
@@ -323,8 +324,8 @@ func (r *Runner) catchUpBlueGreen(ctx context.Context, engine *catchup.Engine, h
 				}
 			}
 			if gen.State == GenerationBuilding {
-				_, err := r.cutover(ctx, g, reg.name, gen.Generation, reg.opts.Partitions, reg.bg.cfg.CutoverLockTimeout,
-					waitFor(g, r, gen.Subscriber, reg.bg.cfg.CutoverLockTimeout))
+				_, err := r.cutover(ctx, g, reg.name, reg.bg, gen.Generation, reg.opts.Partitions,
+					waitFor(g, gen.Subscriber))
 				if errors.Is(err, ErrCutoverDeadLetters) {
 					r.cfg.Logger.WarnContext(ctx, "annals: blue/green cut-over waits", slog.String("projection", reg.name),
 						slog.Int("generation", gen.Generation), telemetry.Err(err))
@@ -449,21 +450,21 @@ func (r *Runner) hasBlueGreen() bool {
 }
 
 // waitFor is the cut-over's catch-up for a generation that its leaders run
-// live (here or elsewhere): it waits, up to limit, until every partition of
-// subscriber sub has reached target (the old generation is held there).
-func waitFor(g *generations, r *Runner, sub string, limit time.Duration) func(ctx context.Context, from, target int64) error {
-	return func(ctx context.Context, _, target int64) error {
-		deadline := time.Now().Add(limit)
+// live (here or elsewhere): it waits until every partition of subscriber
+// sub has reached target (the old generation is held there), polling on
+// the cut-over's transaction, which needs no connection of the pool. ctx's
+// deadline (the cut-over's) bounds the wait; each poll runs to its end
+// rather than being cut off by it, which would close the transaction's
+// connection.
+func waitFor(g *generations, sub string) func(ctx context.Context, tx pgx.Tx, from, target int64) error {
+	return func(ctx context.Context, tx pgx.Tx, _, target int64) error {
 		for {
-			lo, _, _, err := g.positions(ctx, r.pool, sub, false)
+			lo, _, _, err := g.positions(context.WithoutCancel(ctx), tx, sub, false)
 			if err != nil || lo >= target {
 				return err
 			}
-			if time.Now().After(deadline) {
-				return errors.Wrapf(ErrCutoverBehind, "%s is at %d after %s, the live generation at %d", sub, lo, limit, target)
-			}
 			if err := sleepCtx(ctx, 5*time.Millisecond); err != nil { // polling a checkpoint another leader moves
-				return err
+				return errors.Wrapf(err, "%s is at %d, the live generation at %d", sub, lo, target)
 			}
 		}
 	}
