@@ -12,7 +12,8 @@ import (
 )
 
 // ErrTakeOverTimeout is returned by TakeOver when the subscription's lock
-// could not be taken within the wait it was given.
+// could not be taken, or its checkpoint claimed (its row was held), within
+// the wait it was given.
 var ErrTakeOverTimeout = errors.New("catchup: timed out taking over the subscription's lock")
 
 // takeOverPoll is how often TakeOver checks, while it waits in the lock's
@@ -89,7 +90,14 @@ func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Dura
 		}
 		lease := e.newLease(sub)
 		lease.Lock = r.lock
-		return e.claim(ctx, sub, lease)
+		// The claim waits for the checkpoint's row (held by a batch in
+		// flight, an operator's transaction) with the server's timeouts
+		// lifted: wait bounds it, as it bounds the rest.
+		l, err := e.claim(qctx, sub, lease)
+		if err != nil && ctx.Err() == nil && qctx.Err() != nil {
+			return nil, errors.Wrapf(ErrTakeOverTimeout, "%s/%d: the lock was taken, but the checkpoint's row was still held by another transaction after %s", sub.Name, sub.Partition, wait)
+		}
+		return l, err
 	}
 
 	// Queue, then fence. The lock may come at once (nobody held it): the
