@@ -234,7 +234,11 @@
 // (not after RetryBackoff), and it takes them back within a poll of its
 // new session (18 ms in the projection package's three-member test,
 // against ~265 ms when they waited out RetryBackoff and the orphan rule
-// below handed them elsewhere).
+// below handed them elsewhere). Sessions that keep ending soon after they
+// opened (the second in a row within 10 s, say a proxy that cuts them)
+// are replaced after RetryBackoff instead, doubled per end up to a second
+// (or RetryBackoff), so that the member's partitions are not claimed again
+// at reconnect speed; meanwhile the orphan rule hands them to the others.
 //
 // The deficit argument assumes every live member takes what it is owed. A
 // member can hold its slot and yet not stand by for a partition it is owed:

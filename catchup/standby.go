@@ -87,6 +87,9 @@ type sessions struct {
 	departing []*group // left groups whose slot is still held
 	running   bool
 	stopped   chan struct{}         // closed when the running poller returns
+	// quick counts the lock sessions in a row that ended soon after they
+	// opened (poll: only the running poller touches it).
+	quick int
 	current   *advisorylock.Standby // the poller's session, nil while it has none
 	wake      chan struct{}         // capacity 1: something changed (cuts a backoff short)
 
@@ -373,6 +376,11 @@ func (s *sessions) poll(stopped chan struct{}) {
 	defer closeSession()
 	ctx := context.Background()
 	backoff := s.e.cfg.RetryBackoff
+	// opened is when the session was opened. s.quick (kept across
+	// pollers: one ends when nothing is waited for, as happens for a
+	// moment after a session ends) counts the sessions in a row that ended
+	// within sessionSettle of it (see below).
+	var opened time.Time
 	for {
 		st, ok := s.snapshot(sb != nil)
 		if !ok {
@@ -395,6 +403,7 @@ func (s *sessions) poll(stopped chan struct{}) {
 				continue
 			}
 			s.setCurrent(sb)
+			opened = time.Now()
 			continue // look at the state again: it may have changed while dialling
 		}
 		if err := s.cycle(ctx, sb, st); err != nil {
@@ -410,9 +419,31 @@ func (s *sessions) poll(stopped chan struct{}) {
 			log.Warn("annals: lock session lost; reconnecting", telemetry.Err(err))
 			s.lost(err)
 			closeSession()
+			// A session that ends is replaced at once, and its partitions
+			// stand by again at once (Run), so that they are led again
+			// within a poll. A session that keeps ending soon after it
+			// opened (a proxy that cuts it, an idle_session_timeout below
+			// LockRetryInterval, a loop of pg_terminate_backend) would have
+			// every partition claimed again at reconnect speed: from the
+			// second such end in a row on, the reconnect backs off.
+			if time.Since(opened) < sessionSettle {
+				s.quick++
+			} else {
+				s.quick = 0
+			}
+			if s.quick > 1 {
+				// As a failed dial's: RetryBackoff doubled per end in a row,
+				// up to a second (or RetryBackoff, if longer).
+				pace(jitter(min(s.e.cfg.RetryBackoff<<min(s.quick-2, 10), max(maxReconnectBackoff, s.e.cfg.RetryBackoff))))
+			}
 		}
 	}
 }
+
+// sessionSettle is how long a lock session must have lived for its end
+// to be taken as a one-off (reconnected at once) rather than as part of a
+// series (reconnected with the back-off).
+const sessionSettle = 10 * time.Second
 
 // cycle is one poll on the session: give back what is released, see who
 // the members of each balanced subscriber are, ask leaders above their
@@ -946,6 +977,15 @@ func (s *sessions) sleep(d time.Duration) {
 	case <-t.C:
 	case <-s.wake:
 	}
+}
+
+// pace sleeps for d. Unlike sleep, nothing cuts it short (not the
+// waiters that come back as their leaderships end): it paces reconnects,
+// which new waiters do not make any likelier to last.
+func pace(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	<-t.C
 }
 
 // pollJitter returns d ±25%: standby processes drift apart, yet the longest
