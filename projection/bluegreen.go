@@ -7,13 +7,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-	"weak"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
@@ -72,12 +70,19 @@ type BlueGreen struct {
 	// that find the new generation behind the live one (it catches up and
 	// tries again). Defaults to 20.
 	CutoverAttempts int
-	// CutoverLockTimeout bounds each lock wait of a cut-over transaction
-	// (readers holding a view in a long transaction, the live leader's batch
-	// in flight), and, once it holds the live generation's checkpoints, the
-	// catch-up of the new generation to their position (the live read model
-	// is not updated meanwhile); the attempt then fails and is retried.
-	// Defaults to 2s.
+	// CutoverLockTimeout bounds each wait of a cut-over transaction: for
+	// this process's batches of the live generation in flight, for the
+	// live generation's checkpoints (batches of other processes in
+	// flight), for the catch-up of the new generation to their position
+	// once it holds them (a batch under way at the deadline is finished,
+	// not cut off), and for the views (readers holding them in long
+	// transactions); the attempt then fails and is retried. The live read
+	// model is not updated from the first of these waits to the end of the
+	// transaction: one attempt can hold it still for about three times
+	// CutoverLockTimeout, plus the wait for the views. RebuildBlueGreen
+	// keeps its catch-up short: it catches up outside the transaction
+	// first, until what is left would take half of CutoverLockTimeout at
+	// the pace it measured. Defaults to 2s.
 	CutoverLockTimeout time.Duration
 }
 
@@ -630,7 +635,7 @@ func (r *Runner) generationSubs(reg *registration, g *generations, gen Generatio
 		}
 		// Held while a cut-over on this pool holds the generation's
 		// checkpoints (see cutover).
-		proc = &gatedProcessor{Processor: proc, gate: r.leaderGate(gen.Subscriber)}
+		proc = &gatedProcessor{Processor: proc, gates: leaderGates, key: r.gateOf(gen.Subscriber)}
 		if wrap != nil {
 			proc = wrap(proc)
 		}
@@ -651,8 +656,12 @@ func (r *Runner) generationSubs(reg *registration, g *generations, gen Generatio
 // holds the generation's checkpoints (see cutover): a batch that reached
 // its commit then would wait for the cut-over's commit holding a
 // connection of the pool, and the cut-over's own catch-up needs the pool.
+//
+// A gate exists only while it is used: from the first enter or hold on it
+// to the last leave, failed enter or release, it is in its gateSet; then
+// it goes (its state is that of a new gate: open, nothing in flight).
 type leaderGate struct {
-	mu       sync.Mutex
+	refs     int           // enters (waiting or in flight) and holds not yet ended
 	held     int           // cut-overs holding the gate
 	opened   chan struct{} // closed when the gate opens again (made by the first hold)
 	inFlight int           // Process and Redeliver calls under way
@@ -661,95 +670,123 @@ type leaderGate struct {
 
 // gateKey names the gate of a generation subscriber's leaders on a pool.
 type gateKey struct {
-	pool       weak.Pointer[pgxpool.Pool]
+	pool       *pgxpool.Pool
 	schema     string
 	subscriber string
 }
 
-// leaderGates are the gates of the generation subscribers run in this
-// process, by pool: the leaders that a cut-over on a pool must keep off it
-// are those on the same pool, whichever Runner runs them. A pool's entries
-// (one small gate per generation subscriber) go when the pool is garbage
-// collected; they do not keep it.
-var leaderGates = struct {
-	mu    sync.Mutex
-	m     map[gateKey]*leaderGate
-	pools map[weak.Pointer[pgxpool.Pool]]bool // those with a cleanup
-}{m: map[gateKey]*leaderGate{}, pools: map[weak.Pointer[pgxpool.Pool]]bool{}}
+// gateSet holds the gates in use, by pool and generation subscriber: the
+// leaders that a cut-over on a pool must keep off it are those on the
+// same pool, whichever Runner runs them.
+type gateSet struct {
+	mu sync.Mutex // guards m and every gate in it
+	m  map[gateKey]*leaderGate
+}
 
-// leaderGate returns the gate of generation subscriber sub on r's pool.
-func (r *Runner) leaderGate(sub string) *leaderGate {
-	wp := weak.Make(r.pool)
-	k := gateKey{pool: wp, schema: r.cfg.Schema, subscriber: sub}
-	leaderGates.mu.Lock()
-	defer leaderGates.mu.Unlock()
-	g := leaderGates.m[k]
+// leaderGates are the gates of this process.
+var leaderGates = &gateSet{m: map[gateKey]*leaderGate{}}
+
+// gateOf returns the key of generation subscriber sub's gate on r's pool.
+func (r *Runner) gateOf(sub string) gateKey {
+	return gateKey{pool: r.pool, schema: r.cfg.Schema, subscriber: sub}
+}
+
+// ref returns k's gate, made if none is in use, counting one more use.
+// s.mu is held.
+func (s *gateSet) ref(k gateKey) *leaderGate {
+	g := s.m[k]
 	if g == nil {
 		g = &leaderGate{}
-		leaderGates.m[k] = g
-		if !leaderGates.pools[wp] {
-			leaderGates.pools[wp] = true
-			runtime.AddCleanup(r.pool, forgetGates, wp)
-		}
+		s.m[k] = g
 	}
+	g.refs++
 	return g
 }
 
-// forgetGates drops the gates of a pool that is gone.
-func forgetGates(wp weak.Pointer[pgxpool.Pool]) {
-	leaderGates.mu.Lock()
-	defer leaderGates.mu.Unlock()
-	for k := range leaderGates.m {
-		if k.pool == wp {
-			delete(leaderGates.m, k)
-		}
+// unref ends a use of k's gate g, which goes once none is left. s.mu is
+// held.
+func (s *gateSet) unref(k gateKey, g *leaderGate) {
+	if g.refs--; g.refs == 0 {
+		delete(s.m, k)
 	}
-	delete(leaderGates.pools, wp)
 }
 
-// enter waits while the gate is held, then counts a call in flight (leave
+// gateLease is what enter needs of a leader's *catchup.Lease.
+type gateLease interface {
+	Stopping() <-chan struct{}
+	Lost() <-chan struct{}
+	Err() error
+}
+
+// enter waits while k's gate is held, then counts a call in flight (leave
 // ends it): it returns true, or false when the leadership is ending
-// meanwhile (with lease.Err when its lock is lost, ctx's error when ctx
-// ends, nil when the run stops).
-func (g *leaderGate) enter(ctx context.Context, lease *catchup.Lease) (bool, error) {
+// meanwhile (with lease.Err when its lock is lost, nil when the run stops,
+// ctx's error when ctx ends otherwise). A run that stops is told so even
+// when ctx has ended too (after the ShutdownTimeout both are): the batch
+// was not started, not failed.
+func (s *gateSet) enter(ctx context.Context, k gateKey, lease gateLease) (bool, error) {
+	s.mu.Lock()
+	g := s.ref(k)
 	for {
-		g.mu.Lock()
 		if g.held == 0 {
 			g.inFlight++
-			g.mu.Unlock()
+			s.mu.Unlock()
 			return true, nil
 		}
 		opened := g.opened
-		g.mu.Unlock()
+		s.mu.Unlock()
+		var err error
 		select {
 		case <-opened:
-		case <-ctx.Done():
-			return false, ctx.Err()
 		case <-lease.Stopping():
-			return false, nil
 		case <-lease.Lost():
-			return false, lease.Err()
+			err = lease.Err()
+		case <-ctx.Done():
+			err = ctx.Err()
 		}
+		s.mu.Lock()
+		if isClosed(opened) {
+			continue
+		}
+		if isClosed(lease.Stopping()) {
+			err = nil
+		}
+		s.unref(k, g)
+		s.mu.Unlock()
+		return false, err
 	}
 }
 
-// leave ends a call counted by enter.
-func (g *leaderGate) leave() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+// isClosed reports whether ch is closed (false for a nil ch).
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// leave ends a call that enter counted.
+func (s *gateSet) leave(k gateKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.m[k]
 	if g.inFlight--; g.inFlight == 0 && g.drained != nil {
 		close(g.drained)
 		g.drained = nil
 	}
+	s.unref(k, g)
 }
 
-// hold closes the gate (calls that have not entered wait) and waits, up to
+// hold closes k's gate (calls that have not entered wait) and waits, up to
 // wait, for the calls in flight to end; drained says whether they did. A
 // call can be in flight for long without a connection (a handler's retry
 // waiting for its delay): the cut-over then goes on, as it did before the
 // gate. release opens the gate again (once every hold is released).
-func (g *leaderGate) hold(ctx context.Context, wait time.Duration) (release func(), drained bool) {
-	g.mu.Lock()
+func (s *gateSet) hold(ctx context.Context, k gateKey, wait time.Duration) (release func(), drained bool) {
+	s.mu.Lock()
+	g := s.ref(k)
 	if g.held == 0 {
 		g.opened = make(chan struct{})
 	}
@@ -761,15 +798,16 @@ func (g *leaderGate) hold(ctx context.Context, wait time.Duration) (release func
 		}
 		ch = g.drained
 	}
-	g.mu.Unlock()
+	s.mu.Unlock()
 	var once sync.Once
 	release = func() {
 		once.Do(func() {
-			g.mu.Lock()
-			defer g.mu.Unlock()
+			s.mu.Lock()
+			defer s.mu.Unlock()
 			if g.held--; g.held == 0 {
 				close(g.opened)
 			}
+			s.unref(k, g)
 		})
 	}
 	if ch == nil {
@@ -791,24 +829,25 @@ func (g *leaderGate) hold(ctx context.Context, wait time.Duration) (release func
 // generation's checkpoints, before they take a connection.
 type gatedProcessor struct {
 	catchup.Processor
-	gate *leaderGate
+	gates *gateSet
+	key   gateKey
 }
 
 func (p *gatedProcessor) Process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
-	ok, err := p.gate.enter(ctx, lease)
+	ok, err := p.gates.enter(ctx, p.key, lease)
 	if !ok {
 		return b.After, err // nothing done: the batch is read again, or the leadership ends
 	}
-	defer p.gate.leave()
+	defer p.gates.leave(p.key)
 	return p.Processor.Process(ctx, lease, b)
 }
 
 func (p *gatedProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error {
-	ok, err := p.gate.enter(ctx, lease)
+	ok, err := p.gates.enter(ctx, p.key, lease)
 	if !ok {
 		return err
 	}
-	defer p.gate.leave()
+	defer p.gates.leave(p.key)
 	return p.Processor.Redeliver(ctx, lease)
 }
 
@@ -851,7 +890,13 @@ func (p *gatedProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) er
 //     time (leaders of other processes or Runners on this pool held up as
 //     above, a pool too small for the catch-up, writers faster than the
 //     new generation) ends the attempt with ErrCutoverBehind, which rolls
-//     back and releases the rows; callers retry.
+//     back and releases the rows; callers retry. The deadline stops it
+//     between batches: RebuildBlueGreen's drive reads on the pool, but its
+//     batches commit on the sessions holding its partitions' locks, and a
+//     statement cut off there would close the session and lose the lock
+//     (see batchCtxProcessor). A catch-up cut off once it had reached the
+//     position (looking for released dead letters) does not fail the
+//     attempt: the new generation's checkpoints decide.
 func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *blueGreenReg, to, partitions int,
 	catchUp func(ctx context.Context, tx pgx.Tx, from, target int64) error) (Cutover, error) {
 	lockTimeout := bg.cfg.CutoverLockTimeout
@@ -905,10 +950,12 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 		}
 		old := live(gens)
 		var from any
+		var short error     // the catch-up's, cut off by its deadline
+		var shortFrom int64 // where that catch-up started
 		if old != nil {
 			c.From = old.Generation
 			var drained bool
-			release, drained = r.leaderGate(old.Subscriber).hold(ctx, lockTimeout)
+			release, drained = leaderGates.hold(ctx, r.gateOf(old.Subscriber), lockTimeout)
 			if !drained && ctx.Err() == nil {
 				r.cfg.Logger.DebugContext(ctx, "annals: blue/green cut-over: a batch of the live generation in this process is still in flight; locking its checkpoints anyway",
 					slog.String("projection", name), slog.Int("generation", old.Generation), slog.Duration("waited", lockTimeout))
@@ -932,11 +979,13 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 				expired := cctx.Err() != nil && ctx.Err() == nil
 				cancel()
 				c.CatchUp = time.Since(t)
-				if err != nil && expired && !errors.Is(err, ErrCutoverBehind) {
-					return errors.Wrapf(ErrCutoverBehind, "%q: generation %d did not reach generation %d's position %d within %s "+
-						"(BlueGreen.CutoverLockTimeout) from %d: %v", name, to, c.From, c.FromPosition, lockTimeout, lo, err)
-				}
-				if err != nil {
+				switch {
+				case err != nil && expired && !errors.Is(err, ErrCutoverBehind):
+					// Cut off by the deadline, perhaps once there (a drive
+					// that reached its target looks on for released dead
+					// letters): the checkpoints, locked below, say.
+					short, shortFrom = err, lo
+				case err != nil:
 					return err
 				}
 			}
@@ -947,6 +996,10 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 		}
 		c.ToPosition = lo
 		if n < partitions || lo < c.FromPosition {
+			if short != nil {
+				return errors.Wrapf(ErrCutoverBehind, "%q: generation %d did not reach generation %d's position %d within %s "+
+					"(BlueGreen.CutoverLockTimeout) from %d: %v", name, to, c.From, c.FromPosition, lockTimeout, shortFrom, short)
+			}
 			return errors.Wrapf(ErrCutoverBehind, "%q: generation %d is at %d (%d of %d partitions started), generation %d at %d",
 				name, to, lo, n, partitions, c.From, c.FromPosition)
 		}
@@ -1018,6 +1071,12 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 // the new generation behind (writers faster than the replay, or readers
 // holding the views past CutoverLockTimeout): the new generation stays
 // building, and a runner of this version (or the next call) continues it.
+// Before each attempt it catches up outside the cut-over, again and again,
+// until what is left would take at most half of CutoverLockTimeout at the
+// pace it measured (or a round no longer shrinks it): the cut-over replays
+// the rest while it holds the live generation, which is not updated
+// meanwhile, within CutoverLockTimeout; a gap that would take longer at
+// that pace fails the attempt at once.
 // Like Rebuild, it holds the projection's rebuild lock (RebuildLockKey) for
 // its whole run and fails at once with ErrRebuildRunning while another
 // rebuild of the projection runs. A generation of the registered version
@@ -1149,7 +1208,7 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	log := rb.log.With(slog.Int("generation", gen.Generation))
 	rb.log = log
 	subs := r.generationSubs(reg, g, gen, func(p catchup.Processor) catchup.Processor {
-		return &countingProcessor{Processor: p, done: rb.advance}
+		return &batchCtxProcessor{&countingProcessor{Processor: p, done: rb.advance}}
 	})
 	for _, s := range subs {
 		s.BatchSize = o.BatchSize
@@ -1198,27 +1257,42 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	rb.started = time.Now()
 	log.InfoContext(ctx, "annals: blue/green rebuild: replaying", slog.Int64("from", start), slog.Int64("head", head), slog.String("schema", gen.Schema))
 	var last error
+	var pace replayPace
+	lockTimeout := bg.cfg.CutoverLockTimeout
 	for attempt := 1; attempt <= bg.cfg.CutoverAttempts; attempt++ {
 		if attempt > 1 {
 			if head, err = engine.Head(ctx); err != nil {
 				return Cutover{}, err
 			}
 		}
-		if err := rb.settle(ctx, g, gen, subs, leases, head, bg.cfg.CheckInterval); err != nil {
+		err := rb.settle(ctx, g, gen, subs, leases, head, bg.cfg.CheckInterval, &pace)
+		if err == nil {
+			err = rb.approach(ctx, subs, leases, &pace, lockTimeout/2)
+		}
+		if err != nil {
 			if over := r.overtaken(ctx, g, name, gen); over != nil {
 				return Cutover{}, errors.WithSecondaryError(over, err)
 			}
 			return Cutover{}, errors.Wrapf(err, "projection: blue/green rebuild %q: generation %d (it stays building; "+
 				"running this again, or a runner of version %d, continues it)", name, gen.Generation, bg.cfg.Version)
 		}
-		// Within the cut-over, a gap of up to a batch is replayed while the
-		// old generation is held; a larger one is caught up first, outside.
+		// Within the cut-over, what was appended since approach looked is
+		// replayed while the old generation is held, within
+		// CutoverLockTimeout (a gap that would take longer at the pace
+		// measured is not tried); its batches are not cut off by that
+		// deadline (on the leases' lock sessions, that would lose the
+		// locks): the catch-up stops between batches.
+		rebuildCtx := ctx
 		c, err := r.cutover(ctx, g, name, bg, gen.Generation, reg.opts.Partitions,
 			func(ctx context.Context, _ pgx.Tx, from, target int64) error {
-				if target-from > int64(o.BatchSize) {
-					return errors.Wrapf(ErrCutoverBehind, "%q: generation %d is %d positions behind", name, gen.Generation, target-from)
+				gap := target - from
+				if d, ok := pace.estimate(gap); ok && d > lockTimeout {
+					return errors.Wrapf(ErrCutoverBehind, "%q: generation %d is %d positions behind, about %s of replay at its pace, "+
+						"more than BlueGreen.CutoverLockTimeout (%s)", name, gen.Generation, gap, d.Round(time.Millisecond), lockTimeout)
+				} else if !ok && gap > int64(o.BatchSize) {
+					return errors.Wrapf(ErrCutoverBehind, "%q: generation %d is %d positions behind", name, gen.Generation, gap)
 				}
-				return rb.driveAll(ctx, subs, leases, target)
+				return rb.driveAll(context.WithValue(ctx, batchCtxKey{}, rebuildCtx), subs, leases, target)
 			})
 		c.Attempts = attempt
 		if err == nil {
@@ -1262,7 +1336,7 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 // RebuildProgress.Waiting. It returns once the generation has none, or
 // with an error (a partition stopped for another reason, ctx's end).
 func (rb *rebuild) settle(ctx context.Context, g *generations, gen Generation, subs []*catchup.Subscription,
-	leases []*catchup.Lease, head int64, interval time.Duration) error {
+	leases []*catchup.Lease, head int64, interval time.Duration, pace *replayPace) error {
 	var logged time.Time
 	lastN := -1
 	// stoppedClear counts the rounds in a row that found a partition
@@ -1272,7 +1346,7 @@ func (rb *rebuild) settle(ctx context.Context, g *generations, gen Generation, s
 	// letter's.
 	stoppedClear := 0
 	for {
-		driven := rb.driveAll(ctx, subs, leases, head)
+		driven := rb.drive(ctx, subs, leases, head, pace)
 		if driven != nil && !errors.Is(driven, catchup.ErrStopped) {
 			return driven
 		}
@@ -1309,6 +1383,114 @@ func (rb *rebuild) settle(ctx context.Context, g *generations, gen Generation, s
 			return err
 		}
 	}
+}
+
+// replayPace is how fast a blue/green rebuild's drives went through the
+// log: the positions and the time of the last drive that covered some.
+type replayPace struct {
+	positions int64
+	took      time.Duration
+}
+
+// estimate returns how long a drive through gap positions would take at
+// the pace measured; ok is false while none was.
+func (p *replayPace) estimate(gap int64) (d time.Duration, ok bool) {
+	if p.positions <= 0 {
+		return 0, false
+	}
+	return time.Duration(float64(p.took) * float64(gap) / float64(p.positions)), true
+}
+
+// lowest returns the lowest start of leases (where the slowest partition
+// is).
+func lowest(leases []*catchup.Lease) int64 {
+	lo := int64(-1)
+	for _, l := range leases {
+		if lo < 0 || l.Start < lo {
+			lo = l.Start
+		}
+	}
+	return max(lo, 0)
+}
+
+// drive is driveAll, timed into pace.
+func (rb *rebuild) drive(ctx context.Context, subs []*catchup.Subscription, leases []*catchup.Lease, head int64, pace *replayPace) error {
+	from, t := lowest(leases), time.Now()
+	err := rb.driveAll(ctx, subs, leases, head)
+	if err == nil && head > from {
+		pace.positions, pace.took = head-from, time.Since(t)
+	}
+	return err
+}
+
+// approach catches the new generation up with the head again and again,
+// outside the cut-over, until what is left would take at most budget to
+// replay at the pace of the last drive: the cut-over replays what is left
+// while it holds the live generation (its leaders do not commit
+// meanwhile), within BlueGreen.CutoverLockTimeout. A round that does not
+// shrink what is left (writers as fast as the replay) ends it: the
+// cut-over then tries with what is left. A partition stopped meanwhile (a
+// dead letter) ends it too: the cut-over says so, and settle waits.
+func (rb *rebuild) approach(ctx context.Context, subs []*catchup.Subscription, leases []*catchup.Lease, pace *replayPace, budget time.Duration) error {
+	last := int64(-1)
+	for {
+		head, err := rb.engine.Head(ctx)
+		if err != nil {
+			return err
+		}
+		gap := head - lowest(leases)
+		if gap <= 0 {
+			return nil
+		}
+		if d, ok := pace.estimate(gap); ok && d <= budget {
+			return nil
+		}
+		if last >= 0 && gap >= last {
+			return nil
+		}
+		last = gap
+		if err := rb.drive(ctx, subs, leases, head, pace); err != nil {
+			if errors.Is(err, catchup.ErrStopped) {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// batchCtxKey is the key of the context that a blue/green rebuild's
+// processors run under, when the drive's context (the cut-over's catch-up,
+// bounded by CutoverLockTimeout) must not end them.
+type batchCtxKey struct{}
+
+// batchCtxProcessor runs the processor of a rebuild's partition under the
+// context at batchCtxKey in the drive's context, if any: a drive ends
+// with its context between batches (at a read or a wait), but a statement
+// of a batch cut off by it would close the connection it runs on, here the
+// session holding the partition's lock (TakeOver): the lock would be lost,
+// and the rebuild with it. (End has a context of its own; a drive through
+// a target does not idle.)
+type batchCtxProcessor struct {
+	catchup.Processor
+}
+
+func batchCtx(ctx context.Context) context.Context {
+	if b, ok := ctx.Value(batchCtxKey{}).(context.Context); ok {
+		return b
+	}
+	return ctx
+}
+
+func (p *batchCtxProcessor) Start(ctx context.Context, lease *catchup.Lease) error {
+	return p.Processor.Start(batchCtx(ctx), lease)
+}
+
+func (p *batchCtxProcessor) Process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
+	return p.Processor.Process(batchCtx(ctx), lease, b)
+}
+
+func (p *batchCtxProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error {
+	return p.Processor.Redeliver(batchCtx(ctx), lease)
 }
 
 // driveAll replays every partition through head, concurrently.
