@@ -86,12 +86,12 @@ type sessions struct {
 	groups    map[string]*group
 	departing []*group // left groups whose slot is still held
 	running   bool
-	stopped   chan struct{}         // closed when the running poller returns
+	stopped   chan struct{} // closed when the running poller returns
 	// quick counts the lock sessions in a row that ended soon after they
 	// opened (poll: only the running poller touches it).
-	quick int
-	current   *advisorylock.Standby // the poller's session, nil while it has none
-	wake      chan struct{}         // capacity 1: something changed (cuts a backoff short)
+	quick   int
+	current *advisorylock.Standby // the poller's session, nil while it has none
+	wake    chan struct{}         // capacity 1: something changed (cuts a backoff short)
 
 	// freeSince is when each partition this process stands by for was first
 	// seen free (nobody holding or queued for its lock), for the orphan
