@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -906,6 +907,8 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 	var abandoned Generation
 	var reason string
 	release := func() {} // the old generation's leaderGate, once held
+	// Released however the transaction ends (a panic in it included).
+	defer func() { release() }()
 	// Read committed: the transaction's reads see the leaders' commits.
 	err := pgx.BeginTxFunc(ctx, r.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		stale = nil
@@ -1292,7 +1295,15 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 				} else if !ok && gap > int64(o.BatchSize) {
 					return errors.Wrapf(ErrCutoverBehind, "%q: generation %d is %d positions behind", name, gen.Generation, gap)
 				}
-				return rb.driveAll(context.WithValue(ctx, batchCtxKey{}, rebuildCtx), subs, leases, target)
+				err := rb.driveAll(context.WithValue(ctx, batchCtxKey{}, rebuildCtx), subs, leases, target)
+				if errors.Is(err, catchup.ErrStopped) {
+					// A partition halted by the Stop policy: the checks on
+					// the locked positions and dead letters that follow say
+					// so (ErrCutoverBehind, ErrCutoverDeadLetters), and the
+					// rebuild waits, as it does outside the transaction.
+					return nil
+				}
+				return err
 			})
 		c.Attempts = attempt
 		if err == nil {
@@ -1398,7 +1409,13 @@ func (p *replayPace) estimate(gap int64) (d time.Duration, ok bool) {
 	if p.positions <= 0 {
 		return 0, false
 	}
-	return time.Duration(float64(p.took) * float64(gap) / float64(p.positions)), true
+	// In float64, clamped: a conversion out of int64's range is undefined
+	// (amd64 gives a negative duration, which would pass for a short one).
+	f := float64(p.took) * float64(gap) / float64(p.positions)
+	if f >= math.MaxInt64 {
+		return time.Duration(math.MaxInt64), true
+	}
+	return time.Duration(f), true
 }
 
 // lowest returns the lowest start of leases (where the slowest partition

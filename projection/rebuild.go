@@ -647,10 +647,18 @@ func (rb *rebuild) replay(ctx context.Context, sub *catchup.Subscription, lease 
 			return err
 		}
 		// Continue from what is committed, not from where the read failed.
+		// On the session holding the partition's lock, under the batches'
+		// context (batchCtx): a blue/green cut-over's catch-up deadline
+		// that ended this statement would close the session, and the lock
+		// would be lost with the rebuild.
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		bctx := batchCtx(ctx)
 		var cp checkpoint.Checkpoint
-		err = lease.Do(ctx, func(conn *pgx.Conn) error {
+		err = lease.Do(bctx, func(conn *pgx.Conn) error {
 			var err error
-			cp, err = rb.cps.Load(ctx, conn, sub.Name, sub.Partition)
+			cp, err = rb.cps.Load(bctx, conn, sub.Name, sub.Partition)
 			return err
 		})
 		if err != nil {
