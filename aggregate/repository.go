@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/freshids"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
 
@@ -341,7 +342,12 @@ func (r *Repository[A]) save(ctx context.Context, tx pgx.Tx, a A) error {
 	}
 	md = withCause(ctx, md)
 	// The events keep the IDs a first attempt gave them until a Save
-	// succeeds: see Save.
+	// succeeds: see Save. A first attempt's IDs are fresh (UUIDv7 made
+	// now): the store need not look them up, as it does for a Save made
+	// again, whose IDs may be stored.
+	if len(b.ids) == 0 {
+		ctx = freshids.With(ctx)
+	}
 	for len(b.ids) < len(b.uncommitted) {
 		id, err := uuid.NewV7()
 		if err != nil {

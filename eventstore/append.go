@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/annals-dev/annals/internal/freshids"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
 
@@ -392,6 +393,7 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 	}
 	encoded := make([]encodedEvent, 0, len(events))
 	callerIDs := false
+	fresh := freshids.In(ctx) // IDs generated for this append: none can be stored
 	for i, e := range events {
 		name := e.Type
 		if reg, ok := s.registry.NameOf(e.Data); ok {
@@ -445,7 +447,7 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 			if id, err = uuid.NewV7(); err != nil {
 				return appendArgs{}, errors.Wrap(err, "generate event ID")
 			}
-		} else {
+		} else if !fresh {
 			callerIDs = true
 		}
 		encoded = append(encoded, encodedEvent{id: id, typ: name, data: data, meta: meta})
