@@ -119,6 +119,11 @@ func TestWriterCannotAppendNumbersJsonbRefuses(t *testing.T) {
 			fmt.Sprintf("poison-b%d", i), data)
 		wantAN002(t, fmt.Sprintf("append_batch of %.40q", data), err, "data")
 	}
+	// A refusal names the event the rule refused: not data without
+	// "$personal" that jsonb cannot hold (accepted), but the bad type after it.
+	_, err := w.Pool.Exec(ctx, `SELECT * FROM `+s+`.append_batch('{b-1}', '{NULL}', '{1,1}', '{1,2}',
+	        ARRAY[gen_random_uuid(), gen_random_uuid()], ARRAY['T', ''], '{"{\"n\": 1e1000000}", "{}"}', '{NULL,NULL}', false)`)
+	wantAN002(t, "append_batch of data jsonb cannot hold, then an empty type", err, "type")
 	// Numbers in metadata never reached the log (it is cast to jsonb).
 	if _, err := w.Pool.Exec(ctx, `SELECT * FROM `+s+`.append_one('poison-m', NULL, gen_random_uuid(), 'T', '{}', '{"n":1e1000000}', true)`); err == nil {
 		t.Error("append_one stored metadata holding 1e1000000")
@@ -173,9 +178,9 @@ func TestNumberCheckInlined(t *testing.T) {
 	defer func() { _ = tx.Rollback(ctx) }()
 	for _, q := range []string{
 		`SET LOCAL track_functions = 'all'`,
-		`SELECT status FROM ` + s + `.append_one('s-1', NULL, gen_random_uuid(), 't', '{"a": 1e5}', NULL, true)`,
+		`SELECT status FROM ` + s + `.append_one('s-1', NULL, gen_random_uuid(), 't', '{"a": 1e5, "$personal": 1}', NULL, true)`,
 		`SELECT count(*) FROM ` + s + `.append_batch('{s-2}', '{NULL}', '{1}', '{1}', ARRAY[gen_random_uuid()],
-		             '{t}', '{"{\"a\": 1}"}', '{NULL}', true)`,
+		             '{t}', '{"{\"a\": 1, \"$personal\": 1}"}', '{NULL}', true)`,
 	} {
 		if _, err := tx.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -183,7 +188,7 @@ func TestNumberCheckInlined(t *testing.T) {
 	}
 	var calls int64
 	if err := tx.QueryRow(ctx, `SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions
-	                             WHERE schemaname = $1 AND funcname IN ('jsonb_may_overflow', 'event_input_bad', 'jsonb_storable')`,
+	                             WHERE schemaname = $1 AND funcname IN ('jsonb_may_overflow', 'data_unstorable', 'event_input_bad', 'jsonb_storable')`,
 		db.Schema).Scan(&calls); err != nil || calls != 0 {
 		t.Fatalf("the input rules were called as functions %d times (%v), want inlined and jsonb_storable not asked", calls, err)
 	}

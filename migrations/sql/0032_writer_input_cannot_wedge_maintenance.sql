@@ -115,8 +115,20 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN octet_length(p_json) > 6384
     OR p_json ~ E'[:,[][ \\t\\r\\n]*-?[0-9]+(\\.[0-9]+)?[eE][+-]?[0-9]{5}';
 
--- event_input_bad as in 0018, with jsonb_storable asked also for data that
--- may hold a number out of range.
+-- data_unstorable reports whether event data breaks the jsonb rule of the
+-- header: a \u escape jsonb cannot hold, or, in personal data, a number out
+-- of numeric's range. event_input_bad and append_batch_refuse both ask it,
+-- so that a refusal names the event the rule refused. One expression, so
+-- that event_input_bad is still inlined.
+CREATE FUNCTION {{.Schema}}.data_unstorable(p_data text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN (strpos(p_data, E'\\u') > 0
+        OR (strpos(p_data, '"$personal"') > 0 AND {{.Schema}}.jsonb_may_overflow(p_data)))
+   AND NOT {{.Schema}}.jsonb_storable(p_data);
+
+-- event_input_bad as in 0018, with jsonb_storable asked also for personal
+-- data that may hold a number out of range (data_unstorable).
 CREATE OR REPLACE FUNCTION {{.Schema}}.event_input_bad(p_type text, p_data text, p_metadata text)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -126,9 +138,7 @@ RETURN p_type IS NULL OR p_data IS NULL
             AND p_type ~ E'^[^\\x01-\\x1f\\x7f-\\x9f]*[^\\x01-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\x01-\\x1f\\x7f-\\x9f]*$')
     OR left(ltrim(p_data, E' \t\r\n'), 1) NOT IN ('{', '[')
     OR octet_length(p_data) + coalesce(octet_length(p_metadata), 0) > 67108864
-    OR ((strpos(p_data, E'\\u') > 0
-         OR (strpos(p_data, '"$personal"') > 0 AND {{.Schema}}.jsonb_may_overflow(p_data)))
-        AND NOT {{.Schema}}.jsonb_storable(p_data))
+    OR {{.Schema}}.data_unstorable(p_data)
     OR (p_metadata IS NOT NULL AND p_metadata <> ''
         AND (left(ltrim(p_metadata, E' \t\r\n'), 1) <> '{'
              OR (strpos(p_metadata, E'\\u') > 0 AND NOT {{.Schema}}.jsonb_storable(p_metadata))
@@ -197,7 +207,7 @@ BEGIN
                 v_why := format('is %s bytes; the limit is 67108864 (64 MiB)', v_size);
             ELSIF p_data[i] IS NULL OR left(ltrim(p_data[i], E' \t\r\n'), 1) NOT IN ('{', '[') THEN
                 v_field := 'data'; v_why := 'is not a JSON object or array';
-            ELSIF NOT {{.Schema}}.jsonb_storable(p_data[i]) THEN
+            ELSIF {{.Schema}}.data_unstorable(p_data[i]) THEN
                 v_field := 'data'; v_why := 'is not JSON that jsonb can hold (a NUL character escape, an unpaired surrogate, or a number beyond numeric''s range)';
             ELSIF coalesce(p_metadata[i], '') <> ''
                   AND (left(ltrim(p_metadata[i], E' \t\r\n'), 1) <> '{' OR NOT {{.Schema}}.jsonb_storable(p_metadata[i])) THEN
