@@ -453,8 +453,8 @@
 // (advisorylock.AcquireQueued): a lock_timeout that the role or the
 // database sets as a production guard would otherwise make TakeOver fail
 // whenever the checkpoint row is held for a moment (a batch's commit in
-// flight), and a rebuild with it. The fence is bounded by TakeOver's wait,
-// the claim by its context (TestTakeOverIgnoresServerTimeouts).
+// flight), and a rebuild with it. Both are bounded by TakeOver's wait
+// (TestTakeOverIgnoresServerTimeouts, TestTakeOverWaitBoundsTheClaim).
 //
 // # Announcing a fence
 //
