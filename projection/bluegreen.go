@@ -79,8 +79,9 @@ type BlueGreen struct {
 	// not cut off), and for the views (readers holding them in long
 	// transactions); the attempt then fails and is retried. The live read
 	// model is not updated from the first of these waits to the end of the
-	// transaction: one attempt can hold it still for about three times
-	// CutoverLockTimeout, plus the wait for the views. RebuildBlueGreen
+	// transaction, each of those waits up to CutoverLockTimeout, plus the
+	// lock of the new generation's checkpoints and a batch finished after
+	// the deadline (not measured; no test bounds the total). RebuildBlueGreen
 	// keeps its catch-up short: it catches up outside the transaction
 	// first, until what is left would take half of CutoverLockTimeout at
 	// the pace it measured. Defaults to 2s.
@@ -485,7 +486,6 @@ func (r *Runner) ensureGenerations(ctx context.Context, g *generations, name str
 	}
 	var retired []abandoned
 	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		retired = nil
 		if err := g.lock(ctx, tx, name); err != nil {
 			return err
 		}
@@ -542,7 +542,7 @@ func (r *Runner) wantsGeneration(gens []Generation, bg *blueGreenReg) bool {
 	if !bg.cfg.AutoRebuild || l == nil || l.Version >= bg.cfg.Version {
 		return false
 	}
-	_, _, blocked := rebuildBlocker(gens, bg.cfg.Version)
+	_, blocked := rebuildBlocker(gens, bg.cfg.Version)
 	return !blocked
 }
 
@@ -555,7 +555,7 @@ func (r *Runner) wantsGeneration(gens []Generation, bg *blueGreenReg) bool {
 // generation that replaced it decides if it is of version v or newer, and
 // a cut-over to an older version (which annals made before it refused
 // them) rolled nothing back.
-func rebuildBlocker(gens []Generation, v int) (Generation, string, bool) {
+func rebuildBlocker(gens []Generation, v int) (string, bool) {
 	for i := len(gens) - 1; i >= 0; i-- {
 		x := gens[i]
 		if x.Version < v {
@@ -563,33 +563,30 @@ func rebuildBlocker(gens []Generation, v int) (Generation, string, bool) {
 		}
 		switch {
 		case x.State == GenerationBuilding || x.State == GenerationLive:
-			return x, fmt.Sprintf("generation %d, of version %d, is %s", x.Generation, x.Version, x.State), true
+			return fmt.Sprintf("generation %d, of version %d, is %s", x.Generation, x.Version, x.State), true
 		case x.LiveSince == nil:
 			continue
 		}
-		if _, replaced := cutOverFrom(gens, x); replaced {
+		if cutOver(gens, x) {
 			continue
 		}
-		return x, fmt.Sprintf("version %d (generation %d) was live and rolled back (projections rollback)", x.Version, x.Generation), true
+		return fmt.Sprintf("version %d (generation %d) was live and rolled back (projections rollback)", x.Version, x.Generation), true
 	}
-	return Generation{}, "", false
+	return "", false
 }
 
-// cutOverFrom returns the generation whose cut-over retired x, which is
-// retired or dropped: the one that records x as Replaced and went live no
-// earlier than x was retired (a cut-over retires the old generation and
-// makes the new one live in one transaction, in that order). A generation
-// that none such replaced was retired by a rollback.
-func cutOverFrom(gens []Generation, x Generation) (Generation, bool) {
+// cutOver reports whether a cut-over retired x (retired or dropped):
+// whether a generation records x as Replaced and went live no earlier than
+// x was retired (a cut-over retires the old generation and makes the new
+// one live in one transaction, in that order). A generation that none such
+// replaced was retired by a rollback.
+func cutOver(gens []Generation, x Generation) bool {
 	if x.RetiredAt == nil {
-		return Generation{}, false
+		return false
 	}
-	for _, y := range gens {
-		if y.Replaced != nil && *y.Replaced == x.Generation && y.LiveSince != nil && !x.RetiredAt.After(*y.LiveSince) {
-			return y, true
-		}
-	}
-	return Generation{}, false
+	return slices.ContainsFunc(gens, func(y Generation) bool {
+		return y.Replaced != nil && *y.Replaced == x.Generation && y.LiveSince != nil && !x.RetiredAt.After(*y.LiveSince)
+	})
 }
 
 // generationProjection runs a projection's handlers in a generation's
@@ -911,7 +908,6 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 	defer func() { release() }()
 	// Read committed: the transaction's reads see the leaders' commits.
 	err := pgx.BeginTxFunc(ctx, r.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		stale = nil
 		if _, err := tx.Exec(ctx, g.q["LockTimeout"], strconv.FormatInt(lockTimeout.Milliseconds(), 10)+"ms"); err != nil {
 			return err
 		}
@@ -1164,7 +1160,6 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	var retired []Generation
 	var reasons []string
 	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		retired, reasons = nil, nil
 		if err := g.lock(ctx, tx, name); err != nil {
 			return err
 		}

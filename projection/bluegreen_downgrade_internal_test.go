@@ -78,7 +78,7 @@ func TestRebuildBlocker(t *testing.T) {
 		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, why, blocked := rebuildBlocker(tc.gens, 3)
+			why, blocked := rebuildBlocker(tc.gens, 3)
 			if blocked != tc.blocked || !strings.Contains(why, tc.why) {
 				t.Fatalf("blocked %v, %q; want %v, %q", blocked, why, tc.blocked, tc.why)
 			}

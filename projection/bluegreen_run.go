@@ -162,7 +162,7 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 				// being built, or (in between) a generation about to be set up.
 				why = fmt.Sprintf("a generation of version %d is to be set up (BlueGreen.AutoRebuild); the live generation is version %d",
 					bg.cfg.Version, l.Version)
-				if _, blocker, ok := rebuildBlocker(gens, bg.cfg.Version); ok {
+				if blocker, ok := rebuildBlocker(gens, bg.cfg.Version); ok {
 					why = fmt.Sprintf("%s: BlueGreen.AutoRebuild does not build version %d by itself (projections rebuild %s "+
 						"does); the live generation is version %d", blocker, bg.cfg.Version, reg.name, l.Version)
 				}

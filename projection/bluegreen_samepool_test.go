@@ -51,44 +51,6 @@ func smallPool(t *testing.T, db *annalstest.DB, maxConns int32) *pgxpool.Pool {
 	return pool
 }
 
-// appendUntilStopped appends a stream of 5 events every 5 ms until stop is
-// called (or the test ends).
-func appendUntilStopped(t *testing.T, log *bgLog) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	var wg sync.WaitGroup
-	var werr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			if err := log.add(ctx, 1, 5); err != nil && ctx.Err() == nil {
-				werr = err
-				return
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			wg.Wait()
-			if werr != nil {
-				t.Errorf("writer: %v", werr)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
-}
-
 // checkpointsOf returns the checkpoint of each partition of sub.
 func checkpointsOf(t *testing.T, db *annalstest.DB, sub string) map[int]int64 {
 	t.Helper()
@@ -196,7 +158,7 @@ func cutoverBesideLiveLeaders(t *testing.T, version int) {
 	}
 	seeded := headOf(t, db)
 	bgRunInBackground(t, r)
-	stopWriter := appendUntilStopped(t, log)
+	stopWriter := appendSteadily(t, log, 5, 5*time.Millisecond)
 	// The live generation is caught up with the seed and follows the writer.
 	annalstest.WaitFor(t, 30*time.Second, func() bool {
 		cps := checkpointsOf(t, db, bgName+"#g1")
