@@ -408,8 +408,6 @@ type Engine struct {
 	cfg         Config
 	q           map[string]string
 	sessions    *sessions
-	// fenceChannel is where fences are announced (checkpoint.FenceChannel).
-	fenceChannel string
 	// archived is the newest archived position a read saw (a hint: see
 	// readBatches).
 	archived atomic.Int64
@@ -481,8 +479,7 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 	// BeforeConnect and AfterConnect, at every dial), unless Lock names a
 	// Connect of its own.
 	c.Lock = poolconn.LockConfig(pool, lockConfig(c.Lock, c.Schema))
-	e := &Engine{pool: pool, connConfig: cc, schema: c.Schema, listener: listener, checkpoints: cps, cfg: c, q: q,
-		fenceChannel: checkpoint.FenceChannel(c.Schema)}
+	e := &Engine{pool: pool, connConfig: cc, schema: c.Schema, listener: listener, checkpoints: cps, cfg: c, q: q}
 	e.sessions = newSessions(e)
 	return e, nil
 }

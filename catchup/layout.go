@@ -117,7 +117,7 @@ func (e *Engine) CheckLayout(ctx context.Context, sub *Subscription) error {
 			moved   bool
 			refused = &PartitionLayoutError{Subscriber: sub.Name, Partitions: n, PartitionBy: by, HighestPartition: -1}
 		)
-		if err := e.pool.QueryRow(ctx, e.q["RecordLayout"], sub.Name, n, by, e.fenceChannel).Scan(&written, &recN, &recBy, &highest, &count, &moved); err != nil {
+		if err := e.pool.QueryRow(ctx, e.q["RecordLayout"], sub.Name, n, by).Scan(&written, &recN, &recBy, &highest, &count, &moved); err != nil {
 			return errors.Wrapf(err, "catchup: record the partition layout of %s", sub.Name)
 		}
 		switch {
@@ -151,7 +151,7 @@ func (e *Engine) CheckLayout(ctx context.Context, sub *Subscription) error {
 func (e *Engine) claimLaidOut(ctx context.Context, db claimDB, sub *Subscription) (checkpoint.Checkpoint, error) {
 	n, by := layoutOf(sub)
 	return e.claimTx(ctx, db, sub, statement{sql: e.q["ClaimUnbounded"]},
-		statement{e.q["ClaimAnnounced"], []any{sub.Name, sub.Partition, e.cfg.Owner, n, by, e.fenceChannel}})
+		statement{e.q["ClaimAnnounced"], []any{sub.Name, sub.Partition, e.cfg.Owner, n, by}})
 }
 
 // claimDB is where a claim runs: a connection (the lock session's, a

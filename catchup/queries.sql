@@ -213,7 +213,7 @@ SELECT set_config('synchronous_commit', 'off', true)
 
 -- name: RecordLayout
 -- $1 subscriber, $2 partitions, $3 partition key (canonical: see
--- layoutOf), $4 the fence channel. Records the subscriber's layout when it
+-- layoutOf). Records the subscriber's layout when it
 -- has none and its checkpoints allow it, or replaces it while every
 -- checkpoint of the subscriber is at 0 (nothing was processed: a first run
 -- with a mistaken layout, or every partition reset), bumping every
@@ -249,7 +249,7 @@ ins AS (
 bump AS (
     UPDATE {{.Schema}}.checkpoints c SET epoch = c.epoch + 1, owner = NULL, updated_at = clock_timestamp()
      WHERE c.subscriber_id = $1 AND EXISTS (SELECT 1 FROM ins WHERE ins.replaced)
-    RETURNING pg_catalog.pg_notify($4::text, pg_catalog.md5(pg_catalog.convert_to(c.subscriber_id || ':' || c.partition::text, 'UTF8'))))
+    RETURNING {{.AnnounceFence "c.subscriber_id" "c.partition"}})
 SELECT EXISTS (SELECT 1 FROM ins), l.partitions, l.partition_by, cp.highest, cp.n, cp.moved
   FROM cp LEFT JOIN {{.Schema}}.subscriber_layouts l ON l.subscriber_id = $1;
 
@@ -268,7 +268,7 @@ ON CONFLICT (subscriber_id, partition) DO UPDATE
 RETURNING position, epoch, owner, updated_at;
 
 -- name: ClaimAnnounced
--- Claim, announced on the fence channel $6 (checkpoint.FencePayload) when
+-- Claim, announced on the fence channel (checkpoint.FencePayload) when
 -- it claims: TakeOver's claims, which fence a leader that may be waiting
 -- idle for new events (see "Announcing a fence" in the package doc). The
 -- notification is delivered when the claim's transaction commits.
@@ -281,7 +281,7 @@ WITH claimed AS (
        SET epoch = c.epoch + 1, owner = EXCLUDED.owner, updated_at = clock_timestamp()
     RETURNING position, epoch, owner, updated_at)
 SELECT cl.position, cl.epoch, cl.owner, cl.updated_at
-  FROM claimed cl, pg_catalog.pg_notify($6::text, pg_catalog.md5(pg_catalog.convert_to($1::text || ':' || $2::int::text, 'UTF8'))) n;
+  FROM claimed cl, {{.AnnounceFence "$1" "$2"}} n;
 
 -- name: ClaimUnbounded
 -- The timeouts of TakeOver's claims, for their transaction only: no

@@ -56,8 +56,7 @@ type Checkpoint struct {
 
 // Store runs the checkpoint statements for one schema.
 type Store struct {
-	q       map[string]string
-	channel string // FenceChannel
+	q map[string]string
 }
 
 // FenceChannel returns the NOTIFY channel on which the statements that
@@ -91,7 +90,7 @@ func New(schema string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{q: q, channel: FenceChannel(schema)}, nil
+	return &Store{q: q}, nil
 }
 
 func validate(sub string, part int) error {
@@ -168,7 +167,7 @@ func (s *Store) Set(ctx context.Context, db DB, sub string, part int, position i
 	}
 	c := Checkpoint{Subscriber: sub, Partition: part}
 	var o *string
-	err := db.QueryRow(ctx, s.q["Set"], sub, part, position, s.channel).Scan(&c.Position, &c.Epoch, &o, &c.UpdatedAt)
+	err := db.QueryRow(ctx, s.q["Set"], sub, part, position).Scan(&c.Position, &c.Epoch, &o, &c.UpdatedAt)
 	return c, errors.Wrapf(err, "checkpoint: set %s/%d", sub, part)
 }
 
@@ -208,7 +207,7 @@ func (s *Store) Move(ctx context.Context, db DB, sub string, part int, position 
 	}
 	m := Moved{Before: Checkpoint{Subscriber: sub, Partition: part}, After: Checkpoint{Subscriber: sub, Partition: part}}
 	var bo, ao *string
-	err := db.QueryRow(ctx, s.q["Move"], sub, part, position, s.channel).Scan(&m.Before.Position, &m.Before.Epoch, &bo, &m.Before.UpdatedAt,
+	err := db.QueryRow(ctx, s.q["Move"], sub, part, position).Scan(&m.Before.Position, &m.Before.Epoch, &bo, &m.Before.UpdatedAt,
 		&m.After.Position, &m.After.Epoch, &ao, &m.After.UpdatedAt, &m.DeadLettersSettled)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Moved{}, errors.Wrapf(ErrNotFound, "checkpoint %s/%d", sub, part)

@@ -19,8 +19,8 @@ UPDATE {{.Schema}}.checkpoints
 RETURNING position;
 
 -- name: Set
--- $4 is the fence channel (FenceChannel): the epoch's bump is announced
--- there with FencePayload's digest, delivered when the caller's
+-- The epoch's bump is announced on FenceChannel with FencePayload's
+-- digest, delivered when the caller's
 -- transaction commits, so that a leader waiting idle lets go at once.
 WITH written AS (
     INSERT INTO {{.Schema}}.checkpoints AS c (subscriber_id, partition, position, epoch, owner)
@@ -29,7 +29,7 @@ WITH written AS (
        SET position = EXCLUDED.position, epoch = c.epoch + 1, owner = NULL, updated_at = clock_timestamp()
     RETURNING position, epoch, owner, updated_at)
 SELECT w.position, w.epoch, w.owner, w.updated_at
-  FROM written w, pg_catalog.pg_notify($4::text, pg_catalog.md5(pg_catalog.convert_to($1::text || ':' || $2::int::text, 'UTF8'))) n;
+  FROM written w, {{.AnnounceFence "$1" "$2"}} n;
 
 -- name: List
 SELECT subscriber_id, partition, position, epoch, owner, updated_at
@@ -42,7 +42,7 @@ SELECT subscriber_id, partition, position, epoch, owner, updated_at
 -- epoch, and when it moves back, settle the partition's dead letters after
 -- $3 (also those an operator skipped) as resolved, since their events are
 -- delivered again (one that fails again is open again), as a rebuild
--- settles them, and announce the fence on $4 (as Set does). No row (no
+-- settles them, and announce the fence (as Set does). No row (no
 -- checkpoint): no row returned, nothing announced.
 WITH old AS (
     SELECT position, epoch, owner, updated_at
@@ -55,7 +55,7 @@ moved AS (
       FROM old
      WHERE c.subscriber_id = $1 AND c.partition = $2
     RETURNING c.position, c.epoch, c.owner, c.updated_at,
-              pg_catalog.pg_notify($4::text, pg_catalog.md5(pg_catalog.convert_to($1::text || ':' || $2::int::text, 'UTF8')))),
+              {{.AnnounceFence "$1" "$2"}}),
 settled AS (
     UPDATE {{.Schema}}.dead_letters AS d
        SET status = 'resolved', updated_at = clock_timestamp()

@@ -84,7 +84,7 @@ UPDATE {{.Schema}}.checkpoints
    SET epoch = epoch + 1, owner = NULL, stopped_reason = $2, stopped_at = clock_timestamp(),
        updated_at = clock_timestamp()
  WHERE subscriber_id = $1
-RETURNING pg_catalog.pg_notify({{.FenceChannel}}, pg_catalog.md5(pg_catalog.convert_to(subscriber_id || ':' || partition::text, 'UTF8')));
+RETURNING {{.AnnounceFence "subscriber_id" "partition"}};
 
 -- name: ReviveCheckpoints
 UPDATE {{.Schema}}.checkpoints

@@ -58,7 +58,7 @@ UPDATE {{.Schema}}.checkpoints
    SET position = 0, epoch = epoch + 1, owner = $2, stopped_reason = NULL, stopped_at = NULL,
        updated_at = clock_timestamp()
  WHERE subscriber_id = $1
-RETURNING pg_catalog.pg_notify({{.FenceChannel}}, pg_catalog.md5(pg_catalog.convert_to(subscriber_id || ':' || partition::text, 'UTF8')));
+RETURNING {{.AnnounceFence "subscriber_id" "partition"}};
 
 -- name: ReplaceLayout
 -- Records $2 partitions by $3 as subscriber $1's layout (in the transaction

@@ -54,6 +54,17 @@ func NewData(schema string) Data {
 	}
 }
 
+// AnnounceFence returns the SQL expression that announces the fence of
+// subscriber partition (two SQL expressions, a text and an int) on
+// FenceChannel: pg_notify with the hex MD5 of the UTF-8 bytes of
+// "subscriber:partition", as checkpoint.FencePayload computes it. Templates
+// call it as {{.AnnounceFence "c.subscriber_id" "c.partition"}}, so that
+// the payload is written once.
+func (d Data) AnnounceFence(subscriber, partition string) string {
+	return "pg_catalog.pg_notify(" + d.FenceChannel + ", pg_catalog.md5(pg_catalog.convert_to((" +
+		subscriber + ")::text || ':' || (" + partition + ")::int::text, 'UTF8')))"
+}
+
 // Render executes src as a template with data.
 func Render(name, src string, data Data) (string, error) {
 	t, err := template.New(name).Option("missingkey=error").Parse(src)
