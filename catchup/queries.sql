@@ -259,27 +259,20 @@ SELECT EXISTS (SELECT 1 FROM ins), l.partitions, l.partition_by, cp.highest, cp.
 -- subscriber's recorded layout is $4 partitions by $5: a layout replaced
 -- (RecordLayout) after this engine checked it refuses the claim, so no
 -- leader of the old layout starts after the replacement. No row: refused.
-INSERT INTO {{.Schema}}.checkpoints AS c (subscriber_id, partition, position, epoch, owner)
+{{define "claim"}}INSERT INTO {{.Schema}}.checkpoints AS c (subscriber_id, partition, position, epoch, owner)
 SELECT $1, $2, 0, 1, $3
  WHERE EXISTS (SELECT 1 FROM {{.Schema}}.subscriber_layouts l
                 WHERE l.subscriber_id = $1 AND l.partitions = $4 AND l.partition_by = $5)
 ON CONFLICT (subscriber_id, partition) DO UPDATE
    SET epoch = c.epoch + 1, owner = EXCLUDED.owner, updated_at = clock_timestamp()
-RETURNING position, epoch, owner, updated_at;
+RETURNING position, epoch, owner, updated_at{{end}}{{template "claim" .}};
 
 -- name: ClaimAnnounced
 -- Claim, announced on the fence channel (checkpoint.FencePayload) when
 -- it claims: TakeOver's claims, which fence a leader that may be waiting
 -- idle for new events (see "Announcing a fence" in the package doc). The
 -- notification is delivered when the claim's transaction commits.
-WITH claimed AS (
-    INSERT INTO {{.Schema}}.checkpoints AS c (subscriber_id, partition, position, epoch, owner)
-    SELECT $1, $2, 0, 1, $3
-     WHERE EXISTS (SELECT 1 FROM {{.Schema}}.subscriber_layouts l
-                    WHERE l.subscriber_id = $1 AND l.partitions = $4 AND l.partition_by = $5)
-    ON CONFLICT (subscriber_id, partition) DO UPDATE
-       SET epoch = c.epoch + 1, owner = EXCLUDED.owner, updated_at = clock_timestamp()
-    RETURNING position, epoch, owner, updated_at)
+WITH claimed AS ({{template "claim" .}})
 SELECT cl.position, cl.epoch, cl.owner, cl.updated_at
   FROM claimed cl, {{.AnnounceFence "$1" "$2"}} n;
 
