@@ -175,6 +175,15 @@ func (e *Engine) TakeOver(ctx context.Context, sub *Subscription, wait time.Dura
 // lease. Handler failures follow the processor's policy; a read error, a
 // lost lock or fencing (checkpoint.ErrFenced) ends it with that error.
 func (e *Engine) Drive(ctx context.Context, sub *Subscription, lease *Lease, target int64) error {
+	return e.DriveWithin(ctx, ctx, sub, lease, target)
+}
+
+// DriveWithin is Drive whose processor calls run under procCtx while the
+// drive itself ends with ctx, between batches: a batch under way when ctx
+// ends is finished (or ends with procCtx), not cut off. A statement cut
+// off on a TakeOver lease's connection closes it, and the lock with it;
+// projection's blue/green cut-over bounds its catch-up this way.
+func (e *Engine) DriveWithin(ctx, procCtx context.Context, sub *Subscription, lease *Lease, target int64) error {
 	if err := e.validate(sub); err != nil {
 		return err
 	}
@@ -184,7 +193,7 @@ func (e *Engine) Drive(ctx context.Context, sub *Subscription, lease *Lease, tar
 	if lease.Subscriber != sub.Name || lease.Partition != sub.Partition {
 		return errors.Newf("catchup: lease of %s/%d used for %s/%d", lease.Subscriber, lease.Partition, sub.Name, sub.Partition)
 	}
-	return e.lead(ctx, ctx, sub, lease, target)
+	return e.lead(ctx, procCtx, sub, lease, target)
 }
 
 // Release ends a leadership taken with TakeOver: it releases the lock (and

@@ -892,7 +892,7 @@ func (p *gatedProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) er
 //     between batches: RebuildBlueGreen's drive reads on the pool, but its
 //     batches commit on the sessions holding its partitions' locks, and a
 //     statement cut off there would close the session and lose the lock
-//     (see batchCtxProcessor). A catch-up cut off once it had reached the
+//     (catchup.Engine.DriveWithin). A catch-up cut off once it had reached the
 //     position (looking for released dead letters) does not fail the
 //     attempt: the new generation's checkpoints decide.
 func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *blueGreenReg, to, partitions int,
@@ -1206,7 +1206,7 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	log := rb.log.With(slog.Int("generation", gen.Generation))
 	rb.log = log
 	subs := r.generationSubs(reg, g, gen, func(p catchup.Processor) catchup.Processor {
-		return &batchCtxProcessor{&countingProcessor{Processor: p, done: rb.advance}}
+		return &countingProcessor{Processor: p, done: rb.advance}
 	})
 	for _, s := range subs {
 		s.BatchSize = o.BatchSize
@@ -1290,7 +1290,7 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 				} else if !ok && gap > int64(o.BatchSize) {
 					return errors.Wrapf(ErrCutoverBehind, "%q: generation %d is %d positions behind", name, gen.Generation, gap)
 				}
-				err := rb.driveAll(context.WithValue(ctx, batchCtxKey{}, rebuildCtx), subs, leases, target)
+				err := rb.driveAll(ctx, rebuildCtx, subs, leases, target)
 				if errors.Is(err, catchup.ErrStopped) {
 					// A partition halted by the Stop policy: the checks on
 					// the locked positions and dead letters that follow say
@@ -1428,7 +1428,7 @@ func lowest(leases []*catchup.Lease) int64 {
 // drive is driveAll, timed into pace.
 func (rb *rebuild) drive(ctx context.Context, subs []*catchup.Subscription, leases []*catchup.Lease, head int64, pace *replayPace) error {
 	from, t := lowest(leases), time.Now()
-	err := rb.driveAll(ctx, subs, leases, head)
+	err := rb.driveAll(ctx, ctx, subs, leases, head)
 	if err == nil && head > from {
 		pace.positions, pace.took = head-from, time.Since(t)
 	}
@@ -1470,43 +1470,9 @@ func (rb *rebuild) approach(ctx context.Context, subs []*catchup.Subscription, l
 	}
 }
 
-// batchCtxKey is the key of the context that a blue/green rebuild's
-// processors run under, when the drive's context (the cut-over's catch-up,
-// bounded by CutoverLockTimeout) must not end them.
-type batchCtxKey struct{}
-
-// batchCtxProcessor runs the processor of a rebuild's partition under the
-// context at batchCtxKey in the drive's context, if any: a drive ends
-// with its context between batches (at a read or a wait), but a statement
-// of a batch cut off by it would close the connection it runs on, here the
-// session holding the partition's lock (TakeOver): the lock would be lost,
-// and the rebuild with it. (End has a context of its own; a drive through
-// a target does not idle.)
-type batchCtxProcessor struct {
-	catchup.Processor
-}
-
-func batchCtx(ctx context.Context) context.Context {
-	if b, ok := ctx.Value(batchCtxKey{}).(context.Context); ok {
-		return b
-	}
-	return ctx
-}
-
-func (p *batchCtxProcessor) Start(ctx context.Context, lease *catchup.Lease) error {
-	return p.Processor.Start(batchCtx(ctx), lease)
-}
-
-func (p *batchCtxProcessor) Process(ctx context.Context, lease *catchup.Lease, b catchup.Batch) (int64, error) {
-	return p.Processor.Process(batchCtx(ctx), lease, b)
-}
-
-func (p *batchCtxProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error {
-	return p.Processor.Redeliver(batchCtx(ctx), lease)
-}
-
-// driveAll replays every partition through head, concurrently.
-func (rb *rebuild) driveAll(ctx context.Context, subs []*catchup.Subscription, leases []*catchup.Lease, head int64) error {
+// driveAll replays every partition through head, concurrently, its
+// batches under procCtx (see replay).
+func (rb *rebuild) driveAll(ctx, procCtx context.Context, subs []*catchup.Subscription, leases []*catchup.Lease, head int64) error {
 	errs := make([]error, len(subs))
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -1514,7 +1480,7 @@ func (rb *rebuild) driveAll(ctx context.Context, subs []*catchup.Subscription, l
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := rb.replay(ctx, s, leases[i], head)
+			err := rb.replay(ctx, procCtx, s, leases[i], head)
 			// The next drive starts where this one committed (Drive starts
 			// at lease.Start): never replay an event twice. Also after a
 			// drive cut short (the cut-over's catch-up deadline): it may have

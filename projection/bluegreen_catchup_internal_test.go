@@ -1,7 +1,6 @@
 package projection
 
 import (
-	"context"
 	"math"
 	"testing"
 	"time"
@@ -9,59 +8,6 @@ import (
 	"github.com/annals-dev/annals/catchup"
 )
 
-// ctxProcessor records whether the context of each call had ended.
-type ctxProcessor struct {
-	catchup.Processor
-	ended []bool
-}
-
-func (p *ctxProcessor) Start(ctx context.Context, _ *catchup.Lease) error {
-	p.ended = append(p.ended, ctx.Err() != nil)
-	return nil
-}
-
-func (p *ctxProcessor) Process(ctx context.Context, _ *catchup.Lease, b catchup.Batch) (int64, error) {
-	p.ended = append(p.ended, ctx.Err() != nil)
-	return b.Through, nil
-}
-
-func (p *ctxProcessor) Redeliver(ctx context.Context, _ *catchup.Lease) error {
-	p.ended = append(p.ended, ctx.Err() != nil)
-	return nil
-}
-
-// The cut-over's catch-up in a rebuild ends with its deadline between
-// batches, not in one: a batch's statements run on the session holding
-// the partition's lock, and one cut off by the deadline closed it, which
-// lost the lock and failed the rebuild. The processors run under the
-// rebuild's context, put in the drive's.
-func TestBatchCtxProcessorOutlivesTheDrive(t *testing.T) {
-	inner := &ctxProcessor{}
-	p := &batchCtxProcessor{inner}
-	drive, cancel := context.WithTimeout(context.WithValue(t.Context(), batchCtxKey{}, t.Context()), time.Nanosecond)
-	defer cancel()
-	<-drive.Done()
-	lease := &catchup.Lease{}
-	_ = p.Start(drive, lease)
-	_, _ = p.Process(drive, lease, catchup.Batch{})
-	_ = p.Redeliver(drive, lease)
-	for i, ended := range inner.ended {
-		if ended {
-			t.Errorf("call %d ran under the drive's ended context", i)
-		}
-	}
-	// Without the key (settle, approach): the drive's context.
-	inner.ended = nil
-	plain, cancel := context.WithCancel(t.Context())
-	cancel()
-	_, _ = p.Process(plain, lease, catchup.Batch{})
-	if len(inner.ended) != 1 || !inner.ended[0] {
-		t.Error("a batch outside the cut-over did not run under the drive's context")
-	}
-}
-
-// The pace a rebuild measured says how long the cut-over's catch-up of a
-// gap would take; none measured, it says nothing.
 func TestReplayPace(t *testing.T) {
 	var p replayPace
 	if _, ok := p.estimate(100); ok {

@@ -370,7 +370,7 @@ func (rb *rebuild) run(ctx context.Context) (err error) {
 	rb.log.InfoContext(ctx, "annals: rebuild: replaying", slog.Int64("head", head), slog.Int64("events", rb.progress.Total))
 
 	for part, sub := range rb.subs {
-		if err := rb.replay(ctx, sub, leases[part], head); err != nil {
+		if err := rb.replay(ctx, ctx, sub, leases[part], head); err != nil {
 			if errors.Is(err, catchup.ErrStopped) {
 				return errors.Wrapf(err, "projection: rebuild %q: partition %d is stopped by a dead letter (the Stop policy): "+
 					"its replay stays at the last committed batch until an operator retries or skips the dead letter "+
@@ -631,10 +631,12 @@ func (rb *rebuild) reset(ctx context.Context, leases []*catchup.Lease) error {
 
 // replay drives one partition through head. A read error is retried after
 // RetryBackoff from the committed checkpoint; fencing, a lost lock, a
-// stopped partition and the end of ctx end it.
-func (rb *rebuild) replay(ctx context.Context, sub *catchup.Subscription, lease *catchup.Lease, head int64) error {
+// stopped partition and the end of ctx end it. Its statements on the
+// lease's session (the processor's, the checkpoint's reload) run under
+// procCtx, which may outlive ctx (catchup.Engine.DriveWithin).
+func (rb *rebuild) replay(ctx, procCtx context.Context, sub *catchup.Subscription, lease *catchup.Lease, head int64) error {
 	for {
-		err := rb.engine.Drive(ctx, sub, lease, head)
+		err := rb.engine.DriveWithin(ctx, procCtx, sub, lease, head)
 		if err == nil {
 			return nil
 		}
@@ -646,19 +648,15 @@ func (rb *rebuild) replay(ctx context.Context, sub *catchup.Subscription, lease 
 		if err := sleepCtx(ctx, max(rb.r.cfg.RetryBackoff, 10*time.Millisecond)); err != nil {
 			return err
 		}
-		// Continue from what is committed, not from where the read failed.
-		// On the session holding the partition's lock, under the batches'
-		// context (batchCtx): a blue/green cut-over's catch-up deadline
-		// that ended this statement would close the session, and the lock
-		// would be lost with the rebuild.
+		// Continue from what is committed, not from where the read failed:
+		// on the session holding the partition's lock, under procCtx.
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		bctx := batchCtx(ctx)
 		var cp checkpoint.Checkpoint
-		err = lease.Do(bctx, func(conn *pgx.Conn) error {
+		err = lease.Do(procCtx, func(conn *pgx.Conn) error {
 			var err error
-			cp, err = rb.cps.Load(bctx, conn, sub.Name, sub.Partition)
+			cp, err = rb.cps.Load(procCtx, conn, sub.Name, sub.Partition)
 			return err
 		})
 		if err != nil {
