@@ -229,13 +229,20 @@ func (g *generations) abandon(ctx context.Context, tx pgx.Tx, name string, gen, 
 	reason := fmt.Sprintf("annals: generation %d (version %d) retired before it went live: generation %d, of the newer version %d, "+
 		"is live, and a cut-over never moves readers back to an older version (Rollback does, on purpose)",
 		gen.Generation, gen.Version, l.Generation, l.Version)
+	return reason, g.retire(ctx, tx, name, gen, reason)
+}
+
+// retire stops generation gen of projection name where it is, in tx: its
+// checkpoints get reason as their stop reason and a new epoch (fencing its
+// leaders, announced), and it is marked retired.
+func (g *generations) retire(ctx context.Context, tx pgx.Tx, name string, gen Generation, reason string) error {
 	if _, err := tx.Exec(ctx, g.q["RetireCheckpoints"], gen.Subscriber, reason); err != nil {
-		return "", errors.Wrapf(err, "projection %q: stop generation %d", name, gen.Generation)
+		return errors.Wrapf(err, "projection %q: stop generation %d", name, gen.Generation)
 	}
 	if _, err := tx.Exec(ctx, g.q["MarkRetired"], name, gen.Generation); err != nil {
-		return "", errors.Wrapf(err, "projection %q: retire generation %d", name, gen.Generation)
+		return errors.Wrapf(err, "projection %q: retire generation %d", name, gen.Generation)
 	}
-	return reason, nil
+	return nil
 }
 
 // logAbandoned says that gen was retired by abandon, and why.
@@ -1015,11 +1022,8 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 		}
 		if old != nil {
 			reason := fmt.Sprintf("annals: generation %d retired by the cut-over to generation %d", old.Generation, to)
-			if _, err := tx.Exec(ctx, g.q["RetireCheckpoints"], old.Subscriber, reason); err != nil {
-				return errors.Wrap(err, "projection: stop the old generation")
-			}
-			if _, err := tx.Exec(ctx, g.q["MarkRetired"], name, old.Generation); err != nil {
-				return errors.Wrap(err, "projection: retire the old generation")
+			if err := g.retire(ctx, tx, name, *old, reason); err != nil {
+				return err
 			}
 		}
 		var replaced *int
@@ -1596,10 +1600,7 @@ func Rollback(ctx context.Context, db interface {
 		return c, errors.Wrapf(err, "projection %q: point the views back at generation %d", name, prev.Generation)
 	}
 	reason := fmt.Sprintf("annals: generation %d retired by a rollback to generation %d", cur.Generation, prev.Generation)
-	if _, err := tx.Exec(ctx, g.q["RetireCheckpoints"], cur.Subscriber, reason); err != nil {
-		return c, errors.Wrap(err, "projection: rollback: stop the current generation")
-	}
-	if _, err := tx.Exec(ctx, g.q["MarkRetired"], name, cur.Generation); err != nil {
+	if err := g.retire(ctx, tx, name, *cur, reason); err != nil {
 		return c, errors.Wrap(err, "projection: rollback")
 	}
 	if _, err := tx.Exec(ctx, g.q["ReviveCheckpoints"], prev.Subscriber); err != nil {
