@@ -20,12 +20,18 @@ printf '%s\n' '\set r random(1, 1000000000000)' \
 	"SELECT appendcost.minimal('s' || :r, gen_random_uuid(), '$payload');" >"$dir/minimal.sql"
 printf '%s\n' '\set r random(1, 1000000000000)' \
 	"SELECT appendcost.lean('s' || :r, 0, gen_random_uuid(), 'bench.deposited', '$payload');" >"$dir/lean.sql"
+printf '%s\n' '\set r random(1, 1000000000000)' \
+	"SELECT appendcost.definer('s' || :r, gen_random_uuid(), 'bench.deposited', '$payload');" >"$dir/definer.sql"
 # append_one (what the Go client sends for a lone single-event append), with
 # a caller-chosen event ID (the idempotency probe runs) and without.
 printf '%s\n' '\set r random(1, 1000000000000)' \
 	"SELECT status FROM annals.append_one('s' || :r, 0, gen_random_uuid(), 'bench.deposited', '$payload', NULL, true);" >"$dir/one.sql"
 printf '%s\n' '\set r random(1, 1000000000000)' \
 	"SELECT status FROM annals.append_one('s' || :r, 0, gen_random_uuid(), 'bench.deposited', '$payload', NULL, false);" >"$dir/one_noprobe.sql"
+# append_one to one stream that grows (expected version any: the UPDATE of
+# its streams row), as annals bench's single writer appends, with a
+# generated ID. One stream per run: pgbench's :client_id is 0 in every run.
+printf '%s\n' "SELECT status FROM annals.append_one('grow-$$-$RANDOM', NULL, gen_random_uuid(), 'bench.deposited', '$payload', NULL, false);" >"$dir/one_grow.sql"
 # append_batch with n single-event appends, each to a new stream, with
 # caller-chosen event IDs (the idempotency probe runs), as the Go client
 # sends a group.
@@ -59,12 +65,13 @@ large false
 cpu() {
 	pgbench -n -M prepared -c 1 -T "$secs" -f "$dir/$1.sql" "$DATABASE_URL" >"$dir/out" 2>&1 &
 	local bench=$! pid="" t0 t1 w0 w1
+	# pgbench may open and close a connection before its clients': look the
+	# backend up again after a pause, until the one found is still there.
 	for _ in $(seq 1 50); do
+		sleep 0.3
 		pid=$(psql -X -At "$DATABASE_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgbench' LIMIT 1")
-		[ -n "$pid" ] && break
-		sleep 0.1
+		[ -n "$pid" ] && [ -e "/proc/$pid/stat" ] && break
 	done
-	sleep 0.3
 	w0=$(date +%s.%N)
 	t0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
 	sleep "$((secs - 1))"
@@ -77,7 +84,7 @@ cpu() {
 }
 for round in 1 2; do
 	echo "round $round"
-	for s in raw minimal lean one one_noprobe batch1 batch4 batch16 large_true large_false; do cpu "$s"; done
+	for s in raw definer minimal lean one one_noprobe one_grow batch1 batch4 batch16 large_true large_false; do cpu "$s"; done
 	tps=$(pgbench -n -M prepared -c 4 -j 2 -T "$secs" -f "$dir/batch4.sql" "$DATABASE_URL" | awk '/^tps/ {print int($3)}')
 	echo "4 clients x groups of 4: $tps groups/s ($((tps * 4)) appends/s)"
 done

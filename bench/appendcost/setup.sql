@@ -26,6 +26,24 @@ BEGIN
 END
 $$;
 
+-- The raw INSERT wrapped as annals wraps an append: a PL/pgSQL function,
+-- SECURITY DEFINER, with append_one's three SET clauses. Between raw and
+-- this row is what calling through a function costs; between this row and
+-- append_one, what annals' rules cost.
+CREATE FUNCTION appendcost.definer(p_stream text, p_id uuid, p_type text, p_data text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off AS $$
+DECLARE
+    v_pos bigint := nextval('appendcost.raw_events_global_sequence_seq');
+BEGIN
+    INSERT INTO appendcost.raw_events (global_sequence, event_id, stream_id, stream_version, event_type, data)
+    VALUES (v_pos, p_id, p_stream, 1, p_type, p_data::json);
+    RETURN v_pos;
+END
+$$;
+
 -- What one append could cost if the log kept less beside its rows (a
 -- prototype, not annals' contract): the expected version read from the
 -- events' (stream_id, stream_version) index instead of a streams row, the
