@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	_ "embed"
+	"slices"
 	"strings"
 	"text/template"
 
@@ -54,9 +55,9 @@ var RoleKinds = []RoleKind{Reader, Writer, Runner, Operator}
 // of it again, but not SELECT on audit_log, the console's audit page).
 var grantGroups = map[RoleKind][]string{
 	Reader:   {"schema", "read", "observe"},
-	Writer:   {"schema", "read", "append", "snapshots"},
-	Runner:   {"schema", "read", "observe", "append", "run"},
-	Operator: {"schema", "read", "observe", "append", "run", "operate"},
+	Writer:   {"schema", "read", "append", "snapshots", "locks_write"},
+	Runner:   {"schema", "read", "observe", "append", "run", "locks_write", "locks_run"},
+	Operator: {"schema", "read", "observe", "append", "run", "operate", "locks_write", "locks_run"},
 }
 
 // ParseRoleKind returns the kind named s ("reader", "writer", "runner" or
@@ -110,7 +111,13 @@ func GrantSQL(role string, kind RoleKind, cfg *Config) ([]string, error) {
 
 // Grant gives the existing role exactly what a role of kind needs in the
 // configured schema (see [RoleKind]), in one transaction. It must run as the
-// schema's owner (the role that ran [Up]) or a superuser. It only adds
+// schema's owner (the role that ran [Up]) or a superuser. The EXECUTE
+// privileges on PostgreSQL's advisory-lock functions (grant.sql's locks
+// groups) are granted only by a superuser, and matter only once
+// [RestrictAdvisoryLocks] took them from PUBLIC; from then on, the first
+// grant of a writer, runner or operator needs a superuser
+// ([ErrNotSuperuser]); granting a role that has its lock functions again
+// (the owner's grants at the next deploy) does not. It only adds
 // privileges: to take a kind's rights away, REVOKE them. A role that does
 // not exist is an error matching [ErrRoleNotFound].
 func Grant(ctx context.Context, pool *pgxpool.Pool, role string, kind RoleKind, cfg *Config) error {
@@ -123,12 +130,31 @@ func Grant(ctx context.Context, pool *pgxpool.Pool, role string, kind RoleKind, 
 	if err != nil {
 		return err
 	}
+	var lockStmts []string // the kind's statements of the locks groups
+	for _, g := range grantGroups[kind] {
+		if strings.HasPrefix(g, "locks_") {
+			lockStmts = append(lockStmts, blocks[g]...)
+		}
+	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// Concurrent GRANTs on one object fail in PostgreSQL ("tuple
 		// concurrently updated"): grants to one schema take turns.
 		k1, k2 := lockkey.Pair(c.Schema + ":grant")
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, $2)`, k1, k2); err != nil {
 			return errors.Wrap(err, "migrations: wait for other grants to the schema")
+		}
+		// The locks groups change pg_catalog's functions, which every
+		// schema of the database shares.
+		locks := false
+		if kind != Reader {
+			if err := lockFunctionPrivileges(ctx, tx); err != nil {
+				return err
+			}
+			ok, err := grantsLockFunctions(ctx, tx, role, lockStmts)
+			if err != nil {
+				return err
+			}
+			locks = ok
 		}
 		var exists bool
 		if err := tx.QueryRow(ctx, blocks["role_exists"][0], role).Scan(&exists); err != nil {
@@ -139,6 +165,9 @@ func Grant(ctx context.Context, pool *pgxpool.Pool, role string, kind RoleKind, 
 				pgx.Identifier{role}.Sanitize(), pgx.Identifier{role}.Sanitize())
 		}
 		for _, s := range stmts {
+			if !locks && slices.Contains(lockStmts, s) {
+				continue
+			}
 			if _, err := tx.Exec(ctx, s); err != nil {
 				return errors.Wrapf(err, "migrations: grant %s to %s in schema %s (is the schema migrated, and are you its owner?)",
 					kind, pgx.Identifier{role}.Sanitize(), schemaname.Ident(c.Schema))

@@ -2,9 +2,9 @@
 -- A kind of role is a list of groups (see grant.go):
 --
 --   reader:   schema, read, observe
---   writer:   schema, read, append, snapshots
---   runner:   schema, read, observe, append, run
---   operator: schema, read, observe, append, run, operate
+--   writer:   schema, read, append, snapshots, locks_write
+--   runner:   schema, read, observe, append, run, locks_write, locks_run
+--   operator: schema, read, observe, append, run, operate, locks_write, locks_run
 --
 -- {{.Schema}} is the schema and {{.Role}} the role, both quoted identifiers.
 -- One statement per line. The group role_exists is Grant's own check, not
@@ -121,6 +121,26 @@ GRANT SELECT ON {{.Schema}}.archive_runs TO {{.Role}};
 -- the ID, time and role.
 GRANT SELECT, INSERT ON {{.Schema}}.audit_log TO {{.Role}};
 GRANT USAGE ON SEQUENCE {{.Schema}}.audit_log_id_seq TO {{.Role}};
+
+-- name: locks_write
+-- The advisory-lock functions a writer's own statements call (not the append
+-- functions', which run as the schema's owner). They matter once `annals
+-- advisory-locks restrict` took them from PUBLIC. Grant runs this group and
+-- the next as a superuser only (no other role has the grant option on
+-- PostgreSQL's functions). Both take transaction locks only, given back at
+-- COMMIT or ROLLBACK:
+-- aggregate SaveSnapshot: the shared side of Forget's lock (key <schema>:forget).
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_try_advisory_xact_lock_shared(bigint) TO {{.Role}};
+-- eventstore inline projections: the log's ordering lock, in the appending transaction.
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_advisory_xact_lock(integer, integer) TO {{.Role}};
+
+-- name: locks_run
+-- The advisory-lock functions the leader elections call (advisorylock, the
+-- catch-up engine, the scheduler, the relay, archive and scavenge: session
+-- locks), and a batch's commit (the fence: a shared try-lock).
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_try_advisory_lock(integer, integer) TO {{.Role}};
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_advisory_lock(integer, integer) TO {{.Role}};
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_try_advisory_xact_lock_shared(integer, integer) TO {{.Role}};
 
 -- name: role_exists
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1);

@@ -186,6 +186,7 @@ func (e *env) rootCommand() *cobra.Command {
 		e.relayCommand(),
 		e.uiCommand(),
 		e.forgetCommand(),
+		e.advisoryLocksCommand(),
 	)
 	// cobra's own completion command (annals completion bash|zsh|fish|
 	// powershell), made here rather than when executing so that a missing or

@@ -1,0 +1,289 @@
+package migrations
+
+import (
+	"context"
+	"regexp"
+	"slices"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/internal/lockkey"
+)
+
+// lockFunctions are PostgreSQL's functions that take an advisory lock, all
+// of them: the ones [RestrictAdvisoryLocks] takes from PUBLIC. The unlock
+// functions stay open: a session can give back only its own locks.
+var lockFunctions = []string{
+	"pg_catalog.pg_advisory_lock(bigint)",
+	"pg_catalog.pg_advisory_lock(integer, integer)",
+	"pg_catalog.pg_advisory_lock_shared(bigint)",
+	"pg_catalog.pg_advisory_lock_shared(integer, integer)",
+	"pg_catalog.pg_try_advisory_lock(bigint)",
+	"pg_catalog.pg_try_advisory_lock(integer, integer)",
+	"pg_catalog.pg_try_advisory_lock_shared(bigint)",
+	"pg_catalog.pg_try_advisory_lock_shared(integer, integer)",
+	"pg_catalog.pg_advisory_xact_lock(bigint)",
+	"pg_catalog.pg_advisory_xact_lock(integer, integer)",
+	"pg_catalog.pg_advisory_xact_lock_shared(bigint)",
+	"pg_catalog.pg_advisory_xact_lock_shared(integer, integer)",
+	"pg_catalog.pg_try_advisory_xact_lock(bigint)",
+	"pg_catalog.pg_try_advisory_xact_lock(integer, integer)",
+	"pg_catalog.pg_try_advisory_xact_lock_shared(bigint)",
+	"pg_catalog.pg_try_advisory_xact_lock_shared(integer, integer)",
+}
+
+// ErrNotSuperuser is returned by [RestrictAdvisoryLocks] and
+// [AllowAdvisoryLocks] when the session's role is not a superuser: the
+// advisory-lock functions belong to PostgreSQL's bootstrap superuser, and
+// only a superuser can change who may call them.
+var ErrNotSuperuser = errors.New("migrations: changing who may take advisory locks needs a superuser (PostgreSQL's bootstrap superuser owns the functions)")
+
+// AdvisoryLockAccess says who may take advisory locks in the database.
+type AdvisoryLockAccess struct {
+	// Restricted reports that PUBLIC may call none of PostgreSQL's
+	// functions that take an advisory lock (RestrictAdvisoryLocks ran).
+	// Partly restricted (some functions revoked, by hand) counts as not.
+	Restricted bool `json:"restricted"`
+	// Roles lists the roles granted any of those functions by name, in
+	// name order (superusers may call them all in any case).
+	Roles []string `json:"roles"`
+	// Owners, Writers and Runners list, in name order, the roles that
+	// [RestrictAdvisoryLocks] grants lock functions to: the owners of the
+	// database's annals schemas (every lock function), the roles that may append to one of them (the writer's lock
+	// functions) and those that may write its checkpoints (the runner's
+	// too). Superusers are left out: they may call every function.
+	Owners  []string `json:"owners"`
+	Writers []string `json:"writers"`
+	Runners []string `json:"runners"`
+}
+
+// AdvisoryLocks reports who may take advisory locks in the pool's database.
+// Any role can call it.
+func AdvisoryLocks(ctx context.Context, pool *pgxpool.Pool) (*AdvisoryLockAccess, error) {
+	var a AdvisoryLockAccess
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		a, err = advisoryLockAccess(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &a, nil
+}
+
+func advisoryLockAccess(ctx context.Context, tx pgx.Tx) (AdvisoryLockAccess, error) {
+	var a AdvisoryLockAccess
+	// PUBLIC's EXECUTE shows as an ACL entry with grantee 0 (or as a NULL
+	// ACL, PostgreSQL's default, which gives PUBLIC EXECUTE).
+	err := tx.QueryRow(ctx, `
+SELECT NOT bool_or(p.proacl IS NULL
+                   OR EXISTS (SELECT 1 FROM pg_catalog.aclexplode(p.proacl) x
+                               WHERE x.grantee = 0 AND x.privilege_type = 'EXECUTE')),
+       coalesce((SELECT array_agg(DISTINCT r.rolname ORDER BY r.rolname)
+                   FROM pg_catalog.pg_proc q, pg_catalog.aclexplode(q.proacl) x
+                   JOIN pg_catalog.pg_roles r ON r.oid = x.grantee
+                  WHERE q.oid = ANY ($1::regprocedure[]) AND x.privilege_type = 'EXECUTE'
+                    AND x.grantee <> q.proowner), '{}')
+  FROM pg_catalog.pg_proc p
+ WHERE p.oid = ANY ($1::regprocedure[])`, lockFunctions).Scan(&a.Restricted, &a.Roles)
+	if err != nil {
+		return a, errors.Wrap(err, "migrations: read who may take advisory locks")
+	}
+	// The annals schemas of the database: those with an append_one function
+	// (any schema name; several may share a database). Their owners, the
+	// roles that may append to them and those that may move their
+	// checkpoints; superusers need nothing.
+	err = tx.QueryRow(ctx, `
+WITH annals AS (
+    SELECT n.oid AS nsp, n.nspowner AS owner, p.oid AS append_one
+      FROM pg_catalog.pg_namespace n
+      JOIN pg_catalog.pg_proc p ON p.pronamespace = n.oid AND p.proname = 'append_one'
+     WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+                    WHERE c.relnamespace = n.oid AND c.relname = 'checkpoints' AND c.relkind = 'r')
+), roles AS (
+    SELECT r.oid, r.rolname FROM pg_catalog.pg_roles r
+     WHERE NOT r.rolsuper AND r.rolname !~ '^pg_'
+)
+SELECT coalesce((SELECT array_agg(DISTINCT r.rolname ORDER BY r.rolname) FROM roles r JOIN annals a ON a.owner = r.oid), '{}'),
+       coalesce((SELECT array_agg(DISTINCT r.rolname ORDER BY r.rolname) FROM roles r, annals a
+                  WHERE r.oid <> a.owner AND pg_catalog.has_function_privilege(r.oid, a.append_one, 'EXECUTE')), '{}'),
+       coalesce((SELECT array_agg(DISTINCT r.rolname ORDER BY r.rolname) FROM roles r, annals a
+                   JOIN pg_catalog.pg_class c ON c.relnamespace = a.nsp AND c.relname = 'checkpoints' AND c.relkind = 'r'
+                  WHERE r.oid <> a.owner AND pg_catalog.has_table_privilege(r.oid, c.oid, 'UPDATE')), '{}')`).
+		Scan(&a.Owners, &a.Writers, &a.Runners)
+	if err != nil {
+		return a, errors.Wrap(err, "migrations: find the roles of the database's annals schemas")
+	}
+	return a, nil
+}
+
+// RestrictAdvisoryLocks takes the functions that take advisory locks from
+// PUBLIC in the pool's database, so that a role that can merely connect can
+// no longer hold annals' locks (the log's ordering lock, a subscriber's
+// leadership, Forget's, the scavenger's) and stall it. It needs a superuser
+// and changes the whole database (pg_catalog's functions are per database),
+// not one schema: a program of another team that takes advisory locks in the
+// same database needs them granted too (GRANT EXECUTE ON FUNCTION
+// pg_catalog.pg_advisory_lock(bigint) TO ...).
+//
+// In the same transaction it grants, so that annals goes on working: every
+// lock function to the owner of each annals schema of the database (the
+// append functions run as the owner and take the ordering lock; so does
+// [Up]); the writer's lock functions to every role that may append to an
+// annals schema; and the runner's to every role that may write its
+// checkpoints (what [Grant] gives these kinds, see grant.sql, groups
+// locks_write and locks_run). A role granted a writer's, runner's or
+// operator's rights afterwards gets its lock functions from [Grant], which
+// then needs a superuser too. It is idempotent; [AllowAdvisoryLocks] undoes
+// it. It returns the access after the change.
+func RestrictAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool) (*AdvisoryLockAccess, error) {
+	return changeAdvisoryLocks(ctx, pool, true)
+}
+
+// AllowAdvisoryLocks gives PUBLIC back the functions that take advisory
+// locks (PostgreSQL's default), undoing [RestrictAdvisoryLocks]. The grants
+// to roles by name stay (they change nothing while PUBLIC has the
+// functions). It needs a superuser.
+func AllowAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool) (*AdvisoryLockAccess, error) {
+	return changeAdvisoryLocks(ctx, pool, false)
+}
+
+func changeAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool, restrict bool) (*AdvisoryLockAccess, error) {
+	var out AdvisoryLockAccess
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var super bool
+		if err := tx.QueryRow(ctx, `SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user`).Scan(&super); err != nil {
+			return errors.Wrap(err, "migrations: look up the session's role")
+		}
+		if !super {
+			return errors.WithStack(ErrNotSuperuser)
+		}
+		// Changes of one object's privileges at once fail in PostgreSQL
+		// ("tuple concurrently updated"): take turns with every Grant
+		// (whose statements now name these functions too) of the
+		// database, whatever its schema.
+		if err := lockFunctionPrivileges(ctx, tx); err != nil {
+			return err
+		}
+		if !restrict {
+			for _, f := range lockFunctions {
+				if _, err := tx.Exec(ctx, "GRANT EXECUTE ON FUNCTION "+f+" TO PUBLIC"); err != nil {
+					return errors.Wrapf(err, "migrations: give %s back to PUBLIC", f)
+				}
+			}
+			var err error
+			out, err = advisoryLockAccess(ctx, tx)
+			return err
+		}
+		before, err := advisoryLockAccess(ctx, tx)
+		if err != nil {
+			return err
+		}
+		for _, owner := range before.Owners {
+			for _, f := range lockFunctions {
+				if _, err := tx.Exec(ctx, "GRANT EXECUTE ON FUNCTION "+f+" TO "+pgx.Identifier{owner}.Sanitize()); err != nil {
+					return errors.Wrapf(err, "migrations: grant %s to the schema owner %s", f, owner)
+				}
+			}
+		}
+		for _, r := range before.Writers {
+			groups := []string{"locks_write"}
+			if slices.Contains(before.Runners, r) {
+				groups = append(groups, "locks_run")
+			}
+			if err := runGroups(ctx, tx, r, groups...); err != nil {
+				return err
+			}
+		}
+		for _, r := range before.Runners {
+			if !slices.Contains(before.Writers, r) {
+				if err := runGroups(ctx, tx, r, "locks_write", "locks_run"); err != nil {
+					return err
+				}
+			}
+		}
+		for _, f := range lockFunctions {
+			if _, err := tx.Exec(ctx, "REVOKE EXECUTE ON FUNCTION "+f+" FROM PUBLIC"); err != nil {
+				return errors.Wrapf(err, "migrations: take %s from PUBLIC", f)
+			}
+		}
+		out, err = advisoryLockAccess(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// lockFunctionPrivileges takes, until tx ends, the database-wide lock under
+// which the privileges of the lock functions change: Grant takes it after
+// its schema's lock, RestrictAdvisoryLocks and AllowAdvisoryLocks alone.
+func lockFunctionPrivileges(ctx context.Context, tx pgx.Tx) error {
+	k1, k2 := lockkey.Pair("annals:advisory-locks")
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, $2)`, k1, k2); err != nil {
+		return errors.Wrap(err, "migrations: wait for other changes of the lock functions' privileges")
+	}
+	return nil
+}
+
+// grantsLockFunctions reports whether Grant, in tx, runs lockStmts (the
+// statements of grant.sql's locks groups for role's kind): as a superuser,
+// always (so the role is ready for a restriction); as another role (a
+// schema owner), never: it has no grant option on PostgreSQL's functions,
+// so they would grant nothing. That is enough while PUBLIC may take
+// advisory locks, and once it may not, for a role that has its lock
+// functions already (the owner's `annals grant` again at the next deploy);
+// a role that lacks them is ErrNotSuperuser: its first grant needs a
+// superuser.
+func grantsLockFunctions(ctx context.Context, tx pgx.Tx, role string, lockStmts []string) (bool, error) {
+	var super, public bool
+	err := tx.QueryRow(ctx, `
+SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user),
+       pg_catalog.has_function_privilege('public', 'pg_catalog.pg_advisory_lock(integer, integer)', 'EXECUTE')`).Scan(&super, &public)
+	if err != nil {
+		return false, errors.Wrap(err, "migrations: look up who may take advisory locks")
+	}
+	if super || public {
+		return super, nil
+	}
+	for _, s := range lockStmts {
+		m := lockFunctionRE.FindStringSubmatch(s)
+		if m == nil {
+			return false, errors.AssertionFailedf("grant.sql: a locks group's statement names no function: %q", s)
+		}
+		var has bool
+		if err := tx.QueryRow(ctx, `SELECT pg_catalog.has_function_privilege($1, $2::regprocedure, 'EXECUTE')`, role, m[1]).Scan(&has); err != nil {
+			return false, errors.Wrap(err, "migrations: look up the role's advisory-lock functions")
+		}
+		if !has {
+			return false, errors.Wrapf(ErrNotSuperuser,
+				"role %s may not call %s, and advisory locks are restricted in this database ('annals advisory-locks restrict'): grant it once as a superuser",
+				pgx.Identifier{role}.Sanitize(), m[1])
+		}
+	}
+	return false, nil
+}
+
+// lockFunctionRE finds the function a statement of a locks group grants.
+var lockFunctionRE = regexp.MustCompile(`^GRANT EXECUTE ON FUNCTION (pg_catalog\.[a-z_]+\([a-z, ]*\)) TO `)
+
+// runGroups runs the statements of grant.sql's groups for role. The groups
+// used here name no schema object, only pg_catalog's functions.
+func runGroups(ctx context.Context, tx pgx.Tx, role string, groups ...string) error {
+	blocks, err := grantBlocks("annals", role)
+	if err != nil {
+		return err
+	}
+	for _, g := range groups {
+		for _, s := range blocks[g] {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return errors.Wrapf(err, "migrations: grant the lock functions of %s to %s", g, pgx.Identifier{role}.Sanitize())
+			}
+		}
+	}
+	return nil
+}
