@@ -228,6 +228,9 @@ func TestRestrictAdvisoryLocksSchemaOwner(t *testing.T) {
 	if err := appendAs(late.Pool, "late"); err == nil {
 		t.Fatal("a refused grant left the role able to append: the grant was not undone")
 	}
+	if err := migrations.Grant(ctx, owner.Pool, "annals_no_such_role", migrations.Writer, cfg); !errors.Is(err, migrations.ErrRoleNotFound) {
+		t.Errorf("the owner grants a missing role once restricted: %v, want ErrRoleNotFound", err)
+	}
 	if err := migrations.Grant(ctx, db.Pool, late.Name, migrations.Writer, cfg); err != nil {
 		t.Fatalf("a superuser grants the new writer: %v", err)
 	}

@@ -143,6 +143,14 @@ func Grant(ctx context.Context, pool *pgxpool.Pool, role string, kind RoleKind, 
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, $2)`, k1, k2); err != nil {
 			return errors.Wrap(err, "migrations: wait for other grants to the schema")
 		}
+		var exists bool
+		if err := tx.QueryRow(ctx, blocks["role_exists"][0], role).Scan(&exists); err != nil {
+			return errors.Wrap(err, "migrations: look up the role")
+		}
+		if !exists {
+			return errors.Wrapf(ErrRoleNotFound, "role %s (create it first: CREATE ROLE %s LOGIN ...)",
+				pgx.Identifier{role}.Sanitize(), pgx.Identifier{role}.Sanitize())
+		}
 		// The locks groups change pg_catalog's functions, which every
 		// schema of the database shares.
 		locks := false
@@ -155,14 +163,6 @@ func Grant(ctx context.Context, pool *pgxpool.Pool, role string, kind RoleKind, 
 				return err
 			}
 			locks = ok
-		}
-		var exists bool
-		if err := tx.QueryRow(ctx, blocks["role_exists"][0], role).Scan(&exists); err != nil {
-			return errors.Wrap(err, "migrations: look up the role")
-		}
-		if !exists {
-			return errors.Wrapf(ErrRoleNotFound, "role %s (create it first: CREATE ROLE %s LOGIN ...)",
-				pgx.Identifier{role}.Sanitize(), pgx.Identifier{role}.Sanitize())
 		}
 		for _, s := range stmts {
 			if !locks && slices.Contains(lockStmts, s) {
