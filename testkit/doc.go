@@ -14,9 +14,11 @@
 //		When(func(a *Account) error { return a.Withdraw(130) }).
 //		ThenError(ErrInsufficientFunds)
 //
-// WithRegistry sends every event through JSON and the registry (upcasters
-// included), as the store would, so an unregistered type or a field that
-// does not survive encoding fails the test.
+// WithRegistry sends the history through JSON and the registry (upcasters
+// included), as the store would, and checks that every recorded event reads
+// back as itself, so an unregistered type or a field that does not survive
+// encoding fails the test, named; the recorded events are compared with the
+// expected ones as recorded.
 //
 // # Projections and observers: ReplayProjection
 //
