@@ -14,14 +14,18 @@ import (
 // The Add… functions register handlers with a Client before Start; each
 // kind of handler has its own, typed by what it registers, so that a
 // mistake in kind is a compile error. They fail (registering nothing) for
-// a duplicate or empty name, invalid options, the mistakes of typed
-// handlers (an unregistered event type), and once the client is running.
+// a nil client, a duplicate or empty name, invalid options, the mistakes
+// of typed handlers (an unregistered event type), and once the client is
+// running.
 
 // AddProjection registers a projection: its read-model writes and its
 // checkpoint commit in one transaction (exactly once). A typed projection
 // (projection.New, projection.On) reads only its handled types; its OnSetup
 // runs before it first runs. opts may be nil.
 func AddProjection(c *Client, p projection.Projection, opts *projection.Options) error {
+	if c == nil {
+		return errNilClient("AddProjection")
+	}
 	if p == nil {
 		return errors.New("annals: AddProjection with a nil projection")
 	}
@@ -31,6 +35,9 @@ func AddProjection(c *Client, p projection.Projection, opts *projection.Options)
 // AddObserver registers an observer: side effects outside the database,
 // at least once (make them idempotent with the event ID). opts may be nil.
 func AddObserver(c *Client, o projection.Observer, opts *projection.Options) error {
+	if c == nil {
+		return errNilClient("AddObserver")
+	}
 	if o == nil {
 		return errors.New("annals: AddObserver with a nil observer")
 	}
@@ -55,6 +62,9 @@ type SagaOptions struct {
 // and deadlines), clock and logger: state, effects, timers and checkpoint
 // commit together, exactly once.
 func AddSaga[S any](c *Client, s saga.Saga[S], opts *SagaOptions) error {
+	if c == nil {
+		return errNilClient("AddSaga")
+	}
 	var o SagaOptions
 	if opts != nil {
 		o = *opts
@@ -75,6 +85,9 @@ func AddSaga[S any](c *Client, s saga.Saga[S], opts *SagaOptions) error {
 // checked when Start stores it; a second task of the same name here is an
 // error.
 func AddTask(c *Client, t scheduler.Task) error {
+	if c == nil {
+		return errNilClient("AddTask")
+	}
 	if t.Name == "" {
 		return errors.Wrap(scheduler.ErrInvalidTask, "annals: AddTask: task name is empty")
 	}
@@ -96,6 +109,9 @@ func AddTask(c *Client, t scheduler.Task) error {
 // every process, for as long as the client runs (see
 // projection.Runner.AddService).
 func AddService(c *Client, name string, s projection.Service) error {
+	if c == nil {
+		return errNilClient("AddService")
+	}
 	return c.registering("AddService", func() error { return c.runner.AddService(name, s) })
 }
 
@@ -113,7 +129,17 @@ func (c *Client) registering(what string, register func() error) error {
 }
 
 // NewRepository returns the repository of an aggregate type on the
-// client's store (see aggregate.NewRepository). cfg may be nil.
+// client's store (see aggregate.NewRepository). cfg may be nil; a nil c is
+// an error.
 func NewRepository[A aggregate.Root](c *Client, aggregateType string, newAgg func() A, cfg *aggregate.Config) (*aggregate.Repository[A], error) {
+	if c == nil {
+		return nil, errNilClient("NewRepository")
+	}
 	return aggregate.NewRepository(c.store, aggregateType, newAgg, cfg)
+}
+
+// errNilClient is what the functions of this file return for a nil
+// *Client, before anything else is looked at.
+func errNilClient(what string) error {
+	return errors.WithStackDepth(errors.Newf("annals: %s with a nil *Client", what), 1)
 }

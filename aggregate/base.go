@@ -1,10 +1,13 @@
 package aggregate
 
 import (
+	"fmt"
 	"reflect"
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
+
+	"github.com/annals-dev/annals/eventstore"
 )
 
 // Root is an event-sourced aggregate. Implement Apply and embed Base:
@@ -91,8 +94,12 @@ func (b *Base) Uncommitted() []any { return b.uncommitted }
 //	}
 //
 // A pointer event is recorded as the value it points to, as Apply would see
-// it after a round trip through the store. A nil event is an error.
+// it after a round trip through the store. A nil event, or a nil aggregate,
+// is an error.
 func Record(a Root, event any) error {
+	if isNil(a) {
+		return errors.Newf("aggregate: Record(%T) on a nil aggregate", event)
+	}
 	if event == nil {
 		return errors.Newf("aggregate %s: Record(nil)", typeName(a))
 	}
@@ -113,18 +120,25 @@ func Record(a Root, event any) error {
 // FromHistory returns a new aggregate (from newAgg) with the given ID and
 // the events applied as its history: its version is len(history) and it has
 // no uncommitted events. It needs no database; the test kit and in-memory
-// replays use it.
+// replays use it. A nil constructor fails, and so does a nil event (or nil
+// pointer) in history, matching eventstore.ErrInvalidEvent and naming its
+// place ("history event 2 is nil").
 func FromHistory[A Root](newAgg func() A, id string, history ...any) (A, error) {
+	var zero A
+	if newAgg == nil {
+		return zero, errors.Newf("aggregate: FromHistory of %s with a nil constructor", reflect.TypeFor[A]())
+	}
 	a := newAgg()
 	if isNil(a) {
-		var zero A
 		return zero, errors.Newf("aggregate: the constructor of %s returned nil", reflect.TypeFor[A]())
 	}
 	b := a.root()
 	b.id = id
-	for _, e := range history {
+	for i, e := range history {
+		if isNilEvent(e) {
+			return zero, errors.Wrapf(eventstore.ErrInvalidEvent, "aggregate %s %q: history event %d is nil (%T)", typeName(a), id, i+1, e)
+		}
 		if err := a.Apply(e); err != nil {
-			var zero A
 			return zero, applyError(typeName(a), id, "", e, b.version+1, err)
 		}
 		b.version++
@@ -135,7 +149,7 @@ func FromHistory[A Root](newAgg func() A, id string, history ...any) (A, error) 
 // applyError wraps an Apply failure with the aggregate, the event type (the
 // registered name when known, and the Go type) and the event's version.
 func applyError(aggType, id, eventType string, event any, version int64, err error) error {
-	what := reflect.TypeOf(event).String()
+	what := fmt.Sprintf("%T", event)
 	if eventType != "" {
 		what = eventType + " (" + what + ")"
 	}
@@ -154,6 +168,15 @@ func typeName(a any) string {
 		t = t.Elem()
 	}
 	return t.String()
+}
+
+// isNilEvent reports whether an event is nil or a nil pointer.
+func isNilEvent(e any) bool {
+	if e == nil {
+		return true
+	}
+	v := reflect.ValueOf(e)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 func isNil(a any) bool {

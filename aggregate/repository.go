@@ -385,9 +385,12 @@ func (r *Repository[A]) save(ctx context.Context, tx pgx.Tx, a A) error {
 // creating its stream. It fails with ErrAlreadyExists (which also matches
 // eventstore.ErrWrongExpectedVersion) when the stream has events already.
 // A command that records nothing creates nothing. The command's own error
-// is returned as is.
+// is returned as is; a nil command is an error.
 func (r *Repository[A]) Create(ctx context.Context, id string, command func(A) error) (A, error) {
 	var zero A
+	if command == nil {
+		return zero, errors.Newf("aggregate %s %q: Create with a nil command", r.typ, id)
+	}
 	a, err := r.New(id)
 	if err != nil {
 		return zero, err
@@ -411,10 +414,14 @@ func (r *Repository[A]) Create(ctx context.Context, id string, command func(A) e
 // other than recording events. When the budget is spent the error matches
 // ErrConflict (and eventstore.ErrWrongExpectedVersion).
 //
-// The command's own error is returned as is, and nothing is saved. Update
-// of a missing aggregate fails with ErrNotFound (use Create).
+// The command's own error is returned as is, and nothing is saved (a nil
+// command is an error). Update of a missing aggregate fails with
+// ErrNotFound (use Create).
 func (r *Repository[A]) Update(ctx context.Context, id string, command func(A) error) (A, error) {
 	var zero A
+	if command == nil {
+		return zero, errors.Newf("aggregate %s %q: Update with a nil command", r.typ, id)
+	}
 	attempts := r.cfg.UpdateRetries + 1
 	var last error
 	for attempt := 1; attempt <= attempts; attempt++ {
@@ -450,6 +457,9 @@ func (r *Repository[A]) Update(ctx context.Context, id string, command func(A) e
 // with ErrAlreadyExists, and tx has failed.
 func (r *Repository[A]) CreateTx(ctx context.Context, tx pgx.Tx, id string, command func(A) error) (A, error) {
 	var zero A
+	if command == nil {
+		return zero, errors.Newf("aggregate %s %q: CreateTx with a nil command", r.typ, id)
+	}
 	a, err := r.New(id)
 	if err != nil {
 		return zero, err
@@ -475,6 +485,9 @@ func (r *Repository[A]) CreateTx(ctx context.Context, tx pgx.Tx, id string, comm
 // still usable then.
 func (r *Repository[A]) UpdateTx(ctx context.Context, tx pgx.Tx, id string, command func(A) error) (A, error) {
 	var zero A
+	if command == nil {
+		return zero, errors.Newf("aggregate %s %q: UpdateTx with a nil command", r.typ, id)
+	}
 	a, err := r.LoadTx(ctx, tx, id)
 	if err != nil {
 		return zero, err

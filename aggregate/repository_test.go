@@ -286,6 +286,50 @@ func TestBadInput(t *testing.T) {
 		}
 	})
 
+	// Nil inputs are errors that say what was nil, not panics.
+	t.Run("NilInputs", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := repo(t, b, nil)
+		if _, err := r.Create(ctx, "1", func(a *Account) error { return a.Open("ada") }); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := b.db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		for name, call := range map[string]func() (*Account, error){
+			"Create":   func() (*Account, error) { return r.Create(ctx, "2", nil) },
+			"Update":   func() (*Account, error) { return r.Update(ctx, "1", nil) },
+			"CreateTx": func() (*Account, error) { return r.CreateTx(ctx, tx, "2", nil) },
+			"UpdateTx": func() (*Account, error) { return r.UpdateTx(ctx, tx, "1", nil) },
+		} {
+			a, err := call()
+			if err == nil || a != nil || !strings.Contains(err.Error(), name+" with a nil command") {
+				t.Errorf("%s(nil command): %v, %v; want an error naming the nil command", name, a, err)
+			}
+		}
+		if head, _ := b.store.Head(ctx); head != 1 {
+			t.Fatalf("nil commands wrote %d events", head-1)
+		}
+
+		_, err = aggregate.FromHistory(newAccount, "x", Opened{Owner: "ada"}, nil)
+		if !errors.Is(err, eventstore.ErrInvalidEvent) || !strings.Contains(err.Error(), "history event 2 is nil") {
+			t.Errorf("FromHistory with a nil event: %v", err)
+		}
+		_, err = aggregate.FromHistory(newAccount, "x", (*Opened)(nil))
+		if !errors.Is(err, eventstore.ErrInvalidEvent) || !strings.Contains(err.Error(), "history event 1 is nil (*aggregate_test.Opened)") {
+			t.Errorf("FromHistory with a nil pointer event: %v", err)
+		}
+		if _, err := aggregate.FromHistory[*Account](nil, "x"); err == nil || !strings.Contains(err.Error(), "nil constructor") {
+			t.Errorf("FromHistory with a nil constructor: %v", err)
+		}
+		if err := aggregate.Record((*Account)(nil), Opened{}); err == nil || !strings.Contains(err.Error(), "nil aggregate") {
+			t.Errorf("Record on a nil aggregate: %v", err)
+		}
+	})
+
 	t.Run("BadConfig", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

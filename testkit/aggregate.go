@@ -187,6 +187,12 @@ func (s *AggregateScenario[A]) run() (a A, recorded []any, err error, ok bool) {
 		s.t.Errorf("testkit: %s: Given needs a constructor and When a command", s.name())
 		return a, nil, nil, false
 	}
+	for i, e := range s.history {
+		if v := reflect.ValueOf(e); e == nil || v.Kind() == reflect.Pointer && v.IsNil() {
+			s.t.Errorf("testkit: %s: history event %d is nil (%T)", s.name(), i+1, e)
+			return a, nil, nil, false
+		}
+	}
 	// Pointer events are applied as the values they point to, as Record
 	// records them and a load decodes them.
 	history := aggDeref(s.history)
@@ -206,12 +212,21 @@ func (s *AggregateScenario[A]) run() (a A, recorded []any, err error, ok bool) {
 			history[i] = dec
 		}
 	}
-	a, herr := aggregate.FromHistory(s.newAgg, s.id, history...)
+	var herr error
+	panicked, _ := aggSafely("applying the given history", func() error {
+		a, herr = aggregate.FromHistory(s.newAgg, s.id, history...)
+		return nil
+	})
+	if panicked != "" {
+		s.t.Errorf("testkit: %s: %s", s.name(), panicked)
+		var zero A
+		return zero, nil, nil, false
+	}
 	if herr != nil {
 		s.t.Errorf("testkit: %s: the given history does not apply: %v", s.name(), herr)
 		return a, nil, nil, false
 	}
-	panicked, err := aggSafely(func() error { return s.command(a) })
+	panicked, err = aggSafely("the command", func() error { return s.command(a) })
 	if panicked != "" {
 		s.t.Errorf("testkit: %s: %s", s.name(), panicked)
 		return a, nil, nil, false
@@ -311,12 +326,13 @@ func aggDeref(events []any) []any {
 	return out
 }
 
-// aggSafely runs a command and recovers a panic: panicked then describes it,
-// with the stack. A panic is a bug, never the error a scenario expects.
-func aggSafely(fn func() error) (panicked string, err error) {
+// aggSafely runs fn (what: "the command") and recovers a panic: panicked
+// then describes it, with the stack. A panic is a bug, never the error a
+// scenario expects.
+func aggSafely(what string, fn func() error) (panicked string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			panicked = fmt.Sprintf("the command panicked: %v\n%s", r, debug.Stack())
+			panicked = fmt.Sprintf("%s panicked: %v\n%s", what, r, debug.Stack())
 		}
 	}()
 	return "", fn()

@@ -89,6 +89,11 @@ func (w *wallet) Withdraw(n int) error {
 	return aggregate.Record(w, gwWithdrawn{Amount: n})
 }
 
+// panicky panics in Apply.
+type panicky struct{ aggregate.Base }
+
+func (*panicky) Apply(any) error { panic("apply boom") }
+
 // gwTB records what the kit reports instead of failing the real test.
 type gwTB struct {
 	testing.TB // nil: the kit must only call Helper, Errorf and Cleanup
@@ -416,6 +421,34 @@ func TestGivenWhenThenReportsFailures(t *testing.T) {
 			t.Fatalf("failures before the test ended: %q", f.errs)
 		}
 		expectFailure(t, f, "never checked", "Then or ThenError", "aggregate_test.go:")
+	})
+
+	// A nil history event is named, with or without a registry; a history
+	// whose Apply panics fails the test like a panicking command.
+	t.Run("NilHistoryEvent", func(t *testing.T) {
+		t.Parallel()
+		reg := eventstore.NewRegistry()
+		eventstore.MustRegister[gwOpened](reg, "wallet.opened")
+		for _, reg := range []*eventstore.Registry{nil, reg} {
+			for _, nilEvent := range []any{nil, (*gwOpened)(nil)} {
+				f := &gwTB{}
+				s := testkit.Given(f, newWallet, opened, nilEvent)
+				if reg != nil {
+					s = s.WithRegistry(reg)
+				}
+				s.When(func(*wallet) error { t.Error("the command ran on a nil history event"); return nil }).Then()
+				expectFailure(t, f, "history event 2 is nil")
+			}
+		}
+	})
+
+	t.Run("HistoryPanics", func(t *testing.T) {
+		t.Parallel()
+		f := &gwTB{}
+		testkit.Given(f, func() *panicky { return &panicky{} }, opened).
+			When(func(*panicky) error { t.Error("the command ran on a history that panicked"); return nil }).
+			Then()
+		expectFailure(t, f, "applying the given history panicked: apply boom", "aggregate_test.go:")
 	})
 
 	t.Run("UnregisteredEvent", func(t *testing.T) {

@@ -3,6 +3,7 @@ package testkit
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -185,6 +186,10 @@ func (s *runSettings) result(runErr error) error {
 //	err := r.Pool.QueryRow(t.Context(), `SELECT amount FROM balances WHERE account = 'account-1'`).Scan(&amount)
 func ReplayProjection(t testing.TB, handler any, opts *ReplayOptions, events ...any) *Replay {
 	t.Helper()
+	if isNilHandler(handler) {
+		t.Fatalf("testkit: ReplayProjection with a nil handler (%T)", handler)
+		return nil
+	}
 	r := &Replay{handler: handler}
 	if opts != nil {
 		r.opts = *opts
@@ -378,4 +383,14 @@ func (r *Replay) replay(ctx context.Context, appends []pendingAppend) error {
 		return err
 	}
 	return r.result(runner.RunUntilCaughtUp(ctx))
+}
+
+// isNilHandler reports whether a handler is nil or a nil pointer (a nil
+// *projection.Typed), which the kit refuses before it makes a database.
+func isNilHandler(h any) bool {
+	if h == nil {
+		return true
+	}
+	v := reflect.ValueOf(h)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }

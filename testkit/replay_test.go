@@ -15,6 +15,7 @@ import (
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/projection"
+	"github.com/annals-dev/annals/saga"
 	"github.com/annals-dev/annals/testkit"
 )
 
@@ -300,6 +301,23 @@ func TestReplayProjectionBadInput(t *testing.T) {
 				t.Errorf("fatals = %q, want one saying %q", fatals, tc.want)
 			}
 		})
+	}
+}
+
+// A nil handler (a nil *projection.Typed too) or saga fails the test with
+// a message, before a database is made, rather than panicking.
+func TestReplayNilHandler(t *testing.T) {
+	t.Parallel()
+	for name, replay := range map[string]func(testing.TB){
+		"nil":                func(ft testing.TB) { testkit.ReplayProjection(ft, nil, nil, accOpened{}) },
+		"*projection.Typed":  func(ft testing.TB) { testkit.ReplayProjection(ft, (*projection.Typed)(nil), nil, accOpened{}) },
+		"*saga.Typed[state]": func(ft testing.TB) { testkit.ReplaySaga(ft, (*saga.Typed[onboarding])(nil), nil, accOpened{}) },
+	} {
+		ft := &replayTB{TB: t}
+		fatals := runReplayTB(ft, func() { replay(ft) })
+		if len(fatals) != 1 || !strings.Contains(fatals[0], "with a nil") {
+			t.Errorf("%s: fatals = %q, want one about the nil handler", name, fatals)
+		}
 	}
 }
 

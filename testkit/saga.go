@@ -70,6 +70,10 @@ type SagaReplay[S any] struct {
 // Options says otherwise), as does every other mistake.
 func ReplaySaga[S any](t testing.TB, s saga.Saga[S], opts *SagaReplayOptions, events ...any) *SagaReplay[S] {
 	t.Helper()
+	if isNilHandler(s) {
+		t.Fatalf("testkit: ReplaySaga with a nil saga (%T)", s)
+		return nil
+	}
 	r := &SagaReplay[S]{saga: s, inputs: map[uuid.UUID]bool{}}
 	if opts != nil {
 		r.opts = *opts
