@@ -32,14 +32,18 @@ type Clock interface {
 
 // Config configures a Client. A nil *Config means defaults. The fields at
 // the top are shared by every part (store, runner, scheduler, sagas) and
-// override the same settings in the per-part configs at the bottom.
+// override the same settings in the per-part configs at the bottom, but for
+// Schema, which the parts must agree on (see Schema).
 type Config struct {
 	// Registry names the Go event types, for appends, reads and typed
 	// handlers. Defaults to Store.Registry, else a new, empty registry
 	// (Client.Registry).
 	Registry *eventstore.Registry
-	// Schema is the PostgreSQL schema of the annals tables. Defaults to
-	// "annals".
+	// Schema is the PostgreSQL schema of the annals tables, for every part.
+	// Defaults to the Schema set in Store, Runner or Scheduler, else
+	// "annals". A part whose own Schema is set to another one (or that
+	// disagrees with another part when this is empty) is refused by New:
+	// the parts must share their tables.
 	Schema string
 	// Logger receives the runner's, the scheduler's and the sagas' logs
 	// (leadership, retries, reconnects, read-model setups). Defaults to
@@ -77,13 +81,16 @@ type Config struct {
 	Inline []eventstore.InlineProjection
 
 	// Store configures the event store further (page size, event size
-	// limit, group commit). Defaults to eventstore's defaults.
+	// limit, group commit). Its Schema, when set, is the client's schema
+	// unless Schema says otherwise (see Schema). Defaults to eventstore's
+	// defaults.
 	Store *eventstore.Config
 	// Runner configures the runner further (instance ID, intervals,
-	// shutdown timeout, hooks). Defaults to projection's defaults.
+	// shutdown timeout, hooks). Its Schema is as Store's. Defaults to
+	// projection's defaults.
 	Runner *projection.Config
-	// Scheduler configures the timer and cron dispatcher further. Defaults
-	// to scheduler's defaults.
+	// Scheduler configures the timer and cron dispatcher further. Its
+	// Schema is as Store's. Defaults to scheduler's defaults.
 	Scheduler *scheduler.Config
 }
 
@@ -126,6 +133,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if cfg != nil {
 		c = *cfg
 	}
+	schema, err := c.schema()
+	if err != nil {
+		return nil, err
+	}
+	c.Schema = schema
 	if c.Registry == nil && c.Store != nil {
 		c.Registry = c.Store.Registry
 	}
@@ -201,6 +213,35 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		return nil, err
 	}
 	return &Client{pool: pool, cfg: c, store: store, runner: runner, sched: sched, inline: sc.Inline}, nil
+}
+
+// schema returns the schema the parts share: Schema when set, else the one
+// the per-part configs that set one agree on ("" for the default). A part
+// that names another schema is an error.
+func (c *Config) schema() (string, error) {
+	type part struct{ field, schema string }
+	var parts []part
+	if c.Store != nil && c.Store.Schema != "" {
+		parts = append(parts, part{"Store.Schema", c.Store.Schema})
+	}
+	if c.Runner != nil && c.Runner.Schema != "" {
+		parts = append(parts, part{"Runner.Schema", c.Runner.Schema})
+	}
+	if c.Scheduler != nil && c.Scheduler.Schema != "" {
+		parts = append(parts, part{"Scheduler.Schema", c.Scheduler.Schema})
+	}
+	schema, from := c.Schema, "Schema"
+	for _, p := range parts {
+		if schema == "" {
+			schema, from = p.schema, p.field
+			continue
+		}
+		if p.schema != schema {
+			return "", errors.Newf("annals: Config.%s is %q but Config.%s is %q: the parts of a client share one schema "+
+				"(set Config.Schema alone)", p.field, p.schema, from, schema)
+		}
+	}
+	return schema, nil
 }
 
 // schedulerService is the runner service name of the scheduler's

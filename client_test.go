@@ -3,11 +3,13 @@ package annals_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals"
 	"github.com/annals-dev/annals/annalstest"
@@ -329,3 +331,53 @@ func TestClient(t *testing.T) {
 }
 
 func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }
+
+// The client's schema: Config.Schema when set, else the one the per-part
+// configs set, else "annals"; parts that name another schema are refused.
+func TestClientSchema(t *testing.T) {
+	t.Parallel()
+	// New does not connect: a pool on an unused port will do.
+	pool, err := pgxpool.New(t.Context(), "postgres://annals@127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	for _, tc := range []struct {
+		name string
+		cfg  *annals.Config
+		want string // "" for an error
+		err  string
+	}{
+		{name: "Default", cfg: nil, want: "annals"},
+		{name: "TopLevel", cfg: &annals.Config{Schema: "bank"}, want: "bank"},
+		{name: "StoreOnly", cfg: &annals.Config{Store: &eventstore.Config{Schema: "bank"}}, want: "bank"},
+		{name: "RunnerOnly", cfg: &annals.Config{Runner: &projection.Config{Schema: "bank"}}, want: "bank"},
+		{name: "SchedulerOnly", cfg: &annals.Config{Scheduler: &scheduler.Config{Schema: "bank"}}, want: "bank"},
+		{name: "PartsAgree", cfg: &annals.Config{
+			Store: &eventstore.Config{Schema: "bank"}, Runner: &projection.Config{Schema: "bank"}, Scheduler: &scheduler.Config{Schema: "bank"},
+		}, want: "bank"},
+		{name: "TopLevelAndPartAgree", cfg: &annals.Config{Schema: "bank", Store: &eventstore.Config{Schema: "bank"}}, want: "bank"},
+		{name: "PartsDisagree", cfg: &annals.Config{
+			Store: &eventstore.Config{Schema: "bank"}, Scheduler: &scheduler.Config{Schema: "shop"},
+		}, err: `Config.Scheduler.Schema is "shop" but Config.Store.Schema is "bank"`},
+		{name: "PartDisagreesWithTopLevel", cfg: &annals.Config{Schema: "bank", Runner: &projection.Config{Schema: "shop"}},
+			err: `Config.Runner.Schema is "shop" but Config.Schema is "bank"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := annals.New(pool, tc.cfg)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("New = %v, want an error saying %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Schema() != tc.want || c.Store().Schema() != tc.want || c.Runner().Schema() != tc.want {
+				t.Fatalf("schemas: client %q, store %q, runner %q; want %q", c.Schema(), c.Store().Schema(), c.Runner().Schema(), tc.want)
+			}
+		})
+	}
+}
