@@ -2,6 +2,7 @@ package annals_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals"
+	"github.com/annals-dev/annals/aggregate"
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/projection"
@@ -101,5 +103,145 @@ func TestClientReadYourWrites(t *testing.T) {
 		if got, want := amount("rw_inline", "acct-2"), int64(i+1); got != want {
 			t.Fatalf("after append %d the inline read model shows %d, want %d", i, got, want)
 		}
+	}
+}
+
+// rwAccount is an aggregate for read-your-writes through a repository.
+type rwAccount struct {
+	aggregate.Base
+	Balance int
+}
+
+func (a *rwAccount) Apply(event any) error {
+	switch e := event.(type) {
+	case clDeposited:
+		a.Balance += e.Amount
+	default:
+		return aggregate.ErrUnhandledEvent
+	}
+	return nil
+}
+
+func (a *rwAccount) Deposit(n int) error { return aggregate.Record(a, clDeposited{Amount: n}) }
+
+// A service that saves an aggregate through a repository reads its own
+// write: the aggregate's SavedPosition is the position of the event the save
+// appended, and Client.Await on it returns once a partitioned projection
+// has applied that event.
+func TestClientAwaitAfterRepositorySave(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	reg := eventstore.NewRegistry()
+	eventstore.MustRegister[clDeposited](reg, "cl.deposited")
+	// A one-minute poll: only the checkpoints' notifications move Await.
+	c, err := annals.New(db.Pool, &annals.Config{Registry: reg, Runner: &projection.Config{PollInterval: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := projection.New("rs.balances", reg)
+	p.OnSetup(1, projection.Statements(`CREATE TABLE rs_balances (account text PRIMARY KEY, amount bigint NOT NULL)`))
+	projection.On(p, func(ctx context.Context, tx pgx.Tx, e eventstore.Envelope[clDeposited]) error {
+		_, err := tx.Exec(ctx, `INSERT INTO rs_balances VALUES ($1, $2)
+			ON CONFLICT (account) DO UPDATE SET amount = rs_balances.amount + $2`, e.StreamID, e.Data.Amount)
+		return err
+	})
+	if err := annals.AddProjection(c, p, &projection.Options{Partitions: 4}); err != nil {
+		t.Fatal(err)
+	}
+	repo, err := annals.NewRepository(c, "acct", func() *rwAccount { return &rwAccount{} }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop(context.Background()) })
+
+	amount := func(account string) int {
+		t.Helper()
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT coalesce((SELECT amount FROM rs_balances WHERE account = $1), 0)`, repo.StreamID(account)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// stored returns the position of the stream's last event.
+	stored := func(account string) int64 {
+		t.Helper()
+		var last int64
+		for e, err := range c.ReadStream(ctx, repo.StreamID(account), 1) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			last = e.GlobalSequence
+		}
+		return last
+	}
+	await := func(what string, pos int64) {
+		t.Helper()
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := c.Await(actx, "rs.balances", pos); err != nil {
+			t.Fatalf("%s: Await(%d): %v", what, pos, err)
+		}
+	}
+
+	var last int64
+	for i := range 5 {
+		id := fmt.Sprint(i)
+		a, err := repo.Create(ctx, id, func(a *rwAccount) error { return a.Deposit(1) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pos := a.SavedPosition(); pos != stored(id) || pos <= last {
+			t.Fatalf("Create %s: SavedPosition %d, want %d (the stored event's), after %d", id, pos, stored(id), last)
+		}
+		last = a.SavedPosition()
+	}
+	for i := range 12 {
+		id := fmt.Sprint(i % 5)
+		a, err := repo.Update(ctx, id, func(a *rwAccount) error { return a.Deposit(i + 1) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		pos := a.SavedPosition()
+		if pos != stored(id) || pos <= last {
+			t.Fatalf("Update %d: SavedPosition %d, want %d (the stored event's), after %d", i, pos, stored(id), last)
+		}
+		last = pos
+		await(fmt.Sprintf("Update %d", i), pos)
+		if got := amount(id); got != a.Balance {
+			t.Fatalf("after Await of update %d the read model shows %d for %s, want %d", i, got, id, a.Balance)
+		}
+	}
+
+	// SaveTx: the position the events have once the transaction commits.
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := repo.UpdateTx(ctx, tx, "3", func(a *rwAccount) error { return a.Deposit(100) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if pos := a.SavedPosition(); pos != stored("3") || pos <= last {
+		t.Fatalf("UpdateTx: SavedPosition %d, want %d (the stored event's), after %d", pos, stored("3"), last)
+	}
+	await("UpdateTx", a.SavedPosition())
+	if got := amount("3"); got != a.Balance {
+		t.Fatalf("after Await of UpdateTx the read model shows %d, want %d", got, a.Balance)
+	}
+
+	// Nothing appended, nothing to wait for: a loaded aggregate, and an
+	// Update whose command records nothing, are at position 0.
+	if a, err := repo.Load(ctx, "1"); err != nil || a.SavedPosition() != 0 {
+		t.Fatalf("Load: SavedPosition %d, %v; want 0", a.SavedPosition(), err)
+	}
+	if a, err := repo.Update(ctx, "1", func(*rwAccount) error { return nil }); err != nil || a.SavedPosition() != 0 {
+		t.Fatalf("Update that records nothing: SavedPosition %d, %v; want 0", a.SavedPosition(), err)
 	}
 }

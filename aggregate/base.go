@@ -38,9 +38,10 @@ import (
 type Root interface {
 	// Apply folds one event into the aggregate's state.
 	Apply(event any) error
-	// ID, Version and Uncommitted are Base's.
+	// ID, Version, SavedPosition and Uncommitted are Base's.
 	ID() string
 	Version() int64
+	SavedPosition() int64
 	Uncommitted() []any
 	// root returns the embedded Base; only Base implements it, so an
 	// aggregate satisfies Root by embedding Base.
@@ -49,12 +50,14 @@ type Root interface {
 
 // Base tracks what the repository needs to know about an aggregate: its ID,
 // the stream version it was loaded or last saved at (the expected version of
-// the next save), and the events recorded since. Embed it (by value) in the
+// the next save), the events recorded since, and the log position of the
+// last event its last save appended (for read-your-writes). Embed it (by value) in the
 // aggregate's struct. Its fields are unexported, so encoding/json leaves them
 // out of snapshots.
 type Base struct {
 	id          string
 	version     int64
+	position    int64 // of the last event the last successful save appended
 	uncommitted []any
 	// ids are the event IDs of uncommitted[:len(ids)], given by the first
 	// Save that tried to append them and kept until one succeeds, so that a
@@ -78,6 +81,24 @@ func (b *Base) ID() string { return b.id }
 // Version returns the stream version the aggregate was loaded or last saved
 // at: 0 for a new aggregate. Events recorded since are not counted.
 func (b *Base) Version() int64 { return b.version }
+
+// SavedPosition returns the log position (eventstore.Event.GlobalSequence)
+// of the last event the aggregate's last successful save appended, as
+// eventstore.AppendResult.Position does for an append: the position to
+// wait for with annals.Client.Await (or projection.Await) before reading a
+// read model that must show the save (read-your-writes):
+//
+//	acc, err := repo.Update(ctx, "42", func(a *Account) error { return a.Deposit(10) })
+//	…
+//	err = client.Await(ctx, "balances", acc.SavedPosition())
+//
+// It is 0 for an aggregate that no save has appended events of since it was
+// made or loaded (a Save with nothing recorded appends nothing; an Update
+// whose command records nothing returns 0: there is nothing to wait for).
+// After SaveTx it is the position the events have once the transaction
+// commits. After a Save made again following ErrOutcomeUnknown that found
+// the events written, it is their stored position.
+func (b *Base) SavedPosition() int64 { return b.position }
 
 // Uncommitted returns the events recorded since the aggregate was loaded or
 // last saved, in order. The slice must not be modified.

@@ -276,7 +276,9 @@ func (r *Repository[A]) load(ctx context.Context, tx pgx.Tx, id string) (A, erro
 
 // Save appends the events recorded on a since it was loaded (or created
 // with New), expecting the stream to still be at the loaded version. On
-// success a is at the new version with nothing uncommitted, and a snapshot
+// success a is at the new version with nothing uncommitted, its
+// SavedPosition is the log position of its last event (what Client.Await
+// waits for, for read-your-writes), and a snapshot
 // is written if one is due (after the append has committed; a failed
 // snapshot write is logged and does not fail the save). Saving an aggregate
 // with no uncommitted events does nothing.
@@ -373,7 +375,7 @@ func (r *Repository[A]) save(ctx context.Context, tx pgx.Tx, a A) error {
 		return errors.Wrapf(err, "aggregate %s %q: save %d event(s) at version %d", r.typ, b.id, len(events), b.version)
 	}
 	before := b.version
-	b.version = res.StreamVersion
+	b.version, b.position = res.StreamVersion, res.Position()
 	b.uncommitted, b.ids = nil, nil
 	if s := r.cfg.Snapshots; tx == nil && s != nil && b.version/int64(s.Every) > before/int64(s.Every) {
 		r.saveSnapshot(ctx, a, stream)
