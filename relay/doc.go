@@ -69,6 +69,24 @@
 // (past the duplicate window too). Keep MaxAge (default: none) well above
 // the longest outage of every relay process.
 //
+// The skip also needs the stream to keep what it acknowledged. JetStream
+// acknowledges a message before it writes it to disk (sync_interval, 2
+// minutes by default), so a crash of the server's machine, or its store
+// restored from a backup, loses the newest messages: the stream's newest
+// message is then below the relay's checkpoint. At the start of each
+// leadership, when the log holds events for the stream between the two (of
+// the relay's types, and within max_payload: an event over it is past the
+// checkpoint only because an operator moved the relay past it), the relay
+// logs an ERROR, moves its checkpoint back to the stream's newest message
+// (fenced by the epoch, and only from where the leadership found it) and
+// publishes from there, chained on that message: each lost event once, in
+// order. A checkpoint moved forward by hand over events the relay could
+// publish is undone the same way. An empty stream that never held a
+// message tells nothing of what it lost: the relay publishes from its
+// checkpoint on and logs so, as for a stream made again (see "The
+// stream"). Keep what JetStream acknowledges with sync_interval: always on
+// the server, or a stream of three replicas (Config.Replicas).
+//
 // Hence the rules: one relay per JetStream stream (EnsureStream refuses a
 // stream whose newest message another relay published, and the chain would
 // break with two publishers), an unpartitioned relay subscription (one
@@ -118,7 +136,9 @@
 // 0, EnsureStream logs so, with the way to publish the earlier ones: stop
 // the relay, delete the stream, set the checkpoint to 0 and start it (only
 // setting the checkpoint back would not do: the relay skips what the new
-// stream's newest message shows published).
+// stream's newest message shows published). So does a leadership that finds
+// the stream empty, never having held a message, under a checkpoint past 0
+// (a stream made by hand), once per stream.
 //
 // # Failures
 //

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
@@ -59,7 +61,7 @@ type sent struct {
 }
 
 func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
-	pos, id, err := p.r.lastStored(ctx, p.stream)
+	st, err := p.r.lastStored(ctx, p.stream)
 	if err != nil && !errors.Is(err, ErrStreamMismatch) {
 		// The stream may be gone (deleted, or the server's store lost),
 		// or this handle stale: look it up again by name, and make it
@@ -73,7 +75,7 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 		}
 		// Made again, EnsureStream has said so.
 		p.stream = s
-		pos, id, err = p.r.lastStored(ctx, p.stream)
+		st, err = p.r.lastStored(ctx, p.stream)
 	}
 	if err != nil {
 		p.r.failed(err)
@@ -84,17 +86,127 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 		p.r.failed(err)
 		return err
 	}
+	*p = publisher{r: p.r, stream: p.stream, origin: origin}
+	if err := p.behind(ctx, lease, st); err != nil {
+		p.r.failed(err)
+		return err
+	}
 	// What the stream holds through its newest message (pos) counts as
 	// acknowledged as Process skips it (not here: the engine relies on
 	// every commit being at or below a position Process has returned).
-	*p = publisher{r: p.r, stream: p.stream, origin: origin, synced: true, lastPos: pos, lastID: id, prevID: id,
-		through: lease.Start, acked: lease.Start, committed: lease.Start, lastCommit: time.Now()}
+	p.synced, p.lastPos, p.lastID, p.prevID = true, st.pos, st.id, st.id
+	p.through, p.acked, p.committed, p.lastCommit = lease.Start, lease.Start, lease.Start, time.Now()
 	return nil
 }
 
-// Process publishes the batch's events (those the stream does not hold
-// yet), then collects the acknowledgements that have come in, waiting only
-// for those of earlier batches, and commits the checkpoint when due.
+// behind looks at a stream whose newest message is below the checkpoint.
+//
+// When the log holds events for the stream between the two (events matching
+// the relay's types that NATS would take: one over max_payload is there only
+// because an operator moved the checkpoint past it), the stream has lost
+// them (JetStream acknowledges a message before it writes it to disk, so a
+// crash of the server's machine loses the newest, and so does a store
+// restored from a backup; or an operator moved the checkpoint forward). The
+// relay publishes them again: it moves its checkpoint back to the stream's
+// newest message, fenced by the lease's epoch and only from where the
+// leadership found it, and starts the leadership there (lease.Start, from
+// which the engine reads once Start returns), chained on that message, so
+// each lands once, in order. A leader that dies on the way leaves the
+// checkpoint at or below what the stream holds, as any leader does.
+//
+// An empty stream that never held a message (made by hand, or restored from
+// before the relay's first publish) tells nothing of what it lost: the relay
+// publishes from its checkpoint on, as into a stream it made again, and says
+// so (warnBehind), once per stream.
+func (p *publisher) behind(ctx context.Context, lease *catchup.Lease, st stored) error {
+	if st.pos >= lease.Start {
+		return nil
+	}
+	if st.pos == 0 {
+		if st.seq == 0 && p.r.warnedStream.Load() != st.created.UnixNano() {
+			p.r.warnBehind(ctx, fmt.Sprintf("the relay's JetStream stream %s is empty and has never held a message "+
+				"(made by hand, or its store restored from before the relay's first publish)", p.r.cfg.Stream), lease.Start, st.created)
+		}
+		return nil
+	}
+	lost, err := p.firstLost(ctx, st, lease.Start)
+	if err != nil || lost == 0 {
+		return err
+	}
+	q, err := p.r.queries()
+	if err != nil {
+		return err
+	}
+	if err := lease.Do(ctx, func(conn *pgx.Conn) error {
+		var pos int64
+		err := conn.QueryRow(ctx, q["MoveBack"], lease.Subscriber, lease.Partition, lease.Epoch, st.pos, lease.Start).Scan(&pos)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return errors.Wrapf(checkpoint.ErrFenced, "relay: move the checkpoint of %s back to %d at epoch %d", lease.Subscriber, st.pos, lease.Epoch)
+		}
+		return errors.Wrapf(err, "relay: move the checkpoint back to %d", st.pos)
+	}); err != nil {
+		return err
+	}
+	p.r.cfg.Logger.ErrorContext(ctx, fmt.Sprintf("annals: the relay's JetStream stream %s lacks events JetStream had acknowledged: its newest message is event %d, "+
+		"but the relay's checkpoint was at %d and the log holds events for the stream in between (the first: %d). "+
+		"JetStream acknowledges a message before it writes it to disk (sync_interval, 2 minutes by default), so the server's machine crashed, "+
+		"or its store was restored from a backup (or the checkpoint was moved forward by hand). "+
+		"The relay moved its checkpoint back to %d and publishes them again, each once, in order. "+
+		"To keep what JetStream acknowledges: sync_interval: always in the server's jetstream block, or a stream of 3 replicas",
+		p.r.cfg.Stream, st.pos, lease.Start, lost, st.pos),
+		slog.String("relay", p.r.cfg.Name), slog.String("stream", p.r.cfg.Stream),
+		slog.Int64("stream_position", st.pos), slog.Int64("checkpoint", lease.Start), slog.Int64("first_lost", lost))
+	lease.Start = st.pos
+	return nil
+}
+
+// firstLost returns the position of the first event after the stream's
+// newest message (st), through the checkpoint cp, that the relay would
+// have published: of a type it relays, and within NATS's max_payload (an
+// event over it is past the checkpoint only because an operator moved the
+// relay past it, as its log says to). 0 when there is none.
+func (p *publisher) firstLost(ctx context.Context, st stored, cp int64) (int64, error) {
+	q, err := p.r.queries()
+	if err != nil {
+		return 0, err
+	}
+	var regex *string
+	if re := p.r.filter.Regex(); re != "" {
+		regex = &re
+	}
+	for after := st.pos; ; {
+		var pos int64
+		err := p.r.pool.QueryRow(ctx, q["NextMatch"], after, cp, regex).Scan(&pos)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, errors.Wrapf(err, "relay: look for events after %d", after)
+		}
+		var e eventstore.Event
+		for e, err = range p.r.store.ReadAll(ctx, pos) {
+			break
+		}
+		if err != nil {
+			return 0, errors.Wrapf(err, "relay: read event %d", pos)
+		}
+		if e.GlobalSequence != pos {
+			after = pos // gone since (retention)
+			continue
+		}
+		msg, _, err := p.message(e, st.id)
+		if err != nil {
+			return 0, err
+		}
+		if !p.overMaxPayload(msg) {
+			return pos, nil
+		}
+		after = pos
+	}
+}
+
+// message returns the message of event e and the options to publish it
+// with, chained on the message prev ("": the stream is empty).
 //
 // Each message carries Nats-Msg-Id (the event ID) and
 // Nats-Expected-Last-Msg-Id (the ID of the event published before it):
@@ -102,6 +214,38 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 // stream always holds a prefix of the relay's sequence, in position order,
 // whatever is lost or re-sent; a message already stored is dropped as a
 // duplicate before that check.
+func (p *publisher) message(e eventstore.Event, prev string) (*nats.Msg, []jetstream.PublishOpt, error) {
+	msg, err := Message(p.r.cfg.Name, p.r.subj.render(e), e)
+	if err != nil {
+		return nil, nil, err
+	}
+	msg.Header.Set(HeaderOrigin, p.origin)
+	opts := []jetstream.PublishOpt{jetstream.WithMsgID(e.ID.String()), jetstream.WithExpectStream(p.r.cfg.Stream)}
+	if prev != "" {
+		opts = append(opts, jetstream.WithExpectLastMsgID(prev))
+	}
+	return msg, opts, nil
+}
+
+// overMaxPayload reports whether NATS refuses msg for its size, with the
+// headers a publish adds to it (of their longest).
+func (p *publisher) overMaxPayload(msg *nats.Msg) bool {
+	m := *msg
+	m.Header = nats.Header{}
+	for k, v := range msg.Header {
+		m.Header[k] = v
+	}
+	id := msg.Header.Get(HeaderEventID)
+	m.Header.Set(jetstream.MsgIDHeader, id)
+	m.Header.Set(jetstream.ExpectedStreamHeader, p.r.cfg.Stream)
+	m.Header.Set(jetstream.ExpectedLastMsgIDHeader, id)
+	return int64(m.Size()-len(m.Subject)-len(m.Reply)) > p.r.js.Conn().MaxPayload()
+}
+
+// Process publishes the batch's events (those the stream does not hold
+// yet), chained (message), then collects the acknowledgements that have
+// come in, waiting only for those of earlier batches, and commits the
+// checkpoint when due.
 func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch catchup.Batch) (int64, error) {
 	earlier := len(p.inflight)
 	for _, e := range batch.Events {
@@ -116,14 +260,9 @@ func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch cat
 			}
 			continue
 		}
-		msg, err := Message(p.r.cfg.Name, p.r.subj.render(e), e)
+		msg, opts, err := p.message(e, p.prevID)
 		if err != nil {
 			return batch.After, p.fail(ctx, lease, err)
-		}
-		msg.Header.Set(HeaderOrigin, p.origin)
-		opts := []jetstream.PublishOpt{jetstream.WithMsgID(e.ID.String()), jetstream.WithExpectStream(p.r.cfg.Stream)}
-		if p.prevID != "" {
-			opts = append(opts, jetstream.WithExpectLastMsgID(p.prevID))
 		}
 		f, err := p.r.js.PublishMsgAsync(msg, opts...)
 		if errors.Is(err, nats.ErrMaxPayload) {

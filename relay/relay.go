@@ -115,7 +115,7 @@ type Config struct {
 type Relay struct {
 	pool   *pgxpool.Pool
 	js     jetstream.JetStream
-	store  *eventstore.Store // the log's head (lastStored)
+	store  *eventstore.Store // the log's head (lastStored) and single events (firstLost): a page of one
 	cfg    Config
 	filter catchup.Filter
 	subj   subjects
@@ -131,6 +131,11 @@ type Relay struct {
 	failures     atomic.Int64
 	firstFailure atomic.Int64 // when the streak began (Unix nanoseconds)
 	lastFailure  atomic.Pointer[error]
+
+	// warnedStream is the creation time (Unix nanoseconds) of the last
+	// stream warnBehind told about: a leadership that finds it empty does
+	// not tell again.
+	warnedStream atomic.Int64
 
 	// walStartTimeout, when positive, replaces walStartTimeout; onWALCheck
 	// receives wakeFor's verdict on each leadership (tests).
@@ -201,7 +206,7 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg *Config) (*Relay, error) {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	r := &Relay{pool: pool, cfg: c}
-	if r.store, err = eventstore.New(pool, &eventstore.Config{Schema: c.Schema}); err != nil {
+	if r.store, err = eventstore.New(pool, &eventstore.Config{Schema: c.Schema, PageSize: 1}); err != nil {
 		return nil, err
 	}
 	if r.filter, err = catchup.ParseFilter(c.Types); err != nil {
@@ -278,7 +283,7 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 		return nil, errors.Wrapf(err, "relay: stream %s", want.Name)
 	}
 	if created {
-		if err := r.warnIfBehind(ctx); err != nil {
+		if err := r.warnIfBehind(ctx, s); err != nil {
 			return nil, err
 		}
 	}
@@ -297,7 +302,7 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 	}
 	// Another publisher's newest message: refused now, not at every
 	// leadership (it would stand by and try again for ever).
-	if _, _, err := r.lastStored(ctx, s); errors.Is(err, ErrStreamMismatch) {
+	if _, err := r.lastStored(ctx, s); errors.Is(err, ErrStreamMismatch) {
 		return nil, err
 	}
 	if name, ok := got.Metadata[MetadataRelay]; ok && name != r.cfg.Name {
@@ -322,10 +327,8 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 // warnIfBehind logs, for a stream EnsureStream has just created, that the
 // stream lacks the events up to the relay's checkpoint when that is past 0
 // (the stream was lost, deleted, or Config.Stream changed), and how to
-// publish them: the relay publishes only what is past both its checkpoint
-// and the stream's newest message, so setting the checkpoint back is not
-// enough once it has published into the new stream.
-func (r *Relay) warnIfBehind(ctx context.Context) error {
+// publish them (warnBehind).
+func (r *Relay) warnIfBehind(ctx context.Context, s jetstream.Stream) error {
 	cps, err := checkpoint.New(r.cfg.Schema)
 	if err != nil {
 		return err
@@ -337,12 +340,23 @@ func (r *Relay) warnIfBehind(ctx context.Context) error {
 	if err != nil {
 		return errors.Wrap(err, "relay: read the checkpoint")
 	}
-	r.cfg.Logger.WarnContext(ctx, fmt.Sprintf("annals: the relay created its JetStream stream %s (it was lost or deleted, or is new), and its checkpoint is at %d: "+
+	r.warnBehind(ctx, fmt.Sprintf("the relay created its JetStream stream %s (it was lost or deleted, or is new)", r.cfg.Stream),
+		cp.Position, s.CachedInfo().Created)
+	return nil
+}
+
+// warnBehind logs that the stream, which what describes, lacks the events
+// up to the checkpoint cp, and how to publish them: the relay publishes only
+// what is past both its checkpoint and the stream's newest message, so
+// setting the checkpoint back is not enough once it has published into the
+// stream. The stream made at created is then told about (warnedStream).
+func (r *Relay) warnBehind(ctx context.Context, what string, cp int64, created time.Time) {
+	r.warnedStream.Store(created.UnixNano())
+	r.cfg.Logger.WarnContext(ctx, fmt.Sprintf("annals: %s, and its checkpoint is at %d: "+
 		"the stream holds only the events after the checkpoint. To publish the earlier ones too: stop every relay process named %s, "+
 		"delete the stream (nats stream rm %s -f), run `%s`, and start the relay again",
-		r.cfg.Stream, cp.Position, shellQuote(r.cfg.Name), shellQuote(r.cfg.Stream), r.checkpointSetHint(0)),
-		slog.String("relay", r.cfg.Name), slog.String("stream", r.cfg.Stream), slog.Int64("checkpoint", cp.Position))
-	return nil
+		what, cp, shellQuote(r.cfg.Name), shellQuote(r.cfg.Stream), r.checkpointSetHint(0)),
+		slog.String("relay", r.cfg.Name), slog.String("stream", r.cfg.Stream), slog.Int64("checkpoint", cp))
 }
 
 // Run relays until ctx ends: it ensures the stream, then runs the relay's
@@ -462,8 +476,21 @@ func (r *Relay) runner(ctx context.Context, abort func(error)) (*projection.Runn
 	return runner, err
 }
 
-// lastStored returns the position and message ID of the newest message in
-// the stream (0 and "" when it is empty). It fails (ErrStreamMismatch) when
+// stored is what a stream holds, as lastStored reads it.
+type stored struct {
+	// pos and id are the position and message ID of the newest message (0
+	// and "" when the stream is empty).
+	pos int64
+	id  string
+	// seq is the stream's last sequence, also when the messages up to it
+	// are gone (0: the stream never held one).
+	seq uint64
+	// created is when the stream was made.
+	created time.Time
+}
+
+// lastStored returns what the stream holds: the position and message ID of
+// its newest message, and its last sequence. It fails (ErrStreamMismatch) when
 // that message is not this relay's: another publisher on the stream would
 // break the order, and a relay of another log would have this relay skip
 // its own events up to that position. A message of another log is told by
@@ -472,46 +499,47 @@ func (r *Relay) runner(ctx context.Context, abort func(error)) (*projection.Runn
 // log's event at its position (one index probe). Where retention has
 // scavenged that event, a message without an origin (published by an older
 // relay) or of an adopted origin is taken as this log's, with a warning.
-func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (int64, string, error) {
+func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (stored, error) {
 	origin, err := r.loadOrigin(ctx)
 	if err != nil {
-		return 0, "", err
+		return stored{}, err
 	}
 	info, err := stream.Info(ctx)
 	if err != nil {
-		return 0, "", errors.Wrap(err, "relay: stream info")
+		return stored{}, errors.Wrap(err, "relay: stream info")
 	}
+	st := stored{seq: info.State.LastSeq, created: info.Created}
 	if info.State.Msgs == 0 || info.State.LastSeq == 0 {
-		return 0, "", nil
+		return st, nil
 	}
 	m, err := stream.GetMsg(ctx, info.State.LastSeq)
 	if err != nil {
-		return 0, "", errors.Wrapf(err, "relay: read message %d", info.State.LastSeq)
+		return stored{}, errors.Wrapf(err, "relay: read message %d", info.State.LastSeq)
 	}
 	name, err := getExact(m.Header, HeaderRelay, HeaderRelayJSON)
 	if err != nil {
-		return 0, "", errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s: %v", r.cfg.Stream, err)
+		return stored{}, errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s: %v", r.cfg.Stream, err)
 	}
 	if name != r.cfg.Name {
-		return 0, "", errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s was published by %q, not relay %q: one relay per stream",
+		return stored{}, errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s was published by %q, not relay %q: one relay per stream",
 			r.cfg.Stream, name, r.cfg.Name)
 	}
 	pos, err := strconv.ParseInt(m.Header.Get(HeaderPosition), 10, 64)
 	if err != nil {
-		return 0, "", errors.Wrapf(err, "relay: message %d has no position", info.State.LastSeq)
+		return stored{}, errors.Wrapf(err, "relay: message %d has no position", info.State.LastSeq)
 	}
 	from := m.Header.Get(HeaderOrigin)
 	if from != "" && !sameOrigin(from, origin) && !r.cfg.AdoptStream {
-		return 0, "", errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s was published from the log at %s, not this one (%s): one relay per stream "+
+		return stored{}, errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s was published from the log at %s, not this one (%s): one relay per stream "+
 			"(if this database took over that log, restored or upgraded, adopt the stream: relay.Config.AdoptStream, annals relay nats --adopt-stream)",
 			r.cfg.Stream, from, origin)
 	}
 	head, err := r.store.Head(ctx)
 	if err != nil {
-		return 0, "", errors.Wrap(err, "relay: read the head")
+		return stored{}, errors.Wrap(err, "relay: read the head")
 	}
 	if pos > head {
-		return 0, "", errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s is event %d, past this log's head (%d): it was published from another database or schema "+
+		return stored{}, errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s is event %d, past this log's head (%d): it was published from another database or schema "+
 			"(or this database lost events since); one relay per stream", r.cfg.Stream, pos, head)
 	}
 	msgID := m.Header.Get(HeaderEventID)
@@ -520,7 +548,7 @@ func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (int64,
 	}
 	q, err := r.queries()
 	if err != nil {
-		return 0, "", err
+		return stored{}, err
 	}
 	var eventID string
 	err = r.pool.QueryRow(ctx, q["EventAt"], pos).Scan(&eventID)
@@ -528,7 +556,7 @@ func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (int64,
 	case err == nil && eventID != msgID:
 		// The position alone passes as long as this log is the longer;
 		// past it, the relay would skip its own events up to it.
-		return 0, "", errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s is event %s at position %d, but this log's event there is %s: "+
+		return stored{}, errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s is event %s at position %d, but this log's event there is %s: "+
 			"it was published from another log (another database or schema, or this database before it lost its newest events); one relay per stream",
 			r.cfg.Stream, msgID, pos, eventID)
 	case errors.Is(err, pgx.ErrNoRows):
@@ -540,7 +568,8 @@ func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (int64,
 				slog.String("message_origin", from), slog.String("origin", origin))
 		}
 	case err != nil:
-		return 0, "", errors.Wrapf(err, "relay: read the event at position %d", pos)
+		return stored{}, errors.Wrapf(err, "relay: read the event at position %d", pos)
 	}
-	return pos, m.Header.Get(jetstream.MsgIDHeader), nil
+	st.pos, st.id = pos, m.Header.Get(jetstream.MsgIDHeader)
+	return st, nil
 }

@@ -35,7 +35,7 @@ func (e *env) relayNATSCommand() *cobra.Command {
 		types                                  []string
 		wal, once, adopt                       bool
 		duplicates, maxAge, ackTimeout         time.Duration
-		batch                                  int
+		batch, replicas                        int
 		format                                 *string
 	)
 	cmd := &cobra.Command{
@@ -66,8 +66,8 @@ up to the current head and exits, printing how far it got (--output text|json).`
 			if _, err := catchup.ParseFilter(types); err != nil {
 				return usageError{err}
 			}
-			if batch < 0 || duplicates < 0 || maxAge < 0 || ackTimeout < 0 {
-				return usagef("--batch-size, --duplicates, --max-age and --ack-timeout must not be negative")
+			if batch < 0 || replicas < 0 || duplicates < 0 || maxAge < 0 || ackTimeout < 0 {
+				return usagef("--batch-size, --replicas, --duplicates, --max-age and --ack-timeout must not be negative")
 			}
 			if maxAge > 0 && duplicates > maxAge {
 				return usagef("--duplicates %v must not exceed --max-age %v: JetStream refuses a de-duplication window longer than the stream keeps messages", duplicates, maxAge)
@@ -91,7 +91,7 @@ up to the current head and exits, printing how far it got (--output text|json).`
 			logger := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			cfg := &relay.Config{
 				Name: name, Schema: e.schema, Types: types, Prefix: prefix, Subject: subject, Stream: stream,
-				Duplicates: duplicates, MaxAge: maxAge, BatchSize: batch, AckTimeout: ackTimeout, Logger: logger,
+				Replicas: replicas, Duplicates: duplicates, MaxAge: maxAge, BatchSize: batch, AckTimeout: ackTimeout, Logger: logger,
 				AdoptStream: adopt,
 			}
 			if wal {
@@ -141,6 +141,7 @@ up to the current head and exits, printing how far it got (--output text|json).`
 	f.StringVar(&prefix, "prefix", "annals", "subject prefix (dot-separated tokens of letters, digits, - and _)")
 	f.StringVar(&subject, "subject", relay.DefaultSubject, "subject template: {prefix}, {type}, {stream}")
 	f.StringVar(&stream, "stream", "ANNALS", "JetStream stream to create or check")
+	f.IntVar(&replicas, "replicas", 1, "the replicas of the stream the relay makes (3 keeps what JetStream acknowledged through a machine's crash; see docs/operations.md)")
 	f.DurationVar(&duplicates, "duplicates", 10*time.Minute, "the stream's de-duplication window (longer than any takeover)")
 	f.DurationVar(&maxAge, "max-age", 0, "how long the stream keeps messages (0: forever)")
 	f.DurationVar(&ackTimeout, "ack-timeout", 10*time.Second, "wait for a batch's acknowledgements")

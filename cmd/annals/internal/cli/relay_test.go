@@ -101,6 +101,7 @@ func TestRelayNATS(t *testing.T) {
 		{"relay", "nats", "--prefix", "a.*", "--nats-url", ns.ClientURL()},
 		{"relay", "nats", "--subject", "{prefix}.{oops}", "--nats-url", ns.ClientURL()},
 		{"relay", "nats", "--batch-size", "-1"},
+		{"relay", "nats", "--replicas", "-1"},
 		{"relay"},
 	} {
 		if r := annals(t, db.URL, args...); r.code != 2 {

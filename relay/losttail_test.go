@@ -1,0 +1,209 @@
+package relay_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/relay"
+)
+
+// A stream that lost its newest messages (JetStream acknowledges before it
+// writes to disk, so a crash of the server's machine, or its store restored
+// from a backup, loses what it acknowledged last) is filled in again: the
+// relay publishes events 1–10, its store is copied, it publishes 11–20
+// (checkpoint 20), the copy is put back, 10 more events are appended, and
+// the next run publishes 11–30 chained on event 10. The relay took the
+// checkpoint at face value and published 21–30 on event 10: the stream
+// held 1–10 and 21–30, and nothing said so.
+func TestRelayRepublishesATailTheStreamLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	var logs lockedBuffer
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{BatchSize: 4, RetryBackoff: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("the relay's log:\n%s", logs.String())
+		}
+	}()
+	appendMany(t, b.store, 10)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dir := b.ns.StoreDir()
+	backup := filepath.Join(t.TempDir(), "backup")
+	b.ns.Stop()
+	if err := os.CopyFS(backup, os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ns.Up(); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 10)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cp := b.checkpoint("relay"); cp != 20 {
+		t.Fatalf("checkpoint %d, want 20", cp)
+	}
+	// The store as it was at event 10.
+	b.ns.Stop()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.CopyFS(dir, os.DirFS(backup)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ns.Up(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(b.relayed("ANNALS")); n != 10 {
+		t.Fatalf("the restored stream holds %d messages, want 10", n)
+	}
+	appendMany(t, b.store, 10)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
+	if cp := b.checkpoint("relay"); cp != 30 {
+		t.Fatalf("checkpoint %d, want 30", cp)
+	}
+	if l := logs.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "lost") || !strings.Contains(l, "sync_interval") {
+		t.Fatalf("the relay's log does not tell that the stream lost events 11–20, nor how to prevent it:\n%s", l)
+	}
+	// Once filled in, nothing more is said.
+	before := strings.Count(logs.String(), "level=ERROR")
+	appendMany(t, b.store, 2)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := strings.Count(logs.String(), "level=ERROR"); after != before {
+		t.Fatalf("an error logged again after the stream was filled in:\n%s", logs.String())
+	}
+	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
+}
+
+// The way past an event too large for NATS still works: the checkpoint set
+// to the event's position (as the relay's log says) above the stream's
+// newest message is not taken for a lost tail, since the relay could never
+// have published the event; the events after it are published, and
+// nothing is logged as lost.
+func TestRelayMovedPastAnEventOverMaxPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	var logs lockedBuffer
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{RetryBackoff: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 3)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := b.store.Append(ctx, "big", eventstore.NoStream,
+		eventstore.EventData{Type: "t.big", Data: map[string]string{"s": strings.Repeat("x", 1_048_300)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cps, err := checkpoint.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cps.Move(ctx, b.db.Pool, "relay", 0, res.Position()); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 2)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatalf("CatchUp past an event over max_payload: %v\n%s", err, logs.String())
+	}
+	log := b.log()
+	checkExactlyOnce(t, b.relayed("ANNALS"), append(log[:3:3], log[4:]...))
+	if l := logs.String(); strings.Contains(l, "level=ERROR") || strings.Contains(l, "level=WARN") {
+		t.Fatalf("the relay logged a problem:\n%s", l)
+	}
+}
+
+// An empty stream that never held a message, under a relay whose checkpoint
+// is past 0 (a stream made by hand, or a store restored from before the
+// relay's first publish), tells nothing of what it lacks: the relay
+// publishes from its checkpoint on, as into a stream it made again, and
+// says so once; a stream the relay made itself is told about once too (by
+// EnsureStream), not again at the leadership's start.
+func TestRelayOnAnEmptyStreamBehindItsCheckpoint(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	var logs lockedBuffer
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{RetryBackoff: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.js.CreateStream(ctx, r.StreamConfig()); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 5)
+	cps, err := checkpoint.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cps.Set(ctx, b.db.Pool, "relay", 0, 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkPositions(t, b.relayed("ANNALS"), 4, 5)
+	if l := logs.String(); strings.Count(l, "is empty and has never held a message") != 1 || !strings.Contains(l, "checkpoint is at 3") ||
+		!strings.Contains(l, "annals checkpoint set relay 0 --yes") || strings.Contains(l, "level=ERROR") {
+		t.Fatalf("the relay's log does not tell once what the empty stream lacks, and how to publish it:\n%s", l)
+	}
+	// Made again by the relay: one warning, EnsureStream's.
+	if err := b.js.DeleteStream(ctx, "ANNALS"); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 2)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkPositions(t, b.relayed("ANNALS"), 6, 7)
+	if l := logs.String(); strings.Count(l, "checkpoint is at 5") != 1 || !strings.Contains(l, "created its JetStream stream") {
+		t.Fatalf("the relay's log does not tell once that it made the stream again:\n%s", l)
+	}
+}
+
+// checkPositions fails unless the stream holds the events at want, in
+// that order.
+func checkPositions(t *testing.T, msgs []jetstream.RawStreamMsg, want ...int64) {
+	t.Helper()
+	var got []int64
+	for _, m := range msgs {
+		e, err := relay.Decode(m.Header, m.Data)
+		if err != nil {
+			t.Fatalf("message %d: %v", m.Sequence, err)
+		}
+		got = append(got, e.GlobalSequence)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("the stream holds events %v, want %v", got, want)
+	}
+}
