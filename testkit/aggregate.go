@@ -30,7 +30,9 @@ import (
 // would), the command runs on the result, and the events it recorded
 // (aggregate.Record) are compared with the expected ones with
 // reflect.DeepEqual, in order. A mismatch fails the test (t.Errorf) with
-// both lists, one event a line, the first difference marked. The scenario
+// both lists, one event a line (pointers shown as what they point to, a nil
+// slice or map as nil, an empty one as [] or map[]), the first difference
+// marked and, within it, the first field that differs named. The scenario
 // runs when Then or ThenError is called, once; a scenario that is never
 // checked (Given and When without Then or ThenError) fails the test when it
 // ends.
@@ -140,8 +142,8 @@ func (s *AggregateScenario[A]) Then(expected ...any) A {
 		}
 	}
 	if diff := aggFirstDiff(expected, recorded); diff >= 0 {
-		problems = append(problems, fmt.Sprintf("the command recorded other events than expected\nexpected %s\nrecorded %s",
-			aggList(expected, diff), aggList(recorded, diff)))
+		problems = append(problems, fmt.Sprintf("the command recorded other events than expected\nexpected %s\nrecorded %s%s",
+			aggList(expected, diff), aggList(recorded, diff), aggExplain(expected, recorded, diff)))
 	}
 	if len(problems) > 0 {
 		s.t.Errorf("testkit: %s: %s", s.name(), strings.Join(problems, "\n"))
@@ -310,9 +312,23 @@ func aggList(events []any, mark int) string {
 		if i == mark {
 			prefix = "-> "
 		}
-		fmt.Fprintf(&b, "\n  %s%d. %T %+v", prefix, i+1, e, e)
+		fmt.Fprintf(&b, "\n  %s%d. %T %s", prefix, i+1, e, render(e))
 	}
 	return b.String()
+}
+
+// aggExplain names the first field where the events at i differ, when both
+// lists have one there of the same type: "\nevent 2 differs at Tags:
+// expected [], recorded nil". It is "" otherwise (the listing says it).
+func aggExplain(want, got []any, i int) string {
+	if i >= len(want) || i >= len(got) {
+		return ""
+	}
+	path, w, g, differ := valueDiff(reflect.ValueOf(want[i]), reflect.ValueOf(got[i]), false)
+	if !differ || path == "" {
+		return ""
+	}
+	return fmt.Sprintf("\nevent %d differs at %s: expected %s, recorded %s", i+1, strings.TrimPrefix(path, "."), renderLeaf(w, g), renderLeaf(g, w))
 }
 
 func aggDeref(events []any) []any {

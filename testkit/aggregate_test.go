@@ -47,6 +47,13 @@ type gwMeta struct {
 	Meta map[string]any `json:"meta"`
 }
 
+// gwLabelled has what %+v prints alike when it differs: a nil and an empty
+// slice, and pointers (as addresses).
+type gwLabelled struct {
+	Tags []string `json:"tags"`
+	Ref  *int     `json:"ref"`
+}
+
 // gwTagged survives JSON though it does not read back identical: an empty
 // Tags is omitted (nil after a read), At loses its monotonic reading and
 // its zone (an offset after a read).
@@ -75,7 +82,7 @@ func (w *wallet) Apply(event any) error {
 		w.Balance -= e.Amount
 	case gwPaid:
 		w.Balance -= e.amount
-	case gwNoted, gwTagged, gwMeta:
+	case gwNoted, gwTagged, gwMeta, gwLabelled:
 	default:
 		return aggregate.ErrUnhandledEvent
 	}
@@ -242,8 +249,9 @@ func TestGivenWhenThenWithRegistryChecksRoundTrips(t *testing.T) {
 			"recorded event 1 (testkit_test.gwPaid) does not survive its round trip through JSON",
 			"field amount was 30, reads back as 0",
 			"recorded other events than expected",
-			"-> 1. testkit_test.gwPaid {Invoice:A amount:20}",
-			"-> 1. testkit_test.gwPaid {Invoice:A amount:30}")
+			`-> 1. testkit_test.gwPaid {Invoice:"A" amount:20}`,
+			`-> 1. testkit_test.gwPaid {Invoice:"A" amount:30}`,
+			"event 1 differs at amount: expected 20, recorded 30")
 	})
 
 	t.Run("UnexportedFieldLost", func(t *testing.T) {
@@ -318,6 +326,40 @@ func TestGivenWhenThenReportsFailures(t *testing.T) {
 		expectFailure(t, f, "recorded other events than expected",
 			"expected 1 event(s):\n  -> 1. testkit_test.gwWithdrawn {Amount:20}",
 			"recorded 1 event(s):\n  -> 1. testkit_test.gwWithdrawn {Amount:30}")
+	})
+
+	// Events that differ never print alike: a nil slice is not an empty
+	// one, a pointer shows what it points to, and the first field that
+	// differs is named.
+	t.Run("ListingShowsTheDifference", func(t *testing.T) {
+		t.Parallel()
+		five, six := 5, 6
+		label := func(w *wallet) error { return aggregate.Record(w, gwLabelled{Tags: []string{}, Ref: &six}) }
+		for _, tc := range []struct {
+			expected  gwLabelled
+			fragments []string
+		}{
+			{gwLabelled{Ref: &six}, []string{
+				"expected 1 event(s):\n  -> 1. testkit_test.gwLabelled {Tags:nil Ref:&6}",
+				"recorded 1 event(s):\n  -> 1. testkit_test.gwLabelled {Tags:[] Ref:&6}",
+				"event 1 differs at Tags: expected nil, recorded []"}},
+			{gwLabelled{Tags: []string{}, Ref: &five}, []string{
+				"-> 1. testkit_test.gwLabelled {Tags:[] Ref:&5}",
+				"event 1 differs at Ref: expected 5, recorded 6"}},
+			{gwLabelled{Tags: []string{}}, []string{
+				"-> 1. testkit_test.gwLabelled {Tags:[] Ref:nil}",
+				"event 1 differs at Ref: expected nil, recorded &6"}},
+			{gwLabelled{Tags: []string{"a b"}, Ref: &six}, []string{
+				`-> 1. testkit_test.gwLabelled {Tags:["a b"] Ref:&6}`,
+				`event 1 differs at Tags: expected ["a b"], recorded []`}},
+		} {
+			f := &gwTB{}
+			testkit.Given(f, newWallet).When(label).Then(tc.expected)
+			expectFailure(t, f, tc.fragments...)
+			if strings.Contains(f.errs[0], "0xc") {
+				t.Errorf("the failure prints an address:\n%s", f.errs[0])
+			}
+		}
 	})
 
 	t.Run("MissingEvent", func(t *testing.T) {
