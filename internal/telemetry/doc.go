@@ -16,6 +16,9 @@
 //	annals.subscription.dead_letters counter, {event}   dead letters written (reason failed|parked)
 //	annals.listener.reconnects       counter, {reconnect}
 //
+// The duration histograms are in seconds with explicit bucket boundaries from
+// 0.5 ms to 10 s; the SDK's default boundaries are meant for milliseconds.
+//
 // Spans: annals.append (producer) per append; annals.batch (consumer) per
 // batch a subscriber processes; with the runner's HandlerSpans option also
 // annals.handle <type> (consumer) per handler call, linked to the append's

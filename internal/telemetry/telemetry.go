@@ -31,6 +31,17 @@ const (
 	Outcome    = attribute.Key("annals.outcome")
 )
 
+// durationBuckets are the bucket boundaries, in seconds, of the duration
+// histograms (annals.append.duration, annals.batch.duration,
+// annals.handler.duration). The SDK's default boundaries (0, 5, 10, 25, …,
+// 10000) are meant for milliseconds: recorded in seconds, everything from a
+// millisecond to five seconds would land in one bucket and a quantile over
+// them would say nothing. These run from half a millisecond to ten seconds.
+var durationBuckets = []float64{
+	0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075,
+	0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10,
+}
+
 // Providers returns the given providers, or the global ones for nil.
 func Providers(tp trace.TracerProvider, mp metric.MeterProvider) (trace.TracerProvider, metric.MeterProvider) {
 	if tp == nil {
@@ -56,6 +67,7 @@ func NewAppend(tp trace.TracerProvider, mp metric.MeterProvider) (*Append, error
 	a := &Append{Tracer: tp.Tracer(Scope)}
 	var err error
 	if a.Duration, err = m.Float64Histogram("annals.append.duration", metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(durationBuckets...),
 		metric.WithDescription("Duration of an append, from the call to its result.")); err != nil {
 		return nil, errors.Wrap(err, "telemetry: annals.append.duration")
 	}
@@ -106,10 +118,12 @@ func NewSubscription(tp trace.TracerProvider, mp metric.MeterProvider) (*Subscri
 	var err error
 	wrap := func(name string) error { return errors.Wrapf(err, "telemetry: %s", name) }
 	if s.Handler, err = m.Float64Histogram("annals.handler.duration", metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(durationBuckets...),
 		metric.WithDescription("Duration of one handler call.")); err != nil {
 		return nil, wrap("annals.handler.duration")
 	}
 	if s.Batch, err = m.Float64Histogram("annals.batch.duration", metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(durationBuckets...),
 		metric.WithDescription("Duration of processing one batch: its handler calls and, for projections, its transaction.")); err != nil {
 		return nil, wrap("annals.batch.duration")
 	}
