@@ -23,7 +23,9 @@
 //     by EscapeToken: bytes other than ASCII letters, digits, "-" and "_"
 //     become "%XX", so "order.placed" is the token "order%2Eplaced"), with
 //     headers: Nats-Msg-Id = the event ID, Nats-Expected-Last-Msg-Id = the
-//     ID of the event published before it, and the Annals-* headers
+//     ID of the event published before it (the first message into an empty
+//     stream: Nats-Expected-Last-Sequence = the stream's last sequence as
+//     the leadership's start read it), and the Annals-* headers
 //     (position, event ID, stream ID, stream version, type, recorded at,
 //     correlation and causation IDs, the whole metadata; a stream ID, type
 //     or relay name with white space at either end, which NATS would trim,
@@ -89,7 +91,8 @@
 //
 // Hence the rules: one relay per JetStream stream (EnsureStream refuses a
 // stream whose newest message another relay published, and the chain would
-// break with two publishers), an unpartitioned relay subscription (one
+// break with two publishers; of two relays that both found a stream empty,
+// the first message in breaks the other's expected last sequence), an unpartitioned relay subscription (one
 // publisher in order), and limits retention (interest or work-queue
 // retention would delete what the chain and the skip read).
 //

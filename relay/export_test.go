@@ -8,3 +8,7 @@ import "time"
 func SetWALCheck(r *Relay, timeout time.Duration, verdict func(error)) {
 	r.walStartTimeout, r.onWALCheck = timeout, verdict
 }
+
+// SetOnStarted sets a function called at the end of each leadership's
+// successful start, once the relay has read its stream.
+func SetOnStarted(r *Relay, f func()) { r.onStarted = f }

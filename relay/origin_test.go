@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -333,4 +334,95 @@ func runnerPool(t *testing.T, b *bundle) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// Relays of two logs (two databases, the default name and stream) on a
+// stream made beforehand, empty and without the relay's metadata: both find
+// it empty, and only one gets in; the other's first publish is refused, and
+// the relay then refuses the stream (ErrStreamMismatch). Both got in: the
+// first message into an empty stream was sent with no expectation, and the
+// stream held both logs' events.
+func TestTwoRelaysOnAnEmptyStreamMadeBeforehand(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	dbB := annalstest.NewDB(t, nil)
+	storeB, err := eventstore.New(dbB.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 5)
+	appendMany(t, storeB, 5)
+	var logs lockedBuffer
+	cfg := &relay.Config{RetryBackoff: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	defer func() {
+		if t.Failed() {
+			t.Logf("the relays' log:\n%s", logs.String())
+		}
+	}()
+	var relays [2]*relay.Relay
+	// Both leaderships read the empty stream before either publishes.
+	var started sync.WaitGroup
+	started.Add(2)
+	for i, pool := range []*pgxpool.Pool{b.db.Pool, dbB.Pool} {
+		if relays[i], err = relay.New(pool, b.nc, cfg); err != nil {
+			t.Fatal(err)
+		}
+		var once sync.Once
+		relay.SetOnStarted(relays[i], func() { once.Do(func() { started.Done(); started.Wait() }) })
+	}
+	sc := relays[0].StreamConfig()
+	if _, err := b.js.CreateStream(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		i   int
+		err error
+	}
+	results := make(chan result, 2)
+	var cancels [2]context.CancelFunc
+	for i, r := range relays {
+		rctx, cancel := context.WithCancel(ctx)
+		cancels[i] = cancel
+		defer cancel()
+		go func() { results <- result{i, r.CatchUp(rctx)} }()
+	}
+	// The loser's run ends (its checkpoint short of its head) or is ended
+	// once the winner's has.
+	winner := -1
+	var errs [2]error
+	for range 2 {
+		r := <-results
+		errs[r.i] = r.err
+		if r.err == nil {
+			winner = r.i
+			cancels[1-r.i]()
+		}
+	}
+	if winner < 0 || errs[1-winner] == nil {
+		t.Fatalf("the relays' runs: %v; want one to publish its log and the other not", errs)
+	}
+	loser := 1 - winner
+	msgs := b.relayed("ANNALS")
+	origin := msgs[0].Header.Get(relay.HeaderOrigin)
+	for _, m := range msgs {
+		if o := m.Header.Get(relay.HeaderOrigin); o != origin {
+			t.Fatalf("the stream holds events of %s and of %s", origin, o)
+		}
+	}
+	want := b.log()
+	if winner == 1 {
+		want = nil
+		for e, err := range storeB.ReadAll(ctx, 0) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, e)
+		}
+	}
+	checkExactlyOnce(t, msgs, want)
+	if err := relays[loser].CatchUp(ctx); !errors.Is(err, relay.ErrStreamMismatch) {
+		t.Fatalf("the other relay on the stream: %v, want ErrStreamMismatch", err)
+	}
 }

@@ -40,6 +40,9 @@ type publisher struct {
 	synced  bool
 	lastPos int64
 	lastID  string
+	// lastSeq is the stream's last sequence then: what the first message
+	// into an empty stream expects (message).
+	lastSeq uint64
 
 	// prevID is the ID of the last event published (acknowledged or not).
 	prevID string
@@ -94,8 +97,11 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 	// What the stream holds through its newest message (pos) counts as
 	// acknowledged as Process skips it (not here: the engine relies on
 	// every commit being at or below a position Process has returned).
-	p.synced, p.lastPos, p.lastID, p.prevID = true, st.pos, st.id, st.id
+	p.synced, p.lastPos, p.lastID, p.prevID, p.lastSeq = true, st.pos, st.id, st.id, st.seq
 	p.through, p.acked, p.committed, p.lastCommit = lease.Start, lease.Start, lease.Start, time.Now()
+	if p.r.onStarted != nil {
+		p.r.onStarted()
+	}
 	return nil
 }
 
@@ -194,7 +200,7 @@ func (p *publisher) firstLost(ctx context.Context, st stored, cp int64) (int64, 
 			after = pos // gone since (retention)
 			continue
 		}
-		msg, _, err := p.message(e, st.id)
+		msg, _, err := p.message(e, st.id, st.seq)
 		if err != nil {
 			return 0, err
 		}
@@ -206,15 +212,20 @@ func (p *publisher) firstLost(ctx context.Context, st stored, cp int64) (int64, 
 }
 
 // message returns the message of event e and the options to publish it
-// with, chained on the message prev ("": the stream is empty).
+// with, chained on the message prev (when the stream is empty: prev "" and
+// the stream's last sequence seq).
 //
 // Each message carries Nats-Msg-Id (the event ID) and
 // Nats-Expected-Last-Msg-Id (the ID of the event published before it):
 // JetStream stores a message only right after its predecessor, so the
 // stream always holds a prefix of the relay's sequence, in position order,
 // whatever is lost or re-sent; a message already stored is dropped as a
-// duplicate before that check.
-func (p *publisher) message(e eventstore.Event, prev string) (*nats.Msg, []jetstream.PublishOpt, error) {
+// duplicate before that check. The first message into an empty stream
+// expects the stream's last sequence as the leadership's start read it
+// (Nats-Expected-Last-Sequence), so that of two publishers into an empty
+// stream (relays of two logs on a stream made beforehand, without the
+// relay's metadata) only one gets in.
+func (p *publisher) message(e eventstore.Event, prev string, seq uint64) (*nats.Msg, []jetstream.PublishOpt, error) {
 	msg, err := Message(p.r.cfg.Name, p.r.subj.render(e), e)
 	if err != nil {
 		return nil, nil, err
@@ -223,6 +234,8 @@ func (p *publisher) message(e eventstore.Event, prev string) (*nats.Msg, []jetst
 	opts := []jetstream.PublishOpt{jetstream.WithMsgID(e.ID.String()), jetstream.WithExpectStream(p.r.cfg.Stream)}
 	if prev != "" {
 		opts = append(opts, jetstream.WithExpectLastMsgID(prev))
+	} else {
+		opts = append(opts, jetstream.WithExpectLastSequence(seq))
 	}
 	return msg, opts, nil
 }
@@ -260,7 +273,7 @@ func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch cat
 			}
 			continue
 		}
-		msg, opts, err := p.message(e, p.prevID)
+		msg, opts, err := p.message(e, p.prevID, p.lastSeq)
 		if err != nil {
 			return batch.After, p.fail(ctx, lease, err)
 		}

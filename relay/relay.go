@@ -141,6 +141,9 @@ type Relay struct {
 	// receives wakeFor's verdict on each leadership (tests).
 	walStartTimeout time.Duration
 	onWALCheck      func(error)
+	// onStarted, when set, is called at the end of each leadership's
+	// successful start, the stream read (tests).
+	onStarted func()
 }
 
 // failed records a leadership's failure (see Relay.failures).
