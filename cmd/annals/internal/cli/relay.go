@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"time"
 
@@ -85,7 +86,13 @@ up to the current head and exits, printing how far it got (--output text|json).`
 			defer pool.Close()
 			nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.Name("annals relay "+name))
 			if err != nil {
-				return errors.Wrapf(err, "relay: connect to %s", natsURL)
+				// Not wrapped: its message may quote the URL, password
+				// and all, or a piece of it (a parse error).
+				if ue := (*url.Error)(nil); errors.As(err, &ue) {
+					return errors.Newf("relay: connect to %s: not a valid URL (percent-encode any \"/\", \"@\", \":\" or \"%%\" in a user name, password or token)",
+						redactNATSURLs(natsURL))
+				}
+				return errors.Newf("relay: connect to %s: %s", redactNATSURLs(natsURL), redactNATSSecrets(err.Error(), natsURL))
 			}
 			defer nc.Close()
 			logger := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -175,4 +182,70 @@ func validRelayFlags(natsURL, name, prefix, subject, stream string) error {
 		return usagef("--stream %q: want a JetStream stream name (not empty; no whitespace, '.', '*', '>', '/' or '\\')", stream)
 	}
 	return nil
+}
+
+// redactNATSURLs returns NATS server URLs (comma-separated, as --nats-url
+// takes them) with the secret of each replaced by "xxxxx": the password of
+// nats://user:password@host, the token of nats://token@host.
+func redactNATSURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, u := range parts {
+		parts[i] = redactNATSURL(u)
+	}
+	return strings.Join(parts, ",")
+}
+
+// redactNATSURL is redactNATSURLs for one URL.
+func redactNATSURL(u string) string {
+	start, end, _ := natsUserinfo(u)
+	if end < 0 {
+		return u
+	}
+	info := "xxxxx" // a token
+	if user, _, ok := strings.Cut(u[start:end], ":"); ok {
+		info = user + ":xxxxx"
+	}
+	return u[:start] + info + u[end:]
+}
+
+// natsUserinfo finds the user information of NATS URL u, u[start:end]
+// (end -1 when there is none), and returns its secret: the password, or the
+// token. It takes the last "@" as the end: a password may hold "@" or "/".
+func natsUserinfo(u string) (start, end int, secret string) {
+	if i := strings.Index(u, "://"); i >= 0 {
+		start = i + len("://")
+	} else {
+		start = len(u) - len(strings.TrimLeft(u, " \t"))
+	}
+	at := strings.LastIndex(u[start:], "@")
+	if at < 0 {
+		return start, -1, ""
+	}
+	end = start + at
+	if _, pw, ok := strings.Cut(u[start:end], ":"); ok {
+		return start, end, pw
+	}
+	return start, end, u[start:end]
+}
+
+// redactNATSSecrets returns text with the URLs of urls in it redacted
+// (redactNATSURLs), and any secret of theirs left in it (as written, or
+// percent-decoded) replaced by "xxxxx".
+func redactNATSSecrets(text, urls string) string {
+	for _, u := range strings.Split(urls, ",") {
+		for _, v := range []string{u, strings.TrimSpace(u)} {
+			if r := redactNATSURL(v); r != v {
+				text = strings.ReplaceAll(text, v, r)
+			}
+		}
+		_, _, secret := natsUserinfo(u)
+		if secret == "" {
+			continue
+		}
+		text = strings.ReplaceAll(text, secret, "xxxxx")
+		if d, err := url.PathUnescape(secret); err == nil && d != "" {
+			text = strings.ReplaceAll(text, d, "xxxxx")
+		}
+	}
+	return text
 }

@@ -226,3 +226,35 @@ type discard struct{}
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// The secrets of --nats-url (a password, a token; of each URL of a list)
+// are not printed: a failed connection said "relay: connect to
+// nats://user:s3cret@127.0.0.1:1: …".
+func TestRelayNATSRedactsTheURL(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	for _, c := range []struct{ url, want string }{
+		{"nats://user:s3cret@127.0.0.1:1", "nats://user:xxxxx@127.0.0.1:1"},
+		{"nats://t0kens3cret@127.0.0.1:1", "nats://xxxxx@127.0.0.1:1"},
+		{"nats://a:pw-s3cret@127.0.0.1:1,t0kens3cret@127.0.0.1:2", "nats://a:xxxxx@127.0.0.1:1,xxxxx@127.0.0.1:2"},
+		// Parse errors, which quote the URL, or a piece of the password.
+		{"nats://user:s3cret@[::1:4222", "nats://user:xxxxx@[::1:4222"},
+		{"nats://user:p%40s3cret/x@127.0.0.1:1", "nats://user:xxxxx@127.0.0.1:1"},
+	} {
+		r := annalsWithin(t, 20*time.Second, db.URL, "relay", "nats", "--once", "--nats-url", c.url)
+		if r.code != 1 || strings.Contains(strings.ToLower(r.stderr+r.stdout), "s3cret") || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("--nats-url %s: exit %d, want 1 naming %s and no secret:\n%s%s", c.url, r.code, c.want, r.stdout, r.stderr)
+		}
+	}
+	for in, want := range map[string]string{
+		"nats://127.0.0.1:4222":                        "nats://127.0.0.1:4222",
+		"nats://user:pw@h:1,nats://tok@h:2,nats://h:3": "nats://user:xxxxx@h:1,nats://xxxxx@h:2,nats://h:3",
+		"user:p@ss@h":         "user:xxxxx@h",
+		"tls://:pw@h":         "tls://:xxxxx@h",
+		"nats://h:1, tok@h:2": "nats://h:1, xxxxx@h:2",
+	} {
+		if got := redactNATSURLs(in); got != want {
+			t.Errorf("redactNATSURLs(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
