@@ -28,8 +28,9 @@ import (
 // Config configures a Relay. A nil *Config means defaults.
 type Config struct {
 	// Name is the relay's subscriber name: its checkpoint, its lock (one
-	// relay of a name leads cluster-wide) and its replication slot.
-	// Defaults to "relay".
+	// relay of a name leads cluster-wide) and its replication slot. Valid
+	// UTF-8 without control characters but tab (CheckName). Defaults to
+	// "relay".
 	Name string
 	// Schema is the annals schema. Defaults to "annals".
 	Schema string
@@ -183,6 +184,9 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg *Config) (*Relay, error) {
 		}
 	}
 	def(&c.Name, "relay")
+	if err := CheckName(c.Name); err != nil {
+		return nil, err
+	}
 	def(&c.Prefix, "annals")
 	def(&c.Stream, "ANNALS")
 	if c.Duplicates <= 0 {

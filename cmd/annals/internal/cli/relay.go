@@ -170,6 +170,9 @@ func validRelayFlags(natsURL, name, prefix, subject, stream string) error {
 	if strings.TrimSpace(name) == "" {
 		return usagef("--name must not be empty: it is the relay's subscriber name")
 	}
+	if err := relay.CheckName(name); err != nil {
+		return usageError{errors.Wrap(err, "--name")}
+	}
 	for _, tok := range strings.Split(prefix, ".") {
 		if tok == "" || tok != relay.EscapeToken(tok) {
 			return usagef("--prefix %q: want dot-separated tokens of letters, digits, - and _", prefix)

@@ -258,3 +258,17 @@ func TestRelayNATSRedactsTheURL(t *testing.T) {
 		}
 	}
 }
+
+// A --name with a control character other than tab exits 2 before the
+// relay connects: NATS headers cannot carry it, and the relay's next run
+// refused its own stream.
+func TestRelayNATSRefusesAControlCharacterInTheName(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	for _, name := range []string{"a\nb", "a\rb", "a\x00b"} {
+		r := annalsWithin(t, 20*time.Second, db.URL, "relay", "nats", "--once", "--nats-url", "nats://127.0.0.1:1", "--name", name)
+		if r.code != 2 || !strings.Contains(r.stderr, "--name") || !strings.Contains(r.stderr, "control character") {
+			t.Errorf("--name %q: exit %d, want 2 naming --name and the control character (%s)", name, r.code, r.stderr)
+		}
+	}
+}
