@@ -68,8 +68,10 @@
 //	          skipped instead); batches read ahead are dropped -> READ
 //	            a nil re-delivery and the next read counts no fewer released
 //	            entries: wait RetryBackoff (and warn once), READ
-//	IDLE      write a buffered checkpoint if due; wait for a signal, PollInterval,
-//	          an announced fence of the partition, lock loss or a handover request
+//	IDLE      write a buffered checkpoint if due; wait for a signal, PollInterval
+//	          (or, sooner, the processor's next deadline: IdleDeadliner, an
+//	          observer's CheckpointInterval), an announced fence of the
+//	          partition, lock loss or a handover request
 //	            signal, fence or timeout -> READ (a fence: the read finds the
 //	                                   epoch changed)
 //	            lock lost           -> RELEASE, STANDBY

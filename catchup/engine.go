@@ -297,11 +297,24 @@ type Processor interface {
 	// by an operator: deliver them (in position order) and resolve them.
 	Redeliver(ctx context.Context, lease *Lease) error
 	// Idle is called each time the subscription is about to wait for new
-	// events: the moment to write a buffered checkpoint that is due.
+	// events: the moment to write a buffered checkpoint that is due. The
+	// wait lasts up to a poll interval; a Processor whose work comes due
+	// sooner says when by implementing IdleDeadliner.
 	Idle(ctx context.Context, lease *Lease) error
 	// End is called when the leadership (or the run) ends, however it ends:
 	// write any buffered checkpoint now.
 	End(ctx context.Context, lease *Lease) error
+}
+
+// IdleDeadliner is implemented by a Processor whose Idle has work that comes
+// due at a time rather than with an event, such as a buffered checkpoint
+// written every interval. A caught-up subscription then waits idle only
+// until NextIdle (when that is sooner than its poll interval), and calls
+// Idle again; without it, Idle is called once per poll interval or signal.
+type IdleDeadliner interface {
+	// NextIdle returns when Idle next has work due, or the zero time when
+	// it has none. It is called right after Idle, on the same goroutine.
+	NextIdle() time.Time
 }
 
 // Subscription describes one subscriber partition to drive.
@@ -776,17 +789,29 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		}
 	}()
 	// idle is the IDLE state: flush what is due, then wait for a signal, a
-	// poll interval, or the lock's loss.
+	// poll interval, the processor's next deadline (IdleDeadliner), or the
+	// lock's loss.
+	deadliner, _ := sub.Processor.(IdleDeadliner)
 	idle := func() error {
+		// floor keeps a deadline already past (a write that failed, or that
+		// came due just now) from spinning: after a failure the write is
+		// tried again after RetryBackoff, as a failed batch is.
+		floor := time.Millisecond
 		if err := sub.Processor.Idle(procCtx, lease); err != nil {
 			if isFatal(err) {
 				return err
 			}
 			e.cfg.Logger.WarnContext(ctx, "annals: flushing the checkpoint failed", slog.String("subscriber", sub.Name), telemetry.Err(err))
+			floor = e.cfg.RetryBackoff
 		}
 		d := e.cfg.PollInterval
 		if e.cfg.ReadPool != nil {
 			d = e.cfg.ReadPollInterval
+		}
+		if deadliner != nil {
+			if next := deadliner.NextIdle(); !next.IsZero() {
+				d = min(d, max(time.Until(next), floor))
+			}
 		}
 		return e.wait(ctx, lost, fenced, signal, d)
 	}

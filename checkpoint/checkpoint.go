@@ -310,6 +310,16 @@ func (b *Batcher) FlushIfDue(ctx context.Context) error {
 	return b.Flush(ctx)
 }
 
+// Due returns when FlushIfDue will next write: the last write plus the
+// interval, or the zero time when the position has not moved since the last
+// write and nothing is due at all.
+func (b *Batcher) Due() time.Time {
+	if b.position == b.flushed {
+		return time.Time{}
+	}
+	return b.lastFlush.Add(b.interval)
+}
+
 // Committed records that position was written by the caller (in a
 // transaction of its own, e.g. with a dead letter): nothing is pending.
 func (b *Batcher) Committed(position int64) {

@@ -143,8 +143,15 @@ func TestBatcher(t *testing.T) {
 	if got := []int64{9, 11, 12}; len(writes) != len(got) || writes[0] != got[0] || writes[1] != got[1] || writes[2] != got[2] {
 		t.Fatalf("writes %v, want %v", writes, got)
 	}
+	if due := b.Due(); !due.IsZero() {
+		t.Fatalf("Due %v with nothing to write, want zero", due)
+	}
+	written := now
 	must(b.Advance(ctx, 13, 0))
 	must(b.FlushIfDue(ctx)) // moved, but the interval has not passed
+	if due := b.Due(); !due.Equal(written.Add(time.Second)) {
+		t.Fatalf("Due %v, want the last write plus the interval, %v", due, written.Add(time.Second))
+	}
 	now = now.Add(2 * time.Second)
 	must(b.FlushIfDue(ctx))
 	must(b.FlushIfDue(ctx)) // nothing new

@@ -1033,6 +1033,16 @@ func (p *observerProcessor) Idle(ctx context.Context, _ *catchup.Lease) error {
 	return p.batcher.FlushIfDue(ctx)
 }
 
+// NextIdle returns when the buffered checkpoint comes due (zero when it is
+// written): the engine ends an idle wait then, so that a caught-up observer
+// writes it within CheckpointInterval, not at the next poll.
+func (p *observerProcessor) NextIdle() time.Time {
+	if p.batcher == nil {
+		return time.Time{}
+	}
+	return p.batcher.Due()
+}
+
 // End writes the checkpoint: a graceful shutdown re-delivers nothing.
 func (p *observerProcessor) End(ctx context.Context, _ *catchup.Lease) error {
 	if p.batcher == nil {
