@@ -11,6 +11,10 @@ import (
 // IDs are assigned, types resolved through the Registry and payloads encoded.
 // The scheduler stores one in a timer row and appends it when the timer is
 // due; appending it twice is a no-op the second time (idempotent by event ID).
+// Appending one checks it again (AppendEncodedTx, Batch.AppendEncoded): its
+// form, the stream ID, the expected version and each event's data plus
+// metadata against Config.MaxEventBytes, measured on Events as it is then;
+// the SQL function checks the rest.
 type EncodedAppend struct {
 	// StreamID is the stream the events go to.
 	StreamID string `json:"stream_id"`
@@ -39,7 +43,7 @@ func (s *Store) Encode(ctx context.Context, streamID string, expected ExpectedVe
 func (s *Store) AppendEncodedTx(ctx context.Context, tx pgx.Tx, a EncodedAppend) (res AppendResult, err error) {
 	ctx, done := s.trace(ctx, "annals.append", a.StreamID, a.Expected, a.Count)
 	defer func() { done(res, err) }()
-	args, err := a.args()
+	args, err := a.args(s.maxBytes)
 	if err != nil {
 		return AppendResult{}, err
 	}
@@ -48,10 +52,11 @@ func (s *Store) AppendEncodedTx(ctx context.Context, tx pgx.Tx, a EncodedAppend)
 
 // AppendEncoded stages an EncodedAppend inside Transact, like Append: it
 // runs after the transaction body returns, in the one round trip that also
-// commits. A malformed EncodedAppend (ErrInvalidEvent) is reported here, at
-// once, and stages nothing.
+// commits. A malformed EncodedAppend, or one with an event over
+// Config.MaxEventBytes (ErrInvalidEvent), is reported here, at once, and
+// stages nothing.
 func (b *Batch) AppendEncoded(a EncodedAppend) error {
-	args, err := a.args()
+	args, err := a.args(b.s.maxBytes)
 	if err != nil {
 		return err
 	}
@@ -59,8 +64,13 @@ func (b *Batch) AppendEncoded(a EncodedAppend) error {
 	return nil
 }
 
-// args checks a and returns its append_events arguments.
-func (a EncodedAppend) args() (appendArgs, error) {
+// args checks a and returns its append_events arguments. Each event's data
+// plus metadata is measured again against maxBytes, as Encode measured it:
+// an EncodedAppend may have been built by hand, or kept where its bytes
+// changed (a timer row stored as jsonb before migration 0033 holds jsonb's
+// rendering, in which 1e131000 is 131,001 digits), and what is sent now is
+// what the limit is about.
+func (a EncodedAppend) args(maxBytes int) (appendArgs, error) {
 	if err := checkName(0, "stream_id", a.StreamID, MaxStreamIDBytes); err != nil {
 		return appendArgs{}, err
 	}
@@ -71,8 +81,21 @@ func (a EncodedAppend) args() (appendArgs, error) {
 	if err != nil {
 		return appendArgs{}, err
 	}
-	if a.Count <= 0 || !json.Valid(a.Events) {
+	var events []struct {
+		Data     json.RawMessage `json:"data"`
+		Metadata json.RawMessage `json:"metadata"`
+	}
+	if a.Count <= 0 || json.Unmarshal(a.Events, &events) != nil || len(events) != a.Count {
 		return appendArgs{}, invalidf("encoded append to stream %q is malformed", a.StreamID)
+	}
+	for i, e := range events {
+		meta := e.Metadata
+		if string(meta) == "null" {
+			meta = nil // stored as no metadata
+		}
+		if n := len(e.Data) + len(meta); n > maxBytes {
+			return appendArgs{}, tooLong(i+1, "data+metadata", n, maxBytes)
+		}
 	}
 	// Its IDs were chosen when it was encoded: it may be stored already.
 	return appendArgs{stream: a.StreamID, expected: exp, exp: a.Expected, payload: a.Events, count: a.Count, callerIDs: true}, nil

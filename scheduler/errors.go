@@ -7,7 +7,10 @@ var (
 	// zero due time or one outside the years 1 to 9999, an empty owner for
 	// CancelOwned). An append that
 	// eventstore.Encode rejects (empty stream ID, no events, bad JSON, unknown
-	// type) matches both ErrInvalidTimer and eventstore.ErrInvalidEvent (or
+	// type), or whose events hold a number that PostgreSQL's jsonb cannot
+	// hold (beyond numeric's range, such as 1e200000: an
+	// *eventstore.InvalidEventError naming the event and the field), matches
+	// both ErrInvalidTimer and eventstore.ErrInvalidEvent (or
 	// eventstore.ErrUnknownEventType). Nothing is stored.
 	ErrInvalidTimer = errors.New("invalid timer")
 

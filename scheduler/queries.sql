@@ -12,6 +12,11 @@ WITH ins AS (
 )
 SELECT pg_notify($6, $7) FROM ins;
 
+-- name: JsonbStorable
+-- Whether jsonb holds the JSON text $1 (migration 0032's function: it
+-- answers false rather than raising, so the caller's transaction goes on).
+SELECT {{.Schema}}.jsonb_storable($1);
+
 -- name: BoundClaim
 -- The first statement of every claim's transaction, sent in one round trip
 -- with the claim itself: a dispatcher that hangs while its transaction holds

@@ -179,7 +179,7 @@ type taskRetry struct {
 }
 
 type queries struct {
-	boundClaim, insertTimer, claimDue, claimTimer, failTimer, boundCancel, unboundCancel, cancelTimer, cancelOwned,
+	boundClaim, insertTimer, jsonbStorable, claimDue, claimTimer, failTimer, boundCancel, unboundCancel, cancelTimer, cancelOwned,
 	nextDue, listTimers, timerStats, upsertTask, pauseTask, resumeTask, deleteTask,
 	listTasks, lockTask, recordTick, skipTick, pruneTicks string
 }
@@ -210,6 +210,7 @@ func New(store *eventstore.Store, cfg *Config) (*Scheduler, error) {
 		q: queries{
 			boundClaim:    named["BoundClaim"],
 			insertTimer:   named["InsertTimer"],
+			jsonbStorable: named["JsonbStorable"],
 			claimDue:      named["ClaimDue"],
 			claimTimer:    named["ClaimTimer"],
 			failTimer:     named["FailTimer"],

@@ -49,11 +49,18 @@ type Timer struct {
 // Any) when at has come by the scheduler's Clock. A time in the past fires
 // at once. With a nil tx the timer is stored in a transaction of its own;
 // with a tx it exists only if tx commits (and the dispatchers are woken
-// then). The events are validated and their IDs fixed now, so the append
-// runs exactly these events (and is idempotent by event ID).
+// then). The events are validated and encoded now (eventstore.Encode), and
+// their IDs fixed, so the append runs exactly these events (and is
+// idempotent by event ID): the encoded append is stored byte for byte and
+// sent as stored. It is an append in a transaction, as Transact makes: the
+// data is stored as PostgreSQL's jsonb renders it (keys sorted, a duplicate
+// key's last value kept, numbers spelled out: 1e2 is stored as 100).
 //
 // Errors match ErrInvalidTimer for bad input, and also the eventstore error
-// that eventstore.Encode returned (ErrInvalidEvent, ErrUnknownEventType).
+// that eventstore.Encode returned (ErrInvalidEvent, ErrUnknownEventType),
+// or an *eventstore.InvalidEventError for a number that jsonb cannot hold
+// (beyond the range of PostgreSQL's numeric, such as 1e200000), which the
+// append could never store.
 func (s *Scheduler) Schedule(ctx context.Context, tx pgx.Tx, at time.Time, streamID string, events ...eventstore.EventData) (TimerID, error) {
 	return s.ScheduleTimer(ctx, tx, Timer{At: at, StreamID: streamID, Events: events})
 }
@@ -79,9 +86,15 @@ func (s *Scheduler) ScheduleTimer(ctx context.Context, tx pgx.Tx, t Timer) (Time
 	if err != nil {
 		return uuid.Nil, errmark.Mark(errors.Wrap(err, "scheduler: timer"), ErrInvalidTimer)
 	}
-	payload, err := json.Marshal(enc)
+	if err := s.checkStorable(ctx, tx, enc); err != nil {
+		if errors.Is(err, eventstore.ErrInvalidEvent) {
+			err = errmark.Mark(errors.Wrap(err, "scheduler: timer"), ErrInvalidTimer)
+		}
+		return uuid.Nil, err
+	}
+	payload, err := encodePayload(enc)
 	if err != nil {
-		return uuid.Nil, errors.Wrap(err, "scheduler: encode timer")
+		return uuid.Nil, err
 	}
 	id, err := uuid.NewV7()
 	if err != nil {

@@ -1,0 +1,117 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/eventstore"
+)
+
+// A timer's payload is its eventstore.EncodedAppend as JSON, stored in
+// timers.payload (json since migration 0033: the text as written, byte for
+// byte). When the timer fires, the append goes through append_events, whose
+// events argument is jsonb: the server then parses the events, and stores
+// each event's data as jsonb renders it, as for every append made in a
+// transaction (Transact, AppendTx).
+
+// encodePayload returns enc as a timer's payload, with enc.Events as it is,
+// byte for byte. json.Marshal would compact it and escape <, > and & in its
+// strings (six bytes for one), so that an event at Config.MaxEventBytes
+// when it was encoded could be over it when the timer fires, where the
+// encoded append is measured again.
+func encodePayload(enc eventstore.EncodedAppend) ([]byte, error) {
+	head, err := json.Marshal(struct {
+		StreamID string                     `json:"stream_id"`
+		Expected eventstore.ExpectedVersion `json:"expected"`
+		Count    int                        `json:"count"`
+	}{enc.StreamID, enc.Expected, enc.Count})
+	if err != nil {
+		return nil, errors.Wrap(err, "scheduler: encode timer")
+	}
+	out := make([]byte, 0, len(head)+len(`,"events":`)+len(enc.Events))
+	out = append(out, head[:len(head)-1]...) // without its closing brace
+	out = append(out, `,"events":`...)
+	out = append(out, enc.Events...)
+	return append(out, '}'), nil
+}
+
+// maxSafeNumberBytes is the longest JSON number that numeric (and so jsonb)
+// holds whatever its digits, provided its exponent has at most four digits:
+// numeric takes up to 16383 digits after the point and 131072 before it,
+// counting the exponent, and 6384 + 9999 = 16383 (migration 0032 reasons
+// the same way).
+const maxSafeNumberBytes = 6384
+
+// mayOverflowNumeric reports whether the JSON text b may hold a number that
+// jsonb cannot: one with an exponent of five digits or more (1e200000), or
+// one longer than maxSafeNumberBytes. false means jsonb holds every number
+// of b. Numbers inside strings do not count.
+func mayOverflowNumeric(b []byte) bool {
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++ // the escaped character, a quote included
+				}
+			}
+		case c == '-' || (c >= '0' && c <= '9'):
+			start, expDigits := i, -1
+			for ; i < len(b) && strings.IndexByte("0123456789+-.eE", b[i]) >= 0; i++ {
+				switch {
+				case b[i] == 'e' || b[i] == 'E':
+					expDigits = 0
+				case expDigits >= 0 && b[i] >= '0' && b[i] <= '9':
+					expDigits++
+				}
+			}
+			if expDigits >= 5 || i-start > maxSafeNumberBytes {
+				return true
+			}
+			i-- // the loop's i++ steps onto the byte after the number
+		}
+	}
+	return false
+}
+
+// checkStorable refuses an encoded append whose events hold a number that
+// jsonb cannot (beyond numeric's range: {"n": 1e200000}): the timer would
+// fail each time it fires, since append_events takes jsonb. Go tells the
+// numbers that may be out of range (mayOverflowNumeric); PostgreSQL decides
+// for those (jsonb_storable, which answers rather than raises, so a
+// caller's tx goes on), for each event's data and metadata.
+func (s *Scheduler) checkStorable(ctx context.Context, tx pgx.Tx, enc eventstore.EncodedAppend) error {
+	if !mayOverflowNumeric(enc.Events) {
+		return nil
+	}
+	var events []struct {
+		Data     json.RawMessage `json:"data"`
+		Metadata json.RawMessage `json:"metadata"`
+	}
+	if err := json.Unmarshal(enc.Events, &events); err != nil {
+		return errors.Wrap(err, "scheduler: read the encoded events")
+	}
+	for i, e := range events {
+		for _, f := range []struct {
+			name string
+			json json.RawMessage
+		}{{"data", e.Data}, {"metadata", e.Metadata}} {
+			if !mayOverflowNumeric(f.json) {
+				continue
+			}
+			var ok bool
+			if err := s.db(tx).QueryRow(ctx, s.q.jsonbStorable, string(f.json)).Scan(&ok); err != nil {
+				return errors.Wrap(err, "scheduler: check the timer's numbers")
+			}
+			if !ok {
+				return &eventstore.InvalidEventError{Event: i + 1, Field: f.name,
+					Reason: "holds a number beyond the range of PostgreSQL's numeric, which jsonb cannot hold: a timer's events are appended through append_events, which takes jsonb"}
+			}
+		}
+	}
+	return nil
+}
