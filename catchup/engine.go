@@ -401,8 +401,9 @@ type Config struct {
 	// OnLeadership is called with true when this process starts leading a
 	// subscriber partition and with false when it stops. Defaults to nothing.
 	OnLeadership func(sub string, partition int, epoch int64, leading bool)
-	// OnProgress is called after each read of a led partition with its
-	// cursor, the head, and the recording time of the oldest event not yet
+	// OnProgress is called after each read of a led partition, and again
+	// after each batch that got anywhere, with its cursor, the head (as of
+	// the read), and the recording time of the oldest event not yet
 	// processed (zero when caught up), for lag metrics. Defaults to nothing.
 	OnProgress func(sub string, partition int, cursor, head int64, oldest time.Time)
 	// WakeFor, when set, makes the Waker of each live leadership (see
@@ -1023,6 +1024,13 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		if done > cursor {
 			cursor = done
 		}
+		if e.cfg.OnProgress != nil && !lease.Ephemeral() && done > batch.After {
+			// Report what the batch got through: the report before it
+			// carried the cursor it started from, and a batch that reached
+			// the head is followed by no read (atHead) until the next
+			// signal or poll, which would leave the lag at the batch's size.
+			e.progressAfter(sub, batch, cursor)
+		}
 		if err != nil {
 			if isFatal(err) {
 				return err
@@ -1033,6 +1041,25 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			if err := e.wait(ctx, lost, fenced, nil, e.cfg.RetryBackoff); err != nil {
 				return err
 			}
+		}
+	}
+}
+
+// progressAfter reports to OnProgress that sub's cursor is at cursor after
+// batch: caught up (no oldest unprocessed event) when it reached the batch's
+// head, else with the first event of the batch it did not get through. When
+// it got through the whole batch short of the head, the age of the next
+// event is unknown; the next batch's read, which follows at once, reports
+// it.
+func (e *Engine) progressAfter(sub *Subscription, batch Batch, cursor int64) {
+	if cursor >= batch.Head {
+		e.cfg.OnProgress(sub.Name, sub.Partition, cursor, batch.Head, time.Time{})
+		return
+	}
+	for _, ev := range batch.Events {
+		if ev.GlobalSequence > cursor {
+			e.cfg.OnProgress(sub.Name, sub.Partition, cursor, batch.Head, ev.RecordedAt)
+			return
 		}
 	}
 }
