@@ -80,7 +80,8 @@ type Task struct {
 	Name string
 	// Spec is a cron expression: five fields (minute hour day-of-month month
 	// day-of-week), or six with a leading seconds field, or a descriptor
-	// (@yearly, @monthly, @weekly, @daily, @hourly, @every 1m30s). A
+	// (@yearly, @monthly, @weekly, @daily, @hourly, @every 1m30s: a whole
+	// number of seconds, at least one). A
 	// "CRON_TZ=Zone " prefix sets the zone (then TimeZone must be empty or
 	// the same). Required.
 	Spec string
@@ -162,6 +163,11 @@ func parseSpec(spec, zone string) (cron.Schedule, string, error) {
 	if err != nil {
 		return nil, "", errors.Wrapf(ErrInvalidTask, "cron expression %q: %v", spec, err)
 	}
+	if _, ok := sched.(cron.ConstantDelaySchedule); ok {
+		if err := checkEvery(spec); err != nil {
+			return nil, "", err
+		}
+	}
 	if ss, ok := sched.(*cron.SpecSchedule); ok {
 		if ss.Location == time.Local {
 			ss.Location = loc
@@ -169,6 +175,30 @@ func parseSpec(spec, zone string) (cron.Schedule, string, error) {
 		return zonedSpec{*ss}, zone, nil
 	}
 	return sched, zone, nil
+}
+
+// checkEvery refuses an "@every" spec (after any zone prefix) whose
+// interval is not a whole number of seconds, at least one: robfig/cron
+// fires such a spec every second (it rounds an interval under a second,
+// zero and negative ones included, up to one) or on the whole second below
+// it (1.5s fires every second), not as written.
+func checkEvery(spec string) error {
+	body := spec
+	if strings.HasPrefix(body, "TZ=") || strings.HasPrefix(body, "CRON_TZ=") {
+		body = strings.TrimSpace(body[strings.IndexByte(body, ' '):]) // as robfig/cron reads it
+	}
+	d, err := time.ParseDuration(strings.TrimPrefix(body, "@every "))
+	switch {
+	case err != nil:
+		return errors.Wrapf(ErrInvalidTask, "cron expression %q: %v", spec, err)
+	case d <= 0:
+		return errors.Wrapf(ErrInvalidTask, "cron expression %q: the interval of @every must be positive", spec)
+	case d < time.Second:
+		return errors.Wrapf(ErrInvalidTask, "cron expression %q: the interval of @every must be at least 1s (ticks are whole seconds)", spec)
+	case d%time.Second != 0:
+		return errors.Wrapf(ErrInvalidTask, "cron expression %q: the interval of @every must be a whole number of seconds (ticks are whole seconds)", spec)
+	}
+	return nil
 }
 
 // zonedSpec is a cron spec read in its zone, one UTC offset at a time.

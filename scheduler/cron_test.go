@@ -437,6 +437,13 @@ func TestAddTaskRejectsBadInput(t *testing.T) {
 		"local zone":      {Task{Name: "t", Spec: "* * * * *", TimeZone: "Local", StreamID: "s"}, `"Local"`},
 		"never fires":     {Task{Name: "t", Spec: "0 0 30 2 *", StreamID: "s"}, "never fires"},
 		"bad policy":      {Task{Name: "t", Spec: "* * * * *", StreamID: "s", Missed: 7}, "missed-tick policy"},
+		// robfig/cron fires these every second (or on the whole second
+		// below): not as written.
+		"@every 0s":           {Task{Name: "t", Spec: "@every 0s", StreamID: "s"}, "must be positive"},
+		"@every -1h":          {Task{Name: "t", Spec: "@every -1h", StreamID: "s"}, "must be positive"},
+		"@every 500ms":        {Task{Name: "t", Spec: "@every 500ms", StreamID: "s"}, "at least 1s"},
+		"@every 1.5s":         {Task{Name: "t", Spec: "@every 1.5s", StreamID: "s"}, "whole number of seconds"},
+		"zoned @every 1m0.1s": {Task{Name: "t", Spec: "CRON_TZ=UTC @every 1m0.1s", StreamID: "s"}, "whole number of seconds"},
 	}
 	for name, c := range cases {
 		err := s.AddTask(t.Context(), c.task)
@@ -449,6 +456,11 @@ func TestAddTaskRejectsBadInput(t *testing.T) {
 	}
 	if len(s.factories) != 0 {
 		t.Error("a rejected task was registered")
+	}
+	for _, spec := range []string{"@every 1s", "@every 1m30s", "@every 2h", "CRON_TZ=Europe/Berlin @every 90s"} {
+		if err := s.AddTask(t.Context(), Task{Name: spec, Spec: spec, StreamID: "s"}); err != nil {
+			t.Errorf("AddTask(%q): %v", spec, err)
+		}
 	}
 }
 

@@ -30,7 +30,8 @@ var (
 
 	// ErrInvalidTask is matched by every rejection of a cron task definition:
 	// an empty name or stream ID, a cron expression that does not parse or
-	// never fires, an unknown time zone, an unknown missed-tick policy.
+	// never fires, an @every interval that is not a whole number of seconds
+	// of at least one, an unknown time zone, an unknown missed-tick policy.
 	// Nothing is stored.
 	ErrInvalidTask = errors.New("invalid cron task")
 
