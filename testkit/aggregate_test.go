@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	_ "time/tzdata" // Europe/Berlin, wherever the tests run
 
 	"github.com/cockroachdb/errors"
 
@@ -62,12 +63,23 @@ type gwTagged struct {
 	At   time.Time `json:"at"`
 }
 
+// gwStarted and gwStopped carry a time from the history into a new event:
+// the wallet keeps At and a stop copies it.
+type gwStarted struct {
+	At time.Time `json:"at"`
+}
+
+type gwStopped struct {
+	StartedAt time.Time `json:"started_at"`
+}
+
 var errNoFunds = errors.New("insufficient funds")
 
 type wallet struct {
 	aggregate.Base
 	Owner   string
 	Balance int
+	Started time.Time
 }
 
 func newWallet() *wallet { return &wallet{} }
@@ -82,7 +94,9 @@ func (w *wallet) Apply(event any) error {
 		w.Balance -= e.Amount
 	case gwPaid:
 		w.Balance -= e.amount
-	case gwNoted, gwTagged, gwMeta, gwLabelled:
+	case gwStarted:
+		w.Started = e.At
+	case gwNoted, gwTagged, gwMeta, gwLabelled, gwStopped:
 	default:
 		return aggregate.ErrUnhandledEvent
 	}
@@ -233,6 +247,9 @@ func TestGivenWhenThenWithRegistryChecksRoundTrips(t *testing.T) {
 		eventstore.MustRegister[gwNoted](reg, "wallet.noted")
 		eventstore.MustRegister[gwTagged](reg, "wallet.tagged")
 		eventstore.MustRegister[gwMeta](reg, "wallet.meta")
+		eventstore.MustRegister[gwLabelled](reg, "wallet.labelled")
+		eventstore.MustRegister[gwStarted](reg, "wallet.started")
+		eventstore.MustRegister[gwStopped](reg, "wallet.stopped")
 		return reg
 	}
 	pay := func(w *wallet) error { return aggregate.Record(w, gwPaid{Invoice: "A", amount: 30}) }
@@ -292,6 +309,62 @@ func TestGivenWhenThenWithRegistryChecksRoundTrips(t *testing.T) {
 			When(func(w *wallet) error { return aggregate.Record(w, meta) }).
 			Then(meta)
 		expectFailure(t, f, "recorded event 1 (testkit_test.gwMeta) does not survive", `field Meta["n"] was int 3, reads back as float64 3`)
+	})
+
+	// A value the aggregate carries from its history into a new event has
+	// been through JSON, as after a load: a time comes back in a zone
+	// without a name, or in UTC, and without its monotonic reading. It is
+	// still the time given, and the scenario passes.
+	t.Run("TimeFromHistory", func(t *testing.T) {
+		t.Parallel()
+		berlin, err := time.LoadLocation("Europe/Berlin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, at := range map[string]time.Time{
+			"NamedZone": time.Date(2026, 3, 1, 9, 30, 0, 0, berlin),
+			"Local":     time.Date(2026, 3, 1, 9, 30, 0, 0, time.Local),
+			"Now":       time.Now(),
+		} {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				f := &gwTB{}
+				testkit.Given(f, newWallet, gwStarted{At: at}).WithRegistry(newReg()).
+					When(func(w *wallet) error { return aggregate.Record(w, gwStopped{StartedAt: w.Started}) }).
+					Then(gwStopped{StartedAt: at})
+				f.end()
+				if len(f.errs) != 0 {
+					t.Errorf("the scenario failed:\n%s", strings.Join(f.errs, "\n"))
+				}
+			})
+		}
+	})
+
+	// Another time is still another time, and its field is named.
+	t.Run("OtherTimeFromHistory", func(t *testing.T) {
+		t.Parallel()
+		at := time.Date(2026, 3, 1, 9, 30, 0, 0, time.UTC)
+		f := &gwTB{}
+		testkit.Given(f, newWallet, gwStarted{At: at}).WithRegistry(newReg()).
+			When(func(w *wallet) error { return aggregate.Record(w, gwStopped{StartedAt: w.Started}) }).
+			Then(gwStopped{StartedAt: at.Add(time.Second)})
+		expectFailure(t, f, "recorded other events than expected",
+			"event 1 differs at StartedAt: expected 2026-03-01 09:30:01 +0000 UTC, recorded 2026-03-01 09:30:00 +0000 UTC")
+		if strings.Contains(f.errs[0], "does not survive") {
+			t.Errorf("the recorded event survives JSON, yet:\n%s", f.errs[0])
+		}
+	})
+
+	// A nil and an empty slice are stored alike (and so compared alike)
+	// only where omitempty leaves both out: without it one is null, the
+	// other [].
+	t.Run("NilIsNotEmptyWithoutOmitempty", func(t *testing.T) {
+		t.Parallel()
+		f := &gwTB{}
+		testkit.Given(f, newWallet).WithRegistry(newReg()).
+			When(func(w *wallet) error { return aggregate.Record(w, gwLabelled{Tags: []string{}}) }).
+			Then(gwLabelled{})
+		expectFailure(t, f, "recorded other events than expected", "event 1 differs at Tags: expected nil, recorded []")
 	})
 
 	// Without a registry nothing goes through JSON: the amounts differ.

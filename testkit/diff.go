@@ -16,14 +16,17 @@ import (
 // equal.
 //
 // In strict mode equality is reflect.DeepEqual's, so that the walk explains
-// a difference DeepEqual found. In wire mode it is what a round trip
-// through JSON may keep: a nil and an empty slice or map are equal (omitempty
-// turns one into the other), and a value whose type encodes itself
-// (json.Marshaler or encoding.TextMarshaler: time.Time, json.RawMessage,
-// decimals) is equal to another with the same encoding.
+// a difference DeepEqual found. In wire mode two values are
+// equal when the store cannot tell them apart: every field counts, also
+// those JSON leaves out (the round-trip check names those), but a value
+// whose type encodes itself (json.Marshaler or encoding.TextMarshaler:
+// time.Time, json.RawMessage, decimals) is equal to another with the same
+// encoding, so a time equals itself in another zone or without its
+// monotonic reading, and a nil and an empty slice or map are equal in a
+// struct field tagged omitempty (or omitzero), which leaves both out.
 func valueDiff(a, b reflect.Value, wire bool) (path string, av, bv reflect.Value, differ bool) {
 	w := differ_{wire: wire, seen: map[visit]bool{}}
-	return w.diff("", a, b, 0)
+	return w.diff("", a, b, 0, false)
 }
 
 type visit struct {
@@ -45,7 +48,9 @@ var (
 	textMarshaler = reflect.TypeFor[encoding.TextMarshaler]()
 )
 
-func (w *differ_) diff(path string, a, b reflect.Value, depth int) (string, reflect.Value, reflect.Value, bool) {
+// diff compares a and b at path; omitted says they are a struct field's
+// values that JSON leaves out when empty (omitempty, omitzero).
+func (w *differ_) diff(path string, a, b reflect.Value, depth int, omitted bool) (string, reflect.Value, reflect.Value, bool) {
 	if !a.IsValid() || !b.IsValid() {
 		return path, a, b, a.IsValid() != b.IsValid()
 	}
@@ -65,6 +70,10 @@ func (w *differ_) diff(path string, a, b reflect.Value, depth int) (string, refl
 			return path, a, b, !bytes.Equal(ja, jb)
 		}
 	}
+	// A nil and an empty slice or map are stored alike (and so equal on
+	// the wire) only where the field is left out when empty; elsewhere one
+	// is null, the other [] or {}.
+	nilIsEmpty := w.wire && omitted
 	switch a.Kind() {
 	case reflect.Pointer:
 		if a.IsNil() || b.IsNil() {
@@ -78,22 +87,23 @@ func (w *differ_) diff(path string, a, b reflect.Value, depth int) (string, refl
 			return path, a, b, false
 		}
 		w.seen[v] = true
-		return w.diff(path, a.Elem(), b.Elem(), depth+1)
+		return w.diff(path, a.Elem(), b.Elem(), depth+1, false)
 	case reflect.Interface:
 		if a.IsNil() || b.IsNil() {
 			return path, a, b, a.IsNil() != b.IsNil()
 		}
-		return w.diff(path, a.Elem(), b.Elem(), depth+1)
+		return w.diff(path, a.Elem(), b.Elem(), depth+1, false)
 	case reflect.Struct:
 		for i := range a.NumField() {
-			if p, da, db, d := w.diff(path+"."+a.Type().Field(i).Name, a.Field(i), b.Field(i), depth+1); d {
+			f := a.Type().Field(i)
+			if p, da, db, d := w.diff(path+"."+f.Name, a.Field(i), b.Field(i), depth+1, omittedWhenEmpty(f)); d {
 				return p, da, db, true
 			}
 		}
 		return path, a, b, false
 	case reflect.Slice:
 		if a.Len() == 0 && b.Len() == 0 {
-			return path, a, b, !w.wire && a.IsNil() != b.IsNil()
+			return path, a, b, !nilIsEmpty && a.IsNil() != b.IsNil()
 		}
 		if a.IsNil() != b.IsNil() || a.Len() != b.Len() {
 			return path, a, b, true
@@ -107,14 +117,14 @@ func (w *differ_) diff(path string, a, b reflect.Value, depth int) (string, refl
 			return path, a, b, true
 		}
 		for i := range a.Len() {
-			if p, da, db, d := w.diff(fmt.Sprintf("%s[%d]", path, i), a.Index(i), b.Index(i), depth+1); d {
+			if p, da, db, d := w.diff(fmt.Sprintf("%s[%d]", path, i), a.Index(i), b.Index(i), depth+1, false); d {
 				return p, da, db, true
 			}
 		}
 		return path, a, b, false
 	case reflect.Map:
 		if a.Len() == 0 && b.Len() == 0 {
-			return path, a, b, !w.wire && a.IsNil() != b.IsNil()
+			return path, a, b, !nilIsEmpty && a.IsNil() != b.IsNil()
 		}
 		if a.IsNil() != b.IsNil() || a.Len() != b.Len() {
 			return path, a, b, true
@@ -128,7 +138,7 @@ func (w *differ_) diff(path string, a, b reflect.Value, depth int) (string, refl
 			if !bv.IsValid() {
 				return kp, a.MapIndex(k), bv, true
 			}
-			if p, da, db, d := w.diff(kp, a.MapIndex(k), bv, depth+1); d {
+			if p, da, db, d := w.diff(kp, a.MapIndex(k), bv, depth+1, false); d {
 				return p, da, db, true
 			}
 		}
@@ -152,6 +162,18 @@ func (w *differ_) diff(path string, a, b reflect.Value, depth int) (string, refl
 		return path, a, b, a.Pointer() != b.Pointer()
 	}
 	return path, a, b, false
+}
+
+// omittedWhenEmpty reports whether encoding/json leaves field f out when it
+// is empty (json:",omitempty") or zero (json:",omitzero").
+func omittedWhenEmpty(f reflect.StructField) bool {
+	_, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
+	for opt := range strings.SplitSeq(opts, ",") {
+		if opt == "omitempty" || opt == "omitzero" {
+			return true
+		}
+	}
+	return false
 }
 
 // encodesItself reports whether t (or *t) chooses its own JSON encoding.

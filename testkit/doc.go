@@ -18,7 +18,9 @@
 // included), as the store would, and checks that every recorded event reads
 // back as itself, so an unregistered type or a field that does not survive
 // encoding fails the test, named; the recorded events are compared with the
-// expected ones as recorded.
+// expected ones as recorded, as the store would tell them apart (a
+// time.Time by its JSON encoding, so that a time carried over from the
+// history equals the one given, whatever zone it came back in).
 //
 // # Projections and observers: ReplayProjection
 //
