@@ -150,6 +150,9 @@
 // engine's cursor has moved past the batches in flight, and only a new
 // leadership starts again from the checkpoint); the relay stands by and
 // claims again after RetryBackoff, re-reading the stream's newest message.
+// A relay that is stopping waits for acknowledgements only while its NATS
+// connection is up: stopped during an outage, it commits what was
+// acknowledged and returns, rather than waiting out AckTimeout.
 // A relay that lost its lease cannot commit (fencing) and stands by; the new
 // leader starts from the checkpoint and the stream's newest message.
 package relay

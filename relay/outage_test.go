@@ -108,3 +108,54 @@ func TestRelayRecoversFromANATSOutage(t *testing.T) {
 	}
 	checkExactlyOnce(t, msgs, b.log())
 }
+
+// A relay stopped during a NATS outage, with publishes awaiting their
+// acknowledgements, returns at once rather than after AckTimeout (it
+// waited it out: SIGTERM took --ack-timeout); what it did not see
+// acknowledged is published by the next run, chained, once each.
+func TestRelayStopsAtOnceDuringANATSOutage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const ackTimeout = 40 * time.Second
+	var logs lockedBuffer
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{AckTimeout: ackTimeout, RetryBackoff: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("the relay's log:\n%s", logs.String())
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*ackTimeout)
+	defer cancel()
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	appendMany(t, b.store, 3)
+	annalstest.WaitFor(t, 20*time.Second, func() bool { return b.checkpoint("relay") == 3 })
+	b.ns.Stop()
+	annalstest.WaitFor(t, 10*time.Second, func() bool { return !b.nc.IsConnected() })
+	sent := b.nc.Stats().OutMsgs
+	appendMany(t, b.store, 3)
+	// Published into the reconnect buffer (one batch at least): awaiting
+	// acknowledgements.
+	annalstest.WaitFor(t, 20*time.Second, func() bool { return b.nc.Stats().OutMsgs > sent })
+	t0 := time.Now()
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(t0); d > ackTimeout/4 {
+		t.Fatalf("Run returned %v after its context ended, during a NATS outage (AckTimeout %v)", d, ackTimeout)
+	}
+	if err := b.ns.Up(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
+}

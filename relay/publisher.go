@@ -303,10 +303,10 @@ func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch cat
 	}
 	// Wait for the earlier batches' acknowledgements; take this batch's
 	// that are in.
-	if err := p.collect(ctx, earlier, true); err != nil {
+	if err := p.collect(ctx, lease, earlier, true); err != nil {
 		return batch.Through, p.fail(ctx, lease, err)
 	}
-	if err := p.collect(ctx, len(p.inflight), false); err != nil {
+	if err := p.collect(ctx, lease, len(p.inflight), false); err != nil {
 		return batch.Through, p.fail(ctx, lease, err)
 	}
 	if time.Since(p.lastCommit) >= p.r.cfg.CheckpointInterval {
@@ -318,9 +318,9 @@ func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch cat
 }
 
 // collect takes the acknowledgements of the first n in-flight messages, in
-// order: waiting for each (up to AckTimeout in all) when wait is set, else
-// only those already in.
-func (p *publisher) collect(ctx context.Context, n int, wait bool) error {
+// order: waiting for each (up to AckTimeout in all; await) when wait is
+// set, else only those already in.
+func (p *publisher) collect(ctx context.Context, lease *catchup.Lease, n int, wait bool) error {
 	var timeout <-chan time.Time
 	if wait {
 		t := time.NewTimer(p.r.cfg.AckTimeout)
@@ -332,14 +332,7 @@ func (p *publisher) collect(ctx context.Context, n int, wait bool) error {
 		s := p.inflight[done]
 		var err error
 		if wait {
-			select {
-			case <-s.f.Ok():
-			case err = <-s.f.Err():
-			case <-timeout:
-				err = errors.Newf("no acknowledgement within %v", p.r.cfg.AckTimeout)
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
+			err = p.await(ctx, lease, s, timeout)
 		} else {
 			select {
 			case <-s.f.Ok():
@@ -366,6 +359,44 @@ func (p *publisher) collect(ctx context.Context, n int, wait bool) error {
 	return nil
 }
 
+// stopPoll is how often a relay that is stopping, waiting for an
+// acknowledgement, looks whether NATS is still connected (await).
+const stopPoll = 50 * time.Millisecond
+
+// await waits for the acknowledgement of s until timeout or ctx ends; and,
+// once the run is stopping (lease.Stopping), no longer than the NATS
+// connection is down: no acknowledgement comes before it reconnects, and a
+// shutdown during an outage would wait out AckTimeout. What is not
+// acknowledged then is abandoned as after any failed publish: the next
+// leader publishes it again, chained, from the stream's newest message (the
+// client's reconnect buffer may deliver some of it first, which the chain
+// and the skip keep to once each).
+func (p *publisher) await(ctx context.Context, lease *catchup.Lease, s sent, timeout <-chan time.Time) error {
+	stopping := lease.Stopping()
+	var poll <-chan time.Time
+	for {
+		select {
+		case <-s.f.Ok():
+			return nil
+		case err := <-s.f.Err():
+			return err
+		case <-timeout:
+			return errors.Newf("no acknowledgement within %v", p.r.cfg.AckTimeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-stopping:
+			stopping = nil
+			t := time.NewTicker(stopPoll)
+			defer t.Stop()
+			poll = t.C
+		case <-poll:
+		}
+		if poll != nil && !p.r.js.Conn().IsConnected() {
+			return errors.New("stopping while NATS is unreachable: not waiting for the acknowledgement (the next leader publishes it again if it was lost)")
+		}
+	}
+}
+
 // commit writes the checkpoint through what is acknowledged.
 func (p *publisher) commit(ctx context.Context, lease *catchup.Lease) error {
 	p.lastCommit = time.Now()
@@ -389,7 +420,7 @@ func (p *publisher) commit(ctx context.Context, lease *catchup.Lease) error {
 // (its cursor passed it when the batch was handed over), so the relay
 // claims again, from the checkpoint.
 func (p *publisher) fail(ctx context.Context, lease *catchup.Lease, cause error) error {
-	_ = p.collect(ctx, len(p.inflight), false)
+	_ = p.collect(ctx, lease, len(p.inflight), false)
 	if err := p.commit(ctx, lease); err != nil && !errors.Is(err, checkpoint.ErrFenced) {
 		p.r.cfg.Logger.WarnContext(ctx, "annals: relay checkpoint failed", slog.String("relay", p.r.cfg.Name), telemetry.Err(err))
 	}
@@ -409,7 +440,7 @@ func (p *publisher) Redeliver(ctx context.Context, lease *catchup.Lease) error {
 
 // Idle waits for every acknowledgement and commits the checkpoint.
 func (p *publisher) Idle(ctx context.Context, lease *catchup.Lease) error {
-	if err := p.collect(ctx, len(p.inflight), true); err != nil {
+	if err := p.collect(ctx, lease, len(p.inflight), true); err != nil {
 		return p.fail(ctx, lease, err)
 	}
 	return p.commit(ctx, lease)
