@@ -88,7 +88,11 @@ func (s *AggregateScenario[A]) WithID(id string) *AggregateScenario[A] {
 // put into a new event, which went through JSON as after a load and came
 // back in another zone (a named or the Local zone) or without its monotonic
 // reading (time.Now), still equals the time given. The same rules say what
-// survives the round trip. History
+// survives the round trip, and there the type counts too: a field of type
+// any (or a map[string]any's value, an []any's element) must hold what
+// encoding/json decodes into one — float64, string, bool, nil,
+// map[string]any or []any — since an int in it reads back as a float64, a
+// struct as a map[string]any, which fails the test. History
 // events may then also be given as stored, in an older schema version:
 //
 //	eventstore.EventData{Type: "account.opened", Data: json.RawMessage(`{"name":"Ann"}`)}
@@ -282,9 +286,10 @@ func (s *AggregateScenario[A]) through(v any, what string, n int) (any, error) {
 }
 
 // lostInTransit says what of event v a round trip through JSON lost (dec is
-// what it read back as), or "" when nothing was: a nil and an empty slice or
-// map count as the same, and a value that encodes itself (time.Time) as the
-// same when its encoding is.
+// what it read back as), or "" when nothing was, by valueDiff's wire mode: a
+// value that encodes itself (time.Time) counts as the same when its
+// encoding is, and a nil and an empty slice or map in an omitempty field
+// as the same.
 func lostInTransit(v, dec any) string {
 	path, was, got, differ := valueDiff(reflect.ValueOf(v), reflect.ValueOf(dec), true)
 	if !differ {
@@ -295,8 +300,23 @@ func lostInTransit(v, dec any) string {
 		where = "field " + strings.TrimPrefix(path, ".")
 	}
 	return fmt.Sprintf("does not survive its round trip through JSON (as the store would write and read it): "+
-		"%s was %s, reads back as %s (encoding/json leaves out unexported fields and fields tagged json:\"-\")",
-		where, renderLeaf(was, got), renderLeaf(got, was))
+		"%s was %s, reads back as %s%s",
+		where, renderLeaf(was, got), renderLeaf(got, was), transitHint(was, got))
+}
+
+// transitHint says why a value read back from JSON as got when it was was:
+// an any that held another type than JSON decodes into one, or a field
+// encoding/json leaves out; "" when neither fits.
+func transitHint(was, got reflect.Value) string {
+	switch {
+	case was.IsValid() && got.IsValid() && (was.Type() != got.Type() || was.Kind() == reflect.Interface):
+		return " (in an any — a field, a map[string]any value, an []any element — encoding/json reads back " +
+			"float64 for a number, map[string]any for an object, []any for an array, and string, bool or nil: " +
+			"hold only those there)"
+	case got.IsValid() && got.IsZero():
+		return " (encoding/json leaves out unexported fields and fields tagged json:\"-\")"
+	}
+	return ""
 }
 
 func (s *AggregateScenario[A]) name() string {

@@ -48,6 +48,11 @@ type gwMeta struct {
 	Meta map[string]any `json:"meta"`
 }
 
+// gwValued reads back with another type: its V holds an int.
+type gwValued struct {
+	V any `json:"v"`
+}
+
 // gwLabelled has what %+v prints alike when it differs: a nil and an empty
 // slice, and pointers (as addresses).
 type gwLabelled struct {
@@ -96,7 +101,7 @@ func (w *wallet) Apply(event any) error {
 		w.Balance -= e.amount
 	case gwStarted:
 		w.Started = e.At
-	case gwNoted, gwTagged, gwMeta, gwLabelled, gwStopped:
+	case gwNoted, gwTagged, gwMeta, gwValued, gwLabelled, gwStopped:
 	default:
 		return aggregate.ErrUnhandledEvent
 	}
@@ -247,6 +252,7 @@ func TestGivenWhenThenWithRegistryChecksRoundTrips(t *testing.T) {
 		eventstore.MustRegister[gwNoted](reg, "wallet.noted")
 		eventstore.MustRegister[gwTagged](reg, "wallet.tagged")
 		eventstore.MustRegister[gwMeta](reg, "wallet.meta")
+		eventstore.MustRegister[gwValued](reg, "wallet.valued")
 		eventstore.MustRegister[gwLabelled](reg, "wallet.labelled")
 		eventstore.MustRegister[gwStarted](reg, "wallet.started")
 		eventstore.MustRegister[gwStopped](reg, "wallet.stopped")
@@ -277,7 +283,8 @@ func TestGivenWhenThenWithRegistryChecksRoundTrips(t *testing.T) {
 		testkit.Given(f, newWallet).WithRegistry(newReg()).
 			When(pay).
 			Then(gwPaid{Invoice: "A", amount: 30})
-		expectFailure(t, f, "recorded event 1 (testkit_test.gwPaid) does not survive", "field amount was 30, reads back as 0")
+		expectFailure(t, f, "recorded event 1 (testkit_test.gwPaid) does not survive", "field amount was 30, reads back as 0",
+			`(encoding/json leaves out unexported fields and fields tagged json:"-")`)
 		if strings.Contains(f.errs[0], "other events than expected") {
 			t.Errorf("the expected event was the recorded one, yet:\n%s", f.errs[0])
 		}
@@ -308,7 +315,25 @@ func TestGivenWhenThenWithRegistryChecksRoundTrips(t *testing.T) {
 		testkit.Given(f, newWallet).WithRegistry(newReg()).
 			When(func(w *wallet) error { return aggregate.Record(w, meta) }).
 			Then(meta)
-		expectFailure(t, f, "recorded event 1 (testkit_test.gwMeta) does not survive", `field Meta["n"] was int 3, reads back as float64 3`)
+		expectFailure(t, f, "recorded event 1 (testkit_test.gwMeta) does not survive", `field Meta["n"] was int 3, reads back as float64 3`,
+			"encoding/json reads back float64 for a number")
+		if strings.Contains(f.errs[0], "unexported") {
+			t.Errorf("a type change is blamed on a dropped field:\n%s", f.errs[0])
+		}
+	})
+
+	// An any-typed field must hold what JSON decodes to: an int is not.
+	t.Run("AnyFieldHoldsInt", func(t *testing.T) {
+		t.Parallel()
+		f := &gwTB{}
+		testkit.Given(f, newWallet).WithRegistry(newReg()).
+			When(func(w *wallet) error { return aggregate.Record(w, gwValued{V: 7}) }).
+			Then(gwValued{V: 7})
+		expectFailure(t, f, "recorded event 1 (testkit_test.gwValued) does not survive", "field V was int 7, reads back as float64 7",
+			"encoding/json reads back float64 for a number, map[string]any for an object, []any for an array")
+		if strings.Contains(f.errs[0], "unexported") {
+			t.Errorf("a type change is blamed on a dropped field:\n%s", f.errs[0])
+		}
 	})
 
 	// A value the aggregate carries from its history into a new event has

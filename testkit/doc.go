@@ -20,7 +20,10 @@
 // encoding fails the test, named; the recorded events are compared with the
 // expected ones as recorded, as the store would tell them apart (a
 // time.Time by its JSON encoding, so that a time carried over from the
-// history equals the one given, whatever zone it came back in).
+// history equals the one given, whatever zone it came back in). A field of
+// type any must hold what encoding/json decodes into one (float64, string,
+// bool, nil, map[string]any, []any): an int in it reads back as a float64,
+// and the test fails, saying so.
 //
 // # Projections and observers: ReplayProjection
 //
