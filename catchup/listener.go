@@ -44,6 +44,9 @@ type Listener struct {
 	listening chan struct{}                         // closed while LISTEN is active; replaced on loss
 	up        bool
 
+	// listened is set at the first successful LISTEN; reconnects counts
+	// the successful ones after it.
+	listened   atomic.Bool
 	reconnects atomic.Int64
 }
 
@@ -138,7 +141,8 @@ func (l *Listener) Listening() <-chan struct{} {
 	return l.listening
 }
 
-// Reconnects returns how many times the listener has had to reconnect.
+// Reconnects returns how many times the listener's LISTEN was re-established
+// after a lost connection: failed attempts in between do not count.
 func (l *Listener) Reconnects() int64 { return l.reconnects.Load() }
 
 // broadcast signals every subscription; with fences, every fence
@@ -198,10 +202,7 @@ func (l *Listener) setUp(up bool) {
 // PollInterval. It returns nil when ctx ends.
 func (l *Listener) Run(ctx context.Context) error {
 	backoff := 100 * time.Millisecond
-	for first := true; ; first = false {
-		if !first {
-			l.reconnects.Add(1)
-		}
+	for {
 		wasUp, err := l.listen(ctx)
 		l.setUp(false)
 		if ctx.Err() != nil {
@@ -237,6 +238,9 @@ func (l *Listener) listen(ctx context.Context) (wasUp bool, err error) {
 	// Both channels in one round trip (one simple-protocol query).
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()+"; LISTEN "+pgx.Identifier{l.fenceChannel}.Sanitize()); err != nil {
 		return false, errors.Wrap(err, "catchup: LISTEN")
+	}
+	if l.listened.Swap(true) {
+		l.reconnects.Add(1)
 	}
 	l.setUp(true)
 	l.broadcast(true) // anything committed before LISTEN took effect: re-read
