@@ -32,7 +32,8 @@ import (
 // reflect.DeepEqual, in order (with WithRegistry, as the store would tell
 // them apart: see there). A mismatch fails the test (t.Errorf) with
 // both lists, one event a line (pointers shown as what they point to, a nil
-// slice or map as nil, an empty one as [] or map[]), the first difference
+// slice or map as nil, an empty one as [] or map[], a time.Time with its
+// location unless that is UTC), the first difference
 // marked and, within it, the first field that differs named. The scenario
 // runs when Then or ThenError is called, once; a scenario that is never
 // checked (Given and When without Then or ThenError) fails the test when it

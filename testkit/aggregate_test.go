@@ -426,7 +426,7 @@ func TestGivenWhenThenReportsFailures(t *testing.T) {
 			"recorded 1 event(s):\n  -> 1. testkit_test.gwWithdrawn {Amount:30}")
 	})
 
-	// Events that differ never print alike: a nil slice is not an empty
+	// Events that differ print differently: a nil slice is not an empty
 	// one, a pointer shows what it points to, and the first field that
 	// differs is named.
 	t.Run("ListingShowsTheDifference", func(t *testing.T) {
@@ -458,6 +458,50 @@ func TestGivenWhenThenReportsFailures(t *testing.T) {
 				t.Errorf("the failure prints an address:\n%s", f.errs[0])
 			}
 		}
+	})
+
+	// Times that differ only in their location or monotonic reading print
+	// differently too (Local and UTC print alike where Local is UTC), and
+	// the field is named, not its insides.
+	t.Run("TimesPrintWithTheirLocation", func(t *testing.T) {
+		t.Parallel()
+		berlin, err := time.LoadLocation("Europe/Berlin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := time.Date(2026, 3, 1, 9, 30, 0, 0, time.UTC)
+		now := time.Now()
+		for name, tc := range map[string]struct{ recorded, expected time.Time }{
+			"LocalAndUTC":         {at.In(time.Local), at},
+			"FixedUTCAndUTC":      {at.In(time.FixedZone("UTC", 0)), at},
+			"NamedAndFixed":       {at.In(berlin), at.In(time.FixedZone("CET", 3600))},
+			"MonotonicAndWithout": {now, now.Round(0)},
+		} {
+			f := &gwTB{}
+			testkit.Given(f, newWallet).
+				When(func(w *wallet) error { return aggregate.Record(w, gwTagged{At: tc.recorded}) }).
+				Then(gwTagged{At: tc.expected})
+			expectFailure(t, f, "recorded other events than expected", "event 1 differs at At: expected ")
+			var marked []string
+			for _, line := range strings.Split(f.errs[0], "\n") {
+				if strings.Contains(line, "-> 1.") {
+					marked = append(marked, line)
+				}
+			}
+			if len(marked) != 2 || marked[0] == marked[1] {
+				t.Errorf("%s: the two times print alike:\n%s", name, f.errs[0])
+			}
+			_, explained, _ := strings.Cut(f.errs[0], "event 1 differs at At: expected ")
+			if want, got, _ := strings.Cut(explained, ", recorded "); want == got {
+				t.Errorf("%s: the differing field prints alike:\n%s", name, f.errs[0])
+			}
+		}
+		// Where it tells something, the location is printed.
+		f := &gwTB{}
+		testkit.Given(f, newWallet).
+			When(func(w *wallet) error { return aggregate.Record(w, gwTagged{At: at.In(berlin)}) }).
+			Then(gwTagged{At: at.In(time.Local)})
+		expectFailure(t, f, "2026-03-01 10:30:00 +0100 CET (Europe/Berlin)", " (Local)")
 	})
 
 	t.Run("MissingEvent", func(t *testing.T) {

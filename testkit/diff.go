@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"sort"
 	"strings"
+	"time"
 )
 
 // valueDiff walks two values side by side and returns the first place where
@@ -16,7 +17,9 @@ import (
 // equal.
 //
 // In strict mode equality is reflect.DeepEqual's, so that the walk explains
-// a difference DeepEqual found. In wire mode two values are
+// a difference DeepEqual found; a struct whose fields are all unexported
+// (time.Time) is compared, and named, whole, as it is printed whole. In
+// wire mode two values are
 // equal when the store cannot tell them apart: every field counts, also
 // those JSON leaves out (the round-trip check names those), but a value
 // whose type encodes itself (json.Marshaler or encoding.TextMarshaler:
@@ -69,6 +72,9 @@ func (w *differ_) diff(path string, a, b reflect.Value, depth int, omitted bool)
 		if erra == nil && errb == nil {
 			return path, a, b, !bytes.Equal(ja, jb)
 		}
+	}
+	if !w.wire && a.Kind() == reflect.Struct && !hasExportedField(a.Type()) && a.CanInterface() && b.CanInterface() {
+		return path, a, b, !reflect.DeepEqual(a.Interface(), b.Interface())
 	}
 	// A nil and an empty slice or map are stored alike (and so equal on
 	// the wire) only where the field is left out when empty; elsewhere one
@@ -192,9 +198,12 @@ func marshalValue(v reflect.Value) ([]byte, error) {
 }
 
 // render prints an event for a failure message: like %+v, but strings are
-// quoted, pointers show what they point to (&{…}, nil), and a nil slice or
-// map (nil) is told from an empty one ([] or map[]), so that two events
-// that differ never print alike.
+// quoted, pointers show what they point to (&{…}, nil), a nil slice or
+// map (nil) is told from an empty one ([] or map[]), and a time.Time shows
+// its location, so that two events that differ print differently. (Not
+// always: a NaN differs from itself, and a type with only unexported
+// fields is printed by its String or Error method, which may leave some
+// of its state out; the line naming the first difference says where.)
 func render(v any) string { return renderV(reflect.ValueOf(v)) }
 
 func renderV(v reflect.Value) string {
@@ -216,6 +225,9 @@ func renderValue(b *strings.Builder, v reflect.Value, depth int) {
 	// as it prints itself: its fields would say nothing.
 	if v.Kind() == reflect.Struct && v.CanInterface() && !hasExportedField(v.Type()) {
 		switch x := v.Interface().(type) {
+		case time.Time:
+			b.WriteString(renderTime(x))
+			return
 		case error:
 			b.WriteString(x.Error())
 			return
@@ -282,6 +294,20 @@ func renderValue(b *strings.Builder, v reflect.Value, depth int) {
 	default:
 		fmt.Fprintf(b, "%v", v)
 	}
+}
+
+// renderTime prints t as its String does, followed by the name of its
+// location unless that is UTC or unnamed: String shows only the zone's
+// abbreviation and offset, alike for time.Local where it is UTC and
+// time.UTC, or for Europe/Berlin and a fixed zone named CET, which
+// reflect.DeepEqual tells apart ("… +0100 CET (Europe/Berlin)", "… +0000
+// UTC (Local)"). A monotonic reading shows as String shows it (m=±…).
+func renderTime(t time.Time) string {
+	s := t.String()
+	if loc := t.Location(); loc != time.UTC && loc.String() != "" {
+		s += " (" + loc.String() + ")"
+	}
+	return s
 }
 
 func hasExportedField(t reflect.Type) bool {
