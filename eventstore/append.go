@@ -17,6 +17,7 @@ import (
 
 	"github.com/annals-dev/annals/internal/freshids"
 	"github.com/annals-dev/annals/internal/telemetry"
+	"github.com/annals-dev/annals/internal/txopts"
 )
 
 // AppendResult describes one successful append.
@@ -225,7 +226,9 @@ func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pg
 		s.tel.Duration.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(telemetry.Outcome.String(outcome)))
 		span.End()
 	}()
-	return s.transact(ctx, pgx.TxOptions{}, fn)
+	// The session's defaults, unless a package of annals asks for others
+	// (internal/txopts: the scheduler's claims run READ COMMITTED).
+	return s.transact(ctx, txopts.From(ctx), fn)
 }
 
 // transact is Transact without its span, in a transaction begun with opts

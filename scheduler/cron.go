@@ -663,7 +663,7 @@ func (s *Scheduler) fireTask(ctx context.Context, r taskRow, tick time.Time, fac
 	inserted, staged := 0, false
 	var skipped time.Time
 	var late time.Duration
-	_, err = s.store.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
+	_, err = s.store.Transact(readCommitted(ctx), func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
 		var r taskRow
 		err := s.boundedClaim(ctx, tx, func(q *pgx.QueuedQuery) {
 			q.QueryRow(func(row pgx.Row) error { return row.Scan(r.scanArgs()...) })

@@ -55,13 +55,18 @@
 // malformed (eventstore.ErrInvalidEvent), an event ID stored already as a
 // different event, an unknown type. A wrong expected version is retried
 // (the stream may yet reach it). The backoff starts at RetryBackoff and
-// doubles up to MaxRetryBackoff. Failed timers show in Timers, TimerStats
+// doubles up to MaxRetryBackoff. A serialization failure or a deadlock
+// (40001, 40P01) is no failure of the timer's: it is not counted among its
+// attempts, and the timer is retried after RetryBackoff, not doubled. Failed timers show in Timers, TimerStats
 // and `annals schedule list`; cancel them to remove them.
 //
 // # The dispatcher
 //
 // Run loops over passes (FireDue is one pass). A pass claims due timers in
-// batches, each in one transaction (eventstore.Store.Transact): first one
+// batches, each in one transaction (eventstore.Store.Transact, READ
+// COMMITTED whatever the session's default isolation, through
+// internal/txopts: under REPEATABLE READ a claim's append failed to
+// serialize whenever another append changed its stream meanwhile): first one
 // statement deletes up to BatchSize timers whose due_at is at or before the
 // clock's now, selected FOR UPDATE SKIP LOCKED, and returns them; then every
 // claimed timer's append and the COMMIT are sent together, in one pipelined

@@ -58,9 +58,10 @@ RETURNING t.id, t.payload, t.attempts, t.due_at;
 -- Records a failed attempt: $3 the new due time (retry) or $4 the time it
 -- failed for good (attempts spent), the other NULL. $5 is the attempts count
 -- the attempt saw: if the row changed since (another dispatcher recorded a
--- failure), nothing is updated.
+-- failure), nothing is updated. $6 is 1, or 0 for a failure that is not
+-- counted as an attempt (a serialization failure, a deadlock).
 UPDATE {{.Schema}}.timers
-   SET attempts = attempts + 1,
+   SET attempts = attempts + $6::integer,
        last_error = $2,
        due_at = coalesce($3, due_at),
        failed_at = $4,

@@ -56,7 +56,8 @@ type Config struct {
 	// BatchSize is the number of timers claimed per transaction. Defaults to 100.
 	BatchSize int
 	// MaxAttempts is how many times a timer's append may fail before the
-	// timer is kept as failed and no longer retried. Defaults to 5.
+	// timer is kept as failed and no longer retried. A serialization
+	// failure or a deadlock does not count. Defaults to 5.
 	MaxAttempts int
 	// RetryBackoff is the delay before a failed timer, or a cron task whose
 	// tick failed, is tried again; it doubles with each consecutive failed

@@ -16,6 +16,7 @@ import (
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/telemetry"
+	"github.com/annals-dev/annals/internal/txopts"
 )
 
 // TimerID identifies a timer (a UUIDv7).
@@ -339,7 +340,7 @@ func (s *Scheduler) fireTimers(ctx context.Context, now time.Time) (int, error) 
 func (s *Scheduler) claimBatch(ctx context.Context, now time.Time) (claimedN, fired int, err error) {
 	var batch []claimed
 	staged, undecodable := false, false
-	_, err = s.store.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
+	_, err = s.store.Transact(readCommitted(ctx), func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
 		err := s.boundedClaim(ctx, tx, func(q *pgx.QueuedQuery) {
 			q.Query(func(rows pgx.Rows) error {
 				var c claimed
@@ -403,7 +404,7 @@ func (s *Scheduler) fireOne(ctx context.Context, now time.Time, id uuid.UUID) (b
 	var c claimed
 	found, staged := false, false
 	var ferr error // why the timer could not be staged
-	_, err := s.store.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
+	_, err := s.store.Transact(readCommitted(ctx), func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
 		err := s.boundedClaim(ctx, tx, func(q *pgx.QueuedQuery) {
 			q.QueryRow(func(row pgx.Row) error { return row.Scan(c.scanArgs()...) })
 		}, s.q.claimTimer, id, now)
@@ -414,6 +415,9 @@ func (s *Scheduler) fireOne(ctx context.Context, now time.Time, id uuid.UUID) (b
 			return errors.Wrapf(err, "scheduler: claim timer %s", id)
 		}
 		found = true
+		if s.afterClaim != nil {
+			s.afterClaim(tx)
+		}
 		enc, err := c.decode()
 		if err == nil {
 			err = b.AppendEncoded(enc)
@@ -442,26 +446,60 @@ func (s *Scheduler) fireOne(ctx context.Context, now time.Time, id uuid.UUID) (b
 	return false, s.fail(ctx, now, c, ferr)
 }
 
+// readCommitted returns ctx asking Transact for a READ COMMITTED
+// transaction (internal/txopts), whatever the server's or the role's
+// default_transaction_isolation. Under REPEATABLE READ or SERIALIZABLE a
+// claim fails to serialize (40001) when another append changed its stream
+// after the claim's snapshot was taken, or another dispatcher deleted a row
+// it skips; each such failure cost a timer an attempt, and with MaxAttempts
+// 1 valid timers ended failed. Cancel runs READ COMMITTED for the same
+// reason.
+func readCommitted(ctx context.Context) context.Context {
+	return txopts.With(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+}
+
+// transient reports whether err is a serialization failure (40001) or a
+// deadlock (40P01): the transaction lost a race, which says nothing about
+// the timer, and trying again will do.
+func transient(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
+
 // fail records a failed attempt to fire c: it is retried after a backoff,
-// or kept as failed when its attempts are spent or ferr is permanent. The
-// update is skipped if the timer changed meanwhile (another dispatcher fired
-// it or recorded this attempt's failure).
+// or kept as failed when its attempts are spent or ferr is permanent. A
+// transient ferr (a serialization failure, a deadlock) is not an attempt:
+// the timer is retried after RetryBackoff, not doubled, and its attempts
+// stay as they are (as a cron task retries after the database's failures).
+// The update is skipped if the timer changed meanwhile (another dispatcher
+// fired it or recorded this attempt's failure).
 func (s *Scheduler) fail(ctx context.Context, now time.Time, c claimed, ferr error) error {
 	attempt := c.attempts + 1
 	var retryAt, failedAt *time.Time
 	permanent := errors.Is(ferr, eventstore.ErrInvalidEvent) || errors.Is(ferr, eventstore.ErrEventIDConflict) ||
 		errors.Is(ferr, eventstore.ErrUnknownEventType)
-	if permanent || attempt >= s.cfg.MaxAttempts {
+	counted := 1
+	switch {
+	case transient(ferr):
+		attempt, counted = c.attempts, 0
+		r := now.Add(s.cfg.RetryBackoff)
+		retryAt = &r
+	case permanent || attempt >= s.cfg.MaxAttempts:
 		failedAt = &now
-	} else {
+	default:
 		r := now.Add(s.backoff(attempt))
 		retryAt = &r
 	}
-	tag, err := s.pool.Exec(ctx, s.q.failTimer, c.id, ferr.Error(), retryAt, failedAt, c.attempts)
+	tag, err := s.pool.Exec(ctx, s.q.failTimer, c.id, ferr.Error(), retryAt, failedAt, c.attempts, counted)
 	if err != nil {
 		return errors.Wrapf(err, "scheduler: record failure of timer %s", c.id)
 	}
 	if tag.RowsAffected() == 0 {
+		return nil
+	}
+	if counted == 0 {
+		s.cfg.Logger.WarnContext(ctx, "annals: timer's append lost a race (serialization failure or deadlock); retrying later, not counted as an attempt",
+			"timer", c.id, "attempts", attempt, "retry_at", *retryAt, telemetry.Err(ferr))
 		return nil
 	}
 	if failedAt != nil {
