@@ -95,9 +95,14 @@ func (b *Base) Version() int64 { return b.version }
 // It is 0 for an aggregate that no save has appended events of since it was
 // made or loaded (a Save with nothing recorded appends nothing; an Update
 // whose command records nothing returns 0: there is nothing to wait for).
-// After SaveTx it is the position the events have once the transaction
-// commits. After a Save made again following ErrOutcomeUnknown that found
-// the events written, it is their stored position.
+// After a save inside a transaction (SaveTx, CreateTx, UpdateTx) it is the
+// position the events have once the transaction commits: wait for it only
+// after the commit succeeded. If the transaction rolled back, no event
+// has that position and there is nothing to wait for: Await on it returns
+// only once later events have carried the projection past it (in every
+// partition) or its context ends. After a Save made again following
+// ErrOutcomeUnknown that found the events written, it is their stored
+// position.
 func (b *Base) SavedPosition() int64 { return b.position }
 
 // Uncommitted returns the events recorded since the aggregate was loaded or
