@@ -263,19 +263,19 @@ command exits 3 (not found) then.`,
 			if err != nil {
 				return usagef("timer ID %q: %v", args[0], err)
 			}
-			var ok bool
 			err = e.withScheduler(cmd.Context(), func(s *scheduler.Scheduler, pool *pgxpool.Pool) error {
 				return e.audited(cmd.Context(), pool, "timer.cancel", func(tx pgx.Tx) (string, any, error) {
-					var err error
-					ok, err = s.Cancel(cmd.Context(), tx, id)
+					ok, err := s.Cancel(cmd.Context(), tx, id)
+					if err == nil && !ok {
+						// Returned inside the transaction, which then rolls
+						// back: a cancel that did nothing records nothing.
+						err = notFoundf("no pending timer %s (fired already, cancelled, or never stored)", id)
+					}
 					return "timer " + id.String(), map[string]any{"cancelled": ok}, err
 				})
 			})
 			if err != nil {
 				return err
-			}
-			if !ok {
-				return notFoundf("no pending timer %s (fired already, cancelled, or never stored)", id)
 			}
 			if *format == outputJSON {
 				return writeJSON(cmd.OutOrStdout(), ScheduleActionJSON{Action: "cancelled", Timer: id.String()})

@@ -121,7 +121,8 @@ func TestScheduleList(t *testing.T) {
 }
 
 // pause, resume, delete and cancel act on the database alone; mistakes exit
-// 2, unknown tasks and timers exit 1, and neither changes anything.
+// 2, unknown tasks and timers exit 3, and neither changes anything, the
+// audit log included.
 func TestScheduleManage(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)
@@ -171,6 +172,9 @@ func TestScheduleManage(t *testing.T) {
 	if paused() {
 		t.Fatal("a failed command paused the task")
 	}
+	if rows := auditRows(t, db); len(rows) != 0 {
+		t.Fatalf("failed commands wrote audit entries: %+v", rows)
+	}
 
 	if r := annals(t, db.URL, "schedule", "pause", "nightly"); r.code != ExitOK || r.stdout != "paused cron task nightly\n" || !paused() {
 		t.Fatalf("pause: %+v (paused %v)", r, paused())
@@ -183,6 +187,16 @@ func TestScheduleManage(t *testing.T) {
 	}
 	if r := annals(t, db.URL, "schedule", "cancel", timer.String()); r.code != ExitNotFound {
 		t.Fatalf("cancel twice: %+v", r)
+	}
+	// The cancel that did nothing (exit 3) recorded nothing.
+	var cancels []auditRow
+	for _, r := range auditRows(t, db) {
+		if r.Action == "timer.cancel" {
+			cancels = append(cancels, r)
+		}
+	}
+	if len(cancels) != 1 || cancels[0].Target != "timer "+timer.String() || cancels[0].Detail["cancelled"] != true {
+		t.Fatalf("timer.cancel audit entries %+v; want one, of the cancel that cancelled", cancels)
 	}
 	if r := annals(t, db.URL, "schedule", "delete", "nightly"); r.code != ExitOK || r.stdout != "deleted cron task nightly\n" {
 		t.Fatalf("delete: %+v", r)
