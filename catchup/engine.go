@@ -548,6 +548,9 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 		defer stop()
 	}
 	backoff := e.cfg.RetryBackoff
+	// During an outage every partition fails here about once a second: the
+	// first failure is a WARN, the repeats DEBUG (see failureLog).
+	lockFailures := &failureLog{log: log}
 	for ctx.Err() == nil {
 		lease, err := e.standBy(ctx, sub, g)
 		if errors.Is(err, ErrPartitionLayout) {
@@ -555,12 +558,13 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 		}
 		if err != nil {
 			if ctx.Err() == nil {
-				log.WarnContext(ctx, "annals: cannot take the subscription lock", telemetry.Err(err))
+				lockFailures.failed(ctx, "annals: cannot take the subscription lock", telemetry.Err(err))
 				sleep(ctx, jitter(backoff))
 				backoff = min(backoff*2, max(maxReconnectBackoff, e.cfg.RetryBackoff))
 			}
 			continue
 		}
+		lockFailures.recovered(ctx, "annals: took the subscription lock again")
 		backoff = e.cfg.RetryBackoff
 		log.InfoContext(ctx, "annals: leading", slog.Int64("epoch", lease.Epoch), slog.Int64("checkpoint", lease.Start))
 		// A handover request ends the leadership as a shutdown does: the

@@ -48,6 +48,8 @@ type Listener struct {
 	// the successful ones after it.
 	listened   atomic.Bool
 	reconnects atomic.Int64
+	// failures logs the reconnect attempts of an outage (Run's goroutine).
+	failures failureLog
 }
 
 // NewListener returns a Listener for the schema's channel on connections
@@ -84,6 +86,7 @@ func newListener(connConfig *pgx.ConnConfig, connect poolconn.ConnectFunc, schem
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	return &Listener{
+		failures:     failureLog{log: logger},
 		connConfig:   connConfig.Copy(),
 		connect:      connect,
 		channel:      schemaname.Channel(schema),
@@ -208,7 +211,10 @@ func (l *Listener) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		l.logger.WarnContext(ctx, "annals: listener connection lost; reconnecting",
+		// Once per attempt while the database is down: the first is a
+		// WARN, the repeats DEBUG (see failureLog), and listen logs the
+		// LISTEN that ends them.
+		l.failures.failed(ctx, "annals: listener connection lost; reconnecting",
 			slog.String("channel", l.channel), telemetry.Err(err), slog.Duration("backoff", backoff))
 		// Subscriptions fall back to polling meanwhile; wake them to re-read now.
 		l.broadcast(true)
@@ -242,6 +248,7 @@ func (l *Listener) listen(ctx context.Context) (wasUp bool, err error) {
 	if l.listened.Swap(true) {
 		l.reconnects.Add(1)
 	}
+	l.failures.recovered(ctx, "annals: listener listening again", slog.String("channel", l.channel))
 	l.setUp(true)
 	l.broadcast(true) // anything committed before LISTEN took effect: re-read
 	for {
