@@ -4,8 +4,10 @@ import "github.com/cockroachdb/errors"
 
 var (
 	// ErrInvalidTimer is matched by every rejection of a timer's input (a
-	// zero due time or one outside the years 1 to 9999, an empty owner for
-	// CancelOwned). An append that
+	// zero due time or one outside the years 1 to 9999, an owner that is not
+	// valid UTF-8, holds a control character or is over MaxOwnerBytes; for
+	// CancelOwned, an empty owner, or one not valid UTF-8 or with NUL). An
+	// append that
 	// eventstore.Encode rejects (empty stream ID, no events, bad JSON, unknown
 	// type), or whose events hold a number that PostgreSQL's jsonb cannot
 	// hold (beyond numeric's range, such as 1e200000: an

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
@@ -42,8 +44,51 @@ type Timer struct {
 	Events []eventstore.EventData
 	// Owner is an optional tag (package saga uses saga.Owner(name, id), e.g.
 	// "saga:5:order:o-17"); CancelOwned cancels every pending timer with it.
-	// Defaults to none.
+	// Like a stream ID: valid UTF-8 without control characters, at most
+	// MaxOwnerBytes. Defaults to none.
 	Owner string
+}
+
+// MaxOwnerBytes is the longest Timer.Owner, in bytes of UTF-8. The owner is
+// a key of a B-tree index (timers_owner), whose entries PostgreSQL caps at
+// about 2,700 bytes: a longer owner that does not compress failed with
+// SQLSTATE 54000. 2048 leaves room, and holds a saga's owner tag for a saga
+// name and an instance ID of about 2,000 bytes together.
+const MaxOwnerBytes = 2048
+
+// checkOwner checks a Timer.Owner as eventstore checks a stream ID: valid
+// UTF-8 (PostgreSQL refuses anything else), no control character (C0, DEL,
+// C1: NUL, which PostgreSQL cannot store either, and line breaks, which
+// would break the table of `annals schedule list`), at most MaxOwnerBytes.
+func checkOwner(owner string) error {
+	if len(owner) > MaxOwnerBytes {
+		return errors.Wrapf(ErrInvalidTimer, "timer owner %s is %d bytes; the limit is %d", quotePrefix(owner), len(owner), MaxOwnerBytes)
+	}
+	for i, r := range owner {
+		switch {
+		case r == utf8.RuneError && invalidAt(owner, i):
+			return errors.Wrapf(ErrInvalidTimer, "timer owner %s is not valid UTF-8 at byte %d", quotePrefix(owner), i)
+		case r < 0x20 || (r >= 0x7f && r <= 0x9f):
+			return errors.Wrapf(ErrInvalidTimer, "timer owner %s contains the control character %U at byte %d", quotePrefix(owner), r, i)
+		}
+	}
+	return nil
+}
+
+// invalidAt reports whether s holds a byte that is not UTF-8 at i (where
+// ranging over s gave utf8.RuneError, which a U+FFFD written out gives too).
+func invalidAt(s string, i int) bool {
+	_, size := utf8.DecodeRuneInString(s[i:])
+	return size == 1
+}
+
+// quotePrefix quotes the first 64 bytes of s (and says if there are more),
+// for an error message.
+func quotePrefix(s string) string {
+	if len(s) <= 64 {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(s[:64]) + "…"
 }
 
 // Schedule stores a timer that appends events to streamID (expected version
@@ -70,6 +115,9 @@ func (s *Scheduler) Schedule(ctx context.Context, tx pgx.Tx, at time.Time, strea
 func (s *Scheduler) ScheduleTimer(ctx context.Context, tx pgx.Tx, t Timer) (TimerID, error) {
 	if t.At.IsZero() {
 		return uuid.Nil, errors.Wrapf(ErrInvalidTimer, "timer for stream %q has no due time", t.StreamID)
+	}
+	if err := checkOwner(t.Owner); err != nil {
+		return uuid.Nil, errors.Wrapf(err, "timer for stream %q", t.StreamID)
 	}
 	if !storableTime(t.At) {
 		return uuid.Nil, errors.Wrapf(ErrInvalidTimer, "timer for stream %q is due at %s: want a time in the years 1 to 9999", t.StreamID, t.At.UTC())
@@ -143,10 +191,16 @@ func (s *Scheduler) Cancel(ctx context.Context, tx pgx.Tx, id TimerID) (bool, er
 // CancelOwned cancels every pending (or failed) timer whose Owner is owner,
 // as Cancel does (it waits for the timers being fired right now, and fails
 // with ErrTimerBusy, cancelling none, as Cancel does), and returns how many
-// it deleted.
+// it deleted. An empty owner, or one that is not valid UTF-8 or holds NUL
+// (which PostgreSQL cannot take, nor could have stored), is ErrInvalidTimer;
+// any other is looked for, even one ScheduleTimer refuses now: a timer
+// stored before it checked owners may have it.
 func (s *Scheduler) CancelOwned(ctx context.Context, tx pgx.Tx, owner string) (int, error) {
 	if owner == "" {
 		return 0, errors.Wrap(ErrInvalidTimer, "CancelOwned with an empty owner")
+	}
+	if !utf8.ValidString(owner) || strings.IndexByte(owner, 0) >= 0 {
+		return 0, errors.Wrapf(ErrInvalidTimer, "CancelOwned: owner %s is not valid UTF-8 or holds NUL, which PostgreSQL cannot store", quotePrefix(owner))
 	}
 	n, err := s.cancel(ctx, tx, s.q.cancelOwned, owner)
 	if err != nil {
