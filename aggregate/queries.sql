@@ -23,8 +23,9 @@ SELECT sn.stream_version, sn.state, f.first_version
 -- name: SnapshotLock
 -- Taken shared by a snapshot write, before SaveSnapshot, in its transaction;
 -- forget_subject (migration 0026) takes it exclusively. false: a Forget is
--- running, and the write is skipped.
-SELECT pg_try_advisory_xact_lock_shared(hashtextextended({{.SchemaLiteral}} || ':forget', 0));
+-- running, and the write is skipped. Through the schema's snapshot_lock
+-- (migration 0034), so that a writer needs no lock function of PostgreSQL's.
+SELECT {{.Schema}}.snapshot_lock();
 
 -- name: SaveSnapshot
 -- $1 aggregate type, $2 stream, $3 schema version, $4 stream version, $5

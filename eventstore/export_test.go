@@ -25,3 +25,7 @@ func GroupsInFlight(s *Store) int {
 
 // KeyCacheLen reports how many subjects s's key ring caches.
 func KeyCacheLen(s *Store) int { return s.keys.cacheLen() }
+
+// InlineLockKey is inlineLockKey, which the schema's inline_stream_lock
+// computes alike in SQL.
+func InlineLockKey(schema, stream string) (int32, int32) { return inlineLockKey(schema, stream) }

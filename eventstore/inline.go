@@ -395,10 +395,11 @@ func inlineBackoff(attempt int) time.Duration {
 
 // inlineLockKey is the advisory-lock key that serializes the inline
 // Appends that take it (retries, and first attempts on a hot stream) to one
-// stream in one schema. The NUL separators keep it apart from every
-// other annals lock key (subscriber partitions, setup, generations): those
-// are built from PostgreSQL text, which cannot hold NUL, so no schema,
-// subscriber or stream name can spell this one.
+// stream in one schema; the schema's inline_stream_lock (migration 0034)
+// takes it, computed alike in SQL. The NUL separators keep it apart from
+// every other annals lock key (subscriber partitions, setup, generations):
+// those are built from PostgreSQL text, which cannot hold NUL, so no
+// schema, subscriber or stream name can spell this one.
 func inlineLockKey(schema, stream string) (int32, int32) {
 	return lockkey.Pair("inline\x00" + schema + "\x00" + stream)
 }
@@ -409,8 +410,7 @@ func (s *Store) appendInlineOnce(ctx context.Context, a appendArgs, serialize bo
 	// and every read after it would miss the commit it waited for.
 	res, err := s.transact(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(ctx context.Context, tx pgx.Tx, b *Batch) error {
 		if serialize {
-			k1, k2 := inlineLockKey(s.schema, a.stream)
-			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", k1, k2); err != nil {
+			if _, err := tx.Exec(ctx, s.q.inlineStreamLock, a.stream); err != nil {
 				return errors.Wrap(err, "eventstore: inline: queue for the stream's retry lock")
 			}
 		}

@@ -50,6 +50,11 @@ SELECT greatest((SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.event
 -- How many of the events of an inline append are stored already.
 SELECT count(*)::int FROM {{.Schema}}.events_all WHERE event_id = ANY($1::uuid[]);
 
+-- name: InlineStreamLock
+-- The retry lock of inline appends to $1, for this transaction (migration
+-- 0034: a writer needs no lock function of PostgreSQL's).
+SELECT {{.Schema}}.inline_stream_lock($1);
+
 -- name: InlineWritten
 -- After an inline append with caller-chosen IDs, in the pipeline before its
 -- COMMIT: fails (division by zero) unless this transaction wrote every one

@@ -94,7 +94,7 @@ type Store struct {
 }
 
 type queries struct {
-	append, appendBatch, appendOne, readAll, readStream, streamVersion, head, storedIDs, inlineWritten string
+	append, appendBatch, appendOne, readAll, readStream, streamVersion, head, storedIDs, inlineWritten, inlineStreamLock string
 }
 
 // New returns a Store on pool. The schema must have been migrated (see the
@@ -146,15 +146,16 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		maxBytes: c.MaxEventBytes,
 		pageSize: c.PageSize,
 		q: queries{
-			append:        named["Append"],
-			appendBatch:   named["AppendBatch"],
-			appendOne:     named["AppendOne"],
-			readAll:       named["ReadAll"],
-			readStream:    named["ReadStream"],
-			streamVersion: named["StreamVersion"],
-			head:          named["Head"],
-			storedIDs:     named["StoredIDs"],
-			inlineWritten: named["InlineWritten"],
+			append:           named["Append"],
+			appendBatch:      named["AppendBatch"],
+			appendOne:        named["AppendOne"],
+			readAll:          named["ReadAll"],
+			readStream:       named["ReadStream"],
+			streamVersion:    named["StreamVersion"],
+			head:             named["Head"],
+			storedIDs:        named["StoredIDs"],
+			inlineWritten:    named["InlineWritten"],
+			inlineStreamLock: named["InlineStreamLock"],
 		},
 	}
 	if s.inline, err = newInline(c.Inline); err != nil {

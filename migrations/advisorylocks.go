@@ -49,13 +49,14 @@ type AdvisoryLockAccess struct {
 	// Roles lists the roles granted any of those functions by name, in
 	// name order (superusers may call them all in any case).
 	Roles []string `json:"roles"`
-	// Owners, Writers and Runners list, in name order, the roles that
+	// Owners and Runners list, in name order, the roles that
 	// [RestrictAdvisoryLocks] grants lock functions to: the owners of the
-	// database's annals schemas (every lock function), the roles that may append to one of them (the writer's lock
-	// functions) and those that may write its checkpoints (the runner's
-	// too). Superusers are left out: they may call every function.
+	// database's annals schemas and of their SECURITY DEFINER functions
+	// (every lock function: those functions run as their owner), and the
+	// roles that run subscribers there (runners and operators: the locks
+	// group of grant.sql). Superusers are left out: they may call every
+	// function. Writers and readers need none.
 	Owners  []string `json:"owners"`
-	Writers []string `json:"writers"`
 	Runners []string `json:"runners"`
 }
 
@@ -92,28 +93,35 @@ SELECT NOT bool_or(p.proacl IS NULL
 	if err != nil {
 		return a, errors.Wrap(err, "migrations: read who may take advisory locks")
 	}
-	// The annals schemas of the database: those with an append_one function
-	// (any schema name; several may share a database). Their owners, the
-	// roles that may append to them and those that may move their
-	// checkpoints; superusers need nothing.
+	// The annals schemas of the database: those with append_events (0001)
+	// and a checkpoints table, whatever their names (several may share a
+	// database). Their owners and the owners of their SECURITY DEFINER
+	// functions (which run as the function's owner, and take locks); the
+	// roles that may create read-model schemas there, which grant.sql's run
+	// group gives runners and operators only (a function: no predefined
+	// role such as pg_write_all_data reaches it). Superusers need nothing.
 	err = tx.QueryRow(ctx, `
 WITH annals AS (
-    SELECT n.oid AS nsp, n.nspowner AS owner, p.oid AS append_one
+    SELECT n.oid AS nsp, n.nspowner AS owner
       FROM pg_catalog.pg_namespace n
-      JOIN pg_catalog.pg_proc p ON p.pronamespace = n.oid AND p.proname = 'append_one'
-     WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+     WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.pronamespace = n.oid AND p.proname = 'append_events')
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c
                     WHERE c.relnamespace = n.oid AND c.relname = 'checkpoints' AND c.relkind = 'r')
+), owners AS (
+    SELECT owner FROM annals
+    UNION
+    SELECT p.proowner FROM pg_catalog.pg_proc p JOIN annals a ON a.nsp = p.pronamespace WHERE p.prosecdef
 ), roles AS (
     SELECT r.oid, r.rolname FROM pg_catalog.pg_roles r
      WHERE NOT r.rolsuper AND r.rolname !~ '^pg_'
 )
-SELECT coalesce((SELECT array_agg(DISTINCT r.rolname ORDER BY r.rolname) FROM roles r JOIN annals a ON a.owner = r.oid), '{}'),
-       coalesce((SELECT array_agg(DISTINCT r.rolname ORDER BY r.rolname) FROM roles r, annals a
-                  WHERE r.oid <> a.owner AND pg_catalog.has_function_privilege(r.oid, a.append_one, 'EXECUTE')), '{}'),
-       coalesce((SELECT array_agg(DISTINCT r.rolname ORDER BY r.rolname) FROM roles r, annals a
-                   JOIN pg_catalog.pg_class c ON c.relnamespace = a.nsp AND c.relname = 'checkpoints' AND c.relkind = 'r'
-                  WHERE r.oid <> a.owner AND pg_catalog.has_table_privilege(r.oid, c.oid, 'UPDATE')), '{}')`).
-		Scan(&a.Owners, &a.Writers, &a.Runners)
+SELECT coalesce((SELECT array_agg(DISTINCT r.rolname ORDER BY r.rolname) FROM roles r JOIN owners o ON o.owner = r.oid), '{}'),
+       coalesce((SELECT array_agg(DISTINCT r.rolname ORDER BY r.rolname)
+                   FROM roles r, annals a
+                   JOIN pg_catalog.pg_proc p ON p.pronamespace = a.nsp AND p.proname = 'read_model_create_schema'
+                  WHERE r.oid NOT IN (SELECT owner FROM owners)
+                    AND pg_catalog.has_function_privilege(r.oid, p.oid, 'EXECUTE')), '{}')`).
+		Scan(&a.Owners, &a.Runners)
 	if err != nil {
 		return a, errors.Wrap(err, "migrations: find the roles of the database's annals schemas")
 	}
@@ -121,26 +129,29 @@ SELECT coalesce((SELECT array_agg(DISTINCT r.rolname ORDER BY r.rolname) FROM ro
 }
 
 // RestrictAdvisoryLocks takes the functions that take advisory locks from
-// PUBLIC in the pool's database, so that a role that can merely connect can
-// no longer hold annals' locks (the log's ordering lock, a subscriber's
-// leadership, Forget's, the scavenger's) and stall it. It needs a superuser
-// and changes the whole database (pg_catalog's functions are per database),
-// not one schema: a program of another team that takes advisory locks in the
-// same database needs them granted too (GRANT EXECUTE ON FUNCTION
-// pg_catalog.pg_advisory_lock(bigint) TO ...).
+// PUBLIC in the pool's database, so that a role that can merely connect, or
+// a writer, can no longer hold annals' locks (the log's ordering lock, a
+// subscriber's leadership, Forget's, the scavenger's) and stall it. It needs
+// a superuser and changes the whole database (pg_catalog's functions are
+// per database), not one schema: a program of another team that takes
+// advisory locks in the same database needs them granted too (GRANT EXECUTE
+// ON FUNCTION pg_catalog.pg_advisory_lock(bigint) TO ...).
 //
 // In the same transaction it grants, so that annals goes on working: every
-// lock function to the owner of each annals schema of the database (the
-// append functions run as the owner and take the ordering lock; so does
-// [Up]); the writer's lock functions to every role that may append to an
-// annals schema; and the runner's to every role that may write its
-// checkpoints (what [Grant] gives these kinds, see grant.sql, groups
-// locks_write and locks_run). A role granted a writer's, runner's or
-// operator's rights afterwards gets its lock functions from [Grant], which
+// lock function to the owners of the database's annals schemas and of their
+// SECURITY DEFINER functions (the append functions run as their owner and
+// take the ordering lock; [Up] takes the migration lock), and to the roles
+// named in owners, which will own a schema not migrated yet (its first [Up]
+// takes the migration lock before the schema exists); and the runner's lock
+// functions (grant.sql's locks group) to every role that may run
+// subscribers in an annals schema. Writers need none (they take their two
+// locks through the schema's functions, migration 0034). A runner or
+// operator granted afterwards gets its lock functions from [Grant], which
 // then needs a superuser too. It is idempotent; [AllowAdvisoryLocks] undoes
-// it. It returns the access after the change.
-func RestrictAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool) (*AdvisoryLockAccess, error) {
-	return changeAdvisoryLocks(ctx, pool, true)
+// it. It returns the access after the change. A role in owners that does
+// not exist is an error matching [ErrRoleNotFound].
+func RestrictAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool, owners ...string) (*AdvisoryLockAccess, error) {
+	return changeAdvisoryLocks(ctx, pool, true, owners)
 }
 
 // AllowAdvisoryLocks gives PUBLIC back the functions that take advisory
@@ -148,10 +159,10 @@ func RestrictAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool) (*AdvisoryLo
 // to roles by name stay (they change nothing while PUBLIC has the
 // functions). It needs a superuser.
 func AllowAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool) (*AdvisoryLockAccess, error) {
-	return changeAdvisoryLocks(ctx, pool, false)
+	return changeAdvisoryLocks(ctx, pool, false, nil)
 }
 
-func changeAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool, restrict bool) (*AdvisoryLockAccess, error) {
+func changeAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool, restrict bool, owners []string) (*AdvisoryLockAccess, error) {
 	var out AdvisoryLockAccess
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var super bool
@@ -161,10 +172,6 @@ func changeAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool, restrict bool)
 		if !super {
 			return errors.WithStack(ErrNotSuperuser)
 		}
-		// Changes of one object's privileges at once fail in PostgreSQL
-		// ("tuple concurrently updated"): take turns with every Grant
-		// (whose statements now name these functions too) of the
-		// database, whatever its schema.
 		if err := lockFunctionPrivileges(ctx, tx); err != nil {
 			return err
 		}
@@ -178,31 +185,29 @@ func changeAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool, restrict bool)
 			out, err = advisoryLockAccess(ctx, tx)
 			return err
 		}
+		for _, o := range owners {
+			var exists bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1)`, o).Scan(&exists); err != nil {
+				return errors.Wrap(err, "migrations: look up the role")
+			}
+			if !exists || o == "" {
+				return errors.Wrapf(ErrRoleNotFound, "owner %s", pgx.Identifier{o}.Sanitize())
+			}
+		}
 		before, err := advisoryLockAccess(ctx, tx)
 		if err != nil {
 			return err
 		}
-		for _, owner := range before.Owners {
+		for _, owner := range append(slices.Clone(before.Owners), owners...) {
 			for _, f := range lockFunctions {
 				if _, err := tx.Exec(ctx, "GRANT EXECUTE ON FUNCTION "+f+" TO "+pgx.Identifier{owner}.Sanitize()); err != nil {
-					return errors.Wrapf(err, "migrations: grant %s to the schema owner %s", f, owner)
+					return errors.Wrapf(err, "migrations: grant %s to the owner %s", f, owner)
 				}
-			}
-		}
-		for _, r := range before.Writers {
-			groups := []string{"locks_write"}
-			if slices.Contains(before.Runners, r) {
-				groups = append(groups, "locks_run")
-			}
-			if err := runGroups(ctx, tx, r, groups...); err != nil {
-				return err
 			}
 		}
 		for _, r := range before.Runners {
-			if !slices.Contains(before.Writers, r) {
-				if err := runGroups(ctx, tx, r, "locks_write", "locks_run"); err != nil {
-					return err
-				}
+			if err := runGroups(ctx, tx, r, "locks"); err != nil {
+				return err
 			}
 		}
 		for _, f := range lockFunctions {
@@ -231,7 +236,7 @@ func lockFunctionPrivileges(ctx context.Context, tx pgx.Tx) error {
 }
 
 // grantsLockFunctions reports whether Grant, in tx, runs lockStmts (the
-// statements of grant.sql's locks groups for role's kind): as a superuser,
+// statements of grant.sql's locks group, for a runner or operator): as a superuser,
 // always (so the role is ready for a restriction); as another role (a
 // schema owner), never: it has no grant option on PostgreSQL's functions,
 // so they would grant nothing. That is enough while PUBLIC may take

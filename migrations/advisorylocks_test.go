@@ -8,7 +8,6 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
@@ -65,17 +64,13 @@ func TestRestrictAdvisoryLocks(t *testing.T) {
 	operator := newRole(t, db, migrations.Operator)
 	reader := newRole(t, db, migrations.Reader)
 	stranger := newRole(t, db, "") // CONNECT, as every role has by default; nothing in the schema
-	// A writer and a runner granted before grant.sql named the lock
-	// functions: RestrictAdvisoryLocks finds them by what they may do.
-	oldWriter := newRole(t, db, migrations.Writer)
+	// A runner granted before grant.sql named the lock functions:
+	// RestrictAdvisoryLocks finds it by what it may do.
 	oldRunner := newRole(t, db, migrations.Runner)
-	for _, r := range []*role{oldWriter, oldRunner} {
-		if _, err := db.Pool.Exec(ctx, fmt.Sprintf(`REVOKE EXECUTE ON FUNCTION pg_catalog.pg_advisory_xact_lock(integer, integer),
-			pg_catalog.pg_try_advisory_xact_lock_shared(bigint), pg_catalog.pg_try_advisory_lock(integer, integer),
-			pg_catalog.pg_advisory_lock(integer, integer), pg_catalog.pg_try_advisory_xact_lock_shared(integer, integer) FROM %s`,
-			pgx.Identifier{r.Name}.Sanitize())); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := db.Pool.Exec(ctx, fmt.Sprintf(`REVOKE EXECUTE ON FUNCTION pg_catalog.pg_advisory_xact_lock(integer, integer),
+		pg_catalog.pg_try_advisory_lock(integer, integer), pg_catalog.pg_advisory_lock(integer, integer),
+		pg_catalog.pg_try_advisory_xact_lock_shared(integer, integer) FROM %s`, pgx.Identifier{oldRunner.Name}.Sanitize())); err != nil {
+		t.Fatal(err)
 	}
 
 	// PostgreSQL's default: everyone.
@@ -94,22 +89,20 @@ func TestRestrictAdvisoryLocks(t *testing.T) {
 	if _, err := migrations.RestrictAdvisoryLocks(ctx, operator.Pool); !errors.Is(err, migrations.ErrNotSuperuser) {
 		t.Fatalf("restrict as the operator: %v, want ErrNotSuperuser", err)
 	}
+	if _, err := migrations.RestrictAdvisoryLocks(ctx, db.Pool, "annals_no_such_owner"); !errors.Is(err, migrations.ErrRoleNotFound) {
+		t.Fatalf("restrict naming a missing owner: %v, want ErrRoleNotFound", err)
+	}
 	a := restrictAdvisoryLocks(t, db)
 	for _, want := range []struct {
-		list  []string
-		roles []*role
-		what  string
-	}{
-		{a.Writers, []*role{writer, runner, operator, oldWriter, oldRunner}, "writers"},
-		{a.Runners, []*role{runner, operator, oldRunner}, "runners"},
-		{a.Roles, []*role{writer, runner, operator, oldWriter, oldRunner}, "roles granted lock functions"},
-	} {
-		for _, r := range want.roles {
+		list []string
+		what string
+	}{{a.Runners, "runners"}, {a.Roles, "roles granted lock functions"}} {
+		for _, r := range []*role{runner, operator, oldRunner} {
 			if !slices.Contains(want.list, r.Name) {
 				t.Errorf("%s %v lack %s", want.what, want.list, r.Name)
 			}
 		}
-		for _, r := range []*role{reader, stranger} {
+		for _, r := range []*role{writer, reader, stranger} {
 			if slices.Contains(want.list, r.Name) {
 				t.Errorf("%s %v hold %s", want.what, want.list, r.Name)
 			}
@@ -120,42 +113,43 @@ func TestRestrictAdvisoryLocks(t *testing.T) {
 		t.Fatalf("restricting again: %+v, %v; want the same as %+v", again, err, a)
 	}
 
-	// A role that may merely connect, and a reader, take no lock at all.
-	for _, r := range []*role{stranger, reader} {
+	// A role that may merely connect, a reader and a writer take no lock
+	// of their choosing at all.
+	for _, r := range []*role{stranger, reader, writer} {
 		for _, call := range lockCalls {
 			mustDeny(t, r.Name+": "+call, mayLock(t, r, call))
 		}
 	}
-	// A writer takes the transaction locks its statements take (snapshot
-	// writes, inline projections), and no session lock: what it holds ends
-	// with its transaction.
-	for _, w := range []*role{writer, oldWriter} {
-		for _, call := range []string{"SELECT pg_try_advisory_xact_lock_shared(11)", "SELECT pg_advisory_xact_lock(11, 12)"} {
-			if err := mayLock(t, w, call); err != nil {
-				t.Errorf("%s: %s: %v", w.Name, call, err)
-			}
-		}
-		for _, call := range []string{"SELECT pg_advisory_lock(11, 12)", "SELECT pg_try_advisory_lock(11, 12)", "SELECT pg_advisory_lock(11)"} {
-			mustDeny(t, w.Name+": "+call, mayLock(t, w, call))
-		}
-		store, err := eventstore.New(w.Pool, &eventstore.Config{Schema: db.Schema})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := store.Append(ctx, "order-"+w.Name, eventstore.NoStream, eventstore.EventData{Type: "Placed", Data: map[string]int{}}); err != nil {
-			t.Errorf("%s appends once restricted: %v", w.Name, err)
+	// The writer takes its two locks through the schema's functions
+	// (snapshot writes, inline projections), and appends.
+	for _, call := range []string{
+		"SELECT " + rel(db, "snapshot_lock") + "()",
+		"SELECT " + rel(db, "inline_stream_lock") + "('order-1')",
+	} {
+		if err := mayLock(t, writer, call); err != nil {
+			t.Errorf("writer: %s: %v", call, err)
 		}
 	}
-	// A runner and an operator take session locks (leader elections).
+	store, err := eventstore.New(writer.Pool, &eventstore.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Append(ctx, "order-1", eventstore.NoStream, eventstore.EventData{Type: "Placed", Data: map[string]int{}}); err != nil {
+		t.Errorf("the writer appends once restricted: %v", err)
+	}
+	// A runner and an operator take session locks (leader elections), on
+	// the key form annals uses only.
 	for _, r := range []*role{runner, operator, oldRunner} {
-		for _, call := range []string{"SELECT pg_try_advisory_lock(11, 12)", "SELECT pg_advisory_lock(11, 12)", "SELECT pg_try_advisory_xact_lock_shared(11, 12)"} {
+		for _, call := range []string{"SELECT pg_try_advisory_lock(11, 12)", "SELECT pg_advisory_lock(11, 12)",
+			"SELECT pg_try_advisory_xact_lock_shared(11, 12)", "SELECT pg_advisory_xact_lock(11, 12)"} {
 			if err := mayLock(t, r, call); err != nil {
 				t.Errorf("%s: %s: %v", r.Name, call, err)
 			}
 		}
+		mustDeny(t, r.Name+": the bigint form", mayLock(t, r, "SELECT pg_advisory_lock(11)"))
 	}
-	// A role granted after the restriction gets its lock functions from
-	// Grant.
+	// A runner granted (by a superuser) after the restriction gets its lock
+	// functions from Grant; a writer needs none.
 	late := newRole(t, db, migrations.Runner)
 	if err := mayLock(t, late, "SELECT pg_try_advisory_lock(11, 12)"); err != nil {
 		t.Errorf("a runner granted after the restriction: %v", err)
@@ -171,77 +165,131 @@ func TestRestrictAdvisoryLocks(t *testing.T) {
 	}
 }
 
-// TestRestrictAdvisoryLocksSchemaOwner: a schema migrated by a role that is
-// no superuser. Its append functions run as that role and take the ordering
-// lock, so the restriction grants it the lock functions (appends go on). Its
-// Grant passes none on: a role's first grant needs a superuser from then on.
-func TestRestrictAdvisoryLocksSchemaOwner(t *testing.T) {
+// TestRestrictAdvisoryLocksOwners: the functions of annals run as the role
+// that created them, which need not be the schema's owner nor a superuser.
+// Here a superuser creates the schema and a deployer role migrates it: the
+// restriction finds the deployer by the functions it owns, so that what
+// they run (forget_subject and the append functions take locks) goes on. A
+// role that will migrate a new schema is named with --owner; the first
+// grant of a runner needs a superuser from then on, a writer's does not.
+func TestRestrictAdvisoryLocksOwners(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := annalstest.NewDB(t, nil)
-	owner := newRole(t, db, "")
-	if _, err := db.Pool.Exec(ctx, fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s",
-		pgx.Identifier{db.Name}.Sanitize(), pgx.Identifier{owner.Name}.Sanitize())); err != nil {
-		t.Fatal(err)
-	}
-	schema := "owned_" + owner.Name[len(owner.Name)-6:]
-	t.Cleanup(func() {
-		_, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
-	cfg := &migrations.Config{Schema: schema}
-	if _, err := migrations.Up(ctx, owner.Pool, cfg); err != nil {
-		t.Fatalf("migrate as a role that is no superuser: %v", err)
-	}
-	// Granted by the owner while PUBLIC has the lock functions: the owner
-	// has no grant option on them, so Grant leaves them out.
-	early := newRole(t, db, "")
-	if err := migrations.Grant(ctx, owner.Pool, early.Name, migrations.Writer, cfg); err != nil {
-		t.Fatalf("the owner grants writer: %v", err)
-	}
-
-	a := restrictAdvisoryLocks(t, db)
-	if !slices.Contains(a.Owners, owner.Name) || !slices.Contains(a.Writers, early.Name) {
-		t.Fatalf("after the restriction: %+v; want owner %s and writer %s", a, owner.Name, early.Name)
-	}
-	appendAs := func(p *pgxpool.Pool, stream string) error {
-		store, err := eventstore.New(p, &eventstore.Config{Schema: schema})
-		if err != nil {
+	// Every role first: the schema is dropped before them (cleanups run
+	// last first), with the privileges the deployer granted on it, which
+	// a superuser's DROP OWNED BY leaves (they are not the owner's).
+	deployer := newRole(t, db, "")
+	writer, runner := newRole(t, db, ""), newRole(t, db, "")
+	newWriter, newRunner := newRole(t, db, ""), newRole(t, db, "")
+	future, unnamed := newRole(t, db, ""), newRole(t, db, "")
+	schema := "owned_" + deployer.Name[len(deployer.Name)-6:]
+	ident := pgx.Identifier{schema}.Sanitize()
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+ident+" CASCADE") })
+	for _, s := range []string{
+		"CREATE SCHEMA " + ident,
+		// With the grant option: the deployer grants the roles USAGE on it.
+		fmt.Sprintf("GRANT USAGE, CREATE ON SCHEMA %s TO %s WITH GRANT OPTION", ident, pgx.Identifier{deployer.Name}.Sanitize()),
+		fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s", pgx.Identifier{db.Name}.Sanitize(), pgx.Identifier{deployer.Name}.Sanitize()),
+	} {
+		if _, err := db.Pool.Exec(ctx, s); err != nil {
 			t.Fatal(err)
 		}
-		_, err = store.Append(ctx, stream, eventstore.NoStream, eventstore.EventData{Type: "Placed", Data: map[string]int{}})
-		return err
 	}
-	if err := appendAs(early.Pool, "early"); err != nil {
-		t.Fatalf("a writer appends through the owner's function once restricted: %v", err)
+	cfg := &migrations.Config{Schema: schema}
+	if _, err := migrations.Up(ctx, deployer.Pool, cfg); err != nil {
+		t.Fatalf("migrate as a role that is no superuser: %v", err)
 	}
-	// The owner grants again at the next deploy: the writer has its lock
-	// functions (from the restriction), so that needs no superuser.
-	if err := migrations.Grant(ctx, owner.Pool, early.Name, migrations.Writer, cfg); err != nil {
-		t.Fatalf("the owner grants the writer again once restricted: %v", err)
+	// Granted by the deployer while PUBLIC has the lock functions: it has
+	// no grant option on them, so Grant leaves them out.
+	if n, err := migrations.GrantCounted(ctx, deployer.Pool, writer.Name, migrations.Writer, cfg); err != nil {
+		t.Fatalf("the deployer grants writer: %v", err)
+	} else if all, _ := migrations.GrantSQL(writer.Name, migrations.Writer, cfg); n != len(all) {
+		t.Errorf("a writer's grant ran %d of %d statements, want all (it has no lock statements)", n, len(all))
 	}
-	// A new role's first grant does: the owner cannot pass the lock
-	// functions on.
-	late := newRole(t, db, "")
-	if err := migrations.Grant(ctx, owner.Pool, late.Name, migrations.Writer, cfg); !errors.Is(err, migrations.ErrNotSuperuser) {
-		t.Fatalf("the owner grants a new writer once restricted: %v, want ErrNotSuperuser", err)
+	if n, err := migrations.GrantCounted(ctx, deployer.Pool, runner.Name, migrations.Runner, cfg); err != nil {
+		t.Fatalf("the deployer grants runner: %v", err)
+	} else if all, _ := migrations.GrantSQL(runner.Name, migrations.Runner, cfg); n != len(all)-4 {
+		t.Errorf("the deployer's runner grant ran %d of %d statements, want all but the 4 lock functions", n, len(all))
 	}
-	if err := appendAs(late.Pool, "late"); err == nil {
-		t.Fatal("a refused grant left the role able to append: the grant was not undone")
+
+	// A role that will migrate a schema of its own later.
+	if _, err := db.Pool.Exec(ctx, fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s",
+		pgx.Identifier{db.Name}.Sanitize(), pgx.Identifier{future.Name}.Sanitize())); err != nil {
+		t.Fatal(err)
 	}
-	if err := migrations.Grant(ctx, owner.Pool, "annals_no_such_role", migrations.Writer, cfg); !errors.Is(err, migrations.ErrRoleNotFound) {
-		t.Errorf("the owner grants a missing role once restricted: %v, want ErrRoleNotFound", err)
+	if _, err := db.Pool.Exec(ctx, fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s",
+		pgx.Identifier{db.Name}.Sanitize(), pgx.Identifier{unnamed.Name}.Sanitize())); err != nil {
+		t.Fatal(err)
 	}
-	if err := migrations.Grant(ctx, db.Pool, late.Name, migrations.Writer, cfg); err != nil {
-		t.Fatalf("a superuser grants the new writer: %v", err)
+
+	a, err := migrations.RestrictAdvisoryLocks(ctx, db.Pool, future.Name)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := mayLock(t, late, "SELECT pg_advisory_xact_lock(11, 12)"); err != nil {
-		t.Errorf("a writer a superuser granted after the restriction: %v", err)
+	if !slices.Contains(a.Owners, deployer.Name) || !slices.Contains(a.Runners, runner.Name) || slices.Contains(a.Runners, writer.Name) {
+		t.Fatalf("after the restriction: %+v; want owner %s and runner %s, not the writer", a, deployer.Name, runner.Name)
 	}
-	if err := migrations.Grant(ctx, owner.Pool, late.Name, migrations.Writer, cfg); err != nil {
-		t.Errorf("the owner grants it again: %v", err)
+	store, err := eventstore.New(writer.Pool, &eventstore.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
 	}
-	// The owner's own session may take the migration lock (Up again).
-	if _, err := migrations.Up(ctx, owner.Pool, cfg); err != nil {
+	if _, err := store.Append(ctx, "early", eventstore.NoStream, eventstore.EventData{Type: "Placed", Data: map[string]int{}}); err != nil {
+		t.Fatalf("the writer appends through the deployer's function once restricted: %v", err)
+	}
+	// forget_subject takes Forget's lock (the bigint form) as the deployer.
+	if _, err := writer.Pool.Exec(ctx, "SELECT "+ident+".forget_subject('ann')"); err != nil {
+		t.Errorf("the writer forgets a subject once restricted: %v", err)
+	}
+	if err := mayLock(t, runner, "SELECT pg_try_advisory_lock(11, 12)"); err != nil {
+		t.Errorf("the runner the deployer granted, once restricted: %v", err)
+	}
+
+	// The deployer grants again at the next deploy: no superuser needed.
+	for _, g := range []struct {
+		r *role
+		k migrations.RoleKind
+	}{{writer, migrations.Writer}, {runner, migrations.Runner}} {
+		if err := migrations.Grant(ctx, deployer.Pool, g.r.Name, g.k, cfg); err != nil {
+			t.Errorf("the deployer grants %s again once restricted: %v", g.k, err)
+		}
+	}
+	// A new writer's first grant needs no superuser; a new runner's does.
+	if err := migrations.Grant(ctx, deployer.Pool, newWriter.Name, migrations.Writer, cfg); err != nil {
+		t.Errorf("the deployer grants a new writer once restricted: %v", err)
+	}
+	if err := migrations.Grant(ctx, deployer.Pool, newRunner.Name, migrations.Runner, cfg); !errors.Is(err, migrations.ErrNotSuperuser) {
+		t.Fatalf("the deployer grants a new runner once restricted: %v, want ErrNotSuperuser", err)
+	}
+	if _, err := newRunner.Pool.Exec(ctx, "SELECT 1 FROM "+ident+".checkpoints"); err == nil {
+		t.Fatal("a refused grant left the role able to read checkpoints: the grant was not undone")
+	}
+	if err := migrations.Grant(ctx, deployer.Pool, "annals_no_such_role", migrations.Runner, cfg); !errors.Is(err, migrations.ErrRoleNotFound) {
+		t.Errorf("the deployer grants a missing role once restricted: %v, want ErrRoleNotFound", err)
+	}
+	if err := migrations.Grant(ctx, db.Pool, newRunner.Name, migrations.Runner, cfg); err != nil {
+		t.Fatalf("a superuser grants the new runner: %v", err)
+	}
+	if err := mayLock(t, newRunner, "SELECT pg_try_advisory_lock(11, 12)"); err != nil {
+		t.Errorf("a runner a superuser granted after the restriction: %v", err)
+	}
+	if _, err := migrations.Up(ctx, deployer.Pool, cfg); err != nil {
 		t.Errorf("migrate again once restricted: %v", err)
+	}
+
+	// A role named with --owner migrates a new schema; one not named cannot
+	// take the migration lock, and is told what to do.
+	for _, r := range []*role{future, unnamed} {
+		s := "future_" + r.Name[len(r.Name)-6:]
+		t.Cleanup(func() {
+			_, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
+		})
+		_, err := migrations.Up(ctx, r.Pool, &migrations.Config{Schema: s})
+		switch {
+		case r == future && err != nil:
+			t.Errorf("the role named as an owner migrates a new schema: %v", err)
+		case r == unnamed && !errors.Is(err, migrations.ErrNotSuperuser):
+			t.Errorf("a role not named migrates a new schema: %v, want ErrNotSuperuser", err)
+		}
 	}
 }

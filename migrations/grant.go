@@ -55,9 +55,9 @@ var RoleKinds = []RoleKind{Reader, Writer, Runner, Operator}
 // of it again, but not SELECT on audit_log, the console's audit page).
 var grantGroups = map[RoleKind][]string{
 	Reader:   {"schema", "read", "observe"},
-	Writer:   {"schema", "read", "append", "snapshots", "locks_write"},
-	Runner:   {"schema", "read", "observe", "append", "run", "locks_write", "locks_run"},
-	Operator: {"schema", "read", "observe", "append", "run", "operate", "locks_write", "locks_run"},
+	Writer:   {"schema", "read", "append", "snapshots"},
+	Runner:   {"schema", "read", "observe", "append", "run", "locks"},
+	Operator: {"schema", "read", "observe", "append", "run", "operate", "locks"},
 }
 
 // ParseRoleKind returns the kind named s ("reader", "writer", "runner" or
@@ -112,31 +112,39 @@ func GrantSQL(role string, kind RoleKind, cfg *Config) ([]string, error) {
 // Grant gives the existing role exactly what a role of kind needs in the
 // configured schema (see [RoleKind]), in one transaction. It must run as the
 // schema's owner (the role that ran [Up]) or a superuser. The EXECUTE
-// privileges on PostgreSQL's advisory-lock functions (grant.sql's locks
-// groups) are granted only by a superuser, and matter only once
-// [RestrictAdvisoryLocks] took them from PUBLIC; from then on, the first
-// grant of a writer, runner or operator needs a superuser
+// privileges on PostgreSQL's advisory-lock functions that runners and
+// operators get (grant.sql's locks group) are granted only by a superuser,
+// and matter only once [RestrictAdvisoryLocks] took them from PUBLIC; from
+// then on, the first grant of a runner or operator needs a superuser
 // ([ErrNotSuperuser]); granting a role that has its lock functions again
-// (the owner's grants at the next deploy) does not. It only adds
-// privileges: to take a kind's rights away, REVOKE them. A role that does
-// not exist is an error matching [ErrRoleNotFound].
+// (the owner's grants at the next deploy) does not, nor does granting a
+// writer or a reader. It only adds privileges: to take a kind's rights
+// away, REVOKE them. A role that does not exist is an error matching
+// [ErrRoleNotFound].
 func Grant(ctx context.Context, pool *pgxpool.Pool, role string, kind RoleKind, cfg *Config) error {
+	_, err := GrantCounted(ctx, pool, role, kind, cfg)
+	return err
+}
+
+// GrantCounted is [Grant], and returns how many of [GrantSQL]'s statements
+// ran: all of them as a superuser; without the locks group's otherwise.
+func GrantCounted(ctx context.Context, pool *pgxpool.Pool, role string, kind RoleKind, cfg *Config) (int, error) {
 	stmts, err := GrantSQL(role, kind, cfg)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	c, _ := cfg.withDefaults() // validated by GrantSQL
 	blocks, err := grantBlocks(c.Schema, role)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	var lockStmts []string // the kind's statements of the locks groups
-	for _, g := range grantGroups[kind] {
-		if strings.HasPrefix(g, "locks_") {
-			lockStmts = append(lockStmts, blocks[g]...)
-		}
+	var lockStmts []string // the kind's statements of the locks group
+	if slices.Contains(grantGroups[kind], "locks") {
+		lockStmts = blocks["locks"]
 	}
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	ran := 0
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		ran = 0
 		// Concurrent GRANTs on one object fail in PostgreSQL ("tuple
 		// concurrently updated"): grants to one schema take turns.
 		k1, k2 := lockkey.Pair(c.Schema + ":grant")
@@ -154,7 +162,7 @@ func Grant(ctx context.Context, pool *pgxpool.Pool, role string, kind RoleKind, 
 		// The locks groups change pg_catalog's functions, which every
 		// schema of the database shares.
 		locks := false
-		if kind != Reader {
+		if lockStmts != nil {
 			if err := lockFunctionPrivileges(ctx, tx); err != nil {
 				return err
 			}
@@ -172,9 +180,14 @@ func Grant(ctx context.Context, pool *pgxpool.Pool, role string, kind RoleKind, 
 				return errors.Wrapf(err, "migrations: grant %s to %s in schema %s (is the schema migrated, and are you its owner?)",
 					kind, pgx.Identifier{role}.Sanitize(), schemaname.Ident(c.Schema))
 			}
+			ran++
 		}
 		return nil
 	})
+	if err != nil {
+		return 0, err
+	}
+	return ran, nil
 }
 
 // grantBlocks returns the statements of grant.sql by group, rendered for

@@ -2,9 +2,9 @@
 -- A kind of role is a list of groups (see grant.go):
 --
 --   reader:   schema, read, observe
---   writer:   schema, read, append, snapshots, locks_write
---   runner:   schema, read, observe, append, run, locks_write, locks_run
---   operator: schema, read, observe, append, run, operate, locks_write, locks_run
+--   writer:   schema, read, append, snapshots
+--   runner:   schema, read, observe, append, run, locks
+--   operator: schema, read, observe, append, run, operate, locks
 --
 -- {{.Schema}} is the schema and {{.Role}} the role, both quoted identifiers.
 -- One statement per line. The group role_exists is Grant's own check, not
@@ -63,10 +63,16 @@ GRANT EXECUTE ON FUNCTION {{.Schema}}.set_stream_retention(text, interval, bigin
 -- cannot plant a (backdated) erasure record forget_subject never wrote.
 GRANT INSERT (subject, wrapped_key) ON {{.Schema}}.personal_keys TO {{.Role}};
 GRANT EXECUTE ON FUNCTION {{.Schema}}.forget_subject(text) TO {{.Role}};
+-- eventstore inline projections: the retry lock of inline appends to one
+-- stream (a transaction lock on that key only).
+GRANT EXECUTE ON FUNCTION {{.Schema}}.inline_stream_lock(text) TO {{.Role}};
 
 -- name: snapshots
 -- aggregate: LoadSnapshot, SaveSnapshot (an upsert).
 GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.snapshots TO {{.Role}};
+-- aggregate SaveSnapshot: the shared side of Forget's lock (a transaction
+-- lock on that key only).
+GRANT EXECUTE ON FUNCTION {{.Schema}}.snapshot_lock() TO {{.Role}};
 
 -- name: run
 -- checkpoint: Claim, Load, Commit; projection: Stop, FOR SHARE in RecordFailure.
@@ -122,25 +128,20 @@ GRANT SELECT ON {{.Schema}}.archive_runs TO {{.Role}};
 GRANT SELECT, INSERT ON {{.Schema}}.audit_log TO {{.Role}};
 GRANT USAGE ON SEQUENCE {{.Schema}}.audit_log_id_seq TO {{.Role}};
 
--- name: locks_write
--- The advisory-lock functions a writer's own statements call (not the append
--- functions', which run as the schema's owner). They matter once `annals
--- advisory-locks restrict` took them from PUBLIC. Grant runs this group and
--- the next as a superuser only (no other role has the grant option on
--- PostgreSQL's functions). Both take transaction locks only, given back at
--- COMMIT or ROLLBACK:
--- aggregate SaveSnapshot: the shared side of Forget's lock (key <schema>:forget).
-GRANT EXECUTE ON FUNCTION pg_catalog.pg_try_advisory_xact_lock_shared(bigint) TO {{.Role}};
--- eventstore inline projections: the log's ordering lock, in the appending transaction.
-GRANT EXECUTE ON FUNCTION pg_catalog.pg_advisory_xact_lock(integer, integer) TO {{.Role}};
-
--- name: locks_run
--- The advisory-lock functions the leader elections call (advisorylock, the
--- catch-up engine, the scheduler, the relay, archive and scavenge: session
--- locks), and a batch's commit (the fence: a shared try-lock).
+-- name: locks
+-- PostgreSQL's advisory-lock functions the runner's statements call: the
+-- leader elections (advisorylock: the catch-up engine, the scheduler, the
+-- relay, archive, scavenge, rebuilds) take session locks, a batch's commit
+-- a shared try-lock (the fence), read-model setup a transaction lock. They
+-- matter once `annals advisory-locks restrict` took them from PUBLIC. Grant
+-- runs this group as a superuser only (no other role has the grant option
+-- on PostgreSQL's functions). Writers need none: the two locks their own
+-- statements take go through the schema's snapshot_lock and
+-- inline_stream_lock (0034).
 GRANT EXECUTE ON FUNCTION pg_catalog.pg_try_advisory_lock(integer, integer) TO {{.Role}};
 GRANT EXECUTE ON FUNCTION pg_catalog.pg_advisory_lock(integer, integer) TO {{.Role}};
 GRANT EXECUTE ON FUNCTION pg_catalog.pg_try_advisory_xact_lock_shared(integer, integer) TO {{.Role}};
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_advisory_xact_lock(integer, integer) TO {{.Role}};
 
 -- name: role_exists
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1);

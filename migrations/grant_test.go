@@ -162,6 +162,12 @@ func TestAppendFunctionsRunAsOwner(t *testing.T) {
 		if f.public {
 			t.Errorf("%s: PUBLIC may execute it", f.sig)
 		}
+		if f.name == "snapshot_lock" { // snapshot writes: writers only (runners get no snapshots)
+			if !may(writer, f.sig) || may(runner, f.sig) {
+				t.Errorf("%s: want EXECUTE for the writer only (snapshots group of grant.sql)", f.sig)
+			}
+			continue
+		}
 		if f.name == "scavenge" || f.name == "archive" { // remove or move events: operators only
 			if !may(operator, f.sig) || may(writer, f.sig) || may(runner, f.sig) {
 				t.Errorf("%s: want EXECUTE for the operator only (operate group of grant.sql)", f.sig)

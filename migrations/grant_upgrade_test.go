@@ -49,6 +49,11 @@ func TestGrantUpgrade0029(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Functions added after 0028: their migrations grant them to
+			// the roles that may do what they serve (0034).
+			stmts = slices.DeleteFunc(stmts, func(s string) bool {
+				return strings.Contains(s, ".inline_stream_lock(") || strings.Contains(s, ".snapshot_lock(")
+			})
 			replaced := false
 			for i, s := range stmts {
 				if o := strings.Replace(s, "GRANT INSERT (subject, wrapped_key) ON ", "GRANT INSERT ON ", 1); o != s {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/internal/schemaname"
@@ -165,6 +166,13 @@ func up(ctx context.Context, pool *pgxpool.Pool, cfg *Config, edit func([]Migrat
 
 	k1, k2 := schemaname.MigrateLockKey(c.Schema)
 	if _, err := conn.Exec(ctx, q["Lock"], k1, k2); err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42501" {
+			// RestrictAdvisoryLocks took pg_advisory_lock from PUBLIC, and
+			// this role owns no annals schema yet (or was not named).
+			return nil, errors.Wrap(ErrNotSuperuser, "migrations: advisory locks are restricted in this database and this role may not take "+
+				"the migration lock: a superuser runs 'annals advisory-locks restrict --owner ROLE' for the role that migrates (or migrates itself)")
+		}
 		return nil, errors.Wrap(err, "migrations: take the migration lock")
 	}
 	defer func() {

@@ -18,14 +18,15 @@ func (e *env) advisoryLocksCommand() *cobra.Command {
 every role that can connect take any advisory lock: one could hold the log's ordering
 lock and stall every append. 'restrict' (a superuser) takes PostgreSQL's functions that
 take advisory locks from PUBLIC in this database, and grants them to the owners of its
-annals schemas (with the grant option, so that 'annals grant' passes them on), to the
-roles that may append (the writer's: transaction locks only) and to those that may run
-subscribers (the runner's). It changes the whole database, not one schema: another
-program that takes advisory locks in it needs them granted too. 'allow' gives them
-back to PUBLIC (PostgreSQL's default). 'status' shows who may take them.
---output json writes {"restricted", "roles", "owners", "writers", "runners"}.`,
+annals schemas and of their functions, to the roles named with --owner (owners of
+schemas not migrated yet: a first 'annals migrate' takes a lock), and to the roles that
+run subscribers (runners and operators). Writers and readers need none. From then on a
+runner's or operator's first 'annals grant' needs a superuser. It changes the whole
+database, not one schema: another program that takes advisory locks in it needs them
+granted too. 'allow' gives them back to PUBLIC (PostgreSQL's default). 'status' shows
+who may take them. --output json writes {"restricted", "roles", "owners", "runners"}.`,
 		Example: `  annals advisory-locks status
-  annals advisory-locks restrict
+  annals advisory-locks restrict --owner annals_owner
   annals advisory-locks allow --output json`,
 		RunE: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
@@ -47,6 +48,7 @@ back to PUBLIC (PostgreSQL's default). 'status' shows who may take them.
 
 func (e *env) advisoryLocksSubcommand(name, short string) *cobra.Command {
 	var format *string
+	var owners []string
 	cmd := &cobra.Command{
 		Use:   name,
 		Short: short,
@@ -60,7 +62,7 @@ func (e *env) advisoryLocksSubcommand(name, short string) *cobra.Command {
 			var a *migrations.AdvisoryLockAccess
 			switch name {
 			case "restrict":
-				a, err = migrations.RestrictAdvisoryLocks(cmd.Context(), pool)
+				a, err = migrations.RestrictAdvisoryLocks(cmd.Context(), pool, owners...)
 			case "allow":
 				a, err = migrations.AllowAdvisoryLocks(cmd.Context(), pool)
 			default:
@@ -76,6 +78,10 @@ func (e *env) advisoryLocksSubcommand(name, short string) *cobra.Command {
 		},
 	}
 	format = addOutputFlag(cmd, false, outputText, outputJSON)
+	if name == "restrict" {
+		cmd.Flags().StringArrayVar(&owners, "owner", nil,
+			"a role that will own an annals schema not migrated yet: grant it every lock function too (repeatable)")
+	}
 	return cmd
 }
 
@@ -94,7 +100,7 @@ func writeAdvisoryLocks(w io.Writer, a *migrations.AdvisoryLockAccess) error {
 	if a.Restricted {
 		who = "superusers and the roles granted them: " + names(a.Roles)
 	}
-	_, err := fmt.Fprintf(w, "advisory locks may be taken by %s\nannals schema owners: %s\nwriters: %s\nrunners: %s\n",
-		who, names(a.Owners), names(a.Writers), names(a.Runners))
+	_, err := fmt.Fprintf(w, "advisory locks may be taken by %s\nowners of annals schemas and their functions: %s\nrunners and operators: %s\n",
+		who, names(a.Owners), names(a.Runners))
 	return err
 }

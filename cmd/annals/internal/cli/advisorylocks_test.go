@@ -22,6 +22,10 @@ func TestAdvisoryLocksCommand(t *testing.T) {
 	if r := annals(t, db.URL, "grant", "writer", writer); r.code != 0 {
 		t.Fatalf("grant writer: %+v", r)
 	}
+	runner, _ := loginRole(t, db, "r")
+	if r := annals(t, db.URL, "grant", "runner", runner); r.code != 0 {
+		t.Fatalf("grant runner: %+v", r)
+	}
 	status := func(url string) migrations.AdvisoryLockAccess {
 		t.Helper()
 		r := annals(t, url, "advisory-locks", "status", "--output", "json")
@@ -31,18 +35,21 @@ func TestAdvisoryLocksCommand(t *testing.T) {
 		}
 		return a
 	}
-	if a := status(writerURL); a.Restricted || !slices.Contains(a.Writers, writer) {
+	if a := status(writerURL); a.Restricted || !slices.Contains(a.Runners, runner) || slices.Contains(a.Runners, writer) {
 		t.Fatalf("status as the writer before: %+v", a)
 	}
 	if r := annals(t, writerURL, "advisory-locks", "restrict"); r.code != ExitFailure || !strings.Contains(r.stderr, "superuser") {
 		t.Fatalf("restrict as the writer: %+v", r)
 	}
-	r := annals(t, db.URL, "advisory-locks", "restrict")
+	if r := annals(t, db.URL, "advisory-locks", "restrict", "--owner", "annals_no_such_owner"); r.code != ExitFailure || !strings.Contains(r.stderr, "role does not exist") {
+		t.Fatalf("restrict --owner of a missing role: %+v", r)
+	}
+	r := annals(t, db.URL, "advisory-locks", "restrict", "--owner", writer)
 	if r.code != 0 || !strings.HasPrefix(r.stdout, "advisory locks may be taken by superusers and the roles granted them: ") ||
-		!strings.Contains(r.stdout, writer) {
+		!strings.Contains(r.stdout, runner) || !strings.Contains(r.stdout, writer) {
 		t.Fatalf("restrict: %+v", r)
 	}
-	if a := status(writerURL); !a.Restricted || !slices.Contains(a.Roles, writer) {
+	if a := status(writerURL); !a.Restricted || !slices.Contains(a.Roles, runner) || !slices.Contains(a.Roles, writer) {
 		t.Fatalf("status as the writer after: %+v", a)
 	}
 	if r := annals(t, writerURL, "append", "order-1", "order.placed", `{"total": 1}`); r.code != 0 {

@@ -31,10 +31,10 @@ func (e *env) grantCommand() *cobra.Command {
             hold aggregates' state decrypted)
 No role gets INSERT, UPDATE, DELETE or TRUNCATE on events or streams. Run it as the
 schema's owner (the role that ran 'annals migrate'); the role must exist (CREATE ROLE).
-Writers, runners and operators also get EXECUTE on the advisory-lock functions their
+Runners and operators also get EXECUTE on PostgreSQL's advisory-lock functions their
 statements call (the last lines of --print), granted only when run as a superuser:
 they matter once 'annals advisory-locks restrict' took them from PUBLIC, and from then
-on a role's first grant needs a superuser.
+on a runner's or operator's first grant needs a superuser.
 --print writes the SQL instead of running it. --output json writes what was granted as
 {"role", "kind", "schema", "statements"} (statements: how many ran).`,
 		Example: `  annals grant writer orders_app
@@ -80,13 +80,14 @@ on a role's first grant needs a superuser.
 				return err
 			}
 			defer pool.Close()
-			if err := migrations.Grant(cmd.Context(), pool, role, kind, cfg); err != nil {
+			ran, err := migrations.GrantCounted(cmd.Context(), pool, role, kind, cfg)
+			if err != nil {
 				return err
 			}
 			if *format == outputJSON {
-				return writeJSON(e.stdout, GrantJSON{Role: role, Kind: kind.String(), Schema: e.schema, Statements: len(stmts)})
+				return writeJSON(e.stdout, GrantJSON{Role: role, Kind: kind.String(), Schema: e.schema, Statements: ran})
 			}
-			_, err = fmt.Fprintf(e.stdout, "granted %s to %s (%d statements)\n", kind, role, len(stmts))
+			_, err = fmt.Fprintf(e.stdout, "granted %s to %s (%d statements)\n", kind, role, ran)
 			return err
 		},
 	}

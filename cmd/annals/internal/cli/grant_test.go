@@ -198,12 +198,12 @@ func documentedPrivileges() map[string][]string {
 		"append_one(text, bigint, uuid, text, text, text, boolean)",
 		"delete_stream(text, bigint, boolean, jsonb)",
 		"set_stream_retention(text, interval, bigint, bigint)",
-		"forget_subject(text)"),
+		"forget_subject(text)", "inline_stream_lock(text)"),
 		// Not the whole table: created_at takes its default, forgotten_at
 		// stays NULL (no forged erasure records).
 		on("column", []string{"INSERT"}, "personal_keys(subject)", "personal_keys(wrapped_key)"))
 	reader := slices.Concat(read, observe)
-	writer := slices.Concat(read, appendRights, on("table", siu, "snapshots"))
+	writer := slices.Concat(read, appendRights, on("table", siu, "snapshots"), exec("snapshot_lock()"))
 	runner := slices.Concat(reader, appendRights,
 		on("table", siu, "checkpoints", "subscriber_layouts", "dead_letters", "cron_tasks", "read_model_setups", "read_model_generations"),
 		on("table", siud, "instances", "failures", "timers", "saga_states"),
@@ -270,7 +270,9 @@ func TestGrantedAsDocumented(t *testing.T) {
 		{"reader", "runner", nil},
 		{"runner", "operator", nil},
 		{"reader", "writer", observe},
-		{"writer", "runner", func(p string) bool { return strings.HasPrefix(p, "table snapshots ") }},
+		{"writer", "runner", func(p string) bool {
+			return strings.HasPrefix(p, "table snapshots ") || p == "function snapshot_lock() EXECUTE"
+		}},
 	} {
 		for _, p := range slices.Sorted(maps.Keys(got[c.sub])) {
 			if !got[c.super][p] && (c.except == nil || !c.except(p)) {
