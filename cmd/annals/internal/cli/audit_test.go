@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
@@ -135,8 +136,17 @@ func TestCLIActionsAudited(t *testing.T) {
 			t.Fatalf("annals %q: %+v", args, r)
 		}
 	}
+	// A cancel that cancels nothing (exit 3) records nothing; one that
+	// cancels, without $ANNALS_ACTOR, records cli:user@host.
 	if r := annals(t, db.URL, "schedule", "cancel", "0191d6a4-0000-7000-8000-0000000000aa"); r.code != ExitNotFound {
 		t.Fatalf("schedule cancel of an unknown timer: %+v", r)
+	}
+	timer, err := s.Schedule(ctx, nil, time.Now().Add(time.Hour), "order-1", eventstore.EventData{Type: "order.expired", Data: map[string]any{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := annals(t, db.URL, "schedule", "cancel", timer.String()); r.code != 0 {
+		t.Fatalf("schedule cancel: %+v", r)
 	}
 	rows := auditRows(t, db)[1:] // after the long actor's
 	want := []struct{ action, target string }{
@@ -149,7 +159,7 @@ func TestCLIActionsAudited(t *testing.T) {
 		{"cron.pause", "cron_task nightly"},
 		{"cron.resume", "cron_task nightly"},
 		{"cron.delete", "cron_task nightly"},
-		{"timer.cancel", "timer 0191d6a4-0000-7000-8000-0000000000aa"},
+		{"timer.cancel", "timer " + timer.String()},
 	}
 	if len(rows) != len(want) {
 		t.Fatalf("%d audit entries, want %d: %+v", len(rows), len(want), rows)
