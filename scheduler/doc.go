@@ -33,16 +33,18 @@
 // Schedule validates and encodes the append at once (eventstore.Encode: bad
 // input is an error then, and event IDs are fixed), and stores it in the
 // timers table, in the caller's transaction if one is given: the timer
-// exists only if that transaction commits. The payload column is json (since
-// migration 0033; jsonb rewrote it, and spelled 1e131000 out in 131,001
-// digits): the encoded append is kept byte for byte and sent as stored when
-// the timer fires, where eventstore measures each event against
-// MaxEventBytes again. That append is an append_events call, whose argument
-// is jsonb, so Schedule also refuses a number jsonb cannot hold (beyond
-// numeric's range), which could never be appended: Go finds the numbers
-// that might be (payload.go), PostgreSQL's jsonb_storable decides. The same statement sends a
-// NOTIFY on TimersChannel(schema), which PostgreSQL delivers at commit. A
-// timer whose time has passed already fires at once.
+// exists only if that transaction commits. The encoded append goes to the
+// json column payload_json (since migration 0033; the jsonb column payload
+// rewrote it, and spelled 1e131000 out in 131,001 digits, and keeps the
+// payloads of timers stored before, which fire from there): it is kept byte
+// for byte and sent as stored when the timer fires, where eventstore
+// measures each event against MaxEventBytes again. That append is an
+// append_events call, whose argument is jsonb, so Schedule also refuses a
+// number jsonb cannot hold (beyond numeric's range), which could never be
+// appended: Go finds the numbers that might be (payload.go), PostgreSQL's
+// jsonb_storable decides. The same statement sends a NOTIFY on
+// TimersChannel(schema), which PostgreSQL delivers at commit. A timer whose
+// time has passed already fires at once.
 //
 // A timer is pending until it fires, is cancelled, or fails for good:
 //

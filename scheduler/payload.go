@@ -12,8 +12,9 @@ import (
 )
 
 // A timer's payload is its eventstore.EncodedAppend as JSON, stored in
-// timers.payload (json since migration 0033: the text as written, byte for
-// byte). When the timer fires, the append goes through append_events, whose
+// timers.payload_json (json, since migration 0033: the text as written, byte
+// for byte). A timer stored before 0033 keeps its payload in the jsonb column
+// payload (and payload_json NULL); the scheduler reads whichever is set. When the timer fires, the append goes through append_events, whose
 // events argument is jsonb: the server then parses the events, and stores
 // each event's data as jsonb renders it, as for every append made in a
 // transaction (Transact, AppendTx).

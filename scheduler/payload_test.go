@@ -16,9 +16,9 @@ import (
 	"github.com/annals-dev/annals/eventstore"
 )
 
-// A timer keeps its encoded append byte for byte (timers.payload is json
-// since migration 0033; as jsonb it was rewritten: keys sorted, a duplicate
-// key dropped, 1e2 spelled 100), and its payload is not compacted or
+// A timer keeps its encoded append byte for byte (in timers.payload_json,
+// json, since migration 0033; the jsonb column payload rewrote it: keys
+// sorted, a duplicate key dropped, 1e2 spelled 100), and its payload is not compacted or
 // HTML-escaped on the way (json.Marshal did both). When it fires, the
 // append is sent as stored, and its event is what the same event appended
 // in a transaction (Transact) is.
@@ -39,7 +39,7 @@ func TestTimerPayloadKeptByteForByte(t *testing.T) {
 		t.Fatal(err)
 	}
 	var payload []byte
-	if err := db.Pool.QueryRow(ctx, `SELECT payload::text FROM annals.timers WHERE id = $1`, id).Scan(&payload); err != nil {
+	if err := db.Pool.QueryRow(ctx, `SELECT payload_json::text FROM annals.timers WHERE id = $1 AND payload IS NULL`, id).Scan(&payload); err != nil {
 		t.Fatal(err)
 	}
 	var stored eventstore.EncodedAppend
@@ -94,8 +94,8 @@ func hugeNumbers() json.RawMessage {
 // A timer whose event is 1.5 KB as encoded is 1.5 KB as stored (as jsonb
 // it was stored, and sent when it fired, as 13 MB, past MaxEventBytes).
 // And when it fires the append is measured again: a timer whose payload is
-// over MaxEventBytes by then (a row stored as jsonb before migration 0033
-// keeps jsonb's spelling, which the UPDATE below reproduces) fails for good
+// over MaxEventBytes by then (a row stored before migration 0033 keeps its
+// jsonb payload, in jsonb's spelling, which the UPDATE below reproduces) fails for good
 // with an *InvalidEventError naming the limit, and appends nothing.
 func TestTimerPayloadSizeKeptAndCheckedWhenFired(t *testing.T) {
 	t.Parallel()
@@ -108,11 +108,11 @@ func TestTimerPayloadSizeKeptAndCheckedWhenFired(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, db, `SELECT octet_length(payload::text) FROM annals.timers WHERE id = $1`, id); n > len(data)+200 {
+	if n := count(t, db, `SELECT octet_length(payload_json::text) FROM annals.timers WHERE id = $1`, id); n > len(data)+200 {
 		t.Fatalf("the timer's payload is %d bytes for %d bytes of data", n, len(data))
 	}
 
-	if _, err := db.Pool.Exec(ctx, `UPDATE annals.timers SET payload = payload::jsonb::text::json WHERE id = $1`, id); err != nil {
+	if _, err := db.Pool.Exec(ctx, `UPDATE annals.timers SET payload = payload_json::jsonb, payload_json = NULL WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
 	if n := fireDue(t, s); n != 0 {

@@ -3,10 +3,11 @@
 -- taken from the scheduler's Clock, never the database's now().
 
 -- name: InsertTimer
--- One statement: the insert and the wake-up NOTIFY ($7 is the channel), which
--- PostgreSQL sends when the surrounding transaction commits.
+-- One statement: the insert and the wake-up NOTIFY ($6 is the channel), which
+-- PostgreSQL sends when the surrounding transaction commits. The payload goes
+-- to payload_json, kept byte for byte (migration 0033).
 WITH ins AS (
-    INSERT INTO {{.Schema}}.timers (id, due_at, stream_id, payload, owner)
+    INSERT INTO {{.Schema}}.timers (id, due_at, stream_id, payload_json, owner)
     VALUES ($1, $2, $3, $4, $5)
     RETURNING id
 )
@@ -36,14 +37,15 @@ SELECT set_config('idle_in_transaction_session_timeout', $1::text, true),
 -- dispatcher holds are skipped, not waited for; the deletes only become
 -- visible if the claiming transaction (which then appends) commits.
 -- RETURNING does not keep the subquery's order: the client sorts the claim
--- by due_at, id before appending.
+-- by due_at, id before appending. The payload is payload_json, as written,
+-- or for a timer stored before migration 0033 its jsonb payload.
 DELETE FROM {{.Schema}}.timers t
  WHERE t.id IN (SELECT id FROM {{.Schema}}.timers
                  WHERE failed_at IS NULL AND due_at <= $1
                  ORDER BY due_at, id
                  LIMIT $2
                    FOR UPDATE SKIP LOCKED)
-RETURNING t.id, t.payload, t.attempts, t.due_at;
+RETURNING t.id, coalesce(t.payload_json::text, t.payload::text), t.attempts, t.due_at;
 
 -- name: ClaimTimer
 -- The slow path after a failed batch: claim one timer (if still due and not
@@ -52,7 +54,7 @@ DELETE FROM {{.Schema}}.timers t
  WHERE t.id IN (SELECT id FROM {{.Schema}}.timers
                  WHERE id = $1 AND failed_at IS NULL AND due_at <= $2
                    FOR UPDATE SKIP LOCKED)
-RETURNING t.id, t.payload, t.attempts, t.due_at;
+RETURNING t.id, coalesce(t.payload_json::text, t.payload::text), t.attempts, t.due_at;
 
 -- name: FailTimer
 -- Records a failed attempt: $3 the new due time (retry) or $4 the time it
@@ -96,9 +98,10 @@ SELECT min(due_at) FROM {{.Schema}}.timers WHERE failed_at IS NULL;
 
 -- name: ListTimers
 -- Failed timers first (they need an operator), then pending ones by due time.
+-- The payload is payload_json, or payload for a timer stored before 0033.
 SELECT id, due_at, stream_id, owner, attempts, coalesce(last_error, ''), failed_at, created_at,
-       coalesce((payload->>'count')::int, 0),
-       coalesce(payload->'events'->0->>'type', '')
+       coalesce((payload_json->>'count')::int, (payload->>'count')::int, 0),
+       coalesce(payload_json->'events'->0->>'type', payload->'events'->0->>'type', '')
   FROM {{.Schema}}.timers
  ORDER BY failed_at IS NULL, due_at, id
  LIMIT $1;

@@ -6,13 +6,28 @@
 -- digits, so that a 1.5 KB timer of a hundred such numbers was stored, and
 -- sent again when it fired, as 13 MB, past the client's MaxEventBytes),
 -- and a number beyond numeric's range failed Schedule with a bare 22003.
--- As json the payload is the text the scheduler wrote, byte for byte, and
--- the dispatcher sends it as stored (measuring each event again against
--- MaxEventBytes). Rows stored before keep jsonb's rendering.
+-- New timers are stored in payload_json, as json: the text the scheduler
+-- wrote, byte for byte, sent as stored when the timer fires (each event
+-- measured again against MaxEventBytes). Rows stored before keep their
+-- jsonb payload, and payload_json NULL; the scheduler reads
+-- coalesce(payload_json::text, payload::text).
 --
--- The scheduler reads payload with the operators json shares with jsonb
--- (->, ->>), and only as the whole text otherwise.
-ALTER TABLE {{.Schema}}.timers ALTER COLUMN payload TYPE json USING payload::json;
+-- Not ALTER COLUMN payload TYPE json: that rewrites the table and rebuilds
+-- its indexes under an ACCESS EXCLUSIVE lock, held until the whole upgrade
+-- commits (Up applies the pending migrations in one transaction), and every
+-- dispatcher, Cancel and Schedule waits meanwhile (a million timers took
+-- seconds). A nullable column without a default, dropping a NOT NULL and a
+-- NOT VALID check change the catalog only: none of them reads or writes a
+-- row. The check holds for every row written from now on; the rows before
+-- it all have a payload (the column was NOT NULL), so validating it (a scan
+-- of the table, under this transaction's lock) would prove nothing new.
+ALTER TABLE {{.Schema}}.timers
+    ADD COLUMN payload_json json,
+    ALTER COLUMN payload DROP NOT NULL,
+    ADD CONSTRAINT timers_payload_present
+        CHECK (payload IS NOT NULL OR payload_json IS NOT NULL) NOT VALID;
 
 COMMENT ON COLUMN {{.Schema}}.timers.payload IS
-    'annals: the timer''s encoded append (an eventstore.EncodedAppend) as the scheduler wrote it, byte for byte; sent as stored when the timer fires.';
+    'annals: the encoded append (an eventstore.EncodedAppend) of a timer stored before migration 0033, as jsonb rendered it; NULL for later timers, whose payload is payload_json.';
+COMMENT ON COLUMN {{.Schema}}.timers.payload_json IS
+    'annals: the timer''s encoded append (an eventstore.EncodedAppend) as the scheduler wrote it, byte for byte; sent as stored when the timer fires. NULL for a timer stored before migration 0033 (its payload is in payload).';
