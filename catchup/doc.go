@@ -70,7 +70,8 @@
 //	            entries: wait RetryBackoff (and warn once), READ
 //	IDLE      write a buffered checkpoint if due; wait for a signal, PollInterval
 //	          (or, sooner, the processor's next deadline: IdleDeadliner, an
-//	          observer's CheckpointInterval), an announced fence of the
+//	          observer's CheckpointInterval; a deadline that Idle did not
+//	          move past: RetryBackoff), an announced fence of the
 //	          partition, lock loss or a handover request
 //	            signal, fence or timeout -> READ (a fence: the read finds the
 //	                                   epoch changed)

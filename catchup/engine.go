@@ -311,9 +311,19 @@ type Processor interface {
 // written every interval. A caught-up subscription then waits idle only
 // until NextIdle (when that is sooner than its poll interval), and calls
 // Idle again; without it, Idle is called once per poll interval or signal.
+// Each idle wake is followed by a read of the log.
+//
+// A wrapper that embeds another Processor hides this method: it must
+// forward NextIdle itself (the zero time when the wrapped one has none).
 type IdleDeadliner interface {
 	// NextIdle returns when Idle next has work due, or the zero time when
 	// it has none. It is called right after Idle, on the same goroutine.
+	//
+	// After an Idle that returned nil, the work that was due is done: a
+	// deadline that had passed when Idle was called must then move into the
+	// future (or become zero). One that is still not in the future is taken
+	// for work Idle cannot do yet, and Idle is called again only after
+	// RetryBackoff, as after an Idle that failed, rather than at once.
 	NextIdle() time.Time
 }
 
@@ -797,11 +807,16 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 	// poll interval, the processor's next deadline (IdleDeadliner), or the
 	// lock's loss.
 	deadliner, _ := sub.Processor.(IdleDeadliner)
+	// due is the deadline NextIdle returned last (zero: none).
+	var due time.Time
 	idle := func() error {
 		// floor keeps a deadline already past (a write that failed, or that
 		// came due just now) from spinning: after a failure the write is
-		// tried again after RetryBackoff, as a failed batch is.
+		// tried again after RetryBackoff, as a failed batch is, and so is
+		// a deadline that Idle, called after it, did not move (see
+		// IdleDeadliner): 1 ms waits would each be followed by a read.
 		floor := time.Millisecond
+		called := time.Now()
 		if err := sub.Processor.Idle(procCtx, lease); err != nil {
 			if isFatal(err) {
 				return err
@@ -814,7 +829,12 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			d = e.cfg.ReadPollInterval
 		}
 		if deadliner != nil {
-			if next := deadliner.NextIdle(); !next.IsZero() {
+			next := deadliner.NextIdle()
+			if !due.IsZero() && !called.Before(due) && !next.IsZero() && time.Until(next) <= 0 {
+				floor = e.cfg.RetryBackoff
+			}
+			due = next
+			if !next.IsZero() {
 				d = min(d, max(time.Until(next), floor))
 			}
 		}

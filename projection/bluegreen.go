@@ -856,6 +856,9 @@ func (p *gatedProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) er
 	return p.Processor.Redeliver(ctx, lease)
 }
 
+// NextIdle forwards the wrapped processor's (catchup.IdleDeadliner).
+func (p *gatedProcessor) NextIdle() time.Time { return nextIdle(p.Processor) }
+
 // cutover tries once to make generation to of name live: in one
 // transaction it locks the live generation's checkpoints (waiting for its
 // leader's batch in flight and holding the next), then the new one's, and

@@ -1043,6 +1043,16 @@ func (p *observerProcessor) NextIdle() time.Time {
 	return p.batcher.Due()
 }
 
+// nextIdle is p's NextIdle if it implements catchup.IdleDeadliner, else the
+// zero time (no deadline). A wrapper that embeds a catchup.Processor
+// forwards NextIdle through it: the embedding alone hides the method.
+func nextIdle(p catchup.Processor) time.Time {
+	if d, ok := p.(catchup.IdleDeadliner); ok {
+		return d.NextIdle()
+	}
+	return time.Time{}
+}
+
 // End writes the checkpoint: a graceful shutdown re-delivers nothing.
 func (p *observerProcessor) End(ctx context.Context, _ *catchup.Lease) error {
 	if p.batcher == nil {

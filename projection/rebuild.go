@@ -731,6 +731,9 @@ func (c *countingProcessor) Process(ctx context.Context, lease *catchup.Lease, b
 	return pos, err
 }
 
+// NextIdle forwards the wrapped processor's (catchup.IdleDeadliner).
+func (c *countingProcessor) NextIdle() time.Time { return nextIdle(c.Processor) }
+
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
