@@ -80,6 +80,9 @@ GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.checkpoints TO {{.Role}};
 -- catchup: RecordLayout, the subscriber's partition layout, recorded at its
 -- first run (replaced while none of its checkpoints moved past 0).
 GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.subscriber_layouts TO {{.Role}};
+-- relay: what its JetStream stream had acknowledged at each checkpoint commit
+-- (an upsert), read at each leadership's start.
+GRANT SELECT, INSERT, UPDATE ON {{.Schema}}.relay_acks TO {{.Role}};
 -- projection: Register, Heartbeat, Deregister (and expiry of dead instances).
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{.Schema}}.instances TO {{.Role}};
 -- projection: RecordFailure, RetryAt, ForgetFailures (also on rebuild).

@@ -277,6 +277,7 @@ func TestWriterRole(t *testing.T) {
 		fmt.Sprintf(`DELETE FROM %s`, rel(db, "snapshots")),
 		fmt.Sprintf(`DELETE FROM %s`, rel(db, "dead_letters")),
 		fmt.Sprintf(`SELECT * FROM %s`, rel(db, "timers")),
+		fmt.Sprintf(`SELECT * FROM %s`, rel(db, "relay_acks")),
 	)
 }
 
@@ -508,8 +509,24 @@ func testRunnerAndOperatorRoles(t *testing.T, restricted bool) {
 		return q(fmt.Sprintf("SELECT count(*) FROM %s WHERE stream_id IN ('timed', 'ticks')", rel(db, "events"))) >= 2
 	}) // the runner's scheduler fires the timer and a tick
 
+	// The relay's record of what its stream acknowledged (an upsert, read at
+	// each leadership's start); a runner does not delete it.
+	acks := fmt.Sprintf(`INSERT INTO %s (subscriber_id, stream, stream_created_ns, stream_sequence, position)
+		VALUES ('relay', 'ANNALS', 1, 2, 3)
+		ON CONFLICT (subscriber_id, partition) DO UPDATE SET stream_sequence = EXCLUDED.stream_sequence`, rel(db, "relay_acks"))
+	for range 2 {
+		if _, err := run.Pool.Exec(ctx, acks); err != nil {
+			t.Fatalf("runner records a relay's acknowledged sequence: %v", err)
+		}
+	}
+	var seq int64
+	if err := run.Pool.QueryRow(ctx, fmt.Sprintf(`SELECT stream_sequence FROM %s`, rel(db, "relay_acks"))).Scan(&seq); err != nil || seq != 2 {
+		t.Fatalf("runner reads a relay's acknowledged sequence: %d, %v", seq, err)
+	}
+
 	// What the runner may not do: write the log, purge dead letters, delete tasks.
 	denyAll(t, run,
+		fmt.Sprintf(`DELETE FROM %s`, rel(db, "relay_acks")),
 		fmt.Sprintf(`INSERT INTO %s (global_sequence, event_id, stream_id, stream_version, event_type, data)
 		             VALUES (999999, gen_random_uuid(), 'forged', 1, 'Forged', '{}')`, rel(db, "events")),
 		fmt.Sprintf(`DELETE FROM %s`, rel(db, "dead_letters")),

@@ -75,17 +75,26 @@
 // acknowledges a message before it writes it to disk (sync_interval, 2
 // minutes by default), so a crash of the server's machine, or its store
 // restored from a backup, loses the newest messages: the stream's newest
-// message is then below the relay's checkpoint. At the start of each
-// leadership, when the log holds events for the stream between the two (of
-// the relay's types, and within max_payload: an event over it is past the
-// checkpoint only because an operator moved the relay past it), the relay
-// logs an ERROR, moves its checkpoint back to the stream's newest message
-// (fenced by the epoch, and only from where the leadership found it) and
-// publishes from there, chained on that message: each lost event once, in
-// order. A checkpoint moved forward by hand over events the relay could
-// publish is undone the same way. An empty stream that never held a
-// message tells nothing of what it lost: the relay publishes from its
-// checkpoint on and logs so, as for a stream made again (see "The
+// message is then below the relay's checkpoint. So it is for other reasons
+// (a relay of some types moves past the events of others; an operator moves
+// it past an event NATS refuses), and the log cannot tell them apart; the
+// stream can. With each checkpoint commit, in the same transaction and
+// fenced as it is, the relay records the JetStream sequence of the last
+// message acknowledged and the stream's name and creation time (table
+// relay_acks). At the start of each leadership, when the stream's newest
+// message is below the checkpoint and the stream is the one recorded with a
+// last sequence below the recorded one, it lost what it had acknowledged:
+// the relay logs an ERROR, moves its checkpoint back to the stream's newest
+// message (fenced by the epoch, and only from where the leadership found
+// it) and publishes from there, chained on that message: each lost event
+// once, in order; an event over max_payload up to where the leadership
+// found the checkpoint is passed over again (an operator had moved the
+// relay past it). Nothing else moves the checkpoint back: a checkpoint an
+// operator moved forward stays, types added to the relay are published from
+// the checkpoint on, and a purge keeps the stream's last sequence. A relay
+// with nothing recorded yet does not move back. An empty stream that never
+// held a message tells nothing of what it lost: the relay publishes from
+// its checkpoint on and logs so, as for a stream made again (see "The
 // stream"). Keep what JetStream acknowledges with sync_interval: always on
 // the server, or a stream of three replicas (Config.Replicas).
 //

@@ -43,6 +43,18 @@ type publisher struct {
 	// lastSeq is the stream's last sequence then: what the first message
 	// into an empty stream expects (message).
 	lastSeq uint64
+	// created is the stream's creation time (Unix nanoseconds), and ackSeq
+	// the stream sequence of the last message acknowledged (the stream's
+	// last sequence at the start until one is): what each checkpoint
+	// commit records (RecordAcked), for the next leaderships to tell a
+	// stream that lost acknowledged messages (behind).
+	created int64
+	ackSeq  uint64
+	// refillTo is the checkpoint this leadership found, when it moved it
+	// back to publish what the stream lost (behind); 0 otherwise. An event
+	// over max_payload at or below it was moved past by an operator
+	// before: it is passed over again, not waited on.
+	refillTo int64
 
 	// prevID is the ID of the last event published (acknowledged or not).
 	prevID string
@@ -98,6 +110,7 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 	// acknowledged as Process skips it (not here: the engine relies on
 	// every commit being at or below a position Process has returned).
 	p.synced, p.lastPos, p.lastID, p.prevID, p.lastSeq = true, st.pos, st.id, st.id, st.seq
+	p.created, p.ackSeq = st.created.UnixNano(), st.seq
 	p.through, p.acked, p.committed, p.lastCommit = lease.Start, lease.Start, lease.Start, time.Now()
 	if p.r.onStarted != nil {
 		p.r.onStarted()
@@ -107,18 +120,24 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 
 // behind looks at a stream whose newest message is below the checkpoint.
 //
-// When the log holds events for the stream between the two (events matching
-// the relay's types that NATS would take: one over max_payload is there only
-// because an operator moved the checkpoint past it), the stream has lost
-// them (JetStream acknowledges a message before it writes it to disk, so a
-// crash of the server's machine loses the newest, and so does a store
-// restored from a backup; or an operator moved the checkpoint forward). The
-// relay publishes them again: it moves its checkpoint back to the stream's
-// newest message, fenced by the lease's epoch and only from where the
-// leadership found it, and starts the leadership there (lease.Start, from
-// which the engine reads once Start returns), chained on that message, so
-// each lands once, in order. A leader that dies on the way leaves the
-// checkpoint at or below what the stream holds, as any leader does.
+// That is normal: a relay of some types moves its checkpoint past the
+// events of others, and an operator moves it past an event NATS refuses
+// (over max_payload, a stream limit, a permission). It is a loss only when
+// the stream no longer holds messages it acknowledged: JetStream
+// acknowledges a message before it writes it to disk, so a crash of the
+// server's machine loses the newest, and so does a store restored from a
+// backup. The stream tells (lost): its last sequence is below the one the
+// relay recorded with its checkpoint (RecordAcked), and it is the same
+// stream (name and creation time). Then the relay publishes the lost
+// messages again: it moves its checkpoint back to the stream's newest
+// message, fenced by the lease's epoch and only from where the leadership
+// found it, and starts the leadership there (lease.Start, from which the
+// engine reads once Start returns), chained on that message, so each lands
+// once, in order; an event over max_payload up to where it found the
+// checkpoint is passed over (refillTo), as an operator had. A leader that
+// dies on the way leaves the checkpoint at or below what the stream holds,
+// as any leader does. A relay with nothing recorded (the first run of a
+// version that records) does not move back.
 //
 // An empty stream that never held a message (made by hand, or restored from
 // before the relay's first publish) tells nothing of what it lost: the relay
@@ -135,8 +154,8 @@ func (p *publisher) behind(ctx context.Context, lease *catchup.Lease, st stored)
 		}
 		return nil
 	}
-	lost, err := p.firstLost(ctx, st, lease.Start)
-	if err != nil || lost == 0 {
+	acked, err := p.lost(ctx, lease, st)
+	if err != nil || acked == 0 {
 		return err
 	}
 	q, err := p.r.queries()
@@ -153,62 +172,49 @@ func (p *publisher) behind(ctx context.Context, lease *catchup.Lease, st stored)
 	}); err != nil {
 		return err
 	}
-	p.r.cfg.Logger.ErrorContext(ctx, fmt.Sprintf("annals: the relay's JetStream stream %s lacks events JetStream had acknowledged: its newest message is event %d, "+
-		"but the relay's checkpoint was at %d and the log holds events for the stream in between (the first: %d). "+
+	p.r.cfg.Logger.ErrorContext(ctx, fmt.Sprintf("annals: the relay's JetStream stream %s lost messages it had acknowledged: its last sequence is %d "+
+		"(its newest message is event %d), but it had acknowledged through sequence %d when the relay last committed its checkpoint, now at %d. "+
 		"JetStream acknowledges a message before it writes it to disk (sync_interval, 2 minutes by default), so the server's machine crashed, "+
-		"or its store was restored from a backup (or the checkpoint was moved forward by hand). "+
-		"The relay moved its checkpoint back to %d and publishes them again, each once, in order. "+
+		"or its store was restored from a backup. "+
+		"The relay moved its checkpoint back to %d and publishes the lost events again, each once, in order. "+
 		"To keep what JetStream acknowledges: sync_interval: always in the server's jetstream block, or a stream of 3 replicas",
-		p.r.cfg.Stream, st.pos, lease.Start, lost, st.pos),
+		p.r.cfg.Stream, st.seq, st.pos, acked, lease.Start, st.pos),
 		slog.String("relay", p.r.cfg.Name), slog.String("stream", p.r.cfg.Stream),
-		slog.Int64("stream_position", st.pos), slog.Int64("checkpoint", lease.Start), slog.Int64("first_lost", lost))
+		slog.Uint64("stream_sequence", st.seq), slog.Uint64("acknowledged_sequence", acked),
+		slog.Int64("stream_position", st.pos), slog.Int64("checkpoint", lease.Start))
+	p.refillTo = lease.Start
 	lease.Start = st.pos
 	return nil
 }
 
-// firstLost returns the position of the first event after the stream's
-// newest message (st), through the checkpoint cp, that the relay would
-// have published: of a type it relays, and within NATS's max_payload (an
-// event over it is past the checkpoint only because an operator moved the
-// relay past it, as its log says to). 0 when there is none.
-func (p *publisher) firstLost(ctx context.Context, st stored, cp int64) (int64, error) {
+// lost returns the stream sequence the relay recorded as acknowledged at
+// its last checkpoint commit (RecordAcked) when the stream st is the one it
+// recorded (name and creation time) and its last sequence is below that:
+// the stream lost acknowledged messages. 0 otherwise, and when nothing is
+// recorded. A purge keeps the stream's last sequence, and so does not
+// count; nor do the relay's types changed, or its checkpoint moved forward
+// by an operator: the stream holds what it acknowledged.
+func (p *publisher) lost(ctx context.Context, lease *catchup.Lease, st stored) (uint64, error) {
 	q, err := p.r.queries()
 	if err != nil {
 		return 0, err
 	}
-	var regex *string
-	if re := p.r.filter.Regex(); re != "" {
-		regex = &re
+	var (
+		stream  string
+		created int64
+		seq     int64
+	)
+	err = p.r.pool.QueryRow(ctx, q["LoadAcked"], lease.Subscriber, lease.Partition).Scan(&stream, &created, &seq)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
 	}
-	for after := st.pos; ; {
-		var pos int64
-		err := p.r.pool.QueryRow(ctx, q["NextMatch"], after, cp, regex).Scan(&pos)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return 0, nil
-		}
-		if err != nil {
-			return 0, errors.Wrapf(err, "relay: look for events after %d", after)
-		}
-		var e eventstore.Event
-		for e, err = range p.r.store.ReadAll(ctx, pos) {
-			break
-		}
-		if err != nil {
-			return 0, errors.Wrapf(err, "relay: read event %d", pos)
-		}
-		if e.GlobalSequence != pos {
-			after = pos // gone since (retention)
-			continue
-		}
-		msg, _, err := p.message(e, st.id, st.seq)
-		if err != nil {
-			return 0, err
-		}
-		if !p.overMaxPayload(msg) {
-			return pos, nil
-		}
-		after = pos
+	if err != nil {
+		return 0, errors.Wrap(err, "relay: read the stream sequence acknowledged at the checkpoint")
 	}
+	if stream != p.r.cfg.Stream || created != st.created.UnixNano() || seq <= 0 || st.seq >= uint64(seq) {
+		return 0, nil
+	}
+	return uint64(seq), nil
 }
 
 // message returns the message of event e and the options to publish it
@@ -240,21 +246,6 @@ func (p *publisher) message(e eventstore.Event, prev string, seq uint64) (*nats.
 	return msg, opts, nil
 }
 
-// overMaxPayload reports whether NATS refuses msg for its size, with the
-// headers a publish adds to it (of their longest).
-func (p *publisher) overMaxPayload(msg *nats.Msg) bool {
-	m := *msg
-	m.Header = nats.Header{}
-	for k, v := range msg.Header {
-		m.Header[k] = v
-	}
-	id := msg.Header.Get(HeaderEventID)
-	m.Header.Set(jetstream.MsgIDHeader, id)
-	m.Header.Set(jetstream.ExpectedStreamHeader, p.r.cfg.Stream)
-	m.Header.Set(jetstream.ExpectedLastMsgIDHeader, id)
-	return int64(m.Size()-len(m.Subject)-len(m.Reply)) > p.r.js.Conn().MaxPayload()
-}
-
 // Process publishes the batch's events (those the stream does not hold
 // yet), chained (message), then collects the acknowledgements that have
 // come in, waiting only for those of earlier batches, and commits the
@@ -278,6 +269,18 @@ func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch cat
 			return batch.After, p.fail(ctx, lease, err)
 		}
 		f, err := p.r.js.PublishMsgAsync(msg, opts...)
+		if errors.Is(err, nats.ErrMaxPayload) && e.GlobalSequence <= p.refillTo {
+			// Published again after the stream lost it, below where the
+			// checkpoint was: an operator moved the relay past this event
+			// before, as the error below says to. Passed over again, as
+			// acknowledged (as an event that does not match).
+			p.r.cfg.Logger.WarnContext(ctx, "annals: the relay passes over an event over max_payload again, publishing what the stream lost",
+				slog.String("relay", p.r.cfg.Name), slog.Int64("position", e.GlobalSequence), slog.Int64("checkpoint_was", p.refillTo))
+			if len(p.inflight) == 0 {
+				p.acked = max(p.acked, e.GlobalSequence)
+			}
+			continue
+		}
 		if errors.Is(err, nats.ErrMaxPayload) {
 			// Retrying cannot help, and every later event waits behind
 			// this one: say what the operator can do.
@@ -330,12 +333,15 @@ func (p *publisher) collect(ctx context.Context, lease *catchup.Lease, n int, wa
 	done := 0
 	for ; done < n; done++ {
 		s := p.inflight[done]
-		var err error
+		var (
+			ack *jetstream.PubAck
+			err error
+		)
 		if wait {
-			err = p.await(ctx, lease, s, timeout)
+			ack, err = p.await(ctx, lease, s, timeout)
 		} else {
 			select {
-			case <-s.f.Ok():
+			case ack = <-s.f.Ok():
 			case err = <-s.f.Err():
 			default:
 				p.inflight = p.inflight[done:]
@@ -348,6 +354,9 @@ func (p *publisher) collect(ctx context.Context, lease *catchup.Lease, n int, wa
 		}
 		p.lastPos, p.lastID = s.pos, s.id
 		p.acked = s.pos
+		if ack != nil {
+			p.ackSeq = max(p.ackSeq, ack.Sequence)
+		}
 		if s.through > 0 {
 			p.acked = s.through
 		}
@@ -371,19 +380,19 @@ const stopPoll = 50 * time.Millisecond
 // leader publishes it again, chained, from the stream's newest message (the
 // client's reconnect buffer may deliver some of it first, which the chain
 // and the skip keep to once each).
-func (p *publisher) await(ctx context.Context, lease *catchup.Lease, s sent, timeout <-chan time.Time) error {
+func (p *publisher) await(ctx context.Context, lease *catchup.Lease, s sent, timeout <-chan time.Time) (*jetstream.PubAck, error) {
 	stopping := lease.Stopping()
 	var poll <-chan time.Time
 	for {
 		select {
-		case <-s.f.Ok():
-			return nil
+		case ack := <-s.f.Ok():
+			return ack, nil
 		case err := <-s.f.Err():
-			return err
+			return nil, err
 		case <-timeout:
-			return errors.Newf("no acknowledgement within %v", p.r.cfg.AckTimeout)
+			return nil, errors.Newf("no acknowledgement within %v", p.r.cfg.AckTimeout)
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		case <-stopping:
 			stopping = nil
 			t := time.NewTicker(stopPoll)
@@ -392,19 +401,33 @@ func (p *publisher) await(ctx context.Context, lease *catchup.Lease, s sent, tim
 		case <-poll:
 		}
 		if poll != nil && !p.r.js.Conn().IsConnected() {
-			return errors.New("stopping while NATS is unreachable: not waiting for the acknowledgement (the next leader publishes it again if it was lost)")
+			return nil, errors.New("stopping while NATS is unreachable: not waiting for the acknowledgement (the next leader publishes it again if it was lost)")
 		}
 	}
 }
 
-// commit writes the checkpoint through what is acknowledged.
+// commit writes the checkpoint through what is acknowledged and, in the
+// same transaction and fenced as it is, the stream's sequence acknowledged
+// through it (RecordAcked; behind reads it).
 func (p *publisher) commit(ctx context.Context, lease *catchup.Lease) error {
 	p.lastCommit = time.Now()
 	if p.acked <= p.committed {
 		return nil
 	}
-	pos := p.acked
-	if err := lease.Do(ctx, func(conn *pgx.Conn) error { return lease.Commit(ctx, conn, pos) }); err != nil {
+	q, err := p.r.queries()
+	if err != nil {
+		return err
+	}
+	pos, seq := p.acked, int64(p.ackSeq)
+	if err := lease.Do(ctx, func(conn *pgx.Conn) error {
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if err := lease.Commit(ctx, tx, pos); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, q["RecordAcked"], lease.Subscriber, lease.Partition, lease.Epoch, p.r.cfg.Stream, p.created, seq, pos)
+			return errors.Wrapf(err, "relay: record stream sequence %d with the checkpoint", seq)
+		})
+	}); err != nil {
 		return err
 	}
 	p.committed = pos

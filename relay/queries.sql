@@ -14,18 +14,6 @@ SELECT pg_catalog.current_database();
 -- event (lastStored). No row once retention has scavenged the position.
 SELECT event_id::text FROM {{.Schema}}.events_all WHERE global_sequence = $1;
 
--- name: NextMatch
--- The position of the first event after $1, through $2, whose type matches
--- the relay's filter ($3, a regular expression as catchup.Filter.Regex
--- gives it; NULL: every type), archived or not: whether the stream lacks
--- events up to the checkpoint (publisher.Start). No row when none.
-SELECT global_sequence
-  FROM {{.Schema}}.events_all
- WHERE global_sequence > $1 AND global_sequence <= $2
-   AND ($3::text IS NULL OR event_type ~ $3::text)
- ORDER BY global_sequence
- LIMIT 1;
-
 -- name: MoveBack
 -- A leadership's move of its checkpoint back to $4, from $5, where the
 -- leadership found it, fenced by its epoch ($3): its stream lost the events
@@ -35,3 +23,26 @@ UPDATE {{.Schema}}.checkpoints
    SET position = $4, updated_at = clock_timestamp()
  WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3 AND position = $5
 RETURNING position;
+
+-- name: LoadAcked
+-- What the relay's stream had acknowledged at its last checkpoint commit
+-- (RecordAcked): the stream's name, creation time (Unix nanoseconds) and
+-- the sequence of its last acknowledged message. No row: none recorded yet
+-- (publisher.Start).
+SELECT stream, stream_created_ns, stream_sequence
+  FROM {{.Schema}}.relay_acks
+ WHERE subscriber_id = $1 AND partition = $2;
+
+-- name: RecordAcked
+-- Records, in the transaction of a checkpoint commit at position $7, that
+-- stream $4 (made at $5, Unix nanoseconds) had acknowledged through sequence
+-- $6; fenced by the epoch ($3) as the commit is (no row inserted or
+-- updated: fenced).
+INSERT INTO {{.Schema}}.relay_acks AS a (subscriber_id, partition, stream, stream_created_ns, stream_sequence, position)
+SELECT c.subscriber_id, c.partition, $4, $5, $6, $7
+  FROM {{.Schema}}.checkpoints c
+ WHERE c.subscriber_id = $1 AND c.partition = $2 AND c.epoch = $3
+ON CONFLICT (subscriber_id, partition) DO UPDATE
+   SET stream = EXCLUDED.stream, stream_created_ns = EXCLUDED.stream_created_ns,
+       stream_sequence = EXCLUDED.stream_sequence, position = EXCLUDED.position,
+       updated_at = clock_timestamp();

@@ -116,7 +116,7 @@ type Config struct {
 type Relay struct {
 	pool   *pgxpool.Pool
 	js     jetstream.JetStream
-	store  *eventstore.Store // the log's head (lastStored) and single events (firstLost): a page of one
+	store  *eventstore.Store // the log's head (lastStored)
 	cfg    Config
 	filter catchup.Filter
 	subj   subjects
@@ -213,7 +213,7 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg *Config) (*Relay, error) {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	r := &Relay{pool: pool, cfg: c}
-	if r.store, err = eventstore.New(pool, &eventstore.Config{Schema: c.Schema, PageSize: 1}); err != nil {
+	if r.store, err = eventstore.New(pool, &eventstore.Config{Schema: c.Schema}); err != nil {
 		return nil, err
 	}
 	if r.filter, err = catchup.ParseFilter(c.Types); err != nil {

@@ -205,7 +205,7 @@ func documentedPrivileges() map[string][]string {
 	reader := slices.Concat(read, observe)
 	writer := slices.Concat(read, appendRights, on("table", siu, "snapshots"), exec("snapshot_lock()"))
 	runner := slices.Concat(reader, appendRights,
-		on("table", siu, "checkpoints", "subscriber_layouts", "dead_letters", "cron_tasks", "read_model_setups", "read_model_generations"),
+		on("table", siu, "checkpoints", "subscriber_layouts", "relay_acks", "dead_letters", "cron_tasks", "read_model_setups", "read_model_generations"),
 		on("table", siud, "instances", "failures", "timers", "saga_states"),
 		on("table", sid, "cron_ticks"),
 		on("sequence", []string{"USAGE"}, "failures_id_seq", "dead_letters_id_seq"),
