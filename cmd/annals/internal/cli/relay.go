@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -188,66 +190,79 @@ func validRelayFlags(natsURL, name, prefix, subject, stream string) error {
 }
 
 // redactNATSURLs returns NATS server URLs (comma-separated, as --nats-url
-// takes them) with the secret of each replaced by "xxxxx": the password of
-// nats://user:password@host, the token of nats://token@host.
+// takes them) with the user information of each (natsUserinfos) replaced by
+// "xxxxx": the user and password of nats://user:password@host, the token of
+// nats://token@host. The user goes too: a token holding ":" reads as
+// user:password, and its first half would be printed.
 func redactNATSURLs(urls string) string {
-	parts := strings.Split(urls, ",")
-	for i, u := range parts {
-		parts[i] = redactNATSURL(u)
+	spans := natsUserinfos(urls)
+	for i := len(spans) - 1; i >= 0; i-- {
+		urls = urls[:spans[i][0]] + "xxxxx" + urls[spans[i][1]:]
 	}
-	return strings.Join(parts, ",")
+	return urls
 }
 
-// redactNATSURL is redactNATSURLs for one URL.
-func redactNATSURL(u string) string {
-	start, end, _ := natsUserinfo(u)
-	if end < 0 {
-		return u
+// natsURLStart matches where a URL of a --nats-url list begins with its
+// scheme: at the start of the list or after a comma, spaces allowed.
+var natsURLStart = regexp.MustCompile(`(?:^|,)[ \t]*[A-Za-z][A-Za-z0-9+.\-]*://`)
+
+// natsUserinfos returns the spans [start, end) of urls that hold user
+// information. The list is not split on commas first, since a password or
+// token may hold one: each URL runs from its scheme's "://" (or the start
+// of the list) to the next URL that begins with a scheme, and its user
+// information up to the last "@" in that run (a password may hold "@" or
+// "/"). URLs without a scheme that follow another in the same run are taken
+// into its user information when a later one of them has an "@": redacted
+// with it, rather than guessed apart.
+func natsUserinfos(urls string) [][2]int {
+	ms := natsURLStart.FindAllStringIndex(urls, -1)
+	var starts, ends []int // each run's user information would begin at start, and the run ends at end
+	if len(ms) == 0 || ms[0][0] > 0 {
+		starts = append(starts, len(urls)-len(strings.TrimLeft(urls, " \t")))
 	}
-	info := "xxxxx" // a token
-	if user, _, ok := strings.Cut(u[start:end], ":"); ok {
-		info = user + ":xxxxx"
+	for _, m := range ms {
+		if len(starts) > 0 {
+			ends = append(ends, m[0])
+		}
+		starts = append(starts, m[1])
 	}
-	return u[:start] + info + u[end:]
+	ends = append(ends, len(urls))
+	var spans [][2]int
+	for i, start := range starts {
+		if at := strings.LastIndex(urls[start:ends[i]], "@"); at > 0 {
+			spans = append(spans, [2]int{start, start + at})
+		}
+	}
+	return spans
 }
 
-// natsUserinfo finds the user information of NATS URL u, u[start:end]
-// (end -1 when there is none), and returns its secret: the password, or the
-// token. It takes the last "@" as the end: a password may hold "@" or "/".
-func natsUserinfo(u string) (start, end int, secret string) {
-	if i := strings.Index(u, "://"); i >= 0 {
-		start = i + len("://")
-	} else {
-		start = len(u) - len(strings.TrimLeft(u, " \t"))
-	}
-	at := strings.LastIndex(u[start:], "@")
-	if at < 0 {
-		return start, -1, ""
-	}
-	end = start + at
-	if _, pw, ok := strings.Cut(u[start:end], ":"); ok {
-		return start, end, pw
-	}
-	return start, end, u[start:end]
-}
-
-// redactNATSSecrets returns text with the URLs of urls in it redacted
-// (redactNATSURLs), and any secret of theirs left in it (as written, or
-// percent-decoded) replaced by "xxxxx".
+// redactNATSSecrets returns text with urls in it redacted (redactNATSURLs),
+// and any piece of their user information left in it (as written, or
+// percent-decoded: the whole, the user, the password or token, and what
+// lies between ",", ":" and "@", as the NATS client may have split it)
+// replaced by "xxxxx", the longest first.
 func redactNATSSecrets(text, urls string) string {
-	for _, u := range strings.Split(urls, ",") {
-		for _, v := range []string{u, strings.TrimSpace(u)} {
-			if r := redactNATSURL(v); r != v {
-				text = strings.ReplaceAll(text, v, r)
+	for _, v := range []string{urls, strings.TrimSpace(urls)} {
+		if v != "" {
+			text = strings.ReplaceAll(text, v, redactNATSURLs(v))
+		}
+	}
+	var secrets []string
+	for _, sp := range natsUserinfos(urls) {
+		info := urls[sp[0]:sp[1]]
+		user, pw, _ := strings.Cut(info, ":")
+		pieces := append([]string{info, user, pw}, strings.FieldsFunc(info, func(r rune) bool { return strings.ContainsRune(",:@ \t", r) })...)
+		for _, p := range pieces {
+			secrets = append(secrets, p)
+			if d, err := url.PathUnescape(p); err == nil {
+				secrets = append(secrets, d)
 			}
 		}
-		_, _, secret := natsUserinfo(u)
-		if secret == "" {
-			continue
-		}
-		text = strings.ReplaceAll(text, secret, "xxxxx")
-		if d, err := url.PathUnescape(secret); err == nil && d != "" {
-			text = strings.ReplaceAll(text, d, "xxxxx")
+	}
+	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
+	for _, secret := range secrets {
+		if secret != "" {
+			text = strings.ReplaceAll(text, secret, "xxxxx")
 		}
 	}
 	return text

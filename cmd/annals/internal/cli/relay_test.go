@@ -229,17 +229,23 @@ func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
 // The secrets of --nats-url (a password, a token; of each URL of a list)
 // are not printed: a failed connection said "relay: connect to
-// nats://user:s3cret@127.0.0.1:1: …".
+// nats://user:s3cret@127.0.0.1:1: …". Nor is a piece of one: the list was
+// split on commas before redacting, so a password holding "," was printed
+// up to it, and a token holding ":" was read as user:password and printed
+// up to it.
 func TestRelayNATSRedactsTheURL(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	for _, c := range []struct{ url, want string }{
-		{"nats://user:s3cret@127.0.0.1:1", "nats://user:xxxxx@127.0.0.1:1"},
+		{"nats://user:s3cret@127.0.0.1:1", "nats://xxxxx@127.0.0.1:1"},
 		{"nats://t0kens3cret@127.0.0.1:1", "nats://xxxxx@127.0.0.1:1"},
-		{"nats://a:pw-s3cret@127.0.0.1:1,t0kens3cret@127.0.0.1:2", "nats://a:xxxxx@127.0.0.1:1,xxxxx@127.0.0.1:2"},
+		{"nats://a:pw-s3cret@127.0.0.1:1,nats://t0kens3cret@127.0.0.1:2", "nats://xxxxx@127.0.0.1:1,nats://xxxxx@127.0.0.1:2"},
+		{"nats://s3cret:t0ken@127.0.0.1:1", "nats://xxxxx@127.0.0.1:1"},
 		// Parse errors, which quote the URL, or a piece of the password.
-		{"nats://user:s3cret@[::1:4222", "nats://user:xxxxx@[::1:4222"},
-		{"nats://user:p%40s3cret/x@127.0.0.1:1", "nats://user:xxxxx@127.0.0.1:1"},
+		{"nats://user:s3cret@[::1:4222", "nats://xxxxx@[::1:4222"},
+		{"nats://user:p%40s3cret/x@127.0.0.1:1", "nats://xxxxx@127.0.0.1:1"},
+		{"nats://user:s3cret,s3cret2@127.0.0.1:1", "nats://xxxxx@127.0.0.1:1"},
+		{"nats://user:1,s3cret@127.0.0.1:1,nats://127.0.0.1:2", "nats://xxxxx@127.0.0.1:1,nats://127.0.0.1:2"},
 	} {
 		r := annalsWithin(t, 20*time.Second, db.URL, "relay", "nats", "--once", "--nats-url", c.url)
 		if r.code != 1 || strings.Contains(strings.ToLower(r.stderr+r.stdout), "s3cret") || !strings.Contains(r.stderr, c.want) {
@@ -248,13 +254,35 @@ func TestRelayNATSRedactsTheURL(t *testing.T) {
 	}
 	for in, want := range map[string]string{
 		"nats://127.0.0.1:4222":                        "nats://127.0.0.1:4222",
-		"nats://user:pw@h:1,nats://tok@h:2,nats://h:3": "nats://user:xxxxx@h:1,nats://xxxxx@h:2,nats://h:3",
-		"user:p@ss@h":         "user:xxxxx@h",
-		"tls://:pw@h":         "tls://:xxxxx@h",
-		"nats://h:1, tok@h:2": "nats://h:1, xxxxx@h:2",
+		"nats://user:pw@h:1,nats://tok@h:2,nats://h:3": "nats://xxxxx@h:1,nats://xxxxx@h:2,nats://h:3",
+		"user:p@ss@h": "xxxxx@h",
+		"tls://:pw@h": "tls://xxxxx@h",
+		// Without a scheme, a URL after a comma may be a password's rest:
+		// redacted with the user information before it.
+		"nats://h:1, tok@h:2":                "nats://xxxxx@h:2",
+		"nats://u:pa,ss@h:1":                 "nats://xxxxx@h:1",
+		"nats://u:pa,ss@h:1, nats://v:w@h:2": "nats://xxxxx@h:1, nats://xxxxx@h:2",
+		"nats://tok:en@h:1":                  "nats://xxxxx@h:1",
+		" nats://u:p@ss,w0rd@h:1,tls://h:2":  " nats://xxxxx@h:1,tls://h:2",
+		"u:pa,ss@h:1":                        "xxxxx@h:1",
+		"nats://h:1,nats://h:2":              "nats://h:1,nats://h:2",
 	} {
 		if got := redactNATSURLs(in); got != want {
 			t.Errorf("redactNATSURLs(%q) = %q, want %q", in, got, want)
+		}
+	}
+	// The NATS client splits the list on commas itself, and its errors
+	// quote the pieces.
+	for _, c := range []struct{ text, urls string }{
+		{`parse "nats://u:pa": invalid port ":pa" after host`, "nats://u:pa,ss@h:1"},
+		{`nats: authorization violation for tok:en`, "nats://tok:en@h:1"},
+		{`dial "ss@h:1": refused`, "nats://u:pa,ss@h:1"},
+	} {
+		got := redactNATSSecrets(c.text, c.urls)
+		for _, secret := range []string{"pa", "ss", "tok", "en"} {
+			if strings.Contains(c.urls, secret) && strings.Contains(strings.ReplaceAll(got, "parse", ""), secret) {
+				t.Errorf("redactNATSSecrets(%q, %q) = %q: %q left", c.text, c.urls, got, secret)
+			}
 		}
 	}
 }
