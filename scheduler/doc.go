@@ -58,9 +58,13 @@
 // different event, an unknown type. A wrong expected version is retried
 // (the stream may yet reach it). The backoff starts at RetryBackoff and
 // doubles up to MaxRetryBackoff. A serialization failure or a deadlock
-// (40001, 40P01) is no failure of the timer's: it is not counted among its
-// attempts, and the timer is retried after RetryBackoff, not doubled. Failed timers show in Timers, TimerStats
-// and `annals schedule list`; cancel them to remove them.
+// (40001, 40P01) is a race lost, no failure of the timer's: it is not
+// counted among its attempts (timers.lost_races counts them), and the timer
+// is retried after RetryBackoff, doubled for each race lost in a row up to
+// MaxRetryBackoff. Only 10 × MaxAttempts races lost in a row count as an
+// attempt (the last of them), so a timer that never wins a race ends failed
+// instead of being retried forever. Failed timers show in Timers,
+// TimerStats and `annals schedule list`; cancel them to remove them.
 //
 // # The dispatcher
 //

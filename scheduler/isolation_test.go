@@ -118,38 +118,87 @@ func TestClaimsRunReadCommitted(t *testing.T) {
 	}
 }
 
-// A serialization failure or a deadlock is not an attempt: the timer is
-// retried after RetryBackoff (not doubled), its attempts unchanged, so that
-// a timer that only lost races never ends failed (with MaxAttempts 1 it
-// did at the first). Another failure counts.
+// A serialization failure or a deadlock is a lost race, not an attempt:
+// the timer is retried, its attempts unchanged, so that a timer that only
+// lost a few races never ends failed (with MaxAttempts 1 it did at the
+// first). Each race lost in a row doubles the wait from RetryBackoff up to
+// MaxRetryBackoff (it was RetryBackoff, forever), and the
+// 10 × MaxAttempts-th counts as an attempt, so that a timer that never wins
+// ends failed. Another failure counts, and resets the lost races.
 func TestRaceLostIsNotAnAttempt(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)
-	s := newScheduler(t, db, &Config{Clock: newFakeClock(t0), MaxAttempts: 1, RetryBackoff: 7 * time.Second})
+	s := newScheduler(t, db, &Config{Clock: newFakeClock(t0), MaxAttempts: 1, RetryBackoff: 7 * time.Second, MaxRetryBackoff: time.Minute})
 	ctx := t.Context()
+	stored := func(id TimerID) claimed {
+		t.Helper()
+		c := claimed{id: id}
+		if err := db.Pool.QueryRow(ctx, `SELECT attempts, lost_races, due_at FROM annals.timers WHERE id = $1`, id).
+			Scan(&c.attempts, &c.lost, &c.dueAt); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	codes := []string{"40001", "40P01"}
+	race := func(i int) error {
+		return fmt.Errorf("append: %w", &pgconn.PgError{Severity: "ERROR", Code: codes[i%2]})
+	}
 	id, err := s.Schedule(ctx, nil, t0, "s", ev("x", map[string]any{}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, code := range []string{"40001", "40P01"} {
-		now := t0.Add(time.Duration(i) * time.Minute)
-		if err := s.fail(ctx, now, claimed{id: id, dueAt: t0}, fmt.Errorf("append: %w", &pgconn.PgError{Severity: "ERROR", Code: code})); err != nil {
+	wait := 7 * time.Second
+	for i := 1; i < 10; i++ {
+		now := t0.Add(time.Duration(i) * time.Hour)
+		if err := s.fail(ctx, now, stored(id), race(i)); err != nil {
 			t.Fatal(err)
 		}
 		ts, err := s.Timers(ctx, 10)
 		if err != nil || len(ts) != 1 {
 			t.Fatalf("Timers = %+v, %v", ts, err)
 		}
-		if ts[0].Failed() || ts[0].Attempts != 0 || !ts[0].DueAt.Equal(now.Add(7*time.Second)) || !strings.Contains(ts[0].LastError, code) {
-			t.Fatalf("after %s: %+v; want pending, 0 attempts, due at %s, the error recorded", code, ts[0], now.Add(7*time.Second))
+		if c := stored(id); ts[0].Failed() || ts[0].Attempts != 0 || c.lost != i || !ts[0].DueAt.Equal(now.Add(wait)) ||
+			!strings.Contains(ts[0].LastError, codes[i%2]) {
+			t.Fatalf("after %d lost races: %+v, lost_races %d; want pending, 0 attempts, %d lost, due at %s, the error recorded",
+				i, ts[0], c.lost, i, now.Add(wait))
+		}
+		wait = min(2*wait, time.Minute)
+	}
+	// A stale record (another dispatcher recorded a failure since) changes nothing.
+	stale := stored(id)
+	stale.lost--
+	if err := s.fail(ctx, t0, stale, race(0)); err != nil {
+		t.Fatal(err)
+	}
+	if c := stored(id); c.lost != 9 {
+		t.Fatalf("a stale record changed lost_races to %d", c.lost)
+	}
+	if err := s.fail(ctx, t0.Add(10*time.Hour), stored(id), race(10)); err != nil {
+		t.Fatal(err)
+	}
+	if ts, err := s.Timers(ctx, 10); err != nil || len(ts) != 1 || !ts[0].Failed() || ts[0].Attempts != 1 ||
+		!strings.Contains(ts[0].LastError, "10 serialization failures or deadlocks in a row") {
+		t.Fatalf("after 10 lost races in a row: %+v, %v; want failed after 1 attempt (MaxAttempts 1), saying why", ts, err)
+	}
+	if _, err := s.Cancel(ctx, nil, id); err != nil {
+		t.Fatal(err)
+	}
+
+	id, err = s.Schedule(ctx, nil, t0, "s", ev("x", map[string]any{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := s.fail(ctx, t0, stored(id), race(i)); err != nil {
+			t.Fatal(err)
 		}
 	}
 	wrong := &eventstore.WrongExpectedVersionError{StreamID: "s", Expected: eventstore.Exact(3)}
-	if err := s.fail(ctx, t0, claimed{id: id, dueAt: t0}, wrong); err != nil {
+	if err := s.fail(ctx, t0, stored(id), wrong); err != nil {
 		t.Fatal(err)
 	}
-	if ts, err := s.Timers(ctx, 10); err != nil || len(ts) != 1 || !ts[0].Failed() || ts[0].Attempts != 1 {
-		t.Fatalf("after a wrong expected version: %+v, %v; want failed after 1 attempt", ts, err)
+	if ts, err := s.Timers(ctx, 10); err != nil || len(ts) != 1 || !ts[0].Failed() || ts[0].Attempts != 1 || stored(id).lost != 0 {
+		t.Fatalf("after a wrong expected version: %+v, %v, lost_races %d; want failed after 1 attempt, no lost races", ts, err, stored(id).lost)
 	}
 }
 

@@ -45,7 +45,7 @@ DELETE FROM {{.Schema}}.timers t
                  ORDER BY due_at, id
                  LIMIT $2
                    FOR UPDATE SKIP LOCKED)
-RETURNING t.id, coalesce(t.payload_json::text, t.payload::text), t.attempts, t.due_at;
+RETURNING t.id, coalesce(t.payload_json::text, t.payload::text), t.attempts, t.lost_races, t.due_at;
 
 -- name: ClaimTimer
 -- The slow path after a failed batch: claim one timer (if still due and not
@@ -54,21 +54,23 @@ DELETE FROM {{.Schema}}.timers t
  WHERE t.id IN (SELECT id FROM {{.Schema}}.timers
                  WHERE id = $1 AND failed_at IS NULL AND due_at <= $2
                    FOR UPDATE SKIP LOCKED)
-RETURNING t.id, coalesce(t.payload_json::text, t.payload::text), t.attempts, t.due_at;
+RETURNING t.id, coalesce(t.payload_json::text, t.payload::text), t.attempts, t.lost_races, t.due_at;
 
 -- name: FailTimer
 -- Records a failed attempt: $3 the new due time (retry) or $4 the time it
--- failed for good (attempts spent), the other NULL. $5 is the attempts count
--- the attempt saw: if the row changed since (another dispatcher recorded a
--- failure), nothing is updated. $6 is 1, or 0 for a failure that is not
--- counted as an attempt (a serialization failure, a deadlock).
+-- failed for good (attempts spent), the other NULL. $5 and $8 are the
+-- attempts and lost_races the attempt saw: if the row changed since
+-- (another dispatcher recorded a failure), nothing is updated. $6 is 1, or
+-- 0 for a failure that is not counted as an attempt (a serialization
+-- failure, a deadlock); $7 the new lost_races.
 UPDATE {{.Schema}}.timers
    SET attempts = attempts + $6::integer,
+       lost_races = $7,
        last_error = $2,
        due_at = coalesce($3, due_at),
        failed_at = $4,
        updated_at = clock_timestamp()
- WHERE id = $1 AND attempts = $5 AND failed_at IS NULL;
+ WHERE id = $1 AND attempts = $5 AND lost_races = $8 AND failed_at IS NULL;
 
 -- name: BoundCancel
 -- Sent with a cancellation, in its transaction or savepoint: it waits for a

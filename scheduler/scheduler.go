@@ -57,7 +57,9 @@ type Config struct {
 	BatchSize int
 	// MaxAttempts is how many times a timer's append may fail before the
 	// timer is kept as failed and no longer retried. A serialization
-	// failure or a deadlock does not count. Defaults to 5.
+	// failure or a deadlock does not count, unless it is the
+	// 10 × MaxAttempts-th in a row (the retries after them back off as
+	// failed attempts' do). Defaults to 5.
 	MaxAttempts int
 	// RetryBackoff is the delay before a failed timer, or a cron task whose
 	// tick failed, is tried again; it doubles with each consecutive failed

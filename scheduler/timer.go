@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -317,11 +318,12 @@ type claimed struct {
 	id       uuid.UUID
 	payload  []byte
 	attempts int
+	lost     int // consecutive lost races (timers.lost_races)
 	dueAt    time.Time
 }
 
 // scanArgs returns the destinations of a ClaimDue or ClaimTimer row.
-func (c *claimed) scanArgs() []any { return []any{&c.id, &c.payload, &c.attempts, &c.dueAt} }
+func (c *claimed) scanArgs() []any { return []any{&c.id, &c.payload, &c.attempts, &c.lost, &c.dueAt} }
 
 // sortClaim orders a claim by due time, then ID, as the claim selected it:
 // DELETE … RETURNING returns rows in no particular order.
@@ -399,7 +401,7 @@ func (s *Scheduler) claimBatch(ctx context.Context, now time.Time) (claimedN, fi
 			q.Query(func(rows pgx.Rows) error {
 				var c claimed
 				_, err := pgx.ForEachRow(rows, c.scanArgs(), func() error {
-					batch = append(batch, claimed{c.id, append([]byte(nil), c.payload...), c.attempts, c.dueAt})
+					batch = append(batch, claimed{c.id, append([]byte(nil), c.payload...), c.attempts, c.lost, c.dueAt})
 					return nil
 				})
 				return err
@@ -520,23 +522,46 @@ func transient(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
+// lostRacesPerAttempt is how many consecutive lost races (serialization
+// failures, deadlocks) of a timer count as one attempt: the last of them
+// does.
+const lostRacesPerAttempt = 10
+
+// maxLostRaces returns how many lost races in a row count as an attempt:
+// lostRacesPerAttempt times MaxAttempts, so that only a timer that keeps
+// losing far longer than a failing one retries ends failed for it.
+func (s *Scheduler) maxLostRaces() int {
+	if s.cfg.MaxAttempts > math.MaxInt32/lostRacesPerAttempt {
+		return math.MaxInt32 // lost_races is an integer column
+	}
+	return lostRacesPerAttempt * s.cfg.MaxAttempts
+}
+
 // fail records a failed attempt to fire c: it is retried after a backoff,
 // or kept as failed when its attempts are spent or ferr is permanent. A
-// transient ferr (a serialization failure, a deadlock) is not an attempt:
-// the timer is retried after RetryBackoff, not doubled, and its attempts
-// stay as they are (as a cron task retries after the database's failures).
-// The update is skipped if the timer changed meanwhile (another dispatcher
-// fired it or recorded this attempt's failure).
+// transient ferr (a serialization failure, a deadlock) is a lost race, not
+// an attempt: the timer's attempts stay as they are and it is retried after
+// RetryBackoff, doubled for each race lost in a row up to MaxRetryBackoff
+// (timers.lost_races). The maxLostRaces-th race lost in a row counts as an
+// attempt (and resets the count), so that a timer that never wins ends
+// failed rather than being retried forever. Any other failure resets the
+// count. The update is skipped if the timer changed meanwhile (another
+// dispatcher fired it or recorded this attempt's failure).
 func (s *Scheduler) fail(ctx context.Context, now time.Time, c claimed, ferr error) error {
 	attempt := c.attempts + 1
 	var retryAt, failedAt *time.Time
 	permanent := errors.Is(ferr, eventstore.ErrInvalidEvent) || errors.Is(ferr, eventstore.ErrEventIDConflict) ||
 		errors.Is(ferr, eventstore.ErrUnknownEventType)
-	counted := 1
+	counted, lost := 1, 0
+	lastError, streak := ferr.Error(), 0 // streak: races lost in a row, when they count
+	if transient(ferr) && c.lost+1 >= s.maxLostRaces() {
+		streak = c.lost + 1
+		lastError = strconv.Itoa(streak) + " serialization failures or deadlocks in a row, counted as an attempt; the last: " + lastError
+	}
 	switch {
-	case transient(ferr):
-		attempt, counted = c.attempts, 0
-		r := now.Add(s.cfg.RetryBackoff)
+	case transient(ferr) && c.lost+1 < s.maxLostRaces():
+		attempt, counted, lost = c.attempts, 0, c.lost+1
+		r := now.Add(s.backoff(lost))
 		retryAt = &r
 	case permanent || attempt >= s.cfg.MaxAttempts:
 		failedAt = &now
@@ -544,7 +569,7 @@ func (s *Scheduler) fail(ctx context.Context, now time.Time, c claimed, ferr err
 		r := now.Add(s.backoff(attempt))
 		retryAt = &r
 	}
-	tag, err := s.pool.Exec(ctx, s.q.failTimer, c.id, ferr.Error(), retryAt, failedAt, c.attempts, counted)
+	tag, err := s.pool.Exec(ctx, s.q.failTimer, c.id, lastError, retryAt, failedAt, c.attempts, counted, lost, c.lost)
 	if err != nil {
 		return errors.Wrapf(err, "scheduler: record failure of timer %s", c.id)
 	}
@@ -553,15 +578,15 @@ func (s *Scheduler) fail(ctx context.Context, now time.Time, c claimed, ferr err
 	}
 	if counted == 0 {
 		s.cfg.Logger.WarnContext(ctx, "annals: timer's append lost a race (serialization failure or deadlock); retrying later, not counted as an attempt",
-			"timer", c.id, "attempts", attempt, "retry_at", *retryAt, telemetry.Err(ferr))
+			"timer", c.id, "attempts", attempt, "lost_races", lost, "retry_at", *retryAt, telemetry.Err(ferr))
 		return nil
 	}
 	if failedAt != nil {
 		s.cfg.Logger.ErrorContext(ctx, "annals: timer failed; it is kept and no longer retried",
-			"timer", c.id, "attempts", attempt, "permanent", permanent, telemetry.Err(ferr))
+			"timer", c.id, "attempts", attempt, "permanent", permanent, "lost_races", streak, telemetry.Err(ferr))
 	} else {
 		s.cfg.Logger.WarnContext(ctx, "annals: timer failed; retrying later",
-			"timer", c.id, "attempts", attempt, "retry_at", *retryAt, telemetry.Err(ferr))
+			"timer", c.id, "attempts", attempt, "lost_races", streak, "retry_at", *retryAt, telemetry.Err(ferr))
 	}
 	return nil
 }
