@@ -432,6 +432,9 @@ type Engine struct {
 	cfg         Config
 	q           map[string]string
 	sessions    *sessions
+	// lockFailures logs the lock retries of all partitions (see
+	// lockFailures).
+	lockFailures *lockFailures
 	// archived is the newest archived position a read saw (a hint: see
 	// readBatches).
 	archived atomic.Int64
@@ -505,6 +508,7 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 	c.Lock = poolconn.LockConfig(pool, lockConfig(c.Lock, c.Schema))
 	e := &Engine{pool: pool, connConfig: cc, schema: c.Schema, listener: listener, checkpoints: cps, cfg: c, q: q}
 	e.sessions = newSessions(e)
+	e.lockFailures = newLockFailures(c.Logger)
 	return e, nil
 }
 
@@ -558,9 +562,6 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 		defer stop()
 	}
 	backoff := e.cfg.RetryBackoff
-	// During an outage every partition fails here about once a second: the
-	// first failure is a WARN, the repeats DEBUG (see failureLog).
-	lockFailures := &failureLog{log: log}
 	for ctx.Err() == nil {
 		lease, err := e.standBy(ctx, sub, g)
 		if errors.Is(err, ErrPartitionLayout) {
@@ -568,13 +569,16 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 		}
 		if err != nil {
 			if ctx.Err() == nil {
-				lockFailures.failed(ctx, "annals: cannot take the subscription lock", telemetry.Err(err))
+				// During an outage every partition fails here about once a
+				// second: the engine logs the first failure of all of them
+				// at WARN, the repeats DEBUG (see lockFailures).
+				e.lockFailures.failed(ctx, sub, err)
 				sleep(ctx, jitter(backoff))
 				backoff = min(backoff*2, max(maxReconnectBackoff, e.cfg.RetryBackoff))
 			}
 			continue
 		}
-		lockFailures.recovered(ctx, "annals: took the subscription lock again")
+		e.lockFailures.took(ctx, sub)
 		backoff = e.cfg.RetryBackoff
 		log.InfoContext(ctx, "annals: leading", slog.Int64("epoch", lease.Epoch), slog.Int64("checkpoint", lease.Start))
 		// A handover request ends the leadership as a shutdown does: the

@@ -161,17 +161,58 @@ func TestListenerOutageLog(t *testing.T) {
 	}
 }
 
-// While the lock session cannot be opened, a partition logs its failure to
-// take the lock once at WARN, the repeats (one per backoff) at DEBUG, and a
-// line when it takes the lock again.
+// The lock retries of all an engine's partitions share one failure log: an
+// outage of 500 partitions logs one WARN line, one summary a minute (saying
+// how many partitions failed) and one INFO line when it ends, not 500 of
+// each.
+func TestLockFailuresSharedByPartitions(t *testing.T) {
+	t.Parallel()
+	var buf logBuffer
+	now := time.Unix(1000, 0)
+	l := newLockFailures(slog.New(slog.NewTextHandler(&buf, nil))) // INFO and up: 35,000 DEBUG lines would bury a failure
+	l.log.now = func() time.Time { return now }
+	ctx := context.Background()
+	const parts = 500
+	sub := func(p int) *Subscription { return &Subscription{Name: "s", Partition: p, Partitions: parts} }
+	down := errors.New("database down (test)")
+	for range 70 { // every partition fails once a second for 70 s
+		for p := range parts {
+			l.failed(ctx, sub(p), down)
+		}
+		now = now.Add(time.Second)
+	}
+	const msg = "cannot take the subscription lock"
+	if w := buf.count("WARN", msg); w != 2 {
+		t.Fatalf("70 s of failures of %d partitions: %d WARN lines, want 2 (the first failure and a summary):\n%s", parts, w, buf.String())
+	}
+	if n := buf.count("WARN", msg+` (still failing)" subscriber=s partition=0 partitions=500`); n != 1 {
+		t.Fatalf("the summary does not say that 500 partitions fail:\n%s", buf.String())
+	}
+	l.took(ctx, &Subscription{Name: "other"}) // never failed: ends nothing
+	for p := range parts {
+		l.took(ctx, sub(p))
+	}
+	if n := buf.count("INFO", "took the subscription lock again"); n != 1 || !strings.Contains(buf.String(), "partitions=500 failures=35000") {
+		t.Fatalf("%d partitions took their locks again: %d INFO lines, want 1 with partitions=500 failures=35000:\n%s", parts, n, buf.String())
+	}
+	l.failed(ctx, sub(7), down) // the next outage
+	if n := buf.count("WARN", msg+`" subscriber=s partition=7 partitions=1`); n != 1 {
+		t.Fatalf("the first failure of a new outage is not a WARN line of its own:\n%s", buf.String())
+	}
+}
+
+// While the lock session cannot be opened, the partitions of an engine log
+// their failure to take the lock once at WARN, the repeats (one per backoff
+// and partition) at DEBUG, and a line when they take their locks again.
 func TestLockOutageLog(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)
+	const parts = 4
 	var (
 		buf     logBuffer
 		calls   atomic.Int32
 		down    atomic.Bool
-		leading atomic.Bool
+		leading atomic.Int32
 	)
 	down.Store(true)
 	lockCfg := &advisorylock.Config{Connect: func(ctx context.Context, cc *pgx.ConnConfig) (*pgx.Conn, error) {
@@ -183,24 +224,35 @@ func TestLockOutageLog(t *testing.T) {
 	}}
 	e, err := NewEngine(db.Pool, nil, &Config{
 		PollInterval: 50 * time.Millisecond, RetryBackoff: 5 * time.Millisecond, Lock: lockCfg, Logger: buf.logger(),
-		OnLeadership: func(_ string, _ int, _ int64, l bool) { leading.Store(l) },
+		OnLeadership: func(_ string, _ int, _ int64, l bool) {
+			if l {
+				leading.Add(1)
+			} else {
+				leading.Add(-1)
+			}
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx, &Subscription{Name: "outage", Processor: nopLeader{}}) }()
+	done := make(chan error, parts)
+	for p := range parts {
+		sub := &Subscription{Name: "outage", Partition: p, Partitions: parts, Processor: nopLeader{}}
+		go func() { done <- e.Run(ctx, sub) }()
+	}
 	defer func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
+		for range parts {
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
 		}
 	}()
 	const msg = "cannot take the subscription lock"
-	annalstest.WaitFor(t, 20*time.Second, func() bool { return buf.count("DEBUG", msg) >= 4 })
+	annalstest.WaitFor(t, 20*time.Second, func() bool { return buf.count("DEBUG", msg) >= 4*parts })
 	down.Store(false)
-	annalstest.WaitFor(t, 20*time.Second, leading.Load)
+	annalstest.WaitFor(t, 20*time.Second, func() bool { return leading.Load() == parts })
 	if w := buf.count("WARN", msg); w != 1 {
 		t.Fatalf("%d WARN lines for %d failed attempts, want 1:\n%s", w, calls.Load()-1, buf.String())
 	}
