@@ -363,6 +363,7 @@ func (s *Scheduler) AddTask(ctx context.Context, t Task) error {
 	s.mu.Lock()
 	s.factories[t.Name] = factory
 	delete(s.retries, t.Name)
+	delete(s.badSpecs, t.Name)
 	s.mu.Unlock()
 	s.signal()
 	return nil
@@ -395,6 +396,7 @@ func (s *Scheduler) DeleteTask(ctx context.Context, name string) error {
 	s.mu.Lock()
 	delete(s.factories, name)
 	delete(s.retries, name)
+	delete(s.badSpecs, name)
 	s.mu.Unlock()
 	if n == 0 {
 		return errors.Wrapf(ErrUnknownTask, "no cron task %q", name)
@@ -560,14 +562,28 @@ func (s *Scheduler) fireTasks(ctx context.Context, now time.Time) (fired int, ne
 		s.mu.Lock()
 		factory, ok := s.factories[r.name]
 		retry := s.retries[r.name]
+		badSpec, badLogged := s.badSpecs[r.name]
 		s.mu.Unlock()
 		if !ok || r.paused {
 			continue
 		}
 		sched, _, perr := parseSpec(r.spec, r.zone)
 		if perr != nil {
-			s.cfg.Logger.ErrorContext(ctx, "annals: stored cron task does not parse; not firing it", "task", r.name, telemetry.Err(perr))
+			// Logged once per definition (per process), not at every
+			// pass: nothing changes until someone stores a valid one.
+			if def := r.spec + "\x00" + r.zone; !badLogged || badSpec != def {
+				s.mu.Lock()
+				s.badSpecs[r.name] = def
+				s.mu.Unlock()
+				s.cfg.Logger.ErrorContext(ctx, "annals: stored cron task does not parse; not firing it until its definition is fixed (AddTask with a valid spec, or DeleteTask; see 'annals schedule list'); logged once for this definition",
+					"task", r.name, "spec", r.spec, "time_zone", r.zone, telemetry.Err(perr))
+			}
 			continue
+		}
+		if badLogged {
+			s.mu.Lock()
+			delete(s.badSpecs, r.name)
+			s.mu.Unlock()
 		}
 		if now.Before(retry.at) {
 			earliest(retry.at)

@@ -333,3 +333,59 @@ func TestCronOwnFailure(t *testing.T) {
 		}
 	}
 }
+
+// A stored task whose spec no longer parses (here `@every 500ms`, which
+// AddTask accepted before whole seconds were required) logs one ERROR per
+// definition, not one per dispatcher pass, and fires nothing. Another bad
+// definition logs once again; a valid one fires, and the same bad
+// definition stored again afterwards logs again.
+func TestCronUnparsableStoredSpecLogsOnce(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	clock := newFakeClock(t0)
+	var logs syncBuffer
+	s := newScheduler(t, db, &Config{Clock: clock, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	ctx := t.Context()
+	if err := s.AddTask(ctx, Task{Name: "old", Spec: "@every 1s", StreamID: "old"}); err != nil {
+		t.Fatal(err)
+	}
+	store := func(spec string) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, `UPDATE annals.cron_tasks SET spec = $1 WHERE name = 'old'`, spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	passes := func(n int) {
+		t.Helper()
+		for range n {
+			clock.Advance(time.Second)
+			fireDue(t, s)
+		}
+	}
+	errorLines := func() int { return len(logs.lines("level=ERROR")) }
+
+	store("@every 500ms")
+	passes(20)
+	if got := logs.lines("level=ERROR"); len(got) != 1 || !strings.Contains(got[0], "task=old") ||
+		!strings.Contains(got[0], `spec="@every 500ms"`) || !strings.Contains(got[0], "annals schedule list") {
+		t.Fatalf("20 passes logged %d ERROR lines, want 1 naming the task, its spec and how to find it:\n%s", len(got), strings.Join(got, "\n"))
+	}
+	if n := eventsIn(t, db, "old"); n != 0 {
+		t.Fatalf("the unparsable task appended %d events", n)
+	}
+	store("@every 250ms")
+	passes(5)
+	if n := errorLines(); n != 2 {
+		t.Fatalf("%d ERROR lines after another bad definition, want 2", n)
+	}
+	store("@every 1s")
+	passes(3)
+	if n := eventsIn(t, db, "old"); n == 0 {
+		t.Fatal("the task fired nothing once its spec parsed")
+	}
+	store("@every 500ms")
+	passes(5)
+	if n := errorLines(); n != 3 {
+		t.Fatalf("%d ERROR lines after the bad definition came back, want 3", n)
+	}
+}

@@ -160,6 +160,7 @@ type Scheduler struct {
 	mu        sync.Mutex
 	factories map[string]func(time.Time) (eventstore.EventData, error)
 	retries   map[string]taskRetry // per failing task: its back-off
+	badSpecs  map[string]string    // per stored task that does not parse: the definition (spec, zone) logged
 	lastPrune time.Time
 
 	wake chan struct{} // coalesced: a timer was scheduled, or the listener (re)connected
@@ -209,6 +210,7 @@ func New(store *eventstore.Store, cfg *Config) (*Scheduler, error) {
 		channel:   TimersChannel(c.Schema),
 		factories: map[string]func(time.Time) (eventstore.EventData, error){},
 		retries:   map[string]taskRetry{},
+		badSpecs:  map[string]string{},
 		wake:      make(chan struct{}, 1),
 		q: queries{
 			boundClaim:    named["BoundClaim"],
