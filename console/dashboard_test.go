@@ -14,9 +14,12 @@ import (
 var dbSeries = regexp.MustCompile(`annals_(?:database_[a-z_]+|head_position|subscriber_[a-z_]+|dead_letters|instances|timers)\b`)
 
 // acrossTargets matches what must come right before such a series in an
-// expression: an aggregation that takes one target's value (max, min, or
-// max by the series' labels), optionally around a range function.
-var acrossTargets = regexp.MustCompile(`(?:max|min)(?: by \([a-z_, ]+\))? ?\((?:(?:changes|deriv)\()?$`)
+// expression: an aggregation that takes one target's value (max or min by
+// the series' labels), optionally around a range function. Its labels start
+// with job: with several jobs (databases) selected, same-named subscribers
+// of two databases must not collapse into one series, nor the counts of
+// two databases into the larger; sum across jobs after it.
+var acrossTargets = regexp.MustCompile(`(?:max|min) by \(job(?:, [a-z_]+)*\) \((?:(?:changes|deriv)\()?$`)
 
 var spaces = regexp.MustCompile(`\s+`)
 
@@ -47,7 +50,7 @@ func TestDashboardAggregatesDatabaseSeriesAcrossTargets(t *testing.T) {
 				checked++
 				before := spaces.ReplaceAllString(tg.Expr[:loc[0]], " ")
 				if !acrossTargets.MatchString(before) {
-					t.Errorf("panel %q: %s is summed or used per target; take max by its labels across targets first: %s",
+					t.Errorf("panel %q: %s is summed, used per target or merged across jobs; take max by (job, its labels) across targets first: %s",
 						p.Title, tg.Expr[loc[0]:loc[1]], tg.Expr)
 				}
 			}
