@@ -39,7 +39,11 @@
 //     ErrConflict). Completing also cancels the instance's pending timers
 //     (scheduler.CancelOwned with owner Owner(name, id),
 //     "saga:<len(name)>:<name>:<id>": the length keeps the tags of two sagas
-//     apart even when names and IDs contain colons).
+//     apart even when names and IDs contain colons; a tag that cannot be a
+//     timer's owner, over scheduler.MaxOwnerBytes or with a control
+//     character, is replaced by "saga-sha256:<hex>", its hash, so that any
+//     instance ID can schedule timers, and the timers an earlier annals
+//     stored under the plain tag are cancelled too).
 //
 // The runner commits the batch's states, effects and checkpoint together, so
 // a crash anywhere re-runs whole events or none: an effect is never applied

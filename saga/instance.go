@@ -63,7 +63,8 @@ func (i *Instance[S]) Complete() { i.completed = true }
 func (i *Instance[S]) Completed() bool { return i.completed }
 
 // Owner returns the scheduler owner tag of the instance's timers:
-// saga.Owner(name, id), "saga:<len(name)>:<name>:<id>".
+// saga.Owner(name, id), "saga:<len(name)>:<name>:<id>" (or its hash, when
+// that tag cannot be a timer's owner: see Owner).
 func (i *Instance[S]) Owner() string { return i.rt.owner(i.id) }
 
 func (i *Instance[S]) live() error {

@@ -2,13 +2,17 @@ package saga
 
 import (
 	"context"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
@@ -90,7 +94,42 @@ func (rt *runtime) owner(id string) string { return Owner(rt.name, id) }
 // contain colons: saga "order" instance "fulfil:1" and saga "order:fulfil"
 // instance "1" get different tags, so completing one never cancels the
 // other's timers.
-func Owner(name, id string) string { return fmt.Sprintf("saga:%d:%s:%s", len(name), name, id) }
+//
+// A tag that cannot be a timer's owner (scheduler.CheckOwner: longer than
+// scheduler.MaxOwnerBytes, or with a control character such as a tab or a
+// newline, which an instance ID may hold) is replaced by
+// "saga-sha256:<hex>", the SHA-256 of that tag in 64 hex digits: any ID
+// can schedule timers, and the hashed tags of two instances differ as
+// their plain ones do (no plain tag starts with "saga-sha256:").
+func Owner(name, id string) string {
+	tag := plainOwner(name, id)
+	if scheduler.CheckOwner(tag) == nil {
+		return tag
+	}
+	sum := sha256.Sum256([]byte(tag))
+	return "saga-sha256:" + hex.EncodeToString(sum[:])
+}
+
+// plainOwner is the owner tag of saga name's instance id before Owner
+// hashed the tags that cannot be an owner: timers stored by an earlier
+// annals (which did not check owners) may have it.
+func plainOwner(name, id string) string { return fmt.Sprintf("saga:%d:%s:%s", len(name), name, id) }
+
+// cancelTimers cancels the pending timers of instance id: those owned by
+// Owner, and, where that is a hash, those an earlier annals stored under
+// the plain tag (one that PostgreSQL could store: valid UTF-8, no NUL).
+func (rt *runtime) cancelTimers(ctx context.Context, tx pgx.Tx, id string) error {
+	owners := []string{rt.owner(id)}
+	if plain := plainOwner(rt.name, id); plain != owners[0] && utf8.ValidString(plain) && !strings.ContainsRune(plain, 0) {
+		owners = append(owners, plain)
+	}
+	for _, o := range owners {
+		if _, err := rt.sched.CancelOwned(ctx, tx, o); err != nil {
+			return errors.Wrapf(err, "saga %q instance %q: cancel its timers", rt.name, id)
+		}
+	}
+	return nil
+}
 
 // prune deletes completed instances older than the retention, at most once
 // per PruneInterval, in the batch transaction.
@@ -208,8 +247,8 @@ func (a *adapter[S]) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) 
 		return errors.Wrapf(ErrConflict, "saga %q instance %q: expected version %d", rt.name, id, inst.version)
 	}
 	if inst.completed && rt.sched != nil {
-		if _, err := rt.sched.CancelOwned(ctx, tx, rt.owner(id)); err != nil {
-			return errors.Wrapf(err, "saga %q instance %q: cancel its timers", rt.name, id)
+		if err := rt.cancelTimers(ctx, tx, id); err != nil {
+			return err
 		}
 	}
 	return nil

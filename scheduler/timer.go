@@ -57,11 +57,15 @@ type Timer struct {
 // name and an instance ID of about 2,000 bytes together.
 const MaxOwnerBytes = 2048
 
-// checkOwner checks a Timer.Owner as eventstore checks a stream ID: valid
-// UTF-8 (PostgreSQL refuses anything else), no control character (C0, DEL,
-// C1: NUL, which PostgreSQL cannot store either, and line breaks, which
-// would break the table of `annals schedule list`), at most MaxOwnerBytes.
-func checkOwner(owner string) error {
+// CheckOwner reports whether owner can be a Timer.Owner, as ScheduleTimer
+// checks it: nil, or an error matching ErrInvalidTimer that names the rule.
+// An owner is checked as eventstore checks a stream ID: valid UTF-8
+// (PostgreSQL refuses anything else), no control character (C0, DEL, C1:
+// NUL, which PostgreSQL cannot store either, and line breaks, which would
+// break the table of `annals schedule list`), at most MaxOwnerBytes. The
+// empty owner (none) passes. Code that derives owners from its own IDs (the
+// saga package does) can test a candidate with it.
+func CheckOwner(owner string) error {
 	if len(owner) > MaxOwnerBytes {
 		return errors.Wrapf(ErrInvalidTimer, "timer owner %s is %d bytes; the limit is %d", quotePrefix(owner), len(owner), MaxOwnerBytes)
 	}
@@ -117,7 +121,7 @@ func (s *Scheduler) ScheduleTimer(ctx context.Context, tx pgx.Tx, t Timer) (Time
 	if t.At.IsZero() {
 		return uuid.Nil, errors.Wrapf(ErrInvalidTimer, "timer for stream %q has no due time", t.StreamID)
 	}
-	if err := checkOwner(t.Owner); err != nil {
+	if err := CheckOwner(t.Owner); err != nil {
 		return uuid.Nil, errors.Wrapf(err, "timer for stream %q", t.StreamID)
 	}
 	if !storableTime(t.At) {
