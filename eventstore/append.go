@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
@@ -92,10 +94,77 @@ func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVe
 	return s.group.append(ctx, args)
 }
 
-// appendAlone runs one append_events call as a transaction of its own.
+// appendAlone runs one append_events_json call as a transaction of its
+// own (append_events, on a schema or for a role without it: appendQuery).
 func (s *Store) appendAlone(ctx context.Context, args appendArgs) (AppendResult, error) {
-	rows, err := s.pool.Query(ctx, s.q.append, args.stream, args.expected, json.RawMessage(args.json()))
-	return collectAppend(rows, err, args)
+	viaJSON := s.appendFn.Load() != appendFnJSONB
+	q := s.q.append
+	if !viaJSON {
+		q = s.q.appendJSONB
+	}
+	rows, err := s.pool.Query(ctx, q, args.stream, args.expected, json.RawMessage(args.json()))
+	res, err := collectAppend(rows, err, args)
+	if viaJSON && appendJSONMissing(err) {
+		// A statement of its own that failed wrote nothing: it goes again
+		// through append_events, as every later append of this Store does.
+		s.appendFn.Store(appendFnJSONB)
+		rows, err := s.pool.Query(ctx, s.q.appendJSONB, args.stream, args.expected, json.RawMessage(args.json()))
+		return collectAppend(rows, err, args)
+	}
+	if viaJSON && err == nil {
+		s.appendFn.CompareAndSwap(appendFnUnknown, appendFnJSON)
+	}
+	return res, err
+}
+
+// The SQL function that appends through the Append query call
+// (Store.appendFn).
+const (
+	appendFnUnknown int32 = iota // not known yet
+	appendFnJSON                 // append_events_json (migration 0035): the events as sent
+	appendFnJSONB                // append_events: the events as jsonb renders them
+)
+
+// rowQuerier is what appendQuery asks through: a pgx.Tx or a connection.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// appendQuery returns the statement of an append through q's session:
+// append_events_json, which stores each event's data and metadata as sent,
+// or, when the session's role may not execute it (a schema migrated before
+// 0035, a role granted by an older annals grant), append_events, which
+// stores them as jsonb renders them (keys sorted, numbers spelled out), as
+// every version before 0035 did. The first call asks the database, one
+// round trip before the append (so not under the ordering lock); the answer
+// holds for the life of the Store, as append_one's absence does for group
+// commit.
+func (s *Store) appendQuery(ctx context.Context, q rowQuerier) (string, error) {
+	switch s.appendFn.Load() {
+	case appendFnJSON:
+		return s.q.append, nil
+	case appendFnJSONB:
+		return s.q.appendJSONB, nil
+	}
+	var usable bool
+	if err := q.QueryRow(ctx, s.q.appendJSONUsable).Scan(&usable); err != nil {
+		return "", errors.Wrap(err, "eventstore: look up append_events_json")
+	}
+	if !usable {
+		s.appendFn.Store(appendFnJSONB)
+		return s.q.appendJSONB, nil
+	}
+	s.appendFn.Store(appendFnJSON)
+	return s.q.append, nil
+}
+
+// appendJSONMissing reports whether err says that append_events_json does
+// not exist (a schema migrated before 0035) or that the session's role may
+// not execute it.
+func appendJSONMissing(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "42883" || pgErr.Code == "42501") &&
+		strings.Contains(pgErr.Message, "append_events_json")
 }
 
 // trace starts the span of one append and returns the function that ends it
@@ -141,8 +210,12 @@ func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 
 // appendTx sends one append in tx, after the inline projections.
 func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, args appendArgs) (AppendResult, error) {
+	q, err := s.appendQuery(ctx, tx)
+	if err != nil {
+		return AppendResult{}, err
+	}
 	if !s.inline.wants(&args) {
-		rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, json.RawMessage(args.json()))
+		rows, err := tx.Query(ctx, q, args.stream, args.expected, json.RawMessage(args.json()))
 		return collectAppend(rows, err, args)
 	}
 	run := &inlineRun{s: s, versions: map[string]int64{}}
@@ -151,13 +224,13 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, args appendArgs) (Appen
 		return AppendResult{}, err
 	}
 	if !plan.guard {
-		rows, err := tx.Query(ctx, s.q.append, args.stream, args.expected, json.RawMessage(args.json()))
+		rows, err := tx.Query(ctx, q, args.stream, args.expected, json.RawMessage(args.json()))
 		res, err := collectAppend(rows, err, args)
 		return res, plan.explain(err, args)
 	}
 	// The append and its guard in one round trip.
 	batch := &pgx.Batch{}
-	batch.Queue(s.q.append, args.stream, args.expected, json.RawMessage(args.json()))
+	batch.Queue(q, args.stream, args.expected, json.RawMessage(args.json()))
 	s.queueGuard(batch, plan)
 	br := tx.SendBatch(ctx, batch)
 	rows, qerr := br.Query()
@@ -240,6 +313,10 @@ func (s *Store) transact(ctx context.Context, opts pgx.TxOptions, fn func(ctx co
 		return nil, errors.Wrap(err, "eventstore: acquire connection")
 	}
 	defer conn.Release()
+	q, err := s.appendQuery(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
 	tx, err := conn.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, errors.Wrap(err, "eventstore: begin")
@@ -276,7 +353,7 @@ func (s *Store) transact(ctx context.Context, opts pgx.TxOptions, fn func(ctx co
 
 	batch := &pgx.Batch{}
 	for i, a := range b.appends {
-		batch.Queue(s.q.append, a.stream, a.expected, a.json())
+		batch.Queue(q, a.stream, a.expected, json.RawMessage(a.json()))
 		s.queueGuard(batch, plans[i])
 	}
 	batch.Queue("COMMIT")
@@ -317,8 +394,9 @@ func (s *Store) transact(ctx context.Context, opts pgx.TxOptions, fn func(ctx co
 }
 
 // appendArgs are the encoded arguments of one append: the JSON array that
-// append_events takes (payload), and the same events field by field for
-// append_batch (events; nil for an EncodedAppend, which carries only JSON).
+// append_events_json takes (payload), and the same events field by field
+// for append_batch (events; nil for an EncodedAppend, which carries only
+// JSON).
 type appendArgs struct {
 	stream   string
 	expected any
@@ -331,8 +409,8 @@ type appendArgs struct {
 	callerIDs bool
 }
 
-// json returns the JSON array that append_events takes, rendering it from
-// the events the first time.
+// json returns the JSON array that append_events_json takes, rendering it
+// from the events the first time.
 func (a *appendArgs) json() []byte {
 	if a.payload != nil {
 		return a.payload
@@ -373,7 +451,7 @@ type encodedEvent struct {
 }
 
 // encode validates an append on the client and renders the JSON array that
-// append_events takes. Everything the SQL function would reject for bad
+// append_events_json takes. Everything the SQL function would reject for bad
 // input is rejected here first, so a bad append costs no round trip.
 func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVersion, events []EventData) (appendArgs, error) {
 	if err := checkName(0, "stream_id", streamID, MaxStreamIDBytes); err != nil {
@@ -513,7 +591,10 @@ func encodeData(n int, v any) ([]byte, error) {
 		}
 		raw, marshalled = b, true
 	}
-	trimmed := bytes.TrimLeft(raw, " \t\r\n")
+	// Without the JSON white space around the value: stored as it is by
+	// append_one and append_batch, it would be stored without it by
+	// append_events_json, which stores the value's own text.
+	trimmed := bytes.Trim(raw, " \t\r\n")
 	if len(trimmed) == 0 || (trimmed[0] != '{' && trimmed[0] != '[') {
 		return nil, &InvalidEventError{Event: n, Field: "data", Reason: "must be a JSON object or array"}
 	}
@@ -547,7 +628,7 @@ func collectAppend(rows pgx.Rows, err error, a appendArgs) (AppendResult, error)
 		return AppendResult{}, translate(err, a.stream, a.exp)
 	}
 	if len(res.Events) != a.count {
-		return AppendResult{}, errors.Newf("eventstore: append_events returned %d rows for %d events", len(res.Events), a.count)
+		return AppendResult{}, errors.Newf("eventstore: the append returned %d rows for %d events", len(res.Events), a.count)
 	}
 	res.StreamVersion = res.Events[len(res.Events)-1].StreamVersion
 	return res, nil

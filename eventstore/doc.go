@@ -11,15 +11,27 @@
 //
 // # How positions become commit order
 //
-// Appends go through the SQL function append_events, which takes a
-// transaction-scoped advisory lock before it numbers its events and holds it
-// until commit. PostgreSQL makes a committing transaction visible before it
-// releases its locks, so the next append can only number its events after
-// the previous one is visible. Only the numbering is serialized: the rest of
-// a transaction runs concurrently. To keep the lock short, an append should
-// be the last statement of its transaction. Append (its own transaction) and
-// Transact (the caller's work first, then the appends and COMMIT in one
-// round trip) arrange that; AppendTx leaves it to the caller.
+// Appends go through SQL functions (append_events_json for an append in a
+// transaction, append_batch and append_one for group commit: see below),
+// each of which takes a transaction-scoped advisory lock before it numbers
+// its events and holds it until commit. PostgreSQL makes a committing
+// transaction visible before it releases its locks, so the next append can
+// only number its events after the previous one is visible. Only the
+// numbering is serialized: the rest of a transaction runs concurrently. To
+// keep the lock short, an append should be the last statement of its
+// transaction. Append (its own transaction) and Transact (the caller's work
+// first, then the appends and COMMIT in one round trip) arrange that;
+// AppendTx leaves it to the caller.
+//
+// Every path stores each event's data and metadata as sent, byte for byte
+// (the columns are json), so what Config.MaxEventBytes measured is what is
+// stored, and the same event is stored alike whichever path it took. Before
+// migration 0035 appends in a transaction went through append_events, whose
+// jsonb argument stored jsonb's rendering (keys sorted, a duplicate key's
+// last value kept, 1e2 as 100, 1e131000 as its 131,001 digits). A Store
+// still calls append_events when the session's role may not execute
+// append_events_json (a schema migrated before 0035, a role granted by an
+// older annals grant): it asks once, before its first such append.
 //
 // # Group commit
 //
@@ -83,14 +95,15 @@
 //     pay it (one linger missed alone may be a pause of looping writers).
 //   - A group that fails as a whole (an error no single outcome explains,
 //     such as a lost connection) is re-sent append by append through
-//     append_events, so each member learns its own outcome; re-sending an
-//     append that did commit is harmless, as it is an idempotent re-append.
+//     append_events_json, so each member learns its own outcome; re-sending
+//     an append that did commit is harmless, as it is an idempotent
+//     re-append.
 //     A lone append is re-sent so only after a unique violation (23505):
 //     the retry of an append whose caller-chosen IDs its original stored
 //     while the retry waited for the ordering lock. append_one and
 //     append_batch look IDs up before the lock (again under it only when a
 //     stream refuses the append: migration 0025), as a look-up under it
-//     would cost every append; append_events looks them up under it and
+//     would cost every append; append_events_json looks them up under it and
 //     answers the stored positions. A lone append whose statement was sent
 //     and got no answer (a lost connection, a terminated session) is
 //     outcome-unknown (below).
@@ -192,7 +205,7 @@
 // continue and reads start after the deletion), every other append fails
 // with ErrStreamDeleted, and every append to a tombstone with
 // ErrStreamTombstoned. The state is checked in the look-up of the stream
-// row each append already makes (append_events, append_batch: in a group
+// row each append already makes (append_events_json, append_batch: in a group
 // commit, a deleted stream is one append's outcome, not the group's).
 //
 // SetStreamRetention sets a stream's maximum age and count and raises its

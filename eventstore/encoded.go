@@ -20,7 +20,8 @@ type EncodedAppend struct {
 	StreamID string `json:"stream_id"`
 	// Expected is the expected version the append checks.
 	Expected ExpectedVersion `json:"expected"`
-	// Events is the JSON array that annals.append_events takes.
+	// Events is the JSON array that annals.append_events_json takes (the
+	// form of append_events'), stored as written when appended.
 	Events json.RawMessage `json:"events"`
 	// Count is the number of events in Events.
 	Count int `json:"count"`
@@ -64,7 +65,7 @@ func (b *Batch) AppendEncoded(a EncodedAppend) error {
 	return nil
 }
 
-// args checks a and returns its append_events arguments. Each event's data
+// args checks a and returns its append_events_json arguments. Each event's data
 // plus metadata is measured again against maxBytes, as Encode measured it:
 // an EncodedAppend may have been built by hand, or kept where its bytes
 // changed (a timer row stored as jsonb before migration 0033 holds jsonb's

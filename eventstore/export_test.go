@@ -29,3 +29,8 @@ func KeyCacheLen(s *Store) int { return s.keys.cacheLen() }
 // InlineLockKey is inlineLockKey, which the schema's inline_stream_lock
 // computes alike in SQL.
 func InlineLockKey(schema, stream string) (int32, int32) { return inlineLockKey(schema, stream) }
+
+// AppendThroughJSONB makes s send its appends in transactions (and alone)
+// through append_events, as before migration 0035, for benchmarks that
+// compare it with append_events_json.
+func AppendThroughJSONB(s *Store) { s.appendFn.Store(appendFnJSONB) }

@@ -19,8 +19,8 @@ import (
 // process into one transaction. See the package documentation ("Group
 // commit") for the algorithm.
 type GroupCommit struct {
-	// Disabled makes every Append a transaction of its own (append_events),
-	// as AppendTx in a transaction of its own would be.
+	// Disabled makes every Append a transaction of its own
+	// (append_events_json), as AppendTx in a transaction of its own would be.
 	Disabled bool
 	// MaxEvents bounds the events of one group; an append larger than it
 	// still goes alone. Defaults to 400.
@@ -382,7 +382,7 @@ func (c *committer) send(group []*pendingAppend) {
 	}
 	// The group as a whole failed (not one append's expected version or
 	// event IDs: those are answered per append), or a lone append met a
-	// unique violation. Send each append alone through append_events, so
+	// unique violation. Send each append alone through append_events_json, so
 	// that each gets its own outcome and a bad one cannot fail the others.
 	// Should the group have committed after all (a connection lost after
 	// COMMIT), re-sending is harmless: an append of stored event IDs is an
@@ -391,7 +391,7 @@ func (c *committer) send(group []*pendingAppend) {
 	// caller-chosen IDs committed while it waited for the ordering lock,
 	// after append_one or append_batch had looked its IDs up (their
 	// look-up under the lock would cost every append; docs/sql-api.md).
-	// append_events looks them up under the lock and answers the stored
+	// append_events_json looks them up under the lock and answers the stored
 	// positions (or ErrEventIDConflict).
 	for _, p := range group {
 		p.res, p.err = c.s.appendAlone(ctx, p.args)

@@ -1,8 +1,26 @@
 -- Statements of the eventstore package. {{.Schema}} is the quoted schema name.
 
 -- name: Append
+-- An append in a transaction (AppendTx, Transact, the encoded appends) or
+-- alone (a failed group's re-send): append_events_json (migration 0035)
+-- stores data and metadata as sent; $3 is sent as json, whose text it keeps.
+SELECT event_id, global_sequence, stream_version
+  FROM {{.Schema}}.append_events_json($1, $2, $3::json);
+
+-- name: AppendJSONB
+-- Append on a schema migrated before 0035, or for a role granted
+-- append_events only: jsonb stores its rendering of the events.
 SELECT event_id, global_sequence, stream_version
   FROM {{.Schema}}.append_events($1, $2, $3::jsonb);
+
+-- name: AppendJSONUsable
+-- Whether this session's role may execute append_events_json (false: the
+-- schema predates it, or the role was granted append_events only).
+-- (The name is an argument of format, so that the statement does not read
+-- as a call of the function: internal/locktrace looks for one.)
+SELECT coalesce(has_function_privilege(
+           to_regprocedure(format('%I.%I(text, bigint, json)', {{.SchemaLiteral}}, 'append_events_json')), 'EXECUTE'),
+       false);
 
 -- name: AppendBatch
 SELECT stream_id, status, event_id, global_sequence, stream_version, actual_version
@@ -58,7 +76,7 @@ SELECT {{.Schema}}.inline_stream_lock($1);
 -- name: InlineWritten
 -- After an inline append with caller-chosen IDs, in the pipeline before its
 -- COMMIT: fails (division by zero) unless this transaction wrote every one
--- of the events, i.e. append_events did not answer them as an idempotent
+-- of the events, i.e. the append did not answer them as an idempotent
 -- re-append of events another transaction stored meanwhile. A row's xmin is
 -- this transaction's, or a subtransaction's under a savepoint, exactly when
 -- pg_xact_status calls it in progress (rows of other transactions still in

@@ -3,6 +3,7 @@ package eventstore
 import (
 	"context"
 	_ "embed"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -91,10 +92,14 @@ type Store struct {
 	clock    func() time.Time
 	inline   *inline // nil without inline projections
 	keys     *keyring
+	// appendFn is the SQL function of appends through the Append query
+	// (appendFnUnknown until known; see appendQuery).
+	appendFn atomic.Int32
 }
 
 type queries struct {
-	append, appendBatch, appendOne, readAll, readStream, streamVersion, head, storedIDs, inlineWritten, inlineStreamLock string
+	append, appendJSONB, appendJSONUsable, appendBatch, appendOne, readAll, readStream, streamVersion, head, storedIDs,
+	inlineWritten, inlineStreamLock string
 }
 
 // New returns a Store on pool. The schema must have been migrated (see the
@@ -147,6 +152,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		pageSize: c.PageSize,
 		q: queries{
 			append:           named["Append"],
+			appendJSONB:      named["AppendJSONB"],
+			appendJSONUsable: named["AppendJSONUsable"],
 			appendBatch:      named["AppendBatch"],
 			appendOne:        named["AppendOne"],
 			readAll:          named["ReadAll"],

@@ -50,6 +50,7 @@ GRANT SELECT ON {{.Schema}}.audit_log TO {{.Role}};
 -- name: append
 -- Every function that appends to the log, one line each.
 GRANT EXECUTE ON FUNCTION {{.Schema}}.append_events(text, bigint, jsonb) TO {{.Role}};
+GRANT EXECUTE ON FUNCTION {{.Schema}}.append_events_json(text, bigint, json) TO {{.Role}};
 GRANT EXECUTE ON FUNCTION {{.Schema}}.append_batch(text[], bigint[], int[], int[], uuid[], text[], text[], text[], boolean) TO {{.Role}};
 GRANT EXECUTE ON FUNCTION {{.Schema}}.append_one(text, bigint, uuid, text, text, text, boolean) TO {{.Role}};
 -- eventstore DeleteStream (annals stream delete): appends a "$stream.deleted" event.

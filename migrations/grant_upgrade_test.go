@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -51,10 +52,10 @@ func TestGrantUpgrade0029(t *testing.T) {
 			}
 			// Functions and tables added after 0028: their migrations
 			// grant them to the roles that may do what they serve (0034,
-			// 0036).
+			// 0035, 0036).
 			stmts = slices.DeleteFunc(stmts, func(s string) bool {
 				return strings.Contains(s, ".inline_stream_lock(") || strings.Contains(s, ".snapshot_lock(") ||
-					strings.Contains(s, ".relay_acks ")
+					strings.Contains(s, ".append_events_json(") || strings.Contains(s, ".relay_acks ")
 			})
 			replaced := false
 			for i, s := range stmts {
@@ -140,6 +141,76 @@ func TestGrantUpgrade0029(t *testing.T) {
 	_, err = olds[1].Pool.Exec(ctx, `INSERT INTO `+schema+`.personal_keys (subject, wrapped_key, created_at, forgotten_at)
 		VALUES ('m-9', NULL, '2019-01-01', '2019-01-02')`)
 	mustDeny(t, "upgraded writer forges a tombstone", err)
+}
+
+// TestGrantUpgrade0035: a writer granted before migration 0035 may execute
+// append_events_json after it (the migration grants it to every role that
+// may execute append_events), so its appends in a transaction keep their
+// bytes without annals grant running again; and a role that may execute
+// append_events only (as an older annals grant leaves a role it grants
+// after 0035) still appends in transactions, through append_events, with
+// the data as jsonb renders it, as before 0035.
+func TestGrantUpgrade0035(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	cfg := &migrations.Config{Schema: `Grants "0035"`}
+	schema := pgx.Identifier{cfg.Schema}.Sanitize()
+	if _, err := migrations.UpWith(ctx, db.Pool, cfg, func(ms []migrations.Migration) []migrations.Migration {
+		return ms[:34] // through 0034
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// What `annals grant writer` ran before 0035.
+	oldGrant := func(r *role) {
+		t.Helper()
+		stmts, err := migrations.GrantSQL(r.Name, migrations.Writer, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := len(stmts)
+		stmts = slices.DeleteFunc(stmts, func(s string) bool {
+			return strings.Contains(s, ".append_events_json(")
+		})
+		if len(stmts) != n-1 {
+			t.Fatalf("GrantSQL(writer) has %d statements on append_events_json, want 1", n-len(stmts))
+		}
+		for _, s := range stmts {
+			if _, err := db.Pool.Exec(ctx, s); err != nil {
+				t.Fatalf("%s: %v", s, err)
+			}
+		}
+	}
+	before := newRole(t, db, "")
+	oldGrant(before)
+	if _, err := migrations.Up(ctx, db.Pool, cfg); err != nil {
+		t.Fatal(err)
+	}
+	after := newRole(t, db, "")
+	oldGrant(after)
+
+	const raw = `{"b": 1, "a": 1e2}`
+	for _, c := range []struct {
+		r      *role
+		stored string
+	}{{before, raw}, {after, `{"a": 100, "b": 1}`}} {
+		store, err := eventstore.New(c.r.Pool, &eventstore.Config{Schema: cfg.Schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.Transact(ctx, func(_ context.Context, _ pgx.Tx, b *eventstore.Batch) error {
+			return b.Append("s-"+c.r.Name, eventstore.NoStream, eventstore.EventData{Type: "t", Data: json.RawMessage(raw)})
+		}); err != nil {
+			t.Fatalf("%s appends in a transaction: %v", c.r.Name, err)
+		}
+		var data string
+		if err := db.Pool.QueryRow(ctx, `SELECT data::text FROM `+schema+`.events WHERE stream_id = $1`, "s-"+c.r.Name).Scan(&data); err != nil {
+			t.Fatal(err)
+		}
+		if data != c.stored {
+			t.Errorf("%s's event stored as %s, want %s", c.r.Name, data, c.stored)
+		}
+	}
 }
 
 // tablePriv reports whether role holds priv on the whole table (qualified,

@@ -83,8 +83,9 @@ func poolWith(t *testing.T, url, conforming string) *pgxpool.Pool {
 }
 
 // migrateAndUse migrates schema name, appends two events through the Go
-// store and one through the SQL function, reads them back, and checks that
-// the append's NOTIFY arrives on the schema's channel.
+// store, one through the SQL function and one in a transaction (through
+// append_events_json, looked up by the schema's name first), reads them
+// back, and checks that the append's NOTIFY arrives on the schema's channel.
 func migrateAndUse(t *testing.T, pool *pgxpool.Pool, name string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -140,15 +141,23 @@ func migrateAndUse(t *testing.T, pool *pgxpool.Pool, name string) {
 	if err := pool.QueryRow(ctx, `SELECT global_sequence FROM `+schemaname.Ident(name)+`.append_events('sql', 0, '[{"type":"t","data":{}}]')`).Scan(&pos); err != nil || pos != 3 {
 		t.Fatalf("SQL append in %q: %d, %v", name, pos, err)
 	}
+	const raw = `{"b": 1, "a": 1e2}`
+	if _, err := store.Transact(ctx, func(_ context.Context, _ pgx.Tx, b *eventstore.Batch) error {
+		return b.Append("tx", eventstore.NoStream, eventstore.EventData{Type: "t", Data: json.RawMessage(raw)})
+	}); err != nil {
+		t.Fatalf("Transact in %q: %v", name, err)
+	}
 	var got []int64
+	var last string
 	for e, err := range store.ReadAll(ctx, 0) {
 		if err != nil {
 			t.Fatalf("ReadAll in %q: %v", name, err)
 		}
 		got = append(got, e.GlobalSequence)
+		last = string(e.Data)
 	}
-	if !slices.Equal(got, []int64{1, 2, 3}) {
-		t.Fatalf("ReadAll in %q: positions %v", name, got)
+	if !slices.Equal(got, []int64{1, 2, 3, 4}) || last != raw {
+		t.Fatalf("ReadAll in %q: positions %v, the last data %s (want %s)", name, got, last, raw)
 	}
 }
 

@@ -408,7 +408,7 @@ func TestCronCustomEventAndFactoryFailure(t *testing.T) {
 	if err := db.Pool.QueryRow(t.Context(), `SELECT event_type, data::text, event_id::text FROM annals.events`).Scan(&typ, &data, &id); err != nil {
 		t.Fatal(err)
 	}
-	if typ != "report.due" || data != `{"day": "2026-03-02"}` || id != TickEventID("report", due).String() {
+	if typ != "report.due" || data != `{"day":"2026-03-02"}` || id != TickEventID("report", due).String() {
 		t.Errorf("event %s %s %s", typ, data, id)
 	}
 	infos, err := s.Tasks(t.Context())

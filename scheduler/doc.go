@@ -39,10 +39,13 @@
 // payloads of timers stored before, which fire from there): it is kept byte
 // for byte and sent as stored when the timer fires, where eventstore
 // measures each event against MaxEventBytes again. That append is an
-// append_events call, whose argument is jsonb, so Schedule also refuses a
-// number jsonb cannot hold (beyond numeric's range), which could never be
-// appended: Go finds the numbers that might be (payload.go), PostgreSQL's
-// jsonb_storable decides. The same statement sends a NOTIFY on
+// append_events_json call (migration 0035), which stores each event's data
+// and metadata as sent, as every append does. Schedule refuses a number
+// jsonb cannot hold (beyond numeric's range) where the append would refuse
+// it at every firing, in metadata and in data holding "$personal" or a \u
+// escape (as migration 0032 has append_one and append_batch refuse it): Go
+// finds the numbers that might be (payload.go), PostgreSQL's jsonb_storable
+// decides. The same statement sends a NOTIFY on
 // TimersChannel(schema), which PostgreSQL delivers at commit. A timer whose
 // time has passed already fires at once.
 //

@@ -10,7 +10,8 @@ var (
 	// append that
 	// eventstore.Encode rejects (empty stream ID, no events, bad JSON, unknown
 	// type), or whose events hold a number that PostgreSQL's jsonb cannot
-	// hold (beyond numeric's range, such as 1e200000: an
+	// hold (beyond numeric's range, such as 1e200000) in metadata, or in
+	// data holding "$personal" or a \u escape, which the append refuses (an
 	// *eventstore.InvalidEventError naming the event and the field), matches
 	// both ErrInvalidTimer and eventstore.ErrInvalidEvent (or
 	// eventstore.ErrUnknownEventType). Nothing is stored.

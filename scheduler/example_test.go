@@ -61,7 +61,7 @@ func ExampleScheduler_Schedule() {
 	// fired at 09:00: 0
 	// fired at 09:30: 1
 	// cancel after firing: false
-	// 1 order.payment_deadline {"order": "17"}
+	// 1 order.payment_deadline {"order":"17"}
 }
 
 // A cron task appends an event at every tick, in the task's time zone.

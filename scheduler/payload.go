@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
@@ -14,10 +15,11 @@ import (
 // A timer's payload is its eventstore.EncodedAppend as JSON, stored in
 // timers.payload_json (json, since migration 0033: the text as written, byte
 // for byte). A timer stored before 0033 keeps its payload in the jsonb column
-// payload (and payload_json NULL); the scheduler reads whichever is set. When the timer fires, the append goes through append_events, whose
-// events argument is jsonb: the server then parses the events, and stores
-// each event's data as jsonb renders it, as for every append made in a
-// transaction (Transact, AppendTx).
+// payload (and payload_json NULL); the scheduler reads whichever is set. When
+// the timer fires, the append goes through append_events_json (migration
+// 0035), which stores each event's data and metadata as the payload holds
+// them, as every append made in a transaction (Transact, AppendTx) does: a
+// timer stored before 0033 holds, and appends, jsonb's rendering.
 
 // encodePayload returns enc as a timer's payload, with enc.Events as it is,
 // byte for byte. json.Marshal would compact it and escape <, > and & in its
@@ -80,11 +82,16 @@ func mayOverflowNumeric(b []byte) bool {
 }
 
 // checkStorable refuses an encoded append whose events hold a number that
-// jsonb cannot (beyond numeric's range: {"n": 1e200000}): the timer would
-// fail each time it fires, since append_events takes jsonb. Go tells the
-// numbers that may be out of range (mayOverflowNumeric); PostgreSQL decides
-// for those (jsonb_storable, which answers rather than raises, so a
-// caller's tx goes on), for each event's data and metadata.
+// jsonb cannot (beyond numeric's range: {"n": 1e200000}) where the append
+// refuses one, so the timer would fail each time it fires: in metadata,
+// which the append functions read as jsonb (22003), and in data holding
+// "$personal" (personal data, which Forget and the scavenger read as
+// jsonb) or a \u escape (ErrInvalidEvent: data_unstorable, migration 0032,
+// asks jsonb of both). Other data holding such a number is appended as
+// written (append_events_json, migration 0035), as Append and Transact
+// store it. Go tells the numbers that may be out of range
+// (mayOverflowNumeric); PostgreSQL decides for those (jsonb_storable, which
+// answers rather than raises, so a caller's tx goes on).
 func (s *Scheduler) checkStorable(ctx context.Context, tx pgx.Tx, enc eventstore.EncodedAppend) error {
 	if !mayOverflowNumeric(enc.Events) {
 		return nil
@@ -101,7 +108,8 @@ func (s *Scheduler) checkStorable(ctx context.Context, tx pgx.Tx, enc eventstore
 			name string
 			json json.RawMessage
 		}{{"data", e.Data}, {"metadata", e.Metadata}} {
-			if !mayOverflowNumeric(f.json) {
+			if !mayOverflowNumeric(f.json) ||
+				(f.name == "data" && !bytes.Contains(f.json, []byte(`"$personal"`)) && !bytes.Contains(f.json, []byte(`\u`))) {
 				continue
 			}
 			var ok bool
@@ -110,7 +118,7 @@ func (s *Scheduler) checkStorable(ctx context.Context, tx pgx.Tx, enc eventstore
 			}
 			if !ok {
 				return &eventstore.InvalidEventError{Event: i + 1, Field: f.name,
-					Reason: "holds a number beyond the range of PostgreSQL's numeric, which jsonb cannot hold: a timer's events are appended through append_events, which takes jsonb"}
+					Reason: "holds a number beyond the range of PostgreSQL's numeric, which jsonb cannot hold: annals refuses one in metadata, and in data that holds \"$personal\" or a \\u escape"}
 			}
 		}
 	}

@@ -20,8 +20,9 @@ import (
 // json, since migration 0033; the jsonb column payload rewrote it: keys
 // sorted, a duplicate key dropped, 1e2 spelled 100), and its payload is not compacted or
 // HTML-escaped on the way (json.Marshal did both). When it fires, the
-// append is sent as stored, and its event is what the same event appended
-// in a transaction (Transact) is.
+// append is sent as stored, and its event's data is the bytes scheduled
+// (append_events_json, migration 0035; append_events stored jsonb's
+// rendering), as the same event appended by Transact.
 func TestTimerPayloadKeptByteForByte(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)
@@ -69,8 +70,8 @@ func TestTimerPayloadKeptByteForByte(t *testing.T) {
 		(SELECT data::text FROM annals.events WHERE stream_id = 'direct')`).Scan(&fired, &direct); err != nil {
 		t.Fatal(err)
 	}
-	if fired != direct {
-		t.Errorf("the timer's event holds %s; the same data appended by Transact %s", fired, direct)
+	if fired != string(raw) || direct != string(raw) {
+		t.Errorf("the timer's event holds %s and the same data appended by Transact %s; want the bytes scheduled, %s", fired, direct, raw)
 	}
 	// Firing it again (the same encoded append) is a no-op by event ID.
 	if _, err := s.store.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
@@ -132,13 +133,16 @@ func TestTimerPayloadSizeKeptAndCheckedWhenFired(t *testing.T) {
 }
 
 // A number that jsonb cannot hold (beyond numeric's range: an exponent too
-// large or too small, or more than 16383 digits after the point) fails
-// Schedule with ErrInvalidTimer and an *eventstore.InvalidEventError naming
-// the event and the field, and stores nothing: the timer could never fire,
-// as append_events takes jsonb. It failed with a bare SQLSTATE 22003 from
-// the jsonb column. In the caller's transaction, the transaction goes on.
-// Numbers jsonb holds, however long their exponent, and such text in
-// strings, are scheduled.
+// large or too small, or more than 16383 digits after the point) in
+// metadata or in data holding "$personal" (personal data) or a \u escape,
+// which the append refuses, fails Schedule with ErrInvalidTimer and an
+// *eventstore.InvalidEventError naming the event and the field, and stores
+// nothing: the timer could never fire. It failed with a bare SQLSTATE 22003
+// from the jsonb column. In the caller's transaction, the transaction goes
+// on. Numbers jsonb holds, however long their exponent, such text in
+// strings, and any number in other data (which append_events_json stores
+// as written, as Append and Transact do since migration 0035) are
+// scheduled, and the last fire with the data as scheduled.
 func TestTimerNumberJsonbCannotHold(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)
@@ -150,9 +154,10 @@ func TestTimerNumberJsonbCannotHold(t *testing.T) {
 		event eventstore.EventData
 		field string
 	}{
-		{"HugeExponent", ev("x", json.RawMessage(`{"n":1e200000}`)), "data"},
-		{"TinyExponent", ev("x", json.RawMessage(`{"n":-0.0e-999999}`)), "data"},
-		{"LongFraction", ev("x", json.RawMessage(`[0.`+strings.Repeat("1", 16384)+`]`)), "data"},
+		{"HugeExponent", ev("x", json.RawMessage(`{"email":{"$personal":{}},"n":1e200000}`)), "data"},
+		{"TinyExponent", ev("x", json.RawMessage(`{"email":{"$personal":{}},"n":-0.0e-999999}`)), "data"},
+		{"LongFraction", ev("x", json.RawMessage(`[{"$personal":{}},0.`+strings.Repeat("1", 16384)+`]`)), "data"},
+		{"WithEscape", ev("x", json.RawMessage(`{"s":"\u00e9","n":1e200000}`)), "data"},
 		{"InMetadata", eventstore.EventData{Type: "x", Data: map[string]int{},
 			Metadata: eventstore.Metadata{Extra: map[string]any{"n": json.RawMessage(`1e200000`)}}}, "metadata"},
 	} {
@@ -183,12 +188,28 @@ func TestTimerNumberJsonbCannotHold(t *testing.T) {
 			}
 		})
 	}
-	if n := timerRows(t, db); n != 4 {
-		t.Fatalf("%d timers stored; want the 4 scheduled after a refusal in a transaction", n)
+	if n := timerRows(t, db); n != 5 {
+		t.Fatalf("%d timers stored; want the 5 scheduled after a refusal in a transaction", n)
 	}
 	for _, data := range []string{`{"n":1e99999}`, `{"n":1e-00009}`, `{"s":"1e200000", "t":"\"1e200000"}`, `[1.` + strings.Repeat("5", 16000) + `]`} {
 		if _, err := s.Schedule(ctx, nil, at, "s", ev("x", json.RawMessage(data))); err != nil {
 			t.Errorf("Schedule of %.40s: %v", data, err)
+		}
+	}
+
+	clock := newFakeClock(t0)
+	fires := newScheduler(t, db, &Config{Clock: clock})
+	for i, data := range []string{`{"n":1e200000}`, `{"n":-0.0e-999999}`, `[0.` + strings.Repeat("1", 16384) + `]`} {
+		stream := fmt.Sprintf("other-%d", i)
+		if _, err := fires.Schedule(ctx, nil, t0, stream, ev("x", json.RawMessage(data))); err != nil {
+			t.Fatalf("Schedule of %.40s: %v", data, err)
+		}
+		if n := fireDue(t, fires); n != 1 {
+			t.Fatalf("FireDue of %.40s fired %d, want 1", data, n)
+		}
+		var stored string
+		if err := db.Pool.QueryRow(ctx, `SELECT data::text FROM annals.events WHERE stream_id = $1`, stream).Scan(&stored); err != nil || stored != data {
+			t.Fatalf("the fired event of %.40s holds %.40s (%v), want the data as scheduled", data, stored, err)
 		}
 	}
 }

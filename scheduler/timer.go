@@ -103,15 +103,16 @@ func quotePrefix(s string) string {
 // then). The events are validated and encoded now (eventstore.Encode), and
 // their IDs fixed, so the append runs exactly these events (and is
 // idempotent by event ID): the encoded append is stored byte for byte and
-// sent as stored. It is an append in a transaction, as Transact makes: the
-// data is stored as PostgreSQL's jsonb renders it (keys sorted, a duplicate
-// key's last value kept, numbers spelled out: 1e2 is stored as 100).
+// sent as stored. It is an append in a transaction, as Transact makes, and
+// stores each event's data and metadata byte for byte as encoded
+// (append_events_json, migration 0035).
 //
 // Errors match ErrInvalidTimer for bad input, and also the eventstore error
 // that eventstore.Encode returned (ErrInvalidEvent, ErrUnknownEventType),
 // or an *eventstore.InvalidEventError for a number that jsonb cannot hold
-// (beyond the range of PostgreSQL's numeric, such as 1e200000), which the
-// append could never store.
+// (beyond the range of PostgreSQL's numeric, such as 1e200000) in metadata,
+// or in data holding "$personal" or a \u escape, which the append refuses
+// (in other data it is stored as written).
 func (s *Scheduler) Schedule(ctx context.Context, tx pgx.Tx, at time.Time, streamID string, events ...eventstore.EventData) (TimerID, error) {
 	return s.ScheduleTimer(ctx, tx, Timer{At: at, StreamID: streamID, Events: events})
 }

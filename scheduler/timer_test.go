@@ -50,7 +50,7 @@ func TestTimerFiresWhenDueByTheClock(t *testing.T) {
 	if err := db.Pool.QueryRow(t.Context(), `SELECT event_type, data::text FROM annals.events`).Scan(&typ, &data); err != nil {
 		t.Fatal(err)
 	}
-	if typ != "order.expired" || data != `{"order": 1}` {
+	if typ != "order.expired" || data != `{"order":1}` { // as encoding/json wrote it
 		t.Errorf("event = %s %s", typ, data)
 	}
 }

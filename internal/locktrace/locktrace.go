@@ -1,9 +1,9 @@
 // Package locktrace measures, in tests, how long transactions hold the
 // log's ordering lock: a pgx tracer that counts the round trips a connection
-// sends after an append_events call of its transaction and before that
-// transaction's COMMIT or ROLLBACK (the append's transaction-scoped advisory
-// lock is held all that time, and every other append in the database waits
-// for it). A pipelined batch that ends with the COMMIT is one round trip that
+// sends after an append_events (or append_events_json) call of its
+// transaction and before that transaction's COMMIT or ROLLBACK (the append's
+// transaction-scoped advisory lock is held all that time, and every other
+// append in the database waits for it). A pipelined batch that ends with the COMMIT is one round trip that
 // starts without the lock, so sending the appends and the COMMIT together
 // counts zero. A ROLLBACK after a failed pipeline is counted apart.
 //
@@ -55,7 +55,7 @@ func (l *Tracer) statement(conn *pgx.Conn, sql string) {
 	defer l.mu.Unlock()
 	s := strings.ToLower(strings.TrimSpace(sql))
 	switch {
-	case strings.Contains(s, "append_events("):
+	case strings.Contains(s, "append_events(") || strings.Contains(s, "append_events_json("):
 		if _, held := l.held[conn]; !held {
 			l.held[conn] = 0
 		}

@@ -194,6 +194,7 @@ func documentedPrivileges() map[string][]string {
 	observe := on("table", sel, "instances", "failures", "timers", "cron_tasks", "cron_ticks", "audit_log")
 	appendRights := slices.Concat(exec(
 		"append_events(text, bigint, jsonb)",
+		"append_events_json(text, bigint, json)",
 		"append_batch(text[], bigint[], integer[], integer[], uuid[], text[], text[], text[], boolean)",
 		"append_one(text, bigint, uuid, text, text, text, boolean)",
 		"delete_stream(text, bigint, boolean, jsonb)",
