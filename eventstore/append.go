@@ -300,8 +300,10 @@ func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pg
 		span.End()
 	}()
 	// The session's defaults, unless a package of annals asks for others
-	// (internal/txopts: the scheduler's claims run READ COMMITTED).
-	return s.transact(ctx, txopts.From(ctx), fn)
+	// (internal/txopts: the scheduler's claims run READ COMMITTED), for this
+	// transaction only: the body gets a context that asks for nothing.
+	opts, ctx := txopts.Take(ctx)
+	return s.transact(ctx, opts, fn)
 }
 
 // transact is Transact without its span, in a transaction begun with opts

@@ -27,3 +27,15 @@ func From(ctx context.Context) pgx.TxOptions {
 	opts, _ := ctx.Value(key{}).(pgx.TxOptions)
 	return opts
 }
+
+// Take returns the options ctx asks for, and ctx without them: what
+// Transact hands its body and the inline projections, so that a
+// transaction they begin with that context (another Store's Transact) gets
+// its own session's defaults, not the options meant for this one.
+func Take(ctx context.Context) (pgx.TxOptions, context.Context) {
+	opts := From(ctx)
+	if opts == (pgx.TxOptions{}) {
+		return opts, ctx
+	}
+	return opts, context.WithValue(ctx, key{}, nil)
+}
