@@ -19,7 +19,7 @@ SELECT event_id, global_sequence, stream_version
 -- (The name is an argument of format, so that the statement does not read
 -- as a call of the function: internal/locktrace looks for one.)
 SELECT coalesce(has_function_privilege(
-           to_regprocedure(format('%I.%I(text, bigint, json)', {{.SchemaLiteral}}, 'append_events_json')), 'EXECUTE'),
+           to_regprocedure(format('%I.%I(pg_catalog.text, pg_catalog.int8, pg_catalog.json)', {{.SchemaLiteral}}, 'append_events_json')), 'EXECUTE'),
        false);
 
 -- name: AppendBatch

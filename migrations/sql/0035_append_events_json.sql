@@ -86,7 +86,12 @@ BEGIN
                      AND (p_md OPERATOR(pg_catalog.->>) 'schema_version')::numeric
                          = pg_catalog.trunc((p_md OPERATOR(pg_catalog.->>) 'schema_version')::numeric)
                 ELSE false END
-       AND (pg_catalog.pg_column_size(p_md) <= 256 OR {{.Schema}}.metadata_keys_ok(p_md));
+       -- pg_column_size measures a compressed value as stored: only an
+       -- uncompressed one of 256 bytes can hold no key over 256 bytes (a
+       -- jsonb read from a table, e.g. passed to delete_stream, may be
+       -- compressed).
+       AND ((pg_catalog.pg_column_compression(p_md) IS NULL AND pg_catalog.pg_column_size(p_md) <= 256)
+            OR {{.Schema}}.metadata_keys_ok(p_md));
 END
 $fn$;
 
