@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
@@ -97,24 +95,12 @@ func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVe
 // appendAlone runs one append_events_json call as a transaction of its
 // own (append_events, on a schema or for a role without it: appendQuery).
 func (s *Store) appendAlone(ctx context.Context, args appendArgs) (AppendResult, error) {
-	viaJSON := s.appendFn.Load() != appendFnJSONB
-	q := s.q.append
-	if !viaJSON {
-		q = s.q.appendJSONB
+	q, err := s.appendQuery(ctx, s.pool)
+	if err != nil {
+		return AppendResult{}, err
 	}
 	rows, err := s.pool.Query(ctx, q, args.stream, args.expected, json.RawMessage(args.json()))
-	res, err := collectAppend(rows, err, args)
-	if viaJSON && appendJSONMissing(err) {
-		// A statement of its own that failed wrote nothing: it goes again
-		// through append_events, as every later append of this Store does.
-		s.appendFn.Store(appendFnJSONB)
-		rows, err := s.pool.Query(ctx, s.q.appendJSONB, args.stream, args.expected, json.RawMessage(args.json()))
-		return collectAppend(rows, err, args)
-	}
-	if viaJSON && err == nil {
-		s.appendFn.CompareAndSwap(appendFnUnknown, appendFnJSON)
-	}
-	return res, err
+	return collectAppend(rows, err, args)
 }
 
 // The SQL function that appends through the Append query call
@@ -156,15 +142,6 @@ func (s *Store) appendQuery(ctx context.Context, q rowQuerier) (string, error) {
 	}
 	s.appendFn.Store(appendFnJSON)
 	return s.q.append, nil
-}
-
-// appendJSONMissing reports whether err says that append_events_json does
-// not exist (a schema migrated before 0035) or that the session's role may
-// not execute it.
-func appendJSONMissing(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "42883" || pgErr.Code == "42501") &&
-		strings.Contains(pgErr.Message, "append_events_json")
 }
 
 // trace starts the span of one append and returns the function that ends it
