@@ -11,9 +11,11 @@ import (
 	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/recovered"
+	"github.com/annals-dev/annals/migrations"
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // InlineProjection is a projection applied in the transaction of every
@@ -405,20 +407,71 @@ func inlineLockKey(schema, stream string) (int32, int32) {
 }
 
 func (s *Store) appendInlineOnce(ctx context.Context, a appendArgs, serialize bool) (AppendResult, error) {
-	// READ COMMITTED whatever the session's default: under REPEATABLE READ
-	// the snapshot would be taken by the lock statement, before its wait,
-	// and every read after it would miss the commit it waited for.
-	res, err := s.transact(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(ctx context.Context, tx pgx.Tx, b *Batch) error {
-		if serialize {
-			if _, err := tx.Exec(ctx, s.q.inlineStreamLock, a.stream); err != nil {
-				return errors.Wrap(err, "eventstore: inline: queue for the stream's retry lock")
+	for again := false; ; again = true {
+		// READ COMMITTED whatever the session's default: under REPEATABLE
+		// READ the snapshot would be taken by the lock statement, before
+		// its wait, and every read after it would miss the commit it
+		// waited for.
+		res, err := s.transact(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(ctx context.Context, tx pgx.Tx, b *Batch) error {
+			if serialize {
+				if err := s.lockInlineStream(ctx, tx, a.stream, again); err != nil {
+					return err
+				}
 			}
+			b.appends = append(b.appends, a)
+			return nil
+		})
+		if errors.Is(err, errInlineLockSwitched) && !again {
+			continue // the lock statement was the transaction's first: nothing else is lost
 		}
-		b.appends = append(b.appends, a)
-		return nil
-	})
-	if err != nil {
-		return AppendResult{}, err
+		if err != nil {
+			return AppendResult{}, err
+		}
+		return res[0], nil
 	}
-	return res[0], nil
+}
+
+// errInlineLockSwitched marks the failure of the statement that took the
+// inline retry lock through the function that lockInlineStream had chosen,
+// after it chose the other one: the attempt is made again.
+var errInlineLockSwitched = errors.New("eventstore: inline: the retry lock's function changed")
+
+// lockInlineStream queues tx (whose first statement this is) on the retry
+// lock of inline appends to stream: through the schema's
+// inline_stream_lock (migration 0034), or, on a schema migrated before it
+// (a client deployed before `annals migrate`), through
+// pg_advisory_xact_lock with the same key, as clients before 0034 took it,
+// so that processes of both versions still take turns. The first 42883
+// switches the Store to the second; a 42501 of the second (advisory locks
+// restricted since, which needs 0034) switches it back. Either failure
+// aborted tx and returns errInlineLockSwitched, unless last is set (the
+// attempt was made again already): a schema on which neither works fails
+// with migrations.ErrNotMigrated.
+func (s *Store) lockInlineStream(ctx context.Context, tx pgx.Tx, stream string, last bool) error {
+	direct := s.inlineLockDirect.Load()
+	var err error
+	if direct {
+		k1, k2 := inlineLockKey(s.schema, stream)
+		_, err = tx.Exec(ctx, s.q.inlineStreamLockDirect, k1, k2)
+	} else {
+		_, err = tx.Exec(ctx, s.q.inlineStreamLock, stream)
+	}
+	if err == nil {
+		return nil
+	}
+	err = errors.Wrap(err, "eventstore: inline: queue for the stream's retry lock")
+	switched := "42883" // undefined_function: no inline_stream_lock
+	if direct {
+		switched = "42501" // insufficient_privilege: pg_advisory_xact_lock restricted
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case !errors.As(err, &pgErr) || pgErr.Code != switched:
+		return err
+	case last:
+		return errmark.Mark(errors.Wrap(err, "annals: the schema has no inline_stream_lock (migration 0034), and the role may not take "+
+			"PostgreSQL's advisory lock in its place: run 'annals migrate'"), migrations.ErrNotMigrated)
+	}
+	s.inlineLockDirect.Store(!direct)
+	return errmark.Mark(err, errInlineLockSwitched)
 }

@@ -73,6 +73,12 @@ SELECT count(*)::int FROM {{.Schema}}.events_all WHERE event_id = ANY($1::uuid[]
 -- 0034: a writer needs no lock function of PostgreSQL's).
 SELECT {{.Schema}}.inline_stream_lock($1);
 
+-- name: InlineStreamLockDirect
+-- The same lock on a schema migrated before 0034, which has no
+-- inline_stream_lock: the key (inlineLockKey) taken with PostgreSQL's
+-- function, as clients before 0034 took it.
+SELECT pg_catalog.pg_advisory_xact_lock($1::int4, $2::int4);
+
 -- name: InlineWritten
 -- After an inline append with caller-chosen IDs, in the pipeline before its
 -- COMMIT: fails (division by zero) unless this transaction wrote every one

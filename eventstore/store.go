@@ -95,11 +95,15 @@ type Store struct {
 	// appendFn is the SQL function of appends through the Append query
 	// (appendFnUnknown until known; see appendQuery).
 	appendFn atomic.Int32
+	// inlineLockDirect is set when the schema has no inline_stream_lock
+	// (migrated before 0034): the retry lock of inline appends is then
+	// taken with pg_advisory_xact_lock (see lockInlineStream).
+	inlineLockDirect atomic.Bool
 }
 
 type queries struct {
 	append, appendJSONB, appendJSONUsable, appendBatch, appendOne, readAll, readStream, streamVersion, head, storedIDs,
-	inlineWritten, inlineStreamLock string
+	inlineWritten, inlineStreamLock, inlineStreamLockDirect string
 }
 
 // New returns a Store on pool. The schema must have been migrated (see the
@@ -151,18 +155,19 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		maxBytes: c.MaxEventBytes,
 		pageSize: c.PageSize,
 		q: queries{
-			append:           named["Append"],
-			appendJSONB:      named["AppendJSONB"],
-			appendJSONUsable: named["AppendJSONUsable"],
-			appendBatch:      named["AppendBatch"],
-			appendOne:        named["AppendOne"],
-			readAll:          named["ReadAll"],
-			readStream:       named["ReadStream"],
-			streamVersion:    named["StreamVersion"],
-			head:             named["Head"],
-			storedIDs:        named["StoredIDs"],
-			inlineWritten:    named["InlineWritten"],
-			inlineStreamLock: named["InlineStreamLock"],
+			append:                 named["Append"],
+			appendJSONB:            named["AppendJSONB"],
+			appendJSONUsable:       named["AppendJSONUsable"],
+			appendBatch:            named["AppendBatch"],
+			appendOne:              named["AppendOne"],
+			readAll:                named["ReadAll"],
+			readStream:             named["ReadStream"],
+			streamVersion:          named["StreamVersion"],
+			head:                   named["Head"],
+			storedIDs:              named["StoredIDs"],
+			inlineWritten:          named["InlineWritten"],
+			inlineStreamLock:       named["InlineStreamLock"],
+			inlineStreamLockDirect: named["InlineStreamLockDirect"],
 		},
 	}
 	if s.inline, err = newInline(c.Inline); err != nil {
