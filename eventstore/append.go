@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
@@ -595,7 +597,7 @@ func encodeData(n int, v any) ([]byte, error) {
 
 func collectAppend(rows pgx.Rows, err error, a appendArgs) (AppendResult, error) {
 	if err != nil {
-		return AppendResult{}, translate(err, a.stream, a.exp)
+		return AppendResult{}, translateAppend(err, a)
 	}
 	res := AppendResult{StreamID: a.stream, Events: make([]AppendedEvent, 0, a.count)}
 	var ev AppendedEvent
@@ -604,11 +606,33 @@ func collectAppend(rows pgx.Rows, err error, a appendArgs) (AppendResult, error)
 		return nil
 	})
 	if err != nil {
-		return AppendResult{}, translate(err, a.stream, a.exp)
+		return AppendResult{}, translateAppend(err, a)
 	}
 	if len(res.Events) != a.count {
 		return AppendResult{}, errors.Newf("eventstore: the append returned %d rows for %d events", len(res.Events), a.count)
 	}
 	res.StreamVersion = res.Events[len(res.Events)-1].StreamVersion
 	return res, nil
+}
+
+// translateAppend is translate for the failure of append a through
+// append_events_json or append_events: it also turns PostgreSQL's refusal
+// of JSON text that jsonb cannot hold (22P05: a \u0000; 22P02 of type json:
+// an unpaired surrogate escape), which those functions raise before any
+// check of their own, into the *InvalidEventError that the Go client's own
+// check gives (it gives it before sending: this is for what it let through).
+func translateAppend(err error, a appendArgs) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || !(pgErr.Code == "22P05" || (pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "json"))) {
+		return translate(err, a.stream, a.exp)
+	}
+	why := pgErr.Message
+	if pgErr.Detail != "" {
+		why += ": " + pgErr.Detail
+	}
+	var located *InvalidEventError
+	if errors.As(badText(a.stream, a.json(), why), &located) {
+		return errors.WithStack(located)
+	}
+	return errors.WithStack(&InvalidEventError{Reason: "annals: PostgreSQL refused the events: " + why, sqlMessage: true})
 }

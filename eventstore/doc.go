@@ -254,7 +254,22 @@
 // characters; data that is not a JSON object or array or that PostgreSQL
 // cannot store; an event over Config.MaxEventBytes; a misused reserved
 // metadata key; a malformed or overflowing expected version. Most are an
-// *InvalidEventError naming the event, field and limit. The SQL function
+// *InvalidEventError naming the event, field and limit.
+//
+// A NUL character (the escape \u0000, in a value or a key of data or
+// metadata, or "\x00" in a Go string that becomes one) is refused on every
+// path (encoded appends and DeleteStream's metadata included), although the
+// json columns could hold the escape: whoever reads such a value as text
+// or jsonb fails on it (SQLSTATE 22P05), at every read, for good: a
+// projection's ->> or ::jsonb, forget_subject and scavenge (which read
+// personal data as jsonb), a re-append's comparison, a read model's text
+// column, and readers in other languages whose strings cannot hold NUL.
+// Refused at the append, the writer learns it at once. append_events cannot
+// take such text at all (jsonb refuses it before the function runs), so
+// accepting it elsewhere would make an event storable by some paths only.
+// The server refuses it too (append_one and append_batch with AN002,
+// append_events_json and append_events with 22P05, which the Go client
+// turns into the same *InvalidEventError). The SQL function
 // checks the same rules for producers in other languages and reports them
 // with the SQLSTATEs listed in errors.go and docs/sql-api.md (AN002 comes
 // back to Go as an *InvalidEventError too).

@@ -13,9 +13,11 @@ import (
 // The scheduler stores one in a timer row and appends it when the timer is
 // due; appending it twice is a no-op the second time (idempotent by event ID).
 // Appending one checks it again (AppendEncodedTx, Batch.AppendEncoded): its
-// form, the stream ID, the expected version and each event's data plus
-// metadata against Config.MaxEventBytes, measured on Events as it is then;
-// the SQL function checks the rest.
+// form, the stream ID, the expected version, each event's data plus
+// metadata against Config.MaxEventBytes, measured on Events as it is then,
+// and text that PostgreSQL's jsonb cannot hold (a \u0000, an unpaired
+// surrogate escape: ErrInvalidEvent, as Encode refuses it); the SQL
+// function checks the rest.
 type EncodedAppend struct {
 	// StreamID is the stream the events go to.
 	StreamID string `json:"stream_id"`
@@ -90,6 +92,13 @@ func (a EncodedAppend) args(maxBytes int) (appendArgs, error) {
 	if a.Count <= 0 || json.Unmarshal(a.Events, &events) != nil || len(events) != a.Count {
 		return appendArgs{}, invalidf("encoded append to stream %q is malformed", a.StreamID)
 	}
+	// What jsonb cannot hold (a \u0000, an unpaired surrogate escape)
+	// fails append_events_json and append_events with a bare 22P05 or
+	// 22P02: refused here, as Encode refuses it, by the event and field
+	// that hold it. One scan of the whole array when it has none.
+	if why := checkJSONText(a.Events, false); why != "" {
+		return appendArgs{}, badText(a.StreamID, a.Events, why)
+	}
 	for i, e := range events {
 		meta := e.Metadata
 		if string(meta) == "null" {
@@ -119,4 +128,29 @@ func compactLen(b []byte) int {
 		return len(b)
 	}
 	return buf.Len()
+}
+
+// badText returns the error of an append whose JSON array of events
+// (append_events_json's argument) holds text that jsonb cannot hold
+// (checkJSONText's reason why): an *InvalidEventError naming the event and
+// the field (type, data or metadata) that holds it, when one does.
+func badText(stream string, payload []byte, why string) error {
+	var events []struct {
+		Type     json.RawMessage `json:"type"`
+		Data     json.RawMessage `json:"data"`
+		Metadata json.RawMessage `json:"metadata"`
+	}
+	if json.Unmarshal(payload, &events) == nil {
+		for i, e := range events {
+			for _, f := range []struct {
+				name string
+				text []byte
+			}{{"type", e.Type}, {"data", e.Data}, {"metadata", e.Metadata}} {
+				if why := checkJSONText(f.text, false); why != "" {
+					return &InvalidEventError{Event: i + 1, Field: f.name, Reason: why}
+				}
+			}
+		}
+	}
+	return invalidf("append to stream %q: its events %s", stream, why)
 }

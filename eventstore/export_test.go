@@ -1,5 +1,12 @@
 package eventstore
 
+import (
+	"context"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
 // QueuedAppends reports how many appends wait in s's group-commit queue (not
 // yet taken by a group), for tests that arrange a group.
 func QueuedAppends(s *Store) int {
@@ -34,3 +41,30 @@ func InlineLockKey(schema, stream string) (int32, int32) { return inlineLockKey(
 // through append_events, as before migration 0035, for benchmarks that
 // compare it with append_events_json.
 func AppendThroughJSONB(s *Store) { s.appendFn.Store(appendFnJSONB) }
+
+// AppendUnchecked sends an append of n events of type typ, each with data
+// and meta (nil: none), to stream at any version, without the client's
+// checks: through group commit (path "group": append_one for one event,
+// append_batch for more) or alone (path "alone": the Store's function for
+// appends in a transaction). For tests of how the server's refusals reach
+// the caller.
+func AppendUnchecked(ctx context.Context, s *Store, path, stream, typ string, data, meta []byte, n int) (AppendResult, error) {
+	a := appendArgs{stream: stream, exp: Any, count: n}
+	for range n {
+		a.events = append(a.events, encodedEvent{id: uuid.New(), typ: typ, data: data, meta: meta})
+	}
+	if path == "group" {
+		return s.group.append(ctx, a)
+	}
+	return s.appendAlone(ctx, a)
+}
+
+// AppendEncodedUncheckedTx is AppendEncodedTx without the client's checks of
+// the events' JSON text.
+func AppendEncodedUncheckedTx(ctx context.Context, s *Store, tx pgx.Tx, a EncodedAppend) (AppendResult, error) {
+	exp, err := a.Expected.sqlArg()
+	if err != nil {
+		return AppendResult{}, err
+	}
+	return s.appendTx(ctx, tx, appendArgs{stream: a.StreamID, expected: exp, exp: a.Expected, payload: a.Events, count: a.Count, callerIDs: true})
+}

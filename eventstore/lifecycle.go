@@ -284,6 +284,9 @@ func (s *Store) deleteStream(ctx context.Context, q querier, streamID string, ex
 		if meta, err = json.Marshal(md); err != nil {
 			return AppendResult{}, invalidf("delete of stream %q: metadata: %v", streamID, err)
 		}
+		if why := checkJSONText(meta, true); why != "" { // delete_stream takes jsonb
+			return AppendResult{}, &InvalidEventError{Event: 1, Field: "metadata", Reason: why}
+		}
 	}
 	var metaArg any // NULL, not a JSON null, without metadata
 	if meta != nil {
