@@ -41,7 +41,9 @@ only the newest event is left), it says so; the run is recorded all the same, wi
 
 The role needs 'annals grant operator'. --output text prints a line per step; jsonl an
 object per step; json the final state: {"run_id", "started_by", "started_at", "before",
-"from_position", "target_position", "archived_to", "moved", "steps", "done"}.`,
+"from_position", "target_position", "archived_to", "moved", "steps", "done"}, with the
+lines per step on stderr. An interrupted run (Ctrl-C, SIGTERM) exits 1 and says how far
+it got (json: its state, "done": false); the next 'annals archive' continues it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if before < 1 {
@@ -73,13 +75,19 @@ object per step; json the final state: {"run_id", "started_by", "started_at", "b
 				switch *format {
 				case outputJSONL:
 					werr = writeJSONList(e.stdout, outputJSONL, []archive.Progress{p})
-				case outputText:
+				case outputText, outputJSON:
+					// json's stdout is the final state alone: its
+					// progress goes to stderr, as verify's does.
+					out := e.stdout
+					if *format == outputJSON {
+						out = e.stderr
+					}
 					if p.Target <= p.From { // every position below the target is archived already
-						_, werr = fmt.Fprintf(e.stdout, "run %d: nothing to archive below %d: positions below %d are archived already, and the newest event always stays in events\n",
+						_, werr = fmt.Fprintf(out, "run %d: nothing to archive below %d: positions below %d are archived already, and the newest event always stays in events\n",
 							p.RunID, p.Before, p.From+1)
 						return
 					}
-					_, werr = fmt.Fprintf(e.stdout, "run %d: positions %d..%d of %d archived (%.0f%%), %d events moved\n",
+					_, werr = fmt.Fprintf(out, "run %d: positions %d..%d of %d archived (%.0f%%), %d events moved\n",
 						p.RunID, p.From+1, p.ArchivedTo, p.Target, 100*p.Fraction(), p.Moved)
 				}
 			}
@@ -90,6 +98,17 @@ object per step; json the final state: {"run_id", "started_by", "started_at", "b
 			p, err := a.RunOnce(ctx, before)
 			if errors.Is(err, archive.ErrBusy) {
 				return errors.Wrap(err, "another archiver is running; try again later")
+			}
+			if err != nil && p.RunID != 0 && ctx.Err() != nil {
+				// Interrupted: what the run did stays done, and the next
+				// run continues it; json still gets its state (done false).
+				if *format == outputJSON {
+					if werr := writeJSON(e.stdout, p); werr != nil {
+						return werr
+					}
+				}
+				return errors.Newf("interrupted: run %d stopped with positions up to %d of %d archived (%d events moved); the next 'annals archive' continues it",
+					p.RunID, p.ArchivedTo, p.Target, p.Moved)
 			}
 			if err != nil {
 				return err

@@ -36,7 +36,9 @@ the last N.
 
 The role needs 'annals grant operator'. --output text prints a line per batch; jsonl an
 object per batch; json the final state: {"run_id", "started_by", "started_at", "now",
-"from_position", "target_position", "scanned_to", "removed", "steps", "done"}.`,
+"from_position", "target_position", "scanned_to", "removed", "steps", "done"}, with the
+lines per batch on stderr. An interrupted run (Ctrl-C, SIGTERM) exits 1 and says how far
+it got (json: its state, "done": false); the next 'annals scavenge' continues it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if batch < 1 {
@@ -68,8 +70,14 @@ object per batch; json the final state: {"run_id", "started_by", "started_at", "
 				switch *format {
 				case outputJSONL:
 					werr = writeJSONList(e.stdout, outputJSONL, []scavenge.Progress{p})
-				case outputText:
-					_, werr = fmt.Fprintf(e.stdout, "run %d: positions %d..%d of %d (%.0f%%), %d removed\n",
+				case outputText, outputJSON:
+					// json's stdout is the final state alone: its
+					// progress goes to stderr, as verify's does.
+					out := e.stdout
+					if *format == outputJSON {
+						out = e.stderr
+					}
+					_, werr = fmt.Fprintf(out, "run %d: positions %d..%d of %d (%.0f%%), %d removed\n",
 						p.RunID, p.From+1, p.ScannedTo, p.Target, 100*p.Fraction(), p.Removed)
 				}
 			}
@@ -105,6 +113,18 @@ object per batch; json the final state: {"run_id", "started_by", "started_at", "
 			p, err := s.RunOnce(ctx)
 			if errors.Is(err, scavenge.ErrBusy) {
 				return errors.Wrap(err, "another scavenger is running; try again later")
+			}
+			if err != nil && p.RunID != 0 && ctx.Err() != nil {
+				// Interrupted: what the run removed stays removed, and the
+				// next run continues it; json still gets its state (done
+				// false).
+				if *format == outputJSON {
+					if werr := writeJSON(e.stdout, p); werr != nil {
+						return werr
+					}
+				}
+				return errors.Newf("interrupted: run %d stopped with positions up to %d of %d scanned (%d events removed); the next 'annals scavenge' continues it",
+					p.RunID, p.ScannedTo, p.Target, p.Removed)
 			}
 			if err != nil {
 				return err
