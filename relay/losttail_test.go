@@ -110,11 +110,7 @@ func TestRelayMovedPastAnEventOverMaxPayload(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	var logs lockedBuffer
-	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{RetryBackoff: 20 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := loggedRelay(t, b, &logs)
 	appendMany(t, b.store, 3)
 	if err := r.CatchUp(ctx); err != nil {
 		t.Fatal(err)
@@ -124,13 +120,7 @@ func TestRelayMovedPastAnEventOverMaxPayload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cps, err := checkpoint.New("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cps.Move(ctx, b.db.Pool, "relay", 0, res.Position()); err != nil {
-		t.Fatal(err)
-	}
+	moveCheckpoint(t, b, res.Position())
 	appendMany(t, b.store, 2)
 	if err := r.CatchUp(ctx); err != nil {
 		t.Fatalf("CatchUp past an event over max_payload: %v\n%s", err, logs.String())
@@ -154,11 +144,7 @@ func TestRelayOnAnEmptyStreamBehindItsCheckpoint(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	var logs lockedBuffer
-	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{RetryBackoff: 20 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := loggedRelay(t, b, &logs)
 	if _, err := b.js.CreateStream(ctx, r.StreamConfig()); err != nil {
 		t.Fatal(err)
 	}
@@ -189,6 +175,37 @@ func TestRelayOnAnEmptyStreamBehindItsCheckpoint(t *testing.T) {
 	checkPositions(t, b.relayed("ANNALS"), 6, 7)
 	if l := logs.String(); strings.Count(l, "checkpoint is at 5") != 1 || !strings.Contains(l, "created its JetStream stream") {
 		t.Fatalf("the relay's log does not tell once that it made the stream again:\n%s", l)
+	}
+}
+
+// loggedRelay returns a relay named "relay" of the given types (all when
+// none) that claims again after 20 ms and logs into logs, shown when the
+// test fails.
+func loggedRelay(t *testing.T, b *bundle, logs *lockedBuffer, types ...string) *relay.Relay {
+	t.Helper()
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Types: types, RetryBackoff: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the relay's log:\n%s", logs.String())
+		}
+	})
+	return r
+}
+
+// moveCheckpoint moves the relay's checkpoint forward to pos, as an
+// operator does past an event NATS refuses.
+func moveCheckpoint(t *testing.T, b *bundle, pos int64) {
+	t.Helper()
+	cps, err := checkpoint.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cps.Move(context.Background(), b.db.Pool, "relay", 0, pos); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -261,20 +278,6 @@ func appendTypes(t *testing.T, store *eventstore.Store, types ...string) []int64
 // and moving its checkpoint back.
 func TestRelayCheckpointPastTheStreamIsNoLoss(t *testing.T) {
 	t.Parallel()
-	newRelay := func(t *testing.T, b *bundle, logs *lockedBuffer, types ...string) *relay.Relay {
-		t.Helper()
-		r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Types: types, RetryBackoff: 20 * time.Millisecond,
-			Logger: slog.New(slog.NewTextHandler(logs, nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("the relay's log:\n%s", logs.String())
-			}
-		})
-		return r
-	}
 	// A relay of order.* reached checkpoint 7 with the stream holding
 	// events 1–2 (it moves past the others); run again with payment.* too,
 	// it moved back to 2 and published payment events 3–7: a back-fill of
@@ -286,14 +289,14 @@ func TestRelayCheckpointPastTheStreamIsNoLoss(t *testing.T) {
 		defer cancel()
 		var logs lockedBuffer
 		appendTypes(t, b.store, "order.placed", "order.placed", "payment.made", "payment.made", "payment.made", "payment.made", "payment.made")
-		if err := newRelay(t, b, &logs, "order.*").CatchUp(ctx); err != nil {
+		if err := loggedRelay(t, b, &logs, "order.*").CatchUp(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if cp := b.checkpoint("relay"); cp != 7 {
 			t.Fatalf("checkpoint %d, want 7", cp)
 		}
 		appendTypes(t, b.store, "payment.made")
-		if err := newRelay(t, b, &logs, "order.*", "payment.*").CatchUp(ctx); err != nil {
+		if err := loggedRelay(t, b, &logs, "order.*", "payment.*").CatchUp(ctx); err != nil {
 			t.Fatal(err)
 		}
 		checkPositions(t, b.relayed("ANNALS"), 1, 2, 8)
@@ -314,7 +317,7 @@ func TestRelayCheckpointPastTheStreamIsNoLoss(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 		defer cancel()
 		var logs lockedBuffer
-		r := newRelay(t, b, &logs)
+		r := loggedRelay(t, b, &logs)
 		cfg := r.StreamConfig()
 		cfg.MaxMsgSize = 4096
 		if _, err := b.js.CreateStream(ctx, cfg); err != nil {
@@ -329,13 +332,7 @@ func TestRelayCheckpointPastTheStreamIsNoLoss(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cps, err := checkpoint.New("")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := cps.Move(ctx, b.db.Pool, "relay", 0, res.Position()); err != nil {
-			t.Fatal(err)
-		}
+		moveCheckpoint(t, b, res.Position())
 		appendMany(t, b.store, 2)
 		if err := r.CatchUp(ctx); err != nil {
 			t.Fatalf("CatchUp past an event the stream refuses: %v", err)
@@ -354,7 +351,7 @@ func TestRelayCheckpointPastTheStreamIsNoLoss(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 		defer cancel()
 		var logs lockedBuffer
-		r := newRelay(t, b, &logs, "order.*")
+		r := loggedRelay(t, b, &logs, "order.*")
 		cfg := r.StreamConfig()
 		cfg.DenyPurge = false
 		s, err := b.js.CreateStream(ctx, cfg)
@@ -393,16 +390,7 @@ func TestRelayRefillPassesOverAnEventTheOperatorSkipped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	var logs lockedBuffer
-	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{RetryBackoff: 20 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if t.Failed() {
-			t.Logf("the relay's log:\n%s", logs.String())
-		}
-	}()
+	r := loggedRelay(t, b, &logs)
 	appendMany(t, b.store, 3)
 	if err := r.CatchUp(ctx); err != nil {
 		t.Fatal(err)
@@ -413,13 +401,7 @@ func TestRelayRefillPassesOverAnEventTheOperatorSkipped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cps, err := checkpoint.New("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cps.Move(ctx, b.db.Pool, "relay", 0, res.Position()); err != nil {
-		t.Fatal(err)
-	}
+	moveCheckpoint(t, b, res.Position())
 	appendMany(t, b.store, 2)
 	if err := r.CatchUp(ctx); err != nil {
 		t.Fatal(err)
@@ -450,11 +432,7 @@ func TestRelayWithoutARecordDoesNotMoveBack(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	var logs lockedBuffer
-	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{RetryBackoff: 20 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := loggedRelay(t, b, &logs)
 	appendMany(t, b.store, 3)
 	if err := r.CatchUp(ctx); err != nil {
 		t.Fatal(err)
