@@ -92,11 +92,23 @@
 // relay past it). Nothing else moves the checkpoint back: a checkpoint an
 // operator moved forward stays, types added to the relay are published from
 // the checkpoint on, and a purge keeps the stream's last sequence. A relay
-// with nothing recorded yet does not move back. An empty stream that never
-// held a message tells nothing of what it lost: the relay publishes from
-// its checkpoint on and logs so, as for a stream made again (see "The
-// stream"). Keep what JetStream acknowledges with sync_interval: always on
-// the server, or a stream of three replicas (Config.Replicas).
+// with nothing recorded yet does not move back.
+//
+// A stream that lost what it acknowledged and holds nothing now (the rest
+// removed since by MaxAge or a purge, or its store restored from before
+// the relay's first publish into it) keeps its last sequence, below the
+// one recorded, but no message to move back to: nothing tells which event
+// was at that sequence (the relay records one sequence and position, at
+// each commit, not every message's), and a guess would publish again
+// events the stream had delivered or leave out some it lost, silently
+// either way. The relay logs an ERROR naming the lost sequences and how to
+// publish them (the stream made anew from position 0; see "The stream"),
+// once per stream and loss in a process, and publishes from its checkpoint
+// on. An empty stream that never held a message tells nothing of what it
+// lacks: the relay publishes from its checkpoint on and logs so, as for a
+// stream made again (see "The stream"). Keep what JetStream acknowledges
+// with sync_interval: always on the server, or a stream of three replicas
+// (Config.Replicas).
 //
 // Hence the rules: one relay per JetStream stream (EnsureStream refuses a
 // stream whose newest message another relay published, and the chain would

@@ -455,3 +455,94 @@ func TestRelayWithoutARecordDoesNotMoveBack(t *testing.T) {
 		t.Fatalf("the relay logged a loss it cannot tell:\n%s", l)
 	}
 }
+
+// A stream that lost messages it had acknowledged and holds none now (the
+// tail lost in a crash, the rest removed since: a purge here, MaxAge
+// alike) keeps its last sequence, below the one the relay recorded; no
+// message tells which event was at it, so the relay cannot publish the
+// lost ones again (see publisher.behind), but it says so, at ERROR, with
+// the lost sequences and how to publish them. It said nothing: its newest
+// message gave no position, and it told only of a stream that never held
+// one. A store restored from before the relay's first publish into the
+// stream (empty, last sequence 0, the same stream) lost everything it
+// acknowledged: an ERROR too, not the WARN of a stream that never held a
+// message.
+func TestRelayOnAnEmptyStreamThatLostWhatItAcknowledged(t *testing.T) {
+	t.Parallel()
+	check := func(t *testing.T, b *bundle, logs *lockedBuffer, r *relay.Relay, lost string, want ...int64) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+		defer cancel()
+		if err := r.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		checkPositions(t, b.relayed("ANNALS"), want...)
+		l := logs.String()
+		if strings.Count(l, "level=ERROR") != 1 || !strings.Contains(l, "holds none now") || !strings.Contains(l, "sequences "+lost) ||
+			!strings.Contains(l, "nats stream rm ANNALS -f") || !strings.Contains(l, "annals checkpoint set relay 0 --yes") ||
+			strings.Contains(l, "has never held a message") {
+			t.Fatalf("the relay's log does not tell once, at ERROR, that the stream lost sequences %s and how to publish them:\n%s", lost, l)
+		}
+		// Once the relay has published into the stream, nothing more is
+		// said.
+		appendMany(t, b.store, 1)
+		if err := r.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		checkPositions(t, b.relayed("ANNALS"), append(want, want[len(want)-1]+1)...)
+		if strings.Count(logs.String(), "level=ERROR") != 1 {
+			t.Fatalf("an error logged again after the relay published into the stream:\n%s", logs.String())
+		}
+	}
+	t.Run("Purged", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+		defer cancel()
+		var logs lockedBuffer
+		r := loggedRelay(t, b, &logs)
+		cfg := r.StreamConfig()
+		cfg.DenyPurge = false
+		if _, err := b.js.CreateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		appendMany(t, b.store, 3)
+		if err := r.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		restore := snapshotStore(t, b)
+		appendMany(t, b.store, 3)
+		if err := r.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		restore()
+		s, err := b.js.Stream(ctx, "ANNALS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Purge(ctx); err != nil {
+			t.Fatal(err)
+		}
+		appendMany(t, b.store, 1)
+		check(t, b, &logs, r, "4–6", 7)
+	})
+	t.Run("RestoredToEmpty", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+		defer cancel()
+		var logs lockedBuffer
+		r := loggedRelay(t, b, &logs)
+		if _, err := r.EnsureStream(ctx); err != nil {
+			t.Fatal(err)
+		}
+		restore := snapshotStore(t, b)
+		appendMany(t, b.store, 3)
+		if err := r.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		restore()
+		appendMany(t, b.store, 1)
+		check(t, b, &logs, r, "1–3", 4)
+	})
+}

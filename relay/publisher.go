@@ -118,45 +118,73 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 	return nil
 }
 
-// behind looks at a stream whose newest message is below the checkpoint.
+// behind looks at the stream as the leadership found it (st) against what
+// the relay recorded with its last checkpoint commit (acks), and says, or
+// mends, what the stream lacks below the checkpoint.
 //
-// That is normal: a relay of some types moves its checkpoint past the
-// events of others, and an operator moves it past an event NATS refuses
-// (over max_payload, a stream limit, a permission). It is a loss only when
-// the stream no longer holds messages it acknowledged: JetStream
-// acknowledges a message before it writes it to disk, so a crash of the
-// server's machine loses the newest, and so does a store restored from a
-// backup. The stream tells (lost): its last sequence is below the one the
-// relay recorded with its checkpoint (RecordAcked), and it is the same
-// stream (name and creation time). Then the relay publishes the lost
-// messages again: it moves its checkpoint back to the stream's newest
-// message, fenced by the lease's epoch and only from where the leadership
-// found it, and starts the leadership there (lease.Start, from which the
-// engine reads once Start returns), chained on that message, so each lands
-// once, in order; an event over max_payload up to where it found the
-// checkpoint is passed over (refillTo), as an operator had. A leader that
-// dies on the way leaves the checkpoint at or below what the stream holds,
-// as any leader does. A relay with nothing recorded (the first run of a
-// version that records) does not move back.
+// A stream whose newest message is below the checkpoint is normal: a relay
+// of some types moves its checkpoint past the events of others, and an
+// operator moves it past an event NATS refuses (over max_payload, a stream
+// limit, a permission). It is a loss only when the stream no longer holds
+// messages it acknowledged: JetStream acknowledges a message before it
+// writes it to disk, so a crash of the server's machine loses the newest,
+// and so does a store restored from a backup. The stream tells (acks.lost):
+// its last sequence is below the one the relay recorded with its
+// checkpoint (RecordAcked), and it is the same stream (name and creation
+// time). Then the relay publishes the lost messages again: it moves its
+// checkpoint back to the stream's newest message, fenced by the lease's
+// epoch and only from where the leadership found it, and starts the
+// leadership there (lease.Start, from which the engine reads once Start
+// returns), chained on that message, so each lands once, in order; an
+// event over max_payload up to where it found the checkpoint is passed
+// over (refillTo), as an operator had. A leader that dies on the way
+// leaves the checkpoint at or below what the stream holds, as any leader
+// does. A relay with nothing recorded (the first run of a version that
+// records) does not move back.
 //
-// An empty stream that never held a message (made by hand, or restored from
-// before the relay's first publish) tells nothing of what it lost: the relay
-// publishes from its checkpoint on, as into a stream it made again, and says
-// so (warnBehind), once per stream.
+// A stream that lost what it acknowledged and holds nothing now (the rest
+// removed since by MaxAge or a purge, or its store restored from before
+// the relay's first publish into it) keeps its last sequence, but no
+// message tells which event was at it: relay_acks records one pair of
+// sequence and position, at the last commit, and the events between the
+// two were published at sequences the relay did not record. Moved back to
+// a guess, the relay would publish again events the stream had delivered
+// (a position too low) or leave out some it lost (too high), silently
+// either way, which its exactly-once promise rules out; recording the
+// position of every message acknowledged (so far back as a backup may be
+// old) would add a write per event to every commit for a rare case. So the
+// relay logs an ERROR naming the lost sequences and how to publish them
+// (a stream made anew from position 0, warnBehind's advice), once per
+// stream and loss in a process, and publishes from its checkpoint on.
+//
+// An empty stream that never held a message (made by hand) with nothing
+// recorded of it tells nothing of what it lacks: the relay publishes from
+// its checkpoint on, as into a stream it made again, and says so
+// (warnBehind), once per stream.
 func (p *publisher) behind(ctx context.Context, lease *catchup.Lease, st stored) error {
 	if st.pos >= lease.Start {
 		return nil
 	}
-	if st.pos == 0 {
-		if st.seq == 0 && p.r.warnedStream.Load() != st.created.UnixNano() {
+	acks, err := p.loadAcks(ctx, lease)
+	if err != nil {
+		return err
+	}
+	created := st.created.UnixNano()
+	lost := acks.lost(p.r.cfg.Stream, st)
+	switch {
+	case lost > 0 && st.pos == 0:
+		p.r.errorLostEmpty(ctx, st, acks, lease.Start)
+		return nil
+	case lost > 0:
+		// Moved back below.
+	case st.pos == 0 && st.seq == 0:
+		if p.r.warnedStream.Load() != created {
 			p.r.warnBehind(ctx, fmt.Sprintf("the relay's JetStream stream %s is empty and has never held a message "+
 				"(made by hand, or its store restored from before the relay's first publish)", p.r.cfg.Stream), lease.Start, st.created)
 		}
 		return nil
-	}
-	acked, err := p.lost(ctx, lease, st)
-	if err != nil || acked == 0 {
-		return err
+	default:
+		return nil
 	}
 	q, err := p.r.queries()
 	if err != nil {
@@ -178,43 +206,59 @@ func (p *publisher) behind(ctx context.Context, lease *catchup.Lease, st stored)
 		"or its store was restored from a backup. "+
 		"The relay moved its checkpoint back to %d and publishes the lost events again, each once, in order. "+
 		"To keep what JetStream acknowledges: sync_interval: always in the server's jetstream block, or a stream of 3 replicas",
-		p.r.cfg.Stream, st.seq, st.pos, acked, lease.Start, st.pos),
+		p.r.cfg.Stream, st.seq, st.pos, lost, lease.Start, st.pos),
 		slog.String("relay", p.r.cfg.Name), slog.String("stream", p.r.cfg.Stream),
-		slog.Uint64("stream_sequence", st.seq), slog.Uint64("acknowledged_sequence", acked),
+		slog.Uint64("stream_sequence", st.seq), slog.Uint64("acknowledged_sequence", lost),
 		slog.Int64("stream_position", st.pos), slog.Int64("checkpoint", lease.Start))
 	p.refillTo = lease.Start
 	lease.Start = st.pos
 	return nil
 }
 
-// lost returns the stream sequence the relay recorded as acknowledged at
-// its last checkpoint commit (RecordAcked) when the stream st is the one it
-// recorded (name and creation time) and its last sequence is below that:
-// the stream lost acknowledged messages. 0 otherwise, and when nothing is
-// recorded. A purge keeps the stream's last sequence, and so does not
-// count; nor do the relay's types changed, or its checkpoint moved forward
-// by an operator: the stream holds what it acknowledged.
-func (p *publisher) lost(ctx context.Context, lease *catchup.Lease, st stored) (uint64, error) {
+// acks is what the relay recorded with its last checkpoint commit
+// (RecordAcked, LoadAcked).
+type acks struct {
+	ok      bool   // a row was found
+	stream  string // the stream's name
+	created int64  // its creation time (Unix nanoseconds)
+	seq     int64  // the stream sequence acknowledged through the checkpoint
+	pos     int64  // that checkpoint
+}
+
+// loadAcks reads what the relay recorded with its last checkpoint commit;
+// ok is false when nothing is recorded.
+func (p *publisher) loadAcks(ctx context.Context, lease *catchup.Lease) (acks, error) {
 	q, err := p.r.queries()
 	if err != nil {
-		return 0, err
+		return acks{}, err
 	}
-	var (
-		stream  string
-		created int64
-		seq     int64
-	)
-	err = p.r.pool.QueryRow(ctx, q["LoadAcked"], lease.Subscriber, lease.Partition).Scan(&stream, &created, &seq)
+	a := acks{ok: true}
+	err = p.r.pool.QueryRow(ctx, q["LoadAcked"], lease.Subscriber, lease.Partition).Scan(&a.stream, &a.created, &a.seq, &a.pos)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, nil
+		return acks{}, nil
 	}
 	if err != nil {
-		return 0, errors.Wrap(err, "relay: read the stream sequence acknowledged at the checkpoint")
+		return acks{}, errors.Wrap(err, "relay: read the stream sequence acknowledged at the checkpoint")
 	}
-	if stream != p.r.cfg.Stream || created != st.created.UnixNano() || seq <= 0 || st.seq >= uint64(seq) {
-		return 0, nil
+	return a, nil
+}
+
+// same reports whether st is the stream recorded: name and creation time.
+func (a acks) same(stream string, st stored) bool {
+	return a.ok && a.stream == stream && a.created == st.created.UnixNano()
+}
+
+// lost returns the stream sequence recorded as acknowledged when st is the
+// stream recorded (same) and its last sequence is below that: the stream
+// lost acknowledged messages. 0 otherwise, and when nothing is recorded. A
+// purge keeps the stream's last sequence, and so does not count; nor do
+// the relay's types changed, or its checkpoint moved forward by an
+// operator: the stream holds what it acknowledged.
+func (a acks) lost(stream string, st stored) uint64 {
+	if !a.same(stream, st) || a.seq <= 0 || st.seq >= uint64(a.seq) {
+		return 0
 	}
-	return uint64(seq), nil
+	return uint64(a.seq)
 }
 
 // message returns the message of event e and the options to publish it

@@ -26,10 +26,10 @@ RETURNING position;
 
 -- name: LoadAcked
 -- What the relay's stream had acknowledged at its last checkpoint commit
--- (RecordAcked): the stream's name, creation time (Unix nanoseconds) and
--- the sequence of its last acknowledged message. No row: none recorded yet
--- (publisher.Start).
-SELECT stream, stream_created_ns, stream_sequence
+-- (RecordAcked): the stream's name, creation time (Unix nanoseconds), the
+-- sequence of its last acknowledged message and the checkpoint committed
+-- with it. No row: none recorded yet (publisher.Start).
+SELECT stream, stream_created_ns, stream_sequence, position
   FROM {{.Schema}}.relay_acks
  WHERE subscriber_id = $1 AND partition = $2;
 

@@ -137,6 +137,9 @@ type Relay struct {
 	// stream warnBehind told about: a leadership that finds it empty does
 	// not tell again.
 	warnedStream atomic.Int64
+	// toldLost is the last empty stream errorLostEmpty told about, and its
+	// loss: its creation time and its last sequence.
+	toldLost atomic.Pointer[[2]int64]
 
 	// walStartTimeout, when positive, replaces walStartTimeout; onWALCheck
 	// receives wakeFor's verdict on each leadership (tests).
@@ -353,17 +356,51 @@ func (r *Relay) warnIfBehind(ctx context.Context, s jetstream.Stream) error {
 }
 
 // warnBehind logs that the stream, which what describes, lacks the events
-// up to the checkpoint cp, and how to publish them: the relay publishes only
-// what is past both its checkpoint and the stream's newest message, so
-// setting the checkpoint back is not enough once it has published into the
-// stream. The stream made at created is then told about (warnedStream).
+// up to the checkpoint cp, and how to publish them (republishAdvice). The
+// stream made at created is then told about (warnedStream).
 func (r *Relay) warnBehind(ctx context.Context, what string, cp int64, created time.Time) {
 	r.warnedStream.Store(created.UnixNano())
 	r.cfg.Logger.WarnContext(ctx, fmt.Sprintf("annals: %s, and its checkpoint is at %d: "+
-		"the stream holds only the events after the checkpoint. To publish the earlier ones too: stop every relay process named %s, "+
-		"delete the stream (nats stream rm %s -f), run `%s`, and start the relay again",
-		what, cp, shellQuote(r.cfg.Name), shellQuote(r.cfg.Stream), r.checkpointSetHint(0)),
+		"the stream holds only the events after the checkpoint. To publish the earlier ones too: %s",
+		what, cp, r.republishAdvice()),
 		slog.String("relay", r.cfg.Name), slog.String("stream", r.cfg.Stream), slog.Int64("checkpoint", cp))
+}
+
+// republishAdvice says how to publish the whole log again, into the stream
+// made anew: the relay publishes only what is past both its checkpoint and
+// the stream's newest message, so setting the checkpoint back is not
+// enough once it has published into the stream.
+func (r *Relay) republishAdvice() string {
+	return fmt.Sprintf("stop every relay process named %s, delete the stream (nats stream rm %s -f), run `%s`, and start the relay again",
+		shellQuote(r.cfg.Name), shellQuote(r.cfg.Stream), r.checkpointSetHint(0))
+}
+
+// errorLostEmpty logs that the stream st, empty, lost messages it had
+// acknowledged (what the relay recorded, a, says so: its last sequence is
+// below a.seq), which the relay cannot publish again by itself (see
+// publisher.behind), and how to; once per stream and last sequence
+// (toldLost). cp is the checkpoint, from which the relay publishes on.
+func (r *Relay) errorLostEmpty(ctx context.Context, st stored, a acks, cp int64) {
+	key := [2]int64{st.created.UnixNano(), int64(st.seq)}
+	if k := r.toldLost.Load(); k != nil && *k == key {
+		return
+	}
+	r.toldLost.Store(&key)
+	since := ", and the stream removed the messages before them since (MaxAge, a purge)"
+	if st.seq == 0 {
+		since = " (from before the relay's first publish into it)"
+	}
+	r.cfg.Logger.ErrorContext(ctx, fmt.Sprintf("annals: the relay's JetStream stream %s lost messages it had acknowledged, and holds none now: "+
+		"its last sequence is %d, but it had acknowledged through sequence %d when the relay committed its checkpoint at %d. "+
+		"The messages at sequences %d–%d are gone: JetStream acknowledges a message before it writes it to disk (sync_interval, 2 minutes by default), "+
+		"so the server's machine crashed, or its store was restored from a backup%s. "+
+		"No message is left to tell which events those were, so the relay cannot publish them again by itself: it publishes from its checkpoint, %d, on. "+
+		"To publish them: %s. "+
+		"To keep what JetStream acknowledges: sync_interval: always in the server's jetstream block, or a stream of 3 replicas",
+		r.cfg.Stream, st.seq, a.seq, a.pos, st.seq+1, a.seq, since, cp, r.republishAdvice()),
+		slog.String("relay", r.cfg.Name), slog.String("stream", r.cfg.Stream),
+		slog.Uint64("first_lost_sequence", st.seq+1), slog.Int64("last_lost_sequence", a.seq),
+		slog.Int64("acknowledged_checkpoint", a.pos), slog.Int64("checkpoint", cp))
 }
 
 // Run relays until ctx ends: it ensures the stream, then runs the relay's
