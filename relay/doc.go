@@ -161,6 +161,9 @@
 // the relay, delete the stream, set the checkpoint to 0 and start it (only
 // setting the checkpoint back would not do: the relay skips what the new
 // stream's newest message shows published). So does a leadership that finds
+// a stream of the name the relay recorded with its last commit but made at
+// another time (deleted and made again by an operator, or by a server that
+// lost its store: it holds none of the events up to the checkpoint), or
 // the stream empty, never having held a message, under a checkpoint past 0
 // (a stream made by hand), once per stream.
 //

@@ -546,3 +546,49 @@ func TestRelayOnAnEmptyStreamThatLostWhatItAcknowledged(t *testing.T) {
 		check(t, b, &logs, r, "1–3", 4)
 	})
 }
+
+// A stream deleted and made again under the relay's stream name, by hand
+// or by a server that lost its store (here with first_seq, so that it
+// neither is empty of sequences nor was made by the relay), holds none of
+// the events up to the relay's checkpoint: the relay publishes from its
+// checkpoint on and says so, once per stream, as when it makes the stream
+// itself. It said nothing: the stream's creation time differs from the
+// one recorded, which only ruled out a lost tail.
+func TestRelayTellsOfAStreamMadeAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	var logs lockedBuffer
+	r := loggedRelay(t, b, &logs)
+	appendMany(t, b.store, 3)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.js.DeleteStream(ctx, "ANNALS"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := r.StreamConfig()
+	cfg.FirstSeq = 4
+	if _, err := b.js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	// Two leaderships before the relay publishes into it: told once.
+	for range 2 {
+		if err := r.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendMany(t, b.store, 2)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkPositions(t, b.relayed("ANNALS"), 4, 5)
+	if cp := b.checkpoint("relay"); cp != 5 {
+		t.Fatalf("checkpoint %d, want 5", cp)
+	}
+	if l := logs.String(); strings.Count(l, "was made again") != 1 || !strings.Contains(l, "checkpoint is at 3") ||
+		!strings.Contains(l, "annals checkpoint set relay 0 --yes") || strings.Contains(l, "level=ERROR") {
+		t.Fatalf("the relay's log does not tell once that the stream was made again, and how to publish the earlier events:\n%s", l)
+	}
+}

@@ -157,10 +157,12 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 // (a stream made anew from position 0, warnBehind's advice), once per
 // stream and loss in a process, and publishes from its checkpoint on.
 //
-// An empty stream that never held a message (made by hand) with nothing
-// recorded of it tells nothing of what it lacks: the relay publishes from
-// its checkpoint on, as into a stream it made again, and says so
-// (warnBehind), once per stream.
+// A stream of the recorded name made since at another time (deleted and
+// made again by an operator, or by a server that lost its store) holds
+// none of the events up to the checkpoint: the relay publishes from its
+// checkpoint on and says so (warnBehind), once per stream, as when it makes
+// the stream itself (EnsureStream); so for an empty stream that never held
+// a message (made by hand) with nothing recorded of it.
 func (p *publisher) behind(ctx context.Context, lease *catchup.Lease, st stored) error {
 	if st.pos >= lease.Start {
 		return nil
@@ -177,6 +179,13 @@ func (p *publisher) behind(ctx context.Context, lease *catchup.Lease, st stored)
 		return nil
 	case lost > 0:
 		// Moved back below.
+	case acks.ok && acks.stream == p.r.cfg.Stream && acks.created != created:
+		if p.r.warnedStream.Load() != created {
+			p.r.warnBehind(ctx, fmt.Sprintf("the relay's JetStream stream %s was made again (deleted and made by an operator, or by a server that lost its store): "+
+				"it was made at %s, not at %s as when the relay last committed its checkpoint",
+				p.r.cfg.Stream, st.created.UTC().Format(time.RFC3339Nano), time.Unix(0, acks.created).UTC().Format(time.RFC3339Nano)), lease.Start, st.created)
+		}
+		return nil
 	case st.pos == 0 && st.seq == 0:
 		if p.r.warnedStream.Load() != created {
 			p.r.warnBehind(ctx, fmt.Sprintf("the relay's JetStream stream %s is empty and has never held a message "+

@@ -134,8 +134,8 @@ type Relay struct {
 	lastFailure  atomic.Pointer[error]
 
 	// warnedStream is the creation time (Unix nanoseconds) of the last
-	// stream warnBehind told about: a leadership that finds it empty does
-	// not tell again.
+	// stream warnBehind told about: a leadership that finds it empty, or
+	// made again, does not tell again.
 	warnedStream atomic.Int64
 	// toldLost is the last empty stream errorLostEmpty told about, and its
 	// loss: its creation time and its last sequence.
