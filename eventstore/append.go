@@ -96,54 +96,131 @@ func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVe
 
 // appendAlone runs one append_events_json call as a transaction of its
 // own (append_events, on a schema or for a role without it: appendQuery).
+// A 42501 of append_events_json, which the Store's knowledge of the
+// session's roles said it could execute (privileges changed since), is
+// sent again once, after asking afresh: the statement was a transaction of
+// its own, and nothing was written.
 func (s *Store) appendAlone(ctx context.Context, args appendArgs) (AppendResult, error) {
-	q, err := s.appendQuery(ctx, s.pool)
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return AppendResult{}, err
 	}
-	rows, err := s.pool.Query(ctx, q, args.stream, args.expected, json.RawMessage(args.json()))
-	return collectAppend(rows, err, args)
+	defer conn.Release()
+	for again := false; ; again = true {
+		q, err := s.appendQuery(ctx, conn.Conn())
+		if err != nil {
+			return AppendResult{}, err
+		}
+		rows, err := conn.Query(ctx, q, args.stream, args.expected, json.RawMessage(args.json()))
+		res, err := collectAppend(rows, err, args)
+		if s.appendRefused(conn.Conn(), q, err) && !again {
+			continue
+		}
+		return res, err
+	}
 }
 
-// The SQL function that appends through the Append query call
-// (Store.appendFn).
+// The SQL function of an append through the Append query, as the Store
+// knows it for a session user (Store.appendFns).
 const (
-	appendFnUnknown int32 = iota // not known yet
-	appendFnJSON                 // append_events_json (migration 0035): the events as sent
-	appendFnJSONB                // append_events: the events as jsonb renders them
+	appendFnJSON  int32 = 1 // append_events_json (migration 0035): the events as sent
+	appendFnJSONB int32 = 2 // append_events: the events as jsonb renders them
+	appendFnAsk   int32 = 3 // either, by the role: asked in each transaction
 )
 
-// rowQuerier is what appendQuery asks through: a pgx.Tx or a connection.
-type rowQuerier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+// appendFnRecheck is how long the Store keeps an answer other than
+// appendFnJSON for a session user before asking again: a schema migrated
+// to 0035, or roles granted by annals grant since, then get
+// append_events_json without a restart. (appendFnJSON is kept until a
+// 42501 says otherwise: see appendRefused.)
+const appendFnRecheck = time.Minute
+
+// appendChoice is what the Store knows of a session user (an entry of
+// Store.appendFns).
+type appendChoice struct {
+	fn int32
+	// until is when the answer is to be asked again (zero: never).
+	until time.Time
 }
 
-// appendQuery returns the statement of an append through q's session:
-// append_events_json, which stores each event's data and metadata as sent,
-// or, when the session's role may not execute it (a schema migrated before
-// 0035, a role granted by an older annals grant), append_events, which
-// stores them as jsonb renders them (keys sorted, numbers spelled out), as
-// every version before 0035 did. The first call asks the database, one
-// round trip before the append (so not under the ordering lock); the answer
-// holds for the life of the Store, as append_one's absence does for group
-// commit.
-func (s *Store) appendQuery(ctx context.Context, q rowQuerier) (string, error) {
-	switch s.appendFn.Load() {
+// appendQuery returns the statement of an append in conn's session (in
+// its transaction, if one is open): append_events_json, which stores each
+// event's data and metadata as sent, or append_events, which stores them
+// as jsonb renders them (keys sorted, numbers spelled out), as every
+// version before 0035 did, for a role that may not execute
+// append_events_json (a schema migrated before 0035, a role an annals
+// grant older than it granted).
+//
+// The function is chosen by the role, which a Store used with several
+// roles (transactions of other pools, SET ROLE per tenant) must do per
+// transaction, without a round trip in the common case. The server reports
+// each session's user (session_authorization, which SET ROLE does not
+// change) on its own; the Store asks, once per session user, about every
+// role that user may become by SET ROLE (itself and the roles it is a
+// member of): if every one of them that may execute append_events may
+// execute append_events_json, it is append_events_json whatever the role
+// (a role that may execute neither fails either way); if none may execute
+// append_events_json, append_events; else (a user that may become roles of
+// both kinds) it asks in each transaction about the role in effect, a
+// round trip. An answer other than append_events_json is asked again after
+// appendFnRecheck. So one session user costs one question per Store, and
+// each append a look-up of its user's answer (BenchmarkAppendQuery).
+func (s *Store) appendQuery(ctx context.Context, conn *pgx.Conn) (string, error) {
+	user := conn.PgConn().ParameterStatus("session_authorization")
+	if v, ok := s.appendFns.Load(user); ok {
+		switch c := v.(*appendChoice); {
+		case c.fn == appendFnJSON:
+			return s.q.append, nil
+		case !c.until.IsZero() && !time.Now().Before(c.until):
+			// Expired: ask again, below.
+		case c.fn == appendFnJSONB:
+			return s.q.appendJSONB, nil
+		default:
+			return s.appendQueryForRole(ctx, conn)
+		}
+	}
+	var fn int32
+	if err := conn.QueryRow(ctx, s.q.appendFunction).Scan(&fn); err != nil {
+		return "", errors.Wrap(translate(err, "", Any), "eventstore: look up the append function")
+	}
+	c := &appendChoice{fn: fn}
+	if fn != appendFnJSON {
+		c.until = time.Now().Add(appendFnRecheck)
+	}
+	s.appendFns.Store(user, c)
+	switch fn {
 	case appendFnJSON:
 		return s.q.append, nil
 	case appendFnJSONB:
 		return s.q.appendJSONB, nil
 	}
+	return s.appendQueryForRole(ctx, conn)
+}
+
+// appendQueryForRole returns the statement of an append by the role in
+// effect in conn's session, which it asks (a round trip).
+func (s *Store) appendQueryForRole(ctx context.Context, conn *pgx.Conn) (string, error) {
 	var usable bool
-	if err := q.QueryRow(ctx, s.q.appendJSONUsable).Scan(&usable); err != nil {
-		return "", errors.Wrap(err, "eventstore: look up append_events_json")
+	if err := conn.QueryRow(ctx, s.q.appendJSONUsable).Scan(&usable); err != nil {
+		return "", errors.Wrap(translate(err, "", Any), "eventstore: look up append_events_json")
 	}
-	if !usable {
-		s.appendFn.Store(appendFnJSONB)
-		return s.q.appendJSONB, nil
+	if usable {
+		return s.q.append, nil
 	}
-	s.appendFn.Store(appendFnJSON)
-	return s.q.append, nil
+	return s.q.appendJSONB, nil
+}
+
+// appendRefused reports whether err is the 42501 of an append through the
+// statement q (append_events_json) in conn's session; if so, the Store
+// forgets what it knew of the session's user, and asks again at its next
+// append: the privileges changed since it asked (an older annals grant
+// granted a role append_events only, a role was made a member of another).
+func (s *Store) appendRefused(conn *pgx.Conn, q string, err error) bool {
+	if q != s.q.append || !errors.Is(err, ErrNotGranted) {
+		return false
+	}
+	s.appendFns.Delete(conn.PgConn().ParameterStatus("session_authorization"))
+	return true
 }
 
 // trace starts the span of one append and returns the function that ends it
@@ -188,11 +265,12 @@ func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 }
 
 // appendTx sends one append in tx, after the inline projections.
-func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, args appendArgs) (AppendResult, error) {
-	q, err := s.appendQuery(ctx, tx)
+func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, args appendArgs) (res AppendResult, err error) {
+	q, err := s.appendQuery(ctx, tx.Conn())
 	if err != nil {
 		return AppendResult{}, err
 	}
+	defer func() { s.appendRefused(tx.Conn(), q, err) }()
 	if !s.inline.wants(&args) {
 		rows, err := tx.Query(ctx, q, args.stream, args.expected, json.RawMessage(args.json()))
 		return collectAppend(rows, err, args)
@@ -213,7 +291,7 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, args appendArgs) (Appen
 	s.queueGuard(batch, plan)
 	br := tx.SendBatch(ctx, batch)
 	rows, qerr := br.Query()
-	res, err := collectAppend(rows, qerr, args)
+	res, err = collectAppend(rows, qerr, args)
 	err = plan.explain(err, args)
 	if err == nil {
 		if _, gerr := br.Exec(); gerr != nil {
@@ -294,10 +372,6 @@ func (s *Store) transact(ctx context.Context, opts pgx.TxOptions, fn func(ctx co
 		return nil, errors.Wrap(err, "eventstore: acquire connection")
 	}
 	defer conn.Release()
-	q, err := s.appendQuery(ctx, conn)
-	if err != nil {
-		return nil, err
-	}
 	tx, err := conn.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, errors.Wrap(err, "eventstore: begin")
@@ -332,6 +406,14 @@ func (s *Store) transact(ctx context.Context, opts pgx.TxOptions, fn func(ctx co
 		}
 	}
 
+	// The append function of the role in effect now (fn may have run SET
+	// ROLE): no round trip once the Store knows the session's user.
+	q, err := s.appendQuery(ctx, conn.Conn())
+	if err != nil {
+		rollback()
+		return nil, err
+	}
+	defer func() { s.appendRefused(conn.Conn(), q, err) }()
 	batch := &pgx.Batch{}
 	for i, a := range b.appends {
 		batch.Queue(q, a.stream, a.expected, json.RawMessage(a.json()))

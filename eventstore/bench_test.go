@@ -150,6 +150,29 @@ func BenchmarkTransactAppend(b *testing.B) {
 	}
 }
 
+// BenchmarkAppendTx measures AppendTx of one event (about 300 bytes of
+// data) in a transaction of its own: begin, the append, commit. What the
+// client does to choose the append function per transaction shows here,
+// beside a round trip and a commit.
+//
+//	annals dev -- sh -c 'ANNALS_TEST_DATABASE_URL=$DATABASE_URL go test -run XXX -bench AppendTx -count 5 ./eventstore/'
+func BenchmarkAppendTx(b *testing.B) {
+	ctx := context.Background()
+	bb := setup(b, nil)
+	ev := benchEvent(1)
+	stream := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		stream++
+		if err := pgx.BeginFunc(ctx, bb.db.Pool, func(tx pgx.Tx) error {
+			_, err := bb.store.AppendTx(ctx, tx, fmt.Sprintf("bench-%d", stream), eventstore.NoStream, ev)
+			return err
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkSQLAppendJSON measures, inside PostgreSQL, append_events_json
 // against append_events for the same events: n calls of each in one
 // statement (no round trip, one commit), alternately, reported in µs per

@@ -84,6 +84,23 @@ var (
 	// append may be made again as it is.
 	ErrNotWritten = errors.New("append not sent: nothing was written")
 
+	// ErrNotGranted is matched (errors.Is, the standard library's or
+	// cockroachdb's) by the error of an append, a delete or a Forget that
+	// PostgreSQL refused because the session's role may not execute the
+	// function it calls (SQLSTATE 42501, insufficient_privilege; errors.As
+	// still finds the *pgconn.PgError). The role needs the grants of its
+	// kind: run `annals grant writer ROLE` (or runner, operator;
+	// migrations.Grant) as the schema's owner. Nothing was written; the
+	// transaction of AppendTx or Transact is aborted.
+	//
+	// An append in a transaction meets it, when its role may execute
+	// append_events only, if that changed after the Store asked about the
+	// session's roles (an annals grant older than migration 0035 granted
+	// the role since, or made the session's user a member of it): the Store
+	// then asks again at the next append, which goes through append_events
+	// (a Store without group commit re-sends a lone Append so itself).
+	ErrNotGranted = errors.New("the session's role lacks the grants this needs: run 'annals grant writer ROLE' (or runner, operator) as the schema's owner")
+
 	// ErrOutcomeUnknown is matched (errors.Is, the standard library's or
 	// cockroachdb's) by the error of an append whose outcome the client did
 	// not learn: its context ended (the error matches the context's error
@@ -271,6 +288,8 @@ func translate(err error, streamID string, expected ExpectedVersion) error {
 		return errors.Wrap(ErrAppendOnly, pgErr.Message)
 	case CodeStreamDeleted, CodeStreamTombstoned:
 		return streamDeletedFromSQL(pgErr, streamID)
+	case "42501": // insufficient_privilege
+		return errmark.Mark(errors.Wrap(err, "annals: "+ErrNotGranted.Error()), ErrNotGranted)
 	case "3F000", "42P01": // invalid_schema_name, undefined_table
 		return errors.Wrap(migrations.MarkNotMigrated(err),
 			"annals: the schema is not migrated (Client.Start migrates it; or migrations.Up, or 'annals migrate')")

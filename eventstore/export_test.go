@@ -40,7 +40,14 @@ func InlineLockKey(schema, stream string) (int32, int32) { return inlineLockKey(
 // AppendThroughJSONB makes s send its appends in transactions (and alone)
 // through append_events, as before migration 0035, for benchmarks that
 // compare it with append_events_json.
-func AppendThroughJSONB(s *Store) { s.appendFn.Store(appendFnJSONB) }
+func AppendThroughJSONB(s *Store) {
+	conn, err := s.pool.Acquire(context.Background())
+	if err != nil {
+		panic(err)
+	}
+	defer conn.Release()
+	s.appendFns.Store(conn.Conn().PgConn().ParameterStatus("session_authorization"), &appendChoice{fn: appendFnJSONB})
+}
 
 // AppendUnchecked sends an append of n events of type typ, each with data
 // and meta (nil: none), to stream at any version, without the client's

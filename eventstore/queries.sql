@@ -13,9 +13,34 @@ SELECT event_id, global_sequence, stream_version
 SELECT event_id, global_sequence, stream_version
   FROM {{.Schema}}.append_events($1, $2, $3::jsonb);
 
+-- name: AppendFunction
+-- Which function appends in a transaction of this session, whatever role
+-- the session takes with SET ROLE (itself and every role its user is a
+-- member of; a superuser may take any): 1, append_events_json, when every
+-- such role that may execute append_events may execute append_events_json
+-- too; 2, append_events, when none may execute append_events_json (the
+-- schema predates it); 3, roles of both kinds: ask AppendJSONUsable in each
+-- transaction. (Names are arguments of format, so that the statement does
+-- not read as a call of an append function: internal/locktrace looks for
+-- one.)
+WITH f AS (
+    SELECT to_regprocedure(format('%I.%I(pg_catalog.text, pg_catalog.int8, pg_catalog.json)', {{.SchemaLiteral}}, 'append_events_json')) AS js,
+           to_regprocedure(format('%I.%I(pg_catalog.text, pg_catalog.int8, pg_catalog.jsonb)', {{.SchemaLiteral}}, 'append_events')) AS jb
+), r AS (
+    SELECT f.js IS NOT NULL AND has_function_privilege(a.oid, f.js, 'EXECUTE') AS js,
+           f.jb IS NOT NULL AND has_function_privilege(a.oid, f.jb, 'EXECUTE') AS jb
+      FROM f, pg_catalog.pg_roles a
+     WHERE pg_has_role(session_user, a.oid, 'MEMBER')
+)
+SELECT CASE WHEN coalesce(bool_and(r.js OR NOT r.jb), true) THEN 1
+            WHEN NOT coalesce(bool_or(r.js), false) THEN 2
+            ELSE 3 END
+  FROM r;
+
 -- name: AppendJSONUsable
--- Whether this session's role may execute append_events_json (false: the
--- schema predates it, or the role was granted append_events only).
+-- Whether the role in effect in this session may execute append_events_json
+-- (false: the schema predates it, or the role was granted append_events
+-- only).
 -- (The name is an argument of format, so that the statement does not read
 -- as a call of the function: internal/locktrace looks for one.)
 SELECT coalesce(has_function_privilege(

@@ -3,6 +3,7 @@ package eventstore
 import (
 	"context"
 	_ "embed"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -92,9 +93,10 @@ type Store struct {
 	clock    func() time.Time
 	inline   *inline // nil without inline projections
 	keys     *keyring
-	// appendFn is the SQL function of appends through the Append query
-	// (appendFnUnknown until known; see appendQuery).
-	appendFn atomic.Int32
+	// appendFns holds, by session user (the session_authorization the
+	// server reports), the *appendChoice of the SQL function of appends
+	// through the Append query (see appendQuery).
+	appendFns sync.Map
 	// inlineLockDirect is set when the schema has no inline_stream_lock
 	// (migrated before 0034): the retry lock of inline appends is then
 	// taken with pg_advisory_xact_lock (see lockInlineStream).
@@ -102,7 +104,7 @@ type Store struct {
 }
 
 type queries struct {
-	append, appendJSONB, appendJSONUsable, appendBatch, appendOne, readAll, readStream, streamVersion, head, storedIDs,
+	append, appendJSONB, appendFunction, appendJSONUsable, appendBatch, appendOne, readAll, readStream, streamVersion, head, storedIDs,
 	inlineWritten, inlineStreamLock, inlineStreamLockDirect string
 }
 
@@ -157,6 +159,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		q: queries{
 			append:                 named["Append"],
 			appendJSONB:            named["AppendJSONB"],
+			appendFunction:         named["AppendFunction"],
 			appendJSONUsable:       named["AppendJSONUsable"],
 			appendBatch:            named["AppendBatch"],
 			appendOne:              named["AppendOne"],
