@@ -87,12 +87,25 @@
 // the relay logs an ERROR, moves its checkpoint back to the stream's newest
 // message (fenced by the epoch, and only from where the leadership found
 // it) and publishes from there, chained on that message: each lost event
-// once, in order; an event over max_payload up to where the leadership
-// found the checkpoint is passed over again (an operator had moved the
-// relay past it). Nothing else moves the checkpoint back: a checkpoint an
-// operator moved forward stays, types added to the relay are published from
-// the checkpoint on, and a purge keeps the stream's last sequence. A relay
-// with nothing recorded yet does not move back.
+// once, in order. An event NATS refuses for good (for its size: over
+// max_payload or the stream's max_msg_size, or headers over 64 KiB) up to
+// where the leadership found the checkpoint is passed over again, with a
+// WARN: an operator had moved the relay past it, since the stream, which
+// refuses it now, refused it then (unless a limit was lowered since). Such
+// a refusal comes with the acknowledgements, when the messages after the
+// event are in flight, chained on it: the relay publishes them again,
+// chained on the stream's newest message. Where the refill ends is
+// recorded with the move back (relay_acks.refill_to, migration 0037) and
+// cleared by the commit that reaches it, so that a refill spanning
+// leaderships (a failed publish, a restart) goes on passing over. Refusals
+// of another kind (a stream full under discard-new limits, the account's
+// resources) refuse every event alike until a limit is raised, and are
+// waited out, not passed over; a publish the account may not make is not
+// answered at all (only the connection is told), which the relay cannot
+// tell from a slow server. Nothing else moves the checkpoint back: a
+// checkpoint an operator moved forward stays, types added to the relay are
+// published from the checkpoint on, and a purge keeps the stream's last
+// sequence. A relay with nothing recorded yet does not move back.
 //
 // A stream that lost what it acknowledged and holds nothing now (the rest
 // removed since by MaxAge or a purge, or its store restored from before
@@ -104,11 +117,8 @@
 // either way. The relay logs an ERROR naming the lost sequences and how to
 // publish them (the stream made anew from position 0; see "The stream"),
 // once per stream and loss in a process, and publishes from its checkpoint
-// on. An empty stream that never held a message tells nothing of what it
-// lacks: the relay publishes from its checkpoint on and logs so, as for a
-// stream made again (see "The stream"). Keep what JetStream acknowledges
-// with sync_interval: always on the server, or a stream of three replicas
-// (Config.Replicas).
+// on. Keep what JetStream acknowledges with sync_interval: always on the
+// server, or a stream of three replicas (Config.Replicas).
 //
 // Hence the rules: one relay per JetStream stream (EnsureStream refuses a
 // stream whose newest message another relay published, and the chain would

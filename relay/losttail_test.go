@@ -592,3 +592,144 @@ func TestRelayTellsOfAStreamMadeAgain(t *testing.T) {
 		t.Fatalf("the relay's log does not tell once that the stream was made again, and how to publish the earlier events:\n%s", l)
 	}
 }
+
+// Events NATS refuses for good other than over max_payload, which an
+// operator moved the relay past, below a tail the stream then lost, are
+// passed over again when the relay publishes that tail again: one over the
+// stream's max_msg_size (4), one whose metadata makes its headers over 64
+// KiB (7). The stream held 1–3, the relay published 5–6 and 8–9, the store
+// was restored to 1–3. The relay moved back to 3 and failed on 4 at every
+// leadership: it passed over only max_payload, which the client refuses
+// before sending; JetStream's refusals come with the acknowledgements,
+// when the events after the refused one are in flight, chained on it.
+func TestRefillPassesOverWhatTheStreamRefusesForGood(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	var logs lockedBuffer
+	r := loggedRelay(t, b, &logs)
+	cfg := r.StreamConfig()
+	cfg.MaxMsgSize = 200_000
+	if _, err := b.js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 3)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restore := snapshotStore(t, b)
+	for _, e := range []eventstore.EventData{
+		{Type: "t.big", Data: map[string]string{"s": strings.Repeat("x", 300_000)}},
+		{Type: "t.meta", Data: map[string]int{}, Metadata: eventstore.Metadata{Extra: map[string]any{"s": strings.Repeat("y", 70_000)}}},
+	} {
+		res, err := b.store.Append(ctx, e.Type, eventstore.NoStream, e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		moveCheckpoint(t, b, res.Position())
+		appendMany(t, b.store, 2)
+		if err := r.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkPositions(t, b.relayed("ANNALS"), 1, 2, 3, 5, 6, 8, 9)
+	restore()
+	appendMany(t, b.store, 2)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatalf("CatchUp after the stream lost 5–9: %v", err)
+	}
+	checkPositions(t, b.relayed("ANNALS"), 1, 2, 3, 5, 6, 8, 9, 10, 11)
+	if cp := b.checkpoint("relay"); cp != 11 {
+		t.Fatalf("checkpoint %d, want 11", cp)
+	}
+	l := logs.String()
+	if !strings.Contains(l, "lost messages it had acknowledged") || !strings.Contains(l, "err_code=10054") || !strings.Contains(l, "err_code=10097") ||
+		strings.Count(l, "passes over an event NATS refuses for good") != 2 {
+		t.Fatalf("the relay's log does not tell that the stream lost 5–9 and that it passed over 4 and 7 again:\n%s", l)
+	}
+	// Past the refill, an event the stream refuses for good waits, and the
+	// relay says how to move past it.
+	res, err := b.store.Append(ctx, "big", eventstore.NoStream,
+		eventstore.EventData{Type: "t.big", Data: map[string]string{"s": strings.Repeat("x", 300_000)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CatchUp(ctx); err == nil {
+		t.Fatal("CatchUp published an event over the stream's max_msg_size")
+	}
+	want := fmt.Sprintf("annals checkpoint set relay %d --yes", res.Position())
+	if l := logs.String(); !strings.Contains(l, "max_msg_size") || !strings.Contains(l, want) {
+		t.Fatalf("the relay's log does not name the stream's max_msg_size and %q:\n%s", want, l)
+	}
+	checkPositions(t, b.relayed("ANNALS"), 1, 2, 3, 5, 6, 8, 9, 10, 11)
+}
+
+// A refill that spans leaderships passes over what NATS refuses for good up
+// to where the first found the checkpoint: the bound is kept with the
+// checkpoint (relay_acks), not by the leadership that moved back. Here the
+// first ends on a stream full under a discard-new limit (lowered after the
+// store was restored), which is no reason to pass over anything; with the
+// limit raised, the next leadership finds the stream's newest message at
+// its checkpoint, nothing lost, and went on to event 6, over the stream's
+// max_msg_size, which an operator had moved past: it failed on it for good.
+func TestRefillGoesOnAcrossLeaderships(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	var logs lockedBuffer
+	r := loggedRelay(t, b, &logs)
+	cfg := r.StreamConfig()
+	cfg.MaxMsgSize, cfg.Discard = 200_000, jetstream.DiscardNew
+	if _, err := b.js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 3)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restore := snapshotStore(t, b)
+	appendMany(t, b.store, 2)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := b.store.Append(ctx, "big", eventstore.NoStream,
+		eventstore.EventData{Type: "t.big", Data: map[string]string{"s": strings.Repeat("x", 300_000)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	moveCheckpoint(t, b, res.Position())
+	appendMany(t, b.store, 1)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkPositions(t, b.relayed("ANNALS"), 1, 2, 3, 4, 5, 7)
+	restore()
+	setMaxMsgs := func(n int64) {
+		t.Helper()
+		cfg.MaxMsgs = n
+		if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setMaxMsgs(4)
+	if err := r.CatchUp(ctx); err == nil {
+		t.Fatal("CatchUp published more than the stream's max_msgs")
+	}
+	checkPositions(t, b.relayed("ANNALS"), 1, 2, 3, 4)
+	if cp := b.checkpoint("relay"); cp != 4 {
+		t.Fatalf("checkpoint %d, want 4", cp)
+	}
+	setMaxMsgs(-1)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatalf("CatchUp with the refill under way: %v", err)
+	}
+	checkPositions(t, b.relayed("ANNALS"), 1, 2, 3, 4, 5, 7)
+	if cp := b.checkpoint("relay"); cp != 7 {
+		t.Fatalf("checkpoint %d, want 7", cp)
+	}
+	if l := logs.String(); strings.Count(l, "passes over an event NATS refuses for good") != 1 {
+		t.Fatalf("the relay's log does not tell once that it passed over event 6 again:\n%s", l)
+	}
+}

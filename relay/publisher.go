@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -50,10 +51,12 @@ type publisher struct {
 	// stream that lost acknowledged messages (behind).
 	created int64
 	ackSeq  uint64
-	// refillTo is the checkpoint this leadership found, when it moved it
-	// back to publish what the stream lost (behind); 0 otherwise. An event
-	// over max_payload at or below it was moved past by an operator
-	// before: it is passed over again, not waited on.
+	// refillTo is where a refill of what the stream lost ends: the
+	// checkpoint the leadership that moved back found (behind), kept in
+	// relay_acks for the leaderships that go on with it; 0 when none is
+	// under way. An event at or below it that NATS refuses for good
+	// (refusedForGood) was moved past by an operator before: it is passed
+	// over again, not waited on.
 	refillTo int64
 
 	// prevID is the ID of the last event published (acknowledged or not).
@@ -71,6 +74,7 @@ type publisher struct {
 type sent struct {
 	pos     int64
 	id      string
+	msg     *nats.Msg // as published, for rechain
 	f       jetstream.PubAckFuture
 	through int64 // the covering Through when this is a batch's last message
 }
@@ -136,8 +140,9 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 // epoch and only from where the leadership found it, and starts the
 // leadership there (lease.Start, from which the engine reads once Start
 // returns), chained on that message, so each lands once, in order; an
-// event over max_payload up to where it found the checkpoint is passed
-// over (refillTo), as an operator had. A leader that dies on the way
+// event NATS refuses for good up to where it found the checkpoint is passed
+// over (refillTo, recorded with the move back for the leaderships that go
+// on with the refill), as an operator had. A leader that dies on the way
 // leaves the checkpoint at or below what the stream holds, as any leader
 // does. A relay with nothing recorded (the first run of a version that
 // records) does not move back.
@@ -164,12 +169,15 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 // the stream itself (EnsureStream); so for an empty stream that never held
 // a message (made by hand) with nothing recorded of it.
 func (p *publisher) behind(ctx context.Context, lease *catchup.Lease, st stored) error {
-	if st.pos >= lease.Start {
-		return nil
-	}
 	acks, err := p.loadAcks(ctx, lease)
 	if err != nil {
 		return err
+	}
+	if acks.same(p.r.cfg.Stream, st) {
+		p.refillTo = acks.refillTo // a refill under way goes on
+	}
+	if st.pos >= lease.Start {
+		return nil
 	}
 	created := st.created.UnixNano()
 	lost := acks.lost(p.r.cfg.Stream, st)
@@ -200,12 +208,18 @@ func (p *publisher) behind(ctx context.Context, lease *catchup.Lease, st stored)
 		return err
 	}
 	if err := lease.Do(ctx, func(conn *pgx.Conn) error {
-		var pos int64
-		err := conn.QueryRow(ctx, q["MoveBack"], lease.Subscriber, lease.Partition, lease.Epoch, st.pos, lease.Start).Scan(&pos)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return errors.Wrapf(checkpoint.ErrFenced, "relay: move the checkpoint of %s back to %d at epoch %d", lease.Subscriber, st.pos, lease.Epoch)
-		}
-		return errors.Wrapf(err, "relay: move the checkpoint back to %d", st.pos)
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			var pos int64
+			err := tx.QueryRow(ctx, q["MoveBack"], lease.Subscriber, lease.Partition, lease.Epoch, st.pos, lease.Start).Scan(&pos)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return errors.Wrapf(checkpoint.ErrFenced, "relay: move the checkpoint of %s back to %d at epoch %d", lease.Subscriber, st.pos, lease.Epoch)
+			}
+			if err != nil {
+				return errors.Wrapf(err, "relay: move the checkpoint back to %d", st.pos)
+			}
+			_, err = tx.Exec(ctx, q["RecordRefill"], lease.Subscriber, lease.Partition, lease.Start)
+			return errors.Wrapf(err, "relay: record the refill up to %d", lease.Start)
+		})
 	}); err != nil {
 		return err
 	}
@@ -219,7 +233,7 @@ func (p *publisher) behind(ctx context.Context, lease *catchup.Lease, st stored)
 		slog.String("relay", p.r.cfg.Name), slog.String("stream", p.r.cfg.Stream),
 		slog.Uint64("stream_sequence", st.seq), slog.Uint64("acknowledged_sequence", lost),
 		slog.Int64("stream_position", st.pos), slog.Int64("checkpoint", lease.Start))
-	p.refillTo = lease.Start
+	p.refillTo = max(p.refillTo, lease.Start)
 	lease.Start = st.pos
 	return nil
 }
@@ -227,11 +241,12 @@ func (p *publisher) behind(ctx context.Context, lease *catchup.Lease, st stored)
 // acks is what the relay recorded with its last checkpoint commit
 // (RecordAcked, LoadAcked).
 type acks struct {
-	ok      bool   // a row was found
-	stream  string // the stream's name
-	created int64  // its creation time (Unix nanoseconds)
-	seq     int64  // the stream sequence acknowledged through the checkpoint
-	pos     int64  // that checkpoint
+	ok       bool   // a row was found
+	stream   string // the stream's name
+	created  int64  // its creation time (Unix nanoseconds)
+	seq      int64  // the stream sequence acknowledged through the checkpoint
+	pos      int64  // that checkpoint
+	refillTo int64  // where a refill under way ends (RecordRefill); 0: none
 }
 
 // loadAcks reads what the relay recorded with its last checkpoint commit;
@@ -242,7 +257,7 @@ func (p *publisher) loadAcks(ctx context.Context, lease *catchup.Lease) (acks, e
 		return acks{}, err
 	}
 	a := acks{ok: true}
-	err = p.r.pool.QueryRow(ctx, q["LoadAcked"], lease.Subscriber, lease.Partition).Scan(&a.stream, &a.created, &a.seq, &a.pos)
+	err = p.r.pool.QueryRow(ctx, q["LoadAcked"], lease.Subscriber, lease.Partition).Scan(&a.stream, &a.created, &a.seq, &a.pos, &a.refillTo)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return acks{}, nil
 	}
@@ -290,13 +305,49 @@ func (p *publisher) message(e eventstore.Event, prev string, seq uint64) (*nats.
 		return nil, nil, err
 	}
 	msg.Header.Set(HeaderOrigin, p.origin)
-	opts := []jetstream.PublishOpt{jetstream.WithMsgID(e.ID.String()), jetstream.WithExpectStream(p.r.cfg.Stream)}
+	return msg, p.chain(e.ID.String(), prev, seq), nil
+}
+
+// chain returns the options that publish the message of event id chained
+// on the message prev (when the stream is empty: prev "" and its last
+// sequence seq); see message.
+func (p *publisher) chain(id, prev string, seq uint64) []jetstream.PublishOpt {
+	opts := []jetstream.PublishOpt{jetstream.WithMsgID(id), jetstream.WithExpectStream(p.r.cfg.Stream)}
 	if prev != "" {
-		opts = append(opts, jetstream.WithExpectLastMsgID(prev))
-	} else {
-		opts = append(opts, jetstream.WithExpectLastSequence(seq))
+		return append(opts, jetstream.WithExpectLastMsgID(prev))
 	}
-	return msg, opts, nil
+	return append(opts, jetstream.WithExpectLastSequence(seq))
+}
+
+// rechain publishes again, in order, the messages in flight from the
+// index from on, chained on the stream's newest message (lastID) instead
+// of the event passed over before them, which the stream refused: each
+// expects its predecessor as the stream's newest message, so JetStream
+// refuses them all (the messages arrive in order on the one connection:
+// the first sent are refused before the second are stored, and a stream of
+// one replica does not record a refused message for de-duplication).
+// Their acknowledgements are the second sending's. A replicated stream
+// records a message's ID before it checks the chain, and refuses the
+// second sending ("duplicate message id is in process", 10158) until its
+// leader changes or the duplicate window passes: the leadership ends, as
+// after any failed publish, committing through the event passed over, and
+// the next ones claim again until then.
+func (p *publisher) rechain(from int) error {
+	prev := p.lastID
+	for i := from; i < len(p.inflight); i++ {
+		s := &p.inflight[i]
+		msg := &nats.Msg{Subject: s.msg.Subject, Header: maps.Clone(s.msg.Header), Data: s.msg.Data}
+		msg.Header.Del(jetstream.ExpectedLastMsgIDHeader)
+		msg.Header.Del(jetstream.ExpectedLastSeqHeader)
+		f, err := p.r.js.PublishMsgAsync(msg, p.chain(s.id, prev, p.lastSeq)...)
+		if err != nil {
+			return errors.Wrapf(err, "relay: publish event %d again", s.pos)
+		}
+		s.msg, s.f = msg, f
+		prev = s.id
+	}
+	p.prevID = prev
+	return nil
 }
 
 // Process publishes the batch's events (those the stream does not hold
@@ -322,13 +373,12 @@ func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch cat
 			return batch.After, p.fail(ctx, lease, err)
 		}
 		f, err := p.r.js.PublishMsgAsync(msg, opts...)
-		if errors.Is(err, nats.ErrMaxPayload) && e.GlobalSequence <= p.refillTo {
+		if err != nil && e.GlobalSequence <= p.refillTo && refusedForGood(err) {
 			// Published again after the stream lost it, below where the
 			// checkpoint was: an operator moved the relay past this event
 			// before, as the error below says to. Passed over again, as
 			// acknowledged (as an event that does not match).
-			p.r.cfg.Logger.WarnContext(ctx, "annals: the relay passes over an event over max_payload again, publishing what the stream lost",
-				slog.String("relay", p.r.cfg.Name), slog.Int64("position", e.GlobalSequence), slog.Int64("checkpoint_was", p.refillTo))
+			p.passOver(ctx, e.GlobalSequence, err)
 			if len(p.inflight) == 0 {
 				p.acked = max(p.acked, e.GlobalSequence)
 			}
@@ -344,7 +394,7 @@ func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch cat
 		if err != nil {
 			return batch.After, p.fail(ctx, lease, errors.Wrapf(err, "relay: publish event %d", e.GlobalSequence))
 		}
-		p.inflight = append(p.inflight, sent{pos: e.GlobalSequence, id: e.ID.String(), f: f})
+		p.inflight = append(p.inflight, sent{pos: e.GlobalSequence, id: e.ID.String(), msg: msg, f: f})
 		p.prevID = e.ID.String()
 	}
 	// Once the last message in flight is acknowledged, everything through
@@ -401,8 +451,27 @@ func (p *publisher) collect(ctx context.Context, lease *catchup.Lease, n int, wa
 				return nil
 			}
 		}
+		if err != nil && s.pos <= p.refillTo && refusedForGood(err) {
+			// The stream refuses, for good, an event it lost: an operator
+			// had moved the relay past it (as Process's sync refusal).
+			p.passOver(ctx, s.pos, err)
+			p.acked = s.pos
+			if s.through > 0 {
+				p.acked = s.through
+			}
+			if err := p.rechain(done + 1); err != nil {
+				p.inflight = p.inflight[done+1:]
+				return err
+			}
+			continue
+		}
 		if err != nil {
 			p.inflight = p.inflight[done:]
+			if refusedForGood(err) {
+				err = errors.Wrapf(err, "the stream refuses event %d for its size, and will at every try (%s); "+
+					"raise the limit, or move the relay past the event (%s); every later event waits behind it",
+					s.pos, refusalLimit(err), p.r.checkpointSetHint(s.pos))
+			}
 			return errors.Wrapf(err, "relay: publish event %d", s.pos)
 		}
 		p.lastPos, p.lastID = s.pos, s.id
@@ -419,6 +488,88 @@ func (p *publisher) collect(ctx context.Context, lease *catchup.Lease, n int, wa
 		p.acked = max(p.acked, p.through)
 	}
 	return nil
+}
+
+// passOver logs that the event at pos, which NATS refuses for good (err),
+// is passed over while the relay publishes again what its stream lost: an
+// operator had moved the relay past it.
+func (p *publisher) passOver(ctx context.Context, pos int64, err error) {
+	p.r.cfg.Logger.WarnContext(ctx, "annals: the relay passes over an event NATS refuses for good again, publishing what the stream lost "+
+		"(an operator had moved the relay past it)",
+		slog.String("relay", p.r.cfg.Name), slog.Int64("position", pos), slog.Int64("checkpoint_was", p.refillTo), telemetry.Err(err))
+}
+
+// refusedForGood reports whether NATS refused a publish for what the
+// message is, whatever the stream holds, so that publishing the same event
+// again is refused again (only raising a limit, or moving the relay past
+// the event, gets the relay on). So, unless a limit was lowered since, an
+// event the stream refuses so was refused when the relay first published
+// it, and if the checkpoint passed it, an operator moved it past it: it is
+// not one the stream lost, which it had stored. Of the refusals a relay's
+// publish can meet (nats.go's PublishMsgAsync, and JetStream's stream.go
+// processJetStreamMsg in nats-server v2.15), those are:
+//
+//   - nats.ErrMaxPayload: over the server's max_payload, headers included
+//     (the client refuses it before sending, PublishMsgAsync's error);
+//   - 10054, "message size exceeds maximum allowed": over the stream's
+//     max_msg_size;
+//   - 10097, "header size exceeds maximum allowed of 64k": the headers
+//     (Annals-Metadata holds the whole metadata) over 65535 bytes;
+//   - 10077 "message too large": over the file store's largest record
+//     (32 MiB), under a max_payload above that.
+//
+// The others are not. A stream full under discard-new limits (max_msgs,
+// max_bytes, max_msgs_per_subject: 10077 with those descriptions), the
+// account's or the server's resources (10002 and others, 10023) and a
+// sealed stream refuse every event alike, until a limit is raised or the
+// stream ages messages out: a refill waits for that rather than pass over
+// everything the stream lost. The chain's refusals (10070, 10071) and the
+// expected stream's (10060) are the relay's own, mended by claiming again.
+// A publish the account may not make (permissions) is not answered at all:
+// the server drops it and tells the connection (-ERR, the client's
+// asynchronous error handler), so the relay sees no acknowledgement, as
+// from a slow or unreachable server, and cannot tell it from one; it ends
+// the leadership after AckTimeout, each time, and an operator moves the
+// relay past it again by hand (annals checkpoint set).
+func refusedForGood(err error) bool {
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return true
+	}
+	var api *jetstream.APIError
+	if !errors.As(err, &api) {
+		return false
+	}
+	switch api.ErrorCode {
+	case errCodeMessageExceedsMaximum, errCodeHeaderExceedsMaximum:
+		return true
+	case errCodeStoreFailed:
+		return api.Description == "message too large"
+	}
+	return false
+}
+
+// JetStream's error codes (nats-server's jetstream_errors_generated.go) that
+// nats.go does not name.
+const (
+	errCodeMessageExceedsMaximum = jetstream.JSErrCodeStreamMessageExceedsMaximum // 10054
+	errCodeHeaderExceedsMaximum  = jetstream.ErrorCode(10097)                     // JSStreamHeaderExceedsMaximumErr
+	errCodeStoreFailed           = jetstream.ErrorCode(10077)                     // JSStreamStoreFailedF
+)
+
+// refusalLimit names the limit behind a JetStream refusal refusedForGood
+// accepts.
+func refusalLimit(err error) string {
+	var api *jetstream.APIError
+	switch {
+	case !errors.As(err, &api):
+	case api.ErrorCode == errCodeMessageExceedsMaximum:
+		return "the stream's max_msg_size"
+	case api.ErrorCode == errCodeHeaderExceedsMaximum:
+		return "JetStream's 64 KiB of headers: the event's metadata is one"
+	case api.ErrorCode == errCodeStoreFailed:
+		return "the file store's largest message, 32 MiB"
+	}
+	return "a limit of the stream or server"
 }
 
 // stopPoll is how often a relay that is stopping, waiting for an

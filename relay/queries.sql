@@ -28,16 +28,28 @@ RETURNING position;
 -- What the relay's stream had acknowledged at its last checkpoint commit
 -- (RecordAcked): the stream's name, creation time (Unix nanoseconds), the
 -- sequence of its last acknowledged message and the checkpoint committed
--- with it. No row: none recorded yet (publisher.Start).
-SELECT stream, stream_created_ns, stream_sequence, position
+-- with it; and where a refill of what the stream lost ends (RecordRefill;
+-- 0: none under way). No row: none recorded yet (publisher.Start).
+SELECT stream, stream_created_ns, stream_sequence, position, refill_to
   FROM {{.Schema}}.relay_acks
+ WHERE subscriber_id = $1 AND partition = $2;
+
+-- name: RecordRefill
+-- Records, in the transaction of a move back (MoveBack), that the relay
+-- publishes again what its stream lost up to $3, the checkpoint it found:
+-- events refused for good up to there are passed over (an operator had
+-- moved past them), also by the leaderships that go on with the refill.
+-- A refill begun before and not finished keeps its end.
+UPDATE {{.Schema}}.relay_acks
+   SET refill_to = GREATEST(refill_to, $3), updated_at = clock_timestamp()
  WHERE subscriber_id = $1 AND partition = $2;
 
 -- name: RecordAcked
 -- Records, in the transaction of a checkpoint commit at position $7, that
 -- stream $4 (made at $5, Unix nanoseconds) had acknowledged through sequence
 -- $6; fenced by the epoch ($3) as the commit is (no row inserted or
--- updated: fenced).
+-- updated: fenced). A refill under way (RecordRefill) ends once the
+-- checkpoint reaches its end, or with another stream.
 INSERT INTO {{.Schema}}.relay_acks AS a (subscriber_id, partition, stream, stream_created_ns, stream_sequence, position)
 SELECT c.subscriber_id, c.partition, $4, $5, $6, $7
   FROM {{.Schema}}.checkpoints c
@@ -45,4 +57,7 @@ SELECT c.subscriber_id, c.partition, $4, $5, $6, $7
 ON CONFLICT (subscriber_id, partition) DO UPDATE
    SET stream = EXCLUDED.stream, stream_created_ns = EXCLUDED.stream_created_ns,
        stream_sequence = EXCLUDED.stream_sequence, position = EXCLUDED.position,
+       refill_to = CASE WHEN EXCLUDED.position < a.refill_to AND EXCLUDED.stream = a.stream
+                          AND EXCLUDED.stream_created_ns = a.stream_created_ns
+                        THEN a.refill_to ELSE 0 END,
        updated_at = clock_timestamp();
