@@ -2,6 +2,7 @@ package eventstore_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 
@@ -59,9 +60,12 @@ func TestDeleteStream(t *testing.T) {
 			if _, err := b.store.DeleteStream(ctx, "o-1", eventstore.Any, nil); !errors.Is(err, eventstore.ErrStreamDeleted) {
 				t.Fatalf("second soft delete: %v", err)
 			}
-			// The events stay in the log, the deletion event included.
+			// The events stay in the log, the deletion event included, and
+			// the deletion is recorded in the metadata stream (migration
+			// 0038).
 			all, err := collect(t, b.store.ReadAll(ctx, 0))
-			if err != nil || len(all) != 3 || all[2].Type != eventstore.StreamDeletedType || string(all[2].Data) != `{"hard":false}` {
+			if err != nil || len(all) != 4 || all[2].Type != eventstore.StreamDeletedType || string(all[2].Data) != `{"hard":false}` ||
+				all[3].StreamID != eventstore.MetadataStream("o-1") || all[3].Type != eventstore.StreamTruncatedType {
 				t.Fatalf("log after delete: %v %+v", err, all)
 			}
 			// Recreate: the version continues, reads start after the deletion.
@@ -109,9 +113,10 @@ func TestDeleteStream(t *testing.T) {
 			if _, err := collect(t, b.store.ReadStream(ctx, "o-1", 0)); !errors.Is(err, eventstore.ErrStreamTombstoned) {
 				t.Fatalf("read of a tombstone: %v", err)
 			}
-			all, err := collect(t, b.store.ReadAll(ctx, 3))
-			if err != nil || len(all) != 1 || all[0].Metadata.CorrelationID != "gdpr-42" || string(all[0].Data) != `{"hard":true}` {
-				t.Fatalf("hard deletion event: %v %+v", err, all)
+			all, err := collect(t, b.store.ReadAll(ctx, res.Events[0].GlobalSequence))
+			if err != nil || len(all) != 2 || all[0].Metadata.CorrelationID != "gdpr-42" || string(all[0].Data) != `{"hard":true}` ||
+				all[1].StreamID != eventstore.MetadataStream("o-1") || !strings.Contains(string(all[1].Data), `"deleted" : "hard"`) {
+				t.Fatalf("hard deletion event and its record: %v %+v", err, all)
 			}
 		})
 	}

@@ -106,6 +106,10 @@ func newFixture(t *testing.T) *fixture {
 	f.keep["count"] = []int64{8, 9, 10}
 	f.keep["trunc"] = []int64{4, 5}
 	f.keep["recreated"] = []int64{4}
+	// Each deletion's record in the metadata stream (migration 0038).
+	for _, s := range []string{"soft", "hard", "recreated"} {
+		f.keep[eventstore.MetadataStream(s)] = []int64{1}
+	}
 	f.removed = 3 + 7 + 3 + 3 + 3 + 3 // age-old, count, trunc, soft, hard, recreated
 	return f
 }

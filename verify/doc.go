@@ -33,15 +33,34 @@
 //     (only when no record is kept and the metadata stream has lost events
 //     to retention of its own, possible before migration 0024, is the
 //     stream not checked, with a note);
-//   - a truncate_before in streams above what the stream's
-//     "$stream.truncated" records hold that no deletion just below it
-//     explains (delete_stream sets it above its "$stream.deleted" event;
-//     that event is there, or the scavenger removed it with every older
-//     event of the stream);
-//   - a stream marked deleted in streams whose truncate_before is not its
-//     version + 1, or whose newest event is not the "$stream.deleted"
-//     event while older ones remain (delete_stream writes both; the
-//     scavenger removes that event only with every older one);
+//   - a truncate_before in streams above the stream's version + 1 (no
+//     function sets it there), or above what the stream's
+//     "$stream.truncated" records hold; since migration 0038 delete_stream
+//     records each deletion there too (with "deleted" and "version"), in
+//     the metadata stream the scavenger never empties. A deletion older
+//     than that has no record: it explains truncate_before only if its
+//     "$stream.deleted" event just below is at or below
+//     deletions_recorded_after() (the head when 0038 ran), or is gone
+//     with every older event, removed by a scavenge run at or below that
+//     head;
+//   - a stream marked deleted in streams that its records contradict: a
+//     deletion must be recorded at the stream's version, with its kind
+//     (state 1 soft, 2 hard), a stream recorded hard-deleted must still
+//     be hard-deleted at that version, and one recorded deleted softly is
+//     deleted at that version or live (recreated by an append) above it;
+//     a deletion without a record must be older than the records (as
+//     above). Either way its truncate_before must be its version + 1 and,
+//     while older events remain, its newest event the "$stream.deleted"
+//     event (delete_stream writes both; the scavenger removes that event
+//     only with every older one);
+//   - a stream whose version in streams is below a version its records
+//     show it reached (a recorded deletion's version, a recorded
+//     truncate_before less one): appends would reuse its versions;
+//   - a trigger or unique index the log relies on that is missing,
+//     disabled (ALTER TABLE ... DISABLE TRIGGER, or ENABLE REPLICA
+//     TRIGGER) or changed: the append-only trigger of events, the guard
+//     of events_archive, and the unique indexes on positions, event IDs,
+//     (stream, version) and stream IDs;
 //   - a scavenge run that removed events with a clock more than
 //     ScavengeClockTolerance later than its start (scavenge() took the
 //     caller's clock before migration 0027; since, a run's clock is never
@@ -58,8 +77,15 @@
 // is kept: store it outside the database, out of the owner's reach.
 //
 // Without a baseline some changes cannot be told from legitimate ones: a
-// stream whose state, truncate_before and events were all set to look like
-// a deletion the scavenger cleaned up after (every event removed, in a
-// range a scavenge run removed events from) passes, and so does a forged
-// "$stream.truncated" record or scavenge_runs row.
+// forged "$stream.truncated" record or scavenge_runs row, the newest
+// events of a stream removed with its version lowered to match, and the
+// deletions older than migration 0038, which have no record: one whose
+// every event the scavenger removed can be set back from hard to soft (and
+// then recreated by an append), its version lowered, or a stream made to
+// look like one (every event removed, in a range a scavenge run removed
+// events from at or below the head when 0038 ran). The report lists such
+// streams in a note. The baseline covers event rows only, so it tells
+// such a change only by the events it removed or added. A function of the
+// schema redefined by its owner (the append-only trigger's, or
+// deletions_recorded_after) is not looked at.
 package verify

@@ -66,13 +66,22 @@ type lifecycleRow struct {
 	firstV, firstPos         *int64
 	lastV, lastPos           *int64
 	atVersion, atVersionHard *string
+	atVersionPos             *int64
 	belowTB                  *string
+	belowTBPos               *int64
+	// The latest deletion record (delete_stream, since migration 0038):
+	// the version of its "$stream.deleted" event, whether it was hard and
+	// its position (nil: none); anyHard: a record of a hard deletion.
+	delVersion *int64
+	delHard    *bool
+	delPos     *int64
+	anyHard    bool
 }
 
 func (r *lifecycleRow) targets() []any {
 	return []any{&r.id, &r.state, &r.version, &r.truncateBefore, &r.limits, &r.lossy,
 		&r.records, &r.recordedTB, &r.recordedLimits, &r.recPos, &r.recAt, &r.recCount, &r.recAge, &r.firstV, &r.firstPos, &r.lastV, &r.lastPos,
-		&r.atVersion, &r.atVersionHard, &r.belowTB}
+		&r.atVersion, &r.atVersionHard, &r.atVersionPos, &r.belowTB, &r.belowTBPos, &r.delVersion, &r.delHard, &r.delPos, &r.anyHard}
 }
 
 // scavengeRange is the range of positions (from, to] in which a scavenge
@@ -139,10 +148,17 @@ func (x runIndex) inForce(pos int64, at time.Time, next int64) bool {
 func checkLifecycle(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Report, maxProblems int) (*excuses, error) {
 	ex := &excuses{start: map[string]bool{}, tail: map[string]bool{}, why: map[string]string{}, below: map[string]int64{}}
 
+	// Since migration 0038 delete_stream records every deletion in the
+	// metadata stream; deletions at or below recordedAfter have no record.
+	recordedAfter, err := deletionsRecordedAfter(ctx, tx, q, rep)
+	if err != nil {
+		return nil, err
+	}
+
 	// A maximum count or age that set_stream_retention did not record
 	// excuses nothing.
 	unrecorded := map[string]bool{}
-	urows, err := tx.Query(ctx, q["UnrecordedRetention"])
+	urows, err := tx.Query(ctx, q["UnrecordedRetention"], recordedAfter)
 	if err != nil {
 		return nil, errors.Wrap(err, "verify: compare retention with its records")
 	}
@@ -206,38 +222,148 @@ func checkLifecycle(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Re
 	if err != nil {
 		return nil, errors.Wrap(err, "verify: read streams with retention")
 	}
-	var lc lifecycleRow
+	var (
+		lc  lifecycleRow
+		old []string // streams checked by the rules before migration 0038
+	)
 	if _, err := pgx.ForEachRow(rows, lc.targets(), func() error {
-		lc.judge(rep, maxProblems, ex, unrecorded[lc.id], canRuns, runs)
+		if lc.judge(rep, maxProblems, ex, unrecorded[lc.id], canRuns, runs, recordedAfter) {
+			old = append(old, lc.id)
+		}
 		return nil
 	}); err != nil {
 		return nil, errors.Wrap(err, "verify: read streams with retention")
 	}
+	if len(old) > 0 {
+		const show = 5
+		ids := fmt.Sprintf("%q", old[:min(len(old), show)])
+		if len(old) > show {
+			ids = fmt.Sprintf("%s and %d more", ids, len(old)-show)
+		}
+		rep.Notes = append(rep.Notes, fmt.Sprintf("%d streams (%s) are deleted, or truncated by a deletion, without a deletion record in their metadata streams, which delete_stream writes since migration 0038 (at positions above %d): their deletions may be older, and were checked as before (their state and versions could have been changed without it being seen; compare with a baseline)",
+			len(old), ids, recordedAfter))
+	}
 	return ex, nil
 }
 
+// deletionsRecordedAfter returns deletions_recorded_after() (migration
+// 0038), or math.MaxInt64, with a note, when the schema lacks it or the
+// role may not run it: every deletion may then be without a record.
+func deletionsRecordedAfter(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Report) (int64, error) {
+	var can *bool
+	err := tx.QueryRow(ctx, q["DeletionsRecordedAfter"]).Scan(&can)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		rep.Notes = append(rep.Notes, "deletions were checked without their records: the schema is older than migration 0038 (delete_stream records deletions in the metadata streams since)")
+		return math.MaxInt64, nil
+	case err != nil:
+		return 0, errors.Wrap(err, "verify: look up deletions_recorded_after")
+	case can == nil:
+		rep.Notes = append(rep.Notes, "deletions were checked without their records: no EXECUTE on deletions_recorded_after()")
+		return math.MaxInt64, nil
+	}
+	var h int64
+	if err := tx.QueryRow(ctx, q["DeletionsRecordedAfterValue"]).Scan(&h); err != nil {
+		return 0, errors.Wrap(err, "verify: read deletions_recorded_after")
+	}
+	return h, nil
+}
+
 // judge checks one stream's deletion and truncation against the log and
-// records what its retention, truncation and deletion excuse.
-func (lc *lifecycleRow) judge(rep *Report, maxProblems int, ex *excuses, limitsUnrecorded, canRuns bool, runs []scavengeRange) {
+// records what its retention, truncation and deletion excuse. It reports
+// whether the stream was let through by the rules for deletions older than
+// their records (at or below recordedAfter).
+func (lc *lifecycleRow) judge(rep *Report, maxProblems int, ex *excuses, limitsUnrecorded, canRuns bool, runs []scavengeRange, recordedAfter int64) (old bool) {
 	id := lc.id
+	meta := "$$" + id
 	// Without a record left in a metadata stream that lost events (its
 	// own retention, truncation or deletion, possible before migrations
 	// 0021 and 0024), the stream's settings cannot be checked.
 	lost := lc.lossy && lc.records == 0
+	// beforeRecords reports whether a deletion event whose position is pos
+	// (nil: removed by the scavenger, somewhere below before, -1: anywhere)
+	// may be older than deletion records.
+	beforeRecords := func(pos *int64, before int64) bool {
+		if recordedAfter == math.MaxInt64 {
+			return true
+		}
+		if pos != nil {
+			return *pos <= recordedAfter
+		}
+		if before < 0 || before > recordedAfter+1 {
+			before = recordedAfter + 1
+		}
+		return !canRuns || removedIn(runs, 0, before)
+	}
+
+	// Versions never go down, and no function sets truncate_before above
+	// version + 1 (a deletion sets it just above its event, a truncation
+	// at most there); every record names versions the stream reached.
+	if lc.truncateBefore > lc.version+1 {
+		rep.add(maxProblems, Problem{Kind: TruncationUnrecorded, StreamID: id, Version: lc.truncateBefore,
+			Message: fmt.Sprintf("stream %q has truncate_before %d in streams, above its version %d + 1: neither set_stream_retention nor delete_stream sets it there; set some other way",
+				id, lc.truncateBefore, lc.version)})
+	}
+	reached, by := int64(0), ""
+	if lc.recordedTB != nil && *lc.recordedTB-1 > reached {
+		reached, by = *lc.recordedTB-1, fmt.Sprintf("a %q record of %q holds truncate_before %d", truncatedType, meta, *lc.recordedTB)
+	}
+	if lc.delVersion != nil && *lc.delVersion > reached {
+		reached, by = *lc.delVersion, fmt.Sprintf("a deletion at version %d is recorded in %q", *lc.delVersion, meta)
+	}
+	if reached > lc.version {
+		rep.add(maxProblems, Problem{Kind: VersionLowered, StreamID: id, Version: lc.version,
+			Message: fmt.Sprintf("stream %q is at version %d in streams, but %s: its version was lowered, and appends reuse versions it had",
+				id, lc.version, by)})
+	}
 
 	// A deletion: delete_stream appends "$stream.deleted" at the new
 	// version and sets truncate_before just above it; no append follows
 	// (one that recreates the stream makes it live again), and the
 	// scavenger removes that event only with every older event of the
 	// stream (its run starts after the deletion, so every step of it
-	// removes all versions below truncate_before).
+	// removes all versions below truncate_before). Since migration 0038 it
+	// also records the deletion in the metadata stream, which keeps it: the
+	// latest record says the state, unless an append recreated the stream
+	// after a deletion that was not hard.
 	deleted := false
-	if lc.state != 0 {
+	if lc.delVersion != nil || lc.anyHard {
+		hard := lc.delHard != nil && *lc.delHard
+		var want string
+		switch {
+		case lc.delVersion == nil:
+		case hard && (lc.state != 2 || lc.version != *lc.delVersion):
+			want = fmt.Sprintf("hard-deleted (state 2) at version %d: a hard-deleted stream takes no append and stays hard-deleted", *lc.delVersion)
+		case !hard && lc.version == *lc.delVersion && lc.state != 1:
+			want = fmt.Sprintf("deleted (state 1) at version %d, until an append recreates it", *lc.delVersion)
+		case !hard && lc.version > *lc.delVersion && lc.state != 0:
+			want = fmt.Sprintf("live (state 0) after version %d: an append recreated it, and a later deletion would be recorded too", *lc.delVersion)
+		}
+		if lc.anyHard && !hard {
+			want = "hard-deleted (state 2): a hard-deleted stream takes no further deletion"
+		}
+		if want != "" {
+			rep.add(maxProblems, Problem{Kind: DeletionUnrecorded, StreamID: id, Version: lc.version,
+				Message: fmt.Sprintf("stream %q has state %d at version %d in streams, but the deletions %q records make it %s; the state was set some other way, and it excuses no missing event",
+					id, lc.state, lc.version, meta, want)})
+			lc.state = -1 // excuses nothing below
+		}
+	}
+	if lc.state > 0 {
 		what, hard := "deleted", "false"
 		if lc.state == 2 {
 			what, hard = "hard-deleted", "true"
 		}
+		recorded := lc.delVersion != nil && *lc.delVersion == lc.version
 		switch {
+		case !recorded && !beforeRecords(lc.atVersionPos, -1):
+			at := "which the scavenger removed after migration 0038"
+			if lc.atVersionPos != nil {
+				at = fmt.Sprintf("at position %d", *lc.atVersionPos)
+			}
+			rep.add(maxProblems, Problem{Kind: DeletionUnrecorded, StreamID: id, Version: lc.version,
+				Message: fmt.Sprintf("stream %q is %s in streams (state %d) at version %d, but %q records no deletion at that version, as delete_stream does since migration 0038 (position %d), and its deletion event is %s; the state was set some other way, and it excuses no missing event",
+					id, what, lc.state, lc.version, meta, recordedAfter, at)})
 		case lc.truncateBefore != lc.version+1:
 			rep.add(maxProblems, Problem{Kind: DeletionUnrecorded, StreamID: id, Version: lc.version,
 				Message: fmt.Sprintf("stream %q is %s in streams (state %d) at version %d, but its truncate_before is %d, not %d: delete_stream sets it just above its %q event; the state was set some other way, and it excuses no missing event",
@@ -260,41 +386,52 @@ func (lc *lifecycleRow) judge(rep *Report, maxProblems int, ex *excuses, limitsU
 					id, what, lc.version, lc.version, found, deletedType, hard)})
 		default:
 			deleted = true
+			old = old || !recorded
 		}
 	}
 
 	// A truncation: set_stream_retention records the new truncate_before in
-	// the metadata stream; a deletion sets it without a record, and then
-	// the stream is deleted still, or was recreated by an append (its
-	// version is at least truncate_before) after the "$stream.deleted"
-	// event at truncate_before - 1, which is there unless the scavenger
-	// removed it with every version below it.
+	// the metadata stream, and so does delete_stream since migration 0038.
+	// An older deletion set it without a record, and then the stream is
+	// deleted still, or was recreated by an append (its version is at least
+	// truncate_before) after the "$stream.deleted" event at
+	// truncate_before - 1, which is there unless the scavenger removed it
+	// with every version below it.
 	truncated := false
 	if lc.truncateBefore > 1 {
+		recreated := lc.state == 0 && lc.version >= lc.truncateBefore
 		switch {
+		case lc.truncateBefore > lc.version+1:
+			// Reported above.
 		case deleted:
 			truncated = true
 		case lc.recordedTB != nil && lc.truncateBefore <= *lc.recordedTB:
 			truncated = true
 		case lost:
 			truncated = true
-		case lc.state == 0 && lc.version >= lc.truncateBefore && lc.belowTB != nil && *lc.belowTB == deletedType:
-			truncated = true
-		case lc.state == 0 && lc.version >= lc.truncateBefore && (lc.firstV == nil || *lc.firstV >= lc.truncateBefore) &&
-			(!canRuns || removedIn(runs, 0, positionOr(lc.firstPos, -1))):
+		case recreated && lc.belowTB != nil && *lc.belowTB == deletedType && beforeRecords(lc.belowTBPos, -1):
+			truncated, old = true, true
+		case recreated && lc.belowTB == nil && (lc.firstV == nil || *lc.firstV >= lc.truncateBefore) &&
+			beforeRecords(nil, positionOr(lc.firstPos, -1)):
 			// The deletion event was scavenged with every version below
-			// it, by a run that removed events below the first kept.
-			truncated = true
+			// it, by a run that removed events below the first kept (and,
+			// for a deletion without its record, at or below the head
+			// when records began).
+			truncated, old = true, true
 		case lc.state != 0:
 			// Reported as DeletionUnrecorded.
 		default:
-			rec := fmt.Sprintf("no %q event of %q records any", truncatedType, "$$"+id)
+			rec := fmt.Sprintf("no %q event of %q records any", truncatedType, meta)
 			if lc.recordedTB != nil {
-				rec = fmt.Sprintf("the %q events of %q record at most %d", truncatedType, "$$"+id, *lc.recordedTB)
+				rec = fmt.Sprintf("the %q events of %q record at most %d", truncatedType, meta, *lc.recordedTB)
 			}
 			del := "no deletion at version %d explains it"
-			if lc.state == 0 && lc.version >= lc.truncateBefore && (lc.firstV == nil || *lc.firstV >= lc.truncateBefore) {
-				del = "no deletion at version %d explains it (its event is gone, and no scavenge run removed events where it was)"
+			if recreated && (lc.firstV == nil || *lc.firstV >= lc.truncateBefore) {
+				del = "no deletion at version %d explains it (its event is gone, and no scavenge run removed events where it was"
+				if recordedAfter != math.MaxInt64 {
+					del += fmt.Sprintf(" at or below position %d, before delete_stream recorded deletions", recordedAfter)
+				}
+				del += ")"
 			}
 			rep.add(maxProblems, Problem{Kind: TruncationUnrecorded, StreamID: id, Version: lc.truncateBefore,
 				Message: fmt.Sprintf("stream %q has truncate_before %d in streams, but %s, and "+del+": set outside set_stream_retention and delete_stream; its missing events are reported",
@@ -363,8 +500,12 @@ func (lc *lifecycleRow) judge(rep *Report, maxProblems int, ex *excuses, limitsU
 		}
 	}
 	if bound <= 1 {
-		return
+		return old
 	}
+	// A truncation through the stream's version (set_stream_retention caps
+	// it at version + 1) lets the scavenger remove every version, the
+	// newest too: a run's steps before the change kept the older ones.
+	tail = tail || bound > lc.version
 	start := true
 	// Only scavenge() removes events: the missing ones lie below the first
 	// event kept (all of them, without one) or above the last one.
@@ -389,6 +530,7 @@ func (lc *lifecycleRow) judge(rep *Report, maxProblems int, ex *excuses, limitsU
 	ex.start[id] = start
 	ex.tail[id] = tail
 	ex.below[id] = bound
+	return old
 }
 
 // removedIn reports whether a run removed events at a position above

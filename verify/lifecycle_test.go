@@ -97,6 +97,7 @@ func TestLifecycleTampering(t *testing.T) {
 		b.tamper(t, `UPDATE %s.streams SET state = 1, truncate_before = 5 WHERE stream_id = 'c'`,
 			`DELETE FROM %s.events WHERE stream_id = 'c'`)
 		wantProblems(t, b.verify(t, nil),
+			verify.Problem{Kind: verify.DeletionUnrecorded, StreamID: "c"},
 			verify.Problem{Kind: verify.StreamWithoutEvents, StreamID: "c"})
 	})
 	t.Run("DeletionEventRemovedOlderKept", func(t *testing.T) {

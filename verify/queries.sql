@@ -30,16 +30,22 @@ SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {{.Schema}}.events_gl
 --     max_age; then each record in version order: its position, when it
 --     was recorded, its max_count (0: none) and whether it has a max_age;
 --   the first and the last event of the stream (version, position);
---   the type and data->>'hard' of its event at streams.version, and the
---     type of its event at truncate_before - 1 (a deletion sets
---     truncate_before just above its "$stream.deleted" event).
+--   the type, data->>'hard' and position of its event at streams.version,
+--     and the type and position of its event at truncate_before - 1 (a
+--     deletion sets truncate_before just above its "$stream.deleted"
+--     event);
+--   the latest deletion record (a "$stream.truncated" record with
+--     "deleted", which delete_stream writes since migration 0038): the
+--     version of its "$stream.deleted" event, whether it was hard, its
+--     position; and whether any record is of a hard deletion.
 SELECT s.stream_id, s.state, s.version, s.truncate_before,
        s.max_count IS NOT NULL OR s.max_age IS NOT NULL,
        coalesce(m.state <> 0 OR m.truncate_before > 1 OR m.max_count IS NOT NULL OR m.max_age IS NOT NULL, false),
        r.n, r.truncate_before, coalesce(r.limits, false),
        r.positions, r.times, r.counts, r.ages,
        f.stream_version, f.global_sequence, l.stream_version, l.global_sequence,
-       v.event_type, v.hard, d.event_type
+       v.event_type, v.hard, v.global_sequence, d.event_type, d.global_sequence,
+       dr.version, dr.hard, dr.global_sequence, coalesce(r.any_hard, false)
   FROM {{.Schema}}.streams s
   LEFT JOIN {{.Schema}}.streams m ON m.stream_id = '$$' || s.stream_id
   LEFT JOIN LATERAL (
@@ -50,7 +56,8 @@ SELECT s.stream_id, s.state, s.version, s.truncate_before,
               coalesce(array_agg(e.recorded_at ORDER BY e.stream_version), '{}') AS times,
               coalesce(array_agg(CASE WHEN e.data->>'max_count' ~ '^[0-9]{1,18}$' THEN (e.data->>'max_count')::bigint ELSE 0 END
                                  ORDER BY e.stream_version), '{}') AS counts,
-              coalesce(array_agg(e.data->>'max_age_seconds' IS NOT NULL ORDER BY e.stream_version), '{}') AS ages
+              coalesce(array_agg(e.data->>'max_age_seconds' IS NOT NULL ORDER BY e.stream_version), '{}') AS ages,
+              bool_or(e.data->>'deleted' = 'hard') AS any_hard
          FROM {{.Schema}}.events_all e
         WHERE e.stream_id = '$$' || s.stream_id AND e.event_type = '$stream.truncated') r ON true
   LEFT JOIN LATERAL (
@@ -60,16 +67,84 @@ SELECT s.stream_id, s.state, s.version, s.truncate_before,
        SELECT e.stream_version, e.global_sequence FROM {{.Schema}}.events_all e
         WHERE e.stream_id = s.stream_id ORDER BY e.stream_version DESC, e.global_sequence DESC LIMIT 1) l ON true
   LEFT JOIN LATERAL (
-       SELECT e.event_type, e.data->>'hard' AS hard FROM {{.Schema}}.events_all e
+       SELECT e.event_type, e.data->>'hard' AS hard, e.global_sequence FROM {{.Schema}}.events_all e
         WHERE e.stream_id = s.stream_id AND e.stream_version = s.version
         ORDER BY e.global_sequence LIMIT 1) v ON true
   LEFT JOIN LATERAL (
-       SELECT e.event_type FROM {{.Schema}}.events_all e
+       SELECT e.event_type, e.global_sequence FROM {{.Schema}}.events_all e
         WHERE e.stream_id = s.stream_id AND e.stream_version = s.truncate_before - 1
         ORDER BY e.global_sequence LIMIT 1) d ON s.truncate_before > 1
+  LEFT JOIN LATERAL (
+       SELECT CASE WHEN e.data->>'version' ~ '^[0-9]{1,18}$' THEN (e.data->>'version')::bigint END AS version,
+              e.data->>'deleted' = 'hard' AS hard, e.global_sequence
+         FROM {{.Schema}}.events_all e
+        WHERE e.stream_id = '$$' || s.stream_id AND e.event_type = '$stream.truncated'
+          AND e.data->>'deleted' IS NOT NULL
+        ORDER BY e.stream_version DESC LIMIT 1) dr ON true
  WHERE s.state <> 0 OR s.truncate_before > 1 OR s.max_count IS NOT NULL OR s.max_age IS NOT NULL
     OR m.stream_id IS NOT NULL
  ORDER BY s.stream_id;
+
+-- name: DeletionsRecordedAfter
+-- deletions_recorded_after() (migration 0038): the head of the log when
+-- delete_stream began recording deletions in the metadata streams; NULL
+-- when the schema lacks it or the role may not execute it.
+SELECT CASE WHEN pg_catalog.has_function_privilege(f, 'EXECUTE') THEN true END
+  FROM pg_catalog.to_regprocedure(pg_catalog.format('%I.deletions_recorded_after()', {{.SchemaLiteral}})) f
+ WHERE f IS NOT NULL;
+
+-- name: DeletionsRecordedAfterValue
+SELECT {{.Schema}}.deletions_recorded_after();
+
+-- name: Guards
+-- The triggers and unique indexes the log's guarantees rest on that are
+-- missing, disabled or changed: the statement-level triggers that keep
+-- events append-only and events_archive written only by archive() and
+-- scavenge() (enabled: 'O' or 'A'; 'D' is off, 'R' fires only under
+-- session_replication_role = replica), and a valid unique index without a
+-- predicate or expressions on the key columns of events, events_archive
+-- and streams. Returns the table, what is wrong and what is there now.
+WITH ns AS (
+    SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = {{.SchemaLiteral}}
+), want_trg(tbl, fn, tgtype) AS (
+    VALUES ('events', 'events_append_only', 58), ('events_archive', 'events_archive_guard', 62)
+), want_idx(tbl, cols) AS (
+    VALUES ('events', ARRAY['global_sequence']), ('events', ARRAY['event_id']),
+           ('events', ARRAY['stream_id', 'stream_version']),
+           ('events_archive', ARRAY['global_sequence']), ('events_archive', ARRAY['event_id']),
+           ('events_archive', ARRAY['stream_id', 'stream_version']),
+           ('streams', ARRAY['stream_id'])
+)
+SELECT w.tbl,
+       pg_catalog.format('the trigger running %s.%s() before UPDATE, DELETE and TRUNCATE%s, for each statement, is missing or disabled',
+                         {{.SchemaLiteral}}, w.fn, CASE WHEN w.tgtype = 62 THEN ' and INSERT' ELSE '' END),
+       coalesce((SELECT pg_catalog.string_agg(pg_catalog.format('%s (enabled %s)', pg_catalog.pg_get_triggerdef(t.oid), t.tgenabled), '; ')
+                   FROM pg_catalog.pg_trigger t
+                  WHERE t.tgrelid = c.oid AND NOT t.tgisinternal), 'no trigger')
+  FROM want_trg w
+  JOIN pg_catalog.pg_class c ON c.relname = w.tbl AND c.relnamespace = (SELECT oid FROM ns)
+ WHERE NOT EXISTS (
+       SELECT 1 FROM pg_catalog.pg_trigger t
+         JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
+        WHERE t.tgrelid = c.oid AND p.proname = w.fn AND p.pronamespace = (SELECT oid FROM ns)
+          AND t.tgtype & (w.tgtype | 1) = w.tgtype AND t.tgenabled IN ('O', 'A'))
+UNION ALL
+SELECT w.tbl,
+       pg_catalog.format('no valid unique index on (%s) without a predicate', pg_catalog.array_to_string(w.cols, ', ')),
+       coalesce((SELECT pg_catalog.string_agg(pg_catalog.pg_get_indexdef(i.indexrelid)
+                                              || CASE WHEN i.indisvalid THEN '' ELSE ' (invalid)' END, '; ')
+                   FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisunique), 'no unique index')
+  FROM want_idx w
+  JOIN pg_catalog.pg_class c ON c.relname = w.tbl AND c.relnamespace = (SELECT oid FROM ns)
+ WHERE NOT EXISTS (
+       SELECT 1 FROM pg_catalog.pg_index i
+        WHERE i.indrelid = c.oid AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL
+          AND ARRAY(SELECT a.attname::text
+                      FROM pg_catalog.unnest(i.indkey::int2[]) WITH ORDINALITY k(att, ord)
+                      JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.att
+                     WHERE k.ord <= i.indnkeyatts
+                     ORDER BY a.attname) = w.cols)
+ ORDER BY 1, 2;
 
 -- name: CanReadScavengeRuns
 SELECT coalesce((SELECT pg_catalog.has_table_privilege(c.oid, 'SELECT')
@@ -93,7 +168,11 @@ SELECT id, started_by, from_position, scanned_to, target_position, removed,
 -- Streams whose max_count or max_age is not what the latest
 -- "$stream.truncated" event of their metadata stream ("$$" and the ID)
 -- records: set_stream_retention changes the row and appends that event in
--- one transaction. Returns the setting and the record (NULL: none). The
+-- one transaction. Returns the setting and the record (NULL: none). $1 is
+-- deletions_recorded_after(): a record at or below it was written as
+-- float8 text, which followed the session's extra_float_digits (0 rounds to
+-- 15 significant digits, a relative error below 1e-14); later records are
+-- exact. The
 -- scavenger removes a stream's oldest versions first, so a record that is
 -- kept is the latest one whatever the metadata stream's own retention.
 -- Only when none is kept and the metadata stream has retention of its own,
@@ -105,7 +184,7 @@ SELECT s.stream_id,
        t.data::text
   FROM {{.Schema}}.streams s
   LEFT JOIN LATERAL (
-       SELECT e.data
+       SELECT e.data, e.global_sequence
          FROM {{.Schema}}.events_all e
         WHERE e.stream_id = '$$' || s.stream_id AND e.event_type = '$stream.truncated'
         ORDER BY e.stream_version DESC
@@ -113,7 +192,9 @@ SELECT s.stream_id,
  WHERE (s.max_count IS NOT NULL OR s.max_age IS NOT NULL)
    AND (t.data IS NULL
         OR (t.data->>'max_count')::bigint IS DISTINCT FROM s.max_count
-        OR (t.data->>'max_age_seconds')::float8 IS DISTINCT FROM extract(epoch FROM s.max_age)::float8)
+        OR (t.data->>'max_age_seconds' IS NULL) <> (s.max_age IS NULL)
+        OR abs((t.data->>'max_age_seconds')::float8 - extract(epoch FROM s.max_age)::float8)
+           > CASE WHEN t.global_sequence <= $1 THEN 1e-14 * extract(epoch FROM s.max_age)::float8 ELSE 0 END)
    AND NOT (t.data IS NULL AND EXISTS (
        SELECT 1 FROM {{.Schema}}.streams m
         WHERE m.stream_id = '$$' || s.stream_id

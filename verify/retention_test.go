@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/annals-dev/annals/archive"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/scavenge"
@@ -56,6 +58,31 @@ func TestRetentionAndArchiveTampering(t *testing.T) {
 		}
 		b.tamper(t, `UPDATE %s.streams SET max_count = 1 WHERE stream_id = 'b'`)
 		wantProblems(t, b.verify(t, nil), verify.Problem{Kind: verify.RetentionUnrecorded, StreamID: "b"})
+	})
+	t.Run("AgeRecordedWhateverExtraFloatDigits", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ctx := context.Background()
+		// A session with extra_float_digits = 0 (PostgreSQL 11's default;
+		// some drivers and roles set it): set_stream_retention wrote the
+		// age as float8 text, rounded to 15 digits, before migration 0038.
+		conn, err := b.db.Pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		if _, err := conn.Exec(ctx, `SET extra_float_digits = 0`); err != nil {
+			t.Fatal(err)
+		}
+		// 40 years and a microsecond, as the Go client sends it (seconds).
+		if _, err := conn.Exec(ctx, `SELECT * FROM `+pgx.Identifier{b.db.Schema}.Sanitize()+
+			`.set_stream_retention('a', make_interval(secs => 1262304000.000001), NULL, NULL)`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, `RESET extra_float_digits`); err != nil {
+			t.Fatal(err)
+		}
+		wantProblems(t, b.verify(t, nil))
 	})
 	t.Run("PositionInBothTables", func(t *testing.T) {
 		t.Parallel()

@@ -111,6 +111,19 @@ const (
 	// time unbounded; since, a run's clock is never later than the
 	// server's.
 	ScavengeClockAhead Kind = "scavenge_clock_ahead"
+	// VersionLowered: a stream's version in streams is below a version the
+	// records of its metadata stream show it reached (the version of a
+	// recorded deletion, a recorded truncate_before less one): versions
+	// never go down, and appends after the change reuse versions the
+	// stream had, with other content.
+	VersionLowered Kind = "version_lowered"
+	// GuardRemoved: a trigger or unique index the log's guarantees rest on
+	// is missing, disabled or changed: the append-only trigger of events,
+	// the guard of events_archive, or the uniqueness of positions, event
+	// IDs, (stream, version) pairs and stream IDs. Whoever did it (the
+	// schema's owner or a superuser) can change the log unseen by them
+	// while it lasts; [Log] then finds only what the rows still show.
+	GuardRemoved Kind = "guard_removed"
 )
 
 // Problem is one inconsistency in the log.
@@ -223,6 +236,20 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 		rep.Sequence = &seq
 	} else {
 		rep.Notes = append(rep.Notes, "positions were not compared with the position sequence: no SELECT on it (annals grant operator gives it)")
+	}
+
+	// The guards of the log, in the catalog.
+	grows, err := tx.Query(ctx, q["Guards"])
+	if err != nil {
+		return nil, errors.Wrap(err, "verify: look up the log's triggers and unique indexes")
+	}
+	var table, wrong, now string
+	if _, err := pgx.ForEachRow(grows, []any{&table, &wrong, &now}, func() error {
+		rep.add(c.MaxProblems, Problem{Kind: GuardRemoved,
+			Message: fmt.Sprintf("%s.%s: %s (now: %s): the table's owner or a superuser removed or disabled it, and could change rows unseen by it", schemaname.Ident(c.Schema), table, wrong, now)})
+		return nil
+	}); err != nil {
+		return nil, errors.Wrap(err, "verify: look up the log's triggers and unique indexes")
 	}
 
 	// Streams with retention, truncated or deleted: the scavenger may have

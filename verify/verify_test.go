@@ -273,6 +273,7 @@ func TestTampering(t *testing.T) {
 			`INSERT INTO %s.events (global_sequence, event_id, stream_id, stream_version, event_type, data)
 			 VALUES (13, gen_random_uuid(), 'c', 4, 'Forged', '{}')`)
 		wantProblems(t, b.verify(t, nil),
+			verify.Problem{Kind: verify.GuardRemoved},
 			verify.Problem{Kind: verify.DuplicateVersion, Position: 13, StreamID: "c"})
 	})
 	t.Run("StreamsRowChanged", func(t *testing.T) {
