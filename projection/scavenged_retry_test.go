@@ -136,6 +136,9 @@ func testScavengedDeadLetterRetry(t *testing.T, k failKind, releaseFirst bool) {
 	}
 	var applied []string
 	for _, e := range h.seen(sub) {
+		if strings.HasPrefix(e.String(), "$$") {
+			continue // the deletion's record in the metadata stream (migration 0038)
+		}
 		applied = append(applied, e.String())
 	}
 	if want := []string{evs[1].String(), good[0].String(), after[0].String()}; !slices.Equal(applied, want) {
