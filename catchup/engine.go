@@ -529,6 +529,21 @@ func (e *Engine) Head(ctx context.Context) (int64, error) {
 	return h, errors.Wrap(err, "catchup: read head")
 }
 
+// ReadHead returns the newest position the engine's reads see: the head as
+// Config.ReadPool shows it when the engine has one, else Head. A replica
+// shows a prefix of the log (positions are commit order, replayed in that
+// order), so every event up to its head can be read there, and a Drive to
+// it never waits for the replica; its head is at or behind the primary's
+// (Head), by the replica's lag.
+func (e *Engine) ReadHead(ctx context.Context) (int64, error) {
+	if e.cfg.ReadPool == nil {
+		return e.Head(ctx)
+	}
+	var h int64
+	err := e.cfg.ReadPool.QueryRow(ctx, e.q["Head"]).Scan(&h)
+	return h, errors.Wrap(err, "catchup: read the read pool's head")
+}
+
 // Run drives sub until ctx ends: it stands by until it holds the
 // subscription's lock, then leads (catch up, then live) until the lock is
 // lost, and stands by again. After ctx ends, the batch in hand finishes

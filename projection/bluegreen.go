@@ -1098,6 +1098,12 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 // what is released meanwhile, until an operator retries (annals dlq retry)
 // or skips (annals dlq skip) them on its subscriber <name>#g<N>, or ctx
 // ends. A partition halted by the Stop policy waits the same way.
+//
+// With Config.ReadPool, the replay reads the events from the replica, up
+// to the head the replica shows, and only what it has not replayed yet
+// from the primary; the heads it replays through, the cut-over's checks
+// and its catch-up inside the transaction stay on the primary (see
+// "Blue/green read models" in the package doc).
 func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *RebuildOptions) (_ Cutover, err error) {
 	var o RebuildOptions
 	if opts != nil {
@@ -1129,15 +1135,26 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	if err != nil {
 		return Cutover{}, err
 	}
-	engine, err := catchup.NewEngine(r.pool, nil, &catchup.Config{
+	// engine reads from the primary: the heads that decide when to try the
+	// cut-over, and the catch-up inside it. With a ReadPool, the bulk of the
+	// replay reads from the replica through rb.bulk (see drive).
+	ecfg := catchup.Config{
 		Schema: r.cfg.Schema, Owner: RebuildOwnerPrefix + r.cfg.InstanceID, RetryBackoff: r.cfg.RetryBackoff,
 		ShutdownTimeout: r.cfg.ShutdownTimeout, Lock: r.cfg.Lock, Logger: r.cfg.Logger,
-	})
+	}
+	engine, err := catchup.NewEngine(r.pool, nil, &ecfg)
 	if err != nil {
 		return Cutover{}, err
 	}
 	rb := &rebuild{r: r, reg: reg, opts: o, engine: engine, log: r.cfg.Logger.With(slog.String("projection", name)),
 		progress: RebuildProgress{Projection: name}}
+	if r.cfg.ReadPool != nil {
+		bcfg := ecfg
+		bcfg.ReadPool = r.cfg.ReadPool
+		if rb.bulk, err = catchup.NewEngine(r.pool, nil, &bcfg); err != nil {
+			return Cutover{}, err
+		}
+	}
 	if rb.cps, err = checkpoint.New(r.cfg.Schema); err != nil {
 		return Cutover{}, err
 	}
@@ -1297,7 +1314,12 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 				} else if !ok && gap > int64(o.BatchSize) {
 					return errors.Wrapf(ErrCutoverBehind, "%q: generation %d is %d positions behind", name, gen.Generation, gap)
 				}
-				err := rb.driveAll(ctx, rebuildCtx, subs, leases, target)
+				// From the primary, never the replica: target is the live
+				// generation's position, which a lagging replica may not
+				// show yet, and a drive waits for the replica to show it
+				// while this transaction holds the live generation still
+				// (it would reach the deadline, and every attempt with it).
+				err := rb.driveAll(ctx, rebuildCtx, rb.engine, subs, leases, target)
 				if errors.Is(err, catchup.ErrStopped) {
 					// A partition halted by the Stop policy: the checks on
 					// the locked positions and dead letters that follow say
@@ -1432,14 +1454,58 @@ func lowest(leases []*catchup.Lease) int64 {
 	return max(lo, 0)
 }
 
-// drive is driveAll, timed into pace.
+// drive replays every partition through head (read on the primary, by
+// settle and approach), timed into pace: with a ReadPool, first from the
+// replica through the head it shows (at most head), then from the primary
+// through head, the rest that the replica had not replayed yet.
+//
+// The replica serves the bulk of the replay, never a decision: head, which
+// says how far to go and when the cut-over may be tried, is the primary's,
+// and so is everything the cut-over checks (the checkpoints it locks, the
+// dead letters) and its own catch-up. A lagging replica shows a prefix of
+// the log, and a drive through the head it shows never waits for it
+// (catchup.Engine.ReadHead): the events appended beyond it are read from
+// the primary, so a replica far behind, or paused, does not hold the
+// rebuild back (the primary reads more) and cannot make it stop short of
+// head. Each partition's checkpoint is where both drives start
+// (driveAll), so no event is replayed twice or skipped between them. The
+// epochs (the fence), stop reasons and dead letters of each batch are read
+// on the primary either way (catchup.Config.ReadPool).
 func (rb *rebuild) drive(ctx context.Context, subs []*catchup.Subscription, leases []*catchup.Lease, head int64, pace *replayPace) error {
 	from, t := lowest(leases), time.Now()
-	err := rb.driveAll(ctx, ctx, subs, leases, head)
+	err := rb.driveReplica(ctx, subs, leases, head)
+	if err == nil {
+		err = rb.driveAll(ctx, ctx, rb.engine, subs, leases, head)
+	}
 	if err == nil && head > from {
 		pace.positions, pace.took = head-from, time.Since(t)
 	}
 	return err
+}
+
+// driveReplica replays every partition from the replica (rb.bulk) through
+// the head the replica shows, at most head; nothing without a ReadPool, or
+// when the replica shows nothing past the slowest partition. A replica
+// whose head cannot be read leaves the round to the primary (logged); one
+// that fails a batch read once the round has begun is read again after
+// RetryBackoff, as any failed read of a rebuild (replay).
+func (rb *rebuild) driveReplica(ctx context.Context, subs []*catchup.Subscription, leases []*catchup.Lease, head int64) error {
+	if rb.bulk == nil {
+		return nil
+	}
+	shown, err := rb.bulk.ReadHead(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		rb.log.WarnContext(ctx, "annals: blue/green rebuild: the read replica's head could not be read; replaying from the primary", telemetry.Err(err))
+		return nil
+	}
+	through := min(shown, head)
+	if through <= lowest(leases) {
+		return nil
+	}
+	return rb.driveAll(ctx, ctx, rb.bulk, subs, leases, through)
 }
 
 // approach catches the new generation up with the head again and again,
@@ -1477,9 +1543,9 @@ func (rb *rebuild) approach(ctx context.Context, subs []*catchup.Subscription, l
 	}
 }
 
-// driveAll replays every partition through head, concurrently, its
-// batches under procCtx (see replay).
-func (rb *rebuild) driveAll(ctx, procCtx context.Context, subs []*catchup.Subscription, leases []*catchup.Lease, head int64) error {
+// driveAll replays every partition through head with engine e,
+// concurrently, its batches under procCtx (see replay).
+func (rb *rebuild) driveAll(ctx, procCtx context.Context, e *catchup.Engine, subs []*catchup.Subscription, leases []*catchup.Lease, head int64) error {
 	errs := make([]error, len(subs))
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -1487,7 +1553,7 @@ func (rb *rebuild) driveAll(ctx, procCtx context.Context, subs []*catchup.Subscr
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := rb.replay(ctx, procCtx, s, leases[i], head)
+			err := rb.replay(ctx, procCtx, e, s, leases[i], head)
 			// The next drive starts where this one committed (Drive starts
 			// at lease.Start): never replay an event twice. Also after a
 			// drive cut short (the cut-over's catch-up deadline): it may have

@@ -282,6 +282,28 @@
 // partition), while the instances of the old version keep serving the old
 // generation until the cut-over, and then stop it.
 //
+// With Config.ReadPool, RebuildBlueGreen reads the bulk of its replay
+// from the replica, and only what decides the cut-over from the primary.
+// Each round of its replay outside the cut-over (settling, then
+// approaching the head) replays first from the replica, through the head
+// the replica shows (a prefix of the log: positions are commit order), and
+// then from the primary, through the primary's head, the events the
+// replica had not replayed yet; both start at each partition's committed
+// checkpoint, so none is skipped or replayed twice, and the batches' fence
+// (epochs), stop reasons and dead letters are read on the primary either
+// way. The primary's head says how far each round goes and when what is
+// left is short enough to try the cut-over, so a lagging replica cannot
+// make the rebuild stop short: at worst the primary replays more of the
+// tail. And the catch-up inside the cut-over transaction reads from the
+// primary: it must reach the live generation's locked position within
+// CutoverLockTimeout while the live generation is held still, and a
+// replica that does not show that position yet would keep it waiting
+// until the deadline, at every attempt. So a replica far behind, or
+// paused, at cut-over time neither holds the cut-over back nor freezes the
+// live read model for longer than without it, and the events it lacks are
+// in the new generation all the same (projection/TestBlueGreenReadReplica).
+// The progress count (one scan up to the head) stays on the primary.
+//
 // A cut-over never goes back to an older Version than the live one's: the
 // cut-over transaction compares them under the same lock, and a building
 // generation of an older version (an interrupted rebuild finished late, an

@@ -277,6 +277,12 @@ type rebuild struct {
 	subs   []*catchup.Subscription
 	log    *slog.Logger
 
+	// bulk, in a blue/green rebuild by a Runner with a ReadPool, is engine's
+	// twin that reads the events from the replica (catchup.Config.ReadPool);
+	// nil otherwise. Only the replay outside the cut-over uses it (see
+	// drive).
+	bulk *catchup.Engine
+
 	mu       sync.Mutex // progress: partitions replay concurrently
 	progress RebuildProgress
 	base     int64 // progress.Done replayed before this run (a resumed blue/green rebuild)
@@ -370,7 +376,7 @@ func (rb *rebuild) run(ctx context.Context) (err error) {
 	rb.log.InfoContext(ctx, "annals: rebuild: replaying", slog.Int64("head", head), slog.Int64("events", rb.progress.Total))
 
 	for part, sub := range rb.subs {
-		if err := rb.replay(ctx, ctx, sub, leases[part], head); err != nil {
+		if err := rb.replay(ctx, ctx, rb.engine, sub, leases[part], head); err != nil {
 			if errors.Is(err, catchup.ErrStopped) {
 				return errors.Wrapf(err, "projection: rebuild %q: partition %d is stopped by a dead letter (the Stop policy): "+
 					"its replay stays at the last committed batch until an operator retries or skips the dead letter "+
@@ -629,14 +635,15 @@ func (rb *rebuild) reset(ctx context.Context, leases []*catchup.Lease) error {
 	return nil
 }
 
-// replay drives one partition through head. A read error is retried after
+// replay drives one partition through head with engine e (rb.engine, or
+// rb.bulk to read from the replica). A read error is retried after
 // RetryBackoff from the committed checkpoint; fencing, a lost lock, a
 // stopped partition and the end of ctx end it. Its statements on the
 // lease's session (the processor's, the checkpoint's reload) run under
 // procCtx, which may outlive ctx (catchup.Engine.DriveWithin).
-func (rb *rebuild) replay(ctx, procCtx context.Context, sub *catchup.Subscription, lease *catchup.Lease, head int64) error {
+func (rb *rebuild) replay(ctx, procCtx context.Context, e *catchup.Engine, sub *catchup.Subscription, lease *catchup.Lease, head int64) error {
 	for {
-		err := rb.engine.DriveWithin(ctx, procCtx, sub, lease, head)
+		err := e.DriveWithin(ctx, procCtx, sub, lease, head)
 		if err == nil {
 			return nil
 		}

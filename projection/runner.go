@@ -71,7 +71,11 @@ type Config struct {
 	// the subscribers' catch-up and live reads (and a rebuild's) go there,
 	// while locks, checkpoints and handler transactions stay on the
 	// primary. A lagging replica delays delivery and never skips (see
-	// catchup.Config.ReadPool). Defaults to none.
+	// catchup.Config.ReadPool). A blue/green rebuild reads its replay there
+	// up to what the replica shows, and the rest, and its cut-over's
+	// catch-up, from the primary: a lagging replica neither holds its
+	// cut-over back nor lets it stop short ("Blue/green read models" in
+	// the package doc). Defaults to none.
 	ReadPool *pgxpool.Pool
 	// Logger receives leadership changes, retries and reconnects.
 	// Defaults to discarding.
