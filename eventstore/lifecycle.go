@@ -29,8 +29,9 @@ const (
 	// data decodes into StreamDeleted.
 	StreamDeletedType = "$stream.deleted"
 	// StreamTruncatedType is the type of the event SetStreamRetention
-	// appends to the stream's metadata stream (MetadataStream); its data
-	// decodes into StreamTruncated.
+	// appends to the stream's metadata stream (MetadataStream), and
+	// DeleteStream too since migration 0038 (with StreamTruncated.Deleted
+	// set); its data decodes into StreamTruncated.
 	StreamTruncatedType = "$stream.truncated"
 )
 
@@ -46,7 +47,10 @@ const metadataStreamPrefix = "$$"
 // retention after a change. From then on its events below TruncateBefore,
 // beyond MaxCount or older than MaxAgeSeconds are hidden from stream reads
 // and removed from the log by the scavenger (subscribers that had not
-// processed them yet never will).
+// processed them yet never will). SetStreamRetention writes it for a
+// retention change (Deleted empty); since migration 0038 DeleteStream
+// writes it for a deletion too (Deleted and Version set), after the
+// stream's StreamDeletedType event and in its transaction.
 type StreamTruncated struct {
 	// StreamID is the stream whose retention changed.
 	StreamID string `json:"stream_id"`
@@ -56,6 +60,14 @@ type StreamTruncated struct {
 	MaxAgeSeconds *float64 `json:"max_age_seconds"`
 	// MaxCount is how many of its newest events are kept (nil: all).
 	MaxCount *int64 `json:"max_count"`
+	// Deleted is "soft" or "hard" when the record is of a deletion
+	// (DeleteStream, since migration 0038), and empty when it is of a
+	// retention change (SetStreamRetention).
+	Deleted string `json:"deleted,omitempty"`
+	// Version is, for a deletion, the version of the stream's
+	// StreamDeletedType event (TruncateBefore is just above it); 0 for a
+	// retention change.
+	Version int64 `json:"version,omitempty"`
 }
 
 // StreamDeleted is the data of a StreamDeletedType event: the last event

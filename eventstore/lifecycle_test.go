@@ -68,6 +68,15 @@ func TestDeleteStream(t *testing.T) {
 				all[3].StreamID != eventstore.MetadataStream("o-1") || all[3].Type != eventstore.StreamTruncatedType {
 				t.Fatalf("log after delete: %v %+v", err, all)
 			}
+			// The record decodes into StreamTruncated, which tells it from
+			// a retention change: Deleted and Version are set.
+			if err := eventstore.RegisterLifecycleEvents(b.reg); err != nil {
+				t.Fatal(err)
+			}
+			rec, err := eventstore.Decode[eventstore.StreamTruncated](b.reg, all[3])
+			if err != nil || rec.Data.StreamID != "o-1" || rec.Data.Deleted != "soft" || rec.Data.Version != 3 || rec.Data.TruncateBefore != 4 {
+				t.Fatalf("deletion record: %+v %v", rec.Data, err)
+			}
 			// Recreate: the version continues, reads start after the deletion.
 			res, err = b.store.Append(ctx, "o-1", eventstore.Exact(3), placed("3"))
 			if err != nil {

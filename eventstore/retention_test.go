@@ -102,7 +102,8 @@ func TestStreamRetentionReads(t *testing.T) {
 		t.Fatalf("metadata stream: %v %+v", err, evs)
 	}
 	env, err := eventstore.Decode[eventstore.StreamTruncated](b.reg, evs[0])
-	if err != nil || env.Data.StreamID != "trunc" || env.Data.TruncateBefore != 3 || env.Data.MaxCount != nil {
+	if err != nil || env.Data.StreamID != "trunc" || env.Data.TruncateBefore != 3 || env.Data.MaxCount != nil ||
+		env.Data.Deleted != "" || env.Data.Version != 0 {
 		t.Fatalf("truncated event: %+v %v", env.Data, err)
 	}
 	// The stream itself is untouched: same version, appends as before.
