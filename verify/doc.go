@@ -39,17 +39,27 @@
 //     records each deletion there too (with "deleted" and "version"), in
 //     the metadata stream the scavenger never empties. A deletion older
 //     than that has no record: it explains truncate_before only if its
-//     "$stream.deleted" event just below is at or below
-//     deletions_recorded_after() (the head when 0038 ran), or is gone
-//     with every older event, removed by a scavenge run at or below that
-//     head;
+//     "$stream.deleted" event just below lies below the first deletion
+//     record in the log (at or below deletions_recorded_after(), the head
+//     when 0038 ran, while there is none), or is gone with every older
+//     event, removed by a scavenge run there. Between that head and the
+//     first record lie the deletions whose delete_stream call started
+//     while 0038 was applied: the call ran the function as it was
+//     (PL/pgSQL takes the body when the call starts), waited for the
+//     migration at the append lock and committed after it without a
+//     record, but ahead of every call that started after the commit (only
+//     a call that had started and not yet asked for the lock at that
+//     instant can land later, and is reported). Until a deletion is
+//     recorded such a deletion cannot be told from one set by hand: it is
+//     reported, and the message says so (deletions going on during an
+//     upgrade are soon followed by a recorded one);
 //   - a stream marked deleted in streams that its records contradict: a
 //     deletion must be recorded at the stream's version, with its kind
 //     (state 1 soft, 2 hard), a stream recorded hard-deleted must still
 //     be hard-deleted at that version, and one recorded deleted softly is
 //     deleted at that version or live (recreated by an append) above it;
 //     a deletion without a record must be older than the records (as
-//     above). Either way its truncate_before must be its version + 1 and,
+//     above), and is listed in a note. Either way its truncate_before must be its version + 1 and,
 //     while older events remain, its newest event the "$stream.deleted"
 //     event (delete_stream writes both; the scavenger removes that event
 //     only with every older one);
@@ -60,7 +70,10 @@
 //     disabled (ALTER TABLE ... DISABLE TRIGGER, or ENABLE REPLICA
 //     TRIGGER) or changed: the append-only trigger of events, the guard
 //     of events_archive, and the unique indexes on positions, event IDs,
-//     (stream, version) and stream IDs;
+//     (stream, version) and stream IDs; and deletions_recorded_after()
+//     returning a position at or above a deletion record (replaced to let
+//     deletions pass by the old rules: they are held to the first record
+//     instead), or dropped while schema_migrations records 0038;
 //   - a scavenge run that removed events with a clock more than
 //     ScavengeClockTolerance later than its start (scavenge() took the
 //     caller's clock before migration 0027; since, a run's clock is never
@@ -83,9 +96,10 @@
 // every event the scavenger removed can be set back from hard to soft (and
 // then recreated by an append), its version lowered, or a stream made to
 // look like one (every event removed, in a range a scavenge run removed
-// events from at or below the head when 0038 ran). The report lists such
+// events from below the first deletion record). The report lists such
 // streams in a note. The baseline covers event rows only, so it tells
 // such a change only by the events it removed or added. A function of the
-// schema redefined by its owner (the append-only trigger's, or
-// deletions_recorded_after) is not looked at.
+// schema redefined by its owner (the append-only trigger's) is not looked
+// at; deletions_recorded_after is checked only against the deletion
+// records (a value lowered, or raised while none exists, is not seen).
 package verify

@@ -149,11 +149,12 @@ func checkLifecycle(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Re
 	ex := &excuses{start: map[string]bool{}, tail: map[string]bool{}, why: map[string]string{}, below: map[string]int64{}}
 
 	// Since migration 0038 delete_stream records every deletion in the
-	// metadata stream; deletions at or below recordedAfter have no record.
-	recordedAfter, err := deletionsRecordedAfter(ctx, tx, q, rep)
+	// metadata stream; deletions at or below recordedAfter may have none.
+	since, err := deletionsRecordedAfter(ctx, tx, q, rep, maxProblems)
 	if err != nil {
 		return nil, err
 	}
+	recordedAfter := since.after()
 
 	// A maximum count or age that set_stream_retention did not record
 	// excuses nothing.
@@ -223,13 +224,16 @@ func checkLifecycle(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Re
 		return nil, errors.Wrap(err, "verify: read streams with retention")
 	}
 	var (
-		lc  lifecycleRow
-		old []string // streams checked by the rules before migration 0038
+		lc     lifecycleRow
+		old    []string // streams checked by the rules before migration 0038
+		waited bool     // one of them was deleted while 0038 was applied
 	)
 	if _, err := pgx.ForEachRow(rows, lc.targets(), func() error {
-		if lc.judge(rep, maxProblems, ex, unrecorded[lc.id], canRuns, runs, recordedAfter) {
+		o, w := lc.judge(rep, maxProblems, ex, unrecorded[lc.id], canRuns, runs, since)
+		if o {
 			old = append(old, lc.id)
 		}
+		waited = waited || w
 		return nil
 	}); err != nil {
 		return nil, errors.Wrap(err, "verify: read streams with retention")
@@ -240,41 +244,143 @@ func checkLifecycle(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Re
 		if len(old) > show {
 			ids = fmt.Sprintf("%s and %d more", ids, len(old)-show)
 		}
-		rep.Notes = append(rep.Notes, fmt.Sprintf("%d streams (%s) are deleted, or truncated by a deletion, without a deletion record in their metadata streams, which delete_stream writes since migration 0038 (at positions above %d): their deletions may be older, and were checked as before (their state and versions could have been changed without it being seen; compare with a baseline)",
-			len(old), ids, recordedAfter))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("%d streams (%s) are deleted, or truncated by a deletion, without a deletion record in their metadata streams, which delete_stream writes since migration 0038 (%s): their deletions may be older, and were checked as before (their state and versions could have been changed without it being seen; compare with a baseline)%s",
+			len(old), ids, since.describe(), since.stragglers(waited)))
 	}
 	return ex, nil
 }
 
-// deletionsRecordedAfter returns deletions_recorded_after() (migration
-// 0038), or math.MaxInt64, with a note, when the schema lacks it or the
-// role may not run it: every deletion may then be without a record.
-func deletionsRecordedAfter(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Report) (int64, error) {
+// recordsSince tells which deletions must have their record in the
+// metadata stream (migration 0038).
+type recordsSince struct {
+	// head is deletions_recorded_after(), the head of the log when 0038
+	// ran (math.MaxInt64: unknown).
+	head int64
+	// first is the position of the first deletion record in the log (0:
+	// none).
+	first int64
+}
+
+// after returns the position at or below which a deletion may lack its
+// record. A delete_stream call that started before 0038 committed runs the
+// function as it was (PL/pgSQL takes the body when the call starts), waits
+// for the migration at the append lock and commits after it, without a
+// record, above head; but it was queued on the lock before any call that
+// started after the commit, so its deletion event lies below the first
+// deletion record. Only a call that had started and not yet asked for the
+// lock at the commit (microseconds) can land above that.
+func (s recordsSince) after() int64 {
+	if s.first > 0 {
+		return s.first - 1
+	}
+	return s.head
+}
+
+// describe says where deletions have their records, for messages.
+func (s recordsSince) describe() string {
+	if s.first > 0 {
+		return fmt.Sprintf("every deletion from the first deletion record, at position %d, on", s.first)
+	}
+	return fmt.Sprintf("every deletion above position %d, the head when it ran", s.head)
+}
+
+// stragglers describes, when there is one (waited), a deletion that was
+// called while 0038 was applied.
+func (s recordsSince) stragglers(waited bool) string {
+	if !waited {
+		return ""
+	}
+	return fmt.Sprintf("; those whose deletion events lie above position %d (deletions_recorded_after()) and below %d (the first deletion record) were deleted by delete_stream calls that started while migration 0038 was applied and waited for it: they ran the function as it was, without a record", s.head, s.first)
+}
+
+// pending explains, while no deletion has been recorded, the one
+// legitimate deletion without a record above head: a call that started
+// while 0038 was applied. The next recorded deletion tells it from one set
+// some other way (it then lies below that record).
+func (s recordsSince) pending(pos *int64) string {
+	if s.first > 0 || s.head == math.MaxInt64 || (pos != nil && *pos <= s.head) {
+		return ""
+	}
+	return "; unless its delete_stream call started while migration 0038 was applied (it then ran the function as it was, without a record): no deletion has been recorded since to tell, and once one is, such a deletion, below it, is checked as before"
+}
+
+// deletionsRecordedAfter reads deletions_recorded_after() (migration 0038)
+// and the first deletion record in the log. Without the function (or the
+// right to run it) and without any deletion record every deletion may be
+// without a record: that is noted. A deletion record at or below the
+// function's value is reported (the function was replaced: every deletion
+// up to its value would be checked by the old rules), and so is the
+// function missing from a schema that schema_migrations says has 0038.
+func deletionsRecordedAfter(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Report, maxProblems int) (recordsSince, error) {
+	s := recordsSince{head: math.MaxInt64}
+	var first *int64
+	if err := tx.QueryRow(ctx, q["FirstDeletionRecord"]).Scan(&first); err != nil {
+		return s, errors.Wrap(err, "verify: look for the first deletion record")
+	}
+	if first != nil {
+		s.first = *first
+	}
 	var can *bool
 	err := tx.QueryRow(ctx, q["DeletionsRecordedAfter"]).Scan(&can)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		rep.Notes = append(rep.Notes, "deletions were checked without their records: the schema is older than migration 0038 (delete_stream records deletions in the metadata streams since)")
-		return math.MaxInt64, nil
+		applied, err := deletionsRecordedApplied(ctx, tx, q)
+		if err != nil {
+			return s, err
+		}
+		if applied {
+			rep.add(maxProblems, Problem{Kind: GuardRemoved,
+				Message: "deletions_recorded_after() is missing, but schema_migrations records migration 0038, which created it: it was dropped, and without it deletions without a record could not be told from older ones; recreate it as 0038 did (the head of the log when it ran; below the first deletion record)"})
+		}
+		if s.first == 0 {
+			rep.Notes = append(rep.Notes, "deletions were checked without their records: the schema is older than migration 0038 (delete_stream records deletions in the metadata streams since)")
+		}
+		return s, nil
 	case err != nil:
-		return 0, errors.Wrap(err, "verify: look up deletions_recorded_after")
+		return s, errors.Wrap(err, "verify: look up deletions_recorded_after")
 	case can == nil:
-		rep.Notes = append(rep.Notes, "deletions were checked without their records: no EXECUTE on deletions_recorded_after()")
-		return math.MaxInt64, nil
+		if s.first == 0 {
+			rep.Notes = append(rep.Notes, "deletions were checked without their records: no EXECUTE on deletions_recorded_after()")
+		}
+		return s, nil
 	}
-	var h int64
-	if err := tx.QueryRow(ctx, q["DeletionsRecordedAfterValue"]).Scan(&h); err != nil {
-		return 0, errors.Wrap(err, "verify: read deletions_recorded_after")
+	if err := tx.QueryRow(ctx, q["DeletionsRecordedAfterValue"]).Scan(&s.head); err != nil {
+		return s, errors.Wrap(err, "verify: read deletions_recorded_after")
 	}
-	return h, nil
+	if s.first > 0 && s.head >= s.first {
+		rep.add(maxProblems, Problem{Kind: GuardRemoved, Position: s.first,
+			Message: fmt.Sprintf("deletions_recorded_after() returns %d, but a deletion record lies at position %d, at or below it: migration 0038 made it return the head of the log when delete_stream began recording deletions, below every record; it was replaced, and deletions are checked against the first record instead",
+				s.head, s.first)})
+	}
+	return s, nil
+}
+
+// deletionsRecordedApplied reports whether schema_migrations records
+// migration 0038 (false when the role cannot read it).
+func deletionsRecordedApplied(ctx context.Context, tx pgx.Tx, q map[string]string) (bool, error) {
+	var can, applied bool
+	if err := tx.QueryRow(ctx, q["CanReadMigrations"]).Scan(&can); err != nil {
+		return false, errors.Wrap(err, "verify: look up schema_migrations")
+	}
+	if !can {
+		return false, nil
+	}
+	if err := tx.QueryRow(ctx, q["DeletionsRecordedApplied"]).Scan(&applied); err != nil {
+		return false, errors.Wrap(err, "verify: read schema_migrations")
+	}
+	return applied, nil
 }
 
 // judge checks one stream's deletion and truncation against the log and
 // records what its retention, truncation and deletion excuse. It reports
 // whether the stream was let through by the rules for deletions older than
-// their records (at or below recordedAfter).
-func (lc *lifecycleRow) judge(rep *Report, maxProblems int, ex *excuses, limitsUnrecorded, canRuns bool, runs []scavengeRange, recordedAfter int64) (old bool) {
+// their records (at or below since.after()), and whether its deletion event
+// lies above deletions_recorded_after() (waited: its delete_stream call
+// started while migration 0038 was applied).
+func (lc *lifecycleRow) judge(rep *Report, maxProblems int, ex *excuses, limitsUnrecorded, canRuns bool, runs []scavengeRange, since recordsSince) (old, waited bool) {
 	id := lc.id
+	recordedAfter := since.after()
+	above := func(pos *int64) bool { return pos != nil && since.head != math.MaxInt64 && *pos > since.head }
 	meta := "$$" + id
 	// Without a record left in a metadata stream that lost events (its
 	// own retention, truncation or deletion, possible before migrations
@@ -362,8 +468,8 @@ func (lc *lifecycleRow) judge(rep *Report, maxProblems int, ex *excuses, limitsU
 				at = fmt.Sprintf("at position %d", *lc.atVersionPos)
 			}
 			rep.add(maxProblems, Problem{Kind: DeletionUnrecorded, StreamID: id, Version: lc.version,
-				Message: fmt.Sprintf("stream %q is %s in streams (state %d) at version %d, but %q records no deletion at that version, as delete_stream does since migration 0038 (position %d), and its deletion event is %s; the state was set some other way, and it excuses no missing event",
-					id, what, lc.state, lc.version, meta, recordedAfter, at)})
+				Message: fmt.Sprintf("stream %q is %s in streams (state %d) at version %d, but %q records no deletion at that version, as delete_stream does since migration 0038 (%s), and its deletion event is %s; the state was set some other way, and it excuses no missing event%s",
+					id, what, lc.state, lc.version, meta, since.describe(), at, since.pending(lc.atVersionPos))})
 		case lc.truncateBefore != lc.version+1:
 			rep.add(maxProblems, Problem{Kind: DeletionUnrecorded, StreamID: id, Version: lc.version,
 				Message: fmt.Sprintf("stream %q is %s in streams (state %d) at version %d, but its truncate_before is %d, not %d: delete_stream sets it just above its %q event; the state was set some other way, and it excuses no missing event",
@@ -387,6 +493,7 @@ func (lc *lifecycleRow) judge(rep *Report, maxProblems int, ex *excuses, limitsU
 		default:
 			deleted = true
 			old = old || !recorded
+			waited = !recorded && above(lc.atVersionPos)
 		}
 	}
 
@@ -411,6 +518,7 @@ func (lc *lifecycleRow) judge(rep *Report, maxProblems int, ex *excuses, limitsU
 			truncated = true
 		case recreated && lc.belowTB != nil && *lc.belowTB == deletedType && beforeRecords(lc.belowTBPos, -1):
 			truncated, old = true, true
+			waited = waited || above(lc.belowTBPos)
 		case recreated && lc.belowTB == nil && (lc.firstV == nil || *lc.firstV >= lc.truncateBefore) &&
 			beforeRecords(nil, positionOr(lc.firstPos, -1)):
 			// The deletion event was scavenged with every version below
@@ -500,7 +608,7 @@ func (lc *lifecycleRow) judge(rep *Report, maxProblems int, ex *excuses, limitsU
 		}
 	}
 	if bound <= 1 {
-		return old
+		return old, waited
 	}
 	// A truncation through the stream's version (set_stream_retention caps
 	// it at version + 1) lets the scavenger remove every version, the
@@ -530,7 +638,7 @@ func (lc *lifecycleRow) judge(rep *Report, maxProblems int, ex *excuses, limitsU
 	ex.start[id] = start
 	ex.tail[id] = tail
 	ex.below[id] = bound
-	return old
+	return old, waited
 }
 
 // removedIn reports whether a run removed events at a position above

@@ -96,6 +96,30 @@ SELECT CASE WHEN pg_catalog.has_function_privilege(f, 'EXECUTE') THEN true END
 -- name: DeletionsRecordedAfterValue
 SELECT {{.Schema}}.deletions_recorded_after();
 
+-- name: FirstDeletionRecord
+-- The position of the first deletion record in the log (a
+-- "$stream.truncated" record with "deleted" in a metadata stream, which
+-- delete_stream writes since migration 0038), or NULL when there is none.
+-- Every deletion without a record lies below it: those made before 0038,
+-- and those whose delete_stream call started before 0038 committed (it ran
+-- the old function and waited for the migration at the append lock, ahead
+-- of every call that started after the commit).
+SELECT min(e.global_sequence)
+  FROM {{.Schema}}.events_all e
+ WHERE e.event_type = '$stream.truncated' AND starts_with(e.stream_id, '$$')
+   AND e.data->>'deleted' IS NOT NULL;
+
+-- name: CanReadMigrations
+SELECT coalesce((SELECT pg_catalog.has_table_privilege(c.oid, 'SELECT')
+                   FROM pg_catalog.pg_class c
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                  WHERE n.nspname = {{.SchemaLiteral}} AND c.relname = 'schema_migrations'), false);
+
+-- name: DeletionsRecordedApplied
+-- Whether schema_migrations records migration 0038, which created
+-- deletions_recorded_after().
+SELECT EXISTS (SELECT 1 FROM {{.Schema}}.schema_migrations WHERE version = 38);
+
 -- name: Guards
 -- The triggers and unique indexes the log's guarantees rest on that are
 -- missing, disabled or changed: the statement-level triggers that keep
@@ -169,7 +193,10 @@ SELECT id, started_by, from_position, scanned_to, target_position, removed,
 -- "$stream.truncated" event of their metadata stream ("$$" and the ID)
 -- records: set_stream_retention changes the row and appends that event in
 -- one transaction. Returns the setting and the record (NULL: none). $1 is
--- deletions_recorded_after(): a record at or below it was written as
+-- where set_stream_retention's records may be older than migration 0038
+-- (deletions_recorded_after(), or below the first deletion record: a call
+-- that started before 0038 committed ran the old function): a record at or
+-- below it was written as
 -- float8 text, which followed the session's extra_float_digits (0 rounds to
 -- 15 significant digits, a relative error below 1e-14); later records are
 -- exact. The

@@ -99,6 +99,33 @@ func TestDeletionRecords(t *testing.T) {
 		}
 		wantProblems(t, b.verify(t, base), verify.Problem{Kind: verify.VersionLowered, StreamID: "c"})
 	})
+	// deletions_recorded_after() replaced to return a high position, or
+	// dropped, would let every deletion without a record pass by the rules
+	// for deletions older than migration 0038: a deletion record at or
+	// below its value is reported, and deletions are held to their records
+	// from the first record on, with the function or without it.
+	for _, forge := range []struct{ name, stmt string }{
+		{"DeletionsRecordedAfterRaised", `CREATE OR REPLACE FUNCTION %s.deletions_recorded_after() RETURNS bigint LANGUAGE sql IMMUTABLE RETURN 9223372036854775806`},
+		{"DeletionsRecordedAfterDropped", `DROP FUNCTION %s.deletions_recorded_after()`},
+	} {
+		t.Run(forge.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.deleteStream(t, "b", false) // b-5 at 15, its record $$b-1 at 16
+			// a made to look deleted, with a "$stream.deleted" event at
+			// position 17 and the row as delete_stream sets it, but no
+			// record.
+			b.tamper(t, forge.stmt,
+				`INSERT INTO %[1]s.events (global_sequence, event_id, stream_id, stream_version, event_type, data, recorded_at)
+				 VALUES (nextval('%[1]s.events_global_sequence'), gen_random_uuid(), 'a', 6, '$stream.deleted', '{"hard":false}', clock_timestamp())`,
+				`UPDATE %s.streams SET state = 1, version = 6, truncate_before = 7 WHERE stream_id = 'a'`)
+			guard := verify.Problem{Kind: verify.GuardRemoved}
+			if forge.name == "DeletionsRecordedAfterRaised" {
+				guard.Position = 16
+			}
+			wantProblems(t, b.verify(t, nil), guard, verify.Problem{Kind: verify.DeletionUnrecorded, StreamID: "a"})
+		})
+	}
 	t.Run("TruncateBeforeAboveVersion", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -122,7 +122,11 @@ const (
 	// the guard of events_archive, or the uniqueness of positions, event
 	// IDs, (stream, version) pairs and stream IDs. Whoever did it (the
 	// schema's owner or a superuser) can change the log unseen by them
-	// while it lasts; [Log] then finds only what the rows still show.
+	// while it lasts; [Log] then finds only what the rows still show. Also
+	// deletions_recorded_after() (migration 0038) returning a position at
+	// or above a deletion record (Position: the first record), or missing
+	// while schema_migrations records 0038: replaced or dropped, it would
+	// let deletions without a record pass as older than the records.
 	GuardRemoved Kind = "guard_removed"
 )
 

@@ -25,8 +25,16 @@
 -- IDs, or a stream with a long ID could no longer be deleted.
 --
 -- deletions_recorded_after() returns the head of the log when this
--- migration ran (under the append lock): every deletion at a later position
--- has its record; annals verify checks deletions at or below it as before.
+-- migration ran (under the append lock): every deletion at or below it is
+-- without a record. A few just above it may be too: a delete_stream call
+-- that started before this transaction committed runs the function as it
+-- was (PL/pgSQL takes the body when the call starts), waits for this
+-- transaction at the append lock and commits after it, without a record.
+-- Such calls were queued on the lock before any call that started after
+-- the commit, so their deletion events lie below the first deletion record
+-- (but for a call that had started and not yet asked for the lock when
+-- this transaction committed). annals verify checks the deletions below
+-- the first record (at or below this head while there is none) as before.
 --
 -- set_stream_retention wrote max_age_seconds as float8, whose text follows
 -- the session's extra_float_digits: with 0 (PostgreSQL 11's default, set by
@@ -40,8 +48,10 @@ DO $mark$
 DECLARE
     v_head bigint;
 BEGIN
-    -- A deletion that commits after this has its record: one in progress
-    -- holds the lock, and one that waits for it runs the new function.
+    -- A deletion in progress holds the lock: it lands at or below the head.
+    -- One whose call starts after this commits runs the new function; one
+    -- that started before and waits here runs the old one, without a
+    -- record, just above the head (see above).
     PERFORM pg_advisory_xact_lock({{.AppendLockK1}}, {{.AppendLockK2}});
     SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END INTO v_head FROM {{.Schema}}.events_global_sequence s;
     EXECUTE pg_catalog.format(
