@@ -107,16 +107,87 @@ func (s *Store) appendAlone(ctx context.Context, args appendArgs) (AppendResult,
 	}
 	defer conn.Release()
 	for again := false; ; again = true {
-		q, err := s.appendQuery(ctx, conn.Conn())
+		fn, err := s.appendFunction(ctx, conn.Conn())
 		if err != nil {
 			return AppendResult{}, err
 		}
-		rows, err := conn.Query(ctx, q, args.stream, args.expected, json.RawMessage(args.json()))
-		res, err := collectAppend(rows, err, args)
+		var q string
+		var res AppendResult
+		switch fn {
+		case appendFnAsk:
+			q, res, err = s.appendAloneAsking(ctx, conn.Conn(), args)
+		default:
+			q = s.q.append
+			if fn == appendFnJSONB {
+				q = s.q.appendJSONB
+			}
+			rows, qerr := conn.Query(ctx, q, args.stream, args.expected, json.RawMessage(args.json()))
+			res, err = collectAppend(rows, qerr, args)
+		}
 		if s.appendRefused(conn.Conn(), q, err) && !again {
 			continue
 		}
 		return res, err
+	}
+}
+
+// appendAloneAsking is appendAlone for a session whose user may take
+// roles of both kinds (appendFnAsk): it asks which function the role in
+// effect may execute and sends the append through it in one explicit
+// transaction, so that a proxy pooling transactions (PgBouncer's
+// pool_mode=transaction) runs both on the server session whose role was
+// asked; as two statements of their own they could run on two sessions,
+// with different roles left set. Pipelined, it costs the two round trips
+// of two statements: BEGIN with the question, then the append with
+// COMMIT. It returns the statement of the append ("" if it was not sent).
+func (s *Store) appendAloneAsking(ctx context.Context, conn *pgx.Conn, args appendArgs) (string, AppendResult, error) {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(s.q.appendJSONUsable)
+	br := conn.SendBatch(ctx, b)
+	_, err := br.Exec()
+	var usable bool
+	if err == nil {
+		err = br.QueryRow().Scan(&usable)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		rollbackAlone(ctx, conn)
+		return "", AppendResult{}, errors.Wrap(translate(err, "", Any), "eventstore: look up append_events_json")
+	}
+	q := s.q.appendJSONB
+	if usable {
+		q = s.q.append
+	}
+	b = &pgx.Batch{}
+	b.Queue(q, args.stream, args.expected, json.RawMessage(args.json()))
+	b.Queue("COMMIT")
+	br = conn.SendBatch(ctx, b)
+	rows, qerr := br.Query()
+	res, err := collectAppend(rows, qerr, args)
+	if err == nil {
+		if _, cerr := br.Exec(); cerr != nil {
+			err = errors.Wrap(translate(cerr, args.stream, args.exp), "eventstore: commit")
+		}
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = errors.Wrap(translate(cerr, args.stream, args.exp), "eventstore: commit")
+	}
+	if err != nil {
+		rollbackAlone(ctx, conn)
+		return q, AppendResult{}, err
+	}
+	return q, res, nil
+}
+
+// rollbackAlone ends the transaction appendAloneAsking left open or failed
+// on conn, if one is; should it fail, the pool closes the connection on
+// its release (it does so with any not idle).
+func rollbackAlone(ctx context.Context, conn *pgx.Conn) {
+	if st := conn.PgConn().TxStatus(); st == 'T' || st == 'E' {
+		_, _ = conn.Exec(ctx, "ROLLBACK")
 	}
 }
 
@@ -136,12 +207,22 @@ const (
 const appendFnRecheck = time.Minute
 
 // appendChoice is what the Store knows of a session user (an entry of
-// Store.appendFns).
+// Store.appendFns, or of a connection's CustomData).
 type appendChoice struct {
-	fn int32
+	// fn is the answer while the role in effect is not a superuser, super
+	// while it is (the is_superuser the server reports).
+	fn, super int32
 	// until is when the answer is to be asked again (zero: never).
 	until time.Time
 }
+
+// The parameters the server reports (ParameterStatus) that appendFunction
+// reads: the session's user, which SET ROLE does not change, and whether
+// the role in effect is a superuser, which SET ROLE does.
+const (
+	paramSessionUser = "session_authorization"
+	paramSuperuser   = "is_superuser"
+)
 
 // appendQuery returns the statement of an append in conn's session (in
 // its transaction, if one is open): append_events_json, which stores each
@@ -149,45 +230,13 @@ type appendChoice struct {
 // as jsonb renders them (keys sorted, numbers spelled out), as every
 // version before 0035 did, for a role that may not execute
 // append_events_json (a schema migrated before 0035, a role an annals
-// grant older than it granted).
-//
-// The function is chosen by the role, which a Store used with several
-// roles (transactions of other pools, SET ROLE per tenant) must do per
-// transaction, without a round trip in the common case. The server reports
-// each session's user (session_authorization, which SET ROLE does not
-// change) on its own; the Store asks, once per session user, about every
-// role that user may become by SET ROLE (itself and the roles it is a
-// member of): if every one of them that may execute append_events may
-// execute append_events_json, it is append_events_json whatever the role
-// (a role that may execute neither fails either way); if none may execute
-// append_events_json, append_events; else (a user that may become roles of
-// both kinds) it asks in each transaction about the role in effect, a
-// round trip. An answer other than append_events_json is asked again after
-// appendFnRecheck. So one session user costs one question per Store, and
-// each append a look-up of its user's answer (BenchmarkAppendQuery).
+// grant older than it granted). When appendFunction cannot tell without
+// asking about the role in effect, it asks (a round trip).
 func (s *Store) appendQuery(ctx context.Context, conn *pgx.Conn) (string, error) {
-	user := conn.PgConn().ParameterStatus("session_authorization")
-	if v, ok := s.appendFns.Load(user); ok {
-		switch c := v.(*appendChoice); {
-		case c.fn == appendFnJSON:
-			return s.q.append, nil
-		case !c.until.IsZero() && !time.Now().Before(c.until):
-			// Expired: ask again, below.
-		case c.fn == appendFnJSONB:
-			return s.q.appendJSONB, nil
-		default:
-			return s.appendQueryForRole(ctx, conn)
-		}
+	fn, err := s.appendFunction(ctx, conn)
+	if err != nil {
+		return "", err
 	}
-	var fn int32
-	if err := conn.QueryRow(ctx, s.q.appendFunction).Scan(&fn); err != nil {
-		return "", errors.Wrap(translate(err, "", Any), "eventstore: look up the append function")
-	}
-	c := &appendChoice{fn: fn}
-	if fn != appendFnJSON {
-		c.until = time.Now().Add(appendFnRecheck)
-	}
-	s.appendFns.Store(user, c)
 	switch fn {
 	case appendFnJSON:
 		return s.q.append, nil
@@ -195,6 +244,66 @@ func (s *Store) appendQuery(ctx context.Context, conn *pgx.Conn) (string, error)
 		return s.q.appendJSONB, nil
 	}
 	return s.appendQueryForRole(ctx, conn)
+}
+
+// appendFunction returns the append function of conn's session as far as
+// the Store knows it without asking about the role in effect:
+// appendFnJSON, appendFnJSONB, or appendFnAsk (ask the role).
+//
+// The function is chosen by the role, which a Store used with several
+// roles (transactions of other pools, SET ROLE per tenant) must do per
+// transaction, without a round trip in the common case. The server reports
+// each session's user (session_authorization, which SET ROLE does not
+// change) and whether the role in effect is a superuser (is_superuser,
+// which SET ROLE does) on its own; the Store asks, once per session user,
+// about every role that user may become by SET ROLE (itself and the roles
+// it is a member of; every role, for a superuser): if every one of them
+// that may execute append_events may execute append_events_json, it is
+// append_events_json whatever the role (a role that may execute neither
+// fails either way); if none may execute append_events_json,
+// append_events; else (a user that may become roles of both kinds) the
+// role in effect is asked in each transaction, a round trip. A superuser
+// in effect may execute any function: append_events_json wherever it
+// exists, whatever other roles of the cluster were granted (a superuser
+// session is asked about the others only once it takes one of them by
+// SET ROLE). An answer other than append_events_json is asked again after
+// appendFnRecheck. So one session user costs one question per Store, and
+// each append a look-up of its user's answer (BenchmarkAppendQuery).
+//
+// A proxy that does not report the session's user (some poolers) leaves
+// it unknown: the answer is then kept with the connection (its
+// CustomData) instead of under a user that every such session would
+// share, so each connection asks once.
+func (s *Store) appendFunction(ctx context.Context, conn *pgx.Conn) (int32, error) {
+	pc := conn.PgConn()
+	user := pc.ParameterStatus(s.param.sessionUser)
+	var c *appendChoice
+	if user != "" {
+		if v, ok := s.appendFns.Load(user); ok {
+			c = v.(*appendChoice)
+		}
+	} else if v, ok := pc.CustomData()[s.param.connKey]; ok {
+		c = v.(*appendChoice)
+	}
+	if c == nil || (!c.until.IsZero() && !time.Now().Before(c.until)) {
+		c = &appendChoice{}
+		if err := conn.QueryRow(ctx, s.q.appendFunction).Scan(&c.fn, &c.super); err != nil {
+			return 0, errors.Wrap(translate(err, "", Any), "eventstore: look up the append function")
+		}
+		if c.fn != appendFnJSON || c.super != appendFnJSON {
+			c.until = time.Now().Add(appendFnRecheck)
+		}
+		switch cd := pc.CustomData(); {
+		case user != "":
+			s.appendFns.Store(user, c)
+		case cd != nil:
+			cd[s.param.connKey] = c
+		}
+	}
+	if pc.ParameterStatus(s.param.superuser) == "on" {
+		return c.super, nil
+	}
+	return c.fn, nil
 }
 
 // appendQueryForRole returns the statement of an append by the role in
@@ -212,14 +321,20 @@ func (s *Store) appendQueryForRole(ctx context.Context, conn *pgx.Conn) (string,
 
 // appendRefused reports whether err is the 42501 of an append through the
 // statement q (append_events_json) in conn's session; if so, the Store
-// forgets what it knew of the session's user, and asks again at its next
-// append: the privileges changed since it asked (an older annals grant
-// granted a role append_events only, a role was made a member of another).
+// forgets what it knew of the session's user (or of the connection, when
+// the user is unknown), and asks again at its next append: the privileges
+// changed since it asked (an older annals grant granted a role
+// append_events only, a role was made a member of another).
 func (s *Store) appendRefused(conn *pgx.Conn, q string, err error) bool {
 	if q != s.q.append || !errors.Is(err, ErrNotGranted) {
 		return false
 	}
-	s.appendFns.Delete(conn.PgConn().ParameterStatus("session_authorization"))
+	pc := conn.PgConn()
+	if user := pc.ParameterStatus(s.param.sessionUser); user != "" {
+		s.appendFns.Delete(user)
+	} else {
+		delete(pc.CustomData(), s.param.connKey)
+	}
 	return true
 }
 

@@ -2,6 +2,8 @@ package eventstore
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/annals-dev/annals/annalstest"
@@ -29,6 +31,36 @@ func BenchmarkAppendQuery(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := s.appendQuery(ctx, conn.Conn()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkAppendAloneAsking measures a lone append (no group commit) of
+// one event by a session user whose roles disagree (appendFnAsk): the
+// question about the role in effect and the append, in one transaction
+// (BEGIN with the question, then the append with COMMIT, pipelined).
+//
+//	annals dev -- sh -c 'ANNALS_TEST_DATABASE_URL=$DATABASE_URL go test -run XXX -bench AppendAloneAsking -count 5 ./eventstore/'
+func BenchmarkAppendAloneAsking(b *testing.B) {
+	ctx := context.Background()
+	db := annalstest.NewDB(b, nil)
+	s, err := New(db.Pool, &Config{GroupCommit: GroupCommit{Disabled: true}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.appendFns.Store(conn.Conn().PgConn().ParameterStatus(paramSessionUser), &appendChoice{fn: appendFnAsk, super: appendFnAsk})
+	conn.Release()
+	ev := EventData{Type: "t", Data: json.RawMessage(`{"a": 1}`)}
+	n := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		n++
+		if _, err := s.Append(ctx, fmt.Sprintf("ask-%d", n), NoStream, ev); err != nil {
 			b.Fatal(err)
 		}
 	}

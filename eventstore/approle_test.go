@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -339,5 +340,258 @@ func assertNoStream(t *testing.T, db *annalstest.DB, streams ...string) {
 	}
 	if n != 0 {
 		t.Errorf("%d events stored in %v, want none", n, streams)
+	}
+}
+
+// tracedPool connects a pool as db's own user (a superuser on the test
+// cluster), with tracer, closed when the test ends.
+func tracedPool(t *testing.T, db *annalstest.DB, tracer pgx.QueryTracer, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = tracer
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var super bool
+	if err := pool.QueryRow(context.Background(), `SELECT rolsuper FROM pg_roles WHERE rolname = session_user`).Scan(&super); err != nil {
+		t.Fatal(err)
+	}
+	if !super {
+		t.Fatal("the test database's user is not a superuser: this test needs one")
+	}
+	return pool
+}
+
+// A superuser's session asks once about the append function, whatever
+// roles of the cluster an older annals grant granted: a superuser may
+// execute any function, and the Store tells by the is_superuser the
+// server reports whether the role in effect is one. Only once it takes a
+// role of the other kind by SET ROLE is that role asked about, per
+// transaction, and its appends go through its function. It asked in every
+// transaction: pg_has_role makes a superuser a member of every role, so one
+// old-granted role anywhere put every superuser session (owners,
+// development set-ups) in the mode that asks per transaction.
+func TestAppendFunctionSuperuser(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	oldTenant := testRole(t, db, false, grantOld)
+	newTenant := testRole(t, db, false, grantNew)
+	var q questions
+	pool := tracedPool(t, db, &q, 0)
+	s, err := eventstore.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	stream := func() string { n++; return fmt.Sprintf("super-%d", n) }
+	for range 5 {
+		if got, err := appendAs(t, db, s, pool, "", stream()); err != nil || got != asSent {
+			t.Fatalf("AppendTx as the superuser: stored %s (%v), want %s", got, err, asSent)
+		}
+	}
+	if got := q.n.Load(); got != 1 {
+		t.Errorf("five appends of a superuser asked %d questions about the append function, want 1", got)
+	}
+	for _, role := range []string{oldTenant, newTenant, oldTenant} {
+		data := asSent
+		if role == oldTenant {
+			data = asJSONB
+		}
+		got, err := appendAs(t, db, s, pool, role, stream())
+		if err != nil || got != data {
+			t.Errorf("AppendTx after SET ROLE %s: stored %s (%v), want %s", role, got, err, data)
+		}
+		got, err = transactAs(t, db, s, role, stream())
+		if err != nil || got != data {
+			t.Errorf("Transact with SET ROLE %s: stored %s (%v), want %s", role, got, err, data)
+		}
+	}
+	before := q.n.Load()
+	for range 3 {
+		if got, err := appendAs(t, db, s, pool, "", stream()); err != nil || got != asSent {
+			t.Errorf("AppendTx as the superuser again: stored %s (%v), want %s", got, err, asSent)
+		}
+	}
+	if got := q.n.Load() - before; got != 0 {
+		t.Errorf("appends of the superuser after its SET ROLEs asked %d questions, want none", got)
+	}
+}
+
+// Behind a proxy that does not report the session's user, the Store keeps
+// its answer per connection: sessions of users of both kinds each append
+// through their own function, in either order, and one connection asks
+// once. Every such session shared the answer of the empty user, so the
+// first one's held for all: an old-granted user's first made a new one's
+// appends jsonb's rendering, a new one's first made an old one's fail.
+func TestAppendFunctionUnreportedSessionUser(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	oldLogin := testRole(t, db, true, grantOld)
+	newLogin := testRole(t, db, true, grantNew)
+	var q questions
+	oldPool, newPool := rolePool(t, db, oldLogin, nil), rolePool(t, db, newLogin, &q)
+	n := 0
+	stream := func() string { n++; return fmt.Sprintf("unreported-%d", n) }
+	for _, order := range [][]*pgxpool.Pool{{oldPool, newPool}, {newPool, oldPool}} {
+		s, err := eventstore.New(oldPool, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventstore.UnreportedSessionUser(s)
+		for range 2 {
+			for _, pool := range order {
+				data := asSent
+				if pool == oldPool {
+					data = asJSONB
+				}
+				got, err := appendAs(t, db, s, pool, "", stream())
+				if err != nil || got != data {
+					t.Errorf("AppendTx by a session whose user is not reported: stored %s (%v), want %s", got, err, data)
+				}
+			}
+		}
+	}
+
+	q.n.Store(0)
+	one := rolePool(t, db, newLogin, &q) // appendAs uses one connection at a time: the pool's one idle
+	s, err := eventstore.New(one, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventstore.UnreportedSessionUser(s)
+	for range 5 {
+		if got, err := appendAs(t, db, s, one, "", stream()); err != nil || got != asSent {
+			t.Errorf("AppendTx on one connection: stored %s (%v), want %s", got, err, asSent)
+		}
+	}
+	if got := q.n.Load(); got != 1 {
+		t.Errorf("five appends on one connection whose user is not reported asked %d questions, want 1", got)
+	}
+}
+
+// statements records what a session sends, statement by statement, named
+// by kind: BEGIN, COMMIT, ROLLBACK, "function" (AppendFunction),
+// "role" (AppendJSONUsable), "append" (the append), others "other".
+type statements struct {
+	mu  sync.Mutex
+	all []string
+}
+
+func (r *statements) add(sql string) {
+	kind := "other"
+	switch u := strings.ToUpper(strings.TrimSpace(sql)); {
+	case u == "BEGIN" || u == "COMMIT" || u == "ROLLBACK":
+		kind = u
+	case strings.Contains(sql, "bool_and"):
+		kind = "function"
+	case strings.Contains(sql, "has_function_privilege"):
+		kind = "role"
+	case strings.Contains(sql, ".append_events"):
+		kind = "append"
+	}
+	r.mu.Lock()
+	r.all = append(r.all, kind)
+	r.mu.Unlock()
+}
+
+func (r *statements) take() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	all := r.all
+	r.all = nil
+	return all
+}
+
+func (r *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.add(d.SQL)
+	return ctx
+}
+func (r *statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *statements) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (r *statements) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	r.add(d.SQL)
+}
+func (r *statements) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// A lone append (no group commit) by a session user that may take roles
+// of both kinds asks about the role in effect and appends in one
+// transaction: BEGIN, the question, the append, COMMIT. A proxy that pools
+// transactions runs them on one server session, so the append goes
+// through the function of the role the question saw, even one a pooled
+// session was left with by SET ROLE (simulated here by each connection's
+// first statement). They were two statements of their own, which such a
+// proxy may run on two server sessions with different roles.
+func TestAppendAloneAsksInItsTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	oldTenant := testRole(t, db, false, grantOld)
+	app := testRole(t, db, true, grantNew)
+	if _, err := db.Pool.Exec(ctx, "GRANT "+pgx.Identifier{oldTenant}.Sanitize()+" TO "+pgx.Identifier{app}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	var rec statements
+	pool := rolePool(t, db, app, &rec)
+	s, err := eventstore.New(pool, &eventstore.Config{GroupCommit: eventstore.GroupCommit{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		stream := fmt.Sprintf("alone-%d", i)
+		if _, err := s.Append(ctx, stream, eventstore.NoStream, eventstore.EventData{Type: "t", Data: json.RawMessage(asSent)}); err != nil {
+			t.Fatal(err)
+		}
+		if got := roleStoredData(t, db, stream); got != asSent {
+			t.Errorf("lone Append %d: stored %s, want %s", i, got, asSent)
+		}
+		sent := slices.DeleteFunc(rec.take(), func(k string) bool { return k == "other" || k == "function" })
+		if want := []string{"BEGIN", "role", "append", "COMMIT"}; !slices.Equal(sent, want) {
+			t.Errorf("lone Append %d sent %v, want %v", i, sent, want)
+		}
+	}
+
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = app, app+"pw"
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "SET ROLE "+pgx.Identifier{oldTenant}.Sanitize())
+		return err
+	}
+	leaked, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leaked.Close()
+	ls, err := eventstore.New(leaked, &eventstore.Config{GroupCommit: eventstore.GroupCommit{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ls.Append(ctx, "leaked", eventstore.NoStream, eventstore.EventData{Type: "t", Data: json.RawMessage(asSent)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := roleStoredData(t, db, "leaked"); got != asJSONB {
+		t.Errorf("lone Append in a session left with SET ROLE %s: stored %s, want %s", oldTenant, got, asJSONB)
+	}
+	var idle int32
+	for _, c := range leaked.AcquireAllIdle(ctx) {
+		if c.Conn().PgConn().TxStatus() == 'I' {
+			idle++
+		}
+		c.Release()
+	}
+	if idle == 0 {
+		t.Error("the lone append's connection did not come back to the pool idle")
 	}
 }

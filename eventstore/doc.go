@@ -39,7 +39,15 @@
 // trip (about 25 ns, BenchmarkAppendQuery); a user who may take roles of
 // both kinds has the role in effect asked in each transaction, a round
 // trip, until annals grant evens them out (an answer other than
-// append_events_json is asked again after a minute). Privileges that
+// append_events_json is asked again after a minute). A lone append (no
+// group commit) of such a user asks and appends in one transaction,
+// pipelined in the two round trips of two statements, so that a pooler in
+// transaction mode runs both on one server session. A superuser in effect
+// (is_superuser, which the server also reports, and SET ROLE changes) may
+// execute any function: its appends cost the look-up whatever the other
+// roles of the cluster were granted, and only the roles it takes by SET
+// ROLE are asked about. A proxy that reports no session user has the
+// answer kept per connection (asked once by each). Privileges that
 // change after the Store asked show as ErrNotGranted (SQLSTATE 42501) on
 // the one append that meets them, after which the Store asks again.
 //

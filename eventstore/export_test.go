@@ -46,7 +46,15 @@ func AppendThroughJSONB(s *Store) {
 		panic(err)
 	}
 	defer conn.Release()
-	s.appendFns.Store(conn.Conn().PgConn().ParameterStatus("session_authorization"), &appendChoice{fn: appendFnJSONB})
+	s.appendFns.Store(conn.Conn().PgConn().ParameterStatus(paramSessionUser), &appendChoice{fn: appendFnJSONB, super: appendFnJSONB})
+}
+
+// UnreportedSessionUser makes s read the session's user and whether its
+// role is a superuser under names no server reports, as behind a proxy
+// that does not pass those parameters on: both read as "" (unknown).
+func UnreportedSessionUser(s *Store) {
+	s.param.sessionUser = "annals_test_unreported_session_authorization"
+	s.param.superuser = "annals_test_unreported_is_superuser"
 }
 
 // AppendUnchecked sends an append of n events of type typ, each with data

@@ -15,14 +15,18 @@ SELECT event_id, global_sequence, stream_version
 
 -- name: AppendFunction
 -- Which function appends in a transaction of this session, whatever role
--- the session takes with SET ROLE (itself and every role its user is a
--- member of; a superuser may take any): 1, append_events_json, when every
--- such role that may execute append_events may execute append_events_json
--- too; 2, append_events, when none may execute append_events_json (the
--- schema predates it); 3, roles of both kinds: ask AppendJSONUsable in each
--- transaction. (Names are arguments of format, so that the statement does
--- not read as a call of an append function: internal/locktrace looks for
--- one.)
+-- the session takes with SET ROLE, in two answers: the first for a role in
+-- effect that is not a superuser (any of them that the session's user is
+-- a member of: itself and the roles granted to it; every one, for a
+-- superuser), the second for one that is (is_superuser, which the server
+-- reports as SET ROLE changes it: a superuser may execute any function).
+-- 1, append_events_json, when every such role that may execute
+-- append_events may execute append_events_json too; 2, append_events, when
+-- none may execute append_events_json (the schema predates it); 3, roles
+-- of both kinds: ask AppendJSONUsable in each transaction. A superuser's
+-- own appends so never depend on the grants of other roles of the cluster.
+-- (Names are arguments of format, so that the statement does not read as a
+-- call of an append function: internal/locktrace looks for one.)
 WITH f AS (
     SELECT to_regprocedure(format('%I.%I(pg_catalog.text, pg_catalog.int8, pg_catalog.json)', {{.SchemaLiteral}}, 'append_events_json')) AS js,
            to_regprocedure(format('%I.%I(pg_catalog.text, pg_catalog.int8, pg_catalog.jsonb)', {{.SchemaLiteral}}, 'append_events')) AS jb
@@ -30,11 +34,12 @@ WITH f AS (
     SELECT f.js IS NOT NULL AND has_function_privilege(a.oid, f.js, 'EXECUTE') AS js,
            f.jb IS NOT NULL AND has_function_privilege(a.oid, f.jb, 'EXECUTE') AS jb
       FROM f, pg_catalog.pg_roles a
-     WHERE pg_has_role(session_user, a.oid, 'MEMBER')
+     WHERE NOT a.rolsuper AND pg_has_role(session_user, a.oid, 'MEMBER')
 )
 SELECT CASE WHEN coalesce(bool_and(r.js OR NOT r.jb), true) THEN 1
             WHEN NOT coalesce(bool_or(r.js), false) THEN 2
-            ELSE 3 END
+            ELSE 3 END,
+       CASE WHEN (SELECT f.js FROM f) IS NOT NULL THEN 1 ELSE 2 END
   FROM r;
 
 -- name: AppendJSONUsable

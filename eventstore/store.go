@@ -95,12 +95,26 @@ type Store struct {
 	keys     *keyring
 	// appendFns holds, by session user (the session_authorization the
 	// server reports), the *appendChoice of the SQL function of appends
-	// through the Append query (see appendQuery).
+	// through the Append query (see appendFunction).
 	appendFns sync.Map
+	// param names what appendFunction reads of a session (tests name
+	// parameters no server reports, as proxies that do not report them).
+	param appendParams
 	// inlineLockDirect is set when the schema has no inline_stream_lock
 	// (migrated before 0034): the retry lock of inline appends is then
 	// taken with pg_advisory_xact_lock (see lockInlineStream).
 	inlineLockDirect atomic.Bool
+}
+
+// appendParams are the names under which appendFunction finds what it
+// reads of a session.
+type appendParams struct {
+	// sessionUser and superuser are the reported parameters
+	// (paramSessionUser, paramSuperuser).
+	sessionUser, superuser string
+	// connKey is the key of the Store's answer in a connection's
+	// CustomData, when the session's user is not reported.
+	connKey string
 }
 
 type queries struct {
@@ -153,6 +167,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		tel:      tel,
 		pool:     pool,
 		schema:   c.Schema,
+		param:    appendParams{sessionUser: paramSessionUser, superuser: paramSuperuser, connKey: "annals/eventstore.appendFunction " + c.Schema},
 		registry: c.Registry,
 		maxBytes: c.MaxEventBytes,
 		pageSize: c.PageSize,
