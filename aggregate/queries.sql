@@ -27,6 +27,12 @@ SELECT sn.stream_version, sn.state, f.first_version
 -- (migration 0034), so that a writer needs no lock function of PostgreSQL's.
 SELECT {{.Schema}}.snapshot_lock();
 
+-- name: SnapshotLockDirect
+-- The same lock on a schema migrated before 0034, which has no
+-- snapshot_lock: its key taken with PostgreSQL's function, as clients
+-- before 0034 took it.
+SELECT pg_catalog.pg_try_advisory_xact_lock_shared(pg_catalog.hashtextextended({{.SchemaLiteral}} || ':forget', 0));
+
 -- name: SaveSnapshot
 -- $1 aggregate type, $2 stream, $3 schema version, $4 stream version, $5
 -- state, $6 the first version the state folds. A statement of its own after

@@ -7,6 +7,7 @@ import (
 	"iter"
 	"log/slog"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -89,6 +90,10 @@ type Repository[A Root] struct {
 	newAgg func() A
 	cfg    Config
 	q      map[string]string
+	// snapshotLockDirect is set when the schema has no snapshot_lock
+	// (migrated before 0034): snapshot writes then take Forget's lock with
+	// pg_try_advisory_xact_lock_shared (see snapshotLock).
+	snapshotLockDirect atomic.Bool
 }
 
 // NewRepository returns the repository of the aggregate type named
