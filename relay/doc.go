@@ -88,16 +88,33 @@
 // message (fenced by the epoch, and only from where the leadership found
 // it) and publishes from there, chained on that message: each lost event
 // once, in order. An event NATS refuses for good (for its size: over
-// max_payload or the stream's max_msg_size, or headers over 64 KiB) up to
-// where the leadership found the checkpoint is passed over again, with a
-// WARN: an operator had moved the relay past it, since the stream, which
-// refuses it now, refused it then (unless a limit was lowered since). Such
-// a refusal comes with the acknowledgements, when the messages after the
-// event are in flight, chained on it: the relay publishes them again,
-// chained on the stream's newest message. Where the refill ends is
-// recorded with the move back (relay_acks.refill_to, migration 0037) and
-// cleared by the commit that reaches it, so that a refill spanning
-// leaderships (a failed publish, a restart) goes on passing over. Refusals
+// max_payload or the stream's max_msg_size, headers over 64 KiB, over the
+// file store's 32 MiB record) up to where the leadership found the
+// checkpoint is one an operator moved the relay past, or one the stream
+// had stored under a limit lowered since: refused now does not tell which.
+// A count does. The sequence the stream had acknowledged is recorded with
+// the move back: that less the stream's last sequence is the lost messages
+// left to publish again, and the events left up to where the refill ends
+// outnumber them by the events an operator moved past. While there is such
+// a surplus, the event is passed over again, with a WARN; with none, the
+// stream had stored it, and the refill stops there, with an ERROR naming
+// the limit to raise (moving the relay past it leaves it out of the stream
+// for good). The count tells how many were moved past, not which: a refill
+// meeting both a stored event under a lowered limit and a skip after it
+// passes over the first and stops at the second. The relay checks these
+// limits before it sends an event of a refill (the connection's
+// max_payload, the stream's max_msg_size and storage as the leadership
+// read them), so no message is chained on one the stream refuses (on a
+// replicated stream, its successors would be refused as duplicates "in
+// process" until the duplicate window passed); a refusal it did not
+// foresee comes with the acknowledgements, and the messages after the
+// event, in flight, chained on it, are published again chained on the
+// stream's newest message. Where the refill ends, and that sequence, are
+// recorded with the move back (relay_acks.refill_to and refill_seq,
+// migration 0037) and cleared by the commit that reaches its end, so that
+// a refill spanning leaderships (a failed publish, a restart) goes on. On
+// a schema before 0037 the relay fails each leadership with
+// migrations.ErrNotMigrated: run annals migrate. Refusals
 // of another kind (a stream full under discard-new limits, the account's
 // resources) refuse every event alike until a limit is raised, and are
 // waited out, not passed over; a publish the account may not make is not

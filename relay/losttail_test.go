@@ -7,14 +7,18 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/errors"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/relay"
 )
 
@@ -731,5 +735,176 @@ func TestRefillGoesOnAcrossLeaderships(t *testing.T) {
 	}
 	if l := logs.String(); strings.Count(l, "passes over an event NATS refuses for good") != 1 {
 		t.Fatalf("the relay's log does not tell once that it passed over event 6 again:\n%s", l)
+	}
+}
+
+// An event the stream had stored and acknowledged (4, 8 KB under a
+// max_msg_size of 200 000), lost with the tail, and refused in the refill
+// because an operator lowered max_msg_size since (to 4096), is not one an
+// operator moved the relay past: the refill stops at it and says, at
+// ERROR, to raise the limit; raised, the refill publishes it and goes on.
+// The refill passed over it, with a WARN that an operator had moved the
+// relay past it: the stream, which had delivered 4, no longer held it.
+func TestRefillStopsAtAnEventTheStreamHadStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	var logs lockedBuffer
+	r := loggedRelay(t, b, &logs)
+	cfg := r.StreamConfig()
+	cfg.MaxMsgSize = 200_000
+	if _, err := b.js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 3)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restore := snapshotStore(t, b)
+	if _, err := b.store.Append(ctx, "mid", eventstore.NoStream,
+		eventstore.EventData{Type: "t.mid", Data: map[string]string{"s": strings.Repeat("x", 8192)}}); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 2)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkPositions(t, b.relayed("ANNALS"), 1, 2, 3, 4, 5, 6) // 4 stored and acknowledged
+	restore()
+	cfg.MaxMsgSize = 4096
+	if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CatchUp(ctx); err == nil {
+		t.Fatal("CatchUp passed over event 4, which the stream had stored")
+	}
+	checkPositions(t, b.relayed("ANNALS"), 1, 2, 3)
+	if cp := b.checkpoint("relay"); cp != 3 {
+		t.Fatalf("checkpoint %d, want 3", cp)
+	}
+	l := logs.String()
+	if strings.Contains(l, "passes over") || strings.Count(l, "refuses event 4") == 0 ||
+		!strings.Contains(l, "level=ERROR msg=\"annals: the relay publishes again what its JetStream stream ANNALS lost, and the stream refuses event 4") ||
+		!strings.Contains(l, "Raise the limit") || !strings.Contains(l, "max_msg_size") {
+		t.Fatalf("the relay's log does not tell, at ERROR, that the refill stops at event 4, which the stream had stored, until max_msg_size is raised:\n%s", l)
+	}
+	cfg.MaxMsgSize = 200_000
+	if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatalf("CatchUp with max_msg_size raised again: %v", err)
+	}
+	checkPositions(t, b.relayed("ANNALS"), 1, 2, 3, 4, 5, 6)
+	if cp := b.checkpoint("relay"); cp != 6 {
+		t.Fatalf("checkpoint %d, want 6", cp)
+	}
+}
+
+// A refill checks what NATS refuses for good before it sends (the stream's
+// max_msg_size, headers over 64 KiB): the events an operator had moved the
+// relay past (4, over max_msg_size; 7, its metadata over 64 KiB of
+// headers) are never sent, so no message is chained on one the stream
+// refuses (on a replicated stream, its successors were then refused as
+// "in process" duplicates until the duplicate window passed). A core NATS
+// subscription on the stream's subjects sees every publish: 5, 6 and 8
+// once each, and neither 4 nor 7. The refill sent 4 and 7, learnt of the
+// refusal with the acknowledgements, and sent 5, 6 and 8 twice.
+func TestRefillDoesNotSendWhatTheStreamRefusesForGood(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	var logs lockedBuffer
+	r := loggedRelay(t, b, &logs)
+	cfg := r.StreamConfig()
+	cfg.MaxMsgSize = 200_000
+	if _, err := b.js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 3)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restore := snapshotStore(t, b)
+	var skipped []int64
+	for i, e := range []eventstore.EventData{
+		{Type: "t.big", Data: map[string]string{"s": strings.Repeat("x", 300_000)}},
+		{Type: "t.meta", Data: map[string]int{}, Metadata: eventstore.Metadata{Extra: map[string]any{"s": strings.Repeat("y", 70_000)}}},
+	} {
+		res, err := b.store.Append(ctx, e.Type, eventstore.NoStream, e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		skipped = append(skipped, res.Position())
+		moveCheckpoint(t, b, res.Position())
+		appendMany(t, b.store, 2-i)
+		if err := r.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkPositions(t, b.relayed("ANNALS"), 1, 2, 3, 5, 6, 8)
+	restore()
+	nc, err := nats.Connect(b.ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	sent := make(chan *nats.Msg, 64)
+	if _, err := nc.ChanSubscribe(r.SubjectFilter(), sent); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatalf("CatchUp after the stream lost 5–8: %v", err)
+	}
+	checkPositions(t, b.relayed("ANNALS"), 1, 2, 3, 5, 6, 8)
+	// In order from the relay's one connection: once 8 is in, every
+	// publish before it is.
+	var got []int64
+	for len(got) == 0 || got[len(got)-1] != 8 {
+		select {
+		case m := <-sent:
+			pos, err := strconv.ParseInt(m.Header.Get(relay.HeaderPosition), 10, 64)
+			if err != nil {
+				t.Fatalf("a message without a position: %v", err)
+			}
+			got = append(got, pos)
+		case <-ctx.Done():
+			t.Fatalf("the subscription saw %v, not event 8", got)
+		}
+	}
+	if !slices.Equal(got, []int64{5, 6, 8}) {
+		t.Fatalf("the refill sent events %v, want 5, 6 and 8 once each (the events passed over, %v, never)", got, skipped)
+	}
+	if l := logs.String(); strings.Count(l, "passes over an event NATS refuses for good") != 2 {
+		t.Fatalf("the relay's log does not tell once each that it passed over 4 and 7:\n%s", l)
+	}
+}
+
+// A relay of this version on a schema migrated through 0036 (deployed
+// before `annals migrate`; relay_acks as 0036 left it, without 0037's
+// columns) fails at each leadership on relay_acks' new columns: the error
+// is marked migrations.ErrNotMigrated and says to run annals migrate. It
+// was a bare 42703 (column "refill_to" does not exist).
+func TestRelayOnASchemaBefore0037(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	if _, err := b.db.Pool.Exec(ctx, `ALTER TABLE annals.relay_acks DROP COLUMN refill_to, DROP COLUMN refill_seq`); err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, b.store, 2)
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{RetryBackoff: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.CatchUp(ctx)
+	if !errors.Is(err, migrations.ErrNotMigrated) || !strings.Contains(err.Error(), "annals migrate") {
+		t.Fatalf("CatchUp on a schema migrated through 0036: %v; want migrations.ErrNotMigrated, saying to run annals migrate", err)
 	}
 }

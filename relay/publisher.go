@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
+	"strconv"
 	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -17,6 +20,7 @@ import (
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/telemetry"
+	"github.com/annals-dev/annals/migrations"
 )
 
 // ErrPublish is matched by the error that ends a leadership after a publish
@@ -54,10 +58,18 @@ type publisher struct {
 	// refillTo is where a refill of what the stream lost ends: the
 	// checkpoint the leadership that moved back found (behind), kept in
 	// relay_acks for the leaderships that go on with it; 0 when none is
-	// under way. An event at or below it that NATS refuses for good
-	// (refusedForGood) was moved past by an operator before: it is passed
-	// over again, not waited on.
-	refillTo int64
+	// under way. refillSeq is the stream sequence the stream had
+	// acknowledged before it lost its tail (kept with refillTo): the
+	// messages still to publish again are refillSeq less the stream's last
+	// sequence. An event at or below refillTo that NATS refuses for good
+	// (refusedForGood) is passed over again, not waited on, while the
+	// events left outnumber those messages (mayPassOver).
+	refillTo  int64
+	refillSeq uint64
+	// maxMsgSize and fileStore are the stream's limits as the leadership
+	// found them (stored): what refusal checks before a refill publishes.
+	maxMsgSize int32
+	fileStore  bool
 
 	// prevID is the ID of the last event published (acknowledged or not).
 	prevID string
@@ -115,6 +127,7 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 	// every commit being at or below a position Process has returned).
 	p.synced, p.lastPos, p.lastID, p.prevID, p.lastSeq = true, st.pos, st.id, st.id, st.seq
 	p.created, p.ackSeq = st.created.UnixNano(), st.seq
+	p.maxMsgSize, p.fileStore = st.maxMsgSize, st.fileStore
 	p.through, p.acked, p.committed, p.lastCommit = lease.Start, lease.Start, lease.Start, time.Now()
 	if p.r.onStarted != nil {
 		p.r.onStarted()
@@ -142,7 +155,10 @@ func (p *publisher) Start(ctx context.Context, lease *catchup.Lease) error {
 // returns), chained on that message, so each lands once, in order; an
 // event NATS refuses for good up to where it found the checkpoint is passed
 // over (refillTo, recorded with the move back for the leaderships that go
-// on with the refill), as an operator had. A leader that dies on the way
+// on with the refill, with the sequence the stream had acknowledged,
+// refillSeq) while the events left outnumber the messages the stream lost
+// (mayPassOver): the surplus is what an operator had moved past. A leader
+// that dies on the way
 // leaves the checkpoint at or below what the stream holds, as any leader
 // does. A relay with nothing recorded (the first run of a version that
 // records) does not move back.
@@ -174,7 +190,7 @@ func (p *publisher) behind(ctx context.Context, lease *catchup.Lease, st stored)
 		return err
 	}
 	if acks.same(p.r.cfg.Stream, st) {
-		p.refillTo = acks.refillTo // a refill under way goes on
+		p.refillTo, p.refillSeq = acks.refillTo, uint64(acks.refillSeq) // a refill under way goes on
 	}
 	if st.pos >= lease.Start {
 		return nil
@@ -217,8 +233,8 @@ func (p *publisher) behind(ctx context.Context, lease *catchup.Lease, st stored)
 			if err != nil {
 				return errors.Wrapf(err, "relay: move the checkpoint back to %d", st.pos)
 			}
-			_, err = tx.Exec(ctx, q["RecordRefill"], lease.Subscriber, lease.Partition, lease.Start)
-			return errors.Wrapf(err, "relay: record the refill up to %d", lease.Start)
+			_, err = tx.Exec(ctx, q["RecordRefill"], lease.Subscriber, lease.Partition, lease.Start, int64(lost))
+			return errors.Wrapf(notMigrated(err), "relay: record the refill up to %d", lease.Start)
 		})
 	}); err != nil {
 		return err
@@ -233,7 +249,7 @@ func (p *publisher) behind(ctx context.Context, lease *catchup.Lease, st stored)
 		slog.String("relay", p.r.cfg.Name), slog.String("stream", p.r.cfg.Stream),
 		slog.Uint64("stream_sequence", st.seq), slog.Uint64("acknowledged_sequence", lost),
 		slog.Int64("stream_position", st.pos), slog.Int64("checkpoint", lease.Start))
-	p.refillTo = max(p.refillTo, lease.Start)
+	p.refillTo, p.refillSeq = max(p.refillTo, lease.Start), max(p.refillSeq, lost)
 	lease.Start = st.pos
 	return nil
 }
@@ -247,6 +263,8 @@ type acks struct {
 	seq      int64  // the stream sequence acknowledged through the checkpoint
 	pos      int64  // that checkpoint
 	refillTo int64  // where a refill under way ends (RecordRefill); 0: none
+	// the stream sequence acknowledged before the loss the refill mends
+	refillSeq int64
 }
 
 // loadAcks reads what the relay recorded with its last checkpoint commit;
@@ -257,14 +275,28 @@ func (p *publisher) loadAcks(ctx context.Context, lease *catchup.Lease) (acks, e
 		return acks{}, err
 	}
 	a := acks{ok: true}
-	err = p.r.pool.QueryRow(ctx, q["LoadAcked"], lease.Subscriber, lease.Partition).Scan(&a.stream, &a.created, &a.seq, &a.pos, &a.refillTo)
+	err = p.r.pool.QueryRow(ctx, q["LoadAcked"], lease.Subscriber, lease.Partition).Scan(&a.stream, &a.created, &a.seq, &a.pos, &a.refillTo, &a.refillSeq)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return acks{}, nil
 	}
 	if err != nil {
-		return acks{}, errors.Wrap(err, "relay: read the stream sequence acknowledged at the checkpoint")
+		return acks{}, errors.Wrap(notMigrated(err), "relay: read the stream sequence acknowledged at the checkpoint")
 	}
 	return a, nil
+}
+
+// notMigrated marks with migrations.ErrNotMigrated, and says to migrate, an
+// error of a relay_acks query on a schema migrated only through 0036 (a new
+// binary deployed before `annals migrate`): the column it names is not
+// there yet (SQLSTATE 42703, undefined_column). Only the relay's queries
+// are marked so: a 42703 elsewhere may be another fault than an old schema.
+func notMigrated(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42703" {
+		return err
+	}
+	return errmark.Mark(errors.Wrap(err, "the annals schema is older than this relay (relay_acks gained refill_to and refill_seq in migration 0037): "+
+		"run 'annals migrate'"), migrations.ErrNotMigrated)
 }
 
 // same reports whether st is the stream recorded: name and creation time.
@@ -331,7 +363,9 @@ func (p *publisher) chain(id, prev string, seq uint64) []jetstream.PublishOpt {
 // second sending ("duplicate message id is in process", 10158) until its
 // leader changes or the duplicate window passes: the leadership ends, as
 // after any failed publish, committing through the event passed over, and
-// the next ones claim again until then.
+// the next ones claim again until then. So Process checks the limits
+// before it sends (refusal), and this is the fallback for a refusal it did
+// not foresee (a limit lowered within the leadership, the account's).
 func (p *publisher) rechain(from int) error {
 	prev := p.lastID
 	for i := from; i < len(p.inflight); i++ {
@@ -372,13 +406,29 @@ func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch cat
 		if err != nil {
 			return batch.After, p.fail(ctx, lease, err)
 		}
-		f, err := p.r.js.PublishMsgAsync(msg, opts...)
-		if err != nil && e.GlobalSequence <= p.refillTo && refusedForGood(err) {
+		var f jetstream.PubAckFuture
+		refused := p.refusal(msg, e.ID.String(), p.prevID, p.lastSeq)
+		if refused == nil || e.GlobalSequence > p.refillTo {
+			f, err = p.r.js.PublishMsgAsync(msg, opts...)
+		}
+		if refused == nil && err != nil && refusedForGood(err) {
+			refused = err // the client's own check (max_payload)
+		}
+		if refused != nil && e.GlobalSequence <= p.refillTo {
 			// Published again after the stream lost it, below where the
-			// checkpoint was: an operator moved the relay past this event
-			// before, as the error below says to. Passed over again, as
-			// acknowledged (as an event that does not match).
-			p.passOver(ctx, e.GlobalSequence, err)
+			// checkpoint was, and NATS would refuse it for good: found
+			// before sending, so that no message is chained on it (the
+			// successors of a refused message get "in process" refusals
+			// on a replicated stream). Passed over, as acknowledged (as an
+			// event that does not match), if an operator had moved past
+			// it (passOverInRefill); else the refill stops.
+			if err := p.collect(ctx, lease, len(p.inflight), true); err != nil {
+				return batch.After, p.fail(ctx, lease, err)
+			}
+			earlier = 0 // all collected
+			if err := p.passOverInRefill(ctx, e.GlobalSequence, refused); err != nil {
+				return batch.After, p.fail(ctx, lease, errors.Wrapf(err, "relay: publish event %d", e.GlobalSequence))
+			}
 			if len(p.inflight) == 0 {
 				p.acked = max(p.acked, e.GlobalSequence)
 			}
@@ -452,9 +502,15 @@ func (p *publisher) collect(ctx context.Context, lease *catchup.Lease, n int, wa
 			}
 		}
 		if err != nil && s.pos <= p.refillTo && refusedForGood(err) {
-			// The stream refuses, for good, an event it lost: an operator
-			// had moved the relay past it (as Process's sync refusal).
-			p.passOver(ctx, s.pos, err)
+			// The stream refuses, for good, an event of the refill that
+			// Process's check (refusal) did not foresee: passed over as
+			// there, if an operator had moved past it. Every message
+			// before it is acknowledged (ackSeq is the stream's last
+			// sequence), and those after it are refused (chained on it).
+			if perr := p.passOverInRefill(ctx, s.pos, err); perr != nil {
+				p.inflight = p.inflight[done:]
+				return errors.Wrapf(perr, "relay: publish event %d", s.pos)
+			}
 			p.acked = s.pos
 			if s.through > 0 {
 				p.acked = s.through
@@ -490,22 +546,130 @@ func (p *publisher) collect(ctx context.Context, lease *catchup.Lease, n int, wa
 	return nil
 }
 
-// passOver logs that the event at pos, which NATS refuses for good (err),
-// is passed over while the relay publishes again what its stream lost: an
-// operator had moved the relay past it.
-func (p *publisher) passOver(ctx context.Context, pos int64, err error) {
-	p.r.cfg.Logger.WarnContext(ctx, "annals: the relay passes over an event NATS refuses for good again, publishing what the stream lost "+
-		"(an operator had moved the relay past it)",
-		slog.String("relay", p.r.cfg.Name), slog.Int64("position", pos), slog.Int64("checkpoint_was", p.refillTo), telemetry.Err(err))
+// passOverInRefill decides on the event at pos, at or below refillTo, that
+// NATS refuses for good (cause), once every message before it is
+// acknowledged: it returns nil, having logged a WARN, when the event may be
+// passed over, and the error that stops the refill otherwise (stopRefill).
+//
+// That NATS refuses it now does not tell that it refused it when the relay
+// first published it, and so that an operator moved the relay past it: a
+// limit may have been lowered since the stream stored it (max_msg_size
+// lowered by an operator, max_payload by a server's configuration), and
+// passing over an event the stream had acknowledged, and maybe delivered,
+// would leave it out of the stream silently. What tells is a count. The
+// stream had acknowledged through sequence refillSeq before it lost its
+// tail, and holds through ackSeq now: refillSeq-ackSeq messages it lost
+// are still to publish again, each one event of (pos, refillTo] (one relay
+// per stream: every message of it is one of the relay's events, in
+// position order). The events of (pos, refillTo] the relay publishes
+// (CountRefill) are those and the events an operator moved the relay past,
+// which the stream never held: the surplus counts these. The event is
+// passed over only while there is a surplus; with none, it is one the
+// stream had stored, and the refill stops until the limit is raised.
+//
+// The count tells how many of the events left an operator moved past, not
+// which: a refill that meets both an event the stream had stored, refused
+// under a lowered limit, and an operator's skip after it passes over the
+// first and stops at the second, where the surplus is spent (the ERROR
+// then names it, and the WARN before names the event passed over). The
+// count also takes the relay's types as they are now: events of types
+// added since count in the surplus (they were never published), events of
+// types removed do not (the refill then stops rather than pass over).
+func (p *publisher) passOverInRefill(ctx context.Context, pos int64, cause error) error {
+	q, err := p.r.queries()
+	if err != nil {
+		return err
+	}
+	var left int64
+	if err := p.r.pool.QueryRow(ctx, q["CountRefill"], pos, p.refillTo, p.r.filter.Regex()).Scan(&left); err != nil {
+		return errors.Wrapf(err, "relay: count the events left to publish again from %d through %d", pos, p.refillTo)
+	}
+	var lost int64
+	if p.refillSeq > p.ackSeq {
+		lost = int64(p.refillSeq - p.ackSeq)
+	}
+	if left <= lost {
+		return p.stopRefill(ctx, pos, cause, left, lost)
+	}
+	p.r.cfg.Logger.WarnContext(ctx, fmt.Sprintf("annals: the relay passes over an event NATS refuses for good, publishing again what the stream lost: "+
+		"the %d events left through %d outnumber the %d messages the stream lost still to publish, by the events an operator had moved the relay past "+
+		"(refused then, as this one is now)", left, p.refillTo, lost),
+		slog.String("relay", p.r.cfg.Name), slog.Int64("position", pos), slog.Int64("checkpoint_was", p.refillTo),
+		slog.Int64("events_left", left), slog.Int64("lost_left", lost), telemetry.Err(cause))
+	return nil
+}
+
+// stopRefill returns the error that stops a refill at the event at pos,
+// which NATS refuses for good (cause) though the stream had stored it
+// (passOverInRefill), and logs it at ERROR once per event in a process
+// (toldRefused): every leadership stops there until a limit is raised.
+func (p *publisher) stopRefill(ctx context.Context, pos int64, cause error, left, lost int64) error {
+	err := errors.Wrapf(cause, "the relay publishes again what its JetStream stream %s lost, and the stream refuses event %d (%s), which it had stored: "+
+		"the %d events left through %d do not outnumber the %d messages the stream lost still to publish, so no operator moved the relay past this one, "+
+		"and a limit was lowered since the stream stored it. Raise the limit: the relay then publishes it again, and the events after it. "+
+		"Moving the relay past it (%s) leaves it out of the stream for good, and the refill can then no longer tell the events an operator moved past "+
+		"from those the stream lost: it stops at each later one NATS refuses",
+		p.r.cfg.Stream, pos, refusalLimit(cause), left, p.refillTo, lost, p.r.checkpointSetHint(pos))
+	if p.r.toldRefused.Swap(pos) != pos {
+		p.r.cfg.Logger.ErrorContext(ctx, "annals: "+err.Error(),
+			slog.String("relay", p.r.cfg.Name), slog.String("stream", p.r.cfg.Stream), slog.Int64("position", pos),
+			slog.Int64("checkpoint_was", p.refillTo), slog.Int64("events_left", left), slog.Int64("lost_left", lost))
+	}
+	return err
+}
+
+// refusal returns the error NATS would answer the publish of msg (event
+// id, chained on prev, or on the sequence seq of an empty stream) with, if
+// it refuses it for good (refusedForGood), found before sending from the
+// limits the leadership read (the server's max_payload from the
+// connection, the stream's max_msg_size and storage from its info) and
+// JetStream's (headers up to 65535 bytes; the file store's records up to
+// 32 MiB), as nats-server v2.15's processJetStreamMsg and the file store
+// measure them: nil when none of them refuses it. A refill checks each
+// event before sending, so that no message is chained on one the stream
+// refuses (collect's refusal is the fallback, for a limit this does not
+// see: one lowered within the leadership, the account's max_payload).
+func (p *publisher) refusal(msg *nats.Msg, id, prev string, seq uint64) error {
+	m := &nats.Msg{Subject: msg.Subject, Header: maps.Clone(msg.Header), Data: msg.Data}
+	own := m.Size() - len(m.Subject) - len(m.Data) // the relay's headers alone
+	m.Header.Set(jetstream.MsgIDHeader, id)
+	m.Header.Set(jetstream.ExpectedStreamHeader, p.r.cfg.Stream)
+	if prev != "" {
+		m.Header.Set(jetstream.ExpectedLastMsgIDHeader, prev)
+	} else {
+		m.Header.Set(jetstream.ExpectedLastSeqHeader, strconv.FormatUint(seq, 10))
+	}
+	hdr := m.Size() - len(m.Subject) - len(m.Data) // as sent
+	size := hdr + len(m.Data)
+	switch {
+	case int64(size) > p.r.js.Conn().MaxPayload():
+		return nats.ErrMaxPayload
+	case p.maxMsgSize > 0 && size > int(p.maxMsgSize):
+		return &jetstream.APIError{Code: 400, ErrorCode: errCodeMessageExceedsMaximum, Description: "message size exceeds maximum allowed"}
+	case hdr > math.MaxUint16:
+		return &jetstream.APIError{Code: 400, ErrorCode: errCodeHeaderExceedsMaximum, Description: "header size exceeds maximum allowed of 64k"}
+	case p.fileStore && fileStoreRecord(len(m.Subject), own, len(m.Data)) > fileStoreMaxRecord:
+		// With the relay's headers alone, the fewest the server may keep.
+		return &jetstream.APIError{Code: 503, ErrorCode: errCodeStoreFailed, Description: "message too large"}
+	}
+	return nil
+}
+
+// fileStoreMaxRecord is the file store's largest record (nats-server's
+// rlBadThresh), and fileStoreRecord a record's length (fileStoreMsgSizeRaw).
+const fileStoreMaxRecord = 32 << 20
+
+func fileStoreRecord(subj, hdr, data int) int {
+	return 22 + subj + 4 + hdr + data + 8
 }
 
 // refusedForGood reports whether NATS refused a publish for what the
 // message is, whatever the stream holds, so that publishing the same event
 // again is refused again (only raising a limit, or moving the relay past
-// the event, gets the relay on). So, unless a limit was lowered since, an
-// event the stream refuses so was refused when the relay first published
-// it, and if the checkpoint passed it, an operator moved it past it: it is
-// not one the stream lost, which it had stored. Of the refusals a relay's
+// the event, gets the relay on). Such an event of a refill was refused
+// when the relay first published it, and moved past by an operator, unless
+// a limit was lowered since the stream stored it: passOverInRefill tells
+// the two apart by a count. Of the refusals a relay's
 // publish can meet (nats.go's PublishMsgAsync, and JetStream's stream.go
 // processJetStreamMsg in nats-server v2.15), those are:
 //
@@ -629,7 +793,7 @@ func (p *publisher) commit(ctx context.Context, lease *catchup.Lease) error {
 				return err
 			}
 			_, err := tx.Exec(ctx, q["RecordAcked"], lease.Subscriber, lease.Partition, lease.Epoch, p.r.cfg.Stream, p.created, seq, pos)
-			return errors.Wrapf(err, "relay: record stream sequence %d with the checkpoint", seq)
+			return errors.Wrapf(notMigrated(err), "relay: record stream sequence %d with the checkpoint", seq)
 		})
 	}); err != nil {
 		return err

@@ -28,20 +28,25 @@ RETURNING position;
 -- What the relay's stream had acknowledged at its last checkpoint commit
 -- (RecordAcked): the stream's name, creation time (Unix nanoseconds), the
 -- sequence of its last acknowledged message and the checkpoint committed
--- with it; and where a refill of what the stream lost ends (RecordRefill;
--- 0: none under way). No row: none recorded yet (publisher.Start).
-SELECT stream, stream_created_ns, stream_sequence, position, refill_to
+-- with it; and where a refill of what the stream lost ends, and the stream
+-- sequence acknowledged before the loss (RecordRefill; 0: none under way).
+-- No row: none recorded yet (publisher.Start).
+SELECT stream, stream_created_ns, stream_sequence, position, refill_to, refill_seq
   FROM {{.Schema}}.relay_acks
  WHERE subscriber_id = $1 AND partition = $2;
 
 -- name: RecordRefill
 -- Records, in the transaction of a move back (MoveBack), that the relay
--- publishes again what its stream lost up to $3, the checkpoint it found:
--- events refused for good up to there are passed over (an operator had
--- moved past them), also by the leaderships that go on with the refill.
--- A refill begun before and not finished keeps its end.
+-- publishes again what its stream lost up to $3, the checkpoint it found,
+-- and that the stream had acknowledged through sequence $4 before it lost
+-- them: events refused for good up to there are passed over while the
+-- events left outnumber the messages left to publish again (the surplus
+-- is what an operator moved past: publisher.mayPassOver), also by the
+-- leaderships that go on with the refill. A refill begun before and not
+-- finished keeps its end.
 UPDATE {{.Schema}}.relay_acks
-   SET refill_to = GREATEST(refill_to, $3), updated_at = clock_timestamp()
+   SET refill_to = GREATEST(refill_to, $3), refill_seq = GREATEST(refill_seq, $4),
+       updated_at = clock_timestamp()
  WHERE subscriber_id = $1 AND partition = $2;
 
 -- name: RecordAcked
@@ -60,4 +65,14 @@ ON CONFLICT (subscriber_id, partition) DO UPDATE
        refill_to = CASE WHEN EXCLUDED.position < a.refill_to AND EXCLUDED.stream = a.stream
                           AND EXCLUDED.stream_created_ns = a.stream_created_ns
                         THEN a.refill_to ELSE 0 END,
+       refill_seq = CASE WHEN EXCLUDED.position < a.refill_to AND EXCLUDED.stream = a.stream
+                          AND EXCLUDED.stream_created_ns = a.stream_created_ns
+                         THEN a.refill_seq ELSE 0 END,
        updated_at = clock_timestamp();
+
+-- name: CountRefill
+-- The events from position $1 through $2 that the relay publishes (of its
+-- types: $3, a regular expression, or '' for every type), archived or not:
+-- what is left of a refill (publisher.mayPassOver).
+SELECT count(*) FROM {{.Schema}}.events_all
+ WHERE global_sequence BETWEEN $1 AND $2 AND ($3 = '' OR event_type ~ $3);

@@ -137,6 +137,10 @@ type Relay struct {
 	// stream warnBehind told about: a leadership that finds it empty, or
 	// made again, does not tell again.
 	warnedStream atomic.Int64
+	// toldRefused is the position of the last event a refill stopped at,
+	// refused though the stream had stored it (publisher.stopRefill): the
+	// leaderships that stop there again do not log it again at ERROR.
+	toldRefused atomic.Int64
 	// toldLost is the last empty stream errorLostEmpty told about, and its
 	// loss: its creation time and its last sequence.
 	toldLost atomic.Pointer[[2]int64]
@@ -531,6 +535,11 @@ type stored struct {
 	seq uint64
 	// created is when the stream was made.
 	created time.Time
+	// maxMsgSize is the stream's max_msg_size (headers and data; 0 or
+	// below: none), and fileStore whether it keeps its messages in files:
+	// the limits a refill checks before it publishes (publisher.refusal).
+	maxMsgSize int32
+	fileStore  bool
 }
 
 // lastStored returns what the stream holds: the position and message ID of
@@ -552,7 +561,8 @@ func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (stored
 	if err != nil {
 		return stored{}, errors.Wrap(err, "relay: stream info")
 	}
-	st := stored{seq: info.State.LastSeq, created: info.Created}
+	st := stored{seq: info.State.LastSeq, created: info.Created,
+		maxMsgSize: info.Config.MaxMsgSize, fileStore: info.Config.Storage == jetstream.FileStorage}
 	if info.State.Msgs == 0 || info.State.LastSeq == 0 {
 		return st, nil
 	}
