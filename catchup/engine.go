@@ -406,6 +406,15 @@ type Config struct {
 	// primary, possibly before the replica has the event. Defaults to
 	// 100ms, at most PollInterval.
 	ReadPollInterval time.Duration
+	// ReadPoolWait bounds how long a Drive (a catch-up to a target, not a
+	// leadership's live reads) waits in a row for ReadPool to show the
+	// positions up to its target: past it, the Drive fails with
+	// ErrReadPoolBehind after what it read, and the caller reads the rest
+	// elsewhere (a blue/green rebuild, from the primary). A ReadPool
+	// spanning several standbys (fallback hosts, a load balancer) may show
+	// one a read further than the next. Defaults to 0: it waits as long as
+	// the replica lags.
+	ReadPoolWait time.Duration
 	// Logger receives leadership changes and failures. Defaults to discarding.
 	Logger *slog.Logger
 	// OnLeadership is called with true when this process starts leading a
@@ -515,6 +524,10 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 // ErrStopped is returned by CatchUp for a subscriber partition halted by
 // the Stop policy: an operator must retry or skip its dead letter.
 var ErrStopped = errors.New("catchup: subscriber is stopped")
+
+// ErrReadPoolBehind is returned by a Drive whose ReadPool has not shown
+// the positions up to its target for Config.ReadPoolWait.
+var ErrReadPoolBehind = errors.New("catchup: the read pool is behind the drive's target")
 
 // LockKey returns the advisory-lock key of a subscriber partition:
 // "schema:subscriber:partition".
@@ -877,6 +890,9 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 	// last re-delivery counted, when that re-delivery returned nil (0
 	// otherwise); stuck says that a warning about it was logged.
 	redelivered, stuck := 0, false
+	// behindSince is when a Drive began to wait for ReadPool to show more
+	// (see ReadPoolWait); zero while its reads get somewhere.
+	var behindSince time.Time
 	for {
 		if ctx.Err() != nil {
 			if live {
@@ -1009,7 +1025,14 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		}
 		if batch.Through <= cursor {
 			if !live && e.cfg.ReadPool != nil && cursor < target {
-				// The replica has not replayed through target yet: wait for it.
+				// The replica has not replayed through target yet: wait for
+				// it, for at most ReadPoolWait in a row if bounded.
+				if behindSince.IsZero() {
+					behindSince = time.Now()
+				} else if e.cfg.ReadPoolWait > 0 && time.Since(behindSince) >= e.cfg.ReadPoolWait {
+					return errors.Wrapf(ErrReadPoolBehind, "%s/%d: at %d for %s, the target is %d",
+						sub.Name, sub.Partition, cursor, e.cfg.ReadPoolWait, target)
+				}
 				if err := e.wait(ctx, lost, fenced, nil, e.cfg.ReadPollInterval); err != nil {
 					return err
 				}
@@ -1023,6 +1046,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			}
 			continue
 		}
+		behindSince = time.Time{}
 		// Read the next batches while this one is processed (see "Reading
 		// ahead" in the package doc): only when the last batch known is
 		// full, so more is likely there, and nothing about the partition is

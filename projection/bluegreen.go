@@ -1151,6 +1151,9 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	if r.cfg.ReadPool != nil {
 		bcfg := ecfg
 		bcfg.ReadPool = r.cfg.ReadPool
+		// A batch read on a standby behind the head read on another one
+		// waits this long, then the primary reads the rest (driveReplica).
+		bcfg.ReadPoolWait = max(r.cfg.RetryBackoff, 100*time.Millisecond)
 		if rb.bulk, err = catchup.NewEngine(r.pool, nil, &bcfg); err != nil {
 			return Cutover{}, err
 		}
@@ -1319,7 +1322,7 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 				// show yet, and a drive waits for the replica to show it
 				// while this transaction holds the live generation still
 				// (it would reach the deadline, and every attempt with it).
-				err := rb.driveAll(ctx, rebuildCtx, rb.engine, subs, leases, target)
+				err := rb.driveAll(ctx, rebuildCtx, rb.engine, subs, leases, target, nil)
 				if errors.Is(err, catchup.ErrStopped) {
 					// A partition halted by the Stop policy: the checks on
 					// the locked positions and dead letters that follow say
@@ -1463,19 +1466,25 @@ func lowest(leases []*catchup.Lease) int64 {
 // says how far to go and when the cut-over may be tried, is the primary's,
 // and so is everything the cut-over checks (the checkpoints it locks, the
 // dead letters) and its own catch-up. A lagging replica shows a prefix of
-// the log, and a drive through the head it shows never waits for it
-// (catchup.Engine.ReadHead): the events appended beyond it are read from
-// the primary, so a replica far behind, or paused, does not hold the
-// rebuild back (the primary reads more) and cannot make it stop short of
-// head. Each partition's checkpoint is where both drives start
+// the log, and a drive through the head it shows does not wait for it
+// (catchup.Engine.ReadHead; a standby behind the one that showed the head,
+// at most catchup.Config.ReadPoolWait, see driveReplica): the events
+// appended beyond it are read from the primary, so a replica far behind,
+// or paused, does not hold the rebuild back (the primary reads more) and
+// cannot make it stop short of head. Each partition's checkpoint is where both drives start
 // (driveAll), so no event is replayed twice or skipped between them. The
 // epochs (the fence), stop reasons and dead letters of each batch are read
 // on the primary either way (catchup.Config.ReadPool).
+//
+// A partition that the replica's half leaves stopped by a dead letter (the
+// Stop policy, catchup.ErrStopped) does not keep the others from the
+// primary's half: it runs all the same, and finds the stopped partition
+// stopped again (its stop reason is read on the primary).
 func (rb *rebuild) drive(ctx context.Context, subs []*catchup.Subscription, leases []*catchup.Lease, head int64, pace *replayPace) error {
 	from, t := lowest(leases), time.Now()
 	err := rb.driveReplica(ctx, subs, leases, head)
-	if err == nil {
-		err = rb.driveAll(ctx, ctx, rb.engine, subs, leases, head)
+	if err == nil || errors.Is(err, catchup.ErrStopped) {
+		err = errors.Join(err, rb.driveAll(ctx, ctx, rb.engine, subs, leases, head, nil))
 	}
 	if err == nil && head > from {
 		pace.positions, pace.took = head-from, time.Since(t)
@@ -1483,12 +1492,19 @@ func (rb *rebuild) drive(ctx context.Context, subs []*catchup.Subscription, leas
 	return err
 }
 
+// errReplicaRead marks the failed read that ends the replica's half of a
+// round (replay with rb.bulk).
+var errReplicaRead = errors.New("projection: blue/green rebuild: reading from the read replica failed")
+
 // driveReplica replays every partition from the replica (rb.bulk) through
 // the head the replica shows, at most head; nothing without a ReadPool, or
-// when the replica shows nothing past the slowest partition. A replica
-// whose head cannot be read leaves the round to the primary (logged); one
-// that fails a batch read once the round has begun is read again after
-// RetryBackoff, as any failed read of a rebuild (replay).
+// when the replica shows nothing past the slowest partition. The replica
+// is never waited for nor read again within the round: a replica whose
+// head cannot be read, or that fails a batch read (an error, or a standby
+// that does not show what the head read on another one showed within
+// catchup.Config.ReadPoolWait), leaves the rest of the round to the
+// primary (logged), every partition from its committed checkpoint; the
+// next round tries the replica again.
 func (rb *rebuild) driveReplica(ctx context.Context, subs []*catchup.Subscription, leases []*catchup.Lease, head int64) error {
 	if rb.bulk == nil {
 		return nil
@@ -1505,7 +1521,16 @@ func (rb *rebuild) driveReplica(ctx context.Context, subs []*catchup.Subscriptio
 	if through <= lowest(leases) {
 		return nil
 	}
-	return rb.driveAll(ctx, ctx, rb.bulk, subs, leases, through)
+	rctx, giveUp := context.WithCancelCause(ctx)
+	defer giveUp(nil)
+	if err := rb.driveAll(rctx, ctx, rb.bulk, subs, leases, through, giveUp); err != nil {
+		return err
+	}
+	if cause := context.Cause(rctx); errors.Is(cause, errReplicaRead) {
+		rb.log.WarnContext(ctx, "annals: blue/green rebuild: reading from the read replica failed; the primary replays the rest of the round",
+			telemetry.Err(cause))
+	}
+	return ctx.Err()
 }
 
 // approach catches the new generation up with the head again and again,
@@ -1544,8 +1569,13 @@ func (rb *rebuild) approach(ctx context.Context, subs []*catchup.Subscription, l
 }
 
 // driveAll replays every partition through head with engine e,
-// concurrently, its batches under procCtx (see replay).
-func (rb *rebuild) driveAll(ctx, procCtx context.Context, e *catchup.Engine, subs []*catchup.Subscription, leases []*catchup.Lease, head int64) error {
+// concurrently, its batches under procCtx (see replay). With giveUp (the
+// replica's half of a round, driveReplica: ctx is giveUp's), a partition
+// whose replay fails a read (errReplicaRead) cancels ctx with it, which
+// ends the other partitions' replays between batches, and neither is an
+// error: the primary's half replays the rest.
+func (rb *rebuild) driveAll(ctx, procCtx context.Context, e *catchup.Engine, subs []*catchup.Subscription, leases []*catchup.Lease, head int64,
+	giveUp context.CancelCauseFunc) error {
 	errs := make([]error, len(subs))
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -1554,6 +1584,10 @@ func (rb *rebuild) driveAll(ctx, procCtx context.Context, e *catchup.Engine, sub
 		go func() {
 			defer wg.Done()
 			err := rb.replay(ctx, procCtx, e, s, leases[i], head)
+			if giveUp != nil && err != nil && (errors.Is(err, errReplicaRead) || errors.Is(context.Cause(ctx), errReplicaRead)) {
+				giveUp(err)
+				err = nil
+			}
 			// The next drive starts where this one committed (Drive starts
 			// at lease.Start): never replay an event twice. Also after a
 			// drive cut short (the cut-over's catch-up deadline): it may have

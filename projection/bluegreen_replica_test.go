@@ -62,7 +62,9 @@ func (c *batchReads) take() int64 {
 //     live generation following them on the primary) are in the new
 //     generation after the cut-over: the replica serves what it shows, the
 //     primary the rest, and neither the replay nor the cut-over waits for
-//     the replica.
+//     the replica. The replica lacks 6000 events, far more than the
+//     cut-over could replay within its lock timeout (300ms, one attempt):
+//     the rounds before it replay them from the primary.
 func TestBlueGreenReadReplica(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -132,9 +134,14 @@ func TestBlueGreenReadReplica(t *testing.T) {
 		}
 	}
 	// rebuilder is a runner of version that reads from the replica, on the
-	// traced pool.
-	rebuilder := func(id string, version int) *projection.Runner {
+	// traced pool, with the cut-over's settings of bg if given.
+	rebuilder := func(id string, version int, bg ...projection.BlueGreen) *projection.Runner {
 		t.Helper()
+		var cfg projection.BlueGreen
+		if len(bg) > 0 {
+			cfg = bg[0]
+		}
+		cfg.Version, cfg.CheckInterval = version, 100*time.Millisecond
 		r, err := projection.NewRunner(tracedPool, &projection.Config{
 			InstanceID: id, PollInterval: 100 * time.Millisecond, RetryBackoff: 100 * time.Millisecond,
 			ShutdownTimeout: 5 * time.Second, ReadPool: readPool,
@@ -142,9 +149,7 @@ func TestBlueGreenReadReplica(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := r.Register(statsProjection(version), &projection.Options{BlueGreen: &projection.BlueGreen{
-			Version: version, CheckInterval: 100 * time.Millisecond,
-		}}); err != nil {
+		if err := r.Register(statsProjection(version), &projection.Options{BlueGreen: &cfg}); err != nil {
 			t.Fatal(err)
 		}
 		return r
@@ -173,7 +178,9 @@ func TestBlueGreenReadReplica(t *testing.T) {
 		caughtUp(300)
 		onReplica.take()
 		onPrimary.take()
-		c, err := rebuilder("v2", 2).RebuildBlueGreen(ctx, bgName, &projection.RebuildOptions{BatchSize: 20})
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		c, err := rebuilder("v2", 2).RebuildBlueGreen(rctx, bgName, &projection.RebuildOptions{BatchSize: 20})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -209,7 +216,9 @@ func TestBlueGreenReadReplica(t *testing.T) {
 			lagged          int64 // the replica's head while paused, after the appends
 			pauseErr        error
 		)
-		c, err := rebuilder("v3", 3).RebuildBlueGreen(ctx, bgName, &projection.RebuildOptions{BatchSize: 20,
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		c, err := rebuilder("v3", 3).RebuildBlueGreen(rctx, bgName, &projection.RebuildOptions{BatchSize: 20,
 			OnProgress: func(p projection.RebuildProgress) {
 				mu.Lock()
 				defer mu.Unlock()
@@ -285,10 +294,12 @@ func TestBlueGreenReadReplica(t *testing.T) {
 		caughtUp(800)
 		pause()
 		defer resume()
-		if err := log.add(ctx, 20, 10); err != nil {
+		// Far more than the cut-over can replay within its lock timeout
+		// (below): the primary's half of the rounds before it must.
+		if err := log.add(ctx, 600, 10); err != nil {
 			t.Fatal(err)
 		}
-		annalstest.WaitFor(t, 30*time.Second, func() bool { return checkpointOf("bgstats#g3") >= 1000 })
+		annalstest.WaitFor(t, 2*time.Minute, func() bool { return checkpointOf("bgstats#g3") >= 6800 })
 		if n := headOf(readPool); n != 800 {
 			t.Fatalf("the paused replica shows %d events, want 800", n)
 		}
@@ -305,14 +316,18 @@ func TestBlueGreenReadReplica(t *testing.T) {
 					writeErr = err
 					return
 				}
-				time.Sleep(20 * time.Millisecond) // the writer's pace, not a wait for a condition
+				time.Sleep(100 * time.Millisecond) // the writer's pace, not a wait for a condition
 			}
 		}()
 		onReplica.take()
 		onPrimary.take()
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		defer cancel()
-		c, err := rebuilder("v4", 4).RebuildBlueGreen(rctx, bgName, &projection.RebuildOptions{BatchSize: 20})
+		// One attempt, 300ms to replay what is left while the live
+		// generation is held: the 6000 events the replica lacks must have
+		// been replayed from the primary before the cut-over, not by it.
+		c, err := rebuilder("v4", 4, projection.BlueGreen{CutoverLockTimeout: 300 * time.Millisecond, CutoverAttempts: 1}).
+			RebuildBlueGreen(rctx, bgName, &projection.RebuildOptions{BatchSize: 20})
 		stopWriter()
 		wg.Wait()
 		if err != nil {
@@ -323,18 +338,61 @@ func TestBlueGreenReadReplica(t *testing.T) {
 		}
 		fromReplica, fromPrimary := onReplica.take(), onPrimary.take()
 		t.Logf("cut-over %+v; events read: %d from the replica, %d from the primary", c, fromReplica, fromPrimary)
-		if c.From != 3 || c.To != 4 || c.FromPosition < 1000 {
+		if c.From != 3 || c.To != 4 || c.FromPosition < 6800 || c.Attempts != 1 {
 			t.Fatalf("cut-over: %+v", c)
 		}
 		if n := headOf(readPool); n != 800 {
 			t.Fatalf("the replica shows %d events at the end, want 800: it was not paused throughout", n)
 		}
-		if fromReplica < 800 || fromPrimary < 200 {
+		if fromReplica < 800 || fromPrimary < 6000 {
 			t.Fatalf("%d events read from the replica and %d from the primary: want the 800 the replica shows from it, "+
-				"the rest (at least 200) from the primary", fromReplica, fromPrimary)
+				"the rest (at least 6000) from the primary", fromReplica, fromPrimary)
 		}
-		if pos := exactAt(t, db, "rm_bgstats_g4.stats", "bgstats#g4", 4); pos < 1000 || pos != c.ToPosition {
-			t.Fatalf("generation 4 is at %d, want the cut-over's %d, at least 1000; cut-over %+v", pos, c.ToPosition, c)
+		if pos := exactAt(t, db, "rm_bgstats_g4.stats", "bgstats#g4", 4); pos < 6800 || pos != c.ToPosition {
+			t.Fatalf("generation 4 is at %d, want the cut-over's %d, at least 6800; cut-over %+v", pos, c.ToPosition, c)
 		}
 	})
+}
+
+// TestBlueGreenReadPoolGoneMidReplay: the ReadPool (here a second pool on
+// the primary, standing for a caught-up replica) goes away while the first
+// round replays from it. The primary still has every event: the rebuild
+// finishes from it rather than retry the dead replica until ctx ends.
+func TestBlueGreenReadPoolGoneMidReplay(t *testing.T) {
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	log := &bgLog{db: db}
+	seedV1(t, db, log, 40, 10)
+	readPool, err := pgxpool.New(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(readPool.Close)
+	r, err := projection.NewRunner(db.Pool, &projection.Config{
+		InstanceID: "v2", PollInterval: 100 * time.Millisecond, RetryBackoff: 100 * time.Millisecond,
+		ShutdownTimeout: 5 * time.Second, ReadPool: readPool,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(statsProjection(2), &projection.Options{BlueGreen: &projection.BlueGreen{
+		Version: 2, CheckInterval: 100 * time.Millisecond,
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	c, err := r.RebuildBlueGreen(rctx, bgName, &projection.RebuildOptions{BatchSize: 20,
+		OnProgress: func(p projection.RebuildProgress) {
+			if p.Done > 0 {
+				once.Do(func() { go readPool.Close() }) // the replica goes away mid-replay
+			}
+		}})
+	if err != nil {
+		t.Fatalf("replica gone mid-replay, primary fine: the rebuild did not finish: %v", err)
+	}
+	if pos := exactAt(t, db, "rm_bgstats_g2.stats", "bgstats#g2", 2); pos != 400 {
+		t.Fatalf("generation 2 at %d, want 400; %+v", pos, c)
+	}
 }

@@ -302,7 +302,16 @@
 // paused, at cut-over time neither holds the cut-over back nor freezes the
 // live read model for longer than without it, and the events it lacks are
 // in the new generation all the same (projection/TestBlueGreenReadReplica).
-// The progress count (one scan up to the head) stays on the primary.
+// The progress count (one scan up to the head) stays on the primary. Nor
+// does a failing replica hold the rebuild back: a read on it that fails
+// (the replica down, its pool closed), or that a standby behind the head
+// read on another one (a ReadPool over several hosts) does not answer
+// within RetryBackoff (at least 100ms; catchup.Config.ReadPoolWait), ends
+// the replica's part of the round for every partition, and the primary
+// replays the rest of it from the committed checkpoints; the next round
+// tries the replica again (projection/TestBlueGreenReadPoolGoneMidReplay).
+// A partition stopped by a dead letter (the Stop policy) in the replica's
+// part does not keep the others from the primary's.
 //
 // A cut-over never goes back to an older Version than the live one's: the
 // cut-over transaction compares them under the same lock, and a building

@@ -638,9 +638,12 @@ func (rb *rebuild) reset(ctx context.Context, leases []*catchup.Lease) error {
 // replay drives one partition through head with engine e (rb.engine, or
 // rb.bulk to read from the replica). A read error is retried after
 // RetryBackoff from the committed checkpoint; fencing, a lost lock, a
-// stopped partition and the end of ctx end it. Its statements on the
-// lease's session (the processor's, the checkpoint's reload) run under
-// procCtx, which may outlive ctx (catchup.Engine.DriveWithin).
+// stopped partition and the end of ctx end it. With rb.bulk, a read error
+// is not retried: it ends the replica's half of the round, marked
+// errReplicaRead, and the primary's half carries on from the committed
+// checkpoint (driveReplica). Its statements on the lease's session (the
+// processor's, the checkpoint's reload) run under procCtx, which may
+// outlive ctx (catchup.Engine.DriveWithin).
 func (rb *rebuild) replay(ctx, procCtx context.Context, e *catchup.Engine, sub *catchup.Subscription, lease *catchup.Lease, head int64) error {
 	for {
 		err := e.DriveWithin(ctx, procCtx, sub, lease, head)
@@ -650,6 +653,9 @@ func (rb *rebuild) replay(ctx, procCtx context.Context, e *catchup.Engine, sub *
 		if ctx.Err() != nil || errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, catchup.ErrStopped) ||
 			lease.Err() != nil {
 			return err
+		}
+		if e == rb.bulk {
+			return errors.Mark(err, errReplicaRead)
 		}
 		rb.log.WarnContext(ctx, "annals: rebuild: replay failed; retrying", slog.Int("partition", sub.Partition), telemetry.Err(err))
 		if err := sleepCtx(ctx, max(rb.r.cfg.RetryBackoff, 10*time.Millisecond)); err != nil {
