@@ -210,8 +210,10 @@ const appendFnRecheck = time.Minute
 // Store.appendFns, or of a connection's CustomData).
 type appendChoice struct {
 	// fn is the answer while the role in effect is not a superuser, super
-	// while it is (the is_superuser the server reports).
-	fn, super int32
+	// while it is (the is_superuser the server reports), and unknown while
+	// that is not reported (a proxy that reports no parameters): the
+	// answer over every role, superusers included.
+	fn, super, unknown int32
 	// until is when the answer is to be asked again (zero: never).
 	until time.Time
 }
@@ -287,10 +289,10 @@ func (s *Store) appendFunction(ctx context.Context, conn *pgx.Conn) (int32, erro
 	}
 	if c == nil || (!c.until.IsZero() && !time.Now().Before(c.until)) {
 		c = &appendChoice{}
-		if err := conn.QueryRow(ctx, s.q.appendFunction).Scan(&c.fn, &c.super); err != nil {
+		if err := conn.QueryRow(ctx, s.q.appendFunction).Scan(&c.fn, &c.super, &c.unknown); err != nil {
 			return 0, errors.Wrap(translate(err, "", Any), "eventstore: look up the append function")
 		}
-		if c.fn != appendFnJSON || c.super != appendFnJSON {
+		if c.fn != appendFnJSON || c.super != appendFnJSON || c.unknown != appendFnJSON {
 			c.until = time.Now().Add(appendFnRecheck)
 		}
 		switch cd := pc.CustomData(); {
@@ -300,10 +302,13 @@ func (s *Store) appendFunction(ctx context.Context, conn *pgx.Conn) (int32, erro
 			cd[s.param.connKey] = c
 		}
 	}
-	if pc.ParameterStatus(s.param.superuser) == "on" {
+	switch pc.ParameterStatus(s.param.superuser) {
+	case "on":
 		return c.super, nil
+	case "off":
+		return c.fn, nil
 	}
-	return c.fn, nil
+	return c.unknown, nil
 }
 
 // appendQueryForRole returns the statement of an append by the role in

@@ -595,3 +595,27 @@ func TestAppendAloneAsksInItsTransaction(t *testing.T) {
 		t.Error("the lone append's connection did not come back to the pool idle")
 	}
 }
+
+// A superuser behind a proxy that reports neither session_authorization nor
+// is_superuser, on a cluster where one role was granted by an older annals
+// grant (append_events only): the role in effect may be a superuser or not,
+// so the answer covers every role, superusers included, and the
+// superuser's events are stored as sent, not as jsonb renders them (the
+// answer over the other roles alone said append_events).
+func TestAppendFunctionSuperuserUnreported(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	_ = testRole(t, db, false, grantOld)
+	pool := tracedPool(t, db, nil, 0)
+	s, err := eventstore.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventstore.UnreportedSessionUser(s)
+	for i := range 3 {
+		got, err := appendAs(t, db, s, pool, "", fmt.Sprintf("super-unreported-%d", i))
+		if err != nil || got != asSent {
+			t.Errorf("AppendTx %d as a superuser whose is_superuser is not reported: stored %s (%v), want %s", i, got, err, asSent)
+		}
+	}
+}

@@ -25,21 +25,29 @@ SELECT event_id, global_sequence, stream_version
 -- none may execute append_events_json (the schema predates it); 3, roles
 -- of both kinds: ask AppendJSONUsable in each transaction. A superuser's
 -- own appends so never depend on the grants of other roles of the cluster.
+-- The third answer is the first over every role the user is a member of,
+-- superusers included (as before the split): for a session whose
+-- is_superuser is not reported (a proxy that reports no parameters), where
+-- the role in effect may be either.
 -- (Names are arguments of format, so that the statement does not read as a
 -- call of an append function: internal/locktrace looks for one.)
 WITH f AS (
     SELECT to_regprocedure(format('%I.%I(pg_catalog.text, pg_catalog.int8, pg_catalog.json)', {{.SchemaLiteral}}, 'append_events_json')) AS js,
            to_regprocedure(format('%I.%I(pg_catalog.text, pg_catalog.int8, pg_catalog.jsonb)', {{.SchemaLiteral}}, 'append_events')) AS jb
 ), r AS (
-    SELECT f.js IS NOT NULL AND has_function_privilege(a.oid, f.js, 'EXECUTE') AS js,
+    SELECT a.rolsuper AS super,
+           f.js IS NOT NULL AND has_function_privilege(a.oid, f.js, 'EXECUTE') AS js,
            f.jb IS NOT NULL AND has_function_privilege(a.oid, f.jb, 'EXECUTE') AS jb
       FROM f, pg_catalog.pg_roles a
-     WHERE NOT a.rolsuper AND pg_has_role(session_user, a.oid, 'MEMBER')
+     WHERE pg_has_role(session_user, a.oid, 'MEMBER')
 )
-SELECT CASE WHEN coalesce(bool_and(r.js OR NOT r.jb), true) THEN 1
-            WHEN NOT coalesce(bool_or(r.js), false) THEN 2
+SELECT CASE WHEN coalesce(bool_and(r.js OR NOT r.jb) FILTER (WHERE NOT r.super), true) THEN 1
+            WHEN NOT coalesce(bool_or(r.js) FILTER (WHERE NOT r.super), false) THEN 2
             ELSE 3 END,
-       CASE WHEN (SELECT f.js FROM f) IS NOT NULL THEN 1 ELSE 2 END
+       CASE WHEN (SELECT f.js FROM f) IS NOT NULL THEN 1 ELSE 2 END,
+       CASE WHEN coalesce(bool_and(r.js OR NOT r.jb), true) THEN 1
+            WHEN NOT coalesce(bool_or(r.js), false) THEN 2
+            ELSE 3 END
   FROM r;
 
 -- name: AppendJSONUsable
