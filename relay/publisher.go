@@ -407,7 +407,12 @@ func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch cat
 			return batch.After, p.fail(ctx, lease, err)
 		}
 		var f jetstream.PubAckFuture
-		refused := p.refusal(msg, e.ID.String(), p.prevID, p.lastSeq)
+		// Checked before sending only in a refill, where a refused event
+		// may be passed over; elsewhere the server's answer tells.
+		var refused error
+		if e.GlobalSequence <= p.refillTo {
+			refused = p.refusal(msg, e.ID.String(), p.prevID, p.lastSeq)
+		}
 		if refused == nil || e.GlobalSequence > p.refillTo {
 			f, err = p.r.js.PublishMsgAsync(msg, opts...)
 		}
