@@ -435,6 +435,12 @@ func lockLost(ctx context.Context, err error) error {
 	if err == nil || cause == nil || cause == ctx.Err() {
 		return err
 	}
+	if !errors.Is(err, ctx.Err()) {
+		// The replay ended through a statement the server cancelled
+		// (57014, when its cancel request wins the race with ctx in pgx)
+		// rather than through ctx's end: it still matches it.
+		return fmt.Errorf("%w; the rebuild stopped: %w%w", cause, err, silentErr{ctx.Err()})
+	}
 	return fmt.Errorf("%w; the rebuild stopped: %w", cause, err)
 }
 
@@ -769,3 +775,10 @@ func partitionKeyArgs(by string) (kind, field string) {
 	}
 	return "stream", ""
 }
+
+// silentErr wraps an error for errors.Is and errors.As without adding to
+// the message of the error it is formatted into.
+type silentErr struct{ err error }
+
+func (s silentErr) Error() string { return "" }
+func (s silentErr) Unwrap() error { return s.err }
