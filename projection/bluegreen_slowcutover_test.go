@@ -72,7 +72,7 @@ func appendSteadily(t *testing.T, log *bgLog, per int, interval time.Duration) (
 }
 
 // A blue/green rebuild whose new version handles an event in 2 ms, while
-// a writer appends 150 events a second, cuts over. The cut-over's
+// a writer appends 75 events a second, cuts over. The cut-over's
 // catch-up, done while it holds the live generation, is bounded by
 // CutoverLockTimeout (here 500 ms), and it used to be handed any gap up
 // to a batch (5,000 events by default): the gap the replay of the log left
@@ -109,7 +109,7 @@ func TestBlueGreenRebuildWithSlowHandlerCutsOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	bgRunInBackground(t, live)
-	stopWriter := appendSteadily(t, log, 3, 20*time.Millisecond)
+	stopWriter := appendSteadily(t, log, 3, 40*time.Millisecond) // 75/s: far below the 500/s the slow version replays at most, even under -race on a loaded machine
 
 	rebuilder, err := projection.NewRunner(db.Pool, &projection.Config{
 		InstanceID: "rebuild", PollInterval: 50 * time.Millisecond, RetryBackoff: 50 * time.Millisecond,
@@ -121,7 +121,7 @@ func TestBlueGreenRebuildWithSlowHandlerCutsOver(t *testing.T) {
 	if err := rebuilder.Register(slowStatsProjection(2, 2*time.Millisecond), &projection.Options{BlueGreen: bg(2)}); err != nil {
 		t.Fatal(err)
 	}
-	rctx, cancel := context.WithTimeout(ctx, 45*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	start := time.Now()
 	c, err := rebuilder.RebuildBlueGreen(rctx, bgName, nil)
