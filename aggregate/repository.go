@@ -7,7 +7,6 @@ import (
 	"iter"
 	"log/slog"
 	"math/rand/v2"
-	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/freshids"
+	"github.com/annals-dev/annals/internal/lockfallback"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
 
@@ -90,10 +90,10 @@ type Repository[A Root] struct {
 	newAgg func() A
 	cfg    Config
 	q      map[string]string
-	// snapshotLockDirect is set when the schema has no snapshot_lock
-	// (migrated before 0034): snapshot writes then take Forget's lock with
-	// pg_try_advisory_xact_lock_shared (see snapshotLock).
-	snapshotLockDirect atomic.Bool
+	// snapshotLockFn chooses how snapshot writes take Forget's lock:
+	// through snapshot_lock, or pg_try_advisory_xact_lock_shared on a
+	// schema migrated before 0034 (see snapshotLock).
+	snapshotLockFn lockfallback.Switch
 }
 
 // NewRepository returns the repository of the aggregate type named

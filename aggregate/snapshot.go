@@ -7,11 +7,9 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/annals-dev/annals/internal/errmark"
+	"github.com/annals-dev/annals/internal/lockfallback"
 	"github.com/annals-dev/annals/internal/telemetry"
-	"github.com/annals-dev/annals/migrations"
 )
 
 // Snapshotter is implemented by aggregates that encode their own snapshot
@@ -119,7 +117,7 @@ func (r *Repository[A]) saveSnapshot(ctx context.Context, a A, stream string) {
 					json.RawMessage(state), max(b.from, 1))
 				return err
 			})
-			if !errors.Is(err, errSnapshotLockSwitched) || again {
+			if !errors.Is(err, lockfallback.ErrSwitched) || again {
 				break // the lock statement was the transaction's first: nothing else is lost
 			}
 		}
@@ -134,47 +132,23 @@ func (r *Repository[A]) saveSnapshot(ctx context.Context, a A, stream string) {
 	}
 }
 
-// errSnapshotLockSwitched marks the failure of the statement that took the
-// snapshot lock through the function snapshotLock had chosen, after it
-// chose the other one: the write is made again.
-var errSnapshotLockSwitched = errors.New("aggregate: the snapshot lock's function changed")
-
 // snapshotLock takes, in tx (whose first statement this is), the shared
 // side of Forget's lock, and reports whether it got it (false: a Forget is
 // running). Through the schema's snapshot_lock (migration 0034), or, on a
-// schema migrated before it (a client deployed before `annals migrate`),
-// through pg_try_advisory_xact_lock_shared with the same key, as clients
-// before 0034 took it, so that a Forget of either version still excludes
-// the write. The first 42883 switches the Repository to the second; a
-// 42501 of the second (advisory locks restricted since, which needs 0034)
-// switches it back. Either failure aborted tx and returns
-// errSnapshotLockSwitched, unless last is set (the write was made again
-// already): a schema on which neither works fails with
-// migrations.ErrNotMigrated.
+// schema migrated before it, through pg_try_advisory_xact_lock_shared with
+// the same key, as clients before 0034 took it, so that a Forget of either
+// version still excludes the write (internal/lockfallback). A failure that
+// switches the choice returns lockfallback.ErrSwitched (the write is made
+// again), unless last is set: then migrations.ErrNotMigrated.
 func (r *Repository[A]) snapshotLock(ctx context.Context, tx pgx.Tx, last bool) (bool, error) {
-	direct := r.snapshotLockDirect.Load()
+	direct := r.snapshotLockFn.Direct()
 	q := r.q["SnapshotLock"]
 	if direct {
 		q = r.q["SnapshotLockDirect"]
 	}
 	var locked bool
-	err := tx.QueryRow(ctx, q).Scan(&locked)
-	if err == nil {
-		return locked, nil
+	if err := tx.QueryRow(ctx, q).Scan(&locked); err != nil {
+		return false, r.snapshotLockFn.Failed(errors.Wrap(err, "aggregate: take the snapshot lock"), direct, last, "snapshot_lock")
 	}
-	err = errors.Wrap(err, "aggregate: take the snapshot lock")
-	switched := "42883" // undefined_function: no snapshot_lock
-	if direct {
-		switched = "42501" // insufficient_privilege: pg_try_advisory_xact_lock_shared restricted
-	}
-	var pgErr *pgconn.PgError
-	switch {
-	case !errors.As(err, &pgErr) || pgErr.Code != switched:
-		return false, err
-	case last:
-		return false, errmark.Mark(errors.Wrap(err, "annals: the schema has no snapshot_lock (migration 0034), and the role may not take "+
-			"PostgreSQL's advisory lock in its place: run 'annals migrate'"), migrations.ErrNotMigrated)
-	}
-	r.snapshotLockDirect.Store(!direct)
-	return false, errmark.Mark(err, errSnapshotLockSwitched)
+	return locked, nil
 }

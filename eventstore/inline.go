@@ -9,13 +9,12 @@ import (
 	"time"
 
 	"github.com/annals-dev/annals/internal/errmark"
+	"github.com/annals-dev/annals/internal/lockfallback"
 	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/recovered"
-	"github.com/annals-dev/annals/migrations"
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // InlineProjection is a projection applied in the transaction of every
@@ -421,7 +420,7 @@ func (s *Store) appendInlineOnce(ctx context.Context, a appendArgs, serialize bo
 			b.appends = append(b.appends, a)
 			return nil
 		})
-		if errors.Is(err, errInlineLockSwitched) && !again {
+		if errors.Is(err, lockfallback.ErrSwitched) && !again {
 			continue // the lock statement was the transaction's first: nothing else is lost
 		}
 		if err != nil {
@@ -431,24 +430,15 @@ func (s *Store) appendInlineOnce(ctx context.Context, a appendArgs, serialize bo
 	}
 }
 
-// errInlineLockSwitched marks the failure of the statement that took the
-// inline retry lock through the function that lockInlineStream had chosen,
-// after it chose the other one: the attempt is made again.
-var errInlineLockSwitched = errors.New("eventstore: inline: the retry lock's function changed")
-
 // lockInlineStream queues tx (whose first statement this is) on the retry
 // lock of inline appends to stream: through the schema's
-// inline_stream_lock (migration 0034), or, on a schema migrated before it
-// (a client deployed before `annals migrate`), through
-// pg_advisory_xact_lock with the same key, as clients before 0034 took it,
-// so that processes of both versions still take turns. The first 42883
-// switches the Store to the second; a 42501 of the second (advisory locks
-// restricted since, which needs 0034) switches it back. Either failure
-// aborted tx and returns errInlineLockSwitched, unless last is set (the
-// attempt was made again already): a schema on which neither works fails
-// with migrations.ErrNotMigrated.
+// inline_stream_lock (migration 0034), or, on a schema migrated before it,
+// through pg_advisory_xact_lock with the same key, as clients before 0034
+// took it (internal/lockfallback). A failure that switches the choice
+// returns lockfallback.ErrSwitched (the attempt is made again), unless last
+// is set: then migrations.ErrNotMigrated.
 func (s *Store) lockInlineStream(ctx context.Context, tx pgx.Tx, stream string, last bool) error {
-	direct := s.inlineLockDirect.Load()
+	direct := s.inlineLock.Direct()
 	var err error
 	if direct {
 		k1, k2 := inlineLockKey(s.schema, stream)
@@ -459,19 +449,5 @@ func (s *Store) lockInlineStream(ctx context.Context, tx pgx.Tx, stream string, 
 	if err == nil {
 		return nil
 	}
-	err = errors.Wrap(err, "eventstore: inline: queue for the stream's retry lock")
-	switched := "42883" // undefined_function: no inline_stream_lock
-	if direct {
-		switched = "42501" // insufficient_privilege: pg_advisory_xact_lock restricted
-	}
-	var pgErr *pgconn.PgError
-	switch {
-	case !errors.As(err, &pgErr) || pgErr.Code != switched:
-		return err
-	case last:
-		return errmark.Mark(errors.Wrap(err, "annals: the schema has no inline_stream_lock (migration 0034), and the role may not take "+
-			"PostgreSQL's advisory lock in its place: run 'annals migrate'"), migrations.ErrNotMigrated)
-	}
-	s.inlineLockDirect.Store(!direct)
-	return errmark.Mark(err, errInlineLockSwitched)
+	return s.inlineLock.Failed(errors.Wrap(err, "eventstore: inline: queue for the stream's retry lock"), direct, last, "inline_stream_lock")
 }

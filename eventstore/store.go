@@ -4,7 +4,6 @@ import (
 	"context"
 	_ "embed"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -12,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/annals-dev/annals/internal/lockfallback"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/internal/telemetry"
@@ -100,10 +100,10 @@ type Store struct {
 	// param names what appendFunction reads of a session (tests name
 	// parameters no server reports, as proxies that do not report them).
 	param appendParams
-	// inlineLockDirect is set when the schema has no inline_stream_lock
-	// (migrated before 0034): the retry lock of inline appends is then
-	// taken with pg_advisory_xact_lock (see lockInlineStream).
-	inlineLockDirect atomic.Bool
+	// inlineLock chooses how the retry lock of inline appends is taken:
+	// through inline_stream_lock, or pg_advisory_xact_lock on a schema
+	// migrated before 0034 (see lockInlineStream).
+	inlineLock lockfallback.Switch
 }
 
 // appendParams are the names under which appendFunction finds what it
