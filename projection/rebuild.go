@@ -16,6 +16,7 @@ import (
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/poolconn"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
@@ -439,7 +440,7 @@ func lockLost(ctx context.Context, err error) error {
 		// The replay ended through a statement the server cancelled
 		// (57014, when its cancel request wins the race with ctx in pgx)
 		// rather than through ctx's end: it still matches it.
-		return fmt.Errorf("%w; the rebuild stopped: %w%w", cause, err, silentErr{ctx.Err()})
+		return fmt.Errorf("%w; the rebuild stopped: %w", cause, errmark.Mark(err, ctx.Err()))
 	}
 	return fmt.Errorf("%w; the rebuild stopped: %w", cause, err)
 }
@@ -775,10 +776,3 @@ func partitionKeyArgs(by string) (kind, field string) {
 	}
 	return "stream", ""
 }
-
-// silentErr wraps an error for errors.Is and errors.As without adding to
-// the message of the error it is formatted into.
-type silentErr struct{ err error }
-
-func (s silentErr) Error() string { return "" }
-func (s silentErr) Unwrap() error { return s.err }
