@@ -117,10 +117,7 @@ func (s *Store) appendAlone(ctx context.Context, args appendArgs) (AppendResult,
 		case appendFnAsk:
 			q, res, err = s.appendAloneAsking(ctx, conn.Conn(), args)
 		default:
-			q = s.q.append
-			if fn == appendFnJSONB {
-				q = s.q.appendJSONB
-			}
+			q = s.appendStatement(fn)
 			rows, qerr := conn.Query(ctx, q, args.stream, args.expected, json.RawMessage(args.json()))
 			res, err = collectAppend(rows, qerr, args)
 		}
@@ -239,13 +236,18 @@ func (s *Store) appendQuery(ctx context.Context, conn *pgx.Conn) (string, error)
 	if err != nil {
 		return "", err
 	}
-	switch fn {
-	case appendFnJSON:
-		return s.q.append, nil
-	case appendFnJSONB:
-		return s.q.appendJSONB, nil
+	if fn == appendFnAsk {
+		return s.appendQueryForRole(ctx, conn)
 	}
-	return s.appendQueryForRole(ctx, conn)
+	return s.appendStatement(fn), nil
+}
+
+// appendStatement returns the statement of appendFnJSON or appendFnJSONB.
+func (s *Store) appendStatement(fn int32) string {
+	if fn == appendFnJSONB {
+		return s.q.appendJSONB
+	}
+	return s.q.append
 }
 
 // appendFunction returns the append function of conn's session as far as

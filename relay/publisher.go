@@ -413,7 +413,7 @@ func (p *publisher) Process(ctx context.Context, lease *catchup.Lease, batch cat
 		if e.GlobalSequence <= p.refillTo {
 			refused = p.refusal(msg, e.ID.String(), p.prevID, p.lastSeq)
 		}
-		if refused == nil || e.GlobalSequence > p.refillTo {
+		if refused == nil {
 			f, err = p.r.js.PublishMsgAsync(msg, opts...)
 		}
 		if refused == nil && err != nil && refusedForGood(err) {
