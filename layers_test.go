@@ -49,6 +49,7 @@ var layers = map[string]int{
 	"failure":                1,
 	"internal":               0,
 	"internal/poolconn":      3, // opens annals' own connections as the pool does; fills advisorylock.Config
+	"internal/lockfallback":  2, // eventstore's and aggregate's switch to PostgreSQL's lock on pre-0034 schemas; wraps migrations.ErrNotMigrated
 	"cmd/annals/internal":    8, // the CLI application's own internals
 	"annalstest/pgcontainer": 2, // a module of its own; listed for completeness
 }
