@@ -12,3 +12,6 @@ func SetWALCheck(r *Relay, timeout time.Duration, verdict func(error)) {
 // SetOnStarted sets a function called at the end of each leadership's
 // successful start, once the relay has read its stream.
 func SetOnStarted(r *Relay, f func()) { r.onStarted = f }
+
+// PermissionViolation is permissionViolation.
+var PermissionViolation = permissionViolation

@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -27,6 +29,16 @@ import (
 // failed or went unacknowledged: the relay stands by and claims again, from
 // its checkpoint, which never passed an unacknowledged event.
 var ErrPublish = errors.New("relay: publish failed")
+
+// ErrNotPermitted is matched, beside ErrPublish, by a publish that went
+// unacknowledged because the NATS user may not make it: publish to the
+// event's subject, or subscribe to the inbox JetStream acknowledges on. The
+// server drops such a message without an answer and tells the connection
+// only (a -ERR, which nats.go keeps as the connection's last error), so the
+// relay learns it when AckTimeout passes and the connection's last error
+// names the subject or the inbox. Retrying is refused the same way until
+// the user's permissions are changed.
+var ErrNotPermitted = errors.New("relay: NATS does not permit the relay's user to publish the events")
 
 // publisher is the relay's catchup.Processor. It publishes each batch
 // pipelined and does not wait for the batch's acknowledgements before
@@ -501,6 +513,9 @@ func (p *publisher) collect(ctx context.Context, lease *catchup.Lease, n int, wa
 			select {
 			case ack = <-s.f.Ok():
 			case err = <-s.f.Err():
+				if errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+					err = p.unanswered(err)
+				}
 			default:
 				p.inflight = p.inflight[done:]
 				return nil
@@ -697,9 +712,11 @@ func fileStoreRecord(subj, hdr, data int) int {
 // A publish the account may not make (permissions) is not answered at all:
 // the server drops it and tells the connection (-ERR, the client's
 // asynchronous error handler), so the relay sees no acknowledgement, as
-// from a slow or unreachable server, and cannot tell it from one; it ends
-// the leadership after AckTimeout, each time, and an operator moves the
-// relay past it again by hand (annals checkpoint set).
+// from a slow or unreachable server; after AckTimeout it looks at the
+// connection's last error (permissionViolation), reports ErrNotPermitted
+// when that names the subject, and ends the leadership, each time, until
+// the permission is granted (or an operator moves the relay past the event
+// by hand: annals checkpoint set).
 func refusedForGood(err error) bool {
 	if errors.Is(err, nats.ErrMaxPayload) {
 		return true
@@ -741,6 +758,50 @@ func refusalLimit(err error) string {
 	return "a limit of the stream or server"
 }
 
+// unanswered adds to err, the publish of an event going unacknowledged,
+// the reason the connection was told of when it is a permission.
+func (p *publisher) unanswered(err error) error {
+	if v := permissionViolation(p.r.js.Conn(), p.r.subj.filter); v != nil {
+		return errmark.Mark(errors.Wrapf(err, "%v; the server refused the relay's user: %v (grant it in the server's configuration)", ErrNotPermitted, v), ErrNotPermitted)
+	}
+	return err
+}
+
+// permissionViolation returns nc's last error when it is NATS refusing the
+// connection's user to publish to a subject filter matches (the relay's
+// subjects), or to subscribe to (or name as a reply) the inbox JetStream's
+// acknowledgements come back on (every publish goes unanswered then); nil
+// otherwise. The refusal may name another of the relay's subjects than the
+// unacknowledged event's: the connection keeps the newest error only, and
+// the relay publishes a batch before it waits for acknowledgements. The
+// last error stays until another replaces it, so one older than the publish
+// is reported too: the user's permissions refuse the relay's subjects still
+// while its publishes go unanswered.
+func permissionViolation(nc *nats.Conn, filter string) error {
+	err := nc.LastError()
+	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) {
+		return nil
+	}
+	inbox := nats.InboxPrefix
+	if nc.Opts.InboxPrefix != "" {
+		inbox = nc.Opts.InboxPrefix + "."
+	}
+	msg := err.Error()
+	if strings.Contains(msg, `Subscription to "`+inbox) || strings.Contains(msg, `Publish with Reply of "`+inbox) {
+		return err
+	}
+	// nats-server's client.go words it with %q.
+	if m := refusedPublish.FindStringSubmatch(msg); m != nil {
+		if subject, uerr := strconv.Unquote(m[1]); uerr == nil && subjectCovers(filter, subject) {
+			return err
+		}
+	}
+	return nil
+}
+
+// refusedPublish finds the subject in nats-server's refusal of a publish.
+var refusedPublish = regexp.MustCompile(`Permissions Violation for Publish to ("(?:[^"\\]|\\.)*")`)
+
 // stopPoll is how often a relay that is stopping, waiting for an
 // acknowledgement, looks whether NATS is still connected (await).
 const stopPoll = 50 * time.Millisecond
@@ -761,9 +822,12 @@ func (p *publisher) await(ctx context.Context, lease *catchup.Lease, s sent, tim
 		case ack := <-s.f.Ok():
 			return ack, nil
 		case err := <-s.f.Err():
+			if errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+				return nil, p.unanswered(err)
+			}
 			return nil, err
 		case <-timeout:
-			return nil, errors.Newf("no acknowledgement within %v", p.r.cfg.AckTimeout)
+			return nil, p.unanswered(errors.Newf("no acknowledgement within %v", p.r.cfg.AckTimeout))
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-stopping:

@@ -495,6 +495,9 @@ func (r *Relay) CatchUp(ctx context.Context) error {
 		if gaveUp != nil {
 			return errors.Wrap(gaveUp, short.Error())
 		}
+		if e := r.lastFailure.Load(); e != nil && r.failures.Load() > 0 {
+			return errors.Wrap(*e, short.Error()) // why, as the log said
+		}
 		return short
 	}
 	return nil
