@@ -723,8 +723,22 @@ func TestDo(t *testing.T) {
 			return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: 5 * time.Second}
 		}
 		l := b.acquire(t, "do: cancel request", nil)
-		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		// The context ends once the statement runs (not at a deadline,
+		// which a loaded machine can pass before Do sends it).
+		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
+		go func() {
+			defer cancel()
+			deadline := time.Now().Add(30 * time.Second)
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				var running bool
+				if err := b.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+					WHERE query = 'SELECT pg_sleep(5)::text' AND state = 'active')`).Scan(&running); err != nil || running {
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
 		_, err := query[string](ctx, l, "SELECT pg_sleep(5)::text")
 		if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "57014" {
 			t.Fatalf("Do cancelled by its context = %v, want query_canceled (57014)", err)
