@@ -38,17 +38,38 @@ type Config struct {
 	// MaxProblems is how many problems the report lists; the rest are only
 	// counted. Defaults to 100.
 	MaxProblems int
-	// Progress, when set, is called after each page of events.
-	// Defaults to nil.
+	// Progress, when set, is called as each phase starts and after each
+	// page a phase reads. Defaults to nil.
 	Progress func(Progress)
 }
 
+// Phase names the part of a run that [Progress] reports on.
+type Phase string
+
+// The phases of a run, in order.
+const (
+	// PhaseRecords: the catalog's guards, the streams' retention,
+	// truncation and deletion records, and positions in both tables (a few
+	// queries, each over the whole log).
+	PhaseRecords Phase = "records"
+	// PhaseEvents: the events, page by page in position order.
+	PhaseEvents Phase = "events"
+	// PhaseStreams: the streams table against the events, page by page.
+	PhaseStreams Phase = "streams"
+)
+
 // Progress is how far a run has read.
 type Progress struct {
+	// Phase is the part of the run going on.
+	Phase Phase
 	// Position is the last position read; Head the highest one to read.
 	Position, Head int64
 	// Events is how many events have been read.
 	Events int64
+	// StreamRows is how many rows of the streams table have been read (in
+	// PhaseStreams); Streams how many streams the events hold, about as
+	// many as there are rows to read.
+	StreamRows, Streams int64
 }
 
 // Kind classifies a [Problem].
@@ -242,6 +263,14 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 		rep.Notes = append(rep.Notes, "positions were not compared with the position sequence: no SELECT on it (annals grant operator gives it)")
 	}
 
+	progress := func(p Progress) {
+		if c.Progress != nil {
+			p.Head, p.Events = rep.Head, rep.Events
+			c.Progress(p)
+		}
+	}
+	progress(Progress{Phase: PhaseRecords})
+
 	// The guards of the log, in the catalog.
 	grows, err := tx.Query(ctx, q["Guards"])
 	if err != nil {
@@ -289,6 +318,7 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 		row   eventRow
 		buf   []byte
 	)
+	progress(Progress{Phase: PhaseEvents})
 	for {
 		rows, err := tx.Query(ctx, q["Events"], after, c.PageSize)
 		if err != nil {
@@ -331,9 +361,7 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 		if err != nil {
 			return nil, errors.Wrap(err, "verify: read events")
 		}
-		if c.Progress != nil {
-			c.Progress(Progress{Position: after, Head: rep.Head, Events: rep.Events})
-		}
+		progress(Progress{Phase: PhaseEvents, Position: after})
 		if n < c.PageSize {
 			break
 		}
@@ -341,7 +369,11 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 	rep.Streams = int64(len(streams))
 
 	// The streams table against the events.
-	var from string
+	var (
+		from string
+		read int64
+	)
+	progress(Progress{Phase: PhaseStreams, Position: after, Streams: rep.Streams})
 	for {
 		rows, err := tx.Query(ctx, q["Streams"], from, c.PageSize)
 		if err != nil {
@@ -372,6 +404,8 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 		if err != nil {
 			return nil, errors.Wrap(err, "verify: read streams")
 		}
+		read += int64(n)
+		progress(Progress{Phase: PhaseStreams, Position: after, StreamRows: read, Streams: rep.Streams})
 		if n < c.PageSize {
 			break
 		}

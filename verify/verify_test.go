@@ -78,16 +78,38 @@ func (b *bundle) tamper(t *testing.T, stmts ...string) {
 
 func (b *bundle) verify(t *testing.T, base *verify.Baseline) *verify.Report {
 	t.Helper()
-	var pages int
+	var (
+		pages  int
+		phases []verify.Phase
+		last   verify.Progress
+	)
 	rep, err := verify.Log(context.Background(), b.db.Pool, &verify.Config{
 		Schema: b.db.Schema, PageSize: 4, Interval: 3, Baseline: base,
-		Progress: func(verify.Progress) { pages++ },
+		Progress: func(p verify.Progress) {
+			if p.Phase == verify.PhaseEvents && p.Position > 0 {
+				pages++
+			}
+			if len(phases) == 0 || phases[len(phases)-1] != p.Phase {
+				phases = append(phases, p.Phase)
+			}
+			last = p
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if pages < 3 {
 		t.Errorf("progress reported %d pages, want at least 3 of 4 events", pages)
+	}
+	if want := []verify.Phase{verify.PhaseRecords, verify.PhaseEvents, verify.PhaseStreams}; !slices.Equal(phases, want) {
+		t.Errorf("progress went through phases %v, want %v", phases, want)
+	}
+	var rows int64
+	if err := b.db.Pool.QueryRow(context.Background(), fmt.Sprintf("SELECT count(*) FROM %s.streams", pgx.Identifier{b.db.Schema}.Sanitize())).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if last.StreamRows != rows || last.Streams != rep.Streams || last.Events != rep.Events || last.Head != rep.Head {
+		t.Errorf("last progress %+v: want %d stream rows, %d streams, %d events, head %d", last, rows, rep.Streams, rep.Events, rep.Head)
 	}
 	return rep
 }

@@ -74,17 +74,30 @@ Progress goes to stderr; --output json writes the report as one JSON object.`,
 			}
 			defer pool.Close()
 			start, last := time.Now(), time.Now()
+			var phase verify.Phase
 			cfg.Progress = func(p verify.Progress) {
-				if time.Since(last) < time.Second {
+				// Once the run has taken a second: each phase as it
+				// starts, and a line a second within one.
+				changed := p.Phase != phase
+				phase = p.Phase
+				if time.Since(last) < time.Second && (!changed || time.Since(start) < time.Second) {
 					return
 				}
 				last = time.Now()
-				pct := 100.0
-				if p.Head > 0 {
-					pct = 100 * float64(p.Position) / float64(p.Head)
+				took := time.Since(start).Round(time.Second)
+				switch {
+				case p.Phase == verify.PhaseRecords:
+					fmt.Fprintf(e.stderr, "verify: checking the catalog and the streams' records, %s\n", took)
+				case p.Phase == verify.PhaseEvents:
+					pct := 100.0
+					if p.Head > 0 {
+						pct = 100 * float64(p.Position) / float64(p.Head)
+					}
+					fmt.Fprintf(e.stderr, "verify: position %d of %d (%.0f%%), %d events, %s\n",
+						p.Position, p.Head, pct, p.Events, took)
+				default:
+					fmt.Fprintf(e.stderr, "verify: streams table, %d rows of about %d, %s\n", p.StreamRows, p.Streams, took)
 				}
-				fmt.Fprintf(e.stderr, "verify: position %d of %d (%.0f%%), %d events, %s\n",
-					p.Position, p.Head, pct, p.Events, time.Since(start).Round(time.Second))
 			}
 			rep, err := verify.Log(cmd.Context(), pool, cfg)
 			if errors.Is(err, verify.ErrBadBaseline) {
