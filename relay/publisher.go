@@ -30,14 +30,15 @@ import (
 // its checkpoint, which never passed an unacknowledged event.
 var ErrPublish = errors.New("relay: publish failed")
 
-// ErrNotPermitted is matched, beside ErrPublish, by a publish that went
+// ErrNotPermitted is matched by the failure of a publish that went
 // unacknowledged because the NATS user may not make it: publish to the
-// event's subject, or subscribe to the inbox JetStream acknowledges on. The
-// server drops such a message without an answer and tells the connection
-// only (a -ERR, which nats.go keeps as the connection's last error), so the
-// relay learns it when AckTimeout passes and the connection's last error
-// names the subject or the inbox. Retrying is refused the same way until
-// the user's permissions are changed.
+// relay's subjects, or subscribe to the inbox JetStream acknowledges on.
+// The server drops such a message without an answer and tells the
+// connection only (a -ERR, which nats.go keeps as the connection's last
+// error), so the relay learns it when AckTimeout passes and that error
+// names one of its subjects or the inbox. Each leadership is refused the
+// same way until the user's permissions are changed. CatchUp's error, and
+// the log's, carry it.
 var ErrNotPermitted = errors.New("relay: NATS does not permit the relay's user to publish the events")
 
 // publisher is the relay's catchup.Processor. It publishes each batch
@@ -762,7 +763,7 @@ func refusalLimit(err error) string {
 // the reason the connection was told of when it is a permission.
 func (p *publisher) unanswered(err error) error {
 	if v := permissionViolation(p.r.js.Conn(), p.r.subj.filter); v != nil {
-		return errmark.Mark(errors.Wrapf(err, "%v; the server refused the relay's user: %v (grant it in the server's configuration)", ErrNotPermitted, v), ErrNotPermitted)
+		return errmark.Mark(errors.Wrapf(err, "%v: %v (grant it in the server's configuration)", ErrNotPermitted, v), ErrNotPermitted)
 	}
 	return err
 }
