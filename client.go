@@ -64,7 +64,9 @@ type Config struct {
 	// SkipMigrations makes Start, Run and RunUntilCaughtUp leave the schema
 	// alone (a deploy step migrates, or the service's role may not). By
 	// default they run migrations.Up first, which is idempotent and safe
-	// from many processes at once.
+	// from many processes at once, and does nothing, for any role granted
+	// by annals grant, once the schema's owner has migrated; a role that
+	// may not apply pending migrations gets migrations.ErrNotOwner.
 	SkipMigrations bool
 
 	// Inline lists projections applied in the transaction of each append

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
@@ -148,6 +149,11 @@ func Script(cfg *Config) (string, error) {
 // is transactional), so a migration that fails leaves the database as it was
 // before the call, without a half-made schema. A schema name that is refused
 // (schemaname.ErrInvalid) is refused before any SQL is sent.
+//
+// When every migration is applied already, Up only reads schema_migrations
+// (no lock, no CREATE SCHEMA), so that it succeeds for any role granted by
+// [Grant]; with migrations pending, a role without the privileges to apply
+// them gets an error matching [ErrNotOwner].
 func Up(ctx context.Context, pool *pgxpool.Pool, cfg *Config) ([]Migration, error) {
 	return up(ctx, pool, cfg, nil)
 }
@@ -162,6 +168,16 @@ func up(ctx context.Context, pool *pgxpool.Pool, cfg *Config, edit func([]Migrat
 	defer conn.Release()
 	if edit != nil {
 		ms = edit(ms)
+	}
+
+	// Nothing to do, as is the rule once the schema's owner has migrated:
+	// said without the lock and the CREATE SCHEMA, which a role that only
+	// uses the schema (annals grant) may not run (PostgreSQL checks the
+	// database's CREATE privilege before it looks whether the schema
+	// exists). Every role granted anything may read schema_migrations; one
+	// that may not goes the long way.
+	if current, err := applied(ctx, conn, q, ms); err == nil && current {
+		return nil, nil
 	}
 
 	k1, k2 := schemaname.MigrateLockKey(c.Schema)
@@ -191,6 +207,11 @@ func up(ctx context.Context, pool *pgxpool.Pool, cfg *Config, edit func([]Migrat
 	var took []time.Duration
 	err = pgx.BeginTxFunc(ctx, conn.Conn(), pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, q["Bootstrap"]); err != nil {
+			var pe *pgconn.PgError
+			if errors.As(err, &pe) && pe.Code == "42501" {
+				return errmark.Mark(errors.Wrapf(err, "migrations: create schema %s: the schema has migrations to apply and this role may not apply them: "+
+					"run 'annals migrate' as the schema's owner (a service on a role of its own sets annals.Config.SkipMigrations)", schemaname.Ident(c.Schema)), ErrNotOwner)
+			}
 			return errors.Wrapf(err, "migrations: create schema %s", schemaname.Ident(c.Schema))
 		}
 		applied, err := appliedVersions(ctx, tx, q["Applied"])
@@ -203,6 +224,10 @@ func up(ctx context.Context, pool *pgxpool.Pool, cfg *Config, edit func([]Migrat
 			}
 			start := time.Now()
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				var pe *pgconn.PgError
+				if errors.As(err, &pe) && pe.Code == "42501" {
+					err = errmark.Mark(errors.Wrap(err, "this role may not apply it: run 'annals migrate' as the schema's owner (a service on a role of its own sets annals.Config.SkipMigrations)"), ErrNotOwner)
+				}
 				return errors.Wrapf(err, "migrations: apply %04d_%s (nothing was applied)", m.Version, m.Name)
 			}
 			if _, err := tx.Exec(ctx, q["Record"], m.Version, m.Name); err != nil {
@@ -275,6 +300,25 @@ func open(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (Config, []Migra
 		return c, nil, nil, nil, errors.Wrap(err, "migrations: acquire connection")
 	}
 	return c, ms, q, conn, nil
+}
+
+// applied reports whether every migration of ms is recorded in the
+// schema's schema_migrations (false, nil when the table does not exist).
+func applied(ctx context.Context, conn *pgxpool.Conn, q map[string]string, ms []Migration) (bool, error) {
+	var exists bool
+	if err := conn.QueryRow(ctx, q["TableExists"]).Scan(&exists); err != nil || !exists {
+		return false, errors.Wrap(err, "migrations: look for schema_migrations")
+	}
+	done, err := appliedVersions(ctx, conn.Conn(), q["Applied"])
+	if err != nil {
+		return false, err
+	}
+	for _, m := range ms {
+		if _, ok := done[m.Version]; !ok {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 type appliedRow struct {

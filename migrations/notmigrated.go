@@ -13,6 +13,13 @@ import (
 // `annals migrate`), or the configured schema name is not the one migrated.
 var ErrNotMigrated = errors.New("annals schema not migrated")
 
+// ErrNotOwner is matched (errors.Is) by Up's error when migrations are
+// pending and PostgreSQL refused the role the privileges to apply them
+// (42501): the schema's owner migrates (annals migrate), and a service that
+// runs on a role of its own (annals grant) sets annals.Config.SkipMigrations,
+// or calls Up only after the owner has migrated, when it does nothing.
+var ErrNotOwner = errors.New("annals migrations pending, and this role may not apply them")
+
 // MarkNotMigrated returns err marked with [ErrNotMigrated] when PostgreSQL
 // reported an undefined schema (SQLSTATE 3F000, invalid_schema_name) or an
 // undefined table (42P01, undefined_table), and err unchanged otherwise. It
