@@ -28,6 +28,7 @@ who may take them. --output json writes {"restricted", "roles", "owners", "runne
 		Example: `  annals advisory-locks status
   annals advisory-locks restrict --owner annals_owner
   annals advisory-locks allow --output json`,
+		Annotations: map[string]string{groupAnnotation: ""},
 		RunE: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usagef("want a subcommand: status, restrict or allow")

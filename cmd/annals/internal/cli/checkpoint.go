@@ -25,6 +25,7 @@ func (e *env) checkpointCommand() *cobra.Command {
 		Long: `A checkpoint is the position of the last event a subscriber partition has processed.
 'get' shows it; 'set' moves it, which makes the subscriber process events again (moving
 back) or skip them (moving forward). See 'annals status' for every subscriber.`,
+		Annotations: map[string]string{groupAnnotation: ""},
 		RunE: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usagef("want a subcommand: get or set")

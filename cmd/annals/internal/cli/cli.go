@@ -155,6 +155,7 @@ func (e *env) rootCommand() *cobra.Command {
 			}
 			return usagef("unknown command %q for %q", args[0], cmd.CommandPath())
 		},
+		Annotations:   map[string]string{groupAnnotation: ""},
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -198,6 +199,7 @@ func (e *env) rootCommand() *cobra.Command {
 	for _, c := range root.Commands() {
 		if c.Name() == "completion" {
 			c.Args = cobra.ArbitraryArgs
+			c.Annotations = map[string]string{groupAnnotation: ""}
 			c.RunE = func(_ *cobra.Command, args []string) error {
 				if len(args) == 0 {
 					return usagef("want a shell: bash, zsh, fish or powershell")
@@ -215,15 +217,51 @@ func (e *env) rootCommand() *cobra.Command {
 // the flag parser takes for a group of unknown shorthand flags ("-1").
 const negativeArgAnnotation = "annals:negative-arg"
 
+// groupAnnotation, among a command's Annotations, marks a group of
+// subcommands whose RunE only reports a missing or unknown subcommand
+// (args[0]) as a usage error.
+const groupAnnotation = "annals:group"
+
 // flagError makes a flag error a usage error, saying what is wrong with a
-// negative number given where the command has its negativeArgAnnotation.
+// negative number given where the command has its negativeArgAnnotation. A
+// mistyped subcommand is reported as such, not its flags (see
+// unknownSubcommand).
 func flagError(c *cobra.Command, err error) error {
+	if uerr := unknownSubcommand(c); uerr != nil {
+		return uerr
+	}
 	if format, ok := c.Annotations[negativeArgAnnotation]; ok {
 		if arg, ok := negativeNumber(err); ok {
 			return usagef(format, arg)
 		}
 	}
 	return usageError{err}
+}
+
+// unknownSubcommand is the error of a command with subcommands whose first
+// argument (flags aside) names none of them, or nil. cobra runs such a
+// command itself, with the subcommand's flags, which it does not know: in
+// 'annals dlq lsit --subscriber mailer' the mistake is "lsit", not the flag
+// that the parser stopped at. A group says so with its own RunE; another
+// command with subcommands (archive, whose arguments are none) with its
+// argument check.
+func unknownSubcommand(c *cobra.Command) error {
+	args := c.Flags().Args()
+	if !c.HasSubCommands() || len(args) == 0 {
+		return nil
+	}
+	for _, sub := range c.Commands() {
+		if sub.Name() == args[0] || sub.HasAlias(args[0]) {
+			return nil
+		}
+	}
+	if _, ok := c.Annotations[groupAnnotation]; ok && c.RunE != nil {
+		return c.RunE(c, args)
+	}
+	if err := c.ValidateArgs(args); err != nil {
+		return usageError{err}
+	}
+	return nil
 }
 
 // negativeNumber returns the argument an unknown-shorthand-flag error names

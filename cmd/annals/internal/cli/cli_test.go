@@ -5,13 +5,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 
 	"github.com/annals-dev/annals/annalstest"
 )
@@ -363,4 +367,56 @@ func TestExitCodes(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A mistyped subcommand is the mistake reported, not the flags after it
+// (which its group does not know): in every group of subcommands, for the
+// first argument that names none of them (exit 2).
+func TestUnknownSubcommandBeforeItsFlags(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dlq", "lsit", "--subscriber", "mailer"}, `annals: unknown subcommand "lsit": want list, show, retry, skip or purge`},
+		{[]string{"checkpoint", "gte", "balances", "--partition", "0"}, `annals: unknown subcommand "gte": want get or set`},
+		{[]string{"schedule", "frob", "--output", "json"}, `annals: unknown subcommand "frob": want list, pause, resume, delete or cancel`},
+		{[]string{"relay", "nast", "--url", "nats://x"}, `annals: unknown subcommand "nast": want nats`},
+		{[]string{"relay", "nast"}, `annals: unknown subcommand "nast": want nats`},
+		{[]string{"archive", "statsu", "--runs", "3"}, `annals: unknown command "statsu" for "annals archive"`},
+		{[]string{"raed", "--from", "3"}, `annals: unknown command "raed" for "annals"`},
+		// Without a subcommand, or with one that exists, an unknown flag
+		// is the mistake.
+		{[]string{"dlq", "--nosuchflag"}, "annals: unknown flag: --nosuchflag"},
+		{[]string{"dlq", "list", "--nosuchflag"}, "annals: unknown flag: --nosuchflag"},
+	} {
+		r := annals(t, "", c.args...)
+		if r.code != ExitUsage || !strings.HasPrefix(r.stderr, c.want+"\n") {
+			t.Errorf("annals %q: %+v, want exit 2 and %q", c.args, r, c.want)
+		}
+	}
+
+	// Every command with subcommands, found by walking the tree.
+	e := &env{stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}
+	var walk func(c *cobra.Command)
+	walked := 0
+	walk = func(c *cobra.Command) {
+		if !c.HasSubCommands() {
+			return
+		}
+		walked++
+		path := strings.Fields(c.CommandPath())[1:]
+		args := append(slices.Clone(path), "frob", "--nosuchflag", "x")
+		r := annals(t, "", args...)
+		if r.code != ExitUsage || !strings.Contains(r.stderr, `"frob"`) || strings.Contains(r.stderr, "unknown flag") {
+			t.Errorf("annals %q: %+v, want exit 2 naming frob", args, r)
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(e.rootCommand())
+	if walked < 8 {
+		t.Fatalf("walked %d commands with subcommands, want at least 8", walked)
+	}
 }

@@ -38,6 +38,7 @@ subscriber partition and stream) and resumes a stopped subscriber partition; 'sk
 gives up on one event and releases the rest of its stream. Both are idempotent and say
 what they changed. Bad arguments exit 2, an unknown ID or subscriber exits 3; both
 change nothing.`,
+		Annotations: map[string]string{groupAnnotation: ""},
 		RunE: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usagef("want a subcommand: list, show, retry, skip or purge")

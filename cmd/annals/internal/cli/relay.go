@@ -21,11 +21,14 @@ import (
 
 func (e *env) relayCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "relay",
-		Short: "Publish the log to a message broker, exactly once and in order",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return usagef("want a subcommand: nats")
+		Use:         "relay",
+		Short:       "Publish the log to a message broker, exactly once and in order",
+		Annotations: map[string]string{groupAnnotation: ""},
+		RunE: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("want a subcommand: nats")
+			}
+			return usagef("unknown subcommand %q: want nats", args[0])
 		},
 	}
 	cmd.AddCommand(e.relayNATSCommand())

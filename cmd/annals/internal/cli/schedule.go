@@ -26,6 +26,7 @@ func (e *env) scheduleCommand() *cobra.Command {
 every process that runs a scheduler dispatcher fires them, each exactly once.
 'schedule list' shows what is stored; pause, resume and delete act on a cron task and
 cancel on a timer, cluster-wide, from the database alone.`,
+		Annotations: map[string]string{groupAnnotation: ""},
 		RunE: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usagef("want a subcommand: list, pause, resume, delete or cancel")

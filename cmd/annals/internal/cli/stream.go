@@ -19,6 +19,7 @@ func (e *env) streamCommand() *cobra.Command {
 		Long: `'delete' deletes a stream (soft, or --hard: a tombstone) by appending a
 "$stream.deleted" event to it; 'set' sets its retention (maximum age, maximum count,
 truncate-before); 'info' shows its version, state and retention.`,
+		Annotations: map[string]string{groupAnnotation: ""},
 		RunE: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usagef("want a subcommand: delete, set or info")
