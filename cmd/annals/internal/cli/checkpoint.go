@@ -120,10 +120,20 @@ and re-reads from POSITION instead of overwriting it. Moving back settles the pa
 dead letters after POSITION as resolved, since their events are delivered again (one that
 fails again is open again).
 
+set moves the checkpoint alone: it does not clear a projection's read model, so a
+projection moved back applies the events again to its tables as they are (a sum counts
+them twice) unless its handlers are idempotent. Empty its tables first (with its
+runners stopped), or rebuild it instead: the service's own 'projections rebuild NAME'
+(package projectioncmd; Runner.Rebuild in Go) resets the read model and moves the
+checkpoint in one transaction. The annals command has no rebuild: it does not have the
+projection's code.
+
 This is deliberate: on a terminal, set asks for confirmation; otherwise pass --yes.
 An unknown subscriber exits 3 (not found) unless --create makes its checkpoint (to
 start a new subscriber somewhere other than the beginning).`,
-		Example: `  annals checkpoint set orders-view 0 --yes        # rebuild from the beginning
+		Example: `  annals checkpoint set orders-view 0 --yes        # process everything again; its read model is not
+                                                   # cleared: empty its tables first, or instead run
+                                                   # 'myservice projections rebuild orders-view'
   annals checkpoint set mailer 1234 --partition 3`,
 		Args: cobra.ExactArgs(2),
 		// "-1" reaches the flag parser first, as shorthand flags.

@@ -557,6 +557,19 @@ func TestStatusHelpListsJSONKeys(t *testing.T) {
 	}
 }
 
+// checkpoint set's help does not promise a rebuild: set moves the checkpoint
+// alone, and a projection moved back applies the events again to its read
+// model as it is. It names the command that does rebuild one.
+func TestCheckpointSetHelpSaysItIsNoRebuild(t *testing.T) {
+	t.Parallel()
+	r := annals(t, "", "checkpoint", "set", "--help")
+	if r.code != 0 || strings.Contains(r.stdout, "rebuild from the beginning") ||
+		!strings.Contains(r.stdout, "does not clear a projection's read model") ||
+		!strings.Contains(r.stdout, "projections rebuild") || !strings.Contains(r.stdout, "# process everything again") {
+		t.Fatalf("checkpoint set --help: %+v", r)
+	}
+}
+
 // A replication slot being created (PostgreSQL waits for the transactions
 // open when the creation began) shows as creating, not as streaming.
 func TestStatusSlotBeingCreated(t *testing.T) {
