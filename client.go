@@ -2,7 +2,6 @@ package annals
 
 import (
 	"context"
-	"io"
 	"iter"
 	"log/slog"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/scheduler"
@@ -46,8 +46,10 @@ type Config struct {
 	// the parts must share their tables.
 	Schema string
 	// Logger receives the runner's, the scheduler's and the sagas' logs
-	// (leadership, retries, reconnects, read-model setups). Defaults to
-	// Runner.Logger and Scheduler.Logger, else discarding.
+	// (leadership, retries, reconnects, read-model setups, dead letters).
+	// Defaults to Runner.Logger and Scheduler.Logger, else warnings and
+	// errors on slog.Default(), looked up at each record (information and
+	// debug records dropped); slog.New(slog.DiscardHandler) silences it.
 	Logger *slog.Logger
 	// Clock decides retry delays, timers, cron ticks and sagas' Now.
 	// Defaults to the wall clock.
@@ -149,7 +151,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	// A part's own logger stays unless Config.Logger is set.
 	logger := c.Logger
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = telemetry.DefaultLogger()
 	}
 	var sc eventstore.Config
 	if c.Store != nil {

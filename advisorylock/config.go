@@ -1,8 +1,9 @@
 package advisorylock
 
 import (
+	"github.com/annals-dev/annals/internal/telemetry"
+
 	"context"
-	"io"
 	"log/slog"
 	"net"
 	"strconv"
@@ -65,8 +66,8 @@ type Config struct {
 	// vanishes while data is in flight. Defaults to 10s.
 	UserTimeout time.Duration
 	// Logger receives a warning when a lock is lost, and debug lines when a
-	// lock is acquired or released. Defaults to a logger that discards
-	// everything.
+	// lock is acquired or released. Defaults to warnings and errors on
+	// slog.Default() (information and debug records dropped).
 	Logger *slog.Logger
 	// ReleaseChannel, if set, is a notification channel (at most 63 bytes)
 	// that connects leaders with standbys: Lock.Release announces the
@@ -115,7 +116,7 @@ func (c *Config) withDefaults() (Config, error) {
 		out.Connect = pgx.ConnectConfig
 	}
 	if out.Logger == nil {
-		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		out.Logger = telemetry.DefaultLogger()
 	}
 	switch {
 	case out.CheckInterval > 0 && out.CheckInterval < time.Millisecond:

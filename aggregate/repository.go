@@ -3,7 +3,6 @@ package aggregate
 import (
 	"context"
 	_ "embed"
-	"io"
 	"iter"
 	"log/slog"
 	"math/rand/v2"
@@ -17,6 +16,7 @@ import (
 	"github.com/annals-dev/annals/internal/freshids"
 	"github.com/annals-dev/annals/internal/lockfallback"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 //go:embed queries.sql
@@ -48,7 +48,8 @@ type Config struct {
 	// It must not block. Defaults to none.
 	OnLoad func(LoadStats)
 	// Logger receives failed snapshot writes and unusable snapshots (both
-	// only cost speed). Defaults to discarding.
+	// only cost speed). Defaults to warnings and errors on slog.Default()
+	// (information and debug records dropped).
 	Logger *slog.Logger
 }
 
@@ -143,7 +144,7 @@ func NewRepository[A Root](store *eventstore.Store, aggregateType string, newAgg
 		c.Snapshots = &s
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = telemetry.DefaultLogger()
 	}
 	if isNil(newAgg()) {
 		return nil, errors.Newf("aggregate %s: the constructor returned nil", aggregateType)

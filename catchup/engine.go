@@ -4,7 +4,6 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -415,7 +414,8 @@ type Config struct {
 	// one a read further than the next. Defaults to 0: it waits as long as
 	// the replica lags.
 	ReadPoolWait time.Duration
-	// Logger receives leadership changes and failures. Defaults to discarding.
+	// Logger receives leadership changes and failures. Defaults to warnings
+	// and errors on slog.Default() (information and debug records dropped).
 	Logger *slog.Logger
 	// OnLeadership is called with true when this process starts leading a
 	// subscriber partition and with false when it stops. Defaults to nothing.
@@ -484,7 +484,7 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 	def(&c.ReadPollInterval, 100*time.Millisecond)
 	c.ReadPollInterval = min(c.ReadPollInterval, c.PollInterval)
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = telemetry.DefaultLogger()
 	}
 	cps, err := checkpoint.New(c.Schema)
 	if err != nil {

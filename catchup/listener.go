@@ -2,7 +2,6 @@ package catchup
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -83,7 +82,7 @@ func newListener(connConfig *pgx.ConnConfig, connect poolconn.ConnectFunc, schem
 		return nil, err
 	}
 	if logger == nil {
-		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		logger = telemetry.DefaultLogger()
 	}
 	return &Listener{
 		failures:     failureLog{log: logger},

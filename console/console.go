@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	_ "embed"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -78,7 +77,8 @@ type Config struct {
 	// serves /metrics from a Metrics of its own reading the database
 	// (NewMetrics with the same pool and schema).
 	Metrics *Metrics
-	// Logger receives request errors. Defaults to discarding.
+	// Logger receives request errors. Defaults to warnings and errors on
+	// slog.Default() (information and debug records dropped).
 	Logger *slog.Logger
 	// Now is the clock for session expiry. Defaults to time.Now.
 	Now func() time.Time
@@ -117,7 +117,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 		c.FollowInterval = 500 * time.Millisecond
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = telemetry.DefaultLogger()
 	}
 	if c.Now == nil {
 		c.Now = time.Now

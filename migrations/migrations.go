@@ -4,7 +4,6 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io"
 	"log/slog"
 	"path"
 	"sort"
@@ -20,6 +19,7 @@ import (
 	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 //go:embed sql/*.sql
@@ -37,8 +37,9 @@ type Config struct {
 	// Schema is the PostgreSQL schema that holds the annals tables.
 	// Defaults to "annals".
 	Schema string
-	// Logger receives one line per applied migration.
-	// Defaults to a logger that discards everything.
+	// Logger receives one line per applied migration (information).
+	// Defaults to warnings and errors on slog.Default(): those lines are
+	// dropped.
 	Logger *slog.Logger
 }
 
@@ -52,7 +53,7 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, err
 	}
 	if out.Logger == nil {
-		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		out.Logger = telemetry.DefaultLogger()
 	}
 	return out, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	_ "embed"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"os"
 	"reflect"
@@ -77,8 +76,10 @@ type Config struct {
 	// cut-over back nor lets it stop short ("Blue/green read models" in
 	// the package doc). Defaults to none.
 	ReadPool *pgxpool.Pool
-	// Logger receives leadership changes, retries and reconnects.
-	// Defaults to discarding.
+	// Logger receives leadership changes, retries, reconnects and dead
+	// letters. Defaults to warnings and errors (a dead letter, a lost
+	// leadership) on slog.Default(), looked up at each record; information
+	// and debug records dropped. slog.New(slog.DiscardHandler) silences it.
 	Logger *slog.Logger
 	// Retry is the retry policy of every subscriber that sets none of its
 	// own (NewRunner refuses one that RetryPolicy.Validate refuses).
@@ -265,7 +266,7 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 		c.InstanceExpiry = 10 * c.HeartbeatInterval
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = telemetry.DefaultLogger()
 	}
 	tel, err := telemetry.NewSubscription(c.TracerProvider, c.MeterProvider)
 	if err != nil {

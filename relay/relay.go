@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/walsource"
 )
@@ -105,7 +105,8 @@ type Config struct {
 	// Lock configures the lock's connection. Defaults to advisorylock's.
 	Lock *advisorylock.Config
 	// Logger receives leadership changes and publish failures. Defaults to
-	// discarding.
+	// warnings and errors on slog.Default() (information and debug records
+	// dropped).
 	Logger *slog.Logger
 	// OnCommitted is called after each checkpoint commit with the position
 	// committed (for tests and metrics). Defaults to nothing.
@@ -217,7 +218,7 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg *Config) (*Relay, error) {
 		c.Replicas = 1
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = telemetry.DefaultLogger()
 	}
 	r := &Relay{pool: pool, cfg: c}
 	if r.store, err = eventstore.New(pool, &eventstore.Config{Schema: c.Schema}); err != nil {

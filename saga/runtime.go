@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -23,6 +22,7 @@ import (
 	"github.com/annals-dev/annals/internal/recovered"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/scheduler"
 )
@@ -73,7 +73,7 @@ func newRuntime(name string, cfg *Config) (*runtime, error) {
 		rt.pruneInt = DefaultPruneInterval
 	}
 	if rt.logger == nil {
-		rt.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		rt.logger = telemetry.DefaultLogger()
 	}
 	return rt, nil
 }

@@ -72,7 +72,8 @@ type Config struct {
 	// must be 0 or 1. BatchSize defaults to DefaultBatchSize; Types defaults
 	// to the handled types of a typed saga (New/On), else all types.
 	Options *projection.Options
-	// Logger receives prunes. Defaults to discarding.
+	// Logger receives prunes. Defaults to warnings and errors on
+	// slog.Default() (information and debug records dropped).
 	Logger *slog.Logger
 }
 

@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	_ "embed"
-	"io"
 	"log/slog"
 	"math"
 	"sync"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 //go:embed queries.sql
@@ -47,8 +47,9 @@ type Config struct {
 	// Clock decides when timers and cron ticks are due. Defaults to the wall
 	// clock.
 	Clock Clock
-	// Logger receives the dispatcher's warnings and errors. Defaults to a
-	// logger that discards everything.
+	// Logger receives the dispatcher's warnings and errors. Defaults to
+	// warnings and errors on slog.Default() (information and debug records
+	// dropped).
 	Logger *slog.Logger
 	// PollInterval bounds the dispatcher's sleep (on Clock) when nothing is
 	// due sooner; a NOTIFY wakes it earlier. Defaults to 10 s.
@@ -112,7 +113,7 @@ func (c *Config) withDefaults(storeSchema string) (Config, error) {
 		out.Clock = wallClock{}
 	}
 	if out.Logger == nil {
-		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		out.Logger = telemetry.DefaultLogger()
 	}
 	if out.PollInterval < 0 || out.BatchSize < 0 || out.MaxAttempts < 0 || out.RetryBackoff < 0 ||
 		out.MaxRetryBackoff < 0 || out.MissedGrace < 0 || out.TickRetention < 0 || out.ContentionBackoff < 0 ||

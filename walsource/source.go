@@ -2,7 +2,6 @@ package walsource
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -58,7 +57,8 @@ type Config struct {
 	// standby status update. Defaults to 500ms.
 	StatusInterval time.Duration
 	// Logger receives reconnects, the re-creation of an invalidated slot,
-	// and a permanent failure (see Run). Defaults to discarding.
+	// and a permanent failure (see Run). Defaults to warnings and errors on
+	// slog.Default() (information and debug records dropped).
 	Logger *slog.Logger
 }
 
@@ -98,7 +98,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Source, error) {
 		c.StatusInterval = 500 * time.Millisecond
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = telemetry.DefaultLogger()
 	}
 	return &Source{pool: pool, cfg: c, schema: c.Schema, publication: PublicationName(c.Schema)}, nil
 }

@@ -2,7 +2,6 @@ package walsource
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -14,6 +13,7 @@ import (
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/telemetry"
 )
 
 // WakeConfig configures a Wake. A nil *WakeConfig means defaults.
@@ -23,8 +23,8 @@ type WakeConfig struct {
 	// StatusInterval goes to each Source. Defaults to 500ms.
 	StatusInterval time.Duration
 	// Logger receives reconnects, the re-creation of an invalidated slot,
-	// and a Source's permanent failure (Source.Run). Defaults to
-	// discarding.
+	// and a Source's permanent failure (Source.Run). Defaults to warnings
+	// and errors on slog.Default() (information and debug records dropped).
 	Logger *slog.Logger
 	// OnCommit, when set, also receives every Commit a leadership's Source
 	// decodes (for tests and metrics), after the Waker has signalled for it
@@ -103,7 +103,7 @@ func NewWake(ctx context.Context, pool *pgxpool.Pool, cfg *WakeConfig) (*Wake, e
 		return nil, err
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = telemetry.DefaultLogger()
 	}
 	if c.AdvanceAfter <= 0 {
 		c.AdvanceAfter = time.Second

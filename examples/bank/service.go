@@ -29,7 +29,8 @@ type service struct {
 type serviceOptions struct {
 	// out receives the notifications.
 	out io.Writer
-	// logger receives the runner's logs. Defaults to discarding.
+	// logger receives the runner's logs. Defaults to annals' default:
+	// warnings and errors on slog.Default().
 	logger *slog.Logger
 	// pollInterval is the runner's PollInterval. Defaults to the runner's.
 	pollInterval time.Duration

@@ -3,7 +3,6 @@ package natsconsumer
 import (
 	"context"
 	_ "embed"
-	"io"
 	"log/slog"
 	"time"
 
@@ -50,7 +49,8 @@ type Config struct {
 	// missing). Defaults to "annals".
 	Schema string
 	// Logger receives handler failures, the stream found made again, and
-	// (the default OnGap) gaps. Defaults to discarding.
+	// (the default OnGap) gaps. Defaults to warnings and errors on
+	// slog.Default() (information and debug records dropped).
 	Logger *slog.Logger
 	// OnGap is called when the stream no longer holds messages the consumer
 	// has not handled yet (removed by the stream's MaxAge, MaxMsgs or
@@ -118,7 +118,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg *Config) (*Consumer, error) {
 		c.Schema = "annals"
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = telemetry.DefaultLogger()
 	}
 	if c.OnGap == nil {
 		logger := c.Logger
