@@ -88,7 +88,10 @@ type Event struct {
 	StreamVersion int64
 	// Type is the event type name.
 	Type string
-	// Data is the payload as stored (JSON).
+	// Data is the payload (JSON): as stored, except where it was upcast to
+	// its type's current schema version (Registry.Upcast; a Store's reads
+	// and the handlers' decoding do it), which Metadata's SchemaVersionKey
+	// then names.
 	Data json.RawMessage
 	// Metadata is the event's metadata.
 	Metadata Metadata
