@@ -14,7 +14,7 @@ import (
 
 func (e *env) archiveCommand() *cobra.Command {
 	var batch int
-	var before int64
+	var before *positionFlag
 	var pause time.Duration
 	var format *string
 	cmd := &cobra.Command{
@@ -38,6 +38,9 @@ freed space is reused by new appends; see docs/operations.md.
 
 When there is nothing to move (every position below --before is archived already, or
 only the newest event is left), it says so; the run is recorded all the same, with 0 moved.
+--before is at most the head of the log + 1, which archives every event but the newest;
+a larger one is refused as a typo (exit 2), as checkpoint set refuses a position past
+the head.
 
 The role needs 'annals grant operator'. --output text prints a line per step; jsonl an
 object per step; json the final state: {"run_id", "started_by", "started_at", "before",
@@ -46,7 +49,7 @@ lines per step on stderr. An interrupted run (Ctrl-C, SIGTERM) exits 1 and says 
 it got (json: its state, "done": false); the next 'annals archive' continues it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if before < 1 {
+			if before.v < 1 {
 				return usagef("--before must be a position of at least 1")
 			}
 			if batch < 1 {
@@ -55,12 +58,25 @@ it got (json: its state, "done": false); the next 'annals archive' continues it.
 			if pause < 0 {
 				return usagef("--pause must not be negative")
 			}
+			q, err := e.queries()
+			if err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			pool, err := e.connect(ctx)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
+			var head int64
+			var now any
+			if err := pool.QueryRow(ctx, q["Head"]).Scan(&head, &now); err != nil {
+				return errors.Wrap(err, "read the head of the log")
+			}
+			if before.v > head+1 {
+				return usagef("--before %d is beyond the head of the log (%d): at most %d, which archives every event but the newest",
+					before.v, head, head+1)
+			}
 			// Progress goes to stdout; the service's log line would repeat it.
 			cfg := &archive.Config{Schema: e.schema, BatchSize: batch, Pause: pause,
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
@@ -95,7 +111,7 @@ it got (json: its state, "done": false); the next 'annals archive' continues it.
 			if err != nil {
 				return err
 			}
-			p, err := a.RunOnce(ctx, before)
+			p, err := a.RunOnce(ctx, before.v)
 			if errors.Is(err, archive.ErrBusy) {
 				return errors.Wrap(err, "another archiver is running; try again later")
 			}
@@ -120,9 +136,9 @@ it got (json: its state, "done": false); the next 'annals archive' continues it.
 			case outputJSON:
 				return writeJSON(e.stdout, p)
 			case outputText:
-				if p.Before != before {
+				if p.Before != before.v {
 					_, err = fmt.Fprintf(e.stdout, "run %d was an interrupted run (archiving below %d), now done; run again to archive below %d\n",
-						p.RunID, p.Before, before)
+						p.RunID, p.Before, before.v)
 					if err != nil {
 						return err
 					}
@@ -132,7 +148,7 @@ it got (json: its state, "done": false); the next 'annals archive' continues it.
 			return err
 		},
 	}
-	cmd.Flags().Int64Var(&before, "before", 0, "archive the events with positions below this one")
+	before = addPositionFlag(cmd, "before", "archive the events with positions below this one")
 	cmd.Flags().IntVar(&batch, "batch", 2000, "positions per step (one transaction each; appends wait for it)")
 	cmd.Flags().DurationVar(&pause, "pause", 0, "wait between steps (throttle), e.g. 50ms")
 	format = addOutputFlag(cmd, false, outputText, outputJSON, outputJSONL)

@@ -28,6 +28,20 @@ func TestArchiveCommand(t *testing.T) {
 			t.Fatalf("%v: %+v, want exit 2", args, r)
 		}
 	}
+	// A --before past the head + 1 would archive everything: a typo, refused
+	// with the head named, as checkpoint set refuses a position past it. A
+	// malformed one gets checkpoint set's words, not strconv's.
+	if r := annals(t, db.URL, "archive", "--before", "99999"); r.code != ExitUsage ||
+		!strings.HasPrefix(r.stderr, "annals: --before 99999 is beyond the head of the log (12): at most 13,") {
+		t.Fatalf("archive --before 99999: %+v", r)
+	}
+	if r := annals(t, db.URL, "archive", "--before", "abc"); r.code != ExitUsage ||
+		!strings.HasPrefix(r.stderr, "annals: --before \"abc\": want a non-negative integer\n") {
+		t.Fatalf("archive --before abc: %+v", r)
+	}
+	if r := annals(t, db.URL, "archive", "status"); r.code != 0 || !strings.Contains(r.stdout, "horizon 1 (head 12): 0 events moved") {
+		t.Fatalf("refused archives ran: %+v", r)
+	}
 
 	// Progress per step (jsonl), then the final state.
 	r := annals(t, db.URL, "archive", "--before", "9", "--batch", "3", "--output", "jsonl")
@@ -48,7 +62,7 @@ func TestArchiveCommand(t *testing.T) {
 		t.Fatalf("read of the stream after archiving: %+v", r)
 	}
 	// Everything but the newest event, in text.
-	if r = annals(t, db.URL, "archive", "--before", "100"); r.code != 0 || !strings.Contains(r.stdout, "done: 3 events moved; positions below 12 are archived") {
+	if r = annals(t, db.URL, "archive", "--before", "13"); r.code != 0 || !strings.Contains(r.stdout, "done: 3 events moved; positions below 12 are archived") {
 		t.Fatalf("second archive: %+v", r)
 	}
 	// Nothing left to move: it says so; the run is recorded (0 moved), so
@@ -57,7 +71,7 @@ func TestArchiveCommand(t *testing.T) {
 		!strings.Contains(r.stdout, ": nothing to archive below 3: positions below 12 are archived already") || strings.Contains(r.stdout, "%") {
 		t.Fatalf("archive below the horizon: %+v", r)
 	}
-	if r = annals(t, db.URL, "archive", "--before", "100"); r.code != 0 || !strings.Contains(r.stdout, ": nothing to archive below 100: ") {
+	if r = annals(t, db.URL, "archive", "--before", "13"); r.code != 0 || !strings.Contains(r.stdout, ": nothing to archive below 13: ") {
 		t.Fatalf("archive with only the newest event left: %+v", r)
 	}
 	var none struct {

@@ -230,12 +230,51 @@ func flagError(c *cobra.Command, err error) error {
 	if uerr := unknownSubcommand(c); uerr != nil {
 		return uerr
 	}
+	var pe positionError
+	if errors.As(err, &pe) {
+		return usageError{pe}
+	}
 	if format, ok := c.Annotations[negativeArgAnnotation]; ok {
 		if arg, ok := negativeNumber(err); ok {
 			return usagef(format, arg)
 		}
 	}
 	return usageError{err}
+}
+
+// positionFlag is a flag that takes a position of the log. A value that is
+// no integer is refused as checkpoint set refuses its POSITION, not with
+// strconv's words; the command checks the range.
+type positionFlag struct {
+	name string // without the dashes
+	v    int64
+}
+
+// addPositionFlag defines the position flag name on cmd.
+func addPositionFlag(cmd *cobra.Command, name, usage string) *positionFlag {
+	p := &positionFlag{name: name}
+	cmd.Flags().Var(p, name, usage)
+	return p
+}
+
+func (p *positionFlag) String() string { return strconv.FormatInt(p.v, 10) }
+func (p *positionFlag) Type() string   { return "position" }
+
+func (p *positionFlag) Set(s string) error {
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return positionError{"--" + p.name, s}
+	}
+	p.v = v
+	return nil
+}
+
+// positionError is a positionFlag's malformed value; flagError reports it
+// alone (the flag parser's message around it would say it twice).
+type positionError struct{ flag, value string }
+
+func (e positionError) Error() string {
+	return fmt.Sprintf("%s %q: want a non-negative integer", e.flag, e.value)
 }
 
 // unknownSubcommand is the error of a command with subcommands whose first
