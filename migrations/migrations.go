@@ -202,6 +202,12 @@ func up(ctx context.Context, pool *pgxpool.Pool, cfg *Config, edit func([]Migrat
 		}
 	}()
 
+	// Another Up (the deploy job's) may have applied them while this one
+	// waited for the lock: looked at again before the CREATE SCHEMA.
+	if current, err := applied(ctx, conn, q, ms); err == nil && current {
+		return nil, nil
+	}
+
 	// READ COMMITTED whatever the connection's default: under the lock, each
 	// statement must see what an Up that held it before has committed.
 	var done []Migration
