@@ -47,8 +47,10 @@ it got (json: its state, "done": false); the next 'annals scavenge' continues it
 			if pause < 0 {
 				return usagef("--pause must not be negative")
 			}
-			if list < 0 {
-				return usagef("--list must not be negative")
+			// --list 0 would list nothing: refused, not taken for no
+			// --list (which starts a run).
+			if cmd.Flags().Changed("list") && list < 1 {
+				return usagef("--list %d: want how many of the last runs to show, 1 or more", list)
 			}
 			ctx := cmd.Context()
 			pool, err := e.connect(ctx)
