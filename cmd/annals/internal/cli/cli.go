@@ -30,7 +30,8 @@ const (
 // exitCodesHelp is the exit-code paragraph of the root command's help.
 const exitCodesHelp = `Exit codes: 0 success; 1 failure; 2 bad flags, arguments or input (an unknown
 command, a malformed value or event, an invalid schema name); 3 not found (the dead letter,
-cron task, timer, subscriber or stream named does not exist). Exit 2 and 3 change nothing.`
+cron task, timer, subscriber or stream named does not exist; a deleted stream exists: reading
+or deleting it again exits 1). Exit 2 and 3 change nothing.`
 
 // usageError marks a mistake in the command line: exit code 2.
 type usageError struct{ err error }

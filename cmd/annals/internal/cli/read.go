@@ -25,7 +25,12 @@ func (e *env) readCommand() *cobra.Command {
 		Long: `Without STREAM, read the whole log from position --from; with STREAM, read that
 stream from version --from. --output jsonl writes one JSON object per event with the
 keys global_sequence, event_id, stream_id, stream_version, event_type, data, metadata,
-recorded_at; --output json writes them as one JSON array.`,
+recorded_at; --output json writes them as one JSON array.
+
+A STREAM that does not exist exits 3 (not found). A deleted one exits 1 and says so:
+it exists ('annals stream info' shows it), and only an append expecting its version
+recreates it, not one that expects no stream; 'annals stream delete' of it again exits
+1 too.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if from < 0 {

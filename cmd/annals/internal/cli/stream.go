@@ -49,7 +49,10 @@ with them the stream's aggregate snapshots (all of them after --hard; after a so
 delete, those up to the deletion).
 
 --hard cannot be undone: on a terminal it asks for confirmation, otherwise pass --yes.
-A stream that does not exist exits 3; one already deleted exits 1.
+A stream that does not exist exits 3. One already deleted exits 1, as reading it does:
+it exists ('annals stream info' shows it), and only an append expecting its version
+recreates it, not one that expects no stream. A soft-deleted stream can be deleted
+again with --hard.
 --output json writes {"stream_id", "stream_version", "global_sequence", "event_id", "hard"}.`,
 		Example: `  annals stream delete order-42
   annals stream delete customer-7 --hard --yes --reason "erasure request 2026-118"`,
@@ -92,6 +95,15 @@ A stream that does not exist exits 3; one already deleted exits 1.
 			if errors.Is(err, eventstore.ErrStreamNotFound) {
 				// A *WrongExpectedVersionError with actual version 0.
 				return notFoundf("stream %q does not exist: there is nothing to delete", stream)
+			}
+			// The library says what a deleted stream means for an append.
+			var deleted *eventstore.StreamDeletedError
+			if errors.As(err, &deleted) && deleted.Hard {
+				return errors.Newf("stream %q is already hard-deleted (version %d): there is nothing to delete", stream, deleted.Version)
+			}
+			if errors.As(err, &deleted) && !hard {
+				return errors.Newf("stream %q is already deleted (version %d): there is nothing to delete (--hard makes it a tombstone)",
+					stream, deleted.Version)
 			}
 			if err != nil {
 				return err

@@ -28,6 +28,16 @@ func TestStreamDeleteAndInfo(t *testing.T) {
 		r.stderr != "annals: stream \"order-1\" is deleted (version 3): it has nothing to read until an append expecting exactly version 3 recreates it\n" {
 		t.Fatalf("read of a deleted stream: %+v", r)
 	}
+	// A deleted stream exists (stream info shows it; a no-stream append
+	// cannot recreate it): a second delete fails (exit 1), as the read
+	// does, in a delete's words; read --help says so.
+	if r = annals(t, db.URL, "stream", "delete", "order-1"); r.code != ExitFailure ||
+		r.stderr != "annals: stream \"order-1\" is already deleted (version 3): there is nothing to delete (--hard makes it a tombstone)\n" {
+		t.Fatalf("second delete: %+v", r)
+	}
+	if r = annals(t, db.URL, "read", "--help"); r.code != 0 || !strings.Contains(r.stdout, "A deleted one exits 1") {
+		t.Fatalf("read --help: %+v", r)
+	}
 	r = annals(t, db.URL, "stream", "info", "order-1", "--output", "json")
 	var info StreamInfoJSON
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &info) != nil || info.State != "deleted" || info.Version != 3 || info.TruncateBefore != 4 {
@@ -60,6 +70,12 @@ func TestStreamDeleteAndInfo(t *testing.T) {
 	}
 	if r = annals(t, db.URL, "stream", "info", "customer-7"); r.code != 0 || !strings.Contains(r.stdout, "hard-deleted") {
 		t.Fatalf("info of a tombstone: %+v", r)
+	}
+	for _, args := range [][]string{{"stream", "delete", "customer-7"}, {"stream", "delete", "customer-7", "--hard", "--yes"}} {
+		if r = annals(t, db.URL, args...); r.code != ExitFailure ||
+			r.stderr != "annals: stream \"customer-7\" is already hard-deleted (version 2): there is nothing to delete\n" {
+			t.Fatalf("%q of a tombstone: %+v", args, r)
+		}
 	}
 	// Not found, bad arguments.
 	if r = annals(t, db.URL, "stream", "delete", "nope"); r.code != ExitNotFound ||
