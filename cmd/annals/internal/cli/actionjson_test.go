@@ -68,7 +68,7 @@ func TestActionsOutputJSON(t *testing.T) {
 		t.Errorf("dlq retry --all with nothing open: %+v", all)
 	}
 	var purge PurgeJSON
-	run(&purge, "dlq", "purge", "--older-than", "0s", "--include-unresolved")
+	run(&purge, "dlq", "purge", "--older-than", "0s", "--include-unresolved", "--yes")
 	if purge.Purged != 2 || !purge.IncludeUnresolved || purge.Cutoff.IsZero() {
 		t.Errorf("dlq purge: %+v", purge)
 	}

@@ -289,7 +289,7 @@ the Stop policy halted it. A dead letter already resolved or skipped changes not
 
 func (e *env) dlqPurgeCommand() *cobra.Command {
 	var olderThan string
-	var includeUnresolved bool
+	var includeUnresolved, yes bool
 	var format *string
 	cmd := &cobra.Command{
 		Use:   "purge --older-than AGE",
@@ -299,8 +299,12 @@ database server's clock (the cutoff is inclusive). AGE is a Go duration (90m, 12
 with an optional leading number of days: 30d, 1d12h, 0s (everything up to now).
 
 --include-unresolved deletes open and retry dead letters too: their events are then
-never re-delivered, like a skip that leaves no trace, and their streams flow on.`,
-		Example: `  annals dlq purge --older-than 30d`,
+never re-delivered, like a skip that leaves no trace, and their streams flow on. That
+cannot be undone: on a terminal it asks for confirmation; otherwise pass --yes (as
+checkpoint set, forget and stream delete --hard need it). Purging only resolved and
+skipped dead letters, which are settled, asks nothing.`,
+		Example: `  annals dlq purge --older-than 30d
+  annals dlq purge --older-than 90d --include-unresolved --yes`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !cmd.Flags().Changed("older-than") {
@@ -309,6 +313,20 @@ never re-delivered, like a skip that leaves no trace, and their streams flow on.
 			age, err := parseAge(olderThan)
 			if err != nil {
 				return usageError{errors.Wrapf(err, "--older-than %q", olderThan)}
+			}
+			if includeUnresolved && !yes {
+				effect := fmt.Sprintf("delete the open and retry dead letters (and the resolved and skipped ones) last updated at least %s ago: their events are never re-delivered",
+					olderThan)
+				if !isTerminal(e.stdin) {
+					return usagef("stdin is not a terminal: pass --yes to %s", effect)
+				}
+				ok, err := confirm(e.stdin, e.stderr, "About to "+effect+". Continue?")
+				if err != nil {
+					return err
+				}
+				if !ok {
+					return errors.New("not confirmed: no dead letter was purged")
+				}
 			}
 			q, err := e.queries()
 			if err != nil {
@@ -349,7 +367,8 @@ never re-delivered, like a skip that leaves no trace, and their streams flow on.
 	}
 	format = addOutputFlag(cmd, false, outputText, outputJSON)
 	cmd.Flags().StringVar(&olderThan, "older-than", "", "delete dead letters last updated at least this long ago (30d, 12h, 1d12h)")
-	cmd.Flags().BoolVar(&includeUnresolved, "include-unresolved", false, "delete open and retry dead letters too")
+	cmd.Flags().BoolVar(&includeUnresolved, "include-unresolved", false, "delete open and retry dead letters too (asks, or needs --yes)")
+	cmd.Flags().BoolVar(&yes, "yes", false, "do not ask for confirmation of --include-unresolved")
 	return cmd
 }
 

@@ -483,14 +483,28 @@ func TestDlqPurge(t *testing.T) {
 	if r.code != 0 || !strings.HasPrefix(r.stdout, "nothing to do: no dead letters resolved or skipped last updated at or before ") {
 		t.Errorf("second purge: %+v", r)
 	}
+	// Deleting unresolved dead letters cannot be undone: it needs --yes
+	// without a terminal (exit 2), and a terminal's yes; a no changes nothing.
 	r = annals(t, db.URL, "dlq", "purge", "--older-than", "720h", "--include-unresolved")
+	if r.code != ExitUsage || !strings.Contains(r.stderr, "pass --yes to delete the open and retry dead letters") {
+		t.Errorf("purge --include-unresolved without --yes: %+v", r)
+	}
+	r = annalsIn(t, db.URL, ttyReader{strings.NewReader("n\n")}, "dlq", "purge", "--older-than", "720h", "--include-unresolved")
+	if r.code != ExitFailure || !strings.Contains(r.stderr, "About to delete the open and retry dead letters") ||
+		!strings.Contains(r.stderr, "not confirmed: no dead letter was purged") {
+		t.Errorf("purge --include-unresolved, not confirmed: %+v", r)
+	}
+	if got, want := remaining(), []int64{youngResolved, oldOpen, oldRetry, youngOpen}; !slices.Equal(got, want) {
+		t.Fatalf("after refused purges: %v, want %v", got, want)
+	}
+	r = annals(t, db.URL, "dlq", "purge", "--older-than", "720h", "--include-unresolved", "--yes")
 	if r.code != 0 || !strings.HasPrefix(r.stdout, "purged 2 dead letters of any status last updated at or before ") {
 		t.Errorf("purge --include-unresolved: %+v", r)
 	}
 	if got, want := remaining(), []int64{youngResolved, youngOpen}; !slices.Equal(got, want) {
 		t.Fatalf("after purge --include-unresolved: %v, want %v", got, want)
 	}
-	r = annals(t, db.URL, "dlq", "purge", "--older-than", "28d23h")
+	r = annals(t, db.URL, "dlq", "purge", "--older-than", "28d23h", "--yes") // --yes is accepted, needed or not
 	if r.code != 0 || !strings.HasPrefix(r.stdout, "purged 1 dead letter resolved or skipped ") {
 		t.Errorf("purge --older-than 28d23h: %+v", r)
 	}
