@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/annals-dev/annals/migrations"
@@ -81,6 +82,13 @@ on a runner's or operator's first grant needs a superuser.
 			}
 			defer pool.Close()
 			ran, err := migrations.GrantCounted(cmd.Context(), pool, role, kind, cfg)
+			if errors.Is(err, migrations.ErrRoleNotFound) {
+				// The cause first, then what to do (migrations' message
+				// puts its hint before the cause).
+				id := pgx.Identifier{role}.Sanitize()
+				return errors.Mark(errors.Newf("role %s does not exist: create it first (CREATE ROLE %s LOGIN ...), then grant again", id, id),
+					migrations.ErrRoleNotFound)
+			}
 			if err != nil {
 				return err
 			}

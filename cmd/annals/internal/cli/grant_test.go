@@ -82,7 +82,9 @@ func TestGrantCommand(t *testing.T) {
 	t.Run("RolesAtWork", func(t *testing.T) {
 		t.Parallel()
 		db := annalstest.NewDB(t, nil)
-		if r := annals(t, db.URL, "grant", "reader", "annals_no_such_role"); r.code != ExitFailure || !strings.Contains(r.stderr, "role does not exist") {
+		// The cause first, then the hint.
+		if r := annals(t, db.URL, "grant", "reader", "annals_no_such_role"); r.code != ExitFailure ||
+			r.stderr != "annals: role \"annals_no_such_role\" does not exist: create it first (CREATE ROLE \"annals_no_such_role\" LOGIN ...), then grant again\n" {
 			t.Fatalf("grant to a missing role: %+v", r)
 		}
 		writer, writerURL := loginRole(t, db, "w")
