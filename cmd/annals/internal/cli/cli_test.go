@@ -420,3 +420,25 @@ func TestUnknownSubcommandBeforeItsFlags(t *testing.T) {
 		t.Fatalf("walked %d commands with subcommands, want at least 8", walked)
 	}
 }
+
+// migrate --status lines its columns up: the name column is as wide as the
+// longest name (several are longer than 20 characters).
+func TestMigrateStatusAligned(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	r := annals(t, db.URL, "migrate", "--status")
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	if r.code != 0 || len(lines) < 30 {
+		t.Fatalf("migrate --status: %+v", r)
+	}
+	long, col := 0, strings.Index(lines[0], " applied ")+1
+	for _, l := range lines {
+		if i := strings.Index(l, " applied "); i+1 != col {
+			t.Errorf("the status of %q is at column %d, want %d", l, i+1, col)
+		}
+		long = max(long, len(strings.Fields(l)[1]))
+	}
+	if long <= 20 || col != len("0001  ")+long+2 {
+		t.Errorf("longest name %d characters, status column %d:\n%s", long, col, r.stdout)
+	}
+}

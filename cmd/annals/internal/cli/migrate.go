@@ -67,14 +67,16 @@ version'.`,
 					}
 					return writeJSONList(e.stdout, *format, out)
 				}
+				// The name column is as wide as the longest name.
+				var tbl textTable
 				for _, s := range states {
 					when := "pending"
 					if s.Applied {
 						when = "applied " + s.AppliedAt.UTC().Format("2006-01-02 15:04:05Z")
 					}
-					fmt.Fprintf(e.stdout, "%04d  %-20s %s\n", s.Version, s.Name, when)
+					tbl.add(fmt.Sprintf("%04d", s.Version), s.Name, when)
 				}
-				return nil
+				return tbl.write(e.stdout)
 			}
 			done, err := migrations.Up(cmd.Context(), pool, cfg)
 			if *format == outputJSON {
