@@ -103,8 +103,8 @@ it got (json: its state, "done": false); the next 'annals archive' continues it.
 							p.RunID, p.Before, p.From+1)
 						return
 					}
-					_, werr = fmt.Fprintf(out, "run %d: positions %d..%d of %d archived (%.0f%%), %d events moved\n",
-						p.RunID, p.From+1, p.ArchivedTo, p.Target, 100*p.Fraction(), p.Moved)
+					_, werr = fmt.Fprintf(out, "run %d: positions %d..%d of %d archived (%.0f%%), %s moved\n",
+						p.RunID, p.From+1, p.ArchivedTo, p.Target, 100*p.Fraction(), countNoun(p.Moved, "event"))
 				}
 			}
 			a, err := archive.New(pool, cfg)
@@ -123,8 +123,8 @@ it got (json: its state, "done": false); the next 'annals archive' continues it.
 						return werr
 					}
 				}
-				return errors.Newf("interrupted: run %d stopped with positions up to %d of %d archived (%d events moved); the next 'annals archive' continues it",
-					p.RunID, p.ArchivedTo, p.Target, p.Moved)
+				return errors.Newf("interrupted: run %d stopped with positions up to %d of %d archived (%s moved); the next 'annals archive' continues it",
+					p.RunID, p.ArchivedTo, p.Target, countNoun(p.Moved, "event"))
 			}
 			if err != nil {
 				return err
@@ -143,7 +143,7 @@ it got (json: its state, "done": false); the next 'annals archive' continues it.
 						return err
 					}
 				}
-				_, err = fmt.Fprintf(e.stdout, "run %d done: %d events moved; positions below %d are archived\n", p.RunID, p.Moved, p.Target+1)
+				_, err = fmt.Fprintf(e.stdout, "run %d done: %s moved; positions below %d are archived\n", p.RunID, countNoun(p.Moved, "event"), p.Target+1)
 			}
 			return err
 		},
@@ -194,10 +194,10 @@ events and events_archive with their indexes and their row estimates, and the la
 				if n < 0 {
 					return "not analyzed"
 				}
-				return fmt.Sprintf("~%d rows", n)
+				return "~" + countNoun(n, "row")
 			}
-			if _, err := fmt.Fprintf(e.stdout, "horizon %d (head %d): %d events moved by archive runs\nhot events:     %s, %s\nevents_archive: %s, %s\n",
-				st.Horizon, st.Head, st.Moved, bytesText(st.HotBytes), rows(st.HotRows), bytesText(st.ArchiveBytes), rows(st.ArchiveRows)); err != nil {
+			if _, err := fmt.Fprintf(e.stdout, "horizon %d (head %d): %s moved by archive runs\nhot events:     %s, %s\nevents_archive: %s, %s\n",
+				st.Horizon, st.Head, countNoun(st.Moved, "event"), bytesText(st.HotBytes), rows(st.HotRows), bytesText(st.ArchiveBytes), rows(st.ArchiveRows)); err != nil {
 				return err
 			}
 			for _, r := range st.Runs {
@@ -205,9 +205,9 @@ events and events_archive with their indexes and their row estimates, and the la
 				if r.FinishedAt != nil {
 					state = "finished " + r.FinishedAt.UTC().Format(timeLayout)
 				}
-				if _, err := fmt.Fprintf(e.stdout, "run %d by %s (%s), started %s, %s: below %d, positions %d..%d, archived to %d, %d moved in %d steps\n",
+				if _, err := fmt.Fprintf(e.stdout, "run %d by %s (%s), started %s, %s: below %d, positions %d..%d, archived to %d, %d moved in %s\n",
 					r.RunID, r.StartedBy, r.Instance, r.StartedAt.UTC().Format(timeLayout), state, r.Before, r.From+1, r.Target,
-					r.ArchivedTo, r.Moved, r.Steps); err != nil {
+					r.ArchivedTo, r.Moved, countNoun(r.Steps, "step")); err != nil {
 					return err
 				}
 			}

@@ -180,7 +180,7 @@ start a new subscriber somewhere other than the beginning).`,
 					return errors.Wrap(err, "read the subscriber's partition layout")
 				}
 				if err == nil && partition >= parts {
-					return usagef("subscriber %s runs with %d partition(s) (0-%d): no checkpoint for partition %d", sub, parts, parts-1, partition)
+					return usagef("subscriber %s runs with %s (0-%d): no checkpoint for partition %d", sub, countNoun(parts, "partition"), parts-1, partition)
 				}
 			} else if err != nil {
 				return err
@@ -244,8 +244,8 @@ start a new subscriber somewhere other than the beginning).`,
 			_, err = fmt.Fprintf(e.stdout, "%s/%d: position %d → %d, epoch %d → %d\n",
 				sub, partition, before.Position, after.Position, before.Epoch, after.Epoch)
 			if err == nil && settled > 0 {
-				_, err = fmt.Fprintf(e.stdout, "%d dead letter(s) after position %d settled as resolved: their events are delivered again (one that fails again is open again)\n",
-					settled, after.Position)
+				_, err = fmt.Fprintf(e.stdout, "%s after position %d settled as resolved: their events are delivered again (one that fails again is open again)\n",
+					countNoun(settled, "dead letter"), after.Position)
 			}
 			return err
 		},

@@ -305,7 +305,7 @@ checkpoint set, forget and stream delete --hard need it). Purging only resolved 
 skipped dead letters, which are settled, asks nothing.`,
 		Example: `  annals dlq purge --older-than 30d
   annals dlq purge --older-than 90d --include-unresolved --yes`,
-		Args:    cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !cmd.Flags().Changed("older-than") {
 				return usagef("want --older-than AGE (e.g. 30d)")
@@ -671,7 +671,8 @@ func writeChange(w io.Writer, c deadletter.Change) error {
 	return err
 }
 
-func countNoun(n int, noun string) string {
+// countNoun is n and noun, in the plural unless n is 1: "1 step", "0 steps".
+func countNoun[N ~int | ~int64](n N, noun string) string {
 	if n == 1 {
 		return "1 " + noun
 	}

@@ -65,10 +65,10 @@ Forgetting a subject twice, or one never seen, succeeds (had_key false).
 				return writeJSON(e.stdout, res)
 			}
 			if !res.HadKey {
-				_, err = fmt.Fprintf(e.stdout, "%s forgotten (it had no data key: nothing was stored for it, or it was forgotten before); %d snapshots deleted\n", subject, res.SnapshotsDeleted)
+				_, err = fmt.Fprintf(e.stdout, "%s forgotten (it had no data key: nothing was stored for it, or it was forgotten before); %s deleted\n", subject, countNoun(res.SnapshotsDeleted, "snapshot"))
 				return err
 			}
-			_, err = fmt.Fprintf(e.stdout, "%s forgotten: data key destroyed, %d snapshots deleted\n", subject, res.SnapshotsDeleted)
+			_, err = fmt.Fprintf(e.stdout, "%s forgotten: data key destroyed, %s deleted\n", subject, countNoun(res.SnapshotsDeleted, "snapshot"))
 			return err
 		},
 	}

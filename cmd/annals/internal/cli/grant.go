@@ -95,7 +95,7 @@ on a runner's or operator's first grant needs a superuser.
 			if *format == outputJSON {
 				return writeJSON(e.stdout, GrantJSON{Role: role, Kind: kind.String(), Schema: e.schema, Statements: ran})
 			}
-			_, err = fmt.Fprintf(e.stdout, "granted %s to %s (%d statements)\n", kind, role, ran)
+			_, err = fmt.Fprintf(e.stdout, "granted %s to %s (%s)\n", kind, role, countNoun(ran, "statement"))
 			return err
 		},
 	}

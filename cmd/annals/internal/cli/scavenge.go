@@ -104,9 +104,9 @@ it got (json: its state, "done": false); the next 'annals scavenge' continues it
 					if r.FinishedAt != nil {
 						state = "finished " + r.FinishedAt.UTC().Format(timeLayout)
 					}
-					if _, err := fmt.Fprintf(e.stdout, "run %d by %s (%s), started %s, clock %s, %s: positions %d..%d, scanned to %d, %d removed in %d steps\n",
+					if _, err := fmt.Fprintf(e.stdout, "run %d by %s (%s), started %s, clock %s, %s: positions %d..%d, scanned to %d, %d removed in %s\n",
 						r.RunID, r.StartedBy, r.Instance, r.StartedAt.UTC().Format(timeLayout), r.Now.UTC().Format(timeLayout), state,
-						r.From+1, r.Target, r.ScannedTo, r.Removed, r.Steps); err != nil {
+						r.From+1, r.Target, r.ScannedTo, r.Removed, countNoun(r.Steps, "step")); err != nil {
 						return err
 					}
 				}
@@ -125,8 +125,8 @@ it got (json: its state, "done": false); the next 'annals scavenge' continues it
 						return werr
 					}
 				}
-				return errors.Newf("interrupted: run %d stopped with positions up to %d of %d scanned (%d events removed); the next 'annals scavenge' continues it",
-					p.RunID, p.ScannedTo, p.Target, p.Removed)
+				return errors.Newf("interrupted: run %d stopped with positions up to %d of %d scanned (%s removed); the next 'annals scavenge' continues it",
+					p.RunID, p.ScannedTo, p.Target, countNoun(p.Removed, "event"))
 			}
 			if err != nil {
 				return err
@@ -138,7 +138,7 @@ it got (json: its state, "done": false); the next 'annals scavenge' continues it
 				return writeJSON(e.stdout, p)
 			}
 			if *format == outputText {
-				_, err = fmt.Fprintf(e.stdout, "run %d done: %d events removed from positions %d..%d\n", p.RunID, p.Removed, p.From+1, p.Target)
+				_, err = fmt.Fprintf(e.stdout, "run %d done: %s removed from positions %d..%d\n", p.RunID, countNoun(p.Removed, "event"), p.From+1, p.Target)
 			}
 			return err
 		},

@@ -20,7 +20,7 @@ func TestScavengeListShowsTheClock(t *testing.T) {
 		t.Fatalf("scavenge: %+v", r)
 	}
 	r := annals(t, db.URL, "scavenge", "--list", "1")
-	line := regexp.MustCompile(`^run 1 by \S+ \(\S+\), started (\S+ \S+), clock (\S+ \S+), finished \S+ \S+: positions 1\.\.1, scanned to 1, 0 removed in 1 steps\n$`)
+	line := regexp.MustCompile(`^run 1 by \S+ \(\S+\), started (\S+ \S+), clock (\S+ \S+), finished \S+ \S+: positions 1\.\.1, scanned to 1, 0 removed in 1 step\n$`)
 	m := line.FindStringSubmatch(r.stdout)
 	if r.code != 0 || m == nil || m[2] > m[1] {
 		t.Fatalf("scavenge --list: %+v", r)

@@ -357,7 +357,7 @@ func writeStatusTable(w io.Writer, st *StatusJSON) error {
 	}
 	for _, s := range st.Subscribers {
 		if s.DeadLetters > 0 && !retired(s) {
-			fmt.Fprintf(&b, "%s/%d has %d unresolved dead letter(s): annals dlq list --subscriber %s\n", s.Subscriber, s.Partition, s.DeadLetters, s.Subscriber)
+			fmt.Fprintf(&b, "%s/%d has %s: annals dlq list --subscriber %s\n", s.Subscriber, s.Partition, countNoun(s.DeadLetters, "unresolved dead letter"), s.Subscriber)
 		}
 	}
 	b.WriteString("\n")

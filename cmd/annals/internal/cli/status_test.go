@@ -467,7 +467,7 @@ func TestCheckpointCommand(t *testing.T) {
 		// A partition the subscriber's recorded layout does not have would
 		// never be led: refused.
 		sqlExec(t, db, `INSERT INTO annals.subscriber_layouts (subscriber_id, partitions, partition_by) VALUES ('laid', 2, 'stream')`)
-		if r = annals(t, db.URL, "checkpoint", "set", "laid", "1", "--partition", "5", "--create", "--yes"); r.code != ExitUsage || !strings.Contains(r.stderr, "runs with 2 partition(s) (0-1)") {
+		if r = annals(t, db.URL, "checkpoint", "set", "laid", "1", "--partition", "5", "--create", "--yes"); r.code != ExitUsage || !strings.Contains(r.stderr, "runs with 2 partitions (0-1)") {
 			t.Errorf("set --create of a partition outside the layout: %+v", r)
 		}
 		if r = annals(t, db.URL, "checkpoint", "set", "laid", "1", "--partition", "1", "--create", "--yes"); r.code != 0 {
@@ -517,7 +517,7 @@ func TestStatusShowsStoppedAndDeadLetters(t *testing.T) {
 	}
 	r := annals(t, db.URL, "status")
 	if r.code != 0 || !strings.Contains(r.stdout, "STOPPED mailer/0 since ") || !strings.Contains(r.stdout, ": event x failed: smtp down") ||
-		!strings.Contains(r.stdout, "mailer/0 has 2 unresolved dead letter(s)") || strings.Contains(r.stdout, "fine/0 has") || strings.Contains(r.stdout, "STOPPED fine") {
+		!strings.Contains(r.stdout, "mailer/0 has 2 unresolved dead letters") || strings.Contains(r.stdout, "fine/0 has") || strings.Contains(r.stdout, "STOPPED fine") {
 		t.Fatalf("status:\n%s", r.stdout)
 	}
 	r = annals(t, db.URL, "status", "--output", "json")

@@ -93,10 +93,10 @@ Progress goes to stderr; --output json writes the report as one JSON object.`,
 					if p.Head > 0 {
 						pct = 100 * float64(p.Position) / float64(p.Head)
 					}
-					fmt.Fprintf(e.stderr, "verify: position %d of %d (%.0f%%), %d events, %s\n",
-						p.Position, p.Head, pct, p.Events, took)
+					fmt.Fprintf(e.stderr, "verify: position %d of %d (%.0f%%), %s, %s\n",
+						p.Position, p.Head, pct, countNoun(p.Events, "event"), took)
 				default:
-					fmt.Fprintf(e.stderr, "verify: streams table, %d rows of about %d, %s\n", p.StreamRows, p.Streams, took)
+					fmt.Fprintf(e.stderr, "verify: streams table, %s of about %d, %s\n", countNoun(p.StreamRows, "row"), p.Streams, took)
 				}
 			}
 			rep, err := verify.Log(cmd.Context(), pool, cfg)
@@ -146,7 +146,7 @@ Progress goes to stderr; --output json writes the report as one JSON object.`,
 
 func writeVerifyText(e *env, rep *verify.Report, baseline, wrote string) error {
 	w := e.stdout
-	fmt.Fprintf(w, "schema %s: %d events in %d streams, head %d", rep.Schema, rep.Events, rep.Streams, rep.Head)
+	fmt.Fprintf(w, "schema %s: %s in %s, head %d", rep.Schema, countNoun(rep.Events, "event"), countNoun(rep.Streams, "stream"), rep.Head)
 	if rep.Sequence != nil {
 		fmt.Fprintf(w, ", sequence %d", *rep.Sequence)
 	}
@@ -161,12 +161,12 @@ func writeVerifyText(e *env, rep *verify.Report, baseline, wrote string) error {
 		fmt.Fprintf(w, "PROBLEM %s: %s\n", p.Kind, p.Message)
 	}
 	if more := rep.ProblemCount - len(rep.Problems); more > 0 {
-		fmt.Fprintf(w, "... and %d more problems\n", more)
+		fmt.Fprintf(w, "... and %s\n", countNoun(more, "more problem"))
 	}
 	if rep.OK() {
 		fmt.Fprintln(w, "ok: no problems found")
 	} else {
-		fmt.Fprintf(w, "%d problems found\n", rep.ProblemCount)
+		fmt.Fprintf(w, "%s found\n", countNoun(rep.ProblemCount, "problem"))
 	}
 	if wrote != "" {
 		fmt.Fprintf(w, "baseline written to %s\n", wrote)

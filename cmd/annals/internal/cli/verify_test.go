@@ -64,6 +64,11 @@ func TestVerifyCommand(t *testing.T) {
 	if after, _ := os.ReadFile(base); string(after) != string(before) {
 		t.Error("the baseline was overwritten although the log has problems")
 	}
+	// One problem, in the singular.
+	if r = annals(t, db.URL, "verify", "--baseline", base); r.code != ExitFailure || !strings.Contains(r.stdout, "\n1 problem found\n") ||
+		!strings.Contains(r.stdout, ": 3 events in 2 streams, head 3") {
+		t.Fatalf("verify a changed log, text: %+v", r)
+	}
 
 	for _, args := range [][]string{
 		{"verify", "--output", "xml"},
