@@ -105,7 +105,7 @@ func testTrialEnds(t *testing.T) {
 	reg := eventstore.NewRegistry()
 	eventstore.MustRegister[TrialStarted](reg, "trial.started")
 	eventstore.MustRegister[TrialEnded](reg, "trial.ended")
-	r := testkit.ReplaySaga(t, trialSaga(reg), &testkit.SagaReplayOptions{ReplayOptions: testkit.ReplayOptions{Registry: reg}},
+	r := testkit.ReplaySaga(t, trialSaga(reg), nil, // nil options: the saga's registry
 		testkit.Stream("trial-ann", TrialStarted{Account: "ann"}))
 	if got := len(r.Timers(t)); got != 1 {
 		t.Fatalf("%d timers pending, want the trial's end", got)

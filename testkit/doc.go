@@ -34,7 +34,7 @@
 //
 //	func TestBalances(t *testing.T) {
 //		t.Parallel()
-//		r := testkit.ReplayProjection(t, newBalances(reg), &testkit.ReplayOptions{Registry: reg},
+//		r := testkit.ReplayProjection(t, newBalances(reg), nil,
 //			testkit.Stream("account-1", Opened{Owner: "Ann"}, Deposited{Amount: 100}),
 //			testkit.Stream("account-2", Opened{Owner: "Bob"}),
 //		)
@@ -48,9 +48,12 @@
 // The replay is the production path, not a simulation of it: the events go
 // through eventstore (so they are encoded, validated and numbered as in
 // production) and the handler runs under projection.Runner.RunUntilCaughtUp,
-// in the runner's transactions, with its checkpoints; ReplayOptions.Registry
-// is the runner's registry too, as an annals.Client's is, so untyped
-// handlers also get events upcast to their current schema version. The
+// in the runner's transactions, with its checkpoints. The events' registry
+// is ReplayOptions.Registry, by default the one the handler was built with
+// (projection.New(name, reg), projection.NewObserver, saga.New), so a nil
+// *ReplayOptions does for a typed handler; it is the runner's registry too,
+// as an annals.Client's is, so untyped handlers also get events upcast to
+// their current schema version. The
 // read model's tables come from ReplayOptions.Setup, the projection's own setup
 // (projection.Setupper: Typed.OnSetup) and its Reset (projection.Resetter),
 // which run first, as a rebuild would run them: a projection with an
@@ -87,6 +90,6 @@
 // each timer's due time and each tick of the cron tasks added to
 // SagaReplay.Scheduler, and fires each when it falls due, which the saga
 // then handles; [SagaReplay.Append] adds events. Its
-// options embed ReplayOptions, and failures are reported as for
-// projections.
+// options embed ReplayOptions (nil options take the registry of saga.New),
+// and failures are reported as for projections.
 package testkit

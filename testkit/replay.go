@@ -24,11 +24,13 @@ const DefaultStream = "testkit-1"
 // defaults.
 type ReplayOptions struct {
 	// Registry names the Go types of the events given as plain values (and
-	// of EventData with an empty Type). Usually the registry the projection
-	// decodes with. It is also the runner's (projection.Config.Registry,
-	// unless Config sets one), as in an annals.Client: every handler,
-	// untyped ones too, sees events upcast to their type's current schema
-	// version. Defaults to an empty registry: every event must then be an
+	// of EventData with an empty Type). It is also the runner's
+	// (projection.Config.Registry, unless Config sets one), as in an
+	// annals.Client: every handler, untyped ones too, sees events upcast to
+	// their type's current schema version. Defaults to the registry the
+	// handler was built with (projection.New, projection.NewObserver,
+	// saga.New), so a typed handler's test need not repeat it; for other
+	// handlers, to an empty registry: every event must then be an
 	// eventstore.EventData with its Type set.
 	Registry *eventstore.Registry
 	// Stream is the stream of the events given outside a [Stream].
@@ -104,10 +106,19 @@ type runSettings struct {
 	cfg      projection.Config
 	mu       sync.Mutex
 	failures []error
+	// regName names the events' registry in messages.
+	regName string
 }
 
-// defaults fills in opts's defaults and derives the runner settings from it.
-func (s *runSettings) defaults(opts *ReplayOptions) {
+// defaults fills in opts's defaults for handler and derives the runner
+// settings from it.
+func (s *runSettings) defaults(opts *ReplayOptions, handler any) {
+	s.regName = "ReplayOptions.Registry"
+	if opts.Registry == nil {
+		if opts.Registry = handlerRegistry(handler); opts.Registry != nil {
+			s.regName = "the handler's registry (ReplayOptions.Registry is nil)"
+		}
+	}
 	if opts.Registry == nil {
 		opts.Registry = eventstore.NewRegistry()
 	}
@@ -180,7 +191,10 @@ func (s *runSettings) result(runErr error) error {
 // projection), setup errors, and the first handler error or panic, quoted
 // with its event.
 //
-//	r := testkit.ReplayProjection(t, balances, &testkit.ReplayOptions{Registry: reg},
+// A nil opts means defaults; the events' registry is then the one a typed
+// handler was built with (projection.New(name, reg)):
+//
+//	r := testkit.ReplayProjection(t, balances, nil,
 //		testkit.Stream("account-1", Opened{Owner: "Ann"}, Deposited{Amount: 100}))
 //	var amount int
 //	err := r.Pool.QueryRow(t.Context(), `SELECT amount FROM balances WHERE account = 'account-1'`).Scan(&amount)
@@ -194,7 +208,7 @@ func ReplayProjection(t testing.TB, handler any, opts *ReplayOptions, events ...
 	if opts != nil {
 		r.opts = *opts
 	}
-	r.defaults(&r.opts)
+	r.defaults(&r.opts, handler)
 	// Check what needs no database first: bad input costs nothing.
 	appends, err := r.plan(events)
 	if err != nil {
@@ -267,13 +281,13 @@ func (r *Replay) plan(events []any) ([]pendingAppend, error) {
 		default:
 			if _, ok := r.opts.Registry.NameOf(v); !ok {
 				return errors.Wrapf(eventstore.ErrUnknownEventType,
-					"%s: %T is not in ReplayOptions.Registry (register it, or pass an eventstore.EventData with a Type)", where, v)
+					"%s: %T is not in %s (register it, or pass an eventstore.EventData with a Type)", where, v, r.regName)
 			}
 			ed = eventstore.NewEvent(v)
 		}
 		if _, ok := r.opts.Registry.NameOf(ed.Data); ed.Type == "" && !ok {
 			return errors.Wrapf(eventstore.ErrUnknownEventType,
-				"%s has no Type and its Data (%T) is not in ReplayOptions.Registry", where, ed.Data)
+				"%s has no Type and its Data (%T) is not in %s", where, ed.Data, r.regName)
 		}
 		if n := len(out); n > 0 && out[n-1].stream == stream {
 			out[n-1].events = append(out[n-1].events, ed)
@@ -383,6 +397,31 @@ func (r *Replay) replay(ctx context.Context, appends []pendingAppend) error {
 		return err
 	}
 	return r.result(runner.RunUntilCaughtUp(ctx))
+}
+
+// registryType is the type of the registry field of the typed handlers.
+var registryType = reflect.TypeFor[*eventstore.Registry]()
+
+// handlerRegistry returns the registry a typed handler of package
+// projection or saga (projection.Typed, projection.TypedObserver,
+// saga.Typed[S]) was built with, or nil for any other handler. They do not
+// export it, so it is read from their field reg; the kit's tests of the
+// defaults fail if that field is renamed.
+func handlerRegistry(h any) *eventstore.Registry {
+	v := reflect.ValueOf(h)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return nil
+	}
+	switch v.Elem().Type().PkgPath() {
+	case reflect.TypeFor[projection.Typed]().PkgPath(), sagaPkgPath:
+	default:
+		return nil
+	}
+	f := v.Elem().FieldByName("reg")
+	if !f.IsValid() || f.Type() != registryType {
+		return nil
+	}
+	return (*eventstore.Registry)(f.UnsafePointer())
 }
 
 // isNilHandler reports whether a handler is nil or a nil pointer (a nil

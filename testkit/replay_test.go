@@ -471,3 +471,65 @@ func BenchmarkReplayProjection100(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// Without options, or options without a Registry, ReplayProjection uses the
+// registry a typed projection or observer was built with (projection.New,
+// projection.NewObserver).
+func TestReplayProjectionDefaultsToTheHandlersRegistry(t *testing.T) {
+	t.Parallel()
+	reg := replayRegistry()
+	events := []any{testkit.Stream("acc-1", accOpened{Owner: "Ann"}, accDeposited{Amount: 5})}
+
+	t.Run("Projection", func(t *testing.T) {
+		t.Parallel()
+		for name, opts := range map[string]*testkit.ReplayOptions{"NilOptions": nil, "NilRegistry": {Stream: "acc-0"}} {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				r := testkit.ReplayProjection(t, replayBalances(reg), opts, events...)
+				if got, want := fmt.Sprint(balanceRows(t, r)), fmt.Sprint([]balanceRow{{"acc-1", "Ann", 5, 1}}); got != want {
+					t.Fatalf("balances = %v, want %v", got, want)
+				}
+			})
+		}
+	})
+
+	t.Run("Observer", func(t *testing.T) {
+		t.Parallel()
+		var mu sync.Mutex
+		var owners []string
+		o := projection.NewObserver("owners", reg)
+		projection.Observe(o, func(_ context.Context, e eventstore.Envelope[accOpened]) error {
+			mu.Lock()
+			defer mu.Unlock()
+			owners = append(owners, e.Data.Owner)
+			return nil
+		})
+		testkit.ReplayProjection(t, o, nil, events...)
+		mu.Lock()
+		defer mu.Unlock()
+		if fmt.Sprint(owners) != "[Ann]" {
+			t.Fatalf("observed owners %q, want [Ann]", owners)
+		}
+	})
+
+	// A plain value of a type the handler's registry lacks is named as such.
+	t.Run("UnregisteredType", func(t *testing.T) {
+		t.Parallel()
+		type unregistered struct{}
+		ft := &replayTB{TB: t}
+		fatals := runReplayTB(ft, func() { testkit.ReplayProjection(ft, replayBalances(reg), nil, unregistered{}) })
+		if len(fatals) != 1 || !strings.Contains(fatals[0], "testkit_test.unregistered is not in the handler's registry") {
+			t.Fatalf("fatals %q", fatals)
+		}
+	})
+
+	// A handler without a registry of its own still needs one for plain values.
+	t.Run("UntypedHandler", func(t *testing.T) {
+		t.Parallel()
+		ft := &replayTB{TB: t}
+		fatals := runReplayTB(ft, func() { testkit.ReplayProjection(ft, rawSeen{}, nil, accOpened{Owner: "Ann"}) })
+		if len(fatals) != 1 || !strings.Contains(fatals[0], "testkit_test.accOpened is not in ReplayOptions.Registry") {
+			t.Fatalf("fatals %q", fatals)
+		}
+	})
+}

@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"context"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +18,10 @@ import (
 	"github.com/annals-dev/annals/scheduler"
 )
 
+// sagaPkgPath is the import path of package saga, whose Typed sagas carry
+// their registry (see handlerRegistry).
+var sagaPkgPath = reflect.TypeFor[saga.Config]().PkgPath()
+
 // DefaultSagaStart is the time the fake clock of [ReplaySaga] starts at
 // when SagaReplayOptions.Start is zero.
 var DefaultSagaStart = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -24,8 +29,9 @@ var DefaultSagaStart = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 // SagaReplayOptions configures [ReplaySaga]. A nil *SagaReplayOptions means
 // defaults.
 type SagaReplayOptions struct {
-	// ReplayOptions are as for ReplayProjection: Registry, Stream, Schema,
-	// Setup (read models the saga reads), Options, Config and Timeout.
+	// ReplayOptions are as for ReplayProjection: Registry (defaulting to
+	// the saga's, from saga.New), Stream, Schema, Setup (read models the
+	// saga reads), Options, Config and Timeout.
 	ReplayOptions
 	// Start is the fake clock's time at the start. Defaults to
 	// DefaultSagaStart.
@@ -59,13 +65,14 @@ type SagaReplay[S any] struct {
 // migrated database, with a scheduler on a fake clock, and returns what it
 // made of them:
 //
-//	r := testkit.ReplaySaga(t, orders.Saga(reg), &testkit.SagaReplayOptions{ReplayOptions: testkit.ReplayOptions{Registry: reg}},
+//	r := testkit.ReplaySaga(t, orders.Saga(reg), nil,
 //		testkit.Stream("order-1", OrderPlaced{OrderID: "1", Amount: 40}))
 //	st := r.Instance(t, "1")           // saga.Stored[OrderState]
 //	effects := r.Effects(t)            // RequestPayment, ReserveStock, …
 //	r.Advance(t, 16*time.Minute)       // the payment deadline fires; the saga handles it
 //
-// Events are given as to ReplayProjection. The first handler error or panic
+// Events are given as to ReplayProjection; a nil opts, or one with no
+// Registry, takes the registry the saga was built with (saga.New). The first handler error or panic
 // fails the test, quoting it (no retries, projection.Stop, unless
 // Options says otherwise), as does every other mistake.
 func ReplaySaga[S any](t testing.TB, s saga.Saga[S], opts *SagaReplayOptions, events ...any) *SagaReplay[S] {
@@ -81,8 +88,9 @@ func ReplaySaga[S any](t testing.TB, s saga.Saga[S], opts *SagaReplayOptions, ev
 	if r.opts.Start.IsZero() {
 		r.opts.Start = DefaultSagaStart
 	}
-	r.defaults(&r.opts.ReplayOptions)
+	r.defaults(&r.opts.ReplayOptions, s)
 	r.plan = &Replay{opts: r.opts.ReplayOptions}
+	r.plan.regName = r.regName
 	appends, err := r.plan.plan(events)
 	if err != nil {
 		t.Fatalf("testkit: %v", err)

@@ -262,3 +262,30 @@ func TestReplaySagaAdvanceFiresEveryCronTick(t *testing.T) {
 		})
 	}
 }
+
+// Without options, or options without a Registry, ReplaySaga uses the
+// registry the saga was built with (saga.New): a test repeats nothing.
+func TestReplaySagaDefaultsToTheSagasRegistry(t *testing.T) {
+	t.Parallel()
+	reg := sagaRegistry()
+	for name, opts := range map[string]*testkit.SagaReplayOptions{
+		"NilOptions":    nil,
+		"NilRegistry":   {ReplayOptions: testkit.ReplayOptions{Stream: "user-ann"}},
+		"OnlySagaField": {Start: testkit.DefaultSagaStart.Add(time.Hour)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := testkit.ReplaySaga(t, onboardingSaga(reg), opts, testkit.Stream("user-ann", signedUp{User: "ann"}))
+			if st := r.Instance(t, "ann"); !st.State.Welcomed {
+				t.Fatalf("ann: %+v", st)
+			}
+			if got := effectTypes(r.Effects(t)); strings.Join(got, " ") != "mail-ann:test.welcome" {
+				t.Fatalf("effects %q", got)
+			}
+			// The store decodes with it too.
+			if _, ok := r.Store.Registry().NameOf(welcome{}); !ok {
+				t.Fatal("the replay's store does not have the saga's registry")
+			}
+		})
+	}
+}
