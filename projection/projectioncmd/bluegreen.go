@@ -57,6 +57,7 @@ want and rebuild instead.`,
 		Example: `  myservice projections rollback balances --yes`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			ran(cmd)
 			name := args[0]
 			if !yes {
 				in := cmd.InOrStdin()
@@ -93,6 +94,7 @@ func (c *commands) generationsCommand() *cobra.Command {
 			if output != "text" && output != "json" && output != "jsonl" {
 				return usage(errors.Newf("--output %q: want text, json or jsonl", output))
 			}
+			ran(cmd)
 			gens, err := projection.ListGenerations(cmd.Context(), c.pool, c.runner.Schema(), args[0])
 			if err != nil {
 				return err

@@ -60,6 +60,14 @@ func markUsage(cmd *cobra.Command) {
 	}
 }
 
+// ran marks cmd as past its command line: an error from here on is a
+// failure, not a mistake in the arguments, and cobra prints it without the
+// usage text, which would bury it. (cobra looks only at the executed
+// command and the root, which the service owns, so the tree cannot set it
+// once for all.) Each RunE calls it once it has checked its flags and
+// arguments.
+func ran(cmd *cobra.Command) { cmd.SilenceUsage = true }
+
 // Config configures the command tree. A nil *Config means defaults.
 type Config struct {
 	// Use is the name of the parent command. Defaults to "projections".
@@ -116,8 +124,10 @@ func (c *commands) root() *cobra.Command {
 A partition's leader is the checkpoint's owner while a session holds its advisory lock
 ("none" otherwise; "rebuild:…" while a rebuild leads it). Lag is the head of the log
 minus the checkpoint, in positions: an upper bound on the events still to process.`,
-		Args:          cobra.NoArgs, // an unknown subcommand is an error, not help
-		SilenceUsage:  true,
+		// An unknown subcommand is an error, not help; like every other
+		// mistake in the command line it is followed by the usage. Errors
+		// while a command runs are not (see ran).
+		Args:          cobra.NoArgs,
 		SilenceErrors: false,
 		// Without a run function cobra would print help for any arguments
 		// and exit 0, also for a mistyped subcommand.
@@ -305,6 +315,7 @@ json: an array of objects (checkpoint and lag null before the first run).`,
 			if err := checkOutput(output); err != nil {
 				return err
 			}
+			ran(cmd)
 			subs, err := c.generations(cmd.Context(), c.runner.Registered())
 			if err != nil {
 				return err
@@ -375,6 +386,7 @@ With --output json: an object with the head of the log and an array of partition
 			if err := checkOutput(output); err != nil {
 				return err
 			}
+			ran(cmd)
 			name := ""
 			if len(args) == 1 {
 				name = args[0]

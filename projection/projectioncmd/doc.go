@@ -44,6 +44,10 @@
 // model), and rebuild without --yes when stdin is not a terminal. Map it to
 // exit code 2 and other errors to 1, as the annals CLI does. An operator
 // answering no at the prompt gets ErrNotConfirmed alone (not a usage error).
+// cobra prints a usage error's command usage after it (unless the root sets
+// SilenceUsage); an error met while a command runs (a database that is
+// not migrated, a rebuild refused) is printed alone, whatever the root's
+// SilenceUsage.
 //
 // Interrupting the command (its context ends) stops the rebuild after the
 // batch in hand is rolled back; a live instance continues the replay from

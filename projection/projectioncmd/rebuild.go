@@ -53,6 +53,7 @@ BlueGreen.Version instead.`,
 			if lockTimeout <= 0 {
 				return usage(errors.Newf("--lock-timeout %s: must be positive", lockTimeout))
 			}
+			ran(cmd)
 			subs, err := c.selected(name)
 			if err != nil {
 				return err
