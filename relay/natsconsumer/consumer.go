@@ -16,6 +16,8 @@ import (
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/internal/telemetry"
+	"github.com/annals-dev/annals/migrations"
+	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/relay"
 )
 
@@ -46,7 +48,8 @@ type Config struct {
 	RetryBackoff time.Duration
 	// Schema is the schema of the checkpoint table RunProjection keeps in the
 	// service's database ("<schema>.relay_checkpoints", created if
-	// missing). Defaults to "annals".
+	// missing), and the annals schema whose read_model_setups table records
+	// a projection's setup (see RunProjection). Defaults to "annals".
 	Schema string
 	// Logger receives handler failures, the stream found made again, and
 	// (the default OnGap) gaps. Defaults to warnings and errors on
@@ -279,7 +282,11 @@ func (c *Consumer) decode(seq uint64, h nats.Header, data []byte) (eventstore.Ev
 // order, and acknowledges it once handle returned nil: at-least-once (a
 // crash between the two delivers the event again; handle gets e.ID for
 // idempotency). A failed handle is retried after RetryBackoff, and the
-// events after it wait. It returns nil when ctx ends, or OnGap's error.
+// events after it wait: for ever, each failure logged at WARN. There is no
+// retry limit and no dead letter (unlike a projection.Runner's), and
+// failure.Permanent changes nothing: an event no retry can handle stops
+// the consumer there until the handler is fixed and deployed. It returns
+// nil when ctx ends, or OnGap's error.
 func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e eventstore.Event) error) error {
 	s := &session{c: c}
 	if err := s.attach(ctx); err != nil {
@@ -312,7 +319,14 @@ func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e e
 // message at or below the checkpoint (a re-delivery) is acknowledged
 // without being handled. One RunProjection per Durable at a time (run it
 // leader-elected, e.g. as a projection.Service, when several instances
-// run). It returns nil when ctx ends, or OnGap's error.
+// run). Before it handles anything it runs the projection's read-model
+// setup (Typed.OnSetup, projection.Setupper) in pool's database as a Runner
+// does: once per version per database, under a lock, recorded in
+// "<schema>.read_model_setups", so a projection with a setup needs the
+// annals schema migrated there (else migrations.ErrNotMigrated); a typed
+// projection's mistakes (Typed.Err) are returned. A failed Handle is
+// retried as Run retries it: for ever, with no dead letter. It returns nil
+// when ctx ends, or OnGap's error, or the setup's.
 func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p interface {
 	Name() string
 	Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error
@@ -325,6 +339,9 @@ func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p inte
 		if _, err := pool.Exec(ctx, q[name]); err != nil {
 			return errors.Wrap(err, "natsconsumer: create the checkpoint table")
 		}
+	}
+	if err := c.setup(ctx, pool, p); err != nil {
+		return err
 	}
 	var (
 		seq     int64
@@ -366,6 +383,43 @@ func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p inte
 		return d.ack()
 	}
 	return s.run(ctx)
+}
+
+// setup reports the mistakes of a typed projection (Err), as
+// projection.Runner.Register does, and runs the projection's read-model
+// setup (projection.Setupper: Typed.OnSetup) in the service's database as
+// a Runner does (projection.EnsureSetup): once per version per database,
+// under the projection's setup lock, recorded in
+// "<schema>.read_model_setups" (where a Runner of that database records
+// it too), so an annals schema migrated there is needed. A schema without
+// that table fails with migrations.ErrNotMigrated before the setup runs.
+func (c *Consumer) setup(ctx context.Context, pool *pgxpool.Pool, p interface{ Name() string }) error {
+	if e, ok := p.(interface{ Err() error }); ok && e.Err() != nil {
+		return errors.Wrapf(e.Err(), "natsconsumer: projection %q", p.Name())
+	}
+	s, ok := p.(projection.Setupper)
+	if !ok || s.SetupVersion() <= 0 {
+		return nil
+	}
+	var ran bool
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		ran, err = projection.EnsureSetup(ctx, tx, c.cfg.Schema, p.Name(), s, "natsconsumer:"+c.cfg.Durable)
+		return err
+	})
+	if migrations.IsNotMigrated(err) {
+		return errors.Wrapf(migrations.MarkNotMigrated(err), "natsconsumer: projection %q has a setup (OnSetup), whose version is recorded in %s.read_model_setups "+
+			"of the service's database as a Runner records it: run 'annals migrate' (or migrations.Up) on that database, schema %s",
+			p.Name(), c.cfg.Schema, c.cfg.Schema)
+	}
+	if err != nil {
+		return errors.Wrap(err, "natsconsumer: setup")
+	}
+	if ran {
+		c.cfg.Logger.InfoContext(ctx, "annals: read model set up", slog.String("projection", p.Name()),
+			slog.Int("version", s.SetupVersion()), slog.String("consumer", c.cfg.Durable))
+	}
+	return nil
 }
 
 // ack acknowledges the delivery's message; one read from the stream by

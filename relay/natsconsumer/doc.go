@@ -70,8 +70,23 @@
 // acknowledged without being handled: within one stream, stream order is
 // position order, so this passes over no new event.
 //
+// RunProjection first runs the projection's read-model setup
+// (Typed.OnSetup, projection.Setupper) in the service's database as a
+// projection.Runner does (projection.EnsureSetup): once per version per
+// database, under the projection's setup lock, recorded in
+// "<schema>.read_model_setups". A projection with a setup so needs the
+// annals schema migrated in that database (annals migrate); without it
+// RunProjection fails with migrations.ErrNotMigrated. A projection without
+// one needs only the checkpoint table, which RunProjection creates.
+//
 // A failed handler is retried in place after RetryBackoff (the message is
-// kept from re-delivery meanwhile); the events after it wait. On shutdown
+// kept from re-delivery meanwhile); the events after it wait. It is
+// retried for ever, each failure logged at WARN ("handling a relayed event
+// failed; retrying"): there is no retry limit, no dead-letter table and no
+// skipping (unlike a projection.Runner), since passing over an event would
+// break the order the consumer keeps, and failure.Permanent is not looked
+// at. An event that no retry can handle stops the consumer there until
+// the handler is fixed; alert on the WARN. On shutdown
 // the fetched but unhandled messages are handed back (Nak) at once; after a
 // crash the server re-delivers them after AckWait (default 30 s), and the
 // next consumer has read them from the stream already (above).
