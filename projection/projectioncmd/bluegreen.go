@@ -54,8 +54,7 @@ no "replaced": for it, rollback picks the retired (not dropped) generation with 
 number below the live one's, whatever retired it, which after the sequence above is g2.
 Check 'generations NAME' first, and if it would pick the wrong one, deploy the version you
 want and rebuild instead.`,
-		Example: `  myservice projections rollback balances --yes`,
-		Args:    cobra.ExactArgs(1),
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ran(cmd)
 			name := args[0]
@@ -80,6 +79,7 @@ want and rebuild instead.`,
 			return nil
 		},
 	}
+	c.example(cmd, `  {{path}} rollback balances --yes`)
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation (required without a terminal)")
 	return cmd
 }

@@ -85,6 +85,48 @@ type commands struct {
 	// terminal reports whether a stream (the command's stdin or stderr) is
 	// an interactive terminal; tests replace it.
 	terminal func(stream any) bool
+	// examples are the subcommands' examples, with examplePath for the
+	// projections command's path.
+	examples map[*cobra.Command]string
+}
+
+// examplePath stands, in an example, for the path of the projections
+// command as the operator types it ("myservice projections"), known only
+// once the service has mounted the tree.
+const examplePath = "{{path}}"
+
+// example sets cmd's example, text with examplePath, to be completed when
+// help or usage shows it (see showExamples). Until then it reads as if the
+// projections command were the root.
+func (c *commands) example(cmd *cobra.Command, text string) {
+	c.examples[cmd] = text
+	cmd.Example = strings.ReplaceAll(text, examplePath, c.cfg.Use)
+}
+
+// showExamples makes the help and usage of tree's commands put the path of
+// tree (under the service's root) into their examples before showing
+// them, as the help and usage functions above tree (the service's, or
+// cobra's) then do.
+func (c *commands) showExamples(tree *cobra.Command) {
+	fill := func(cmd *cobra.Command) {
+		if text, ok := c.examples[cmd]; ok {
+			cmd.Example = strings.ReplaceAll(text, examplePath, tree.CommandPath())
+		}
+	}
+	above := func() *cobra.Command {
+		if p := tree.Parent(); p != nil {
+			return p
+		}
+		return &cobra.Command{} // cobra's own functions
+	}
+	tree.SetHelpFunc(func(cmd *cobra.Command, args []string) {
+		fill(cmd)
+		above().HelpFunc()(cmd, args)
+	})
+	tree.SetUsageFunc(func(cmd *cobra.Command) error {
+		fill(cmd)
+		return above().UsageFunc()(cmd)
+	})
 }
 
 // New returns the command tree for runner: "projections" with the
@@ -106,7 +148,7 @@ func newCommands(runner *projection.Runner, pool *pgxpool.Pool, cfg *Config) *co
 	if c.ProgressInterval <= 0 {
 		c.ProgressInterval = 2 * time.Second
 	}
-	return &commands{runner: runner, pool: pool, cfg: c, terminal: isTerminal}
+	return &commands{runner: runner, pool: pool, cfg: c, terminal: isTerminal, examples: map[*cobra.Command]string{}}
 }
 
 // isTerminal reports whether stream is a file descriptor of a terminal.
@@ -139,6 +181,7 @@ minus the checkpoint, in positions: an upper bound on the events still to proces
 	// with a flag error function.
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usage(err) })
 	markUsage(cmd)
+	c.showExamples(cmd)
 	return cmd
 }
 

@@ -41,9 +41,6 @@ refused with its recorded layout, unless --new-layout: the rebuild then records 
 registered layout, fencing every instance of the old one (they are refused from then on:
 deploy the new one). A blue/green read model takes a new layout with a new
 BlueGreen.Version instead.`,
-		Example: `  myservice projections rebuild balances
-  myservice projections rebuild balances --yes --batch-size 10000
-  myservice projections rebuild balances --yes --new-layout   # after changing Partitions`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
@@ -110,6 +107,9 @@ BlueGreen.Version instead.`,
 			return nil
 		},
 	}
+	c.example(cmd, `  {{path}} rebuild balances
+  {{path}} rebuild balances --yes --batch-size 10000
+  {{path}} rebuild balances --yes --new-layout   # after changing Partitions`)
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation (required without a terminal)")
 	cmd.Flags().IntVar(&batch, "batch-size", 5000, "events replayed and committed per transaction")
 	cmd.Flags().DurationVar(&lockTimeout, "lock-timeout", time.Minute, "how long to wait for the live instances to stand aside")

@@ -72,3 +72,43 @@ func TestRuntimeErrorsPrintNoUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestExamplesNameTheRealCommand: the examples in help and usage show the
+// command as the operator types it, under the service's own root, not a
+// made-up "myservice".
+func TestExamplesNameTheRealCommand(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	r, err := projection.NewRunner(db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(root *cobra.Command, args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		root.SetArgs(args)
+		root.SetOut(&out)
+		root.SetErr(&out)
+		_ = root.ExecuteContext(t.Context())
+		return out.String()
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"projections", "rebuild", "--help"}, "  bankd projections rebuild balances --yes --batch-size 10000\n"},
+		{[]string{"help", "projections", "rebuild"}, "  bankd projections rebuild balances\n"},
+		{[]string{"projections", "rollback", "-h"}, "  bankd projections rollback balances --yes"},
+		{[]string{"projections", "rebuild"}, "  bankd projections rebuild balances\n"}, // the usage after a usage error
+	} {
+		root := &cobra.Command{Use: "bankd"}
+		root.AddCommand(New(r, db.Pool, &Config{Use: "projections"}))
+		if out := run(root, tc.args...); !strings.Contains(out, tc.want) || strings.Contains(out, "myservice") {
+			t.Errorf("%v: want %q in:\n%s", tc.args, tc.want, out)
+		}
+	}
+	// Not mounted, the projections command is the root.
+	if out := run(New(r, db.Pool, nil), "rebuild", "--help"); !strings.Contains(out, "\n  projections rebuild balances\n") {
+		t.Errorf("unmounted rebuild --help:\n%s", out)
+	}
+}
