@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/failure"
 	"github.com/annals-dev/annals/scheduler"
 )
 
@@ -104,6 +105,15 @@ func (i *Instance[S]) ScheduleAfter(ctx context.Context, d time.Duration, stream
 
 // ScheduleTimer stores t (its Owner is set to the instance's, see Owner),
 // for control over the expected version.
+//
+// A timer the scheduler refuses as invalid (scheduler.ErrInvalidTimer: an
+// event type not in the registry, bad event data, an empty stream ID, no
+// events, a zero due time or one outside the years 1 to 9999, both
+// ExpectNoStream and Expected) fails for good: the error is marked
+// failure.Permanent, so that, returned from Handle, the event is
+// dead-lettered after one attempt. No retry could mend it (the handler
+// makes the same timer from the same event and state); fix the code and
+// retry the dead letter (annals dlq retry).
 func (i *Instance[S]) ScheduleTimer(ctx context.Context, t scheduler.Timer) (scheduler.TimerID, error) {
 	if err := i.live(); err != nil {
 		return scheduler.TimerID{}, err
@@ -114,6 +124,9 @@ func (i *Instance[S]) ScheduleTimer(ctx context.Context, t scheduler.Timer) (sch
 	t.Owner = i.Owner()
 	t.Events = i.stamp(t.Events)
 	id, err := i.rt.sched.ScheduleTimer(ctx, i.tx, t)
+	if errors.Is(err, scheduler.ErrInvalidTimer) {
+		return id, failure.Permanent(errors.Wrap(err, "schedule a timer"))
+	}
 	return id, errors.Wrap(err, "schedule a timer")
 }
 
