@@ -117,8 +117,11 @@ func TestBadInput(t *testing.T) {
 			t.Fatalf("after the rejected registrations RunUntilCaughtUp says %v; want nothing registered", err)
 		}
 		register(t, r, counterSaga(b.reg, 0), ok)
-		if err := saga.Register(r, counterSaga(b.reg, 0), ok); err == nil || !strings.Contains(err.Error(), "registered twice") {
-			t.Fatalf("a second saga named counter: %v", err)
+		// The error names the saga, not only the runner's projection (it
+		// said `projection: "counter" is registered twice`).
+		if err := saga.Register(r, counterSaga(b.reg, 0), ok); err == nil || !strings.Contains(err.Error(), "registered twice") ||
+			!strings.HasPrefix(err.Error(), `saga "counter": `) {
+			t.Fatalf("a second saga named counter: %v; want it to start with saga \"counter\"", err)
 		}
 	})
 

@@ -156,7 +156,8 @@ func Register[S any](runner *projection.Runner, s Saga[S], cfg *Config) error {
 		}
 	}
 	if err := runner.Register(&adapter[S]{saga: s, rt: rt}, &opts); err != nil {
-		return err
+		// The runner's errors speak of a projection: say which saga.
+		return errors.Wrapf(err, "saga %q", name)
 	}
 	if cfg.Scheduler != nil {
 		if err := runner.AddService(schedulerService, cfg.Scheduler); err != nil {
