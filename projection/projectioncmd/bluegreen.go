@@ -171,11 +171,11 @@ func stamp(t *time.Time) string {
 // generations replaces each blue/green projection by its generations that
 // are building or live (their subscribers are <name>#g<N>), so that list and
 // status show their checkpoints and leaders.
-func (c *commands) generations(ctx context.Context, subs []projection.SubscriberInfo) ([]projection.SubscriberInfo, error) {
-	var out []projection.SubscriberInfo
+func (c *commands) generations(ctx context.Context, subs []projection.SubscriberInfo) ([]shown, error) {
+	var out []shown
 	for _, s := range subs {
 		if !s.BlueGreen {
-			out = append(out, s)
+			out = append(out, shown{SubscriberInfo: s, registered: s.Name})
 			continue
 		}
 		gens, err := projection.ListGenerations(ctx, c.pool, c.runner.Schema(), s.Name)
@@ -184,7 +184,7 @@ func (c *commands) generations(ctx context.Context, subs []projection.Subscriber
 		}
 		for _, g := range gens {
 			if g.State == projection.GenerationBuilding || g.State == projection.GenerationLive {
-				x := s
+				x := shown{SubscriberInfo: s, registered: s.Name, gen: &g}
 				x.Name = g.Subscriber
 				out = append(out, x)
 			}

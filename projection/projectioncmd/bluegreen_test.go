@@ -59,6 +59,7 @@ func TestBlueGreenCommands(t *testing.T) {
 
 	v2 := blueGreenBundle(t, b, 2)
 	res := v2.execute(t, false, "", "rebuild", "counts", "--yes")
+	var err error
 	if res.err != nil {
 		t.Fatalf("rebuild: %v\n%s", res.err, res.stderr)
 	}
@@ -69,9 +70,37 @@ func TestBlueGreenCommands(t *testing.T) {
 		t.Fatalf("after the cut-over the view counts %d, want 600 (version 2)", got)
 	}
 
+	// list and status show the registered name (what rebuild takes), the
+	// kind blue/green and the live generation in a column of its own.
 	res = v2.execute(t, false, "", "status", "counts")
-	if res.err != nil || !strings.Contains(res.stdout, "counts#g2") || strings.Contains(res.stdout, "counts#g1") {
+	if res.err != nil || strings.Join(fields(lineOf(t, res.stdout, "counts"))[:5], " ") != "counts projection (blue/green) 2 (live)" ||
+		strings.Contains(res.stdout, "#g") || !strings.Contains(res.stdout, "GENERATION") {
 		t.Fatalf("status of a blue/green projection shows its live generation: %v\n%s", res.err, res.stdout)
+	}
+	res = v2.execute(t, false, "", "list")
+	if res.err != nil || strings.Join(fields(lineOf(t, res.stdout, "counts"))[:6], " ") != "counts projection (blue/green) 2 (live) 1" ||
+		strings.Contains(res.stdout, "#g") {
+		t.Fatalf("list of a blue/green projection: %v\n%s", res.err, res.stdout)
+	}
+	for _, args := range [][]string{{"list", "-o", "json"}, {"status", "counts", "-o", "json"}} {
+		res = v2.execute(t, false, "", args...)
+		var entries []map[string]any
+		if args[0] == "list" {
+			err = json.Unmarshal([]byte(res.stdout), &entries)
+		} else {
+			var st struct {
+				Partitions []map[string]any `json:"partitions"`
+			}
+			err = json.Unmarshal([]byte(res.stdout), &st)
+			entries = st.Partitions
+		}
+		if res.err != nil || err != nil || len(entries) != 1 {
+			t.Fatalf("%v: %v %v in %s", args, res.err, err, res.stdout)
+		}
+		if e := entries[0]; e["name"] != "counts" || e["kind"] != "projection (blue/green)" || e["subscriber"] != "counts#g2" ||
+			e["generation"] != float64(2) || e["generation_state"] != "live" {
+			t.Fatalf("%v: %v", args, e)
+		}
 	}
 	res = v2.execute(t, false, "", "generations", "counts", "--output", "json")
 	if res.err != nil {

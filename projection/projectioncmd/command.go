@@ -286,6 +286,9 @@ func kind(s projection.SubscriberInfo) string {
 	switch {
 	case s.Observer:
 		return "observer"
+	case s.BlueGreen:
+		// Rebuilt blue/green, whether it can reset or not.
+		return "projection (blue/green)"
 	case s.Rebuildable:
 		return "projection"
 	default:
@@ -293,11 +296,66 @@ func kind(s projection.SubscriberInfo) string {
 	}
 }
 
+// shown is one subscriber of list and status: a registered projection or
+// observer, or a generation (building or live) of a blue/green one.
+type shown struct {
+	// SubscriberInfo's Name is the subscriber's: the checkpoints' and the
+	// dead letters' (<name>#g<N> for a generation).
+	projection.SubscriberInfo
+	// registered is the name it is registered under, which status and
+	// rebuild take.
+	registered string
+	// gen is the generation; nil unless blue/green.
+	gen *projection.Generation
+}
+
+// ident is what list and status say of a subscriber, before its state.
+type ident struct {
+	// Name is the registered name (what status and rebuild take).
+	Name string `json:"name"`
+	Kind string `json:"kind"`
+	// Subscriber is the name of its checkpoints and dead letters (annals
+	// dlq list --subscriber): Name, or <name>#g<N> for generation N of a
+	// blue/green projection.
+	Subscriber string `json:"subscriber"`
+	// Generation and GenerationState are the generation (building or
+	// live) of a blue/green projection, which has an entry for each; null
+	// otherwise.
+	Generation      *int    `json:"generation"`
+	GenerationState *string `json:"generation_state"`
+}
+
+// generationColumn is the GENERATION column of list and status: the
+// generation's number and state, "-" for a subscriber without generations.
+func (id ident) generationColumn() string {
+	if id.Generation == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d (%s)", *id.Generation, *id.GenerationState)
+}
+
+func (s shown) ident() ident {
+	id := ident{Name: s.registered, Kind: kind(s.SubscriberInfo), Subscriber: s.Name}
+	if s.gen != nil {
+		n, st := s.gen.Generation, string(s.gen.State)
+		id.Generation, id.GenerationState = &n, &st
+	}
+	return id
+}
+
+// subscriberInfos returns the subscribers of ss, for load.
+func subscriberInfos(ss []shown) []projection.SubscriberInfo {
+	out := make([]projection.SubscriberInfo, len(ss))
+	for i, s := range ss {
+		out[i] = s.SubscriberInfo
+	}
+	return out
+}
+
 // listEntry is one line of list, as --output json gives it.
 type listEntry struct {
-	Name       string `json:"name"`
-	Kind       string `json:"kind"`
-	Partitions int    `json:"partitions"`
+	ident
+	Partitions int `json:"partitions"`
 	// Checkpoint is the lowest checkpoint of the partitions and Lag the
 	// head minus it; null before every partition's first run.
 	Checkpoint *int64   `json:"checkpoint"`
@@ -308,9 +366,8 @@ type listEntry struct {
 
 // statusEntry is one partition of status, as --output json gives it.
 type statusEntry struct {
-	Name      string `json:"name"`
-	Kind      string `json:"kind"`
-	Partition int    `json:"partition"`
+	ident
+	Partition int `json:"partition"`
 	// Checkpoint, Lag and Epoch are null for a partition without a
 	// checkpoint (before its first run).
 	Checkpoint *int64 `json:"checkpoint"`
@@ -351,8 +408,12 @@ func (c *commands) listCommand() *cobra.Command {
 		Short: "List the registered projections and observers with checkpoint, head, lag and leader",
 		Long: `List the registered projections and observers, one line each: kind, partitions, the
 lowest checkpoint of its partitions ("-" before its first run), the head of the log, the
-lag (head minus the lowest checkpoint) and the leaders of its partitions. With --output
-json: an array of objects (checkpoint and lag null before the first run).`,
+lag (head minus the lowest checkpoint) and the leaders of its partitions. A blue/green
+projection has a line for each generation being built or live, under its registered name
+(what rebuild takes), with the generation's number and state in GENERATION; its subscriber
+(for 'annals dlq --subscriber') is NAME#g<generation>. With --output json: an array of
+objects (checkpoint and lag null before the first run; subscriber the checkpoints' name;
+generation and generation_state null unless blue/green).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output); err != nil {
@@ -363,7 +424,7 @@ json: an array of objects (checkpoint and lag null before the first run).`,
 			if err != nil {
 				return err
 			}
-			states, head, err := c.load(cmd.Context(), subs)
+			states, head, err := c.load(cmd.Context(), subscriberInfos(subs))
 			if err != nil {
 				return err
 			}
@@ -385,7 +446,7 @@ json: an array of objects (checkpoint and lag null before the first run).`,
 						leaders = append(leaders, l)
 					}
 				}
-				e := listEntry{Name: s.Name, Kind: kind(s), Partitions: s.Partitions, Head: head, Leaders: leaders}
+				e := listEntry{ident: s.ident(), Partitions: s.Partitions, Head: head, Leaders: leaders}
 				if started {
 					lag := max(head-low, 0)
 					e.Checkpoint, e.Lag = &low, &lag
@@ -396,7 +457,7 @@ json: an array of objects (checkpoint and lag null before the first run).`,
 				return writeJSON(cmd.OutOrStdout(), entries)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tKIND\tPARTITIONS\tCHECKPOINT\tHEAD\tLAG\tLEADER")
+			fmt.Fprintln(tw, "NAME\tKIND\tGENERATION\tPARTITIONS\tCHECKPOINT\tHEAD\tLAG\tLEADER")
 			for _, e := range entries {
 				cp, lag := "-", "-"
 				if e.Checkpoint != nil {
@@ -406,7 +467,8 @@ json: an array of objects (checkpoint and lag null before the first run).`,
 				if leader == "" {
 					leader = "none"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", e.Name, e.Kind, e.Partitions, cp, e.Head, lag, leader)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\n", e.Name, e.Kind, e.generationColumn(), e.Partitions,
+					cp, e.Head, lag, leader)
 			}
 			return tw.Flush()
 		},
@@ -421,9 +483,11 @@ func (c *commands) statusCommand() *cobra.Command {
 		Use:   "status [NAME]",
 		Short: "Show every partition of the projections (or of NAME): checkpoint, lag, epoch, leader, stops, dead letters",
 		Long: `Show every partition of the registered projections and observers (or of NAME): checkpoint,
-lag, epoch, leader, the backend holding its lock, dead letters and why it is stopped.
-With --output json: an object with the head of the log and an array of partitions
-(checkpoint, lag and epoch null before the first run, lock_pid null without a leader).`,
+lag, epoch, leader, the backend holding its lock, dead letters and why it is stopped. A
+blue/green projection shows the partitions of each generation being built or live, as list
+does. With --output json: an object with the head of the log and an array of partitions
+(checkpoint, lag and epoch null before the first run, lock_pid null without a leader;
+subscriber, generation and generation_state as in list).`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output); err != nil {
@@ -438,17 +502,18 @@ With --output json: an object with the head of the log and an array of partition
 			if err != nil {
 				return err
 			}
-			if subs, err = c.generations(cmd.Context(), subs); err != nil {
+			rows, err := c.generations(cmd.Context(), subs)
+			if err != nil {
 				return err
 			}
-			states, head, err := c.load(cmd.Context(), subs)
+			states, head, err := c.load(cmd.Context(), subscriberInfos(rows))
 			if err != nil {
 				return err
 			}
 			res := statusOutput{Head: head, Partitions: []statusEntry{}}
-			for i, s := range subs {
+			for i, s := range rows {
 				for _, p := range states[i] {
-					e := statusEntry{Name: s.Name, Kind: kind(s), Partition: p.partition, Leader: p.leader(),
+					e := statusEntry{ident: s.ident(), Partition: p.partition, Leader: p.leader(),
 						DeadLetters: p.deadLetters, Stopped: p.stopped}
 					if p.exists {
 						pos, lag, epoch := p.position, p.lag(), p.epoch
@@ -467,7 +532,7 @@ With --output json: an object with the head of the log and an array of partition
 			}
 			fmt.Fprintf(out, "head of the log: %d\n", head)
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tKIND\tPARTITION\tCHECKPOINT\tLAG\tEPOCH\tLEADER\tLOCK PID\tDEAD LETTERS\tSTOPPED")
+			fmt.Fprintln(tw, "NAME\tKIND\tGENERATION\tPARTITION\tCHECKPOINT\tLAG\tEPOCH\tLEADER\tLOCK PID\tDEAD LETTERS\tSTOPPED")
 			for _, e := range res.Partitions {
 				cp, lag, epoch := "-", "-", "-"
 				if e.Checkpoint != nil {
@@ -480,7 +545,7 @@ With --output json: an object with the head of the log and an array of partition
 				if e.Stopped != "" {
 					stopped = oneLine(e.Stopped, 60)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", e.Name, e.Kind, e.Partition, cp, lag, epoch,
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", e.Name, e.Kind, e.generationColumn(), e.Partition, cp, lag, epoch,
 					e.Leader, pid, e.DeadLetters, stopped)
 			}
 			return tw.Flush()

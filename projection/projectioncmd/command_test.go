@@ -139,10 +139,10 @@ func TestListAndStatus(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	if got := fields(lineOf(t, r.stdout, "balances")); strings.Join(got, " ") != "balances projection 1 - 250 - none" {
+	if got := fields(lineOf(t, r.stdout, "balances")); strings.Join(got, " ") != "balances projection - 1 - 250 - none" {
 		t.Errorf("list before any run: %q\n%s", got, r.stdout)
 	}
-	if got := fields(lineOf(t, r.stdout, "mailer")); strings.Join(got, " ") != "mailer observer 1 - 250 - none" {
+	if got := fields(lineOf(t, r.stdout, "mailer")); strings.Join(got, " ") != "mailer observer - 1 - 250 - none" {
 		t.Errorf("list: %q", got)
 	}
 
@@ -154,9 +154,9 @@ func TestListAndStatus(t *testing.T) {
 	annalstest.WaitFor(t, 15*time.Second, func() bool {
 		r = b.execute(t, false, "", "list")
 		want := map[string]string{
-			"balances": "balances projection 1 250 250 0 inst-1",
-			"mailer":   "mailer observer 1 250 250 0 inst-1",
-			"sharded":  "sharded projection 2 250 250 0 inst-1",
+			"balances": "balances projection - 1 250 250 0 inst-1",
+			"mailer":   "mailer observer - 1 250 250 0 inst-1",
+			"sharded":  "sharded projection - 2 250 250 0 inst-1",
 		}
 		for _, l := range strings.Split(r.stdout, "\n") {
 			if f := fields(l); len(f) > 0 && want[f[0]] == strings.Join(f, " ") {
@@ -165,7 +165,7 @@ func TestListAndStatus(t *testing.T) {
 		}
 		return r.err == nil && len(want) == 0
 	})
-	if got := fields(lineOf(t, r.stdout, "balances")); strings.Join(got, " ") != "balances projection 1 250 250 0 inst-1" {
+	if got := fields(lineOf(t, r.stdout, "balances")); strings.Join(got, " ") != "balances projection - 1 250 250 0 inst-1" {
 		t.Errorf("list while live: %q\n%s", got, r.stdout)
 	}
 
@@ -176,7 +176,7 @@ func TestListAndStatus(t *testing.T) {
 	if !strings.HasPrefix(r.stdout, "head of the log: 250\n") || strings.Count(r.stdout, "\nsharded") != 2 {
 		t.Errorf("status sharded:\n%s", r.stdout)
 	}
-	if got := fields(lineOf(t, r.stdout, "sharded")); len(got) != 10 || got[2] != "0" || got[3] != "250" || got[4] != "0" || got[6] != "inst-1" || got[8] != "0" {
+	if got := fields(lineOf(t, r.stdout, "sharded")); len(got) != 11 || got[2] != "-" || got[3] != "0" || got[4] != "250" || got[5] != "0" || got[7] != "inst-1" || got[9] != "0" {
 		t.Errorf("status line %q", got)
 	}
 	r = b.execute(t, false, "", "status")

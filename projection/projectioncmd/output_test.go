@@ -27,7 +27,8 @@ func TestListAndStatusJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(res.stdout), &list); err != nil {
 		t.Fatalf("%v in %q", err, res.stdout)
 	}
-	if len(list) != 3 || list[0]["name"] != "balances" || list[0]["checkpoint"] != nil || list[0]["lag"] != nil {
+	if len(list) != 3 || list[0]["name"] != "balances" || list[0]["checkpoint"] != nil || list[0]["lag"] != nil ||
+		list[0]["subscriber"] != "balances" || list[0]["generation"] != nil || list[0]["generation_state"] != nil {
 		t.Fatalf("list before a run: %v", list)
 	}
 	if l, ok := list[0]["leaders"].([]any); !ok || len(l) != 0 {
