@@ -113,8 +113,8 @@
 // recorded with the move back (relay_acks.refill_to and refill_seq,
 // migration 0037) and cleared by the commit that reaches its end, so that
 // a refill spanning leaderships (a failed publish, a restart) goes on. On
-// a schema before 0037 the relay fails each leadership with
-// migrations.ErrNotMigrated: run annals migrate. Refusals
+// a schema before 0037 the relay fails at its start (EnsureStream), and
+// each leadership, with migrations.ErrNotMigrated: run annals migrate. Refusals
 // of another kind (a stream full under discard-new limits, the account's
 // resources) refuse every event alike until a limit is raised, and are
 // waited out, not passed over; a publish the account may not make is not
@@ -173,7 +173,11 @@
 //
 // # The stream
 //
-// EnsureStream creates the stream (Config.Stream, default "ANNALS") with the
+// EnsureStream first checks that the relay's schema is migrated (the
+// tables and columns the relay uses): on a schema missing or not migrated
+// it fails with migrations.ErrNotMigrated, saying to run annals migrate,
+// before it looks at or makes any stream. It creates the stream
+// (Config.Stream, default "ANNALS") with the
 // template's subject filter (placeholders as "*": "annals.*.*"), limits
 // retention, file storage, Config.MaxAge, DenyDelete and DenyPurge, and the
 // duplicate window; an existing stream must take those subjects (one of

@@ -36,3 +36,12 @@ func (r *Relay) checkpointSetHint(pos int64) string {
 	}
 	return fmt.Sprintf("annals checkpoint set %s %d --yes%s", shellQuote(r.cfg.Name), pos, schema)
 }
+
+// migrateHint is the command that migrates the relay's schema: --schema
+// when it is not the default.
+func (r *Relay) migrateHint() string {
+	if r.cfg.Schema != schemaname.Default {
+		return "annals migrate --schema " + shellQuote(r.cfg.Schema)
+	}
+	return "annals migrate"
+}

@@ -76,3 +76,13 @@ ON CONFLICT (subscriber_id, partition) DO UPDATE
 -- what is left of a refill (publisher.mayPassOver).
 SELECT count(*) FROM {{.Schema}}.events_all
  WHERE global_sequence BETWEEN $1 AND $2 AND ($3 = '' OR event_type ~ $3);
+
+-- name: Migrated
+-- Reads nothing; fails when the schema lacks what the relay uses: the
+-- schema or a table missing (3F000, 42P01: migrations.MarkNotMigrated), or
+-- relay_acks older than migration 0037 (42703: notMigrated). EnsureStream
+-- runs it first, so that a relay on a schema not migrated says so before it
+-- makes or checks a stream.
+SELECT (SELECT 1 FROM {{.Schema}}.events_all LIMIT 0),
+       (SELECT 1 FROM {{.Schema}}.checkpoints LIMIT 0),
+       (SELECT refill_to + refill_seq FROM {{.Schema}}.relay_acks LIMIT 0);

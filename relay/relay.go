@@ -21,6 +21,7 @@ import (
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/telemetry"
+	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/walsource"
 )
@@ -278,7 +279,13 @@ var ErrStreamMismatch = errors.New("relay: the JetStream stream does not fit the
 // (Annals-Relay), from this log (Annals-Origin, unless absent: a relay
 // older than the header), at a position not above this log's head, and be
 // this log's event at that position (Annals-Event-Id).
+//
+// It first checks the schema (checkSchema): on one not migrated it fails
+// with migrations.ErrNotMigrated before it looks at, or makes, a stream.
 func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
+	if err := r.checkSchema(ctx); err != nil {
+		return nil, err
+	}
 	origin, err := r.loadOrigin(ctx)
 	if err != nil {
 		return nil, err
@@ -337,6 +344,26 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 			slog.String("relay", r.cfg.Name), slog.String("stream", want.Name), slog.String("was", o), slog.String("origin", origin))
 	}
 	return s, nil
+}
+
+// checkSchema fails, marked migrations.ErrNotMigrated and saying to
+// migrate, when the relay's schema lacks the tables (or, older than
+// migration 0037, the columns) the relay uses: the schema does not exist,
+// was never migrated, or is not the one migrated.
+func (r *Relay) checkSchema(ctx context.Context) error {
+	q, err := r.queries()
+	if err != nil {
+		return err
+	}
+	_, err = r.pool.Exec(ctx, q["Migrated"])
+	switch {
+	case err == nil:
+		return nil
+	case migrations.IsNotMigrated(err):
+		return errors.Wrapf(migrations.MarkNotMigrated(err), "relay: schema %q is missing or not migrated: run '%s'", r.cfg.Schema, r.migrateHint())
+	default:
+		return errors.Wrapf(notMigrated(err), "relay: check schema %q", r.cfg.Schema)
+	}
 }
 
 // warnIfBehind logs, for a stream EnsureStream has just created, that the
