@@ -183,7 +183,11 @@
 // duplicate window; an existing stream must take those subjects (one of
 // its subjects covers the filter by NATS wildcard rules, token by token:
 // "annals.*.*", "annals.*.>" or "annals.>" for the default), keep limits
-// retention and de-duplicate at least as long.
+// retention and de-duplicate at least as long. JetStream refuses a new
+// stream whose subjects overlap another stream's (error 10065): a second
+// relay, on a stream of its own, needs a subject prefix of its own
+// (Config.Prefix) or subject template (Config.Subject), which the error
+// says.
 //
 // A stream that is gone (deleted, or lost with the server's store) is made
 // again, by EnsureStream when the relay starts or at its next leadership,

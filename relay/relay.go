@@ -281,7 +281,10 @@ var ErrStreamMismatch = errors.New("relay: the JetStream stream does not fit the
 // this log's event at that position (Annals-Event-Id).
 //
 // It first checks the schema (checkSchema): on one not migrated it fails
-// with migrations.ErrNotMigrated before it looks at, or makes, a stream.
+// with migrations.ErrNotMigrated before it looks at, or makes, a stream. A
+// stream JetStream refuses because its subjects overlap another stream's
+// (error code 10065: a second relay with the default prefix) fails with
+// the advice to give the relay a prefix or subject template of its own.
 func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 	if err := r.checkSchema(ctx); err != nil {
 		return nil, err
@@ -299,6 +302,11 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 		created = err == nil
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			s, err = r.js.Stream(ctx, want.Name)
+		}
+		if subjectsOverlap(err) {
+			return nil, errors.Wrapf(err, "relay: stream %s: its subjects (%s) overlap those of another stream on the server, another relay's if that one has the same prefix; "+
+				"give each relay a subject prefix of its own (relay.Config.Prefix, annals relay nats --prefix) or subject template (Config.Subject, --subject)",
+				want.Name, want.Subjects[0])
 		}
 	}
 	if err != nil {
@@ -344,6 +352,18 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 			slog.String("relay", r.cfg.Name), slog.String("stream", want.Name), slog.String("was", o), slog.String("origin", origin))
 	}
 	return s, nil
+}
+
+// jsErrCodeStreamSubjectOverlap is JetStream's error code for a stream
+// whose subjects overlap those of another stream (JSStreamSubjectOverlapErr),
+// which nats.go does not name.
+const jsErrCodeStreamSubjectOverlap jetstream.ErrorCode = 10065
+
+// subjectsOverlap reports whether err is JetStream's refusal of a stream
+// whose subjects overlap another's.
+func subjectsOverlap(err error) bool {
+	var jsErr jetstream.JetStreamError
+	return errors.As(err, &jsErr) && jsErr.APIError() != nil && jsErr.APIError().ErrorCode == jsErrCodeStreamSubjectOverlap
 }
 
 // checkSchema fails, marked migrations.ErrNotMigrated and saying to

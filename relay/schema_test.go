@@ -56,3 +56,43 @@ func TestRelayOnASchemaNotMigrated(t *testing.T) {
 	check("EnsureStream on another log's stream", err)
 	check("CatchUp on another log's stream", nope.CatchUp(ctx))
 }
+
+// A second relay with a stream of its own but the default subject prefix
+// is refused by JetStream (subjects overlap, 10065); the error says to give
+// it a prefix (or subject template) of its own. Before, it was NATS's raw
+// "subjects overlap with an existing stream".
+func TestSecondRelayWithOverlappingSubjects(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	first, err := relay.New(b.db.Pool, b.nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.EnsureStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second, err := relay.New(b.db.Pool, b.nc, &relay.Config{Name: "second", Stream: "S3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = second.EnsureStream(ctx)
+	var jsErr jetstream.JetStreamError
+	if !errors.As(err, &jsErr) || jsErr.APIError() == nil || jsErr.APIError().ErrorCode != 10065 {
+		t.Fatalf("EnsureStream of a second relay on the default subjects: %v; want JetStream's subjects-overlap error (10065)", err)
+	}
+	for _, s := range []string{"S3", "annals.*.*", "overlap", "Config.Prefix", "--prefix"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("the error does not say %q: %v", s, err)
+		}
+	}
+	// With a prefix of its own it is taken.
+	third, err := relay.New(b.db.Pool, b.nc, &relay.Config{Name: "third", Stream: "S3", Prefix: "third"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := third.EnsureStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
