@@ -1109,8 +1109,9 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	if opts != nil {
 		o = *opts
 	}
-	if o.BatchSize < 0 || o.LockTimeout < 0 {
-		return Cutover{}, errors.Newf("projection: rebuild %q: negative option", name)
+	if err := nonNegative(fmt.Sprintf("projection: rebuild %q", name), opt("RebuildOptions.BatchSize", o.BatchSize),
+		opt("RebuildOptions.LockTimeout", o.LockTimeout)); err != nil {
+		return Cutover{}, err
 	}
 	if o.BatchSize == 0 {
 		o.BatchSize = 5000

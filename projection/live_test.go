@@ -839,7 +839,7 @@ func TestRegisterRejectsBadInput(t *testing.T) {
 		for _, o := range []projection.Options{
 			{Partitions: -1}, {BatchSize: -1}, {CheckpointEvery: -1}, {CheckpointInterval: -time.Second},
 		} {
-			wantErr(t, r.Register(typed("opts", reg), &o), nil, "opts", "negative")
+			wantErr(t, r.Register(typed("opts", reg), &o), nil, "opts", "is -1", "must be 0 or more")
 		}
 		wantErr(t, r.Register(typed("opts", reg), &projection.Options{Partitions: 1025}), nil, "opts", "1025")
 		for _, types := range [][]string{{""}, {"ord*"}, {"a..b"}, {"order.*", "*x"}} {

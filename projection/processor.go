@@ -1,6 +1,8 @@
 package projection
 
 import (
+	"fmt"
+
 	"github.com/cockroachdb/errors"
 
 	"github.com/annals-dev/annals/catchup"
@@ -27,8 +29,9 @@ func (r *Runner) RegisterProcessor(name string, newProc func() catchup.Processor
 	if opts != nil {
 		o = *opts
 	}
-	if o.Partitions < 0 || o.BatchSize < 0 {
-		return errors.Newf("projection: %q: negative option", name)
+	if err := nonNegative(fmt.Sprintf("projection: %q", name), opt("Options.Partitions", o.Partitions),
+		opt("Options.BatchSize", o.BatchSize)); err != nil {
+		return err
 	}
 	if o.Partitions == 0 {
 		o.Partitions = 1

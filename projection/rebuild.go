@@ -223,8 +223,9 @@ func (r *Runner) Rebuild(ctx context.Context, name string, opts *RebuildOptions)
 	if opts != nil {
 		o = *opts
 	}
-	if o.BatchSize < 0 || o.LockTimeout < 0 {
-		return errors.Newf("projection: rebuild %q: negative option", name)
+	if err := nonNegative(fmt.Sprintf("projection: rebuild %q", name), opt("RebuildOptions.BatchSize", o.BatchSize),
+		opt("RebuildOptions.LockTimeout", o.LockTimeout)); err != nil {
+		return err
 	}
 	if o.BatchSize == 0 {
 		o.BatchSize = 5000

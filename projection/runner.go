@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"reflect"
@@ -346,8 +347,10 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	if e, ok := handler.(interface{ Err() error }); ok && e.Err() != nil {
 		return e.Err()
 	}
-	if o.Partitions < 0 || o.BatchSize < 0 || o.CheckpointEvery < 0 || o.CheckpointInterval < 0 || o.HandlerTimeout < 0 {
-		return errors.Newf("projection: %q: negative option", name)
+	if err := nonNegative(fmt.Sprintf("projection: %q", name), opt("Options.Partitions", o.Partitions),
+		opt("Options.BatchSize", o.BatchSize), opt("Options.CheckpointEvery", o.CheckpointEvery),
+		opt("Options.CheckpointInterval", o.CheckpointInterval), opt("Options.HandlerTimeout", o.HandlerTimeout)); err != nil {
+		return err
 	}
 	if o.OnDeadLetter < DefaultPolicy || o.OnDeadLetter > Stop {
 		return errors.Newf("projection: %q: unknown dead-letter policy %d", name, o.OnDeadLetter)
@@ -400,6 +403,27 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	r.regs = append(r.regs, &registration{name: name, opts: o, filter: filter, newProc: newProc, bg: bg})
 	if bg != nil && !slices.ContainsFunc(r.services, func(ns namedService) bool { return ns.name == blueGreenServiceName }) {
 		r.services = append(r.services, namedService{blueGreenServiceName, &blueGreenService{r: r}})
+	}
+	return nil
+}
+
+// option is a numeric option that must not be negative: its name as the
+// caller writes it (Options.Partitions) and its value.
+type option struct {
+	name     string
+	value    any
+	negative bool
+}
+
+func opt[T int | time.Duration](name string, v T) option { return option{name, v, v < 0} }
+
+// nonNegative refuses the first negative option, naming it and its value:
+// "<what>: Options.Partitions is -1: must be 0 or more".
+func nonNegative(what string, opts ...option) error {
+	for _, o := range opts {
+		if o.negative {
+			return errors.Newf("%s: %s is %v: must be 0 or more", what, o.name, o.value)
+		}
 	}
 	return nil
 }
