@@ -48,10 +48,10 @@ func (r *Runner) RegisterProcessor(name string, newProc func() catchup.Processor
 	if r.running {
 		return errors.New("projection: RegisterProcessor after Run started")
 	}
-	if r.names[name] {
-		return errors.Newf("projection: %q is registered twice", name)
+	if err := r.registeredTwice("processor", name); err != nil {
+		return err
 	}
 	r.names[name] = true
-	r.regs = append(r.regs, &registration{name: name, opts: o, filter: filter, newProc: newProc})
+	r.regs = append(r.regs, &registration{name: name, kind: "processor", opts: o, filter: filter, newProc: newProc})
 	return nil
 }

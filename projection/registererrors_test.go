@@ -1,6 +1,7 @@
 package projection_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -50,4 +51,42 @@ func TestNegativeOptionsAreNamed(t *testing.T) {
 	check("RebuildBlueGreen", err, `projection: rebuild "hits": RebuildOptions.BatchSize is -5: must be 0 or more`)
 	_, err = r.RebuildBlueGreen(t.Context(), "hits", &projection.RebuildOptions{LockTimeout: -time.Minute})
 	check("RebuildBlueGreen", err, `projection: rebuild "hits": RebuildOptions.LockTimeout is -1m0s: must be 0 or more`)
+}
+
+// A name registered twice is refused naming the kind of each registration
+// (it said `projection: "w" is registered twice` whatever they were).
+func TestRegisteredTwiceNamesTheKinds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r, err := projection.NewRunner(b.db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	newProc := func() catchup.Processor { return countingProcessor{events: &n} }
+	if err := r.Register(namedObserver{"w"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(balances(b.reg), nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{r.Register(namedObserver{"w"}, nil), `projection: observer "w" is registered twice`},
+		{r.Register(namedObserver{"balances"}, nil), `projection: observer "balances" is registered twice (first as a projection)`},
+		{r.Register(balances(b.reg), nil), `projection: projection "balances" is registered twice`},
+		{r.RegisterProcessor("w", newProc, nil), `projection: processor "w" is registered twice (first as an observer)`},
+	} {
+		if c.err == nil || c.err.Error() != c.want {
+			t.Errorf("%v; want %q", c.err, c.want)
+		}
+	}
+	if err := r.RegisterProcessor("p", newProc, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.RegisterProcessor("p", newProc, nil); err == nil || !strings.Contains(err.Error(), `processor "p" is registered twice`) {
+		t.Errorf("a second processor p: %v", err)
+	}
 }

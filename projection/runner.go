@@ -197,6 +197,7 @@ type Options struct {
 
 type registration struct {
 	name    string
+	kind    string // "projection", "observer" or "processor" (RegisterProcessor)
 	opts    Options
 	filter  catchup.Filter
 	newProc func() catchup.Processor
@@ -303,7 +304,7 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	if opts != nil {
 		o = *opts
 	}
-	var name string
+	var name, kind string
 	var newProc func() catchup.Processor
 	p, isProj := handler.(Projection)
 	obs, isObs := handler.(Observer)
@@ -314,14 +315,14 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	case isProj && isObs:
 		return errors.Newf("projection: %T is both a Projection and an Observer", handler)
 	case isProj:
-		name = p.Name()
+		name, kind = p.Name(), "projection"
 		if o.OnDeadLetter == DefaultPolicy {
 			o.OnDeadLetter = ParkStream
 		}
 		cut, _ := p.(CommitCutter)
 		newProc = func() catchup.Processor { return &txProcessor{p: p, f: r.failures(name, o), cut: cut} }
 	case isObs:
-		name = obs.Name()
+		name, kind = obs.Name(), "observer"
 		every, interval := o.CheckpointEvery, o.CheckpointInterval
 		if every <= 0 {
 			every = 100
@@ -396,15 +397,35 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	if r.running {
 		return errors.New("projection: Register after Run started")
 	}
-	if r.names[name] {
-		return errors.Newf("projection: %q is registered twice", name)
+	if err := r.registeredTwice(kind, name); err != nil {
+		return err
 	}
 	r.names[name] = true
-	r.regs = append(r.regs, &registration{name: name, opts: o, filter: filter, newProc: newProc, bg: bg})
+	r.regs = append(r.regs, &registration{name: name, kind: kind, opts: o, filter: filter, newProc: newProc, bg: bg})
 	if bg != nil && !slices.ContainsFunc(r.services, func(ns namedService) bool { return ns.name == blueGreenServiceName }) {
 		r.services = append(r.services, namedService{blueGreenServiceName, &blueGreenService{r: r}})
 	}
 	return nil
+}
+
+// registeredTwice refuses a registration of kind under a name already
+// registered, naming both kinds when they differ: "projection: observer
+// "w" is registered twice (first as a projection)". (A saga registers as a
+// projection: package saga names it in front.) r.mu is held.
+func (r *Runner) registeredTwice(kind, name string) error {
+	if !r.names[name] {
+		return nil
+	}
+	for _, reg := range r.regs {
+		if reg.name == name && reg.kind != kind {
+			article := "a"
+			if strings.ContainsAny(reg.kind[:1], "aeiou") {
+				article = "an"
+			}
+			return errors.Newf("projection: %s %q is registered twice (first as %s %s)", kind, name, article, reg.kind)
+		}
+	}
+	return errors.Newf("projection: %s %q is registered twice", kind, name)
 }
 
 // option is a numeric option that must not be negative: its name as the
