@@ -112,6 +112,9 @@ func (p *Typed) EventTypes() []string { return keys(p.handlers) }
 // Err returns the mistakes made while adding handlers.
 func (p *Typed) Err() error { return p.err }
 
+// Registry returns the registry the projection decodes with (New's reg).
+func (p *Typed) Registry() *eventstore.Registry { return p.reg }
+
 // TypedObserver is an Observer assembled from typed handlers (see Typed).
 type TypedObserver struct {
 	name     string
@@ -124,6 +127,10 @@ type TypedObserver struct {
 func NewObserver(name string, reg *eventstore.Registry) *TypedObserver {
 	return &TypedObserver{name: name, reg: reg, handlers: map[string]func(context.Context, eventstore.Event) error{}}
 }
+
+// Registry returns the registry the observer decodes with (NewObserver's
+// reg).
+func (o *TypedObserver) Registry() *eventstore.Registry { return o.reg }
 
 // Observe adds the observer's handler for events of type T. Mistakes (T
 // not registered, a second handler for T, a nil fn) are reported by

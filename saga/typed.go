@@ -40,6 +40,9 @@ func New[S any](name string, reg *eventstore.Registry) *Typed[S] {
 	return &Typed[S]{name: name, reg: reg, handlers: map[string]typedHandler[S]{}}
 }
 
+// Registry returns the registry the saga decodes with (New's reg).
+func (s *Typed[S]) Registry() *eventstore.Registry { return s.reg }
+
 // On adds the handler of events of type T: correlate returns the instance
 // ID of an event (an empty ID is a permanent error), handle applies it.
 // Mistakes (T not registered, a second handler for T) are reported by

@@ -399,29 +399,14 @@ func (r *Replay) replay(ctx context.Context, appends []pendingAppend) error {
 	return r.result(runner.RunUntilCaughtUp(ctx))
 }
 
-// registryType is the type of the registry field of the typed handlers.
-var registryType = reflect.TypeFor[*eventstore.Registry]()
-
-// handlerRegistry returns the registry a typed handler of package
-// projection or saga (projection.Typed, projection.TypedObserver,
-// saga.Typed[S]) was built with, or nil for any other handler. They do not
-// export it, so it is read from their field reg; the kit's tests of the
-// defaults fail if that field is renamed.
+// handlerRegistry returns the registry a typed handler (projection.Typed,
+// projection.TypedObserver, saga.Typed[S]: their Registry method) was
+// built with, or nil for any other handler.
 func handlerRegistry(h any) *eventstore.Registry {
-	v := reflect.ValueOf(h)
-	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
-		return nil
+	if r, ok := h.(interface{ Registry() *eventstore.Registry }); ok && !isNilHandler(h) {
+		return r.Registry()
 	}
-	switch v.Elem().Type().PkgPath() {
-	case reflect.TypeFor[projection.Typed]().PkgPath(), sagaPkgPath:
-	default:
-		return nil
-	}
-	f := v.Elem().FieldByName("reg")
-	if !f.IsValid() || f.Type() != registryType {
-		return nil
-	}
-	return (*eventstore.Registry)(f.UnsafePointer())
+	return nil
 }
 
 // isNilHandler reports whether a handler is nil or a nil pointer (a nil

@@ -2,7 +2,6 @@ package testkit
 
 import (
 	"context"
-	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -17,10 +16,6 @@ import (
 	"github.com/annals-dev/annals/saga"
 	"github.com/annals-dev/annals/scheduler"
 )
-
-// sagaPkgPath is the import path of package saga, whose Typed sagas carry
-// their registry (see handlerRegistry).
-var sagaPkgPath = reflect.TypeFor[saga.Config]().PkgPath()
 
 // DefaultSagaStart is the time the fake clock of [ReplaySaga] starts at
 // when SagaReplayOptions.Start is zero.
