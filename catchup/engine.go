@@ -638,7 +638,14 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 			log.InfoContext(ctx, "annals: handed over", slog.Int64("epoch", lease.Epoch))
 			continue
 		}
-		log.WarnContext(ctx, "annals: stopped leading", slog.Int64("epoch", lease.Epoch), telemetry.Err(err))
+		if errors.Is(err, checkpoint.ErrFenced) {
+			// Another leader (or a rebuild) claimed the partition: the
+			// fencing did its work, and the lease is theirs; how this one
+			// lost its lock, if it did, advisorylock warns of.
+			log.InfoContext(ctx, "annals: stopped leading: the partition was claimed by another leader or a rebuild", slog.Int64("epoch", lease.Epoch), telemetry.Err(err))
+		} else {
+			log.WarnContext(ctx, "annals: stopped leading", slog.Int64("epoch", lease.Epoch), telemetry.Err(err))
+		}
 		if lease.shared != nil && errors.Is(err, advisorylock.ErrLost) {
 			// The lock session ended (killed, or the server restarted): the
 			// poller opens a new one, paced by its own back-off, and this

@@ -120,6 +120,9 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if head > 0 {
+		fmt.Fprintf(out, "the relay starts at the head, position %d, on purpose: it warns (below) that the earlier events are not in its new stream\n", head)
+	}
 	if _, err := r.EnsureStream(ctx); err != nil {
 		return err
 	}
