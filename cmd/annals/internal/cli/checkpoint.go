@@ -190,15 +190,8 @@ start a new subscriber somewhere other than the beginning).`,
 			}
 			effect := moveEffect(sub, partition, old.Position, position, exists)
 			if !yes {
-				if !isTerminal(e.stdin) {
-					return usagef("stdin is not a terminal: pass --yes to %s", effect)
-				}
-				ok, err := confirm(e.stdin, e.stderr, "About to "+effect+". Continue?")
-				if err != nil {
+				if err := e.confirmed(effect, "the checkpoint is unchanged"); err != nil {
 					return err
-				}
-				if !ok {
-					return errors.New("not confirmed: the checkpoint is unchanged")
 				}
 			}
 
@@ -344,6 +337,24 @@ func isTerminal(r io.Reader) bool {
 		return false
 	}
 	return true
+}
+
+// confirmed asks "About to <effect>. Continue?" on a terminal, and refuses
+// with a usage error when stdin is not one (naming --yes, which skips the
+// question): the irreversible commands' guard. It returns an error saying
+// what was left unchanged (unchanged) when the answer is no.
+func (e *env) confirmed(effect, unchanged string) error {
+	if !isTerminal(e.stdin) {
+		return usagef("stdin is not a terminal: pass --yes to %s", effect)
+	}
+	ok, err := confirm(e.stdin, e.stderr, "About to "+effect+". Continue?")
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errors.New("not confirmed: " + unchanged)
+	}
+	return nil
 }
 
 // confirm asks question on w and reads a y/N answer from r; anything but

@@ -317,15 +317,8 @@ skipped dead letters, which are settled, asks nothing.`,
 			if includeUnresolved && !yes {
 				effect := fmt.Sprintf("delete the open and retry dead letters (and the resolved and skipped ones) last updated at least %s ago: their events are never re-delivered",
 					olderThan)
-				if !isTerminal(e.stdin) {
-					return usagef("stdin is not a terminal: pass --yes to %s", effect)
-				}
-				ok, err := confirm(e.stdin, e.stderr, "About to "+effect+". Continue?")
-				if err != nil {
+				if err := e.confirmed(effect, "no dead letter was purged"); err != nil {
 					return err
-				}
-				if !ok {
-					return errors.New("not confirmed: no dead letter was purged")
 				}
 			}
 			q, err := e.queries()

@@ -3,7 +3,6 @@ package cli
 import (
 	"fmt"
 
-	"github.com/cockroachdb/errors"
 	"github.com/spf13/cobra"
 
 	"github.com/annals-dev/annals/eventstore"
@@ -37,15 +36,8 @@ Forgetting a subject twice, or one never seen, succeeds (had_key false).
 				return usagef("SUBJECT must not be empty")
 			}
 			if !yes {
-				if !isTerminal(e.stdin) {
-					return usagef("stdin is not a terminal: pass --yes to forget %q forever", subject)
-				}
-				ok, err := confirm(e.stdin, e.stderr, fmt.Sprintf("About to forget %q: its personal data can never be read again. Continue?", subject))
-				if err != nil {
+				if err := e.confirmed(fmt.Sprintf("forget %q: its personal data can never be read again", subject), "nothing was forgotten"); err != nil {
 					return err
-				}
-				if !ok {
-					return errors.New("not confirmed: nothing was forgotten")
 				}
 			}
 			pool, err := e.connect(cmd.Context())

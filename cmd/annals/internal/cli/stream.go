@@ -67,15 +67,8 @@ again with --hard.
 				return err
 			}
 			if hard && !yes {
-				if !isTerminal(e.stdin) {
-					return usagef("stdin is not a terminal: pass --yes to hard-delete stream %q forever", stream)
-				}
-				ok, err := confirm(e.stdin, e.stderr, fmt.Sprintf("About to hard-delete stream %q: it can never be appended to again. Continue?", stream))
-				if err != nil {
+				if err := e.confirmed(fmt.Sprintf("hard-delete stream %q: it can never be appended to again", stream), "the stream is unchanged"); err != nil {
 					return err
-				}
-				if !ok {
-					return errors.New("not confirmed: the stream is unchanged")
 				}
 			}
 			pool, err := e.connect(cmd.Context())
