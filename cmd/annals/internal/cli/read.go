@@ -17,7 +17,10 @@ import (
 )
 
 func (e *env) readCommand() *cobra.Command {
-	var from, limit int64
+	var (
+		limit    int64
+		fromFlag *positionFlag
+	)
 	var format *string
 	cmd := &cobra.Command{
 		Use:   "read [STREAM]",
@@ -33,6 +36,7 @@ recreates it, not one that expects no stream; 'annals stream delete' of it again
 1 too.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			from := fromFlag.v
 			if from < 0 {
 				return usagef("--from must not be negative")
 			}
@@ -76,7 +80,7 @@ recreates it, not one that expects no stream; 'annals stream delete' of it again
 			return w.finish()
 		},
 	}
-	cmd.Flags().Int64Var(&from, "from", 0, "first position (log) or version (stream) to read")
+	fromFlag = addPositionFlag(cmd, "from", "first position (log) or version (stream) to read")
 	cmd.Flags().Int64Var(&limit, "limit", 0, "stop after this many events (0: no limit)")
 	format = addOutputFlag(cmd, true, outputText, outputJSON, outputJSONL)
 	return cmd

@@ -15,7 +15,7 @@ import (
 )
 
 func (e *env) tailCommand() *cobra.Command {
-	var from int64
+	var fromFlag *positionFlag
 	var follow bool
 	var subscriber, partitionBy, readURL string
 	var partitions int
@@ -49,6 +49,7 @@ the personal fields of forgotten subjects read as [forgotten].`,
   annals tail --follow --subscriber audit-log --partitions 8 --output jsonl`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			from := fromFlag.v
 			if from < 0 {
 				return usagef("--from must not be negative")
 			}
@@ -173,7 +174,7 @@ the personal fields of forgotten subjects read as [forgotten].`,
 			return finish(engine.Run(ctx, sub))
 		},
 	}
-	cmd.Flags().Int64Var(&from, "from", 0, "first position to print (without --subscriber)")
+	fromFlag = addPositionFlag(cmd, "from", "first position to print (without --subscriber)")
 	cmd.Flags().BoolVar(&follow, "follow", false, "keep following new events until interrupted")
 	cmd.Flags().StringVar(&subscriber, "subscriber", "", "run as a checkpointed, leader-elected observer with this name")
 	cmd.Flags().StringSliceVar(&types, "types", nil, "event-type globs, comma-separated (default: all)")
