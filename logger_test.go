@@ -1,11 +1,9 @@
 package annals_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,29 +17,11 @@ import (
 
 type lgPoison struct{ N int }
 
-// syncBuffer is a bytes.Buffer safe for the logger's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A client with no Logger tells of a dead letter on slog.Default(), where a
 // program's logs go: a failure is not silent by default. Not parallel: it
 // sets slog's default.
 func TestDeadLetterLoggedByDefault(t *testing.T) {
-	var buf syncBuffer
+	var buf annalstest.LogBuffer
 	old := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
 	t.Cleanup(func() { slog.SetDefault(old) })

@@ -60,7 +60,7 @@ func TestSnapshotsOnOlderSchema(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, "DROP FUNCTION "+schema+".snapshot_lock(); DROP FUNCTION "+schema+".inline_stream_lock(text)"); err != nil {
 		t.Fatal(err)
 	}
-	newRepo := func(pool *pgxpool.Pool, logs *syncBuffer) *aggregate.Repository[*Account] {
+	newRepo := func(pool *pgxpool.Pool, logs *annalstest.LogBuffer) *aggregate.Repository[*Account] {
 		t.Helper()
 		store, err := eventstore.New(pool, &eventstore.Config{Schema: cfg.Schema, Registry: registry()})
 		if err != nil {
@@ -83,7 +83,7 @@ func TestSnapshotsOnOlderSchema(t *testing.T) {
 		}
 	}
 
-	var ownerLogs syncBuffer
+	var ownerLogs annalstest.LogBuffer
 	save(newRepo(db.Pool, &ownerLogs), "owner")
 	if n := snapshotRows(t, db, cfg.Schema); n != 1 {
 		t.Fatalf("%d snapshots on a schema without snapshot_lock, want 1; log:\n%s", n, ownerLogs.String())
@@ -123,7 +123,7 @@ func TestSnapshotsOnOlderSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer wp.Close()
-	var logs syncBuffer
+	var logs annalstest.LogBuffer
 	r := newRepo(wp, &logs)
 	save(r, "writer-before")
 	if n := snapshotRows(t, db, cfg.Schema); n != 2 {

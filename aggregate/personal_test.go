@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/annals-dev/annals/annalstest"
 	"log/slog"
 	"sync"
 	"testing"
@@ -54,7 +55,7 @@ const forgetLock = `hashtextextended('annals' || ':forget', 0)`
 type personalBundle struct {
 	*bundle
 	repo *aggregate.Repository[*Customer]
-	logs *syncBuffer
+	logs *annalstest.LogBuffer
 }
 
 func setupPersonal(t *testing.T, every int) *personalBundle {
@@ -75,7 +76,7 @@ func setupPersonal(t *testing.T, every int) *personalBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &annalstest.LogBuffer{}
 	r, err := aggregate.NewRepository(store, "customer", func() *Customer { return &Customer{} },
 		&aggregate.Config{Snapshots: &aggregate.SnapshotConfig{Every: every}, Logger: slogTo(logs)})
 	if err != nil {
@@ -383,6 +384,6 @@ func waitForLockWait(ctx context.Context, t *testing.T, b *bundle) {
 	}
 }
 
-func slogTo(w *syncBuffer) *slog.Logger {
+func slogTo(w *annalstest.LogBuffer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }

@@ -1,8 +1,8 @@
 package aggregate_test
 
 import (
-	"bytes"
 	"context"
+	"github.com/annals-dev/annals/annalstest"
 	"log/slog"
 	"strings"
 	"sync"
@@ -29,20 +29,7 @@ func (l *loads) last(t *testing.T) aggregate.LoadStats {
 	return l.all[len(l.all)-1]
 }
 
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
-func snapRepo(t *testing.T, b *bundle, schemaVersion int, l *loads, logs *syncBuffer) *aggregate.Repository[*Account] {
+func snapRepo(t *testing.T, b *bundle, schemaVersion int, l *loads, logs *annalstest.LogBuffer) *aggregate.Repository[*Account] {
 	t.Helper()
 	cfg := &aggregate.Config{Snapshots: &aggregate.SnapshotConfig{Every: 5, SchemaVersion: schemaVersion}, OnLoad: l.hook}
 	if logs != nil {
@@ -162,7 +149,7 @@ func TestSnapshots(t *testing.T) {
 	t.Run("UnusableSnapshotReplays", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		l, logs := &loads{}, &syncBuffer{}
+		l, logs := &loads{}, &annalstest.LogBuffer{}
 		r := snapRepo(t, b, 1, l, logs)
 		history(t, r, 6)
 		if _, err := b.db.Pool.Exec(ctx, `UPDATE annals.snapshots SET state = '{"balance":"not a number"}'`); err != nil {
@@ -180,7 +167,7 @@ func TestSnapshots(t *testing.T) {
 	t.Run("FailedWriteDoesNotFailSave", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		l, logs := &loads{}, &syncBuffer{}
+		l, logs := &loads{}, &annalstest.LogBuffer{}
 		r := snapRepo(t, b, 1, l, logs)
 		if _, err := b.db.Pool.Exec(ctx, `ALTER TABLE annals.snapshots RENAME TO gone`); err != nil {
 			t.Fatal(err)

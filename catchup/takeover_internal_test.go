@@ -1,10 +1,8 @@
 package catchup
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,7 +34,7 @@ func TestTakeOverFencesWhenItsRequestDoesNotShow(t *testing.T) {
 	// time out (under load), and the leader then gives the lock back, which
 	// TakeOver takes without a fence.
 	var leading atomic.Bool
-	var logs lockedBuffer // the leader's log, shown if the test fails
+	var logs annalstest.LogBuffer // the leader's log, shown if the test fails
 	leader, err := NewEngine(db.Pool, nil, &Config{Owner: "leader", PollInterval: 20 * time.Millisecond,
 		Logger:       slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		OnLeadership: func(_ string, _ int, _ int64, l bool) { leading.Store(l) }})
@@ -68,22 +66,4 @@ func TestTakeOverFencesWhenItsRequestDoesNotShow(t *testing.T) {
 		t.Fatalf("TakeOver took %v, before it could have given up looking for its request (%v); the leader's log:\n%s", took, takeOverQueuedWait, logs.String())
 	}
 	t.Logf("TakeOver took %v", took)
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent use.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -6,7 +6,6 @@ package projection_test
 // or skips them.
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
@@ -42,25 +41,7 @@ func failingStats(fixed *atomic.Bool) *projection.Typed {
 	return p
 }
 
-// syncBuffer is a log destination that tests read while runners write.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func failingRunner(t *testing.T, db *annalstest.DB, id string, fixed *atomic.Bool, auto bool, logs *syncBuffer) *projection.Runner {
+func failingRunner(t *testing.T, db *annalstest.DB, id string, fixed *atomic.Bool, auto bool, logs *annalstest.LogBuffer) *projection.Runner {
 	t.Helper()
 	r, err := projection.NewRunner(db.Pool, &projection.Config{
 		InstanceID: id, PollInterval: 100 * time.Millisecond, RetryBackoff: 100 * time.Millisecond,
@@ -96,7 +77,7 @@ func TestBlueGreenCutoverWaitsForDeadLetters(t *testing.T) {
 	bgRunInBackground(t, bgRunner(t, db, "v1", 1, false))
 
 	var fixed atomic.Bool
-	logs := &syncBuffer{}
+	logs := &annalstest.LogBuffer{}
 	bgRunInBackground(t, failingRunner(t, db, "v2", &fixed, true, logs))
 	const why = "blue/green cut-over waits: the new generation has unresolved dead letters"
 	head := headOf(t, db)
@@ -147,7 +128,7 @@ func TestBlueGreenRebuildWaitsForDeadLetters(t *testing.T) {
 	bgRunInBackground(t, bgRunner(t, db, "v1", 1, false))
 
 	var fixed atomic.Bool
-	r := failingRunner(t, db, "v2", &fixed, false, &syncBuffer{})
+	r := failingRunner(t, db, "v2", &fixed, false, &annalstest.LogBuffer{})
 	var mu sync.Mutex
 	var waiting string
 	type result struct {

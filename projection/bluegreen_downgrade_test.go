@@ -65,7 +65,7 @@ func gatedRebuild(t *testing.T, ctx context.Context, db *annalstest.DB, gate <-c
 }
 
 // bgLoggedRunner is bgRunner with its log in logs.
-func bgLoggedRunner(t *testing.T, db *annalstest.DB, id string, version int, auto bool, logs *syncBuffer) *projection.Runner {
+func bgLoggedRunner(t *testing.T, db *annalstest.DB, id string, version int, auto bool, logs *annalstest.LogBuffer) *projection.Runner {
 	t.Helper()
 	r, err := projection.NewRunner(db.Pool, &projection.Config{
 		InstanceID: id, PollInterval: 100 * time.Millisecond, RetryBackoff: 100 * time.Millisecond,
@@ -123,7 +123,7 @@ func TestBlueGreenOlderVersionNeverCutsOverNewer(t *testing.T) {
 	stopV1()
 
 	// A straggling version-2 instance with AutoRebuild starts.
-	var logs syncBuffer
+	var logs annalstest.LogBuffer
 	stopV2 := bgRunInBackground(t, bgLoggedRunner(t, db, "v2-straggler", 2, true, &logs))
 	annalstest.WaitForErr(t, 30*time.Second, func() error {
 		if st := state(t, db, 2); st == projection.GenerationLive {

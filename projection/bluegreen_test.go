@@ -653,7 +653,7 @@ func TestBlueGreenIdleRunnerSaysWhy(t *testing.T) {
 	if err := bgRunner(t, db, "v1", 1, false).RunUntilCaughtUp(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs annalstest.LogBuffer
 	r, err := projection.NewRunner(db.Pool, &projection.Config{
 		InstanceID: "v2", PollInterval: 100 * time.Millisecond, ShutdownTimeout: 5 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)),

@@ -2,6 +2,7 @@ package projection_test
 
 import (
 	"context"
+	"github.com/annals-dev/annals/annalstest"
 	"log/slog"
 	"strings"
 	"testing"
@@ -59,7 +60,7 @@ func TestRegisterRefusesGenerationNames(t *testing.T) {
 func TestRegisterTypesSelectingNoHandledType(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	var logs syncBuffer
+	var logs annalstest.LogBuffer
 	r, err := projection.NewRunner(b.db.Pool, &projection.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"github.com/annals-dev/annals/annalstest"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -35,7 +36,7 @@ func TestRelayRepublishesATailTheStreamLost(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{BatchSize: 4, RetryBackoff: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
@@ -113,7 +114,7 @@ func TestRelayMovedPastAnEventOverMaxPayload(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r := loggedRelay(t, b, &logs)
 	appendMany(t, b.store, 3)
 	if err := r.CatchUp(ctx); err != nil {
@@ -147,7 +148,7 @@ func TestRelayOnAnEmptyStreamBehindItsCheckpoint(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r := loggedRelay(t, b, &logs)
 	if _, err := b.js.CreateStream(ctx, r.StreamConfig()); err != nil {
 		t.Fatal(err)
@@ -185,7 +186,7 @@ func TestRelayOnAnEmptyStreamBehindItsCheckpoint(t *testing.T) {
 // loggedRelay returns a relay named "relay" of the given types (all when
 // none) that claims again after 20 ms and logs into logs, shown when the
 // test fails.
-func loggedRelay(t *testing.T, b *bundle, logs *lockedBuffer, types ...string) *relay.Relay {
+func loggedRelay(t *testing.T, b *bundle, logs *annalstest.LogBuffer, types ...string) *relay.Relay {
 	t.Helper()
 	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Types: types, RetryBackoff: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
@@ -291,7 +292,7 @@ func TestRelayCheckpointPastTheStreamIsNoLoss(t *testing.T) {
 		b := setup(t)
 		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 		defer cancel()
-		var logs lockedBuffer
+		var logs annalstest.LogBuffer
 		appendTypes(t, b.store, "order.placed", "order.placed", "payment.made", "payment.made", "payment.made", "payment.made", "payment.made")
 		if err := loggedRelay(t, b, &logs, "order.*").CatchUp(ctx); err != nil {
 			t.Fatal(err)
@@ -320,7 +321,7 @@ func TestRelayCheckpointPastTheStreamIsNoLoss(t *testing.T) {
 		b := setup(t)
 		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 		defer cancel()
-		var logs lockedBuffer
+		var logs annalstest.LogBuffer
 		r := loggedRelay(t, b, &logs)
 		cfg := r.StreamConfig()
 		cfg.MaxMsgSize = 4096
@@ -354,7 +355,7 @@ func TestRelayCheckpointPastTheStreamIsNoLoss(t *testing.T) {
 		b := setup(t)
 		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 		defer cancel()
-		var logs lockedBuffer
+		var logs annalstest.LogBuffer
 		r := loggedRelay(t, b, &logs, "order.*")
 		cfg := r.StreamConfig()
 		cfg.DenyPurge = false
@@ -393,7 +394,7 @@ func TestRelayRefillPassesOverAnEventTheOperatorSkipped(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r := loggedRelay(t, b, &logs)
 	appendMany(t, b.store, 3)
 	if err := r.CatchUp(ctx); err != nil {
@@ -435,7 +436,7 @@ func TestRelayWithoutARecordDoesNotMoveBack(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r := loggedRelay(t, b, &logs)
 	appendMany(t, b.store, 3)
 	if err := r.CatchUp(ctx); err != nil {
@@ -473,7 +474,7 @@ func TestRelayWithoutARecordDoesNotMoveBack(t *testing.T) {
 // message.
 func TestRelayOnAnEmptyStreamThatLostWhatItAcknowledged(t *testing.T) {
 	t.Parallel()
-	check := func(t *testing.T, b *bundle, logs *lockedBuffer, r *relay.Relay, lost string, want ...int64) {
+	check := func(t *testing.T, b *bundle, logs *annalstest.LogBuffer, r *relay.Relay, lost string, want ...int64) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 		defer cancel()
@@ -503,7 +504,7 @@ func TestRelayOnAnEmptyStreamThatLostWhatItAcknowledged(t *testing.T) {
 		b := setup(t)
 		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 		defer cancel()
-		var logs lockedBuffer
+		var logs annalstest.LogBuffer
 		r := loggedRelay(t, b, &logs)
 		cfg := r.StreamConfig()
 		cfg.DenyPurge = false
@@ -535,7 +536,7 @@ func TestRelayOnAnEmptyStreamThatLostWhatItAcknowledged(t *testing.T) {
 		b := setup(t)
 		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 		defer cancel()
-		var logs lockedBuffer
+		var logs annalstest.LogBuffer
 		r := loggedRelay(t, b, &logs)
 		if _, err := r.EnsureStream(ctx); err != nil {
 			t.Fatal(err)
@@ -563,7 +564,7 @@ func TestRelayTellsOfAStreamMadeAgain(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r := loggedRelay(t, b, &logs)
 	appendMany(t, b.store, 3)
 	if err := r.CatchUp(ctx); err != nil {
@@ -611,7 +612,7 @@ func TestRefillPassesOverWhatTheStreamRefusesForGood(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r := loggedRelay(t, b, &logs)
 	cfg := r.StreamConfig()
 	cfg.MaxMsgSize = 200_000
@@ -682,7 +683,7 @@ func TestRefillGoesOnAcrossLeaderships(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r := loggedRelay(t, b, &logs)
 	cfg := r.StreamConfig()
 	cfg.MaxMsgSize, cfg.Discard = 200_000, jetstream.DiscardNew
@@ -750,7 +751,7 @@ func TestRefillStopsAtAnEventTheStreamHadStored(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r := loggedRelay(t, b, &logs)
 	cfg := r.StreamConfig()
 	cfg.MaxMsgSize = 200_000
@@ -816,7 +817,7 @@ func TestRefillDoesNotSendWhatTheStreamRefusesForGood(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r := loggedRelay(t, b, &logs)
 	cfg := r.StreamConfig()
 	cfg.MaxMsgSize = 200_000

@@ -131,7 +131,7 @@ func TestRelayOnAStreamOfAnOlderRelay(t *testing.T) {
 	log := b.log()
 	// An older relay published events 1 to 3, as it did: no origin, no
 	// metadata on the stream.
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Stream: "OLD", Prefix: "old", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -208,7 +208,7 @@ func TestRelayChecksTheNewestMessagesEvent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	appendMany(t, b.store, 3)
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -354,7 +354,7 @@ func TestTwoRelaysOnAnEmptyStreamMadeBeforehand(t *testing.T) {
 	}
 	appendMany(t, b.store, 5)
 	appendMany(t, storeB, 5)
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	cfg := &relay.Config{RetryBackoff: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	defer func() {
 		if t.Failed() {

@@ -1,12 +1,10 @@
 package relay_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,23 +14,6 @@ import (
 	"github.com/annals-dev/annals/relay"
 )
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestRelayRecoversFromANATSOutage: the NATS server goes away for longer
 // than the relay's ack timeout while events are appended and published;
 // the relay's publishes fail, it commits what was acknowledged, ends its
@@ -41,7 +22,7 @@ func (l *lockedBuffer) String() string {
 func TestRelayRecoversFromANATSOutage(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{
 		BatchSize: 20, AckTimeout: 300 * time.Millisecond, RetryBackoff: 100 * time.Millisecond,
 		LockRetryInterval: 50 * time.Millisecond, PollInterval: 100 * time.Millisecond,
@@ -117,7 +98,7 @@ func TestRelayStopsAtOnceDuringANATSOutage(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const ackTimeout = 40 * time.Second
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{AckTimeout: ackTimeout, RetryBackoff: 50 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {

@@ -173,7 +173,7 @@ func TestRelayNamesAnEventOverMaxPayload(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Name: "r 3", Logger: slog.New(slog.NewTextHandler(&logs, nil)), RetryBackoff: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +216,7 @@ func TestRelayStreamOwnershipAndLoss(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	appendMany(t, b.store, 5)
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{RetryBackoff: 20 * time.Millisecond, AckTimeout: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
@@ -374,7 +374,7 @@ func TestRelayStreamLostWhileDown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	appendMany(t, b.store, 5)
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	cfg := &relay.Config{Name: "it's", Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	r, err := relay.New(b.db.Pool, b.nc, cfg)
 	if err != nil {
@@ -487,7 +487,7 @@ func TestSkippedEventsCommitOnlyWhatWasProcessed(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	var logs lockedBuffer
+	var logs annalstest.LogBuffer
 	var mu sync.Mutex
 	var commits []int64
 	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{

@@ -1,11 +1,9 @@
 package scheduler
 
 import (
-	"bytes"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,23 +17,9 @@ import (
 	"github.com/annals-dev/annals/internal/errmark"
 )
 
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
+// syncBuffer is a log destination shared by a logger and the test, with
+// lines.
+type syncBuffer struct{ annalstest.LogBuffer }
 
 // lines returns the logged lines that contain substr.
 func (b *syncBuffer) lines(substr string) []string {

@@ -1,41 +1,21 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/annals-dev/annals/annalstest"
 )
 
-// syncBuffer is a bytes.Buffer safe to read while the CLI writes to it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // startTail runs `annals tail ARGS` in the background until the test ends.
-func startTail(t *testing.T, url string, args ...string) (*syncBuffer, func() int) {
+func startTail(t *testing.T, url string, args ...string) (*annalstest.LogBuffer, func() int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	out, errOut := &syncBuffer{}, &syncBuffer{}
+	out, errOut := &annalstest.LogBuffer{}, &annalstest.LogBuffer{}
 	done := make(chan int, 1)
 	getenv := func(k string) string {
 		if k == "DATABASE_URL" {

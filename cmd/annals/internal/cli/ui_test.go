@@ -18,7 +18,7 @@ import (
 func startUI(t *testing.T, url, token string, args ...string) (string, func() int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	out, errOut := &syncBuffer{}, &syncBuffer{}
+	out, errOut := &annalstest.LogBuffer{}, &annalstest.LogBuffer{}
 	done := make(chan int, 1)
 	getenv := func(k string) string {
 		switch k {
