@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/schemaname"
@@ -235,12 +236,56 @@ func flagError(c *cobra.Command, err error) error {
 	if errors.As(err, &pe) {
 		return usageError{pe}
 	}
+	if nerr := numberFlagError(err); nerr != nil {
+		return nerr
+	}
 	if format, ok := c.Annotations[negativeArgAnnotation]; ok {
 		if arg, ok := negativeNumber(err); ok {
 			return usagef(format, arg)
 		}
 	}
 	return usageError{err}
+}
+
+// wantAnnotation, among a flag's Annotations, is what the flag wants (the
+// words after "want" in its usage error, such as "1 to 1000") when its value
+// is no number; without it an integer flag wants "an integer".
+const wantAnnotation = "annals:want"
+
+// setWant sets the wantAnnotation of cmd's flag name.
+func setWant(cmd *cobra.Command, name, want string) {
+	if err := cmd.Flags().SetAnnotation(name, wantAnnotation, []string{want}); err != nil {
+		panic(err) // a flag that is not defined: a mistake in the command
+	}
+}
+
+// numberFlagError is the usage error of a flag given a value that is no
+// number (or one out of range) in the CLI's words, as a malformed position's
+// is, instead of strconv's ('invalid argument "abc" for "--before" flag:
+// strconv.ParseInt: parsing "abc": invalid syntax'), or nil for another
+// error. The commands check the range of the values that parse.
+func numberFlagError(err error) error {
+	var ive *pflag.InvalidValueError
+	var ne *strconv.NumError
+	if !errors.As(err, &ive) || !errors.As(err, &ne) {
+		return nil
+	}
+	f := ive.GetFlag()
+	want := "an integer"
+	switch typ := f.Value.Type(); {
+	case typ == "bool":
+		want = "true or false"
+	case strings.HasPrefix(typ, "float"):
+		want = "a number"
+	case strings.HasSuffix(typ, "Slice"):
+		want = "integers separated by commas"
+	}
+	if w := f.Annotations[wantAnnotation]; len(w) > 0 {
+		want = w[0]
+	} else if errors.Is(ne.Err, strconv.ErrRange) {
+		want += ", this one is out of range"
+	}
+	return usagef("--%s %q: want %s", f.Name, ive.GetValue(), want)
 }
 
 // positionFlag is a flag that takes a position of the log. A value that is

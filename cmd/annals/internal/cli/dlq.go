@@ -121,6 +121,9 @@ of the last object until the array (or the output) is empty.`,
 	cmd.Flags().IntVar(&f.Limit, "limit", deadletter.DefaultLimit, "how many to list, 1 to 1000")
 	cmd.Flags().Int64Var(&f.Before, "before", 0, "only dead letters with IDs below `ID`: the last ID of the page before")
 	cmd.Flags().IntVar(&f.Offset, "offset", 0, "how many matching dead letters to pass over first (shifts when dead letters come or go: prefer --before)")
+	setWant(cmd, "limit", fmt.Sprintf("1 to %d", deadletter.MaxLimit))
+	setWant(cmd, "before", "a dead letter ID (1 or more)")
+	setWant(cmd, "offset", "0 or more")
 	format = addOutputFlag(cmd, true, outputText, outputJSON, outputJSONL)
 	return cmd
 }
