@@ -191,7 +191,7 @@ func changeAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool, restrict bool,
 				return errors.Wrap(err, "migrations: look up the role")
 			}
 			if !exists || o == "" {
-				return errors.Wrapf(ErrRoleNotFound, "owner %s", pgx.Identifier{o}.Sanitize())
+				return roleNotFound(o, "named as an owner", "...")
 			}
 		}
 		before, err := advisoryLockAccess(ctx, tx)

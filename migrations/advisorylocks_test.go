@@ -89,8 +89,10 @@ func TestRestrictAdvisoryLocks(t *testing.T) {
 	if _, err := migrations.RestrictAdvisoryLocks(ctx, operator.Pool); !errors.Is(err, migrations.ErrNotSuperuser) {
 		t.Fatalf("restrict as the operator: %v, want ErrNotSuperuser", err)
 	}
-	if _, err := migrations.RestrictAdvisoryLocks(ctx, db.Pool, "annals_no_such_owner"); !errors.Is(err, migrations.ErrRoleNotFound) {
-		t.Fatalf("restrict naming a missing owner: %v, want ErrRoleNotFound", err)
+	// The cause first, then what to do.
+	const missingOwner = `migrations: role "annals_no_such_owner", named as an owner, does not exist: create it first (CREATE ROLE "annals_no_such_owner" ...)`
+	if _, err := migrations.RestrictAdvisoryLocks(ctx, db.Pool, "annals_no_such_owner"); !errors.Is(err, migrations.ErrRoleNotFound) || err.Error() != missingOwner {
+		t.Fatalf("restrict naming a missing owner: %v, want ErrRoleNotFound reading %q", err, missingOwner)
 	}
 	a := restrictAdvisoryLocks(t, db)
 	for _, want := range []struct {

@@ -74,10 +74,24 @@ var (
 	// ErrInvalidRoleKind is returned for a [RoleKind] that is not one of
 	// [RoleKinds], and for an empty role name.
 	ErrInvalidRoleKind = errors.New("migrations: invalid role kind")
-	// ErrRoleNotFound is returned by [Grant] when the role does not exist:
-	// Grant never creates roles (create it with CREATE ROLE first).
+	// ErrRoleNotFound is returned by [Grant] when the role does not exist,
+	// and by [RestrictAdvisoryLocks] when an owner it names does not: they
+	// never create roles (create it with CREATE ROLE first). The error's
+	// message names the role, then says so.
 	ErrRoleNotFound = errors.New("migrations: role does not exist")
 )
+
+// roleNotFound is the ErrRoleNotFound of a missing role: the cause first,
+// then what to do (CREATE ROLE role create). what, if not empty, says what
+// the role was named as.
+func roleNotFound(role, what, create string) error {
+	id := pgx.Identifier{role}.Sanitize()
+	if what != "" {
+		what = ", " + what + ","
+	}
+	return errors.Mark(errors.Newf("migrations: role %s%s does not exist: create it first (CREATE ROLE %s %s)", id, what, id, create),
+		ErrRoleNotFound)
+}
 
 // GrantSQL returns the statements that give role what a role of kind needs in
 // the configured schema, one statement per string, in the order [Grant] runs
@@ -156,8 +170,7 @@ func GrantCounted(ctx context.Context, pool *pgxpool.Pool, role string, kind Rol
 			return errors.Wrap(err, "migrations: look up the role")
 		}
 		if !exists {
-			return errors.Wrapf(ErrRoleNotFound, "role %s (create it first: CREATE ROLE %s LOGIN ...)",
-				pgx.Identifier{role}.Sanitize(), pgx.Identifier{role}.Sanitize())
+			return roleNotFound(role, "", "LOGIN ...")
 		}
 		// The locks groups change pg_catalog's functions, which every
 		// schema of the database shares.

@@ -86,8 +86,10 @@ func TestGrantSQL(t *testing.T) {
 		t.Parallel()
 		db := annalstest.NewDB(t, nil)
 		err := migrations.Grant(context.Background(), db.Pool, "annals_nobody_here", migrations.Reader, nil)
-		if !errors.Is(err, migrations.ErrRoleNotFound) {
-			t.Fatalf("grant to a missing role: %v, want ErrRoleNotFound", err)
+		// The cause first, then what to do.
+		const want = `migrations: role "annals_nobody_here" does not exist: create it first (CREATE ROLE "annals_nobody_here" LOGIN ...)`
+		if !errors.Is(err, migrations.ErrRoleNotFound) || err.Error() != want {
+			t.Fatalf("grant to a missing role: %v, want ErrRoleNotFound reading %q", err, want)
 		}
 	})
 }

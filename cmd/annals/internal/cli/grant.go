@@ -83,8 +83,8 @@ on a runner's or operator's first grant needs a superuser.
 			defer pool.Close()
 			ran, err := migrations.GrantCounted(cmd.Context(), pool, role, kind, cfg)
 			if errors.Is(err, migrations.ErrRoleNotFound) {
-				// The cause first, then what to do (migrations' message
-				// puts its hint before the cause).
+				// The cause first, then what to do, in the command's
+				// words (migrations' message does not say to grant again).
 				id := pgx.Identifier{role}.Sanitize()
 				return errors.Mark(errors.Newf("role %s does not exist: create it first (CREATE ROLE %s LOGIN ...), then grant again", id, id),
 					migrations.ErrRoleNotFound)
