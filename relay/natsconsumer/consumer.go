@@ -3,10 +3,12 @@ package natsconsumer
 import (
 	"context"
 	_ "embed"
+	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/failure"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/migrations"
@@ -44,7 +47,8 @@ type Config struct {
 	// delivers a message again. Defaults to 30s.
 	AckWait time.Duration
 	// RetryBackoff is the pause after a failed handler before the event is
-	// tried again. Defaults to 500ms.
+	// tried again (unless its error is marked failure.Permanent: that stops
+	// Run and RunProjection, see HandlerError). Defaults to 500ms.
 	RetryBackoff time.Duration
 	// Schema is the schema of the checkpoint table RunProjection keeps in the
 	// service's database ("<schema>.relay_checkpoints", created if
@@ -88,6 +92,46 @@ type Gap struct {
 	// event the consumer handled before the gap; 0 when none or unknown.
 	After int64
 }
+
+// ErrHandlerFailed is matched (errors.Is) by the error Run and RunProjection
+// return when the handler failed on an event with an error marked
+// failure.Permanent; errors.As with *HandlerError says which event, and
+// errors.Is also matches the handler's own error (and
+// failure.ErrPermanent).
+var ErrHandlerFailed = errors.New("natsconsumer: a handler failed permanently")
+
+// HandlerError reports an event whose handler (Run's function,
+// RunProjection's Handle) returned an error marked failure.Permanent. Run
+// or RunProjection stopped before the event: it was not acknowledged
+// (handed back, with the fetched messages after it), RunProjection's
+// transaction was rolled back and its checkpoint left before it, so the
+// next Run or RunProjection starts at that event again.
+type HandlerError struct {
+	// Consumer is the durable consumer (Config.Durable), Stream the stream
+	// (Config.Stream).
+	Consumer, Stream string
+	// Sequence is the event's stream sequence.
+	Sequence uint64
+	// Position (eventstore.Event.GlobalSequence), EventID, Type and
+	// StreamID identify the event.
+	Position int64
+	EventID  uuid.UUID
+	Type     string
+	StreamID string
+	// Err is the handler's error.
+	Err error
+}
+
+func (e *HandlerError) Error() string {
+	return fmt.Sprintf("natsconsumer: consumer %s: the handler failed permanently on event %s (%s, stream %q, position %d; stream message %d of %s), stopped before it: %v",
+		e.Consumer, e.EventID, e.Type, e.StreamID, e.Position, e.Sequence, e.Stream, e.Err)
+}
+
+// Unwrap returns the handler's error.
+func (e *HandlerError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is match ErrHandlerFailed.
+func (e *HandlerError) Is(target error) bool { return target == ErrHandlerFailed }
 
 // Consumer reads relayed events from a durable JetStream consumer.
 type Consumer struct {
@@ -223,8 +267,8 @@ func gone(err error) bool {
 		errors.Is(err, errRemade)
 }
 
-// stop is an error that ends run (OnGap refused a gap), unlike the
-// failures run retries.
+// stop is an error that ends run (OnGap refused a gap, or a handler failed
+// permanently), unlike the failures run retries.
 type stop struct{ err error }
 
 func (s stop) Error() string { return s.err.Error() }
@@ -283,10 +327,12 @@ func (c *Consumer) decode(seq uint64, h nats.Header, data []byte) (eventstore.Ev
 // crash between the two delivers the event again; handle gets e.ID for
 // idempotency). A failed handle is retried after RetryBackoff, and the
 // events after it wait: for ever, each failure logged at WARN. There is no
-// retry limit and no dead letter (unlike a projection.Runner's), and
-// failure.Permanent changes nothing: an event no retry can handle stops
-// the consumer there until the handler is fixed and deployed. It returns
-// nil when ctx ends, or OnGap's error.
+// retry limit and no dead letter (unlike a projection.Runner's). An error
+// marked failure.Permanent is not retried: Run logs it at ERROR and
+// returns it in a *HandlerError (errors.Is matches ErrHandlerFailed and
+// the handler's error), the event not acknowledged but handed back, so
+// the next Run starts at it again (fix the handler first). It returns nil
+// when ctx ends, or OnGap's error, or that *HandlerError.
 func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e eventstore.Event) error) error {
 	s := &session{c: c}
 	if err := s.attach(ctx); err != nil {
@@ -325,8 +371,12 @@ func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e e
 // "<schema>.read_model_setups", so a projection with a setup needs the
 // annals schema migrated there (else migrations.ErrNotMigrated); a typed
 // projection's mistakes (Typed.Err) are returned. A failed Handle is
-// retried as Run retries it: for ever, with no dead letter. It returns nil
-// when ctx ends, or OnGap's error, or the setup's.
+// retried as Run retries it: for ever, with no dead letter. An error
+// marked failure.Permanent (as a typed projection marks an event it cannot
+// decode) stops it as it stops Run: the transaction rolled back, the
+// checkpoint left before the event, a *HandlerError returned. It returns
+// nil when ctx ends, or OnGap's error, or the setup's, or that
+// *HandlerError.
 func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p interface {
 	Name() string
 	Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error
@@ -450,8 +500,9 @@ func (d delivery) ack() error {
 // published just after it is delivered by the next one, not read by
 // sequence and then delivered again. A failed delivery is retried in
 // place after RetryBackoff; the rest of the fetched batch waits (it is
-// handled after it, not re-fetched). A stream or consumer found gone (or
-// the stream made again) is looked up again by name.
+// handled after it, not re-fetched); one failed permanently ends run with
+// a *HandlerError, the rest of the batch handed back. A stream or consumer
+// found gone (or the stream made again) is looked up again by name.
 func (s *session) run(ctx context.Context) error {
 	noWait := false
 	for ctx.Err() == nil {
@@ -504,17 +555,18 @@ func (s *session) deliver(ctx context.Context, ds []delivery) error {
 				return s.failed(ctx, err)
 			}
 		}
-		if !s.handleOne(ctx, d) {
+		if err := s.handleOne(ctx, d); err != nil {
 			handBack()
-			return nil
+			return s.failed(ctx, err)
 		}
 	}
 	return nil
 }
 
-// failed deals with fill's error: OnGap's is returned (run ends with it);
-// a gone stream is looked up again; anything else is logged, and retried
-// after RetryBackoff.
+// failed deals with fill's error or handleOne's: a stop (OnGap's error, a
+// handler's permanent failure) is returned (run ends with it); a gone
+// stream is looked up again; anything else is logged, and retried after
+// RetryBackoff.
 func (s *session) failed(ctx context.Context, err error) error {
 	var st stop
 	switch {
@@ -547,21 +599,22 @@ func (s *session) reattach(ctx context.Context, cause error) {
 
 // handleOne handles d (see handle) and moves the place past it. An event at
 // or below the last position handled (published again into a stream made
-// again) is acknowledged without being handled. It reports false when ctx
-// ended first.
-func (s *session) handleOne(ctx context.Context, d delivery) bool {
+// again) is acknowledged without being handled. It returns ctx's error when
+// ctx ended first, and a stop when the handler failed permanently (the
+// place left before d).
+func (s *session) handleOne(ctx context.Context, d delivery) error {
 	if d.event.GlobalSequence <= s.pos {
 		if err := d.ack(); err != nil {
 			s.c.cfg.Logger.DebugContext(ctx, "annals: acknowledging a relayed event handled before failed", telemetry.Err(err))
 		}
 		s.seq = d.seq
-		return true
+		return nil
 	}
-	if !s.c.handle(ctx, d, s.handle) {
-		return false
+	if err := s.c.handle(ctx, d, s.handle); err != nil {
+		return err
 	}
 	s.seq, s.pos = d.seq, d.event.GlobalSequence
-	return true
+	return nil
 }
 
 // behind deals with an empty fetch while messages may be held elsewhere
@@ -638,8 +691,8 @@ func (s *session) fill(ctx context.Context, upto uint64, limit int) (more bool, 
 			return false, err
 		}
 		s.held = true
-		if !s.handleOne(ctx, delivery{seq: seq, event: e}) {
-			return false, ctx.Err()
+		if err := s.handleOne(ctx, delivery{seq: seq, event: e}); err != nil {
+			return false, err
 		}
 	}
 	return false, nil
@@ -657,24 +710,34 @@ func (s *session) gap(ctx context.Context, first, last uint64) error {
 }
 
 // handle runs handle for d until it succeeds, pausing RetryBackoff after
-// each failure (the events after it wait). It reports false when ctx ended
-// first.
-func (c *Consumer) handle(ctx context.Context, d delivery, handle func(context.Context, delivery) error) bool {
+// each failure (the events after it wait). An error marked
+// failure.Permanent is not retried: it is logged at ERROR and returned as a
+// stop of its *HandlerError. It returns ctx's error when ctx ended first.
+func (c *Consumer) handle(ctx context.Context, d delivery, handle func(context.Context, delivery) error) error {
 	for {
 		err := handle(ctx, d)
 		if err == nil {
-			return true
+			return nil
 		}
 		if ctx.Err() != nil {
-			return false
+			return ctx.Err()
+		}
+		if failure.IsPermanent(err) {
+			he := &HandlerError{Consumer: c.cfg.Durable, Stream: c.cfg.Stream, Sequence: d.seq, Position: d.event.GlobalSequence,
+				EventID: d.event.ID, Type: d.event.Type, StreamID: d.event.StreamID, Err: err}
+			c.cfg.Logger.ErrorContext(ctx, "annals: handling a relayed event failed permanently; stopping before it (the next run starts at it again)",
+				slog.String("consumer", c.cfg.Durable), slog.String("stream", c.cfg.Stream), slog.Uint64("stream_seq", d.seq),
+				slog.Int64("position", d.event.GlobalSequence), slog.String("event_id", d.event.ID.String()),
+				slog.String("type", d.event.Type), slog.String("stream_id", d.event.StreamID), telemetry.Err(err))
+			return stop{he}
 		}
 		c.cfg.Logger.WarnContext(ctx, "annals: handling a relayed event failed; retrying",
 			slog.String("consumer", c.cfg.Durable), slog.Int64("position", d.event.GlobalSequence), telemetry.Err(err))
 		if d.msg != nil {
 			_ = d.msg.InProgress() // keep the server from re-delivering it meanwhile
 		}
-		if sleep(ctx, c.cfg.RetryBackoff) != nil {
-			return false
+		if err := sleep(ctx, c.cfg.RetryBackoff); err != nil {
+			return err
 		}
 	}
 }

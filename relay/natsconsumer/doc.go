@@ -84,12 +84,21 @@
 // retried for ever, each failure logged at WARN ("handling a relayed event
 // failed; retrying"): there is no retry limit, no dead-letter table and no
 // skipping (unlike a projection.Runner), since passing over an event would
-// break the order the consumer keeps, and failure.Permanent is not looked
-// at. An event that no retry can handle stops the consumer there until
-// the handler is fixed; alert on the WARN. On shutdown
-// the fetched but unhandled messages are handed back (Nak) at once; after a
-// crash the server re-delivers them after AckWait (default 30 s), and the
-// next consumer has read them from the stream already (above).
+// break the order the consumer keeps; alert on the WARN. An error marked
+// failure.Permanent (the mark a projection.Runner dead-letters at once;
+// a typed projection marks an event it cannot decode so) is not retried:
+// it stops Run or RunProjection, as an OnGap error does, logged once at
+// ERROR ("handling a relayed event failed permanently") and returned as
+// a *HandlerError (errors.Is matches ErrHandlerFailed and the handler's
+// error; it names the event: stream sequence, position, ID, type). The
+// place is left before the event: it is handed back (Nak) unacknowledged
+// with the fetched messages after it, and RunProjection's transaction is
+// rolled back, its checkpoint unmoved, so the next Run or RunProjection
+// starts at that event again; fix the handler (or the event's data)
+// first. On shutdown the fetched but unhandled messages are handed back
+// (Nak) at once; after a crash the server re-delivers them after AckWait
+// (default 30 s), and the next consumer has read them from the stream
+// already (above).
 //
 // One RunProjection per durable consumer at a time: run it in one process,
 // or leader-elected (a projection.Service in a Runner of this service's
