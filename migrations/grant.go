@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/schemaname"
 )
@@ -89,7 +90,7 @@ func roleNotFound(role, what, create string) error {
 	if what != "" {
 		what = ", " + what + ","
 	}
-	return errors.Mark(errors.Newf("migrations: role %s%s does not exist: create it first (CREATE ROLE %s %s)", id, what, id, create),
+	return errmark.Mark(errors.Newf("migrations: role %s%s does not exist: create it first (CREATE ROLE %s %s)", id, what, id, create),
 		ErrRoleNotFound)
 }
 

@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	stderrors "errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -88,7 +89,8 @@ func TestGrantSQL(t *testing.T) {
 		err := migrations.Grant(context.Background(), db.Pool, "annals_nobody_here", migrations.Reader, nil)
 		// The cause first, then what to do.
 		const want = `migrations: role "annals_nobody_here" does not exist: create it first (CREATE ROLE "annals_nobody_here" LOGIN ...)`
-		if !errors.Is(err, migrations.ErrRoleNotFound) || err.Error() != want {
+		// The standard library's errors.Is finds it as well.
+		if !errors.Is(err, migrations.ErrRoleNotFound) || !stderrors.Is(err, migrations.ErrRoleNotFound) || err.Error() != want {
 			t.Fatalf("grant to a missing role: %v, want ErrRoleNotFound reading %q", err, want)
 		}
 	})
