@@ -1,6 +1,7 @@
 package projection_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -79,8 +80,8 @@ func TestRegisteredTwiceNamesTheKinds(t *testing.T) {
 		{r.Register(balances(b.reg), nil), `projection: projection "balances" is registered twice`},
 		{r.RegisterProcessor("w", newProc, nil), `projection: processor "w" is registered twice (first as an observer)`},
 	} {
-		if c.err == nil || c.err.Error() != c.want {
-			t.Errorf("%v; want %q", c.err, c.want)
+		if !errors.Is(c.err, projection.ErrRegisteredTwice) || c.err.Error() != c.want {
+			t.Errorf("%v; want ErrRegisteredTwice reading %q", c.err, c.want)
 		}
 	}
 	if err := r.RegisterProcessor("p", newProc, nil); err != nil {

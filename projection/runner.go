@@ -23,6 +23,7 @@ import (
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/internal/telemetry"
@@ -298,7 +299,10 @@ func (r *Runner) InstanceID() string { return r.cfg.InstanceID }
 // and digits, like their subscribers <name>#g<N>), a handler that is
 // neither (or both), invalid options or glob patterns, Options.Types that
 // select none of a typed handler's event types, and mistakes in typed
-// handlers.
+// handlers. A duplicate name is [ErrRegisteredTwice], whose message names
+// the kind of each registration: "projection" or "observer", or what a
+// handler that has a method SubscriberKind() string returns (a saga's
+// says "saga").
 func (r *Runner) Register(handler any, opts *Options) error {
 	var o Options
 	if opts != nil {
@@ -338,6 +342,9 @@ func (r *Runner) Register(handler any, opts *Options) error {
 		}
 	default:
 		return errors.Newf("projection: %T is neither a Projection nor an Observer", handler)
+	}
+	if k, ok := handler.(interface{ SubscriberKind() string }); ok && k.SubscriberKind() != "" {
+		kind = k.SubscriberKind()
 	}
 	if name == "" {
 		return errors.Newf("projection: %T has an empty name", handler)
@@ -408,10 +415,16 @@ func (r *Runner) Register(handler any, opts *Options) error {
 	return nil
 }
 
+// ErrRegisteredTwice is returned by [Runner.Register] and
+// [Runner.RegisterProcessor] for a name already registered. The error's
+// message names the kind of both registrations when they differ:
+// `projection: observer "w" is registered twice (first as a saga)`.
+var ErrRegisteredTwice = errors.New("projection: a subscriber of that name is registered already")
+
 // registeredTwice refuses a registration of kind under a name already
 // registered, naming both kinds when they differ: "projection: observer
-// "w" is registered twice (first as a projection)". (A saga registers as a
-// projection: package saga names it in front.) r.mu is held.
+// "w" is registered twice (first as a projection)". A handler's kind is
+// its SubscriberKind when it has one (a saga's). r.mu is held.
 func (r *Runner) registeredTwice(kind, name string) error {
 	if !r.names[name] {
 		return nil
@@ -422,10 +435,11 @@ func (r *Runner) registeredTwice(kind, name string) error {
 			if strings.ContainsAny(reg.kind[:1], "aeiou") {
 				article = "an"
 			}
-			return errors.Newf("projection: %s %q is registered twice (first as %s %s)", kind, name, article, reg.kind)
+			return errmark.Mark(errors.Newf("projection: %s %q is registered twice (first as %s %s)", kind, name, article, reg.kind),
+				ErrRegisteredTwice)
 		}
 	}
-	return errors.Newf("projection: %s %q is registered twice", kind, name)
+	return errmark.Mark(errors.Newf("projection: %s %q is registered twice", kind, name), ErrRegisteredTwice)
 }
 
 // option is a numeric option that must not be negative: its name as the

@@ -64,6 +64,12 @@ func (s *rawSaga[S]) Handle(ctx context.Context, inst *saga.Instance[S], e event
 	return s.handle(ctx, inst, e)
 }
 
+// namedObserver is an observer that does nothing.
+type namedObserver string
+
+func (o namedObserver) Name() string                                   { return string(o) }
+func (o namedObserver) Handle(context.Context, eventstore.Event) error { return nil }
+
 func addedID(e eventstore.Event) (string, bool) {
 	var a Added
 	_ = json.Unmarshal(e.Data, &a)
@@ -117,11 +123,26 @@ func TestBadInput(t *testing.T) {
 			t.Fatalf("after the rejected registrations RunUntilCaughtUp says %v; want nothing registered", err)
 		}
 		register(t, r, counterSaga(b.reg, 0), ok)
-		// The error names the saga, not only the runner's projection (it
-		// said `projection: "counter" is registered twice`).
-		if err := saga.Register(r, counterSaga(b.reg, 0), ok); err == nil || !strings.Contains(err.Error(), "registered twice") ||
-			!strings.HasPrefix(err.Error(), `saga "counter": `) {
-			t.Fatalf("a second saga named counter: %v; want it to start with saga \"counter\"", err)
+		if err := r.Register(namedObserver("watcher"), nil); err != nil {
+			t.Fatal(err)
+		}
+		// A name registered twice is refused naming the saga as a saga, and
+		// the kind registered first (it said `saga "counter": projection:
+		// projection "counter" is registered twice`: the runner took the
+		// saga for a projection).
+		watcher := &rawSaga[counterState]{name: "watcher", correlate: addedID,
+			handle: func(context.Context, *saga.Instance[counterState], eventstore.Event) error { return nil }}
+		for _, c := range []struct {
+			err  error
+			want string
+		}{
+			{saga.Register(r, counterSaga(b.reg, 0), ok), `projection: saga "counter" is registered twice`},
+			{saga.Register[counterState](r, watcher, ok), `projection: saga "watcher" is registered twice (first as an observer)`},
+			{r.Register(namedObserver("counter"), nil), `projection: observer "counter" is registered twice (first as a saga)`},
+		} {
+			if !errors.Is(c.err, projection.ErrRegisteredTwice) || c.err.Error() != c.want {
+				t.Errorf("%v; want ErrRegisteredTwice reading %q", c.err, c.want)
+			}
 		}
 	})
 

@@ -167,6 +167,10 @@ type adapter[S any] struct {
 // Name returns the saga's name: the subscriber's.
 func (a *adapter[S]) Name() string { return a.saga.Name() }
 
+// SubscriberKind makes the runner's errors about the registration, such as
+// a name registered twice, speak of a saga, not a projection.
+func (a *adapter[S]) SubscriberKind() string { return "saga" }
+
 // CommitAfter makes the runner commit the batch's transaction right after
 // an event whose handling appended an effect (projection.CommitCutter): an
 // append takes the log's ordering lock until its transaction commits, and

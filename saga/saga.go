@@ -98,8 +98,10 @@ var (
 // It fails, changing nothing, for a nil runner, saga, config or store, an
 // empty name, Options.Partitions > 1 (the events of one instance may come
 // from several streams, and partitions split the log by stream, so two
-// partitions could handle one instance at once and out of order), and any
-// error of projection.Runner.Register, and a Config.Scheduler the runner
+// partitions could handle one instance at once and out of order), any
+// error of projection.Runner.Register (a name registered already is
+// projection.ErrRegisteredTwice, naming the saga as a saga and the kind
+// registered first), and a Config.Scheduler the runner
 // cannot take (it has a different service named "annals.scheduler", e.g.
 // another saga's scheduler: give the sagas of one runner one scheduler).
 // The scheduler is added to the runner only once the saga is registered.
@@ -156,7 +158,10 @@ func Register[S any](runner *projection.Runner, s Saga[S], cfg *Config) error {
 		}
 	}
 	if err := runner.Register(&adapter[S]{saga: s, rt: rt}, &opts); err != nil {
-		// The runner's errors speak of a projection: say which saga.
+		if errors.Is(err, projection.ErrRegisteredTwice) {
+			return err // it names the saga already: `projection: saga "x" is registered twice`
+		}
+		// The runner's other errors speak of a projection: say which saga.
 		return errors.Wrapf(err, "saga %q", name)
 	}
 	if cfg.Scheduler != nil {
