@@ -325,14 +325,19 @@ func (c *Consumer) decode(seq uint64, h nats.Header, data []byte) (eventstore.Ev
 // Run calls handle for each relayed event whose type matches, in stream
 // order, and acknowledges it once handle returned nil: at-least-once (a
 // crash between the two delivers the event again; handle gets e.ID for
-// idempotency). A failed handle is retried after RetryBackoff, and the
-// events after it wait: for ever, each failure logged at WARN. There is no
-// retry limit and no dead letter (unlike a projection.Runner's). An error
-// marked failure.Permanent is not retried: Run logs it at ERROR and
-// returns it in a *HandlerError (errors.Is matches ErrHandlerFailed and
-// the handler's error), the event not acknowledged but handed back, so
-// the next Run starts at it again (fix the handler first). It returns nil
-// when ctx ends, or OnGap's error, or that *HandlerError.
+// idempotency). An acknowledgement that fails after handle returned nil
+// (the NATS connection lost) is logged at WARN, not retried, and the event
+// is not handled again by this Run: the server delivers it again after
+// AckWait, and Run acknowledges it then without handling it (a Run started
+// again before that handles it again). A failed handle is retried after
+// RetryBackoff, and the events after it wait: for ever, each failure
+// logged at WARN. There is no retry limit and no dead letter (unlike a
+// projection.Runner's). An error marked failure.Permanent is not retried:
+// Run logs it at ERROR and returns it in a *HandlerError (errors.Is
+// matches ErrHandlerFailed and the handler's error), the event not
+// acknowledged but handed back, so the next Run starts at it again (fix
+// the handler first). It returns nil when ctx ends, or OnGap's error, or
+// that *HandlerError.
 func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e eventstore.Event) error) error {
 	s := &session{c: c}
 	if err := s.attach(ctx); err != nil {
@@ -351,7 +356,8 @@ func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e e
 				return err
 			}
 		}
-		return d.ack()
+		s.ack(ctx, d)
+		return nil
 	}
 	return s.run(ctx)
 }
@@ -363,7 +369,14 @@ func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e e
 // event's position, in "<schema>.relay_checkpoints"), so its effects are
 // applied exactly once; the message is acknowledged after the commit, and a
 // message at or below the checkpoint (a re-delivery) is acknowledged
-// without being handled. One RunProjection per Durable at a time (run it
+// without being handled. An acknowledgement that fails after the commit is
+// logged at WARN and not retried (the server delivers the message again
+// after AckWait, and it is then acknowledged without being handled). A
+// commit whose answer was lost (the connection failed at COMMIT) is
+// retried as a failed Handle is; the retry's checkpoint save then finds
+// the checkpoint at the event already, rolls its transaction back (the
+// second Handle's writes discarded), logs it at WARN and takes the event
+// as handled. One RunProjection per Durable at a time (run it
 // leader-elected, e.g. as a projection.Service, when several instances
 // run). Before it handles anything it runs the projection's read-model
 // setup (Typed.OnSetup, projection.Setupper) in pool's database as a Runner
@@ -422,17 +435,62 @@ func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p inte
 				}
 			}
 			tag, err := tx.Exec(ctx, q["Save"], c.cfg.Durable, int64(d.seq), d.event.GlobalSequence, s.created)
-			if err == nil && tag.RowsAffected() != 1 {
-				err = errors.Newf("natsconsumer: checkpoint of %s moved under us", c.cfg.Durable)
+			if err != nil || tag.RowsAffected() == 1 {
+				return err
 			}
-			return err
+			return s.unsaved(ctx, tx, q["Load"], d)
 		})
-		if err != nil {
+		switch {
+		case errors.Is(err, errHandledBefore):
+			c.cfg.Logger.WarnContext(ctx, "annals: the checkpoint holds this relayed event already (an earlier commit of it landed though its answer was lost, "+
+				"or another RunProjection of this durable consumer applied it): not applied again, its transaction rolled back; acknowledging it",
+				slog.String("consumer", c.cfg.Durable), slog.Uint64("stream_seq", d.seq), slog.Int64("position", d.event.GlobalSequence))
+		case err != nil:
 			return err
 		}
-		return d.ack()
+		s.ack(ctx, d)
+		return nil
 	}
 	return s.run(ctx)
+}
+
+// errHandledBefore is returned in RunProjection's transaction for an event
+// the checkpoint holds already (see unsaved): the transaction is rolled
+// back, and the event taken as handled.
+var errHandledBefore = errors.New("natsconsumer: the checkpoint holds the event already")
+
+// unsaved says why RunProjection's checkpoint save for d changed no row (the
+// save moves it only forward within one stream), reading the checkpoint in
+// the same transaction tx with load: errHandledBefore when it is at or past
+// d in the same stream (d was applied and committed before: a commit whose
+// answer was lost, then retried, or a re-delivery to a second
+// RunProjection of the durable consumer), else an error saying what it
+// holds.
+func (s *session) unsaved(ctx context.Context, tx pgx.Tx, load string, d delivery) error {
+	var (
+		seq     int64
+		pos     *int64
+		created *time.Time
+	)
+	err := tx.QueryRow(ctx, load, s.c.cfg.Durable).Scan(&seq, &pos, &created)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return errors.Newf("natsconsumer: checkpoint of %s moved under us: saving it at stream message %d changed no row, and there is none", s.c.cfg.Durable, d.seq)
+	}
+	if err != nil {
+		return errors.Wrap(err, "natsconsumer: read the checkpoint")
+	}
+	if created != nil && sameStream(*created, s.created) && uint64(seq) >= d.seq {
+		return errHandledBefore
+	}
+	at, made := "unknown", "unknown"
+	if pos != nil {
+		at = fmt.Sprint(*pos)
+	}
+	if created != nil {
+		made = created.Format(time.RFC3339Nano)
+	}
+	return errors.Newf("natsconsumer: checkpoint of %s moved under us: saving it at stream message %d (position %d) of the stream made at %s changed nothing; it holds stream message %d (position %s) of the stream made at %s",
+		s.c.cfg.Durable, d.seq, d.event.GlobalSequence, s.created.Format(time.RFC3339Nano), seq, at, made)
 }
 
 // setup reports the mistakes of a typed projection (Err), as
@@ -479,6 +537,22 @@ func (d delivery) ack() error {
 		return nil
 	}
 	return d.msg.Ack()
+}
+
+// ack acknowledges d once it was handled (RunProjection: committed). A
+// failure (the NATS connection lost, say) is not the handler's: it is
+// logged at WARN and the session goes on, the event not handled again. The
+// server delivers the message again after AckWait, and it is then at or
+// below the place, so acknowledged without being handled. (A Run started
+// again before that starts at the acknowledgement floor, before it, and
+// handles it again: at least once.)
+func (s *session) ack(ctx context.Context, d delivery) {
+	if err := d.ack(); err != nil {
+		s.c.cfg.Logger.WarnContext(ctx, "annals: acknowledging a relayed event failed after it was handled; not handling it again: "+
+			"the server delivers it again after AckWait, and it is then acknowledged without being handled (it is at or below the consumer's place)",
+			slog.String("consumer", s.c.cfg.Durable), slog.Uint64("stream_seq", d.seq), slog.Int64("position", d.event.GlobalSequence),
+			telemetry.Err(err))
+	}
 }
 
 // run fetches and handles in stream order, from the sequence after s.seq

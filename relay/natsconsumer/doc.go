@@ -100,6 +100,21 @@
 // (default 30 s), and the next consumer has read them from the stream
 // already (above).
 //
+// An acknowledgement that fails after the event was handled (committed,
+// for RunProjection; the NATS connection lost, say) is not the handler's
+// failure: it is logged at WARN ("acknowledging a relayed event failed
+// after it was handled") and the consumer goes on, the event not handled
+// again; the server delivers the message again after AckWait, and it is
+// then at or below the place. A RunProjection COMMIT whose answer was lost
+// (the connection failed at COMMIT, the commit landed) is retried as a
+// failed handler is, and the retry's checkpoint save, forward only,
+// changes nothing: RunProjection then reads the checkpoint in the same
+// transaction, finds it at or past the event in the same stream, rolls
+// back (the projection's second pass discarded), logs a WARN ("the
+// checkpoint holds this relayed event already") and takes the event as
+// handled. Any other checkpoint found there fails the event with "moved
+// under us", saying what the checkpoint holds.
+//
 // One RunProjection per durable consumer at a time: run it in one process,
 // or leader-elected (a projection.Service in a Runner of this service's
 // own annals database is one way).

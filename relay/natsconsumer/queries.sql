@@ -27,6 +27,10 @@ SELECT stream_seq, position, stream_created FROM {{.Schema}}.relay_checkpoints W
 
 -- name: Save
 -- Forward only within one stream; a stream made again restarts the sequence.
+-- No row changed: the checkpoint is at or past this message of this stream
+-- already (applied and committed before: a commit whose answer was lost);
+-- RunProjection reads it (Load) in the same transaction to tell, and rolls
+-- back.
 INSERT INTO {{.Schema}}.relay_checkpoints AS c (consumer, stream_seq, position, stream_created) VALUES ($1, $2, $3, $4)
 ON CONFLICT (consumer) DO UPDATE SET stream_seq = excluded.stream_seq, position = excluded.position,
        stream_created = excluded.stream_created, updated_at = clock_timestamp()
