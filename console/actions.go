@@ -49,7 +49,7 @@ func (c *Console) done(w http.ResponseWriter, r *http.Request, next, msg string)
 	if strings.Contains(next, "?") {
 		sep = "&"
 	}
-	http.Redirect(w, r, c.cfg.BasePath+next+sep+url.Values{"done": {msg}, "ds": {c.mac("done", msg)}}.Encode(), http.StatusSeeOther)
+	http.Redirect(w, r, c.base(r)+next+sep+url.Values{"done": {msg}, "ds": {c.mac("done", msg)}}.Encode(), http.StatusSeeOther)
 }
 
 // doneMessage returns the request's done message if this console signed it.

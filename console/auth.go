@@ -34,11 +34,8 @@ func (c *Console) mac(parts ...string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-func (c *Console) cookiePath() string {
-	if c.cfg.BasePath == "" {
-		return "/"
-	}
-	return c.cfg.BasePath + "/"
+func (c *Console) cookiePath(r *http.Request) string {
+	return c.base(r) + "/"
 }
 
 // principal returns who makes r: the Authorizer's answer, else a bearer
@@ -99,7 +96,7 @@ func (c *Console) csrfToken(w http.ResponseWriter, r *http.Request) string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	v := hex.EncodeToString(b)
-	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: v, Path: c.cookiePath(), HttpOnly: true,
+	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: v, Path: c.cookiePath(r), HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
 	// The request in hand renders forms with the new cookie's token.
 	r.AddCookie(&http.Cookie{Name: csrfCookie, Value: v})
@@ -148,14 +145,14 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	}
 	exp := strconv.FormatInt(c.cfg.Now().Add(sessionTTL).Unix(), 10)
 	v := base64.RawURLEncoding.EncodeToString([]byte(name)) + "." + exp + "." + c.mac("session", c.cfg.AuthToken, name, exp)
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: v, Path: c.cookiePath(), HttpOnly: true,
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: v, Path: c.cookiePath(r), HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int(sessionTTL / time.Second)})
-	http.Redirect(w, r, c.cfg.BasePath+"/", http.StatusSeeOther)
+	http.Redirect(w, r, c.base(r)+"/", http.StatusSeeOther)
 }
 
 func (c *Console) logout(w http.ResponseWriter, r *http.Request, _ Principal) {
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: c.cookiePath(), MaxAge: -1, HttpOnly: true})
-	http.Redirect(w, r, c.cfg.BasePath+"/", http.StatusSeeOther)
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: c.cookiePath(r), MaxAge: -1, HttpOnly: true})
+	http.Redirect(w, r, c.base(r)+"/", http.StatusSeeOther)
 }
 
 // write wraps an action: it refuses it in read-only mode, without a valid

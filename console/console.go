@@ -65,7 +65,10 @@ type Config struct {
 	// service routes "/annals/" to http.StripPrefix("/annals", console).
 	// Links and forms are made under it. It is path segments of letters,
 	// digits, "-", ".", "_" and "~" (CheckBasePath); New refuses anything
-	// else. Defaults to "" (the root).
+	// else. Defaults to "": the prefix a router such as http.StripPrefix
+	// took off each request's path (r.RequestURI against r.URL), the root
+	// when there is none. Set it when that is not the path the browser sees
+	// (a proxy in front strips a prefix of its own).
 	BasePath string
 	// StaleAfter is the heartbeat age past which a runner instance is
 	// stale. Defaults to 30s (three heartbeats of the runner).
@@ -195,6 +198,27 @@ func CheckBasePath(p string) error {
 		}
 	}
 	return nil
+}
+
+// base is the path the console is served under for r: Config.BasePath, or,
+// without one, the prefix a router took off the path before passing r on
+// (http.StripPrefix does: r.RequestURI keeps the path the client asked
+// for), so that a console mounted with http.StripPrefix("/ops", con) and no
+// BasePath still links, redirects and sets its cookies under /ops. A prefix
+// that CheckBasePath refuses is not used: "" then, as without a prefix.
+func (c *Console) base(r *http.Request) string {
+	if c.cfg.BasePath != "" {
+		return c.cfg.BasePath
+	}
+	u, err := url.ParseRequestURI(r.RequestURI)
+	if err != nil {
+		return ""
+	}
+	prefix, ok := strings.CutSuffix(u.EscapedPath(), r.URL.EscapedPath())
+	if !ok || CheckBasePath(prefix) != nil {
+		return ""
+	}
+	return prefix
 }
 
 // ServeHTTP serves the console.

@@ -8,6 +8,12 @@
 //	mux.Handle("/annals/", http.StripPrefix("/annals", con))
 //	mux.Handle("/readyz", console.RunnerHealth(runner, pool, nil))
 //
+// Its links, forms, redirects and cookies are made under Config.BasePath;
+// without one, under the prefix the router took off the request's path
+// (http.StripPrefix("/annals", con) alone is enough). BasePath is needed
+// when the path the browser sees is not the one the service is asked for:
+// behind a proxy that strips a prefix of its own.
+//
 // # Pages
 //
 // Every page is rendered on the server with html/template from templates

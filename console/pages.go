@@ -78,7 +78,7 @@ func (c *Console) page(fn func(*http.Request) (*view, error)) http.HandlerFunc {
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, code int, v *view) {
-	l := layout{view: *v, Base: c.cfg.BasePath, CSRF: c.csrfToken(w, r), ReadOnly: c.cfg.ReadOnly,
+	l := layout{view: *v, Base: c.base(r), CSRF: c.csrfToken(w, r), ReadOnly: c.cfg.ReadOnly,
 		TokenAuth: c.cfg.AuthToken != "", Done: c.doneMessage(r)}
 	if p, ok := c.principal(r); ok {
 		l.Who = &p
