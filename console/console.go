@@ -55,8 +55,9 @@ type Config struct {
 	ReadOnly bool
 	// AuthToken, when set, lets an operator sign in with it (the login form
 	// sets a session cookie) or send it as "Authorization: Bearer TOKEN";
-	// either way the principal is an operator. Defaults to "" (no token
-	// login).
+	// either way the principal is an operator. A bearer request's principal
+	// is named by its X-Annals-Actor header, "token" without one (the
+	// audit log's actor). Defaults to "" (no token login).
 	AuthToken string
 	// Authorizer, when set, is asked first for every request. Defaults to
 	// nil. With neither AuthToken nor Authorizer the console cannot write.

@@ -196,8 +196,13 @@ func TestCSRF(t *testing.T) {
 	if code, body, _ := login.post("/login", url.Values{"csrf": {login.csrf()}, "name": {"eve\nadmin"}, "token": {token}}); code != http.StatusBadRequest || !strings.Contains(body, "no control characters") {
 		t.Errorf("login as a name with a line break: %d %s", code, body)
 	}
+	// Without X-Annals-Actor the actor is "token" too (as documented).
+	if code, body, _ := api.post("/scheduler/tasks/nightly-report/pause", url.Values{}, "Authorization", "Bearer "+token); code != http.StatusSeeOther {
+		t.Fatalf("bearer pause without an actor: %d %s", code, body)
+	}
 	log := auditLog(t, f.db)
-	if len(log) != 3 || log[1].Actor != "deploy-bot" || log[1].Action != "cron.pause" || log[2].Actor != "token" || log[2].Action != "cron.resume" {
+	if len(log) != 4 || log[1].Actor != "deploy-bot" || log[1].Action != "cron.pause" || log[2].Actor != "token" || log[2].Action != "cron.resume" ||
+		log[3].Actor != "token" || log[3].Action != "cron.pause" {
 		t.Errorf("audit log %+v", log)
 	}
 }

@@ -82,6 +82,10 @@
 //     own login), or from the token (Config.AuthToken): a bearer header, or a
 //     session cookie the login form sets, signed with the secret and the
 //     token, holding the name the operator gave and an expiry (12 hours).
+//     A bearer request names its operator in an X-Annals-Actor header;
+//     without one (or with one that is no name: empty, longer than 100
+//     characters, or with a control or bidirectional formatting character)
+//     its operator, and the actor of its audit entry, is "token".
 //  4. The database role may do it: it holds the operator privileges of
 //     `annals grant operator` (checked with has_table_privilege, each
 //     privilege on its own, cached for 30 s). Otherwise the database would refuse half-way; the console says
@@ -94,7 +98,8 @@
 // bumps the epoch, fencing the running leader off, and a move back settles
 // the partition's dead letters after the new position as resolved, as
 // `annals checkpoint set` does), pause and resume reuse package scheduler.
-// Each action and its audit entry (who: the principal's name; the database
+// Each action and its audit entry (who: the principal's name, "token" for a
+// bearer request without X-Annals-Actor; the database
 // role, stamped by a trigger; what: action, target and a JSON detail of
 // what changed, a list of none written []; when: the server's clock) commit
 // in one transaction, so an entry exists exactly when its change does;

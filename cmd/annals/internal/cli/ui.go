@@ -29,7 +29,8 @@ purge), the scheduler (cron tasks, timers), runner instances and the audit log.
 
 Reading needs no sign-in. Changing anything needs an operator: start with --auth-token
 (at least 16 characters; or $ANNALS_UI_TOKEN, which keeps the token out of the process
-list) and sign in with it; API clients may send "Authorization: Bearer TOKEN". The
+list) and sign in with it; API clients may send "Authorization: Bearer TOKEN", with
+"X-Annals-Actor: NAME" for the name the audit log records ("token" without it). The
 database role must have the operator privileges ('annals grant operator ROLE'); every
 change is recorded in the audit_log table. --read-only shows everything and changes
 nothing.
