@@ -45,7 +45,7 @@ func runChild(raw string) int {
 		fmt.Fprintf(os.Stderr, "child: bad %s: %v\n", childEnv, err)
 		return 2
 	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: childLogLevel()})).
 		With(slog.String("instance", spec.Instance))
 	ctx, stop := childproc.Context(logger)
 	defer stop()
@@ -101,6 +101,15 @@ func runChild(raw string) int {
 	return 0
 }
 
+// childLogLevel is the children's log level: INFO, or DEBUG when
+// ANNALS_SAGA_CHILD_DEBUG is set (to look into a failure of the crash test).
+func childLogLevel() slog.Level {
+	if os.Getenv("ANNALS_SAGA_CHILD_DEBUG") != "" {
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
+}
+
 // startChild starts the test binary as a runner process named instanceID
 // on db. It is killed, at the latest, when the test ends; if the test
 // failed, its log is shown.
@@ -116,7 +125,7 @@ func startTallyChild(t testing.TB, db *annalstest.DB, instanceID string, timerAf
 	if err != nil {
 		t.Fatal(err)
 	}
-	return childproc.Start(t, instanceID, childEnv+"="+string(spec))
+	return childproc.Start(t, instanceID, childEnv+"="+string(spec), "GOTRACEBACK=all")
 }
 
 // eventually polls cond every 10 ms until it holds or timeout has passed.
