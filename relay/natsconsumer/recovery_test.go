@@ -1,7 +1,6 @@
 package natsconsumer_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -23,22 +22,7 @@ import (
 )
 
 // logBuffer is a log destination the test reads while the consumer writes.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuffer struct{ annalstest.LogBuffer }
 
 func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
