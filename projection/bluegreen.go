@@ -132,9 +132,14 @@ type Generation struct {
 	State      GenerationState `json:"state"`
 	CreatedBy  string          `json:"created_by"`
 	CreatedAt  time.Time       `json:"created_at"`
-	LiveSince  *time.Time      `json:"live_since,omitempty"`
-	RetiredAt  *time.Time      `json:"retired_at,omitempty"`
-	DroppedAt  *time.Time      `json:"dropped_at,omitempty"`
+	// LiveSince is when it first went live (nil: never), and LiveAgain,
+	// when a rollback made it live again, the last time it went live (nil
+	// otherwise). A generation rolled back to before migration 0039 (or by
+	// an older binary) has the time it last went live then as LiveSince.
+	LiveSince *time.Time `json:"live_since,omitempty"`
+	LiveAgain *time.Time `json:"live_again,omitempty"`
+	RetiredAt *time.Time `json:"retired_at,omitempty"`
+	DroppedAt *time.Time `json:"dropped_at,omitempty"`
 	// CutoverMS is the duration of the cut-over transaction that made it
 	// live (without its COMMIT), and CutoverPosition the position it had
 	// reached then.
@@ -388,9 +393,14 @@ func (g *generations) list(ctx context.Context, db checkpoint.DB, name string) (
 	var out []Generation
 	var x Generation
 	var state string
+	var last *time.Time
 	_, err = pgx.ForEachRow(rows, []any{&x.Generation, &x.Version, &x.Schema, &x.Reader, &x.Subscriber, &state,
-		&x.CreatedBy, &x.CreatedAt, &x.LiveSince, &x.RetiredAt, &x.DroppedAt, &x.CutoverMS, &x.CutoverPosition, &x.Replaced, &x.Unresolved}, func() error {
+		&x.CreatedBy, &x.CreatedAt, &x.LiveSince, &last, &x.RetiredAt, &x.DroppedAt, &x.CutoverMS, &x.CutoverPosition, &x.Replaced, &x.Unresolved}, func() error {
 		x.Projection, x.State = name, GenerationState(state)
+		if last != nil && x.LiveSince != nil && !last.Equal(*x.LiveSince) {
+			x.LiveAgain = last
+		}
+		last = nil
 		out = append(out, x)
 		x = Generation{}
 		return nil
@@ -592,8 +602,16 @@ func cutOver(gens []Generation, x Generation) bool {
 		return false
 	}
 	return slices.ContainsFunc(gens, func(y Generation) bool {
-		return y.Replaced != nil && *y.Replaced == x.Generation && y.LiveSince != nil && !x.RetiredAt.After(*y.LiveSince)
+		return y.Replaced != nil && *y.Replaced == x.Generation && y.lastLive() != nil && !x.RetiredAt.After(*y.lastLive())
 	})
+}
+
+// lastLive is the last time g went live: LiveAgain, else LiveSince.
+func (g Generation) lastLive() *time.Time {
+	if g.LiveAgain != nil {
+		return g.LiveAgain
+	}
+	return g.LiveSince
 }
 
 // generationProjection runs a projection's handlers in a generation's

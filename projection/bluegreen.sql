@@ -9,8 +9,10 @@ SELECT pg_catalog.pg_advisory_xact_lock($1::int4, $2::int4);
 -- name: Generations
 -- With each generation's unresolved dead letters (open, or released for
 -- re-delivery): a building generation is not cut over while it has any.
+-- The first time it went live (first_live_since, migration 0039, set once
+-- a rollback made it live again; else live_since), then the last time.
 SELECT g.generation, g.version, g.schema_name, g.reader_schema, g.subscriber, g.state, g.created_by, g.created_at,
-       g.live_since, g.retired_at, g.dropped_at, g.cutover_ms, g.cutover_position, g.replaced,
+       coalesce(g.first_live_since, g.live_since), g.live_since, g.retired_at, g.dropped_at, g.cutover_ms, g.cutover_position, g.replaced,
        (SELECT count(*)::int FROM {{.Schema}}.dead_letters d
          WHERE d.subscriber_id = g.subscriber AND d.status IN ('open', 'retry'))
   FROM {{.Schema}}.read_model_generations g
@@ -103,9 +105,12 @@ UPDATE {{.Schema}}.read_model_generations
 -- name: MarkLiveAgain
 -- A rollback: as MarkLive, but the generation keeps the one it replaced
 -- when it was first cut over, so that the next rollback goes further back
--- and not forward to the generation rolled back from.
+-- and not forward to the generation rolled back from, and the time it first
+-- went live, in first_live_since (set by its first rollback, from
+-- live_since, which each sets to now).
 UPDATE {{.Schema}}.read_model_generations
-   SET state = 'live', live_since = clock_timestamp(), retired_at = NULL, cutover_ms = $3, cutover_position = $4
+   SET state = 'live', first_live_since = coalesce(first_live_since, live_since), live_since = clock_timestamp(),
+       retired_at = NULL, cutover_ms = $3, cutover_position = $4
  WHERE projection = $1 AND generation = $2;
 
 -- name: MarkRetired

@@ -136,3 +136,43 @@ func TestRollbackWithoutReplaced(t *testing.T) {
 		t.Fatalf("rollback went %d -> %d, want 3 -> 2 (the rule for generations without replaced)", rb.From, rb.To)
 	}
 }
+
+// TestRollbackKeepsFirstLiveTime: a rollback that makes a generation live
+// again keeps in LiveSince the time it first went live, and records the
+// time it went live again in LiveAgain (the rollback overwrote LiveSince:
+// g1 read as live since after g2, which replaced it). A generation that
+// went live before migration 0039 recorded the first time (its
+// first_live_since NULL) keeps the time it had the same way.
+func TestRollbackKeepsFirstLiveTime(t *testing.T) {
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	log := &bgLog{db: db}
+	rollbackSequence(t, db, log) // g1 → g2, back to g1, g1 → g3
+	g1, g2, g3 := generation(t, db, 1), generation(t, db, 2), generation(t, db, 3)
+	if g1.LiveSince == nil || g2.LiveSince == nil || !g1.LiveSince.Before(*g2.LiveSince) {
+		t.Fatalf("generation 1 first went live at %v, generation 2 at %v: want 1 before 2", g1.LiveSince, g2.LiveSince)
+	}
+	if g1.LiveAgain == nil || !g1.LiveAgain.After(*g2.LiveSince) || g3.LiveSince == nil || g1.LiveAgain.After(*g3.LiveSince) {
+		t.Fatalf("generation 1 went live again at %v; want between generation 2's %v and generation 3's %v", g1.LiveAgain, g2.LiveSince, g3.LiveSince)
+	}
+	if g2.LiveAgain != nil || g3.LiveAgain != nil {
+		t.Fatalf("generations 2 and 3, never live again, have LiveAgain %v and %v", g2.LiveAgain, g3.LiveAgain)
+	}
+
+	// As before migration 0039: the time g1 last went live is all there is.
+	schema := pgx.Identifier{db.Schema}.Sanitize()
+	if _, err := db.Pool.Exec(ctx, `UPDATE `+schema+`.read_model_generations SET first_live_since = NULL WHERE projection = $1`, bgName); err != nil {
+		t.Fatal(err)
+	}
+	old := generation(t, db, 1)
+	if old.LiveSince == nil || !old.LiveSince.Equal(*g1.LiveAgain) || old.LiveAgain != nil {
+		t.Fatalf("generation 1 without first_live_since: live since %v, again %v; want %v and none", old.LiveSince, old.LiveAgain, g1.LiveAgain)
+	}
+	if rb, err := projection.Rollback(ctx, db.Pool, db.Schema, bgName); err != nil || rb.To != 1 {
+		t.Fatalf("rollback to g1: %+v %v", rb, err)
+	}
+	g1 = generation(t, db, 1)
+	if g1.LiveSince == nil || !g1.LiveSince.Equal(*old.LiveSince) || g1.LiveAgain == nil || !g1.LiveAgain.After(*g3.LiveSince) {
+		t.Fatalf("generation 1 rolled back to again: live since %v, again %v; want %v and after %v", g1.LiveSince, g1.LiveAgain, old.LiveSince, g3.LiveSince)
+	}
+}

@@ -89,7 +89,12 @@ func (c *commands) generationsCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "generations NAME",
 		Short: "List the generations of a blue/green read model: version, schema, state, cut-over",
-		Args:  cobra.ExactArgs(1),
+		Long: `List the generations of a blue/green read model: version, state, schema and
+subscriber; LIVE SINCE, when it first went live, and LIVE AGAIN, when a rollback last
+made it live again; RETIRED AT; the cut-over that made it live (its duration and
+position); the generation it replaced; its unresolved dead letters. --output json or
+jsonl gives the same fields (live_since, live_again, ...).`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if output != "text" && output != "json" && output != "jsonl" {
 				return usage(errors.Newf("--output %q: want text, json or jsonl", output))
@@ -129,7 +134,7 @@ func (c *commands) generationsCommand() *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "GENERATION\tVERSION\tSTATE\tSCHEMA\tSUBSCRIBER\tLIVE SINCE\tRETIRED AT\tCUT-OVER\tREPLACED\tDEAD LETTERS")
+			fmt.Fprintln(tw, "GENERATION\tVERSION\tSTATE\tSCHEMA\tSUBSCRIBER\tLIVE SINCE\tLIVE AGAIN\tRETIRED AT\tCUT-OVER\tREPLACED\tDEAD LETTERS")
 			var waits []string
 			for _, g := range gens {
 				cut := "-"
@@ -140,8 +145,8 @@ func (c *commands) generationsCommand() *cobra.Command {
 				if g.Replaced != nil {
 					replaced = strconv.Itoa(*g.Replaced)
 				}
-				fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", g.Generation, g.Version, g.State, g.Schema, g.Subscriber,
-					stamp(g.LiveSince), stamp(g.RetiredAt), cut, replaced, g.Unresolved)
+				fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", g.Generation, g.Version, g.State, g.Schema, g.Subscriber,
+					stamp(g.LiveSince), stamp(g.LiveAgain), stamp(g.RetiredAt), cut, replaced, g.Unresolved)
 				if g.State == projection.GenerationBuilding && g.Unresolved > 0 {
 					waits = append(waits, fmt.Sprintf("generation %d: the cut-over waits for its unresolved dead letters (%d; "+
 						"its read model lacks their events): annals dlq list --subscriber '%s', then annals dlq retry "+

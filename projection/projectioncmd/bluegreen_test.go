@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
@@ -137,6 +138,26 @@ func TestBlueGreenCommands(t *testing.T) {
 	}
 	if got := sum(); got != 300 {
 		t.Fatalf("after the rollback the view counts %d, want 300 (version 1)", got)
+	}
+	// Generation 1 keeps the time it first went live, before generation 2,
+	// and shows the rollback's under LIVE AGAIN (the rollback overwrote
+	// LIVE SINCE).
+	res = v2.execute(t, false, "", "generations", "counts", "--output", "json")
+	gens = nil
+	if err := json.Unmarshal([]byte(res.stdout), &gens); res.err != nil || err != nil || len(gens) != 2 {
+		t.Fatalf("generations after the rollback: %v %v in %q", res.err, err, res.stdout)
+	}
+	if g1, g2 := gens[0], gens[1]; g1.LiveSince == nil || g2.LiveSince == nil || !g1.LiveSince.Before(*g2.LiveSince) ||
+		g1.LiveAgain == nil || !g1.LiveAgain.After(*g2.LiveSince) || g2.LiveAgain != nil {
+		t.Fatalf("generations after the rollback: %+v", gens)
+	}
+	res = v2.execute(t, false, "", "generations", "counts")
+	header := lineOf(t, res.stdout, "GENERATION")
+	since, again := strings.Index(header, "LIVE SINCE"), strings.Index(header, "LIVE AGAIN")
+	l1, l2 := lineOf(t, res.stdout, "1 "), lineOf(t, res.stdout, "2 ")
+	if since < 0 || again < 0 || !strings.HasPrefix(l1[since:], gens[0].LiveSince.UTC().Format(time.RFC3339)) ||
+		!strings.HasPrefix(l1[again:], gens[0].LiveAgain.UTC().Format(time.RFC3339)) || !strings.HasPrefix(l2[again:], "- ") {
+		t.Fatalf("generations (text) after the rollback: want generation 1's first time under LIVE SINCE, the rollback's under LIVE AGAIN:\n%s", res.stdout)
 	}
 	if res = v2.execute(t, false, "", "rollback", "counts", "--yes"); !errors.Is(res.err, ErrUsage) || !errors.Is(res.err, projection.ErrNoRollback) {
 		t.Fatalf("second rollback: %v", res.err)
