@@ -6,6 +6,7 @@ import (
 	_ "embed"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"hash"
 	"time"
@@ -197,6 +198,24 @@ type Report struct {
 
 // OK reports whether the run found no problem.
 func (r *Report) OK() bool { return r.ProblemCount == 0 }
+
+// Complete reports whether the run made every check: a run without Notes.
+// A role with fewer privileges than an operator's skips some (each skipped
+// check is a note) and can still be OK.
+func (r *Report) Complete() bool { return len(r.Notes) == 0 }
+
+// MarshalJSON writes p as its fields say, except that a Changed problem
+// always carries "after", also when its range starts after position 0.
+func (p Problem) MarshalJSON() ([]byte, error) {
+	type plain Problem
+	if p.Kind != Changed {
+		return json.Marshal(plain(p))
+	}
+	return json.Marshal(struct {
+		plain
+		After int64 `json:"after"`
+	}{plain(p), p.After})
+}
 
 func (r *Report) add(max int, p Problem) {
 	r.ProblemCount++
@@ -554,6 +573,14 @@ func (s *segmenter) finish(head int64) (*Baseline, string) {
 		Digest: hex.EncodeToString(s.running.Sum(nil)), Checkpoints: s.out}, hex.EncodeToString(s.running.Sum(nil))
 }
 
+// eventCount is n with "event" or "events".
+func eventCount(n int64) string {
+	if n == 1 {
+		return "1 event"
+	}
+	return fmt.Sprintf("%d events", n)
+}
+
 // compare returns a Changed problem for every segment of base whose rows
 // differ now. The segmenter's first segments have base's boundaries.
 func (s *segmenter) compare(base *Baseline) []Problem {
@@ -566,8 +593,8 @@ func (s *segmenter) compare(base *Baseline) []Problem {
 		}
 		if got.Segment != want.Segment {
 			out = append(out, Problem{Kind: Changed, After: after, Position: want.Position,
-				Message: fmt.Sprintf("the events at positions %d to %d differ from the baseline (%d events now, %d then): rows were changed, deleted or inserted",
-					after+1, want.Position, got.Events, want.Events)})
+				Message: fmt.Sprintf("the events at positions %d to %d differ from the baseline (%s now, %d then): rows were changed, deleted or inserted",
+					after+1, want.Position, eventCount(got.Events), want.Events)})
 		}
 		after = want.Position
 	}

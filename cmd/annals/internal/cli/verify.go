@@ -18,6 +18,7 @@ func (e *env) verifyCommand() *cobra.Command {
 		baseline, writeBaseline         string
 		format                          *string
 		interval, pageSize, maxProblems int
+		strict                          bool
 	)
 	cmd := &cobra.Command{
 		Use:   "verify",
@@ -36,8 +37,18 @@ changed. --write-baseline FILE writes this run's digest (it may be the same file
 when no problem was found. Keep baselines outside the database: whoever can rewrite both
 the log and its baseline can hide anything.
 
-Exit codes: 0 clean, 1 problems found (or a failure), 2 bad flags or arguments.
-Progress goes to stderr; --output json writes the report as one JSON object.`,
+What it cannot see without a baseline: rows removed without leaving a gap in a stream's
+versions (a whole stream with its streams row, or a stream's newest events with the row's
+version lowered) look like a log that never had them. Keep a baseline.
+
+A role with fewer privileges than an operator's (a reader, a writer) skips the checks it
+cannot make, each said in a note ("complete": false in JSON), and can still pass;
+--strict makes a skipped check fail the run (exit 1), for scheduled audits.
+
+Exit codes: 0 clean, 1 problems found (or, with --strict, checks skipped; or a failure),
+2 bad flags or arguments. Progress goes to stderr; --output json writes the report as one
+JSON object: the report's fields, "ok", "complete", "baseline_written" (the file, when
+written) and "baseline_not_written" (why not, when --write-baseline was given).`,
 		Example: `  annals verify --write-baseline /secure/annals.baseline
   annals verify --baseline /secure/annals.baseline --write-baseline /secure/annals.baseline
   annals verify --output json`,
@@ -105,19 +116,27 @@ Progress goes to stderr; --output json writes the report as one JSON object.`,
 			} else if err != nil {
 				return err
 			}
-			wrote := ""
+			wrote, notWritten := "", ""
 			var writeErr error // reported after the report: the run's findings are not lost
-			if writeBaseline != "" && rep.OK() {
+			switch {
+			case writeBaseline == "":
+			case !rep.OK():
+				notWritten = "the log has problems"
+			default:
 				if writeErr = writeBaselineFile(writeBaseline, rep.Baseline); writeErr == nil {
 					wrote = writeBaseline
+				} else {
+					notWritten = writeErr.Error()
 				}
 			}
 			if *format == outputJSON {
 				out := struct {
 					*verify.Report
-					OK            bool   `json:"ok"`
-					BaselineWrote string `json:"baseline_written,omitempty"`
-				}{rep, rep.OK(), wrote}
+					OK               bool   `json:"ok"`
+					Complete         bool   `json:"complete"`
+					BaselineWrote    string `json:"baseline_written,omitempty"`
+					BaselineNotWrote string `json:"baseline_not_written,omitempty"`
+				}{rep, rep.OK(), rep.Complete(), wrote, notWritten}
 				enc := json.NewEncoder(e.stdout)
 				enc.SetIndent("", "  ")
 				if err := enc.Encode(out); err != nil {
@@ -132,6 +151,14 @@ Progress goes to stderr; --output json writes the report as one JSON object.`,
 				}
 				return exitError{ExitFailure}
 			}
+			if strict && !rep.Complete() {
+				fmt.Fprintf(e.stderr, "annals: verify --strict: %s skipped (see the notes); run it as a role with the operator's grants to check everything\n",
+					checksSkipped(len(rep.Notes)))
+				if writeErr != nil {
+					return writeErr
+				}
+				return exitError{ExitFailure}
+			}
 			return writeErr
 		},
 	}
@@ -141,6 +168,7 @@ Progress goes to stderr; --output json writes the report as one JSON object.`,
 	cmd.Flags().IntVar(&interval, "interval", 10000, "events per checkpoint of a new baseline")
 	cmd.Flags().IntVar(&pageSize, "page-size", 5000, "rows per read")
 	cmd.Flags().IntVar(&maxProblems, "max-problems", 100, "how many problems to list (all are counted)")
+	cmd.Flags().BoolVar(&strict, "strict", false, "fail (exit 1) when a check was skipped for lack of privileges")
 	return cmd
 }
 
@@ -163,9 +191,12 @@ func writeVerifyText(e *env, rep *verify.Report, baseline, wrote string) error {
 	if more := rep.ProblemCount - len(rep.Problems); more > 0 {
 		fmt.Fprintf(w, "... and %s\n", countNoun(more, "more problem"))
 	}
-	if rep.OK() {
+	switch {
+	case rep.OK() && !rep.Complete():
+		fmt.Fprintf(w, "ok: no problems found (%s skipped: see the notes)\n", checksSkipped(len(rep.Notes)))
+	case rep.OK():
 		fmt.Fprintln(w, "ok: no problems found")
-	} else {
+	default:
 		fmt.Fprintf(w, "%s found\n", countNoun(rep.ProblemCount, "problem"))
 	}
 	if wrote != "" {
@@ -194,4 +225,12 @@ func writeBaselineFile(path string, b *verify.Baseline) error {
 		return errors.Wrap(err, "write the baseline")
 	}
 	return errors.Wrap(os.Rename(f.Name(), path), "write the baseline")
+}
+
+// checksSkipped is "1 check was" or "n checks were".
+func checksSkipped(n int) string {
+	if n == 1 {
+		return "1 check was"
+	}
+	return fmt.Sprintf("%d checks were", n)
 }

@@ -64,6 +64,13 @@ func TestVerifyCommand(t *testing.T) {
 	if after, _ := os.ReadFile(base); string(after) != string(before) {
 		t.Error("the baseline was overwritten although the log has problems")
 	}
+	// A range from the log's start says so ("after": 0), and the JSON says
+	// why the baseline was not written.
+	for _, want := range []string{`"after": 0`, `"complete": true`, `"baseline_not_written": "the log has problems"`} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("JSON report without %s: %s", want, r.stdout)
+		}
+	}
 	// One problem, in the singular.
 	if r = annals(t, db.URL, "verify", "--baseline", base); r.code != ExitFailure || !strings.Contains(r.stdout, "\n1 problem found\n") ||
 		!strings.Contains(r.stdout, ": 3 events in 2 streams, head 3") {
@@ -87,5 +94,36 @@ func TestVerifyCommand(t *testing.T) {
 	}
 	if r := annals(t, db.URL, "verify", "--baseline", garbage); r.code != ExitUsage {
 		t.Errorf("a file that is not a baseline: %+v", r)
+	}
+}
+
+// TestVerifyStrict: a role that cannot make every check (a reader) passes
+// with notes, says how many checks it skipped, and fails with --strict.
+func TestVerifyStrict(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	if r := annals(t, db.URL, "append", "a", "T", `{"x": 1}`); r.code != 0 {
+		t.Fatalf("append: %+v", r)
+	}
+	name, readerURL := loginRole(t, db, "verifier")
+	if r := annals(t, db.URL, "grant", "reader", name); r.code != 0 {
+		t.Fatalf("grant reader: %+v", r)
+	}
+	r := annals(t, readerURL, "verify")
+	if r.code != 0 || !strings.Contains(r.stdout, "note: ") || !strings.Contains(r.stdout, "ok: no problems found (") ||
+		!strings.Contains(r.stdout, " skipped: see the notes)") {
+		t.Fatalf("verify as a reader: %+v", r)
+	}
+	r = annals(t, readerURL, "verify", "--output", "json")
+	if r.code != 0 || !strings.Contains(r.stdout, `"complete": false`) || !strings.Contains(r.stdout, `"ok": true`) {
+		t.Fatalf("verify as a reader, JSON: %+v", r)
+	}
+	r = annals(t, readerURL, "verify", "--strict")
+	if r.code != ExitFailure || !strings.Contains(r.stderr, "annals: verify --strict: ") {
+		t.Fatalf("verify --strict as a reader: %+v", r)
+	}
+	// The owner makes every check: --strict passes.
+	if r := annals(t, db.URL, "verify", "--strict"); r.code != 0 || !strings.Contains(r.stdout, "ok: no problems found\n") {
+		t.Fatalf("verify --strict as the owner: %+v", r)
 	}
 }
