@@ -289,7 +289,7 @@ func translate(err error, streamID string, expected ExpectedVersion) error {
 	case CodeStreamDeleted, CodeStreamTombstoned:
 		return streamDeletedFromSQL(pgErr, streamID)
 	case "42501": // insufficient_privilege
-		return errmark.Mark(errors.Wrap(err, "annals: "+ErrNotGranted.Error()), ErrNotGranted)
+		return errmark.Mark(errors.Wrap(err, ErrNotGranted.Error()), ErrNotGranted)
 	case "3F000", "42P01": // invalid_schema_name, undefined_table
 		return errors.Wrap(migrations.MarkNotMigrated(err),
 			"annals: the schema is not migrated (Client.Start migrates it; or migrations.Up, or 'annals migrate')")

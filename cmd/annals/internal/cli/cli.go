@@ -100,6 +100,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, rawStdout, rawStde
 	if errors.As(err, &ee) {
 		return ee.code
 	}
+	err = withGrantHint(cmd, err)
 	if migrations.IsNotMigrated(err) {
 		// Found on the error path only: the happy path pays no check. One
 		// message for every command, however the library or the command
