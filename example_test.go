@@ -29,6 +29,7 @@ func Example() {
 
 	p := projection.New("balances", reg)
 	p.OnSetup(1, projection.Statements(`CREATE TABLE balances (account text PRIMARY KEY, amount bigint)`))
+	p.OnReset(projection.Statements(`TRUNCATE balances`)) // a rebuild clears it, then replays
 	projection.On(p, func(ctx context.Context, tx pgx.Tx, e eventstore.Envelope[MoneyDeposited]) error {
 		_, err := tx.Exec(ctx, `INSERT INTO balances VALUES ($1, $2)
 		ON CONFLICT (account) DO UPDATE SET amount = balances.amount + $2`, e.StreamID, e.Data.Amount)
