@@ -207,10 +207,27 @@ type RetentionChange struct {
 	MaxAge *time.Duration
 	// MaxCount sets the maximum count (0: no limit).
 	MaxCount *int64
-	// TruncateBefore raises the first version stream reads return (a lower
-	// value than the current one changes nothing; at most version + 1, which
-	// hides every event so far).
+	// TruncateBefore raises the first version stream reads return (at most
+	// version + 1, which hides every event so far; a higher value is taken
+	// as version + 1). It can only grow: since migration 0040 a value below
+	// the current one (0 and 1 count as the same, every version) is refused
+	// with an *InvalidEventError of Field "truncate_before", whose Limit is
+	// the current one; before 0040 it was ignored.
 	TruncateBefore *int64
+}
+
+// RetentionResult is what SetStreamRetention returns: the stream's info
+// after the call, and whether the call changed anything.
+type RetentionResult struct {
+	StreamInfo
+	// Unchanged reports a call that set only what was set already (and
+	// whose settings the latest StreamTruncatedType record already holds):
+	// nothing was changed and no record was appended. Since migration 0040;
+	// on an older schema every call appends a record and Unchanged is false.
+	Unchanged bool
+	// Position is the global position of the StreamTruncatedType record the
+	// call appended to MetadataStream(streamID); 0 when Unchanged.
+	Position int64
 }
 
 // MaxRetentionAge is the longest RetentionChange.MaxAge: 292 years of
@@ -344,47 +361,59 @@ func retention(maxAgeMicros, maxCount *int64) Retention {
 // settings at once; ReadAll and subscriptions still see the hidden events
 // until the scavenger removes them. It waits for a scavenge step in
 // progress, so a step never removes what the change keeps. Returns the
-// stream's info afterwards. A stream with no events returns
-// ErrStreamNotFound; negative values, and a MaxAge over MaxRetentionAge,
-// ErrInvalidEvent.
-func (s *Store) SetStreamRetention(ctx context.Context, streamID string, c RetentionChange) (StreamInfo, error) {
+// stream's info afterwards. A call that changes nothing appends no event
+// and returns Unchanged (since migration 0040). A stream with no events
+// returns ErrStreamNotFound; negative values, a MaxAge over
+// MaxRetentionAge, and (since migration 0040) a TruncateBefore below the
+// current one, an *InvalidEventError (ErrInvalidEvent).
+func (s *Store) SetStreamRetention(ctx context.Context, streamID string, c RetentionChange) (RetentionResult, error) {
 	if err := checkName(0, "stream_id", streamID, MaxStreamIDBytes-2); err != nil {
-		return StreamInfo{}, err
+		return RetentionResult{}, err
 	}
 	var age, count, before any
 	if c.MaxAge != nil {
 		if *c.MaxAge < 0 {
-			return StreamInfo{}, &InvalidEventError{Field: "max_age", Reason: "is negative"}
+			return RetentionResult{}, &InvalidEventError{Field: "max_age", Reason: "is negative"}
 		}
 		if *c.MaxAge > 0 && *c.MaxAge < time.Microsecond {
-			return StreamInfo{}, &InvalidEventError{Field: "max_age", Reason: "is below a microsecond"}
+			return RetentionResult{}, &InvalidEventError{Field: "max_age", Reason: "is below a microsecond"}
 		}
 		if *c.MaxAge > MaxRetentionAge {
-			return StreamInfo{}, &InvalidEventError{Field: "max_age", Reason: "is over 292 years"}
+			return RetentionResult{}, &InvalidEventError{Field: "max_age", Reason: "is over 292 years"}
 		}
 		age = c.MaxAge.Microseconds()
 	}
 	if c.MaxCount != nil {
 		if *c.MaxCount < 0 {
-			return StreamInfo{}, &InvalidEventError{Field: "max_count", Reason: "is negative"}
+			return RetentionResult{}, &InvalidEventError{Field: "max_count", Reason: "is negative"}
 		}
 		count = *c.MaxCount
 	}
 	if c.TruncateBefore != nil {
 		if *c.TruncateBefore < 0 {
-			return StreamInfo{}, &InvalidEventError{Field: "truncate_before", Reason: "is negative"}
+			return RetentionResult{}, &InvalidEventError{Field: "truncate_before", Reason: "is negative"}
 		}
 		before = *c.TruncateBefore
 	}
 	var tb, seq int64
 	var maxAge, maxCount *int64
-	err := s.pool.QueryRow(ctx, s.lc.setRetention, streamID, age, count, before).Scan(&tb, &maxAge, &maxCount, &seq)
+	var recorded bool
+	err := s.pool.QueryRow(ctx, s.lc.setRetention, streamID, age, count, before).Scan(&tb, &maxAge, &maxCount, &seq, &recorded)
 	if err != nil {
 		err = translate(err, streamID, StreamExists)
 		if errors.Is(err, ErrStreamNotFound) {
-			return StreamInfo{}, errors.Wrapf(ErrStreamNotFound, "stream %q", streamID)
+			return RetentionResult{}, errors.Wrapf(ErrStreamNotFound, "stream %q", streamID)
 		}
-		return StreamInfo{}, errors.Wrapf(err, "eventstore: set retention of stream %q", streamID)
+		var inv *InvalidEventError
+		if errors.As(err, &inv) && inv.Field == "truncate_before" && c.TruncateBefore != nil {
+			inv.Reason = fmt.Sprintf("is %d, below stream %q's current %d: it can only grow", *c.TruncateBefore, streamID, inv.Limit)
+			inv.sqlMessage = false
+		}
+		return RetentionResult{}, errors.Wrapf(err, "eventstore: set retention of stream %q", streamID)
 	}
-	return s.StreamInfo(ctx, streamID)
+	info, err := s.StreamInfo(ctx, streamID)
+	if err != nil {
+		return RetentionResult{}, err
+	}
+	return RetentionResult{StreamInfo: info, Unchanged: !recorded, Position: seq}, nil
 }

@@ -2,6 +2,7 @@ package eventstore_test
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -85,9 +86,24 @@ func TestStreamRetentionReads(t *testing.T) {
 	if v := versions(t, b.store, "trunc"); !equal(v, []int64{3, 4, 5}) {
 		t.Fatalf("truncate before 3: versions %v", v)
 	}
-	one := int64(1) // lower: unchanged
-	if info, err = b.store.SetStreamRetention(ctx, "trunc", eventstore.RetentionChange{TruncateBefore: &one}); err != nil || info.TruncateBefore != 3 {
-		t.Fatalf("lower truncate: %+v %v", info, err)
+	// Lower: refused (it was ignored, and recorded all the same), with the
+	// current one as the limit.
+	one := int64(1)
+	var inv *eventstore.InvalidEventError
+	if _, err = b.store.SetStreamRetention(ctx, "trunc", eventstore.RetentionChange{TruncateBefore: &one}); !errors.Is(err, eventstore.ErrInvalidEvent) ||
+		!errors.As(err, &inv) || inv.Field != "truncate_before" || inv.Limit != 3 || !strings.Contains(err.Error(), "can only grow") {
+		t.Fatalf("lower truncate: %v", err)
+	}
+	// The same again: unchanged, nothing recorded.
+	for _, v := range []int64{3} {
+		res, err := b.store.SetStreamRetention(ctx, "trunc", eventstore.RetentionChange{TruncateBefore: &v})
+		if err != nil || !res.Unchanged || res.Position != 0 || res.TruncateBefore != 3 {
+			t.Fatalf("truncate before %d again: %+v %v", v, res, err)
+		}
+	}
+	var noAge time.Duration
+	if res, err := b.store.SetStreamRetention(ctx, "trunc", eventstore.RetentionChange{MaxAge: &noAge}); err != nil || !res.Unchanged {
+		t.Fatalf("max age 0 without one: %+v %v", res, err)
 	}
 	zero := int64(0) // clears the count limit
 	if info, err = b.store.SetStreamRetention(ctx, "count", eventstore.RetentionChange{MaxCount: &zero}); err != nil || info.MaxCount != 0 {
@@ -96,9 +112,10 @@ func TestStreamRetentionReads(t *testing.T) {
 	if v := versions(t, b.store, "count"); len(v) != 5 {
 		t.Fatalf("no limit: versions %v (the rows are kept until scavenged)", v)
 	}
-	// The changes are events of the metadata streams.
+	// The changes are events of the metadata streams (one: the calls that
+	// changed nothing recorded nothing).
 	evs, err := collect(t, b.store.ReadStream(ctx, eventstore.MetadataStream("trunc"), 0))
-	if err != nil || len(evs) != 2 {
+	if err != nil || len(evs) != 1 {
 		t.Fatalf("metadata stream: %v %+v", err, evs)
 	}
 	env, err := eventstore.Decode[eventstore.StreamTruncated](b.reg, evs[0])

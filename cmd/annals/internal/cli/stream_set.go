@@ -41,14 +41,17 @@ func (e *env) streamSetCommand() *cobra.Command {
 		Long: `Set STREAM's retention. Stream reads (and aggregate loads) stop returning the events
 it excludes at once; 'annals scavenge' removes their rows later, and subscribers that had
 not processed them by then never will. Each change appends a "$stream.truncated" event
-to the stream "$$STREAM". Flags left out keep their value.
+to the stream "$$STREAM". Flags left out keep their value. A call that sets only what is
+set already changes nothing, appends nothing and says "unchanged" (exit 0).
 
   --max-age D          hide events older than D (30d, 12h, 90m; 0: no limit)
   --max-count N        keep only the newest N versions (0: no limit)
-  --truncate-before V  hide versions below V (it can only grow; at most the stream's
-                       version + 1, which hides every version)
+  --truncate-before V  hide versions below V (it can only grow: a V below the current
+                       one exits 2; at most the stream's version + 1, which hides
+                       every version)
 
-A stream that does not exist exits 3. --output json writes what 'stream info' writes.`,
+A stream that does not exist exits 3. --output json writes what 'stream info' writes,
+and "unchanged": true when the call changed nothing.`,
 		Example: `  annals stream set audit-2026 --max-age 30d
   annals stream set sensor-7 --max-count 1000
   annals stream set order-42 --truncate-before 10`,
@@ -106,8 +109,14 @@ A stream that does not exist exits 3. --output json writes what 'stream info' wr
 					return usagef("--truncate-before %d: stream %s is at version %d, so at most %d (which hides every version)",
 						*c.TruncateBefore, stream, cur.Version, cur.Version+1)
 				}
+				// The SQL function refuses it too since migration 0040
+				// (and ignored it before): 0 and 1 both mean every version.
+				if max(*c.TruncateBefore, 1) < max(cur.TruncateBefore, 1) {
+					return usagef("--truncate-before %d: the truncate-before of stream %s is %d already, and it can only grow",
+						*c.TruncateBefore, stream, cur.TruncateBefore)
+				}
 			}
-			info, err := store.SetStreamRetention(cmd.Context(), stream, c)
+			res, err := store.SetStreamRetention(cmd.Context(), stream, c)
 			if errors.Is(err, eventstore.ErrStreamNotFound) {
 				return notFoundError{err}
 			}
@@ -115,9 +124,13 @@ A stream that does not exist exits 3. --output json writes what 'stream info' wr
 				return err
 			}
 			if *format == outputJSON {
-				return writeJSON(e.stdout, streamInfoJSON(info))
+				return writeJSON(e.stdout, StreamSetJSON{StreamInfoJSON: streamInfoJSON(res.StreamInfo), Unchanged: res.Unchanged})
 			}
-			_, err = fmt.Fprintf(e.stdout, "stream %s: %s\n", stream, retentionText(info))
+			what := ""
+			if res.Unchanged {
+				what = "unchanged (nothing recorded): "
+			}
+			_, err = fmt.Fprintf(e.stdout, "stream %s: %s%s\n", stream, what, retentionText(res.StreamInfo))
 			return err
 		},
 	}
@@ -126,6 +139,14 @@ A stream that does not exist exits 3. --output json writes what 'stream info' wr
 	cmd.Flags().Int64Var(&truncateBefore, "truncate-before", 0, "hide versions below V")
 	format = addOutputFlag(cmd, false, outputText, outputJSON)
 	return cmd
+}
+
+// StreamSetJSON is the output of `annals stream set --output json`: what
+// `stream info` writes, and whether the call changed nothing (no
+// "$stream.truncated" record was appended).
+type StreamSetJSON struct {
+	StreamInfoJSON
+	Unchanged bool `json:"unchanged"`
 }
 
 // retentionText describes a stream's retention in one line.

@@ -182,3 +182,59 @@ func TestStreamSetAndScavenge(t *testing.T) {
 		t.Fatalf("scavenge --list: %+v", r)
 	}
 }
+
+// TestStreamSetChangesOnly: a lower --truncate-before is refused (exit 2),
+// and a call that sets what is set already records nothing and says so
+// (new-user trial: both exited 0 and appended a "$stream.truncated" record
+// each time).
+func TestStreamSetChangesOnly(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	for i := 0; i < 5; i++ {
+		if r := annals(t, db.URL, "append", "trunc-1", "x", `{"v": 1}`); r.code != 0 {
+			t.Fatalf("append: %+v", r)
+		}
+	}
+	records := func() int {
+		t.Helper()
+		r := annals(t, db.URL, "read", "$$trunc-1", "--output", "jsonl")
+		if r.code == ExitNotFound {
+			return 0
+		}
+		if r.code != 0 {
+			t.Fatalf("read of the metadata stream: %+v", r)
+		}
+		return strings.Count(r.stdout, "\n")
+	}
+	// No max age to clear: unchanged, nothing recorded.
+	if r := annals(t, db.URL, "stream", "set", "trunc-1", "--max-age", "0s"); r.code != 0 ||
+		r.stdout != "stream trunc-1: unchanged (nothing recorded): max age none, max count none, reads from version 1\n" || records() != 0 {
+		t.Fatalf("--max-age 0s without a max age: %+v", r)
+	}
+	if r := annals(t, db.URL, "stream", "set", "trunc-1", "--truncate-before", "3"); r.code != 0 ||
+		!strings.Contains(r.stdout, "reads from version 3") || strings.Contains(r.stdout, "unchanged") || records() != 1 {
+		t.Fatalf("--truncate-before 3: %+v", r)
+	}
+	if r := annals(t, db.URL, "stream", "set", "trunc-1", "--truncate-before", "2"); r.code != ExitUsage ||
+		!strings.Contains(r.stderr, "the truncate-before of stream trunc-1 is 3 already, and it can only grow") || records() != 1 {
+		t.Fatalf("--truncate-before 2 after 3: %+v", r)
+	}
+	if r := annals(t, db.URL, "stream", "set", "trunc-1", "--truncate-before", "3"); r.code != 0 ||
+		!strings.Contains(r.stdout, "unchanged") || records() != 1 {
+		t.Fatalf("--truncate-before 3 again: %+v", r)
+	}
+	if r := annals(t, db.URL, "stream", "set", "trunc-1", "--max-count", "2"); r.code != 0 || strings.Contains(r.stdout, "unchanged") || records() != 2 {
+		t.Fatalf("--max-count 2: %+v", r)
+	}
+	r := annals(t, db.URL, "stream", "set", "trunc-1", "--max-count", "2", "--output", "json")
+	var out StreamSetJSON
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &out) != nil || !out.Unchanged || out.MaxCount == nil || *out.MaxCount != 2 ||
+		out.TruncateBefore != 3 || records() != 2 {
+		t.Fatalf("--max-count 2 again: %+v %+v", r, out)
+	}
+	// The records read compact in text, as user events do (they read
+	// `{"stream_id" : "trunc-1", ...}`).
+	if r = annals(t, db.URL, "read", "$$trunc-1"); r.code != 0 || !strings.Contains(r.stdout, `{"stream_id":"trunc-1","truncate_before":3,`) {
+		t.Fatalf("read of the metadata stream in text: %+v", r)
+	}
+}
