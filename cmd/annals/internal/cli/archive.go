@@ -45,7 +45,9 @@ the head.
 The role needs 'annals grant operator'. --output text prints a line per step; jsonl an
 object per step; json the final state: {"run_id", "started_by", "started_at", "before",
 "from_position", "target_position", "archived_to", "moved", "steps", "done"}, with the
-lines per step on stderr. An interrupted run (Ctrl-C, SIGTERM) exits 1 and says how far
+lines per step on stderr. "from_position" is exclusive: the run covers the positions
+above it up to "target_position" (text shows them as "positions FROM+1..TARGET"), and
+none when the two are equal. An interrupted run (Ctrl-C, SIGTERM) exits 1 and says how far
 it got (json: its state, "done": false); the next 'annals archive' continues it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -167,7 +169,10 @@ above it is in the hot events table), how many events the runs moved, the sizes 
 events and events_archive with their indexes and their row estimates, and the last
 --runs runs (who, when, range, rows). --output json prints {"horizon", "moved",
 "newest_archived", "head", "hot_bytes", "archive_bytes", "hot_rows_estimate",
-"archive_rows_estimate", "runs": [...]}.`,
+"archive_rows_estimate", "runs": [...]}. A row estimate of -1 means the table has not been
+analyzed yet (text: "not analyzed"; ANALYZE or autovacuum sets it). Each run's
+"from_position" is exclusive, as in 'annals archive': it covers the positions above it
+up to "target_position" (text: "positions FROM+1..TARGET", or "nothing to move").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if runs < 0 {
@@ -205,8 +210,8 @@ events and events_archive with their indexes and their row estimates, and the la
 				if r.FinishedAt != nil {
 					state = "finished " + r.FinishedAt.UTC().Format(timeLayout)
 				}
-				if _, err := fmt.Fprintf(e.stdout, "run %d by %s (%s), started %s, %s: below %d, positions %d..%d, archived to %d, %d moved in %s\n",
-					r.RunID, r.StartedBy, r.Instance, r.StartedAt.UTC().Format(timeLayout), state, r.Before, r.From+1, r.Target,
+				if _, err := fmt.Fprintf(e.stdout, "run %d by %s (%s), started %s, %s: below %d, %s, archived to %d, %d moved in %s\n",
+					r.RunID, r.StartedBy, r.Instance, r.StartedAt.UTC().Format(timeLayout), state, r.Before, positionsText(r.From, r.Target, "nothing to move"),
 					r.ArchivedTo, r.Moved, countNoun(r.Steps, "step")); err != nil {
 					return err
 				}

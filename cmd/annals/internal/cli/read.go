@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"io"
 	"slices"
@@ -201,7 +202,15 @@ func (w *eventWriter) write(e eventstore.Event) error {
 	}
 	// Cut by display width between characters: cut by bytes, it split
 	// a multi-byte character and printed half of it.
-	data := truncateWidth(textCell(string(e.Data)), eventDataWidth, "...")
+	// Compacted, as --output jsonl writes it: the records annals writes
+	// itself ("$stream.truncated", built by PostgreSQL's json functions)
+	// are stored as `{"stream_id" : "x", ...}`.
+	data := string(e.Data)
+	var compact bytes.Buffer
+	if json.Compact(&compact, e.Data) == nil {
+		data = compact.String()
+	}
+	data = truncateWidth(textCell(data), eventDataWidth, "...")
 	return w.row(strconv.FormatInt(e.GlobalSequence, 10), textCell(e.StreamID), strconv.FormatInt(e.StreamVersion, 10),
 		textCell(e.Type), e.RecordedAt.UTC().Format(eventTimeLayout), data)
 }

@@ -37,7 +37,9 @@ the last N.
 The role needs 'annals grant operator'. --output text prints a line per batch; jsonl an
 object per batch; json the final state: {"run_id", "started_by", "started_at", "now",
 "from_position", "target_position", "scanned_to", "removed", "steps", "done"}, with the
-lines per batch on stderr. An interrupted run (Ctrl-C, SIGTERM) exits 1 and says how far
+lines per batch on stderr. "from_position" is exclusive: the run covers the positions
+above it up to "target_position" (text shows them as "positions FROM+1..TARGET"), and
+none when the two are equal. An interrupted run (Ctrl-C, SIGTERM) exits 1 and says how far
 it got (json: its state, "done": false); the next 'annals scavenge' continues it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -104,9 +106,9 @@ it got (json: its state, "done": false); the next 'annals scavenge' continues it
 					if r.FinishedAt != nil {
 						state = "finished " + r.FinishedAt.UTC().Format(timeLayout)
 					}
-					if _, err := fmt.Fprintf(e.stdout, "run %d by %s (%s), started %s, clock %s, %s: positions %d..%d, scanned to %d, %d removed in %s\n",
+					if _, err := fmt.Fprintf(e.stdout, "run %d by %s (%s), started %s, clock %s, %s: %s, scanned to %d, %d removed in %s\n",
 						r.RunID, r.StartedBy, r.Instance, r.StartedAt.UTC().Format(timeLayout), r.Now.UTC().Format(timeLayout), state,
-						r.From+1, r.Target, r.ScannedTo, r.Removed, countNoun(r.Steps, "step")); err != nil {
+						positionsText(r.From, r.Target, "nothing to scan"), r.ScannedTo, r.Removed, countNoun(r.Steps, "step")); err != nil {
 						return err
 					}
 				}
@@ -138,7 +140,11 @@ it got (json: its state, "done": false); the next 'annals scavenge' continues it
 				return writeJSON(e.stdout, p)
 			}
 			if *format == outputText {
-				_, err = fmt.Fprintf(e.stdout, "run %d done: %s removed from positions %d..%d\n", p.RunID, countNoun(p.Removed, "event"), p.From+1, p.Target)
+				if p.Target <= p.From {
+					_, err = fmt.Fprintf(e.stdout, "run %d done: nothing to scan (no positions above %d)\n", p.RunID, p.From)
+				} else {
+					_, err = fmt.Fprintf(e.stdout, "run %d done: %s removed from positions %d..%d\n", p.RunID, countNoun(p.Removed, "event"), p.From+1, p.Target)
+				}
 			}
 			return err
 		},
@@ -148,4 +154,14 @@ it got (json: its state, "done": false); the next 'annals scavenge' continues it
 	cmd.Flags().IntVar(&list, "list", 0, "show the last N recorded runs instead of running")
 	format = addOutputFlag(cmd, false, outputText, outputJSON, outputJSONL)
 	return cmd
+}
+
+// positionsText names the positions of a run whose from position is
+// exclusive (scavenge_runs, archive_runs): "positions FROM+1..TARGET", or
+// none when there are none (they were printed as "positions 15..14").
+func positionsText(from, target int64, none string) string {
+	if target <= from {
+		return none
+	}
+	return fmt.Sprintf("positions %d..%d", from+1, target)
 }
