@@ -36,40 +36,71 @@ func (e *env) statusCommand() *cobra.Command {
 		Short: "Show each subscriber's checkpoint, lag and leader, and the runner instances",
 		Long: `For each subscriber partition: its checkpoint position, the head of the log, the lag
 in events and in seconds, the leading instance and the fencing epoch; then every runner
-instance, its heartbeat, whether it is live, and what it leads.
+instance, its heartbeat, its state, and what it leads.
 
 Lag in events is the number of events after the checkpoint, counted exactly up to 10000;
 beyond that it is head - position, shown as ~N (an upper bound: rolled-back appends
 leave holes in the positions). Lag in seconds is the age of the oldest event after the
-checkpoint, 0 when caught up. An instance is stale when its last heartbeat is older
-than --stale-after (live runners delete rows older than their InstanceExpiry,
-by default 10 heartbeats); the leader of a partition is a live instance that lists it among
-those it leads, else the checkpoint's last owner is shown with "(no live leader)". The
-partition's advisory lock, read live, has the last word: an instance whose heartbeat is
-fresh but whose lock is free (killed a moment ago) is shown as "(none: X's lock is free)",
-and a session that holds the lock without an instance listing it (a rebuild, a relay,
-'annals tail --subscriber') as "(lock held by backend PID)". A generation of a blue/green
+checkpoint, 0 when caught up. All ages use the database server's clock.
+
+Who leads a partition (the LEADER column, and "leader" in JSON, which always agree):
+the partition's advisory lock, read live from pg_locks, has the last word, since a
+leader holds it for as long as it leads. When the lock is free, nobody leads: the
+column says "(none: X's lock is free)" when a live instance X still lists the partition
+(X was killed a moment ago: its heartbeat is fresh, its lock gone), else the
+checkpoint's last owner with "(no live leader)". When the lock is held, the leader is
+the live instance that lists the partition in its heartbeat (with "(at epoch N)" when
+it leads at an epoch other than the checkpoint's, as after 'annals checkpoint set'),
+unless the checkpoint was claimed since by another instance (a leader claims the
+checkpoint after taking the lock, before its next heartbeat lists the partition): then
+that owner leads, shown with "(lock held by backend PID)", as is the owner when no live
+instance lists the partition (a hung process whose heartbeat is stale but whose session
+still holds the lock, a rebuild, a relay, 'annals tail --subscriber'). A lock held with
+no owner to name shows as "(lock held by backend PID)". A generation of a blue/green
 read model is named as such, with its state (building, live, retired); a retired one is
-not run, so it gets no STOPPED line or dead-letter advice. All ages use the database
-server's clock.
+not run, so it gets no STOPPED line or dead-letter advice.
+
+An instance's STATE is
+  live   its last heartbeat is within --stale-after, and it holds (by the rule above)
+         at least one of the partitions it lists, or lists none;
+  lost   its heartbeat is fresh, but it holds none of the partitions it lists: each
+         one's lock is free or another instance leads it (killed a moment ago, or its
+         database session dropped); its row stays until it ages out;
+  stale  its last heartbeat is older than --stale-after (a stopped or hung process,
+         which may still hold locks: LEADS shows those it does).
+Live runners delete rows older than their InstanceExpiry (by default 10 heartbeats).
+LEADS lists the partitions the instance lists and leads by the rule above, then
+"(listed, not held: ...)" for those it lists but does not lead, so no partition is
+shown as led by two instances.
 
 --output json writes one object:
   {"schema", "head", "checked_at", "stale_after_seconds",
    "subscribers": [{"subscriber", "partition", "position", "head", "lag_events",
                     "lag_events_exact", "lag_seconds", "epoch", "owner", "leader",
-                    "leader_epoch", "updated_at", "stopped_reason", "stopped_at",
-                    "dead_letters", "lock_held", "lock_pid",
+                    "leader_epoch", "heartbeat_leader", "heartbeat_leader_epoch",
+                    "updated_at", "stopped_reason", "stopped_at", "dead_letters",
+                    "lock_held", "lock_pid",
                     "generation": {"read_model", "generation", "state"}}],
    "instances":   [{"instance_id", "host", "pid", "started_at", "last_heartbeat",
-                    "heartbeat_age_seconds", "live", "leads"}],
+                    "heartbeat_age_seconds", "live", "state", "leads",
+                    "leading": [{"subscriber", "partition", "epoch", "led_by"}],
+                    "not_leading": [...the same]}],
    "replication_slots": [{"slot", "database", "active", "active_pid",
                     "confirmed_flush_lsn", "retained_bytes", "wal_status"}]}
-owner, leader and leader_epoch are null when unknown; stopped_reason and stopped_at are
-null unless the Stop policy halted the partition; dead_letters counts its unresolved (open
-or released) dead letters; lock_pid is null when the lock is free; generation is null
-unless the subscriber is a blue/green generation (and for a role that may not read
-read_model_generations); leads is the instance's list of {"subscriber", "partition",
-"epoch"} as stored; the arrays are [] when empty.
+leader and leader_epoch are the LEADER column (null: nobody leads, or a session holds
+the lock that no instance or owner names); owner is the checkpoint's owner, the
+instance that claimed its epoch (null after an operator's set); heartbeat_leader and
+heartbeat_leader_epoch are the raw heartbeat fact: the live instance listing the
+partition, whether or not it holds the lock (null: none). stopped_reason and stopped_at
+are null unless the Stop policy halted the partition; dead_letters counts its unresolved
+(open or released) dead letters; lock_pid is the backend pid holding the lock (null:
+free); generation is null unless the subscriber is a blue/green generation (and for a
+role that may not read read_model_generations). An instance's state is the STATE column
+(live, lost, stale) and live is state = "live"; leads is its list of {"subscriber",
+"partition", "epoch"} as stored; leading and not_leading split it as LEADS does, led_by
+being the partition's leader (null: nobody; a lead of a partition with no checkpoint
+counts as leading), and are null when leads is not such a list; the arrays are [] when
+empty.
 
 Replication slots (package walsource: a runner or relay woken from the WAL) are listed
 when there are any: an inactive slot retains WAL until its consumer returns or it is
@@ -144,10 +175,19 @@ type SubscriberStatus struct {
 	Epoch int64 `json:"epoch"`
 	// Owner is the instance that claimed Epoch (null after an operator's set).
 	Owner *string `json:"owner"`
-	// Leader is the live instance leading the partition (null: none).
+	// Leader is the instance leading the partition, as the LEADER column
+	// of the table says: the lock, read live, has the last word (null:
+	// its lock is free, or held by a session nothing names). See
+	// resolveLeaders.
 	Leader *string `json:"leader"`
-	// LeaderEpoch is the epoch the leader claims to lead at (null: unknown).
+	// LeaderEpoch is the epoch the leader leads at (null: unknown).
 	LeaderEpoch *int64 `json:"leader_epoch"`
+	// HeartbeatLeader is the live instance whose heartbeat lists the
+	// partition, preferring one at the checkpoint's epoch, whether or not
+	// it holds the lock (null: none); HeartbeatLeaderEpoch is the epoch it
+	// lists.
+	HeartbeatLeader      *string `json:"heartbeat_leader"`
+	HeartbeatLeaderEpoch *int64  `json:"heartbeat_leader_epoch"`
 	// UpdatedAt is when the checkpoint row last changed.
 	UpdatedAt time.Time `json:"updated_at"`
 	// StoppedReason is why the partition is halted by the Stop policy (null:
@@ -185,11 +225,31 @@ type InstanceStatus struct {
 	StartedAt           time.Time `json:"started_at"`
 	LastHeartbeat       time.Time `json:"last_heartbeat"`
 	HeartbeatAgeSeconds float64   `json:"heartbeat_age_seconds"`
-	// Live is false when the last heartbeat is older than --stale-after.
+	// Live is State == "live".
 	Live bool `json:"live"`
+	// State is the STATE column: live, lost (a fresh heartbeat, but none
+	// of the partitions it lists is led by it: see resolveInstances) or
+	// stale (the last heartbeat is older than --stale-after).
+	State string `json:"state"`
 	// Leads is the instance's leads column as stored: the subscriber
 	// partitions it leads, [{"subscriber", "partition", "epoch"}].
 	Leads json.RawMessage `json:"leads"`
+	// Leading are the Leads whose partition the instance leads by the
+	// live lock (as SubscriberStatus.Leader says), NotLeading the others;
+	// both are null when Leads is not such a list.
+	Leading    []LeadStatus `json:"leading"`
+	NotLeading []LeadStatus `json:"not_leading"`
+}
+
+// LeadStatus is one element of an instance's leads in InstanceStatus.
+type LeadStatus struct {
+	Subscriber string `json:"subscriber"`
+	Partition  int    `json:"partition"`
+	// Epoch is the epoch the instance lists (null: not a number).
+	Epoch *int64 `json:"epoch"`
+	// LedBy is the partition's leader (null: nobody, or a session nothing
+	// names); the instance itself for a partition with no checkpoint.
+	LedBy *string `json:"led_by"`
 }
 
 // readLocksAndGenerations fills in the subscribers' lock holders and
@@ -266,7 +326,7 @@ func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, sc
 		var s SubscriberStatus
 		var counted int64
 		_, err = pgx.ForEachRow(rows, []any{&s.Subscriber, &s.Partition, &s.Position, &s.Epoch, &s.Owner, &s.UpdatedAt,
-			&counted, &s.LagSeconds, &s.Leader, &s.LeaderEpoch, &s.StoppedReason, &s.StoppedAt, &s.DeadLetters}, func() error {
+			&counted, &s.LagSeconds, &s.HeartbeatLeader, &s.HeartbeatLeaderEpoch, &s.StoppedReason, &s.StoppedAt, &s.DeadLetters}, func() error {
 			s.Head = st.Head
 			s.LagEvents, s.LagEventsExact = counted, true
 			if counted > lagCountLimit {
@@ -283,6 +343,7 @@ func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, sc
 		if err := readLocksAndGenerations(ctx, tx, q, schema, st.Subscribers); err != nil {
 			return err
 		}
+		resolveLeaders(st.Subscribers)
 		rows, err = tx.Query(ctx, q["Instances"], stale)
 		if err != nil {
 			return errors.Wrap(err, "status: read the instances")
@@ -294,11 +355,13 @@ func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, sc
 			in.Leads = json.RawMessage(append([]byte(nil), leads...))
 			in.StartedAt, in.LastHeartbeat = in.StartedAt.UTC(), in.LastHeartbeat.UTC()
 			st.Instances = append(st.Instances, in)
+			in = InstanceStatus{}
 			return nil
 		})
 		if err != nil {
 			return errors.Wrap(err, "status: read the instances")
 		}
+		resolveInstances(st.Instances, st.Subscribers)
 		slots, err := walsource.Slots(ctx, tx)
 		if err != nil {
 			return errors.Wrap(err, "status: read the replication slots")
@@ -367,13 +430,15 @@ func writeStatusTable(w io.Writer, st *StatusJSON) error {
 		var tbl textTable
 		tbl.add("INSTANCE", "HOST", "PID", "STARTED", "LAST HEARTBEAT", "STATE", "LEADS")
 		for _, in := range st.Instances {
-			state := "live"
-			if !in.Live {
+			state := in.State
+			if state == "" && in.Live {
+				state = "live"
+			} else if state == "" {
 				state = "stale"
 			}
 			tbl.add(textCell(in.InstanceID), textCell(in.Host), strconv.Itoa(in.PID),
 				in.StartedAt.Format(timeLayout), in.LastHeartbeat.Format(timeLayout)+" ("+formatSeconds(in.HeartbeatAgeSeconds)+" ago)",
-				state, textCell(leadsText(in.Leads)))
+				state, textCell(leadsText(in)))
 		}
 		_ = tbl.write(&b)
 	}
@@ -391,50 +456,154 @@ const timeLayout = "2006-01-02 15:04:05Z"
 // retired reports a subscriber that is a retired blue/green generation.
 func retired(s SubscriberStatus) bool { return s.Generation != nil && s.Generation.State == "retired" }
 
-// leaderText is the LEADER column: the live leader, its epoch when it is not
-// the checkpoint's, or the last owner when no live instance leads. A
-// partition's advisory lock says who really leads: an instance whose
-// heartbeat is still fresh but whose lock is free (killed a moment ago)
-// does not, and a session holding the lock leads even when no instance
-// lists the partition (a rebuild, annals tail --subscriber, a relay).
+// resolveLeaders sets each partition's Leader and LeaderEpoch from the
+// facts read: its live lock, its heartbeat leader and its checkpoint's
+// owner. The lock has the last word, since a leader holds it for as long
+// as it leads. Free, nobody leads: a heartbeat may still list the
+// partition (its process killed a moment ago). Held, the heartbeat leader
+// leads unless another instance has claimed the checkpoint since (a
+// leader claims it under the lock, and lists the partition only at its
+// next heartbeat; the heartbeat leader is then one killed a moment ago);
+// with no heartbeat leader, the owner that claimed the checkpoint's epoch
+// holds it (a hung process, a rebuild, a relay).
+func resolveLeaders(subs []SubscriberStatus) {
+	for i := range subs {
+		s := &subs[i]
+		s.Leader, s.LeaderEpoch = nil, nil
+		if !s.LockHeld {
+			continue
+		}
+		hb, owner := s.HeartbeatLeader, s.Owner
+		if owner != nil && *owner == "" {
+			owner = nil
+		}
+		switch {
+		case hb != nil && (owner == nil || *owner == *hb ||
+			(s.HeartbeatLeaderEpoch != nil && *s.HeartbeatLeaderEpoch == s.Epoch)):
+			s.Leader, s.LeaderEpoch = hb, s.HeartbeatLeaderEpoch
+		case owner != nil:
+			epoch := s.Epoch
+			s.Leader, s.LeaderEpoch = owner, &epoch
+		}
+	}
+}
+
+// resolveInstances sets each instance's Leading, NotLeading, State and
+// Live: a lead it lists counts as leading when the partition's Leader (see
+// resolveLeaders) is the instance, or when the partition has no checkpoint
+// (nothing to say otherwise). An instance with a fresh heartbeat that lists
+// partitions but leads none of them is lost (killed a moment ago, or its
+// session dropped: its locks are free or taken over).
+func resolveInstances(ins []InstanceStatus, subs []SubscriberStatus) {
+	type key struct {
+		sub  string
+		part int
+	}
+	leaders := make(map[key]*string, len(subs))
+	for _, s := range subs {
+		leaders[key{s.Subscriber, s.Partition}] = s.Leader
+	}
+	for i := range ins {
+		in := &ins[i]
+		fresh := in.Live
+		in.State = "stale"
+		if fresh {
+			in.State = "live"
+		}
+		var leads []struct {
+			Subscriber string          `json:"subscriber"`
+			Partition  int             `json:"partition"`
+			Epoch      json.RawMessage `json:"epoch"`
+		}
+		if err := json.Unmarshal(in.Leads, &leads); err != nil || leads == nil {
+			in.Leading, in.NotLeading = nil, nil
+			continue
+		}
+		in.Leading, in.NotLeading = []LeadStatus{}, []LeadStatus{}
+		for _, l := range leads {
+			ls := LeadStatus{Subscriber: l.Subscriber, Partition: l.Partition}
+			var epoch int64
+			if json.Unmarshal(l.Epoch, &epoch) == nil {
+				ls.Epoch = &epoch
+			}
+			leader, known := leaders[key{l.Subscriber, l.Partition}]
+			if !known {
+				id := in.InstanceID
+				leader = &id
+			}
+			ls.LedBy = leader
+			if leader != nil && *leader == in.InstanceID {
+				in.Leading = append(in.Leading, ls)
+			} else {
+				in.NotLeading = append(in.NotLeading, ls)
+			}
+		}
+		if fresh && len(in.Leading) == 0 && len(in.NotLeading) > 0 {
+			in.State = "lost"
+		}
+		in.Live = in.State == "live"
+	}
+}
+
+// leaderText is the LEADER column: Leader (see resolveLeaders), its epoch
+// when it is not the checkpoint's, and why nobody leads when the lock is
+// free.
 func leaderText(s SubscriberStatus) string {
 	switch {
 	case retired(s) && !s.LockHeld:
 		return "(retired: none)"
-	case !s.LockHeld && s.Leader != nil:
-		return fmt.Sprintf("(none: %s's lock is free)", *s.Leader)
+	case !s.LockHeld && s.HeartbeatLeader != nil:
+		return fmt.Sprintf("(none: %s's lock is free)", *s.HeartbeatLeader)
 	case !s.LockHeld && s.Owner != nil && *s.Owner != "":
 		return *s.Owner + " (no live leader)"
 	case !s.LockHeld:
 		return "(no live leader)"
 	case s.Leader != nil && s.LeaderEpoch != nil && *s.LeaderEpoch != s.Epoch:
 		return fmt.Sprintf("%s (at epoch %d)", *s.Leader, *s.LeaderEpoch)
+	case s.Leader != nil && s.HeartbeatLeader != nil && *s.HeartbeatLeader == *s.Leader:
+		return *s.Leader
+	case s.Leader != nil && s.LockPID != nil:
+		return fmt.Sprintf("%s (lock held by backend %d)", *s.Leader, *s.LockPID)
 	case s.Leader != nil:
 		return *s.Leader
-	case s.Owner != nil && *s.Owner != "":
-		return fmt.Sprintf("%s (lock held by backend %d)", *s.Owner, *s.LockPID)
+	case s.LockPID != nil:
+		return fmt.Sprintf("(lock held by backend %d)", *s.LockPID)
 	}
-	return fmt.Sprintf("(lock held by backend %d)", *s.LockPID)
+	return "(lock held)"
 }
 
-// leadsText is the LEADS column: subscriber/partition, comma-separated, or
-// the stored JSON when it is not the expected list.
-func leadsText(raw json.RawMessage) string {
-	var leads []struct {
-		Subscriber string `json:"subscriber"`
-		Partition  int    `json:"partition"`
+// leadsText is the LEADS column: the partitions the instance leads,
+// subscriber/partition, comma-separated, then those it lists but does not
+// lead; or the stored JSON when it is not the expected list.
+func leadsText(in InstanceStatus) string {
+	if in.Leading == nil && in.NotLeading == nil {
+		var leads []struct {
+			Subscriber string `json:"subscriber"`
+			Partition  int    `json:"partition"`
+		}
+		if err := json.Unmarshal(in.Leads, &leads); err != nil {
+			return string(in.Leads)
+		}
+		in.Leading = make([]LeadStatus, len(leads))
+		for i, l := range leads {
+			in.Leading[i] = LeadStatus{Subscriber: l.Subscriber, Partition: l.Partition}
+		}
 	}
-	if err := json.Unmarshal(raw, &leads); err != nil {
-		return string(raw)
+	names := func(ls []LeadStatus) string {
+		parts := make([]string, len(ls))
+		for i, l := range ls {
+			parts[i] = fmt.Sprintf("%s/%d", l.Subscriber, l.Partition)
+		}
+		return strings.Join(parts, ", ")
 	}
-	if len(leads) == 0 {
-		return "-"
+	text := names(in.Leading)
+	if text == "" {
+		text = "-"
 	}
-	parts := make([]string, len(leads))
-	for i, l := range leads {
-		parts[i] = fmt.Sprintf("%s/%d", l.Subscriber, l.Partition)
+	if len(in.NotLeading) > 0 {
+		text += " (listed, not held: " + names(in.NotLeading) + ")"
 	}
-	return strings.Join(parts, ", ")
+	return text
 }
 
 // formatSeconds prints an age rounded to a precision that suits its size.

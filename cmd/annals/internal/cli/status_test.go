@@ -128,8 +128,9 @@ func TestStatus(t *testing.T) {
 		if l := tableLine(t, r.stdout, "inst-live", "host-a", "101"); !strings.Contains(l, " live ") || !strings.HasSuffix(l, "projector/0, projector/1") {
 			t.Errorf("inst-live: %q", l)
 		}
-		// The age of the last heartbeat is shown: 5 minutes, plus the test's time.
-		if l := tableLine(t, r.stdout, "inst-stale", "host-b", "202"); !strings.Contains(l, " stale ") || !strings.HasSuffix(l, "mailer/0") ||
+		// The age of the last heartbeat is shown: 5 minutes, plus the test's
+		// time. It lists mailer/0, whose lock is free: it does not lead it.
+		if l := tableLine(t, r.stdout, "inst-stale", "host-b", "202"); !strings.Contains(l, " stale ") || !strings.HasSuffix(l, " - (listed, not held: mailer/0)") ||
 			!regexp.MustCompile(` \(5m[0-9]+s ago\) `).MatchString(l) {
 			t.Errorf("inst-stale: %q", l)
 		}
@@ -177,15 +178,27 @@ func TestStatus(t *testing.T) {
 	})
 
 	t.Run("StaleAfter", func(t *testing.T) {
+		// inst-stale's heartbeat is then fresh, but mailer/0's lock is
+		// free: it leads nothing, and is lost.
 		st := statusJSON(t, db.URL, "--stale-after", "10m")
-		if m := st.Subscribers[0]; m.Leader == nil || *m.Leader != "inst-stale" || !st.Instances[1].Live || st.StaleAfterSeconds != 600 {
+		if m := st.Subscribers[0]; m.HeartbeatLeader == nil || *m.HeartbeatLeader != "inst-stale" || m.Leader != nil ||
+			st.Instances[1].Live || st.Instances[1].State != "lost" || st.StaleAfterSeconds != 600 {
 			t.Errorf("--stale-after 10m: mailer %+v, instance %+v", m, st.Instances[1])
 		}
-		// Nobody is live when the threshold is shorter than any heartbeat's age.
+		// Nobody is live when the threshold is shorter than any heartbeat's
+		// age; the locks still say who leads: the checkpoints' owner.
 		st = statusJSON(t, db.URL, "--stale-after", "1ns")
 		for _, s := range st.Subscribers {
-			if s.Leader != nil {
-				t.Errorf("--stale-after 1ns: %s/%d led by %s", s.Subscriber, s.Partition, *s.Leader)
+			if s.HeartbeatLeader != nil {
+				t.Errorf("--stale-after 1ns: %s/%d has heartbeat leader %s", s.Subscriber, s.Partition, *s.HeartbeatLeader)
+			}
+			if want := s.Subscriber == "projector"; (s.Leader != nil && *s.Leader == "inst-live") != want {
+				t.Errorf("--stale-after 1ns: %s/%d led by %v", s.Subscriber, s.Partition, s.Leader)
+			}
+		}
+		for _, in := range st.Instances {
+			if in.Live || in.State != "stale" {
+				t.Errorf("--stale-after 1ns: instance %+v", in)
 			}
 		}
 	})
@@ -546,7 +559,7 @@ func TestStatusHelpListsJSONKeys(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("status --help: %+v", r)
 	}
-	for _, v := range []any{StatusJSON{}, SubscriberStatus{}, GenerationStatus{}, InstanceStatus{}, walsource.SlotStatus{}} {
+	for _, v := range []any{StatusJSON{}, SubscriberStatus{}, GenerationStatus{}, InstanceStatus{}, LeadStatus{}, walsource.SlotStatus{}} {
 		typ := reflect.TypeOf(v)
 		for i := range typ.NumField() {
 			key, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
