@@ -45,11 +45,19 @@ func (e *env) checkpointGetCommand() *cobra.Command {
 	var format *string
 	cmd := &cobra.Command{
 		Use:   "get SUBSCRIBER",
-		Short: "Print a subscriber partition's checkpoint position and epoch",
-		Long: `Print the checkpoint of SUBSCRIBER (partition --partition): its position, fencing
-epoch, owner and when it last changed. An unknown subscriber exits 3 (not found).
+		Short: "Print a subscriber's checkpoints (every partition's, or one's) with position and epoch",
+		Long: `Print the checkpoints of SUBSCRIBER, one line per partition (a partitioned subscriber
+has one per partition; an unpartitioned one only partition 0), or with --partition N
+only that partition's: its position, fencing epoch, owner and when it last changed. An
+unknown subscriber (or, with --partition, partition) exits 3 (not found).
+
 --output json writes one object: {"subscriber", "partition", "position", "epoch",
-"owner", "updated_at"}; owner is null when none.`,
+"owner", "updated_at", "partitions"}: the first fields are the checkpoint of
+--partition, or without it of the lowest partition (0); without --partition,
+"partitions" lists every partition's checkpoint, ordered by partition, each an object
+of the same first six fields (with --partition it is absent). owner is null when none.`,
+		Example: `  annals checkpoint get ticks                 # every partition of ticks
+  annals checkpoint get ticks --partition 3   # only ticks/3`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sub := args[0]
@@ -65,31 +73,56 @@ epoch, owner and when it last changed. An unknown subscriber exits 3 (not found)
 				return err
 			}
 			defer pool.Close()
-			c, err := store.Load(cmd.Context(), pool, sub, partition)
-			if errors.Is(err, checkpoint.ErrNotFound) {
-				return unknownSubscriber(sub, partition)
-			}
-			if err != nil {
-				return err
+			one := cmd.Flags().Changed("partition")
+			var cps []checkpoint.Checkpoint
+			if one {
+				c, err := store.Load(cmd.Context(), pool, sub, partition)
+				if errors.Is(err, checkpoint.ErrNotFound) {
+					return unknownSubscriber(sub, partition)
+				}
+				if err != nil {
+					return err
+				}
+				c.Subscriber, c.Partition = sub, partition
+				cps = append(cps, c)
+			} else {
+				all, err := store.List(cmd.Context(), pool)
+				if err != nil {
+					return err
+				}
+				for _, c := range all {
+					if c.Subscriber == sub {
+						cps = append(cps, c)
+					}
+				}
+				if len(cps) == 0 {
+					return notFoundf("unknown subscriber %s: it has no checkpoint (see 'annals status')", sub)
+				}
 			}
 			if *format == outputJSON {
-				out := CheckpointJSON{Subscriber: sub, Partition: partition, Position: c.Position,
-					Epoch: c.Epoch, UpdatedAt: c.UpdatedAt.UTC()}
-				if c.Owner != "" {
-					out.Owner = &c.Owner
+				out := checkpointJSON(cps[0])
+				if !one {
+					out.Partitions = make([]CheckpointJSON, len(cps))
+					for i, c := range cps {
+						out.Partitions[i] = checkpointJSON(c)
+					}
 				}
 				return writeJSON(e.stdout, out)
 			}
-			owner := c.Owner
-			if owner == "" {
-				owner = "none"
+			var b strings.Builder
+			for _, c := range cps {
+				owner := c.Owner
+				if owner == "" {
+					owner = "none"
+				}
+				fmt.Fprintf(&b, "%s/%d: position %d, epoch %d (owner %s, updated %s)\n",
+					sub, c.Partition, c.Position, c.Epoch, owner, c.UpdatedAt.UTC().Format(timeLayout))
 			}
-			_, err = fmt.Fprintf(e.stdout, "%s/%d: position %d, epoch %d (owner %s, updated %s)\n",
-				sub, partition, c.Position, c.Epoch, owner, c.UpdatedAt.UTC().Format(timeLayout))
+			_, err = io.WriteString(e.stdout, b.String())
 			return err
 		},
 	}
-	cmd.Flags().IntVar(&partition, "partition", 0, "partition number (0 for an unpartitioned subscriber)")
+	cmd.Flags().IntVar(&partition, "partition", 0, "only this partition (default: every partition)")
 	format = addOutputFlag(cmd, false, outputText, outputJSON)
 	return cmd
 }
@@ -103,6 +136,20 @@ type CheckpointJSON struct {
 	// Owner is the instance that claimed Epoch (null after an operator's set).
 	Owner     *string   `json:"owner"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Partitions is every partition's checkpoint, ordered by partition,
+	// when no --partition was given (absent otherwise, and in its elements).
+	Partitions []CheckpointJSON `json:"partitions,omitempty"`
+}
+
+// checkpointJSON is c as CheckpointJSON (without Partitions).
+func checkpointJSON(c checkpoint.Checkpoint) CheckpointJSON {
+	out := CheckpointJSON{Subscriber: c.Subscriber, Partition: c.Partition, Position: c.Position,
+		Epoch: c.Epoch, UpdatedAt: c.UpdatedAt.UTC()}
+	if c.Owner != "" {
+		owner := c.Owner
+		out.Owner = &owner
+	}
+	return out
 }
 
 func (e *env) checkpointSetCommand() *cobra.Command {

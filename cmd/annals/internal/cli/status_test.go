@@ -379,8 +379,27 @@ func TestCheckpointCommand(t *testing.T) {
 	}
 
 	t.Run("Get", func(t *testing.T) {
-		if r := annals(t, db.URL, "checkpoint", "get", "orders"); r.code != 0 || !strings.HasPrefix(r.stdout, "orders/0: position 1, epoch 3 (owner inst-1, updated ") {
+		// Without --partition, every partition: orders has 0 and 2 (it
+		// printed only orders/0).
+		if r := annals(t, db.URL, "checkpoint", "get", "orders"); r.code != 0 || strings.Count(r.stdout, "\n") != 2 ||
+			!strings.HasPrefix(r.stdout, "orders/0: position 1, epoch 3 (owner inst-1, updated ") ||
+			!strings.Contains(r.stdout, "\norders/2: position 2, epoch 1 (owner inst-2, updated ") {
 			t.Errorf("get orders: %+v", r)
+		}
+		if r := annals(t, db.URL, "checkpoint", "get", "orders", "--partition", "0"); r.code != 0 || strings.Count(r.stdout, "\n") != 1 ||
+			!strings.HasPrefix(r.stdout, "orders/0: position 1, epoch 3 ") {
+			t.Errorf("get orders --partition 0: %+v", r)
+		}
+		r := annals(t, db.URL, "checkpoint", "get", "orders", "--output", "json")
+		var all CheckpointJSON
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &all) != nil || all.Partition != 0 || all.Position != 1 ||
+			len(all.Partitions) != 2 || all.Partitions[1].Partition != 2 || all.Partitions[1].Position != 2 || all.Partitions[1].Epoch != 1 ||
+			all.Partitions[1].Owner == nil || *all.Partitions[1].Owner != "inst-2" || all.Partitions[1].Subscriber != "orders" {
+			t.Errorf("get orders --output json: %+v", r)
+		}
+		r = annals(t, db.URL, "checkpoint", "get", "orders", "--partition", "2", "--output", "json")
+		if r.code != 0 || strings.Contains(r.stdout, `"partitions"`) || !strings.Contains(r.stdout, `"partition": 2,`) {
+			t.Errorf("get orders --partition 2 --output json: %+v", r)
 		}
 		if r := annals(t, db.URL, "checkpoint", "get", "orders", "--partition", "2"); r.code != 0 || !strings.HasPrefix(r.stdout, "orders/2: position 2, epoch 1 ") {
 			t.Errorf("get orders --partition 2: %+v", r)
