@@ -229,7 +229,10 @@
 // SetStreamRetention sets a stream's maximum age and count and raises its
 // truncate-before version; stream reads honour them at once (by
 // Config.Clock), and a "$stream.truncated" event (StreamTruncatedType) in
-// MetadataStream(stream) records each change. Until the scavenger (package
+// MetadataStream(stream) records each change. A truncate-before below the
+// stream's is refused (an *InvalidEventError for "truncate_before"), and a
+// call that changes nothing records nothing (RetentionResult.Unchanged;
+// migration 0040). Until the scavenger (package
 // scavenge) removes them, hidden and deleted events stay in the log and
 // ReadAll and subscriptions see them. Types starting with
 // ReservedTypePrefix cannot be appended; RegisterLifecycleEvents registers

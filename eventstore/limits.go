@@ -55,15 +55,21 @@ type InvalidEventError struct {
 	// version).
 	Event int
 	// Field names what is at fault: "stream_id", "expected_version",
-	// "type", "data", "metadata", or "data+metadata" for the size of an event.
+	// "type", "data", "metadata", or "data+metadata" for the size of an
+	// event; for SetStreamRetention, "retention", "max_age" or
+	// "truncate_before".
 	Field string
 	// Reason says what is wrong with Field, e.g. "is 3000 bytes; the
 	// limit is 512" or "the subject ID customer_id of its personal data is
 	// missing or empty". Error() writes it after the field and a colon.
 	Reason string
-	// Limit is the size limit in bytes that was exceeded, or 0.
+	// Limit is the limit that was exceeded, or 0: a size in bytes for an
+	// event's fields; for SetStreamRetention, the largest max_age in
+	// seconds ("max_age") or the stream's current truncate-before version,
+	// which the one asked for is below ("truncate_before").
 	Limit int
-	// Actual is the offending size in bytes when Limit is set, or 0.
+	// Actual is the offending value in the same unit when Limit is set, or
+	// 0.
 	Actual int
 
 	sqlMessage bool // Reason is the SQL function's whole message
