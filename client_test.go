@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -314,18 +315,26 @@ func TestClient(t *testing.T) {
 		}
 	})
 
-	// A bad cron task fails Start, and nothing runs.
-	t.Run("StartFails", func(t *testing.T) {
+	// A bad cron task is refused when it is added, not when the client
+	// starts, and registers nothing: Start then succeeds.
+	t.Run("BadTask", func(t *testing.T) {
 		t.Parallel()
 		b := setupClient(t)
-		if err := annals.AddTask(b.client, scheduler.Task{Name: "cl.bad", Spec: "not cron", StreamID: "x"}); err != nil {
-			t.Fatal(err)
+		for _, bad := range []scheduler.Task{
+			{Name: "cl.bad", Spec: "not cron", StreamID: "x"},
+			{Name: "cl.bad", Spec: "@daily", StreamID: "x", TimeZone: "Nowhere/Atlantis"},
+			{Name: "cl.bad", Spec: "@daily"},
+			{Spec: "@daily", StreamID: "x"},
+		} {
+			if err := annals.AddTask(b.client, bad); !errors.Is(err, scheduler.ErrInvalidTask) {
+				t.Fatalf("AddTask(%+v) = %v, want ErrInvalidTask", bad, err)
+			}
 		}
-		if err := b.client.Start(t.Context()); err == nil {
-			t.Fatal("Start with a bad cron spec succeeded")
+		if err := b.client.Start(t.Context()); err != nil {
+			t.Fatalf("Start after refused tasks: %v", err)
 		}
 		if err := b.client.Stop(t.Context()); err != nil {
-			t.Fatalf("Stop after a failed Start = %v", err)
+			t.Fatalf("Stop = %v", err)
 		}
 	})
 }

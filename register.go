@@ -82,14 +82,16 @@ func AddSaga[S any](c *Client, s saga.Saga[S], opts *SagaOptions) error {
 // AddTask registers a cron task: Start stores its definition (as
 // scheduler.AddTask does, which every process may do) and the dispatcher
 // appends its event at every tick, exactly once cluster-wide. The task is
-// checked when Start stores it; a second task of the same name here is an
-// error.
+// checked here (scheduler.Task.Check: name, stream ID, cron expression,
+// time zone, missed-tick policy; the error matches
+// scheduler.ErrInvalidTask) and registers nothing when it is refused; a
+// second task of the same name here is an error.
 func AddTask(c *Client, t scheduler.Task) error {
 	if c == nil {
 		return errNilClient("AddTask")
 	}
-	if t.Name == "" {
-		return errors.Wrap(scheduler.ErrInvalidTask, "annals: AddTask: task name is empty")
+	if err := t.Check(); err != nil {
+		return errors.Wrap(err, "annals: AddTask")
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -325,6 +325,37 @@ func nextAfter(sched cron.Schedule, after, now time.Time) time.Time {
 	return sched.Next(now)
 }
 
+// Check reports what AddTask would refuse in t without storing anything: an
+// empty name or stream ID, an unknown missed-tick policy, a cron expression
+// that does not parse or never fires (from now on), an unknown or "Local"
+// time zone. Its error matches ErrInvalidTask. annals.AddTask calls it, so
+// that a mistake shows when the task is added, not when the client starts.
+func (t Task) Check() error {
+	_, err := t.check(time.Now())
+	return err
+}
+
+// check is Check at now; it returns the task's time zone.
+func (t Task) check(now time.Time) (zone string, err error) {
+	if t.Name == "" {
+		return "", errors.Wrap(ErrInvalidTask, "task name is empty")
+	}
+	if t.StreamID == "" {
+		return "", errors.Wrapf(ErrInvalidTask, "task %q has an empty stream ID", t.Name)
+	}
+	if t.Missed != FireLatest && t.Missed != SkipMissed {
+		return "", errors.Wrapf(ErrInvalidTask, "task %q has an unknown missed-tick policy %d", t.Name, int(t.Missed))
+	}
+	sched, zone, err := parseSpec(t.Spec, t.TimeZone)
+	if err != nil {
+		return "", errors.Wrapf(err, "task %q", t.Name)
+	}
+	if sched.Next(now).IsZero() {
+		return "", errors.Wrapf(ErrInvalidTask, "task %q: cron expression %q never fires", t.Name, t.Spec)
+	}
+	return zone, nil
+}
+
 // AddTask stores (or updates) the task's definition in cron_tasks and
 // registers its Event factory in this process: a process's dispatcher fires
 // only the tasks registered in it. Adding the same definition again (as
@@ -333,22 +364,10 @@ func nextAfter(sched cron.Schedule, after, now time.Time) time.Time {
 // task never fires ticks from before its creation. A paused task stays
 // paused.
 func (s *Scheduler) AddTask(ctx context.Context, t Task) error {
-	if t.Name == "" {
-		return errors.Wrap(ErrInvalidTask, "task name is empty")
-	}
-	if t.StreamID == "" {
-		return errors.Wrapf(ErrInvalidTask, "task %q has an empty stream ID", t.Name)
-	}
-	if t.Missed != FireLatest && t.Missed != SkipMissed {
-		return errors.Wrapf(ErrInvalidTask, "task %q has an unknown missed-tick policy %d", t.Name, int(t.Missed))
-	}
-	sched, zone, err := parseSpec(t.Spec, t.TimeZone)
-	if err != nil {
-		return errors.Wrapf(err, "task %q", t.Name)
-	}
 	now := s.cfg.Clock.Now()
-	if sched.Next(now).IsZero() {
-		return errors.Wrapf(ErrInvalidTask, "task %q: cron expression %q never fires", t.Name, t.Spec)
+	zone, err := t.check(now)
+	if err != nil {
+		return err
 	}
 	factory := t.Event
 	if factory == nil {
