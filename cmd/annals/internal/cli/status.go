@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/internal/leadership"
 	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/walsource"
 )
@@ -458,32 +459,21 @@ func retired(s SubscriberStatus) bool { return s.Generation != nil && s.Generati
 
 // resolveLeaders sets each partition's Leader and LeaderEpoch from the
 // facts read: its live lock, its heartbeat leader and its checkpoint's
-// owner. The lock has the last word, since a leader holds it for as long
-// as it leads. Free, nobody leads: a heartbeat may still list the
-// partition (its process killed a moment ago). Held, the heartbeat leader
-// leads unless another instance has claimed the checkpoint since (a
-// leader claims it under the lock, and lists the partition only at its
-// next heartbeat; the heartbeat leader is then one killed a moment ago);
-// with no heartbeat leader, the owner that claimed the checkpoint's epoch
-// holds it (a hung process, a rebuild, a relay).
+// owner, by the rule of package leadership (the lock has the last word),
+// which the console and the projections command tree apply too.
 func resolveLeaders(subs []SubscriberStatus) {
 	for i := range subs {
 		s := &subs[i]
+		f := leadership.Facts{Epoch: s.Epoch, LockHeld: s.LockHeld, HeartbeatEpoch: s.HeartbeatLeaderEpoch}
+		if s.Owner != nil {
+			f.Owner = *s.Owner
+		}
+		if s.HeartbeatLeader != nil {
+			f.HeartbeatLeader = *s.HeartbeatLeader
+		}
 		s.Leader, s.LeaderEpoch = nil, nil
-		if !s.LockHeld {
-			continue
-		}
-		hb, owner := s.HeartbeatLeader, s.Owner
-		if owner != nil && *owner == "" {
-			owner = nil
-		}
-		switch {
-		case hb != nil && (owner == nil || *owner == *hb ||
-			(s.HeartbeatLeaderEpoch != nil && *s.HeartbeatLeaderEpoch == s.Epoch)):
-			s.Leader, s.LeaderEpoch = hb, s.HeartbeatLeaderEpoch
-		case owner != nil:
-			epoch := s.Epoch
-			s.Leader, s.LeaderEpoch = owner, &epoch
+		if leader, epoch := leadership.Leader(f); leader != "" {
+			s.Leader, s.LeaderEpoch = &leader, epoch
 		}
 	}
 }
@@ -506,10 +496,7 @@ func resolveInstances(ins []InstanceStatus, subs []SubscriberStatus) {
 	for i := range ins {
 		in := &ins[i]
 		fresh := in.Live
-		in.State = "stale"
-		if fresh {
-			in.State = "live"
-		}
+		in.State = leadership.State(fresh, 0, 0)
 		var leads []struct {
 			Subscriber string          `json:"subscriber"`
 			Partition  int             `json:"partition"`
@@ -538,10 +525,8 @@ func resolveInstances(ins []InstanceStatus, subs []SubscriberStatus) {
 				in.NotLeading = append(in.NotLeading, ls)
 			}
 		}
-		if fresh && len(in.Leading) == 0 && len(in.NotLeading) > 0 {
-			in.State = "lost"
-		}
-		in.Live = in.State == "live"
+		in.State = leadership.State(fresh, len(in.Leading)+len(in.NotLeading), len(in.Leading))
+		in.Live = in.State == leadership.Live
 	}
 }
 
