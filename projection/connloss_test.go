@@ -7,111 +7,24 @@ package projection_test
 
 import (
 	"context"
-	"encoding/binary"
-	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/projection"
 )
 
-// cutConn is a client connection to PostgreSQL that a test can cut: at
-// once, or right after the next write that carries an Execute message (the
-// statements of a pipelined batch, such as a batch's checkpoint move and
-// COMMIT, go in one write; preparing statements sends no Execute).
-type cutConn struct {
-	net.Conn
-	afterExecute atomic.Bool
-}
-
-func (c *cutConn) Write(b []byte) (int, error) {
-	n, err := c.Conn.Write(b)
-	if err == nil && c.afterExecute.Load() && hasExecute(b) {
-		c.afterExecute.Store(false)
-		_ = c.Conn.Close()
-	}
-	return n, err
-}
-
-// hasExecute reports whether b, whole frontend messages, holds an Execute
-// ('E') message.
-func hasExecute(b []byte) bool {
-	for len(b) >= 5 {
-		n := int(binary.BigEndian.Uint32(b[1:5]))
-		if b[0] == 'E' {
-			return true
-		}
-		if n < 4 || 1+n > len(b) {
-			return false
-		}
-		b = b[1+n:]
-	}
-	return false
-}
-
-// cutPool is a pool whose connections the test can find by their local
-// port (the server's inet_client_port()) and cut.
-type cutPool struct {
-	mu    sync.Mutex
-	conns map[int]*cutConn
-}
-
-func newCutPool(t *testing.T, db *annalstest.DB) (*pgxpool.Pool, *cutPool) {
-	t.Helper()
-	cp := &cutPool{conns: map[int]*cutConn{}}
-	cfg := db.Pool.Config()
-	var d net.Dialer
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		cc := &cutConn{Conn: c}
-		if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
-			cp.mu.Lock()
-			cp.conns[a.Port] = cc
-			cp.mu.Unlock()
-		}
-		return cc, nil
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool, cp
-}
-
-// of returns the connection tx runs on.
-func (cp *cutPool) of(ctx context.Context, t *testing.T, tx pgx.Tx) *cutConn {
-	var port int
-	if err := tx.QueryRow(ctx, `SELECT inet_client_port()`).Scan(&port); err != nil {
-		t.Errorf("the handler's client port: %v", err)
-		return nil
-	}
-	cp.mu.Lock()
-	defer cp.mu.Unlock()
-	c := cp.conns[port]
-	if c == nil {
-		t.Errorf("no connection of the pool on local port %d (not TCP?)", port)
-	}
-	return c
-}
-
 // cutProjection records each application of an event in applied (no key:
 // an event applied twice has two rows) and, on its first call, does what
 // cut says to its connection (cut reports whether it cut at once).
 type cutProjection struct {
 	t     *testing.T
-	cp    *cutPool
-	cut   func(c *cutConn) bool
+	cp    *annalstest.CutPool
+	cut   func(c *annalstest.CutConn) bool
 	calls atomic.Int64
 }
 
@@ -119,24 +32,27 @@ func (p *cutProjection) Name() string { return "cut" }
 
 func (p *cutProjection) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
 	if p.calls.Add(1) == 1 {
-		if c := p.cp.of(ctx, p.t, tx); c != nil {
-			if _, err := tx.Exec(ctx, `INSERT INTO applied (position) VALUES ($1)`, e.GlobalSequence); err != nil {
-				return err
-			}
-			if p.cut(c) {
-				// Cut at once: this statement fails, and the handler returns
-				// its error, as a handler does.
-				_, err := tx.Exec(ctx, `SELECT 1`)
-				return err
-			}
-			return nil
+		c, err := p.cp.Of(ctx, tx)
+		if err != nil {
+			p.t.Error(err)
+			return err
 		}
+		if _, err := tx.Exec(ctx, `INSERT INTO applied (position) VALUES ($1)`, e.GlobalSequence); err != nil {
+			return err
+		}
+		if p.cut(c) {
+			// Cut at once: this statement fails, and the handler returns
+			// its error, as a handler does.
+			_, err := tx.Exec(ctx, `SELECT 1`)
+			return err
+		}
+		return nil
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO applied (position) VALUES ($1)`, e.GlobalSequence)
 	return err
 }
 
-func runCut(t *testing.T, cut func(c *cutConn) bool) (*annalstest.DB, *cutProjection) {
+func runCut(t *testing.T, cut func(c *annalstest.CutConn) bool) (*annalstest.DB, *cutProjection) {
 	t.Helper()
 	ctx := t.Context()
 	db := annalstest.NewDB(t, nil)
@@ -147,9 +63,9 @@ func runCut(t *testing.T, cut func(c *cutConn) bool) (*annalstest.DB, *cutProjec
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, cp := newCutPool(t, db)
+	cp := annalstest.NewCutPool(t, db)
 	p := &cutProjection{t: t, cp: cp, cut: cut}
-	runner, err := projection.NewRunner(pool, &projection.Config{RetryBackoff: 50 * time.Millisecond})
+	runner, err := projection.NewRunner(cp.Pool, &projection.Config{RetryBackoff: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +127,7 @@ func appliedCounts(t *testing.T, db *annalstest.DB) (map[int64]int, int) {
 // cursor and goes on from there).
 func TestCommitAnswerLost(t *testing.T) {
 	t.Parallel()
-	db, p := runCut(t, func(c *cutConn) bool { c.afterExecute.Store(true); return false })
+	db, p := runCut(t, func(c *annalstest.CutConn) bool { c.CutAfter(annalstest.HasExecute); return false })
 	counts, dead := appliedCounts(t, db)
 	if counts[1] != 1 || counts[2] != 1 || dead != 0 {
 		t.Fatalf("applied %v (position: times), %d dead letters, %d handler calls; want each position once and no dead letter",
@@ -225,7 +141,7 @@ func TestCommitAnswerLost(t *testing.T) {
 // the event is applied once when the batch is retried.
 func TestConnectionCutUnderHandler(t *testing.T) {
 	t.Parallel()
-	db, p := runCut(t, func(c *cutConn) bool { _ = c.Conn.Close(); return true })
+	db, p := runCut(t, func(c *annalstest.CutConn) bool { c.CutNow(); return true })
 	counts, dead := appliedCounts(t, db)
 	if counts[1] != 1 || counts[2] != 1 || dead != 0 {
 		t.Fatalf("applied %v (position: times), %d dead letters, %d handler calls; want each position once and no dead letter",

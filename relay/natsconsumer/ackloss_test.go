@@ -9,9 +9,7 @@ package natsconsumer_test
 
 import (
 	"context"
-	"encoding/binary"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,7 +18,6 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 
 	"github.com/annals-dev/annals/annalstest"
@@ -207,92 +204,6 @@ func TestRunProjectionAckFailureAfterTheCommit(t *testing.T) {
 	}
 }
 
-// commitCutConn is a client connection to PostgreSQL that the test arms to
-// be cut right after it sends a COMMIT (pgx sends it as a simple Query):
-// the server commits, and the client gets an error instead of the answer.
-type commitCutConn struct {
-	net.Conn
-	armed atomic.Bool
-	cut   atomic.Bool
-}
-
-func (c *commitCutConn) Write(b []byte) (int, error) {
-	n, err := c.Conn.Write(b)
-	if err == nil && c.armed.Load() && hasCommit(b) {
-		c.armed.Store(false)
-		c.cut.Store(true)
-		_ = c.Conn.Close()
-	}
-	return n, err
-}
-
-// hasCommit reports whether b, whole frontend messages, holds a simple
-// Query ('Q') message "commit".
-func hasCommit(b []byte) bool {
-	for len(b) >= 5 {
-		n := int(binary.BigEndian.Uint32(b[1:5]))
-		if n < 4 || 1+n > len(b) {
-			return false
-		}
-		if b[0] == 'Q' && strings.EqualFold(strings.TrimRight(string(b[5:1+n]), "\x00 ;"), "commit") {
-			return true
-		}
-		b = b[1+n:]
-	}
-	return false
-}
-
-// commitCutPool is a pool on db whose connections the test finds by their
-// local port (the server's inet_client_port()).
-type commitCutPool struct {
-	*pgxpool.Pool
-	mu    sync.Mutex
-	conns map[int]*commitCutConn
-}
-
-func newCommitCutPool(t *testing.T, db *annalstest.DB) *commitCutPool {
-	t.Helper()
-	cp := &commitCutPool{conns: map[int]*commitCutConn{}}
-	cfg := db.Pool.Config()
-	var d net.Dialer
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		cc := &commitCutConn{Conn: c}
-		if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
-			cp.mu.Lock()
-			cp.conns[a.Port] = cc
-			cp.mu.Unlock()
-		}
-		return cc, nil
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	cp.Pool = pool
-	return cp
-}
-
-// of returns the connection tx runs on.
-func (cp *commitCutPool) of(ctx context.Context, tx pgx.Tx) (*commitCutConn, error) {
-	var port int
-	if err := tx.QueryRow(ctx, `SELECT inet_client_port()`).Scan(&port); err != nil {
-		return nil, err
-	}
-	cp.mu.Lock()
-	defer cp.mu.Unlock()
-	if c := cp.conns[port]; c != nil {
-		return c, nil
-	}
-	return nil, errNoCutConn
-}
-
-var errNoCutConn = errors.New("no connection of the pool on that local port (not TCP?)")
-
 // TestRunProjectionCommitAnswerLost: the connection of RunProjection's
 // transaction for event 4 is cut right after its COMMIT was sent: the
 // transaction commits (event 4 applied, checkpoint at it) but RunProjection
@@ -309,20 +220,20 @@ func TestRunProjectionCommitAnswerLost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	e.appendAndRelay(t, ctx, 10)
-	pool := newCommitCutPool(t, e.dst)
+	pool := annalstest.NewCutPool(t, e.dst)
 	var logs annalstest.LogBuffer
 	var calls atomic.Int64
-	var cut *commitCutConn
+	var cut *annalstest.CutConn
 	p := hookedTally{at: 4, calls: &calls, hook: func(ctx context.Context, tx pgx.Tx) error {
 		if calls.Load() != 1 {
 			return nil
 		}
-		c, err := pool.of(ctx, tx)
+		c, err := pool.Of(ctx, tx)
 		if err != nil {
 			return err
 		}
 		cut = c
-		c.armed.Store(true)
+		c.CutAfter(annalstest.HasCommit)
 		return nil
 	}}
 	c, err := natsconsumer.New(ctx, e.nc, &natsconsumer.Config{Durable: "tally", Batch: 4, RetryBackoff: 20 * time.Millisecond,
@@ -348,7 +259,7 @@ func TestRunProjectionCommitAnswerLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cut == nil || !cut.cut.Load() {
+	if cut == nil || !cut.Cut() {
 		t.Fatal("the connection of event 4's transaction was not cut after its COMMIT")
 	}
 	var seq, pos int64

@@ -1,0 +1,131 @@
+package annalstest
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// CutPool is a pool on a test database whose connections a test can cut,
+// to make a connection fail at the worst moment: at once (the transaction
+// is gone with the session), or right after a write that carries a
+// statement (after a COMMIT is sent, the server commits and the client
+// gets an error instead of the answer). Find the connection a transaction
+// runs on with Of.
+type CutPool struct {
+	*pgxpool.Pool
+	mu    sync.Mutex
+	conns map[int]*CutConn
+}
+
+// NewCutPool opens a CutPool on db's database (closed when the test ends).
+// Its connections are TCP connections dialled by net.Dialer.
+func NewCutPool(t testing.TB, db *DB) *CutPool {
+	t.Helper()
+	cp := &CutPool{conns: map[int]*CutConn{}}
+	cfg := db.Pool.Config()
+	var d net.Dialer
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		cc := &CutConn{Conn: c}
+		if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
+			cp.mu.Lock()
+			cp.conns[a.Port] = cc
+			cp.mu.Unlock()
+		}
+		return cc, nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	cp.Pool = pool
+	return cp
+}
+
+// Of returns the connection tx runs on, found by its local port (the
+// server's inet_client_port()).
+func (cp *CutPool) Of(ctx context.Context, tx pgx.Tx) (*CutConn, error) {
+	var port int
+	if err := tx.QueryRow(ctx, `SELECT inet_client_port()`).Scan(&port); err != nil {
+		return nil, errors.Wrap(err, "annalstest: the transaction's client port")
+	}
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	if c := cp.conns[port]; c != nil {
+		return c, nil
+	}
+	return nil, errors.Newf("annalstest: no connection of the pool on local port %d (not TCP?)", port)
+}
+
+// CutConn is a client connection of a CutPool.
+type CutConn struct {
+	net.Conn
+	after atomic.Pointer[func([]byte) bool]
+	cut   atomic.Bool
+}
+
+// CutNow closes the connection at once.
+func (c *CutConn) CutNow() {
+	c.cut.Store(true)
+	_ = c.Conn.Close()
+}
+
+// CutAfter arms the connection to close right after the next write whose
+// bytes (whole frontend messages) match: HasExecute, HasCommit.
+func (c *CutConn) CutAfter(match func(b []byte) bool) { c.after.Store(&match) }
+
+// Cut reports whether the connection was cut.
+func (c *CutConn) Cut() bool { return c.cut.Load() }
+
+// Write writes b, then closes the connection if it is armed and b matches.
+func (c *CutConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if m := c.after.Load(); err == nil && m != nil && (*m)(b) && c.after.CompareAndSwap(m, nil) {
+		c.CutNow()
+	}
+	return n, err
+}
+
+// HasExecute reports whether b, whole frontend messages, holds an Execute
+// ('E') message: the statements of a pipelined batch (a batch's checkpoint
+// move and COMMIT, say) go in one write; preparing statements sends none.
+func HasExecute(b []byte) bool {
+	return hasMessage(b, func(typ byte, _ []byte) bool { return typ == 'E' })
+}
+
+// HasCommit reports whether b, whole frontend messages, holds a simple
+// Query ('Q') message "commit" (how pgx sends a transaction's COMMIT).
+func HasCommit(b []byte) bool {
+	return hasMessage(b, func(typ byte, body []byte) bool {
+		return typ == 'Q' && strings.EqualFold(strings.TrimRight(string(body), "\x00 ;"), "commit")
+	})
+}
+
+// hasMessage reports whether one of the whole frontend messages in b
+// matches.
+func hasMessage(b []byte, match func(typ byte, body []byte) bool) bool {
+	for len(b) >= 5 {
+		n := int(binary.BigEndian.Uint32(b[1:5]))
+		if n < 4 || 1+n > len(b) {
+			return false
+		}
+		if match(b[0], b[5:1+n]) {
+			return true
+		}
+		b = b[1+n:]
+	}
+	return false
+}
