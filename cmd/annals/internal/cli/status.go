@@ -322,7 +322,7 @@ func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, sc
 		}
 		rows, err := tx.Query(ctx, q["Subscribers"], stale, lagCountLimit)
 		if err != nil {
-			return errors.Wrap(err, "status: read the checkpoints")
+			return errors.Wrap(err, "status: read the checkpoints, their leaders and dead letters")
 		}
 		var s SubscriberStatus
 		var counted int64
@@ -339,7 +339,7 @@ func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, sc
 			return nil
 		})
 		if err != nil {
-			return errors.Wrap(err, "status: read the checkpoints")
+			return errors.Wrap(err, "status: read the checkpoints, their leaders and dead letters")
 		}
 		if err := readLocksAndGenerations(ctx, tx, q, schema, st.Subscribers); err != nil {
 			return err
