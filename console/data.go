@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -13,6 +14,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/internal/leadership"
+	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
 
@@ -22,49 +26,105 @@ const lagCountLimit = 10_000
 
 // Partition is one subscriber partition as the console shows it.
 type Partition struct {
-	Subscriber  string
-	Partition   int
-	Position    int64
-	Epoch       int64
-	Owner       string
-	UpdatedAt   time.Time
-	LagEvents   int64
-	LagExact    bool
-	LagSeconds  float64
+	Subscriber string
+	Partition  int
+	Position   int64
+	Epoch      int64
+	// Owner is the instance that claimed Epoch ("": none, as after an
+	// operator's checkpoint set).
+	Owner      string
+	UpdatedAt  time.Time
+	LagEvents  int64
+	LagExact   bool
+	LagSeconds float64
+	// Leader is who leads the partition, by the rule of `annals status`
+	// (package internal/leadership): the advisory lock, read live, has
+	// the last word. "" when the lock is free (nobody leads, whatever a
+	// heartbeat still lists) or held by a session nothing names.
+	// LeaderEpoch is the epoch it leads at (nil: unknown).
 	Leader      string
+	LeaderEpoch *int64
+	// LeaderStale reports a Leader that is a registered instance whose
+	// heartbeat is stale: a hung process whose session still holds the
+	// lock.
+	LeaderStale bool
+	// HeartbeatLeader is the live instance whose heartbeat lists the
+	// partition, preferring one at Epoch, whether or not it holds the lock
+	// ("": none); HeartbeatEpoch the epoch it lists.
+	HeartbeatLeader string
+	HeartbeatEpoch  *int64
+	// LockHeld reports whether a session holds the partition's advisory
+	// lock, LockPID its backend pid.
+	LockHeld    bool
+	LockPID     int32
 	Stopped     string
 	StoppedAt   *time.Time
 	DeadLetters int64
 }
 
 // State is running (a live instance leads it), stopped (halted by the Stop
-// policy) or standing by (no live leader).
+// policy), leader stale (its leader's session holds the lock but its
+// heartbeat is stale: a hung process) or standing by (nobody leads).
 func (p Partition) State() string {
 	switch {
 	case p.Stopped != "":
 		return "stopped"
+	case p.Leader != "" && p.LeaderStale:
+		return "leader stale"
 	case p.Leader != "":
 		return "running"
 	}
 	return "standing by"
 }
 
+// LeaderText is the Leader column, as `annals status` words it: the
+// leader (with the epoch it leads at when that is not the checkpoint's),
+// or "none" with why: whose lock is free, the last owner, or the backend
+// holding the lock.
+func (p Partition) LeaderText() string {
+	switch {
+	case p.Leader != "" && p.LeaderEpoch != nil && *p.LeaderEpoch != p.Epoch:
+		return fmt.Sprintf("%s (at epoch %d)", p.Leader, *p.LeaderEpoch)
+	case p.Leader != "":
+		return p.Leader
+	case p.LockHeld:
+		return fmt.Sprintf("none (lock held by backend %d)", p.LockPID)
+	case p.HeartbeatLeader != "":
+		return fmt.Sprintf("none (%s's lock is free)", p.HeartbeatLeader)
+	case p.Owner != "":
+		return fmt.Sprintf("none (last: %s)", p.Owner)
+	}
+	return "none"
+}
+
 // Instance is a runner instance.
 type Instance struct {
-	ID, Host     string
-	PID          int
-	StartedAt    time.Time
-	LastBeat     time.Time
-	Leads        []Lead
+	ID, Host  string
+	PID       int
+	StartedAt time.Time
+	LastBeat  time.Time
+	// Leads are the partitions its heartbeat lists; Leading those of them
+	// it leads (by Partition.Leader, or with no checkpoint to say
+	// otherwise), NotLeading the others.
+	Leads      []Lead
+	Leading    []Lead
+	NotLeading []Lead
+	// State is live, lost (a fresh heartbeat, but it leads none of the
+	// partitions it lists: killed a moment ago, or its session dropped) or
+	// stale (its heartbeat is older than the staleness threshold); Live
+	// is State == "live".
+	State        string
 	Live         bool
 	HeartbeatAge float64
 }
 
-// Lead is a subscriber partition an instance leads.
+// Lead is a subscriber partition an instance lists.
 type Lead struct {
 	Subscriber string `json:"subscriber"`
 	Partition  int    `json:"partition"`
 	Epoch      int64  `json:"epoch"`
+	// LedBy is the partition's leader ("": nobody).
+	LedBy string `json:"-"`
 }
 
 // Event is one event of the log, its data and metadata perhaps cut short:
@@ -105,10 +165,11 @@ const (
 // reader holds what the console's pages, its metrics and its health checks
 // read the database with.
 type reader struct {
-	pool  *pgxpool.Pool
-	q     map[string]string
-	stale time.Duration
-	log   *slog.Logger
+	pool   *pgxpool.Pool
+	q      map[string]string
+	schema string
+	stale  time.Duration
+	log    *slog.Logger
 }
 
 func newReader(pool *pgxpool.Pool, schema string, stale time.Duration) (*reader, error) {
@@ -116,7 +177,7 @@ func newReader(pool *pgxpool.Pool, schema string, stale time.Duration) (*reader,
 	if err != nil {
 		return nil, err
 	}
-	return &reader{pool: pool, q: q, stale: stale, log: slog.New(slog.NewTextHandler(io.Discard, nil))}, nil
+	return &reader{pool: pool, q: q, schema: schema, stale: stale, log: slog.New(slog.NewTextHandler(io.Discard, nil))}, nil
 }
 
 type queryer interface {
@@ -132,29 +193,123 @@ func (c *reader) head(ctx context.Context, db queryer) (int64, time.Time, error)
 }
 
 // partitions reads the subscriber partitions (of one subscriber when sub is
-// not nil).
+// not nil) with their leaders.
 func (c *reader) partitions(ctx context.Context, db queryer, head int64, sub *string) ([]Partition, error) {
-	rows, err := db.Query(ctx, c.q["Subscribers"], c.stale.Microseconds(), lagCountLimit, sub)
+	parts, _, err := c.leadership(ctx, db, head, sub, lagCountLimit)
+	return parts, err
+}
+
+// leadership reads the subscriber partitions (of one subscriber when sub is
+// not nil), counting up to lagLimit lagging events of each, and the runner
+// instances, and decides who leads each partition and each instance's
+// state by package leadership's rule, as `annals status` does. The
+// instances are nil when sub is not nil (what they lead of other
+// subscribers is not read).
+func (c *reader) leadership(ctx context.Context, db queryer, head int64, sub *string, lagLimit int64) ([]Partition, []Instance, error) {
+	rows, err := db.Query(ctx, c.q["Subscribers"], c.stale.Microseconds(), lagLimit, sub)
 	if err != nil {
-		return nil, errors.Wrap(err, "read the checkpoints")
+		return nil, nil, errors.Wrap(err, "read the checkpoints")
 	}
-	var out []Partition
+	var parts []Partition
 	var p Partition
 	var counted int64
 	_, err = pgx.ForEachRow(rows, []any{&p.Subscriber, &p.Partition, &p.Position, &p.Epoch, &p.Owner, &p.UpdatedAt,
-		&counted, &p.LagSeconds, &p.Leader, &p.Stopped, &p.StoppedAt, &p.DeadLetters}, func() error {
+		&counted, &p.LagSeconds, &p.HeartbeatLeader, &p.HeartbeatEpoch, &p.Stopped, &p.StoppedAt, &p.DeadLetters}, func() error {
 		p.LagEvents, p.LagExact = counted, true
-		if counted > lagCountLimit {
+		if counted > lagLimit {
 			p.LagEvents, p.LagExact = max(head-p.Position, counted), false
 		}
-		out = append(out, p)
-		p = Partition{}
+		parts = append(parts, p)
+		p = Partition{} // the pointers must not be shared
 		return nil
 	})
-	return out, errors.Wrap(err, "read the checkpoints")
+	if err != nil {
+		return nil, nil, errors.Wrap(err, "read the checkpoints")
+	}
+	if err := c.readLocks(ctx, db, parts); err != nil {
+		return nil, nil, err
+	}
+	ins, err := c.instanceRows(ctx, db)
+	if err != nil {
+		return nil, nil, err
+	}
+	fresh := make(map[string]bool, len(ins))
+	for _, in := range ins {
+		fresh[in.ID] = in.Live
+	}
+	type key struct {
+		sub  string
+		part int
+	}
+	leaders := make(map[key]string, len(parts))
+	for i := range parts {
+		p := &parts[i]
+		p.Leader, p.LeaderEpoch = leadership.Leader(leadership.Facts{Epoch: p.Epoch, Owner: p.Owner, LockHeld: p.LockHeld,
+			HeartbeatLeader: p.HeartbeatLeader, HeartbeatEpoch: p.HeartbeatEpoch})
+		f, registered := fresh[p.Leader]
+		p.LeaderStale = p.Leader != "" && registered && !f
+		leaders[key{p.Subscriber, p.Partition}] = p.Leader
+	}
+	if sub != nil {
+		return parts, nil, nil
+	}
+	for i := range ins {
+		in := &ins[i]
+		for _, l := range in.Leads {
+			leader, known := leaders[key{l.Subscriber, l.Partition}]
+			if !known {
+				leader = in.ID // no checkpoint to say otherwise
+			}
+			l.LedBy = leader
+			if leader == in.ID {
+				in.Leading = append(in.Leading, l)
+			} else {
+				in.NotLeading = append(in.NotLeading, l)
+			}
+		}
+		in.State = leadership.State(in.Live, len(in.Leads), len(in.Leading))
+		in.Live = in.State == leadership.Live
+	}
+	return parts, ins, nil
 }
 
+// readLocks fills in which partitions' advisory locks a session holds, and
+// its backend pid.
+func (c *reader) readLocks(ctx context.Context, db queryer, parts []Partition) error {
+	if len(parts) == 0 {
+		return nil
+	}
+	k1, k2 := make([]int32, len(parts)), make([]int32, len(parts))
+	for i, p := range parts {
+		k1[i], k2[i] = lockkey.Pair(catchup.LockKey(c.schema, p.Subscriber, p.Partition))
+	}
+	rows, err := db.Query(ctx, c.q["LockStates"], k1, k2)
+	if err != nil {
+		return errors.Wrap(err, "read the advisory locks")
+	}
+	var (
+		i   int
+		pid int32
+	)
+	_, err = pgx.ForEachRow(rows, []any{&i, &pid}, func() error {
+		if i >= 1 && i <= len(parts) {
+			parts[i-1].LockHeld, parts[i-1].LockPID = true, pid
+		}
+		return nil
+	})
+	return errors.Wrap(err, "read the advisory locks")
+}
+
+// instanceList reads the runner instances with their states (see
+// leadership).
 func (c *reader) instanceList(ctx context.Context, db queryer) ([]Instance, error) {
+	_, ins, err := c.leadership(ctx, db, 0, nil, 0)
+	return ins, err
+}
+
+// instanceRows reads the runner instances as stored: Live is whether the
+// heartbeat is fresh.
+func (c *reader) instanceRows(ctx context.Context, db queryer) ([]Instance, error) {
 	rows, err := db.Query(ctx, c.q["Instances"], c.stale.Microseconds())
 	if err != nil {
 		return nil, errors.Wrap(err, "read the instances")

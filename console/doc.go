@@ -43,9 +43,19 @@
 //	                     retry, skip (one or many), retry all, purge
 //	/scheduler           cron tasks with their next tick, pause and resume;
 //	                     pending and failed timers
-//	/instances           runner instances, heartbeat age, live or stale
+//	/instances           runner instances, heartbeat age, live, lost or stale
 //	/audit               the audit log
 //	/metrics /healthz /readyz
+//
+// A partition's leader and an instance's state follow the rule of `annals
+// status` (package internal/leadership, which both apply): the partition's
+// advisory lock, read live from pg_locks, has the last word. Its lock free,
+// nobody leads, even while the heartbeat of an instance killed a moment ago
+// still lists it (that instance is lost); held, the live instance whose
+// heartbeat lists it leads, unless another has claimed the checkpoint since;
+// held and listed by none, the checkpoint's owner. A leader whose heartbeat
+// is stale (a hung process still holding the lock) is shown as such, and is
+// no live leader for the health checks and the led gauge.
 //
 // Reads are bounded: lag is counted up to 10,000 events (beyond, head -
 // position), a filtered page of the log scans at most 100,000 positions, the

@@ -40,7 +40,8 @@ type HealthConfig struct {
 	// MaxLagTime, when positive, makes a partition whose oldest unprocessed
 	// event is older than this unhealthy. Defaults to 0 (no limit).
 	MaxLagTime time.Duration
-	// StaleAfter is the heartbeat age past which an instance leads nothing.
+	// StaleAfter is the heartbeat age past which an instance is stale: no
+	// live leader, even while its session still holds a lock.
 	// Defaults to 30s.
 	StaleAfter time.Duration
 	// Timeout bounds the database reads of one check. Defaults to 5s.
@@ -164,6 +165,8 @@ func check(ctx context.Context, rd *reader, c *HealthConfig) HealthReport {
 				h.Problem = "stopped: " + p.Stopped
 			case p.Leader == "":
 				h.Problem = "no live leader"
+			case p.LeaderStale:
+				h.Problem = "no live leader: " + p.Leader + " holds the lock, but its heartbeat is stale"
 			case c.MaxLagEvents > 0 && p.LagEvents > c.MaxLagEvents:
 				h.Problem = "behind by " + strconv.FormatInt(p.LagEvents, 10) + " events"
 			case c.MaxLagTime > 0 && p.LagSeconds > c.MaxLagTime.Seconds():

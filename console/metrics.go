@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/annals-dev/annals/internal/leadership"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
@@ -110,10 +111,10 @@ var (
 	descLag       = prometheus.NewDesc("annals_subscriber_lag_events", "Events after the checkpoint (counted exactly up to 10000, beyond that head - position).", subLabels, nil)
 	descLagTime   = prometheus.NewDesc("annals_subscriber_lag_seconds", "Age of the oldest event after the checkpoint (0: caught up).", subLabels, nil)
 	descEpoch     = prometheus.NewDesc("annals_subscriber_epoch", "Fencing epoch of a subscriber partition; it grows by one at each change of leader (and each operator's checkpoint set).", subLabels, nil)
-	descLed       = prometheus.NewDesc("annals_subscriber_led", "1 when a live runner instance leads the partition, else 0.", subLabels, nil)
+	descLed       = prometheus.NewDesc("annals_subscriber_led", "1 when a live runner instance leads the partition (holding its advisory lock), else 0.", subLabels, nil)
 	descStopped   = prometheus.NewDesc("annals_subscriber_stopped", "1 when the partition is halted by the Stop policy, else 0.", subLabels, nil)
 	descDLQ       = prometheus.NewDesc("annals_dead_letters", "Dead letters by subscriber and status (open, retry, resolved, skipped).", []string{"subscriber", "status"}, nil)
-	descInstances = prometheus.NewDesc("annals_instances", "Registered runner instances by state (live, stale).", []string{"state"}, nil)
+	descInstances = prometheus.NewDesc("annals_instances", "Registered runner instances by state (live, lost, stale).", []string{"state"}, nil)
 	descTimers    = prometheus.NewDesc("annals_timers", "Scheduler timers by state (pending, failed).", []string{"state"}, nil)
 )
 
@@ -145,7 +146,7 @@ func (d *dbCollector) Collect(ch chan<- prometheus.Metric) {
 			return err
 		}
 		g(descHead, float64(head))
-		parts, err := d.rd.partitions(ctx, tx, head, nil)
+		parts, ins, err := d.rd.leadership(ctx, tx, head, nil, lagCountLimit)
 		if err != nil {
 			return err
 		}
@@ -155,7 +156,7 @@ func (d *dbCollector) Collect(ch chan<- prometheus.Metric) {
 			g(descLag, float64(p.LagEvents), l...)
 			g(descLagTime, p.LagSeconds, l...)
 			g(descEpoch, float64(p.Epoch), l...)
-			g(descLed, b2f(p.Leader != ""), l...)
+			g(descLed, b2f(p.Leader != "" && !p.LeaderStale), l...)
 			g(descStopped, b2f(p.Stopped != ""), l...)
 		}
 		counts, err := d.rd.deadLetterCounts(ctx, tx)
@@ -167,20 +168,13 @@ func (d *dbCollector) Collect(ch chan<- prometheus.Metric) {
 				g(descDLQ, float64(m[st]), sub, st)
 			}
 		}
-		ins, err := d.rd.instanceList(ctx, tx)
-		if err != nil {
-			return err
-		}
-		var live, stale int
+		states := map[string]int{}
 		for _, in := range ins {
-			if in.Live {
-				live++
-			} else {
-				stale++
-			}
+			states[in.State]++
 		}
-		g(descInstances, float64(live), "live")
-		g(descInstances, float64(stale), "stale")
+		for _, st := range []string{leadership.Live, leadership.Lost, leadership.Stale} {
+			g(descInstances, float64(states[st]), st)
+		}
 		var pending, failed int64
 		if err := tx.QueryRow(ctx, d.rd.q["TimerCounts"]).Scan(&pending, &failed); err != nil {
 			return errors.Wrap(err, "count the timers")

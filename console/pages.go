@@ -154,10 +154,7 @@ func (c *Console) overview(r *http.Request) (*view, error) {
 		}
 		d.RatePerMin = float64(total) / rateWindow
 		d.Spark = sparkline(d.Rate, d.RateMax)
-		if d.Partitions, err = c.partitions(ctx, tx, d.Head, nil); err != nil {
-			return err
-		}
-		if d.Instances, err = c.instanceList(ctx, tx); err != nil {
+		if d.Partitions, d.Instances, err = c.leadership(ctx, tx, d.Head, nil, lagCountLimit); err != nil {
 			return err
 		}
 		for _, in := range d.Instances {
@@ -624,7 +621,12 @@ func (c *Console) scheduler(r *http.Request) (*view, error) {
 }
 
 func (c *Console) instances(r *http.Request) (*view, error) {
-	ins, err := c.instanceList(r.Context(), c.pool)
+	var ins []Instance
+	err := c.readOnlyTx(r.Context(), func(tx pgx.Tx) error {
+		var err error
+		ins, err = c.instanceList(r.Context(), tx)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
