@@ -18,6 +18,7 @@ import (
 
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/internal/errmark"
+	"github.com/annals-dev/annals/internal/leadership"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/projection"
 )
@@ -163,8 +164,12 @@ func (c *commands) root() *cobra.Command {
 		Short: "List, inspect and rebuild this service's projections",
 		Long: `List, inspect and rebuild the projections and observers this service registers.
 
-A partition's leader is the checkpoint's owner while a session holds its advisory lock
-("none" otherwise; "rebuild:…" while a rebuild leads it). Lag is the head of the log
+A partition's leader is decided as 'annals status' decides it: its advisory lock has the
+last word ("none" while it is free, even while the heartbeat of an instance killed a
+moment ago still lists the partition); while a session holds it, the live instance whose
+heartbeat lists the partition leads, unless another has claimed the checkpoint since,
+else the checkpoint's owner ("rebuild:…" while a rebuild leads it; "unknown (pid N)" for
+a session nothing names). Lag is the head of the log
 minus the checkpoint, in positions: an upper bound on the events still to process.`,
 		// An unknown subcommand is an error, not help; like every other
 		// mistake in the command line it is followed by the usage. Errors
@@ -197,22 +202,36 @@ type partitionState struct {
 	deadLetters  int64
 	lockHeld     bool
 	lockPID      int32
+	hbLeader     string // the live instance whose heartbeat lists it ("": none)
+	hbEpoch      *int64 // the epoch it lists (nil: unknown)
 	head         int64
 	subscriberOf projection.SubscriberInfo
 }
 
 func (p partitionState) lag() int64 { return max(p.head-p.position, 0) }
 
+// leader is who leads the partition, by the rule `annals status` and the
+// console apply (package internal/leadership): "none" while its lock is
+// free, whatever a heartbeat still lists; while it is held, the live
+// instance whose heartbeat lists it, unless another has claimed the
+// checkpoint since, else the checkpoint's owner; "unknown (pid N)" for a
+// session nothing names.
 func (p partitionState) leader() string {
-	switch {
-	case !p.lockHeld:
+	if !p.lockHeld {
 		return "none"
-	case p.owner == "":
-		return fmt.Sprintf("unknown (pid %d)", p.lockPID)
-	default:
-		return p.owner
 	}
+	l, _ := leadership.Leader(leadership.Facts{Epoch: p.epoch, Owner: p.owner, LockHeld: true,
+		HeartbeatLeader: p.hbLeader, HeartbeatEpoch: p.hbEpoch})
+	if l == "" {
+		return fmt.Sprintf("unknown (pid %d)", p.lockPID)
+	}
+	return l
 }
+
+// staleAfter is the heartbeat age past which an instance is no live
+// heartbeat leader: three heartbeats of the runner, annals status's
+// default --stale-after.
+const staleAfter = 30 * time.Second
 
 // load reads the state of every partition of the subscribers.
 func (c *commands) load(ctx context.Context, subs []projection.SubscriberInfo) ([][]partitionState, int64, error) {
@@ -249,6 +268,25 @@ func (c *commands) load(ctx context.Context, subs []projection.SubscriberInfo) (
 		})
 		if err != nil {
 			return nil, 0, errors.Wrapf(err, "read the checkpoints of %q", s.Name)
+		}
+		rows, err = c.pool.Query(ctx, q["HeartbeatLeaders"], s.Name, staleAfter.Microseconds())
+		if err != nil {
+			return nil, 0, errors.Wrapf(err, "read the heartbeats listing %q", s.Name)
+		}
+		var (
+			part  int
+			hb    string
+			epoch *int64
+		)
+		_, err = pgx.ForEachRow(rows, []any{&part, &hb, &epoch}, func() error {
+			if part >= 0 && part < len(parts) {
+				parts[part].hbLeader, parts[part].hbEpoch = hb, epoch
+			}
+			epoch = nil // the pointer must not be shared
+			return nil
+		})
+		if err != nil {
+			return nil, 0, errors.Wrapf(err, "read the heartbeats listing %q", s.Name)
 		}
 		for p := range parts {
 			pid, held, err := engine.LockHolder(ctx, s.Name, p)
@@ -373,8 +411,9 @@ type statusEntry struct {
 	Checkpoint *int64 `json:"checkpoint"`
 	Lag        *int64 `json:"lag"`
 	Epoch      *int64 `json:"epoch"`
-	// Leader is the checkpoint's owner while a session holds the lock,
-	// "none" otherwise; LockPID the backend holding it (null: none).
+	// Leader is who leads the partition (see partitionState.leader):
+	// "none" while its lock is free; LockPID the backend holding it (null:
+	// none).
 	Leader      string `json:"leader"`
 	LockPID     *int32 `json:"lock_pid"`
 	DeadLetters int64  `json:"dead_letters"`

@@ -19,9 +19,13 @@
 // projection.Runner.RebuildBlueGreen (a new generation replayed beside the
 // live one, then a cut-over) instead of the in-place rebuild.
 //
-// list and status read the checkpoints table, the head of the log and the
-// advisory locks: a partition's leader is the checkpoint's owner while some
-// session holds its lock ("none" otherwise); lag is the head minus the
+// list and status read the checkpoints table, the head of the log, the
+// instances' heartbeats and the advisory locks, and name a partition's
+// leader by the rule of `annals status` (package internal/leadership): the
+// lock has the last word ("none" while it is free, whatever a heartbeat
+// still lists); while some session holds it, the live instance whose
+// heartbeat lists the partition leads, unless another has claimed the
+// checkpoint since, else the checkpoint's owner; lag is the head minus the
 // checkpoint, in positions (an upper bound on the events still to process,
 // since events of other types, and holes left by rolled-back appends, count
 // too).

@@ -1,0 +1,80 @@
+package projectioncmd
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/internal/lockkey"
+)
+
+// TestLeaderByTheStatusRule: list and status name a partition's leader as
+// `annals status` does. After an operator's checkpoint set (no owner, a
+// new epoch) the live instance whose heartbeat lists the partition leads
+// while its session holds the lock (they said "unknown (pid N)"); after a
+// takeover the new owner leads, not the heartbeat that still lists it;
+// once the lock is free, nobody leads, whatever the heartbeat says.
+func TestLeaderByTheStatusRule(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+	if _, err := b.db.Pool.Exec(ctx, `
+		INSERT INTO annals.checkpoints (subscriber_id, partition, position, epoch, owner) VALUES
+			('balances', 0, 0, 7, NULL), ('sharded', 0, 0, 4, 'b'), ('sharded', 1, 0, 3, 'a');
+		INSERT INTO annals.instances (instance_id, host, pid, last_heartbeat, leads) VALUES
+			('a', 'vm', 1, now(), '[{"subscriber": "balances", "partition": 0, "epoch": 6},
+			                        {"subscriber": "sharded", "partition": 0, "epoch": 3},
+			                        {"subscriber": "sharded", "partition": 1, "epoch": 3}]')`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(ctx) })
+	for _, sp := range []struct {
+		sub  string
+		part int
+	}{{"balances", 0}, {"sharded", 0}, {"sharded", 1}} {
+		k1, k2 := lockkey.Pair(catchup.LockKey(b.runner.Schema(), sp.sub, sp.part))
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", k1, k2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leaders := func() map[string]string {
+		t.Helper()
+		r := b.execute(t, false, "", "status", "--output", "json")
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		var st statusOutput
+		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+			t.Fatalf("%v in %q", err, r.stdout)
+		}
+		out := map[string]string{}
+		for _, p := range st.Partitions {
+			out[p.Subscriber+"/"+strconv.Itoa(p.Partition)] = p.Leader
+		}
+		return out
+	}
+	if l := leaders(); l["balances/0"] != "a" || l["sharded/0"] != "b" || l["sharded/1"] != "a" || l["mailer/0"] != "none" {
+		t.Errorf("leaders with the locks held: %v", l)
+	}
+	r := b.execute(t, false, "", "list")
+	if r.err != nil || strings.Join(fields(lineOf(t, r.stdout, "sharded")), " ") != "sharded projection - 2 0 0 0 b,a" {
+		t.Errorf("list: %v\n%s", r.err, r.stdout)
+	}
+
+	// kill -9 of the process holding the locks: its heartbeat stays fresh.
+	var ok bool
+	if err := b.db.Pool.QueryRow(ctx, "SELECT pg_terminate_backend($1::int, 10000)", conn.PgConn().PID()).Scan(&ok); err != nil || !ok {
+		t.Fatalf("terminate the lock session: %v %v", ok, err)
+	}
+	if l := leaders(); l["balances/0"] != "none" || l["sharded/0"] != "none" || l["sharded/1"] != "none" {
+		t.Errorf("leaders with the locks free: %v", l)
+	}
+}
