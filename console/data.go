@@ -60,13 +60,39 @@ type Partition struct {
 	Stopped     string
 	StoppedAt   *time.Time
 	DeadLetters int64
+	// Generation is set when the subscriber is a generation of a blue/green
+	// read model (<read model>#g<N>, from read_model_generations; nil too
+	// when the console's role may not read that table).
+	Generation *Generation
 }
 
-// State is running (a live instance leads it), stopped (halted by the Stop
+// Generation says which blue/green generation a subscriber runs, as
+// `annals status` shows it.
+type Generation struct {
+	// ReadModel is the blue/green read model (the registered projection's
+	// name).
+	ReadModel string
+	// Generation is its number.
+	Generation int
+	// State is building, live or retired.
+	State string
+}
+
+// Retired reports a partition of a retired blue/green generation: a
+// cut-over replaced it and it is kept for a rollback until it is dropped.
+// Nothing runs it, so its stop (the cut-over's), its missing leader and its
+// growing lag are expected: the console shows it as retired, and neither
+// readiness nor annals_subscriber_led and the lag series judge it.
+func (p Partition) Retired() bool { return p.Generation != nil && p.Generation.State == "retired" }
+
+// State is retired (a retired blue/green generation nobody leads: see
+// Retired), running (a live instance leads it), stopped (halted by the Stop
 // policy), leader stale (its leader's session holds the lock but its
 // heartbeat is stale: a hung process) or standing by (nobody leads).
 func (p Partition) State() string {
 	switch {
+	case p.Retired() && !p.LockHeld:
+		return "retired"
 	case p.Stopped != "":
 		return "stopped"
 	case p.Leader != "" && p.LeaderStale:
@@ -80,9 +106,12 @@ func (p Partition) State() string {
 // LeaderText is the Leader column, as `annals status` words it: the
 // leader (with the epoch it leads at when that is not the checkpoint's),
 // or "none" with why: whose lock is free, the last owner, or the backend
-// holding the lock.
+// holding the lock; for a retired blue/green generation whose lock is free,
+// "retired (generation N of <read model>)".
 func (p Partition) LeaderText() string {
 	switch {
+	case p.Retired() && !p.LockHeld:
+		return fmt.Sprintf("retired (generation %d of %s)", p.Generation.Generation, p.Generation.ReadModel)
 	case p.Leader != "" && p.LeaderEpoch != nil && *p.LeaderEpoch != p.Epoch:
 		return fmt.Sprintf("%s (at epoch %d)", p.Leader, *p.LeaderEpoch)
 	case p.Leader != "":
@@ -229,6 +258,9 @@ func (c *reader) leadership(ctx context.Context, db queryer, head int64, sub *st
 	if err := c.readLocks(ctx, db, parts); err != nil {
 		return nil, nil, err
 	}
+	if err := c.readGenerations(ctx, db, parts, sub); err != nil {
+		return nil, nil, err
+	}
 	ins, err := c.instanceRows(ctx, db)
 	if err != nil {
 		return nil, nil, err
@@ -298,6 +330,40 @@ func (c *reader) readLocks(ctx context.Context, db queryer, parts []Partition) e
 		return nil
 	})
 	return errors.Wrap(err, "read the advisory locks")
+}
+
+// readGenerations fills in the blue/green generations of the partitions
+// (of subscriber sub when it is not nil), as `annals status` does: none when
+// the role may not read read_model_generations.
+func (c *reader) readGenerations(ctx context.Context, db queryer, parts []Partition, sub *string) error {
+	if len(parts) == 0 {
+		return nil
+	}
+	var can bool
+	if err := db.QueryRow(ctx, c.q["CanReadGenerations"], c.schema).Scan(&can); err != nil || !can {
+		return errors.Wrap(err, "read the blue/green generations")
+	}
+	rows, err := db.Query(ctx, c.q["Generations"], sub)
+	if err != nil {
+		return errors.Wrap(err, "read the blue/green generations")
+	}
+	gens := map[string]*Generation{}
+	var (
+		s string
+		g Generation
+	)
+	_, err = pgx.ForEachRow(rows, []any{&s, &g.ReadModel, &g.Generation, &g.State}, func() error {
+		x := g
+		gens[s] = &x
+		return nil
+	})
+	if err != nil {
+		return errors.Wrap(err, "read the blue/green generations")
+	}
+	for i := range parts {
+		parts[i].Generation = gens[parts[i].Subscriber]
+	}
+	return nil
 }
 
 // instanceList reads the runner instances with their states (see

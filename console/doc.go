@@ -135,4 +135,11 @@
 // projection.Runner makes: 503 unless every registered subscriber partition
 // has a checkpoint, a live leader somewhere (this process or another), no
 // Stop, and a lag within HealthConfig's limits.
+//
+// A retired blue/green generation (<read model>#g<N>, replaced at a
+// cut-over and kept for a rollback; read from read_model_generations as
+// `annals status` reads it) is run by nobody: its pages show it retired
+// (leader "retired (generation N of <read model>)"), readiness passes it,
+// and /metrics has its checkpoint and epoch but no led, stopped or lag
+// series for it.
 package console

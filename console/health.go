@@ -72,11 +72,17 @@ type PartitionHealth struct {
 	// Problem says what is wrong ("" when OK): no checkpoint yet, no live
 	// leader, stopped, or too far behind.
 	Problem string `json:"problem,omitempty"`
+	// Retired reports a partition of a retired blue/green generation
+	// (kept for a rollback, run by nobody): it is OK whatever its leader,
+	// stop and lag.
+	Retired bool `json:"retired,omitempty"`
 }
 
 // Readiness is /readyz: 200 when the database answers and the schema is
 // migrated, and every subscriber of cfg.Subscribers is healthy (see
-// RunnerHealth), else 503; the body is a HealthReport.
+// RunnerHealth), else 503; the body is a HealthReport. A partition of a
+// retired blue/green generation (<read model>#g<N>) is healthy: nothing
+// runs it.
 func Readiness(pool *pgxpool.Pool, cfg *HealthConfig) http.Handler {
 	var c HealthConfig
 	if cfg != nil {
@@ -157,8 +163,10 @@ func check(ctx context.Context, rd *reader, c *HealthConfig) HealthReport {
 		for part := range c.Subscribers[name] {
 			h := PartitionHealth{Subscriber: name, Partition: part, OK: true}
 			p, found := byKey[name+"\x00"+strconv.Itoa(part)]
-			h.Leader, h.LagEvents, h.LagSeconds = p.Leader, p.LagEvents, p.LagSeconds
+			h.Leader, h.LagEvents, h.LagSeconds, h.Retired = p.Leader, p.LagEvents, p.LagSeconds, p.Retired()
 			switch {
+			case h.Retired:
+				// Nothing runs it: no leader, its stop and its lag are expected.
 			case !found:
 				h.Problem = "no checkpoint yet: no instance has led it"
 			case p.Stopped != "":

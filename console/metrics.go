@@ -111,8 +111,8 @@ var (
 	descLag       = prometheus.NewDesc("annals_subscriber_lag_events", "Events after the checkpoint (counted exactly up to 10000, beyond that head - position).", subLabels, nil)
 	descLagTime   = prometheus.NewDesc("annals_subscriber_lag_seconds", "Age of the oldest event after the checkpoint (0: caught up).", subLabels, nil)
 	descEpoch     = prometheus.NewDesc("annals_subscriber_epoch", "Fencing epoch of a subscriber partition; it grows by one at each change of leader (and each operator's checkpoint set).", subLabels, nil)
-	descLed       = prometheus.NewDesc("annals_subscriber_led", "1 when a live runner instance leads the partition (holding its advisory lock), else 0.", subLabels, nil)
-	descStopped   = prometheus.NewDesc("annals_subscriber_stopped", "1 when the partition is halted by the Stop policy, else 0.", subLabels, nil)
+	descLed       = prometheus.NewDesc("annals_subscriber_led", "1 when a live runner instance leads the partition (holding its advisory lock), else 0 (absent for a retired blue/green generation).", subLabels, nil)
+	descStopped   = prometheus.NewDesc("annals_subscriber_stopped", "1 when the partition is halted by the Stop policy, else 0 (absent for a retired blue/green generation).", subLabels, nil)
 	descDLQ       = prometheus.NewDesc("annals_dead_letters", "Dead letters by subscriber and status (open, retry, resolved, skipped).", []string{"subscriber", "status"}, nil)
 	descInstances = prometheus.NewDesc("annals_instances", "Registered runner instances by state (live, lost, stale).", []string{"state"}, nil)
 	descTimers    = prometheus.NewDesc("annals_timers", "Scheduler timers by state (pending, failed).", []string{"state"}, nil)
@@ -153,9 +153,15 @@ func (d *dbCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, p := range parts {
 			l := []string{p.Subscriber, strconv.Itoa(p.Partition)}
 			g(descPosition, float64(p.Position), l...)
+			g(descEpoch, float64(p.Epoch), l...)
+			if p.Retired() {
+				// Nothing runs a retired blue/green generation: that nobody
+				// leads it, the cut-over's stop and its lag are expected, and
+				// series saying so would fire the alerts on them.
+				continue
+			}
 			g(descLag, float64(p.LagEvents), l...)
 			g(descLagTime, p.LagSeconds, l...)
-			g(descEpoch, float64(p.Epoch), l...)
 			g(descLed, b2f(p.Leader != "" && !p.LeaderStale), l...)
 			g(descStopped, b2f(p.Stopped != ""), l...)
 		}

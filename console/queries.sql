@@ -83,6 +83,21 @@ SELECT k.i, l.pid
    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
    AND l.classid = (k.k1::int8 & 4294967295)::oid AND l.objid = (k.k2::int8 & 4294967295)::oid;
 
+-- name: CanReadGenerations
+-- Whether the role may read read_model_generations (a role granted by an
+-- older annals grant may not: the console then shows no generations), as
+-- `annals status` asks. $1: the schema's name.
+SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'read_model_generations')), 'SELECT'), false);
+
+-- name: Generations
+-- The blue/green generations of read models that are not dropped, by
+-- subscriber (<read model>#g<N>), as `annals status` reads them; of one
+-- subscriber when $1 is not NULL.
+SELECT g.subscriber, g.projection, g.generation, g.state
+  FROM {{.Schema}}.read_model_generations g
+ WHERE g.state <> 'dropped'
+   AND ($1::text IS NULL OR g.subscriber = $1);
+
 -- name: Instances
 -- Every registered runner instance. $1: staleness threshold in microseconds.
 SELECT instance_id, host, pid, started_at, last_heartbeat,
