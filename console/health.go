@@ -63,7 +63,12 @@ type HealthReport struct {
 
 // PartitionHealth is one subscriber partition in a HealthReport.
 type PartitionHealth struct {
-	Subscriber string  `json:"subscriber"`
+	// Subscriber is the subscriber checked: for a blue/green projection,
+	// its live generation's ("name#gN"), which keeps the checkpoint.
+	Subscriber string `json:"subscriber"`
+	// ReadModel is, for a blue/green projection checked through its live
+	// generation, the name it was asked by (the registered name).
+	ReadModel  string  `json:"read_model,omitempty"`
 	Partition  int     `json:"partition"`
 	OK         bool    `json:"ok"`
 	Leader     string  `json:"leader"`
@@ -121,7 +126,8 @@ func Readiness(pool *pgxpool.Pool, cfg *HealthConfig) http.Handler {
 // makes for its readiness endpoint: it reports, from the database, whether
 // every subscriber partition registered with runner is led by a live
 // instance somewhere (this process or another), is not stopped, and is no
-// further behind than cfg allows.
+// further behind than cfg allows. A blue/green projection is checked
+// through its live generation (the subscriber "name#gN" that runs it).
 //
 //	mux.Handle("/readyz", console.RunnerHealth(runner, pool, &console.HealthConfig{MaxLagTime: time.Minute}))
 func RunnerHealth(runner *projection.Runner, pool *pgxpool.Pool, cfg *HealthConfig) http.Handler {
@@ -155,14 +161,26 @@ func check(ctx context.Context, rd *reader, c *HealthConfig) HealthReport {
 		return rep
 	}
 	byKey := map[string]Partition{}
+	present := map[string]bool{}
+	// A blue/green projection is run as its live generation's subscriber
+	// ("name#gN"): its registered name has no checkpoint of its own.
+	liveGen := map[string]string{}
 	for _, p := range parts {
 		byKey[p.Subscriber+"\x00"+strconv.Itoa(p.Partition)] = p
+		present[p.Subscriber] = true
+		if g := p.Generation; g != nil && g.State == "live" {
+			liveGen[g.ReadModel] = p.Subscriber
+		}
 	}
 	rep.OK = true
 	for _, name := range sortedKeys(c.Subscribers) {
+		sub, readModel := name, ""
+		if g, ok := liveGen[name]; ok && !present[name] {
+			sub, readModel = g, name
+		}
 		for part := range c.Subscribers[name] {
-			h := PartitionHealth{Subscriber: name, Partition: part, OK: true}
-			p, found := byKey[name+"\x00"+strconv.Itoa(part)]
+			h := PartitionHealth{Subscriber: sub, ReadModel: readModel, Partition: part, OK: true}
+			p, found := byKey[sub+"\x00"+strconv.Itoa(part)]
 			h.Leader, h.LagEvents, h.LagSeconds, h.Retired = p.Leader, p.LagEvents, p.LagSeconds, p.Retired()
 			switch {
 			case h.Retired:
