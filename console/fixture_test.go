@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -328,4 +329,28 @@ func rolePool(t *testing.T, db *annalstest.DB, kind migrations.RoleKind) (*pgxpo
 		_, _ = db.Pool.Exec(ctx, "DROP ROLE "+ident)
 	})
 	return pool, name
+}
+
+var (
+	htmlTags   = regexp.MustCompile(`<[^>]*>`)
+	htmlSpaces = regexp.MustCompile(`\s+`)
+)
+
+// row returns the text of the table row of page whose first cells are
+// cells, tags dropped, entities unescaped and spaces collapsed; the test
+// fails when page does not answer 200 or has no such row.
+func (c *client) row(page string, cells ...string) string {
+	c.t.Helper()
+	code, body := c.get(page)
+	if code != 200 {
+		c.t.Fatalf("GET %s: %d", page, code)
+	}
+	for _, tr := range strings.Split(body, "<tr") {
+		text := strings.TrimSpace(htmlSpaces.ReplaceAllString(html.UnescapeString(htmlTags.ReplaceAllString("<tr"+tr, " ")), " "))
+		if strings.HasPrefix(text, strings.Join(cells, " ")+" ") {
+			return text
+		}
+	}
+	c.t.Fatalf("GET %s: no row %q in\n%s", page, cells, body)
+	return ""
 }

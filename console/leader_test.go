@@ -2,10 +2,8 @@ package console_test
 
 import (
 	"encoding/json"
-	"html"
 	"net/http"
 	"net/http/httptest"
-	"regexp"
 	"strings"
 	"testing"
 
@@ -79,24 +77,7 @@ func TestLeaderAfterKill(t *testing.T) {
 		}
 		return rec.Code, out
 	}
-	// row returns the text of the table row of page whose first cells are
-	// cells, tags dropped, entities unescaped and spaces collapsed.
-	tags, spaces := regexp.MustCompile(`<[^>]*>`), regexp.MustCompile(`\s+`)
-	row := func(page string, cells ...string) string {
-		t.Helper()
-		code, body := c.get(page)
-		if code != 200 {
-			t.Fatalf("GET %s: %d", page, code)
-		}
-		for _, tr := range strings.Split(body, "<tr") {
-			text := strings.TrimSpace(spaces.ReplaceAllString(html.UnescapeString(tags.ReplaceAllString("<tr"+tr, " ")), " "))
-			if strings.HasPrefix(text, strings.Join(cells, " ")+" ") {
-				return text
-			}
-		}
-		t.Fatalf("GET %s: no row %q in\n%s", page, cells, body)
-		return ""
-	}
+	row := c.row
 	metric := func(series string) string {
 		t.Helper()
 		_, body := c.get("/metrics")

@@ -2,10 +2,8 @@ package console_test
 
 import (
 	"encoding/json"
-	"html"
 	"net/http"
 	"net/http/httptest"
-	"regexp"
 	"strings"
 	"testing"
 
@@ -54,22 +52,7 @@ func TestRetiredGeneration(t *testing.T) {
 	srv := httptest.NewServer(con)
 	t.Cleanup(srv.Close)
 	c := &client{t: t, base: srv.URL, hc: srv.Client()}
-	tags, spaces := regexp.MustCompile(`<[^>]*>`), regexp.MustCompile(`\s+`)
-	row := func(page string, cells ...string) string {
-		t.Helper()
-		code, body := c.get(page)
-		if code != 200 {
-			t.Fatalf("GET %s: %d", page, code)
-		}
-		for _, tr := range strings.Split(body, "<tr") {
-			text := strings.TrimSpace(spaces.ReplaceAllString(html.UnescapeString(tags.ReplaceAllString("<tr"+tr, " ")), " "))
-			if strings.HasPrefix(text, strings.Join(cells, " ")+" ") {
-				return text
-			}
-		}
-		t.Fatalf("GET %s: no row %q in\n%s", page, cells, body)
-		return ""
-	}
+	row := c.row
 
 	if r := row("/", "bgm#g1", "0"); !strings.Contains(r, " retired ") || !strings.Contains(r, " retired (generation 1 of bgm) ") {
 		t.Errorf("overview bgm#g1/0: %q", r)
