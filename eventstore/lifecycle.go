@@ -364,8 +364,10 @@ func retention(maxAgeMicros, maxCount *int64) Retention {
 // stream's info afterwards. A call that changes nothing appends no event
 // and returns Unchanged (since migration 0040). A stream with no events
 // returns ErrStreamNotFound; negative values, a MaxAge over
-// MaxRetentionAge, and (since migration 0040) a TruncateBefore below the
-// current one, an *InvalidEventError (ErrInvalidEvent).
+// MaxRetentionAge, (since migration 0040) a TruncateBefore below the
+// current one, and a stream ID over MaxStreamIDBytes-2 (510) bytes, whose
+// metadata stream's ID would be over MaxStreamIDBytes, an
+// *InvalidEventError (ErrInvalidEvent).
 func (s *Store) SetStreamRetention(ctx context.Context, streamID string, c RetentionChange) (RetentionResult, error) {
 	if err := checkName(0, "stream_id", streamID, MaxStreamIDBytes-2); err != nil {
 		return RetentionResult{}, err
