@@ -10,6 +10,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log"
@@ -146,16 +148,21 @@ func run(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "consumer started (pid %d)\n\n", consumer.Process.Pid)
 
 	// 4. Append: two orders, one shipped, and an event the relay filters out.
+	//    The order streams carry a run suffix, as the other demos' streams
+	//    do: the database may hold streams of these names already (deleted
+	//    ones too), and the demo can run again on it.
 	md := eventstore.Metadata{CorrelationID: "checkout-42"}
+	suffix := runID()
+	order := func(n int) string { return fmt.Sprintf("order-%s-%d", suffix, n) }
 	appends := []struct {
 		stream string
 		data   any
 	}{
-		{"order-1", OrderPlaced{Item: "teapot", Total: 35}},
-		{"order-2", OrderPlaced{Item: "kettle", Total: 60}},
-		{"order-1", OrderShipped{Carrier: "post"}},
-		{"order-3", OrderPlaced{Item: "cups", Total: 12}},
-		{"order-2", OrderShipped{Carrier: "courier"}},
+		{order(1), OrderPlaced{Item: "teapot", Total: 35}},
+		{order(2), OrderPlaced{Item: "kettle", Total: 60}},
+		{order(1), OrderShipped{Carrier: "post"}},
+		{order(3), OrderPlaced{Item: "cups", Total: 12}},
+		{order(2), OrderShipped{Carrier: "courier"}},
 	}
 	for _, a := range appends {
 		res, err := store.Append(ctx, a.stream, eventstore.Any, eventstore.EventData{Data: a.data, Metadata: md})
@@ -165,7 +172,7 @@ func run(ctx context.Context, out io.Writer) error {
 		fmt.Fprintf(out, "appended  %-18s position %d  %s v%d  -> subject shop.%s.%s\n", typeName(a.data), res.Events[0].GlobalSequence,
 			a.stream, res.Events[0].StreamVersion, relay.EscapeToken(typeName(a.data)), relay.EscapeToken(a.stream))
 	}
-	if _, err := store.Append(ctx, "audit", eventstore.Any, eventstore.EventData{Type: "audit.noted", Data: map[string]string{"note": "not relayed"}}); err != nil {
+	if _, err := store.Append(ctx, "audit-"+suffix, eventstore.Any, eventstore.EventData{Type: "audit.noted", Data: map[string]string{"note": "not relayed"}}); err != nil {
 		return err
 	}
 
@@ -186,6 +193,14 @@ func run(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "\nrelay checkpoint at position %d: the shop.* events after position %d (the head when the relay began) "+
 		"up to it are in this run's JetStream stream SHOP, each once\n", cp.Position, head)
 	return nil
+}
+
+// runID is a random suffix that keeps this run's streams apart from those
+// of earlier runs and other programs.
+func runID() string {
+	b := make([]byte, 2)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 func typeName(v any) string {

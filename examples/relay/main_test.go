@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/eventstore"
 )
 
 // TestMain runs the tests, or, when the demo started this test binary as
@@ -61,5 +63,31 @@ func TestRelayDemoRunsTwice(t *testing.T) {
 		"up to it are in this run's JetStream stream SHOP, each once"
 	if last != want {
 		t.Errorf("the second run ends with\n%s\nwant\n%s", last, want)
+	}
+}
+
+// The demo's streams are its own: a database where "order-2" is
+// hard-deleted (docs/sql-api.md's examples append to order-1 and order-2 and
+// delete streams) does not stop it, as the other demos, whose streams carry
+// a run suffix, are not stopped by what a database already holds.
+func TestRelayDemoRunsBesideOtherOrders(t *testing.T) {
+	db := annalstest.NewDB(t, &annalstest.Options{Schema: "annals"})
+	t.Setenv("DATABASE_URL", db.URL)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	store, err := eventstore.New(db.Pool, &eventstore.Config{Registry: registry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"order-1", "order-2", "order-3"} {
+		if _, err := store.Append(ctx, s, eventstore.NoStream, eventstore.NewEvent(OrderPlaced{Item: "x", Total: 1})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := store.DeleteStream(ctx, "order-2", eventstore.Any, &eventstore.DeleteOptions{Hard: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(ctx, io.Discard); err != nil {
+		t.Fatal(err)
 	}
 }
