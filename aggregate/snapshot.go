@@ -14,9 +14,13 @@ import (
 
 // Snapshotter is implemented by aggregates that encode their own snapshot
 // state. Without it a snapshot is the aggregate encoded with encoding/json
-// (its exported fields; Base is left out).
+// (its exported fields; Base is left out): state kept in unexported fields
+// is not in the snapshot, and a load from it leaves them zero, so an
+// aggregate with such state must implement Snapshotter.
 type Snapshotter interface {
-	// MarshalSnapshot returns the aggregate's state.
+	// MarshalSnapshot returns the aggregate's state, as JSON (the snapshots
+	// table stores json): other bytes fail the snapshot write, which is
+	// logged and does not fail the save, and loads replay the stream.
 	MarshalSnapshot() ([]byte, error)
 	// UnmarshalSnapshot restores state written by MarshalSnapshot into a
 	// new, empty aggregate.
