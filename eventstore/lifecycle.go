@@ -364,12 +364,13 @@ func retention(maxAgeMicros, maxCount *int64) Retention {
 // stream's info afterwards. A call that changes nothing appends no event
 // and returns Unchanged (since migration 0040). A stream with no events
 // returns ErrStreamNotFound; negative values, a MaxAge over
-// MaxRetentionAge, (since migration 0040) a TruncateBefore below the
-// current one, and a stream ID over MaxStreamIDBytes-2 (510) bytes, whose
-// metadata stream's ID would be over MaxStreamIDBytes, an
-// *InvalidEventError (ErrInvalidEvent).
+// MaxRetentionAge and (since migration 0040) a TruncateBefore below the
+// current one, an *InvalidEventError (ErrInvalidEvent). Every stream ID an
+// append takes is taken; a schema before migration 0041 refuses one of 511
+// or 512 bytes (the function held its metadata stream's ID, 2 bytes
+// longer, to MaxStreamIDBytes), with an *InvalidEventError.
 func (s *Store) SetStreamRetention(ctx context.Context, streamID string, c RetentionChange) (RetentionResult, error) {
-	if err := checkName(0, "stream_id", streamID, MaxStreamIDBytes-2); err != nil {
+	if err := checkName(0, "stream_id", streamID, MaxStreamIDBytes); err != nil {
 		return RetentionResult{}, err
 	}
 	var age, count, before any

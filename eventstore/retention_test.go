@@ -145,3 +145,46 @@ func TestStreamRetentionReads(t *testing.T) {
 		t.Fatalf("max age of %v: %v, want ErrInvalidEvent", over, err)
 	}
 }
+
+// A stream with the longest ID an append takes takes a retention too, and
+// its record goes to a metadata stream 2 bytes longer than the limit
+// (migration 0041: before, the function refused it, naming 514 bytes).
+func TestRetentionOfTheLongestStreamID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil)
+	for _, n := range []int{eventstore.MaxStreamIDBytes - 1, eventstore.MaxStreamIDBytes} {
+		stream := strings.Repeat("r", n)
+		for i := 0; i < 3; i++ {
+			if _, err := b.store.Append(ctx, stream, eventstore.Any, placed(stream)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		two := int64(2)
+		res, err := b.store.SetStreamRetention(ctx, stream, eventstore.RetentionChange{TruncateBefore: &two})
+		if err != nil {
+			t.Fatalf("%d-byte stream ID: %v", n, err)
+		}
+		if res.Unchanged || res.Position == 0 || res.TruncateBefore != 2 {
+			t.Fatalf("%d-byte stream ID: %+v", n, res)
+		}
+		if got := versions(t, b.store, stream); !equal(got, []int64{2, 3}) {
+			t.Fatalf("%d-byte stream ID: versions %v after truncate_before 2", n, got)
+		}
+		var meta string
+		if err := b.db.Pool.QueryRow(ctx, `SELECT stream_id FROM annals.events WHERE global_sequence = $1`, res.Position).Scan(&meta); err != nil {
+			t.Fatal(err)
+		}
+		if meta != eventstore.MetadataStream(stream) {
+			t.Fatalf("%d-byte stream ID: the record went to a stream of %d bytes, not its metadata stream", n, len(meta))
+		}
+	}
+	// One byte more is refused before it is sent, with the append's limit.
+	over := strings.Repeat("r", eventstore.MaxStreamIDBytes+1)
+	two := int64(2)
+	_, err := b.store.SetStreamRetention(ctx, over, eventstore.RetentionChange{TruncateBefore: &two})
+	var inv *eventstore.InvalidEventError
+	if !errors.As(err, &inv) || inv.Field != "stream_id" || inv.Limit != eventstore.MaxStreamIDBytes {
+		t.Fatalf("a %d-byte stream ID: %v (%+v)", len(over), err, inv)
+	}
+}
