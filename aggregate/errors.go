@@ -22,9 +22,12 @@ var (
 	// type name, Go type, stream and version.
 	ErrUnhandledEvent = errors.New("event type not handled by the aggregate")
 
-	// ErrInvalidID is matched by every call given an empty aggregate ID, or a
-	// stream name function that returns an empty stream ID. Nothing is read
-	// or written.
+	// ErrInvalidID is matched by every call given an empty aggregate ID, or
+	// one from which the stream name function makes an empty stream ID or
+	// one no append takes (eventstore.CheckStreamID: over
+	// eventstore.MaxStreamIDBytes, control characters, invalid UTF-8; the
+	// *eventstore.InvalidEventError is reachable with errors.As). Nothing is
+	// read or written.
 	ErrInvalidID = errors.New("invalid aggregate ID")
 
 	// ErrConflict is matched by Update when every attempt lost the race

@@ -6,7 +6,9 @@ import (
 	"iter"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
@@ -168,9 +170,28 @@ func (r *Repository[A]) stream(id string) (string, error) {
 	}
 	s := r.cfg.StreamID(r.typ, id)
 	if s == "" {
-		return "", errors.Wrapf(ErrInvalidID, "aggregate %s %q: Config.StreamID returned an empty stream ID", r.typ, id)
+		return "", errors.Wrapf(ErrInvalidID, "aggregate %s %s: Config.StreamID returned an empty stream ID", r.typ, quoteID(id))
+	}
+	if err := eventstore.CheckStreamID(s); err != nil {
+		// Marked, not wrapped: the reason is the stream ID's, and the
+		// *InvalidEventError stays reachable with errors.As.
+		return "", errors.Mark(errors.Wrapf(err, "aggregate %s %s: the ID makes a stream ID no append takes", r.typ, quoteID(id)), ErrInvalidID)
 	}
 	return s, nil
+}
+
+// quoteID quotes an aggregate ID for an error message, cut to its first 64
+// bytes when longer (an over-long ID is an error's subject, not its text).
+func quoteID(id string) string {
+	const max = 64
+	if len(id) <= max {
+		return strconv.Quote(id)
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(id[cut]) {
+		cut--
+	}
+	return strconv.Quote(id[:cut]) + "… (" + strconv.Itoa(len(id)) + " bytes)"
 }
 
 // New returns a new, empty aggregate with the given ID at version 0.

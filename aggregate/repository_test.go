@@ -216,6 +216,48 @@ func TestBadInput(t *testing.T) {
 		}
 	})
 
+	// An ID that makes a stream ID no append takes is refused by every
+	// call as an invalid ID, before anything is read or written, and the
+	// error does not carry the whole ID (it was ErrInvalidEvent on a save,
+	// quoting a 5,000-byte ID twice, and ErrNotFound on a load).
+	t.Run("IDNoStreamTakes", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := repo(t, b, nil)
+		for name, id := range map[string]string{
+			"too long":          strings.Repeat("x", 5000),
+			"control character": "a\x00b",
+			"invalid UTF-8":     "a\xffb",
+		} {
+			check := func(call string, err error) {
+				t.Helper()
+				var inv *eventstore.InvalidEventError
+				if !errors.Is(err, aggregate.ErrInvalidID) || !errors.As(err, &inv) || inv.Field != "stream_id" {
+					t.Fatalf("%s, %s: %v, want ErrInvalidID with the stream ID's *InvalidEventError", name, call, err)
+				}
+				if len(err.Error()) > 400 {
+					t.Fatalf("%s, %s: a %d-byte message: %.200s…", name, call, len(err.Error()), err)
+				}
+			}
+			_, err := r.Load(ctx, id)
+			check("Load", err)
+			_, err = r.New(id)
+			check("New", err)
+			_, err = r.Create(ctx, id, func(a *Account) error { return a.Open("ada") })
+			check("Create", err)
+			_, err = r.Update(ctx, id, func(*Account) error { return nil })
+			check("Update", err)
+		}
+		if head, _ := b.store.Head(ctx); head != 0 {
+			t.Fatalf("bad IDs wrote %d events", head)
+		}
+		// The longest that is taken still is.
+		longest := strings.Repeat("x", eventstore.MaxStreamIDBytes-len(r.StreamID("")))
+		if _, err := r.Create(ctx, longest, func(a *Account) error { return a.Open("ada") }); err != nil {
+			t.Fatalf("an ID making a %d-byte stream ID: %v", len(r.StreamID(longest)), err)
+		}
+	})
+
 	t.Run("UnhandledEventType", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

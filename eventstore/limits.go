@@ -94,6 +94,16 @@ func tooLong(event int, field string, n, limit int) *InvalidEventError {
 		Reason: "is " + strconv.Itoa(n) + " bytes; the limit is " + strconv.Itoa(limit)}
 }
 
+// CheckStreamID reports whether an append would take streamID as a stream
+// ID: not empty, at most MaxStreamIDBytes bytes, valid UTF-8, without
+// control characters and not only whitespace. A refusal is the
+// *InvalidEventError (field "stream_id") the append would return. It lets
+// code that derives stream IDs from user input (an aggregate's ID, a tenant)
+// refuse a bad one before it reads or writes anything.
+func CheckStreamID(streamID string) error {
+	return checkName(0, "stream_id", streamID, MaxStreamIDBytes)
+}
+
 // checkName checks a stream ID or event type: not empty, at most limit
 // bytes, valid UTF-8, no control characters (C0, DEL, C1; NUL included) and
 // not only whitespace. It allocates nothing when s is fine.

@@ -313,3 +313,25 @@ func jsonString(s string) string {
 func ptr(v int) *int { return &v }
 
 func equalPtr(a, b *int) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
+
+// CheckStreamID refuses exactly the stream IDs an append refuses, with the
+// same *InvalidEventError.
+func TestCheckStreamID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil)
+	for _, id := range []string{"ok", strings.Repeat("x", eventstore.MaxStreamIDBytes), "é-1",
+		"", strings.Repeat("x", eventstore.MaxStreamIDBytes+1), "a\x00b", "a\x7fb", "a\xffb", "   ", "a\u0085b"} {
+		checked := eventstore.CheckStreamID(id)
+		_, appended := b.store.Append(ctx, id, eventstore.Any, placed("1"))
+		var ci, ai *eventstore.InvalidEventError
+		errors.As(checked, &ci)
+		errors.As(appended, &ai)
+		switch {
+		case checked == nil && appended != nil:
+			t.Errorf("%q: CheckStreamID took it, the append refused it: %v", id, appended)
+		case checked != nil && (ci == nil || ai == nil || *ci != *ai):
+			t.Errorf("%q: CheckStreamID %v (%+v), the append %v (%+v)", id, checked, ci, appended, ai)
+		}
+	}
+}
