@@ -103,6 +103,27 @@ func (p Partition) State() string {
 	return "standing by"
 }
 
+// GenerationNote says, for a partition of a blue/green generation that is
+// building or live, which generation of which read model it is and what
+// that means, as `annals status` says it under its table ("" for any other
+// partition; a retired one's LeaderText says it). A building generation
+// catches up from the start of the log, so its lag is expected: its
+// led, stopped and lag series stay, and annals_read_model_generation
+// (state "building") lets an alert leave it out.
+func (p Partition) GenerationNote() string {
+	g := p.Generation
+	if g == nil {
+		return ""
+	}
+	switch g.State {
+	case "building":
+		return fmt.Sprintf("generation %d of %s: being built; readers get it at the cut-over", g.Generation, g.ReadModel)
+	case "live":
+		return fmt.Sprintf("generation %d of %s: serves the readers", g.Generation, g.ReadModel)
+	}
+	return ""
+}
+
 // LeaderText is the Leader column, as `annals status` words it: the
 // leader (with the epoch it leads at when that is not the checkpoint's),
 // or "none" with why: whose lock is free, the last owner, or the backend

@@ -141,5 +141,9 @@
 // `annals status` reads it) is run by nobody: its pages show it retired
 // (leader "retired (generation N of <read model>)"), readiness passes it,
 // and /metrics has its checkpoint and epoch but no led, stopped or lag
-// series for it.
+// series for it. A building generation (catching up from the log's start
+// before its cut-over) is run and judged like any subscriber; its pages
+// say which generation of which read model it is, and
+// annals_read_model_generation (state "building") lets a lag alert leave
+// it out.
 package console

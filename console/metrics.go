@@ -103,19 +103,20 @@ func (m *Metrics) ServeHTTP(w http.ResponseWriter, r *http.Request) { m.handler.
 func (m *Metrics) Shutdown(ctx context.Context) error { return m.mp.Shutdown(ctx) }
 
 var (
-	subLabels     = []string{"subscriber", "partition"}
-	descUp        = prometheus.NewDesc("annals_database_up", "1 when the last scrape read the database, else 0.", nil, nil)
-	descScrape    = prometheus.NewDesc("annals_database_scrape_duration_seconds", "How long the scrape's database reads took.", nil, nil)
-	descHead      = prometheus.NewDesc("annals_head_position", "Position of the last event in the log (0: empty).", nil, nil)
-	descPosition  = prometheus.NewDesc("annals_subscriber_checkpoint_position", "Checkpoint of a subscriber partition: the last position processed.", subLabels, nil)
-	descLag       = prometheus.NewDesc("annals_subscriber_lag_events", "Events after the checkpoint (counted exactly up to 10000, beyond that head - position).", subLabels, nil)
-	descLagTime   = prometheus.NewDesc("annals_subscriber_lag_seconds", "Age of the oldest event after the checkpoint (0: caught up).", subLabels, nil)
-	descEpoch     = prometheus.NewDesc("annals_subscriber_epoch", "Fencing epoch of a subscriber partition; it grows by one at each change of leader (and each operator's checkpoint set).", subLabels, nil)
-	descLed       = prometheus.NewDesc("annals_subscriber_led", "1 when a live runner instance leads the partition (holding its advisory lock), else 0 (absent for a retired blue/green generation).", subLabels, nil)
-	descStopped   = prometheus.NewDesc("annals_subscriber_stopped", "1 when the partition is halted by the Stop policy, else 0 (absent for a retired blue/green generation).", subLabels, nil)
-	descDLQ       = prometheus.NewDesc("annals_dead_letters", "Dead letters by subscriber and status (open, retry, resolved, skipped).", []string{"subscriber", "status"}, nil)
-	descInstances = prometheus.NewDesc("annals_instances", "Registered runner instances by state (live, lost, stale).", []string{"state"}, nil)
-	descTimers    = prometheus.NewDesc("annals_timers", "Scheduler timers by state (pending, failed).", []string{"state"}, nil)
+	subLabels      = []string{"subscriber", "partition"}
+	descUp         = prometheus.NewDesc("annals_database_up", "1 when the last scrape read the database, else 0.", nil, nil)
+	descScrape     = prometheus.NewDesc("annals_database_scrape_duration_seconds", "How long the scrape's database reads took.", nil, nil)
+	descHead       = prometheus.NewDesc("annals_head_position", "Position of the last event in the log (0: empty).", nil, nil)
+	descPosition   = prometheus.NewDesc("annals_subscriber_checkpoint_position", "Checkpoint of a subscriber partition: the last position processed.", subLabels, nil)
+	descLag        = prometheus.NewDesc("annals_subscriber_lag_events", "Events after the checkpoint (counted exactly up to 10000, beyond that head - position).", subLabels, nil)
+	descLagTime    = prometheus.NewDesc("annals_subscriber_lag_seconds", "Age of the oldest event after the checkpoint (0: caught up).", subLabels, nil)
+	descEpoch      = prometheus.NewDesc("annals_subscriber_epoch", "Fencing epoch of a subscriber partition; it grows by one at each change of leader (and each operator's checkpoint set).", subLabels, nil)
+	descLed        = prometheus.NewDesc("annals_subscriber_led", "1 when a live runner instance leads the partition (holding its advisory lock), else 0 (absent for a retired blue/green generation).", subLabels, nil)
+	descStopped    = prometheus.NewDesc("annals_subscriber_stopped", "1 when the partition is halted by the Stop policy, else 0 (absent for a retired blue/green generation).", subLabels, nil)
+	descDLQ        = prometheus.NewDesc("annals_dead_letters", "Dead letters by subscriber and status (open, retry, resolved, skipped).", []string{"subscriber", "status"}, nil)
+	descGeneration = prometheus.NewDesc("annals_read_model_generation", "1 for each generation of a blue/green read model, by the subscriber that runs it and its state (building, live, retired): a building generation catches up from the log's start, so `unless on(subscriber) annals_read_model_generation{state=\"building\"}` leaves it out of lag alerts.", []string{"read_model", "generation", "subscriber", "state"}, nil)
+	descInstances  = prometheus.NewDesc("annals_instances", "Registered runner instances by state (live, lost, stale).", []string{"state"}, nil)
+	descTimers     = prometheus.NewDesc("annals_timers", "Scheduler timers by state (pending, failed).", []string{"state"}, nil)
 )
 
 // dbCollector reads the series of the database at each scrape, in one
@@ -127,7 +128,7 @@ type dbCollector struct {
 
 func (d *dbCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, x := range []*prometheus.Desc{descUp, descScrape, descHead, descPosition, descLag, descLagTime, descEpoch,
-		descLed, descStopped, descDLQ, descInstances, descTimers} {
+		descLed, descStopped, descGeneration, descDLQ, descInstances, descTimers} {
 		ch <- x
 	}
 }
@@ -150,8 +151,13 @@ func (d *dbCollector) Collect(ch chan<- prometheus.Metric) {
 		if err != nil {
 			return err
 		}
+		generations := map[string]bool{}
 		for _, p := range parts {
 			l := []string{p.Subscriber, strconv.Itoa(p.Partition)}
+			if gen := p.Generation; gen != nil && !generations[p.Subscriber] {
+				generations[p.Subscriber] = true
+				g(descGeneration, 1, gen.ReadModel, strconv.Itoa(gen.Generation), p.Subscriber, gen.State)
+			}
 			g(descPosition, float64(p.Position), l...)
 			g(descEpoch, float64(p.Epoch), l...)
 			if p.Retired() {

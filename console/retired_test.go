@@ -113,3 +113,75 @@ func TestRetiredGeneration(t *testing.T) {
 		}
 	}
 }
+
+// TestBuildingGeneration: a blue/green generation being built (bgm#g3,
+// catching up from the log's start before its cut-over) is run like any
+// subscriber, so its state, leader and series stay; the pages say which
+// generation of which read model it is, as `annals status` does under its
+// table, and /metrics has annals_read_model_generation for every
+// generation, by state, so that an alert can leave a building one out of
+// its lag rule. Before, nothing on the console told a building generation's
+// growing lag from a broken subscriber's.
+func TestBuildingGeneration(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO annals.read_model_generations (projection, generation, version, schema_name, reader_schema, subscriber, state, created_by)
+		VALUES ('bgm', 1, 1, 'rm_bgm_g1', 'public', 'bgm#g1', 'retired', 'test'),
+		       ('bgm', 2, 2, 'rm_bgm_g2', 'public', 'bgm#g2', 'live', 'test'),
+		       ('bgm', 3, 3, 'rm_bgm_g3', 'public', 'bgm#g3', 'building', 'test');
+		INSERT INTO annals.checkpoints (subscriber_id, partition, position, epoch, owner) VALUES
+			('bgm#g1', 0, 0, 1, 'inst-old'),
+			('bgm#g2', 0, 3, 1, 'inst-live'),
+			('bgm#g3', 0, 0, 1, 'inst-live'),
+			('plain', 0, 0, 1, 'inst-live')`); err != nil {
+		t.Fatal(err)
+	}
+	store, err := eventstore.New(db.Pool, &eventstore.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Append(ctx, "s-1", eventstore.NoStream, eventstore.EventData{Type: "ticked", Data: map[string]int{"n": 1}},
+		eventstore.EventData{Type: "ticked", Data: map[string]int{"n": 2}}, eventstore.EventData{Type: "ticked", Data: map[string]int{"n": 3}}); err != nil {
+		t.Fatal(err)
+	}
+	con, err := console.New(db.Pool, &console.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(con)
+	t.Cleanup(srv.Close)
+	c := &client{t: t, base: srv.URL, hc: srv.Client()}
+
+	building := "generation 3 of bgm: being built; readers get it at the cut-over"
+	for _, r := range []string{c.row("/", "bgm#g3", "0"), c.row("/subscribers/bgm%23g3", "0")} {
+		if !strings.Contains(r, " standing by "+building+" ") {
+			t.Errorf("bgm#g3/0: %q lacks %q after its state", r, building)
+		}
+	}
+	if r := c.row("/", "bgm#g2", "0"); !strings.Contains(r, " standing by generation 2 of bgm: serves the readers ") {
+		t.Errorf("bgm#g2/0: %q", r)
+	}
+	for _, sub := range []string{"bgm#g1", "plain"} {
+		if r := c.row("/", sub, "0"); strings.Contains(r, "generation") && !strings.Contains(r, "retired (generation 1 of bgm)") {
+			t.Errorf("%s/0: %q has a generation note", sub, r)
+		}
+	}
+
+	_, body := c.get("/metrics")
+	for _, want := range []string{
+		`annals_read_model_generation{generation="1",read_model="bgm",state="retired",subscriber="bgm#g1"} 1`,
+		`annals_read_model_generation{generation="2",read_model="bgm",state="live",subscriber="bgm#g2"} 1`,
+		`annals_read_model_generation{generation="3",read_model="bgm",state="building",subscriber="bgm#g3"} 1`,
+		// A building generation is judged like any subscriber.
+		`annals_subscriber_lag_events{partition="0",subscriber="bgm#g3"} 3`,
+	} {
+		if !strings.Contains(body, "\n"+want+"\n") {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if n := strings.Count(body, "\nannals_read_model_generation{"); n != 3 {
+		t.Errorf("/metrics has %d annals_read_model_generation series, want 3 (one per generation)", n)
+	}
+}
