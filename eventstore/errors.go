@@ -64,7 +64,7 @@ var (
 	// decode an event's data, upcast to its type's current schema version,
 	// into the registered Go type: a JSON error (errors.As still finds
 	// encoding/json's error), such as that of personal fields still
-	// encrypted for want of a KEK (Decode marks that with ErrNoKEK too).
+	// encrypted for want of a KEK (both mark that with ErrNoKEK too).
 	// The same data fails again at any retry. A failed upcast or decryption
 	// (ErrUpcast, ErrDecrypt, a key that could not be read) and an
 	// unregistered type (ErrUnknownEventType) do not match it.

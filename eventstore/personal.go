@@ -50,7 +50,12 @@ type registration struct {
 // {"$personal": {"v": 1, "subject": ..., "kind": ..., "data": base64}};
 // reads decrypt them back. After Store.Forget(subject) they read as
 // Forgotten (strings) or null (other kinds: Go's zero value). A Store needs
-// Config.KEK to append such events.
+// Config.KEK to append such events. Only fields declared in the type itself
+// are encrypted: to make a nested value personal, tag the top-level field
+// that holds it (it is encrypted whole). Register refuses, for any type, a
+// personal tag on a field of a nested struct (or of slice, array or map
+// elements) or one promoted from an embedded struct, and an annals tag
+// other than "personal": such tags would leave the field in clear.
 func PersonalData(subjectField string) RegisterOption {
 	return func(r *registration) error {
 		if subjectField == "" {
@@ -89,6 +94,9 @@ func jsonName(f reflect.StructField) string {
 func personalSpecOf(t reflect.Type, o registration) (*personalSpec, error) {
 	var fields []string
 	if t.Kind() == reflect.Struct {
+		if err := checkNestedTags(t); err != nil {
+			return nil, err
+		}
 		for i := range t.NumField() {
 			f := t.Field(i)
 			if f.Tag.Get("annals") != PersonalTag {
@@ -123,6 +131,58 @@ func personalSpecOf(t reflect.Type, o registration) (*personalSpec, error) {
 		return nil, invalidf("PersonalData: the subject field %s.%s is a %s; want a string, an integer or a UUID", t, f.Name, f.Type)
 	}
 	return &personalSpec{subject: jsonName(f), fields: fields}, nil
+}
+
+// checkNestedTags refuses `annals` tags that would encrypt nothing: a value
+// other than "personal" (`annals:"personal,omitempty"`), and a personal tag
+// on a field that is not declared in t itself (a field of a nested struct,
+// of the elements of a slice, array or map, or one promoted from an
+// embedded struct), unless a top-level field tagged personal holds it (it
+// is encrypted whole then). Only t's own top-level fields are encrypted, so
+// such a tag left the field in clear, out of Forget's reach, with no error.
+func checkNestedTags(t reflect.Type) error {
+	seen := map[reflect.Type]bool{t: true}
+	var walk func(typ reflect.Type, path string, embedded bool) error
+	walk = func(typ reflect.Type, path string, embedded bool) error {
+		for typ.Kind() == reflect.Pointer || typ.Kind() == reflect.Slice || typ.Kind() == reflect.Array || typ.Kind() == reflect.Map {
+			typ = typ.Elem()
+		}
+		if typ.Kind() != reflect.Struct || seen[typ] {
+			return nil
+		}
+		seen[typ] = true
+		for i := range typ.NumField() {
+			f := typ.Field(i)
+			if tag, ok := f.Tag.Lookup("annals"); ok {
+				switch {
+				case tag != PersonalTag:
+					return invalidf("%s.%s has the tag annals:%q; the only annals tag is annals:%q", path, f.Name, tag, PersonalTag)
+				case embedded:
+					return invalidf("%s.%s is tagged personal but is promoted from an embedded struct; only fields declared in %s itself are encrypted: declare it there", path, f.Name, t)
+				default:
+					return invalidf("%s.%s is tagged personal but is nested; only the top-level fields of %s are encrypted: tag the top-level field that holds it (it is encrypted whole)", path, f.Name, t)
+				}
+			}
+			if err := walk(f.Type, path+"."+f.Name, embedded && f.Anonymous); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, ok := f.Tag.Lookup("annals")
+		switch {
+		case ok && tag != PersonalTag:
+			return invalidf("%s.%s has the tag annals:%q; the only annals tag is annals:%q", t, f.Name, tag, PersonalTag)
+		case ok:
+			continue // encrypted whole: tags inside it change nothing
+		}
+		if err := walk(f.Type, t.String()+"."+f.Name, f.Anonymous); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (r *Registry) personalSpec(name string) *personalSpec {

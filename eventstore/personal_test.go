@@ -322,6 +322,10 @@ func TestNoKEK(t *testing.T) {
 				!errors.Is(err, eventstore.ErrDecode) || !stderrors.Is(err, eventstore.ErrDecode) {
 				t.Errorf("Decode of encrypted personal data: %v, want ErrNoKEK and ErrDecode", err)
 			}
+			// So does the untyped Registry.Decode (untyped handlers use it).
+			if _, err := plain.Registry().Decode(e); !errors.Is(err, eventstore.ErrNoKEK) || !errors.Is(err, eventstore.ErrDecode) {
+				t.Errorf("Registry.Decode of encrypted personal data: %v, want ErrNoKEK and ErrDecode", err)
+			}
 		}
 	}
 }
@@ -375,6 +379,45 @@ func TestPersonalRegistration(t *testing.T) {
 		ID   string `json:"id"`
 		Name string `json:"-" annals:"personal"`
 	}
+	// Tags that encrypt nothing: only top-level fields declared in the type
+	// are encrypted, so a tag deeper down (or one misspelt) left the field
+	// in clear with no word of it, and Forget did not reach it.
+	type address struct {
+		Street string `json:"street" annals:"personal"`
+		City   string `json:"city"`
+	}
+	type nested struct {
+		ID      string  `json:"id"`
+		Address address `json:"address"`
+	}
+	type nestedPointer struct {
+		ID        string     `json:"id"`
+		Addresses []*address `json:"addresses"`
+	}
+	type nestedMap struct {
+		ID        string             `json:"id"`
+		Addresses map[string]address `json:"addresses"`
+	}
+	type Contact struct {
+		Email string `json:"email" annals:"personal"`
+	}
+	type embedded struct {
+		ID string `json:"id"`
+		Contact
+	}
+	type misspelt struct {
+		ID    string `json:"id"`
+		Email string `json:"email" annals:"personal,omitempty"`
+	}
+	type node struct {
+		ID       string  `json:"id"`
+		Name     string  `json:"name" annals:"personal"`
+		Children []*node `json:"children"`
+	}
+	type wholeAddress struct {
+		ID      string  `json:"id"`
+		Address address `json:"address" annals:"personal"`
+	}
 	reg := eventstore.NewRegistry()
 	for name, err := range map[string]error{
 		"no subject":     eventstore.Register[tagged](reg, "a", nil...),
@@ -382,13 +425,32 @@ func TestPersonalRegistration(t *testing.T) {
 		"subject tagged": eventstore.Register[subjectTagged](reg, "c", eventstore.PersonalData("ID")),
 		"no such field":  eventstore.Register[tagged](reg, "d", eventstore.PersonalData("Nope")),
 		"not encoded":    eventstore.Register[hidden](reg, "e", eventstore.PersonalData("ID")),
+		"nested":         eventstore.Register[nested](reg, "f"),
+		"nested with PD": eventstore.Register[nested](reg, "g", eventstore.PersonalData("ID")),
+		"nested pointer": eventstore.Register[nestedPointer](reg, "h"),
+		"nested map":     eventstore.Register[nestedMap](reg, "i"),
+		"embedded":       eventstore.Register[embedded](reg, "j"),
+		"embedded, PD":   eventstore.Register[embedded](reg, "k", eventstore.PersonalData("ID")),
+		"misspelt":       eventstore.Register[misspelt](reg, "l"),
+		"misspelt, PD":   eventstore.Register[misspelt](reg, "m", eventstore.PersonalData("ID")),
 	} {
 		if !errors.Is(err, eventstore.ErrInvalidEvent) {
 			t.Errorf("%s: %v, want ErrInvalidEvent", name, err)
 		}
 	}
+	if err := eventstore.Register[nested](eventstore.NewRegistry(), "nested"); err == nil || !strings.Contains(err.Error(), "Address.Street") {
+		t.Errorf("the refusal of a nested tag does not name the field: %v", err)
+	}
 	if err := eventstore.Register[tagged](reg, "ok", eventstore.PersonalData("ID")); err != nil {
 		t.Fatal(err)
+	}
+	// A tag inside a field that is personal as a whole is redundant, not
+	// misleading; a recursive type is walked once.
+	if err := eventstore.Register[wholeAddress](reg, "ok2", eventstore.PersonalData("ID")); err != nil {
+		t.Errorf("a nested tag inside a personal field: %v", err)
+	}
+	if err := eventstore.Register[node](reg, "ok3", eventstore.PersonalData("ID")); err != nil {
+		t.Errorf("a recursive type: %v", err)
 	}
 }
 

@@ -155,7 +155,8 @@ func (r *Registry) Types() []string {
 // RegisterUpcaster), into a new value of the Go type registered for e.Type
 // and returns it (a T, not a *T). An unregistered type returns
 // ErrUnknownEventType; a failed upcast ErrUpcast; data that does not decode
-// into the type ErrDecode.
+// into the type ErrDecode (also ErrNoKEK when that is because its personal
+// fields are still encrypted).
 func (r *Registry) Decode(e Event) (any, error) {
 	e, err := r.Upcast(e)
 	if err != nil {
@@ -169,9 +170,20 @@ func (r *Registry) Decode(e Event) (any, error) {
 	}
 	p := reflect.New(t)
 	if err := json.Unmarshal(e.Data, p.Interface()); err != nil {
-		return nil, errmark.Mark(errors.Wrapf(err, "decode event %d of type %q into %s", e.GlobalSequence, e.Type, t), ErrDecode)
+		return nil, decodeError(err, e, t)
 	}
 	return p.Elem().Interface(), nil
+}
+
+// decodeError is the error of Decode and Registry.Decode when e's data does
+// not decode into t: it matches ErrDecode, and ErrNoKEK too when e still
+// holds encrypted personal fields (read by a Store without a KEK).
+func decodeError(err error, e Event, t reflect.Type) error {
+	err = errors.Wrapf(err, "decode event %d of type %q into %s", e.GlobalSequence, e.Type, t)
+	if bytes.Contains(e.Data, personalMarker) {
+		err = errmark.Mark(errors.Wrap(err, "its personal fields are encrypted (read it through a Store with Config.KEK)"), ErrNoKEK)
+	}
+	return errmark.Mark(err, ErrDecode)
 }
 
 // Envelope is a stored event with its payload decoded into T. Data shadows
@@ -205,12 +217,7 @@ func Decode[T any](r *Registry, e Event) (Envelope[T], error) {
 		return env, err
 	}
 	if err := json.Unmarshal(e.Data, &env.Data); err != nil {
-		err = errors.Wrapf(err, "decode event %d of type %q into %s", e.GlobalSequence, e.Type, t)
-		if bytes.Contains(e.Data, []byte(`"`+personalKey+`"`)) {
-			// Personal fields still encrypted: read by a Store without a KEK.
-			err = errmark.Mark(errors.Wrap(err, "its personal fields are encrypted (read it through a Store with Config.KEK)"), ErrNoKEK)
-		}
-		return env, errmark.Mark(err, ErrDecode)
+		return env, decodeError(err, e, t)
 	}
 	env.Event = e
 	return env, nil
