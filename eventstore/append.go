@@ -460,29 +460,45 @@ func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pg
 	if fn == nil {
 		return nil, errors.New("eventstore: Transact: fn is nil")
 	}
-	ctx, span := s.tel.Tracer.Start(ctx, "annals.transact", trace.WithSpanKind(trace.SpanKindProducer))
 	start := time.Now()
-	defer func() {
-		outcome := "ok"
-		if err != nil {
-			outcome = "error"
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
+	if txopts.IsQuietWhenEmpty(ctx) {
+		// A package of annals (the scheduler's claims) asks for telemetry
+		// only if the transaction appends or fails: the span is made
+		// afterwards, from start (internal/txopts).
+		opts, tctx := txopts.Take(ctx)
+		results, err = s.transact(tctx, opts, fn)
+		if err != nil || len(results) > 0 {
+			_, span := s.tel.Tracer.Start(ctx, "annals.transact", trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(start))
+			s.recordTransact(ctx, span, start, results, err)
 		}
-		n := 0
-		for _, r := range results {
-			n += len(r.Events)
-		}
-		span.SetAttributes(attribute.Int("annals.append_count", len(results)), attribute.Int("annals.event_count", n))
-		s.tel.Events.Add(ctx, int64(n))
-		s.tel.Duration.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(telemetry.Outcome.String(outcome)))
-		span.End()
-	}()
+		return results, err
+	}
+	ctx, span := s.tel.Tracer.Start(ctx, "annals.transact", trace.WithSpanKind(trace.SpanKindProducer))
+	defer func() { s.recordTransact(ctx, span, start, results, err) }()
 	// The session's defaults, unless a package of annals asks for others
 	// (internal/txopts: the scheduler's claims run READ COMMITTED), for this
 	// transaction only: the body gets a context that asks for nothing.
 	opts, ctx := txopts.Take(ctx)
 	return s.transact(ctx, opts, fn)
+}
+
+// recordTransact ends a Transact's span, begun at start, and records its
+// append metrics: its outcome, and the appends and events it committed.
+func (s *Store) recordTransact(ctx context.Context, span trace.Span, start time.Time, results []AppendResult, err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	n := 0
+	for _, r := range results {
+		n += len(r.Events)
+	}
+	span.SetAttributes(attribute.Int("annals.append_count", len(results)), attribute.Int("annals.event_count", n))
+	s.tel.Events.Add(ctx, int64(n))
+	s.tel.Duration.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(telemetry.Outcome.String(outcome)))
+	span.End()
 }
 
 // transact is Transact without its span, in a transaction begun with opts

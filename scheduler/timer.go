@@ -401,7 +401,7 @@ func (s *Scheduler) fireTimers(ctx context.Context, now time.Time) (int, error) 
 func (s *Scheduler) claimBatch(ctx context.Context, now time.Time) (claimedN, fired int, err error) {
 	var batch []claimed
 	staged, undecodable := false, false
-	_, err = s.store.Transact(readCommitted(ctx), func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
+	_, err = s.store.Transact(claimContext(ctx), func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
 		err := s.boundedClaim(ctx, tx, func(q *pgx.QueuedQuery) {
 			q.Query(func(rows pgx.Rows) error {
 				var c claimed
@@ -465,7 +465,7 @@ func (s *Scheduler) fireOne(ctx context.Context, now time.Time, id uuid.UUID) (b
 	var c claimed
 	found, staged := false, false
 	var ferr error // why the timer could not be staged
-	_, err := s.store.Transact(readCommitted(ctx), func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
+	_, err := s.store.Transact(claimContext(ctx), func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
 		err := s.boundedClaim(ctx, tx, func(q *pgx.QueuedQuery) {
 			q.QueryRow(func(row pgx.Row) error { return row.Scan(c.scanArgs()...) })
 		}, s.q.claimTimer, id, now)
@@ -505,6 +505,14 @@ func (s *Scheduler) fireOne(ctx context.Context, now time.Time, id uuid.UUID) (b
 		ferr = err
 	}
 	return false, s.fail(ctx, now, c, ferr)
+}
+
+// claimContext returns ctx for the Transact of a claim of timers:
+// READ COMMITTED (readCommitted), and telemetry only when the claim appends
+// or fails (internal/txopts.QuietWhenEmpty): a pass that finds no timer due
+// is no append, and recorded one per PollInterval in every process.
+func claimContext(ctx context.Context) context.Context {
+	return txopts.QuietWhenEmpty(readCommitted(ctx))
 }
 
 // readCommitted returns ctx asking Transact for a READ COMMITTED

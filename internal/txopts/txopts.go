@@ -39,3 +39,24 @@ func Take(ctx context.Context) (pgx.TxOptions, context.Context) {
 	}
 	return opts, context.WithValue(ctx, key{}, nil)
 }
+
+type quietKey struct{}
+
+// QuietWhenEmpty returns ctx asking Transact to record its telemetry (the
+// "annals.transact" span and the append metrics) only when the transaction
+// appends something or fails. The scheduler's dispatcher claims timers in a
+// Transact at every pass, and a pass that finds none due is no append: it
+// made an empty producer span, and an "ok" point in the append latency
+// histogram, at least once per PollInterval in every process. The span of a
+// transaction that is recorded starts when Transact began; fn's context
+// carries no span of it (a claim's appends are encoded when scheduled,
+// with the trace context of the caller of Schedule).
+func QuietWhenEmpty(ctx context.Context) context.Context {
+	return context.WithValue(ctx, quietKey{}, true)
+}
+
+// IsQuietWhenEmpty reports whether ctx asks for QuietWhenEmpty.
+func IsQuietWhenEmpty(ctx context.Context) bool {
+	quiet, _ := ctx.Value(quietKey{}).(bool)
+	return quiet
+}
