@@ -336,21 +336,14 @@ func (c *reader) readLocks(ctx context.Context, db queryer, parts []Partition) e
 	for i, p := range parts {
 		k1[i], k2[i] = lockkey.Pair(catchup.LockKey(c.schema, p.Subscriber, p.Partition))
 	}
-	rows, err := db.Query(ctx, c.q["LockStates"], k1, k2)
+	locks, err := leadership.LockStates(ctx, db, k1, k2)
 	if err != nil {
-		return errors.Wrap(err, "read the advisory locks")
+		return err
 	}
-	var (
-		i   int
-		pid int32
-	)
-	_, err = pgx.ForEachRow(rows, []any{&i, &pid}, func() error {
-		if i >= 1 && i <= len(parts) {
-			parts[i-1].LockHeld, parts[i-1].LockPID = true, pid
-		}
-		return nil
-	})
-	return errors.Wrap(err, "read the advisory locks")
+	for i, l := range locks {
+		parts[i].LockHeld, parts[i].LockPID = l.Held, l.PID
+	}
+	return nil
 }
 
 // readGenerations fills in the blue/green generations of the partitions

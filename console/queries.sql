@@ -25,14 +25,13 @@ SELECT date_trunc('minute', recorded_at) AS minute, count(*)
 -- staleness threshold in microseconds; $2: how many lagging events to count
 -- at most; $3: one subscriber, or NULL for all.
 --
--- The heartbeat leader is the live instance whose leads array holds
--- {"subscriber", "partition"} of the row, preferring one that claims the
--- checkpoint's current epoch, with the epoch it lists: a fact, not the
--- leader, which package leadership decides with the lock (LockStates).
+-- The heartbeat leader (leadership.HeartbeatLeaderJoin, as annals status
+-- reads it) is a fact, not the leader, which package leadership decides
+-- with the lock (leadership.LockStates).
 SELECT c.subscriber_id, c.partition, c.position, c.epoch, coalesce(c.owner, ''), c.updated_at,
        lag.events,
        coalesce(greatest(0, extract(epoch FROM now() - oldest.recorded_at))::float8, 0),
-       coalesce(leader.instance_id, ''), leader.epoch, coalesce(c.stopped_reason, ''), c.stopped_at,
+       coalesce(heartbeat_leader.instance_id, ''), heartbeat_leader.epoch, coalesce(c.stopped_reason, ''), c.stopped_at,
        (SELECT count(*) FROM {{.Schema}}.dead_letters d
          WHERE d.subscriber_id = c.subscriber_id AND d.partition = c.partition
            AND d.status IN ('open', 'retry'))
@@ -52,36 +51,9 @@ SELECT c.subscriber_id, c.partition, c.position, c.epoch, coalesce(c.owner, ''),
          ORDER BY e.global_sequence
          LIMIT 1
        ) AS oldest ON true
-  LEFT JOIN LATERAL (
-        SELECT li.instance_id, li.epoch
-          FROM (SELECT i.instance_id, i.last_heartbeat,
-                       (SELECT max((x -> 'epoch')::numeric)::bigint
-                          FROM jsonb_array_elements(i.leads) AS x
-                         WHERE x @> jsonb_build_object('subscriber', c.subscriber_id, 'partition', c.partition)
-                           AND jsonb_typeof(x -> 'epoch') = 'number') AS epoch
-                  FROM {{.Schema}}.instances i
-                 WHERE i.last_heartbeat > now() - $1::bigint * interval '1 microsecond'
-                   AND jsonb_typeof(i.leads) = 'array'
-                   AND i.leads @> jsonb_build_array(
-                           jsonb_build_object('subscriber', c.subscriber_id, 'partition', c.partition))
-               ) AS li
-         ORDER BY li.epoch IS NOT DISTINCT FROM c.epoch DESC, li.last_heartbeat DESC, li.instance_id
-         LIMIT 1
-       ) AS leader ON true
+  {{.HeartbeatLeader "c" "$1"}}
  WHERE $3::text IS NULL OR c.subscriber_id = $3
  ORDER BY c.subscriber_id, c.partition;
-
--- name: LockStates
--- Which of the two-int4 advisory keys in the arrays $1 (k1) and $2 (k2) a
--- session holds (exclusively: a partition's leader), and that session's
--- backend pid: the 1-based positions of the held ones. pg_locks is live,
--- not part of a page's snapshot, and readable by every role.
-SELECT k.i, l.pid
-  FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS k(k1, k2, i)
-  JOIN pg_locks l
-    ON l.locktype = 'advisory' AND l.objsubid = 2 AND l.mode = 'ExclusiveLock' AND l.granted
-   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-   AND l.classid = (k.k1::int8 & 4294967295)::oid AND l.objid = (k.k2::int8 & 4294967295)::oid;
 
 -- name: CanReadGenerations
 -- Whether the role may read read_model_generations (a role granted by an

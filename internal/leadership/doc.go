@@ -22,5 +22,10 @@
 // of the partitions it lists (or lists none), lost when its heartbeat is
 // fresh but it leads none of them, stale when its heartbeat is old.
 //
-// The package is pure: it reads nothing and imports no other annals package.
+// Leader and State are pure. The facts they take are read alike by every
+// caller through the two reads here: HeartbeatLeaderJoin (an SQL fragment
+// the callers' templates include as {{.HeartbeatLeader "c" "$1"}}: the
+// heartbeat leader of a checkpoint row) and LockStates (the partitions'
+// advisory locks, live from pg_locks). The package imports no other annals
+// package.
 package leadership

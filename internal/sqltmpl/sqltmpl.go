@@ -8,6 +8,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 
+	"github.com/annals-dev/annals/internal/leadership"
 	"github.com/annals-dev/annals/internal/schemaname"
 )
 
@@ -63,6 +64,17 @@ func NewData(schema string) Data {
 func (d Data) AnnounceFence(subscriber, partition string) string {
 	return "pg_catalog.pg_notify(" + d.FenceChannel + ", pg_catalog.md5(pg_catalog.convert_to((" +
 		subscriber + ")::text || ':' || (" + partition + ")::int::text, 'UTF8')))"
+}
+
+// HeartbeatLeader returns the FROM-clause item that joins the heartbeat
+// leader of each checkpoint row (alias checkpoint) as heartbeat_leader
+// (instance_id, epoch), live instances being those whose heartbeat is
+// younger than staleMicros microseconds (an SQL expression): see
+// leadership.HeartbeatLeaderJoin. Templates call it as
+// {{.HeartbeatLeader "c" "$1"}}, so that the rule is read alike by `annals
+// status`, the console and the projections command tree.
+func (d Data) HeartbeatLeader(checkpoint, staleMicros string) string {
+	return leadership.HeartbeatLeaderJoin(d.Schema, checkpoint, staleMicros)
 }
 
 // Render executes src as a template with data.

@@ -19,6 +19,7 @@ import (
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/leadership"
+	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/projection"
 )
@@ -240,10 +241,6 @@ func (c *commands) load(ctx context.Context, subs []projection.SubscriberInfo) (
 	if err != nil {
 		return nil, 0, err
 	}
-	engine, err := catchup.NewEngine(c.pool, nil, &catchup.Config{Schema: schema})
-	if err != nil {
-		return nil, 0, err
-	}
 	var head int64
 	if err := c.pool.QueryRow(ctx, q["Head"]).Scan(&head); err != nil {
 		return nil, 0, errors.Wrapf(err, "read the head of the log (is schema %q migrated?)", schema)
@@ -254,46 +251,33 @@ func (c *commands) load(ctx context.Context, subs []projection.SubscriberInfo) (
 		for p := range parts {
 			parts[p] = partitionState{partition: p, head: head, subscriberOf: s}
 		}
-		rows, err := c.pool.Query(ctx, q["Checkpoints"], s.Name)
+		rows, err := c.pool.Query(ctx, q["Checkpoints"], s.Name, staleAfter.Microseconds())
 		if err != nil {
 			return nil, 0, errors.Wrapf(err, "read the checkpoints of %q", s.Name)
 		}
 		var st partitionState
-		_, err = pgx.ForEachRow(rows, []any{&st.partition, &st.position, &st.epoch, &st.owner, &st.stopped, &st.updated, &st.deadLetters}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&st.partition, &st.position, &st.epoch, &st.owner, &st.stopped, &st.updated,
+			&st.deadLetters, &st.hbLeader, &st.hbEpoch}, func() error {
 			if st.partition >= 0 && st.partition < len(parts) {
 				st.exists, st.head, st.subscriberOf = true, head, s
 				parts[st.partition] = st
 			}
+			st.hbEpoch = nil // the pointer must not be shared
 			return nil
 		})
 		if err != nil {
 			return nil, 0, errors.Wrapf(err, "read the checkpoints of %q", s.Name)
 		}
-		rows, err = c.pool.Query(ctx, q["HeartbeatLeaders"], s.Name, staleAfter.Microseconds())
-		if err != nil {
-			return nil, 0, errors.Wrapf(err, "read the heartbeats listing %q", s.Name)
-		}
-		var (
-			part  int
-			hb    string
-			epoch *int64
-		)
-		_, err = pgx.ForEachRow(rows, []any{&part, &hb, &epoch}, func() error {
-			if part >= 0 && part < len(parts) {
-				parts[part].hbLeader, parts[part].hbEpoch = hb, epoch
-			}
-			epoch = nil // the pointer must not be shared
-			return nil
-		})
-		if err != nil {
-			return nil, 0, errors.Wrapf(err, "read the heartbeats listing %q", s.Name)
-		}
+		k1, k2 := make([]int32, len(parts)), make([]int32, len(parts))
 		for p := range parts {
-			pid, held, err := engine.LockHolder(ctx, s.Name, p)
-			if err != nil {
-				return nil, 0, err
-			}
-			parts[p].lockPID, parts[p].lockHeld = pid, held
+			k1[p], k2[p] = lockkey.Pair(catchup.LockKey(schema, s.Name, p))
+		}
+		locks, err := leadership.LockStates(ctx, c.pool, k1, k2)
+		if err != nil {
+			return nil, 0, errors.Wrapf(err, "read the partition locks of %q", s.Name)
+		}
+		for p, l := range locks {
+			parts[p].lockPID, parts[p].lockHeld = l.PID, l.Held
 		}
 		out[i] = parts
 	}

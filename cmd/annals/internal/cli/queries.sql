@@ -16,13 +16,13 @@ SELECT greatest((SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.event
 -- lag_events counts the events after the checkpoint, so holes left by
 -- rolled-back appends do not inflate it; it is bounded, one index range scan
 -- of at most $2 + 1 entries per partition. lag_seconds is the age of the
--- oldest unprocessed event (0 when caught up). The leader is the live
--- instance whose leads array holds {"subscriber", "partition"} of the row,
--- preferring one that claims the checkpoint's current epoch.
+-- oldest unprocessed event (0 when caught up). The heartbeat leader
+-- (leadership.HeartbeatLeaderJoin) is a fact, not the leader, which package
+-- leadership decides with the lock (leadership.LockStates).
 SELECT c.subscriber_id, c.partition, c.position, c.epoch, c.owner, c.updated_at,
        lag.events,
        coalesce(greatest(0, extract(epoch FROM now() - oldest.recorded_at))::float8, 0),
-       leader.instance_id, leader.epoch, c.stopped_reason, c.stopped_at,
+       heartbeat_leader.instance_id, heartbeat_leader.epoch, c.stopped_reason, c.stopped_at,
        (SELECT count(*) FROM {{.Schema}}.dead_letters d
          WHERE d.subscriber_id = c.subscriber_id AND d.partition = c.partition
            AND d.status IN ('open', 'retry'))
@@ -42,21 +42,7 @@ SELECT c.subscriber_id, c.partition, c.position, c.epoch, c.owner, c.updated_at,
          ORDER BY e.global_sequence
          LIMIT 1
        ) AS oldest ON true
-  LEFT JOIN LATERAL (
-        SELECT li.instance_id, li.epoch
-          FROM (SELECT i.instance_id, i.last_heartbeat,
-                       (SELECT max((x -> 'epoch')::numeric)::bigint
-                          FROM jsonb_array_elements(i.leads) AS x
-                         WHERE x @> jsonb_build_object('subscriber', c.subscriber_id, 'partition', c.partition)
-                           AND jsonb_typeof(x -> 'epoch') = 'number') AS epoch
-                  FROM {{.Schema}}.instances i
-                 WHERE i.last_heartbeat > now() - $1::bigint * interval '1 microsecond'
-                   AND i.leads @> jsonb_build_array(
-                           jsonb_build_object('subscriber', c.subscriber_id, 'partition', c.partition))
-               ) AS li
-         ORDER BY li.epoch IS NOT DISTINCT FROM c.epoch DESC, li.last_heartbeat DESC, li.instance_id
-         LIMIT 1
-       ) AS leader ON true
+  {{.HeartbeatLeader "c" "$1"}}
  ORDER BY c.subscriber_id, c.partition;
 
 -- name: Instances
@@ -77,18 +63,6 @@ SELECT partitions FROM {{.Schema}}.subscriber_layouts WHERE subscriber_id = $1;
 -- time and database role (as for the console's actions).
 INSERT INTO {{.Schema}}.audit_log (actor, action, target, detail)
 VALUES ($1, $2, $3, $4);
-
--- name: LockStates
--- Which of the two-int4 advisory keys in the arrays $1 (k1) and $2 (k2) a
--- session holds (exclusively: a partition's leader), and that session's
--- backend pid: the 1-based positions of the held ones. pg_locks is live,
--- not part of status's snapshot, and readable by every role.
-SELECT k.i, l.pid
-  FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS k(k1, k2, i)
-  JOIN pg_locks l
-    ON l.locktype = 'advisory' AND l.objsubid = 2 AND l.mode = 'ExclusiveLock' AND l.granted
-   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-   AND l.classid = (k.k1::int8 & 4294967295)::oid AND l.objid = (k.k2::int8 & 4294967295)::oid;
 
 -- name: CanReadGenerations
 -- Whether the role may read read_model_generations (a role granted by an

@@ -261,23 +261,15 @@ func readLocksAndGenerations(ctx context.Context, tx pgx.Tx, q map[string]string
 		for i, s := range subs {
 			k1[i], k2[i] = lockkey.Pair(catchup.LockKey(schema, s.Subscriber, s.Partition))
 		}
-		rows, err := tx.Query(ctx, q["LockStates"], k1, k2)
+		locks, err := leadership.LockStates(ctx, tx, k1, k2)
 		if err != nil {
-			return errors.Wrap(err, "status: read the advisory locks")
+			return errors.Wrap(err, "status")
 		}
-		var (
-			i   int
-			pid int32
-		)
-		_, err = pgx.ForEachRow(rows, []any{&i, &pid}, func() error {
-			if i >= 1 && i <= len(subs) {
-				p := pid
-				subs[i-1].LockHeld, subs[i-1].LockPID = true, &p
+		for i, l := range locks {
+			if l.Held {
+				p := l.PID
+				subs[i].LockHeld, subs[i].LockPID = true, &p
 			}
-			return nil
-		})
-		if err != nil {
-			return errors.Wrap(err, "status: read the advisory locks")
 		}
 	}
 	var can bool
