@@ -39,8 +39,11 @@ type registration struct {
 
 // PersonalData declares that events of the registered type carry personal
 // data of the subject named by the Go field subjectField (a string or
-// integer field, e.g. a customer ID: it stays in clear, so make it an opaque
-// ID, not a name or an e-mail address). The type's top-level fields tagged
+// integer field, or a UUID, e.g. a customer ID: it stays in clear, so make
+// it an opaque ID, not a name or an e-mail address; an append whose subject
+// is missing or its field's zero value, "", 0 or the nil UUID, which is
+// what an unset field holds, is refused with an *InvalidEventError, since
+// it would put every such event's data under one subject). The type's top-level fields tagged
 // `annals:"personal"` are encrypted, before each append, with the subject's
 // data key (AES-256-GCM, the subject and field name bound as additional
 // data; a random nonce per field, or, for an event whose ID the caller
@@ -225,7 +228,12 @@ func jsonKind(raw json.RawMessage) string {
 	return "number"
 }
 
-// subjectOf returns the subject ID held in raw (a JSON string or number).
+// subjectOf returns the subject ID held in raw (a JSON string or number):
+// not one when it is missing or Go's zero value of its field (an empty
+// string, the number 0, the nil UUID), which is what an unset field holds.
+// Such a subject would gather every event whose field was left unset under
+// one data key: a Forget of any of their people would forget them all, and
+// none could be forgotten alone.
 func subjectOf(raw json.RawMessage) (string, bool) {
 	switch jsonKind(raw) {
 	case "string":
@@ -233,9 +241,14 @@ func subjectOf(raw json.RawMessage) (string, bool) {
 		if json.Unmarshal(raw, &s) != nil {
 			return "", false
 		}
-		return s, s != ""
+		return s, s != "" && s != uuid.Nil.String()
 	case "number":
-		return string(bytes.TrimSpace(raw)), true
+		n := string(bytes.TrimSpace(raw))
+		var f float64
+		if json.Unmarshal(raw, &f) == nil && f == 0 {
+			return n, false
+		}
+		return n, true
 	}
 	return "", false
 }
@@ -257,7 +270,7 @@ func (r *Registry) seal(ctx context.Context, n int, name string, id uuid.UUID, d
 	}
 	subject, ok := subjectOf(obj[spec.subject])
 	if !ok {
-		return nil, &InvalidEventError{Event: n, Field: "data", Reason: "the subject ID " + spec.subject + " of its personal data is missing or empty"}
+		return nil, &InvalidEventError{Event: n, Field: "data", Reason: "the subject ID " + spec.subject + " of its personal data is missing or empty (an unset field: \"\", 0 or the nil UUID)"}
 	}
 	if len(subject) > 1024 {
 		return nil, &InvalidEventError{Event: n, Field: "data", Reason: "the subject ID " + spec.subject + " is over 1024 bytes"}

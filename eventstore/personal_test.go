@@ -758,3 +758,55 @@ func TestKeyRowMissing(t *testing.T) {
 		t.Fatalf("after the row is restored: %+v, %v", got, err)
 	}
 }
+
+// PatientAdmitted has an integer subject; VisitorSeen a UUID one.
+type PatientAdmitted struct {
+	PatientID int64  `json:"patient_id"`
+	Name      string `json:"name" annals:"personal"`
+}
+
+type VisitorSeen struct {
+	VisitorID uuid.UUID `json:"visitor_id"`
+	Name      string    `json:"name" annals:"personal"`
+}
+
+// A subject that is its field's zero value ("", 0, the nil UUID: what an
+// unset field holds) is refused, and nothing is written: it would put the
+// personal data of every event whose field was left unset under one
+// subject, so that forgetting one of them forgot all, and none alone. A 0
+// was taken as subject "0" and the nil UUID as itself.
+func TestPersonalZeroSubject(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	reg := eventstore.NewRegistry()
+	eventstore.MustRegister[PatientAdmitted](reg, "patient.admitted", eventstore.PersonalData("PatientID"))
+	eventstore.MustRegister[VisitorSeen](reg, "visitor.seen", eventstore.PersonalData("VisitorID"))
+	s := personalStore(t, db, newKEK(t), &eventstore.Config{Registry: reg})
+	ctx := t.Context()
+	for name, data := range map[string]any{
+		"zero integer":  PatientAdmitted{Name: "Ann"},
+		"nil UUID":      VisitorSeen{Name: "Vic"},
+		"zero as JSON":  json.RawMessage(`{"patient_id": 0.0, "name": "Ann"}`),
+		"missing field": json.RawMessage(`{"name": "Ann"}`),
+	} {
+		ev := eventstore.NewEvent(data)
+		if raw, ok := data.(json.RawMessage); ok {
+			ev = eventstore.EventData{Type: "patient.admitted", Data: raw}
+		}
+		_, err := s.Append(ctx, "zero-"+strings.ReplaceAll(name, " ", "-"), eventstore.Any, ev)
+		var inv *eventstore.InvalidEventError
+		if !errors.As(err, &inv) || !errors.Is(err, eventstore.ErrInvalidEvent) || !strings.Contains(err.Error(), "missing or empty") {
+			t.Errorf("%s: %v, want an *InvalidEventError for the missing subject", name, err)
+		}
+	}
+	if head, err := s.Head(ctx); err != nil || head != 0 {
+		t.Fatalf("refused appends wrote %d events (%v)", head, err)
+	}
+	// Set subjects are taken, the number 10 among them (only zero is unset).
+	for _, data := range []any{PatientAdmitted{PatientID: 10, Name: "Ann"}, PatientAdmitted{PatientID: -3, Name: "Bo"},
+		VisitorSeen{VisitorID: uuid.New(), Name: "Vic"}} {
+		if _, err := s.Append(ctx, "set", eventstore.Any, eventstore.NewEvent(data)); err != nil {
+			t.Fatalf("%+v: %v", data, err)
+		}
+	}
+}
