@@ -6,8 +6,11 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/annals-dev/annals/checkpoint"
+	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/errmark"
 )
 
 // ErrPartitionLayout is matched (errors.Is) by the error of a subscription
@@ -118,7 +121,7 @@ func (e *Engine) CheckLayout(ctx context.Context, sub *Subscription) error {
 			refused = &PartitionLayoutError{Subscriber: sub.Name, Partitions: n, PartitionBy: by, HighestPartition: -1}
 		)
 		if err := e.pool.QueryRow(ctx, e.q["RecordLayout"], sub.Name, n, by).Scan(&written, &recN, &recBy, &highest, &count, &moved); err != nil {
-			return errors.Wrapf(err, "catchup: record the partition layout of %s", sub.Name)
+			return notGranted(errors.Wrapf(err, "catchup: record the partition layout of %s", sub.Name))
 		}
 		switch {
 		case written:
@@ -245,4 +248,20 @@ func (e *Engine) claimBounded(ctx context.Context, conn *pgx.Conn, sub *Subscrip
 	n, by := layoutOf(sub)
 	return e.claimTx(ctx, conn, sub, statement{e.q["ClaimLockTimeout"], []any{claimLockTimeoutSetting}},
 		statement{e.q["Claim"], []any{sub.Name, sub.Partition, e.cfg.Owner, n, by}})
+}
+
+// notGranted marks err, when PostgreSQL refused it for want of a privilege
+// (SQLSTATE 42501), as eventstore.ErrNotGranted and says what mends it. The
+// first statement of a runner's start that meets such a refusal is
+// CheckLayout's, on subscriber_layouts (migration 0022): a role granted
+// by an older annals lacks what later migrations added until 'annals
+// grant' runs again, which 'annals migrate' does not do.
+func notGranted(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		return err
+	}
+	return errmark.Mark(errors.Wrap(err,
+		"the runner's role lacks a grant on the annals schema (after an upgrade, a role granted by an older annals lacks what the new migrations added): "+
+			"run 'annals grant runner ROLE' as the schema's owner"), eventstore.ErrNotGranted)
 }

@@ -99,6 +99,11 @@ var (
 	// the role since, or made the session's user a member of it): the Store
 	// then asks again at the next append, which goes through append_events
 	// (a Store without group commit re-sends a lone Append so itself).
+	//
+	// A runner's start matches it too when its role may not use the
+	// subscriber_layouts table (catchup.Engine.CheckLayout): a role granted
+	// by an annals older than migration 0022, until `annals grant runner
+	// ROLE` runs again.
 	ErrNotGranted = errors.New("the session's role lacks the grants this needs: run 'annals grant writer ROLE' (or runner, operator) as the schema's owner")
 
 	// ErrOutcomeUnknown is matched (errors.Is, the standard library's or
