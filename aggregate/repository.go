@@ -174,8 +174,10 @@ func (r *Repository[A]) stream(id string) (string, error) {
 	}
 	if err := eventstore.CheckStreamID(s); err != nil {
 		// Marked, not wrapped: the reason is the stream ID's, and the
-		// *InvalidEventError stays reachable with errors.As.
-		return "", errors.Mark(errors.Wrapf(err, "aggregate %s %s: the ID makes a stream ID no append takes", r.typ, quoteID(id)), ErrInvalidID)
+		// *InvalidEventError stays reachable with errors.As. mark, not
+		// cockroachdb's errors.Mark, which the standard library's
+		// errors.Is does not see.
+		return "", mark(errors.Wrapf(err, "aggregate %s %s: the ID makes a stream ID no append takes", r.typ, quoteID(id)), ErrInvalidID)
 	}
 	return s, nil
 }

@@ -235,6 +235,12 @@ func TestBadInput(t *testing.T) {
 				if !errors.Is(err, aggregate.ErrInvalidID) || !errors.As(err, &inv) || inv.Field != "stream_id" {
 					t.Fatalf("%s, %s: %v, want ErrInvalidID with the stream ID's *InvalidEventError", name, call, err)
 				}
+				// The standard library's errors.Is, which most callers use,
+				// sees the mark too (cockroachdb's errors.Mark is not seen by
+				// it).
+				if !stderrors.Is(err, aggregate.ErrInvalidID) || !stderrors.As(err, &inv) {
+					t.Fatalf("%s, %s: %v: the standard library's errors.Is/As do not find ErrInvalidID and the *InvalidEventError", name, call, err)
+				}
 				if len(err.Error()) > 400 {
 					t.Fatalf("%s, %s: a %d-byte message: %.200s…", name, call, len(err.Error()), err)
 				}
