@@ -69,3 +69,49 @@ func TestForget(t *testing.T) {
 		t.Fatalf("second forget: %+v", r)
 	}
 }
+
+// TestReadPrintsWhatItReadBeforeAnError: an event that cannot be read (here
+// personal data whose subject's key row is gone, as after a partial
+// restore: ErrKeyMissing) ends read and tail with an error, after the
+// events before it, in every format. The table and the JSON array printed
+// nothing of them (they are written at the end), while jsonl printed them.
+func TestReadPrintsWhatItReadBeforeAnError(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	reg := eventstore.NewRegistry()
+	eventstore.MustRegister[personRegistered](reg, "person.registered", eventstore.PersonalData("PersonID"))
+	kek, err := eventstore.NewLocalKEK([]byte("0123456789abcdef0123456789abcdef"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := eventstore.New(db.Pool, &eventstore.Config{Registry: reg, KEK: kek})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := store.Append(ctx, "person-2", eventstore.NoStream, eventstore.EventData{Type: "person.noted", Data: map[string]string{"note": "first-of-two"}},
+		eventstore.NewEvent(personRegistered{PersonID: "p-2", Name: "Grace Hopper", Visits: 1})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `DELETE FROM annals.personal_keys WHERE subject = 'p-2'`); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"read", "person-2"}, {"read"}, {"tail"}} {
+		for _, format := range []string{"text", "json", "jsonl"} {
+			r := annals(t, db.URL, append(args, "--output", format)...)
+			what := strings.Join(args, " ") + " --output " + format
+			if r.code != ExitFailure || !strings.Contains(r.stderr, "key") {
+				t.Errorf("%s: %+v, want exit %d naming the missing key", what, r, ExitFailure)
+			}
+			if !strings.Contains(r.stdout, "first-of-two") {
+				t.Errorf("%s: the event before the unreadable one is not printed: %+v", what, r)
+			}
+			if format == "json" {
+				var events []JSONLEvent
+				if err := json.Unmarshal([]byte(r.stdout), &events); err != nil || len(events) != 1 {
+					t.Errorf("%s: not a JSON array of the one event read (%v): %q", what, err, r.stdout)
+				}
+			}
+		}
+	}
+}

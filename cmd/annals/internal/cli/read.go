@@ -69,6 +69,10 @@ recreates it, not one that expects no stream; 'annals stream delete' of it again
 					return notFoundError{err}
 				}
 				if err != nil {
+					// The events read before it are printed, as
+					// --output jsonl prints them as they come: the
+					// table and the JSON array are written at the end.
+					_ = w.finish()
 					return err
 				}
 				if err := w.write(ev); err != nil {

@@ -121,11 +121,15 @@ the personal fields of forgotten subjects read as [forgotten].`,
 			finish := func(err error) error {
 				mu.Lock()
 				defer mu.Unlock()
-				if writeErr != nil {
-					return writeErr
+				if writeErr == nil {
+					writeErr = err
 				}
-				if err != nil {
-					return err
+				if writeErr != nil {
+					// The events read before it are printed (the table
+					// and the JSON array are written at the end); after
+					// a failed write this fails too, and is ignored.
+					_ = w.finish()
+					return writeErr
 				}
 				return w.finish()
 			}
