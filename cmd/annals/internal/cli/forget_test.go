@@ -16,12 +16,10 @@ type personRegistered struct {
 	Visits   int    `json:"visits" annals:"personal"`
 }
 
-// TestForget: annals read shows personal fields encrypted (it has no KEK),
-// annals forget destroys the key, and annals read and annals tail then show
-// "[forgotten]".
-func TestForget(t *testing.T) {
-	t.Parallel()
-	db := annalstest.NewDB(t, nil)
+// personalStore is a store of db that appends personRegistered with its
+// personal fields encrypted.
+func personalStore(t *testing.T, db *annalstest.DB) *eventstore.Store {
+	t.Helper()
 	reg := eventstore.NewRegistry()
 	eventstore.MustRegister[personRegistered](reg, "person.registered", eventstore.PersonalData("PersonID"))
 	kek, err := eventstore.NewLocalKEK([]byte("0123456789abcdef0123456789abcdef"))
@@ -32,6 +30,16 @@ func TestForget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return store
+}
+
+// TestForget: annals read shows personal fields encrypted (it has no KEK),
+// annals forget destroys the key, and annals read and annals tail then show
+// "[forgotten]".
+func TestForget(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	store := personalStore(t, db)
 	if _, err := store.Append(context.Background(), "person-1", eventstore.NoStream,
 		eventstore.NewEvent(personRegistered{PersonID: "p-1", Name: "Ada Lovelace", Visits: 3})); err != nil {
 		t.Fatal(err)
@@ -78,16 +86,7 @@ func TestForget(t *testing.T) {
 func TestReadPrintsWhatItReadBeforeAnError(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)
-	reg := eventstore.NewRegistry()
-	eventstore.MustRegister[personRegistered](reg, "person.registered", eventstore.PersonalData("PersonID"))
-	kek, err := eventstore.NewLocalKEK([]byte("0123456789abcdef0123456789abcdef"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := eventstore.New(db.Pool, &eventstore.Config{Registry: reg, KEK: kek})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := personalStore(t, db)
 	ctx := context.Background()
 	if _, err := store.Append(ctx, "person-2", eventstore.NoStream, eventstore.EventData{Type: "person.noted", Data: map[string]string{"note": "first-of-two"}},
 		eventstore.NewEvent(personRegistered{PersonID: "p-2", Name: "Grace Hopper", Visits: 1})); err != nil {
