@@ -143,8 +143,11 @@ func personalSpecOf(t reflect.Type, o registration) (*personalSpec, error) {
 // embedded struct), unless a top-level field tagged personal holds it (it
 // is encrypted whole then). Only t's own top-level fields are encrypted, so
 // such a tag left the field in clear, out of Forget's reach, with no error.
+// That holds for t reached again below its top level (a recursive type's
+// children): only the outermost value's fields are encrypted, so t is not
+// marked seen before the walk, and each type is walked once.
 func checkNestedTags(t reflect.Type) error {
-	seen := map[reflect.Type]bool{t: true}
+	seen := map[reflect.Type]bool{}
 	var walk func(typ reflect.Type, path string, embedded bool) error
 	walk = func(typ reflect.Type, path string, embedded bool) error {
 		for typ.Kind() == reflect.Pointer || typ.Kind() == reflect.Slice || typ.Kind() == reflect.Array || typ.Kind() == reflect.Map {

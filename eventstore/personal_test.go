@@ -409,10 +409,21 @@ func TestPersonalRegistration(t *testing.T) {
 		ID    string `json:"id"`
 		Email string `json:"email" annals:"personal,omitempty"`
 	}
+	// node's children are nodes too: only the top-level node's Name is
+	// encrypted, the children's are stored in clear.
 	type node struct {
 		ID       string  `json:"id"`
 		Name     string  `json:"name" annals:"personal"`
 		Children []*node `json:"children"`
+	}
+	type branch struct {
+		Label string    `json:"label"`
+		Kids  []*branch `json:"kids"`
+	}
+	type tree struct {
+		ID   string  `json:"id"`
+		Name string  `json:"name" annals:"personal"`
+		Root *branch `json:"root"`
 	}
 	type wholeAddress struct {
 		ID      string  `json:"id"`
@@ -433,6 +444,7 @@ func TestPersonalRegistration(t *testing.T) {
 		"embedded, PD":   eventstore.Register[embedded](reg, "k", eventstore.PersonalData("ID")),
 		"misspelt":       eventstore.Register[misspelt](reg, "l"),
 		"misspelt, PD":   eventstore.Register[misspelt](reg, "m", eventstore.PersonalData("ID")),
+		"recursive":      eventstore.Register[node](reg, "n", eventstore.PersonalData("ID")),
 	} {
 		if !errors.Is(err, eventstore.ErrInvalidEvent) {
 			t.Errorf("%s: %v, want ErrInvalidEvent", name, err)
@@ -449,8 +461,11 @@ func TestPersonalRegistration(t *testing.T) {
 	if err := eventstore.Register[wholeAddress](reg, "ok2", eventstore.PersonalData("ID")); err != nil {
 		t.Errorf("a nested tag inside a personal field: %v", err)
 	}
-	if err := eventstore.Register[node](reg, "ok3", eventstore.PersonalData("ID")); err != nil {
+	if err := eventstore.Register[tree](reg, "ok3", eventstore.PersonalData("ID")); err != nil {
 		t.Errorf("a recursive type: %v", err)
+	}
+	if err := eventstore.Register[node](eventstore.NewRegistry(), "node", eventstore.PersonalData("ID")); err == nil || !strings.Contains(err.Error(), "Children.Name") {
+		t.Errorf("the refusal of a recursive type's nested tag does not name the field: %v", err)
 	}
 }
 
