@@ -27,7 +27,7 @@ func TestInvalidEventMessages(t *testing.T) {
 		want  string
 	}{
 		{"PersonalDataWithoutSubject", personal, eventstore.NewEvent(noSubject),
-			`invalid event: event 1: data: the subject ID customer_id of its personal data is missing or empty (an unset field: "", 0 or the nil UUID)`},
+			`invalid event: event 1: data: the subject ID customer_id of its personal data is missing or empty (an unset field: its type's zero value, such as "", 0 or the nil UUID)`},
 		{"DataNil", plain, eventstore.EventData{Type: "t"},
 			`invalid event: event 1: data: is nil; it must be a JSON object or array`},
 		{"TypeReserved", plain, eventstore.EventData{Type: "$stream.x", Data: map[string]int{}},

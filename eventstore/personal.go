@@ -74,6 +74,11 @@ func PersonalData(subjectField string) RegisterOption {
 type personalSpec struct {
 	subject string
 	fields  []string
+	// unset is the subject as the type's zero value encodes it (for a
+	// field tagged `json:",string"` or of a type with its own MarshalJSON,
+	// not "", 0 or the nil UUID): an unset subject field, refused as
+	// subjectOf's zero values are ("" when it could not be told).
+	unset string
 }
 
 // jsonName returns the JSON key encoding/json uses for f, or "" when it
@@ -133,7 +138,16 @@ func personalSpecOf(t reflect.Type, o registration) (*personalSpec, error) {
 	default:
 		return nil, invalidf("PersonalData: the subject field %s.%s is a %s; want a string, an integer or a UUID", t, f.Name, f.Type)
 	}
-	return &personalSpec{subject: jsonName(f), fields: fields}, nil
+	spec := &personalSpec{subject: jsonName(f), fields: fields}
+	if t.Kind() == reflect.Struct {
+		var obj map[string]json.RawMessage
+		if b, err := json.Marshal(reflect.New(t).Elem().Interface()); err == nil && json.Unmarshal(b, &obj) == nil {
+			if s, _ := subjectOf(obj[spec.subject]); s != "" {
+				spec.unset = s
+			}
+		}
+	}
+	return spec, nil
 }
 
 // checkNestedTags refuses `annals` tags that would encrypt nothing: a value
@@ -272,8 +286,8 @@ func (r *Registry) seal(ctx context.Context, n int, name string, id uuid.UUID, d
 		return nil, &InvalidEventError{Event: n, Field: "data", Reason: "holds personal data, so it must be a JSON object"}
 	}
 	subject, ok := subjectOf(obj[spec.subject])
-	if !ok {
-		return nil, &InvalidEventError{Event: n, Field: "data", Reason: "the subject ID " + spec.subject + " of its personal data is missing or empty (an unset field: \"\", 0 or the nil UUID)"}
+	if !ok || subject == spec.unset {
+		return nil, &InvalidEventError{Event: n, Field: "data", Reason: "the subject ID " + spec.subject + " of its personal data is missing or empty (an unset field: its type's zero value, such as \"\", 0 or the nil UUID)"}
 	}
 	if len(subject) > 1024 {
 		return nil, &InvalidEventError{Event: n, Field: "data", Reason: "the subject ID " + spec.subject + " is over 1024 bytes"}

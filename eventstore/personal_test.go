@@ -780,6 +780,12 @@ type PatientAdmitted struct {
 	Name      string `json:"name" annals:"personal"`
 }
 
+// ClubMemberJoined's integer subject is written as a JSON string.
+type ClubMemberJoined struct {
+	MemberID int64  `json:"member_id,string"`
+	Name     string `json:"name" annals:"personal"`
+}
+
 type VisitorSeen struct {
 	VisitorID uuid.UUID `json:"visitor_id"`
 	Name      string    `json:"name" annals:"personal"`
@@ -796,13 +802,15 @@ func TestPersonalZeroSubject(t *testing.T) {
 	reg := eventstore.NewRegistry()
 	eventstore.MustRegister[PatientAdmitted](reg, "patient.admitted", eventstore.PersonalData("PatientID"))
 	eventstore.MustRegister[VisitorSeen](reg, "visitor.seen", eventstore.PersonalData("VisitorID"))
+	eventstore.MustRegister[ClubMemberJoined](reg, "club.member.joined", eventstore.PersonalData("MemberID"))
 	s := personalStore(t, db, newKEK(t), &eventstore.Config{Registry: reg})
 	ctx := t.Context()
 	for name, data := range map[string]any{
-		"zero integer":  PatientAdmitted{Name: "Ann"},
-		"nil UUID":      VisitorSeen{Name: "Vic"},
-		"zero as JSON":  json.RawMessage(`{"patient_id": 0.0, "name": "Ann"}`),
-		"missing field": json.RawMessage(`{"name": "Ann"}`),
+		"zero integer":                     PatientAdmitted{Name: "Ann"},
+		"zero integer written as a string": ClubMemberJoined{Name: "Mo"},
+		"nil UUID":                         VisitorSeen{Name: "Vic"},
+		"zero as JSON":                     json.RawMessage(`{"patient_id": 0.0, "name": "Ann"}`),
+		"missing field":                    json.RawMessage(`{"name": "Ann"}`),
 	} {
 		ev := eventstore.NewEvent(data)
 		if raw, ok := data.(json.RawMessage); ok {
@@ -819,7 +827,7 @@ func TestPersonalZeroSubject(t *testing.T) {
 	}
 	// Set subjects are taken, the number 10 among them (only zero is unset).
 	for _, data := range []any{PatientAdmitted{PatientID: 10, Name: "Ann"}, PatientAdmitted{PatientID: -3, Name: "Bo"},
-		VisitorSeen{VisitorID: uuid.New(), Name: "Vic"}} {
+		VisitorSeen{VisitorID: uuid.New(), Name: "Vic"}, ClubMemberJoined{MemberID: 7, Name: "Mo"}} {
 		if _, err := s.Append(ctx, "set", eventstore.Any, eventstore.NewEvent(data)); err != nil {
 			t.Fatalf("%+v: %v", data, err)
 		}
