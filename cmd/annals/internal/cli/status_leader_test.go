@@ -174,3 +174,33 @@ func deref(s *string) string {
 	}
 	return *s
 }
+
+// TestStatusWithAMalformedHeartbeat: an instance row whose leads is not an
+// array (written by hand, or by a runner of another version) is no
+// heartbeat leader of anything, and status, reading the heartbeat leaders
+// as the console does (leadership.HeartbeatLeaderJoin), shows the
+// partitions beside it as before.
+func TestStatusWithAMalformedHeartbeat(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	sqlExec(t, db, `INSERT INTO annals.checkpoints (subscriber_id, partition, position, epoch, owner) VALUES ('ticks', 0, 0, 2, 'good')`)
+	sqlExec(t, db, `INSERT INTO annals.instances (instance_id, host, pid, last_heartbeat, leads) VALUES
+		('odd', 'vm', 1, now(), '{"subscriber": "ticks", "partition": 0, "epoch": 2}'),
+		('scalar', 'vm', 2, now(), '7'),
+		('good', 'vm', 3, now(), '[{"subscriber": "ticks", "partition": 0, "epoch": 2}]')`)
+	conn, err := pgx.Connect(t.Context(), db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(t.Context()) })
+	k1, k2 := lockkey.Pair(catchup.LockKey("annals", "ticks", 0))
+	if _, err := conn.Exec(t.Context(), "SELECT pg_advisory_lock($1::int4, $2::int4)", k1, k2); err != nil {
+		t.Fatal(err)
+	}
+	for _, format := range []string{"text", "json"} {
+		r := annals(t, db.URL, "status", "--output", format)
+		if r.code != 0 || !regexp.MustCompile(`(?m)^ticks .* good\s*$|"leader": ?"good"`).MatchString(r.stdout) {
+			t.Errorf("status --output %s: %+v, want ticks/0 led by good", format, r)
+		}
+	}
+}
