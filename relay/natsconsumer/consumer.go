@@ -133,6 +133,42 @@ func (e *HandlerError) Unwrap() error { return e.Err }
 // Is makes errors.Is match ErrHandlerFailed.
 func (e *HandlerError) Is(target error) bool { return target == ErrHandlerFailed }
 
+// ErrLogRewound is matched (errors.Is) by the error Run and RunProjection
+// return when the relayed log is not the one the consumer followed: a
+// stream made again holds, at the position of the last event handled,
+// another event (errors.As with *RewoundError says which). The source
+// database was restored from a backup or failed over to a replica that
+// lacked its newest events, and it gave their positions to new events:
+// the consumer's read model holds events the log no longer has, and the
+// new events at those positions would be passed over. Rebuild the read
+// model (docs/operations.md, "Backups, restores and failover").
+var ErrLogRewound = errors.New("natsconsumer: the relayed log was rewound")
+
+// RewoundError reports the event that showed the relayed log rewound (see
+// ErrLogRewound). Run or RunProjection stopped before it: it was not
+// acknowledged (handed back, with the fetched messages after it) and the
+// checkpoint is left where it was, so the next start stops there again.
+type RewoundError struct {
+	// Consumer is the durable consumer (Config.Durable), Stream the stream
+	// (Config.Stream).
+	Consumer, Stream string
+	// Sequence is the stream sequence of the event found.
+	Sequence uint64
+	// Position is the position of the last event handled; Handled its ID,
+	// Found the ID of the event the stream holds there now.
+	Position       int64
+	Handled, Found uuid.UUID
+}
+
+func (e *RewoundError) Error() string {
+	return fmt.Sprintf("natsconsumer: consumer %s: the relayed log was rewound: stream %s holds, at position %d (stream message %d), event %s, but the last event handled there was %s; "+
+		"the source database was restored or failed over and gave the positions of events it lost to new ones: rebuild the read model (stopped before it)",
+		e.Consumer, e.Stream, e.Position, e.Sequence, e.Found, e.Handled)
+}
+
+// Is makes errors.Is match ErrLogRewound.
+func (e *RewoundError) Is(target error) bool { return target == ErrLogRewound }
+
 // Consumer reads relayed events from a durable JetStream consumer.
 type Consumer struct {
 	cfg    Config
@@ -207,6 +243,10 @@ type session struct {
 	// unknown).
 	seq uint64
 	pos int64
+	// posID is the ID of the event at pos (uuid.Nil: unknown, as for a
+	// checkpoint saved before it was kept): an event at pos with another
+	// ID shows the log rewound (ErrLogRewound).
+	posID uuid.UUID
 	// held is set when messages after seq may be held unacknowledged by a
 	// process that fetched them and died (the server showed messages
 	// pending at attach, or a delivery came after messages this session
@@ -410,8 +450,9 @@ func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p inte
 		seq     int64
 		pos     *int64
 		created *time.Time
+		posID   *uuid.UUID
 	)
-	err = pool.QueryRow(ctx, q["Load"], c.cfg.Durable).Scan(&seq, &pos, &created)
+	err = pool.QueryRow(ctx, q["Load"], c.cfg.Durable).Scan(&seq, &pos, &created, &posID)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return errors.Wrap(err, "natsconsumer: load the checkpoint")
 	}
@@ -424,6 +465,9 @@ func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p inte
 	if created != nil {
 		s.created = *created
 	}
+	if posID != nil {
+		s.posID = *posID
+	}
 	if err := s.attach(ctx); err != nil {
 		return err
 	}
@@ -434,7 +478,7 @@ func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p inte
 					return err
 				}
 			}
-			tag, err := tx.Exec(ctx, q["Save"], c.cfg.Durable, int64(d.seq), d.event.GlobalSequence, s.created)
+			tag, err := tx.Exec(ctx, q["Save"], c.cfg.Durable, int64(d.seq), d.event.GlobalSequence, s.created, d.event.ID)
 			if err != nil || tag.RowsAffected() == 1 {
 				return err
 			}
@@ -471,8 +515,9 @@ func (s *session) unsaved(ctx context.Context, tx pgx.Tx, load string, d deliver
 		seq     int64
 		pos     *int64
 		created *time.Time
+		posID   *uuid.UUID
 	)
-	err := tx.QueryRow(ctx, load, s.c.cfg.Durable).Scan(&seq, &pos, &created)
+	err := tx.QueryRow(ctx, load, s.c.cfg.Durable).Scan(&seq, &pos, &created, &posID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return errors.Newf("natsconsumer: checkpoint of %s moved under us: saving it at stream message %d changed no row, and there is none", s.c.cfg.Durable, d.seq)
 	}
@@ -677,6 +722,12 @@ func (s *session) reattach(ctx context.Context, cause error) {
 // ctx ended first, and a stop when the handler failed permanently (the
 // place left before d).
 func (s *session) handleOne(ctx context.Context, d delivery) error {
+	if d.event.GlobalSequence == s.pos && s.posID != uuid.Nil && d.event.ID != s.posID {
+		err := &RewoundError{Consumer: s.c.cfg.Durable, Stream: s.c.cfg.Stream, Sequence: d.seq,
+			Position: s.pos, Handled: s.posID, Found: d.event.ID}
+		s.c.cfg.Logger.ErrorContext(ctx, "annals: the relayed log was rewound; stopping", telemetry.Err(err))
+		return stop{err}
+	}
 	if d.event.GlobalSequence <= s.pos {
 		if err := d.ack(); err != nil {
 			s.c.cfg.Logger.DebugContext(ctx, "annals: acknowledging a relayed event handled before failed", telemetry.Err(err))
@@ -687,7 +738,7 @@ func (s *session) handleOne(ctx context.Context, d delivery) error {
 	if err := s.c.handle(ctx, d, s.handle); err != nil {
 		return err
 	}
-	s.seq, s.pos = d.seq, d.event.GlobalSequence
+	s.seq, s.pos, s.posID = d.seq, d.event.GlobalSequence, d.event.ID
 	return nil
 }
 

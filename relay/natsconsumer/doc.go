@@ -68,7 +68,17 @@
 // publishes from its checkpoint on). Its events at or below the last
 // position handled (published again, the relay's checkpoint set back) are
 // acknowledged without being handled: within one stream, stream order is
-// position order, so this passes over no new event.
+// position order, so this passes over no new event, unless the log itself
+// went back: a source database restored from a backup, or failed over to a
+// replica that lacked its newest events, gives the positions of the events
+// it lost to new ones. The consumer keeps the ID of the last event handled
+// beside its position (RunProjection in its checkpoint row), and an event
+// at that position with another ID stops Run or RunProjection with
+// ErrLogRewound (*RewoundError), logged at ERROR, before that event: the
+// read model holds events the log no longer has, and must be rebuilt. The
+// new events below that position were passed over by then, and nothing
+// tells before the new log reaches it (or at all, if the position is a
+// hole in the new log: an append rolled back).
 //
 // RunProjection first runs the projection's read-model setup
 // (Typed.OnSetup, projection.Setupper) in the service's database as a
