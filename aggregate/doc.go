@@ -65,9 +65,10 @@
 //
 // Errors: ErrNotFound for a missing aggregate, ErrInvalidID for an empty ID
 // or one whose stream ID no append takes (over eventstore.MaxStreamIDBytes
-// with its prefix, control characters, invalid UTF-8), and an error naming the event type, the Go type, the stream and the
-// version for an event the aggregate does not handle (ErrUnhandledEvent) or
-// the registry does not know (eventstore.ErrUnknownEventType).
+// with its prefix, control characters, invalid UTF-8), and an error naming
+// the event type, the Go type, the stream and the version for an event the
+// aggregate does not handle (ErrUnhandledEvent) or the registry does not
+// know (eventstore.ErrUnknownEventType).
 //
 // # In a transaction
 //

@@ -41,15 +41,16 @@ type registration struct {
 // data of the subject named by the Go field subjectField (a string or
 // integer field, or a UUID, e.g. a customer ID: it stays in clear, so make
 // it an opaque ID, not a name or an e-mail address; an append whose subject
-// is missing or its field's zero value, "", 0 or the nil UUID, which is
-// what an unset field holds, is refused with an *InvalidEventError, since
-// it would put every such event's data under one subject). The type's top-level fields tagged
-// `annals:"personal"` are encrypted, before each append, with the subject's
-// data key (AES-256-GCM, the subject and field name bound as additional
-// data; a random nonce per field, or, for an event whose ID the caller
-// chose, a nonce derived from the data key, the event ID, the field and its
-// value, so that a retried append seals to the same bytes and is recognised
-// as stored: idempotency holds for personal data too) and stored as
+// is missing or its field's zero value, "", 0 or the nil UUID, which is what
+// an unset field holds, is refused with an *InvalidEventError, since it
+// would put every such event's data under one subject). The type's top-level
+// fields tagged `annals:"personal"` are encrypted, before each append, with
+// the subject's data key (AES-256-GCM, the subject and field name bound as
+// additional data; a random nonce per field, or, for an event whose ID the
+// caller chose, a nonce derived from the data key, the event ID, the field
+// and its value, so that a retried append seals to the same bytes and is
+// recognised as stored: idempotency holds for personal data too) and stored
+// as
 // {"$personal": {"v": 1, "subject": ..., "kind": ..., "data": base64}};
 // reads decrypt them back. After Store.Forget(subject) they read as
 // Forgotten (strings) or null (other kinds: Go's zero value). A Store needs
