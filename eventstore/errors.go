@@ -46,6 +46,14 @@ var (
 	// and is also matched by a WrongExpectedVersionError for StreamExists.
 	ErrStreamNotFound = errors.New("stream not found")
 
+	// ErrStreamChanged ends a ReadStream that spans several pages when the
+	// stream changed between two of them in a way that would make the
+	// events yielded not one stream as it was at any moment: deleted (soft:
+	// the rest would read as nothing; it also matches ErrStreamDeleted),
+	// deleted and recreated, or truncated past the next version to read
+	// (its retention, or its max age reached it). Read the stream again.
+	ErrStreamChanged = errors.New("stream changed while it was read")
+
 	// ErrInvalidEvent is matched by every rejection of malformed input,
 	// whether the Go client or the SQL function (SQLSTATE AN002) found it: a
 	// stream ID or event type that is empty, only whitespace, too long, not

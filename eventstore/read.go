@@ -2,10 +2,13 @@ package eventstore
 
 import (
 	"context"
+	"fmt"
 	"iter"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/internal/errmark"
 )
 
 // ReadAll yields every event with a position of at least from, in position
@@ -51,7 +54,12 @@ func (s *Store) ReadAll(ctx context.Context, from int64) iter.Seq2[Event, error]
 // ErrStreamDeleted (a *StreamDeletedError). Events hidden by the stream's
 // truncation (StreamInfo.TruncateBefore: a recreated stream starts after its
 // deletion) are not yielded, so the first event may have a version above
-// fromVersion.
+// fromVersion. A read that spans several pages (Config.PageSize) reads
+// each in a query of its own: when the stream is deleted, recreated or
+// truncated past the next version between two of them, the read ends with
+// ErrStreamChanged instead of yielding a prefix, or events of the stream
+// before and after the change as one. ReadStreamTx in a REPEATABLE READ
+// transaction reads one snapshot and never sees that.
 func (s *Store) ReadStream(ctx context.Context, streamID string, fromVersion int64) iter.Seq2[Event, error] {
 	return s.readStream(ctx, s.pool, streamID, fromVersion)
 }
@@ -90,6 +98,15 @@ func (s *Store) readStream(ctx context.Context, db querier, streamID string, fro
 				}
 				return
 			}
+			if !first && (len(page) == 0 || page[0].StreamVersion != next) {
+				// The previous page was full: a next version was due,
+				// unless the stream ends there. An empty page at its end
+				// is the only way a read ends on a full page.
+				if changed := s.changedWhileRead(ctx, db, streamID, next, page); changed != nil {
+					yield(Event{}, changed)
+					return
+				}
+			}
 			first = false
 			for _, e := range page {
 				e, err := s.registry.Upcast(e)
@@ -107,6 +124,30 @@ func (s *Store) readStream(ctx context.Context, db querier, streamID string, fro
 			next = page[len(page)-1].StreamVersion + 1
 		}
 	}
+}
+
+// changedWhileRead says whether a stream read page by page changed between
+// the previous page, which was full and ended at version next-1, and page,
+// which does not go on at next (see ReadStream): nil when page is empty
+// and the stream, still live, ends at next-1 (the read is done); else an
+// error matching ErrStreamChanged (and ErrStreamDeleted for a stream
+// deleted meanwhile).
+func (s *Store) changedWhileRead(ctx context.Context, db querier, streamID string, next int64, page []Event) error {
+	v, err := s.streamVersionOf(ctx, db, streamID)
+	switch {
+	case err == nil && len(page) == 0 && v < next:
+		return nil
+	case errors.Is(err, ErrStreamDeleted):
+		return errmark.Mark(errors.Wrapf(err, "eventstore: read stream %q: deleted after version %d was read; read it again", streamID, next-1), ErrStreamChanged)
+	case err != nil && !errors.Is(err, ErrStreamNotFound):
+		return errors.Wrapf(err, "eventstore: read stream %q", streamID)
+	}
+	found := "no event"
+	if len(page) > 0 {
+		found = fmt.Sprintf("version %d", page[0].StreamVersion)
+	}
+	return errors.Wrapf(ErrStreamChanged, "eventstore: read stream %q: after version %d, %s (the stream was deleted, recreated or truncated meanwhile); read it again",
+		streamID, next-1, found)
 }
 
 // StreamVersion returns the current version of streamID, or
