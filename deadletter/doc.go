@@ -80,9 +80,12 @@
 // followed by a scavenge, a truncation or a retention policy (package
 // scavenge) may remove the event from the log while its dead letter is
 // open or released. Such an entry can never be delivered, and it must not
-// hold its stream or its partition, so it is skipped, with
-// "not delivered: the event no longer exists in the log" in front of its
-// error (the last error follows on the next line):
+// hold its stream or its partition, so it is skipped once it is acted on
+// or released, with "not delivered: the event no longer exists in the log"
+// in front of its error (the last error follows on the next line). An
+// open entry is not looked at by itself: until an operator retries or
+// skips it (or its retention releases it), it parks its stream as any open
+// entry does, and annals dlq list shows it:
 //
 //   - Retry, RetryAll and Skip mark it skipped instead of releasing it and
 //     list it in Change.Gone (and in Change.Skipped); annals dlq retry
