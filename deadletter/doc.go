@@ -84,7 +84,7 @@
 // or released, with "not delivered: the event no longer exists in the log"
 // in front of its error (the last error follows on the next line). An
 // open entry is not looked at by itself: until an operator retries or
-// skips it (or its retention releases it), it parks its stream as any open
+// skips it, it parks its stream as any open
 // entry does, and annals dlq list shows it:
 //
 //   - Retry, RetryAll and Skip mark it skipped instead of releasing it and
