@@ -33,7 +33,11 @@
 //     effects idempotent). Checkpoints are written every CheckpointEvery
 //     events or CheckpointInterval (also while idle), so a crash of the
 //     runner re-delivers at most that many events; a graceful shutdown
-//     re-delivers none. While an observer is behind the head its writes do
+//     re-delivers none. So does a lost lock session while the process
+//     lives (its connection cut, the process paused): the checkpoint not
+//     yet written cannot be written without the lock, and whoever leads the
+//     partition next, this very process too, re-delivers from the stored
+//     one. While an observer is behind the head its writes do
 //     not wait for their WAL flush, so a crash of PostgreSQL itself during
 //     a catch-up can also re-deliver what it handled in the moments before
 //     (Options.SyncCommits makes every write wait).
