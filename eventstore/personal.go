@@ -140,15 +140,29 @@ func personalSpecOf(t reflect.Type, o registration) (*personalSpec, error) {
 		return nil, invalidf("PersonalData: the subject field %s.%s is a %s; want a string, an integer or a UUID", t, f.Name, f.Type)
 	}
 	spec := &personalSpec{subject: jsonName(f), fields: fields}
-	if t.Kind() == reflect.Struct {
-		var obj map[string]json.RawMessage
-		if b, err := json.Marshal(reflect.New(t).Elem().Interface()); err == nil && json.Unmarshal(b, &obj) == nil {
-			if s, _ := subjectOf(obj[spec.subject]); s != "" {
-				spec.unset = s
-			}
-		}
-	}
+	spec.unset = unsetSubject(t, spec.subject)
 	return spec, nil
+}
+
+// unsetSubject returns the subject ID that t's zero value encodes under the
+// JSON key subject ("" when it encodes none, or cannot be encoded: a
+// MarshalJSON that fails, or panics, on a zero value).
+func unsetSubject(t reflect.Type, subject string) (unset string) {
+	if t.Kind() != reflect.Struct {
+		return ""
+	}
+	defer func() {
+		if recover() != nil {
+			unset = ""
+		}
+	}()
+	var obj map[string]json.RawMessage
+	b, err := json.Marshal(reflect.New(t).Elem().Interface())
+	if err != nil || json.Unmarshal(b, &obj) != nil {
+		return ""
+	}
+	s, _ := subjectOf(obj[subject])
+	return s
 }
 
 // checkNestedTags refuses `annals` tags that would encrypt nothing: a value

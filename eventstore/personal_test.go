@@ -833,3 +833,25 @@ func TestPersonalZeroSubject(t *testing.T) {
 		}
 	}
 }
+
+// panicky's MarshalJSON panics on its zero value (a nil pointer), as a
+// type's own encoder may.
+type panicky struct {
+	ID   string  `json:"id"`
+	Name string  `json:"name" annals:"personal"`
+	Plan *string `json:"plan"`
+}
+
+func (p panicky) MarshalJSON() ([]byte, error) {
+	return json.Marshal(map[string]string{"id": p.ID, "name": p.Name, "plan": *p.Plan})
+}
+
+// Registering a type whose encoder panics on its zero value does not
+// panic: the zero value's subject is only looked for (to refuse it).
+func TestPersonalRegistrationOfAPanickyEncoder(t *testing.T) {
+	t.Parallel()
+	reg := eventstore.NewRegistry()
+	if err := eventstore.Register[panicky](reg, "panicky", eventstore.PersonalData("ID")); err != nil {
+		t.Fatal(err)
+	}
+}
