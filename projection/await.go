@@ -317,7 +317,29 @@ func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, layout
 			case r.dead != nil:
 				return errors.WithStack(r.dead)
 			case r.done:
-				return nil
+				// The live generation and its checkpoints are two reads:
+				// a rollback between them makes readers see a generation
+				// that may lack the event (the one rolled back to stopped
+				// at its cut-over). Done only if sub is still live after
+				// its checkpoints were read (a generation keeps its
+				// checkpoints while retired, so one that went and came
+				// back is as far as it was); else wait for the live one.
+				// (sub == name: name has no generations, nothing to check.)
+				if sub == name {
+					return nil
+				}
+				s, v, err := a.live(ctx, name, blueGreen)
+				if err != nil {
+					return a.failed(ctx, sub, position, part, err)
+				}
+				if s == sub {
+					return nil
+				}
+				if part, err = a.partition(ctx, s, v, layout, position); err != nil {
+					return a.failed(ctx, s, position, -1, err)
+				}
+				sub = s
+				continue
 			case r.again:
 				continue
 			}

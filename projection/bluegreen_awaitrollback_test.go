@@ -1,0 +1,119 @@
+package projection_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/projection"
+)
+
+// beforeQuery runs hook (once) when a query whose SQL contains match
+// starts, before it is sent.
+type beforeQuery struct {
+	match string
+	once  sync.Once
+	hook  func()
+}
+
+func (b *beforeQuery) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, b.match) {
+		b.once.Do(b.hook)
+	}
+	return ctx
+}
+
+func (b *beforeQuery) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestBlueGreenAwaitRollbackBetweenReads: a rollback that commits after
+// Await has looked up the live generation (g2, past the position) but
+// before it reads that generation's checkpoints does not make Await
+// return: readers see g1 by then, which stopped below the position, so
+// Await waits for g1 (and returns once version 1's runner has caught it
+// up). Await read the live generation and its checkpoints in two
+// statements, and returned on the checkpoints of a generation that was no
+// longer live. A tracer on the Awaiter's pool runs the rollback just
+// before the checkpoints' read, so the race is hit every time.
+func TestBlueGreenAwaitRollbackBetweenReads(t *testing.T) {
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	log := &bgLog{db: db}
+	seedV1(t, db, log, 5, 5)
+	if c, err := bgRunner(t, db, "v2", 2, false).RebuildBlueGreen(ctx, bgName, nil); err != nil || c.To != 2 {
+		t.Fatalf("cut-over to g2: %+v %v", c, err)
+	}
+	// An event that g2 applies and g1 (retired at the cut-over) does not.
+	if err := log.add(ctx, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	head := headOf(t, db)
+	if err := bgRunner(t, db, "v2", 2, false).RunUntilCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cp := checkpointOf(t, db, "bgstats#g2"); cp < head {
+		t.Fatalf("g2 at %d, want %d", cp, head)
+	}
+
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rolledBack := make(chan error, 1)
+	cfg.ConnConfig.Tracer = &beforeQuery{match: "dead_letters d", hook: func() {
+		_, err := projection.Rollback(context.WithoutCancel(ctx), db.Pool, db.Schema, bgName)
+		rolledBack <- err
+	}}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	a, err := projection.NewAwaiter(pool, &projection.AwaitOptions{Schema: db.Schema, PollInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	err = a.Await(actx, bgName, head)
+	select {
+	case rerr := <-rolledBack:
+		if rerr != nil {
+			t.Fatalf("rollback: %v", rerr)
+		}
+	default:
+		t.Fatal("the rollback did not run during the wait")
+	}
+	if s := state(t, db, 1); s != projection.GenerationLive {
+		t.Fatalf("generation 1 is %s after the rollback", s)
+	}
+	if cp := checkpointOf(t, db, "bgstats#g1"); cp >= head {
+		t.Fatalf("g1 at %d, want below %d", cp, head)
+	}
+	var behind *projection.BehindError
+	if !errors.As(err, &behind) {
+		t.Fatalf("Await returned %v after the rollback to g1 (at %d, below %d): readers do not see the event", err, checkpointOf(t, db, "bgstats#g1"), head)
+	}
+	if behind.Projection != "bgstats#g1" {
+		t.Fatalf("Await was behind on %s, want bgstats#g1", behind.Projection)
+	}
+
+	// Version 1's runner catches g1 up; the wait ends.
+	bgRunInBackground(t, bgRunner(t, db, "v1", 1, false))
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer wcancel()
+	if err := a.Await(wctx, bgName, head); err != nil {
+		t.Fatalf("Await once g1 is caught up: %v", err)
+	}
+	if cp := checkpointOf(t, db, "bgstats#g1"); cp < head {
+		t.Fatalf("Await returned with g1 at %d, before %d", cp, head)
+	}
+}
