@@ -222,7 +222,11 @@
 // an observer's batched checkpoint, a rebuild, annals checkpoint set).
 // For a blue/green projection Await waits for the live generation's
 // checkpoints (subscriber <name>#g<N>: what readers see), and a cut-over
-// or rollback during the wait is followed at the next poll.
+// or rollback during the wait is followed at the next poll; it returns
+// only if the generation whose checkpoints reached the position is still
+// live after they were read. A rollback after it returned takes readers
+// back to a generation that may lack the event until its runners catch it
+// up.
 //
 // # Blue/green read models
 //
