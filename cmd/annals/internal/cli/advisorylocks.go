@@ -41,9 +41,6 @@ who may take them. --output json writes {"restricted", "roles", "owners", "runne
 		e.advisoryLocksSubcommand("restrict", "Take the advisory-lock functions from PUBLIC; grant them to annals' roles"),
 		e.advisoryLocksSubcommand("allow", "Give the advisory-lock functions back to PUBLIC"),
 	)
-	for _, c := range cmd.Commands() {
-		wrapArgs(c)
-	}
 	return cmd
 }
 

@@ -34,9 +34,6 @@ back) or skip them (moving forward). See 'annals status' for every subscriber.`,
 		},
 	}
 	cmd.AddCommand(e.checkpointGetCommand(), e.checkpointSetCommand())
-	for _, c := range cmd.Commands() {
-		wrapArgs(c)
-	}
 	return cmd
 }
 

@@ -210,8 +210,8 @@ func (e *env) rootCommand() *cobra.Command {
 				return usagef("unknown shell %q: want bash, zsh, fish or powershell", args[0])
 			}
 		}
-		wrapArgs(c)
 	}
+	wrapArgs(root)
 	return root
 }
 
@@ -368,14 +368,29 @@ func negativeNumber(err error) (string, bool) {
 	return arg, true
 }
 
-// wrapArgs makes argument-count errors usage errors.
+// wrapArgs makes the argument errors of c and of every command under it
+// usage errors (exit 2), however deep: a command under one that is no group
+// (archive status, relay nats) was left out and exited 1. A wrong number of
+// arguments is said in the CLI's words, with the arguments the command takes
+// (its Use), not cobra's ("accepts 2 arg(s), received 1").
 func wrapArgs(c *cobra.Command) {
+	for _, sub := range c.Commands() {
+		wrapArgs(sub)
+	}
 	if c.Args == nil {
 		return
 	}
 	check := c.Args
 	c.Args = func(cmd *cobra.Command, args []string) error {
 		if err := check(cmd, args); err != nil {
+			// cobra's count checks (ExactArgs, MaximumNArgs, MinimumNArgs,
+			// RangeArgs) all say "arg(s)"; a command's own check says
+			// what it wants already.
+			if strings.Contains(err.Error(), " arg(s)") {
+				path := strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")
+				takes := strings.TrimSpace(strings.TrimPrefix(cmd.Use, cmd.Name()))
+				return usagef("%s takes %s, got %s", path, takes, countNoun(len(args), "argument"))
+			}
 			return usageError{err}
 		}
 		return nil

@@ -47,9 +47,6 @@ change nothing.`,
 		},
 	}
 	cmd.AddCommand(e.dlqListCommand(), e.dlqShowCommand(), e.dlqRetryCommand(), e.dlqSkipCommand(), e.dlqPurgeCommand())
-	for _, c := range cmd.Commands() {
-		wrapArgs(c)
-	}
 	return cmd
 }
 
@@ -135,7 +132,8 @@ func (e *env) dlqShowCommand() *cobra.Command {
 		Short: "Show every field of a dead letter, with its error and stack trace",
 		Long: `Show every field of a dead letter, with its error and stack trace. --output json
 writes one object with the keys of 'dlq list --output jsonl'.`,
-		Args: cobra.ExactArgs(1),
+		Annotations: map[string]string{negativeArgAnnotation: badDeadLetterID},
+		Args:        cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := parseDeadLetterID(args[0])
 			if err != nil {
@@ -177,7 +175,8 @@ truncation or retention removed it) cannot be re-delivered: it is skipped instea
 said so (--output json lists it under "gone", and under "skipped").`,
 		Example: `  annals dlq retry 12
   annals dlq retry --subscriber orders-view --all`,
-		Args: cobra.MaximumNArgs(1),
+		Annotations: map[string]string{negativeArgAnnotation: badDeadLetterID},
+		Args:        cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			bySubscriber := cmd.Flags().Changed("subscriber")
 			switch {
@@ -258,7 +257,8 @@ func (e *env) dlqSkipCommand() *cobra.Command {
 The other open dead letters of its stream (for the same subscriber partition) are
 marked for re-delivery, in position order, and the subscriber partition is resumed if
 the Stop policy halted it. A dead letter already resolved or skipped changes nothing.`,
-		Args: cobra.ExactArgs(1),
+		Annotations: map[string]string{negativeArgAnnotation: badDeadLetterID},
+		Args:        cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := parseDeadLetterID(args[0])
 			if err != nil {
@@ -398,11 +398,17 @@ func changeDetail(id int64, c deadletter.Change) map[string]any {
 	return map[string]any{"ids": []int64{id}, "retried": c.Retried, "skipped": c.Skipped, "gone": c.Gone, "resumed": len(c.Resumed)}
 }
 
+// badDeadLetterID is the message for an ID argument that is no dead-letter
+// ID (a format of the argument); also the negativeArgAnnotation of the
+// commands that take one, whose negative ID the flag parser takes for a
+// shorthand flag.
+const badDeadLetterID = "ID %q: want a dead letter ID, a positive integer (see 'annals dlq list')"
+
 // parseDeadLetterID parses a dead-letter ID argument.
 func parseDeadLetterID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id < 1 {
-		return 0, usagef("ID %q: want a dead letter ID, a positive integer (see 'annals dlq list')", s)
+		return 0, usagef(badDeadLetterID, s)
 	}
 	return id, nil
 }

@@ -36,9 +36,6 @@ cancel on a timer, cluster-wide, from the database alone.`,
 	}
 	cmd.AddCommand(e.scheduleListCommand(), e.scheduleTaskCommand("pause"), e.scheduleTaskCommand("resume"),
 		e.scheduleTaskCommand("delete"), e.scheduleCancelCommand())
-	for _, c := range cmd.Commands() {
-		wrapArgs(c)
-	}
 	return cmd
 }
 

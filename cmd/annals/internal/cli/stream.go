@@ -28,9 +28,6 @@ truncate-before); 'info' shows its version, state and retention.`,
 		},
 	}
 	cmd.AddCommand(e.streamDeleteCommand(), e.streamInfoCommand(), e.streamSetCommand())
-	for _, c := range cmd.Commands() {
-		wrapArgs(c)
-	}
 	return cmd
 }
 
