@@ -38,13 +38,19 @@ Prints the event's ID, position and stream version; --output json writes one obj
 				return usagef("TYPE must not be empty")
 			}
 			if metadata != "" {
+				// Said in the CLI's words: the decoder's name Go types
+				// ("cannot unmarshal array into Go value of type
+				// map[string]interface {}").
+				if !json.Valid([]byte(metadata)) {
+					return usagef("--metadata is not valid JSON: %s", metadata)
+				}
 				if err := json.Unmarshal([]byte(metadata), &ev.Metadata); err != nil {
-					return usagef("--metadata is not a JSON object: %v", err)
+					return usagef(`--metadata %s: want a JSON object, such as '{"correlation_id": "c-1"}'`, metadata)
 				}
 			}
 			if eventID != "" {
 				if ev.ID, err = uuid.Parse(eventID); err != nil {
-					return usagef("--event-id is not a UUID: %v", err)
+					return usagef("--event-id %q: want a UUID (omit --event-id for a generated one)", eventID)
 				}
 				if ev.ID == uuid.Nil {
 					return usagef("--event-id must not be the nil UUID (omit --event-id for a generated one)")

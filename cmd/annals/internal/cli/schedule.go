@@ -259,7 +259,7 @@ command exits 3 (not found) then.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := uuid.Parse(args[0])
 			if err != nil {
-				return usagef("timer ID %q: %v", args[0], err)
+				return usagef("timer ID %q: want a UUID (see 'annals schedule list')", args[0])
 			}
 			err = e.withScheduler(cmd.Context(), func(s *scheduler.Scheduler, pool *pgxpool.Pool) error {
 				return e.audited(cmd.Context(), pool, "timer.cancel", func(tx pgx.Tx) (string, any, error) {
