@@ -313,34 +313,35 @@ func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, layout
 			if r, err = a.reached(ctx, sub, part, position); err != nil {
 				return a.failed(ctx, sub, position, part, err)
 			}
-			switch {
-			case r.dead != nil:
-				return errors.WithStack(r.dead)
-			case r.done:
+			if r.dead != nil || r.done {
 				// The live generation and its checkpoints are two reads:
 				// a rollback between them makes readers see a generation
 				// that may lack the event (the one rolled back to stopped
-				// at its cut-over). Done only if sub is still live after
-				// its checkpoints were read (a generation keeps its
+				// at its cut-over), or may apply it (the dead letter is
+				// the retired one's). An answer only if sub is still live
+				// after its checkpoints were read (a generation keeps its
 				// checkpoints while retired, so one that went and came
 				// back is as far as it was); else wait for the live one.
 				// (sub == name: name has no generations, nothing to check.)
-				if sub == name {
-					return nil
+				if sub != name {
+					s, v, err := a.live(ctx, name, blueGreen)
+					if err != nil {
+						return a.failed(ctx, sub, position, part, err)
+					}
+					if s != sub {
+						if part, err = a.partition(ctx, s, v, layout, position); err != nil {
+							return a.failed(ctx, s, position, -1, err)
+						}
+						sub = s
+						continue
+					}
 				}
-				s, v, err := a.live(ctx, name, blueGreen)
-				if err != nil {
-					return a.failed(ctx, sub, position, part, err)
+				if r.dead != nil {
+					return errors.WithStack(r.dead)
 				}
-				if s == sub {
-					return nil
-				}
-				if part, err = a.partition(ctx, s, v, layout, position); err != nil {
-					return a.failed(ctx, s, position, -1, err)
-				}
-				sub = s
-				continue
-			case r.again:
+				return nil
+			}
+			if r.again {
 				continue
 			}
 			held = r.held

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -116,4 +117,76 @@ func TestBlueGreenAwaitRollbackBetweenReads(t *testing.T) {
 	if cp := checkpointOf(t, db, "bgstats#g1"); cp < head {
 		t.Fatalf("Await returned with g1 at %d, before %d", cp, head)
 	}
+}
+
+// TestBlueGreenAwaitRollbackDeadLetter: the dead letter of a generation a
+// rollback has just retired is not what readers see either: Await, whose
+// event g2 dead-lettered, does not return ErrDeadLettered once a rollback
+// (between its read of the live generation and of its checkpoints) has
+// made g1 live, which may apply the event; it waits for g1.
+func TestBlueGreenAwaitRollbackDeadLetter(t *testing.T) {
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	log := &bgLog{db: db}
+	seedV1(t, db, log, 5, 2)
+	var fixed atomic.Bool
+	fixed.Store(true)
+	var logs annalstest.LogBuffer
+	v2 := failingRunner(t, db, "v2", &fixed, false, &logs)
+	if c, err := v2.RebuildBlueGreen(ctx, bgName, nil); err != nil || c.To != 2 {
+		t.Fatalf("cut-over to g2: %+v %v", c, err)
+	}
+	// Stream s000010's third event, which g2 dead-letters.
+	fixed.Store(false)
+	if err := log.add(ctx, 6, 3); err != nil {
+		t.Fatal(err)
+	}
+	head := headOf(t, db)
+	annalstest.WaitForErr(t, 20*time.Second, func() error {
+		err := v2.RunUntilCaughtUp(ctx)
+		if cp := checkpointOf(t, db, "bgstats#g2"); cp < head {
+			return errors.Newf("g2 at %d, want %d (%v)", cp, head, err)
+		}
+		return nil
+	})
+	if err := projection.Await(ctx, db.Pool, bgName, head, &projection.AwaitOptions{Schema: db.Schema}); !errors.Is(err, projection.ErrDeadLettered) {
+		t.Fatalf("Await on g2: %v, want ErrDeadLettered", err)
+	}
+
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rolledBack := make(chan error, 1)
+	cfg.ConnConfig.Tracer = &beforeQuery{match: "dead_letters d", hook: func() {
+		_, err := projection.Rollback(context.WithoutCancel(ctx), db.Pool, db.Schema, bgName)
+		rolledBack <- err
+	}}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	a, err := projection.NewAwaiter(pool, &projection.AwaitOptions{Schema: db.Schema, PollInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	err = a.Await(actx, bgName, head)
+	if rerr := <-rolledBack; rerr != nil {
+		t.Fatalf("rollback: %v", rerr)
+	}
+	var behind *projection.BehindError
+	if !errors.As(err, &behind) || behind.Projection != "bgstats#g1" {
+		t.Fatalf("Await returned %v after the rollback to g1 (at %d, below %d), want it behind on bgstats#g1", err, checkpointOf(t, db, "bgstats#g1"), head)
+	}
+	bgRunInBackground(t, bgRunner(t, db, "v1", 1, false))
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer wcancel()
+	if err := a.Await(wctx, bgName, head); err != nil {
+		t.Fatalf("Await once g1 is caught up: %v", err)
+	}
+	readerSees(t, db, log, 1)
 }
