@@ -17,9 +17,17 @@ import (
 // as docs/operations.md's role table says. The commands of the log
 // (append, delete, forget) say it through eventstore.ErrNotGranted.
 var grantNeeded = map[string]string{
-	"status":   "'annals grant reader ROLE' (or runner, operator)",
-	"scavenge": "'annals grant operator ROLE'",
-	"archive":  "'annals grant operator ROLE'",
+	"status":         "'annals grant reader ROLE' (or runner, operator)",
+	"scavenge":       "'annals grant operator ROLE'",
+	"archive":        "'annals grant operator ROLE'",
+	"checkpoint":     "'annals grant reader ROLE' (or runner, operator)",
+	"checkpoint set": "'annals grant operator ROLE'",
+	"dlq":            "'annals grant operator ROLE'",
+	"dlq list":       "'annals grant reader ROLE' (or runner, operator)",
+	"dlq show":       "'annals grant reader ROLE' (or runner, operator)",
+	"schedule":       "'annals grant operator ROLE'",
+	"schedule list":  "'annals grant reader ROLE' (or runner, operator)",
+	"tail":           "'annals grant reader ROLE' (with --subscriber: runner, or operator)",
 }
 
 // withGrantHint returns err with a hint naming the grant cmd needs when

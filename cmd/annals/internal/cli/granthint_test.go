@@ -11,7 +11,8 @@ import (
 // privilege says which grant it needs, and the commands of the log say
 // theirs once, under one "annals: " prefix (the new-user trial found raw
 // "permission denied" for status, scavenge and archive, and forget's
-// prefixes stacked).
+// prefixes stacked; the CLI audit found it for checkpoint set, dlq purge and
+// the schedule commands).
 func TestGrantHints(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)
@@ -27,6 +28,9 @@ func TestGrantHints(t *testing.T) {
 			t.Fatalf("append: %+v", r)
 		}
 	}
+	if r := annals(t, db.URL, "checkpoint", "set", "mailer", "0", "--create", "--yes"); r.code != 0 {
+		t.Fatalf("checkpoint set --create: %+v", r)
+	}
 	for _, c := range []struct {
 		url   string
 		args  []string
@@ -40,6 +44,12 @@ func TestGrantHints(t *testing.T) {
 		{readerURL, []string{"archive", "status"}, "run 'annals grant operator ROLE'", "permission denied for table archive_runs"},
 		{readerURL, []string{"forget", "s", "--yes"}, "run 'annals grant writer ROLE'", "permission denied for function forget_subject"},
 		{readerURL, []string{"append", "order-1", "order.placed", "{}"}, "run 'annals grant writer ROLE'", "permission denied for function append_one"},
+		// The commands of the subscriptions, the dead letters and the
+		// scheduler said PostgreSQL's words alone.
+		{readerURL, []string{"checkpoint", "set", "mailer", "1", "--yes"}, "run 'annals grant operator ROLE'", "permission denied for table checkpoints"},
+		{writerURL, []string{"checkpoint", "set", "mailer", "1", "--yes"}, "run 'annals grant operator ROLE'", "permission denied for table checkpoints"},
+		{readerURL, []string{"dlq", "purge", "--older-than", "1d"}, "run 'annals grant operator ROLE'", "permission denied for table dead_letters"},
+		{writerURL, []string{"schedule", "list"}, "run 'annals grant reader ROLE' (or runner, operator)", "permission denied for table cron_tasks"},
 	} {
 		r := annals(t, c.url, c.args...)
 		if r.code != ExitFailure || !strings.HasPrefix(r.stderr, "annals: ") || strings.Count(r.stderr, "annals: ") != 1 ||
