@@ -45,7 +45,9 @@ on a runner's or operator's first grant needs a superuser.
 		RunE: func(cmd *cobra.Command, args []string) error {
 			kind, err := migrations.ParseRoleKind(args[0])
 			if err != nil {
-				return usageError{err}
+				// In the CLI's words: the error's own ends with the
+				// package's sentinel ("...: migrations: invalid role kind").
+				return usagef("%q: want reader, writer, runner or operator", args[0])
 			}
 			if print && *format != outputText {
 				return usagef("--output %s cannot be combined with --print, which writes SQL", *format)
