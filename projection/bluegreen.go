@@ -1100,7 +1100,10 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 // pace it measured (or a round no longer shrinks it): the cut-over replays
 // the rest while it holds the live generation, which is not updated
 // meanwhile, within CutoverLockTimeout; a gap that would take longer at
-// that pace fails the attempt at once.
+// that pace fails the attempt at once. A cut-over whose COMMIT went
+// through but whose answer was lost (the connection cut, or ctx ended,
+// after it was sent) is reported as done, not as an error: the
+// generation's state is read again when the cut-over fails.
 // Like Rebuild, it holds the projection's rebuild lock (RebuildLockKey) for
 // its whole run and fails at once with ErrRebuildRunning while another
 // rebuild of the projection runs. A generation of the registered version
@@ -1375,6 +1378,16 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 			continue
 		}
 		if !errors.Is(err, ErrCutoverBehind) {
+			if !errors.Is(err, ErrCutoverOlderVersion) && rb.wentLive(ctx, g, name, gen) {
+				// The cut-over committed, but its answer was lost (the
+				// connection cut, or ctx ended, after COMMIT was sent):
+				// readers see the new generation. Failing would have the
+				// caller build yet another one.
+				log.WarnContext(ctx, "annals: blue/green rebuild: the cut-over's commit failed on the client, but the generation is live",
+					slog.Int("from", c.From), telemetry.Err(err))
+				rb.report(true)
+				return c, nil
+			}
 			return c, err
 		}
 		last = err
@@ -1382,6 +1395,20 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	}
 	return Cutover{Projection: name, To: gen.Generation, Attempts: bg.cfg.CutoverAttempts},
 		errors.Wrapf(last, "projection: blue/green rebuild %q: no cut-over after %d attempts", name, bg.cfg.CutoverAttempts)
+}
+
+// wentLive reports whether generation gen of name is live, read on a
+// connection of its own (ctx may have ended): after a cut-over that failed,
+// whether it committed all the same.
+func (rb *rebuild) wentLive(ctx context.Context, g *generations, name string, gen Generation) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	gens, err := g.list(ctx, rb.r.pool, name)
+	if err != nil {
+		return false
+	}
+	x, ok := generationOf(gens, gen.Subscriber)
+	return ok && x.State == GenerationLive
 }
 
 // settle replays every partition of generation gen through head and,
