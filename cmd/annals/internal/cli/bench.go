@@ -53,6 +53,7 @@ func (e *env) benchCommand() *cobra.Command {
 	var quick bool
 	var duration time.Duration
 	var jsonPath string
+	var format *string
 	var only []string
 	var writers, batches, rates []int
 	var latencyWriters int
@@ -103,7 +104,7 @@ smoke test).`,
   annals bench --only catchup --events 100000
   annals bench --only takeover --lock-retry 0,100ms,2s --rounds 20`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			run, err := selectBenchmarks(cmd, only)
 			if err != nil {
 				return err
@@ -189,15 +190,28 @@ smoke test).`,
 			}
 			doc := &benchJSON{Settings: settings}
 			tables := 0
-			// report prints a table and rewrites --json, so that a failure later
-			// in the run keeps the figures measured so far.
+			if *format == outputJSON {
+				// The document on stdout at the end, with what was measured
+				// before a failure too (the error follows on stderr).
+				defer func() {
+					if err == nil || tables > 0 {
+						if werr := writeJSON(e.stdout, doc); err == nil {
+							err = werr
+						}
+					}
+				}()
+			}
+			// report prints a table (as text) and rewrites --json, so that a
+			// failure later in the run keeps the figures measured so far.
 			report := func(write func(io.Writer) error) error {
-				if tables > 0 {
-					fmt.Fprintln(e.stdout)
-				}
 				tables++
-				if err := write(e.stdout); err != nil {
-					return err
+				if *format == outputText {
+					if tables > 1 {
+						fmt.Fprintln(e.stdout)
+					}
+					if err := write(e.stdout); err != nil {
+						return err
+					}
 				}
 				return writeBenchJSON(jsonPath, doc)
 			}
@@ -302,6 +316,7 @@ smoke test).`,
 	cmd.Flags().BoolVar(&quick, "quick", false, "tiny measurements, for a smoke test")
 	cmd.Flags().DurationVar(&duration, "duration", 3*time.Second, "length of each append measurement and of each latency rate")
 	cmd.Flags().StringVar(&jsonPath, "json", "", "also write the results as JSON to this file")
+	format = addOutputFlag(cmd, false, outputText, outputJSON)
 	cmd.Flags().IntSliceVar(&writers, "writers", nil, "append: writer counts (default 1,4,16)")
 	cmd.Flags().IntSliceVar(&batches, "batch", nil, "append: events per append (default 1,100)")
 	cmd.Flags().IntVar(&events, "events", 1_000_000, "catchup: events in the log (quick: 5000)")

@@ -290,3 +290,24 @@ func TestBenchTwice(t *testing.T) {
 		}
 	}
 }
+
+// bench --output json prints the --json document on stdout instead of the
+// tables (progress stays on stderr); bench printed only tables before,
+// its JSON only to a file.
+func TestBenchOutputJSON(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	r := annals(t, db.URL, "bench", "--quick", "--only", "catchup", "--output", "json")
+	var doc struct {
+		Fsync   string `json:"fsync"`
+		Catchup *struct {
+			Events int `json:"events"`
+		} `json:"catchup"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &doc) != nil || doc.Catchup == nil || doc.Catchup.Events == 0 || doc.Fsync == "" {
+		t.Fatalf("bench --output json: %+v", r)
+	}
+	if strings.Contains(r.stdout, "catch-up throughput") {
+		t.Fatalf("bench --output json printed a table:\n%s", r.stdout)
+	}
+}
