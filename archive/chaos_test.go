@@ -19,13 +19,10 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/archive"
 	"github.com/annals-dev/annals/eventstore"
-	"github.com/annals-dev/annals/internal/pgcluster"
-	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/scavenge"
 	"github.com/annals-dev/annals/verify"
@@ -199,25 +196,7 @@ func TestLifecycleChaos(t *testing.T) {
 	seed := mrand.Uint64()
 	t.Logf("seed %d", seed)
 
-	cluster, err := pgcluster.Start(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := cluster.Stop(sctx); err != nil {
-			t.Error(err)
-		}
-	})
-	pool, err := pgxpool.New(ctx, cluster.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if _, err := migrations.Up(ctx, pool, nil); err != nil {
-		t.Fatal(err)
-	}
+	cluster, pool := annalstest.PrivateCluster(t, ctx, nil)
 	for _, table := range []string{"chaos_rm", "chaos_rm_part"} {
 		if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (n bigserial PRIMARY KEY, global_sequence bigint NOT NULL,
 			event_id uuid NOT NULL, stream_id text NOT NULL, stream_version bigint NOT NULL)`); err != nil {

@@ -8,12 +8,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/pgcluster"
-	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/projection"
 )
 
@@ -229,24 +227,6 @@ func clusterOfItsOwn(ctx context.Context, t *testing.T, opts ...*pgcluster.Optio
 	if len(opts) > 0 {
 		o = opts[0]
 	}
-	cluster, err := pgcluster.Start(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := cluster.Stop(sctx); err != nil {
-			t.Error(err)
-		}
-	})
-	pool, err := pgxpool.New(ctx, cluster.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if _, err := migrations.Up(ctx, pool, nil); err != nil {
-		t.Fatal(err)
-	}
+	cluster, pool := annalstest.PrivateCluster(t, ctx, o)
 	return cluster, liveHarnessOn(t, pool)
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/pgcluster"
-	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/walsource"
 )
@@ -43,25 +42,7 @@ func (l *logBuffer) String() string {
 // table for appliedProjection, and stops it when the test ends.
 func privateCluster(t *testing.T, ctx context.Context) (*pgcluster.Cluster, *pgxpool.Pool) {
 	t.Helper()
-	cluster, err := pgcluster.Start(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := cluster.Stop(sctx); err != nil {
-			t.Error(err)
-		}
-	})
-	pool, err := pgxpool.New(ctx, cluster.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if _, err := migrations.Up(ctx, pool, nil); err != nil {
-		t.Fatal(err)
-	}
+	cluster, pool := annalstest.PrivateCluster(t, ctx, nil)
 	if _, err := pool.Exec(ctx, `CREATE TABLE applied (global_sequence bigint PRIMARY KEY, event_id uuid NOT NULL UNIQUE)`); err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/pgcluster"
-	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/walsource"
 )
 
@@ -149,25 +148,7 @@ func TestSourceStopsOnWALLevelReplica(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	cluster, err := pgcluster.Start(ctx, &pgcluster.Options{Settings: map[string]string{"wal_level": "replica"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := cluster.Stop(sctx); err != nil {
-			t.Error(err)
-		}
-	})
-	pool, err := pgxpool.New(ctx, cluster.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if _, err := migrations.Up(ctx, pool, nil); err != nil {
-		t.Fatal(err)
-	}
+	_, pool := annalstest.PrivateCluster(t, ctx, &pgcluster.Options{Settings: map[string]string{"wal_level": "replica"}})
 	var logs logBuffer
 	src, err := walsource.New(pool, &walsource.Config{Slot: "annals_wal_level", OnCommit: func(walsource.Commit) {},
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})

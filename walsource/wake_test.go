@@ -9,12 +9,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
-	"github.com/annals-dev/annals/internal/pgcluster"
-	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/walsource"
 )
@@ -40,25 +37,7 @@ func TestWakeDeliversExactlyOnce(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Second)
 	defer cancel()
-	cluster, err := pgcluster.Start(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := cluster.Stop(sctx); err != nil {
-			t.Error(err)
-		}
-	})
-	pool, err := pgxpool.New(ctx, cluster.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if _, err := migrations.Up(ctx, pool, nil); err != nil {
-		t.Fatal(err)
-	}
+	cluster, pool := annalstest.PrivateCluster(t, ctx, nil)
 	if _, err := pool.Exec(ctx, `CREATE TABLE applied (global_sequence bigint PRIMARY KEY, event_id uuid NOT NULL UNIQUE)`); err != nil {
 		t.Fatal(err)
 	}
