@@ -292,19 +292,29 @@ func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, layout
 	read := true    // from the database: at the start, at each poll, and to confirm a notification
 	follow := false // look for the live generation first: at each poll
 	held := false   // the checkpoint passed, but a released dead letter of the event awaits re-delivery
+	// moveToLive looks the live generation up and, when it is another than
+	// sub, waits for that one from now on (moved); a failure is Await's
+	// error (never nil).
+	moveToLive := func() (moved bool, err error) {
+		s, v, err := a.live(ctx, name, blueGreen)
+		if err != nil {
+			return false, a.failed(ctx, sub, position, part, err)
+		}
+		if s == sub {
+			return false, nil
+		}
+		if part, err = a.partition(ctx, s, v, layout, position); err != nil {
+			return false, a.failed(ctx, s, position, -1, err)
+		}
+		sub = s
+		return true, nil
+	}
 	for {
 		if follow {
 			// A cut-over (or rollback) moves readers to another
 			// generation: wait for that one from now on.
-			s, v, err := a.live(ctx, name, blueGreen)
-			if err != nil {
-				return a.failed(ctx, sub, position, part, err)
-			}
-			if s != sub {
-				if part, err = a.partition(ctx, s, v, layout, position); err != nil {
-					return a.failed(ctx, s, position, -1, err)
-				}
-				sub = s
+			if _, err := moveToLive(); err != nil {
+				return err
 			}
 			follow = false
 		}
@@ -324,15 +334,11 @@ func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, layout
 				// back is as far as it was); else wait for the live one.
 				// (sub == name: name has no generations, nothing to check.)
 				if sub != name {
-					s, v, err := a.live(ctx, name, blueGreen)
+					moved, err := moveToLive()
 					if err != nil {
-						return a.failed(ctx, sub, position, part, err)
+						return err
 					}
-					if s != sub {
-						if part, err = a.partition(ctx, s, v, layout, position); err != nil {
-							return a.failed(ctx, s, position, -1, err)
-						}
-						sub = s
+					if moved {
 						continue
 					}
 				}
