@@ -190,6 +190,10 @@ var (
 	// ErrNoRollback is returned by Rollback when the generation the live
 	// one replaced is no longer kept (dropped), or there is none.
 	ErrNoRollback = errors.New("projection: no earlier generation to roll back to")
+	// ErrNotLive is returned by RollbackFrom when the generation it is to
+	// roll back from is not the live one (a rollback of it landed already:
+	// its answer was lost, and this is a retry), and nothing was changed.
+	ErrNotLive = errors.New("projection: the generation is not the live one")
 	// ErrNoGenerations is returned for a projection without generations.
 	ErrNoGenerations = errors.New("projection: the projection has no read-model generations")
 	// ErrCutoverDeadLetters is returned by a cut-over attempt that found
@@ -1684,9 +1688,28 @@ func (rb *rebuild) driveAll(ctx, procCtx context.Context, e *catchup.Engine, sub
 //
 // A rollback is the one way readers go back to an older version: a
 // cut-over never does (ErrCutoverOlderVersion).
+//
+// Rollback is not idempotent: run again, it goes one step further down the
+// chain. A caller that retries a rollback whose answer it did not get (the
+// connection cut after COMMIT was sent) should use RollbackFrom with the
+// generation it rolls back from.
 func Rollback(ctx context.Context, db interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }, schema, name string) (Cutover, error) {
+	return RollbackFrom(ctx, db, schema, name, 0)
+}
+
+// RollbackFrom is Rollback of generation from only: when from is not the
+// live generation it fails with ErrNotLive, naming the live one, and
+// changes nothing, so that a retry of a rollback that landed (its answer
+// lost) does not roll back a second time. from 0 rolls back whichever
+// generation is live, as Rollback does.
+func RollbackFrom(ctx context.Context, db interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}, schema, name string, from int) (Cutover, error) {
+	if from < 0 {
+		return Cutover{}, errors.Newf("projection: rollback of %q from generation %d: want a generation number, or 0 for the live one", name, from)
+	}
 	g, err := newGenerations(schema)
 	if err != nil {
 		return Cutover{}, err
@@ -1708,6 +1731,10 @@ func Rollback(ctx context.Context, db interface {
 	cur := live(gens)
 	if cur == nil {
 		return c, errors.Wrapf(ErrNoGenerations, "%q has no live generation", name)
+	}
+	if from != 0 && cur.Generation != from {
+		return c, errors.Wrapf(ErrNotLive, "%q: rollback from generation %d: generation %d is live; nothing changed (a rollback of %d landed already?)",
+			name, from, cur.Generation, from)
 	}
 	var prev *Generation
 	if cur.Replaced != nil {

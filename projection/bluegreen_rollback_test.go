@@ -176,3 +176,34 @@ func TestRollbackKeepsFirstLiveTime(t *testing.T) {
 		t.Fatalf("generation 1 rolled back to again: live since %v, again %v; want %v and after %v", g1.LiveSince, g1.LiveAgain, old.LiveSince, g3.LiveSince)
 	}
 }
+
+// TestRollbackFrom: a rollback retried after its answer was lost (here: run
+// again) goes one step further down the chain with Rollback; RollbackFrom
+// with the generation it rolled back from refuses with ErrNotLive and
+// changes nothing.
+func TestRollbackFrom(t *testing.T) {
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	log := &bgLog{db: db}
+	rollbackSequence(t, db, log) // g3 live, replaced g1
+	if _, err := projection.RollbackFrom(ctx, db.Pool, db.Schema, bgName, 1); !errors.Is(err, projection.ErrNotLive) {
+		t.Fatalf("rollback from g1 while g3 is live: %v, want ErrNotLive", err)
+	}
+	if _, err := projection.RollbackFrom(ctx, db.Pool, db.Schema, bgName, -1); err == nil {
+		t.Fatal("rollback from generation -1 succeeded")
+	}
+	rb, err := projection.RollbackFrom(ctx, db.Pool, db.Schema, bgName, 3)
+	if err != nil || rb.From != 3 || rb.To != 1 {
+		t.Fatalf("rollback from g3: %+v %v", rb, err)
+	}
+	// The retry: g3 is retired now, so nothing happens.
+	if _, err := projection.RollbackFrom(ctx, db.Pool, db.Schema, bgName, 3); !errors.Is(err, projection.ErrNotLive) {
+		t.Fatalf("retried rollback from g3: %v, want ErrNotLive", err)
+	}
+	for gen, want := range map[int]projection.GenerationState{1: projection.GenerationLive,
+		2: projection.GenerationRetired, 3: projection.GenerationRetired} {
+		if got := state(t, db, gen); got != want {
+			t.Errorf("generation %d is %s after the retried rollback, want %s", gen, got, want)
+		}
+	}
+}

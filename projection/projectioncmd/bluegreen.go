@@ -33,7 +33,10 @@ func (c *commands) rebuildBlueGreen(cmd *cobra.Command, name string, batch int, 
 }
 
 func (c *commands) rollbackCommand() *cobra.Command {
-	var yes bool
+	var (
+		yes  bool
+		from int
+	)
 	cmd := &cobra.Command{
 		Use:   "rollback NAME",
 		Short: "Point a blue/green read model's views back at its previous generation",
@@ -43,6 +46,10 @@ from where it stopped at the cut-over (the runners of its version catch it up); 
 generation that was live is retired, stopped where it is. Needs that generation still kept
 (retired, not dropped: see BlueGreen.Retention). Asks for confirmation unless --yes; without
 a terminal, --yes is required.
+
+A rollback run again goes one step further back. A script that retries a rollback whose
+answer it did not get passes --from with the generation it rolls back from: when that one
+is no longer live (the first attempt landed), the retry changes nothing and exits 2.
 
 After g1 -> g2, a rollback to g1 and g3 rebuilt and cut over from g1, it goes back to g1 (what
 g3 replaced), never to g2, which was rolled back from. A generation made live again by a
@@ -67,8 +74,11 @@ want and rebuild instead.`,
 					return err
 				}
 			}
-			cut, err := projection.Rollback(cmd.Context(), c.pool, c.runner.Schema(), name)
-			if errors.Is(err, projection.ErrNoGenerations) || errors.Is(err, projection.ErrNoRollback) {
+			if from < 0 {
+				return usage(errors.Newf("--from %d: want a generation number (0: the live one)", from))
+			}
+			cut, err := projection.RollbackFrom(cmd.Context(), c.pool, c.runner.Schema(), name, from)
+			if errors.Is(err, projection.ErrNoGenerations) || errors.Is(err, projection.ErrNoRollback) || errors.Is(err, projection.ErrNotLive) {
 				return usage(err)
 			}
 			if err != nil {
@@ -79,8 +89,10 @@ want and rebuild instead.`,
 			return nil
 		},
 	}
-	c.example(cmd, `  {{path}} rollback balances --yes`)
+	c.example(cmd, `  {{path}} rollback balances --yes
+  {{path}} rollback balances --from 3 --yes   # only if generation 3 is live: safe to retry`)
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation (required without a terminal)")
+	cmd.Flags().IntVar(&from, "from", 0, "roll back only if this generation is live (a retry of a rollback that landed then changes nothing and exits 2); 0: whichever is live")
 	return cmd
 }
 

@@ -132,9 +132,20 @@ func TestBlueGreenCommands(t *testing.T) {
 	if res = v2.execute(t, false, "", "rollback", "counts"); !errors.Is(res.err, ErrUsage) || !errors.Is(res.err, ErrNotConfirmed) {
 		t.Fatalf("rollback without --yes and without a terminal: %v", res.err)
 	}
-	res = v2.execute(t, false, "", "rollback", "counts", "--yes")
+	// --from names the generation to roll back from: another one live is
+	// a usage error that changes nothing (a retried rollback that landed).
+	if res = v2.execute(t, false, "", "rollback", "counts", "--from", "1", "--yes"); !errors.Is(res.err, ErrUsage) || !errors.Is(res.err, projection.ErrNotLive) {
+		t.Fatalf("rollback --from 1 while generation 2 is live: %v", res.err)
+	}
+	if res = v2.execute(t, false, "", "rollback", "counts", "--from", "-2", "--yes"); !errors.Is(res.err, ErrUsage) {
+		t.Fatalf("rollback --from -2: %v", res.err)
+	}
+	res = v2.execute(t, false, "", "rollback", "counts", "--from", "2", "--yes")
 	if res.err != nil || !strings.Contains(res.stdout, "back from generation 2") {
 		t.Fatalf("rollback: %v\n%s", res.err, res.stdout)
+	}
+	if res = v2.execute(t, false, "", "rollback", "counts", "--from", "2", "--yes"); !errors.Is(res.err, ErrUsage) || !errors.Is(res.err, projection.ErrNotLive) {
+		t.Fatalf("retried rollback --from 2: %v", res.err)
 	}
 	if got := sum(); got != 300 {
 		t.Fatalf("after the rollback the view counts %d, want 300 (version 1)", got)
