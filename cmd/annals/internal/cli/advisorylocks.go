@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/cockroachdb/errors"
 	"github.com/spf13/cobra"
 
 	"github.com/annals-dev/annals/migrations"
@@ -65,6 +66,9 @@ func (e *env) advisoryLocksSubcommand(name, short string) *cobra.Command {
 				a, err = migrations.AllowAdvisoryLocks(cmd.Context(), pool)
 			default:
 				a, err = migrations.AdvisoryLocks(cmd.Context(), pool)
+			}
+			if errors.Is(err, migrations.ErrRoleNotFound) {
+				return notFoundError{err}
 			}
 			if err != nil {
 				return err

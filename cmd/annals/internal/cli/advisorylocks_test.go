@@ -41,7 +41,7 @@ func TestAdvisoryLocksCommand(t *testing.T) {
 	if r := annals(t, writerURL, "advisory-locks", "restrict"); r.code != ExitFailure || !strings.Contains(r.stderr, "superuser") {
 		t.Fatalf("restrict as the writer: %+v", r)
 	}
-	if r := annals(t, db.URL, "advisory-locks", "restrict", "--owner", "annals_no_such_owner"); r.code != ExitFailure ||
+	if r := annals(t, db.URL, "advisory-locks", "restrict", "--owner", "annals_no_such_owner"); r.code != ExitNotFound ||
 		r.stderr != "annals: migrations: role \"annals_no_such_owner\", named as an owner, does not exist: create it first (CREATE ROLE \"annals_no_such_owner\" ...)\n" {
 		t.Fatalf("restrict --owner of a missing role: %+v", r)
 	}

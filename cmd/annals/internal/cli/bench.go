@@ -110,7 +110,7 @@ smoke test).`,
 				return err
 			}
 			if duration < 0 {
-				return usagef("--duration must be positive")
+				return usagef("--duration must not be negative (0: the default, 3s)")
 			}
 			appendCfg := &benchmark.AppendConfig{Writers: writers, Batches: batches, Duration: duration, Progress: e.stderr}
 			catchupCfg := &benchmark.CatchupConfig{Events: events, Progress: e.stderr}

@@ -31,8 +31,8 @@ const (
 // exitCodesHelp is the exit-code paragraph of the root command's help.
 const exitCodesHelp = `Exit codes: 0 success; 1 failure; 2 bad flags, arguments or input (an unknown
 command, a malformed value or event, an invalid schema name); 3 not found (the dead letter,
-cron task, timer, subscriber or stream named does not exist; a deleted stream exists: reading
-or deleting it again exits 1). Exit 2 and 3 change nothing.`
+cron task, timer, subscriber, stream or role named does not exist; a deleted stream exists:
+reading or deleting it again exits 1). Exit 2 and 3 change nothing.`
 
 // usageError marks a mistake in the command line: exit code 2.
 type usageError struct{ err error }
@@ -45,7 +45,7 @@ func usagef(format string, args ...any) error {
 }
 
 // notFoundError marks something the command line names that does not exist
-// (a dead letter, cron task, timer, subscriber or stream): exit code 3.
+// (a dead letter, cron task, timer, subscriber, stream or role): exit code 3.
 type notFoundError struct{ err error }
 
 func (n notFoundError) Error() string { return n.err.Error() }

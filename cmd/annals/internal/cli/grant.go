@@ -88,8 +88,8 @@ on a runner's or operator's first grant needs a superuser.
 				// The cause first, then what to do, in the command's
 				// words (migrations' message does not say to grant again).
 				id := pgx.Identifier{role}.Sanitize()
-				return errors.Mark(errors.Newf("role %s does not exist: create it first (CREATE ROLE %s LOGIN ...), then grant again", id, id),
-					migrations.ErrRoleNotFound)
+				return notFoundError{errors.Mark(errors.Newf("role %s does not exist: create it first (CREATE ROLE %s LOGIN ...), then grant again", id, id),
+					migrations.ErrRoleNotFound)}
 			}
 			if err != nil {
 				return err

@@ -83,7 +83,7 @@ func TestGrantCommand(t *testing.T) {
 		t.Parallel()
 		db := annalstest.NewDB(t, nil)
 		// The cause first, then the hint.
-		if r := annals(t, db.URL, "grant", "reader", "annals_no_such_role"); r.code != ExitFailure ||
+		if r := annals(t, db.URL, "grant", "reader", "annals_no_such_role"); r.code != ExitNotFound ||
 			r.stderr != "annals: role \"annals_no_such_role\" does not exist: create it first (CREATE ROLE \"annals_no_such_role\" LOGIN ...), then grant again\n" {
 			t.Fatalf("grant to a missing role: %+v", r)
 		}
