@@ -62,37 +62,12 @@ func TestBlueGreenAwaitRollbackBetweenReads(t *testing.T) {
 		t.Fatalf("g2 at %d, want %d", cp, head)
 	}
 
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rolledBack := make(chan error, 1)
-	cfg.ConnConfig.Tracer = &beforeQuery{match: "dead_letters d", hook: func() {
-		_, err := projection.Rollback(context.WithoutCancel(ctx), db.Pool, db.Schema, bgName)
-		rolledBack <- err
-	}}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	a, err := projection.NewAwaiter(pool, &projection.AwaitOptions{Schema: db.Schema, PollInterval: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a, rolledBack := awaiterRollingBack(t, ctx, db)
 
 	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	err = a.Await(actx, bgName, head)
-	select {
-	case rerr := <-rolledBack:
-		if rerr != nil {
-			t.Fatalf("rollback: %v", rerr)
-		}
-	default:
-		t.Fatal("the rollback did not run during the wait")
-	}
+	err := a.Await(actx, bgName, head)
+	ranRollback(t, rolledBack)
 	if s := state(t, db, 1); s != projection.GenerationLive {
 		t.Fatalf("generation 1 is %s after the rollback", s)
 	}
@@ -153,6 +128,31 @@ func TestBlueGreenAwaitRollbackDeadLetter(t *testing.T) {
 		t.Fatalf("Await on g2: %v, want ErrDeadLettered", err)
 	}
 
+	a, rolledBack := awaiterRollingBack(t, ctx, db)
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	err := a.Await(actx, bgName, head)
+	ranRollback(t, rolledBack)
+	var behind *projection.BehindError
+	if !errors.As(err, &behind) || behind.Projection != "bgstats#g1" {
+		t.Fatalf("Await returned %v after the rollback to g1 (at %d, below %d), want it behind on bgstats#g1", err, checkpointOf(t, db, "bgstats#g1"), head)
+	}
+	bgRunInBackground(t, bgRunner(t, db, "v1", 1, false))
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer wcancel()
+	if err := a.Await(wctx, bgName, head); err != nil {
+		t.Fatalf("Await once g1 is caught up: %v", err)
+	}
+	readerSees(t, db, log, 1)
+}
+
+// awaiterRollingBack returns an Awaiter whose pool rolls bgName back (to
+// the generation the live one replaced) just before its first read of the
+// checkpoints (the dead-letter join of AwaitCheckpoints): between its read
+// of the live generation and of that generation's checkpoints. The
+// rollback's error arrives on the channel.
+func awaiterRollingBack(t *testing.T, ctx context.Context, db *annalstest.DB) (*projection.Awaiter, <-chan error) {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -166,27 +166,25 @@ func TestBlueGreenAwaitRollbackDeadLetter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close)
 	a, err := projection.NewAwaiter(pool, &projection.AwaitOptions{Schema: db.Schema, PollInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Close()
-	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	err = a.Await(actx, bgName, head)
-	if rerr := <-rolledBack; rerr != nil {
-		t.Fatalf("rollback: %v", rerr)
+	t.Cleanup(a.Close)
+	return a, rolledBack
+}
+
+// ranRollback fails the test unless awaiterRollingBack's rollback ran, and
+// succeeded, during the wait.
+func ranRollback(t *testing.T, rolledBack <-chan error) {
+	t.Helper()
+	select {
+	case err := <-rolledBack:
+		if err != nil {
+			t.Fatalf("rollback: %v", err)
+		}
+	default:
+		t.Fatal("the rollback did not run during the wait")
 	}
-	var behind *projection.BehindError
-	if !errors.As(err, &behind) || behind.Projection != "bgstats#g1" {
-		t.Fatalf("Await returned %v after the rollback to g1 (at %d, below %d), want it behind on bgstats#g1", err, checkpointOf(t, db, "bgstats#g1"), head)
-	}
-	bgRunInBackground(t, bgRunner(t, db, "v1", 1, false))
-	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
-	defer wcancel()
-	if err := a.Await(wctx, bgName, head); err != nil {
-		t.Fatalf("Await once g1 is caught up: %v", err)
-	}
-	readerSees(t, db, log, 1)
 }
