@@ -339,6 +339,19 @@ var (
 // row returns the text of the table row of page whose first cells are
 // cells, tags dropped, entities unescaped and spaces collapsed; the test
 // fails when page does not answer 200 or has no such row.
+// consoleOn serves a console (read-only, no runner) of db for the test and
+// returns a client of it.
+func consoleOn(t *testing.T, db *annalstest.DB) *client {
+	t.Helper()
+	con, err := console.New(db.Pool, &console.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(con)
+	t.Cleanup(srv.Close)
+	return &client{t: t, base: srv.URL, hc: srv.Client()}
+}
+
 func (c *client) row(page string, cells ...string) string {
 	c.t.Helper()
 	code, body := c.get(page)

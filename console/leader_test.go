@@ -55,13 +55,7 @@ func TestLeaderAfterKill(t *testing.T) {
 	_, pidA := session(0, 1)
 	connB, _ := session(2)
 
-	con, err := console.New(db.Pool, &console.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(con)
-	t.Cleanup(srv.Close)
-	c := &client{t: t, base: srv.URL, hc: srv.Client()}
+	c := consoleOn(t, db)
 	ready := console.Readiness(db.Pool, &console.HealthConfig{Schema: db.Schema, Subscribers: map[string]int{"ticks": 3}})
 	health := func() (int, map[int]console.PartitionHealth) {
 		t.Helper()

@@ -36,22 +36,9 @@ func TestRetiredGeneration(t *testing.T) {
 			('bgm#g2', 0, 0, 1, 'inst-live', NULL, NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	store, err := eventstore.New(db.Pool, &eventstore.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Append(ctx, "s-1", eventstore.NoStream, eventstore.EventData{Type: "ticked", Data: map[string]int{"n": 1}},
-		eventstore.EventData{Type: "ticked", Data: map[string]int{"n": 2}}, eventstore.EventData{Type: "ticked", Data: map[string]int{"n": 3}}); err != nil {
-		t.Fatal(err)
-	}
+	appendTicks(t, db, 3)
 
-	con, err := console.New(db.Pool, &console.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(con)
-	t.Cleanup(srv.Close)
-	c := &client{t: t, base: srv.URL, hc: srv.Client()}
+	c := consoleOn(t, db)
 	row := c.row
 
 	if r := row("/", "bgm#g1", "0"); !strings.Contains(r, " retired ") || !strings.Contains(r, " retired (generation 1 of bgm) ") {
@@ -138,21 +125,8 @@ func TestBuildingGeneration(t *testing.T) {
 			('plain', 0, 0, 1, 'inst-live')`); err != nil {
 		t.Fatal(err)
 	}
-	store, err := eventstore.New(db.Pool, &eventstore.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Append(ctx, "s-1", eventstore.NoStream, eventstore.EventData{Type: "ticked", Data: map[string]int{"n": 1}},
-		eventstore.EventData{Type: "ticked", Data: map[string]int{"n": 2}}, eventstore.EventData{Type: "ticked", Data: map[string]int{"n": 3}}); err != nil {
-		t.Fatal(err)
-	}
-	con, err := console.New(db.Pool, &console.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(con)
-	t.Cleanup(srv.Close)
-	c := &client{t: t, base: srv.URL, hc: srv.Client()}
+	appendTicks(t, db, 3)
+	c := consoleOn(t, db)
 
 	building := "generation 3 of bgm: being built; readers get it at the cut-over"
 	for _, r := range []string{c.row("/", "bgm#g3", "0"), c.row("/subscribers/bgm%23g3", "0")} {
@@ -183,5 +157,21 @@ func TestBuildingGeneration(t *testing.T) {
 	}
 	if n := strings.Count(body, "\nannals_read_model_generation{"); n != 3 {
 		t.Errorf("/metrics has %d annals_read_model_generation series, want 3 (one per generation)", n)
+	}
+}
+
+// appendTicks appends n events to stream s-1 of db.
+func appendTicks(t *testing.T, db *annalstest.DB, n int) {
+	t.Helper()
+	store, err := eventstore.New(db.Pool, &eventstore.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := make([]eventstore.EventData, n)
+	for i := range evs {
+		evs[i] = eventstore.EventData{Type: "ticked", Data: map[string]int{"n": i + 1}}
+	}
+	if _, err := store.Append(t.Context(), "s-1", eventstore.Any, evs...); err != nil {
+		t.Fatal(err)
 	}
 }
