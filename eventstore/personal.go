@@ -344,16 +344,36 @@ func (r *Registry) seal(ctx context.Context, n int, name string, id uuid.UUID, d
 	return out, errors.WithStack(err)
 }
 
-// parseEnvelope returns raw's envelope, if raw is one.
+// parseEnvelope returns raw's envelope, if raw is one. It reads the keys as
+// forget_subject and the scavenger do (jsonb: exact keys, the last of a key
+// given twice): an object whose key is exactly "$personal", holding one
+// whose key "subject" is exactly that. encoding/json's struct decoding would
+// also take "$Personal" or "Subject" (it matches keys case-insensitively):
+// an envelope so spelled, which no annals client writes, would be
+// decrypted, and its stream missed by a Forget of its subject, which then
+// left the stream's snapshots (its data decrypted) in place.
 func parseEnvelope(raw json.RawMessage) (*envelopeBody, bool) {
 	if !bytes.Contains(raw, personalMarker) || jsonKind(raw) != "object" {
 		return nil, false
 	}
-	var env envelope
-	if json.Unmarshal(raw, &env) != nil || env.Personal == nil || env.Personal.V != 1 || env.Personal.Subject == "" {
+	var outer map[string]json.RawMessage
+	if json.Unmarshal(raw, &outer) != nil {
 		return nil, false
 	}
-	return env.Personal, true
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(outer[personalKey], &fields) != nil || fields == nil {
+		return nil, false
+	}
+	var body envelopeBody
+	for key, dst := range map[string]any{"v": &body.V, "subject": &body.Subject, "kind": &body.Kind, "data": &body.Data} {
+		if v, ok := fields[key]; ok && json.Unmarshal(v, dst) != nil {
+			return nil, false
+		}
+	}
+	if body.V != 1 || body.Subject == "" {
+		return nil, false
+	}
+	return &body, true
 }
 
 // redacted is the JSON a forgotten field of kind reads as.
