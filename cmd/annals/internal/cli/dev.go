@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 func (e *env) devCommand() *cobra.Command {
 	var fsync bool
 	var port int
+	var format *string
 	cmd := &cobra.Command{
 		Use:   "dev [-- COMMAND [ARG...]]",
 		Short: "Start a throwaway local PostgreSQL, migrate it and print its URL",
@@ -28,8 +30,13 @@ print its URL. Without COMMAND it runs until interrupted (Ctrl-C) and then delet
 cluster. With COMMAND it runs the command with DATABASE_URL and ANNALS_TEST_DATABASE_URL
 set to the cluster, deletes the cluster and exits with the command's exit code.
 
---fsync=false trades durability for speed (tests); leave it on to measure performance.`,
+--fsync=false trades durability for speed (tests); leave it on to measure performance.
+
+Without COMMAND, stdout gets one line once the cluster is ready: DATABASE_URL=URL (a
+line for the shell), or with --output json one object on one line with database_url, port, data_dir
+and fsync; everything else goes to stderr.`,
 		Example: `  annals dev
+  annals dev --output json > /tmp/dev.json &   # read database_url from the first line
   annals dev --fsync=false -- go test ./...`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := e.validSchema(); err != nil {
@@ -40,6 +47,9 @@ set to the cluster, deletes the cluster and exits with the command's exit code.
 			}
 			if cmd.ArgsLenAtDash() > 0 {
 				return usagef("put the command after --, e.g. annals dev -- go test ./...")
+			}
+			if len(args) > 0 && *format != outputText {
+				return usagef("--output applies without COMMAND only: with one, the command's output is all there is")
 			}
 			ctx := cmd.Context()
 			fmt.Fprintln(e.stderr, "annals dev: starting a throwaway PostgreSQL cluster ...")
@@ -60,7 +70,16 @@ set to the cluster, deletes the cluster and exits with the command's exit code.
 			url := cluster.URL()
 			if len(args) == 0 {
 				fmt.Fprintf(e.stderr, "annals dev: PostgreSQL is ready (data in %s); Ctrl-C stops and deletes it.\n", cluster.DataDir())
-				fmt.Fprintf(e.stdout, "DATABASE_URL=%s\n", url)
+				if *format == outputJSON {
+					// One line, so that a script reading the first line has it all.
+					b, err := json.Marshal(devReady{DatabaseURL: url, Port: cluster.Port(), DataDir: cluster.DataDir(), Fsync: fsync})
+					if err != nil {
+						return errors.Wrap(err, "encode JSON")
+					}
+					fmt.Fprintf(e.stdout, "%s\n", b)
+				} else {
+					fmt.Fprintf(e.stdout, "DATABASE_URL=%s\n", url)
+				}
 				<-ctx.Done()
 				fmt.Fprintln(e.stderr, "annals dev: stopping ...")
 				return nil
@@ -71,7 +90,16 @@ set to the cluster, deletes the cluster and exits with the command's exit code.
 	}
 	cmd.Flags().BoolVar(&fsync, "fsync", true, "keep fsync on (turn off for fast, non-durable test clusters)")
 	cmd.Flags().IntVar(&port, "port", 0, "TCP port on 127.0.0.1 (0: pick a free one)")
+	format = addOutputFlag(cmd, false, outputText, outputJSON)
 	return cmd
+}
+
+// devReady is what annals dev --output json prints once the cluster is ready.
+type devReady struct {
+	DatabaseURL string `json:"database_url"`
+	Port        int    `json:"port"`
+	DataDir     string `json:"data_dir"`
+	Fsync       bool   `json:"fsync"`
 }
 
 func migrate(ctx context.Context, url, schema string) error {
