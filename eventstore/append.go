@@ -696,7 +696,7 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 			return appendArgs{}, err
 		}
 		if reservedType(name) {
-			return appendArgs{}, &InvalidEventError{Event: i + 1, Field: "type", Reason: "starts with \"$stream.\", which is reserved for annals (see DeleteStream)"}
+			return appendArgs{}, &InvalidEventError{Event: i + 1, Field: "type", Reason: "starts with \"$stream.\", which is reserved for annals (see DeleteStream, annals stream delete)"}
 		}
 		data, err := encodeData(i+1, e.Data)
 		if err != nil {

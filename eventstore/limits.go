@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -165,7 +166,7 @@ func checkMetadata(event int, m Metadata) error {
 		switch k {
 		case correlationKey, causationKey:
 			return &InvalidEventError{Event: event, Field: "metadata",
-				Reason: "key " + strconv.Quote(k) + " is reserved: set Metadata.CorrelationID or Metadata.CausationID instead of Extra"}
+				Reason: "key " + strconv.Quote(k) + " is reserved for the " + strings.TrimSuffix(k, "_id") + " ID and must be a string (in Go: Metadata.CorrelationID or Metadata.CausationID, not Extra)"}
 		case traceparentKey, tracestateKey:
 			if _, ok := v.(string); !ok {
 				return &InvalidEventError{Event: event, Field: "metadata",

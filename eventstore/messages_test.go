@@ -31,7 +31,9 @@ func TestInvalidEventMessages(t *testing.T) {
 		{"DataNil", plain, eventstore.EventData{Type: "t"},
 			`invalid event: event 1: data: is nil; it must be a JSON object or array`},
 		{"TypeReserved", plain, eventstore.EventData{Type: "$stream.x", Data: map[string]int{}},
-			`invalid event: event 1: type: starts with "$stream.", which is reserved for annals (see DeleteStream)`},
+			`invalid event: event 1: type: starts with "$stream.", which is reserved for annals (see DeleteStream, annals stream delete)`},
+		{"MetadataReservedKey", plain, eventstore.EventData{Type: "t", Data: map[string]int{}, Metadata: eventstore.Metadata{Extra: map[string]any{"correlation_id": 5}}},
+			`invalid event: event 1: metadata: key "correlation_id" is reserved for the correlation ID and must be a string (in Go: Metadata.CorrelationID or Metadata.CausationID, not Extra)`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
