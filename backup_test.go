@@ -160,6 +160,17 @@ func bkSeenIsLog(t *testing.T, ctx context.Context, pool *pgxpool.Pool) bool {
 	return differ == 0
 }
 
+// bkLeadsSeen counts the runner instances registered on pool as leading
+// projection seen.
+func bkLeadsSeen(t *testing.T, ctx context.Context, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM annals.instances WHERE leads::text LIKE '%"seen"%'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // bkVerify runs what `annals verify` runs and requires it to pass with
 // the head and sequence given (any sequence when seq is negative); it
 // returns the sequence.
@@ -212,7 +223,8 @@ func bkOwnedBy(t *testing.T, ctx context.Context, pool *pgxpool.Pool, owner stri
 // 100, sequence 105; the writer role appends without a grant, at 106, a
 // position the source gave to another event; the projection's checkpoint
 // and read model match (its rows are the events up to the checkpoint), and
-// a runner resumes from them to a read model equal to the log.
+// a runner resumes from them to a read model equal to the log; the runner
+// that led at the dump is in the restored instance registry.
 //
 // Restored with --no-owner --no-acl as the owner role: the writer's append
 // is refused with eventstore.ErrNotGranted until migrations.Grant (what
@@ -271,6 +283,7 @@ func TestDumpAndRestore(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the projection never reached event 61")
 	}
+	annalstest.WaitFor(t, 10*time.Second, func() bool { return bkLeadsSeen(t, ctx, owner) == 1 })
 	// So does an append: it has drawn 101..105 from the sequence.
 	tx, err := writerPool.Begin(ctx)
 	if err != nil {
@@ -320,6 +333,12 @@ func TestDumpAndRestore(t *testing.T) {
 		}
 		if ev := res.Events[0]; ev.GlobalSequence != 106 || ev.ID == after[106] {
 			t.Fatalf("appended at %d (%s); want 106, where the source holds %s", ev.GlobalSequence, ev.ID, after[106])
+		}
+
+		// The runner that ran at the dump is in the restored registry, with
+		// the partition it led: annals status lists it as lost or stale.
+		if n := bkLeadsSeen(t, ctx, ownerR); n != 1 {
+			t.Fatalf("%d instances leading seen restored, want the one of the dump", n)
 		}
 
 		// A runner resumes from the restored checkpoint.
