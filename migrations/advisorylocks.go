@@ -229,7 +229,7 @@ func changeAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool, restrict bool,
 // its schema's lock, RestrictAdvisoryLocks and AllowAdvisoryLocks alone.
 func lockFunctionPrivileges(ctx context.Context, tx pgx.Tx) error {
 	k1, k2 := lockkey.Pair("annals:advisory-locks")
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, $2)`, k1, k2); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT pg_catalog.pg_advisory_xact_lock($1, $2)`, k1, k2); err != nil {
 		return errors.Wrap(err, "migrations: wait for other changes of the lock functions' privileges")
 	}
 	return nil

@@ -1,10 +1,22 @@
 -- Queries the migrations package runs on its own behalf (not migrations).
 
+-- Every function named with its schema: these run as the schema's owner
+-- under the session's search_path, where a function planted in public
+-- (parameters untyped: one of float8 matches them better) would run instead.
+
 -- name: Lock
-SELECT pg_advisory_lock($1, $2);
+SELECT pg_catalog.pg_advisory_lock($1, $2);
 
 -- name: Unlock
-SELECT pg_advisory_unlock($1, $2);
+SELECT pg_catalog.pg_advisory_unlock($1, $2);
+
+-- name: PinSearchPath
+-- The first statement of Up's transaction: the migrations' unqualified
+-- names (in bodies parsed at CREATE, such as LANGUAGE sql functions with a
+-- RETURN body, views, defaults and checks, which keep what they resolved to
+-- for good) resolve in pg_catalog, never in a schema other roles may create
+-- objects in (public, on PostgreSQL 14 and older).
+SET LOCAL search_path = pg_catalog, pg_temp;
 
 -- name: Bootstrap
 CREATE SCHEMA IF NOT EXISTS {{.Schema}};

@@ -134,6 +134,8 @@ func Script(cfg *Config) (string, error) {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "-- annals schema for %s: %d migration(s).\n", schemaname.Ident(c.Schema), len(ms))
+	// Up's PinSearchPath, for the session that runs the script.
+	fmt.Fprintf(&b, "SET search_path = pg_catalog, pg_temp;\n")
 	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", schemaname.Ident(c.Schema))
 	for _, m := range ms {
 		fmt.Fprintf(&b, "\n-- annals migration %04d: %s\n%s\n", m.Version, m.Name, strings.TrimSpace(m.SQL))
@@ -213,6 +215,9 @@ func up(ctx context.Context, pool *pgxpool.Pool, cfg *Config, edit func([]Migrat
 	var done []Migration
 	var took []time.Duration
 	err = pgx.BeginTxFunc(ctx, conn.Conn(), pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, q["PinSearchPath"]); err != nil {
+			return errors.Wrap(err, "migrations: pin the search_path")
+		}
 		if _, err := tx.Exec(ctx, q["Bootstrap"]); err != nil {
 			var pe *pgconn.PgError
 			if errors.As(err, &pe) && pe.Code == "42501" {
