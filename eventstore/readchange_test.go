@@ -3,9 +3,12 @@ package eventstore_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/eventstore"
 )
@@ -83,5 +86,140 @@ func TestReadStreamThatChangesWhileRead(t *testing.T) {
 	stream("growing", 3)
 	if got, err := read("growing", func() { stream("growing", 2) }); err != nil || fmt.Sprint(got) != "[1 2 3 4 5]" {
 		t.Errorf("a stream appended to while read: %v, %v", got, err)
+	}
+}
+
+// TestReadStreamRetentionWhileRead: a stream's retention is applied when
+// it is read (ReadStream's query hides the versions beyond max_count of
+// the stream's current version and those recorded before Config.Clock's
+// now less max_age; a scavenge removes their rows later), so it can slide
+// past the next version to read between two pages: a max count set, or
+// appends under one, or the clock passing a max age, or a scavenge of what
+// one hid. Each ends the read with ErrStreamChanged after the first page,
+// not with the versions still kept after a gap (or nothing). A window that
+// slides without reaching the next version reads on.
+func TestReadStreamRetentionWhileRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var clock atomic.Pointer[time.Time] // the reads' now; nil: the wall clock
+	b := setup(t, &eventstore.Config{PageSize: 2, Clock: func() time.Time {
+		if now := clock.Load(); now != nil {
+			return *now
+		}
+		return time.Now()
+	}})
+	setClock := func(now time.Time) { clock.Store(&now) }
+	add := func(name string, n int) {
+		t.Helper()
+		for range n {
+			if _, err := b.store.Append(ctx, name, eventstore.Any, placed(name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	retain := func(name string, c eventstore.RetentionChange) {
+		t.Helper()
+		if _, err := b.store.SetStreamRetention(ctx, name, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// recorded returns when version v of name was recorded.
+	recorded := func(name string, v int64) time.Time {
+		t.Helper()
+		var at time.Time
+		if err := b.db.Pool.QueryRow(ctx, `SELECT recorded_at FROM `+pgx.Identifier{b.db.Schema}.Sanitize()+`.events_all
+			WHERE stream_id = $1 AND stream_version = $2`, name, v).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	// read reads name, calling change once after the first page (two
+	// events): the versions it yielded and the error it ended with.
+	read := func(name string, change func()) ([]int64, error) {
+		var got []int64
+		for e, err := range b.store.ReadStream(ctx, name, 0) {
+			if err != nil {
+				return got, err
+			}
+			got = append(got, e.StreamVersion)
+			if len(got) == 2 && change != nil {
+				change()
+			}
+		}
+		return got, nil
+	}
+	count := func(n int64) eventstore.RetentionChange { return eventstore.RetentionChange{MaxCount: &n} }
+	hour := time.Hour
+	maxAge := eventstore.RetentionChange{MaxAge: &hour}
+
+	for _, c := range []struct {
+		name string
+		// before sets the stream (five events) up; change runs after the
+		// first page.
+		before, change func(name string)
+		want           string // the versions read
+		changed        bool   // ErrStreamChanged, else no error
+	}{
+		{name: "max-count-set", change: func(name string) {
+			retain(name, count(2)) // keeps 4 and 5
+		}, want: "[1 2]", changed: true},
+		{name: "max-count-slid", before: func(name string) {
+			retain(name, count(4)) // 2 to 5
+		}, change: func(name string) {
+			add(name, 3) // 5 to 8: version 4 is gone
+		}, want: "[2 3]", changed: true},
+		{name: "max-count-slid-short", before: func(name string) {
+			retain(name, count(4))
+		}, change: func(name string) {
+			add(name, 1) // 3 to 6: version 4, next, is kept
+		}, want: "[2 3 4 5 6]"},
+		{name: "max-age-passed", before: func(name string) {
+			retain(name, maxAge)
+		}, change: func(name string) {
+			// Versions 1 to 3 are over an hour old now.
+			at3, at4 := recorded(name, 3), recorded(name, 4)
+			if !at3.Before(at4) {
+				t.Fatalf("versions 3 and 4 recorded at %v and %v: not in order", at3, at4)
+			}
+			setClock(at4.Add(time.Hour))
+		}, want: "[1 2]", changed: true},
+		{name: "max-age-passed-every-event", before: func(name string) {
+			retain(name, maxAge)
+		}, change: func(name string) {
+			setClock(time.Now().Add(2 * time.Hour))
+		}, want: "[1 2]", changed: true},
+		{name: "max-age-passed-short", before: func(name string) {
+			retain(name, maxAge)
+		}, change: func(name string) {
+			setClock(recorded(name, 3).Add(time.Hour)) // 1 and 2 only
+		}, want: "[1 2 3 4 5]"},
+		{name: "max-count-scavenged", change: func(name string) {
+			retain(name, count(2))
+			// Removed, not only hidden: the rows of versions 1 to 3 are gone.
+			for done := false; !done; {
+				if err := b.db.Pool.QueryRow(ctx, `SELECT done FROM `+pgx.Identifier{b.db.Schema}.Sanitize()+`.scavenge('readchange', now(), 1000)`).Scan(&done); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var left int
+			if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{b.db.Schema}.Sanitize()+`.events_all WHERE stream_id = $1`, name).Scan(&left); err != nil || left != 2 {
+				t.Fatalf("after the scavenge %d events of %s are stored (%v), want 2", left, name, err)
+			}
+		}, want: "[1 2]", changed: true},
+	} {
+		clock.Store(nil)
+		name := "retained-" + c.name
+		add(name, 5)
+		if c.before != nil {
+			c.before(name)
+		}
+		got, err := read(name, func() { c.change(name) })
+		if c.changed != errors.Is(err, eventstore.ErrStreamChanged) || (!c.changed && err != nil) || errors.Is(err, eventstore.ErrStreamDeleted) || fmt.Sprint(got) != c.want {
+			want := "no error"
+			if c.changed {
+				want = "ErrStreamChanged"
+			}
+			t.Errorf("%s: read %v, ended with %v; want %s and %s", c.name, got, err, c.want, want)
+		}
 	}
 }
