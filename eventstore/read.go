@@ -56,10 +56,14 @@ func (s *Store) ReadAll(ctx context.Context, from int64) iter.Seq2[Event, error]
 // deletion) are not yielded, so the first event may have a version above
 // fromVersion. A read that spans several pages (Config.PageSize) reads
 // each in a query of its own: when the stream is deleted, recreated or
-// truncated past the next version between two of them, the read ends with
-// ErrStreamChanged instead of yielding a prefix, or events of the stream
-// before and after the change as one. ReadStreamTx in a REPEATABLE READ
-// transaction reads one snapshot and never sees that.
+// truncated past the next version between two of them (by TruncateBefore,
+// or by its retention, which is applied as it is read: a max count that
+// appends slide, a max age that Config.Clock passes, and a scavenge of
+// either), the read ends with ErrStreamChanged instead of yielding a
+// prefix, events of the stream before and after the change as one, or
+// versions after a gap. ReadStreamTx in a REPEATABLE READ transaction
+// reads one snapshot and never sees that (the clock aside: a max age is
+// applied at each page's Config.Clock).
 func (s *Store) ReadStream(ctx context.Context, streamID string, fromVersion int64) iter.Seq2[Event, error] {
 	return s.readStream(ctx, s.pool, streamID, fromVersion)
 }

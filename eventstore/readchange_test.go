@@ -96,8 +96,9 @@ func TestReadStreamThatChangesWhileRead(t *testing.T) {
 // past the next version to read between two pages: a max count set, or
 // appends under one, or the clock passing a max age, or a scavenge of what
 // one hid. Each ends the read with ErrStreamChanged after the first page,
-// not with the versions still kept after a gap (or nothing). A window that
-// slides without reaching the next version reads on.
+// not with the versions still kept after a gap (or nothing); a max age
+// does so in a REPEATABLE READ transaction too, since each page asks the
+// clock. A window that slides without reaching the next version reads on.
 func TestReadStreamRetentionWhileRead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -135,9 +136,18 @@ func TestReadStreamRetentionWhileRead(t *testing.T) {
 	}
 	// read reads name, calling change once after the first page (two
 	// events): the versions it yielded and the error it ended with.
-	read := func(name string, change func()) ([]int64, error) {
+	read := func(name string, inTx bool, change func()) ([]int64, error) {
+		events := b.store.ReadStream(ctx, name, 0)
+		if inTx { // in one REPEATABLE READ snapshot
+			tx, err := b.db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			events = b.store.ReadStreamTx(ctx, tx, name, 0)
+		}
 		var got []int64
-		for e, err := range b.store.ReadStream(ctx, name, 0) {
+		for e, err := range events {
 			if err != nil {
 				return got, err
 			}
@@ -159,6 +169,7 @@ func TestReadStreamRetentionWhileRead(t *testing.T) {
 		before, change func(name string)
 		want           string // the versions read
 		changed        bool   // ErrStreamChanged, else no error
+		inTx           bool   // ReadStreamTx in a REPEATABLE READ transaction
 	}{
 		{name: "max-count-set", change: func(name string) {
 			retain(name, count(2)) // keeps 4 and 5
@@ -183,6 +194,12 @@ func TestReadStreamRetentionWhileRead(t *testing.T) {
 			}
 			setClock(at4.Add(time.Hour))
 		}, want: "[1 2]", changed: true},
+		{name: "max-age-passed-in-a-snapshot", before: func(name string) {
+			retain(name, maxAge)
+		}, change: func(name string) {
+			// One snapshot, but each page asks the clock.
+			setClock(recorded(name, 4).Add(time.Hour))
+		}, want: "[1 2]", changed: true, inTx: true},
 		{name: "max-age-passed-every-event", before: func(name string) {
 			retain(name, maxAge)
 		}, change: func(name string) {
@@ -213,7 +230,7 @@ func TestReadStreamRetentionWhileRead(t *testing.T) {
 		if c.before != nil {
 			c.before(name)
 		}
-		got, err := read(name, func() { c.change(name) })
+		got, err := read(name, c.inTx, func() { c.change(name) })
 		if c.changed != errors.Is(err, eventstore.ErrStreamChanged) || (!c.changed && err != nil) || errors.Is(err, eventstore.ErrStreamDeleted) || fmt.Sprint(got) != c.want {
 			want := "no error"
 			if c.changed {
