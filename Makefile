@@ -29,6 +29,12 @@ postgres:
 chromium:
 	@bash scripts/ensure-chromium.sh
 
+# The tests through a transaction-mode pooler (eventstore/pgbouncer_test.go)
+# start a real PgBouncer; installed like PostgreSQL when missing.
+.PHONY: pgbouncer
+pgbouncer:
+	@bash scripts/ensure-pgbouncer.sh
+
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
@@ -42,7 +48,7 @@ vet:
 # its smoke test runs every contender and workload of `make bench-peers` for
 # a moment (about 25 s), so that the peer benchmark keeps working.
 test: vet
-	@$(MAKE) --no-print-directory chromium
+	@$(MAKE) --no-print-directory chromium pgbouncer
 	cd annalstest/pgcontainer && $(GO) test $(TEST_FLAGS) ./...
 ifdef ANNALS_TEST_DATABASE_URL
 	$(GO) test $(TEST_FLAGS) ./...
