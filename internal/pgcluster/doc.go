@@ -40,6 +40,14 @@
 // with that user's credentials; it fails with a clear error when there is no
 // such user.
 //
+// # PgBouncer
+//
+// [StartPgBouncer] runs PgBouncer (a binary found by [FindPgBouncer]) in
+// front of a server, the same way: a child process in its own group, as the
+// "postgres" OS user when we are root (PgBouncer refuses root too), on a
+// free port, with trust authentication and the pool mode and size asked
+// for. Tests use it to check what goes through a transaction-mode pooler.
+//
 // # Platforms
 //
 // Linux and the BSDs (including macOS) are supported; the parent-death signal
