@@ -134,12 +134,15 @@ func Script(cfg *Config) (string, error) {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "-- annals schema for %s: %d migration(s).\n", schemaname.Ident(c.Schema), len(ms))
-	// Up's PinSearchPath, for the session that runs the script.
+	// Up's PinSearchPath, for the session that runs the script (RESET at
+	// the end).
 	fmt.Fprintf(&b, "SET search_path = pg_catalog, pg_temp;\n")
 	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", schemaname.Ident(c.Schema))
 	for _, m := range ms {
 		fmt.Fprintf(&b, "\n-- annals migration %04d: %s\n%s\n", m.Version, m.Name, strings.TrimSpace(m.SQL))
 	}
+	// The session's own search_path again, for what the tool runs next.
+	fmt.Fprintf(&b, "\nRESET search_path;\n")
 	return b.String(), nil
 }
 
