@@ -209,10 +209,19 @@ func newLock(ctx context.Context, key string, conn *pgx.Conn, h *ctxHandler, c *
 	return l
 }
 
-// connectHint explains the one connection error a default Config can cause.
+// connectHint explains the connection errors a default Config can cause: a
+// pooler that refuses the lock session's start-up parameters, and a server
+// too old for client_connection_check_interval.
 func connectHint(err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
+	}
+	if strings.Contains(err.Error(), "unsupported startup parameter") {
+		// PgBouncer's answer to the start-up parameters the lock session
+		// sends (keepalives, user timeout, check interval).
+		return errors.Wrap(err, "a pooler refused the lock session's start-up parameters: session locks need a direct "+
+			"connection to PostgreSQL, or a pooler in session mode (PgBouncer: list them in ignore_startup_parameters, "+
+			"which drops them, so a dead holder's lock is freed later; see docs/operations.md, \"PgBouncer and other poolers\")")
 	}
 	if strings.Contains(err.Error(), "client_connection_check_interval") {
 		return errors.Wrap(err, "Config.CheckInterval needs a PostgreSQL 14 or later server on Linux; set it to -1 to leave it unset")
