@@ -65,6 +65,9 @@ type AdvisoryLockAccess struct {
 func AdvisoryLocks(ctx context.Context, pool *pgxpool.Pool) (*AdvisoryLockAccess, error) {
 	var a AdvisoryLockAccess
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := pinSearchPath(ctx, tx); err != nil {
+			return err
+		}
 		var err error
 		a, err = advisoryLockAccess(ctx, tx)
 		return err
@@ -165,6 +168,9 @@ func AllowAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool) (*AdvisoryLockA
 func changeAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool, restrict bool, owners []string) (*AdvisoryLockAccess, error) {
 	var out AdvisoryLockAccess
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := pinSearchPath(ctx, tx); err != nil {
+			return err
+		}
 		var super bool
 		if err := tx.QueryRow(ctx, `SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user`).Scan(&super); err != nil {
 			return errors.Wrap(err, "migrations: look up the session's role")
@@ -222,6 +228,17 @@ func changeAdvisoryLocks(ctx context.Context, pool *pgxpool.Pool, restrict bool,
 		return nil, err
 	}
 	return &out, nil
+}
+
+// pinSearchPath resolves tx's unqualified names in pg_catalog only: these
+// statements run as a superuser or the schema's owner, and a function or
+// aggregate planted in public (which every role may create there on
+// PostgreSQL 14 and older) that matches a call more closely than
+// pg_catalog's (an array_agg of name, where pg_catalog's is polymorphic)
+// would run as that role.
+func pinSearchPath(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `SET LOCAL search_path = pg_catalog, pg_temp`)
+	return errors.Wrap(err, "migrations: pin the search_path")
 }
 
 // lockFunctionPrivileges takes, until tx ends, the database-wide lock under

@@ -165,8 +165,8 @@ func GrantCounted(ctx context.Context, pool *pgxpool.Pool, role string, kind Rol
 		// pg_catalog's functions, named so: a role that may create objects
 		// in public could otherwise plant one (of float8, which untyped
 		// parameters match better) that runs as the granting owner.
-		if _, err := tx.Exec(ctx, `SET LOCAL search_path = pg_catalog, pg_temp`); err != nil {
-			return errors.Wrap(err, "migrations: pin the search_path")
+		if err := pinSearchPath(ctx, tx); err != nil {
+			return err
 		}
 		k1, k2 := lockkey.Pair(c.Schema + ":grant")
 		if _, err := tx.Exec(ctx, `SELECT pg_catalog.pg_advisory_xact_lock($1, $2)`, k1, k2); err != nil {

@@ -19,8 +19,9 @@ import (
 // closely than pg_catalog's own (div and mod of numeric and integer, where
 // pg_catalog has numeric and numeric; & of bigint and integer, where it has
 // bigint and bigint; the advisory-lock functions of float8, the preferred
-// type of the numeric category, which wins for parameters sent untyped),
-// each recording who ran it.
+// type of the numeric category, which wins for parameters sent untyped;
+// and array_agg of name, where pg_catalog's is polymorphic), each recording
+// who ran it.
 const plantedSQL = `
 CREATE TABLE public.loot (who text NOT NULL, what text NOT NULL);
 GRANT INSERT, SELECT ON public.loot TO PUBLIC;
@@ -46,6 +47,12 @@ BEGIN
     RETURN a OPERATOR(pg_catalog.%) b::bigint;
 END $$;
 CREATE OPERATOR public.% (LEFTARG = bigint, RIGHTARG = integer, FUNCTION = public.bmod);
+CREATE FUNCTION public.aa_name(s name[], v name) RETURNS name[] LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.loot VALUES (current_user, 'array_agg');
+    RETURN s OPERATOR(pg_catalog.||) v;
+END $$;
+CREATE AGGREGATE public.array_agg(name) (SFUNC = public.aa_name, STYPE = name[]);
 CREATE FUNCTION public.pg_advisory_lock(a float8, b float8) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO public.loot VALUES (current_user, 'pg_advisory_lock');
@@ -88,6 +95,16 @@ func TestMigrateAndGrantBindNothingFromTheSearchPath(t *testing.T) {
 	w := newRole(t, db, "")
 	if err := migrations.Grant(ctx, db.Pool, w.Name, migrations.Writer, cfg); err != nil {
 		t.Fatalf("grant: %v", err)
+	}
+	// annals advisory-locks status, run by a superuser (array_agg of role
+	// names, a runner's among them: pg_catalog's is polymorphic, the
+	// planted one exact).
+	run := newRole(t, db, "")
+	if err := migrations.Grant(ctx, db.Pool, run.Name, migrations.Runner, cfg); err != nil {
+		t.Fatalf("grant: %v", err)
+	}
+	if _, err := migrations.AdvisoryLocks(ctx, db.Pool); err != nil {
+		t.Fatalf("advisory-locks status: %v", err)
 	}
 	noPlantedCode(t, db, schema, w)
 }
@@ -174,6 +191,8 @@ func dependsOnPublic(t *testing.T, db *annalstest.DB) []string {
 		  FROM pg_catalog.pg_depend d
 		 WHERE NOT (d.classid = 'pg_catalog.pg_operator'::regclass
 		            AND d.objid IN (SELECT o.oid FROM pg_catalog.pg_operator o WHERE o.oprnamespace = 'public'::regnamespace))
+		   AND NOT (d.classid = 'pg_catalog.pg_proc'::regclass
+		            AND d.objid IN (SELECT p.oid FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'public'::regnamespace))
 		   AND ((d.refclassid = 'pg_catalog.pg_proc'::regclass
 		        AND d.refobjid IN (SELECT p.oid FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'public'::regnamespace))
 		    OR (d.refclassid = 'pg_catalog.pg_operator'::regclass
