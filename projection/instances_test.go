@@ -43,10 +43,17 @@ func TestInstanceExpiry(t *testing.T) {
 		h := setup(t)
 		cfg := testConfig(time.Second)
 		cfg.HeartbeatInterval = 5 * time.Second // expiry 50 s: "young" (1 minute) goes too
+		// "recent" beat 30 s ago: still under 50 s when the check below
+		// runs (at most 15 s later), so a shorter default expires it.
+		h.query(`WITH i AS (INSERT INTO annals.instances (instance_id, host, pid, last_heartbeat, leads) VALUES
+			('recent', 'host-c', 3, now() - interval '30 seconds', '[]') RETURNING 1) SELECT count(*) FROM i`)
 		r := h.newRunner(cfg, nil, &seenProjection{name: "seen"})
 		h.run(r)
 		// Taking the lead beats at once; the first tick comes 5 s later.
 		annalstest.WaitFor(t, 15*time.Second, func() bool { return !has(h, "dead") && !has(h, "young") })
+		if !has(h, "recent") {
+			t.Fatal("an instance that beat 30 s ago expired: the default expiry is under 10 heartbeats (50 s)")
+		}
 	})
 
 	t.Run("Disabled", func(t *testing.T) {
