@@ -15,10 +15,10 @@ import (
 // plantedSQL is what a role that may create objects in public (every role
 // on PostgreSQL 14 and older, which annals supports, unless the DBA revoked
 // it) plants there before the schema's owner runs annals migrate or annals
-// grant: functions and an operator that match some call of annals' SQL more
-// closely than pg_catalog's own (div and mod of numeric and integer, where
-// pg_catalog has numeric and numeric; & of bigint and integer, where it has
-// bigint and bigint; the advisory-lock functions of float8, the preferred
+// grant: functions, operators and an aggregate that match some call of
+// annals' SQL more closely than pg_catalog's own (div and mod of numeric and
+// integer, where pg_catalog has numeric and numeric; & and % of bigint and
+// integer, where it has bigint and bigint; the advisory-lock functions of float8, the preferred
 // type of the numeric category, which wins for parameters sent untyped;
 // and array_agg of name, where pg_catalog's is polymorphic), each recording
 // who ran it.
