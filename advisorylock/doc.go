@@ -177,4 +177,16 @@
 // might run on a different server connection. The lock's connection must go
 // to PostgreSQL directly or through a pooler in session mode. (The rest of
 // an application may use transaction pooling; only connConfig matters here.)
+//
+// Two checks catch the mistake. PgBouncer refuses the start-up parameters
+// every lock connection sends (keepalives, user timeout, check interval)
+// unless told to ignore them: connecting then fails with an error that
+// says the above. And a Standby marks its server session at connect (a
+// random value in the custom setting annals.standby_session); TryLock and
+// Take try their keys only on a session that carries the mark, in the same
+// statement, and otherwise take nothing and fail with ErrPooledSession:
+// the pooler ran the statement on another server session, one that may
+// already hold another process's locks (re-entrant on a session: both
+// would lead). A pooler with a single server session, and a single client,
+// passes the check, and there it does no harm.
 package advisorylock

@@ -25,12 +25,12 @@ var queriesSQL string
 
 // q holds the statements of queries.sql. They use no placeholder, so they
 // are rendered once.
-var q = func() struct{ tryLock, lock, waitUnbounded, unlock, unlockNotify, held, rollback, tryLocks, unlockAll string } {
+var q = func() struct{ tryLock, lock, waitUnbounded, unlock, unlockNotify, held, rollback, markSession, tryLocks, unlockAll string } {
 	named, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(schemaname.Default))
 	if err != nil {
 		panic(err) // the file is embedded: a test catches this
 	}
-	return struct{ tryLock, lock, waitUnbounded, unlock, unlockNotify, held, rollback, tryLocks, unlockAll string }{
+	return struct{ tryLock, lock, waitUnbounded, unlock, unlockNotify, held, rollback, markSession, tryLocks, unlockAll string }{
 		tryLock:       named["TryLock"],
 		lock:          named["Lock"],
 		waitUnbounded: named["WaitUnbounded"],
@@ -38,6 +38,7 @@ var q = func() struct{ tryLock, lock, waitUnbounded, unlock, unlockNotify, held,
 		unlockNotify:  named["UnlockNotify"],
 		held:          named["Held"],
 		rollback:      named["Rollback"],
+		markSession:   named["MarkSession"],
 		tryLocks:      named["TryLocks"],
 		unlockAll:     named["UnlockAll"],
 	}

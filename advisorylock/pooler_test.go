@@ -1,6 +1,7 @@
 package advisorylock_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -48,4 +49,57 @@ func TestThroughATransactionPoolerTheConnectErrorExplains(t *testing.T) {
 	check("TryAcquire", err)
 	_, err = advisorylock.NewStandby(ctx, cc, nil)
 	check("NewStandby", err)
+}
+
+// Through a pooler in transaction mode that lets the lock session's
+// start-up parameters through (PgBouncer with ignore_startup_parameters),
+// two standbys of two processes share one server session: each would take
+// a lock the other holds (advisory locks are re-entrant on a session), so
+// both would lead. A Standby marks its server session at connect, and
+// TryLock and Take on a session without its mark take nothing and fail
+// with ErrPooledSession.
+func TestThroughATransactionPoolerAStandbyTakesNothing(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	ctx := t.Context()
+	bouncer, err := pgcluster.StartPgBouncer(ctx, b.db.URL, &pgcluster.PgBouncerOptions{PoolSize: 1,
+		IgnoreStartupParameters: []string{"tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
+			"tcp_user_timeout", "client_connection_check_interval"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := bouncer.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	cc, err := pgx.ParseConfig(bouncer.URL(b.cc.Database, b.cc.User))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.DefaultQueryExecMode = pgx.QueryExecModeExec // no statement kept on a session
+	first, err := advisorylock.NewStandby(ctx, cc, nil)
+	if err != nil {
+		t.Fatalf("NewStandby: %+v", err)
+	}
+	defer first.Close(ctx)
+	second, err := advisorylock.NewStandby(ctx, cc, nil) // marks the one server session again
+	if err != nil {
+		t.Fatalf("NewStandby: %+v", err)
+	}
+	defer second.Close(ctx)
+	if won, err := first.Take(ctx, []string{"pooler:a", "pooler:b"}); !errors.Is(err, advisorylock.ErrPooledSession) || len(won) != 0 {
+		t.Fatalf("Take through a transaction pooler = %v, %v; want ErrPooledSession", won, err)
+	}
+	if l, _, err := first.TryLock(ctx, []string{"pooler:a"}); !errors.Is(err, advisorylock.ErrPooledSession) || l != nil {
+		t.Fatalf("TryLock through a transaction pooler = %v, %v; want ErrPooledSession", l, err)
+	}
+	// Nothing was taken: the keys are free for a direct session.
+	b.acquire(t, "pooler:a", nil)
+	b.acquire(t, "pooler:b", nil)
+	// The standby that marked last is on its mark's session (the pooler has
+	// one): it takes, as through a session-mode pooler or directly.
+	if won, err := second.Take(ctx, []string{"pooler:c"}); err != nil || len(won) != 1 {
+		t.Fatalf("Take on the marked session = %v, %v", won, err)
+	}
 }

@@ -25,13 +25,27 @@ SELECT pg_advisory_unlock($1::int4, $2::int4);
 -- delivered when the statement's transaction commits, after the unlock.
 SELECT pg_advisory_unlock($1::int4, $2::int4), pg_notify($3::text, $4::text);
 
+-- name: MarkSession
+-- A standby's mark on its server session, set once at connect ($1, random):
+-- TryLocks takes nothing on a session that does not carry it.
+SELECT pg_catalog.set_config('annals.standby_session', $1::text, false);
+
 -- name: TryLocks
 -- A standby's poll: tries every key of the arrays $1 (k1) and $2 (k2) once,
--- in array order, and returns the 1-based positions of those it took.
+-- in array order, and returns the 1-based positions of those it took. On a
+-- server session without the standby's mark $3 (MarkSession) it takes
+-- nothing and returns 0 alone: a pooler in transaction or statement mode
+-- ran this statement on another session than the one the standby marked,
+-- where a lock would be neither the standby's alone nor freed when it ends.
+-- (CASE, not AND: the mark is checked before any lock is tried.)
 SELECT k.i
   FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS k(k1, k2, i)
- WHERE pg_try_advisory_lock(k.k1, k.k2)
- ORDER BY k.i;
+ WHERE CASE WHEN pg_catalog.current_setting('annals.standby_session', true) IS NOT DISTINCT FROM $3::text
+            THEN pg_try_advisory_lock(k.k1, k.k2) ELSE false END
+UNION ALL
+SELECT 0
+ WHERE pg_catalog.current_setting('annals.standby_session', true) IS DISTINCT FROM $3::text
+ ORDER BY 1;
 
 -- name: UnlockAll
 -- Gives back the keys of the arrays $1 (k1) and $2 (k2).

@@ -30,13 +30,16 @@ func (s *Standby) Take(ctx context.Context, keys []string) (won []int, err error
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.conn.Query(ctx, q.tryLocks, k1, k2)
+	rows, err := s.conn.Query(ctx, q.tryLocks, k1, k2, s.mark)
 	if err != nil {
 		return nil, errors.Wrap(err, "advisorylock: standby: take locks")
 	}
 	var i int64
 	if _, err := pgx.ForEachRow(rows, []any{&i}, func() error { won = append(won, int(i)-1); return nil }); err != nil {
 		return nil, errors.Wrap(err, "advisorylock: standby: take locks")
+	}
+	if slices.Contains(won, -1) {
+		return nil, errors.WithStack(ErrPooledSession)
 	}
 	return won, nil
 }

@@ -2,6 +2,8 @@ package advisorylock
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"net"
 	"slices"
 	"sync"
@@ -25,7 +27,8 @@ type Standby struct {
 	ctxh    *ctxHandler
 	cfg     Config
 	pid     uint32
-	spent   bool // the connection went to a Lock, or was closed
+	mark    string // MarkSession's value on the standby's server session
+	spent   bool   // the connection went to a Lock, or was closed
 	keys    []string
 	k1, k2  []int32
 	claimed []int64 // TryLock's result rows, reused
@@ -48,12 +51,18 @@ func NewStandby(ctx context.Context, connConfig *pgx.ConnConfig, cfg *Config) (*
 	if err != nil {
 		return nil, errors.Wrap(connectHint(err), "advisorylock: standby: connect")
 	}
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails
+	mark := hex.EncodeToString(b[:])
+	batch := &pgx.Batch{}
+	batch.Queue(q.markSession, mark)
 	if c.ReleaseChannel != "" {
-		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{c.ReleaseChannel}.Sanitize()); err != nil {
-			return nil, errors.CombineErrors(errors.Wrap(err, "advisorylock: standby: listen"), closeConn(ctx, conn))
-		}
+		batch.Queue("LISTEN " + pgx.Identifier{c.ReleaseChannel}.Sanitize())
 	}
-	return &Standby{conn: conn, sock: conn.PgConn().Conn(), ctxh: handler(conn.PgConn()), cfg: c, pid: conn.PgConn().PID()}, nil
+	if err := conn.SendBatch(ctx, batch).Close(); err != nil {
+		return nil, errors.CombineErrors(errors.Wrap(err, "advisorylock: standby: mark the session and listen"), closeConn(ctx, conn))
+	}
+	return &Standby{conn: conn, sock: conn.PgConn().Conn(), ctxh: handler(conn.PgConn()), cfg: c, pid: conn.PgConn().PID(), mark: mark}, nil
 }
 
 // PID returns the process ID of the standby's server backend.
@@ -89,7 +98,7 @@ func (s *Standby) TryLock(ctx context.Context, keys []string) (lock *Lock, won [
 		k1, k2 := Key(k)
 		s.keys, s.k1, s.k2 = append(s.keys, k), append(s.k1, k1), append(s.k2, k2)
 	}
-	rows, err := s.conn.Query(ctx, q.tryLocks, s.k1, s.k2)
+	rows, err := s.conn.Query(ctx, q.tryLocks, s.k1, s.k2, s.mark)
 	if err != nil {
 		return nil, nil, errors.Wrap(err, "advisorylock: standby: try locks")
 	}
@@ -97,6 +106,9 @@ func (s *Standby) TryLock(ctx context.Context, keys []string) (lock *Lock, won [
 	var i int64
 	if _, err := pgx.ForEachRow(rows, []any{&i}, func() error { s.claimed = append(s.claimed, i); return nil }); err != nil {
 		return nil, nil, errors.Wrap(err, "advisorylock: standby: try locks")
+	}
+	if slices.Contains(s.claimed, 0) {
+		return nil, nil, errors.WithStack(ErrPooledSession)
 	}
 	if len(s.claimed) == 0 {
 		return nil, nil, errors.Wrapf(ErrNotAcquired, "advisorylock: standby: all %d keys", len(keys))

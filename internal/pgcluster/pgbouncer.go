@@ -34,6 +34,10 @@ type PgBouncerOptions struct {
 	// and user (default 2: fewer than the clients, so that clients share
 	// server sessions, which is what a test of transaction pooling needs).
 	PoolSize int
+	// IgnoreStartupParameters are start-up parameters PgBouncer accepts
+	// from clients and drops (ignore_startup_parameters), besides
+	// extra_float_digits; by default it refuses any it does not track.
+	IgnoreStartupParameters []string
 	// Users are the roles that may log in through the pooler, besides
 	// "postgres" (auth_type trust still wants each name in its auth_file).
 	Users []string
@@ -139,9 +143,10 @@ logfile = %s
 pidfile = %s
 admin_users = postgres
 server_reset_query = DISCARD ALL
-ignore_startup_parameters = extra_float_digits
+ignore_startup_parameters = %s
 `, cfg.Host, cfg.Port, b.port, filepath.Join(dir, "users.txt"), o.PoolMode, o.PoolSize,
-		filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"))
+		filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"),
+		strings.Join(append([]string{"extra_float_digits"}, o.IgnoreStartupParameters...), ", "))
 	for name, body := range map[string]string{"users.txt": users.String(), "pgbouncer.ini": ini} {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
