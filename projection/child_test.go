@@ -255,7 +255,14 @@ func deliveryObserver(reg *eventstore.Registry, pool *pgxpool.Pool, instance str
 // if the test failed, its log is shown.
 func startChild(t testing.TB, db *annalstest.DB, instanceID string, mode childMode) *childproc.Child {
 	t.Helper()
-	spec, err := json.Marshal(childSpec{childMode: mode, URL: db.URL, Instance: instanceID})
+	return startChildAt(t, db.URL, instanceID, mode)
+}
+
+// startChildAt is startChild with the runner connecting to url (a pooler
+// in front of the test's database, say).
+func startChildAt(t testing.TB, url, instanceID string, mode childMode) *childproc.Child {
+	t.Helper()
+	spec, err := json.Marshal(childSpec{childMode: mode, URL: url, Instance: instanceID})
 	if err != nil {
 		t.Fatal(err)
 	}
