@@ -187,6 +187,12 @@
 // statement, and otherwise take nothing and fail with ErrPooledSession:
 // the pooler ran the statement on another server session, one that may
 // already hold another process's locks (re-entrant on a session: both
-// would lead). A pooler with a single server session, and a single client,
-// passes the check, and there it does no harm.
+// would lead). It marks only a server session that holds no advisory lock
+// (NewStandby fails with ErrPooledSession on one that does): otherwise a
+// second standby handed the first's server session, a second process or
+// the first reconnecting, would mark it its own and take the first's locks
+// again. A pooler with a single server session, and a single client,
+// passes the check, and there it does no harm. Acquire, AcquireQueued and
+// TryAcquire make no such check: through a transaction pooler that lets
+// their start-up parameters through, their lock is as unsafe.
 package advisorylock

@@ -16,10 +16,11 @@ var (
 
 	// ErrPooledSession is matched by the error of a Standby's TryLock or
 	// Take whose statement ran on another server session than the one the
-	// Standby opened: a pooler in transaction or statement mode (PgBouncer
-	// with ignore_startup_parameters, say) is between it and PostgreSQL.
-	// Nothing was taken. Session locks need a direct connection or a
-	// pooler in session mode; close the Standby.
+	// Standby opened, and of NewStandby on a server session that holds
+	// advisory locks already: a pooler in transaction or statement mode
+	// (PgBouncer with ignore_startup_parameters, say) is between it and
+	// PostgreSQL. Nothing was taken. Session locks need a direct connection
+	// or a pooler in session mode; close the Standby.
 	ErrPooledSession = errors.New("advisorylock: the lock session's statements run on other server sessions: " +
 		"a pooler in transaction or statement mode is in between; session locks need a direct connection to PostgreSQL " +
 		"or a pooler in session mode (see docs/operations.md, \"PgBouncer and other poolers\")")

@@ -103,3 +103,55 @@ func TestThroughATransactionPoolerAStandbyTakesNothing(t *testing.T) {
 		t.Fatalf("Take on the marked session = %v, %v", won, err)
 	}
 }
+
+// Through the same pooler, a standby that connects once another one holds
+// locks on the pooler's server session (a second process, or the first
+// reconnecting after ErrPooledSession, as a runner does) lands on that
+// session: marking it again would make it the mark's owner, and its Take
+// would take the other's locks again (re-entrant), two leaders. A Standby
+// marks only a server session that holds no advisory lock; NewStandby fails
+// with ErrPooledSession on one that does.
+func TestThroughATransactionPoolerAStandbyMarksNoSessionWithLocks(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	ctx := t.Context()
+	bouncer, err := pgcluster.StartPgBouncer(ctx, b.db.URL, &pgcluster.PgBouncerOptions{PoolSize: 1,
+		IgnoreStartupParameters: []string{"tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
+			"tcp_user_timeout", "client_connection_check_interval"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := bouncer.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	cc, err := pgx.ParseConfig(bouncer.URL(b.cc.Database, b.cc.User))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.DefaultQueryExecMode = pgx.QueryExecModeExec
+	first, err := advisorylock.NewStandby(ctx, cc, nil)
+	if err != nil {
+		t.Fatalf("NewStandby: %+v", err)
+	}
+	defer first.Close(ctx)
+	// Alone on the pooler's one server session, the first takes.
+	if won, err := first.Take(ctx, []string{"pooler:a"}); err != nil || len(won) != 1 {
+		t.Fatalf("Take of the only standby = %v, %v", won, err)
+	}
+	second, err := advisorylock.NewStandby(ctx, cc, nil)
+	if err == nil {
+		defer second.Close(ctx)
+		won, err := second.Take(ctx, []string{"pooler:a"})
+		t.Fatalf("a second standby on the server session that holds the first's lock: NewStandby succeeded, Take = %v, %v; want NewStandby to fail with ErrPooledSession", won, err)
+	}
+	if !errors.Is(err, advisorylock.ErrPooledSession) {
+		t.Fatalf("NewStandby on a server session with another's locks: %v; want ErrPooledSession", err)
+	}
+	// The first still holds its lock, and still takes on its session.
+	b.notAcquired(t, "pooler:a")
+	if won, err := first.Take(ctx, []string{"pooler:b"}); err != nil || len(won) != 1 {
+		t.Fatalf("Take of the first standby after the second's refusal = %v, %v", won, err)
+	}
+}

@@ -27,8 +27,14 @@ SELECT pg_advisory_unlock($1::int4, $2::int4), pg_notify($3::text, $4::text);
 
 -- name: MarkSession
 -- A standby's mark on its server session, set once at connect ($1, random):
--- TryLocks takes nothing on a session that does not carry it.
-SELECT pg_catalog.set_config('annals.standby_session', $1::text, false);
+-- TryLocks takes nothing on a session that does not carry it. It marks only
+-- a session that holds no advisory lock, and otherwise returns no row: one
+-- that holds some is another session's (a pooler in transaction mode handed
+-- it over with another standby's locks and mark), and marking it again
+-- would let this standby's TryLocks take those locks again (re-entrant).
+SELECT pg_catalog.set_config('annals.standby_session', $1::text, false)
+ WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_locks l
+                    WHERE l.locktype = 'advisory' AND l.pid = pg_catalog.pg_backend_pid());
 
 -- name: TryLocks
 -- A standby's poll: tries every key of the arrays $1 (k1) and $2 (k2) once,

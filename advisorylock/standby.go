@@ -41,7 +41,9 @@ type Standby struct {
 // NewStandby opens a connection for a Standby with connConfig (as
 // TryAcquire does: it must come from pgx.ParseConfig, it is copied, and it
 // must reach PostgreSQL directly or through a pooler in session mode) and,
-// if cfg names a ReleaseChannel, LISTENs on it. ctx bounds connecting.
+// if cfg names a ReleaseChannel, LISTENs on it. ctx bounds connecting. It
+// fails with ErrPooledSession if the server session holds an advisory lock
+// already: a pooler handed it another session's.
 func NewStandby(ctx context.Context, connConfig *pgx.ConnConfig, cfg *Config) (*Standby, error) {
 	c, cc, handler, err := prepare(connConfig, cfg)
 	if err != nil {
@@ -59,7 +61,16 @@ func NewStandby(ctx context.Context, connConfig *pgx.ConnConfig, cfg *Config) (*
 	if c.ReleaseChannel != "" {
 		batch.Queue("LISTEN " + pgx.Identifier{c.ReleaseChannel}.Sanitize())
 	}
-	if err := conn.SendBatch(ctx, batch).Close(); err != nil {
+	br := conn.SendBatch(ctx, batch)
+	var set string
+	err = br.QueryRow().Scan(&set)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = errors.Wrap(ErrPooledSession, "advisorylock: standby: the server session holds advisory locks already")
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return nil, errors.CombineErrors(errors.Wrap(err, "advisorylock: standby: mark the session and listen"), closeConn(ctx, conn))
 	}
 	return &Standby{conn: conn, sock: conn.PgConn().Conn(), ctxh: handler(conn.PgConn()), cfg: c, pid: conn.PgConn().PID(), mark: mark}, nil
