@@ -43,6 +43,8 @@ type PgBouncerOptions struct {
 	Users []string
 	// Logger receives start and stop messages (default: discarded).
 	Logger *slog.Logger
+
+	pickPort func() (int, error) // freePort; a test's picks
 }
 
 // PgBouncer is a running PgBouncer in front of one PostgreSQL server, a child
@@ -119,14 +121,50 @@ func StartPgBouncer(ctx context.Context, serverURL string, opts *PgBouncerOption
 	if err := chown(dir, u); err != nil {
 		return fail(err)
 	}
-	if b.port, err = freePort(); err != nil {
-		return fail(err)
+	if o.pickPort == nil {
+		o.pickPort = freePort
 	}
 	var users strings.Builder
 	for _, name := range append([]string{"postgres"}, o.Users...) {
 		// auth_file quotes names with double quotes, doubled inside.
 		fmt.Fprintf(&users, "\"%s\" \"\"\n", strings.ReplaceAll(name, `"`, `""`))
 	}
+	if err := writeOwned(filepath.Join(dir, "users.txt"), users.String(), u); err != nil {
+		return fail(err)
+	}
+	// The port picked free may be taken before PgBouncer binds it (by
+	// another test's server, or an outgoing connection's local port): pick
+	// another, as Cluster.Start does.
+	for attempt := 1; ; attempt++ {
+		if b.port, err = o.pickPort(); err != nil {
+			return fail(err)
+		}
+		err = b.start(ctx, bin, cfg, &o, u)
+		if err == nil {
+			break
+		}
+		if attempt == bindRetries || !errors.Is(err, errAddrInUse) {
+			return fail(err)
+		}
+		o.Logger.DebugContext(ctx, "pgcluster: PgBouncer's port taken, picking another", slog.Int("port", b.port))
+	}
+	o.Logger.InfoContext(ctx, "pgcluster: PgBouncer started", slog.Int("port", b.port), slog.String("pool_mode", o.PoolMode))
+	return b, nil
+}
+
+// writeOwned writes body to p (0600), owned by u when not nil.
+func writeOwned(p, body string, u *osUser) error {
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		return errors.Wrapf(err, "pgcluster: write %s", p)
+	}
+	return chown(p, u)
+}
+
+// start writes PgBouncer's configuration for b.port, starts it and waits
+// until it answers. Its error is marked errAddrInUse when PgBouncer could
+// not bind the port.
+func (b *PgBouncer) start(ctx context.Context, bin string, cfg *pgx.ConnConfig, o *PgBouncerOptions, u *osUser) error {
+	dir := b.dir
 	ini := fmt.Sprintf(`[databases]
 * = host=%s port=%d
 
@@ -145,20 +183,20 @@ admin_users = postgres
 server_reset_query = DISCARD ALL
 ignore_startup_parameters = %s
 `, cfg.Host, cfg.Port, b.port, filepath.Join(dir, "users.txt"), o.PoolMode, o.PoolSize,
-		filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"),
+		filepath.Join(dir, "pgbouncer.log"), b.pidfile(),
 		strings.Join(append([]string{"extra_float_digits"}, o.IgnoreStartupParameters...), ", "))
-	for name, body := range map[string]string{"users.txt": users.String(), "pgbouncer.ini": ini} {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-			return fail(errors.Wrapf(err, "pgcluster: write %s", p))
-		}
-		if err := chown(p, u); err != nil {
-			return fail(err)
+	if err := writeOwned(filepath.Join(dir, "pgbouncer.ini"), ini, u); err != nil {
+		return err
+	}
+	for _, name := range []string{"pgbouncer.log", "stderr.log", "pgbouncer.pid"} {
+		// A previous attempt's: its log would be read as this one's.
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !os.IsNotExist(err) {
+			return errors.Wrap(err, "pgcluster: remove a previous attempt's file")
 		}
 	}
 	logf, err := os.Create(filepath.Join(dir, "stderr.log"))
 	if err != nil {
-		return fail(errors.Wrap(err, "pgcluster: open PgBouncer's log"))
+		return errors.Wrap(err, "pgcluster: open PgBouncer's log")
 	}
 	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
 	cmd.Dir = dir
@@ -167,7 +205,7 @@ ignore_startup_parameters = %s
 	cmd.SysProcAttr = procAttr(u, syscall.SIGTERM)
 	if err := cmd.Start(); err != nil {
 		_ = logf.Close()
-		return fail(errors.Wrap(err, "pgcluster: start pgbouncer"))
+		return errors.Wrap(err, "pgcluster: start pgbouncer")
 	}
 	p := &process{cmd: cmd, log: logf, done: make(chan struct{})}
 	go func() {
@@ -179,26 +217,38 @@ ignore_startup_parameters = %s
 		b.stop()
 		logs, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.log"))
 		stderr, _ := os.ReadFile(filepath.Join(dir, "stderr.log"))
-		return fail(errors.Newf("pgcluster: PgBouncer on port %d did not become ready: %w\nlog:\n%s%s",
-			b.port, err, tail(string(logs), 20), tail(string(stderr), 10)))
+		err = errors.Newf("pgcluster: PgBouncer on port %d did not become ready: %w\nlog:\n%s%s",
+			b.port, err, tail(string(logs), 20), tail(string(stderr), 10))
+		if strings.Contains(string(logs)+string(stderr), "Address already in use") {
+			err = errmark.Mark(err, errAddrInUse)
+		}
+		return err
 	}
-	o.Logger.InfoContext(ctx, "pgcluster: PgBouncer started", slog.Int("port", b.port), slog.String("pool_mode", o.PoolMode))
-	return b, nil
+	return nil
 }
 
-// waitReady polls until a query through the pooler succeeds, the process
-// exits, or 30 s (or ctx) pass.
+// pidfile is the path of PgBouncer's pid file, which its admin console
+// reports (SHOW CONFIG): how waitReady tells it from another listener.
+func (b *PgBouncer) pidfile() string { return filepath.Join(b.dir, "pgbouncer.pid") }
+
+// waitReady polls until this PgBouncer answers (its admin console reports
+// its pid file: not another server or pooler that answers on the port
+// before this one has failed to bind it) and a query through it succeeds,
+// or the process exits, or 30 s (or ctx) pass.
 func (b *PgBouncer) waitReady(ctx context.Context, database string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for {
-		conn, err := pgx.Connect(ctx, b.URL(database, "postgres"))
+		err := b.isOurs(ctx)
 		if err == nil {
-			var one int
-			err = conn.QueryRow(ctx, "SELECT 1").Scan(&one)
-			_ = conn.Close(ctx)
-			if err == nil {
-				return nil
+			var conn *pgx.Conn
+			if conn, err = pgx.Connect(ctx, b.URL(database, "postgres")); err == nil {
+				var one int
+				err = conn.QueryRow(ctx, "SELECT 1").Scan(&one)
+				_ = conn.Close(ctx)
+				if err == nil {
+					return nil
+				}
 			}
 		}
 		select {
@@ -209,6 +259,45 @@ func (b *PgBouncer) waitReady(ctx context.Context, database string) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// isOurs reports, as an error, when what answers on b.port is not this
+// PgBouncer.
+func (b *PgBouncer) isOurs(ctx context.Context) error {
+	cc, err := pgx.ParseConfig(b.URL("pgbouncer", "postgres"))
+	if err != nil {
+		return errors.WithStack(err)
+	}
+	cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol // all the admin console speaks
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, cc)
+	if err != nil {
+		return errors.WithStack(err)
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	rows, err := conn.Query(cctx, "SHOW CONFIG")
+	if err != nil {
+		return errors.WithStack(err)
+	}
+	pidfile := ""
+	for rows.Next() {
+		v, err := rows.Values()
+		if err != nil {
+			rows.Close()
+			return errors.WithStack(err)
+		}
+		if len(v) >= 2 && fmt.Sprint(v[0]) == "pidfile" {
+			pidfile = fmt.Sprint(v[1])
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return errors.WithStack(err)
+	}
+	if pidfile != b.pidfile() {
+		return errors.Newf("port %d is answered by another PgBouncer (pid file %q)", b.port, pidfile)
+	}
+	return nil
 }
 
 // Port returns the port PgBouncer listens on (127.0.0.1).
