@@ -244,11 +244,15 @@ func (a *Awaiter) Await(ctx context.Context, name string, position int64) error 
 // recorded count wins over partitions too).
 //
 // For a blue/green projection (Options.BlueGreen) it waits for the live
-// generation (its subscriber <name>#g<N>), the one readers see. A cut-over
-// or rollback during the wait is followed at the next poll: from then on
-// it waits for the generation that became live. An Awaiter whose role may
-// not read read_model_generations (a role granted by an older annals)
-// waits for name's own checkpoints.
+// generation (its subscriber <name>#g<N>), the one readers see. Each read
+// of that generation's checkpoints reads the live generation in the same
+// statement (one snapshot): it answers only for a generation that was live
+// when its checkpoints were read, so that a rollback or cut-over in between
+// cannot make it answer for one readers no longer see. A cut-over or
+// rollback during the wait is followed at the next read (at least every
+// poll): from then on it waits for the generation that became live. An
+// Awaiter whose role may not read read_model_generations (a role granted
+// by an older annals) waits for name's own checkpoints.
 func (a *Awaiter) AwaitPartitions(ctx context.Context, name string, partitions int, position int64) error {
 	if partitions < 0 {
 		return errors.Newf("projection: Await: %d partitions", partitions)
@@ -292,14 +296,10 @@ func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, layout
 	read := true    // from the database: at the start, at each poll, and to confirm a notification
 	follow := false // look for the live generation first: at each poll
 	held := false   // the checkpoint passed, but a released dead letter of the event awaits re-delivery
-	// moveToLive looks the live generation up and, when it is another than
-	// sub, waits for that one from now on (moved); a failure is Await's
+	// moveTo waits for the subscriber s (of generation version v) from
+	// now on when it is another than sub (moved); a failure is Await's
 	// error (never nil).
-	moveToLive := func() (moved bool, err error) {
-		s, v, err := a.live(ctx, name, blueGreen)
-		if err != nil {
-			return false, a.failed(ctx, sub, position, part, err)
-		}
+	moveTo := func(s string, v int) (moved bool, err error) {
 		if s == sub {
 			return false, nil
 		}
@@ -313,38 +313,41 @@ func (a *Awaiter) await(ctx context.Context, name string, blueGreen bool, layout
 		if follow {
 			// A cut-over (or rollback) moves readers to another
 			// generation: wait for that one from now on.
-			if _, err := moveToLive(); err != nil {
+			s, v, err := a.live(ctx, name, blueGreen)
+			if err != nil {
+				return a.failed(ctx, sub, position, part, err)
+			}
+			if _, err := moveTo(s, v); err != nil {
 				return err
 			}
 			follow = false
 		}
 		if read {
+			// sub != name: sub is a generation's; its checkpoints are read
+			// with the live generation, in one snapshot.
+			of := ""
+			if sub != name {
+				of = name
+			}
 			var r reach
-			if r, err = a.reached(ctx, sub, part, position); err != nil {
+			if r, err = a.reached(ctx, sub, of, part, position); err != nil {
 				return a.failed(ctx, sub, position, part, err)
 			}
-			if r.dead != nil || r.done {
-				// The live generation and its checkpoints are two reads:
-				// a rollback between them makes readers see a generation
-				// that may lack the event (the one rolled back to stopped
-				// at its cut-over), or may apply it (the dead letter is
-				// the retired one's). An answer only if sub is still live
-				// after its checkpoints were read (a generation keeps its
-				// checkpoints while retired, so one that went and came
-				// back is as far as it was); else wait for the live one.
-				// (sub == name: name has no generations, nothing to check.)
-				if sub != name {
-					moved, err := moveToLive()
-					if err != nil {
-						return err
-					}
-					if moved {
-						continue
-					}
+			if r.live != "" {
+				// Another generation was live when sub's checkpoints were
+				// read (a cut-over or rollback since sub was looked up):
+				// readers see that one, which may lack the event (the one
+				// a rollback went back to stopped at its cut-over) or
+				// apply it (sub's dead letter is not theirs). Wait for it.
+				if _, err := moveTo(r.live, r.liveVersion); err != nil {
+					return err
 				}
-				if r.dead != nil {
-					return errors.WithStack(r.dead)
-				}
+				continue
+			}
+			if r.dead != nil {
+				return errors.WithStack(r.dead)
+			}
+			if r.done {
 				return nil
 			}
 			if r.again {
@@ -447,16 +450,29 @@ type reach struct {
 	// (from a snapshot taken before it) did not: read again, as the dead
 	// letter of the event was not looked up.
 	again bool
+	// live and liveVersion: another subscriber than the one read was the
+	// projection's live generation in the snapshot the checkpoints were
+	// read from (the projection's name and 0 when none was live); "" when
+	// it was the one read, or was not looked up. The rest is then unset.
+	live        string
+	liveVersion int
 }
 
-// reached reads the checkpoints and reports whether the one(s) waited for
-// are at position, and, when they are, whether its event was dead-lettered;
-// it also records them for notified.
-func (a *Awaiter) reached(ctx context.Context, name string, part int, position int64) (reach, error) {
+// reached reads the checkpoints of the subscriber name and reports whether
+// the one(s) waited for are at position, and, when they are, whether its
+// event was dead-lettered; it also records them for notified. With
+// projection (the blue/green projection whose generation name is; "": not
+// looked up) it reads the live generation in the same statement, and
+// reports it instead when it is not name.
+func (a *Awaiter) reached(ctx context.Context, name, projection string, part int, position int64) (reach, error) {
 	a.mu.Lock()
 	gen := a.gen
 	a.mu.Unlock()
-	rows, err := a.pool.Query(ctx, a.q["AwaitCheckpoints"], name, position, part)
+	q, args := a.q["AwaitCheckpoints"], []any{name, position, part}
+	if projection != "" {
+		q, args = a.q["AwaitCheckpointsLive"], append(args, projection)
+	}
+	rows, err := a.pool.Query(ctx, q, args...)
 	if err != nil {
 		return reach{}, errors.Wrap(err, "projection: Await: read checkpoints")
 	}
@@ -465,19 +481,37 @@ func (a *Awaiter) reached(ctx context.Context, name string, part int, position i
 		pos                            int64
 		dlID                           *int64
 		dlStatus, dlReason, dlStream   *string
+		liveSub                        *string
+		liveVer                        *int
 		found                          = map[int]int64{}
 		deadID                         int64
 		deadStatus, deadReason, stream string
+		live                           string
+		liveVersion                    int
 	)
-	_, err = pgx.ForEachRow(rows, []any{&p, &pos, &dlID, &dlStatus, &dlReason, &dlStream}, func() error {
+	scan := []any{&p, &pos, &dlID, &dlStatus, &dlReason, &dlStream}
+	if projection != "" {
+		scan = append(scan, &liveSub, &liveVer)
+	}
+	_, err = pgx.ForEachRow(rows, scan, func() error {
 		found[p] = pos
 		if dlID != nil {
 			deadID, deadStatus, deadReason, stream = *dlID, *dlStatus, *dlReason, *dlStream
+		}
+		if projection != "" {
+			live, liveVersion = projection, 0
+			if liveSub != nil {
+				live, liveVersion = *liveSub, *liveVer
+			}
 		}
 		return nil
 	})
 	if err != nil {
 		return reach{}, errors.Wrap(err, "projection: Await: read checkpoints")
+	}
+	if live != "" && live != name {
+		// Not the checkpoints readers see: neither recorded nor answered.
+		return reach{live: live, liveVersion: liveVersion}, nil
 	}
 	// The database's word replaces what notifications said, since a
 	// checkpoint can move back (a rebuild, annals checkpoint set); unless a

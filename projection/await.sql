@@ -50,14 +50,25 @@ SELECT CASE WHEN k.parts <= 1 AND k.known THEN 0
 -- have all passed $2 (a one-time filter): an event dead-lettered (or
 -- parked) was passed without being applied, in the same transaction as
 -- the checkpoint move.
-WITH c AS (SELECT partition, position FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1)
+{{define "checkpoints"}}WITH c AS (SELECT partition, position FROM {{.Schema}}.checkpoints WHERE subscriber_id = $1)
 SELECT c.partition, c.position, d.id, d.status, d.reason, d.stream_id
   FROM c
   LEFT JOIN (SELECT d.id, d.status, d.reason, d.stream_id
                FROM {{.Schema}}.dead_letters d
               WHERE d.subscriber_id = $1
                 AND d.event_id = (SELECT e.event_id FROM {{.Schema}}.events_all e WHERE e.global_sequence = $2)
-                AND (SELECT min(position) FROM c WHERE $3::int < 0 OR partition = $3::int) >= $2) d ON true;
+                AND (SELECT min(position) FROM c WHERE $3::int < 0 OR partition = $3::int) >= $2) d ON true{{end}}{{template "checkpoints" .}};
+
+-- name: AwaitCheckpointsLive
+-- AwaitCheckpoints of a generation's subscriber $1, each row also with the
+-- subscriber and version of the live generation of the blue/green
+-- projection $4 (NULLs when none is live): read by the same statement, so
+-- from the same snapshot as the checkpoints, so that no cut-over or
+-- rollback falls between the two (the checkpoints count only if $1 is the
+-- live one). For a role that may read read_model_generations.
+SELECT k.partition, k.position, k.id, k.status, k.reason, k.stream_id, g.subscriber, g.version
+  FROM ({{template "checkpoints" .}}) k
+  LEFT JOIN {{.Schema}}.read_model_generations g ON g.projection = $4 AND g.state = 'live';
 
 -- name: AwaitBehind
 -- $1 subscriber, $2 target, $3 partition or -1: the partition furthest
