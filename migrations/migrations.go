@@ -64,9 +64,18 @@ type Migration struct {
 	Version int
 	// Name is the file name without its version and extension, e.g. "events".
 	Name string
-	// SQL is the statement text with the schema name filled in.
+	// SQL is the statement text with the schema name filled in. From All it
+	// starts with pinMigration (SET LOCAL search_path = pg_catalog,
+	// pg_temp), as Up runs it: a tool that applies it in a transaction, or
+	// as one multi-statement query, binds nothing to objects in the
+	// session's search_path (see docs/sql-api.md), and its own next
+	// statements keep the session's path.
 	SQL string
 }
+
+// pinMigration starts each migration All returns: Up's pin
+// (queries "PinSearchPath"), for other tools.
+const pinMigration = "SET LOCAL search_path = pg_catalog, pg_temp;\n"
 
 // State is a migration and whether the database has it.
 type State struct {
@@ -78,13 +87,18 @@ type State struct {
 }
 
 // All returns every migration this version of annals knows, rendered for the
-// configured schema, in version order.
+// configured schema, in version order, each pinning the search_path of its
+// transaction (see Migration.SQL).
 func All(cfg *Config) ([]Migration, error) {
 	c, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	return render(c.Schema)
+	ms, err := render(c.Schema)
+	for i := range ms {
+		ms[i].SQL = pinMigration + ms[i].SQL
+	}
+	return ms, err
 }
 
 func render(schema string) ([]Migration, error) {

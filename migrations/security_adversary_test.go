@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -136,7 +137,8 @@ func TestMigrationRebindsPlantedFunctions(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, m := range ms[:at] {
-		if _, err := db.Pool.Exec(ctx, m.SQL); err != nil {
+		// Without the pin All adds now (TestAllPinsTheSearchPathOfEachMigration).
+		if _, err := db.Pool.Exec(ctx, strings.TrimPrefix(m.SQL, "SET LOCAL search_path = pg_catalog, pg_temp;\n")); err != nil {
 			t.Fatalf("%04d_%s: %v", m.Version, m.Name, err)
 		}
 		if _, err := db.Pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.schema_migrations (version, name) VALUES ($1, $2)`, ident), m.Version, m.Name); err != nil {
@@ -252,5 +254,67 @@ func noPlantedCode(t *testing.T, db *annalstest.DB, schema string, w *role) {
 	}
 	for _, r := range ran {
 		t.Errorf("a planted function ran (the owner is %s, the writer %s): %s", owner, w.Name, r)
+	}
+}
+
+// Each migration All returns (for other tools: docs/operations.md) pins the
+// search_path of the transaction it runs in, and only that transaction's:
+// applied one by one on a session whose path starts with a schema that
+// plants div(numeric, integer), none binds to it, and the session keeps
+// its path afterwards.
+func TestAllPinsTheSearchPathOfEachMigration(t *testing.T) {
+	t.Parallel()
+	ms, err := migrations.All(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if !strings.HasPrefix(m.SQL, "SET LOCAL search_path = pg_catalog, pg_temp;\n") {
+			t.Fatalf("migration %04d does not start with the pin: %.80q", m.Version, m.SQL)
+		}
+	}
+	db := annalstest.NewDB(t, nil)
+	ctx := t.Context()
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA planted;
+		CREATE FUNCTION planted.div(numeric, integer) RETURNS numeric LANGUAGE sql AS 'SELECT 0::numeric';
+		SET search_path = planted, public`); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(context.Background(), "RESET search_path")
+	// A schema of its own, migrated as a tool would: each migration in a
+	// transaction of its own on this session.
+	cfg := &migrations.Config{Schema: "tool_applied"}
+	ms, err = migrations.All(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA tool_applied`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			t.Fatalf("migration %04d: %v", m.Version, err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var path string
+	if err := conn.QueryRow(ctx, "SHOW search_path").Scan(&path); err != nil || path != "planted, public" {
+		t.Fatalf("the session's search_path after the migrations: %q, %v", path, err)
+	}
+	var deps int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_depend d JOIN pg_proc p ON p.oid = d.refobjid
+		JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'planted'`).Scan(&deps); err != nil || deps != 0 {
+		t.Fatalf("%d objects depend on the planted function (%v)", deps, err)
 	}
 }
