@@ -15,6 +15,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // InlineProjection is a projection applied in the transaction of every
@@ -202,7 +203,10 @@ type inlinePlan struct {
 	// guard: some IDs came from the caller, so the append must be followed
 	// by the InlineWritten check before COMMIT.
 	guard bool
-	ids   []uuid.UUID
+	// ids: the events' IDs, as pgtype.UUIDs: pgx encodes a []uuid.UUID only
+	// when it has described the statement (not in QueryExecModeExec nor
+	// QueryExecModeSimpleProtocol).
+	ids []pgtype.UUID
 	// pinned: the inline projections ran at this version of a stream the
 	// caller appended to with Any or StreamExists, now the append's exact
 	// expected version (-1: not pinned).
@@ -240,9 +244,9 @@ func (r *inlineRun) apply(ctx context.Context, tx pgx.Tx, a *appendArgs) (inline
 	}
 	plan := inlinePlan{pinned: -1}
 	if a.callerIDs {
-		plan.ids = make([]uuid.UUID, len(a.events))
+		plan.ids = make([]pgtype.UUID, len(a.events))
 		for i, e := range a.events {
-			plan.ids[i] = e.id
+			plan.ids[i] = pgtype.UUID{Bytes: e.id, Valid: true}
 		}
 		var stored int
 		if err := tx.QueryRow(ctx, r.s.q.storedIDs, plan.ids).Scan(&stored); err != nil {

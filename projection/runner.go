@@ -899,7 +899,12 @@ type leadEntry struct {
 	Epoch      int64  `json:"epoch"`
 }
 
-func (r *Runner) leadingJSON() []byte {
+// leadingJSON returns the leads column's value. It is a json.RawMessage, not
+// a []byte: pgx sends a []byte as bytea text ("\x5b...") in the query exec
+// modes that do not describe the statement first (QueryExecModeExec and
+// QueryExecModeSimpleProtocol, what PgBouncer before 1.21 needs), which the
+// json column refuses; a json.RawMessage it sends as JSON in every mode.
+func (r *Runner) leadingJSON() json.RawMessage {
 	r.mu.Lock()
 	entries := make([]leadEntry, 0, len(r.leading))
 	for k, e := range r.leading {

@@ -233,10 +233,14 @@ func (a *adapter[S]) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) 
 	if err != nil {
 		return errors.Wrapf(err, "saga %q instance %q", rt.name, id)
 	}
-	state, err := json.Marshal(inst.State)
+	b, err := json.Marshal(inst.State)
 	if err != nil {
 		return failure.Permanent(errors.Wrapf(err, "saga %q instance %q: encode state %T", rt.name, id, inst.State))
 	}
+	// A json.RawMessage, not a []byte: pgx sends a []byte as bytea text in
+	// QueryExecModeExec and QueryExecModeSimpleProtocol, which the state
+	// column refuses.
+	state := json.RawMessage(b)
 	now := rt.clock.Now()
 	var tag interface{ RowsAffected() int64 }
 	if inst.isNew {

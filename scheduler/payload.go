@@ -25,8 +25,11 @@ import (
 // byte for byte. json.Marshal would compact it and escape <, > and & in its
 // strings (six bytes for one), so that an event at Config.MaxEventBytes
 // when it was encoded could be over it when the timer fires, where the
-// encoded append is measured again.
-func encodePayload(enc eventstore.EncodedAppend) ([]byte, error) {
+// encoded append is measured again. It is a json.RawMessage, not a []byte:
+// pgx sends a []byte as bytea text ("\x7b...") in the query exec modes that
+// do not describe the statement first (QueryExecModeExec and
+// QueryExecModeSimpleProtocol), which the json column refuses.
+func encodePayload(enc eventstore.EncodedAppend) (json.RawMessage, error) {
 	head, err := json.Marshal(struct {
 		StreamID string                     `json:"stream_id"`
 		Expected eventstore.ExpectedVersion `json:"expected"`

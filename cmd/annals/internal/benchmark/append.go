@@ -3,6 +3,7 @@ package benchmark
 import (
 	"context"
 	_ "embed"
+	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -277,7 +278,7 @@ func makeEvents(n int) []eventstore.EventData {
 
 // makePayload returns the JSON array of n new events for the raw
 // contenders, in the shape append_events takes.
-func makePayload(n int) ([]byte, error) {
+func makePayload(n int) (json.RawMessage, error) {
 	ids := make([]uuid.UUID, n)
 	for i := range ids {
 		ids[i], _ = uuid.NewV7()

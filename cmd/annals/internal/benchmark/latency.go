@@ -447,8 +447,10 @@ func rawListen(ctx context.Context, pool *pgxpool.Pool, q map[string]string, pp 
 }
 
 // payloadFor returns the JSON array of one event per ID, in the shape
-// append_events takes.
-func payloadFor(ids []uuid.UUID) ([]byte, error) {
+// append_events takes. A json.RawMessage, not a []byte: pgx sends a []byte
+// as bytea text in QueryExecModeExec and QueryExecModeSimpleProtocol, which
+// a json or jsonb parameter refuses (a DATABASE_URL may set either mode).
+func payloadFor(ids []uuid.UUID) (json.RawMessage, error) {
 	type item struct {
 		EventID uuid.UUID      `json:"event_id"`
 		Type    string         `json:"type"`
