@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/aggregate"
@@ -99,11 +100,14 @@ func (p *cutProxy) heal() {
 }
 
 // proxiedPool returns a pool on db whose connections go through a cutProxy.
-func proxiedPool(t *testing.T, db *annalstest.DB) (*pgxpool.Pool, *cutProxy) {
+func proxiedPool(t *testing.T, db *annalstest.DB, mode ...pgx.QueryExecMode) (*pgxpool.Pool, *cutProxy) {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(mode) > 0 {
+		cfg.ConnConfig.DefaultQueryExecMode = mode[0]
 	}
 	network, addr := "tcp", net.JoinHostPort(cfg.ConnConfig.Host, itoa(cfg.ConnConfig.Port))
 	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
@@ -127,12 +131,24 @@ func proxiedPool(t *testing.T, db *annalstest.DB) (*pgxpool.Pool, *cutProxy) {
 // A Save whose connection is lost after its append was sent gets
 // ErrOutcomeUnknown while the server commits the append; saving the same
 // aggregate again is then an idempotent re-append that returns the stored
-// version and writes nothing twice.
+// version and writes nothing twice. So too with a pool in
+// QueryExecModeSimpleProtocol, where pgx (v5.12) reports the lost answer of
+// a simple-protocol query as an error safe to retry, which Save took for
+// ErrNotWritten ("nothing was written") while the append committed.
 func TestSaveAgainAfterTheConnectionWasLost(t *testing.T) {
 	t.Parallel()
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			saveAgainAfterTheConnectionWasLost(t, mode)
+		})
+	}
+}
+
+func saveAgainAfterTheConnectionWasLost(t *testing.T, mode pgx.QueryExecMode) {
 	ctx := context.Background()
 	b := setup(t)
-	pool, proxy := proxiedPool(t, b.db)
+	pool, proxy := proxiedPool(t, b.db, mode)
 	store, err := eventstore.New(pool, &eventstore.Config{Registry: registry()})
 	if err != nil {
 		t.Fatal(err)

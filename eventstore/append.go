@@ -118,7 +118,7 @@ func (s *Store) appendAlone(ctx context.Context, args appendArgs) (AppendResult,
 			q, res, err = s.appendAloneAsking(ctx, conn.Conn(), args)
 		default:
 			q = s.appendStatement(fn)
-			rows, qerr := conn.Query(ctx, q, args.stream, args.expected, json.RawMessage(args.json()))
+			rows, qerr := conn.Query(ctx, q, append(s.loneMode, args.stream, args.expected, json.RawMessage(args.json()))...)
 			res, err = collectAppend(rows, qerr, args)
 		}
 		if s.appendRefused(conn.Conn(), q, err) && !again {

@@ -462,7 +462,7 @@ func (c *committer) sendOne(ctx context.Context, p *pendingAppend) error {
 			meta = string(e.meta)
 		}
 	}
-	err := c.s.pool.QueryRow(ctx, c.s.q.appendOne, p.args.stream, expected, pgtype.UUID{Bytes: e.id, Valid: true}, e.typ, data, meta, p.args.callerIDs).
+	err := c.s.pool.QueryRow(ctx, c.s.q.appendOne, append(c.s.loneMode, p.args.stream, expected, pgtype.UUID{Bytes: e.id, Valid: true}, e.typ, data, meta, p.args.callerIDs)...).
 		Scan(&status, &seq, &ver, &actu)
 	if err != nil {
 		return translate(err, p.args.stream, p.args.exp)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -104,6 +105,10 @@ type Store struct {
 	// through inline_stream_lock, or pg_advisory_xact_lock on a schema
 	// migrated before 0034 (see lockInlineStream).
 	inlineLock lockfallback.Switch
+	// loneMode is prepended to the arguments of a lone append's statement:
+	// QueryExecModeExec on a pool in QueryExecModeSimpleProtocol (see
+	// New), else nothing.
+	loneMode []any
 }
 
 // appendParams are the names under which appendFunction finds what it
@@ -163,7 +168,19 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A lone append in the simple protocol would be reported as not sent
+	// when its connection is lost while the server runs it: pgx (v5.12)
+	// marks that error safe to retry, as if the query had never left. Sent
+	// in the extended protocol with text arguments (QueryExecModeExec, as
+	// the pool's arguments are meant: typed by their Go type) it is an
+	// outcome unknown, as in every other mode. (A group's append_batch goes
+	// in the extended protocol in every mode already.)
+	var loneMode []any
+	if pool.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
+		loneMode = []any{pgx.QueryExecModeExec}
+	}
 	s := &Store{
+		loneMode: loneMode,
 		tel:      tel,
 		pool:     pool,
 		schema:   c.Schema,
