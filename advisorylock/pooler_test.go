@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/advisorylock"
+	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/internal/pgcluster"
 )
 
@@ -21,16 +22,8 @@ func TestThroughATransactionPoolerTheConnectErrorExplains(t *testing.T) {
 	t.Parallel()
 	b := newBundle(t)
 	ctx := t.Context()
-	bouncer, err := pgcluster.StartPgBouncer(ctx, b.db.URL, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := bouncer.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
-	cc, err := pgx.ParseConfig(bouncer.URL(b.cc.Database, b.cc.User))
+	via, _ := annalstest.PgBouncer(t, b.db.URL, nil)
+	cc, err := pgx.ParseConfig(via)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,18 +55,8 @@ func TestThroughATransactionPoolerAStandbyTakesNothing(t *testing.T) {
 	t.Parallel()
 	b := newBundle(t)
 	ctx := t.Context()
-	bouncer, err := pgcluster.StartPgBouncer(ctx, b.db.URL, &pgcluster.PgBouncerOptions{PoolSize: 1,
-		IgnoreStartupParameters: []string{"tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
-			"tcp_user_timeout", "client_connection_check_interval"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := bouncer.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
-	cc, err := pgx.ParseConfig(bouncer.URL(b.cc.Database, b.cc.User))
+	via, _ := annalstest.PgBouncer(t, b.db.URL, &pgcluster.PgBouncerOptions{PoolSize: 1, IgnoreStartupParameters: pgcluster.LockSessionParameters})
+	cc, err := pgx.ParseConfig(via)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,18 +98,8 @@ func TestThroughATransactionPoolerAStandbyMarksNoSessionWithLocks(t *testing.T) 
 	t.Parallel()
 	b := newBundle(t)
 	ctx := t.Context()
-	bouncer, err := pgcluster.StartPgBouncer(ctx, b.db.URL, &pgcluster.PgBouncerOptions{PoolSize: 1,
-		IgnoreStartupParameters: []string{"tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
-			"tcp_user_timeout", "client_connection_check_interval"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := bouncer.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
-	cc, err := pgx.ParseConfig(bouncer.URL(b.cc.Database, b.cc.User))
+	via, _ := annalstest.PgBouncer(t, b.db.URL, &pgcluster.PgBouncerOptions{PoolSize: 1, IgnoreStartupParameters: pgcluster.LockSessionParameters})
+	cc, err := pgx.ParseConfig(via)
 	if err != nil {
 		t.Fatal(err)
 	}

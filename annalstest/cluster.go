@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/internal/pgcluster"
@@ -38,4 +39,26 @@ func PrivateCluster(t testing.TB, ctx context.Context, opts *pgcluster.Options) 
 		t.Fatal(err)
 	}
 	return cluster, pool
+}
+
+// PgBouncer starts a PgBouncer in front of the server of url (see
+// pgcluster.StartPgBouncer; opts nil: transaction mode, two server
+// sessions) and stops it when the test ends. It returns the URL of url's
+// database as url's user through the pooler, and the pooler.
+func PgBouncer(t testing.TB, url string, opts *pgcluster.PgBouncerOptions) (string, *pgcluster.PgBouncer) {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := pgcluster.StartPgBouncer(t.Context(), url, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := b.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return b.URL(cfg.Database, cfg.User), b
 }

@@ -39,15 +39,7 @@ func TestThroughPgBouncer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bouncer, err := pgcluster.StartPgBouncer(ctx, db.URL, &pgcluster.PgBouncerOptions{PoolSize: 2, Users: []string{writer}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := bouncer.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	_, bouncer := annalstest.PgBouncer(t, db.URL, &pgcluster.PgBouncerOptions{PoolSize: 2, Users: []string{writer}})
 	viaBouncer := bouncer.URL(cfg.Database, writer)
 
 	// What a fresh server session of the writer says, before annals ran.

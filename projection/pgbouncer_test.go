@@ -5,8 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/internal/childproc"
 	"github.com/annals-dev/annals/internal/pgcluster"
 )
@@ -22,23 +21,8 @@ import (
 func TestTakeoverThroughPgBouncerInSessionMode(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, childMode{Kind: kindProjection, BatchSize: 20})
-	cfg, err := pgx.ParseConfig(f.b.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bouncer, err := pgcluster.StartPgBouncer(t.Context(), f.b.db.URL, &pgcluster.PgBouncerOptions{
-		PoolMode: "session", PoolSize: 20,
-		IgnoreStartupParameters: []string{"tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
-			"tcp_user_timeout", "client_connection_check_interval"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := bouncer.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
-	viaBouncer := bouncer.URL(cfg.Database, cfg.User)
+	viaBouncer, _ := annalstest.PgBouncer(t, f.b.db.URL, &pgcluster.PgBouncerOptions{
+		PoolMode: "session", PoolSize: 20, IgnoreStartupParameters: pgcluster.LockSessionParameters})
 	start := func(id string) *childproc.Child {
 		c := startChildAt(t, viaBouncer, id, f.mode)
 		f.children = append(f.children, c)

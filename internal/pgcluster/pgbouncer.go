@@ -25,6 +25,12 @@ import (
 // binary is found.
 var ErrNoPgBouncer = errors.New("pgcluster: no pgbouncer binary found")
 
+// LockSessionParameters are the start-up parameters every lock session of
+// package advisorylock sends, which PgBouncer refuses unless they are in
+// PgBouncerOptions.IgnoreStartupParameters.
+var LockSessionParameters = []string{"tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
+	"tcp_user_timeout", "client_connection_check_interval"}
+
 // PgBouncerOptions configure StartPgBouncer.
 type PgBouncerOptions struct {
 	// PoolMode is PgBouncer's pool_mode: "transaction" (the default),
