@@ -117,10 +117,9 @@ type committer struct {
 
 // newCommitter returns the committer of s.
 func newCommitter(s *Store, cfg GroupCommit) *committer {
-	mode := s.pool.Config().ConnConfig.DefaultQueryExecMode
 	return &committer{s: s, cfg: cfg,
-		untyped: mode == pgx.QueryExecModeExec || mode == pgx.QueryExecModeSimpleProtocol,
-		prepare: mode == pgx.QueryExecModeCacheStatement}
+		untyped: s.mode == pgx.QueryExecModeExec || s.mode == pgx.QueryExecModeSimpleProtocol,
+		prepare: s.mode == pgx.QueryExecModeCacheStatement}
 }
 
 // lingerBackoff is how many groups go without lingering after lingers that

@@ -105,6 +105,9 @@ type Store struct {
 	// through inline_stream_lock, or pg_advisory_xact_lock on a schema
 	// migrated before 0034 (see lockInlineStream).
 	inlineLock lockfallback.Switch
+	// mode is the pool's DefaultQueryExecMode, read once (Pool.Config
+	// copies the configuration).
+	mode pgx.QueryExecMode
 	// loneMode is prepended to the arguments of a lone append's statement:
 	// QueryExecModeExec on a pool in QueryExecModeSimpleProtocol (see
 	// New), else nothing.
@@ -175,11 +178,13 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	// the pool's arguments are meant: typed by their Go type) it is an
 	// outcome unknown, as in every other mode. (A group's append_batch goes
 	// in the extended protocol in every mode already.)
+	mode := pool.Config().ConnConfig.DefaultQueryExecMode
 	var loneMode []any
-	if pool.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
+	if mode == pgx.QueryExecModeSimpleProtocol {
 		loneMode = []any{pgx.QueryExecModeExec}
 	}
 	s := &Store{
+		mode:     mode,
 		loneMode: loneMode,
 		tel:      tel,
 		pool:     pool,
