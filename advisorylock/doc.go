@@ -181,18 +181,32 @@
 // Two checks catch the mistake. PgBouncer refuses the start-up parameters
 // every lock connection sends (keepalives, user timeout, check interval)
 // unless told to ignore them: connecting then fails with an error that
-// says the above. And a Standby marks its server session at connect (a
-// random value in the custom setting annals.standby_session); TryLock and
-// Take try their keys only on a session that carries the mark, in the same
-// statement, and otherwise take nothing and fail with ErrPooledSession:
-// the pooler ran the statement on another server session, one that may
-// already hold another process's locks (re-entrant on a session: both
-// would lead). It marks only a server session that holds no advisory lock
-// (NewStandby fails with ErrPooledSession on one that does): otherwise a
-// second standby handed the first's server session, a second process or
-// the first reconnecting, would mark it its own and take the first's locks
-// again. A pooler with a single server session, and a single client,
-// passes the check, and there it does no harm. Acquire, AcquireQueued and
-// TryAcquire make no such check: through a transaction pooler that lets
-// their start-up parameters through, their lock is as unsafe.
+// says the above. And every lock session marks its server session (a
+// random value in the custom setting annals.standby_session, whose name
+// predates the single locks' use of it) and takes locks only on a session
+// that carries its mark, checked in the statement that takes them; on
+// another it takes nothing and fails with ErrPooledSession: the pooler ran
+// the statement on another server session, one that may already hold
+// another process's locks (re-entrant on a session: both would lead). It
+// marks only a server session that holds no advisory lock (and fails with
+// ErrPooledSession on one that does): otherwise a second lock session
+// handed the first's server session, a second process or the first
+// reconnecting, would mark it its own and take the first's locks again.
+// Marking a server session that holds nothing replaces the mark of a lock
+// session that was there before, whose statements then take nothing on it.
+//
+// A Standby marks its session at connect (NewStandby), and TryLock and
+// Take check the mark. TryAcquire and Acquire send the mark in the round
+// trip that takes the lock (before it, in the same transaction: no round
+// trip more, one expression more in the lock statement, and a look at
+// pg_locks for the session's own advisory locks); so they take a lock only
+// on a server session that held none, where no other lock session's mark
+// survives. AcquireQueued with asking reads the PID with the mark, a round
+// trip before the wait, and the wait's lock checks it, so the PID it
+// reports is the one of the session that waits. A pooler with a single
+// server session, and a single client, passes the check, and there it does
+// no harm; TryAcquire or Acquire that land alone on a server session of a
+// transaction pooler take their lock there, which no other lock session
+// can then take as well, but which is freed only when the pooler closes
+// that server session, not when the holder's process ends.
 package advisorylock

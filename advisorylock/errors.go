@@ -16,9 +16,11 @@ var (
 
 	// ErrPooledSession is matched by the error of a Standby's TryLock or
 	// Take whose statement ran on another server session than the one the
-	// Standby opened, and of NewStandby on a server session that holds
-	// advisory locks already: a pooler in transaction or statement mode
-	// (PgBouncer with ignore_startup_parameters, say) is between it and
+	// Standby opened, of NewStandby, TryAcquire, Acquire and AcquireQueued
+	// on a server session that holds advisory locks already, and of the
+	// latter three when their lock statement ran on another server session
+	// than the one they marked: a pooler in transaction or statement mode
+	// (PgBouncer with ignore_startup_parameters, say) is between them and
 	// PostgreSQL. Nothing was taken. Session locks need a direct connection
 	// or a pooler in session mode; close the Standby.
 	ErrPooledSession = errors.New("advisorylock: the lock session's statements run on other server sessions: " +

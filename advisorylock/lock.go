@@ -2,7 +2,9 @@ package advisorylock
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"log/slog"
 	"net"
 	"strings"
@@ -86,17 +88,39 @@ type Lock struct {
 // Release or loss. Point connConfig at PostgreSQL directly or at a pooler in
 // session mode (see the package documentation). ctx bounds connecting and
 // the lock attempt only.
+//
+// It marks its server session (only one that holds no advisory lock) and
+// tries the lock only on a session with its mark, in the round trip of the
+// try: on a server session that a pooler in transaction or statement mode
+// shares with another lock session it takes nothing and fails with
+// ErrPooledSession.
 func TryAcquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *Config) (*Lock, error) {
 	c, conn, handler, err := connectFor(ctx, connConfig, key, cfg)
 	if err != nil {
 		return nil, err
 	}
+	// One round trip: the session's mark (see MarkSession) and the try,
+	// which takes only on a server session with the mark.
 	k1, k2 := Key(key)
-	var ok bool
-	if err := conn.QueryRow(ctx, q.tryLock, k1, k2).Scan(&ok); err != nil {
-		return nil, errors.CombineErrors(errors.Wrapf(err, "advisorylock: key %q: try lock", key), closeConn(ctx, conn))
+	mark := newMark()
+	b := &pgx.Batch{}
+	b.Queue(q.markSession, mark)
+	b.Queue(q.tryLock, k1, k2, mark)
+	br := conn.SendBatch(ctx, b)
+	marked, _, err := scanMark(br.QueryRow())
+	var ok *bool
+	if err == nil {
+		err = br.QueryRow().Scan(&ok)
 	}
-	if !ok {
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	switch {
+	case err != nil:
+		return nil, errors.CombineErrors(errors.Wrapf(err, "advisorylock: key %q: try lock", key), closeConn(ctx, conn))
+	case ok == nil:
+		return nil, errors.CombineErrors(pooledErr(key, marked), closeConn(ctx, conn))
+	case !*ok:
 		return nil, errors.CombineErrors(errors.Wrapf(ErrNotAcquired, "advisorylock: key %q", key), closeConn(ctx, conn))
 	}
 	return newLock(ctx, key, conn, handler(conn.PgConn()), &c), nil
@@ -110,7 +134,9 @@ func TryAcquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg
 // session out of the queue, and the error wraps ctx's. Nothing else bounds
 // the wait: a lock_timeout or statement_timeout of the role or the database
 // is lifted for it (and only for it: work done under the lock later runs
-// with them).
+// with them). As TryAcquire, it fails with ErrPooledSession, without
+// waiting, on a server session that a pooler shares with another lock
+// session.
 func Acquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *Config) (*Lock, error) {
 	return AcquireQueued(ctx, connConfig, key, cfg, nil)
 }
@@ -121,38 +147,97 @@ func Acquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *C
 // lock's queue (catchup.TakeOver fences the holder then, so that the
 // holder cannot take the lock back when it lets go) watches pg_locks for
 // that PID: a row for the key, granted or not, means the request is made.
-// The PID is the server's own (pg_backend_pid(), one more round trip), not
-// the one the connection's start-up reported, which a pooler such as
-// PgBouncer makes up. asking runs on the goroutine calling AcquireQueued
-// and must not block.
+// The PID is the server's own (pg_backend_pid(), read with the session's
+// mark in one more round trip), not the one the connection's start-up
+// reported, which a pooler such as PgBouncer makes up; the wait then runs
+// only on the server session of that PID (ErrPooledSession otherwise).
+// asking runs on the goroutine calling AcquireQueued and must not block.
 func AcquireQueued(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg *Config, asking func(pid uint32)) (*Lock, error) {
 	c, conn, handler, err := connectFor(ctx, connConfig, key, cfg)
 	if err != nil {
 		return nil, err
 	}
+	mark := newMark()
+	marked := false
 	if asking != nil {
 		var pid int32
-		if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-			return nil, errors.CombineErrors(errors.Wrapf(err, "advisorylock: key %q: read the backend PID", key), closeConn(ctx, conn))
+		marked, pid, err = scanMark(conn.QueryRow(ctx, q.markSession, mark))
+		if err != nil {
+			return nil, errors.CombineErrors(errors.Wrapf(err, "advisorylock: key %q: mark the session and read the backend PID", key), closeConn(ctx, conn))
+		}
+		if !marked {
+			return nil, errors.CombineErrors(pooledErr(key, false), closeConn(ctx, conn))
 		}
 		asking(uint32(pid))
 	}
 	// One round trip: the wait runs in a transaction whose SET LOCALs lift
 	// the server's lock_timeout and statement_timeout for it (a session
-	// lock outlives the transaction).
+	// lock outlives the transaction), on a marked session only (the mark
+	// goes first in it when asking did not set it).
 	k1, k2 := Key(key)
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
+	if asking == nil {
+		b.Queue(q.markSession, mark)
+	}
 	b.Queue(q.waitUnbounded)
-	b.Queue(q.lock, k1, k2)
+	b.Queue(q.lock, k1, k2, mark)
 	b.Queue("COMMIT")
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+	br := conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	if err == nil && asking == nil {
+		marked, _, err = scanMark(br.QueryRow())
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	var got *bool
+	if err == nil {
+		err = br.QueryRow().Scan(&got)
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		if ctx.Err() != nil {
 			err = errors.CombineErrors(ctx.Err(), err)
 		}
 		return nil, errors.CombineErrors(errors.Wrapf(err, "advisorylock: key %q: wait for the lock", key), closeConn(ctx, conn))
 	}
+	if got == nil {
+		return nil, errors.CombineErrors(pooledErr(key, marked), closeConn(ctx, conn))
+	}
 	return newLock(ctx, key, conn, handler(conn.PgConn()), &c), nil
+}
+
+// newMark returns a random value for MarkSession.
+func newMark() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails
+	return hex.EncodeToString(b[:])
+}
+
+// scanMark reads MarkSession's answer: whether it marked the server
+// session, and the session's backend PID if it did.
+func scanMark(row pgx.Row) (marked bool, pid int32, err error) {
+	err = row.Scan(nil, &pid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, 0, nil
+	}
+	return err == nil, pid, err
+}
+
+// pooledErr is the error of a single lock's session whose lock statement
+// found no mark of its own on its server session: marked says whether
+// MarkSession marked one.
+func pooledErr(key string, marked bool) error {
+	if marked {
+		return errors.Wrapf(ErrPooledSession, "advisorylock: key %q: the lock statement ran on another server session than the one marked", key)
+	}
+	return errors.Wrapf(ErrPooledSession, "advisorylock: key %q: the server session holds advisory locks already", key)
 }
 
 // connectFor checks key and cfg and opens the lock's own connection for key.

@@ -3,11 +3,19 @@
 -- one 64-bit key in a space separate from the one-bigint-argument functions.
 
 -- name: TryLock
-SELECT pg_try_advisory_lock($1::int4, $2::int4);
+-- A single lock's try, only on a server session that carries the lock
+-- session's mark $3 (MarkSession, sent in the same round trip or before):
+-- NULL, nothing tried, on another (a pooler in transaction or statement
+-- mode ran it on a session that holds another lock session's locks).
+SELECT CASE WHEN pg_catalog.current_setting('annals.standby_session', true) IS NOT DISTINCT FROM $3::text
+            THEN pg_try_advisory_lock($1::int4, $2::int4) END;
 
 -- name: Lock
--- Waits in the lock queue until the lock is granted.
-SELECT pg_advisory_lock($1::int4, $2::int4);
+-- Waits in the lock queue until the lock is granted; true then. As TryLock,
+-- only on a server session with the mark $3: NULL, no wait, on another.
+-- (pg_advisory_lock returns void, which IS NOT NULL.)
+SELECT CASE WHEN pg_catalog.current_setting('annals.standby_session', true) IS NOT DISTINCT FROM $3::text
+            THEN pg_advisory_lock($1::int4, $2::int4) IS NOT NULL END;
 
 -- name: WaitUnbounded
 -- Run in the transaction that waits in Lock, before it: the wait is bounded
@@ -26,13 +34,17 @@ SELECT pg_advisory_unlock($1::int4, $2::int4);
 SELECT pg_advisory_unlock($1::int4, $2::int4), pg_notify($3::text, $4::text);
 
 -- name: MarkSession
--- A standby's mark on its server session, set once at connect ($1, random):
--- TryLocks takes nothing on a session that does not carry it. It marks only
--- a session that holds no advisory lock, and otherwise returns no row: one
--- that holds some is another session's (a pooler in transaction mode handed
--- it over with another standby's locks and mark), and marking it again
--- would let this standby's TryLocks take those locks again (re-entrant).
-SELECT pg_catalog.set_config('annals.standby_session', $1::text, false)
+-- A lock session's mark on its server session (a Standby's, a single
+-- lock's), set once at connect ($1, random): TryLocks, TryLock and Lock take
+-- nothing on a session that does not carry it. It marks only a session that
+-- holds no advisory lock, and otherwise returns no row: one that holds some
+-- is another lock session's (a pooler in transaction mode handed it over
+-- with another's locks and mark), and marking it again would let this
+-- session's statements take those locks again (re-entrant). Marking a
+-- session replaces the mark of another lock session that holds nothing on
+-- it, whose statements then take nothing there. It returns the server's
+-- backend PID too.
+SELECT pg_catalog.set_config('annals.standby_session', $1::text, false), pg_catalog.pg_backend_pid()
  WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_locks l
                     WHERE l.locktype = 'advisory' AND l.pid = pg_catalog.pg_backend_pid());
 

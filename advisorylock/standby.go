@@ -2,8 +2,6 @@ package advisorylock
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"net"
 	"slices"
 	"sync"
@@ -53,18 +51,15 @@ func NewStandby(ctx context.Context, connConfig *pgx.ConnConfig, cfg *Config) (*
 	if err != nil {
 		return nil, errors.Wrap(connectHint(err), "advisorylock: standby: connect")
 	}
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // never fails
-	mark := hex.EncodeToString(b[:])
+	mark := newMark()
 	batch := &pgx.Batch{}
 	batch.Queue(q.markSession, mark)
 	if c.ReleaseChannel != "" {
 		batch.Queue("LISTEN " + pgx.Identifier{c.ReleaseChannel}.Sanitize())
 	}
 	br := conn.SendBatch(ctx, batch)
-	var set string
-	err = br.QueryRow().Scan(&set)
-	if errors.Is(err, pgx.ErrNoRows) {
+	marked, _, err := scanMark(br.QueryRow())
+	if err == nil && !marked {
 		err = errors.Wrap(ErrPooledSession, "advisorylock: standby: the server session holds advisory locks already")
 	}
 	if cerr := br.Close(); err == nil {
