@@ -77,12 +77,40 @@ ON CONFLICT (subscriber_id, partition) DO UPDATE
 SELECT count(*) FROM {{.Schema}}.events_all
  WHERE global_sequence BETWEEN $1 AND $2 AND ($3 = '' OR event_type ~ $3);
 
+-- name: LoadRewound
+-- The rewind of the log the relay found under its stream (RecordRewound):
+-- that stream's name and creation time (Unix nanoseconds), and the last
+-- position at which it and the log agree. No row: none found. Stamped into
+-- the streams EnsureStream makes.
+SELECT rewound_stream, rewound_created_ns, rewound_at
+  FROM {{.Schema}}.relay_acks
+ WHERE subscriber_id = $1 AND partition = 0 AND rewound_at IS NOT NULL;
+
+-- name: RecordRewound
+-- Records that relay $1 found the log rewound under stream $2 (made at $3,
+-- Unix nanoseconds), which agrees with the log up to position $5 (stream
+-- sequence $4), and returns the position recorded: for the same stream the
+-- lowest found (a scavenged event may hide agreement, never fake it), for
+-- another stream this one. Not fenced: it is a fact about the stream and
+-- the log, not the leadership's. Without a row yet (nothing committed since
+-- migration 0036), the agreed message is recorded as what the stream had
+-- acknowledged, which it had.
+INSERT INTO {{.Schema}}.relay_acks AS a (subscriber_id, partition, stream, stream_created_ns, stream_sequence, position,
+                                         rewound_stream, rewound_created_ns, rewound_at)
+VALUES ($1, 0, $2, $3, $4, $5, $2, $3, $5)
+ON CONFLICT (subscriber_id, partition) DO UPDATE
+   SET rewound_stream = EXCLUDED.rewound_stream, rewound_created_ns = EXCLUDED.rewound_created_ns,
+       rewound_at = CASE WHEN a.rewound_stream = EXCLUDED.rewound_stream AND a.rewound_created_ns = EXCLUDED.rewound_created_ns
+                         THEN LEAST(a.rewound_at, EXCLUDED.rewound_at) ELSE EXCLUDED.rewound_at END,
+       updated_at = clock_timestamp()
+RETURNING rewound_at;
+
 -- name: Migrated
 -- Reads nothing; fails when the schema lacks what the relay uses: the
 -- schema or a table missing (3F000, 42P01: migrations.MarkNotMigrated), or
--- relay_acks older than migration 0037 (42703: notMigrated). EnsureStream
--- runs it first, so that a relay on a schema not migrated says so before it
--- makes or checks a stream.
+-- relay_acks older than migration 0037 or 0043 (42703: notMigrated).
+-- EnsureStream runs it first, so that a relay on a schema not migrated says
+-- so before it makes or checks a stream.
 SELECT (SELECT 1 FROM {{.Schema}}.events_all LIMIT 0),
        (SELECT 1 FROM {{.Schema}}.checkpoints LIMIT 0),
-       (SELECT refill_to + refill_seq FROM {{.Schema}}.relay_acks LIMIT 0);
+       (SELECT refill_to + refill_seq + rewound_at FROM {{.Schema}}.relay_acks LIMIT 0);

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -146,6 +147,10 @@ type Relay struct {
 	// toldLost is the last empty stream errorLostEmpty told about, and its
 	// loss: its creation time and its last sequence.
 	toldLost atomic.Pointer[[2]int64]
+	// provedRewound is the last stream whose rewind under it this process
+	// found and recorded (rewound): a leadership that finds it so again
+	// does not search again.
+	provedRewound atomic.Pointer[provedRewound]
 
 	// walStartTimeout, when positive, replaces walStartTimeout; onWALCheck
 	// receives wakeFor's verdict on each leadership (tests).
@@ -278,7 +283,12 @@ var ErrStreamMismatch = errors.New("relay: the JetStream stream does not fit the
 // origin, and its newest message must have been published by this relay
 // (Annals-Relay), from this log (Annals-Origin, unless absent: a relay
 // older than the header), at a position not above this log's head, and be
-// this log's event at that position (Annals-Event-Id).
+// this log's event at that position (Annals-Event-Id). When that message
+// shows this log rewound under the stream (this relay's, of this origin,
+// past the head or another event than the log's at its position), the
+// refusal comes after the relay found and recorded where the two last
+// agree (Rewound); each stream it creates after carries that in its
+// metadata (Rewound.Stamp).
 //
 // It first checks the schema (checkSchema): on one not migrated it fails
 // with migrations.ErrNotMigrated before it looks at, or makes, a stream. A
@@ -297,7 +307,17 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 	want.Metadata = map[string]string{MetadataRelay: r.cfg.Name, MetadataOrigin: origin}
 	s, err := r.js.Stream(ctx, want.Name)
 	created := false
+	var rw Rewound
+	stamped := false
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// A rewind found under an earlier stream: stamped, so that
+		// consumers past where it and the log agree stop at once.
+		if rw, stamped, err = r.loadRewound(ctx); err != nil {
+			return nil, err
+		}
+		if stamped {
+			maps.Copy(want.Metadata, rw.Stamp())
+		}
 		s, err = r.js.CreateStream(ctx, want)
 		created = err == nil
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
@@ -313,6 +333,12 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 		return nil, errors.Wrapf(err, "relay: stream %s", want.Name)
 	}
 	if created {
+		if stamped {
+			r.cfg.Logger.WarnContext(ctx, "annals: the relay made its JetStream stream anew after it had found the log rewound under an earlier one; "+
+				"stamped with where that one and the log last agree: consumers past it stop when they move to the new stream (natsconsumer.ErrLogRewound)",
+				slog.String("relay", r.cfg.Name), slog.String("stream", want.Name), slog.Int64("rewound_at", rw.At),
+				slog.String("rewound_stream", rw.Stream), slog.Time("rewound_created", rw.Created))
+		}
 		if err := r.warnIfBehind(ctx, s); err != nil {
 			return nil, err
 		}
@@ -643,9 +669,17 @@ func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (stored
 	if err != nil {
 		return stored{}, errors.Wrap(err, "relay: read the head")
 	}
+	// A message of this log's origin past its head, or not its event at
+	// its position, shows this log rewound: where they last agree is
+	// found and recorded (rewound) for the stream made next.
+	ours := from != "" && (sameOrigin(from, origin) || r.cfg.AdoptStream)
 	if pos > head {
+		said := ""
+		if ours {
+			said = r.rewound(ctx, stream, st)
+		}
 		return stored{}, errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s is event %d, past this log's head (%d): it was published from another database or schema "+
-			"(or this database lost events since); one relay per stream", r.cfg.Stream, pos, head)
+			"(or this database lost events since); one relay per stream%s", r.cfg.Stream, pos, head, said)
 	}
 	msgID := m.Header.Get(HeaderEventID)
 	if msgID == "" {
@@ -661,9 +695,13 @@ func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (stored
 	case err == nil && eventID != msgID:
 		// The position alone passes as long as this log is the longer;
 		// past it, the relay would skip its own events up to it.
+		said := ""
+		if ours {
+			said = r.rewound(ctx, stream, st)
+		}
 		return stored{}, errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s is event %s at position %d, but this log's event there is %s: "+
-			"it was published from another log (another database or schema, or this database before it lost its newest events); one relay per stream",
-			r.cfg.Stream, msgID, pos, eventID)
+			"it was published from another log (another database or schema, or this database before it lost its newest events); one relay per stream%s",
+			r.cfg.Stream, msgID, pos, eventID, said)
 	case errors.Is(err, pgx.ErrNoRows):
 		// Scavenged by retention: the origin alone tells.
 		if !sameOrigin(from, origin) {

@@ -1,0 +1,204 @@
+package relay_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/relay"
+)
+
+// rewindLog leaves the log of schema "annals" on pool as a restore from a
+// backup taken at position keep leaves it (or a failover to a replica that
+// had received that far): the events after keep gone, their positions given
+// to the next appends, and the checkpoints (the relay's among them) no
+// further than keep.
+func rewindLog(t *testing.T, pool *pgxpool.Pool, keep int64) {
+	t.Helper()
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil { // past the append-only trigger
+			return err
+		}
+		for _, q := range []string{
+			`DELETE FROM annals.events WHERE global_sequence > $1`,
+			`DELETE FROM annals.streams s WHERE NOT EXISTS (SELECT 1 FROM annals.events e WHERE e.stream_id = s.stream_id AND e.global_sequence <= $1)`,
+			`UPDATE annals.streams s SET version = (SELECT max(e.stream_version) FROM annals.events e WHERE e.stream_id = s.stream_id AND e.global_sequence <= $1)`,
+			`SELECT pg_catalog.setval('annals.events_global_sequence', greatest($1, 1), $1 > 0)`,
+			`UPDATE annals.checkpoints SET position = LEAST(position, $1)`,
+		} {
+			if _, err := tx.Exec(ctx, q, keep); err != nil {
+				return errors.Wrap(err, q)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recordedRewind reads what the relay recorded of a rewind (migration
+// 0043): the stream, its creation time and the agreed position; at -1 when
+// nothing is recorded.
+func recordedRewind(t *testing.T, pool *pgxpool.Pool) (stream string, created time.Time, at int64) {
+	t.Helper()
+	var ns *int64
+	var s *string
+	var a *int64
+	err := pool.QueryRow(context.Background(), `SELECT rewound_stream, rewound_created_ns, rewound_at FROM annals.relay_acks WHERE subscriber_id = 'relay'`).Scan(&s, &ns, &a)
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && a == nil {
+		return "", time.Time{}, -1
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return *s, time.Unix(0, *ns), *a
+}
+
+// TestRelayRecordsWhereARewoundLogAgrees: the log (40 events relayed) is
+// rewound to 23, as a restore or an asynchronous failover leaves it. The
+// relay, on a role with a runner's rights, refuses its stream (past the
+// head) and records that the stream and the log last agree at 23, found by
+// a binary search over the stream; once the log has grown past the
+// stream's newest position, the event ID shows the rewind, and the
+// position recorded stays. A relay process started after that (nothing
+// kept in memory), with the stream deleted by the operator, makes the
+// stream anew stamped with position 23, the old stream's name and
+// creation time, and publishes the rewound log into it from position 0,
+// each event once.
+func TestRelayRecordsWhereARewoundLogAgrees(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	appendMany(t, b.store, 40)
+	pool := runnerPool(t, b)
+	r, err := relay.New(pool, b.nc, &relay.Config{RetryBackoff: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.js.Stream(ctx, "ANNALS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldCreated := s.CachedInfo().Created
+	if _, _, at := recordedRewind(t, b.db.Pool); at != -1 {
+		t.Fatalf("a rewind recorded at %d before any", at)
+	}
+
+	rewindLog(t, b.db.Pool, 23)
+	appendMany(t, b.store, 5) // 24..28, other events
+	err = r.CatchUp(ctx)
+	if !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "past this log's head (28)") ||
+		!strings.Contains(err.Error(), "last agree at position 23") {
+		t.Fatalf("CatchUp on the rewound log: %v; want ErrStreamMismatch, past the head, saying where they agree (23)", err)
+	}
+	check := func(what string) {
+		t.Helper()
+		stream, created, at := recordedRewind(t, b.db.Pool)
+		if stream != "ANNALS" || !created.Equal(oldCreated) || at != 23 {
+			t.Fatalf("%s: recorded the rewind of stream %q made at %v at position %d; want ANNALS, %v, 23", what, stream, created, at, oldCreated)
+		}
+	}
+	check("past the head")
+
+	// Past the stream's newest position: the event ID tells.
+	appendMany(t, b.store, 20) // 29..48
+	r2, err := relay.New(pool, b.nc, &relay.Config{RetryBackoff: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r2.CatchUp(ctx)
+	if !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "this log's event there is") ||
+		!strings.Contains(err.Error(), "last agree at position 23") {
+		t.Fatalf("CatchUp on the rewound log grown past the stream: %v; want ErrStreamMismatch by the event ID, saying where they agree (23)", err)
+	}
+	check("by the event ID")
+
+	// The operator deletes the stream and sets the checkpoint to 0; a relay
+	// started after (as a new process: nothing in memory) makes the stream
+	// anew, stamped.
+	if err := b.js.DeleteStream(ctx, "ANNALS"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Pool.Exec(ctx, `UPDATE annals.checkpoints SET position = 0 WHERE subscriber_id = 'relay'`); err != nil {
+		t.Fatal(err)
+	}
+	r3, err := relay.New(pool, b.nc, &relay.Config{RetryBackoff: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r3.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err = b.js.Stream(ctx, "ANNALS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := s.CachedInfo().Config.Metadata
+	if md[relay.MetadataRewoundAt] != "23" || md[relay.MetadataRewoundStream] != "ANNALS" ||
+		md[relay.MetadataRewoundCreated] != oldCreated.UTC().Format(time.RFC3339Nano) || md[relay.MetadataRelay] != "relay" {
+		t.Fatalf("the stream made anew has metadata %v; want the rewind stamped (at 23, stream ANNALS made at %s)", md, oldCreated.UTC().Format(time.RFC3339Nano))
+	}
+	rw, ok, err := relay.RewoundOf(md)
+	if err != nil || !ok || rw.At != 23 || !rw.Created.Equal(oldCreated) {
+		t.Fatalf("RewoundOf: %+v, %v, %v", rw, ok, err)
+	}
+	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
+	if n := len(b.log()); n != 48 {
+		t.Fatalf("the log holds %d events, want 48", n)
+	}
+	// The relay goes on with the new stream; the rewind stays recorded.
+	appendMany(t, b.store, 2)
+	if err := r3.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
+	check("after the stream was made anew")
+}
+
+// TestRelayRewoundNoneAgrees: a stream none of whose messages is the log's
+// event at its position (the log rewound to before the first of them)
+// agrees nowhere: position 0 is recorded and stamped.
+func TestRelayRewoundNoneAgrees(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	appendMany(t, b.store, 6)
+	r, err := relay.New(b.db.Pool, b.nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rewindLog(t, b.db.Pool, 0)
+	appendMany(t, b.store, 9)
+	if err := r.CatchUp(ctx); !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "last agree at position 0") {
+		t.Fatalf("CatchUp on a log rewound to 0: %v; want ErrStreamMismatch saying they agree at 0", err)
+	}
+	if _, _, at := recordedRewind(t, b.db.Pool); at != 0 {
+		t.Fatalf("recorded at %d, want 0", at)
+	}
+	if err := b.js.DeleteStream(ctx, "ANNALS"); err != nil {
+		t.Fatal(err)
+	}
+	s, err := r.EnsureStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CachedInfo().Config.Metadata[relay.MetadataRewoundAt]; got != strconv.Itoa(0) {
+		t.Fatalf("stamped %q, want 0", got)
+	}
+}
