@@ -20,6 +20,7 @@ import (
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/poolconn"
 	"github.com/annals-dev/annals/internal/schemaname"
@@ -148,6 +149,13 @@ func (l *Lease) CommitConn(ctx context.Context, conn *pgx.Conn, begin bool, posi
 		rollbackOpen(ctx, conn)
 	}
 	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "annals: checkpoint fenced, pooled") {
+		// The transaction ran on the server session that holds the
+		// partition's lock (CommitFencedHeld): fenced, as every commit
+		// through that pooler will be, but by a misconfiguration.
+		return errmark.Mark(errors.Wrapf(advisorylock.ErrPooledSession, "commit %s/%d at epoch %d: the transaction ran on the server session that holds the partition's lock",
+			l.Subscriber, l.Partition, l.Epoch), checkpoint.ErrFenced)
+	}
 	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "annals: checkpoint fenced") {
 		return errors.Wrapf(checkpoint.ErrFenced, "commit %s/%d at epoch %d", l.Subscriber, l.Partition, l.Epoch)
 	}
@@ -638,12 +646,19 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 			log.InfoContext(ctx, "annals: handed over", slog.Int64("epoch", lease.Epoch))
 			continue
 		}
-		if errors.Is(err, checkpoint.ErrFenced) {
+		switch {
+		case errors.Is(err, advisorylock.ErrPooledSession):
+			// A pooler in transaction mode ran the batch on the lock's own
+			// server session, where no commit can pass the lock check: the
+			// partition stalls until the pooler is out of the lock's path.
+			// The error says so, and what to do.
+			log.WarnContext(ctx, "annals: stopped leading: a pooler ran the batch on the server session of the partition's lock", slog.Int64("epoch", lease.Epoch), telemetry.Err(err))
+		case errors.Is(err, checkpoint.ErrFenced):
 			// Another leader (or a rebuild) claimed the partition: the
 			// fencing did its work, and the lease is theirs; how this one
 			// lost its lock, if it did, advisorylock warns of.
 			log.InfoContext(ctx, "annals: stopped leading: the partition was claimed by another leader or a rebuild", slog.Int64("epoch", lease.Epoch), telemetry.Err(err))
-		} else {
+		default:
 			log.WarnContext(ctx, "annals: stopped leading", slog.Int64("epoch", lease.Epoch), telemetry.Err(err))
 		}
 		if lease.shared != nil && errors.Is(err, advisorylock.ErrLost) {
