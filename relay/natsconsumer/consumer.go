@@ -134,9 +134,12 @@ func (e *HandlerError) Unwrap() error { return e.Err }
 func (e *HandlerError) Is(target error) bool { return target == ErrHandlerFailed }
 
 // ErrLogRewound is matched (errors.Is) by the error Run and RunProjection
-// return when the relayed log is not the one the consumer followed: a
-// stream made again holds, at the position of the last event handled,
-// another event (errors.As with *RewoundError says which). The source
+// return when the relayed log is not the one the consumer followed: the
+// relay made its stream again after it found the log rewound, and the
+// consumer's last position handled is past where the old stream and the
+// log agree (the new stream's stamp, relay.Rewound), or a stream made
+// again holds, at the position of the last event handled, another event
+// (errors.As with *RewoundError says which). The source
 // database was restored from a backup or failed over to a replica that
 // lacked its newest events, and it gave their positions to new events:
 // the consumer's read model holds events the log no longer has, and the
@@ -144,23 +147,42 @@ func (e *HandlerError) Is(target error) bool { return target == ErrHandlerFailed
 // model (docs/operations.md, "Backups, restores and failover").
 var ErrLogRewound = errors.New("natsconsumer: the relayed log was rewound")
 
-// RewoundError reports the event that showed the relayed log rewound (see
-// ErrLogRewound). Run or RunProjection stopped before it: it was not
-// acknowledged (handed back, with the fetched messages after it) and the
+// RewoundError reports what showed the relayed log rewound (see
+// ErrLogRewound): the stamp of a stream made again (Stamped), or an event.
+// Run or RunProjection stopped before reading the new stream, or before
+// that event: nothing of the new stream was acknowledged, or that event
+// was not (handed back, with the fetched messages after it), and the
 // checkpoint is left where it was, so the next start stops there again.
 type RewoundError struct {
 	// Consumer is the durable consumer (Config.Durable), Stream the stream
 	// (Config.Stream).
 	Consumer, Stream string
-	// Sequence is the stream sequence of the event found.
+	// Sequence is the stream sequence of the event found (0 when
+	// Stamped).
 	Sequence uint64
-	// Position is the position of the last event handled; Handled its ID,
-	// Found the ID of the event the stream holds there now.
+	// Position is the position of the last event handled; Handled its ID
+	// (uuid.Nil: unknown), Found the ID of the event the stream holds there
+	// now (uuid.Nil when Stamped).
 	Position       int64
 	Handled, Found uuid.UUID
+	// Stamped is set when the stop came from the stamp of the stream made
+	// again (relay.Rewound), as the consumer moved to it: Agreed is the
+	// last position at which the stream the relay found rewound, made at
+	// Was, and the log agree, below Position. (Stamped false: Agreed and Was
+	// are zero.)
+	Stamped bool
+	Agreed  int64
+	Was     time.Time
 }
 
 func (e *RewoundError) Error() string {
+	if e.Stamped {
+		return fmt.Sprintf("natsconsumer: consumer %s: the relayed log was rewound: the relay made stream %s anew after it found the log rewound under the stream made at %s, "+
+			"which agrees with the log only up to position %d, but the last event handled is at position %d (%s): the events handled after %d are not the log's, "+
+			"and the new stream's events at their positions would be passed over; "+
+			"the source database was restored or failed over and gave the positions of events it lost to new ones: rebuild the read model (stopped before reading the new stream)",
+			e.Consumer, e.Stream, e.Was.Format(time.RFC3339Nano), e.Agreed, e.Position, e.Handled, e.Agreed)
+	}
 	return fmt.Sprintf("natsconsumer: consumer %s: the relayed log was rewound: stream %s holds, at position %d (stream message %d), event %s, but the last event handled there was %s; "+
 		"the source database was restored or failed over and gave the positions of events it lost to new ones: rebuild the read model (stopped before it)",
 		e.Consumer, e.Stream, e.Position, e.Sequence, e.Found, e.Handled)
@@ -261,12 +283,21 @@ type session struct {
 // attach looks the stream up by name and creates (or updates) the durable
 // consumer on it. A stream made after the one the session's place belongs
 // to (deleted and made again by the relay) is read from its start: the
-// sequence is reset, the position kept.
+// sequence is reset, the position kept; unless its stamp (relay.Rewound)
+// says that the log was rewound under a stream not newer than the place's
+// and agrees with it only up to a position below the place's: then attach
+// returns a stop of a *RewoundError, before it makes the durable consumer
+// on the new stream or reads any of it.
 func (s *session) attach(ctx context.Context) error {
 	cfg := &s.c.cfg
 	stream, err := s.c.js.Stream(ctx, cfg.Stream)
 	if err != nil {
 		return errors.Wrapf(err, "natsconsumer: stream %s", cfg.Stream)
+	}
+	if !s.created.IsZero() && !sameStream(s.created, stream.CachedInfo().Created) {
+		if err := s.stamped(ctx, stream.CachedInfo().Config.Metadata); err != nil {
+			return err
+		}
 	}
 	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
 		Durable: cfg.Durable, AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
@@ -286,6 +317,29 @@ func (s *session) attach(ctx context.Context) error {
 	s.stream, s.cons, s.created = stream, cons, created
 	s.held = cons.CachedInfo().NumAckPending > 0
 	return nil
+}
+
+// stamped judges the stamp (relay.Rewound) of a stream made again, which
+// the session moves to from the one made at s.created: a stop of a
+// *RewoundError, logged at ERROR, when the log was rewound under a stream
+// made no later than the place's (the place is in it, or in one before
+// it) and agrees with it only up to a position below the place's. An
+// unreadable stamp is taken as agreeing nowhere (position 0).
+func (s *session) stamped(ctx context.Context, metadata map[string]string) error {
+	rw, ok, err := relay.RewoundOf(metadata)
+	if err != nil {
+		s.c.cfg.Logger.WarnContext(ctx, "annals: the relay's stream made again has a rewind stamp that does not parse; taken as agreeing with the log nowhere",
+			slog.String("consumer", s.c.cfg.Durable), slog.String("stream", s.c.cfg.Stream), telemetry.Err(err))
+		rw, ok = relay.Rewound{}, true
+	}
+	if !ok || s.pos <= rw.At || !rw.Created.IsZero() && s.created.Truncate(time.Microsecond).After(rw.Created) {
+		return nil
+	}
+	rerr := &RewoundError{Consumer: s.c.cfg.Durable, Stream: s.c.cfg.Stream, Position: s.pos, Handled: s.posID,
+		Stamped: true, Agreed: rw.At, Was: rw.Created}
+	s.c.cfg.Logger.ErrorContext(ctx, "annals: the relayed log was rewound; stopping", telemetry.Err(rerr),
+		slog.String("consumer", s.c.cfg.Durable), slog.Int64("position", s.pos), slog.Int64("agreed_position", rw.At))
+	return stop{rerr}
 }
 
 // sameStream reports whether two creation times are of one stream, to the
@@ -469,6 +523,10 @@ func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p inte
 		s.posID = *posID
 	}
 	if err := s.attach(ctx); err != nil {
+		var st stop
+		if errors.As(err, &st) {
+			return st.err
+		}
 		return err
 	}
 	s.handle = func(ctx context.Context, d delivery) error {
@@ -633,7 +691,9 @@ func (s *session) run(ctx context.Context) error {
 		switch {
 		case ctx.Err() != nil:
 		case ferr != nil && gone(ferr):
-			s.reattach(ctx, ferr)
+			if err := s.reattach(ctx, ferr); err != nil {
+				return err
+			}
 		case ferr != nil && !errors.Is(ferr, nats.ErrTimeout):
 			s.c.cfg.Logger.WarnContext(ctx, "annals: fetching relayed events failed", telemetry.Err(ferr))
 			_ = sleep(ctx, s.c.cfg.RetryBackoff)
@@ -693,7 +753,7 @@ func (s *session) failed(ctx context.Context, err error) error {
 		return st.err
 	case ctx.Err() != nil:
 	case gone(err):
-		s.reattach(ctx, err)
+		return s.reattach(ctx, err)
 	default:
 		s.c.cfg.Logger.WarnContext(ctx, "annals: reading relayed events from the stream by sequence failed; retrying",
 			slog.String("consumer", s.c.cfg.Durable), slog.Uint64("after", s.seq), telemetry.Err(err))
@@ -704,9 +764,14 @@ func (s *session) failed(ctx context.Context, err error) error {
 
 // reattach looks the stream and the durable consumer up again after cause
 // said they were gone; when that fails too, it waits RetryBackoff (run
-// tries again at its next fetch).
-func (s *session) reattach(ctx context.Context, cause error) {
+// tries again at its next fetch). It returns an error only when run must
+// end with it (the stamp of the stream made again: ErrLogRewound).
+func (s *session) reattach(ctx context.Context, cause error) error {
 	if err := s.attach(ctx); err != nil {
+		var st stop
+		if errors.As(err, &st) {
+			return st.err
+		}
 		if ctx.Err() == nil {
 			s.c.cfg.Logger.WarnContext(ctx, "annals: the relay's stream or the durable consumer is gone; looking them up again failed, retrying",
 				slog.String("consumer", s.c.cfg.Durable), slog.String("stream", s.c.cfg.Stream),
@@ -714,6 +779,7 @@ func (s *session) reattach(ctx context.Context, cause error) {
 			_ = sleep(ctx, s.c.cfg.RetryBackoff)
 		}
 	}
+	return nil
 }
 
 // handleOne handles d (see handle) and moves the place past it. An event at
