@@ -662,8 +662,8 @@ func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (stored
 	from := m.Header.Get(HeaderOrigin)
 	if from != "" && !sameOrigin(from, origin) && !r.cfg.AdoptStream {
 		return stored{}, errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s was published from the log at %s, not this one (%s): one relay per stream "+
-			"(if this database took over that log, restored or upgraded, adopt the stream: relay.Config.AdoptStream, annals relay nats --adopt-stream)",
-			r.cfg.Stream, from, origin)
+			"(if this database took over that log, restored or upgraded, adopt the stream: relay.Config.AdoptStream, annals relay nats --adopt-stream)%s",
+			r.cfg.Stream, from, origin, r.rewoundElsewhere(ctx, stream, st, m))
 	}
 	head, err := r.store.Head(ctx)
 	if err != nil {
@@ -676,7 +676,7 @@ func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (stored
 	if pos > head {
 		said := ""
 		if ours {
-			said = r.rewound(ctx, stream, st)
+			said = r.rewound(ctx, stream, st, false)
 		}
 		return stored{}, errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s is event %d, past this log's head (%d): it was published from another database or schema "+
 			"(or this database lost events since); one relay per stream%s", r.cfg.Stream, pos, head, said)
@@ -697,7 +697,7 @@ func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (stored
 		// past it, the relay would skip its own events up to it.
 		said := ""
 		if ours {
-			said = r.rewound(ctx, stream, st)
+			said = r.rewound(ctx, stream, st, false)
 		}
 		return stored{}, errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s is event %s at position %d, but this log's event there is %s: "+
 			"it was published from another log (another database or schema, or this database before it lost its newest events); one relay per stream%s",

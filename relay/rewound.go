@@ -96,13 +96,20 @@ func (r *Relay) loadRewound(ctx context.Context) (rw Rewound, ok bool, err error
 // kept by the lowest for one stream, replaced by another stream's), once
 // per stream and last sequence in a process, and returns what to add to
 // the refusal. A failure to find or record it is said there too, and the
-// next leadership tries again.
-func (r *Relay) rewound(ctx context.Context, stream jetstream.Stream, st stored) string {
+// next leadership tries again. With lineage (the message of another
+// origin: rewoundElsewhere), the stream is taken as this log's only when
+// some of its messages are this log's events (agreed above 0); else
+// nothing is recorded.
+func (r *Relay) rewound(ctx context.Context, stream jetstream.Stream, st stored, lineage bool) string {
 	key := [2]int64{st.created.UnixNano(), int64(st.seq)}
 	if k := r.provedRewound.Load(); k != nil && k.key == key {
 		return k.said
 	}
 	at, seq, err := r.agreed(ctx, stream)
+	if err == nil && lineage && at == 0 {
+		r.provedRewound.Store(&provedRewound{key: key})
+		return ""
+	}
 	if err == nil {
 		err = r.recordRewound(ctx, Rewound{Stream: r.cfg.Stream, Created: st.created, At: at}, seq, &at)
 	}
@@ -113,6 +120,9 @@ func (r *Relay) rewound(ctx context.Context, stream jetstream.Stream, st stored)
 	}
 	said := fmt.Sprintf(". The stream and this log last agree at position %d: recorded, and stamped into the stream the relay makes next (%s), "+
 		"so that consumers whose last position handled is past it stop when they move to it (natsconsumer.ErrLogRewound)", at, MetadataRewoundAt)
+	if lineage {
+		said = ". Its earlier messages are this log's events: this log is that one, rewound (adopting the stream would not do: it holds events this log lost)" + said
+	}
 	r.cfg.Logger.ErrorContext(ctx, "annals: the relay's log was rewound under its JetStream stream (the database restored, or failed over to a replica that lacked its newest commits): "+
 		"the stream holds events this log lost. Publish the log into a stream made anew (delete the stream, set the relay's checkpoint to 0, start the relay); "+
 		"consumers past the position where they last agree must rebuild their read models",
@@ -120,6 +130,40 @@ func (r *Relay) rewound(ctx context.Context, stream jetstream.Stream, st stored)
 		slog.Uint64("agreed_sequence", seq), slog.Uint64("stream_sequence", st.seq))
 	r.provedRewound.Store(&provedRewound{key: key, said: said})
 	return said
+}
+
+// rewoundElsewhere is called by lastStored when the stream's newest message
+// m, this relay's, names another origin (not adopted): a database restored
+// from a dump into another cluster (whose system identifier differs), or
+// renamed, that is also rewound (m past its head, or another event than
+// its own at m's position) is still the log whose events the stream's
+// earlier messages carry. When some do (rewound with lineage), the rewind
+// is recorded as for this log's origin; a stream whose messages are none of
+// this log's events is another log's, and nothing is recorded.
+func (r *Relay) rewoundElsewhere(ctx context.Context, stream jetstream.Stream, st stored, m *jetstream.RawStreamMsg) string {
+	pos, err := strconv.ParseInt(m.Header.Get(HeaderPosition), 10, 64)
+	if err != nil {
+		return ""
+	}
+	head, err := r.store.Head(ctx)
+	if err != nil {
+		return ""
+	}
+	if pos <= head {
+		q, err := r.queries()
+		if err != nil {
+			return ""
+		}
+		id := m.Header.Get(HeaderEventID)
+		if id == "" {
+			id = m.Header.Get(jetstream.MsgIDHeader)
+		}
+		var eventID string
+		if err := r.pool.QueryRow(ctx, q["EventAt"], pos).Scan(&eventID); err != nil || eventID == id {
+			return "" // this log's event, or none to tell: not rewound
+		}
+	}
+	return r.rewound(ctx, stream, st, true)
 }
 
 // provedRewound is the stream (creation time, last sequence) whose rewind

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/relay"
 )
 
@@ -200,5 +202,76 @@ func TestRelayRewoundNoneAgrees(t *testing.T) {
 	}
 	if got := s.CachedInfo().Config.Metadata[relay.MetadataRewoundAt]; got != strconv.Itoa(0) {
 		t.Fatalf("stamped %q, want 0", got)
+	}
+}
+
+// TestRelayRewoundUnderAnotherOrigin: a database restored from a dump into
+// another cluster has another system identifier, so its relay's stream
+// names another origin; restored from before its newest events, it is
+// also rewound. The stream's earlier messages are its events: the relay
+// refuses the stream as before, and says (and records) that the log was
+// rewound and where they agree. A stream of another log, none of whose
+// messages is this log's event, is refused as another log's, nothing
+// recorded.
+func TestRelayRewoundUnderAnotherOrigin(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	appendMany(t, b.store, 10)
+	r, err := relay.New(b.db.Pool, b.nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.EnsureStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(stream string, es []eventstore.Event) {
+		t.Helper()
+		prefix := map[string]string{"ANNALS": "annals", "FOREIGN": "foreign"}[stream]
+		for _, e := range es {
+			m, err := relay.Message("relay", prefix+"."+relay.EscapeToken(e.Type)+"."+relay.EscapeToken(e.StreamID), e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Header.Set(relay.HeaderOrigin, "123456789/"+relay.EscapeToken(b.db.Name)+"/annals")
+			if _, err := b.js.PublishMsg(ctx, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	log := b.log()
+	publish("ANNALS", log)
+	rewindLog(t, b.db.Pool, 4)
+	appendMany(t, b.store, 3)
+	err = r.CatchUp(ctx)
+	if !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "published from the log at 123456789/") ||
+		!strings.Contains(err.Error(), "this log is that one, rewound") || !strings.Contains(err.Error(), "last agree at position 4") {
+		t.Fatalf("CatchUp on the stream of this log, rewound, under another origin: %v; want ErrStreamMismatch saying the log was rewound, agreeing up to 4", err)
+	}
+	if _, _, at := recordedRewind(t, b.db.Pool); at != 4 {
+		t.Fatalf("recorded at %d, want 4", at)
+	}
+
+	db2 := annalstest.NewDB(t, nil)
+	store2, err := eventstore.New(db2.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendMany(t, store2, 2)
+	r2, err := relay.New(db2.Pool, b.nc, &relay.Config{Stream: "FOREIGN", Prefix: "foreign"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.js.CreateStream(ctx, r2.StreamConfig()); err != nil {
+		t.Fatal(err)
+	}
+	publish("FOREIGN", log)
+	err = r2.CatchUp(ctx)
+	if !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "published from the log at") || strings.Contains(err.Error(), "last agree") {
+		t.Fatalf("CatchUp on another log's stream: %v; want ErrStreamMismatch as another log's, no rewind", err)
+	}
+	if _, _, at := recordedRewind(t, db2.Pool); at != -1 {
+		t.Fatalf("a rewind recorded at %d for another log's stream", at)
 	}
 }
