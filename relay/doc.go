@@ -113,7 +113,7 @@
 // recorded with the move back (relay_acks.refill_to and refill_seq,
 // migration 0037) and cleared by the commit that reaches its end, so that
 // a refill spanning leaderships (a failed publish, a restart) goes on. On
-// a schema before 0037 the relay fails at its start (EnsureStream), and
+// a schema before 0037 (or 0043, see "A rewound log") the relay fails at its start (EnsureStream), and
 // each leadership, with migrations.ErrNotMigrated: run annals migrate. Refusals
 // of another kind (a stream full under discard-new limits, the account's
 // resources) refuse every event alike until a limit is raised, and are
@@ -170,6 +170,49 @@
 // the same database and schema. A database that took over a log (restored
 // from a dump, upgraded with pg_upgrade, which changes the system
 // identifier, or renamed) adopts the stream once with Config.AdoptStream.
+//
+// # A rewound log
+//
+// A database restored from a backup, or failed over to an asynchronous
+// replica that lacked its newest commits, is the log as it was: the events
+// after that are gone, and their positions go to new events. The relay's
+// stream then holds events the log lost, and the refusals above tell: its
+// newest message is past the log's head, or, once the log has grown past
+// it, another event than the log's at its position. The stream is to be
+// made anew (delete it, set the checkpoint to 0, start the relay). Its
+// consumers (package natsconsumer) keep the last position they handled,
+// and a consumer past the point where the old stream and the log part
+// handled events the log lost; in the new stream it would take the new
+// events at or below its position for those it handled and pass over them.
+// So when the refusal comes from a message of this relay and this log's
+// origin (or an adopted one), the relay finds where they part: the last
+// message of the stream whose event ID is that of the log's event at its
+// position, by binary search over the stream's sequences (the stream is in
+// position order; about log2(messages) reads of a message and index probes;
+// a position the log holds no event at counts as parted, so a scavenged
+// event can only make the answer lower; 0 when no message the stream still
+// holds agrees). A message of another origin (a database restored from a
+// dump into another cluster has another system identifier) counts when
+// some of the stream's messages are this log's events: it is this log,
+// rewound; a stream none of whose messages is this log's event is another
+// log's, and nothing is recorded. The position found is recorded
+// (relay_acks.rewound_at, with the stream's name and creation time,
+// rewound_stream and rewound_created_ns: migration 0043), by the lowest
+// found for one stream, and the refusal says it. Each stream EnsureStream
+// creates after that (at the start, or at a leadership that finds the
+// stream gone) carries it in its metadata (MetadataRewoundAt,
+// MetadataRewoundStream, MetadataRewoundCreated: Rewound.Stamp), logged
+// at WARN, also when the relay process was restarted between the refusal
+// and the stream's making (the record is in the database). A consumer that
+// moves to such a stream from the one found rewound, or one made before
+// it, with a last position handled past the stamp's, stops at once with
+// natsconsumer.ErrLogRewound; one at or below it goes on. The record is
+// kept (a stream made again later, lost by the server, carries the stamp
+// too; consumers whose place is in a stream made after the one found
+// rewound ignore it) and replaced by the next rewind found under another
+// stream. A rewind the relay did not see (the stream deleted before the
+// relay ran against the rewound log) is not stamped: consumers then find
+// it only when the new stream reaches their position with another event.
 //
 // # The stream
 //

@@ -431,7 +431,7 @@ func (c *Consumer) decode(seq uint64, h nats.Header, data []byte) (eventstore.Ev
 // matches ErrHandlerFailed and the handler's error), the event not
 // acknowledged but handed back, so the next Run starts at it again (fix
 // the handler first). It returns nil when ctx ends, or OnGap's error, or
-// that *HandlerError.
+// that *HandlerError, or a *RewoundError (ErrLogRewound).
 func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e eventstore.Event) error) error {
 	s := &session{c: c}
 	if err := s.attach(ctx); err != nil {
@@ -483,7 +483,7 @@ func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e e
 // decode) stops it as it stops Run: the transaction rolled back, the
 // checkpoint left before the event, a *HandlerError returned. It returns
 // nil when ctx ends, or OnGap's error, or the setup's, or that
-// *HandlerError.
+// *HandlerError, or a *RewoundError (ErrLogRewound).
 func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p interface {
 	Name() string
 	Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error

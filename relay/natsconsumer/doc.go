@@ -71,14 +71,33 @@
 // position order, so this passes over no new event, unless the log itself
 // went back: a source database restored from a backup, or failed over to a
 // replica that lacked its newest events, gives the positions of the events
-// it lost to new ones. The consumer keeps the ID of the last event handled
-// beside its position (RunProjection in its checkpoint row), and an event
-// at that position with another ID stops Run or RunProjection with
-// ErrLogRewound (*RewoundError), logged at ERROR, before that event: the
-// read model holds events the log no longer has, and must be rebuilt. The
-// new events below that position were passed over by then, and nothing
-// tells before the new log reaches it (or at all, if the position is a
-// hole in the new log: an append rolled back).
+// it lost to new ones. The relay, finding its stream past such a log,
+// records the last position at which the two agree and stamps it into the
+// stream it makes anew (relay.Rewound: metadata annals-rewound-at, with
+// the old stream's name and creation time; see the relay package, "A
+// rewound log"). So a consumer moving to a stream made again first reads
+// its stamp: when its place is in the stream found rewound or one made
+// before it (its creation time not after the stamp's) and its last
+// position handled is past the agreed one, it has handled events the log
+// no longer has, and the stream's new events at or below its position
+// would be passed over. Run or RunProjection stops at once with
+// ErrLogRewound (a *RewoundError with Stamped set, Agreed the agreed
+// position, Position and Handled the consumer's place), logged at ERROR,
+// before it makes its durable consumer on the new stream or reads,
+// acknowledges or passes over any message of it; RunProjection's
+// checkpoint stays, so the next start stops there again: rebuild the read
+// model. A consumer at or below the agreed position goes on as above. As
+// a second line (a stream made anew without a stamp: the relay never saw
+// the rewound log, or an older relay), the consumer keeps the ID of the
+// last event handled beside its position (RunProjection in its checkpoint
+// row), and an event at that position with another ID stops Run or
+// RunProjection with ErrLogRewound (*RewoundError, Stamped false), logged
+// at ERROR, before that event; the new events below that position were
+// passed over by then, and nothing tells before the new log reaches it (or
+// at all, if the position is a hole in the new log: an append rolled
+// back). A checkpoint saved before the stream's creation time was kept,
+// and a Run started after the stream was made again (its place is the
+// new durable consumer's), see no stream change and no stamp.
 //
 // RunProjection first runs the projection's read-model setup
 // (Typed.OnSetup, projection.Setupper) in the service's database as a
