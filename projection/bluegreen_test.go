@@ -266,7 +266,7 @@ func state(t *testing.T, db *annalstest.DB, gen int) projection.GenerationState 
 	return ""
 }
 
-// TestBlueGreenReaderNeverSeesPartialState rebuilds a read model of 200,000
+// TestBlueGreenReaderNeverSeesPartialState rebuilds a read model of 50,000
 // events blue/green while the old version keeps following live appends and
 // a reader queries the stable view in a loop: every answer is the complete
 // model of one version at some position of the log, positions never go
@@ -278,7 +278,7 @@ func TestBlueGreenReaderNeverSeesPartialState(t *testing.T) {
 	log := &bgLog{db: db}
 
 	// Version 1's first generation, live from the start, then a log of
-	// 200,000 events that version 1 has processed: its table and
+	// 50,000 events that version 1 has processed: its table and
 	// checkpoint are filled in bulk (the replay under test is version 2's).
 	v1 := bgRunner(t, db, "v1", 1, false)
 	if err := v1.RunUntilCaughtUp(ctx); err != nil {
@@ -289,10 +289,10 @@ func TestBlueGreenReaderNeverSeesPartialState(t *testing.T) {
 		t.Fatalf("first generation: %+v", g1)
 	}
 	start := time.Now()
-	if err := log.add(ctx, 200, 1000); err != nil {
+	if err := log.add(ctx, 50, 1000); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("filled 200,000 events in %s", time.Since(start).Round(time.Millisecond))
+	t.Logf("filled 50,000 events in %s", time.Since(start).Round(time.Millisecond))
 	cps := pgx.Identifier{db.Schema}.Sanitize() + ".checkpoints"
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO rm_bgstats_g1.stats
 		SELECT stream_id, count(*), sum((data->>'v')::bigint) FROM `+pgx.Identifier{db.Schema}.Sanitize()+`.events GROUP BY stream_id`); err != nil {
@@ -375,7 +375,7 @@ func TestBlueGreenReaderNeverSeesPartialState(t *testing.T) {
 	start = time.Now()
 	var last projection.RebuildProgress
 	c, err := v2.RebuildBlueGreen(ctx, bgName, &projection.RebuildOptions{OnProgress: func(p projection.RebuildProgress) {
-		if p.Done/50_000 > last.Done/50_000 {
+		if p.Done/10_000 > last.Done/10_000 {
 			t.Logf("rebuild: %d/%d events, %.0f events/s", p.Done, p.Total, p.Rate)
 		}
 		last = p
