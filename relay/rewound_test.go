@@ -275,3 +275,42 @@ func TestRelayRewoundUnderAnotherOrigin(t *testing.T) {
 		t.Fatalf("a rewind recorded at %d for another log's stream", at)
 	}
 }
+
+// TestRelayRewoundSparseStream: the binary search over a stream that holds
+// only some positions (a relay of one event type: the odd positions) and
+// no longer its first messages (removed by a limit) finds the last message
+// that agrees: the log rewound to 22 agrees with the stream up to 21.
+func TestRelayRewoundSparseStream(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	appendMany(t, b.store, 60) // account.opened at 1, 3, …, 59
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Types: []string{"account.opened"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.js.Stream(ctx, "ANNALS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgs = 24 // 30 published: 1..11 removed
+	if s, err = b.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := s.Info(ctx); err != nil || info.State.FirstSeq != 7 {
+		t.Fatalf("the stream after MaxMsgs: %+v, %v; want its first message at sequence 7", info, err)
+	}
+	rewindLog(t, b.db.Pool, 22)
+	appendMany(t, b.store, 50)
+	if err := r.CatchUp(ctx); !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "last agree at position 21") {
+		t.Fatalf("CatchUp on the rewound log: %v; want ErrStreamMismatch saying they agree up to 21", err)
+	}
+	if _, _, at := recordedRewind(t, b.db.Pool); at != 21 {
+		t.Fatalf("recorded at %d, want 21", at)
+	}
+}

@@ -205,4 +205,21 @@ func TestARewoundLogStopsAtTheNewStream(t *testing.T) {
 
 	// At the agreed position: no alarm, the new events handled.
 	project(near, once(36))
+
+	// The new stream lost in turn and made again: it carries the stamp
+	// too (the rewind stays recorded), which does not concern a consumer
+	// whose place is in a stream made after the one found rewound.
+	e.deleteStream(t, ctx)
+	if _, err := e.src.Pool.Exec(ctx, `UPDATE annals.checkpoints SET position = 0 WHERE subscriber_id = 'relay'`); err != nil {
+		t.Fatal(err)
+	}
+	e.appendAndRelay(t, ctx, 2)
+	s, err := e.js.Stream(ctx, "ANNALS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CachedInfo().Config.Metadata[relay.MetadataRewoundAt]; got != "6" {
+		t.Fatalf("the stream made again once more is stamped %q, want 6", got)
+	}
+	project(near, once(38))
 }
