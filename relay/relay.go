@@ -285,7 +285,8 @@ var ErrStreamMismatch = errors.New("relay: the JetStream stream does not fit the
 // older than the header), at a position not above this log's head, and be
 // this log's event at that position (Annals-Event-Id). When that message
 // shows this log rewound under the stream (this relay's, of this origin,
-// past the head or another event than the log's at its position), the
+// past the head or another event than the log's at its position; or of
+// another origin, when earlier messages are this log's events), the
 // refusal comes after the relay found and recorded where the two last
 // agree (Rewound); each stream it creates after carries that in its
 // metadata (Rewound.Stamp).

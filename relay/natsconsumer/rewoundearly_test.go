@@ -74,7 +74,8 @@ func (p tallyIn) tallied(ctx context.Context, pool *pgxpool.Pool) string {
 // replica leaves it, and 30 new events take positions 7 to 36. The relay
 // refuses its stream and records that it and the log last agree at 6; the
 // operator deletes the stream and sets the relay's checkpoint to 0, and the
-// relay publishes the rewound log into a stream made anew, stamped with 6.
+// relay, restarted, publishes the rewound log into a stream made anew,
+// stamped with 6.
 // A RunProjection whose checkpoint is at 10, far behind the new head,
 // stops at once with ErrLogRewound (a *RewoundError, Stamped, Agreed 6,
 // Position 10), and again at its next start, before it reads anything of
@@ -152,7 +153,13 @@ func TestARewoundLogStopsAtTheNewStream(t *testing.T) {
 	if _, err := e.src.Pool.Exec(ctx, `UPDATE annals.checkpoints SET position = 0 WHERE subscriber_id = 'relay'`); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.r.CatchUp(ctx); err != nil {
+	// A relay process started after the refusal: the rewind is recorded in
+	// the database, not its memory.
+	restarted, err := relay.New(e.src.Pool, e.nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := restarted.CatchUp(ctx); err != nil {
 		t.Fatal(err)
 	}
 
@@ -178,7 +185,7 @@ func TestARewoundLogStopsAtTheNewStream(t *testing.T) {
 		}
 	}
 	pc := consumer(string(far))
-	err := pc.RunProjection(ctx, e.dst.Pool, far)
+	err = pc.RunProjection(ctx, e.dst.Pool, far)
 	check("RunProjection at 10", err)
 	var rw *natsconsumer.RewoundError
 	if errors.As(err, &rw) && rw.Handled != old[9].ID {
