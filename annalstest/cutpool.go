@@ -27,11 +27,16 @@ type CutPool struct {
 }
 
 // NewCutPool opens a CutPool on db's database (closed when the test ends).
-// Its connections are TCP connections dialled by net.Dialer.
-func NewCutPool(t testing.TB, db *DB) *CutPool {
+// Its connections are TCP connections dialled by net.Dialer. Each of
+// configure, if any, changes the pool's configuration (a query exec mode,
+// the pool's size) before it opens.
+func NewCutPool(t testing.TB, db *DB, configure ...func(*pgxpool.Config)) *CutPool {
 	t.Helper()
 	cp := &CutPool{conns: map[int]*CutConn{}}
 	cfg := db.Pool.Config()
+	for _, f := range configure {
+		f(cfg)
+	}
 	var d net.Dialer
 	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := d.DialContext(ctx, network, addr)

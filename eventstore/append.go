@@ -174,10 +174,27 @@ func (s *Store) appendAloneAsking(ctx context.Context, conn *pgx.Conn, args appe
 	}
 	if err != nil {
 		rollbackAlone(ctx, conn)
+		if s.mode == pgx.QueryExecModeSimpleProtocol && !answered(err) {
+			// pgx (v5.12) reports a simple-protocol batch whose answer
+			// was lost as safe to retry, sent or not: once BEGIN went
+			// through, the append and its COMMIT may have been.
+			err = mayHaveBeenSent{err}
+		}
 		return q, AppendResult{}, err
 	}
 	return q, res, nil
 }
+
+// mayHaveBeenSent wraps the error of a statement that may have reached the
+// server although pgx says it was safe to retry (unsent sees through it no
+// further).
+type mayHaveBeenSent struct{ error }
+
+// SafeToRetry reports false: the statement may have been sent.
+func (mayHaveBeenSent) SafeToRetry() bool { return false }
+
+// Unwrap returns the error of pgx.
+func (e mayHaveBeenSent) Unwrap() error { return e.error }
 
 // rollbackAlone ends the transaction appendAloneAsking left open or failed
 // on conn, if one is; should it fail, the pool closes the connection on
