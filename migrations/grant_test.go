@@ -224,6 +224,12 @@ func TestNoRoleCanWriteTheLog(t *testing.T) {
 				fmt.Sprintf(`CREATE TRIGGER sneaky BEFORE INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s()`, events, rel(db, "events_append_only")),
 				fmt.Sprintf(`CREATE TABLE %s (i int)`, rel(db, "mine")),
 			)
+			// What no statement above tries: REFERENCES (a foreign key
+			// that would block a scavenge's delete) and the rest, on the
+			// tables or any column, directly or through a role.
+			if got := writePrivileges(t, db, r.Name); len(got) != 0 {
+				t.Errorf("%s holds %v on the log", r.Name, got)
+			}
 			var n int
 			var head int64
 			if err := db.Pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*), max(global_sequence) FROM %s", events)).Scan(&n, &head); err != nil || n != 1 || head != 1 {
@@ -231,6 +237,45 @@ func TestNoRoleCanWriteTheLog(t *testing.T) {
 			}
 		})
 	}
+	// The check sees a privilege granted on one column.
+	r := newRole(t, db, migrations.Writer)
+	if _, err := db.Pool.Exec(ctx, fmt.Sprintf("GRANT REFERENCES (event_id) ON %s TO %s", events, pgx.Identifier{r.Name}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
+	if got := writePrivileges(t, db, r.Name); len(got) != 1 || got[0] != "events: column REFERENCES" {
+		t.Errorf("a writer granted REFERENCES (event_id) on the events: the check found %v", got)
+	}
+}
+
+// writePrivileges lists what role may do to the log's tables and sequence
+// other than read them: table and column privileges, held directly or
+// through membership.
+func writePrivileges(t *testing.T, db *annalstest.DB, role string) []string {
+	t.Helper()
+	rows, err := db.Pool.Query(context.Background(), `
+		SELECT t.name || ': ' || p.priv
+		  FROM (VALUES ('events'), ('streams')) t(name),
+		       (VALUES ('INSERT'), ('UPDATE'), ('DELETE'), ('TRUNCATE'), ('REFERENCES'), ('TRIGGER')) p(priv)
+		 WHERE has_table_privilege($1, format('%I.%I', $2::text, t.name), p.priv)
+		UNION ALL
+		SELECT t.name || ': column ' || p.priv
+		  FROM (VALUES ('events'), ('streams')) t(name),
+		       (VALUES ('INSERT'), ('UPDATE'), ('REFERENCES')) p(priv)
+		 WHERE NOT has_table_privilege($1, format('%I.%I', $2::text, t.name), p.priv)
+		   AND has_any_column_privilege($1, format('%I.%I', $2::text, t.name), p.priv)
+		UNION ALL
+		SELECT 'events_global_sequence: ' || p.priv
+		  FROM (VALUES ('USAGE'), ('UPDATE')) p(priv)
+		 WHERE has_sequence_privilege($1, format('%I.%I', $2::text, 'events_global_sequence'), p.priv)
+		 ORDER BY 1`, role, db.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
 
 func TestWriterRole(t *testing.T) {
