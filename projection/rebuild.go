@@ -150,6 +150,10 @@ func (r *Runner) Registered() []SubscriberInfo {
 // Schema returns the annals schema the runner works in.
 func (r *Runner) Schema() string { return r.cfg.Schema }
 
+// HeartbeatInterval returns how often the runner updates its row of the
+// instance registry (Config.HeartbeatInterval, defaulted).
+func (r *Runner) HeartbeatInterval() time.Duration { return r.cfg.HeartbeatInterval }
+
 // rebuildable returns the projection's Resetter, whether it is an observer,
 // and why it cannot be rebuilt (nil if it can).
 func rebuildable(reg *registration) (Resetter, bool, error) {

@@ -229,13 +229,31 @@ func (p partitionState) leader() string {
 	return l
 }
 
-// staleAfter is the heartbeat age past which an instance is no live
-// heartbeat leader: three heartbeats of the runner, annals status's
-// default --stale-after.
-const staleAfter = 30 * time.Second
+// staleAfterFlag adds --stale-after to cmd, into d: the heartbeat age past
+// which an instance is no live heartbeat leader. Zero (the default) means
+// three heartbeats of the runner (projection.Config.HeartbeatInterval),
+// which at its default of 10 s is annals status's default --stale-after.
+func staleAfterFlag(cmd *cobra.Command, d *time.Duration) {
+	cmd.Flags().DurationVar(d, "stale-after", 0,
+		"an instance whose last heartbeat is older than this leads nothing by its heartbeat (default 3 heartbeats of this runner)")
+}
 
-// load reads the state of every partition of the subscribers.
-func (c *commands) load(ctx context.Context, subs []projection.SubscriberInfo) ([][]partitionState, int64, error) {
+// staleAfter returns the heartbeat age past which an instance is stale:
+// flag, or three heartbeats of the runner when flag is zero. A negative
+// flag is a usage error.
+func (c *commands) staleAfter(flag time.Duration) (time.Duration, error) {
+	switch {
+	case flag < 0:
+		return 0, usage(errors.Newf("--stale-after %s: want a positive duration", flag))
+	case flag == 0:
+		return 3 * c.runner.HeartbeatInterval(), nil
+	}
+	return flag, nil
+}
+
+// load reads the state of every partition of the subscribers; an instance
+// whose heartbeat is older than staleAfter leads nothing by it.
+func (c *commands) load(ctx context.Context, subs []projection.SubscriberInfo, staleAfter time.Duration) ([][]partitionState, int64, error) {
 	schema := c.runner.Schema()
 	q, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(schema))
 	if err != nil {
@@ -426,6 +444,7 @@ func writeJSON(w io.Writer, v any) error {
 
 func (c *commands) listCommand() *cobra.Command {
 	var output string
+	var stale time.Duration
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List the registered projections and observers with checkpoint, head, lag and leader",
@@ -442,12 +461,16 @@ generation and generation_state null unless blue/green).`,
 			if err := checkOutput(output); err != nil {
 				return err
 			}
+			staleAfter, err := c.staleAfter(stale)
+			if err != nil {
+				return err
+			}
 			ran(cmd)
 			subs, err := c.generations(cmd.Context(), c.runner.Registered())
 			if err != nil {
 				return err
 			}
-			states, head, err := c.load(cmd.Context(), subscriberInfos(subs))
+			states, head, err := c.load(cmd.Context(), subscriberInfos(subs), staleAfter)
 			if err != nil {
 				return err
 			}
@@ -497,11 +520,13 @@ generation and generation_state null unless blue/green).`,
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	staleAfterFlag(cmd, &stale)
 	return cmd
 }
 
 func (c *commands) statusCommand() *cobra.Command {
 	var output string
+	var stale time.Duration
 	cmd := &cobra.Command{
 		Use:   "status [NAME]",
 		Short: "Show every partition of the projections (or of NAME): checkpoint, lag, epoch, leader, stops, dead letters",
@@ -514,6 +539,10 @@ subscriber, generation and generation_state as in list).`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output); err != nil {
+				return err
+			}
+			staleAfter, err := c.staleAfter(stale)
+			if err != nil {
 				return err
 			}
 			ran(cmd)
@@ -529,7 +558,7 @@ subscriber, generation and generation_state as in list).`,
 			if err != nil {
 				return err
 			}
-			states, head, err := c.load(cmd.Context(), subscriberInfos(rows))
+			states, head, err := c.load(cmd.Context(), subscriberInfos(rows), staleAfter)
 			if err != nil {
 				return err
 			}
@@ -575,6 +604,7 @@ subscriber, generation and generation_state as in list).`,
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	staleAfterFlag(cmd, &stale)
 	return cmd
 }
 

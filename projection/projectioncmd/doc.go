@@ -28,7 +28,10 @@
 // checkpoint since, else the checkpoint's owner; lag is the head minus the
 // checkpoint, in positions (an upper bound on the events still to process,
 // since events of other types, and holes left by rolled-back appends, count
-// too).
+// too). An instance is live while its last heartbeat is younger than
+// --stale-after, by default three heartbeats of the service's runner
+// (projection.Config.HeartbeatInterval: 30 s at its default of 10 s, as
+// `annals status`).
 //
 // rebuild runs projection.Runner.Rebuild in the command's process while the
 // service's instances keep running: they stand by during the rebuild and

@@ -2,14 +2,17 @@ package projectioncmd
 
 import (
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/internal/lockkey"
+	"github.com/annals-dev/annals/projection"
 )
 
 // TestLeaderByTheStatusRule: list and status name a partition's leader as
@@ -76,5 +79,68 @@ func TestLeaderByTheStatusRule(t *testing.T) {
 	}
 	if l := leaders(); l["balances/0"] != "none" || l["sharded/0"] != "none" || l["sharded/1"] != "none" {
 		t.Errorf("leaders with the locks free: %v", l)
+	}
+}
+
+// TestStaleAfterFollowsTheHeartbeat: an instance whose heartbeat is 45 s
+// old, holding the lock of a partition its heartbeat lists, is stale at
+// the default of three heartbeats of a runner beating every 10 s (its
+// leader unknown by the heartbeat), and leads with --stale-after 1m or
+// under a runner beating every 20 s (they judged it by a fixed 30 s, so a
+// service that beats less often saw its leaders as unknown).
+func TestStaleAfterFollowsTheHeartbeat(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+	if _, err := b.db.Pool.Exec(ctx, `
+		INSERT INTO annals.checkpoints (subscriber_id, partition, position, epoch, owner) VALUES ('balances', 0, 0, 7, NULL);
+		INSERT INTO annals.instances (instance_id, host, pid, last_heartbeat, leads) VALUES
+			('a', 'vm', 1, now() - interval '45 seconds', '[{"subscriber": "balances", "partition": 0, "epoch": 6}]')`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(ctx) })
+	k1, k2 := lockkey.Pair(catchup.LockKey(b.runner.Schema(), "balances", 0))
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", k1, k2); err != nil {
+		t.Fatal(err)
+	}
+	leader := func(b *bundle, args ...string) string {
+		t.Helper()
+		r := b.execute(t, false, "", append([]string{"status", "balances", "--output", "json"}, args...)...)
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		var st statusOutput
+		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || len(st.Partitions) != 1 {
+			t.Fatalf("%v in %q", err, r.stdout)
+		}
+		return st.Partitions[0].Leader
+	}
+	unknown := "unknown (pid " + strconv.Itoa(int(conn.PgConn().PID())) + ")"
+	if l := leader(b); l != unknown {
+		t.Errorf("at the default (3 heartbeats of 10 s): leader %q, want %q", l, unknown)
+	}
+	if l := leader(b, "--stale-after", "1m"); l != "a" {
+		t.Errorf("with --stale-after 1m: leader %q, want a", l)
+	}
+	r := b.execute(t, false, "", "list", "--stale-after", "1m")
+	if r.err != nil || fields(lineOf(t, r.stdout, "balances"))[7] != "a" {
+		t.Errorf("list --stale-after 1m: %v\n%s", r.err, r.stdout)
+	}
+	if r := b.execute(t, false, "", "status", "--stale-after", "-1s"); !errors.Is(r.err, ErrUsage) {
+		t.Errorf("--stale-after -1s: %v, want ErrUsage", r.err)
+	}
+	slow, err := projection.NewRunner(b.db.Pool, &projection.Config{InstanceID: "inst-slow", HeartbeatInterval: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := slow.Register(counting{"balances"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if l := leader(&bundle{db: b.db, store: b.store, runner: slow}); l != "a" {
+		t.Errorf("under a runner beating every 20 s: leader %q, want a", l)
 	}
 }

@@ -94,7 +94,7 @@ BlueGreen.Version instead.`,
 				name, last.Done, last.Head, last.Elapsed.Round(time.Millisecond), last.Rate)
 			// The replay's failures went to the dead-letter table: a read
 			// model rebuilt without them lacks their events, so say so.
-			if parts, _, err := c.load(cmd.Context(), []projection.SubscriberInfo{s}); err == nil && len(parts) == 1 {
+			if parts, _, err := c.load(cmd.Context(), []projection.SubscriberInfo{s}, 3*c.runner.HeartbeatInterval()); err == nil && len(parts) == 1 {
 				var dl int64
 				for _, ps := range parts[0] {
 					dl += ps.deadLetters
