@@ -179,7 +179,7 @@ smoke test).`,
 			}
 
 			ctx := cmd.Context()
-			pool, err := e.connect(ctx, 64)
+			pool, err := e.connectUnpinned(ctx, 64)
 			if err != nil {
 				return err
 			}

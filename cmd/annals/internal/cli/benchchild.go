@@ -29,7 +29,7 @@ starts these to measure leader takeover; they are not meant to be run by hand.`,
 			if c.LockRetry < 0 {
 				return usagef("--lock-retry must not be negative")
 			}
-			pool, err := e.connect(cmd.Context(), 4)
+			pool, err := e.connectUnpinned(cmd.Context(), 4)
 			if err != nil {
 				return err
 			}

@@ -404,8 +404,32 @@ func (e *env) validSchema() error {
 	return nil
 }
 
-// connect opens a pool on the configured database.
+// pinnedSearchPath is the search_path of the CLI's sessions: annals'
+// statements name its schema, and a name they leave unqualified (a
+// function, an operator) resolves in pg_catalog only, never to an object
+// another role planted in public (see connect).
+const pinnedSearchPath = "pg_catalog, pg_temp"
+
+// connect opens a pool on the configured database, its sessions' search_path
+// pinned to pinnedSearchPath: the commands run as whoever the operator is,
+// often the schema's owner or a superuser, and a name of their SQL that an
+// object planted in a schema on the search_path matches better than
+// pg_catalog's would run the planter's code as that role. It is sent at
+// start-up, so a session-level SET never outlives the connection behind a
+// pooler; a pooler that refuses it (PgBouncer without search_path in
+// track_extra_parameters) gets the connection without it, and a note on
+// stderr. A search_path the URL sets is kept.
 func (e *env) connect(ctx context.Context, maxConns ...int32) (*pgxpool.Pool, error) {
+	return e.open(ctx, true, maxConns...)
+}
+
+// connectUnpinned is connect for annals bench, whose raw contenders name
+// their tables as a client's statements do, under the URL's search_path.
+func (e *env) connectUnpinned(ctx context.Context, maxConns ...int32) (*pgxpool.Pool, error) {
+	return e.open(ctx, false, maxConns...)
+}
+
+func (e *env) open(ctx context.Context, pin bool, maxConns ...int32) (*pgxpool.Pool, error) {
 	if err := e.validSchema(); err != nil {
 		return nil, err
 	}
@@ -424,6 +448,25 @@ func (e *env) connect(ctx context.Context, maxConns ...int32) (*pgxpool.Pool, er
 	if len(maxConns) == 1 {
 		cfg.MaxConns = maxConns[0]
 	}
+	_, set := cfg.ConnConfig.RuntimeParams["search_path"]
+	pin = pin && !set
+	if pin {
+		cfg.ConnConfig.RuntimeParams["search_path"] = pinnedSearchPath
+	}
+	pool, err := e.openPool(ctx, cfg)
+	if pin && err != nil && strings.Contains(err.Error(), "unsupported startup parameter") {
+		delete(cfg.ConnConfig.RuntimeParams, "search_path")
+		if pool, err = e.openPool(ctx, cfg); err == nil {
+			fmt.Fprintf(e.stderr, "annals: note: the server (a pooler) refused search_path as a start-up parameter: "+
+				"this session keeps its default search_path (PgBouncer: add search_path to track_extra_parameters; "+
+				"see docs/operations.md, \"PgBouncer and other poolers\")\n")
+		}
+	}
+	return pool, err
+}
+
+// openPool opens a pool with cfg and makes one connection.
+func (e *env) openPool(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, errors.Wrap(err, "connect")

@@ -1,0 +1,64 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/annals-dev/annals/annalstest"
+)
+
+// TestConnectPinsTheSearchPath: the CLI's sessions run with the search_path
+// pinned to pg_catalog, pg_temp (an operator, often the schema's owner or a
+// superuser, runs verify, status, scavenge, the console, whose unqualified
+// functions and operators must not resolve to objects another role
+// planted in public), unless the URL sets one; behind PgBouncer in
+// transaction mode, which refuses search_path at start-up, the command
+// connects without it and says so; annals bench keeps the URL's.
+func TestConnectPinsTheSearchPath(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	pathOf := func(u string, pin bool) (string, string) {
+		t.Helper()
+		var stderr bytes.Buffer
+		e := &env{stderr: &stderr, getenv: func(string) string { return "" }, databaseURL: u, schema: "annals"}
+		open := e.connect
+		if !pin {
+			open = e.connectUnpinned
+		}
+		pool, err := open(ctx)
+		if err != nil {
+			t.Fatalf("connect %s: %v", u, err)
+		}
+		defer pool.Close()
+		var path string
+		if err := pool.QueryRow(ctx, "SELECT current_setting('search_path')").Scan(&path); err != nil {
+			t.Fatal(err)
+		}
+		return path, stderr.String()
+	}
+	if path, note := pathOf(db.URL, true); path != pinnedSearchPath || note != "" {
+		t.Errorf("connect: search_path %q, note %q; want %q and none", path, note, pinnedSearchPath)
+	}
+	if path, _ := pathOf(db.URL, false); path == pinnedSearchPath {
+		t.Errorf("connectUnpinned: search_path %q, want the server's default", path)
+	}
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", "mine")
+	u.RawQuery = q.Encode()
+	if path, _ := pathOf(u.String(), true); path != "mine" {
+		t.Errorf("connect with search_path in the URL: %q, want the URL's", path)
+	}
+	pooled, _ := annalstest.PgBouncer(t, db.URL, nil)
+	path, note := pathOf(pooled, true)
+	if path == pinnedSearchPath || !strings.Contains(note, "track_extra_parameters") {
+		t.Errorf("through PgBouncer: search_path %q, note %q; want the default and a note", path, note)
+	}
+}
