@@ -189,9 +189,11 @@
 // message of the stream whose event ID is that of the log's event at its
 // position, by binary search over the stream's sequences (the stream is in
 // position order; about log2(messages) reads of a message and index probes;
-// a position the log holds no event at counts as parted, so a scavenged
-// event can only make the answer lower; 0 when no message the stream still
-// holds agrees). A message of another origin (a database restored from a
+// a position past the log's head counts as parted; one at or below it
+// that the log holds no event at, scavenged by retention, tells nothing,
+// and the next message is read instead: a run of such counts as parted,
+// so a scavenged event can only make the answer lower; 0 when no message
+// the stream still holds agrees). A message of another origin (a database restored from a
 // dump into another cluster has another system identifier) counts when
 // some of the stream's messages are this log's events: it is this log,
 // rewound; a stream none of whose messages is this log's event is another

@@ -179,11 +179,14 @@ type provedRewound struct {
 // agree up to a position and not after it. It returns that message's
 // position and sequence; 0, 0 when no message the stream holds agrees
 // (what it removed, by MaxAge, cannot tell: every position is taken as
-// lost). A position the log holds no event at (past its head, a hole, or
-// scavenged by retention) counts as not agreeing, so a scavenged event can
-// only make the answer lower: consumers are told to rebuild rather than
-// left with lost events. About log2(messages) reads of a message and
-// index probes.
+// lost). A position past the log's head does not agree. One at or below
+// it that the log holds no event at (scavenged by retention, or a hole the
+// rewound log left) tells nothing: the search judges by the stream's next
+// message that the log tells about (up to skipUnknown of them), and a run
+// of messages that tell nothing counts as not agreeing, so a scavenged
+// event can only make the answer lower: consumers are told to rebuild
+// rather than left with lost events. About log2(messages) reads of a
+// message and index probes, more over a log that retention thinned.
 func (r *Relay) agreed(ctx context.Context, stream jetstream.Stream) (int64, uint64, error) {
 	q, err := r.queries()
 	if err != nil {
@@ -193,10 +196,19 @@ func (r *Relay) agreed(ctx context.Context, stream jetstream.Stream) (int64, uin
 	if err != nil {
 		return 0, 0, errors.Wrap(err, "relay: stream info")
 	}
-	agrees := func(m *jetstream.RawStreamMsg) (bool, int64, error) {
-		pos, err := strconv.ParseInt(m.Header.Get(HeaderPosition), 10, 64)
+	head, err := r.store.Head(ctx)
+	if err != nil {
+		return 0, 0, errors.Wrap(err, "relay: read the head")
+	}
+	// agrees tells whether m is the log's event at its position; known is
+	// false when the log holds no event there, at or below its head.
+	agrees := func(m *jetstream.RawStreamMsg) (ok, known bool, pos int64, err error) {
+		pos, err = strconv.ParseInt(m.Header.Get(HeaderPosition), 10, 64)
 		if err != nil {
-			return false, 0, errors.Newf("relay: message %d has no position", m.Sequence)
+			return false, false, 0, errors.Newf("relay: message %d has no position", m.Sequence)
+		}
+		if pos > head {
+			return false, true, pos, nil
 		}
 		id := m.Header.Get(HeaderEventID)
 		if id == "" {
@@ -205,12 +217,12 @@ func (r *Relay) agreed(ctx context.Context, stream jetstream.Stream) (int64, uin
 		var eventID string
 		err = r.pool.QueryRow(ctx, q["EventAt"], pos).Scan(&eventID)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return false, pos, nil
+			return false, false, pos, nil
 		}
 		if err != nil {
-			return false, 0, errors.Wrapf(err, "relay: read the event at position %d", pos)
+			return false, false, 0, errors.Wrapf(err, "relay: read the event at position %d", pos)
 		}
-		return eventID == id, pos, nil
+		return eventID == id, true, pos, nil
 	}
 	// lo agrees (FirstSeq-1: none, position 0), hi does not (the newest).
 	lo, hi := info.State.FirstSeq-1, info.State.LastSeq
@@ -222,22 +234,32 @@ func (r *Relay) agreed(ctx context.Context, stream jetstream.Stream) (int64, uin
 		mid := lo + (hi-lo)/2
 		// The stream's first message at or after mid (none removed: the
 		// stream denies deletes, but MaxAge removes from the start).
-		m, err := stream.GetMsg(ctx, mid, jetstream.WithGetMsgSubject(">"))
-		if errors.Is(err, jetstream.ErrMsgNotFound) || err == nil && m.Sequence >= hi {
-			hi = mid // no message from mid to before hi
-			continue
-		}
-		if err != nil {
-			return 0, 0, errors.Wrapf(err, "relay: read message %d", mid)
-		}
-		ok, pos, err := agrees(m)
-		if err != nil {
-			return 0, 0, err
+		// From mid on, the first message that the log tells about (a
+		// few at most): agreeing, lo moves up to it; else every message
+		// from mid to it is taken as not agreeing.
+		ok, seq, pos := false, mid, int64(0)
+		for tries := 0; tries < skipUnknown; tries++ {
+			m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(">"))
+			if errors.Is(err, jetstream.ErrMsgNotFound) || err == nil && m.Sequence >= hi {
+				break // no message from seq to before hi
+			}
+			if err != nil {
+				return 0, 0, errors.Wrapf(err, "relay: read message %d", seq)
+			}
+			var known bool
+			if ok, known, pos, err = agrees(m); err != nil {
+				return 0, 0, err
+			}
+			if known {
+				seq = m.Sequence
+				break
+			}
+			seq = m.Sequence + 1
 		}
 		if ok {
-			lo, loPos = m.Sequence, pos
+			lo, loPos = seq, pos
 		} else {
-			hi = m.Sequence
+			hi = mid
 		}
 	}
 	if loPos == 0 {
@@ -245,6 +267,10 @@ func (r *Relay) agreed(ctx context.Context, stream jetstream.Stream) (int64, uin
 	}
 	return loPos, lo, nil
 }
+
+// skipUnknown bounds the stream messages agreed reads at one step of its
+// search, past those at positions the log holds no event at.
+const skipUnknown = 64
 
 // recordRewound records rw (RecordRewound), the agreed message's sequence
 // seq with it, and sets *at to what is recorded: the lowest position found
