@@ -272,8 +272,10 @@ type session struct {
 	// held is set when messages after seq may be held unacknowledged by a
 	// process that fetched them and died (the server showed messages
 	// pending at attach, or a delivery came after messages this session
-	// never got): an empty fetch then asks the server about the consumer
-	// (see behind). A consumer nobody else holds messages of costs one
+	// never got), or were acknowledged past seq (a checkpoint set back:
+	// the server showed them delivered at attach): an empty fetch then
+	// asks the server about the consumer (see behind), and run's first
+	// fetch does not wait. A consumer nobody else holds messages of costs one
 	// request (its fetch) per empty fetch.
 	held bool
 	// handle handles one delivery (RunProjection: and saves the place).
@@ -315,8 +317,20 @@ func (s *session) attach(ctx context.Context) error {
 		s.seq = 0
 	}
 	s.stream, s.cons, s.created = stream, cons, created
-	s.held = cons.CachedInfo().NumAckPending > 0
+	s.held = held(cons.CachedInfo(), s.seq)
 	return nil
+}
+
+// held reports whether the server may hold, past seq, messages that no
+// fetch will bring (see session.held): messages it delivered and awaits the
+// acknowledgement of (a process fetched them and died), or messages it
+// delivered past seq at all: a checkpoint behind the durable consumer's
+// acknowledgement floor (its row deleted to rebuild the read model, or the
+// service's database restored from a dump older than the
+// acknowledgements), whose messages the server takes as handled and never
+// delivers again.
+func held(info *jetstream.ConsumerInfo, seq uint64) bool {
+	return info.NumAckPending > 0 || info.Delivered.Stream > seq
 }
 
 // stamped judges the stamp (relay.Rewound) of a stream made again, which
@@ -444,6 +458,7 @@ func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e e
 		return errors.Wrapf(err, "natsconsumer: consumer %s", c.cfg.Durable)
 	}
 	s.seq = info.AckFloor.Stream
+	s.held = held(info, s.seq)
 	s.handle = func(ctx context.Context, d delivery) error {
 		if c.filter.Match(d.event.Type) {
 			if err := handle(ctx, d.event); err != nil {
@@ -681,7 +696,10 @@ func (s *session) ack(ctx context.Context, d delivery) {
 // a *HandlerError, the rest of the batch handed back. A stream or consumer
 // found gone (or the stream made again) is looked up again by name.
 func (s *session) run(ctx context.Context) error {
-	noWait := false
+	// Held messages are looked for at once (the first fetch does not wait
+	// for new ones): a checkpoint behind the server's place catches up on
+	// an idle stream without waiting out a fetch.
+	noWait := s.held
 	for ctx.Err() == nil {
 		ds, ferr := s.fetch(noWait)
 		noWait = false

@@ -35,6 +35,13 @@
 // then asks the server about its durable consumer: what it delivered past
 // the place is read by sequence, and, while it holds a full batch
 // unacknowledged, so is what the stream holds after that, Batch at a time.
+// So is a RunProjection checkpoint behind what the durable consumer
+// delivered (and had acknowledged): its row deleted to rebuild the read
+// model, or the service's database restored from a dump older than the
+// acknowledgements. The server delivers those messages no more; the
+// consumer, seeing them delivered past its place at its start (or when it
+// makes its durable consumer again), reads them by sequence at once,
+// without waiting for a new message to show them missing.
 // Otherwise an empty fetch costs nothing more: a consumer nobody else holds
 // messages of makes one request per fetch, idle or not, and reads nothing
 // by sequence. Together: each event's effect once (RunProjection) or at
