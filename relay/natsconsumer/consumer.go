@@ -191,6 +191,27 @@ func (e *RewoundError) Error() string {
 // Is makes errors.Is match ErrLogRewound.
 func (e *RewoundError) Is(target error) bool { return target == ErrLogRewound }
 
+// ErrNoStream is matched (errors.Is) by the error New, Run and
+// RunProjection return when the NATS server has no stream by the name
+// (Config.Stream) at their start: the relay has not made it yet (it makes
+// it when it starts: annals relay nats, relay.Relay.Run, or
+// relay.Relay.EnsureStream), or Config.Stream names another stream than
+// the relay's (relay.Config.Stream). Start the relay first, or retry.
+// (A stream that goes missing while Run or RunProjection runs is waited
+// for: the relay makes it again.)
+var ErrNoStream = errors.New("natsconsumer: the relay's stream does not exist")
+
+// noStream marks err, from a request about stream name, with ErrNoStream
+// and the way out, when it says that the stream does not exist.
+func noStream(err error, name string) error {
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return err
+	}
+	return errors.Mark(errors.Wrapf(err, "natsconsumer: the NATS server has no stream %s: the relay makes it when it starts "+
+		"(annals relay nats, relay.Relay.Run, or relay.Relay.EnsureStream); start the relay first, "+
+		"or check that Config.Stream is the relay's stream (relay.Config.Stream, annals relay nats --stream)", name), ErrNoStream)
+}
+
 // Consumer reads relayed events from a durable JetStream consumer.
 type Consumer struct {
 	cfg    Config
@@ -202,6 +223,12 @@ type Consumer struct {
 // returns a Consumer reading it. The consumer takes the whole stream, in
 // order, acknowledging explicitly; Types are filtered here, not on the
 // server, so the stream's sequence stays gap-free for the order check.
+// When the server has no stream by the name (the relay not started yet, or
+// Config.Stream not the relay's), New fails at once with ErrNoStream, which
+// says so, rather than waiting: a mistaken name would wait silently for
+// ever. Start the relay first, or retry New while errors.Is(err,
+// ErrNoStream). A stream that goes missing later, under Run or
+// RunProjection, is waited for (the relay makes it again).
 func New(ctx context.Context, nc *nats.Conn, cfg *Config) (*Consumer, error) {
 	if nc == nil || cfg == nil || cfg.Durable == "" {
 		return nil, errors.New("natsconsumer: a NATS connection and Config.Durable are required")
@@ -294,6 +321,9 @@ func (s *session) attach(ctx context.Context) error {
 	cfg := &s.c.cfg
 	stream, err := s.c.js.Stream(ctx, cfg.Stream)
 	if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return noStream(err, cfg.Stream)
+		}
 		return errors.Wrapf(err, "natsconsumer: stream %s", cfg.Stream)
 	}
 	if !s.created.IsZero() && !sameStream(s.created, stream.CachedInfo().Created) {
@@ -306,6 +336,9 @@ func (s *session) attach(ctx context.Context) error {
 		AckWait: cfg.AckWait, MaxAckPending: cfg.Batch,
 	})
 	if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) { // deleted since the look-up
+			return noStream(err, cfg.Stream)
+		}
 		return errors.Wrapf(err, "natsconsumer: consumer %s", cfg.Durable)
 	}
 	created := stream.CachedInfo().Created
@@ -445,7 +478,8 @@ func (c *Consumer) decode(seq uint64, h nats.Header, data []byte) (eventstore.Ev
 // matches ErrHandlerFailed and the handler's error), the event not
 // acknowledged but handed back, so the next Run starts at it again (fix
 // the handler first). It returns nil when ctx ends, or OnGap's error, or
-// that *HandlerError, or a *RewoundError (ErrLogRewound).
+// that *HandlerError, or a *RewoundError (ErrLogRewound), or, at its start,
+// ErrNoStream.
 func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e eventstore.Event) error) error {
 	s := &session{c: c}
 	if err := s.attach(ctx); err != nil {
@@ -498,7 +532,8 @@ func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e e
 // decode) stops it as it stops Run: the transaction rolled back, the
 // checkpoint left before the event, a *HandlerError returned. It returns
 // nil when ctx ends, or OnGap's error, or the setup's, or that
-// *HandlerError, or a *RewoundError (ErrLogRewound).
+// *HandlerError, or a *RewoundError (ErrLogRewound), or, at its start,
+// ErrNoStream.
 func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p interface {
 	Name() string
 	Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error

@@ -8,6 +8,11 @@
 //
 // New creates (or updates) a durable pull consumer on the whole stream:
 // explicit acknowledgements, deliver all, at most Batch unacknowledged.
+// The relay makes the stream: with none by the name, New (and Run or
+// RunProjection, at their start) fails with ErrNoStream, saying to start
+// the relay first, rather than wait for a stream that a mistaken
+// Config.Stream would never bring; once running, a consumer waits for a
+// stream gone missing (below).
 // Event-type globs (Config.Types) are applied here, not as a server-side
 // filter, so that stream sequences arrive without gaps. Messages are
 // fetched Batch at a time and handled one by one in stream order; each is
