@@ -25,6 +25,7 @@ type Standby struct {
 	ctxh    *ctxHandler
 	cfg     Config
 	pid     uint32
+	server  int32  // pg_backend_pid() of the marked server session
 	mark    string // MarkSession's value on the standby's server session
 	spent   bool   // the connection went to a Lock, or was closed
 	keys    []string
@@ -58,7 +59,7 @@ func NewStandby(ctx context.Context, connConfig *pgx.ConnConfig, cfg *Config) (*
 		batch.Queue("LISTEN " + pgx.Identifier{c.ReleaseChannel}.Sanitize())
 	}
 	br := conn.SendBatch(ctx, batch)
-	marked, _, err := scanMark(br.QueryRow())
+	marked, server, err := scanMark(br.QueryRow())
 	if err == nil && !marked {
 		err = errors.Wrap(ErrPooledSession, "advisorylock: standby: the server session holds advisory locks already")
 	}
@@ -68,11 +69,16 @@ func NewStandby(ctx context.Context, connConfig *pgx.ConnConfig, cfg *Config) (*
 	if err != nil {
 		return nil, errors.CombineErrors(errors.Wrap(err, "advisorylock: standby: mark the session and listen"), closeConn(ctx, conn))
 	}
-	return &Standby{conn: conn, sock: conn.PgConn().Conn(), ctxh: handler(conn.PgConn()), cfg: c, pid: conn.PgConn().PID(), mark: mark}, nil
+	return &Standby{conn: conn, sock: conn.PgConn().Conn(), ctxh: handler(conn.PgConn()), cfg: c, pid: conn.PgConn().PID(), server: server, mark: mark}, nil
 }
 
 // PID returns the process ID of the standby's server backend.
 func (s *Standby) PID() uint32 { return s.pid }
+
+// ServerPID returns the process ID of the server session the standby
+// marked, as the server reports it (pg_backend_pid()): behind a pooler,
+// which makes up the one PID reports, the server's own.
+func (s *Standby) ServerPID() int32 { return s.server }
 
 // TryLock tries to take each of keys once, in one statement (in the order
 // given; the keys must be distinct and non-empty), and never waits. If it

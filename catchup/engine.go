@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -149,7 +150,9 @@ func (l *Lease) CommitConn(ctx context.Context, conn *pgx.Conn, begin bool, posi
 		rollbackOpen(ctx, conn)
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "annals: checkpoint fenced, pooled") {
+	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && l.shared != nil && l.shared.server != 0 &&
+		strings.Contains(pgErr.Message, "annals: checkpoint fenced") &&
+		strings.Contains(pgErr.Message, ", server session "+strconv.Itoa(int(l.shared.server))+"\"") {
 		// The transaction ran on the server session that holds the
 		// partition's lock (CommitFencedHeld): fenced, as every commit
 		// through that pooler will be, but by a misconfiguration.

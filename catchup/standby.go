@@ -148,6 +148,9 @@ type sharedLock struct {
 	key  string
 	part int
 	g    *group
+	// server is the lock session's server PID (pg_backend_pid()): a
+	// commit fenced on that server session ran where the lock is held.
+	server int32
 
 	mu       sync.Mutex
 	err      error         // why it is no longer held
@@ -710,7 +713,7 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 		switch {
 		case cerr == nil:
 			delete(s.blocked, k)
-			if !s.hand(k, w, cp) {
+			if !s.hand(k, w, cp, sb.ServerPID()) {
 				giveBack = append(giveBack, k) // its wait ended meanwhile
 			}
 		case isConnErr(cerr):
@@ -830,15 +833,16 @@ func (s *sessions) pick(ws []*waiter) *waiter {
 	return nil
 }
 
-// hand gives w the lock of key, taken and claimed on the shared session,
-// unless w's wait has ended (it returns false: give the lock back).
-func (s *sessions) hand(key string, w *waiter, cp checkpoint.Checkpoint) bool {
+// hand gives w the lock of key, taken and claimed on the shared session
+// (whose server PID is server), unless w's wait has ended (it returns
+// false: give the lock back).
+func (s *sessions) hand(key string, w *waiter, cp checkpoint.Checkpoint, server int32) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if w.gone {
 		return false
 	}
-	l := &sharedLock{key: key, part: w.sub.Partition, g: w.g, lost: make(chan struct{}), handover: make(chan struct{})}
+	l := &sharedLock{key: key, part: w.sub.Partition, g: w.g, server: server, lost: make(chan struct{}), handover: make(chan struct{})}
 	s.held[key] = l
 	w.got <- standbyResult{lock: l, epoch: cp.Epoch, start: cp.Position} // buffered: one result per pick
 	return true
