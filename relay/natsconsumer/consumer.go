@@ -307,7 +307,26 @@ type session struct {
 	held bool
 	// handle handles one delivery (RunProjection: and saves the place).
 	handle func(context.Context, delivery) error
+	// lost is set while reattach fails: since when, how many times, and
+	// when it last logged so.
+	lost lostState
 }
+
+// lostState is a session's run of failed look-ups of its stream and
+// durable consumer (see reattach); zero while attached.
+type lostState struct {
+	since, logged time.Time
+	tries         int
+}
+
+// Pauses of reattach while the stream or the durable consumer cannot be
+// found: from Config.RetryBackoff, doubled after each failure up to
+// maxLostBackoff; the failure is logged at its first and then at most once
+// per lostLogEvery.
+const (
+	maxLostBackoff = 5 * time.Second
+	lostLogEvery   = time.Minute
+)
 
 // attach looks the stream up by name and creates (or updates) the durable
 // consumer on it. A stream made after the one the session's place belongs
@@ -816,22 +835,60 @@ func (s *session) failed(ctx context.Context, err error) error {
 }
 
 // reattach looks the stream and the durable consumer up again after cause
-// said they were gone; when that fails too, it waits RetryBackoff (run
-// tries again at its next fetch). It returns an error only when run must
-// end with it (the stamp of the stream made again: ErrLogRewound).
+// said they were gone. When that fails too it pauses (run tries again at
+// its next fetch): Config.RetryBackoff, doubled after each failure in a row
+// up to maxLostBackoff; it logs the failure at WARN at the first and at
+// most every lostLogEvery after, saying that the stream is missing when
+// the server has none by the name (ErrNoStream: deleted, or lost with the
+// server's store, until the relay makes it again), and at DEBUG in
+// between; at INFO when the look-up succeeds again. It returns an error only when run must end with
+// it (the stamp of the stream made again: ErrLogRewound).
 func (s *session) reattach(ctx context.Context, cause error) error {
-	if err := s.attach(ctx); err != nil {
-		var st stop
-		if errors.As(err, &st) {
-			return st.err
+	cfg := &s.c.cfg
+	err := s.attach(ctx)
+	if err == nil {
+		if s.lost.tries > 0 {
+			cfg.Logger.InfoContext(ctx, "annals: the relay's stream and the durable consumer are found again",
+				slog.String("consumer", cfg.Durable), slog.String("stream", cfg.Stream),
+				slog.Duration("missing_for", time.Since(s.lost.since).Round(time.Millisecond)), slog.Int("attempts", s.lost.tries))
 		}
-		if ctx.Err() == nil {
-			s.c.cfg.Logger.WarnContext(ctx, "annals: the relay's stream or the durable consumer is gone; looking them up again failed, retrying",
-				slog.String("consumer", s.c.cfg.Durable), slog.String("stream", s.c.cfg.Stream),
-				slog.String("cause", cause.Error()), telemetry.Err(err))
-			_ = sleep(ctx, s.c.cfg.RetryBackoff)
-		}
+		s.lost = lostState{}
+		return nil
 	}
+	var st stop
+	if errors.As(err, &st) {
+		return st.err
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	now := time.Now()
+	if s.lost.tries == 0 {
+		s.lost.since = now
+	}
+	s.lost.tries++
+	pause := cfg.RetryBackoff
+	for i := 1; i < s.lost.tries && pause < maxLostBackoff; i++ {
+		pause *= 2
+	}
+	pause = max(min(pause, maxLostBackoff), cfg.RetryBackoff)
+	attrs := []any{slog.String("consumer", cfg.Durable), slog.String("stream", cfg.Stream),
+		slog.Time("since", s.lost.since), slog.Int("attempts", s.lost.tries), slog.Duration("retry_in", pause),
+		slog.String("cause", cause.Error())}
+	const failed = "annals: the relay's stream or the durable consumer is gone; looking them up again failed, retrying"
+	switch {
+	case !s.lost.logged.IsZero() && now.Sub(s.lost.logged) < lostLogEvery:
+		cfg.Logger.DebugContext(ctx, failed, append(attrs, telemetry.Err(err))...)
+	case errors.Is(err, ErrNoStream):
+		s.lost.logged = now
+		cfg.Logger.WarnContext(ctx, "annals: the relay's stream is missing (deleted, or lost with the NATS server's store); waiting for the relay to make it again "+
+			"(at its start or next leadership), looking it up with backoff",
+			append(attrs, telemetry.Err(errors.UnwrapAll(err)))...) // the server's answer, not noStream's advice to start the relay
+	default:
+		s.lost.logged = now
+		cfg.Logger.WarnContext(ctx, failed, append(attrs, telemetry.Err(err))...)
+	}
+	_ = sleep(ctx, pause)
 	return nil
 }
 

@@ -72,7 +72,11 @@
 // server's store lost), and the new stream numbers its messages from 1. At
 // its start, and whenever a fetch finds the stream or the durable consumer
 // gone (or a read finds the stream made again), the consumer looks the
-// stream up by name and creates its durable consumer on it again. A stream
+// stream up by name and creates its durable consumer on it again. While
+// that fails (the stream missing until the relay makes it again) it tries
+// again after RetryBackoff, doubled each time up to 5 s, and logs at WARN
+// ("the relay's stream is missing") at the first failure and then at most
+// once a minute (DEBUG between), at INFO when found again. A stream
 // made after the one its place belongs to (creation times differ; a
 // checkpoint saved before they were kept counts as of the current stream)
 // is read from its start, with a WARN: events the old stream held after the
