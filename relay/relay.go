@@ -450,7 +450,8 @@ func (r *Relay) warnBehind(ctx context.Context, what string, cp int64, created t
 // the stream's newest message, so setting the checkpoint back is not
 // enough once it has published into the stream.
 func (r *Relay) republishAdvice() string {
-	return fmt.Sprintf("stop every relay process named %s, delete the stream (nats stream rm %s -f), run `%s`, and start the relay again",
+	return fmt.Sprintf("stop every relay process named %s, delete the stream (with the nats CLI: nats stream rm %s -f; or JetStream's stream delete API, "+
+		"jetstream.JetStream.DeleteStream: annals has no command for it), run `%s`, and start the relay again",
 		shellQuote(r.cfg.Name), shellQuote(r.cfg.Stream), r.checkpointSetHint(0))
 }
 
@@ -662,9 +663,15 @@ func (r *Relay) lastStored(ctx context.Context, stream jetstream.Stream) (stored
 	}
 	from := m.Header.Get(HeaderOrigin)
 	if from != "" && !sameOrigin(from, origin) && !r.cfg.AdoptStream {
-		return stored{}, errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s was published from the log at %s, not this one (%s): one relay per stream "+
-			"(if this database took over that log, restored or upgraded, adopt the stream: relay.Config.AdoptStream, annals relay nats --adopt-stream)%s",
-			r.cfg.Stream, from, origin, r.rewoundElsewhere(ctx, stream, st, m))
+		// Adopting is the way out unless the stream shows this log
+		// rewound (said): then it would not do, and said says why.
+		said := r.rewoundElsewhere(ctx, stream, st, m)
+		adopt := ""
+		if said == "" {
+			adopt = " (if this database took over that log, restored or upgraded, adopt the stream: relay.Config.AdoptStream, annals relay nats --adopt-stream)"
+		}
+		return stored{}, errors.Wrapf(ErrStreamMismatch, "the newest message of stream %s was published from the log at %s, not this one (%s): one relay per stream%s%s",
+			r.cfg.Stream, from, origin, adopt, said)
 	}
 	head, err := r.store.Head(ctx)
 	if err != nil {

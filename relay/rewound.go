@@ -119,13 +119,14 @@ func (r *Relay) rewound(ctx context.Context, stream jetstream.Stream, st stored,
 		return fmt.Sprintf(" (finding where the stream and the log last agree failed: %v)", err)
 	}
 	said := fmt.Sprintf(". The stream and this log last agree at position %d: recorded, and stamped into the stream the relay makes next (%s), "+
-		"so that consumers whose last position handled is past it stop when they move to it (natsconsumer.ErrLogRewound)", at, MetadataRewoundAt)
+		"so that consumers whose last position handled is past it stop when they move to it (natsconsumer.ErrLogRewound). "+
+		"To publish this log into a stream made anew: %s", at, MetadataRewoundAt, r.republishAdvice())
 	if lineage {
 		said = ". Its earlier messages are this log's events: this log is that one, rewound (adopting the stream would not do: it holds events this log lost)" + said
 	}
 	r.cfg.Logger.ErrorContext(ctx, "annals: the relay's log was rewound under its JetStream stream (the database restored, or failed over to a replica that lacked its newest commits): "+
-		"the stream holds events this log lost. Publish the log into a stream made anew (delete the stream, set the relay's checkpoint to 0, start the relay); "+
-		"consumers past the position where they last agree must rebuild their read models",
+		"the stream holds events this log lost. Publish the log into a stream made anew: "+r.republishAdvice()+
+		"; consumers past the position where they last agree must rebuild their read models",
 		slog.String("relay", r.cfg.Name), slog.String("stream", r.cfg.Stream), slog.Int64("agreed_position", at),
 		slog.Uint64("agreed_sequence", seq), slog.Uint64("stream_sequence", st.seq))
 	r.provedRewound.Store(&provedRewound{key: key, said: said})

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
@@ -212,14 +213,19 @@ func TestRelayRewoundNoneAgrees(t *testing.T) {
 // refuses the stream as before, and says (and records) that the log was
 // rewound and where they agree. A stream of another log, none of whose
 // messages is this log's event, is refused as another log's, nothing
-// recorded.
+// recorded. The refusal of the rewound log does not advise adopting the
+// stream (it would not do), and its ERROR names the commands that publish
+// the log into a stream made anew. Before, the refusal first advised
+// adopting the stream, then said that adopting it would not do, and the
+// ERROR named no command.
 func TestRelayRewoundUnderAnotherOrigin(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	appendMany(t, b.store, 10)
-	r, err := relay.New(b.db.Pool, b.nc, nil)
+	var logs annalstest.LogBuffer
+	r, err := relay.New(b.db.Pool, b.nc, &relay.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,6 +254,12 @@ func TestRelayRewoundUnderAnotherOrigin(t *testing.T) {
 	if !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "published from the log at 123456789/") ||
 		!strings.Contains(err.Error(), "this log is that one, rewound") || !strings.Contains(err.Error(), "last agree at position 4") {
 		t.Fatalf("CatchUp on the stream of this log, rewound, under another origin: %v; want ErrStreamMismatch saying the log was rewound, agreeing up to 4", err)
+	}
+	if strings.Contains(err.Error(), "adopt the stream:") {
+		t.Errorf("the refusal of a rewound log advises adopting the stream: %v", err)
+	}
+	if l := logs.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "annals checkpoint set relay 0 --yes") || !strings.Contains(l, "nats stream rm ANNALS -f") {
+		t.Errorf("the ERROR does not name the commands (annals checkpoint set relay 0 --yes, nats stream rm ANNALS -f):\n%s", l)
 	}
 	if _, _, at := recordedRewind(t, b.db.Pool); at != 4 {
 		t.Fatalf("recorded at %d, want 4", at)
