@@ -335,7 +335,10 @@ const (
 // says that the log was rewound under a stream not newer than the place's
 // and agrees with it only up to a position below the place's: then attach
 // returns a stop of a *RewoundError, before it makes the durable consumer
-// on the new stream or reads any of it.
+// on the new stream or reads any of it. (New's attach knows no place, so
+// on a restart it has made the durable consumer on the new stream before
+// RunProjection's attach stops: nothing is delivered or acknowledged
+// there.)
 func (s *session) attach(ctx context.Context) error {
 	cfg := &s.c.cfg
 	stream, err := s.c.js.Stream(ctx, cfg.Stream)

@@ -99,10 +99,12 @@
 // would be passed over. Run or RunProjection stops at once with
 // ErrLogRewound (a *RewoundError with Stamped set, Agreed the agreed
 // position, Position and Handled the consumer's place), logged at ERROR,
-// before it makes its durable consumer on the new stream or reads,
-// acknowledges or passes over any message of it; RunProjection's
-// checkpoint stays, so the next start stops there again: rebuild the read
-// model. A consumer at or below the agreed position goes on as above. As
+// before it reads, acknowledges or passes over any message of it. (A Run
+// or RunProjection that finds the new stream while running stops before
+// it makes its durable consumer there; on a restart, New, which knows no
+// place yet, has made it on the new stream already, and it stays there
+// with nothing delivered or acknowledged.) RunProjection's checkpoint
+// stays, so the next start stops there again: rebuild the read model. A consumer at or below the agreed position goes on as above. As
 // a second line (a stream made anew without a stamp: the relay never saw
 // the rewound log, or an older relay), the consumer keeps the ID of the
 // last event handled beside its position (RunProjection in its checkpoint
