@@ -9,6 +9,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/relay"
 )
 
@@ -40,7 +41,7 @@ func TestRelayRewoundOverAScavengedEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rewindLog(t, b.db.Pool, 30)
+	annalstest.RewindLog(t, b.db.Pool, "annals", 30)
 	appendMany(t, b.store, 5)
 	err = r.CatchUp(ctx)
 	if !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "last agree at position 30") {

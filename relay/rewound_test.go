@@ -17,36 +17,6 @@ import (
 	"github.com/annals-dev/annals/relay"
 )
 
-// rewindLog leaves the log of schema "annals" on pool as a restore from a
-// backup taken at position keep leaves it (or a failover to a replica that
-// had received that far): the events after keep gone, their positions given
-// to the next appends, and the checkpoints (the relay's among them) no
-// further than keep.
-func rewindLog(t *testing.T, pool *pgxpool.Pool, keep int64) {
-	t.Helper()
-	ctx := context.Background()
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil { // past the append-only trigger
-			return err
-		}
-		for _, q := range []string{
-			`DELETE FROM annals.events WHERE global_sequence > $1`,
-			`DELETE FROM annals.streams s WHERE NOT EXISTS (SELECT 1 FROM annals.events e WHERE e.stream_id = s.stream_id AND e.global_sequence <= $1)`,
-			`UPDATE annals.streams s SET version = (SELECT max(e.stream_version) FROM annals.events e WHERE e.stream_id = s.stream_id AND e.global_sequence <= $1)`,
-			`SELECT pg_catalog.setval('annals.events_global_sequence', greatest($1, 1), $1 > 0)`,
-			`UPDATE annals.checkpoints SET position = LEAST(position, $1)`,
-		} {
-			if _, err := tx.Exec(ctx, q, keep); err != nil {
-				return errors.Wrap(err, q)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 // recordedRewind reads what the relay recorded of a rewind (migration
 // 0043): the stream, its creation time and the agreed position; at -1 when
 // nothing is recorded.
@@ -99,7 +69,7 @@ func TestRelayRecordsWhereARewoundLogAgrees(t *testing.T) {
 		t.Fatalf("a rewind recorded at %d before any", at)
 	}
 
-	rewindLog(t, b.db.Pool, 23)
+	annalstest.RewindLog(t, b.db.Pool, "annals", 23)
 	appendMany(t, b.store, 5) // 24..28, other events
 	err = r.CatchUp(ctx)
 	if !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "past this log's head (28)") ||
@@ -186,7 +156,7 @@ func TestRelayRewoundNoneAgrees(t *testing.T) {
 	if err := r.CatchUp(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rewindLog(t, b.db.Pool, 0)
+	annalstest.RewindLog(t, b.db.Pool, "annals", 0)
 	appendMany(t, b.store, 9)
 	if err := r.CatchUp(ctx); !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "last agree at position 0") {
 		t.Fatalf("CatchUp on a log rewound to 0: %v; want ErrStreamMismatch saying they agree at 0", err)
@@ -248,7 +218,7 @@ func TestRelayRewoundUnderAnotherOrigin(t *testing.T) {
 	}
 	log := b.log()
 	publish("ANNALS", log)
-	rewindLog(t, b.db.Pool, 4)
+	annalstest.RewindLog(t, b.db.Pool, "annals", 4)
 	appendMany(t, b.store, 3)
 	err = r.CatchUp(ctx)
 	if !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "published from the log at 123456789/") ||
@@ -317,7 +287,7 @@ func TestRelayRewoundSparseStream(t *testing.T) {
 	if info, err := s.Info(ctx); err != nil || info.State.FirstSeq != 7 {
 		t.Fatalf("the stream after MaxMsgs: %+v, %v; want its first message at sequence 7", info, err)
 	}
-	rewindLog(t, b.db.Pool, 22)
+	annalstest.RewindLog(t, b.db.Pool, "annals", 22)
 	appendMany(t, b.store, 50)
 	if err := r.CatchUp(ctx); !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "last agree at position 21") {
 		t.Fatalf("CatchUp on the rewound log: %v; want ErrStreamMismatch saying they agree up to 21", err)

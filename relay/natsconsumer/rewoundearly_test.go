@@ -19,36 +19,6 @@ import (
 	"github.com/annals-dev/annals/relay/natsconsumer"
 )
 
-// rewindLog leaves the log of schema "annals" on pool as a restore from a
-// backup taken at position keep leaves it (or a failover to a replica that
-// had received that far): the events after keep gone, their positions
-// given to the next appends, and the checkpoints (the relay's among them)
-// no further than keep.
-func rewindLog(t *testing.T, pool *pgxpool.Pool, keep int64) {
-	t.Helper()
-	ctx := context.Background()
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil { // past the append-only trigger
-			return err
-		}
-		for _, q := range []string{
-			`DELETE FROM annals.events WHERE global_sequence > $1`,
-			`DELETE FROM annals.streams s WHERE NOT EXISTS (SELECT 1 FROM annals.events e WHERE e.stream_id = s.stream_id AND e.global_sequence <= $1)`,
-			`UPDATE annals.streams s SET version = (SELECT max(e.stream_version) FROM annals.events e WHERE e.stream_id = s.stream_id AND e.global_sequence <= $1)`,
-			`SELECT pg_catalog.setval('annals.events_global_sequence', greatest($1, 1), $1 > 0)`,
-			`UPDATE annals.checkpoints SET position = LEAST(position, $1)`,
-		} {
-			if _, err := tx.Exec(ctx, q, keep); err != nil {
-				return errors.Wrap(err, q)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 // tallyIn is the tally projection writing to a table of its own (its
 // name), so that several consumers tally in one database.
 type tallyIn string
@@ -144,7 +114,7 @@ func TestARewoundLogStopsAtTheNewStream(t *testing.T) {
 	})
 
 	// The log rewound to 6; 30 new events at 7..36.
-	rewindLog(t, e.src.Pool, 6)
+	annalstest.RewindLog(t, e.src.Pool, "annals", 6)
 	e.appendEvents(t, ctx, 30)
 	if err := e.r.CatchUp(ctx); !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), "last agree at position 6") {
 		t.Fatalf("the relay on the rewound log: %v; want ErrStreamMismatch, saying where the stream and the log agree (6)", err)
