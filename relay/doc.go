@@ -197,22 +197,35 @@
 // dump into another cluster has another system identifier) counts when
 // some of the stream's messages are this log's events: it is this log,
 // rewound; a stream none of whose messages is this log's event is another
-// log's, and nothing is recorded. The position found is recorded
-// (relay_acks.rewound_at, with the stream's name and creation time,
-// rewound_stream and rewound_created_ns: migration 0043), by the lowest
-// found for one stream, and the refusal says it. Each stream EnsureStream
-// creates after that (at the start, or at a leadership that finds the
-// stream gone) carries it in its metadata (MetadataRewoundAt,
-// MetadataRewoundStream, MetadataRewoundCreated: Rewound.Stamp), logged
-// at WARN, also when the relay process was restarted between the refusal
-// and the stream's making (the record is in the database). A consumer that
-// moves to such a stream from the one found rewound, or one made before
-// it, with a last position handled past the stamp's, stops at once with
-// natsconsumer.ErrLogRewound; one at or below it goes on. The record is
-// kept (a stream made again later, lost by the server, carries the stamp
-// too; consumers whose place is in a stream made after the one found
-// rewound ignore it) and replaced by the next rewind found under another
-// stream. A rewind the relay did not see (the stream deleted before the
+// log's, and nothing is recorded. The position found is recorded with the
+// stream's name and creation time (relay_acks.rewinds, migration 0043: a
+// JSON array, Rewinds), by the lowest found for one stream, beside every
+// rewind found under an earlier stream, and the refusal says it. A log
+// can be rewound more than once (restored at 100 under stream A, and
+// again, once B was made and had grown, at 200 under B): a consumer placed
+// in A at 150, offline through both, moves to the stream made after B's
+// rewind, and only A's tells it that it handled lost events. So each
+// stream EnsureStream creates after a rewind (at the start, or at a
+// leadership that finds the stream gone) carries every rewind recorded in
+// its metadata (MetadataRewinds: Rewinds.Stamp), logged at WARN, also when
+// the relay process was restarted between the refusal and the stream's
+// making (the record is in the database). A consumer that moves to such a
+// stream judges its place by the rewinds found under the stream its place
+// is in and those made after it, taking the lowest position
+// (Rewinds.Since: rewinds under streams made before its place's are of a
+// log its place does not come from): past it, it stops at once with
+// natsconsumer.ErrLogRewound; at or below it, it goes on. The stamp is
+// bounded: a rewind that agrees no further than one under a later stream
+// is left out (that one stops every place it would), so what is left
+// rises with each stream; past 32 (about 3 KB, 11 KB with 255-character
+// stream names, against the 128 KB JetStream allows) the oldest two are
+// taken as one with the lower position, which may stop a consumer placed
+// between them that the full record would not, never the reverse. The
+// record is kept (a stream made again later, lost by the server, carries
+// the stamp too; consumers whose place is in a stream made after every
+// one found rewound ignore it). A database restored from a backup taken
+// before a rewind was recorded has lost that record with the rest. A
+// rewind the relay did not see (the stream deleted before the
 // relay ran against the rewound log) is not stamped: consumers then find
 // it only when the new stream reaches their position with another event.
 //

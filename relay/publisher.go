@@ -308,7 +308,7 @@ func notMigrated(err error) error {
 	if !errors.As(err, &pgErr) || pgErr.Code != "42703" {
 		return err
 	}
-	return errmark.Mark(errors.Wrap(err, "the annals schema is older than this relay (relay_acks gained refill_to and refill_seq in migration 0037, rewound_at in 0043): "+
+	return errmark.Mark(errors.Wrap(err, "the annals schema is older than this relay (relay_acks gained refill_to and refill_seq in migration 0037, rewinds in 0043): "+
 		"run 'annals migrate'"), migrations.ErrNotMigrated)
 }
 

@@ -77,33 +77,34 @@ ON CONFLICT (subscriber_id, partition) DO UPDATE
 SELECT count(*) FROM {{.Schema}}.events_all
  WHERE global_sequence BETWEEN $1 AND $2 AND ($3 = '' OR event_type ~ $3);
 
--- name: LoadRewound
--- The rewind of the log the relay found under its stream (RecordRewound):
--- that stream's name and creation time (Unix nanoseconds), and the last
--- position at which it and the log agree. No row: none found. Stamped into
--- the streams EnsureStream makes.
-SELECT rewound_stream, rewound_created_ns, rewound_at
-  FROM {{.Schema}}.relay_acks
- WHERE subscriber_id = $1 AND partition = 0 AND rewound_at IS NOT NULL;
+-- name: LoadRewinds
+-- The rewinds of the log the relay found under its streams (RecordRewinds):
+-- a JSON array, oldest stream first, of {"stream", "created", "at"}
+-- (relay.Rewinds). No row: none recorded (nor anything committed). Stamped
+-- into the streams EnsureStream makes.
+SELECT rewinds FROM {{.Schema}}.relay_acks WHERE subscriber_id = $1 AND partition = 0;
 
--- name: RecordRewound
--- Records that relay $1 found the log rewound under stream $2 (made at $3,
--- Unix nanoseconds), which agrees with the log up to position $5 (stream
--- sequence $4), and returns the position recorded: for the same stream the
--- lowest found (a scavenged event may hide agreement, never fake it), for
--- another stream this one. Not fenced: it is a fact about the stream and
--- the log, not the leadership's. Without a row yet (nothing committed since
--- migration 0036), the agreed message is recorded as what the stream had
--- acknowledged, which it had.
-INSERT INTO {{.Schema}}.relay_acks AS a (subscriber_id, partition, stream, stream_created_ns, stream_sequence, position,
-                                         rewound_stream, rewound_created_ns, rewound_at)
-VALUES ($1, 0, $2, $3, $4, $5, $2, $3, $5)
-ON CONFLICT (subscriber_id, partition) DO UPDATE
-   SET rewound_stream = EXCLUDED.rewound_stream, rewound_created_ns = EXCLUDED.rewound_created_ns,
-       rewound_at = CASE WHEN a.rewound_stream = EXCLUDED.rewound_stream AND a.rewound_created_ns = EXCLUDED.rewound_created_ns
-                         THEN LEAST(a.rewound_at, EXCLUDED.rewound_at) ELSE EXCLUDED.rewound_at END,
-       updated_at = clock_timestamp()
-RETURNING rewound_at;
+-- name: LockRewinds
+-- LoadRewinds, locking the row until RecordRewinds in the same transaction
+-- (recordRewound): two relays recording at once keep both rewinds.
+SELECT rewinds FROM {{.Schema}}.relay_acks WHERE subscriber_id = $1 AND partition = 0 FOR UPDATE;
+
+-- name: EnsureAcksRow
+-- Makes relay $1's row when it has none yet (nothing committed since
+-- migration 0036), so that a rewind found (recordRewound) can be recorded
+-- in it: the message of stream $2 (made at $3, Unix nanoseconds) at
+-- sequence $4, agreeing with the log at position $5, is recorded as what
+-- the stream had acknowledged, which it had. A row there is left as it is.
+INSERT INTO {{.Schema}}.relay_acks (subscriber_id, partition, stream, stream_created_ns, stream_sequence, position)
+VALUES ($1, 0, $2, $3, $4, $5)
+ON CONFLICT (subscriber_id, partition) DO NOTHING;
+
+-- name: RecordRewinds
+-- Replaces relay $1's rewinds with $2 (read by LockRewinds in
+-- the same transaction, one added or lowered: recordRewound). Not fenced:
+-- a rewind is a fact about a stream and the log, not the leadership's.
+UPDATE {{.Schema}}.relay_acks SET rewinds = $2, updated_at = clock_timestamp()
+ WHERE subscriber_id = $1 AND partition = 0;
 
 -- name: Migrated
 -- Reads nothing; fails when the schema lacks what the relay uses: the
@@ -113,4 +114,5 @@ RETURNING rewound_at;
 -- so before it makes or checks a stream.
 SELECT (SELECT 1 FROM {{.Schema}}.events_all LIMIT 0),
        (SELECT 1 FROM {{.Schema}}.checkpoints LIMIT 0),
-       (SELECT refill_to + refill_seq + rewound_at FROM {{.Schema}}.relay_acks LIMIT 0);
+       (SELECT refill_to + refill_seq FROM {{.Schema}}.relay_acks LIMIT 0),
+       (SELECT rewinds FROM {{.Schema}}.relay_acks LIMIT 0);

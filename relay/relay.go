@@ -288,8 +288,8 @@ var ErrStreamMismatch = errors.New("relay: the JetStream stream does not fit the
 // past the head or another event than the log's at its position; or of
 // another origin, when earlier messages are this log's events), the
 // refusal comes after the relay found and recorded where the two last
-// agree (Rewound); each stream it creates after carries that in its
-// metadata (Rewound.Stamp).
+// agree (Rewound); each stream it creates after carries the rewinds
+// recorded in its metadata (Rewinds.Stamp).
 //
 // It first checks the schema (checkSchema): on one not migrated it fails
 // with migrations.ErrNotMigrated before it looks at, or makes, a stream. A
@@ -308,17 +308,17 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 	want.Metadata = map[string]string{MetadataRelay: r.cfg.Name, MetadataOrigin: origin}
 	s, err := r.js.Stream(ctx, want.Name)
 	created := false
-	var rw Rewound
-	stamped := false
+	var stamp map[string]string
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		// A rewind found under an earlier stream: stamped, so that
-		// consumers past where it and the log agree stop at once.
-		if rw, stamped, err = r.loadRewound(ctx); err != nil {
+		// Rewinds found under earlier streams: stamped, so that
+		// consumers past where one of them and the log agree stop at
+		// once.
+		var rs Rewinds
+		if rs, err = r.loadRewinds(ctx); err != nil {
 			return nil, err
 		}
-		if stamped {
-			maps.Copy(want.Metadata, rw.Stamp())
-		}
+		stamp = rs.Stamp()
+		maps.Copy(want.Metadata, stamp)
 		s, err = r.js.CreateStream(ctx, want)
 		created = err == nil
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
@@ -334,11 +334,10 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 		return nil, errors.Wrapf(err, "relay: stream %s", want.Name)
 	}
 	if created {
-		if stamped {
+		if stamp != nil {
 			r.cfg.Logger.WarnContext(ctx, "annals: the relay made its JetStream stream anew after it had found the log rewound under an earlier one; "+
-				"stamped with where that one and the log last agree: consumers past it stop when they move to the new stream (natsconsumer.ErrLogRewound)",
-				slog.String("relay", r.cfg.Name), slog.String("stream", want.Name), slog.Int64("rewound_at", rw.At),
-				slog.String("rewound_stream", rw.Stream), slog.Time("rewound_created", rw.Created))
+				"stamped with where the streams found rewound and the log last agree: consumers past it stop when they move to the new stream (natsconsumer.ErrLogRewound)",
+				slog.String("relay", r.cfg.Name), slog.String("stream", want.Name), slog.String("rewinds", stamp[MetadataRewinds]))
 		}
 		if err := r.warnIfBehind(ctx, s); err != nil {
 			return nil, err

@@ -2,8 +2,10 @@ package relay
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
@@ -12,15 +14,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Keys of the stamp a relay puts into the Metadata of each stream it makes
-// after it found the log rewound under a stream (see Rewound): the last
-// position at which that stream and the log agree, and that stream's name
-// and creation time (RFC 3339, nanoseconds, UTC).
-const (
-	MetadataRewoundAt      = "annals-rewound-at"
-	MetadataRewoundStream  = "annals-rewound-stream"
-	MetadataRewoundCreated = "annals-rewound-created"
-)
+// MetadataRewinds is the key of the stamp a relay puts into the Metadata of
+// each stream it makes after it found the log rewound under a stream (see
+// Rewound): the rewinds it recorded, as a consumer needs them
+// (Rewinds.Stamp), a JSON array of {"stream", "created", "at"}, oldest
+// stream first.
+const MetadataRewinds = "annals-rewinds"
 
 // Rewound is a rewind of the log a relay found under its stream: the source
 // database was restored from a backup, or failed over to a replica that
@@ -28,72 +27,165 @@ const (
 // to new events. The relay found its stream's newest message past the
 // log's head, or another event than the log's at its position, and the
 // last position at which the stream and the log agree (the same event ID
-// at the same position; 0 when none does). It records it (relay_acks,
-// migration 0043) and stamps it into the metadata of each stream it makes
-// after (Stamp): a consumer whose last position handled, in that stream or
-// one made before it, is past At handled events the log lost, and the new
-// stream's events at their positions are others.
+// at the same position; 0 when none does). It records it (relay_acks.rewinds,
+// migration 0043), with the rewinds it found before (Rewinds), and stamps
+// them into the metadata of each stream it makes after (Rewinds.Stamp): a
+// consumer whose last position handled, in that stream or one made before
+// it, is past At handled events the log lost, and the new stream's events
+// at their positions are others.
 type Rewound struct {
 	// Stream is the name of the stream found rewound, Created when it was
-	// made.
-	Stream  string
-	Created time.Time
+	// made (RFC 3339 in JSON, to the nanosecond).
+	Stream  string    `json:"stream"`
+	Created time.Time `json:"created"`
 	// At is the last position at which that stream and the log agree.
-	At int64
+	At int64 `json:"at"`
 }
 
-// Stamp returns the stream metadata entries of r (MetadataRewoundAt,
-// MetadataRewoundStream, MetadataRewoundCreated).
-func (r Rewound) Stamp() map[string]string {
-	return map[string]string{
-		MetadataRewoundAt:      strconv.FormatInt(r.At, 10),
-		MetadataRewoundStream:  r.Stream,
-		MetadataRewoundCreated: r.Created.UTC().Format(time.RFC3339Nano),
+// Rewinds are the rewinds a relay found, one per stream, oldest stream
+// first (by Created). A log restored twice is rewound twice, under two
+// streams (the second made after the first rewind): a consumer whose place
+// is in the first, offline through both, is past the first's At if it is
+// past the lower of the two, and must stop at the stream made after the
+// second, though it never saw the second. So a consumer whose place is in
+// the stream made at t is judged by every rewind found under that stream
+// or one made after it (Since), the ones made before it being of logs its
+// place does not come from.
+type Rewinds []Rewound
+
+// maxStamped bounds the rewinds a stamp holds (Rewinds.Stamp): about 100
+// bytes each with a stream name of a few characters (at most 255: about 11
+// KB at most), far below the 128 KB JetStream allows a stream's metadata.
+const maxStamped = 32
+
+// Since returns, of the rewinds found under the stream made at created
+// (compared to the microsecond, what a natsconsumer checkpoint keeps) or
+// under one made after it, the one whose At is lowest: a consumer whose
+// place is in that stream, past its At, handled events the log lost. ok is
+// false when there is none (the stream was made after every stream found
+// rewound).
+func (rs Rewinds) Since(created time.Time) (rw Rewound, ok bool) {
+	created = created.Truncate(time.Microsecond)
+	for _, r := range rs {
+		if created.After(r.Created) || ok && r.At >= rw.At {
+			continue
+		}
+		rw, ok = r, true
 	}
+	return rw, ok
 }
 
-// RewoundOf reads the stamp of a stream's metadata (see Rewound.Stamp): ok
-// is false when the stream has none; a stamp that does not parse is an
-// error.
-func RewoundOf(metadata map[string]string) (r Rewound, ok bool, err error) {
-	at, ok := metadata[MetadataRewoundAt]
+// with returns rs with rw recorded: for a stream recorded already, the
+// lower At (a scavenged event may hide agreement, never fake it), another
+// stream added in creation order; and the At recorded for rw's stream.
+func (rs Rewinds) with(rw Rewound) (Rewinds, int64) {
+	out := make(Rewinds, 0, len(rs)+1)
+	at, found := rw.At, false
+	for _, r := range rs {
+		if r.Stream == rw.Stream && r.Created.Equal(rw.Created) {
+			r.At = min(r.At, rw.At)
+			at, found = r.At, true
+		}
+		out = append(out, r)
+	}
+	if !found {
+		out = append(out, rw)
+	}
+	slices.SortStableFunc(out, func(a, b Rewound) int { return a.Created.Compare(b.Created) })
+	return out, at
+}
+
+// stamped returns what of rs a consumer needs (Since) and at most
+// maxStamped of it, oldest stream first. A rewind is left out when one
+// under a later stream agrees no further (its At not above): every place
+// it concerns, the later one concerns too, and stops it alike. What is
+// left has At rising with the streams' age falling; past maxStamped the
+// two oldest are taken as one, the later's stream with the earlier's At
+// (the lower): consumers placed between the two may be stopped though past
+// neither's position only by the later one's; none that the full record
+// would stop goes on. (A relay finds 33 rewinds, each agreeing further
+// than the one before, only when the log is restored that many times.)
+func (rs Rewinds) stamped() Rewinds {
+	var out Rewinds
+	for i := len(rs) - 1; i >= 0; i-- {
+		if len(out) == 0 || rs[i].At < out[0].At {
+			out = slices.Insert(out, 0, rs[i])
+		}
+	}
+	for len(out) > maxStamped {
+		out[1].At = out[0].At
+		out = out[1:]
+	}
+	return out
+}
+
+// Stamp returns the stream metadata entry of rs (MetadataRewinds): the
+// rewinds a consumer needs (see Since), at most 32, as JSON; nil when rs is
+// empty.
+func (rs Rewinds) Stamp() map[string]string {
+	st := rs.stamped()
+	if len(st) == 0 {
+		return nil
+	}
+	b, err := json.Marshal(st)
+	if err != nil { // a time past year 9999
+		panic(err)
+	}
+	return map[string]string{MetadataRewinds: string(b)}
+}
+
+// RewindsOf reads the stamp of a stream's metadata (see Rewinds.Stamp): ok
+// is false when the stream has none; a stamp that does not parse (or has a
+// negative position, or no creation time) is an error.
+func RewindsOf(metadata map[string]string) (rs Rewinds, ok bool, err error) {
+	v, ok := metadata[MetadataRewinds]
 	if !ok {
-		return Rewound{}, false, nil
+		return nil, false, nil
 	}
-	r.Stream = metadata[MetadataRewoundStream]
-	if r.At, err = strconv.ParseInt(at, 10, 64); err != nil || r.At < 0 {
-		return Rewound{}, false, errors.Newf("relay: stream metadata %s = %q is not a position", MetadataRewoundAt, at)
+	if rs, err = parseRewinds([]byte(v)); err != nil {
+		return nil, false, errors.Wrapf(err, "relay: stream metadata %s = %q", MetadataRewinds, v)
 	}
-	if r.Created, err = time.Parse(time.RFC3339Nano, metadata[MetadataRewoundCreated]); err != nil {
-		return Rewound{}, false, errors.Newf("relay: stream metadata %s = %q is not a time (RFC 3339)", MetadataRewoundCreated, metadata[MetadataRewoundCreated])
-	}
-	return r, true, nil
+	return rs, true, nil
 }
 
-// loadRewound reads the rewind the relay recorded (recordRewound); ok is
-// false when none is.
-func (r *Relay) loadRewound(ctx context.Context) (rw Rewound, ok bool, err error) {
+// parseRewinds reads rewinds as JSON (Stamp, relay_acks.rewinds).
+func parseRewinds(b []byte) (Rewinds, error) {
+	var rs Rewinds
+	if err := json.Unmarshal(b, &rs); err != nil {
+		return nil, errors.Wrap(err, "not rewinds (a JSON array of {stream, created, at})")
+	}
+	for _, r := range rs {
+		if r.At < 0 || r.Created.IsZero() {
+			return nil, errors.Newf("a rewind at position %d of a stream made at %s", r.At, r.Created)
+		}
+	}
+	return rs, nil
+}
+
+// loadRewinds reads the rewinds the relay recorded (recordRewound), oldest
+// stream first; none when it recorded none.
+func (r *Relay) loadRewinds(ctx context.Context) (Rewinds, error) {
 	q, err := r.queries()
 	if err != nil {
-		return Rewound{}, false, err
+		return nil, err
 	}
-	var created int64
-	err = r.pool.QueryRow(ctx, q["LoadRewound"], r.cfg.Name).Scan(&rw.Stream, &created, &rw.At)
+	var raw []byte
+	err = r.pool.QueryRow(ctx, q["LoadRewinds"], r.cfg.Name).Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Rewound{}, false, nil
+		return nil, nil
 	}
 	if err != nil {
-		return Rewound{}, false, errors.Wrap(notMigrated(err), "relay: read the rewind recorded")
+		return nil, errors.Wrap(notMigrated(err), "relay: read the rewinds recorded")
 	}
-	rw.Created = time.Unix(0, created).UTC()
-	return rw, true, nil
+	rs, err := parseRewinds(raw)
+	return rs, errors.Wrap(err, "relay: relay_acks.rewinds")
 }
 
 // rewound is called by lastStored when the stream's newest message, this
 // relay's and of this log's origin, shows the log rewound (past its head,
 // or another event than the log's at its position). It finds where the
-// stream and the log last agree (agreed) and records it (RecordRewound:
-// kept by the lowest for one stream, replaced by another stream's), once
+// stream and the log last agree (agreed) and records it (recordRewound:
+// kept by the lowest for one stream, with every other stream's), once
 // per stream and last sequence in a process, and returns what to add to
 // the refusal. A failure to find or record it is said there too, and the
 // next leadership tries again. With lineage (the message of another
@@ -111,16 +203,16 @@ func (r *Relay) rewound(ctx context.Context, stream jetstream.Stream, st stored,
 		return ""
 	}
 	if err == nil {
-		err = r.recordRewound(ctx, Rewound{Stream: r.cfg.Stream, Created: st.created, At: at}, seq, &at)
+		err = r.recordRewound(ctx, Rewound{Stream: r.cfg.Stream, Created: st.created.UTC(), At: at}, seq, &at)
 	}
 	if err != nil {
 		r.cfg.Logger.WarnContext(ctx, "annals: the relay found the log rewound under its stream, but not where they last agree; trying again at the next leadership",
 			slog.String("relay", r.cfg.Name), slog.String("stream", r.cfg.Stream), slog.String("error", err.Error()))
 		return fmt.Sprintf(" (finding where the stream and the log last agree failed: %v)", err)
 	}
-	said := fmt.Sprintf(". The stream and this log last agree at position %d: recorded, and stamped into the stream the relay makes next (%s), "+
+	said := fmt.Sprintf(". The stream and this log last agree at position %d: recorded, and stamped, with any rewind recorded before, into the stream the relay makes next (%s), "+
 		"so that consumers whose last position handled is past it stop when they move to it (natsconsumer.ErrLogRewound). "+
-		"To publish this log into a stream made anew: %s", at, MetadataRewoundAt, r.republishAdvice())
+		"To publish this log into a stream made anew: %s", at, MetadataRewinds, r.republishAdvice())
 	if lineage {
 		said = ". Its earlier messages are this log's events: this log is that one, rewound (adopting the stream would not do: it holds events this log lost)" + said
 	}
@@ -273,14 +365,35 @@ func (r *Relay) agreed(ctx context.Context, stream jetstream.Stream) (int64, uin
 // search, past those at positions the log holds no event at.
 const skipUnknown = 64
 
-// recordRewound records rw (RecordRewound), the agreed message's sequence
-// seq with it, and sets *at to what is recorded: the lowest position found
-// for one stream.
+// recordRewound records rw with the rewinds recorded before (Rewinds.with:
+// the lowest position found for one stream, every stream's kept), making
+// the relay's relay_acks row with the agreed message's sequence seq when it
+// has none yet (EnsureAcksRow), and sets *at to what is recorded for rw's
+// stream.
 func (r *Relay) recordRewound(ctx context.Context, rw Rewound, seq uint64, at *int64) error {
 	q, err := r.queries()
 	if err != nil {
 		return err
 	}
-	err = r.pool.QueryRow(ctx, q["RecordRewound"], r.cfg.Name, rw.Stream, rw.Created.UnixNano(), int64(seq), rw.At).Scan(at)
+	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, q["EnsureAcksRow"], r.cfg.Name, rw.Stream, rw.Created.UnixNano(), int64(seq), rw.At); err != nil {
+			return err
+		}
+		var raw []byte
+		if err := tx.QueryRow(ctx, q["LockRewinds"], r.cfg.Name).Scan(&raw); err != nil {
+			return err
+		}
+		rs, err := parseRewinds(raw)
+		if err != nil {
+			return errors.Wrap(err, "relay_acks.rewinds")
+		}
+		rs, *at = rs.with(rw)
+		b, err := json.Marshal(rs)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, q["RecordRewinds"], r.cfg.Name, string(b))
+		return err
+	})
 	return errors.Wrap(notMigrated(err), "relay: record the rewind")
 }

@@ -2,8 +2,9 @@ package relay_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,22 +18,36 @@ import (
 	"github.com/annals-dev/annals/relay"
 )
 
-// recordedRewind reads what the relay recorded of a rewind (migration
-// 0043): the stream, its creation time and the agreed position; at -1 when
-// nothing is recorded.
-func recordedRewind(t *testing.T, pool *pgxpool.Pool) (stream string, created time.Time, at int64) {
+// recordedRewinds reads the rewinds the relay recorded (migration 0043),
+// oldest stream first.
+func recordedRewinds(t *testing.T, pool *pgxpool.Pool) relay.Rewinds {
 	t.Helper()
-	var ns *int64
-	var s *string
-	var a *int64
-	err := pool.QueryRow(context.Background(), `SELECT rewound_stream, rewound_created_ns, rewound_at FROM annals.relay_acks WHERE subscriber_id = 'relay'`).Scan(&s, &ns, &a)
-	if errors.Is(err, pgx.ErrNoRows) || err == nil && a == nil {
-		return "", time.Time{}, -1
+	var raw []byte
+	err := pool.QueryRow(context.Background(), `SELECT rewinds FROM annals.relay_acks WHERE subscriber_id = 'relay'`).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	return *s, time.Unix(0, *ns), *a
+	var rs relay.Rewinds
+	if err := json.Unmarshal(raw, &rs); err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+// recordedRewind reads the newest rewind the relay recorded: the stream,
+// its creation time and the agreed position; at -1 when nothing is
+// recorded.
+func recordedRewind(t *testing.T, pool *pgxpool.Pool) (stream string, created time.Time, at int64) {
+	t.Helper()
+	rs := recordedRewinds(t, pool)
+	if len(rs) == 0 {
+		return "", time.Time{}, -1
+	}
+	rw := rs[len(rs)-1]
+	return rw.Stream, rw.Created, rw.At
 }
 
 // TestRelayRecordsWhereARewoundLogAgrees: the log (40 events relayed) is
@@ -119,13 +134,13 @@ func TestRelayRecordsWhereARewoundLogAgrees(t *testing.T) {
 		t.Fatal(err)
 	}
 	md := s.CachedInfo().Config.Metadata
-	if md[relay.MetadataRewoundAt] != "23" || md[relay.MetadataRewoundStream] != "ANNALS" ||
-		md[relay.MetadataRewoundCreated] != oldCreated.UTC().Format(time.RFC3339Nano) || md[relay.MetadataRelay] != "relay" {
-		t.Fatalf("the stream made anew has metadata %v; want the rewind stamped (at 23, stream ANNALS made at %s)", md, oldCreated.UTC().Format(time.RFC3339Nano))
+	want := fmt.Sprintf(`[{"stream":"ANNALS","created":%q,"at":23}]`, oldCreated.UTC().Format(time.RFC3339Nano))
+	if md[relay.MetadataRewinds] != want || md[relay.MetadataRelay] != "relay" {
+		t.Fatalf("the stream made anew has metadata %v; want the rewind stamped: %s", md, want)
 	}
-	rw, ok, err := relay.RewoundOf(md)
-	if err != nil || !ok || rw.At != 23 || !rw.Created.Equal(oldCreated) {
-		t.Fatalf("RewoundOf: %+v, %v, %v", rw, ok, err)
+	rs, ok, err := relay.RewindsOf(md)
+	if err != nil || !ok || len(rs) != 1 || rs[0].At != 23 || !rs[0].Created.Equal(oldCreated) || rs[0].Stream != "ANNALS" {
+		t.Fatalf("RewindsOf: %+v, %v, %v", rs, ok, err)
 	}
 	checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
 	if n := len(b.log()); n != 48 {
@@ -171,8 +186,8 @@ func TestRelayRewoundNoneAgrees(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := s.CachedInfo().Config.Metadata[relay.MetadataRewoundAt]; got != strconv.Itoa(0) {
-		t.Fatalf("stamped %q, want 0", got)
+	if rs, ok, err := relay.RewindsOf(s.CachedInfo().Config.Metadata); err != nil || !ok || len(rs) != 1 || rs[0].At != 0 {
+		t.Fatalf("stamped %+v (%v, %v), want one rewind at 0", rs, ok, err)
 	}
 }
 
@@ -295,4 +310,89 @@ func TestRelayRewoundSparseStream(t *testing.T) {
 	if _, _, at := recordedRewind(t, b.db.Pool); at != 21 {
 		t.Fatalf("recorded at %d, want 21", at)
 	}
+}
+
+// TestRelayRecordsEveryRewind: the log rewound twice, under two streams
+// (A found rewound at 10; B, made anew, found rewound at 20 after a second
+// restore), on a role with a runner's rights: the relay keeps both rewinds
+// (a consumer placed in A, offline through both, is judged by A's), and
+// the stream made after the second is stamped with both, oldest first
+// (the lowest for one stream: TestRewindsSince). Before, B's
+// rewind replaced A's, and the stream made after carried B's alone.
+func TestRelayRecordsEveryRewind(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	pool := runnerPool(t, b)
+	created := func() time.Time {
+		t.Helper()
+		s, err := b.js.Stream(ctx, "ANNALS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().Created
+	}
+	catchUp := func() error {
+		t.Helper()
+		r, err := relay.New(pool, b.nc, &relay.Config{RetryBackoff: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.CatchUp(ctx)
+	}
+	// rewind leaves the log restored at keep with n new events, and checks
+	// the relay's refusal; the operator then deletes the stream and sets
+	// the checkpoint to 0, and a relay makes it anew.
+	rewind := func(keep int64, n int) {
+		t.Helper()
+		annalstest.RewindLog(t, b.db.Pool, "annals", keep)
+		appendMany(t, b.store, n)
+		if err := catchUp(); !errors.Is(err, relay.ErrStreamMismatch) || !strings.Contains(err.Error(), fmt.Sprintf("last agree at position %d", keep)) {
+			t.Fatalf("CatchUp on the log rewound to %d: %v; want ErrStreamMismatch saying where they agree", keep, err)
+		}
+		if err := b.js.DeleteStream(ctx, "ANNALS"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.db.Pool.Exec(ctx, `UPDATE annals.checkpoints SET position = 0 WHERE subscriber_id = 'relay'`); err != nil {
+			t.Fatal(err)
+		}
+		if err := catchUp(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	same := func(what string, got relay.Rewinds, want ...relay.Rewound) {
+		t.Helper()
+		ok := len(got) == len(want)
+		for i := 0; ok && i < len(got); i++ {
+			ok = got[i].Stream == want[i].Stream && got[i].Created.Equal(want[i].Created) && got[i].At == want[i].At
+		}
+		if !ok {
+			t.Fatalf("%s: %+v, want %+v", what, got, want)
+		}
+	}
+
+	appendMany(t, b.store, 15)
+	if err := catchUp(); err != nil {
+		t.Fatal(err)
+	}
+	a := relay.Rewound{Stream: "ANNALS", Created: created(), At: 10}
+	rewind(10, 8)
+	same("recorded after the first rewind", recordedRewinds(t, b.db.Pool), a)
+	bw := relay.Rewound{Stream: "ANNALS", Created: created(), At: 20}
+	appendMany(t, b.store, 7)
+	if err := catchUp(); err != nil {
+		t.Fatal(err)
+	}
+	rewind(20, 20)
+	same("recorded after the second rewind", recordedRewinds(t, b.db.Pool), a, bw)
+	s, err := b.js.Stream(ctx, "ANNALS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, ok, err := relay.RewindsOf(s.CachedInfo().Config.Metadata)
+	if err != nil || !ok {
+		t.Fatalf("the stream made after the second rewind: stamp %v, %v (metadata %v)", ok, err, s.CachedInfo().Config.Metadata)
+	}
+	same("stamped into the stream made after the second rewind", st, a, bw)
 }

@@ -137,7 +137,7 @@ func (e *HandlerError) Is(target error) bool { return target == ErrHandlerFailed
 // return when the relayed log is not the one the consumer followed: the
 // relay made its stream again after it found the log rewound, and the
 // consumer's last position handled is past where the old stream and the
-// log agree (the new stream's stamp, relay.Rewound), or a stream made
+// log agree (the new stream's stamp, relay.Rewinds), or a stream made
 // again holds, at the position of the last event handled, another event
 // (errors.As with *RewoundError says which). The source
 // database was restored from a backup or failed over to a replica that
@@ -166,10 +166,11 @@ type RewoundError struct {
 	Position       int64
 	Handled, Found uuid.UUID
 	// Stamped is set when the stop came from the stamp of the stream made
-	// again (relay.Rewound), as the consumer moved to it: Agreed is the
+	// again (relay.Rewinds), as the consumer moved to it: Agreed is the
 	// last position at which the stream the relay found rewound, made at
-	// Was, and the log agree, below Position. (Stamped false: Agreed and Was
-	// are zero.)
+	// Was, and the log agree, below Position; of the streams found rewound
+	// that were made no later than the one of the consumer's place, the one
+	// that agrees least far. (Stamped false: Agreed and Was are zero.)
 	Stamped bool
 	Agreed  int64
 	Was     time.Time
@@ -331,9 +332,9 @@ const (
 // attach looks the stream up by name and creates (or updates) the durable
 // consumer on it. A stream made after the one the session's place belongs
 // to (deleted and made again by the relay) is read from its start: the
-// sequence is reset, the position kept; unless its stamp (relay.Rewound)
+// sequence is reset, the position kept; unless its stamp (relay.Rewinds)
 // says that the log was rewound under a stream not newer than the place's
-// and agrees with it only up to a position below the place's: then attach
+// that agrees with it only up to a position below the place's: then attach
 // returns a stop of a *RewoundError, before it makes the durable consumer
 // on the new stream or reads any of it. (New's attach knows no place, so
 // on a restart it has made the durable consumer on the new stream before
@@ -388,20 +389,24 @@ func held(info *jetstream.ConsumerInfo, seq uint64) bool {
 	return info.NumAckPending > 0 || info.Delivered.Stream > seq
 }
 
-// stamped judges the stamp (relay.Rewound) of a stream made again, which
+// stamped judges the stamp (relay.Rewinds) of a stream made again, which
 // the session moves to from the one made at s.created: a stop of a
 // *RewoundError, logged at ERROR, when the log was rewound under a stream
 // made no later than the place's (the place is in it, or in one before
-// it) and agrees with it only up to a position below the place's. An
-// unreadable stamp is taken as agreeing nowhere (position 0).
+// it) that agrees with it only up to a position below the place's; of
+// those, the lowest is named (relay.Rewinds.Since). A consumer placed in a
+// stream made before two rewinds (offline through both) is judged by the
+// lower of the two, though the stream it moves to was made after the
+// second. An unreadable stamp is taken as agreeing nowhere (position 0).
 func (s *session) stamped(ctx context.Context, metadata map[string]string) error {
-	rw, ok, err := relay.RewoundOf(metadata)
+	rs, _, err := relay.RewindsOf(metadata)
+	rw, found := rs.Since(s.created) // none without a stamp
 	if err != nil {
 		s.c.cfg.Logger.WarnContext(ctx, "annals: the relay's stream made again has a rewind stamp that does not parse; taken as agreeing with the log nowhere",
 			slog.String("consumer", s.c.cfg.Durable), slog.String("stream", s.c.cfg.Stream), telemetry.Err(err))
-		rw, ok = relay.Rewound{}, true
+		rw, found = relay.Rewound{}, true
 	}
-	if !ok || s.pos <= rw.At || !rw.Created.IsZero() && s.created.Truncate(time.Microsecond).After(rw.Created) {
+	if !found || s.pos <= rw.At {
 		return nil
 	}
 	rerr := &RewoundError{Consumer: s.c.cfg.Durable, Stream: s.c.cfg.Stream, Position: s.pos, Handled: s.posID,

@@ -88,15 +88,19 @@
 // went back: a source database restored from a backup, or failed over to a
 // replica that lacked its newest events, gives the positions of the events
 // it lost to new ones. The relay, finding its stream past such a log,
-// records the last position at which the two agree and stamps it into the
-// stream it makes anew (relay.Rewound: metadata annals-rewound-at, with
-// the old stream's name and creation time; see the relay package, "A
+// records the last position at which the two agree, with every rewind it
+// found before, and stamps them into the stream it makes anew
+// (relay.Rewinds: metadata annals-rewinds, each stream found rewound by
+// name, creation time and agreed position; see the relay package, "A
 // rewound log"). So a consumer moving to a stream made again first reads
-// its stamp: when its place is in the stream found rewound or one made
-// before it (its creation time not after the stamp's) and its last
-// position handled is past the agreed one, it has handled events the log
-// no longer has, and the stream's new events at or below its position
-// would be passed over. Run or RunProjection stops at once with
+// its stamp: of the streams found rewound that were made no earlier than
+// the one its place is in (that one, or later ones: a log restored twice
+// is found rewound under two streams, and a consumer offline through both
+// moves from the first to the stream made after the second), it takes the
+// one that agrees least far (relay.Rewinds.Since); when its last position
+// handled is past that one's, it has handled events the log no longer
+// has, and the stream's new events at or below its position would be
+// passed over. Run or RunProjection stops at once with
 // ErrLogRewound (a *RewoundError with Stamped set, Agreed the agreed
 // position, Position and Handled the consumer's place), logged at ERROR,
 // before it reads, acknowledges or passes over any message of it. (A Run

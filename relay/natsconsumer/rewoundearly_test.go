@@ -201,8 +201,8 @@ func TestARewoundLogStopsAtTheNewStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := s.CachedInfo().Config.Metadata[relay.MetadataRewoundAt]; got != "6" {
-		t.Fatalf("the stream made again once more is stamped %q, want 6", got)
+	if rs, ok, err := relay.RewindsOf(s.CachedInfo().Config.Metadata); err != nil || !ok || len(rs) != 1 || rs[0].At != 6 {
+		t.Fatalf("the stream made again once more is stamped %+v (%v, %v), want the rewind at 6", rs, ok, err)
 	}
 	project(near, once(38))
 }
