@@ -418,7 +418,8 @@ const pinnedSearchPath = "pg_catalog, pg_temp"
 // start-up, so a session-level SET never outlives the connection behind a
 // pooler; a pooler that refuses it (PgBouncer without search_path in
 // track_extra_parameters) gets the connection without it, and a note on
-// stderr. A search_path the URL sets is kept.
+// stderr. A search_path the URL sets (search_path=…, or options=-c
+// search_path=…, PGOPTIONS) is kept.
 func (e *env) connect(ctx context.Context, maxConns ...int32) (*pgxpool.Pool, error) {
 	return e.open(ctx, true, maxConns...)
 }
@@ -448,8 +449,7 @@ func (e *env) open(ctx context.Context, pin bool, maxConns ...int32) (*pgxpool.P
 	if len(maxConns) == 1 {
 		cfg.MaxConns = maxConns[0]
 	}
-	_, set := cfg.ConnConfig.RuntimeParams["search_path"]
-	pin = pin && !set
+	pin = pin && !setsSearchPath(cfg.ConnConfig.RuntimeParams)
 	if pin {
 		cfg.ConnConfig.RuntimeParams["search_path"] = pinnedSearchPath
 	}
@@ -463,6 +463,18 @@ func (e *env) open(ctx context.Context, pin bool, maxConns ...int32) (*pgxpool.P
 		}
 	}
 	return pool, err
+}
+
+// setsSearchPath reports whether the connection's start-up parameters set
+// the search_path: as a parameter of its own (pgx takes a URL's unknown
+// query parameters as such), or in options (-c search_path=…, the libpq
+// way: a URL's options, PGOPTIONS), which a search_path parameter beside it
+// would override, since the server applies options first.
+func setsSearchPath(params map[string]string) bool {
+	if _, ok := params["search_path"]; ok {
+		return true
+	}
+	return strings.Contains(strings.ReplaceAll(strings.ToLower(params["options"]), "-", "_"), "search_path")
 }
 
 // openPool opens a pool with cfg and makes one connection.

@@ -14,7 +14,8 @@ import (
 // pinned to pg_catalog, pg_temp (an operator, often the schema's owner or a
 // superuser, runs verify, status, scavenge, the console, whose unqualified
 // functions and operators must not resolve to objects another role
-// planted in public), unless the URL sets one; behind PgBouncer in
+// planted in public), unless the URL sets one (search_path=, or -c
+// search_path in options); behind PgBouncer in
 // transaction mode, which refuses search_path at start-up, the command
 // connects without it and says so; annals bench keeps the URL's.
 func TestConnectPinsTheSearchPath(t *testing.T) {
@@ -55,6 +56,16 @@ func TestConnectPinsTheSearchPath(t *testing.T) {
 	u.RawQuery = q.Encode()
 	if path, _ := pathOf(u.String(), true); path != "mine" {
 		t.Errorf("connect with search_path in the URL: %q, want the URL's", path)
+	}
+	// The libpq way, in options (a URL's, or PGOPTIONS): the server applies
+	// options before the other start-up parameters, so a pinned
+	// search_path beside it would win. Before, it did.
+	q = u.Query()
+	q.Del("search_path")
+	q.Set("options", "-c search_path=mine")
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20") // pgx reads no + as a space
+	if path, _ := pathOf(u.String(), true); path != "mine" {
+		t.Errorf("connect with -c search_path in the URL's options: %q, want the URL's", path)
 	}
 	pooled, _ := annalstest.PgBouncer(t, db.URL, nil)
 	path, note := pathOf(pooled, true)
