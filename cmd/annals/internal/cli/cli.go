@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -449,6 +450,16 @@ func (e *env) open(ctx context.Context, pin bool, maxConns ...int32) (*pgxpool.P
 	if len(maxConns) == 1 {
 		cfg.MaxConns = maxConns[0]
 	}
+	if pin && !strings.Contains(strings.ToLower(url), "default_query_exec_mode") {
+		// No statement prepared by name: a pooler in transaction mode
+		// without prepared-statement support (PgBouncer before 1.21, or
+		// without max_prepared_statements) hands the session's server
+		// connections to others between transactions, where a cached
+		// statement is missing or exists already (26000, 42P05). The
+		// descriptions are cached, so each statement still takes one
+		// round trip. bench measures what a service's default pool does.
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
 	pin = pin && !setsSearchPath(cfg.ConnConfig.RuntimeParams)
 	if pin {
 		cfg.ConnConfig.RuntimeParams["search_path"] = pinnedSearchPath
@@ -458,8 +469,22 @@ func (e *env) open(ctx context.Context, pin bool, maxConns ...int32) (*pgxpool.P
 		delete(cfg.ConnConfig.RuntimeParams, "search_path")
 		if pool, err = e.openPool(ctx, cfg); err == nil {
 			fmt.Fprintf(e.stderr, "annals: note: the server (a pooler) refused search_path as a start-up parameter: "+
-				"this session keeps its default search_path (PgBouncer: add search_path to track_extra_parameters; "+
-				"see docs/operations.md, \"PgBouncer and other poolers\")\n")
+				"this session keeps its default search_path (PgBouncer 1.20 or later: add search_path to track_extra_parameters; "+
+				"before 1.20: ALTER ROLE ... SET search_path = pg_catalog, pg_temp; see docs/operations.md, \"PgBouncer and other poolers\")\n")
+		}
+		return pool, err
+	}
+	if pin && err == nil {
+		// A pooler told to ignore the parameter drops it silently.
+		var path string
+		if qerr := pool.QueryRow(ctx, "SELECT pg_catalog.current_setting('search_path')").Scan(&path); qerr != nil {
+			pool.Close()
+			return nil, errors.Wrap(qerr, "read the session's search_path")
+		}
+		if path != pinnedSearchPath {
+			fmt.Fprintf(e.stderr, "annals: note: this session's search_path is %q, not the %q the command sent at start-up "+
+				"(a pooler dropped it: PgBouncer with search_path in ignore_startup_parameters; see docs/operations.md, "+
+				"\"PgBouncer and other poolers\")\n", path, pinnedSearchPath)
 		}
 	}
 	return pool, err

@@ -3,11 +3,13 @@ package cli
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/internal/pgcluster"
 )
 
 // TestConnectPinsTheSearchPath: the CLI's sessions run with the search_path
@@ -71,5 +73,39 @@ func TestConnectPinsTheSearchPath(t *testing.T) {
 	path, note := pathOf(pooled, true)
 	if path == pinnedSearchPath || !strings.Contains(note, "track_extra_parameters") {
 		t.Errorf("through PgBouncer: search_path %q, note %q; want the default and a note", path, note)
+	}
+	// Told to ignore it, PgBouncer drops it without a word: the command
+	// reads the path it got, and says so.
+	ignoring, _ := annalstest.PgBouncer(t, db.URL, &pgcluster.PgBouncerOptions{IgnoreStartupParameters: []string{"search_path"}})
+	path, note = pathOf(ignoring, true)
+	if path == pinnedSearchPath || !strings.Contains(note, "ignore_startup_parameters") {
+		t.Errorf("through a PgBouncer that ignores search_path: search_path %q, note %q; want the default and a note", path, note)
+	}
+}
+
+// TestConnectThroughATransactionPooler: several commands' sessions through
+// a PgBouncer in transaction mode without prepared-statement support (the
+// default before 1.21) share its two server sessions; the CLI prepares no
+// statement by name there (pgx's default cache did: "prepared statement
+// stmtcache_... already exists", 42P05, or "does not exist", 26000).
+func TestConnectThroughATransactionPooler(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	pooled, _ := annalstest.PgBouncer(t, db.URL, nil)
+	for i := range 4 {
+		e := &env{stderr: io.Discard, getenv: func(string) string { return "" }, databaseURL: pooled, schema: "annals"}
+		pool, err := e.connect(ctx, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range 6 {
+			var n int
+			if err := pool.QueryRow(ctx, "SELECT count(*) FROM annals.events WHERE global_sequence > $1", j).Scan(&n); err != nil {
+				pool.Close()
+				t.Fatalf("command %d, statement %d: %v", i, j, err)
+			}
+		}
+		pool.Close()
 	}
 }
