@@ -433,3 +433,39 @@ func balancesGate(reg *eventstore.Registry, gate *atomic.Pointer[chan struct{}])
 	})
 	return p
 }
+
+// A runner started on a writer's pool with no subscriber of its own (what
+// Client.Start runs for the scheduler's dispatcher in a service that only
+// appends) fails at its first write, the instance's registration, with
+// eventstore.ErrNotGranted and what to do; it was a bare 42501
+// ("permission denied for table instances"). (With a subscriber, the
+// layout check's write refuses it first, saying the same.)
+func TestRunnerOnAWriterPoolIsNotGranted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r, err := projection.NewRunner(writerPool(t, b), &projection.Config{PollInterval: time.Minute, ShutdownTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.AddService("idle", idleService{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done, err := r.Start(ctx)
+	if err == nil {
+		cancel()
+		<-done
+	}
+	if !errors.Is(err, eventstore.ErrNotGranted) || !strings.Contains(err.Error(), "register the instance") || !strings.Contains(err.Error(), "annals grant runner") {
+		t.Fatalf("a runner on a writer's pool: %v; want ErrNotGranted at its registration, naming 'annals grant runner'", err)
+	}
+}
+
+// idleService is a projection.Service that waits for its end.
+type idleService struct{}
+
+func (idleService) Run(ctx context.Context) error {
+	<-ctx.Done()
+	return nil
+}

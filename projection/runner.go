@@ -16,6 +16,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -923,6 +924,14 @@ func (r *Runner) leadingJSON() json.RawMessage {
 
 func (r *Runner) register(ctx context.Context) error {
 	_, err := r.pool.Exec(ctx, r.q["Register"], r.cfg.InstanceID, r.hostname, os.Getpid(), r.leadingJSON())
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		// The runner's first write: a role of another kind (a writer's,
+		// a reader's) or one granted by an older annals.
+		return errmark.Mark(errors.Wrap(err, "projection: register the instance: the pool's role may not run projections "+
+			"(a writer or reader role, or a runner granted by an older annals): run 'annals grant runner ROLE' as the schema's owner, "+
+			"or give the runner a pool of a runner role"), eventstore.ErrNotGranted)
+	}
 	return errors.Wrap(err, "projection: register the instance")
 }
 
