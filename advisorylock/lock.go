@@ -306,8 +306,9 @@ func connectHint(err error) error {
 		// PgBouncer's answer to the start-up parameters the lock session
 		// sends (keepalives, user timeout, check interval).
 		return errors.Wrap(err, "a pooler refused the lock session's start-up parameters: session locks need a direct "+
-			"connection to PostgreSQL, or a pooler in session mode (PgBouncer: list them in ignore_startup_parameters, "+
-			"which drops them, so a dead holder's lock is freed later; see docs/operations.md, \"PgBouncer and other poolers\")")
+			"connection to PostgreSQL, or a pooler in session mode (PgBouncer in session mode only: list them in ignore_startup_parameters, "+
+			"which drops them, so a dead holder's lock is freed later; in transaction mode, locks would stay on the pooler's server sessions; "+
+			"see docs/operations.md, \"PgBouncer and other poolers\")")
 	}
 	if strings.Contains(err.Error(), "client_connection_check_interval") {
 		return errors.Wrap(err, "Config.CheckInterval needs a PostgreSQL 14 or later server on Linux; set it to -1 to leave it unset")

@@ -660,7 +660,7 @@ func (e *Engine) Run(ctx context.Context, sub *Subscription) error {
 			// Another leader (or a rebuild) claimed the partition: the
 			// fencing did its work, and the lease is theirs; how this one
 			// lost its lock, if it did, advisorylock warns of.
-			log.InfoContext(ctx, "annals: stopped leading: the partition was claimed by another leader or a rebuild", slog.Int64("epoch", lease.Epoch), telemetry.Err(err))
+			log.InfoContext(ctx, "annals: stopped leading: the partition was claimed by another leader, a rebuild or an operator (annals checkpoint set)", slog.Int64("epoch", lease.Epoch), telemetry.Err(err))
 		default:
 			log.WarnContext(ctx, "annals: stopped leading", slog.Int64("epoch", lease.Epoch), telemetry.Err(err))
 		}
