@@ -83,6 +83,17 @@ type Config struct {
 	// (docs/architecture.md, "Inline projections").
 	// Added to Store.Inline.
 	Inline []eventstore.InlineProjection
+	// RunnerPool, when set, is the pool of everything that holds a session
+	// (advisory locks, LISTEN) or changes the schema: the runner (its
+	// batches, lock sessions and listener), the scheduler's dispatcher
+	// (its appends and its LISTEN), Await, migrations and read-model
+	// setups. The pool given to New then serves appends and reads only.
+	// Give it a direct connection (or a pooler in session mode) when the
+	// pool given to New goes through a pooler in transaction mode
+	// (docs/operations.md, "PgBouncer and other poolers"): session locks
+	// and LISTEN do not work through one. Defaults to the pool given to
+	// New.
+	RunnerPool *pgxpool.Pool
 
 	// Store configures the event store further (page size, event size
 	// limit, group commit). Its Schema, when set, is the client's schema
@@ -105,11 +116,14 @@ type Config struct {
 // The parts stay reachable (Store, Runner, Scheduler) and usable on their
 // own. A Client is safe for concurrent use.
 type Client struct {
-	pool   *pgxpool.Pool
-	cfg    Config
-	store  *eventstore.Store
-	runner *projection.Runner
-	sched  *scheduler.Scheduler
+	pool *pgxpool.Pool
+	// runnerPool is Config.RunnerPool, else pool: the runner's, the
+	// scheduler's, migrations' and read-model setups'.
+	runnerPool *pgxpool.Pool
+	cfg        Config
+	store      *eventstore.Store
+	runner     *projection.Runner
+	sched      *scheduler.Scheduler
 	// inline is the store's inline projections (Config.Store.Inline and
 	// Config.Inline): their read models are set up with the runner's.
 	inline []eventstore.InlineProjection
@@ -191,7 +205,14 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if c.MeterProvider != nil {
 		rc.MeterProvider = c.MeterProvider
 	}
-	runner, err := projection.NewRunner(pool, &rc)
+	runnerPool, schedStore := pool, store
+	if c.RunnerPool != nil {
+		runnerPool = c.RunnerPool
+		if schedStore, err = eventstore.New(runnerPool, &sc); err != nil {
+			return nil, err
+		}
+	}
+	runner, err := projection.NewRunner(runnerPool, &rc)
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +228,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if c.Clock != nil {
 		dc.Clock = c.Clock
 	}
-	sched, err := scheduler.New(store, &dc)
+	sched, err := scheduler.New(schedStore, &dc)
 	if err != nil {
 		return nil, err
 	}
@@ -216,7 +237,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if err := runner.AddService(schedulerService, sched); err != nil {
 		return nil, err
 	}
-	return &Client{pool: pool, cfg: c, store: store, runner: runner, sched: sched, inline: sc.Inline}, nil
+	return &Client{pool: pool, runnerPool: runnerPool, cfg: c, store: store, runner: runner, sched: sched, inline: sc.Inline}, nil
 }
 
 // schema returns the schema the parts share: Schema when set, else the one
@@ -325,9 +346,10 @@ func (c *Client) Await(ctx context.Context, name string, position int64) error {
 	return c.runner.Await(ctx, name, position)
 }
 
-// Migrate creates or upgrades the annals schema (migrations.Up).
+// Migrate creates or upgrades the annals schema (migrations.Up), on
+// Config.RunnerPool when set (migrations hold a session lock).
 func (c *Client) Migrate(ctx context.Context) error {
-	_, err := migrations.Up(ctx, c.pool, &migrations.Config{Schema: c.cfg.Schema})
+	_, err := migrations.Up(ctx, c.runnerPool, &migrations.Config{Schema: c.cfg.Schema})
 	return err
 }
 
@@ -364,7 +386,7 @@ func (c *Client) setupInline(ctx context.Context) error {
 		if !ok || s.SetupVersion() <= 0 {
 			continue
 		}
-		err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, c.runnerPool, func(tx pgx.Tx) error {
 			ran, err := projection.EnsureSetup(ctx, tx, c.cfg.Schema, p.Name(), s, c.runner.InstanceID())
 			if ran {
 				c.cfg.Logger.InfoContext(ctx, "annals: inline read model set up", "projection", p.Name(), "version", s.SetupVersion())
