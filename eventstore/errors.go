@@ -303,6 +303,12 @@ func translate(err error, streamID string, expected ExpectedVersion) error {
 		return streamDeletedFromSQL(pgErr, streamID)
 	case "42501": // insufficient_privilege
 		return errmark.Mark(errors.Wrap(err, ErrNotGranted.Error()), ErrNotGranted)
+	case "42P05", "26000": // duplicate_prepared_statement, invalid_sql_statement_name
+		// pgx's statement cache on a connection whose server sessions a
+		// pooler in transaction mode hands around.
+		return errors.Wrap(err, "a pooler in transaction mode without prepared-statement support is between this pool and PostgreSQL: "+
+			"use pgx's QueryExecModeCacheDescribe or QueryExecModeExec (default_query_exec_mode in the URL), "+
+			"or PgBouncer 1.21 or later with max_prepared_statements; see docs/operations.md, \"PgBouncer and other poolers\"")
 	case "3F000", "42P01": // invalid_schema_name, undefined_table
 		return errors.Wrap(migrations.MarkNotMigrated(err),
 			"annals: the schema is not migrated (Client.Start migrates it; or migrations.Up, or 'annals migrate')")

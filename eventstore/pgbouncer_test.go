@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -268,5 +269,47 @@ func TestThroughPgBouncer(t *testing.T) {
 		if after != before[0] {
 			t.Fatalf("server session %d after annals' traffic:\n  %s\nbefore:\n  %s", i, after, before[0])
 		}
+	}
+}
+
+// Through such a pooler, pgx's default statement cache fails once the
+// server sessions carry another client's statements (42P05 "prepared
+// statement ... already exists", or 26000 "does not exist"): the append's
+// error says what is in between and what to do, not only the SQLSTATE.
+func TestThroughPgBouncerTheStatementCacheErrorExplains(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]*eventstore.Config{
+		"group commit":    nil,
+		"no group commit": {GroupCommit: eventstore.GroupCommit{Disabled: true}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := annalstest.NewDB(t, nil)
+			pooled, _ := annalstest.PgBouncer(t, db.URL, nil)
+			var stores []*eventstore.Store
+			for range 3 {
+				pool, err := pgxpool.New(ctx, pooled) // pgx's default: QueryExecModeCacheStatement
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(pool.Close)
+				s, err := eventstore.New(pool, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				stores = append(stores, s)
+			}
+			var failed error
+			for i := 0; i < 30 && failed == nil; i++ {
+				_, failed = stores[i%len(stores)].Append(ctx, fmt.Sprintf("cache-%d", i), eventstore.NoStream, eventstore.EventData{Type: "T", Data: map[string]int{"i": i}})
+			}
+			if failed == nil {
+				t.Fatal("30 appends of three clients through two server sessions with pgx's statement cache all passed; the test shows nothing")
+			}
+			if !strings.Contains(failed.Error(), "a pooler in transaction mode without prepared-statement support") {
+				t.Fatalf("append through a transaction pooler with the statement cache: %v; want the pooler named", failed)
+			}
+		})
 	}
 }
