@@ -442,6 +442,11 @@ func (e *env) open(ctx context.Context, pin bool, maxConns ...int32) (*pgxpool.P
 	if url == "" {
 		return nil, usagef("no database: set --database-url or DATABASE_URL (try 'annals dev' for a throwaway one)")
 	}
+	return e.openURL(ctx, url, pin, maxConns...)
+}
+
+// openURL is open on url (a replica's, say), pinned as connect pins.
+func (e *env) openURL(ctx context.Context, url string, pin bool, maxConns ...int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, usagef("invalid database URL: %v", err)

@@ -46,6 +46,17 @@ func TestConnectPinsTheSearchPath(t *testing.T) {
 	if path, note := pathOf(db.URL, true); path != pinnedSearchPath || note != "" {
 		t.Errorf("connect: search_path %q, note %q; want %q and none", path, note, pinnedSearchPath)
 	}
+	// annals tail --read-url's replica pool is pinned too.
+	replica, err := (&env{stderr: io.Discard}).openURL(ctx, db.URL, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rpath string
+	err = replica.QueryRow(ctx, "SELECT current_setting('search_path')").Scan(&rpath)
+	replica.Close()
+	if err != nil || rpath != pinnedSearchPath {
+		t.Errorf("a --read-url pool: search_path %q (%v), want %q", rpath, err, pinnedSearchPath)
+	}
 	if path, _ := pathOf(db.URL, false); path == pinnedSearchPath {
 		t.Errorf("connectUnpinned: search_path %q, want the server's default", path)
 	}

@@ -82,8 +82,8 @@ the personal fields of forgotten subjects read as [forgotten].`,
 			defer pool.Close()
 			var readPool *pgxpool.Pool
 			if readURL != "" {
-				if readPool, err = pgxpool.New(cmd.Context(), readURL); err != nil {
-					return usageError{errors.Wrap(err, "--read-url")}
+				if readPool, err = e.openURL(cmd.Context(), readURL, true); err != nil {
+					return errors.Wrap(err, "--read-url")
 				}
 				defer readPool.Close()
 			}
