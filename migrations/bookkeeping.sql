@@ -5,13 +5,11 @@
 -- (parameters untyped: one of float8 matches them better) would run instead.
 
 -- name: Lock
-SELECT pg_catalog.pg_advisory_lock($1, $2);
-
--- name: Unlock
-SELECT pg_catalog.pg_advisory_unlock($1, $2);
+-- The migration lock, for Up's transaction (see up).
+SELECT pg_catalog.pg_advisory_xact_lock($1, $2);
 
 -- name: PinSearchPath
--- The first statement of Up's transaction: the migrations' unqualified
+-- The second statement of Up's transaction (after the lock): the migrations' unqualified
 -- names (in bodies parsed at CREATE, such as LANGUAGE sql functions with a
 -- RETURN body, views, defaults and checks, which keep what they resolved to
 -- for good) resolve in pg_catalog, never in a schema other roles may create

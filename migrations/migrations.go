@@ -200,38 +200,39 @@ func up(ctx context.Context, pool *pgxpool.Pool, cfg *Config, edit func([]Migrat
 		return nil, nil
 	}
 
+	// The migration lock is taken for the transaction that applies the
+	// migrations, as its first statement: all of Up's work is one
+	// transaction, so that a pooler in transaction mode keeps it on one
+	// server session, and the lock goes with the transaction whatever
+	// happens to the client. (A session lock, as before 2026-11-30, stayed
+	// on the pooler's server session when the unlock ran on another.) Old
+	// and new Ups exclude each other: a session and a transaction lock of
+	// one key conflict.
 	k1, k2 := schemaname.MigrateLockKey(c.Schema)
-	if _, err := conn.Exec(ctx, q["Lock"], k1, k2); err != nil {
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == "42501" {
-			// RestrictAdvisoryLocks took pg_advisory_lock from PUBLIC, and
-			// this role owns no annals schema yet (or was not named).
-			return nil, errors.Wrap(ErrNotSuperuser, "migrations: advisory locks are restricted in this database and this role may not take "+
-				"the migration lock: a superuser runs 'annals advisory-locks restrict --owner ROLE' for the role that migrates (or migrates itself)")
-		}
-		return nil, errors.Wrap(err, "migrations: take the migration lock")
-	}
-	defer func() {
-		// A cancelled ctx must not leave the lock on a connection that goes
-		// back to the pool: unlock with a fresh context, or close the conn.
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(uctx, q["Unlock"], k1, k2); err != nil {
-			_ = conn.Conn().Close(uctx)
-		}
-	}()
-
-	// Another Up (the deploy job's) may have applied them while this one
-	// waited for the lock: looked at again before the CREATE SCHEMA.
-	if current, err := applied(ctx, conn, q, ms); err == nil && current {
-		return nil, nil
-	}
-
 	// READ COMMITTED whatever the connection's default: under the lock, each
 	// statement must see what an Up that held it before has committed.
 	var done []Migration
 	var took []time.Duration
 	err = pgx.BeginTxFunc(ctx, conn.Conn(), pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, q["Lock"], k1, k2); err != nil {
+			var pe *pgconn.PgError
+			if errors.As(err, &pe) && pe.Code == "42501" {
+				// RestrictAdvisoryLocks took the lock functions from
+				// PUBLIC, and this role owns no annals schema yet (or was
+				// not named).
+				return errors.Wrap(ErrNotSuperuser, "migrations: advisory locks are restricted in this database and this role may not take "+
+					"the migration lock: a superuser runs 'annals advisory-locks restrict --owner ROLE' for the role that migrates (or migrates itself)")
+			}
+			return errors.Wrap(err, "migrations: take the migration lock")
+		}
+		// Another Up (the deploy job's) may have applied them while this
+		// one waited for the lock: looked at again before the CREATE
+		// SCHEMA, which a role that only uses the schema may not run.
+		// (In a savepoint: a role that may not read schema_migrations
+		// must get the owner's error below, not an aborted transaction.)
+		if current, err := appliedInSavepoint(ctx, tx, q, ms); err == nil && current {
+			return nil
+		}
 		if _, err := tx.Exec(ctx, q["PinSearchPath"]); err != nil {
 			return errors.Wrap(err, "migrations: pin the search_path")
 		}
@@ -333,12 +334,12 @@ func open(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (Config, []Migra
 
 // applied reports whether every migration of ms is recorded in the
 // schema's schema_migrations (false, nil when the table does not exist).
-func applied(ctx context.Context, conn *pgxpool.Conn, q map[string]string, ms []Migration) (bool, error) {
+func applied(ctx context.Context, conn rowQuerier, q map[string]string, ms []Migration) (bool, error) {
 	var exists bool
 	if err := conn.QueryRow(ctx, q["TableExists"]).Scan(&exists); err != nil || !exists {
 		return false, errors.Wrap(err, "migrations: look for schema_migrations")
 	}
-	done, err := appliedVersions(ctx, conn.Conn(), q["Applied"])
+	done, err := appliedVersions(ctx, conn, q["Applied"])
 	if err != nil {
 		return false, err
 	}
@@ -358,6 +359,27 @@ type appliedRow struct {
 // querier is what appliedVersions reads with: a connection or a transaction.
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// appliedInSavepoint is applied in a savepoint of tx, which an error rolls
+// back, leaving tx usable.
+func appliedInSavepoint(ctx context.Context, tx pgx.Tx, q map[string]string, ms []Migration) (bool, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	current, err := applied(ctx, sp, q, ms)
+	if err != nil {
+		return false, errors.CombineErrors(err, sp.Rollback(ctx))
+	}
+	return current, sp.Commit(ctx)
+}
+
+// rowQuerier is what applied reads with: a pool's connection or a
+// transaction.
+type rowQuerier interface {
+	querier
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 func appliedVersions(ctx context.Context, conn querier, query string) (map[int]appliedRow, error) {

@@ -116,5 +116,5 @@ func FenceChannel(name string) string { return name + "_fences" }
 // serializes the numbering of appends in the schema.
 func AppendLockKey(name string) (int32, int32) { return lockkey.Pair(name + ":append") }
 
-// MigrateLockKey returns the session advisory-lock key held while migrating the schema.
+// MigrateLockKey returns the advisory-lock key Up holds (for its transaction) while migrating the schema.
 func MigrateLockKey(name string) (int32, int32) { return lockkey.Pair(name + ":migrate") }
