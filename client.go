@@ -87,7 +87,11 @@ type Config struct {
 	// (advisory locks, LISTEN) or changes the schema: the runner (its
 	// batches, lock sessions and listener), the scheduler's dispatcher
 	// (its appends and its LISTEN), Await, migrations and read-model
-	// setups. The pool given to New then serves appends and reads only.
+	// setups, and the scheduler's own calls (Scheduler().Schedule and the
+	// rest) and personal data's keys (the registry's keyring). The pool
+	// given to New serves the appends and reads of the Client and its
+	// Store. Size it for Await's checkpoint reads beside the runner's
+	// batches.
 	// Give it a direct connection (or a pooler in session mode) when the
 	// pool given to New goes through a pooler in transaction mode
 	// (docs/operations.md, "PgBouncer and other poolers"): session locks

@@ -930,7 +930,7 @@ func (r *Runner) register(ctx context.Context) error {
 		// a reader's) or one granted by an older annals.
 		return errmark.Mark(errors.Wrap(err, "projection: register the instance: the pool's role may not run projections "+
 			"(a writer or reader role, or a runner granted by an older annals): run 'annals grant runner ROLE' as the schema's owner, "+
-			"or give the runner a pool of a runner role"), eventstore.ErrNotGranted)
+			"or give the runner a pool of a runner role (annals.Config.RunnerPool)"), eventstore.ErrNotGranted)
 	}
 	return errors.Wrap(err, "projection: register the instance")
 }
