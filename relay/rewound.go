@@ -208,7 +208,9 @@ func (r *Relay) rewound(ctx context.Context, stream jetstream.Stream, st stored,
 	if err != nil {
 		r.cfg.Logger.WarnContext(ctx, "annals: the relay found the log rewound under its stream, but not where they last agree; trying again at the next leadership",
 			slog.String("relay", r.cfg.Name), slog.String("stream", r.cfg.Stream), slog.String("error", err.Error()))
-		return fmt.Sprintf(" (finding where the stream and the log last agree failed: %v)", err)
+		return fmt.Sprintf(" (finding where the stream and the log last agree failed: %v; do not delete the stream yet: "+
+			"the relay records that position, for the stream it makes next, at its next leadership, and a stream made without it "+
+			"leaves consumers only the late check of each event)", err)
 	}
 	said := fmt.Sprintf(". The stream and this log last agree at position %d: recorded, and stamped, with any rewind recorded before, into the stream the relay makes next (%s), "+
 		"so that consumers whose last position handled is past it stop when they move to it (natsconsumer.ErrLogRewound). "+
