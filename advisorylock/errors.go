@@ -25,7 +25,8 @@ var (
 	// or a pooler in session mode; close the Standby.
 	ErrPooledSession = errors.New("advisorylock: the lock session's statements run on other server sessions: " +
 		"a pooler in transaction or statement mode is in between; session locks need a direct connection to PostgreSQL " +
-		"or a pooler in session mode (see docs/operations.md, \"PgBouncer and other poolers\")")
+		"or a pooler in session mode; locks taken before this was seen can stay on the pooler's server sessions until it closes them " +
+		"(PgBouncer: RECONNECT on its admin console; see docs/operations.md, \"PgBouncer and other poolers\")")
 
 	// ErrReleased is matched by Lock.Err and by the errors of Do and Verify
 	// after Release.
