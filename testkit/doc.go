@@ -39,7 +39,7 @@
 //			testkit.Stream("account-2", Opened{Owner: "Bob"}),
 //		)
 //		var amount int
-//		if err := r.Pool.QueryRow(t.Context(), `SELECT amount FROM balances WHERE id = 'account-1'`).Scan(&amount); err != nil {
+//		if err := r.Pool.QueryRow(t.Context(), `SELECT amount FROM balances WHERE account = 'account-1'`).Scan(&amount); err != nil {
 //			t.Fatal(err)
 //		}
 //		…
@@ -59,6 +59,15 @@
 // which run first, as a rebuild would run them: a projection with an
 // OnSetup needs no set-up in its tests. [Replay.Append] appends more events and
 // continues from the checkpoint, for tests of incremental updates.
+//
+// Events are appended as the store appends them, so an
+// eventstore.EventData of a type with upcasters is stamped with the type's
+// current schema version, and is not upcast, unless its Metadata says
+// otherwise (unlike a history given to Given, where it is at version 1). To
+// replay an event in an old stored shape, give its version:
+//
+//	eventstore.EventData{Type: "account.opened", Data: json.RawMessage(`{"name":"Ann"}`),
+//		Metadata: eventstore.Metadata{Extra: map[string]any{eventstore.SchemaVersionKey: 1}}}
 //
 // The first handler error or panic fails the test at once, quoting the
 // error and the event (no retries: the kit registers the handler with
