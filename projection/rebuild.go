@@ -38,6 +38,10 @@ var (
 	// ErrObserver is returned by Rebuild for an observer: its side effects
 	// are outside the database and cannot be undone.
 	ErrObserver = errors.New("projection: observers cannot be rebuilt")
+	// ErrSaga is returned by Rebuild for a saga (package saga): its effects,
+	// the commands it appended and the timers it set, are in the log
+	// already, and a replay would issue them again.
+	ErrSaga = errors.New("projection: sagas cannot be rebuilt")
 	// ErrBlueGreenRebuild is returned by Rebuild for a projection with a
 	// blue/green read model (Options.BlueGreen), which is not rebuilt in
 	// place (readers would see a partial read model): Runner.RebuildBlueGreen
@@ -128,6 +132,8 @@ type SubscriberInfo struct {
 	// BlueGreen is true for a projection with a blue/green read model
 	// (Options.BlueGreen): RebuildBlueGreen rebuilds it, not Rebuild.
 	BlueGreen bool
+	// Saga is true for a saga (package saga), which is never rebuilt.
+	Saga bool
 }
 
 // Registered returns the registered projections and observers, by name.
@@ -140,7 +146,7 @@ func (r *Runner) Registered() []SubscriberInfo {
 		_, obs, why := rebuildable(reg)
 		out = append(out, SubscriberInfo{
 			Name: reg.name, Observer: obs, Rebuildable: why == nil, Partitions: reg.opts.Partitions,
-			Types: slices.Clone(reg.filter.Patterns()), BlueGreen: reg.bg != nil,
+			Types: slices.Clone(reg.filter.Patterns()), BlueGreen: reg.bg != nil, Saga: reg.kind == "saga",
 		})
 	}
 	slices.SortFunc(out, func(a, b SubscriberInfo) int { return strings.Compare(a.Name, b.Name) })
@@ -161,6 +167,10 @@ func rebuildable(reg *registration) (Resetter, bool, error) {
 		return nil, false, errors.Wrapf(ErrBlueGreenRebuild, "%q has a blue/green read model: rebuild it with "+
 			"Runner.RebuildBlueGreen (from a Client: Client.Runner().RebuildBlueGreen), or with 'projections rebuild %s' "+
 			"(package projectioncmd), which rebuilds it blue/green", reg.name, reg.name)
+	}
+	if reg.kind == "saga" {
+		return nil, false, errors.Wrapf(ErrSaga, "%q is a saga (the commands it appended and the timers it set are in the log; "+
+			"a replay would issue them again): it is never rebuilt or set back (docs/sagas.md)", reg.name)
 	}
 	switch p := reg.newProc().(type) {
 	case *observerProcessor:

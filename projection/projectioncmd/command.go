@@ -324,6 +324,8 @@ func (c *commands) selected(name string) ([]projection.SubscriberInfo, error) {
 
 func kind(s projection.SubscriberInfo) string {
 	switch {
+	case s.Saga:
+		return "saga"
 	case s.Observer:
 		return "observer"
 	case s.BlueGreen:

@@ -144,3 +144,32 @@ func TestStaleAfterFollowsTheHeartbeat(t *testing.T) {
 		t.Errorf("under a runner beating every 20 s: leader %q, want a", l)
 	}
 }
+
+// sagaLike is a projection that says it is a saga, as package saga's
+// adapter does.
+type sagaLike struct{ counting }
+
+func (sagaLike) SubscriberKind() string { return "saga" }
+
+// TestSagaIsListedAndNeverRebuilt: a saga shows as one in list, and rebuild
+// refuses it as a saga (projection.ErrSaga), even when its handler could
+// reset: its effects are in the log. It showed as "projection (no reset)"
+// and rebuild advised implementing a Resetter, against docs/sagas.md.
+func TestSagaIsListedAndNeverRebuilt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if err := b.runner.Register(sagaLike{counting{"deadline"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	r := b.execute(t, false, "", "list")
+	if r.err != nil || fields(lineOf(t, r.stdout, "deadline"))[1] != "saga" {
+		t.Errorf("list: %v\n%s", r.err, r.stdout)
+	}
+	r = b.execute(t, false, "", "rebuild", "deadline", "--yes")
+	if !errors.Is(r.err, projection.ErrSaga) || !errors.Is(r.err, ErrUsage) {
+		t.Errorf("rebuild of a saga: %v; want ErrSaga, a usage error", r.err)
+	}
+	if err := b.runner.Rebuild(t.Context(), "deadline", nil); !errors.Is(err, projection.ErrSaga) {
+		t.Errorf("Runner.Rebuild of a saga: %v; want ErrSaga", err)
+	}
+}

@@ -57,6 +57,8 @@ BlueGreen.Version instead.`,
 			}
 			s := subs[0]
 			switch {
+			case s.Saga:
+				return usage(errors.Wrapf(projection.ErrSaga, "%q is a saga (the commands it appended and the timers it set are in the log): it is never rebuilt", name))
 			case s.Observer:
 				return usage(errors.Wrapf(projection.ErrObserver, "%q is an observer (its side effects cannot be undone)", name))
 			case !s.Rebuildable && !s.BlueGreen:
