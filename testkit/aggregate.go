@@ -213,6 +213,21 @@ func (s *AggregateScenario[A]) run() (a A, recorded []any, err error, ok bool) {
 			return a, nil, nil, false
 		}
 	}
+	// Two mistakes the aggregate's own "not handled" would not explain.
+	for i, e := range s.history {
+		switch e.(type) {
+		case StreamEvents, *StreamEvents:
+			s.t.Errorf("testkit: %s: history event %d is a testkit.Stream group, which is for ReplayProjection and ReplaySaga: "+
+				"give Given the aggregate's events themselves", s.name(), i+1)
+			return a, nil, nil, false
+		case eventstore.EventData, *eventstore.EventData:
+			if s.reg == nil {
+				s.t.Errorf("testkit: %s: history event %d is an eventstore.EventData (an event as stored): "+
+					"give the scenario the registry that decodes it (WithRegistry), or give the event's Go value", s.name(), i+1)
+				return a, nil, nil, false
+			}
+		}
+	}
 	// Pointer events are applied as the values they point to, as Record
 	// records them and a load decodes them.
 	history := aggDeref(s.history)

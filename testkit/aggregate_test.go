@@ -415,6 +415,23 @@ func TestGivenWhenThenReportsFailures(t *testing.T) {
 	t.Parallel()
 	opened := gwOpened{Owner: "ann"}
 
+	// An event as stored without the registry that decodes it, and a
+	// testkit.Stream group (ReplayProjection's), said only "event type not
+	// handled by the aggregate".
+	t.Run("HistoryMistakes", func(t *testing.T) {
+		t.Parallel()
+		f := &gwTB{}
+		testkit.Given(f, newWallet, eventstore.EventData{Type: "gw.opened", Data: json.RawMessage(`{"owner":"ann"}`)}).
+			When(func(w *wallet) error { return w.Withdraw(30) }).
+			Then()
+		expectFailure(t, f, "history event 1 is an eventstore.EventData", "WithRegistry")
+		f = &gwTB{}
+		testkit.Given(f, newWallet, testkit.Stream("w", opened)).
+			When(func(w *wallet) error { return w.Withdraw(30) }).
+			Then()
+		expectFailure(t, f, "history event 1 is a testkit.Stream group", "ReplayProjection")
+	})
+
 	t.Run("OtherEvents", func(t *testing.T) {
 		t.Parallel()
 		f := &gwTB{}
