@@ -481,7 +481,10 @@ func (r *Repository[A]) Update(ctx context.Context, id string, command func(A) e
 		}
 		last = err
 	}
-	return zero, mark(errors.Wrapf(last, "aggregate %s %q: update gave up after %d attempt(s): the aggregate kept changing concurrently", r.typ, id, attempts), ErrConflict)
+	if attempts == 1 {
+		return zero, mark(errors.Wrapf(last, "aggregate %s %q: update gave up: the aggregate changed concurrently, and retries are off (UpdateRetries -1)", r.typ, id), ErrConflict)
+	}
+	return zero, mark(errors.Wrapf(last, "aggregate %s %q: update gave up after %d attempts: the aggregate kept changing concurrently", r.typ, id, attempts), ErrConflict)
 }
 
 // CreateTx is Create inside tx (see SaveTx): a stream that exists fails

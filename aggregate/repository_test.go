@@ -332,6 +332,18 @@ func TestBadInput(t *testing.T) {
 		if _, err := r.Update(ctx, "1", func(a *Account) error { return a.Withdraw(1 << 20) }); !errors.Is(err, errInsufficient) {
 			t.Fatalf("Update with a failing command: %v", err)
 		}
+		// With retries off, one conflict says so, not "kept changing
+		// after 1 attempt(s)".
+		once := repo(t, b, &aggregate.Config{UpdateRetries: -1})
+		_, err = once.Update(ctx, "1", func(a *Account) error {
+			if _, err := b.store.Append(ctx, "account-1", eventstore.Any, eventstore.NewEvent(Deposited{Amount: 1})); err != nil {
+				return err
+			}
+			return a.Deposit(1000)
+		})
+		if !errors.Is(err, aggregate.ErrConflict) || !strings.Contains(err.Error(), "retries are off (UpdateRetries -1)") {
+			t.Fatalf("Update with retries off: %v, want ErrConflict saying retries are off", err)
+		}
 	})
 
 	// Nil inputs are errors that say what was nil, not panics.
