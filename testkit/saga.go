@@ -234,7 +234,8 @@ func (r *SagaReplay[S]) fire(ctx context.Context) (int, error) {
 	return n, r.replay(ctx, nil)
 }
 
-// Instance returns the stored instance id; a missing one fails the test.
+// Instance returns the stored instance id; a missing one fails the test
+// (Find tells whether there is one).
 func (r *SagaReplay[S]) Instance(t testing.TB, id string) saga.Stored[S] {
 	t.Helper()
 	st, err := saga.Lookup[S](t.Context(), r.DB.Pool, r.DB.Schema, r.saga.Name(), id)
@@ -242,6 +243,20 @@ func (r *SagaReplay[S]) Instance(t testing.TB, id string) saga.Stored[S] {
 		t.Fatalf("testkit: %v", err)
 	}
 	return st
+}
+
+// Find returns the stored instance id and true, or false when the saga
+// has no such instance (to check that an event started none).
+func (r *SagaReplay[S]) Find(t testing.TB, id string) (saga.Stored[S], bool) {
+	t.Helper()
+	st, err := saga.Lookup[S](t.Context(), r.DB.Pool, r.DB.Schema, r.saga.Name(), id)
+	if errors.Is(err, saga.ErrNotFound) {
+		return st, false
+	}
+	if err != nil {
+		t.Fatalf("testkit: %v", err)
+	}
+	return st, true
 }
 
 // Effects returns every event in the log that the test did not append: what

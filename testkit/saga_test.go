@@ -99,6 +99,12 @@ func TestReplaySaga(t *testing.T) {
 	t.Run("DeadlineFires", func(t *testing.T) {
 		t.Parallel()
 		r := testkit.ReplaySaga(t, onboardingSaga(reg), opts, testkit.Stream("user-ann", signedUp{User: "ann"}))
+		if _, ok := r.Find(t, "nobody"); ok {
+			t.Error("Find found an instance no event started")
+		}
+		if st, ok := r.Find(t, "ann"); !ok || !st.State.Welcomed {
+			t.Errorf("Find(ann): %+v, %v", st, ok)
+		}
 		if st := r.Instance(t, "ann"); !st.State.Welcomed || st.Completed {
 			t.Fatalf("ann: %+v", st)
 		}
