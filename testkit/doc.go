@@ -98,7 +98,15 @@
 // [SagaReplay.Advance] moves the clock as time would pass, stepping through
 // each timer's due time and each tick of the cron tasks added to
 // SagaReplay.Scheduler, and fires each when it falls due, which the saga
-// then handles; [SagaReplay.Append] adds events. Its
+// then handles; [SagaReplay.Append] adds events; [SagaReplay.Find] tells
+// whether an instance exists. Its
 // options embed ReplayOptions (nil options take the registry of saga.New),
 // and failures are reported as for projections.
+//
+// The fake clock starts at [DefaultSagaStart] (2030-01-01 UTC) unless
+// SagaReplayOptions.Start says otherwise: a due date the saga reads from an
+// event and that lies before the clock's time (a realistic date in a test
+// written today) makes a timer that is due at once, which any Advance, even
+// Advance(0), fires. Give events dates relative to r.Clock.Now() or to the
+// Start you set. (Timers report CreatedAt by the database's clock.)
 package testkit
