@@ -350,8 +350,8 @@ func (c *Client) Await(ctx context.Context, name string, position int64) error {
 	return c.runner.Await(ctx, name, position)
 }
 
-// Migrate creates or upgrades the annals schema (migrations.Up), on
-// Config.RunnerPool when set (migrations hold a session lock).
+// Migrate creates or upgrades the annals schema (migrations.Up) on
+// Config.RunnerPool when set, else on the client's pool.
 func (c *Client) Migrate(ctx context.Context) error {
 	_, err := migrations.Up(ctx, c.runnerPool, &migrations.Config{Schema: c.cfg.Schema})
 	return err

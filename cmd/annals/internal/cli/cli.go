@@ -108,7 +108,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, rawStdout, rawStde
 		// wrapped PostgreSQL's error (some wraps already suggest a
 		// migration; the user sees the suggestion once), with PostgreSQL's
 		// own words on what is missing.
-		fmt.Fprintf(stderr, "annals: schema %q is missing or not migrated: 'annals migrate' creates it (%s)\n", e.schema, oneLine(pgCause(err)))
+		fmt.Fprintf(stderr, "annals: schema %q is missing or not migrated (or migrated by an older annals than this one): 'annals migrate' creates or upgrades it (%s)\n", e.schema, oneLine(pgCause(err)))
 		return ExitFailure
 	}
 	fmt.Fprintf(stderr, "annals: %s\n", oneLine(err))

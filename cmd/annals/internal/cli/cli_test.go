@@ -360,7 +360,7 @@ func TestExitCodes(t *testing.T) {
 			{"archive", "status"},
 		} {
 			r := annals(t, db.URL, append(args, "--schema", "never_migrated")...)
-			want := `annals: schema "never_migrated" is missing or not migrated: 'annals migrate' creates it (ERROR: `
+			want := `annals: schema "never_migrated" is missing or not migrated (or migrated by an older annals than this one): 'annals migrate' creates or upgrades it (ERROR: `
 			if r.code != ExitFailure || !strings.HasPrefix(r.stderr, want) || strings.Count(r.stderr, "\n") != 1 ||
 				strings.Count(r.stderr, "annals migrate") != 1 {
 				t.Errorf("annals %q: %+v", args, r)
