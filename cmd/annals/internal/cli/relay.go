@@ -19,6 +19,10 @@ import (
 	"github.com/annals-dev/annals/walsource"
 )
 
+// onceWaitNote is how long relay --once works before it says what it is
+// waiting for.
+const onceWaitNote = 2 * time.Second
+
 func (e *env) relayCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:         "relay",
@@ -63,7 +67,9 @@ schema: --adopt-stream takes it once this database took over that log). With
 --wal it is woken by its own logical replication slot instead of NOTIFY (wal_level =
 logical and a role that may replicate: a running relay whose slot does not stream ends with
 an error saying so; see docs/operations.md). With --once it publishes
-up to the current head and exits, printing how far it got (--output text|json).`,
+up to the current head and exits, printing how far it got (--output text|json); it
+first waits for the relay's lock while another relay process of this name runs, and
+says so when it is not done within 2 s.`,
 		Example: `  annals relay nats --nats-url nats://127.0.0.1:4222
   annals relay nats --types 'order.*' --prefix acme.orders --stream ORDERS --wal
   annals relay nats --once --output json`,
@@ -121,7 +127,24 @@ up to the current head and exits, printing how far it got (--output text|json).`
 			if !once {
 				return r.Run(cmd.Context())
 			}
-			if err := r.CatchUp(cmd.Context()); err != nil {
+			// CatchUp waits for the relay's lock without a word: say so
+			// when it takes a while (another relay process leading, or a
+			// long backlog).
+			caught, noted := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(noted)
+				select {
+				case <-caught:
+				case <-time.After(onceWaitNote):
+					logger.Info("annals: relay --once: not done yet: publishing a backlog, or waiting for the relay's lock, "+
+						"which another relay process of this name holds while it runs (annals status shows its leader)",
+						slog.String("relay", name))
+				}
+			}()
+			err = r.CatchUp(cmd.Context())
+			close(caught)
+			<-noted // its note is written before anything else is
+			if err != nil {
 				return err
 			}
 			cps, err := checkpoint.New(e.schema)

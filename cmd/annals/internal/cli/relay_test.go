@@ -9,10 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/natsserver"
 	"github.com/annals-dev/annals/walsource"
 )
@@ -298,5 +301,31 @@ func TestRelayNATSRefusesAControlCharacterInTheName(t *testing.T) {
 		if r.code != 2 || !strings.Contains(r.stderr, "--name") || !strings.Contains(r.stderr, "control character") {
 			t.Errorf("--name %q: exit %d, want 2 naming --name and the control character (%s)", name, r.code, r.stderr)
 		}
+	}
+}
+
+// TestRelayOnceSaysWhatItWaitsFor: relay --once while another session holds
+// the relay's lock (a relay process of the same name leading) says, after a
+// moment, what it may be waiting for; it waited without a word.
+func TestRelayOnceSaysWhatItWaitsFor(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	ns, err := natsserver.Start(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Stop)
+	conn, err := pgx.Connect(t.Context(), db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	k1, k2 := lockkey.Pair(catchup.LockKey("annals", "waiting-relay", 0))
+	if _, err := conn.Exec(t.Context(), "SELECT pg_advisory_lock($1::int4, $2::int4)", k1, k2); err != nil {
+		t.Fatal(err)
+	}
+	r := annalsWithin(t, 3*onceWaitNote, db.URL, "relay", "nats", "--once", "--nats-url", ns.ClientURL(), "--name", "waiting-relay")
+	if r.code == 0 || !strings.Contains(r.stderr, "waiting for the relay's lock") {
+		t.Fatalf("relay --once behind another's lock: exit %d, stderr %q; want a note on what it waits for", r.code, r.stderr)
 	}
 }
