@@ -24,8 +24,7 @@ type Standby struct {
 	sock    net.Conn
 	ctxh    *ctxHandler
 	cfg     Config
-	pid     uint32
-	server  int32  // pg_backend_pid() of the marked server session
+	pid     uint32 // pg_backend_pid() of the marked server session
 	mark    string // MarkSession's value on the standby's server session
 	spent   bool   // the connection went to a Lock, or was closed
 	keys    []string
@@ -69,16 +68,14 @@ func NewStandby(ctx context.Context, connConfig *pgx.ConnConfig, cfg *Config) (*
 	if err != nil {
 		return nil, errors.CombineErrors(errors.Wrap(err, "advisorylock: standby: mark the session and listen"), closeConn(ctx, conn))
 	}
-	return &Standby{conn: conn, sock: conn.PgConn().Conn(), ctxh: handler(conn.PgConn()), cfg: c, pid: conn.PgConn().PID(), server: server, mark: mark}, nil
+	return &Standby{conn: conn, sock: conn.PgConn().Conn(), ctxh: handler(conn.PgConn()), cfg: c, pid: uint32(server), mark: mark}, nil
 }
 
-// PID returns the process ID of the standby's server backend.
+// PID returns the process ID of the standby's server backend, as the
+// server reports it (pg_backend_pid(), read with the session's mark): behind
+// a pooler, which makes up the one the connection's start-up reports, the
+// server's own.
 func (s *Standby) PID() uint32 { return s.pid }
-
-// ServerPID returns the process ID of the server session the standby
-// marked, as the server reports it (pg_backend_pid()): behind a pooler,
-// which makes up the one PID reports, the server's own.
-func (s *Standby) ServerPID() int32 { return s.server }
 
 // TryLock tries to take each of keys once, in one statement (in the order
 // given; the keys must be distinct and non-empty), and never waits. If it

@@ -152,7 +152,7 @@ func (l *Lease) CommitConn(ctx context.Context, conn *pgx.Conn, begin bool, posi
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && l.shared != nil && l.shared.server != 0 &&
 		strings.Contains(pgErr.Message, "annals: checkpoint fenced") &&
-		strings.Contains(pgErr.Message, ", server session "+strconv.Itoa(int(l.shared.server))+"\"") {
+		strings.Contains(pgErr.Message, ", server session "+strconv.FormatUint(uint64(l.shared.server), 10)+"\"") {
 		// The transaction ran on the server session that holds the
 		// partition's lock (CommitFencedHeld): fenced, as every commit
 		// through that pooler will be, but by a misconfiguration.

@@ -150,7 +150,7 @@ type sharedLock struct {
 	g    *group
 	// server is the lock session's server PID (pg_backend_pid()): a
 	// commit fenced on that server session ran where the lock is held.
-	server int32
+	server uint32
 
 	mu       sync.Mutex
 	err      error         // why it is no longer held
@@ -713,7 +713,7 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 		switch {
 		case cerr == nil:
 			delete(s.blocked, k)
-			if !s.hand(k, w, cp, sb.ServerPID()) {
+			if !s.hand(k, w, cp, sb.PID()) {
 				giveBack = append(giveBack, k) // its wait ended meanwhile
 			}
 		case isConnErr(cerr):
@@ -836,7 +836,7 @@ func (s *sessions) pick(ws []*waiter) *waiter {
 // hand gives w the lock of key, taken and claimed on the shared session
 // (whose server PID is server), unless w's wait has ended (it returns
 // false: give the lock back).
-func (s *sessions) hand(key string, w *waiter, cp checkpoint.Checkpoint, server int32) bool {
+func (s *sessions) hand(key string, w *waiter, cp checkpoint.Checkpoint, server uint32) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if w.gone {
