@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -88,5 +89,59 @@ func TestUpThroughATransactionPooler(t *testing.T) {
 		if held != 0 {
 			t.Errorf("%s: its migration lock is still held (%d) after Up returned", s, held)
 		}
+	}
+}
+
+// TestUpWaitsForAnOlderUpsSessionLock: an Up of an older annals held the
+// migration lock as a session lock; this one takes it for its transaction.
+// The two must still exclude each other during a rolling upgrade: while a
+// session holds the key, Up waits, and it migrates once it is given back.
+func TestUpWaitsForAnOlderUpsSessionLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	const schema = "older_up"
+	t.Cleanup(func() {
+		_, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	old, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Release()
+	k1, k2 := schemaname.MigrateLockKey(schema)
+	if _, err := old.Exec(ctx, "SELECT pg_catalog.pg_advisory_lock($1::int4, $2::int4)", k1, k2); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := migrations.Up(ctx, db.Pool, &migrations.Config{Schema: schema})
+		done <- err
+	}()
+	// Up waits in the lock queue: its backend shows a wait on an advisory lock.
+	annalstest.WaitFor(t, 20*time.Second, func() bool {
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_locks
+			WHERE locktype = 'advisory' AND NOT granted
+			  AND classid = ($1::int4::int8 & 4294967295)::oid AND objid = ($2::int4::int8 & 4294967295)::oid`, k1, k2).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("Up returned (%v) while an older Up's session lock was held", err)
+	default:
+	}
+	if _, err := old.Exec(ctx, "SELECT pg_catalog.pg_advisory_unlock($1::int4, $2::int4)", k1, k2); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Up after the older Up's lock was given back: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Up did not finish within 30 s of the lock being given back")
 	}
 }
