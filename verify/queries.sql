@@ -1,5 +1,8 @@
 -- Statements of the verify package. All run in one REPEATABLE READ READ ONLY
--- transaction, so they see one snapshot of the log.
+-- transaction, so they see one snapshot of the log. The whole log is read
+-- from its two tables (the template's WholeLog: events_archive UNION ALL events),
+-- never through the view events_all, which the schema's owner may replace
+-- with one showing verify other rows than the tables, and subscribers, read.
 
 -- name: Head
 SELECT greatest((SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events),
@@ -58,26 +61,26 @@ SELECT s.stream_id, s.state, s.version, s.truncate_before,
                                  ORDER BY e.stream_version), '{}') AS counts,
               coalesce(array_agg(e.data->>'max_age_seconds' IS NOT NULL ORDER BY e.stream_version), '{}') AS ages,
               bool_or(e.data->>'deleted' = 'hard') AS any_hard
-         FROM {{.Schema}}.events_all e
+         FROM {{.WholeLog}} e
         WHERE e.stream_id = '$$' || s.stream_id AND e.event_type = '$stream.truncated') r ON true
   LEFT JOIN LATERAL (
-       SELECT e.stream_version, e.global_sequence FROM {{.Schema}}.events_all e
+       SELECT e.stream_version, e.global_sequence FROM {{.WholeLog}} e
         WHERE e.stream_id = s.stream_id ORDER BY e.stream_version, e.global_sequence LIMIT 1) f ON true
   LEFT JOIN LATERAL (
-       SELECT e.stream_version, e.global_sequence FROM {{.Schema}}.events_all e
+       SELECT e.stream_version, e.global_sequence FROM {{.WholeLog}} e
         WHERE e.stream_id = s.stream_id ORDER BY e.stream_version DESC, e.global_sequence DESC LIMIT 1) l ON true
   LEFT JOIN LATERAL (
-       SELECT e.event_type, e.data->>'hard' AS hard, e.global_sequence FROM {{.Schema}}.events_all e
+       SELECT e.event_type, e.data->>'hard' AS hard, e.global_sequence FROM {{.WholeLog}} e
         WHERE e.stream_id = s.stream_id AND e.stream_version = s.version
         ORDER BY e.global_sequence LIMIT 1) v ON true
   LEFT JOIN LATERAL (
-       SELECT e.event_type, e.global_sequence FROM {{.Schema}}.events_all e
+       SELECT e.event_type, e.global_sequence FROM {{.WholeLog}} e
         WHERE e.stream_id = s.stream_id AND e.stream_version = s.truncate_before - 1
         ORDER BY e.global_sequence LIMIT 1) d ON s.truncate_before > 1
   LEFT JOIN LATERAL (
        SELECT CASE WHEN e.data->>'version' ~ '^[0-9]{1,18}$' THEN (e.data->>'version')::bigint END AS version,
               e.data->>'deleted' = 'hard' AS hard, e.global_sequence
-         FROM {{.Schema}}.events_all e
+         FROM {{.WholeLog}} e
         WHERE e.stream_id = '$$' || s.stream_id AND e.event_type = '$stream.truncated'
           AND e.data->>'deleted' IS NOT NULL
         ORDER BY e.stream_version DESC LIMIT 1) dr ON true
@@ -105,7 +108,7 @@ SELECT {{.Schema}}.deletions_recorded_after();
 -- the old function and waited for the migration at the append lock, ahead
 -- of every call that started after the commit).
 SELECT min(e.global_sequence)
-  FROM {{.Schema}}.events_all e
+  FROM {{.WholeLog}} e
  WHERE e.event_type = '$stream.truncated' AND starts_with(e.stream_id, '$$')
    AND e.data->>'deleted' IS NOT NULL;
 
@@ -127,7 +130,10 @@ SELECT EXISTS (SELECT 1 FROM {{.Schema}}.schema_migrations WHERE version = 38);
 -- scavenge() (enabled: 'O' or 'A'; 'D' is off, 'R' fires only under
 -- session_replication_role = replica), and a valid unique index without a
 -- predicate or expressions on the key columns of events, events_archive
--- and streams. Returns the table, what is wrong and what is there now.
+-- and streams; and row-level security on a table verify reads (annals
+-- enables it on none): its policies can hide rows from the role running
+-- verify while other roles read them. Returns the table, what is wrong,
+-- what is there now and what it lets its maker do.
 WITH ns AS (
     SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = {{.SchemaLiteral}}
 ), want_trg(tbl, fn, tgtype) AS (
@@ -144,7 +150,8 @@ SELECT w.tbl,
                          {{.SchemaLiteral}}, w.fn, CASE WHEN w.tgtype = 62 THEN ' and INSERT' ELSE '' END),
        coalesce((SELECT pg_catalog.string_agg(pg_catalog.format('%s (enabled %s)', pg_catalog.pg_get_triggerdef(t.oid), t.tgenabled), '; ')
                    FROM pg_catalog.pg_trigger t
-                  WHERE t.tgrelid = c.oid AND NOT t.tgisinternal), 'no trigger')
+                  WHERE t.tgrelid = c.oid AND NOT t.tgisinternal), 'no trigger'),
+       'the table''s owner or a superuser removed or disabled it, and could change rows unseen by it'
   FROM want_trg w
   JOIN pg_catalog.pg_class c ON c.relname = w.tbl AND c.relnamespace = (SELECT oid FROM ns)
  WHERE NOT EXISTS (
@@ -157,7 +164,8 @@ SELECT w.tbl,
        pg_catalog.format('no valid unique index on (%s) without a predicate', pg_catalog.array_to_string(w.cols, ', ')),
        coalesce((SELECT pg_catalog.string_agg(pg_catalog.pg_get_indexdef(i.indexrelid)
                                               || CASE WHEN i.indisvalid THEN '' ELSE ' (invalid)' END, '; ')
-                   FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisunique), 'no unique index')
+                   FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisunique), 'no unique index'),
+       'the table''s owner or a superuser removed or disabled it, and could change rows unseen by it'
   FROM want_idx w
   JOIN pg_catalog.pg_class c ON c.relname = w.tbl AND c.relnamespace = (SELECT oid FROM ns)
  WHERE NOT EXISTS (
@@ -168,6 +176,21 @@ SELECT w.tbl,
                       JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.att
                      WHERE k.ord <= i.indnkeyatts
                      ORDER BY a.attname) = w.cols)
+UNION ALL
+SELECT c.relname::text,
+       'row-level security is enabled' || CASE WHEN c.relforcerowsecurity THEN ' and forced (its owner is filtered too)' ELSE '' END,
+       coalesce((SELECT pg_catalog.string_agg(pg_catalog.format('policy %I for %s to %s using (%s)', p.polname,
+                                                                 CASE p.polcmd WHEN 'r' THEN 'SELECT' WHEN 'a' THEN 'INSERT' WHEN 'w' THEN 'UPDATE'
+                                                                               WHEN 'd' THEN 'DELETE' ELSE 'ALL' END,
+                                                                 CASE WHEN p.polroles = '{0}' THEN 'PUBLIC'
+                                                                      ELSE (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(r.oid)), ', ')
+                                                                              FROM pg_catalog.unnest(p.polroles) r(oid)) END,
+                                                                 coalesce(pg_catalog.pg_get_expr(p.polqual, p.polrelid), 'true')), '; ')
+                   FROM pg_catalog.pg_policy p WHERE p.polrelid = c.oid), 'no policy: every row hidden from all but its owner'),
+       'the table''s owner or a superuser enabled it: its policies can hide rows from some roles (this one among them) and show others a different log, unseen by this run'
+  FROM pg_catalog.pg_class c
+ WHERE c.relnamespace = (SELECT oid FROM ns) AND c.relrowsecurity
+   AND c.relname IN ('events', 'events_archive', 'streams', 'scavenge_runs', 'schema_migrations')
  ORDER BY 1, 2;
 
 -- name: CanReadScavengeRuns
@@ -212,7 +235,7 @@ SELECT s.stream_id,
   FROM {{.Schema}}.streams s
   LEFT JOIN LATERAL (
        SELECT e.data, e.global_sequence
-         FROM {{.Schema}}.events_all e
+         FROM {{.WholeLog}} e
         WHERE e.stream_id = '$$' || s.stream_id AND e.event_type = '$stream.truncated'
         ORDER BY e.stream_version DESC
         LIMIT 1) t ON true
@@ -240,7 +263,7 @@ SELECT e.global_sequence, e.stream_id, a.stream_id
 -- the bytes as written).
 SELECT global_sequence, event_id, stream_id, stream_version, event_type,
        data::text, metadata::text, recorded_at
-  FROM {{.Schema}}.events_all
+  FROM {{.WholeLog}} e
  WHERE global_sequence > $1
  ORDER BY global_sequence
  LIMIT $2;

@@ -148,7 +148,11 @@ const (
 	// deletions_recorded_after() (migration 0038) returning a position at
 	// or above a deletion record (Position: the first record), or missing
 	// while schema_migrations records 0038: replaced or dropped, it would
-	// let deletions without a record pass as older than the records.
+	// let deletions without a record pass as older than the records. Also
+	// row-level security enabled on a table Log reads (events,
+	// events_archive, streams, scavenge_runs, schema_migrations; annals
+	// enables it on none): its policies can hide rows from the role that
+	// runs Log while other roles, subscribers among them, read them.
 	GuardRemoved Kind = "guard_removed"
 )
 
@@ -295,10 +299,10 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 	if err != nil {
 		return nil, errors.Wrap(err, "verify: look up the log's triggers and unique indexes")
 	}
-	var table, wrong, now string
-	if _, err := pgx.ForEachRow(grows, []any{&table, &wrong, &now}, func() error {
+	var table, wrong, now, why string
+	if _, err := pgx.ForEachRow(grows, []any{&table, &wrong, &now, &why}, func() error {
 		rep.add(c.MaxProblems, Problem{Kind: GuardRemoved,
-			Message: fmt.Sprintf("%s.%s: %s (now: %s): the table's owner or a superuser removed or disabled it, and could change rows unseen by it", schemaname.Ident(c.Schema), table, wrong, now)})
+			Message: fmt.Sprintf("%s.%s: %s (now: %s): %s", schemaname.Ident(c.Schema), table, wrong, now, why)})
 		return nil
 	}); err != nil {
 		return nil, errors.Wrap(err, "verify: look up the log's triggers and unique indexes")

@@ -77,6 +77,15 @@ func (d Data) HeartbeatLeader(checkpoint, staleMicros string) string {
 	return leadership.HeartbeatLeaderJoin(d.Schema, checkpoint, staleMicros)
 }
 
+// WholeLog is the whole log (archived events, then the hot ones) as a
+// parenthesized subquery of the two tables, with the columns of the view
+// events_all: for a reader that must see the rows the tables hold, not what
+// a view the schema's owner may replace shows (verify). Give it an alias.
+func (d Data) WholeLog() string {
+	const cols = "global_sequence, event_id, stream_id, stream_version, event_type, data, metadata, recorded_at"
+	return "(SELECT " + cols + " FROM " + d.Schema + ".events_archive UNION ALL SELECT " + cols + " FROM " + d.Schema + ".events)"
+}
+
 // Render executes src as a template with data.
 func Render(name, src string, data Data) (string, error) {
 	t, err := template.New(name).Option("missingkey=error").Parse(src)
