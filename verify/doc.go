@@ -73,7 +73,11 @@
 //     (stream, version) and stream IDs; and deletions_recorded_after()
 //     returning a position at or above a deletion record (replaced to let
 //     deletions pass by the old rules: they are held to the first record
-//     instead), or dropped while schema_migrations records 0038;
+//     instead), or dropped while schema_migrations records 0038; and
+//     row-level security enabled on a table it reads (events,
+//     events_archive, streams, scavenge_runs, schema_migrations), whose
+//     policies can hide rows from the role running it while subscribers'
+//     roles read them;
 //   - a scavenge run that removed events with a clock more than
 //     ScavengeClockTolerance later than its start (scavenge() took the
 //     caller's clock before migration 0027; since, a run's clock is never
@@ -100,6 +104,7 @@
 // streams in a note. The baseline covers event rows only, so it tells
 // such a change only by the events it removed or added. A function of the
 // schema redefined by its owner (the append-only trigger's) is not looked
-// at; deletions_recorded_after is checked only against the deletion
+// at, nor is the view events_all (Log reads the two tables it unites,
+// events_archive and events, directly); deletions_recorded_after is checked only against the deletion
 // records (a value lowered, or raised while none exists, is not seen).
 package verify
