@@ -425,6 +425,16 @@ type Config struct {
 	// one a read further than the next. Defaults to 0: it waits as long as
 	// the replica lags.
 	ReadPoolWait time.Duration
+	// ReadLagCheck is how often a live leadership reading from ReadPool
+	// that finds nothing new checks that the replica keeps up: it compares
+	// the replica's head with the primary's as of ReadLagCheck before (one
+	// statement on the primary per ReadLagCheck, only while idle). A replica
+	// that has not replayed in that time what the primary had committed
+	// (its replay paused, or lagging) is logged at WARN, at most once a
+	// minute, with both heads and whether its replay is paused, and at INFO
+	// once it has caught up: otherwise the subscriber would wait in silence.
+	// Defaults to DefaultReadLagCheck (5s); negative: no check.
+	ReadLagCheck time.Duration
 	// Logger receives leadership changes and failures. Defaults to warnings
 	// and errors on slog.Default() (information and debug records dropped).
 	Logger *slog.Logger
@@ -440,6 +450,26 @@ type Config struct {
 	// WakeFor) in place of the engine's Listener, which still brings the
 	// fence announcements. Defaults to nil: the Listener (NOTIFY).
 	WakeFor WakeFor
+	// HolderWarnAfter, when positive, makes the engine say when a partition
+	// it wants (see "A lock no live instance holds" in the package doc)
+	// stays held by another session that no live runner instance lists:
+	// once the partition has been seen held for this long, one statement
+	// looks up the holder, the instance registry (an instance whose
+	// heartbeat is younger than HolderWarnAfter is live) and the
+	// checkpoint, and when no live instance lists the partition and no
+	// rebuild of it runs (RebuildKey), a WARN names the holder's backend
+	// pid, what pg_stat_activity shows of it and the remedy; at most once
+	// a minute per partition, and an INFO once the partition is free or a
+	// live instance's again. The projection runner sets it to three of its
+	// heartbeats (the threshold past which annals status calls an instance
+	// stale). Defaults to 0: no check, and no statement.
+	HolderWarnAfter time.Duration
+	// RebuildKey returns the advisory-lock key that a rebuild of the
+	// subscriber holds for its whole run ("": none), for HolderWarnAfter: a
+	// rebuild leads its partitions without heartbeats, so a partition held
+	// while a session holds that key is taken for the rebuild's, and nothing
+	// is logged. Defaults to nil: no rebuild is recognised.
+	RebuildKey func(subscriber string) string
 }
 
 // Engine drives subscriptions: leader election, catch-up, live tail.
@@ -493,6 +523,9 @@ func NewEngine(pool *pgxpool.Pool, listener *Listener, cfg *Config) (*Engine, er
 	def(&c.RetryBackoff, 500*time.Millisecond)
 	def(&c.ShutdownTimeout, 30*time.Second)
 	def(&c.ReadPollInterval, 100*time.Millisecond)
+	if c.ReadLagCheck == 0 {
+		c.ReadLagCheck = DefaultReadLagCheck
+	}
 	c.ReadPollInterval = min(c.ReadPollInterval, c.PollInterval)
 	if c.Logger == nil {
 		c.Logger = telemetry.DefaultLogger()
@@ -918,6 +951,10 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 	// behindSince is when a Drive began to wait for ReadPool to show more
 	// (see ReadPoolWait); zero while its reads get somewhere.
 	var behindSince time.Time
+	// lag watches the replica of a live leadership reading from ReadPool
+	// (see readLag).
+	var lag readLag
+	_ = lag
 	for {
 		if ctx.Err() != nil {
 			if live {
@@ -1066,6 +1103,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			if !live {
 				return nil // target is beyond the head: nothing more to read
 			}
+			// lag.idle(ctx, e, sub, batch.Head)
 			if err := idle(); err != nil {
 				return err
 			}

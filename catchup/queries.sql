@@ -143,6 +143,41 @@ SELECT k.i, l.granted, l.pid
   FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS k(k1, k2, i)
   JOIN l ON l.classid = (k.k1::int8 & 4294967295)::oid AND l.objid = (k.k2::int8 & 4294967295)::oid;
 
+-- name: HeldLocks
+-- Who holds the locks of the partitions a standby has found held by another
+-- session for long (heldRun in standby.go): run only then, never per poll.
+-- $1 subscribers, $2 partitions, $3 and $4 the partitions' two-int4 lock
+-- keys, $5 and $6 the keys of the lock a rebuild of each subscriber holds
+-- for its whole run (NULL: none), $7 the staleness threshold in
+-- microseconds. Per 1-based position i: the holder's backend pid (NULL: free
+-- now); the live instance whose heartbeat lists the partition
+-- (leadership.HeartbeatLeaderJoin; NULL: none); the checkpoint's owner and
+-- how long ago its row last changed, in seconds (NULL: no row); whether a
+-- session holds the rebuild's lock; and what pg_stat_activity shows this
+-- role of the holder: usename and application_name for every backend, the
+-- rest NULL for another role's backend unless this role has
+-- pg_read_all_stats (or is a superuser).
+WITH l AS MATERIALIZED (
+    SELECT classid, objid, pid
+      FROM pg_locks
+     WHERE locktype = 'advisory' AND objsubid = 2 AND mode = 'ExclusiveLock' AND granted
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+SELECT k.i, h.pid, heartbeat_leader.instance_id, c.owner,
+       extract(epoch FROM now() - c.updated_at)::float8,
+       EXISTS (SELECT 1 FROM l
+                WHERE l.classid = (k.r1::int8 & 4294967295)::oid AND l.objid = (k.r2::int8 & 4294967295)::oid),
+       a.usename::text, a.application_name, host(a.client_addr), a.backend_start, a.state, a.state_change
+  FROM unnest($1::text[], $2::int4[], $3::int4[], $4::int4[], $5::int4[], $6::int4[])
+       WITH ORDINALITY AS k(subscriber_id, partition, k1, k2, r1, r2, i)
+  LEFT JOIN {{.Schema}}.checkpoints cp ON cp.subscriber_id = k.subscriber_id AND cp.partition = k.partition
+ CROSS JOIN LATERAL (SELECT k.subscriber_id, k.partition, cp.epoch, cp.owner, cp.updated_at) AS c
+  LEFT JOIN LATERAL (
+        SELECT min(l.pid) AS pid FROM l
+         WHERE l.classid = (k.k1::int8 & 4294967295)::oid AND l.objid = (k.k2::int8 & 4294967295)::oid
+       ) AS h ON true
+  {{.HeartbeatLeader "c" "$7"}}
+  LEFT JOIN pg_stat_activity a ON a.pid = h.pid;
+
 -- name: CommitFencedHeld
 -- CommitFenced for a lease held on the engine's lock session, while the
 -- batch runs on another connection: the move also needs the partition's

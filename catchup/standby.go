@@ -106,6 +106,10 @@ type sessions struct {
 	// first of them did and when a warning was last logged (see
 	// logClaimTimeout). Only the poller touches it.
 	blocked map[string]*claimBlock
+	// heldBy is, per partition this process wants and finds held by
+	// another session, the run of polls that found it so (see heldRun).
+	// Only the poller touches it.
+	heldBy map[string]*heldRun
 }
 
 // claimBlock is a run of timed-out claims of one partition.
@@ -200,7 +204,7 @@ type group struct {
 func newSessions(e *Engine) *sessions {
 	return &sessions{e: e, waiting: map[*waiter]struct{}{}, held: map[string]*sharedLock{},
 		groups: map[string]*group{}, wake: make(chan struct{}, 1), freeSince: map[string]time.Time{}, retryAt: map[string]time.Time{},
-		blocked: map[string]*claimBlock{}}
+		blocked: map[string]*claimBlock{}, heldBy: map[string]*heldRun{}}
 }
 
 // start runs the poller unless it runs. The caller holds s.mu.
@@ -618,10 +622,18 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 	freeOf := map[*group][]*waiter{}
 	now := time.Now()
 	seen := make(map[string]bool, len(st.keys))
+	// With Config.HolderWarnAfter: the wanted partitions that another
+	// session holds (the holder's pid, 0: unknown yet), and those whose run
+	// of such polls goes on unobserved in this poll (see heldRun).
+	var hs heldSeen
+	if s.e.cfg.HolderWarnAfter > 0 {
+		hs = heldSeen{now: map[string]int32{}, keep: map[string]bool{}}
+	}
 	for _, k := range st.keys {
 		ws := st.byKey[k]
 		if at, ok := s.retryAt[k]; ok {
 			if now.Before(at) {
+				hs.keepRun(k)
 				continue // its claim timed out a moment ago
 			}
 			delete(s.retryAt, k)
@@ -633,6 +645,14 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 			seen[k] = true
 			if busy[k] {
 				delete(s.freeSince, k)
+				if pid, ok := granted[k]; ok {
+					switch {
+					case want[g] > 0: // owed a partition, and this one is held
+						hs.held(k, pid)
+					case g.slot < 0: // not a member yet: no share to tell
+						hs.keepRun(k)
+					}
+				}
 				continue
 			}
 			since, ok := s.freeSince[k]
@@ -675,12 +695,26 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 		}
 	}
 	if len(take) == 0 {
+		s.watchHeld(ctx, sb, st, hs)
 		return nil
 	}
 	rand.Shuffle(len(take), func(i, j int) { take[i], take[j] = take[j], take[i] })
 	won, err := sb.Take(ctx, take)
 	if err != nil {
 		return err
+	}
+	if hs.now != nil {
+		// An unbalanced partition's lock that was not won is held by
+		// another session (which one, the check finds out).
+		got := make(map[int]bool, len(won))
+		for _, i := range won {
+			got[i] = true
+		}
+		for i, k := range take {
+			if ws := st.byKey[k]; !got[i] && takeSlot[k] == nil && len(ws) > 0 && ws[0].g == nil {
+				hs.held(k, 0)
+			}
+		}
 	}
 	var giveBack []string
 	for _, i := range won {
@@ -736,6 +770,7 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 			return err
 		}
 	}
+	s.watchHeld(ctx, sb, st, hs)
 	return nil
 }
 

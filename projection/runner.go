@@ -621,7 +621,24 @@ func (r *Runner) newEngine(listener *catchup.Listener) (*catchup.Engine, error) 
 		OnLeadership:      r.onLeadership,
 		OnProgress:        r.onProgress,
 		WakeFor:           r.cfg.Wake,
+		// A partition this runner wants, held for three heartbeats (what
+		// annals status calls stale) by a session that no live instance
+		// lists, is logged at WARN; a rebuild's is not.
+		HolderWarnAfter: 3 * r.cfg.HeartbeatInterval,
+		RebuildKey:      r.rebuildKeyOf,
 	})
+}
+
+// rebuildKeyOf returns the key of the lock a rebuild holds for its whole
+// run (RebuildLockKey) while it leads the partitions of subscriber: a
+// projection's, or a blue/green read model's for one of its generations
+// (<name>#g<N>).
+func (r *Runner) rebuildKeyOf(subscriber string) string {
+	name := subscriber
+	if i := strings.LastIndex(name, "#g"); i > 0 && i+2 < len(name) && strings.TrimLeft(name[i+2:], "0123456789") == "" {
+		name = name[:i]
+	}
+	return RebuildLockKey(r.cfg.Schema, name)
 }
 
 func (r *Runner) subscriptions() []*catchup.Subscription {

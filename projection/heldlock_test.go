@@ -1,0 +1,153 @@
+package projection_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/advisorylock"
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/projection"
+)
+
+// heldWarning is the start of the WARN a standby logs about a partition
+// held by a session that no live instance lists.
+const heldWarning = `level=WARN msg="annals: the partition has no leader: a session that no live instance lists`
+
+// holdLocks takes the session advisory locks keys on a connection of its
+// own, named app (application_name), as a psql session left open would, and
+// returns it (closed at the end of the test) and its backend pid.
+func holdLocks(t *testing.T, h *liveHarness, app string, keys ...string) (*pgx.Conn, uint32) {
+	t.Helper()
+	cfg := h.pool.Config().ConnConfig.Copy()
+	cfg.RuntimeParams["application_name"] = app
+	conn, err := pgx.ConnectConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	for _, k := range keys {
+		k1, k2 := advisorylock.Key(k)
+		if _, err := conn.Exec(t.Context(), `SELECT pg_advisory_lock($1, $2)`, k1, k2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return conn, conn.PgConn().PID()
+}
+
+// debugLogger logs everything, debug records included, to buf.
+func debugLogger(buf *annalstest.LogBuffer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// TestStandbyWarnsOfALockNoLiveInstanceHolds: a session that is no runner
+// instance (a psql session left holding the lock, a pooler's server session
+// a dead runner took it on) holds a partition's lock: the runner that wants
+// it stood by for ever without a word. Past three of its heartbeats it
+// logs a WARN naming the subscriber, the partition, the holder's pid, what
+// pg_stat_activity shows of it and the remedy, and an INFO once the session
+// ends and it leads.
+func TestStandbyWarnsOfALockNoLiveInstanceHolds(t *testing.T) {
+	t.Parallel()
+	h := newLiveHarness(t)
+	conn, pid := holdLocks(t, h, "left-over-psql", catchup.LockKey("annals", "seen", 0))
+
+	var buf annalstest.LogBuffer
+	cfg := testConfig(time.Second)
+	cfg.HeartbeatInterval = 100 * time.Millisecond // the warning after 300 ms
+	cfg.Logger = debugLogger(&buf)
+	r := h.newRunner(cfg, nil, &seenProjection{name: "seen"})
+	h.run(r)
+
+	warning := func() string {
+		for line := range strings.SplitSeq(buf.String(), "\n") {
+			if strings.Contains(line, heldWarning) {
+				return line
+			}
+		}
+		return ""
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(buf.String())
+		}
+	})
+	annalstest.WaitFor(t, 15*time.Second, func() bool { return warning() != "" })
+	line := warning()
+	for _, want := range []string{"subscriber=seen", "partition=0", fmt.Sprintf("pid=%d", pid),
+		"application_name=left-over-psql", "state=idle", "backend_start=", "pg_terminate_backend(pid)", "RECONNECT"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("the warning lacks %q: %s", want, line)
+		}
+	}
+	if n := strings.Count(buf.String(), heldWarning); n != 1 {
+		t.Errorf("%d warnings within a minute; want 1 (once a minute per partition)", n)
+	}
+
+	if err := conn.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	annalstest.WaitFor(t, 15*time.Second, func() bool {
+		return strings.Contains(buf.String(), `level=INFO msg="annals: the partition is no longer held by a session that no live instance lists`) &&
+			h.query(`SELECT count(*) FROM annals.checkpoints WHERE subscriber_id = 'seen' AND owner = $1`, r.InstanceID()) == 1
+	})
+}
+
+// TestStandbyDoesNotWarnOfALiveLeaderOrARebuild: a partition held by a live
+// instance (its heartbeat lists it), or by a rebuild (which leads without
+// heartbeats, holding its rebuild lock), is looked at past the threshold,
+// found so, and not warned of.
+func TestStandbyDoesNotWarnOfALiveLeaderOrARebuild(t *testing.T) {
+	t.Parallel()
+	t.Run("LiveInstance", func(t *testing.T) {
+		t.Parallel()
+		h := newLiveHarness(t)
+		cfg := testConfig(time.Second)
+		cfg.HeartbeatInterval = 100 * time.Millisecond
+		leader := h.newRunner(cfg, nil, &seenProjection{name: "seen"})
+		h.run(leader)
+		annalstest.WaitFor(t, 15*time.Second, func() bool {
+			return h.query(`SELECT count(*) FROM annals.checkpoints WHERE subscriber_id = 'seen' AND owner = $1`, leader.InstanceID()) == 1
+		})
+
+		// A catch-up stands by for the leader's partition (which the leader
+		// never gives back) until the test ends.
+		var buf annalstest.LogBuffer
+		cfg2 := testConfig(time.Second)
+		cfg2.HeartbeatInterval = 100 * time.Millisecond
+		cfg2.Logger = debugLogger(&buf)
+		standby := h.newRunner(cfg2, nil, &seenProjection{name: "seen"})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- standby.RunUntilCaughtUp(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		annalstest.WaitFor(t, 15*time.Second, func() bool {
+			return strings.Contains(buf.String(), `msg="annals: standing by: a live instance leads the partition" subscriber=seen partition=0 leader=`+leader.InstanceID())
+		})
+		if strings.Contains(buf.String(), heldWarning) {
+			t.Fatalf("warned of a live leader:\n%s", buf.String())
+		}
+	})
+	t.Run("Rebuild", func(t *testing.T) {
+		t.Parallel()
+		h := newLiveHarness(t)
+		holdLocks(t, h, "rebuild", projection.RebuildLockKey("annals", "seen"), catchup.LockKey("annals", "seen", 0))
+		var buf annalstest.LogBuffer
+		cfg := testConfig(time.Second)
+		cfg.HeartbeatInterval = 100 * time.Millisecond
+		cfg.Logger = debugLogger(&buf)
+		h.run(h.newRunner(cfg, nil, &seenProjection{name: "seen"}))
+		annalstest.WaitFor(t, 15*time.Second, func() bool {
+			return strings.Contains(buf.String(), `msg="annals: standing by: a rebuild leads the partition" subscriber=seen partition=0`)
+		})
+		if strings.Contains(buf.String(), heldWarning) {
+			t.Fatalf("warned of a rebuild:\n%s", buf.String())
+		}
+	})
+}
