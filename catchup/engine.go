@@ -954,7 +954,6 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 	// lag watches the replica of a live leadership reading from ReadPool
 	// (see readLag).
 	var lag readLag
-	_ = lag
 	for {
 		if ctx.Err() != nil {
 			if live {
@@ -1103,7 +1102,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			if !live {
 				return nil // target is beyond the head: nothing more to read
 			}
-			// lag.idle(ctx, e, sub, batch.Head)
+			lag.idle(ctx, e, sub, batch.Head)
 			if err := idle(); err != nil {
 				return err
 			}
