@@ -445,8 +445,14 @@ func (e *env) open(ctx context.Context, pin bool, maxConns ...int32) (*pgxpool.P
 	return e.openURL(ctx, url, pin, maxConns...)
 }
 
-// openURL is open on url (a replica's, say), pinned as connect pins.
+// openURL is open on url (a replica's, say), pinned as connect pins. Its
+// errors hold no piece of the URL's password (redactDBURL).
 func (e *env) openURL(ctx context.Context, url string, pin bool, maxConns ...int32) (*pgxpool.Pool, error) {
+	pool, err := e.openURLUnredacted(ctx, url, pin, maxConns...)
+	return pool, redactDBURL(err, url)
+}
+
+func (e *env) openURLUnredacted(ctx context.Context, url string, pin bool, maxConns ...int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, usagef("invalid database URL: %v", err)
