@@ -194,8 +194,8 @@ func (s *sessions) checkHeld(ctx context.Context, sb *advisorylock.Standby, due 
 			log.WarnContext(ctx, "annals: the partition has no leader: a session that no live instance lists in its heartbeat "+
 				"has held its lock for long, so this instance stands by and nobody processes it. It may be a job that leads "+
 				"without heartbeats (Runner.RunUntilCaughtUp, annals tail --subscriber); if not, the session was left holding "+
-				"the lock (a runner's lock session through a transaction-mode PgBouncer, a psql session, the backend of a killed "+
-				"process the server has not noticed yet): end it with SELECT pg_terminate_backend(pid), or on PgBouncer with "+
+				"the lock (a runner frozen with its heartbeat, a runner's lock session through a transaction-mode PgBouncer, a psql "+
+				"session, the backend of a killed process the server has not noticed yet): end it with SELECT pg_terminate_backend(pid), or on PgBouncer with "+
 				"RECONNECT (server_idle_timeout bounds it); see docs/operations.md",
 				attrs...)
 		}
