@@ -1019,13 +1019,26 @@ func (s *session) gap(ctx context.Context, first, last uint64) error {
 }
 
 // handle runs handle for d until it succeeds, pausing RetryBackoff after
-// each failure (the events after it wait). An error marked
+// each failure (the events after it wait). A failure is logged at WARN the
+// first time and then at most once per lostLogEvery (at DEBUG between),
+// with the attempts so far and how long it has been failing, and the
+// success after failures at INFO: a database or a dependency down for an
+// hour would otherwise log two WARNs a second. An error marked
 // failure.Permanent is not retried: it is logged at ERROR and returned as a
 // stop of its *HandlerError. It returns ctx's error when ctx ended first.
 func (c *Consumer) handle(ctx context.Context, d delivery, handle func(context.Context, delivery) error) error {
+	var (
+		fails         int
+		since, warned time.Time
+	)
 	for {
 		err := handle(ctx, d)
 		if err == nil {
+			if fails > 0 {
+				c.cfg.Logger.InfoContext(ctx, "annals: handled a relayed event after failures",
+					slog.String("consumer", c.cfg.Durable), slog.Int64("position", d.event.GlobalSequence),
+					slog.Int("attempts", fails+1), slog.Duration("failing_for", time.Since(since).Round(time.Millisecond)))
+			}
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -1040,8 +1053,17 @@ func (c *Consumer) handle(ctx context.Context, d delivery, handle func(context.C
 				slog.String("type", d.event.Type), slog.String("stream_id", d.event.StreamID), telemetry.Err(err))
 			return stop{he}
 		}
-		c.cfg.Logger.WarnContext(ctx, "annals: handling a relayed event failed; retrying",
-			slog.String("consumer", c.cfg.Durable), slog.Int64("position", d.event.GlobalSequence), telemetry.Err(err))
+		now := time.Now()
+		if fails++; fails == 1 {
+			since = now
+		}
+		level := slog.LevelDebug
+		if fails == 1 || now.Sub(warned) >= lostLogEvery {
+			level, warned = slog.LevelWarn, now
+		}
+		c.cfg.Logger.Log(ctx, level, "annals: handling a relayed event failed; retrying",
+			slog.String("consumer", c.cfg.Durable), slog.Int64("position", d.event.GlobalSequence),
+			slog.Int("attempts", fails), slog.Duration("failing_for", now.Sub(since).Round(time.Millisecond)), telemetry.Err(err))
 		if d.msg != nil {
 			_ = d.msg.InProgress() // keep the server from re-delivering it meanwhile
 		}
