@@ -17,6 +17,10 @@
 //   - lock held and no live instance lists it: the checkpoint's owner (a
 //     hung process, a rebuild, a relay), or nobody that can be named (a
 //     session that is no instance: the caller shows its backend pid).
+//     Unlisted reports this case, which callers say beside the leader: the
+//     owner may be an instance that is gone, whose session (or a pooler's
+//     server session) was left holding the lock, and then nobody processes
+//     the partition.
 //
 // An instance is live when its heartbeat is fresh and it leads at least one
 // of the partitions it lists (or lists none), lost when its heartbeat is

@@ -39,6 +39,14 @@ func Leader(f Facts) (leader string, epoch *int64) {
 	return "", nil
 }
 
+// Unlisted reports a partition whose lock is held while no live instance's
+// heartbeat lists it: whoever holds it is no live runner instance. Leader
+// then names the checkpoint's owner, which may be a rebuild or a catch-up
+// that leads without heartbeats, or a dead or frozen instance whose session
+// (or a pooler's server session) was left holding the lock, which nobody
+// processes; callers say so beside the leader rather than in its place.
+func Unlisted(f Facts) bool { return f.LockHeld && f.HeartbeatLeader == "" }
+
 // The states of an instance.
 const (
 	// Live: a fresh heartbeat, and it leads at least one of the partitions
