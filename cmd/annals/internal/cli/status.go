@@ -18,6 +18,7 @@ import (
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/internal/leadership"
 	"github.com/annals-dev/annals/internal/lockkey"
+	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/walsource"
 )
 
@@ -56,8 +57,13 @@ unless the checkpoint was claimed since by another instance (a leader claims the
 checkpoint after taking the lock, before its next heartbeat lists the partition): then
 that owner leads, shown with "(lock held by backend PID)", as is the owner when no live
 instance lists the partition (a hung process whose heartbeat is stale but whose session
-still holds the lock, a rebuild, a relay, 'annals tail --subscriber'). A lock held with
-no owner to name shows as "(lock held by backend PID)". A generation of a blue/green
+still holds the lock, a rebuild, a relay, 'annals tail --subscriber'). When no live
+instance lists a partition whose lock is held, the column says so: "OWNER (lock held by
+backend PID, no live instance)", or "(lock held by backend PID, no live instance)" with
+no owner to name (a rebuild's owner, rebuild:..., keeps "(lock held by backend PID)"),
+and a NO LIVE INSTANCE line under the table names the backend and the remedy: unless a
+catch-up or 'annals tail --subscriber' holds it, nobody processes the partition (a frozen
+runner, or a session left holding the lock: a pooler's server session, a psql session). A generation of a blue/green
 read model is named as such, with its state (building, live, retired); a retired one is
 not run, so it gets no STOPPED line or dead-letter advice.
 
@@ -80,7 +86,7 @@ shown as led by two instances.
                     "lag_events_exact", "lag_seconds", "epoch", "owner", "leader",
                     "leader_epoch", "heartbeat_leader", "heartbeat_leader_epoch",
                     "updated_at", "stopped_reason", "stopped_at", "dead_letters",
-                    "lock_held", "lock_pid",
+                    "lock_held", "lock_pid", "no_live_instance",
                     "generation": {"read_model", "generation", "state"}}],
    "instances":   [{"instance_id", "host", "pid", "started_at", "last_heartbeat",
                     "heartbeat_age_seconds", "live", "state", "leads",
@@ -95,7 +101,9 @@ heartbeat_leader_epoch are the raw heartbeat fact: the live instance listing the
 partition, whether or not it holds the lock (null: none). stopped_reason and stopped_at
 are null unless the Stop policy halted the partition; dead_letters counts its unresolved
 (open or released) dead letters; lock_pid is the backend pid holding the lock (null:
-free); generation is null unless the subscriber is a blue/green generation (and for a
+free); no_live_instance is true when the lock is held but no live instance's heartbeat
+lists the partition (leader then names the checkpoint's last claimant, which may be a
+dead or frozen instance; the NO LIVE INSTANCE line); generation is null unless the subscriber is a blue/green generation (and for a
 role that may not read read_model_generations). An instance's state is the STATE column
 (live, lost, stale) and live is state = "live"; leads is its list of {"subscriber",
 "partition", "epoch"} as stored; leading and not_leading split it as LEADS does, led_by
@@ -203,6 +211,14 @@ type SubscriberStatus struct {
 	// LockPID is that session's backend pid (null: free).
 	LockHeld bool   `json:"lock_held"`
 	LockPID  *int32 `json:"lock_pid"`
+	// NoLiveInstance reports a lock held while no live instance's heartbeat
+	// lists the partition (leadership.Unlisted): whoever holds it (LockPID)
+	// is no live runner instance. Leader then names the checkpoint's last
+	// claimant, as the console and the projections commands do: a rebuild
+	// or a catch-up that leads without heartbeats, or a dead or frozen
+	// instance whose session, or a pooler's server session, was left
+	// holding the lock, in which case nobody processes the partition.
+	NoLiveInstance bool `json:"no_live_instance"`
 	// Generation is set when the subscriber is a generation of a blue/green
 	// read model (null otherwise, and for a role that may not read
 	// read_model_generations).
@@ -412,6 +428,9 @@ func writeStatusTable(w io.Writer, st *StatusJSON) error {
 		}
 	}
 	for _, s := range st.Subscribers {
+		b.WriteString(noLiveInstanceNote(s))
+	}
+	for _, s := range st.Subscribers {
 		if s.DeadLetters > 0 && !retired(s) {
 			fmt.Fprintf(&b, "%s/%d has %s: annals dlq list --subscriber %s\n", s.Subscriber, s.Partition, countNoun(s.DeadLetters, "unresolved dead letter"), s.Subscriber)
 		}
@@ -467,6 +486,7 @@ func resolveLeaders(subs []SubscriberStatus) {
 		if leader, epoch := leadership.Leader(f); leader != "" {
 			s.Leader, s.LeaderEpoch = &leader, epoch
 		}
+		s.NoLiveInstance = leadership.Unlisted(f)
 	}
 }
 
@@ -539,14 +559,42 @@ func leaderText(s SubscriberStatus) string {
 		return fmt.Sprintf("%s (at epoch %d)", *s.Leader, *s.LeaderEpoch)
 	case s.Leader != nil && s.HeartbeatLeader != nil && *s.HeartbeatLeader == *s.Leader:
 		return *s.Leader
+	case s.Leader != nil && s.LockPID != nil && s.NoLiveInstance && !rebuildOwned(s):
+		return fmt.Sprintf("%s (lock held by backend %d, no live instance)", *s.Leader, *s.LockPID)
 	case s.Leader != nil && s.LockPID != nil:
 		return fmt.Sprintf("%s (lock held by backend %d)", *s.Leader, *s.LockPID)
 	case s.Leader != nil:
 		return *s.Leader
+	case s.LockPID != nil && s.NoLiveInstance:
+		return fmt.Sprintf("(lock held by backend %d, no live instance)", *s.LockPID)
 	case s.LockPID != nil:
 		return fmt.Sprintf("(lock held by backend %d)", *s.LockPID)
 	}
 	return "(lock held)"
+}
+
+// rebuildOwned reports a partition whose checkpoint a rebuild claimed last
+// (projection.RebuildOwnerPrefix): a rebuild leads without heartbeats.
+func rebuildOwned(s SubscriberStatus) bool {
+	return s.Owner != nil && strings.HasPrefix(*s.Owner, projection.RebuildOwnerPrefix)
+}
+
+// noLiveInstanceNote is the line under the subscribers' table about a
+// partition whose lock a session holds that no live instance lists, but
+// for a rebuild's ("" then, and when there is nothing to say).
+func noLiveInstanceNote(s SubscriberStatus) string {
+	if !s.NoLiveInstance || s.LockPID == nil || rebuildOwned(s) {
+		return ""
+	}
+	claimed := ""
+	if s.Owner != nil && *s.Owner != "" {
+		claimed = " (last claimed by " + *s.Owner + ")"
+	}
+	return fmt.Sprintf("NO LIVE INSTANCE %s/%d: its lock is held by backend %d%s, which no live instance lists in its heartbeat. "+
+		"Unless a catch-up (Runner.RunUntilCaughtUp) or 'annals tail --subscriber' holds it, nobody processes the partition: "+
+		"a frozen runner, or a session left holding the lock (a pooler's server session, a psql session). "+
+		"Ending it frees the partition: SELECT pg_terminate_backend(%d); behind PgBouncer, RECONNECT on its admin console (docs/operations.md)\n",
+		s.Subscriber, s.Partition, *s.LockPID, claimed, *s.LockPID)
 }
 
 // leadsText is the LEADS column: the partitions the instance leads,

@@ -151,12 +151,12 @@ func TestStatusLeaderAfterKills(t *testing.T) {
 		// SIGSTOP of c: its heartbeat ages, its session keeps the lock.
 		sqlExec(t, db, `UPDATE annals.instances SET last_heartbeat = now() - interval '5 minutes' WHERE instance_id = 'c'`)
 		out, st := agree(t)
-		want := regexp.MustCompile(` c \(lock held by backend ` + strconv.Itoa(int(pidC)) + `\)$`)
+		want := regexp.MustCompile(` c \(lock held by backend ` + strconv.Itoa(int(pidC)) + `, no live instance\)$`)
 		if l := tableLine(t, out, "ticks", "3"); !want.MatchString(l) {
 			t.Errorf("ticks/3: %q", l)
 		}
 		if s := st.Subscribers[3]; s.Leader == nil || *s.Leader != "c" || s.LeaderEpoch == nil || *s.LeaderEpoch != 4 ||
-			s.HeartbeatLeader != nil || !s.LockHeld || s.LockPID == nil || *s.LockPID != int32(pidC) {
+			s.HeartbeatLeader != nil || !s.LockHeld || s.LockPID == nil || *s.LockPID != int32(pidC) || !s.NoLiveInstance {
 			t.Errorf("ticks/3 JSON: %+v", s)
 		}
 		if l := tableLine(t, out, "c", "vm", "3"); !strings.HasSuffix(l, " stale ticks/3") {

@@ -227,7 +227,7 @@ func TestStatus(t *testing.T) {
 		if l := tableLine(t, r.stdout, "projector", "1"); !strings.HasSuffix(l, " (none: inst-live's lock is free)") {
 			t.Errorf("projector/1 with its lock free: %q", l)
 		}
-		if l := tableLine(t, r.stdout, "mailer", "0"); !regexp.MustCompile(` inst-stale \(lock held by backend [0-9]+\)$`).MatchString(l) {
+		if l := tableLine(t, r.stdout, "mailer", "0"); !regexp.MustCompile(` inst-stale \(lock held by backend [0-9]+, no live instance\)$`).MatchString(l) {
 			t.Errorf("mailer/0 with its lock held: %q", l)
 		}
 		st := statusJSON(t, db.URL)
