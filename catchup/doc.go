@@ -262,6 +262,45 @@
 // their excess (announced), and the new member takes it at the notices, in
 // a few polls (tens of milliseconds) after it took its slot.
 //
+// A lock no live instance holds. The rules above assume that every
+// session holding a partition's lock is a leader that processes it. A
+// session that is not (a psql session left holding pg_advisory_lock, a
+// pooler's server session on which a runner that went through a
+// transaction-mode PgBouncer took the lock before it died, a runner frozen
+// with its connections up, the backend of a killed process the server has
+// not noticed yet) keeps the partition unled for as long as it lives, and
+// every standby stands by behind it. With Config.HolderWarnAfter (the
+// projection runner: three heartbeats, 30 s by default) the poller tracks,
+// per partition it wants (a balanced one while its member is owed
+// partitions, an unbalanced one always), since when it has been held by
+// another session (the holder's pid, from the poll's pg_locks read for a
+// balanced one); a partition free at a poll, led by this engine, or no
+// longer wanted ends the run. Past HolderWarnAfter, and then at most once
+// per HolderWarnAfter, one statement on the lock session (HeldLocks)
+// reads the holder from pg_locks, whether a live instance's heartbeat
+// lists the partition (leadership.HeartbeatLeaderJoin, fresh within
+// HolderWarnAfter), whether the subscriber's rebuild lock is held
+// (Config.RebuildKey: a rebuild leads without heartbeats, and replays its
+// partitions one after another, holding the rest idle), the checkpoint's
+// owner and age, and what pg_stat_activity shows this role of the holder
+// (another role's backend shows only its usename and application_name
+// without pg_read_all_stats). When neither a live instance nor a rebuild
+// accounts for it, a WARN names the subscriber, the partition, the pid,
+// that activity and the remedy (pg_terminate_backend, PgBouncer's
+// RECONNECT), at most once a minute; an INFO follows once the run ends.
+// The holder of an unbalanced partition is learnt at the first look, so
+// its WARN waits for a second look to find the same pid (and a balanced
+// one's whose pid changed starts over: a handover between live
+// instances). A healthy fleet pays nothing: members get what they are owed
+// within a poll or two, so no run lasts, and the statement never runs;
+// an instance leading without heartbeats (Runner.RunUntilCaughtUp, annals
+// tail --subscriber) does draw the WARN, which names such jobs as a
+// possible holder, as does a live leader whose heartbeat has not been
+// written for HolderWarnAfter (runners with a much longer
+// HeartbeatInterval than this one's count as that).
+// (projection/TestStandbyWarnsOfALockNoLiveInstanceHolds,
+// TestStandbyDoesNotWarnOfALiveLeaderOrARebuild.)
+//
 // TakeOver (rebuilds) must win against lock sessions that poll every 20 ms
 // and are woken by the release notice, so it does not poll: it waits in the
 // lock's queue (advisorylock.AcquireQueued) on a connection of its own and
