@@ -1807,7 +1807,10 @@ func ListGenerations(ctx context.Context, db checkpoint.DB, schema, name string)
 // were retired more than olderThan ago (0: all of them), each in a
 // transaction under the generations lock, and marks them dropped. It
 // returns the generations dropped. Runners do it by themselves after
-// BlueGreen.Retention.
+// BlueGreen.Retention. A generation whose row names another schema than
+// the one annals gives it (rm_<name>_g<N>) is an error, and it and the
+// ones after it are left as they are: any runner role may write the rows,
+// and the drop (CASCADE) runs as this one.
 func DropRetired(ctx context.Context, db interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }, schema, name string, olderThan time.Duration) ([]int, error) {
@@ -1826,13 +1829,23 @@ func DropRetired(ctx context.Context, db interface {
 			if err := g.lock(ctx, tx, name); err != nil {
 				return 0, err
 			}
-			var gen int
-			err := tx.QueryRow(ctx, g.q["Expired"], name, max(olderThan, 0).Microseconds()).Scan(&gen)
+			var (
+				gen    int
+				schema string
+			)
+			err := tx.QueryRow(ctx, g.q["Expired"], name, max(olderThan, 0).Microseconds()).Scan(&gen, &schema)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return 0, nil
 			}
 			if err != nil {
 				return 0, errors.Wrapf(err, "projection %q: find retired generations", name)
+			}
+			// Every runner role may write read_model_generations: a row
+			// naming another schema than annals gave the generation would
+			// have this role drop that schema, whatever it holds.
+			if want := generationSchema(name, gen); schema != want {
+				return 0, errors.Newf("projection %q: retired generation %d names schema %q, not %q as annals names it: not dropped "+
+					"(a row annals did not write, or changed: see who wrote read_model_generations)", name, gen, schema, want)
 			}
 			if _, err := tx.Exec(ctx, g.q["DropSchema"], name, gen); err != nil {
 				return 0, errors.Wrapf(err, "projection %q: drop generation %d", name, gen)

@@ -124,8 +124,9 @@ UPDATE {{.Schema}}.read_model_generations
  WHERE projection = $1 AND generation = $2 AND state = 'retired';
 
 -- name: Expired
--- Retired generations whose retention ($2 microseconds) has passed.
-SELECT generation
+-- Retired generations whose retention ($2 microseconds) has passed, and
+-- the schema each row names.
+SELECT generation, schema_name
   FROM {{.Schema}}.read_model_generations
  WHERE projection = $1 AND state = 'retired'
    AND retired_at < clock_timestamp() - $2::bigint * interval '1 microsecond'
