@@ -881,6 +881,7 @@ func (p *publisher) commit(ctx context.Context, lease *catchup.Lease) error {
 // (its cursor passed it when the batch was handed over), so the relay
 // claims again, from the checkpoint.
 func (p *publisher) fail(ctx context.Context, lease *catchup.Lease, cause error) error {
+	cause = p.r.unreachable(cause)
 	_ = p.collect(ctx, lease, len(p.inflight), false)
 	if err := p.commit(ctx, lease); err != nil && !errors.Is(err, checkpoint.ErrFenced) {
 		p.r.cfg.Logger.WarnContext(ctx, "annals: relay checkpoint failed", slog.String("relay", p.r.cfg.Name), telemetry.Err(err))

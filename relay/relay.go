@@ -161,6 +161,18 @@ type Relay struct {
 	onStarted func()
 }
 
+// unreachable adds to err, when the relay's NATS connection is not
+// connected (a server down or restarting, the connection reconnecting), a
+// word saying so: the errors of JetStream calls made meanwhile ("context
+// deadline exceeded", "timeout waiting for ack") do not tell an outage
+// from a slow server.
+func (r *Relay) unreachable(err error) error {
+	if st := r.js.Conn().Status(); st != nats.CONNECTED {
+		return errors.Wrapf(err, "the NATS connection is %s (no NATS server answers; the relay tries again at each leadership)", st)
+	}
+	return err
+}
+
 // failed records a leadership's failure (see Relay.failures).
 func (r *Relay) failed(err error) {
 	r.lastFailure.Store(&err)
@@ -331,7 +343,7 @@ func (r *Relay) EnsureStream(ctx context.Context) (jetstream.Stream, error) {
 		}
 	}
 	if err != nil {
-		return nil, errors.Wrapf(err, "relay: stream %s", want.Name)
+		return nil, errors.Wrapf(r.unreachable(err), "relay: stream %s", want.Name)
 	}
 	if created {
 		if stamp != nil {
