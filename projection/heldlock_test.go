@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/projection"
 )
 
@@ -97,6 +99,76 @@ func TestStandbyWarnsOfALockNoLiveInstanceHolds(t *testing.T) {
 		return strings.Contains(buf.String(), `level=INFO msg="annals: the partition is no longer held by a session that no live instance lists`) &&
 			h.query(`SELECT count(*) FROM annals.checkpoints WHERE subscriber_id = 'seen' AND owner = $1`, r.InstanceID()) == 1
 	})
+}
+
+// TestStandbyWarnsOfAnotherRolesSession: a runner of a role granted as a
+// runner (no superuser, no pg_read_all_stats) sees of another role's
+// backend in pg_stat_activity only its usename and application_name, the
+// rest NULL: the WARN still names the pid, the user and the application,
+// and says the rest is hidden from the role.
+func TestStandbyWarnsOfAnotherRolesSession(t *testing.T) {
+	t.Parallel()
+	h := newLiveHarness(t)
+	ctx := t.Context()
+	role := fmt.Sprintf("held_runner_%d", time.Now().UnixNano())
+	if _, err := h.pool.Exec(ctx, `CREATE ROLE `+pgx.Identifier{role}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := h.pool.Exec(context.Background(), `DROP OWNED BY `+pgx.Identifier{role}.Sanitize()+`; DROP ROLE `+pgx.Identifier{role}.Sanitize()); err != nil {
+			t.Errorf("dropping the role: %v", err)
+		}
+	})
+	if err := migrations.Grant(ctx, h.pool, role, migrations.Runner, nil); err != nil {
+		t.Fatal(err)
+	}
+	pcfg := h.pool.Config().Copy()
+	pcfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `SET ROLE `+pgx.Identifier{role}.Sanitize())
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	_, pid := holdLocks(t, h, "left-over-psql", catchup.LockKey("annals", "seen", 0))
+
+	var buf annalstest.LogBuffer
+	cfg := testConfig(time.Second)
+	cfg.HeartbeatInterval = 100 * time.Millisecond
+	cfg.Logger = debugLogger(&buf)
+	r, err := projection.NewRunner(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(&seenProjection{name: "seen"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	runInBackground(t, r)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(buf.String())
+		}
+	})
+	annalstest.WaitFor(t, 15*time.Second, func() bool { return strings.Contains(buf.String(), heldWarning) })
+	var line string
+	for l := range strings.SplitSeq(buf.String(), "\n") {
+		if strings.Contains(l, heldWarning) {
+			line = l
+		}
+	}
+	for _, want := range []string{fmt.Sprintf("pid=%d", pid), "usename=" + h.pool.Config().ConnConfig.User,
+		"application_name=left-over-psql", `activity="hidden from this role`} {
+		if !strings.Contains(line, want) {
+			t.Errorf("the warning lacks %q: %s", want, line)
+		}
+	}
+	for _, hidden := range []string{"state=", "backend_start=", "client_addr="} {
+		if strings.Contains(line, hidden) {
+			t.Errorf("the warning shows %q, which pg_stat_activity hides from the role: %s", hidden, line)
+		}
+	}
 }
 
 // TestStandbyDoesNotWarnOfALiveLeaderOrARebuild: a partition held by a live
