@@ -29,7 +29,9 @@ func (e *env) tailCommand() *cobra.Command {
 
 With --subscriber NAME, tail is a real observer: it resumes from NAME's checkpoint, stores
 its position, and is leader-elected, so two tails with the same name share one position
-(the second stands by). With --partitions N as well, the subscriber is split into N
+(the second stands by). Give it a name of its own: a name the database shows to be a
+projection's, a saga's or a relay's is refused (exit 2), since the tail would move that
+subscriber's checkpoint and the handler would skip what the tail printed. With --partitions N as well, the subscriber is split into N
 partitions (by stream ID, or by --partition-by category or metadata:FIELD) that every tail
 running it shares fairly: two tails lead N/2 each, and when one stops or dies the other
 takes its partitions over within tens of milliseconds; each key's events are printed in
@@ -134,6 +136,9 @@ the personal fields of forgotten subjects read as [forgotten].`,
 				return w.finish()
 			}
 			if subscriber != "" {
+				if err := refuseOwnedSubscriber(ctx, pool, e.schema, subscriber); err != nil {
+					return err
+				}
 				r, err := projection.NewRunner(pool, &projection.Config{Schema: e.schema, ReadPool: readPool})
 				if err != nil {
 					return err
