@@ -77,7 +77,10 @@
 //     row-level security enabled on a table it reads (events,
 //     events_archive, streams, scavenge_runs, schema_migrations), whose
 //     policies can hide rows from the role running it while subscribers'
-//     roles read them;
+//     roles read them; and a trigger or rule on events, events_archive or
+//     streams that annals did not create (a BEFORE INSERT row trigger can
+//     rewrite each event as it is appended, which no row check or baseline
+//     shows), or a table inheriting from one of them;
 //   - a scavenge run that removed events with a clock more than
 //     ScavengeClockTolerance later than its start (scavenge() took the
 //     caller's clock before migration 0027; since, a run's clock is never

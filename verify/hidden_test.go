@@ -142,4 +142,40 @@ func TestHiddenFromTheAuditor(t *testing.T) {
 		}
 		wantProblems(t, b.verify(t, base), verify.Problem{Kind: verify.Changed, Position: 6, After: 3})
 	})
+	t.Run("RewrittenAsWritten", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// A trigger of the owner's rewrites each event of a type as it is
+		// appended: the stored row is the forged one, so neither the rows
+		// nor a baseline (taken after) can tell; only the catalog can.
+		b.tamper(t,
+			`CREATE FUNCTION %[1]s.skim() RETURNS trigger LANGUAGE plpgsql AS $$
+			 BEGIN NEW.data := '{"amount": 1}'; RETURN NEW; END $$`,
+			`CREATE TRIGGER skim BEFORE INSERT ON %[1]s.events FOR EACH ROW
+			 WHEN (NEW.event_type = 'Paid') EXECUTE FUNCTION %[1]s.skim()`)
+		if _, err := b.store.Append(ctx, "p", eventstore.NoStream, eventstore.EventData{Type: "Paid", Data: map[string]any{"amount": 100}}); err != nil {
+			t.Fatal(err)
+		}
+		var data string
+		if err := b.db.Pool.QueryRow(ctx, fmt.Sprintf("SELECT data::text FROM %s.events WHERE stream_id = 'p'", pgx.Identifier{b.db.Schema}.Sanitize())).Scan(&data); err != nil || data != `{"amount": 1}` {
+			t.Fatalf("the stored event: %s, %v", data, err)
+		}
+		rep := b.verify(t, nil)
+		wantProblems(t, rep, verify.Problem{Kind: verify.GuardRemoved})
+		if len(rep.Problems) == 1 && !strings.Contains(rep.Problems[0].Message, "skim") {
+			t.Errorf("the problem does not name the trigger: %s", rep.Problems[0].Message)
+		}
+	})
+	t.Run("RuleAndChildTable", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// A rule on streams, and a table inheriting from events: its rows
+		// read as events, and no trigger or unique index of events guards
+		// them.
+		b.tamper(t,
+			`CREATE TABLE %[1]s.streams_seen (LIKE %[1]s.streams)`,
+			`CREATE RULE seen AS ON UPDATE TO %[1]s.streams DO ALSO INSERT INTO %[1]s.streams_seen SELECT NEW.*`,
+			`CREATE TABLE %[1]s.more_events () INHERITS (%[1]s.events)`)
+		wantProblems(t, b.verify(t, nil), verify.Problem{Kind: verify.GuardRemoved}, verify.Problem{Kind: verify.GuardRemoved})
+	})
 }

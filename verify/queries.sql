@@ -132,8 +132,12 @@ SELECT EXISTS (SELECT 1 FROM {{.Schema}}.schema_migrations WHERE version = 38);
 -- predicate or expressions on the key columns of events, events_archive
 -- and streams; and row-level security on a table verify reads (annals
 -- enables it on none): its policies can hide rows from the role running
--- verify while other roles read them. Returns the table, what is wrong,
--- what is there now and what it lets its maker do.
+-- verify while other roles read them; and, on those three tables, a
+-- trigger or rule annals did not create (a BEFORE INSERT trigger can
+-- rewrite each event as it is appended, which no row or baseline shows)
+-- or a table inheriting from one (its rows read as the parent's, with
+-- none of its triggers or unique indexes). Returns the table, what is
+-- wrong, what is there now and what it lets its maker do.
 WITH ns AS (
     SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = {{.SchemaLiteral}}
 ), want_trg(tbl, fn, tgtype) AS (
@@ -191,6 +195,32 @@ SELECT c.relname::text,
   FROM pg_catalog.pg_class c
  WHERE c.relnamespace = (SELECT oid FROM ns) AND c.relrowsecurity
    AND c.relname IN ('events', 'events_archive', 'streams', 'scavenge_runs', 'schema_migrations')
+UNION ALL
+SELECT c.relname::text,
+       pg_catalog.format('the trigger %I is not one of annals''s', t.tgname),
+       pg_catalog.format('%s (enabled %s)', pg_catalog.pg_get_triggerdef(t.oid), t.tgenabled),
+       'the table''s owner or a superuser created it: it runs their code at each write of the table, and before a row is written can change it'
+  FROM pg_catalog.pg_trigger t
+  JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+ WHERE c.relnamespace = (SELECT oid FROM ns) AND NOT t.tgisinternal
+   AND c.relname IN ('events', 'events_archive', 'streams')
+   AND (c.relname::text, t.tgname::text) NOT IN (('events', 'events_append_only'), ('events_archive', 'events_archive_guard'))
+UNION ALL
+SELECT c.relname::text,
+       pg_catalog.format('the rule %I is not one of annals''s', r.rulename),
+       pg_catalog.regexp_replace(pg_catalog.pg_get_ruledef(r.oid), '\s+', ' ', 'g'),
+       'the table''s owner or a superuser created it: it rewrites or adds to the statements that write the table'
+  FROM pg_catalog.pg_rewrite r
+  JOIN pg_catalog.pg_class c ON c.oid = r.ev_class
+ WHERE c.relnamespace = (SELECT oid FROM ns) AND c.relname IN ('events', 'events_archive', 'streams')
+UNION ALL
+SELECT c.relname::text,
+       pg_catalog.format('the table %s inherits from it', i.inhrelid::regclass),
+       'a table of its own',
+       'the table''s owner or a superuser created it: its rows read as this table''s, and none of this table''s triggers or unique indexes guards them'
+  FROM pg_catalog.pg_inherits i
+  JOIN pg_catalog.pg_class c ON c.oid = i.inhparent
+ WHERE c.relnamespace = (SELECT oid FROM ns) AND c.relname IN ('events', 'events_archive', 'streams')
  ORDER BY 1, 2;
 
 -- name: CanReadScavengeRuns

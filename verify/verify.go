@@ -152,7 +152,10 @@ const (
 	// row-level security enabled on a table Log reads (events,
 	// events_archive, streams, scavenge_runs, schema_migrations; annals
 	// enables it on none): its policies can hide rows from the role that
-	// runs Log while other roles, subscribers among them, read them.
+	// runs Log while other roles, subscribers among them, read them. Also
+	// a trigger or rule on events, events_archive or streams that annals
+	// did not create, or a table inheriting from one of them: a BEFORE
+	// INSERT trigger can rewrite events as they are appended.
 	GuardRemoved Kind = "guard_removed"
 )
 
