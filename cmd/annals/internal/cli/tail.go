@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -31,7 +33,8 @@ With --subscriber NAME, tail is a real observer: it resumes from NAME's checkpoi
 its position, and is leader-elected, so two tails with the same name share one position
 (the second stands by). Give it a name of its own: a name the database shows to be a
 projection's, a saga's or a relay's is refused (exit 2), since the tail would move that
-subscriber's checkpoint and the handler would skip what the tail printed. With --partitions N as well, the subscriber is split into N
+subscriber's checkpoint and the handler would skip what the tail printed. Without --follow,
+a tail that stands by says so on stderr when it is not done within 2 s. With --partitions N as well, the subscriber is split into N
 partitions (by stream ID, or by --partition-by category or metadata:FIELD) that every tail
 running it shares fairly: two tails lead N/2 each, and when one stops or dies the other
 takes its partitions over within tens of milliseconds; each key's events are printed in
@@ -147,11 +150,26 @@ the personal fields of forgotten subjects read as [forgotten].`,
 				if err := r.Register(&tailObserver{name: subscriber, print: print}, opts); err != nil {
 					return usageError{err}
 				}
-				run := r.RunUntilCaughtUp
 				if follow {
-					run = r.Run
+					err = r.Run(ctx)
+				} else {
+					// RunUntilCaughtUp stands by without a word while
+					// another process leads the subscriber: say so when it
+					// takes a while, as relay --once does.
+					caught, noted := make(chan struct{}), make(chan struct{})
+					go func() {
+						defer close(noted)
+						select {
+						case <-caught:
+						case <-time.After(tailWaitNote):
+							fmt.Fprintf(e.stderr, "annals: tail --subscriber %q: not done yet: printing a backlog, or waiting for the subscriber's lock, "+
+								"which another process leading this subscriber holds while it runs (annals status shows its leader)\n", subscriber)
+						}
+					}()
+					err = r.RunUntilCaughtUp(ctx)
+					close(caught)
+					<-noted
 				}
-				err = run(ctx)
 				if errors.Is(err, catchup.ErrPartitionLayout) {
 					// Another partition count or key than the subscriber's
 					// checkpoints were written under: refused before

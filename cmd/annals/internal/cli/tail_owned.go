@@ -3,12 +3,17 @@ package cli
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
+
+// tailWaitNote is how long a tail --subscriber without --follow works
+// before it says what it may be waiting for.
+const tailWaitNote = 2 * time.Second
 
 // ownedSubscriberChecks are the traces a projection, a saga or a relay leaves
 // under its subscriber name, each with what it shows the name to be. A

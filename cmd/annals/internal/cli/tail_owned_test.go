@@ -7,7 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/internal/lockkey"
 )
 
 // A named tail is an observer that stores its position in the checkpoint
@@ -69,5 +73,37 @@ func TestTailRefusesAHandlersSubscriberName(t *testing.T) {
 	// A name of its own still works, and resumes as before.
 	if r := tail("--subscriber", "tail-loans", "--output", "jsonl"); r.code != 0 || strings.Count(r.stdout, "\n") != 3 {
 		t.Fatalf("tail --subscriber tail-loans: %+v", r)
+	}
+}
+
+// tail --subscriber without --follow while another session holds the
+// subscriber's lock (another tail of that name following) stands by until
+// it can lead: it says so after a moment, as relay --once does; it waited
+// without a word, and looked hung.
+func TestTailSubscriberSaysWhatItWaitsFor(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	if r := annals(t, db.URL, "append", "book-1", "book.borrowed", `{"n":1}`); r.code != 0 {
+		t.Fatalf("append: %+v", r)
+	}
+	conn, err := pgx.Connect(t.Context(), db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	k1, k2 := lockkey.Pair(catchup.LockKey("annals", "busy", 0))
+	if _, err := conn.Exec(t.Context(), "SELECT pg_advisory_lock($1::int4, $2::int4)", k1, k2); err != nil {
+		t.Fatal(err)
+	}
+	r := annalsWithin(t, 3*tailWaitNote, db.URL, "tail", "--subscriber", "busy")
+	if !strings.Contains(r.stderr, "waiting for the subscriber's lock") {
+		t.Fatalf("tail --subscriber behind another's lock: exit %d, stderr %q; want a note on what it waits for", r.code, r.stderr)
+	}
+	// Unblocked, it prints and exits without a note.
+	if _, err := conn.Exec(t.Context(), "SELECT pg_advisory_unlock($1::int4, $2::int4)", k1, k2); err != nil {
+		t.Fatal(err)
+	}
+	if r := annalsWithin(t, 20*time.Second, db.URL, "tail", "--subscriber", "busy", "--output", "jsonl"); r.code != 0 || r.stderr != "" || !strings.Contains(r.stdout, "book-1") {
+		t.Fatalf("tail --subscriber with the lock free: %+v", r)
 	}
 }
