@@ -43,7 +43,7 @@ func (e *env) relayNATSCommand() *cobra.Command {
 	var (
 		natsURL, name, prefix, subject, stream string
 		types                                  []string
-		wal, once, adopt                       bool
+		wal, once, adopt, status               bool
 		duplicates, maxAge, ackTimeout         time.Duration
 		batch, replicas                        int
 		format                                 *string
@@ -69,14 +69,29 @@ logical and a role that may replicate: a running relay whose slot does not strea
 an error saying so; see docs/operations.md). With --once it publishes
 up to the current head and exits, printing how far it got (--output text|json); it
 first waits for the relay's lock while another relay process of this name runs, and
-says so when it is not done within 2 s.`,
+says so when it is not done within 2 s.
+
+With --status it publishes nothing and takes no lock: it prints the relay's checkpoint
+and the head of the log, the stream (messages, sequences, the log position of the newest
+message) and each durable consumer of the stream (relay/natsconsumer's, or any other):
+the stream sequence it has acknowledged through, how many messages it is behind,
+delivered and unacknowledged, re-delivered, its waiting pull requests (a running
+consumer that is caught up has one) and its last delivery; --output json as one object
+{"relay", "checkpoint", "head", "lag_events", "stream": {"name", "created", "messages",
+"first_seq", "last_seq", "last_position"} (null: no stream by the name), "consumers":
+[{"name", "ack_floor_seq", "behind_messages", "delivered_seq", "ack_pending", "pending",
+"redelivered", "waiting", "last_delivery"}]}.`,
 		Example: `  annals relay nats --nats-url nats://127.0.0.1:4222
   annals relay nats --types 'order.*' --prefix acme.orders --stream ORDERS --wal
-  annals relay nats --once --output json`,
+  annals relay nats --once --output json
+  annals relay nats --status --nats-url nats://127.0.0.1:4222`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if _, err := catchup.ParseFilter(types); err != nil {
 				return usageError{err}
+			}
+			if status && once {
+				return usagef("--status and --once: choose one")
 			}
 			if batch < 0 || replicas < 0 || duplicates < 0 || maxAge < 0 || ackTimeout < 0 {
 				return usagef("--batch-size, --replicas, --duplicates, --max-age and --ack-timeout must not be negative")
@@ -106,6 +121,9 @@ says so when it is not done within 2 s.`,
 				return errors.Newf("relay: connect to %s: %s", redactNATSURLs(natsURL), redactNATSSecrets(err.Error(), natsURL))
 			}
 			defer nc.Close()
+			if status {
+				return e.relayStatus(cmd.Context(), pool, nc, name, stream, *format)
+			}
 			logger := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			cfg := &relay.Config{
 				Name: name, Schema: e.schema, Types: types, Prefix: prefix, Subject: subject, Stream: stream,
@@ -183,6 +201,7 @@ says so when it is not done within 2 s.`,
 	f.IntVar(&batch, "batch-size", 500, "events per batch (one checkpoint commit each; 0: 500)")
 	f.BoolVar(&wal, "wal", false, "wake from a logical replication slot instead of NOTIFY")
 	f.BoolVar(&once, "once", false, "publish up to the current head, then exit")
+	f.BoolVar(&status, "status", false, "print how far the relay and the stream's durable consumers have got, then exit (publishes nothing)")
 	f.BoolVar(&adopt, "adopt-stream", false, "take a stream written from another origin (cluster, database, schema) as this log's: once, after a restore or pg_upgrade")
 	format = addOutputFlag(cmd, false, outputText, outputJSON)
 	return cmd
