@@ -248,6 +248,22 @@ func up(ctx context.Context, pool *pgxpool.Pool, cfg *Config, edit func([]Migrat
 		if err != nil {
 			return err
 		}
+		if len(applied) == 0 {
+			// A new log: not in a schema another role made and owns,
+			// which could drop and replace its tables and functions.
+			var (
+				owner string
+				ok    bool
+			)
+			if err := tx.QueryRow(ctx, q["SchemaOwner"]).Scan(&owner, &ok); err != nil {
+				return errors.Wrapf(err, "migrations: look up the owner of schema %s", schemaname.Ident(c.Schema))
+			}
+			if !ok {
+				return errors.Wrapf(ErrSchemaOwnedByAnother, "migrations: schema %s exists, owned by %s, which could drop or replace the log's tables and functions: "+
+					"nothing was applied; make the role that migrates its owner (ALTER SCHEMA %s OWNER TO ...) or drop it, then migrate",
+					schemaname.Ident(c.Schema), schemaname.Ident(owner), schemaname.Ident(c.Schema))
+			}
+		}
 		for _, m := range ms {
 			if _, ok := applied[m.Version]; ok {
 				continue

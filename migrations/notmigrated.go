@@ -20,6 +20,14 @@ var ErrNotMigrated = errors.New("annals schema not migrated")
 // or calls Up only after the owner has migrated, when it does nothing.
 var ErrNotOwner = errors.New("annals migrations pending, and this role may not apply them")
 
+// ErrSchemaOwnedByAnother is matched (errors.Is) by Up's error when the
+// schema has no migrations applied yet and exists already, owned by a role
+// other than the one migrating (and not one it is a member of, nor a
+// superuser): the owner of a schema may drop and replace anything in it,
+// so a role that made the schema beforehand (with CREATE on the database)
+// would own the log made there. Nothing is applied.
+var ErrSchemaOwnedByAnother = errors.New("annals: the schema belongs to another role")
+
 // MarkNotMigrated returns err marked with [ErrNotMigrated] when PostgreSQL
 // reported an undefined schema (SQLSTATE 3F000, invalid_schema_name) or an
 // undefined table (42P01, undefined_table), and err unchanged otherwise. It
