@@ -707,7 +707,8 @@ func (s *Store) encode(ctx context.Context, streamID string, expected ExpectedVe
 			}
 			// Both a type the registry lacks and input without a type: it
 			// matches ErrUnknownEventType and ErrInvalidEvent.
-			return appendArgs{}, upcastError(errors.Wrapf(ErrUnknownEventType, "event %d: %T is not registered and EventData.Type is empty", i+1, e.Data), ErrInvalidEvent)
+			return appendArgs{}, upcastError(errors.Wrapf(ErrUnknownEventType,
+				"event %d: %T is not registered: eventstore.Register[%T](registry, \"its.type\") names it (or set EventData.Type)", i+1, e.Data, e.Data), ErrInvalidEvent)
 		}
 		if err := checkName(i+1, "type", name, MaxEventTypeBytes); err != nil {
 			return appendArgs{}, err
