@@ -143,6 +143,12 @@ consumer that is caught up has one) and its last delivery; --output json as one 
 				return err
 			}
 			if !once {
+				// Said once at the start: a relay standing by (another
+				// process of the name leads) said nothing at all.
+				logger.Info("annals: relay started: it publishes while it leads; it stands by while another relay process of this name leads "+
+					"(annals status shows the leader; annals relay nats --status, the stream and its consumers)",
+					slog.String("relay", name), slog.String("nats", nc.ConnectedUrlRedacted()), slog.String("stream", stream),
+					slog.String("subjects", r.SubjectFilter()), slog.Bool("wal", wal), slog.String("schema", e.schema))
 				return r.Run(cmd.Context())
 			}
 			// CatchUp waits for the relay's lock without a word: say so
