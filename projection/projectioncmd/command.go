@@ -77,7 +77,29 @@ type Config struct {
 	// ProgressInterval is how often a rebuild prints a progress line when
 	// stderr is not a terminal. Defaults to 2s.
 	ProgressInterval time.Duration
+	// Open, when New was given a nil runner or pool, gives them to the
+	// command that runs, once, before it runs (never for help or a mistake
+	// in the command line). It lets a service mount the tree before it has
+	// parsed its own flags and built its client from them:
+	//
+	//	projectioncmd.New(nil, nil, &projectioncmd.Config{
+	//		Open: func(ctx context.Context) (*projection.Runner, *pgxpool.Pool, error) {
+	//			svc, err := newService(ctx, flags) // registers the projections
+	//			if err != nil {
+	//				return nil, nil, err
+	//			}
+	//			return svc.client.Runner(), svc.pool, nil
+	//		},
+	//	})
+	//
+	// Defaults to none: a command of a tree without a runner or pool fails
+	// with ErrNoRunner.
+	Open func(ctx context.Context) (*projection.Runner, *pgxpool.Pool, error)
 }
+
+// ErrNoRunner is the error of a command of a tree that has no runner or no
+// pool: New was given nil and Config.Open is not set (or returned nil).
+var ErrNoRunner = errors.New("projectioncmd: no runner or pool to run the command on")
 
 // commands is what the subcommands share.
 type commands struct {
@@ -153,6 +175,27 @@ func newCommands(runner *projection.Runner, pool *pgxpool.Pool, cfg *Config) *co
 	return &commands{runner: runner, pool: pool, cfg: c, terminal: isTerminal, examples: map[*cobra.Command]string{}}
 }
 
+// open makes sure the commands have a runner and a pool: New's, or
+// Config.Open's, called once.
+func (c *commands) open(ctx context.Context) error {
+	if c.runner != nil && c.pool != nil {
+		return nil
+	}
+	if c.cfg.Open == nil {
+		return errmark.Mark(errors.New("projectioncmd: no runner or pool to run the command on: mount the tree with "+
+			"the service's (projectioncmd.New(client.Runner(), pool, nil)), or set Config.Open"), ErrNoRunner)
+	}
+	runner, pool, err := c.cfg.Open(ctx)
+	if err != nil {
+		return err
+	}
+	if runner == nil || pool == nil {
+		return errors.Wrap(ErrNoRunner, "projectioncmd: Config.Open returned a nil runner or pool")
+	}
+	c.runner, c.pool = runner, pool
+	return nil
+}
+
 // isTerminal reports whether stream is a file descriptor of a terminal.
 func isTerminal(stream any) bool {
 	f, ok := stream.(interface{ Fd() uintptr })
@@ -183,6 +226,19 @@ minus the checkpoint, in positions: an upper bound on the events still to proces
 	}
 	cmd.AddCommand(c.listCommand(), c.statusCommand(), c.rebuildCommand())
 	cmd.AddCommand(c.rollbackCommand(), c.generationsCommand())
+	// Every subcommand needs the runner and the pool: get them (Open)
+	// before it runs, or fail with ErrNoRunner rather than dereference nil.
+	for _, sub := range cmd.Commands() {
+		if run := sub.RunE; run != nil {
+			sub.RunE = func(cmd *cobra.Command, args []string) error {
+				if err := c.open(cmd.Context()); err != nil {
+					ran(cmd)
+					return err
+				}
+				return run(cmd, args)
+			}
+		}
+	}
 	// Flag errors of the subcommands too: cobra asks the nearest ancestor
 	// with a flag error function.
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usage(err) })

@@ -15,6 +15,12 @@
 //	myservice projections generations NAME [--output text|json|jsonl]  # blue/green read models
 //	myservice projections rollback NAME [--yes]                         # back to the previous generation
 //
+// A service whose client is built from its own flags cannot have the runner
+// when it mounts the tree (cobra parses the flags later): mount it with
+// New(nil, nil, &Config{Open: …}), and Open builds the service and returns
+// its runner and pool once a command runs (not for help). Without a runner
+// and without Open, each command fails with ErrNoRunner.
+//
 // For a projection registered with projection.Options.BlueGreen, rebuild runs
 // projection.Runner.RebuildBlueGreen (a new generation replayed beside the
 // live one, then a cut-over) instead of the in-place rebuild.
