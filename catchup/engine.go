@@ -427,8 +427,9 @@ type Config struct {
 	ReadPoolWait time.Duration
 	// ReadLagCheck is how often a live leadership reading from ReadPool
 	// that finds nothing new checks that the replica keeps up: it compares
-	// the replica's head with the primary's as of ReadLagCheck before (one
-	// statement on the primary per ReadLagCheck, only while idle). A replica
+	// the replica's head with the primary's as of ReadLagCheck before (at
+	// most one statement on the primary per ReadLagCheck/2, shared by the
+	// engine's leaderships, only while one is idle). A replica
 	// that has not replayed in that time what the primary had committed
 	// (its replay paused, or lagging) is logged at WARN, at most once a
 	// minute, with both heads and whether its replay is paused, and at INFO
@@ -488,6 +489,9 @@ type Engine struct {
 	// archived is the newest archived position a read saw (a hint: see
 	// readBatches).
 	archived atomic.Int64
+	// headSample is the primary's head as last read for a readLag, shared
+	// by the engine's leaderships (see primaryHead).
+	headSample atomic.Pointer[headSample]
 	// takeOverSeen, when set (tests), replaces the backend PID TakeOver
 	// looks for in pg_locks.
 	takeOverSeen func(pid uint32) uint32

@@ -40,8 +40,8 @@ const readLagLogEvery = time.Minute
 // compared with the primary's head at the mark: below it, the replica has
 // not replayed within ReadLagCheck what the primary had committed then.
 // Then the primary's head is read again as the next mark (one statement on
-// the primary per ReadLagCheck, only while the leadership finds nothing
-// new to read).
+// the primary per ReadLagCheck/2 at most, shared by the engine's
+// leaderships, only while one finds nothing new to read).
 type readLag struct {
 	// mark is the primary's head at markAt (zero markAt: no mark yet).
 	mark   int64
@@ -65,13 +65,14 @@ func (l *readLag) idle(ctx context.Context, e *Engine, sub *Subscription, readHe
 	if !l.markAt.IsZero() && now.Sub(l.markAt) < every {
 		return
 	}
-	head, err := e.Head(ctx)
+	sample, err := e.primaryHead(ctx, every)
 	if err != nil {
 		// The primary is unreachable: its own failures are logged where
 		// they stop the leadership; compare again from a new mark.
 		l.markAt = time.Time{}
 		return
 	}
+	head := sample.head
 	switch {
 	case l.markAt.IsZero():
 	case readHead < l.mark:
@@ -103,5 +104,29 @@ func (l *readLag) idle(ctx context.Context, e *Engine, sub *Subscription, readHe
 			slog.Duration("was_behind_for", now.Sub(l.behindSince).Round(time.Millisecond)))
 		l.behindSince, l.warnedAt = time.Time{}, time.Time{}
 	}
-	l.mark, l.markAt = head, now
+	l.mark, l.markAt = head, sample.at
+}
+
+// headSample is the primary's head and when it was read.
+type headSample struct {
+	head int64
+	at   time.Time
+}
+
+// primaryHead returns the primary's head as read at most every/2 ago by
+// any leadership of the engine, reading it when none is that fresh: the
+// partitions of a subscriber (up to 1024) share one statement on the
+// primary per interval rather than one each.
+func (e *Engine) primaryHead(ctx context.Context, every time.Duration) (headSample, error) {
+	if s := e.headSample.Load(); s != nil && time.Since(s.at) < every/2 {
+		return *s, nil
+	}
+	at := time.Now()
+	h, err := e.Head(ctx)
+	if err != nil {
+		return headSample{}, err
+	}
+	s := &headSample{head: h, at: at}
+	e.headSample.Store(s)
+	return *s, nil
 }
