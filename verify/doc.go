@@ -105,9 +105,16 @@
 // look like one (every event removed, in a range a scavenge run removed
 // events from below the first deletion record). The report lists such
 // streams in a note. The baseline covers event rows only, so it tells
-// such a change only by the events it removed or added. A function of the
-// schema redefined by its owner (the append-only trigger's) is not looked
-// at, nor is the view events_all (Log reads the two tables it unites,
-// events_archive and events, directly); deletions_recorded_after is checked only against the deletion
-// records (a value lowered, or raised while none exists, is not seen).
+// such a change only by the events it removed or added. The schema's
+// functions are compared with what the migrations make (functions.json:
+// the body with the schema's name taken out, SECURITY DEFINER, settings)
+// when the schema is at the migration this package knows, and any that is
+// missing or differs is a [GuardRemoved]; at another migration a note says
+// they were not compared. After a migration that adds or changes a
+// function, regenerate functions.json: go test ./verify -run
+// TestFunctionsManifest -update. The view events_all is not looked at
+// (Log reads the two tables it unites, events_archive and events,
+// directly); deletions_recorded_after, whose body holds a value of the
+// database's own, is checked only against the deletion records (a value
+// lowered, or raised while none exists, is not seen).
 package verify

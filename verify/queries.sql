@@ -305,3 +305,23 @@ SELECT stream_id, version
  WHERE stream_id > $1
  ORDER BY stream_id
  LIMIT $2;
+
+-- name: SchemaVersion
+-- The newest migration applied.
+SELECT coalesce(max(version), 0) FROM {{.Schema}}.schema_migrations;
+
+-- name: PinSearchPath
+-- For the rest of the transaction: pg_get_functiondef then qualifies every
+-- name outside pg_catalog, whatever the session's search_path.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
+-- name: Functions
+-- The schema's functions: name and identity arguments, body (a function
+-- with an SQL-standard body, PostgreSQL 14 on, has an empty prosrc: its
+-- whole definition then), whether each runs as its owner, and its
+-- settings.
+SELECT p.proname::text || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ')',
+       CASE WHEN p.prosrc = '' THEN pg_catalog.pg_get_functiondef(p.oid) ELSE p.prosrc END,
+       p.prosecdef, p.proconfig
+  FROM pg_catalog.pg_proc p
+ WHERE p.pronamespace = (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = {{.SchemaLiteral}});

@@ -123,7 +123,14 @@ func TestDeletionRecords(t *testing.T) {
 			if forge.name == "DeletionsRecordedAfterRaised" {
 				guard.Position = 16
 			}
-			wantProblems(t, b.verify(t, nil), guard, verify.Problem{Kind: verify.DeletionUnrecorded, StreamID: "a"})
+			want := []verify.Problem{guard, {Kind: verify.DeletionUnrecorded, StreamID: "a"}}
+			if forge.name == "DeletionsRecordedAfterDropped" {
+				// And the function missing, as any of the schema's
+				// functions (TestFunctionsReplaced); its body holds a
+				// value of the database's own and is not compared.
+				want = append(want, verify.Problem{Kind: verify.GuardRemoved})
+			}
+			wantProblems(t, b.verify(t, nil), want...)
 		})
 	}
 	t.Run("TruncateBeforeAboveVersion", func(t *testing.T) {

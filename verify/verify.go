@@ -155,7 +155,9 @@ const (
 	// runs Log while other roles, subscribers among them, read them. Also
 	// a trigger or rule on events, events_archive or streams that annals
 	// did not create, or a table inheriting from one of them: a BEFORE
-	// INSERT trigger can rewrite events as they are appended.
+	// INSERT trigger can rewrite events as they are appended. Also a
+	// function of the schema missing or not as the migrations made it
+	// (its body, SECURITY DEFINER, settings).
 	GuardRemoved Kind = "guard_removed"
 )
 
@@ -309,6 +311,11 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 		return nil
 	}); err != nil {
 		return nil, errors.Wrap(err, "verify: look up the log's triggers and unique indexes")
+	}
+	// The functions that write and guard the log, as the migrations made
+	// them.
+	if err := checkFunctions(ctx, tx, q, rep, c); err != nil {
+		return nil, err
 	}
 
 	// Streams with retention, truncated or deleted: the scavenger may have

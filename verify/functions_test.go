@@ -1,0 +1,119 @@
+package verify
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/internal/sqltmpl"
+)
+
+var update = flag.Bool("update", false, "write functions.json from a freshly migrated schema")
+
+// manifestOf returns the manifest of the functions of db's schema.
+func manifestOf(t *testing.T, db *annalstest.DB) *manifest {
+	t.Helper()
+	ctx := context.Background()
+	q, err := sqltmpl.Named("queries.sql", queriesSQL, sqltmpl.NewData(db.Schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	m := &manifest{}
+	if err := tx.QueryRow(ctx, q["SchemaVersion"]).Scan(&m.Version); err != nil {
+		t.Fatal(err)
+	}
+	if m.Functions, err = readFunctions(ctx, tx, q, db.Schema); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Functions) < 20 {
+		t.Fatalf("%d functions in schema %s", len(m.Functions), db.Schema)
+	}
+	return m
+}
+
+// TestFunctionsManifest: functions.json is what the migrations make, for
+// schemas of any name (the default and one that needs quoting give the
+// same). After a migration that adds or changes a function:
+//
+//	go test ./verify -run TestFunctionsManifest -update
+func TestFunctionsManifest(t *testing.T) {
+	t.Parallel()
+	plain := manifestOf(t, annalstest.NewDB(t, nil))
+	quoted := manifestOf(t, annalstest.NewDB(t, &annalstest.Options{Schema: `Verify "V" f`}))
+	a, err := json.MarshalIndent(plain, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.MarshalIndent(quoted, "", "  ")
+	if string(a) != string(b) {
+		t.Fatalf("the functions of schemas annals and %q differ after normalizing:\n%s\n%s", `Verify "V" f`, a, b)
+	}
+	if *update {
+		if err := os.WriteFile("functions.json", append(a, '\n'), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	got, err := loadManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := json.MarshalIndent(got, "", "  ")
+	if string(a) != string(c) {
+		t.Fatalf("verify/functions.json is not what the migrations make (a migration added or changed a function): "+
+			"run 'go test ./verify -run TestFunctionsManifest -update' and commit it\nwant %s\nhave %s", a, c)
+	}
+}
+
+// TestFunctionsReplaced: the owner replaces the function of the append-only
+// trigger with one that lets every change through (the trigger stays, and
+// enabled, so the catalog's trigger check sees nothing), changes an event,
+// and takes the pinned search_path from an append function. An audit found
+// both unreported; each is reported now, and a clean schema reports none.
+func TestFunctionsReplaced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	schema := pgx.Identifier{db.Schema}.Sanitize()
+	run := func() *Report {
+		t.Helper()
+		rep, err := Log(ctx, db.Pool, &Config{Schema: db.Schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	if rep := run(); !rep.OK() || !rep.Complete() {
+		t.Fatalf("a clean schema: %+v", rep)
+	}
+	for _, s := range []string{
+		`CREATE OR REPLACE FUNCTION ` + schema + `.events_append_only() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`,
+		`ALTER FUNCTION ` + schema + `.append_one(text, bigint, uuid, text, text, text, boolean) RESET search_path`,
+	} {
+		if _, err := db.Pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	rep := run()
+	var msgs []string
+	for _, p := range rep.Problems {
+		msgs = append(msgs, string(p.Kind)+": "+p.Message)
+	}
+	all := strings.Join(msgs, "\n")
+	if rep.ProblemCount != 2 || !strings.Contains(all, "events_append_only() has a body other than annals' own") ||
+		!strings.Contains(all, "append_one(") || !strings.Contains(all, "settings") {
+		t.Fatalf("%d problems, want the two functions changed:\n%s", rep.ProblemCount, all)
+	}
+	t.Log(all)
+}
