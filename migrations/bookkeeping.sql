@@ -27,14 +27,19 @@ CREATE TABLE IF NOT EXISTS {{.Schema}}.schema_migrations (
 -- name: SchemaOwner
 -- The schema's owner, and whether this role may make the log in it: it
 -- owns the schema, is a member of the role that does (by membership, not
--- by being a superuser), or a superuser owns it. The owner of a schema may
--- drop and replace anything in it, whoever made it.
+-- by being a superuser), a superuser owns it, or the database's owner does
+-- (also as pg_database_owner, the owner of PostgreSQL 15's public schema):
+-- whoever owns the database may drop it whole anyway. The owner of a schema
+-- may drop and replace anything in it, whoever made it.
 WITH RECURSIVE m(oid) AS (
     SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user
     UNION
     SELECT a.roleid FROM pg_catalog.pg_auth_members a JOIN m ON a.member = m.oid
 )
-SELECT pg_catalog.pg_get_userbyid(n.nspowner)::text, n.nspowner IN (SELECT m.oid FROM m) OR o.rolsuper
+SELECT pg_catalog.pg_get_userbyid(n.nspowner)::text,
+       n.nspowner IN (SELECT m.oid FROM m) OR o.rolsuper
+       OR o.rolname = 'pg_database_owner'
+       OR n.nspowner = (SELECT d.datdba FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
   FROM pg_catalog.pg_namespace n
   JOIN pg_catalog.pg_roles o ON o.oid = n.nspowner
  WHERE n.nspname = {{.SchemaLiteral}};
