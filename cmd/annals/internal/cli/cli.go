@@ -94,6 +94,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, rawStdout, rawStde
 	var ue usageError
 	if errors.As(err, &ue) || errors.Is(err, eventstore.ErrInvalidEvent) || errors.Is(err, schemaname.ErrInvalid) {
 		fmt.Fprintf(stderr, "annals: %s\n", oneLine(err))
+		if cmd.Hidden { // a pointer elsewhere (projections): no help of its own
+			cmd = cmd.Root()
+		}
 		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
 		return ExitUsage
 	}
@@ -192,6 +195,7 @@ func (e *env) rootCommand() *cobra.Command {
 		e.uiCommand(),
 		e.forgetCommand(),
 		e.advisoryLocksCommand(),
+		e.projectionsHintCommand(),
 	)
 	// cobra's own completion command (annals completion bash|zsh|fish|
 	// powershell), made here rather than when executing so that a missing or
