@@ -775,7 +775,7 @@ func (s *session) run(ctx context.Context) error {
 				return err
 			}
 		case ferr != nil && !errors.Is(ferr, nats.ErrTimeout):
-			s.c.cfg.Logger.WarnContext(ctx, "annals: fetching relayed events failed", telemetry.Err(ferr))
+			s.c.cfg.Logger.WarnContext(ctx, "annals: fetching relayed events failed", telemetry.Err(s.c.unreachable(ferr)))
 			_ = sleep(ctx, s.c.cfg.RetryBackoff)
 		case len(ds) == 0 && s.held:
 			more, err := s.behind(ctx)
@@ -835,8 +835,8 @@ func (s *session) failed(ctx context.Context, err error) error {
 	case gone(err):
 		return s.reattach(ctx, err)
 	default:
-		s.c.cfg.Logger.WarnContext(ctx, "annals: reading relayed events from the stream by sequence failed; retrying",
-			slog.String("consumer", s.c.cfg.Durable), slog.Uint64("after", s.seq), telemetry.Err(err))
+		s.c.cfg.Logger.WarnContext(ctx, "annals: reading relayed events from the stream failed; retrying",
+			slog.String("consumer", s.c.cfg.Durable), slog.Uint64("after", s.seq), telemetry.Err(s.c.unreachable(err)))
 		_ = sleep(ctx, s.c.cfg.RetryBackoff)
 	}
 	return nil
@@ -1071,6 +1071,17 @@ func (c *Consumer) handle(ctx context.Context, d delivery, handle func(context.C
 			return err
 		}
 	}
+}
+
+// unreachable adds to err, when the consumer's NATS connection is not
+// connected (the server down or restarting), a word saying so: the errors
+// of JetStream requests made meanwhile ("context deadline exceeded") do
+// not tell an outage from a slow server.
+func (c *Consumer) unreachable(err error) error {
+	if st := c.js.Conn().Status(); st != nats.CONNECTED {
+		return errors.Wrapf(err, "the NATS connection is %s (no NATS server answers)", st)
+	}
+	return err
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
