@@ -342,7 +342,9 @@ const (
 // there.)
 func (s *session) attach(ctx context.Context) error {
 	cfg := &s.c.cfg
-	stream, err := s.c.js.Stream(ctx, cfg.Stream)
+	rctx, cancel := request(ctx)
+	defer cancel()
+	stream, err := s.c.js.Stream(rctx, cfg.Stream)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			return noStream(err, cfg.Stream)
@@ -354,7 +356,7 @@ func (s *session) attach(ctx context.Context) error {
 			return err
 		}
 	}
-	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+	cons, err := stream.CreateOrUpdateConsumer(rctx, jetstream.ConsumerConfig{
 		Durable: cfg.Durable, AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckWait: cfg.AckWait, MaxAckPending: cfg.Batch,
 	})
@@ -936,7 +938,9 @@ func (s *session) handleOne(ctx context.Context, d delivery) error {
 // When the server delivered nothing past s.seq and is not full, s.held is
 // cleared: what it delivers next comes to the fetch.
 func (s *session) behind(ctx context.Context) (more bool, err error) {
-	info, err := s.cons.Info(ctx)
+	rctx, cancel := request(ctx)
+	info, err := s.cons.Info(rctx)
+	cancel()
 	if err != nil {
 		return false, errors.Wrapf(err, "natsconsumer: consumer %s", s.c.cfg.Durable)
 	}
@@ -962,7 +966,9 @@ func (s *session) behind(ctx context.Context) (more bool, err error) {
 // unacknowledged by another process (or acknowledged past a checkpoint
 // set back): s.held is set.
 func (s *session) fill(ctx context.Context, upto uint64, limit int) (more bool, err error) {
-	info, err := s.stream.Info(ctx)
+	rctx, cancel := request(ctx)
+	info, err := s.stream.Info(rctx)
+	cancel()
 	if err != nil {
 		return false, errors.Wrapf(err, "natsconsumer: stream %s", s.c.cfg.Stream)
 	}
@@ -978,7 +984,9 @@ func (s *session) fill(ctx context.Context, upto uint64, limit int) (more bool, 
 			return true, nil
 		}
 		next := s.seq + 1
-		m, err := s.stream.GetMsg(ctx, next, jetstream.WithGetMsgSubject(">"))
+		rctx, cancel := request(ctx)
+		m, err := s.stream.GetMsg(rctx, next, jetstream.WithGetMsgSubject(">"))
+		cancel()
 		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 			return false, errors.Wrapf(err, "natsconsumer: read stream message %d", next)
 		}
@@ -1071,6 +1079,18 @@ func (c *Consumer) handle(ctx context.Context, d delivery, handle func(context.C
 			return err
 		}
 	}
+}
+
+// requestTimeout bounds each JetStream request of a session (request):
+// JetStream waits for an answer until the context's deadline when it has
+// one, and applies a timeout of its own (5 s) only when it has none, so a
+// consumer run with a deadline an hour away waited that long, in silence,
+// for a server that was down.
+const requestTimeout = 5 * time.Second
+
+// request returns ctx bounded by requestTimeout for one JetStream request.
+func request(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, requestTimeout)
 }
 
 // unreachable adds to err, when the consumer's NATS connection is not
