@@ -958,6 +958,8 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 	// lag watches the replica of a live leadership reading from ReadPool
 	// (see readLag).
 	var lag readLag
+	// readFails is the run of failed reads (see readFailures).
+	var readFails readFailures
 	for {
 		if ctx.Err() != nil {
 			if live {
@@ -1004,7 +1006,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			if isFatal(err) {
 				return err
 			}
-			e.cfg.Logger.WarnContext(ctx, "annals: read failed", slog.String("subscriber", sub.Name), telemetry.Err(err))
+			readFails.failed(ctx, e, sub, err)
 			if !live {
 				return err
 			}
@@ -1013,6 +1015,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 			}
 			continue
 		}
+		readFails.ok(ctx, e, sub)
 		if batch.checkpoint > cursor {
 			// The checkpoint is past the cursor in this leadership's epoch,
 			// which only this leadership's commits move: one of them whose
