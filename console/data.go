@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -18,6 +19,7 @@ import (
 	"github.com/annals-dev/annals/internal/leadership"
 	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/projection"
 )
 
 // lagCountLimit bounds the exact count of lagging events per partition;
@@ -48,6 +50,19 @@ type Partition struct {
 	// heartbeat is stale: a hung process whose session still holds the
 	// lock.
 	LeaderStale bool
+	// NoLiveInstance reports a lock held by a session that no live
+	// instance's heartbeat lists (leadership.Unlisted), as `annals status`
+	// says it (no_live_instance), when the holder is no registered
+	// instance: a runner that died and left its lock on a pooler's server
+	// session, a psql session, or a job that leads without heartbeats
+	// (RunUntilCaughtUp, annals tail --subscriber). Leader then names the
+	// checkpoint's last claimant, which may be gone; unless such a job
+	// holds it, nobody processes the partition. It is false for a rebuild
+	// (its owner is rebuild:..., and it leads without heartbeats), for a
+	// registered instance with a stale heartbeat (LeaderStale says that),
+	// and for one with a fresh heartbeat that has claimed the checkpoint
+	// before its next heartbeat lists the partition (a takeover).
+	NoLiveInstance bool
 	// HeartbeatLeader is the live instance whose heartbeat lists the
 	// partition, preferring one at Epoch, whether or not it holds the lock
 	// ("": none); HeartbeatEpoch the epoch it lists.
@@ -88,7 +103,9 @@ func (p Partition) Retired() bool { return p.Generation != nil && p.Generation.S
 // State is retired (a retired blue/green generation nobody leads: see
 // Retired), running (a live instance leads it), stopped (halted by the Stop
 // policy), leader stale (its leader's session holds the lock but its
-// heartbeat is stale: a hung process) or standing by (nobody leads).
+// heartbeat is stale: a hung process), no live instance (a session holds
+// the lock that no live instance lists: see NoLiveInstance) or standing by
+// (nobody leads).
 func (p Partition) State() string {
 	switch {
 	case p.Retired() && !p.LockHeld:
@@ -97,6 +114,8 @@ func (p Partition) State() string {
 		return "stopped"
 	case p.Leader != "" && p.LeaderStale:
 		return "leader stale"
+	case p.NoLiveInstance:
+		return "no live instance"
 	case p.Leader != "":
 		return "running"
 	}
@@ -125,18 +144,24 @@ func (p Partition) GenerationNote() string {
 }
 
 // LeaderText is the Leader column, as `annals status` words it: the
-// leader (with the epoch it leads at when that is not the checkpoint's),
-// or "none" with why: whose lock is free, the last owner, or the backend
-// holding the lock; for a retired blue/green generation whose lock is free,
-// "retired (generation N of <read model>)".
+// leader (with the epoch it leads at when that is not the checkpoint's;
+// "OWNER (lock held by backend PID, no live instance)" when no live
+// instance holds its lock: NoLiveInstance), or "none" with why: whose lock
+// is free, the last owner, or the backend holding the lock; for a retired
+// blue/green generation whose lock is free, "retired (generation N of
+// <read model>)".
 func (p Partition) LeaderText() string {
 	switch {
 	case p.Retired() && !p.LockHeld:
 		return fmt.Sprintf("retired (generation %d of %s)", p.Generation.Generation, p.Generation.ReadModel)
 	case p.Leader != "" && p.LeaderEpoch != nil && *p.LeaderEpoch != p.Epoch:
 		return fmt.Sprintf("%s (at epoch %d)", p.Leader, *p.LeaderEpoch)
+	case p.Leader != "" && p.NoLiveInstance:
+		return fmt.Sprintf("%s (lock held by backend %d, no live instance)", p.Leader, p.LockPID)
 	case p.Leader != "":
 		return p.Leader
+	case p.NoLiveInstance:
+		return fmt.Sprintf("none (lock held by backend %d, no live instance)", p.LockPID)
 	case p.LockHeld:
 		return fmt.Sprintf("none (lock held by backend %d)", p.LockPID)
 	case p.HeartbeatLeader != "":
@@ -145,6 +170,31 @@ func (p Partition) LeaderText() string {
 		return fmt.Sprintf("none (last: %s)", p.Owner)
 	}
 	return "none"
+}
+
+// NoLiveInstanceNote says, for a partition whose lock a session holds that
+// no live instance lists (NoLiveInstance), which backend holds it, what
+// that means and how to free it, as `annals status` says it on its NO LIVE
+// INSTANCE line ("" for any other partition).
+func (p Partition) NoLiveInstanceNote() string {
+	if !p.NoLiveInstance {
+		return ""
+	}
+	return fmt.Sprintf("Lock held by %s, which no live instance lists in its heartbeat. "+
+		"Unless a catch-up (Runner.RunUntilCaughtUp) or 'annals tail --subscriber' holds it, nobody processes the partition: "+
+		"a session left holding the lock (a pooler's server session, a psql session). "+
+		"Ending it frees the partition: SELECT pg_terminate_backend(%d); behind PgBouncer, RECONNECT on its admin console",
+		p.heldBy(), p.LockPID)
+}
+
+// heldBy is "backend PID", the session holding the lock, with the
+// checkpoint's last claimant when there is one.
+func (p Partition) heldBy() string {
+	s := fmt.Sprintf("backend %d", p.LockPID)
+	if p.Owner != "" {
+		s += " (last claimed by " + p.Owner + ")"
+	}
+	return s
 }
 
 // Instance is a runner instance.
@@ -297,10 +347,16 @@ func (c *reader) leadership(ctx context.Context, db queryer, head int64, sub *st
 	leaders := make(map[key]string, len(parts))
 	for i := range parts {
 		p := &parts[i]
-		p.Leader, p.LeaderEpoch = leadership.Leader(leadership.Facts{Epoch: p.Epoch, Owner: p.Owner, LockHeld: p.LockHeld,
-			HeartbeatLeader: p.HeartbeatLeader, HeartbeatEpoch: p.HeartbeatEpoch})
+		facts := leadership.Facts{Epoch: p.Epoch, Owner: p.Owner, LockHeld: p.LockHeld,
+			HeartbeatLeader: p.HeartbeatLeader, HeartbeatEpoch: p.HeartbeatEpoch}
+		p.Leader, p.LeaderEpoch = leadership.Leader(facts)
 		f, registered := fresh[p.Leader]
 		p.LeaderStale = p.Leader != "" && registered && !f
+		// A registered instance holding the lock is stale (LeaderStale) or
+		// has just taken the partition over, before its next heartbeat
+		// lists it; a rebuild leads without heartbeats.
+		p.NoLiveInstance = leadership.Unlisted(facts) && !(p.Leader != "" && registered) &&
+			!strings.HasPrefix(p.Owner, projection.RebuildOwnerPrefix)
 		leaders[key{p.Subscriber, p.Partition}] = p.Leader
 	}
 	if sub != nil {

@@ -55,7 +55,13 @@
 // heartbeat lists it leads, unless another has claimed the checkpoint since;
 // held and listed by none, the checkpoint's owner. A leader whose heartbeat
 // is stale (a hung process still holding the lock) is shown as such, and is
-// no live leader for the health checks and the led gauge.
+// no live leader for the health checks and the led gauge. So is a lock held
+// by a session that no live instance lists and no registered instance owns
+// (a runner that died behind a transaction-mode pooler whose server session
+// kept the lock, a psql session): its state is "no live instance", its
+// leader "OWNER (lock held by backend PID, no live instance)" with a note
+// naming the backend and the remedy, as `annals status` says it; a
+// rebuild's (rebuild:ID) is not.
 //
 // Reads are bounded: lag is counted up to 10,000 events (beyond, head -
 // position), a filtered page of the log scans at most 100,000 positions, the

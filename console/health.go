@@ -75,7 +75,8 @@ type PartitionHealth struct {
 	LagEvents  int64   `json:"lag_events"`
 	LagSeconds float64 `json:"lag_seconds"`
 	// Problem says what is wrong ("" when OK): no checkpoint yet, no live
-	// leader, stopped, or too far behind.
+	// leader (none, a stale one, or a lock held by a session no live
+	// instance lists), stopped, or too far behind.
 	Problem string `json:"problem,omitempty"`
 	// Retired reports a partition of a retired blue/green generation
 	// (kept for a rollback, run by nobody): it is OK whatever its leader,
@@ -189,6 +190,8 @@ func check(ctx context.Context, rd *reader, c *HealthConfig) HealthReport {
 				h.Problem = "no checkpoint yet: no instance has led it"
 			case p.Stopped != "":
 				h.Problem = "stopped: " + p.Stopped
+			case p.NoLiveInstance:
+				h.Problem = "no live leader: the lock is held by " + p.heldBy() + ", which no live instance lists"
 			case p.Leader == "":
 				h.Problem = "no live leader"
 			case p.LeaderStale:

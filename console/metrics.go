@@ -111,7 +111,7 @@ var (
 	descLag        = prometheus.NewDesc("annals_subscriber_lag_events", "Events after the checkpoint (counted exactly up to 10000, beyond that head - position).", subLabels, nil)
 	descLagTime    = prometheus.NewDesc("annals_subscriber_lag_seconds", "Age of the oldest event after the checkpoint (0: caught up).", subLabels, nil)
 	descEpoch      = prometheus.NewDesc("annals_subscriber_epoch", "Fencing epoch of a subscriber partition; it grows by one at each change of leader (and each operator's checkpoint set).", subLabels, nil)
-	descLed        = prometheus.NewDesc("annals_subscriber_led", "1 when a live runner instance leads the partition (holding its advisory lock), else 0 (absent for a retired blue/green generation).", subLabels, nil)
+	descLed        = prometheus.NewDesc("annals_subscriber_led", "1 when a live runner instance leads the partition (holding its advisory lock), else 0 (also while a session no live instance lists holds the lock; absent for a retired blue/green generation).", subLabels, nil)
 	descStopped    = prometheus.NewDesc("annals_subscriber_stopped", "1 when the partition is halted by the Stop policy, else 0 (absent for a retired blue/green generation).", subLabels, nil)
 	descDLQ        = prometheus.NewDesc("annals_dead_letters", "Dead letters by subscriber and status (open, retry, resolved, skipped).", []string{"subscriber", "status"}, nil)
 	descGeneration = prometheus.NewDesc("annals_read_model_generation", "1 for each generation of a blue/green read model, by the subscriber that runs it and its state (building, live, retired): a building generation catches up from the log's start, so `unless on(subscriber) annals_read_model_generation{state=\"building\"}` leaves it out of lag alerts.", []string{"read_model", "generation", "subscriber", "state"}, nil)
@@ -168,7 +168,7 @@ func (d *dbCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			g(descLag, float64(p.LagEvents), l...)
 			g(descLagTime, p.LagSeconds, l...)
-			g(descLed, b2f(p.Leader != "" && !p.LeaderStale), l...)
+			g(descLed, b2f(p.Leader != "" && !p.LeaderStale && !p.NoLiveInstance), l...)
 			g(descStopped, b2f(p.Stopped != ""), l...)
 		}
 		counts, err := d.rd.deadLetterCounts(ctx, tx)
