@@ -109,10 +109,18 @@
 // functions are compared with what the migrations make (functions.json:
 // the body with the schema's name taken out, SECURITY DEFINER, settings)
 // when the schema is at the migration this package knows, and any that is
-// missing or differs is a [GuardRemoved]; at another migration a note says
-// they were not compared. After a migration that adds or changes a
-// function, regenerate functions.json: go test ./verify -run
-// TestFunctionsManifest -update. The view events_all is not looked at
+// missing or differs is a [GuardRemoved], except the bodies that builds
+// of annals made from a migration edited in place afterwards (historic in
+// functions.go: Up never applies a migration again, so they stay through
+// upgrades). At another migration, or without schema_migrations (the SQL
+// of annals migrate --print applied by another tool) or SELECT on it, a
+// function that differs may be an older annals' and is only named in a
+// note ([NoteVersion]; [NotePrivileges] without SELECT); none is said when
+// all are this version's. Each note has a cause (Report.NoteCauses):
+// privileges and version a role or an upgrade can change, history (the
+// deletions older than 0038, retention records lost before 0024) neither.
+// After a migration that adds or changes a function, regenerate
+// functions.json: go test ./verify -run TestFunctionsManifest -update. The view events_all is not looked at
 // (Log reads the two tables it unites, events_archive and events,
 // directly); deletions_recorded_after, whose body holds a value of the
 // database's own, is checked only against the deletion records (a value

@@ -198,28 +198,29 @@ func readFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, schema s
 // is missing or differs from what the migrations made (its body, whether it
 // runs as its owner, its settings): the owner may replace them, and they
 // are the code that writes the log (the append functions) and guards it
-// (events_append_only, the trigger's function). A schema at another version
-// is not compared (a note says so).
+// (events_append_only, the trigger's function).
+//
+// A schema at another version, or whose version cannot be read (no
+// schema_migrations, as when the SQL of annals migrate --print was applied
+// by another tool; no SELECT on it), is compared too, but a function that
+// differs is not a problem there: an older or newer annals may have made
+// it. If any differs, a note names them and says why they could not be
+// judged; if none does, the schema has annals' own functions and nothing
+// is said.
 func checkFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Report, c Config) error {
 	m, err := loadManifest()
 	if err != nil {
 		return err
 	}
-	var canMig bool
-	if err := tx.QueryRow(ctx, q["CanReadMigrations"]).Scan(&canMig); err != nil {
+	var hasMig, canMig bool
+	if err := tx.QueryRow(ctx, q["CanReadMigrations"]).Scan(&hasMig, &canMig); err != nil {
 		return errors.Wrap(err, "verify: look up schema_migrations")
 	}
-	if !canMig {
-		rep.Notes = append(rep.Notes, "the schema's functions were not compared with annals' own: no SELECT on schema_migrations, which says what they should be")
-		return nil
-	}
-	var version int
-	if err := tx.QueryRow(ctx, q["SchemaVersion"]).Scan(&version); err != nil {
-		return errors.Wrap(err, "verify: read the schema's version")
-	}
-	if version != m.Version {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("the schema's functions were not compared with annals' own: the schema is at migration %d, and this verify knows those of %d", version, m.Version))
-		return nil
+	version := -1
+	if canMig {
+		if err := tx.QueryRow(ctx, q["SchemaVersion"]).Scan(&version); err != nil {
+			return errors.Wrap(err, "verify: read the schema's version")
+		}
 	}
 	got, err := readFunctions(ctx, tx, q, c.Schema)
 	if err != nil {
@@ -231,6 +232,7 @@ func checkFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Re
 	}
 	slices.Sort(names)
 	old := historicBodies(m, got)
+	var differ []string
 	for _, name := range names {
 		want := m.Functions[name]
 		g, ok := got[name]
@@ -249,8 +251,34 @@ func checkFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Re
 		default:
 			continue
 		}
+		if version != m.Version {
+			differ = append(differ, name)
+			continue
+		}
 		rep.add(c.MaxProblems, Problem{Kind: GuardRemoved,
 			Message: fmt.Sprintf("%s.%s %s: the schema's owner or a superuser changed it, and with it what writes or guards the log", schemaname.Ident(c.Schema), name, wrong)})
 	}
+	if len(differ) == 0 {
+		return nil
+	}
+	const show = 5
+	which := strings.Join(differ[:min(len(differ), show)], ", ")
+	if len(differ) > show {
+		which += fmt.Sprintf(" and %d more", len(differ)-show)
+	}
+	cause, why := NoteVersion, ""
+	switch {
+	case !hasMig:
+		why = "the schema has no schema_migrations, which says what they should be (the SQL of 'annals migrate --print' applied by another tool does not record its migrations): " +
+			"the script of an older annals may have made them, or they were changed; compare them with the script that made the schema"
+	case !canMig:
+		cause = NotePrivileges
+		why = "no SELECT on schema_migrations, which says what they should be (annals grant operator gives it)"
+	case version < m.Version:
+		why = fmt.Sprintf("the schema is at migration %d, older than this annals verify's %d: 'annals migrate' upgrades it, or verify with the annals that migrated it", version, m.Version)
+	default:
+		why = fmt.Sprintf("the schema is at migration %d, newer than this annals verify's %d: verify with the annals that migrated it", version, m.Version)
+	}
+	rep.note(cause, fmt.Sprintf("%d of the schema's functions (%s) are not those of migration %d and could not be judged: %s", len(differ), which, m.Version, why))
 	return nil
 }

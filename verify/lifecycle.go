@@ -214,7 +214,7 @@ func checkLifecycle(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Re
 		}
 		ex.inForce = newRunIndex(all)
 	} else {
-		rep.Notes = append(rep.Notes, "events a stream's retention, truncation or deletion excuses were not checked against scavenge_runs: no SELECT on it (annals grant operator gives it)")
+		rep.note(NotePrivileges, "events a stream's retention, truncation or deletion excuses were not checked against scavenge_runs: no SELECT on it (annals grant operator gives it)")
 	}
 
 	ex.canRuns, ex.runs = canRuns, runs
@@ -244,7 +244,7 @@ func checkLifecycle(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Re
 		if len(old) > show {
 			ids = fmt.Sprintf("%s and %d more", ids, len(old)-show)
 		}
-		rep.Notes = append(rep.Notes, fmt.Sprintf("%d streams (%s) are deleted, or truncated by a deletion, without a deletion record in their metadata streams, which delete_stream writes since migration 0038 (%s): their deletions may be older, and were checked as before (their state and versions could have been changed without it being seen; compare with a baseline)%s",
+		rep.note(NoteHistory, fmt.Sprintf("%d streams (%s) are deleted, or truncated by a deletion, without a deletion record in their metadata streams, which delete_stream writes since migration 0038 (%s): their deletions may be older, and were checked as before (their state and versions could have been changed without it being seen; compare with a baseline)%s",
 			len(old), ids, since.describe(), since.stragglers(waited)))
 	}
 	return ex, nil
@@ -333,14 +333,14 @@ func deletionsRecordedAfter(ctx context.Context, tx pgx.Tx, q map[string]string,
 				Message: "deletions_recorded_after() is missing, but schema_migrations records migration 0038, which created it: it was dropped, and without it deletions without a record could not be told from older ones; recreate it as 0038 did (the head of the log when it ran; below the first deletion record)"})
 		}
 		if s.first == 0 {
-			rep.Notes = append(rep.Notes, "deletions were checked without their records: the schema is older than migration 0038 (delete_stream records deletions in the metadata streams since)")
+			rep.note(NoteVersion, "deletions were checked without their records: the schema is older than migration 0038 (delete_stream records deletions in the metadata streams since)")
 		}
 		return s, nil
 	case err != nil:
 		return s, errors.Wrap(err, "verify: look up deletions_recorded_after")
 	case can == nil:
 		if s.first == 0 {
-			rep.Notes = append(rep.Notes, "deletions were checked without their records: no EXECUTE on deletions_recorded_after()")
+			rep.note(NotePrivileges, "deletions were checked without their records: no EXECUTE on deletions_recorded_after()")
 		}
 		return s, nil
 	}
@@ -358,8 +358,8 @@ func deletionsRecordedAfter(ctx context.Context, tx pgx.Tx, q map[string]string,
 // deletionsRecordedApplied reports whether schema_migrations records
 // migration 0038 (false when the role cannot read it).
 func deletionsRecordedApplied(ctx context.Context, tx pgx.Tx, q map[string]string) (bool, error) {
-	var can, applied bool
-	if err := tx.QueryRow(ctx, q["CanReadMigrations"]).Scan(&can); err != nil {
+	var exists, can, applied bool
+	if err := tx.QueryRow(ctx, q["CanReadMigrations"]).Scan(&exists, &can); err != nil {
 		return false, errors.Wrap(err, "verify: look up schema_migrations")
 	}
 	if !can {
@@ -581,7 +581,7 @@ func (lc *lifecycleRow) judge(rep *Report, maxProblems int, ex *excuses, limitsU
 	}
 
 	if lost && (lc.limits || (lc.truncateBefore > 1 && !deleted)) {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("the retention of stream %q was not checked: its metadata stream %q lost its %q records (it has retention of its own or was deleted, possible before migration 0024)",
+		rep.note(NoteHistory, fmt.Sprintf("the retention of stream %q was not checked: its metadata stream %q lost its %q records (it has retention of its own or was deleted, possible before migration 0024)",
 			id, "$$"+id, truncatedType))
 	}
 

@@ -113,7 +113,11 @@ SELECT min(e.global_sequence)
    AND e.data->>'deleted' IS NOT NULL;
 
 -- name: CanReadMigrations
-SELECT coalesce((SELECT pg_catalog.has_table_privilege(c.oid, 'SELECT')
+-- Whether schema_migrations exists, and whether this role may read it.
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+                 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                WHERE n.nspname = {{.SchemaLiteral}} AND c.relname = 'schema_migrations'),
+       coalesce((SELECT pg_catalog.has_table_privilege(c.oid, 'SELECT')
                    FROM pg_catalog.pg_class c
                    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
                   WHERE n.nspname = {{.SchemaLiteral}} AND c.relname = 'schema_migrations'), false);

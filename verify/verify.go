@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash"
+	"slices"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -199,10 +200,47 @@ type Report struct {
 	Digest string `json:"digest"`
 	// Notes are what the run could not check.
 	Notes []string `json:"notes,omitempty"`
+	// NoteCauses says why, one for each note.
+	NoteCauses []NoteCause `json:"note_causes,omitempty"`
 	// Baseline is this run's digest of the log, to compare the next run
 	// with. Keep it outside the database, and only from a run without
 	// problems.
 	Baseline *Baseline `json:"-"`
+}
+
+// NoteCause says why a check was not made.
+type NoteCause string
+
+const (
+	// NotePrivileges: the role lacks a privilege the check needs (annals
+	// grant operator gives them all).
+	NotePrivileges NoteCause = "privileges"
+	// NoteVersion: the schema is not at the migration this verify knows
+	// (older: annals migrate upgrades it; newer: verify with the annals
+	// that migrated it), or its migration is not recorded
+	// (schema_migrations missing: applied from annals migrate --print).
+	NoteVersion NoteCause = "version"
+	// NoteHistory: rows an older annals wrote without what the check
+	// needs (a deletion before migration 0038 has no record): no role
+	// and no migration makes it possible.
+	NoteHistory NoteCause = "history"
+)
+
+// note adds a note and its cause.
+func (r *Report) note(cause NoteCause, text string) {
+	r.Notes = append(r.Notes, text)
+	r.NoteCauses = append(r.NoteCauses, cause)
+}
+
+// Skipped counts the notes of the given causes.
+func (r *Report) Skipped(causes ...NoteCause) int {
+	n := 0
+	for _, c := range r.NoteCauses {
+		if slices.Contains(causes, c) {
+			n++
+		}
+	}
+	return n
 }
 
 // OK reports whether the run found no problem.
@@ -288,7 +326,7 @@ func Log(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Report, error) 
 		}
 		rep.Sequence = &seq
 	} else {
-		rep.Notes = append(rep.Notes, "positions were not compared with the position sequence: no SELECT on it (annals grant operator gives it)")
+		rep.note(NotePrivileges, "positions were not compared with the position sequence: no SELECT on it (annals grant operator gives it)")
 	}
 
 	progress := func(p Progress) {

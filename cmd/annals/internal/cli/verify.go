@@ -42,8 +42,13 @@ versions (a whole stream with its streams row, or a stream's newest events with 
 version lowered) look like a log that never had them. Keep a baseline.
 
 A role with fewer privileges than an operator's (a reader, a writer) skips the checks it
-cannot make, each said in a note ("complete": false in JSON), and can still pass;
---strict makes a skipped check fail the run (exit 1), for scheduled audits.
+cannot make, each said in a note ("complete": false in JSON; "note_causes" says why:
+"privileges"), and can still pass; so does a schema not at the migration this annals verify
+knows ("version": an older schema's functions that differ from this version's are named,
+not judged). --strict makes a check skipped for either cause fail the run (exit 1), for
+scheduled audits. A note on what an older annals wrote without what a check needs
+("history": deletions before migration 0038, checked by the rules before it) does not fail
+--strict: no role and no migration makes that check.
 
 Exit codes: 0 clean, 1 problems found (or, with --strict, checks skipped; or a failure),
 2 bad flags or arguments. Progress goes to stderr; --output json writes the report as one
@@ -151,9 +156,15 @@ written) and "baseline_not_written" (why not, when --write-baseline was given).`
 				}
 				return exitError{ExitFailure}
 			}
-			if strict && !rep.Complete() {
-				fmt.Fprintf(e.stderr, "annals: verify --strict: %s skipped (see the notes); run it as a role with the operator's grants to check everything\n",
-					checksSkipped(len(rep.Notes)))
+			if priv, ver := rep.Skipped(verify.NotePrivileges), rep.Skipped(verify.NoteVersion); strict && priv+ver > 0 {
+				if priv > 0 {
+					fmt.Fprintf(e.stderr, "annals: verify --strict: %s skipped for lack of privileges (see the notes); run it as a role with the operator's grants to check everything\n",
+						checksSkipped(priv))
+				}
+				if ver > 0 {
+					fmt.Fprintf(e.stderr, "annals: verify --strict: %s skipped: the schema is not at the migration this annals verify knows (see the notes); "+
+						"run 'annals migrate' to upgrade an older schema, or verify with the annals that migrated it\n", checksSkipped(ver))
+				}
 				if writeErr != nil {
 					return writeErr
 				}
@@ -168,7 +179,7 @@ written) and "baseline_not_written" (why not, when --write-baseline was given).`
 	cmd.Flags().IntVar(&interval, "interval", 10000, "events per checkpoint of a new baseline")
 	cmd.Flags().IntVar(&pageSize, "page-size", 5000, "rows per read")
 	cmd.Flags().IntVar(&maxProblems, "max-problems", 100, "how many problems to list (all are counted)")
-	cmd.Flags().BoolVar(&strict, "strict", false, "fail (exit 1) when a check was skipped for lack of privileges")
+	cmd.Flags().BoolVar(&strict, "strict", false, "fail (exit 1) when a check was skipped for lack of privileges or because the schema is not at this verify's migration")
 	return cmd
 }
 

@@ -8,7 +8,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/migrations"
 )
 
 func TestVerifyCommand(t *testing.T) {
@@ -126,4 +129,69 @@ func TestVerifyStrict(t *testing.T) {
 	if r := annals(t, db.URL, "verify", "--strict"); r.code != 0 || !strings.Contains(r.stdout, "ok: no problems found\n") {
 		t.Fatalf("verify --strict as the owner: %+v", r)
 	}
+}
+
+// TestVerifyStrictAfterAnUpgrade: an upgrade trial. A log with a deletion
+// made before migration 0038 (no deletion record) keeps a note that it was
+// checked by the rules before 0038 for good, and --strict failed it, as
+// for a role without privileges ("run it as a role with the operator's
+// grants"), which no role could change: such a note does not fail
+// --strict now. A schema not at the migration verify knows (its record
+// of 0043 gone, a function replaced) still fails --strict, saying so and
+// what to do.
+func TestVerifyStrictAfterAnUpgrade(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	schema := "upgraded"
+	id := pgx.Identifier{schema}.Sanitize()
+	ms, err := migrations.All(&migrations.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Through 0037, as an annals before 0038 made it, with a deletion.
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA "+id+"; CREATE TABLE "+id+".schema_migrations (version integer NOT NULL PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"); err != nil {
+			return err
+		}
+		for _, m := range ms[:37] {
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO "+id+".schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"append", "a", "T", `{}`}, {"append", "a", "T", `{}`}, {"stream", "delete", "a"}, {"scavenge"}, {"migrate"}} {
+		if r := annals(t, db.URL, append([]string{"--schema", schema}, args...)...); r.code != 0 {
+			t.Fatalf("%v: %+v", args, r)
+		}
+	}
+	r := annals(t, db.URL, "--schema", schema, "verify", "--strict", "--output", "json")
+	if r.code != 0 || !strings.Contains(r.stdout, "without a deletion record") || !strings.Contains(r.stdout, `"history"`) {
+		t.Fatalf("verify --strict of a log with a deletion before 0038: %+v", r)
+	}
+
+	// Not at the migration verify knows, and a function not this
+	// version's.
+	if _, err := db.Pool.Exec(ctx, "DELETE FROM "+id+".schema_migrations WHERE version = (SELECT max(version) FROM "+id+".schema_migrations)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `CREATE OR REPLACE FUNCTION `+id+`.events_append_only() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	r = annals(t, db.URL, "--schema", schema, "verify")
+	if r.code != 0 || !strings.Contains(r.stdout, "events_append_only()") || !strings.Contains(r.stdout, "older than this annals verify's") {
+		t.Fatalf("verify of a schema at an older migration: %+v", r)
+	}
+	r = annals(t, db.URL, "--schema", schema, "verify", "--strict")
+	if r.code != ExitFailure || !strings.Contains(r.stderr, "the schema is not at the migration this annals verify knows") ||
+		!strings.Contains(r.stderr, "annals migrate") || strings.Contains(r.stderr, "operator's grants") {
+		t.Fatalf("verify --strict of a schema at an older migration: %+v", r)
+	}
+	t.Log(r.stderr)
 }
