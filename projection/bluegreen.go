@@ -215,6 +215,15 @@ var (
 	// read model is Rollback's job, or a deploy of the older code under a
 	// newer Version.
 	ErrCutoverOlderVersion = errors.New("projection: the new generation's version is older than the live generation's")
+	// ErrForgedGeneration is returned by a cut-over, a rollback, a
+	// runner's round of its blue/green projections and RebuildBlueGreen
+	// when a row of read_model_generations they would act on names another
+	// schema or subscriber than annals gives that generation
+	// (rm_<name>_g<N>, <name>#g<N>), or a reader schema that is not the
+	// read model's: any runner role may write the rows, and the views,
+	// schemas and checkpoints they name are changed as the caller's role.
+	// Nothing is changed; see who wrote read_model_generations.
+	ErrForgedGeneration = errors.New("projection: a generation's row names what annals does not give it")
 )
 
 // olderThanLive returns the live generation of gens when gen is building
@@ -245,6 +254,9 @@ func (g *generations) abandon(ctx context.Context, tx pgx.Tx, name string, gen, 
 // checkpoints get reason as their stop reason and a new epoch (fencing its
 // leaders, announced), and it is marked retired.
 func (g *generations) retire(ctx context.Context, tx pgx.Tx, name string, gen Generation, reason string) error {
+	if err := gen.forged(name); err != nil {
+		return err
+	}
 	if _, err := tx.Exec(ctx, g.q["RetireCheckpoints"], gen.Subscriber, reason); err != nil {
 		return errors.Wrapf(err, "projection %q: stop generation %d", name, gen.Generation)
 	}
@@ -350,6 +362,25 @@ func generationSchema(name string, gen int) string {
 // generationSubscriber is the subscriber (checkpoints, lock) of a generation.
 func generationSubscriber(name string, gen int) string {
 	return name + "#g" + strconv.Itoa(gen)
+}
+
+// forged returns an error (ErrForgedGeneration) when x's row names another
+// schema or subscriber than annals gives generation x.Generation of
+// projection name (generationSchema, generationSubscriber): any runner role
+// may write read_model_generations, and what the row names is changed as
+// the caller's role (views pointed at the schema, handlers run with it
+// first on the search_path, the subscriber's checkpoints fenced). As
+// DropRetired checks the schema it drops.
+func (x Generation) forged(name string) error {
+	if want := generationSchema(name, x.Generation); x.Schema != want {
+		return errors.Wrapf(ErrForgedGeneration, "projection %q: generation %d names schema %q, not %q as annals names it "+
+			"(a row annals did not write, or changed: see who wrote read_model_generations)", name, x.Generation, x.Schema, want)
+	}
+	if want := generationSubscriber(name, x.Generation); x.Subscriber != want {
+		return errors.Wrapf(ErrForgedGeneration, "projection %q: generation %d names subscriber %q, not %q as annals names it "+
+			"(a row annals did not write, or changed: see who wrote read_model_generations)", name, x.Generation, x.Subscriber, want)
+	}
+	return nil
 }
 
 // checkName refuses a subscriber name that ends like a generation's
@@ -650,8 +681,13 @@ func (g *generationProjection) Handle(ctx context.Context, tx pgx.Tx, e eventsto
 	return g.p.Handle(ctx, tx, e)
 }
 
-// generationSubs returns the subscriptions of one generation of reg.
-func (r *Runner) generationSubs(reg *registration, g *generations, gen Generation, wrap func(catchup.Processor) catchup.Processor) []*catchup.Subscription {
+// generationSubs returns the subscriptions of one generation of reg, or
+// ErrForgedGeneration when its row names another schema or subscriber than
+// annals gives it (its handlers would run in that schema).
+func (r *Runner) generationSubs(reg *registration, g *generations, gen Generation, wrap func(catchup.Processor) catchup.Processor) ([]*catchup.Subscription, error) {
+	if err := gen.forged(reg.name); err != nil {
+		return nil, err
+	}
 	bg := reg.bg
 	var subs []*catchup.Subscription
 	for part := range reg.opts.Partitions {
@@ -675,7 +711,7 @@ func (r *Runner) generationSubs(reg *registration, g *generations, gen Generatio
 			Balance: true, SyncCommits: reg.opts.SyncCommits,
 		})
 	}
-	return subs
+	return subs, nil
 }
 
 // leaderGate holds the batches of this process's leaders of one generation
@@ -959,6 +995,21 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 		if next == nil || next.State != GenerationBuilding {
 			c.To = 0
 			return nil
+		}
+		// Any runner role may write the rows: the views are made where
+		// they say, as this role.
+		if err := next.forged(name); err != nil {
+			return err
+		}
+		if next.Reader != bg.cfg.ReaderSchema {
+			return errors.Wrapf(ErrForgedGeneration, "projection %q: generation %d names reader schema %q, not %q as "+
+				"BlueGreen.ReaderSchema says: not cut over (a row annals did not write, or changed: see who wrote read_model_generations)",
+				name, to, next.Reader, bg.cfg.ReaderSchema)
+		}
+		if l := live(gens); l != nil {
+			if err := l.forged(name); err != nil {
+				return err
+			}
 		}
 		// Readers never go back a version by a cut-over: the generation is
 		// set aside for good, so that nothing runs or retries it.
@@ -1258,9 +1309,12 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	}
 	log := rb.log.With(slog.Int("generation", gen.Generation))
 	rb.log = log
-	subs := r.generationSubs(reg, g, gen, func(p catchup.Processor) catchup.Processor {
+	subs, err := r.generationSubs(reg, g, gen, func(p catchup.Processor) catchup.Processor {
 		return &countingProcessor{Processor: p, done: rb.advance}
 	})
+	if err != nil {
+		return Cutover{}, err
+	}
 	for _, s := range subs {
 		s.BatchSize = o.BatchSize
 	}
@@ -1766,6 +1820,23 @@ func RollbackFrom(ctx context.Context, db interface {
 		return c, errors.Wrapf(ErrNoRollback, "%q: generation %d is live and no earlier one is kept", name, cur.Generation)
 	}
 	c.From, c.To = cur.Generation, prev.Generation
+	// Any runner role may write the rows: the views are made where they
+	// say, as this role. The reader schema is not derived from the name:
+	// it must hold views annals made of either generation.
+	for _, x := range []*Generation{cur, prev} {
+		if err := x.forged(name); err != nil {
+			return c, err
+		}
+	}
+	var views int
+	if err := tx.QueryRow(ctx, g.q["ReaderViews"], prev.Reader, cur.Schema, prev.Schema).Scan(&views); err != nil {
+		return c, errors.Wrapf(err, "projection %q: read the views of reader schema %q", name, prev.Reader)
+	}
+	if views == 0 {
+		return c, errors.Wrapf(ErrForgedGeneration, "projection %q: generation %d names reader schema %q, which holds no view of "+
+			"generation %d or %d: not rolled back (a row annals did not write, or changed: see who wrote read_model_generations)",
+			name, prev.Generation, prev.Reader, cur.Generation, prev.Generation)
+	}
 	if _, c.FromPosition, _, err = g.positions(ctx, tx, cur.Subscriber, true); err != nil {
 		return c, err
 	}

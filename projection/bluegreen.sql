@@ -53,6 +53,20 @@ SELECT {{.Schema}}.read_model_swap_views($1, $2, $3);
 SELECT pg_catalog.set_config('search_path',
        pg_catalog.quote_ident($1) || ', ' || pg_catalog.current_setting('search_path'), true);
 
+-- name: ReaderViews
+-- How many views of reader schema $1 read a relation of the same name in
+-- schema $2 or $3 (generations' schemas): the views read_model_swap_views
+-- made. A rollback swaps views only in a reader schema that holds some.
+SELECT count(DISTINCT v.oid)
+  FROM pg_catalog.pg_class v
+  JOIN pg_catalog.pg_namespace vn ON vn.oid = v.relnamespace
+  JOIN pg_catalog.pg_rewrite rw ON rw.ev_class = v.oid
+  JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = rw.oid
+   AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
+  JOIN pg_catalog.pg_class t ON t.oid = d.refobjid
+  JOIN pg_catalog.pg_namespace tn ON tn.oid = t.relnamespace
+ WHERE vn.nspname = $1 AND v.relkind = 'v' AND tn.nspname IN ($2, $3) AND t.relname = v.relname;
+
 -- name: Relations
 -- The relations of a generation's schema that readers see through views.
 SELECT count(*)

@@ -190,11 +190,15 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 		if runs[sub] != nil {
 			continue
 		}
+		subs, err := r.generationSubs(reg, g, gen, nil)
+		if err != nil {
+			return err
+		}
 		gctx, cancel := context.WithCancel(ctx)
 		x := &running{cancel: cancel, done: make(chan struct{})}
 		runs[sub] = x
 		var wg sync.WaitGroup
-		for _, sc := range r.generationSubs(reg, g, gen, nil) {
+		for _, sc := range subs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -318,7 +322,11 @@ func (r *Runner) catchUpBlueGreen(ctx context.Context, engine *catchup.Engine, h
 			if gen.Version != reg.bg.cfg.Version || (gen.State != GenerationBuilding && gen.State != GenerationLive) {
 				continue
 			}
-			for _, s := range r.generationSubs(reg, g, gen, nil) {
+			subs, err := r.generationSubs(reg, g, gen, nil)
+			if err != nil {
+				return err
+			}
+			for _, s := range subs {
 				if err := r.catchUp(ctx, engine, s, head); err != nil {
 					return err
 				}
@@ -379,7 +387,11 @@ func (r *Runner) checkGenerationLayouts(ctx context.Context, engine *catchup.Eng
 		if gen.Version != reg.bg.cfg.Version || (gen.State != GenerationBuilding && gen.State != GenerationLive) {
 			continue
 		}
-		for _, sc := range r.generationSubs(reg, g, gen, nil) {
+		subs, err := r.generationSubs(reg, g, gen, nil)
+		if err != nil {
+			return err
+		}
+		for _, sc := range subs {
 			if err := engine.CheckLayout(ctx, sc); err != nil {
 				return layoutAdvice(err, reg, gen)
 			}
