@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -53,33 +52,68 @@ func loadManifest() (*manifest, error) {
 }
 
 // normalizeBody replaces in a function body of schema what the migrations'
-// templates put there for it (sqltmpl.Data: the schema as an identifier and
-// a literal, the channel, the sequences, the append lock's key) by the
-// placeholder, so that the bodies of schemas of any name compare.
-func normalizeBody(body, schema string) string {
+// templates put there for it (sqltmpl.Data: the schema as an identifier,
+// always quoted and always followed by a name, and as a literal, the
+// channel, the sequences, the append lock's key) by the placeholder, so
+// that the bodies of schemas of any name compare. A body PostgreSQL
+// deparsed (sqlBody: pg_get_functiondef, read with the schema on the
+// search_path, so that only its header names the schema, as ident, which
+// is quote_ident's) has its header's name replaced instead. Only those
+// forms are replaced: the bare name is an alias or a word in many bodies
+// (a schema named e, s or events had functions reported replaced).
+func normalizeBody(body, schema string, sqlBody bool, ident string) string {
 	d := sqltmpl.NewData(schema)
+	if sqlBody {
+		for _, kind := range []string{"FUNCTION", "PROCEDURE"} {
+			head := "CREATE OR REPLACE " + kind + " " + ident + "."
+			if strings.HasPrefix(body, head) {
+				return "CREATE OR REPLACE " + kind + " {{.Schema}}." + body[len(head):]
+			}
+		}
+		return body
+	}
 	// The longest first: the sequences' literals hold the schema's name.
 	for _, r := range []struct{ value, name string }{
 		{d.EventsSequence, "{{.EventsSequence}}"},
 		{d.ArchiveStepSequence, "{{.ArchiveStepSequence}}"},
 		{d.Channel, "{{.Channel}}"},
 		{d.SchemaLiteral, "{{.SchemaLiteral}}"},
-		{d.Schema, "{{.Schema}}"},
-		{strconv.Itoa(int(d.AppendLockK1)), "{{.AppendLockK1}}"},
-		{strconv.Itoa(int(d.AppendLockK2)), "{{.AppendLockK2}}"},
+		{d.Schema + ".", "{{.Schema}}."},
 	} {
 		body = strings.ReplaceAll(body, r.value, r.name)
 	}
-	// pg_get_functiondef (SQL-standard bodies) names the schema as
-	// quote_ident does: bare when it is a plain lower-case name.
-	if plainIdent.MatchString(schema) {
-		body = strings.ReplaceAll(body, " "+schema+".", " {{.Schema}}.")
+	for _, r := range []struct {
+		value int32
+		name  string
+	}{{d.AppendLockK1, "{{.AppendLockK1}}"}, {d.AppendLockK2, "{{.AppendLockK2}}"}} {
+		body = replaceNumber(body, strconv.Itoa(int(r.value)), r.name)
 	}
 	return body
 }
 
-// plainIdent matches a name quote_ident leaves bare (keywords aside).
-var plainIdent = regexp.MustCompile(`^[a-z_][a-z0-9_$]*$`)
+// replaceNumber replaces number in s where it stands alone (no digit
+// before or after it).
+func replaceNumber(s, number, name string) string {
+	var b strings.Builder
+	for {
+		i := strings.Index(s, number)
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		end := i + len(number)
+		alone := (i == 0 || !isDigit(s[i-1])) && (end == len(s) || !isDigit(s[end]))
+		b.WriteString(s[:i])
+		if alone {
+			b.WriteString(name)
+		} else {
+			b.WriteString(number)
+		}
+		s = s[end:]
+	}
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
 // ownValue is the function whose body holds a value of the database's
 // own (migration 0038 makes it return the head of the log when it ran): its
@@ -109,8 +143,8 @@ var historic = []struct {
 	// event_input_bad's (it named an earlier event in its refusal).
 	why: "0032 as built at 7d2ed4d",
 	bodies: map[string]struct{ old, current string }{
-		"data_unstorable(p_data text)":                               {"", "55ab4793706951ca59d00aeb3ef9321f4b0e1f14c9975f8e54ffb469c562b589"},
-		"event_input_bad(p_type text, p_data text, p_metadata text)": {"2411b39e2c72fe25bf4c629952745d28193e8ba78c6d2789a8fef01ed738852b", "d33610cbf3dcbcdf6ae5423dcda3d7f5b92a41b06d80df398c28769be8d82fb7"},
+		"data_unstorable(p_data text)":                               {"", "d9a838188e8ca53d08378cd83a73a5bd434a0220e3b9b1a14966d2e8cdeb21e2"},
+		"event_input_bad(p_type text, p_data text, p_metadata text)": {"33fe71ce2a453319410517ec62a52f2ba51c7134a07b01acb066619d36553f55", "3ff64efc4d26a408b3fd49c31b87986906fd8b73f944730dbb77282070c4d066"},
 		"append_batch_refuse(p_streams text[], p_expected bigint[], p_append integer[], p_index integer[], p_ids uuid[], p_types text[], p_data text[], p_metadata text[])": {"03cc97df888d32fadc59f7dab82b37cbc9509734fed1688020e3770b4317d491", "b3018be0acc8c673437969b896b56f044f9799a3d018a68a0c425e3968a9abe2"},
 	},
 }, {
@@ -118,8 +152,8 @@ var historic = []struct {
 	// of data holding "$personal", append_batch_refuse as at 7d2ed4d.
 	why: "0032 as built at 433cd15",
 	bodies: map[string]struct{ old, current string }{
-		"data_unstorable(p_data text)":                               {"", "55ab4793706951ca59d00aeb3ef9321f4b0e1f14c9975f8e54ffb469c562b589"},
-		"event_input_bad(p_type text, p_data text, p_metadata text)": {"c1380eb56955164be2cc0da31d73ff475f9afb9ea81085e361459677447ae193", "d33610cbf3dcbcdf6ae5423dcda3d7f5b92a41b06d80df398c28769be8d82fb7"},
+		"data_unstorable(p_data text)":                               {"", "d9a838188e8ca53d08378cd83a73a5bd434a0220e3b9b1a14966d2e8cdeb21e2"},
+		"event_input_bad(p_type text, p_data text, p_metadata text)": {"5dccf84c103a344754682774e7622bfd9736ad4cc62ca50d173f5c290695febc", "3ff64efc4d26a408b3fd49c31b87986906fd8b73f944730dbb77282070c4d066"},
 		"append_batch_refuse(p_streams text[], p_expected bigint[], p_append integer[], p_index integer[], p_ids uuid[], p_types text[], p_data text[], p_metadata text[])": {"03cc97df888d32fadc59f7dab82b37cbc9509734fed1688020e3770b4317d491", "b3018be0acc8c673437969b896b56f044f9799a3d018a68a0c425e3968a9abe2"},
 	},
 }, {
@@ -163,8 +197,8 @@ func historicBodies(m *manifest, got map[string]function) map[string]bool {
 
 // readFunctions returns the functions of schema as manifest records them.
 func readFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, schema string) (map[string]function, error) {
-	if _, err := tx.Exec(ctx, q["PinSearchPath"]); err != nil {
-		return nil, errors.Wrap(err, "verify: pin the search_path")
+	if _, err := tx.Exec(ctx, q["SchemaOnSearchPath"]); err != nil {
+		return nil, errors.Wrap(err, "verify: set the search_path")
 	}
 	rows, err := tx.Query(ctx, q["Functions"])
 	if err != nil {
@@ -172,16 +206,21 @@ func readFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, schema s
 	}
 	out := map[string]function{}
 	var (
-		name, body string
-		f          function
+		proname, args, src, ident string
+		def                       *string
+		f                         function
 	)
-	_, err = pgx.ForEachRow(rows, []any{&name, &body, &f.Definer, &f.Config}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&proname, &args, &src, &def, &f.Definer, &f.Config, &ident}, func() error {
+		name, body, sqlBody := proname+"("+args+")", src, def != nil
+		if sqlBody {
+			body = *def
+		}
 		if name != ownValue {
-			sum := sha256.Sum256([]byte(normalizeBody(body, schema)))
+			sum := sha256.Sum256([]byte(normalizeBody(body, schema, sqlBody, ident)))
 			f.Body = hex.EncodeToString(sum[:])
 		}
 		for i, c := range f.Config {
-			f.Config[i] = normalizeBody(c, schema)
+			f.Config[i] = normalizeBody(c, schema, false, ident)
 		}
 		slices.Sort(f.Config)
 		if f.Config == nil {
@@ -191,7 +230,14 @@ func readFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, schema s
 		f = function{}
 		return nil
 	})
-	return out, errors.Wrap(err, "verify: read the schema's functions")
+	if err != nil {
+		return nil, errors.Wrap(err, "verify: read the schema's functions")
+	}
+	// Every later query of the transaction under the pinned path again.
+	if _, err := tx.Exec(ctx, q["PinSearchPath"]); err != nil {
+		return nil, errors.Wrap(err, "verify: pin the search_path")
+	}
+	return out, nil
 }
 
 // checkFunctions reports every function of the schema at m's version that

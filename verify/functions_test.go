@@ -12,6 +12,7 @@ import (
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/migrations"
 )
 
 var update = flag.Bool("update", false, "write functions.json from a freshly migrated schema")
@@ -116,4 +117,33 @@ func TestFunctionsReplaced(t *testing.T) {
 		t.Fatalf("%d problems, want the two functions changed:\n%s", rep.ProblemCount, all)
 	}
 	t.Log(all)
+}
+
+// TestFunctionsOfSchemasOfAnyName: the functions of a schema whose name is
+// also an alias, a table or a word of annals' function bodies ("e" in
+// events e, e.stream_id; "s", "x", "events") compare as those of any
+// other: a trial of plain names found a fresh schema named e with seven
+// functions reported replaced, s and x eight, events one, since the name
+// written bare (as pg_get_functiondef names a plain schema) was taken out
+// of every body wherever it stood.
+func TestFunctionsOfSchemasOfAnyName(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	for _, schema := range []string{"a", "e", "g", "r", "s", "t", "x", "ev", "events", "streams", "select", "personal", "E'x'"} {
+		if _, err := migrations.Up(ctx, db.Pool, &migrations.Config{Schema: schema}); err != nil {
+			t.Fatalf("%s: %v", schema, err)
+		}
+		rep, err := Log(ctx, db.Pool, &Config{Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rep.OK() || !rep.Complete() {
+			var msgs []string
+			for _, p := range rep.Problems {
+				msgs = append(msgs, p.Message[:min(len(p.Message), 120)])
+			}
+			t.Errorf("a fresh schema %q: %d problems %q, notes %q", schema, rep.ProblemCount, msgs, rep.Notes)
+		}
+	}
 }

@@ -319,13 +319,26 @@ SELECT coalesce(max(version), 0) FROM {{.Schema}}.schema_migrations;
 -- name outside pg_catalog, whatever the session's search_path.
 SET LOCAL search_path = pg_catalog, pg_temp;
 
+-- name: SchemaOnSearchPath
+-- While the functions are read (PinSearchPath follows): the schema after
+-- pg_catalog, so that pg_get_functiondef names the schema's objects
+-- without it (it names what the path shows bare), whatever the schema's
+-- name; only its header names the schema.
+SET LOCAL search_path = pg_catalog, {{.Schema}}, pg_temp;
+
 -- name: Functions
--- The schema's functions: name and identity arguments, body (a function
--- with an SQL-standard body, PostgreSQL 14 on, has an empty prosrc: its
--- whole definition then), whether each runs as its owner, and its
--- settings.
-SELECT p.proname::text || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ')',
-       CASE WHEN p.prosrc = '' THEN pg_catalog.pg_get_functiondef(p.oid) ELSE p.prosrc END,
-       p.prosecdef, p.proconfig
+-- The schema's functions: name, identity arguments, body (a function with
+-- an SQL-standard body, PostgreSQL 14 on, has an empty prosrc: its whole
+-- definition then), whether each runs as its owner, its settings, and the
+-- schema's name as PostgreSQL writes it (quote_ident: bare when plain).
+-- Every operator is pg_catalog's by name: the schema is on the search_path
+-- (SchemaOnSearchPath), and its owner may have made operators there.
+SELECT p.proname::text,
+       pg_catalog.pg_get_function_identity_arguments(p.oid),
+       p.prosrc,
+       CASE WHEN p.prosrc OPERATOR(pg_catalog.=) ''::pg_catalog.text THEN pg_catalog.pg_get_functiondef(p.oid) END,
+       p.prosecdef, p.proconfig,
+       pg_catalog.quote_ident(n.nspname::pg_catalog.text)
   FROM pg_catalog.pg_proc p
- WHERE p.pronamespace = (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = {{.SchemaLiteral}});
+  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+ WHERE n.nspname OPERATOR(pg_catalog.=) {{.SchemaLiteral}}::pg_catalog.name;
