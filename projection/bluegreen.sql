@@ -139,9 +139,13 @@ UPDATE {{.Schema}}.read_model_generations
 
 -- name: Expired
 -- Retired generations whose retention ($2 microseconds) has passed, and
--- the schema each row names.
+-- the schema each row names. Locked: DropRetired checks the name and then
+-- read_model_drop_schema reads the row again, in the same transaction, and
+-- another runner role (every one may write the table) must not change the
+-- name in between.
 SELECT generation, schema_name
   FROM {{.Schema}}.read_model_generations
  WHERE projection = $1 AND state = 'retired'
    AND retired_at < clock_timestamp() - $2::bigint * interval '1 microsecond'
- ORDER BY generation;
+ ORDER BY generation
+   FOR UPDATE;
