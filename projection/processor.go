@@ -12,8 +12,8 @@ import (
 // the caller's handles (package relay's publisher is one), for machinery
 // that needs the runner's leader election, standbys, fencing, instance
 // registry and metrics but not its handler dispatch. newProc makes one
-// processor per subscriber partition. Of opts only Types, Partitions and
-// BatchSize apply: retries, dead letters and checkpoints are the
+// processor per subscriber partition. Of opts only Types, Partitions,
+// BatchSize and Kind apply: retries, dead letters and checkpoints are the
 // processor's (it commits through the catchup.Lease).
 func (r *Runner) RegisterProcessor(name string, newProc func() catchup.Processor, opts *Options) error {
 	if name == "" {
@@ -48,10 +48,14 @@ func (r *Runner) RegisterProcessor(name string, newProc func() catchup.Processor
 	if r.running {
 		return errors.New("projection: RegisterProcessor after Run started")
 	}
-	if err := r.registeredTwice("processor", name); err != nil {
+	kind := o.Kind
+	if kind == "" {
+		kind = "processor"
+	}
+	if err := r.registeredTwice(kind, name); err != nil {
 		return err
 	}
 	r.names[name] = true
-	r.regs = append(r.regs, &registration{name: name, kind: "processor", opts: o, filter: filter, newProc: newProc})
+	r.regs = append(r.regs, &registration{name: name, kind: kind, opts: o, filter: filter, newProc: newProc})
 	return nil
 }

@@ -195,6 +195,13 @@ type Options struct {
 	// (RebuildBlueGreen, Rollback). Defaults to nil: the read model is the
 	// projection's own tables, rebuilt in place (Rebuild).
 	BlueGreen *BlueGreen
+	// Kind is what kind of subscriber RegisterProcessor adds (package
+	// relay's says "relay"), as ErrRegisteredTwice's message names it and
+	// the runner records it for the subscriber's name (see
+	// SubscriberKindError). Defaults to "processor". Register ignores it:
+	// a handler's kind is "projection", "observer", or what its method
+	// SubscriberKind() string returns.
+	Kind string
 }
 
 type registration struct {
@@ -283,6 +290,13 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 		return nil, err
 	}
 	r.q = q
+	kq, err := sqltmpl.Named("kinds.sql", kindsSQL, sqltmpl.NewData(c.Schema))
+	if err != nil {
+		return nil, err
+	}
+	for name, sql := range kq {
+		r.q[name] = sql
+	}
 	if r.fq, err = sqltmpl.Named("failures.sql", failuresSQL, sqltmpl.NewData(c.Schema)); err != nil {
 		return nil, err
 	}
@@ -675,9 +689,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	return nil
 }
 
-// Start runs Run's start-up steps — the read-model setups (Setup), the
-// partition-layout checks of every subscriber (catchup.ErrPartitionLayout)
-// and of the blue/green generations, the instance's registration — and
+// Start runs Run's start-up steps — the check of each subscriber's kind
+// against the kind recorded for its name (ErrSubscriberKind), the
+// read-model setups (Setup), the partition-layout checks of every
+// subscriber (catchup.ErrPartitionLayout) and of the blue/green
+// generations, the recording of each subscriber's kind, the instance's
+// registration — and
 // returns the error of the first that fails, with nothing started. When
 // they succeed it starts the subscribers and services in the background
 // and returns at once; they run until ctx ends and then shut down
@@ -721,6 +738,12 @@ func (r *Runner) start(ctx context.Context) (run func(), err error) {
 	if len(subs) == 0 && len(services) == 0 {
 		return nil, errors.New("projection: nothing registered")
 	}
+	// A subscriber under a name recorded as another kind's that would
+	// share its checkpoint (ErrSubscriberKind): refuse before anything is
+	// set up or recorded.
+	if err := r.checkKinds(ctx); err != nil {
+		return nil, err
+	}
 	if err := r.Setup(ctx); err != nil {
 		return nil, err
 	}
@@ -740,6 +763,9 @@ func (r *Runner) start(ctx context.Context) (run func(), err error) {
 		}
 	}
 	if err := r.checkBlueGreenLayouts(ctx, engine); err != nil {
+		return nil, err
+	}
+	if err := r.recordKinds(ctx); err != nil {
 		return nil, err
 	}
 	if err := r.register(ctx); err != nil {
@@ -795,11 +821,16 @@ func (r *Runner) serve(ctx context.Context, listener *catchup.Listener, engine *
 // RunUntilCaughtUp processes every registered subscriber up to the head of
 // the log as it is when called, then returns. It waits for each subscriber
 // partition's lock, so it stands by while another instance leads it. For
-// tests, rebuilds and batch jobs.
+// tests, rebuilds and batch jobs. It checks and records the subscribers'
+// kinds and layouts as Start does (ErrSubscriberKind,
+// catchup.ErrPartitionLayout).
 func (r *Runner) RunUntilCaughtUp(ctx context.Context) error {
 	subs := r.subscriptions()
 	if len(subs) == 0 && !r.hasBlueGreen() {
 		return errors.New("projection: nothing registered")
+	}
+	if err := r.checkKinds(ctx); err != nil {
+		return err
 	}
 	if err := r.Setup(ctx); err != nil {
 		return err
@@ -815,6 +846,9 @@ func (r *Runner) RunUntilCaughtUp(ctx context.Context) error {
 		}
 	}
 	if err := r.checkBlueGreenLayouts(ctx, engine); err != nil {
+		return err
+	}
+	if err := r.recordKinds(ctx); err != nil {
 		return err
 	}
 	head, err := engine.Head(ctx)

@@ -610,7 +610,7 @@ func (r *Relay) runner(ctx context.Context, abort func(error)) (*projection.Runn
 		return nil, err
 	}
 	err = runner.RegisterProcessor(r.cfg.Name, func() catchup.Processor { return &publisher{r: r, stream: stream} },
-		&projection.Options{Types: r.cfg.Types, BatchSize: r.cfg.BatchSize})
+		&projection.Options{Types: r.cfg.Types, BatchSize: r.cfg.BatchSize, Kind: "relay"})
 	return runner, err
 }
 
