@@ -31,9 +31,14 @@ func (e *env) tailCommand() *cobra.Command {
 
 With --subscriber NAME, tail is a real observer: it resumes from NAME's checkpoint, stores
 its position, and is leader-elected, so two tails with the same name share one position
-(the second stands by). Give it a name of its own: a name the database shows to be a
-projection's, a saga's or a relay's is refused (exit 2), since the tail would move that
-subscriber's checkpoint and the handler would skip what the tail printed. Without --follow,
+(the second stands by). Give it a name of its own: the name is recorded as a tail's, and
+a name recorded as a projection's, an observer's, a saga's, a processor's or a relay's
+(each runner records the kind of its subscribers), or that the database shows to be a
+handler's (a read-model setup, saga instances, relay acknowledgements), is refused
+(exit 2), since the tail would move that subscriber's checkpoint and the handler would
+skip what the tail printed. A projection later started under a tail's name is refused
+in turn once the tail moved its checkpoint ('annals checkpoint set NAME 0' for each
+partition first lets it start from the beginning). Without --follow,
 a tail that stands by says so on stderr when it is not done within 2 s. With --partitions N as well, the subscriber is split into N
 partitions (by stream ID, or by --partition-by category or metadata:FIELD) that every tail
 running it shares fairly: two tails lead N/2 each, and when one stops or dies the other
@@ -170,6 +175,11 @@ the personal fields of forgotten subjects read as [forgotten].`,
 					close(caught)
 					<-noted
 				}
+				if errors.Is(err, projection.ErrSubscriberKind) {
+					// The name is recorded as a handler's: refused before
+					// anything was claimed or printed.
+					return tailKindRefused(subscriber, err)
+				}
 				if errors.Is(err, catchup.ErrPartitionLayout) {
 					// Another partition count or key than the subscriber's
 					// checkpoints were written under: refused before
@@ -219,6 +229,10 @@ type tailObserver struct {
 }
 
 func (o *tailObserver) Name() string { return o.name }
+
+// SubscriberKind makes the runner record the subscriber as a tail's, and
+// refuse it under a name recorded as a handler's (projection.KindTail).
+func (o *tailObserver) SubscriberKind() string { return projection.KindTail }
 
 func (o *tailObserver) Handle(_ context.Context, ev eventstore.Event) error { return o.print(ev) }
 

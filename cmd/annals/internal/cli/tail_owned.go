@@ -3,12 +3,15 @@ package cli
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/projection"
 )
 
 // tailWaitNote is how long a tail --subscriber without --follow works
@@ -16,10 +19,13 @@ import (
 const tailWaitNote = 2 * time.Second
 
 // ownedSubscriberChecks are the traces a projection, a saga or a relay leaves
-// under its subscriber name, each with what it shows the name to be. A
-// subscriber of no such kind (an observer, a projection without a setup, a
-// saga that has seen no event yet) leaves none: the check is a guard against
-// the usual mistake, not a registry.
+// under its subscriber name, each with what it shows the name to be. The
+// runner records each subscriber's kind (migration 0044) and refuses a tail
+// under a handler's name itself (projection.ErrSubscriberKind, which
+// tailKindRefused reports); these traces guard the names it has no kind
+// for: those only runners older than 0044 ran. A subscriber of no such kind
+// (an observer, a projection without a setup, a saga that has seen no event
+// yet) leaves none there.
 var ownedSubscriberChecks = []struct{ table, where, kind string }{
 	{"read_model_setups", "projection = $1", "projection (its read model was set up under this name)"},
 	{"read_model_generations", "projection = $1 OR subscriber = $1", "blue/green projection"},
@@ -70,4 +76,22 @@ func firstWord(s string) string {
 		}
 	}
 	return s
+}
+
+// tailKindRefused is the usage error of a tail the runner refused because
+// the database records its subscriber name as another kind's (a
+// *projection.SubscriberKindError): it names the kind and says why.
+func tailKindRefused(name string, err error) error {
+	var ke *projection.SubscriberKindError
+	if !errors.As(err, &ke) {
+		return usageError{err}
+	}
+	kind := ke.Recorded
+	article := "a"
+	if strings.ContainsAny(kind[:1], "aeiou") {
+		article = "an"
+	}
+	return usagef("--subscriber %q is recorded as %s %s's subscriber name: a tail of that name would share its checkpoint, "+
+		"and every event the tail printed while leading it would be skipped by the %s for good; "+
+		"choose a name of the tail's own (--subscriber tail-%s)", name, article, kind, kind, name)
 }
