@@ -77,6 +77,20 @@ SELECT g.subscriber, g.projection, g.generation, g.state
   FROM {{.Schema}}.read_model_generations g
  WHERE g.state <> 'dropped';
 
+-- name: CanReadKinds
+-- Whether the role may read subscriber_layouts, where the runner records
+-- each subscriber's kind (a role granted by an older annals may not).
+-- $1: the schema's name.
+SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'subscriber_layouts')), 'SELECT'), false);
+
+-- name: Kinds
+-- The kind the runner recorded for each subscriber (migration 0044), read
+-- through the row's JSON so that a schema before 0044, without the column,
+-- answers no kinds instead of failing the status's transaction.
+SELECT l.subscriber_id, to_jsonb(l) ->> 'kind'
+  FROM {{.Schema}}.subscriber_layouts l
+ WHERE to_jsonb(l) ->> 'kind' IS NOT NULL;
+
 -- name: CanAudit
 -- Whether the role may write the audit log: NULL when there is none (the
 -- schema is not migrated: the action's own statements say so). $1: the

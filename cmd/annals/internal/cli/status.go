@@ -87,7 +87,7 @@ shown as led by two instances.
                     "leader_epoch", "heartbeat_leader", "heartbeat_leader_epoch",
                     "updated_at", "stopped_reason", "stopped_at", "dead_letters",
                     "lock_held", "lock_pid", "no_live_instance",
-                    "generation": {"read_model", "generation", "state"}}],
+                    "generation": {"read_model", "generation", "state"}, "kind"}],
    "instances":   [{"instance_id", "host", "pid", "started_at", "last_heartbeat",
                     "heartbeat_age_seconds", "live", "state", "leads",
                     "leading": [{"subscriber", "partition", "epoch", "led_by"}],
@@ -104,7 +104,9 @@ are null unless the Stop policy halted the partition; dead_letters counts its un
 free); no_live_instance is true when the lock is held but no live instance's heartbeat
 lists the partition (leader then names the checkpoint's last claimant, which may be a
 dead or frozen instance; the NO LIVE INSTANCE line); generation is null unless the subscriber is a blue/green generation (and for a
-role that may not read read_model_generations). An instance's state is the STATE column
+role that may not read read_model_generations); kind is what kind of subscriber the
+runner recorded for the name (projection, observer, saga, processor, relay, tail; null:
+unknown, as for a name only runners before migration 0044 ran). An instance's state is the STATE column
 (live, lost, stale) and live is state = "live"; leads is its list of {"subscriber",
 "partition", "epoch"} as stored; leading and not_leading split it as LEADS does, led_by
 being the partition's leader (null: nobody; a lead of a partition with no checkpoint
@@ -223,6 +225,12 @@ type SubscriberStatus struct {
 	// read model (null otherwise, and for a role that may not read
 	// read_model_generations).
 	Generation *GenerationStatus `json:"generation"`
+	// Kind is the kind of subscriber the runner recorded for the name
+	// (projection, observer, saga, processor, relay, tail: migration 0044;
+	// null: unknown, for a name only older runners ran, a blue/green
+	// generation, a schema before 0044, or a role that may not read
+	// subscriber_layouts).
+	Kind *string `json:"kind"`
 }
 
 // GenerationStatus says which blue/green generation a subscriber runs.
@@ -267,6 +275,32 @@ type LeadStatus struct {
 	// LedBy is the partition's leader (null: nobody, or a session nothing
 	// names); the instance itself for a partition with no checkpoint.
 	LedBy *string `json:"led_by"`
+}
+
+// readKinds fills in the kinds the runner recorded for the subscribers.
+func readKinds(ctx context.Context, tx pgx.Tx, q map[string]string, schema string, subs []SubscriberStatus) error {
+	var can bool
+	if err := tx.QueryRow(ctx, q["CanReadKinds"], schema).Scan(&can); err != nil || !can || len(subs) == 0 {
+		return errors.Wrap(err, "status: read the subscriber kinds")
+	}
+	rows, err := tx.Query(ctx, q["Kinds"])
+	if err != nil {
+		return errors.Wrap(err, "status: read the subscriber kinds")
+	}
+	kinds := map[string]string{}
+	var sub, kind string
+	if _, err := pgx.ForEachRow(rows, []any{&sub, &kind}, func() error {
+		kinds[sub] = kind
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "status: read the subscriber kinds")
+	}
+	for i := range subs {
+		if k, ok := kinds[subs[i].Subscriber]; ok {
+			subs[i].Kind = &k
+		}
+	}
+	return nil
 }
 
 // readLocksAndGenerations fills in the subscribers' lock holders and
@@ -350,6 +384,9 @@ func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, sc
 			return errors.Wrap(err, "status: read the checkpoints, their leaders and dead letters")
 		}
 		if err := readLocksAndGenerations(ctx, tx, q, schema, st.Subscribers); err != nil {
+			return err
+		}
+		if err := readKinds(ctx, tx, q, schema, st.Subscribers); err != nil {
 			return err
 		}
 		resolveLeaders(st.Subscribers)
