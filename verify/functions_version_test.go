@@ -108,3 +108,64 @@ func TestFunctionsOfASchemaAtAnotherVersion(t *testing.T) {
 	}
 	wantNote(run(older), "stream_partition(", "newer than this annals verify's", "verify with the annals that migrated it")
 }
+
+// TestVerifyOfASchemaBefore0038: verify of a newer annals on a schema not
+// yet migrated to 0038 (an upgrade trial) says what it could not check and
+// why, each note with its cause: the functions that differ and the
+// deletion records (version: annals migrate), the deletions checked as
+// before 0038 (history). It said the deletions were those "above position
+// 9223372036854775807, the head when it ran" of a migration not run.
+func TestVerifyOfASchemaBefore0038(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	schema := "before_0038"
+	ms, err := migrations.All(&migrations.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := pgx.Identifier{schema}.Sanitize()
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA "+id+"; CREATE TABLE "+id+".schema_migrations (version integer NOT NULL PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"); err != nil {
+			return err
+		}
+		for _, m := range ms[:37] {
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO "+id+".schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+				return err
+			}
+		}
+		for _, q := range []string{
+			`SELECT * FROM ` + id + `.append_one('a', NULL, gen_random_uuid(), 'T', '{}', NULL, true)`,
+			`SELECT * FROM ` + id + `.delete_stream('a', NULL, false)`,
+		} {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Log(ctx, db.Pool, &Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() {
+		t.Fatalf("problems %+v", rep.Problems)
+	}
+	want := map[NoteCause]int{NoteVersion: 2, NoteHistory: 1}
+	for cause, n := range want {
+		if got := rep.Skipped(cause); got != n {
+			t.Errorf("%d notes of cause %s, want %d: %q %q", got, cause, n, rep.Notes, rep.NoteCauses)
+		}
+	}
+	for _, n := range rep.Notes {
+		if strings.Contains(n, "9223372036854775807") {
+			t.Errorf("note %q", n)
+		}
+		t.Log(n)
+	}
+}

@@ -281,6 +281,11 @@ func (s recordsSince) describe() string {
 	if s.first > 0 {
 		return fmt.Sprintf("every deletion from the first deletion record, at position %d, on", s.first)
 	}
+	if s.head == math.MaxInt64 {
+		// Not applied here, or deletions_recorded_after() not to be
+		// run: a note says which.
+		return "every deletion once it was applied, which this run could not tell: see the note on deletion records"
+	}
 	return fmt.Sprintf("every deletion above position %d, the head when it ran", s.head)
 }
 
