@@ -6,10 +6,13 @@ import (
 	"encoding/json"
 	"io"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/annals-dev/annals/annalstest"
 )
 
 // annals dev --output json prints, once the cluster is ready and migrated,
@@ -73,4 +76,101 @@ func TestDevOutputJSON(t *testing.T) {
 	if r.code != ExitUsage || !strings.Contains(r.stderr, "--output applies without COMMAND") {
 		t.Fatalf("dev --output json -- true: %+v", r)
 	}
+}
+
+// annals dev --replica starts a streaming replica of the migrated cluster
+// beside it: --output json gives its URL as read_url, the replica is in
+// recovery, has the schema and replays what the primary commits, and it
+// stops with the command. --replica-port without --replica is a usage
+// error.
+func TestDevReplica(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	pr, pw := io.Pipe()
+	var errOut lockedBuilder
+	done := make(chan int, 1)
+	go func() {
+		code := run(runCtx, []string{"dev", "--fsync=false", "--replica", "--output", "json"}, strings.NewReader(""), pw, &errOut, func(string) string { return "" })
+		pw.Close()
+		done <- code
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatalf("read the first line: %v (stderr %q)", err, errOut.String())
+	}
+	var ready struct {
+		DatabaseURL string `json:"database_url"`
+		ReadURL     string `json:"read_url"`
+		ReadPort    int    `json:"read_port"`
+	}
+	if err := json.Unmarshal([]byte(line), &ready); err != nil {
+		t.Fatalf("first line %q is not a JSON object: %v", line, err)
+	}
+	if ready.ReadURL == "" || ready.ReadPort == 0 || ready.ReadURL == ready.DatabaseURL {
+		t.Fatalf("dev --replica --output json = %s", line)
+	}
+	primary, err := pgx.Connect(ctx, ready.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer primary.Close(context.Background())
+	replica, err := pgx.Connect(ctx, ready.ReadURL)
+	if err != nil {
+		t.Fatalf("connect to the replica %s: %v", ready.ReadURL, err)
+	}
+	var inRecovery bool
+	if err := replica.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&inRecovery); err != nil || !inRecovery {
+		t.Fatalf("the replica is not a standby: in recovery %v, %v", inRecovery, err)
+	}
+	if _, err := primary.Exec(ctx, `SELECT annals.append_events('dev-replica', NULL, '[{"type": "t", "data": {}}]'::jsonb)`); err != nil {
+		t.Fatal(err)
+	}
+	annalstest.WaitFor(t, 30*time.Second, func() bool {
+		var n int
+		if err := replica.QueryRow(ctx, `SELECT count(*) FROM annals.events WHERE stream_id = 'dev-replica'`).Scan(&n); err != nil {
+			t.Fatalf("read the replica: %v", err)
+		}
+		return n == 1
+	})
+	replica.Close(ctx)
+	stop()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("dev exited %d: %s", code, errOut.String())
+		}
+	case <-ctx.Done():
+		t.Fatal("dev did not stop after its context ended")
+	}
+	if c, err := pgx.Connect(ctx, ready.ReadURL); err == nil {
+		c.Close(ctx)
+		t.Fatal("the replica still accepts connections after dev stopped")
+	}
+
+	r := annals(t, "", "dev", "--replica-port", "1", "--", "true")
+	if r.code != ExitUsage || !strings.Contains(r.stderr, "--replica-port needs --replica") {
+		t.Fatalf("dev --replica-port 1 -- true: %+v", r)
+	}
+}
+
+// lockedBuilder is a strings.Builder that a command writes to while the
+// test may read it.
+type lockedBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuilder) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
