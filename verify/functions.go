@@ -32,6 +32,10 @@ var functionsJSON []byte
 type manifest struct {
 	// Version is the schema version (newest migration) it describes.
 	Version int `json:"version"`
+	// ServerMajor is the major version of the PostgreSQL that deparsed
+	// the SQL-standard bodies (Deparsed): another major may print them
+	// otherwise.
+	ServerMajor int `json:"server_major"`
 	// Functions by name and identity arguments.
 	Functions map[string]function `json:"functions"`
 }
@@ -41,6 +45,10 @@ type function struct {
 	Body    string   `json:"body_sha256"`
 	Definer bool     `json:"security_definer"`
 	Config  []string `json:"config"`
+	// Deparsed is set for an SQL-standard body (BEGIN ATOMIC, RETURN),
+	// which PostgreSQL stores parsed and Body hashes as pg_get_functiondef
+	// prints it.
+	Deparsed bool `json:"deparsed,omitempty"`
 }
 
 func loadManifest() (*manifest, error) {
@@ -214,6 +222,7 @@ func readFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, schema s
 		name, body, sqlBody := proname+"("+args+")", src, def != nil
 		if sqlBody {
 			body = *def
+			f.Deparsed = true
 		}
 		if name != ownValue {
 			sum := sha256.Sum256([]byte(normalizeBody(body, schema, sqlBody, ident)))
@@ -268,6 +277,10 @@ func checkFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Re
 			return errors.Wrap(err, "verify: read the schema's version")
 		}
 	}
+	var major int
+	if err := tx.QueryRow(ctx, q["ServerMajor"]).Scan(&major); err != nil {
+		return errors.Wrap(err, "verify: read the server's version")
+	}
 	got, err := readFunctions(ctx, tx, q, c.Schema)
 	if err != nil {
 		return err
@@ -278,17 +291,23 @@ func checkFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Re
 	}
 	slices.Sort(names)
 	old := historicBodies(m, got)
-	var differ []string
+	var differ, deparsed []string
 	for _, name := range names {
 		want := m.Functions[name]
 		g, ok := got[name]
 		var wrong string
+		if ok && g.Body != want.Body && !old[name] && g.Deparsed && major != m.ServerMajor {
+			// Printed by another PostgreSQL than the reference: a body
+			// that differs may be the same function (its settings and
+			// owner rights are still compared below).
+			deparsed = append(deparsed, name)
+		}
 		switch {
 		case !ok && old[name]:
 			continue
 		case !ok:
 			wrong = "is missing"
-		case g.Body != want.Body && !old[name]:
+		case g.Body != want.Body && !old[name] && !(g.Deparsed && major != m.ServerMajor):
 			wrong = "has a body other than annals' own (replaced)"
 		case g.Definer != want.Definer:
 			wrong = fmt.Sprintf("runs as its %s, not as its %s", map[bool]string{true: "owner", false: "caller"}[g.Definer], map[bool]string{true: "owner", false: "caller"}[want.Definer])
@@ -304,14 +323,23 @@ func checkFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Re
 		rep.add(c.MaxProblems, Problem{Kind: GuardRemoved,
 			Message: fmt.Sprintf("%s.%s %s: the schema's owner or a superuser changed it, and with it what writes or guards the log", schemaname.Ident(c.Schema), name, wrong)})
 	}
+	const show = 5
+	list := func(names []string) string {
+		s := strings.Join(names[:min(len(names), show)], ", ")
+		if len(names) > show {
+			s += fmt.Sprintf(" and %d more", len(names)-show)
+		}
+		return s
+	}
+	if len(deparsed) > 0 {
+		rep.note(NoteServer, fmt.Sprintf("%d of the schema's functions (%s) have SQL-standard bodies, which PostgreSQL %d prints otherwise than PostgreSQL %d, "+
+			"on which this annals verify's reference was made: their bodies could not be judged (their settings and owner rights were)",
+			len(deparsed), list(deparsed), major, m.ServerMajor))
+	}
 	if len(differ) == 0 {
 		return nil
 	}
-	const show = 5
-	which := strings.Join(differ[:min(len(differ), show)], ", ")
-	if len(differ) > show {
-		which += fmt.Sprintf(" and %d more", len(differ)-show)
-	}
+	which := list(differ)
 	cause, why := NoteVersion, ""
 	switch {
 	case !hasMig:

@@ -34,6 +34,9 @@ func manifestOf(t *testing.T, db *annalstest.DB) *manifest {
 	if err := tx.QueryRow(ctx, q["SchemaVersion"]).Scan(&m.Version); err != nil {
 		t.Fatal(err)
 	}
+	if err := tx.QueryRow(ctx, q["ServerMajor"]).Scan(&m.ServerMajor); err != nil {
+		t.Fatal(err)
+	}
 	if m.Functions, err = readFunctions(ctx, tx, q, db.Schema); err != nil {
 		t.Fatal(err)
 	}
@@ -146,4 +149,67 @@ func TestFunctionsOfSchemasOfAnyName(t *testing.T) {
 			t.Errorf("a fresh schema %q: %d problems %q, notes %q", schema, rep.ProblemCount, msgs, rep.Notes)
 		}
 	}
+}
+
+// TestFunctionsDeparsedByAnotherServer: functions with SQL-standard bodies
+// are compared as PostgreSQL prints them, and functions.json was printed by
+// PostgreSQL 15. On a server of another major version such a body that
+// differs is not reported as replaced (it may be the same function printed
+// otherwise) but named in a note of cause NoteServer; a replaced
+// PL/pgSQL body is still a problem there. The other server is pretended:
+// the reference is loaded with another ServerMajor (not parallel: it swaps
+// the embedded reference for its run).
+func TestFunctionsDeparsedByAnotherServer(t *testing.T) {
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	schema := pgx.Identifier{db.Schema}.Sanitize()
+	for _, s := range []string{
+		`CREATE OR REPLACE FUNCTION ` + schema + `.stream_partition(p_stream_id text, p_partitions integer) RETURNS integer
+		   LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 0`,
+		`CREATE OR REPLACE FUNCTION ` + schema + `.events_append_only() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`,
+	} {
+		if _, err := db.Pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	messages := func(rep *Report) string {
+		var msgs []string
+		for _, p := range rep.Problems {
+			msgs = append(msgs, p.Message)
+		}
+		return strings.Join(msgs, "\n")
+	}
+	// On the reference's own server both are replaced.
+	rep, err := Log(ctx, db.Pool, &Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all := messages(rep); rep.ProblemCount != 2 || !strings.Contains(all, "stream_partition(") || rep.Skipped(NoteServer) != 0 {
+		t.Fatalf("on the reference's server: %d problems, %d server notes, want both functions reported:\n%s", rep.ProblemCount, rep.Skipped(NoteServer), all)
+	}
+
+	m, err := loadManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.ServerMajor--
+	other, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := functionsJSON
+	functionsJSON = other
+	defer func() { functionsJSON = saved }()
+	rep, err = Log(ctx, db.Pool, &Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := messages(rep)
+	if rep.ProblemCount != 1 || !strings.Contains(all, "events_append_only()") || strings.Contains(all, "stream_partition(") {
+		t.Fatalf("on another server: %d problems, want only events_append_only():\n%s", rep.ProblemCount, all)
+	}
+	if rep.Skipped(NoteServer) != 1 || !strings.Contains(strings.Join(rep.Notes, "\n"), "stream_partition(") {
+		t.Fatalf("on another server: notes %q (causes %v), want one of cause server naming stream_partition", rep.Notes, rep.NoteCauses)
+	}
+	t.Logf("%s\n%s", all, strings.Join(rep.Notes, "\n"))
 }

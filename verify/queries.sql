@@ -310,6 +310,10 @@ SELECT stream_id, version
  ORDER BY stream_id
  LIMIT $2;
 
+-- name: ServerMajor
+-- The server's major version (15 for 15.x).
+SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 OPERATOR(pg_catalog./) 10000;
+
 -- name: SchemaVersion
 -- The newest migration applied.
 SELECT coalesce(max(version), 0) FROM {{.Schema}}.schema_migrations;

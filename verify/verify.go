@@ -224,6 +224,12 @@ const (
 	// needs (a deletion before migration 0038 has no record): no role
 	// and no migration makes it possible.
 	NoteHistory NoteCause = "history"
+	// NoteServer: the check depends on how the server prints what it
+	// stores, and this server is of another major version than the one
+	// verify's reference was made on (the functions with SQL-standard
+	// bodies, which PostgreSQL deparses: functions.json is PostgreSQL
+	// 15's). No role and no migration changes it.
+	NoteServer NoteCause = "server"
 )
 
 // note adds a note and its cause.
