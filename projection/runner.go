@@ -679,10 +679,15 @@ func (r *Runner) subscriptions() []*catchup.Subscription {
 // checkpoints are flushed, locks released, the instance deregistered) and
 // returns nil. It returns an error only if it cannot start (a subscriber
 // run with another partition layout than before is one such case:
-// catchup.ErrPartitionLayout). It is Start, then a wait for its run.
+// catchup.ErrPartitionLayout); a start-up step that fails because ctx
+// ended (Ctrl-C right after start) is no such case, and Run returns nil.
+// It is Start, then a wait for its run.
 func (r *Runner) Run(ctx context.Context) error {
 	done, err := r.Start(ctx)
 	if err != nil {
+		if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+			return nil
+		}
 		return err
 	}
 	<-done
