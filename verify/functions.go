@@ -323,6 +323,31 @@ func checkFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Re
 		rep.add(c.MaxProblems, Problem{Kind: GuardRemoved,
 			Message: fmt.Sprintf("%s.%s %s: the schema's owner or a superuser changed it, and with it what writes or guards the log", schemaname.Ident(c.Schema), name, wrong)})
 	}
+	// A function of the schema that annals did not make but named as one
+	// of its own (another signature): the eventstore calls its functions
+	// by name with parameters the server types, and PostgreSQL picks the
+	// overload whose parameter types it prefers (text, double precision),
+	// so the owner's overload runs instead of annals' unchanged function.
+	own := map[string]bool{}
+	for _, name := range names {
+		own[name[:strings.IndexByte(name, '(')]] = true
+	}
+	extra := make([]string, 0)
+	for name := range got {
+		if _, ok := m.Functions[name]; !ok && own[name[:strings.IndexByte(name, '(')]] {
+			extra = append(extra, name)
+		}
+	}
+	slices.Sort(extra)
+	for _, name := range extra {
+		if version != m.Version {
+			differ = append(differ, name)
+			continue
+		}
+		rep.add(c.MaxProblems, Problem{Kind: GuardRemoved,
+			Message: fmt.Sprintf("%s.%s is an overload of an annals function that annals did not make: the schema's owner or a superuser created it, "+
+				"and a call of the name with parameters the server types (as the eventstore's) may run it instead of annals' own", schemaname.Ident(c.Schema), name)})
+	}
 	const show = 5
 	list := func(names []string) string {
 		s := strings.Join(names[:min(len(names), show)], ", ")

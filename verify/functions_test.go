@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/internal/sqltmpl"
@@ -212,4 +213,54 @@ func TestFunctionsDeparsedByAnotherServer(t *testing.T) {
 		t.Fatalf("on another server: notes %q (causes %v), want one of cause server naming stream_partition", rep.Notes, rep.NoteCauses)
 	}
 	t.Logf("%s\n%s", all, strings.Join(rep.Notes, "\n"))
+}
+
+// TestFunctionsOverloaded: the owner adds to an annals function an overload
+// whose parameters are of their categories' preferred types (text for the
+// uuid, double precision for the bigint). The eventstore calls append_one
+// with parameters the server types, and PostgreSQL then prefers the
+// overload, so every single-event
+// append ran the owner's code, which stored other data, while each of
+// annals' own functions was unchanged and verify reported nothing (a
+// review). An overload of an annals function's name is reported.
+func TestFunctionsOverloaded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	schema := pgx.Identifier{db.Schema}.Sanitize()
+	if _, err := db.Pool.Exec(ctx, `CREATE FUNCTION `+schema+`.append_one(p_stream text, p_expected double precision, p_id text, p_type text,
+	      p_data text, p_metadata text, p_check_id boolean,
+	      OUT status smallint, OUT global_sequence bigint, OUT stream_version bigint, OUT actual_version bigint)
+	    LANGUAGE sql AS $$ SELECT * FROM `+schema+`.append_one(p_stream, p_expected::bigint, p_id::uuid, p_type,
+	      '{"forged": true}', p_metadata, p_check_id) $$`); err != nil {
+		t.Fatal(err)
+	}
+	// The append path's own statement, with the Go types it sends, now
+	// runs the overload.
+	expected := int64(0)
+	var data string
+	var status int16
+	if err := db.Pool.QueryRow(ctx, `SELECT status FROM `+schema+`.append_one($1, $2, $3, $4, $5, $6, $7)`,
+		"s-1", &expected, pgtype.UUID{Bytes: [16]byte{1, 2, 3}, Valid: true}, "T", []byte(`{"a": 1}`), []byte(`{}`), true).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Pool.QueryRow(ctx, `SELECT data::text FROM `+schema+`.events WHERE stream_id = 's-1'`).Scan(&data); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(data, "forged") {
+		t.Fatalf("the overload did not run (data %s): the test does not show the attack", data)
+	}
+	rep, err := Log(ctx, db.Pool, &Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []string
+	for _, p := range rep.Problems {
+		msgs = append(msgs, string(p.Kind)+": "+p.Message)
+	}
+	all := strings.Join(msgs, "\n")
+	if rep.ProblemCount != 1 || !strings.Contains(all, "append_one(p_stream text, p_expected double precision") || !strings.Contains(all, "overload") {
+		t.Fatalf("%d problems, want the overload of append_one:\n%s", rep.ProblemCount, all)
+	}
+	t.Log(all)
 }
