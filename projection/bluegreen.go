@@ -216,8 +216,8 @@ var (
 	// newer Version.
 	ErrCutoverOlderVersion = errors.New("projection: the new generation's version is older than the live generation's")
 	// ErrForgedGeneration is returned by a cut-over, a rollback, a
-	// runner's round of its blue/green projections and RebuildBlueGreen
-	// when a row of read_model_generations they would act on names another
+	// runner's round of its blue/green projections, RebuildBlueGreen and
+	// DropRetired when a row of read_model_generations they would act on names another
 	// schema or subscriber than annals gives that generation
 	// (rm_<name>_g<N>, <name>#g<N>), or a reader schema that is not the
 	// read model's: any runner role may write the rows, and the views,
@@ -1879,9 +1879,10 @@ func ListGenerations(ctx context.Context, db checkpoint.DB, schema, name string)
 // transaction under the generations lock, and marks them dropped. It
 // returns the generations dropped. Runners do it by themselves after
 // BlueGreen.Retention. A generation whose row names another schema than
-// the one annals gives it (rm_<name>_g<N>) is an error, and it and the
-// ones after it are left as they are: any runner role may write the rows,
-// and the drop (CASCADE) runs as this one.
+// the one annals gives it (rm_<name>_g<N>) is an error
+// (ErrForgedGeneration), and it and the ones after it are left as they
+// are: any runner role may write the rows, and the drop (CASCADE) runs as
+// this one.
 func DropRetired(ctx context.Context, db interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }, schema, name string, olderThan time.Duration) ([]int, error) {
@@ -1915,7 +1916,7 @@ func DropRetired(ctx context.Context, db interface {
 			// naming another schema than annals gave the generation would
 			// have this role drop that schema, whatever it holds.
 			if want := generationSchema(name, gen); schema != want {
-				return 0, errors.Newf("projection %q: retired generation %d names schema %q, not %q as annals names it: not dropped "+
+				return 0, errors.Wrapf(ErrForgedGeneration, "projection %q: retired generation %d names schema %q, not %q as annals names it: not dropped "+
 					"(a row annals did not write, or changed: see who wrote read_model_generations)", name, gen, schema, want)
 			}
 			if _, err := tx.Exec(ctx, g.q["DropSchema"], name, gen); err != nil {

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/annalstest"
@@ -18,7 +19,7 @@ import (
 // audit dropped a "billing" schema holding a table, owned by the victim,
 // through a row another runner role inserted. DropRetired drops only the
 // schema annals names a generation (rm_<name>_g<N>) and refuses a row
-// naming another, leaving it as it is.
+// naming another (ErrForgedGeneration), leaving it as it is.
 func TestDropRetiredDropsOnlyGenerationSchemas(t *testing.T) {
 	t.Parallel()
 	db := annalstest.NewDB(t, nil)
@@ -41,6 +42,9 @@ func TestDropRetiredDropsOnlyGenerationSchemas(t *testing.T) {
 	dropped, err := projection.DropRetired(ctx, db.Pool, db.Schema, "orders_view", 0)
 	if err == nil || !strings.Contains(err.Error(), `"billing"`) || !strings.Contains(err.Error(), "rm_orders_view_g99") {
 		t.Errorf("DropRetired: %v, %v; want generation 1 dropped and an error naming billing and rm_orders_view_g99", dropped, err)
+	}
+	if !errors.Is(err, projection.ErrForgedGeneration) {
+		t.Errorf("DropRetired: %v; want ErrForgedGeneration, as the cut-over, the rollback and the runner give", err)
 	}
 	if len(dropped) != 1 || dropped[0] != 1 {
 		t.Errorf("dropped %v, want [1]", dropped)
