@@ -505,6 +505,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer cancel(nil)
 	runner, err := r.runner(ctx, cancel)
 	if err != nil {
+		if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+			return nil // ended while it ensured the stream (Ctrl-C right after start)
+		}
 		return err
 	}
 	err = runner.Run(runCtx)
