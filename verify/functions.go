@@ -45,6 +45,12 @@ type function struct {
 	Body    string   `json:"body_sha256"`
 	Definer bool     `json:"security_definer"`
 	Config  []string `json:"config"`
+	// Strict: returns NULL on a NULL argument without running (ALTER
+	// FUNCTION ... STRICT leaves the body as it is, and a check called
+	// with a NULL argument then passes everything).
+	Strict bool `json:"strict"`
+	// Volatility: immutable, stable or volatile.
+	Volatility string `json:"volatility"`
 	// Deparsed is set for an SQL-standard body (BEGIN ATOMIC, RETURN),
 	// which PostgreSQL stores parsed and Body hashes as pg_get_functiondef
 	// prints it.
@@ -218,7 +224,7 @@ func readFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, schema s
 		def                       *string
 		f                         function
 	)
-	_, err = pgx.ForEachRow(rows, []any{&proname, &args, &src, &def, &f.Definer, &f.Config, &ident}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&proname, &args, &src, &def, &f.Definer, &f.Config, &ident, &f.Strict, &f.Volatility}, func() error {
 		name, body, sqlBody := proname+"("+args+")", src, def != nil
 		if sqlBody {
 			body = *def
@@ -313,6 +319,11 @@ func checkFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Re
 			wrong = fmt.Sprintf("runs as its %s, not as its %s", map[bool]string{true: "owner", false: "caller"}[g.Definer], map[bool]string{true: "owner", false: "caller"}[want.Definer])
 		case !slices.Equal(g.Config, want.Config):
 			wrong = fmt.Sprintf("has the settings %q, not %q", g.Config, want.Config)
+		case g.Strict != want.Strict:
+			wrong = map[bool]string{true: "is strict (returns NULL on a NULL argument without running), not called on NULL input",
+				false: "is called on NULL input, not strict"}[g.Strict]
+		case g.Volatility != want.Volatility:
+			wrong = fmt.Sprintf("is %s, not %s", g.Volatility, want.Volatility)
 		default:
 			continue
 		}

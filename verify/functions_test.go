@@ -166,7 +166,7 @@ func TestFunctionsDeparsedByAnotherServer(t *testing.T) {
 	schema := pgx.Identifier{db.Schema}.Sanitize()
 	for _, s := range []string{
 		`CREATE OR REPLACE FUNCTION ` + schema + `.stream_partition(p_stream_id text, p_partitions integer) RETURNS integer
-		   LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 0`,
+		   LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE RETURN 0`,
 		`CREATE OR REPLACE FUNCTION ` + schema + `.events_append_only() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`,
 	} {
 		if _, err := db.Pool.Exec(ctx, s); err != nil {
@@ -261,6 +261,50 @@ func TestFunctionsOverloaded(t *testing.T) {
 	all := strings.Join(msgs, "\n")
 	if rep.ProblemCount != 1 || !strings.Contains(all, "append_one(p_stream text, p_expected double precision") || !strings.Contains(all, "overload") {
 		t.Fatalf("%d problems, want the overload of append_one:\n%s", rep.ProblemCount, all)
+	}
+	t.Log(all)
+}
+
+// TestFunctionsMadeStrict: the owner declares check_event_input STRICT
+// (ALTER FUNCTION, body unchanged): called with a NULL expected version,
+// an append of any version, it then returns NULL without running, and the
+// input rules it raises on (a stream ID with a control character, longer
+// than 512 bytes) let such appends through. A PL/pgSQL function's compared
+// body is its source, which the declaration is not part of, and verify
+// said ok (a review). Whether a function is strict, and its volatility,
+// are compared.
+func TestFunctionsMadeStrict(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	schema := pgx.Identifier{db.Schema}.Sanitize()
+	appendBad := `SELECT count(*) FROM ` + schema + `.append_events(E'a\x01b', NULL, '[{"type": "T", "data": {}}]')`
+	if _, err := db.Pool.Exec(ctx, appendBad); err == nil {
+		t.Fatal("a stream ID with a control character was appended by annals' own functions")
+	}
+	for _, s := range []string{
+		`ALTER FUNCTION ` + schema + `.check_event_input(text, bigint, jsonb) STRICT`,
+		`ALTER FUNCTION ` + schema + `.metadata_keys_ok(jsonb) VOLATILE`,
+	} {
+		if _, err := db.Pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	if _, err := db.Pool.Exec(ctx, appendBad); err != nil {
+		t.Fatalf("the strict check_event_input still refused: the test does not show the attack: %v", err)
+	}
+	rep, err := Log(ctx, db.Pool, &Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []string
+	for _, p := range rep.Problems {
+		msgs = append(msgs, string(p.Kind)+": "+p.Message)
+	}
+	all := strings.Join(msgs, "\n")
+	if !strings.Contains(all, "check_event_input(p_stream_id text, p_expected_version bigint, p_events jsonb) is strict") ||
+		!strings.Contains(all, "metadata_keys_ok(p_md jsonb) is volatile, not immutable") {
+		t.Fatalf("%d problems, want check_event_input strict and metadata_keys_ok volatile:\n%s", rep.ProblemCount, all)
 	}
 	t.Log(all)
 }

@@ -334,7 +334,8 @@ SET LOCAL search_path = pg_catalog, {{.Schema}}, pg_temp;
 -- The schema's functions: name, identity arguments, body (a function with
 -- an SQL-standard body, PostgreSQL 14 on, has an empty prosrc: its whole
 -- definition then), whether each runs as its owner, its settings, and the
--- schema's name as PostgreSQL writes it (quote_ident: bare when plain).
+-- schema's name as PostgreSQL writes it (quote_ident: bare when plain),
+-- whether it is strict, and its volatility.
 -- Every operator is pg_catalog's by name: the schema is on the search_path
 -- (SchemaOnSearchPath), and its owner may have made operators there.
 SELECT p.proname::text,
@@ -342,7 +343,9 @@ SELECT p.proname::text,
        p.prosrc,
        CASE WHEN p.prosrc OPERATOR(pg_catalog.=) ''::pg_catalog.text THEN pg_catalog.pg_get_functiondef(p.oid) END,
        p.prosecdef, p.proconfig,
-       pg_catalog.quote_ident(n.nspname::pg_catalog.text)
+       pg_catalog.quote_ident(n.nspname::pg_catalog.text),
+       p.proisstrict,
+       CASE p.provolatile WHEN 'i' THEN 'immutable' WHEN 's' THEN 'stable' ELSE 'volatile' END
   FROM pg_catalog.pg_proc p
   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
  WHERE n.nspname OPERATOR(pg_catalog.=) {{.SchemaLiteral}}::pg_catalog.name;
