@@ -166,6 +166,31 @@ func TestHiddenFromTheAuditor(t *testing.T) {
 			t.Errorf("the problem does not name the trigger: %s", rep.Problems[0].Message)
 		}
 	})
+	t.Run("TriggerNarrowed", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// The owner makes annals' triggers again under their names, on
+		// their functions, enabled, before the same statements: the one on
+		// events fires only for an UPDATE that sets recorded_at, the one on
+		// events_archive only for a role other than the owner's (WHEN).
+		// Updating an event's data then went through, and verify, which
+		// looked at the name, the function, the statements and whether
+		// each is enabled, said ok (a review).
+		b.tamper(t,
+			`DROP TRIGGER events_append_only ON %[1]s.events`,
+			`CREATE TRIGGER events_append_only BEFORE UPDATE OF recorded_at OR DELETE OR TRUNCATE ON %[1]s.events
+			 FOR EACH STATEMENT EXECUTE FUNCTION %[1]s.events_append_only()`,
+			`DROP TRIGGER events_archive_guard ON %[1]s.events_archive`,
+			`CREATE TRIGGER events_archive_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %[1]s.events_archive
+			 FOR EACH STATEMENT WHEN (pg_catalog.current_user() <> 'nobody in particular') EXECUTE FUNCTION %[1]s.events_archive_guard()`)
+		// Outside tamper (which turns triggers off): the trigger lets it be.
+		if _, err := b.db.Pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.events SET data = '{"forged": true}' WHERE global_sequence = 5`,
+			pgx.Identifier{b.db.Schema}.Sanitize())); err != nil {
+			t.Fatalf("the narrowed trigger refused the update: the test does not show it: %v", err)
+		}
+		rep := b.verify(t, nil)
+		wantProblems(t, rep, verify.Problem{Kind: verify.GuardRemoved}, verify.Problem{Kind: verify.GuardRemoved})
+	})
 	t.Run("RuleAndChildTable", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

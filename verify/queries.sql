@@ -132,7 +132,8 @@ SELECT EXISTS (SELECT 1 FROM {{.Schema}}.schema_migrations WHERE version = 38);
 -- missing, disabled or changed: the statement-level triggers that keep
 -- events append-only and events_archive written only by archive() and
 -- scavenge() (enabled: 'O' or 'A'; 'D' is off, 'R' fires only under
--- session_replication_role = replica), and a valid unique index without a
+-- session_replication_role = replica; with no WHEN condition and no
+-- UPDATE OF columns, which let the statements they leave out through), and a valid unique index without a
 -- predicate or expressions on the key columns of events, events_archive
 -- and streams; and row-level security on a table verify reads (annals
 -- enables it on none): its policies can hide rows from the role running
@@ -154,7 +155,7 @@ WITH ns AS (
            ('streams', ARRAY['stream_id'])
 )
 SELECT w.tbl,
-       pg_catalog.format('the trigger running %s.%s() before UPDATE, DELETE and TRUNCATE%s, for each statement, is missing or disabled',
+       pg_catalog.format('the trigger running %s.%s() before UPDATE, DELETE and TRUNCATE%s, for each statement, is missing, disabled or narrowed (a WHEN condition, UPDATE OF columns)',
                          {{.SchemaLiteral}}, w.fn, CASE WHEN w.tgtype = 62 THEN ' and INSERT' ELSE '' END),
        coalesce((SELECT pg_catalog.string_agg(pg_catalog.format('%s (enabled %s)', pg_catalog.pg_get_triggerdef(t.oid), t.tgenabled), '; ')
                    FROM pg_catalog.pg_trigger t
@@ -166,7 +167,8 @@ SELECT w.tbl,
        SELECT 1 FROM pg_catalog.pg_trigger t
          JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
         WHERE t.tgrelid = c.oid AND p.proname = w.fn AND p.pronamespace = (SELECT oid FROM ns)
-          AND t.tgtype & (w.tgtype | 1) = w.tgtype AND t.tgenabled IN ('O', 'A'))
+          AND t.tgtype & (w.tgtype | 1) = w.tgtype AND t.tgenabled IN ('O', 'A')
+          AND t.tgqual IS NULL AND pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) = 0)
 UNION ALL
 SELECT w.tbl,
        pg_catalog.format('no valid unique index on (%s) without a predicate', pg_catalog.array_to_string(w.cols, ', ')),
