@@ -248,9 +248,12 @@ func up(ctx context.Context, pool *pgxpool.Pool, cfg *Config, edit func([]Migrat
 		if err != nil {
 			return err
 		}
-		if len(applied) == 0 {
-			// A new log: not in a schema another role made and owns,
-			// which could drop and replace its tables and functions.
+		if _, made := applied[1]; !made {
+			// A new log (its tables, migration 1, to be made): not in a
+			// schema another role made and owns, which could drop and
+			// replace its tables and functions. Judged by migration 1,
+			// not by an empty schema_migrations: the squatter may make
+			// that table too, with a row of its own.
 			var (
 				owner string
 				ok    bool

@@ -73,3 +73,41 @@ func TestUpRefusesASchemaAnotherRoleOwns(t *testing.T) {
 		t.Errorf("Up as the superuser into public (owned by pg_database_owner): %d applied, %v", len(done), err)
 	}
 }
+
+// TestUpRefusesASquattedSchemaWithARecord: the squatter of
+// TestUpRefusesASchemaAnotherRoleOwns also makes schema_migrations in its
+// schema, with one row of a version annals has not (9999), and lets the
+// owner write it. Up judged the schema's owner only when schema_migrations
+// was empty, so it took the schema for an existing log, applied every
+// migration into it, and the squatter could drop the log (a review). The
+// owner is judged while migration 1 (the log's tables) is to be applied.
+func TestUpRefusesASquattedSchemaWithARecord(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := annalstest.NewDB(t, nil)
+	owner := newRole(t, db, "")
+	squatter := newRole(t, db, "")
+	sq, ow := pgx.Identifier{squatter.Name}.Sanitize(), pgx.Identifier{owner.Name}.Sanitize()
+	for _, s := range []string{
+		`CREATE SCHEMA squatted AUTHORIZATION ` + sq,
+		`CREATE TABLE squatted.schema_migrations (version integer NOT NULL PRIMARY KEY, name text NOT NULL,
+		   applied_at timestamptz NOT NULL DEFAULT clock_timestamp())`,
+		`INSERT INTO squatted.schema_migrations (version, name) VALUES (9999, 'nothing')`,
+		`ALTER TABLE squatted.schema_migrations OWNER TO ` + sq,
+		`GRANT USAGE, CREATE ON SCHEMA squatted TO ` + ow,
+		`GRANT SELECT, INSERT ON squatted.schema_migrations TO ` + ow,
+		`GRANT CREATE ON DATABASE ` + pgx.Identifier{db.Name}.Sanitize() + ` TO ` + ow,
+	} {
+		if _, err := db.Pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	for _, who := range []string{"owner", "superuser"} {
+		pool := map[string]*pgxpool.Pool{"owner": owner.Pool, "superuser": db.Pool}[who]
+		done, err := migrations.Up(ctx, pool, &migrations.Config{Schema: "squatted"})
+		if !errors.Is(err, migrations.ErrSchemaOwnedByAnother) || len(done) != 0 {
+			t.Errorf("Up as the %s into a schema another role owns, with a record: %d applied, %v; want ErrSchemaOwnedByAnother", who, len(done), err)
+		}
+		t.Logf("as the %s: %v", who, err)
+	}
+}
