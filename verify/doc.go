@@ -107,9 +107,11 @@
 // streams in a note. The baseline covers event rows only, so it tells
 // such a change only by the events it removed or added. The schema's
 // functions are compared with what the migrations make (functions.json:
-// the body with the schema's name taken out, SECURITY DEFINER, settings)
-// when the schema is at the migration this package knows, and any that is
-// missing or differs is a [GuardRemoved], except the bodies that builds
+// the body with the schema's name taken out, SECURITY DEFINER, settings,
+// strictness, volatility) when the schema is at the migration this package
+// knows, and any that is missing or differs, or a function of one of their
+// names with another signature (an overload the server may pick for the
+// eventstore's calls), is a [GuardRemoved], except the bodies that builds
 // of annals made from a migration edited in place afterwards (historic in
 // functions.go: Up never applies a migration again, so they stay through
 // upgrades). At another migration, or without schema_migrations (the SQL
