@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -161,7 +163,10 @@ func migrate(ctx context.Context, url, schema string) error {
 func (e *env) runChild(ctx context.Context, url, readURL string, args []string) error {
 	c := exec.CommandContext(ctx, args[0], args[1:]...)
 	c.Stdin, c.Stdout, c.Stderr = e.stdin, e.rawStdout, e.rawStderr
-	c.Env = append(os.Environ(), "DATABASE_URL="+url, "ANNALS_TEST_DATABASE_URL="+url)
+	// Without a replica, none inherited from our environment either: it
+	// would name another cluster's.
+	c.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "DATABASE_READ_URL=") })
+	c.Env = append(c.Env, "DATABASE_URL="+url, "ANNALS_TEST_DATABASE_URL="+url)
 	if readURL != "" {
 		c.Env = append(c.Env, "DATABASE_READ_URL="+readURL)
 	}

@@ -174,3 +174,19 @@ func (l *lockedBuilder) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// annals dev -- COMMAND without --replica gives the command no
+// DATABASE_READ_URL, not even one of its own environment (it would name
+// another cluster's replica); with --replica, its replica's. Not parallel:
+// it sets the environment the command inherits.
+func TestDevReadURLOnlyOfItsReplica(t *testing.T) {
+	t.Setenv("DATABASE_READ_URL", "postgres://elsewhere.invalid/db")
+	r := annals(t, "", "dev", "--fsync=false", "--", "sh", "-c", `test -z "$DATABASE_READ_URL"`)
+	if r.code != 0 {
+		t.Fatalf("dev -- sh: DATABASE_READ_URL was passed on from the environment: %+v", r)
+	}
+	r = annals(t, "", "dev", "--fsync=false", "--replica", "--", "sh", "-c", `test -n "$DATABASE_READ_URL" && test "$DATABASE_READ_URL" != postgres://elsewhere.invalid/db`)
+	if r.code != 0 {
+		t.Fatalf("dev --replica -- sh: DATABASE_READ_URL is not the replica's: %+v", r)
+	}
+}
