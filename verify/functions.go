@@ -55,6 +55,16 @@ type function struct {
 	// which PostgreSQL stores parsed and Body hashes as pg_get_functiondef
 	// prints it.
 	Deparsed bool `json:"deparsed,omitempty"`
+	// What calls it may take, for overloads (not in the manifest): its
+	// input arguments, how many have defaults, whether it is variadic.
+	nargs, ndefaults int
+	variadic         bool
+}
+
+// takesCallsOf reports whether f could be picked for a call of the same
+// name written for g (as many arguments as g takes).
+func (f function) takesCallsOf(g function) bool {
+	return f.variadic || (f.nargs-f.ndefaults <= g.nargs && g.nargs <= f.nargs)
 }
 
 func loadManifest() (*manifest, error) {
@@ -224,7 +234,7 @@ func readFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, schema s
 		def                       *string
 		f                         function
 	)
-	_, err = pgx.ForEachRow(rows, []any{&proname, &args, &src, &def, &f.Definer, &f.Config, &ident, &f.Strict, &f.Volatility}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&proname, &args, &src, &def, &f.Definer, &f.Config, &ident, &f.Strict, &f.Volatility, &f.nargs, &f.ndefaults, &f.variadic}, func() error {
 		name, body, sqlBody := proname+"("+args+")", src, def != nil
 		if sqlBody {
 			body = *def
@@ -335,17 +345,29 @@ func checkFunctions(ctx context.Context, tx pgx.Tx, q map[string]string, rep *Re
 			Message: fmt.Sprintf("%s.%s %s: the schema's owner or a superuser changed it, and with it what writes or guards the log", schemaname.Ident(c.Schema), name, wrong)})
 	}
 	// A function of the schema that annals did not make but named as one
-	// of its own (another signature): the eventstore calls its functions
-	// by name with parameters the server types, and PostgreSQL picks the
-	// overload whose parameter types it prefers (text, double precision),
-	// so the owner's overload runs instead of annals' unchanged function.
-	own := map[string]bool{}
+	// of its own (another signature) and able to take its calls (as many
+	// arguments): the eventstore calls its functions by name with
+	// parameters the server types, and PostgreSQL picks the overload whose
+	// parameter types it prefers (text, double precision), so the owner's
+	// overload runs instead of annals' unchanged function. (A function of
+	// another arity, a user's own in public, say, takes none.)
+	own := map[string][]function{}
 	for _, name := range names {
-		own[name[:strings.IndexByte(name, '(')]] = true
+		base := name[:strings.IndexByte(name, '(')]
+		g, ok := got[name]
+		if !ok {
+			g = function{variadic: true} // missing: any arity may be meant
+		}
+		own[base] = append(own[base], g)
 	}
 	extra := make([]string, 0)
-	for name := range got {
-		if _, ok := m.Functions[name]; !ok && own[name[:strings.IndexByte(name, '(')]] {
+	for name, f := range got {
+		if _, ok := m.Functions[name]; ok {
+			continue
+		}
+		if slices.ContainsFunc(own[name[:strings.IndexByte(name, '(')]], func(g function) bool {
+			return f.takesCallsOf(g) || g.variadic
+		}) {
 			extra = append(extra, name)
 		}
 	}

@@ -337,7 +337,8 @@ SET LOCAL search_path = pg_catalog, {{.Schema}}, pg_temp;
 -- an SQL-standard body, PostgreSQL 14 on, has an empty prosrc: its whole
 -- definition then), whether each runs as its owner, its settings, and the
 -- schema's name as PostgreSQL writes it (quote_ident: bare when plain),
--- whether it is strict, and its volatility.
+-- whether it is strict, its volatility, and its number of input arguments,
+-- of those with defaults, and whether it is variadic.
 -- Every operator is pg_catalog's by name: the schema is on the search_path
 -- (SchemaOnSearchPath), and its owner may have made operators there.
 SELECT p.proname::text,
@@ -347,7 +348,9 @@ SELECT p.proname::text,
        p.prosecdef, p.proconfig,
        pg_catalog.quote_ident(n.nspname::pg_catalog.text),
        p.proisstrict,
-       CASE p.provolatile WHEN 'i' THEN 'immutable' WHEN 's' THEN 'stable' ELSE 'volatile' END
+       CASE p.provolatile WHEN 'i' THEN 'immutable' WHEN 's' THEN 'stable' ELSE 'volatile' END,
+       p.pronargs::pg_catalog.int4, p.pronargdefaults::pg_catalog.int4,
+       p.provariadic OPERATOR(pg_catalog.<>) 0::pg_catalog.oid
   FROM pg_catalog.pg_proc p
   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
  WHERE n.nspname OPERATOR(pg_catalog.=) {{.SchemaLiteral}}::pg_catalog.name;
