@@ -224,6 +224,14 @@ var (
 	// schemas and checkpoints they name are changed as the caller's role.
 	// Nothing is changed; see who wrote read_model_generations.
 	ErrForgedGeneration = errors.New("projection: a generation's row names what annals does not give it")
+	// ErrGenerationInUse is returned by DropRetired when objects of other
+	// schemas depend on the schema of a generation its row says is
+	// retired: the reader schema's views of it (it is the one readers read,
+	// whatever the row says: any runner role may write
+	// read_model_generations), or views, foreign keys, triggers … of
+	// someone's own. DROP SCHEMA ... CASCADE would drop them too. Nothing
+	// is dropped; the error names the schema and how many there are.
+	ErrGenerationInUse = errors.New("projection: objects of other schemas depend on a retired generation's schema")
 )
 
 // olderThanLive returns the live generation of gens when gen is building
@@ -1880,9 +1888,11 @@ func ListGenerations(ctx context.Context, db checkpoint.DB, schema, name string)
 // returns the generations dropped. Runners do it by themselves after
 // BlueGreen.Retention. A generation whose row names another schema than
 // the one annals gives it (rm_<name>_g<N>) is an error
-// (ErrForgedGeneration), and it and the ones after it are left as they
-// are: any runner role may write the rows, and the drop (CASCADE) runs as
-// this one.
+// (ErrForgedGeneration), and so is one whose schema objects of other
+// schemas depend on (ErrGenerationInUse: the reader schema's views of a
+// live generation another role marked retired, say); it and the ones after
+// it are left as they are: any runner role may write the rows, and the
+// drop (CASCADE) runs as this one.
 func DropRetired(ctx context.Context, db interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }, schema, name string, olderThan time.Duration) ([]int, error) {
@@ -1918,6 +1928,25 @@ func DropRetired(ctx context.Context, db interface {
 			if want := generationSchema(name, gen); schema != want {
 				return 0, errors.Wrapf(ErrForgedGeneration, "projection %q: retired generation %d names schema %q, not %q as annals names it: not dropped "+
 					"(a row annals did not write, or changed: see who wrote read_model_generations)", name, gen, schema, want)
+			}
+			// Nor would a row naming the live generation's own schema,
+			// marked retired by another runner role: the rows cannot tell
+			// (that role may write every one of them, a live one included,
+			// and make any generation look retired, newest or not, live or
+			// not), the catalog can. Readers read a generation through the
+			// reader schema's views, which depend on its tables (pg_depend),
+			// and no runner role can drop or make another role's views; a
+			// retired generation has none (its cut-over or rollback swapped
+			// them away). Whatever else of another schema depends on it (a
+			// view, a foreign key …) DROP ... CASCADE would drop as well.
+			var deps int
+			if err := tx.QueryRow(ctx, g.q["Dependents"], schema).Scan(&deps); err != nil {
+				return 0, errors.Wrapf(err, "projection %q: read what depends on schema %q", name, schema)
+			}
+			if deps > 0 {
+				return 0, errors.Wrapf(ErrGenerationInUse, "projection %q: retired generation %d's schema %q has %d object(s) "+
+					"of other schemas depending on it (the reader schema's views: it is the one readers read?): not dropped "+
+					"(see who wrote read_model_generations, and ListGenerations)", name, gen, schema, deps)
 			}
 			if _, err := tx.Exec(ctx, g.q["DropSchema"], name, gen); err != nil {
 				return 0, errors.Wrapf(err, "projection %q: drop generation %d", name, gen)

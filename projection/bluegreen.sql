@@ -149,3 +149,50 @@ SELECT generation, schema_name
    AND retired_at < clock_timestamp() - $2::bigint * interval '1 microsecond'
  ORDER BY generation
    FOR UPDATE;
+
+-- name: Dependents
+-- How many objects outside schema $1 depend on something in it (a normal
+-- dependency, pg_depend): the reader schema's views of a generation's
+-- tables (their rewrite rules), a view, foreign key, trigger, default,
+-- policy, function or type of another schema. DropRetired drops a schema
+-- only when there are none: DROP SCHEMA ... CASCADE would take them along,
+-- and a generation readers still read is not retired, whatever its row says
+-- (any runner role may write read_model_generations; none can make or drop
+-- another role's views). What depends on an object of the schema is
+-- placed by the schema of the relation, function or type it belongs to.
+WITH s AS (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = $1),
+inside AS (
+    SELECT 'pg_catalog.pg_class'::pg_catalog.regclass AS classid, c.oid FROM pg_catalog.pg_class c, s WHERE c.relnamespace = s.oid
+    UNION ALL
+    SELECT 'pg_catalog.pg_type'::pg_catalog.regclass, t.oid FROM pg_catalog.pg_type t, s WHERE t.typnamespace = s.oid
+    UNION ALL
+    SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid FROM pg_catalog.pg_proc p, s WHERE p.pronamespace = s.oid
+)
+SELECT count(*)::int
+  FROM pg_catalog.pg_depend d
+  JOIN inside i ON i.classid = d.refclassid AND i.oid = d.refobjid
+ WHERE d.deptype = 'n'
+   AND CASE d.classid
+         WHEN 'pg_catalog.pg_rewrite'::pg_catalog.regclass THEN
+           (SELECT c.relnamespace FROM pg_catalog.pg_rewrite r JOIN pg_catalog.pg_class c ON c.oid = r.ev_class WHERE r.oid = d.objid)
+         WHEN 'pg_catalog.pg_class'::pg_catalog.regclass THEN
+           (SELECT c.relnamespace FROM pg_catalog.pg_class c WHERE c.oid = d.objid)
+         WHEN 'pg_catalog.pg_constraint'::pg_catalog.regclass THEN
+           (SELECT coalesce(c.relnamespace, k.connamespace) FROM pg_catalog.pg_constraint k
+              LEFT JOIN pg_catalog.pg_class c ON c.oid = k.conrelid WHERE k.oid = d.objid)
+         WHEN 'pg_catalog.pg_trigger'::pg_catalog.regclass THEN
+           (SELECT c.relnamespace FROM pg_catalog.pg_trigger tg JOIN pg_catalog.pg_class c ON c.oid = tg.tgrelid WHERE tg.oid = d.objid)
+         WHEN 'pg_catalog.pg_attrdef'::pg_catalog.regclass THEN
+           (SELECT c.relnamespace FROM pg_catalog.pg_attrdef ad JOIN pg_catalog.pg_class c ON c.oid = ad.adrelid WHERE ad.oid = d.objid)
+         WHEN 'pg_catalog.pg_policy'::pg_catalog.regclass THEN
+           (SELECT c.relnamespace FROM pg_catalog.pg_policy po JOIN pg_catalog.pg_class c ON c.oid = po.polrelid WHERE po.oid = d.objid)
+         WHEN 'pg_catalog.pg_proc'::pg_catalog.regclass THEN
+           (SELECT p.pronamespace FROM pg_catalog.pg_proc p WHERE p.oid = d.objid)
+         WHEN 'pg_catalog.pg_type'::pg_catalog.regclass THEN
+           (SELECT t.typnamespace FROM pg_catalog.pg_type t WHERE t.oid = d.objid)
+       END IS DISTINCT FROM (SELECT s.oid FROM s)
+   AND d.classid IN ('pg_catalog.pg_rewrite'::pg_catalog.regclass, 'pg_catalog.pg_class'::pg_catalog.regclass,
+                     'pg_catalog.pg_constraint'::pg_catalog.regclass, 'pg_catalog.pg_trigger'::pg_catalog.regclass,
+                     'pg_catalog.pg_attrdef'::pg_catalog.regclass, 'pg_catalog.pg_policy'::pg_catalog.regclass,
+                     'pg_catalog.pg_proc'::pg_catalog.regclass, 'pg_catalog.pg_type'::pg_catalog.regclass);
+
