@@ -232,7 +232,44 @@ var (
 	// someone's own. DROP SCHEMA ... CASCADE would drop them too. Nothing
 	// is dropped; the error names the schema and how many there are.
 	ErrGenerationInUse = errors.New("projection: objects of other schemas depend on a retired generation's schema")
+	// ErrForeignGenerationSchema is returned by a runner's round of its
+	// blue/green projections, a cut-over, RebuildBlueGreen and a rollback
+	// when the schema of a generation they would run handlers in or point
+	// readers at is owned by a role this one is not a member of (and not a
+	// superuser), or is missing: any runner role may insert a generation's
+	// row and has CREATE on the database, so another service's runner
+	// could make the schema annals names the generation itself, and then
+	// read and change everything this service's handlers write into it and
+	// its readers read. Nothing is run or changed; the error names the
+	// owner.
+	ErrForeignGenerationSchema = errors.New("projection: a generation's schema is owned by another role")
 )
+
+// owned returns ErrForeignGenerationSchema when the schema of generation x
+// of projection name is missing, or owned by a role the current one is not
+// a member of and that is not a superuser (SchemaOwner). The schema annals
+// makes for a generation (read_model_create_schema, with the caller's
+// rights) is its creator's; runners of one read model run as one role.
+func (g *generations) owned(ctx context.Context, db checkpoint.DB, name string, x Generation) error {
+	var (
+		owner string
+		ok    bool
+	)
+	err := db.QueryRow(ctx, g.q["SchemaOwner"], x.Schema).Scan(&owner, &ok)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return errors.Wrapf(ErrForeignGenerationSchema, "projection %q: the schema %q of generation %d is missing "+
+			"(annals makes it with the generation's row: see who wrote read_model_generations)", name, x.Schema, x.Generation)
+	}
+	if err != nil {
+		return errors.Wrapf(err, "projection %q: read the owner of schema %q", name, x.Schema)
+	}
+	if !ok {
+		return errors.Wrapf(ErrForeignGenerationSchema, "projection %q: the schema %q of generation %d is owned by %q, "+
+			"a role this one is not a member of: not used (another role made it before this runner: see who wrote "+
+			"read_model_generations and who made the schema)", name, x.Schema, x.Generation, owner)
+	}
+	return nil
+}
 
 // olderThanLive returns the live generation of gens when gen is building
 // and of an older version than it: a cut-over must not make gen live.
@@ -691,9 +728,15 @@ func (g *generationProjection) Handle(ctx context.Context, tx pgx.Tx, e eventsto
 
 // generationSubs returns the subscriptions of one generation of reg, or
 // ErrForgedGeneration when its row names another schema or subscriber than
-// annals gives it (its handlers would run in that schema).
-func (r *Runner) generationSubs(reg *registration, g *generations, gen Generation, wrap func(catchup.Processor) catchup.Processor) ([]*catchup.Subscription, error) {
+// annals gives it (its handlers would run in that schema), or
+// ErrForeignGenerationSchema when another role owns the schema (or it is
+// missing): the handlers would write what that role may read and change.
+// A schema this role owns stays its own (only its owner may give it away).
+func (r *Runner) generationSubs(ctx context.Context, reg *registration, g *generations, gen Generation, wrap func(catchup.Processor) catchup.Processor) ([]*catchup.Subscription, error) {
 	if err := gen.forged(reg.name); err != nil {
+		return nil, err
+	}
+	if err := g.owned(ctx, r.pool, reg.name, gen); err != nil {
 		return nil, err
 	}
 	bg := reg.bg
@@ -1019,6 +1062,11 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 				return err
 			}
 		}
+		// Another role may have made the schema the row names before this
+		// runner did: readers would read what it owns.
+		if err := g.owned(ctx, tx, name, *next); err != nil {
+			return err
+		}
 		// Readers never go back a version by a cut-over: the generation is
 		// set aside for good, so that nothing runs or retries it.
 		if l, older := olderThanLive(gens, *next); older {
@@ -1317,7 +1365,7 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	}
 	log := rb.log.With(slog.Int("generation", gen.Generation))
 	rb.log = log
-	subs, err := r.generationSubs(reg, g, gen, func(p catchup.Processor) catchup.Processor {
+	subs, err := r.generationSubs(ctx, reg, g, gen, func(p catchup.Processor) catchup.Processor {
 		return &countingProcessor{Processor: p, done: rb.advance}
 	})
 	if err != nil {
@@ -1835,6 +1883,10 @@ func RollbackFrom(ctx context.Context, db interface {
 		if err := x.forged(name); err != nil {
 			return c, err
 		}
+	}
+	// The views are pointed at prev's schema: not at one another role made.
+	if err := g.owned(ctx, tx, name, *prev); err != nil {
+		return c, err
 	}
 	var views int
 	if err := tx.QueryRow(ctx, g.q["ReaderViews"], prev.Reader, cur.Schema, prev.Schema).Scan(&views); err != nil {

@@ -196,3 +196,22 @@ SELECT count(*)::int
                      'pg_catalog.pg_attrdef'::pg_catalog.regclass, 'pg_catalog.pg_policy'::pg_catalog.regclass,
                      'pg_catalog.pg_proc'::pg_catalog.regclass, 'pg_catalog.pg_type'::pg_catalog.regclass);
 
+-- name: SchemaOwner
+-- The owner of schema $1 (no row: there is none), and whether this role may
+-- trust it as a generation's: it owns it or is a member of the role that
+-- does (by membership: being a superuser does not count), or a superuser
+-- owns it. Another role's schema is not: any runner role may write
+-- read_model_generations and has CREATE on the database, so it could make
+-- the schema annals names a generation before this runner does, and the
+-- handlers would write, and readers read, what that role owns (it may read
+-- and change all of it). read_model_create_schema runs with the caller's
+-- rights: the schema it makes is the caller's.
+WITH RECURSIVE m(oid) AS (
+    SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user
+    UNION
+    SELECT a.roleid FROM pg_catalog.pg_auth_members a JOIN m ON a.member = m.oid
+)
+SELECT pg_catalog.pg_get_userbyid(n.nspowner)::text, n.nspowner IN (SELECT m.oid FROM m) OR o.rolsuper
+  FROM pg_catalog.pg_namespace n
+  JOIN pg_catalog.pg_roles o ON o.oid = n.nspowner
+ WHERE n.nspname = $1;

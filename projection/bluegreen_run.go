@@ -190,7 +190,7 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 		if runs[sub] != nil {
 			continue
 		}
-		subs, err := r.generationSubs(reg, g, gen, nil)
+		subs, err := r.generationSubs(ctx, reg, g, gen, nil)
 		if err != nil {
 			return err
 		}
@@ -322,7 +322,7 @@ func (r *Runner) catchUpBlueGreen(ctx context.Context, engine *catchup.Engine, h
 			if gen.Version != reg.bg.cfg.Version || (gen.State != GenerationBuilding && gen.State != GenerationLive) {
 				continue
 			}
-			subs, err := r.generationSubs(reg, g, gen, nil)
+			subs, err := r.generationSubs(ctx, reg, g, gen, nil)
 			if err != nil {
 				return err
 			}
@@ -387,7 +387,7 @@ func (r *Runner) checkGenerationLayouts(ctx context.Context, engine *catchup.Eng
 		if gen.Version != reg.bg.cfg.Version || (gen.State != GenerationBuilding && gen.State != GenerationLive) {
 			continue
 		}
-		subs, err := r.generationSubs(reg, g, gen, nil)
+		subs, err := r.generationSubs(ctx, reg, g, gen, nil)
 		if err != nil {
 			return err
 		}
