@@ -285,9 +285,16 @@
 // owner and age, and what pg_stat_activity shows this role of the holder
 // (another role's backend shows only its usename and application_name
 // without pg_read_all_stats). When neither a live instance nor a rebuild
-// accounts for it, a WARN names the subscriber, the partition, the pid,
-// that activity and the remedy (pg_terminate_backend, PgBouncer's
-// RECONNECT), at most once a minute; an INFO follows once the run ends.
+// accounts for it, a WARN names the subscriber, the pid, that activity
+// and the remedy (pg_terminate_backend, PgBouncer's RECONNECT): one WARN
+// per holder (backend pid) and subscriber, naming every partition of the
+// subscriber the last look found that pid holding for no live instance
+// (partition, the lowest; partitions, their number; partition_list, the
+// first eight), at most once a minute per holder, whatever the number of
+// partitions (a dead runner's pooler session holding 64 partitions made
+// 64 WARNs a minute on every standby when it was per partition); looks
+// within the minute say it at debug level. An INFO per holder, naming
+// the partitions that cleared together, follows once the runs end.
 // The holder of an unbalanced partition is learnt at the first look, so
 // its WARN waits for a second look to find the same pid (and a balanced
 // one's whose pid changed starts over: a handover between live

@@ -2,7 +2,11 @@ package catchup
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,9 +16,15 @@ import (
 	"github.com/annals-dev/annals/internal/telemetry"
 )
 
-// heldWarnEvery is how often, at most, the WARN about a partition held by a
-// session that no live instance lists is repeated while it stays so.
+// heldWarnEvery is how often, at most, the WARN about a session that no
+// live instance lists holding partitions of a subscriber is repeated (per
+// holder and subscriber, whatever the number of partitions) while it
+// stays so.
 const heldWarnEvery = time.Minute
+
+// heldListMax bounds the partitions a held-lock record lists by number;
+// the record gives the count of all.
+const heldListMax = 8
 
 // heldRun is a run of polls that found a partition this process wants (a
 // balanced one while its member is owed partitions, an unbalanced one
@@ -28,7 +38,21 @@ type heldRun struct {
 	since   time.Time // first seen held
 	pid     int32     // the holder's backend pid as last seen (0: not known yet)
 	checked time.Time // the last look at the holder
-	warned  time.Time // the last WARN of this run (zero: none, or cleared since)
+	warned  time.Time // the last WARN naming this run (zero: none, or cleared since)
+
+	// What the last look found, while it found a session that no live
+	// instance lists (foreign): the facts the WARN gives.
+	foreign bool
+	owner   string         // the checkpoint's last claimant ("": none)
+	idle    *time.Duration // how long the checkpoint had been unchanged at the look
+	act     []any          // what pg_stat_activity showed of the holder
+}
+
+// heldHolder is a session holding partitions of one subscriber: the unit
+// of the held-lock WARN and of its once a minute.
+type heldHolder struct {
+	sub string
+	pid int32
 }
 
 // heldSeen is what one poll saw of the wanted partitions held by another
@@ -50,9 +74,65 @@ func (h heldSeen) keepRun(k string) {
 	}
 }
 
+// heldInfoKey is one INFO of heldInfos: the holder, why its runs cleared
+// and the record's further attributes (as text, to group by).
+type heldInfoKey struct {
+	heldHolder
+	msg, extra string
+}
+
+// heldInfos gathers the INFOs of warned-of runs that end in one pass, so
+// that a holder's partitions that clear together (its session ended: all
+// its locks are free at once) make one record, not one per partition.
+type heldInfos struct {
+	order []heldInfoKey
+	parts map[heldInfoKey][]int
+	attrs map[heldInfoKey][]any
+}
+
+func (n *heldInfos) add(r *heldRun, msg string, attrs ...any) {
+	if n.parts == nil {
+		n.parts, n.attrs = map[heldInfoKey][]int{}, map[heldInfoKey][]any{}
+	}
+	k := heldInfoKey{heldHolder{r.sub.Name, r.pid}, msg, fmt.Sprint(attrs...)}
+	if _, ok := n.parts[k]; !ok {
+		n.order = append(n.order, k)
+		n.attrs[k] = attrs
+	}
+	n.parts[k] = append(n.parts[k], r.sub.Partition)
+}
+
+func (n *heldInfos) log(ctx context.Context, log *slog.Logger) {
+	for _, k := range n.order {
+		attrs := append([]any{slog.String("subscriber", k.sub)}, partitionAttrs(n.parts[k])...)
+		attrs = append(attrs, slog.Int("pid", int(k.pid)))
+		log.InfoContext(ctx, k.msg, append(attrs, n.attrs[k]...)...)
+	}
+}
+
+// partitionAttrs are the log attributes naming the partitions parts of a
+// subscriber (sorted here): partition, the lowest (a single partition's
+// record reads as it always did), partitions, their number, and
+// partition_list, the first heldListMax of them.
+func partitionAttrs(parts []int) []any {
+	slices.Sort(parts)
+	list := parts[:min(len(parts), heldListMax)]
+	var b strings.Builder
+	for i, p := range list {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(p))
+	}
+	if more := len(parts) - len(list); more > 0 {
+		fmt.Fprintf(&b, ",… (%d more)", more)
+	}
+	return []any{slog.Int("partition", parts[0]), slog.Int("partitions", len(parts)), slog.String("partition_list", b.String())}
+}
+
 // watchHeld ends the runs of the partitions that this poll did not find
-// held (an INFO for those that had been warned of), starts or continues
-// the others, and looks at the holders of those held past
+// held (an INFO per holder for those that had been warned of), starts or
+// continues the others, and looks at the holders of those held past
 // Config.HolderWarnAfter that have not been looked at for as long.
 func (s *sessions) watchHeld(ctx context.Context, sb *advisorylock.Standby, st state, hs heldSeen) {
 	if hs.now == nil {
@@ -60,6 +140,13 @@ func (s *sessions) watchHeld(ctx context.Context, sb *advisorylock.Standby, st s
 	}
 	log := s.e.cfg.Logger
 	now := time.Now()
+	for h, at := range s.heldWarned {
+		if now.Sub(at) >= heldWarnEvery {
+			delete(s.heldWarned, h) // holds nothing back any more
+		}
+	}
+	var infos heldInfos
+	const gone = "annals: the partition is no longer held by a session that no live instance lists: "
 	for k, r := range s.heldBy {
 		if _, ok := hs.now[k]; ok || hs.keep[k] {
 			continue
@@ -70,8 +157,7 @@ func (s *sessions) watchHeld(ctx context.Context, sb *advisorylock.Standby, st s
 			if st.byKey[k] == nil {
 				why = "this instance no longer stands by for it"
 			}
-			log.InfoContext(ctx, "annals: the partition is no longer held by a session that no live instance lists: "+why,
-				slog.String("subscriber", r.sub.Name), slog.Int("partition", r.sub.Partition), slog.Int("pid", int(r.pid)))
+			infos.add(r, gone+why)
 		}
 	}
 	after := s.e.cfg.HolderWarnAfter
@@ -82,8 +168,7 @@ func (s *sessions) watchHeld(ctx context.Context, sb *advisorylock.Standby, st s
 			// A new run, or another holder (a handover between other
 			// instances): held for long is counted afresh.
 			if r != nil && !r.warned.IsZero() {
-				log.InfoContext(ctx, "annals: the partition is no longer held by a session that no live instance lists: another session holds it now",
-					slog.String("subscriber", r.sub.Name), slog.Int("partition", r.sub.Partition), slog.Int("pid", int(r.pid)), slog.Int("new_pid", int(pid)))
+				infos.add(r, gone+"another session holds it now", slog.Int("new_pid", int(pid)))
 			}
 			r = &heldRun{sub: st.byKey[k][0].sub, since: now, pid: pid}
 			s.heldBy[k] = r
@@ -92,13 +177,15 @@ func (s *sessions) watchHeld(ctx context.Context, sb *advisorylock.Standby, st s
 			due = append(due, k)
 		}
 	}
+	infos.log(ctx, log)
 	if len(due) > 0 {
 		s.checkHeld(ctx, sb, due, now)
 	}
 }
 
 // checkHeld looks, in one statement on the lock session, at the holders of
-// the partitions due, and logs those that no live instance lists.
+// the partitions due, and logs those that no live instance lists: one WARN
+// per holder and subscriber, naming all its partitions found so.
 func (s *sessions) checkHeld(ctx context.Context, sb *advisorylock.Standby, due []string, now time.Time) {
 	n := len(due)
 	subs, parts := make([]string, n), make([]int32, n)
@@ -146,6 +233,8 @@ func (s *sessions) checkHeld(ctx context.Context, sb *advisorylock.Standby, due 
 		log.DebugContext(ctx, "annals: looking at the holders of held partitions failed", telemetry.Err(err))
 		return
 	}
+	var infos heldInfos
+	var found []heldHolder // holders found holding a partition for no live instance, in order
 	for _, x := range rows {
 		if x.i < 1 || int(x.i) > n {
 			continue
@@ -161,14 +250,14 @@ func (s *sessions) checkHeld(ctx context.Context, sb *advisorylock.Standby, due 
 			r.pid = *x.pid
 			continue
 		case *x.pid != r.pid:
-			r.pid, r.since = *x.pid, now // another holder: counted afresh
+			r.pid, r.since, r.foreign = *x.pid, now, false // another holder: counted afresh
 			continue
 		}
 		cleared := func(why string, attrs ...any) {
+			r.foreign = false
 			if !r.warned.IsZero() {
 				r.warned = time.Time{}
-				log.InfoContext(ctx, "annals: the partition's lock is no longer held by a session that no live instance lists: "+why,
-					append([]any{sub, part, slog.Int("pid", int(r.pid))}, attrs...)...)
+				infos.add(r, "annals: the partition's lock is no longer held by a session that no live instance lists: "+why, attrs...)
 			}
 		}
 		switch {
@@ -179,27 +268,93 @@ func (s *sessions) checkHeld(ctx context.Context, sb *advisorylock.Standby, due 
 		case x.rebuild:
 			log.DebugContext(ctx, "annals: standing by: a rebuild leads the partition", sub, part, slog.Int("pid", int(r.pid)))
 			cleared("a rebuild of the subscriber runs")
-		case now.Sub(r.warned) < heldWarnEvery:
 		default:
-			r.warned = now
-			attrs := []any{sub, part, slog.Int("pid", int(r.pid)),
-				slog.Duration("held_for", roundAge(now.Sub(r.since)))}
-			if x.owner != nil && *x.owner != "" {
-				attrs = append(attrs, slog.String("last_claimed_by", *x.owner))
+			r.foreign, r.owner, r.idle = true, "", nil
+			if x.owner != nil {
+				r.owner = *x.owner
 			}
 			if x.idle != nil {
-				attrs = append(attrs, slog.Duration("checkpoint_unchanged_for", roundAge(time.Duration(*x.idle*float64(time.Second)))))
+				d := time.Duration(*x.idle * float64(time.Second))
+				r.idle = &d
 			}
-			attrs = append(attrs, activityAttrs(x.user, x.app, x.addr, x.state, x.backendStart, x.stateChange)...)
-			log.WarnContext(ctx, "annals: the partition has no leader: a session that no live instance lists in its heartbeat "+
-				"has held its lock for long, so this instance stands by and nobody processes it. It may be a job that leads "+
-				"without heartbeats (Runner.RunUntilCaughtUp, annals tail --subscriber); if not, the session was left holding "+
-				"the lock (a runner frozen with its heartbeat, a runner's lock session through a transaction-mode PgBouncer, a psql "+
-				"session, the backend of a killed process the server has not noticed yet): end it with SELECT pg_terminate_backend(pid), or on PgBouncer with "+
-				"RECONNECT (server_idle_timeout bounds it); see docs/operations.md",
-				attrs...)
+			r.act = activityAttrs(x.user, x.app, x.addr, x.state, x.backendStart, x.stateChange)
+			if h := (heldHolder{r.sub.Name, r.pid}); !slices.Contains(found, h) {
+				found = append(found, h)
+			}
 		}
 	}
+	infos.log(ctx, log)
+	for _, h := range found {
+		s.warnHeld(ctx, h, now)
+	}
+}
+
+// warnHeld logs the WARN about holder h, naming every partition of its
+// subscriber whose last look found h holding it for no live instance,
+// unless h has been warned of within heldWarnEvery (then at debug level).
+func (s *sessions) warnHeld(ctx context.Context, h heldHolder, now time.Time) {
+	var runs []*heldRun
+	for _, r := range s.heldBy {
+		if r.foreign && r.sub.Name == h.sub && r.pid == h.pid {
+			runs = append(runs, r)
+		}
+	}
+	if len(runs) == 0 {
+		return
+	}
+	slices.SortFunc(runs, func(a, b *heldRun) int { return a.sub.Partition - b.sub.Partition })
+	parts := make([]int, len(runs))
+	var heldFor time.Duration
+	var idle *time.Duration
+	var owners []string
+	latest := runs[0] // the last look at the holder: what pg_stat_activity shows now
+	for i, r := range runs {
+		if r.checked.After(latest.checked) {
+			latest = r
+		}
+		parts[i] = r.sub.Partition
+		heldFor = max(heldFor, now.Sub(r.since))
+		if r.idle != nil && (idle == nil || *r.idle < *idle) {
+			idle = r.idle
+		}
+		if r.owner != "" && !slices.Contains(owners, r.owner) {
+			owners = append(owners, r.owner)
+		}
+	}
+	log := s.e.cfg.Logger
+	attrs := append([]any{slog.String("subscriber", h.sub)}, partitionAttrs(parts)...)
+	attrs = append(attrs, slog.Int("pid", int(h.pid)))
+	if at, ok := s.heldWarned[h]; ok && now.Sub(at) < heldWarnEvery {
+		log.DebugContext(ctx, "annals: standing by: a session that no live instance lists still holds the partitions (warned of within the minute)",
+			append(attrs, slog.Duration("held_for", roundAge(heldFor)))...)
+		return
+	}
+	if s.heldWarned == nil {
+		s.heldWarned = map[heldHolder]time.Time{}
+	}
+	s.heldWarned[h] = now
+	for _, r := range runs {
+		r.warned = now
+	}
+	attrs = append(attrs, slog.Duration("held_for", roundAge(heldFor)))
+	if len(owners) > 0 {
+		slices.Sort(owners)
+		if len(owners) > heldListMax {
+			owners = append(owners[:heldListMax], fmt.Sprintf("… (%d more)", len(owners)-heldListMax))
+		}
+		attrs = append(attrs, slog.String("last_claimed_by", strings.Join(owners, ",")))
+	}
+	if idle != nil {
+		attrs = append(attrs, slog.Duration("checkpoint_unchanged_for", roundAge(*idle)))
+	}
+	attrs = append(attrs, latest.act...)
+	log.WarnContext(ctx, "annals: the partition has no leader: a session that no live instance lists in its heartbeat "+
+		"has held its lock for long, so this instance stands by and nobody processes it. It may be a job that leads "+
+		"without heartbeats (Runner.RunUntilCaughtUp, annals tail --subscriber); if not, the session was left holding "+
+		"the lock (a runner frozen with its heartbeat, a runner's lock session through a transaction-mode PgBouncer, a psql "+
+		"session, the backend of a killed process the server has not noticed yet): end it with SELECT pg_terminate_backend(pid), or on PgBouncer with "+
+		"RECONNECT (server_idle_timeout bounds it); see docs/operations.md",
+		attrs...)
 }
 
 // roundAge rounds an age for a log record: to the second from 10 s on.

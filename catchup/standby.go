@@ -110,6 +110,10 @@ type sessions struct {
 	// another session, the run of polls that found it so (see heldRun).
 	// Only the poller touches it.
 	heldBy map[string]*heldRun
+	// heldWarned is when each holder of partitions of a subscriber was
+	// last warned of (see warnHeld); entries older than heldWarnEvery are
+	// dropped. Only the poller touches it.
+	heldWarned map[heldHolder]time.Time
 }
 
 // claimBlock is a run of timed-out claims of one partition.

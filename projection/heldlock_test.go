@@ -89,7 +89,7 @@ func TestStandbyWarnsOfALockNoLiveInstanceHolds(t *testing.T) {
 		}
 	}
 	if n := strings.Count(buf.String(), heldWarning); n != 1 {
-		t.Errorf("%d warnings within a minute; want 1 (once a minute per partition)", n)
+		t.Errorf("%d warnings within a minute; want 1 (once a minute per holder)", n)
 	}
 
 	if err := conn.Close(t.Context()); err != nil {
@@ -222,4 +222,71 @@ func TestStandbyDoesNotWarnOfALiveLeaderOrARebuild(t *testing.T) {
 			t.Fatalf("warned of a rebuild:\n%s", buf.String())
 		}
 	})
+}
+
+// TestStandbyWarnsOncePerHolder: one session that no live instance lists
+// (a pooler's server session a dead runner left holding its locks) holds
+// three of a subscriber's four partitions. The standby logged a WARN per
+// partition, at once and then each minute: 64 partitions made 64 lines a
+// minute on every standby. It logs one WARN per holder naming them all
+// (the count and the list), at debug level while the minute runs, and
+// one INFO naming them all once the session ends.
+func TestStandbyWarnsOncePerHolder(t *testing.T) {
+	t.Parallel()
+	h := newLiveHarness(t)
+	conn, pid := holdLocks(t, h, "left-over-pooler",
+		catchup.LockKey("annals", "seen", 2), catchup.LockKey("annals", "seen", 0), catchup.LockKey("annals", "seen", 1))
+
+	var buf annalstest.LogBuffer
+	cfg := testConfig(time.Second)
+	cfg.HeartbeatInterval = 100 * time.Millisecond // a look at the holders every 300 ms
+	cfg.Logger = debugLogger(&buf)
+	r := h.newRunner(cfg, &projection.Options{Partitions: 4}, &seenProjection{name: "seen"})
+	h.run(r)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(buf.String())
+		}
+	})
+	warnings := func() []string {
+		var ws []string
+		for line := range strings.SplitSeq(buf.String(), "\n") {
+			if strings.Contains(line, heldWarning) {
+				ws = append(ws, line)
+			}
+		}
+		return ws
+	}
+	annalstest.WaitFor(t, 15*time.Second, func() bool { return len(warnings()) > 0 })
+	// A later look at the holder, within the minute, says it at debug level.
+	const still = `level=DEBUG msg="annals: standing by: a session that no live instance lists still holds the partitions`
+	annalstest.WaitFor(t, 15*time.Second, func() bool { return len(warnings()) > 1 || strings.Contains(buf.String(), still) })
+	ws := warnings()
+	if len(ws) != 1 {
+		t.Fatalf("%d warnings within a minute of one session holding three partitions; want 1:\n%s", len(ws), strings.Join(ws, "\n"))
+	}
+	for _, want := range []string{"subscriber=seen", "partition=0", "partitions=3", "partition_list=0,1,2",
+		fmt.Sprintf("pid=%d", pid), "application_name=left-over-pooler", "held_for=", "pg_terminate_backend(pid)"} {
+		if !strings.Contains(ws[0], want) {
+			t.Errorf("the warning lacks %q: %s", want, ws[0])
+		}
+	}
+
+	if err := conn.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	const cleared = `level=INFO msg="annals: the partition is no longer held by a session that no live instance lists`
+	annalstest.WaitFor(t, 15*time.Second, func() bool {
+		return strings.Contains(buf.String(), cleared) &&
+			h.query(`SELECT count(*) FROM annals.checkpoints WHERE subscriber_id = 'seen' AND owner = $1`, r.InstanceID()) == 4
+	})
+	var infos []string
+	for line := range strings.SplitSeq(buf.String(), "\n") {
+		if strings.Contains(line, cleared) {
+			infos = append(infos, line)
+		}
+	}
+	if len(infos) != 1 || !strings.Contains(infos[0], "partitions=3") || !strings.Contains(infos[0], "partition_list=0,1,2") {
+		t.Errorf("want one INFO naming partitions 0,1,2 once the session ended; got:\n%s", strings.Join(infos, "\n"))
+	}
 }
