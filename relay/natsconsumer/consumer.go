@@ -311,6 +311,17 @@ type session struct {
 	// lost is set while reattach fails: since when, how many times, and
 	// when it last logged so.
 	lost lostState
+	// down is the run of failed requests to the NATS server (see
+	// requestFailed); zero while they are answered.
+	down outage
+}
+
+// outage is a session's run of failed requests to the NATS server (a
+// fetch's error, the consumer's or the stream's info, a read by
+// sequence); zero while the server answers.
+type outage struct {
+	since, warned time.Time
+	tries         int
 }
 
 // lostState is a session's run of failed look-ups of its stream and
@@ -767,6 +778,11 @@ func (s *session) run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		ds, ferr := s.fetch(noWait)
 		noWait = false
+		if ferr == nil && (len(ds) > 0 || s.c.js.Conn().Status() == nats.CONNECTED) {
+			// A fetch that returned nothing says nothing of the server
+			// while the connection is down: it ends empty on its own.
+			s.answered(ctx)
+		}
 		if err := s.deliver(ctx, ds); err != nil {
 			return err
 		}
@@ -777,7 +793,7 @@ func (s *session) run(ctx context.Context) error {
 				return err
 			}
 		case ferr != nil && !errors.Is(ferr, nats.ErrTimeout):
-			s.c.cfg.Logger.WarnContext(ctx, "annals: fetching relayed events failed", telemetry.Err(s.c.unreachable(ferr)))
+			s.requestFailed(ctx, "annals: fetching relayed events failed", ferr)
 			_ = sleep(ctx, s.c.cfg.RetryBackoff)
 		case len(ds) == 0 && s.held:
 			more, err := s.behind(ctx)
@@ -785,6 +801,8 @@ func (s *session) run(ctx context.Context) error {
 				if err := s.failed(ctx, err); err != nil {
 					return err
 				}
+			} else {
+				s.answered(ctx)
 			}
 			noWait = more
 		}
@@ -826,7 +844,8 @@ func (s *session) deliver(ctx context.Context, ds []delivery) error {
 
 // failed deals with fill's error or handleOne's: a stop (OnGap's error, a
 // handler's permanent failure) is returned (run ends with it); a gone
-// stream is looked up again; anything else is logged, and retried after
+// stream is looked up again; anything else is logged (requestFailed: a
+// WARN at most once a minute while it goes on), and retried after
 // RetryBackoff.
 func (s *session) failed(ctx context.Context, err error) error {
 	var st stop
@@ -837,11 +856,44 @@ func (s *session) failed(ctx context.Context, err error) error {
 	case gone(err):
 		return s.reattach(ctx, err)
 	default:
-		s.c.cfg.Logger.WarnContext(ctx, "annals: reading relayed events from the stream failed; retrying",
-			slog.String("consumer", s.c.cfg.Durable), slog.Uint64("after", s.seq), telemetry.Err(s.c.unreachable(err)))
+		s.requestFailed(ctx, "annals: reading relayed events from the stream failed; retrying", err, slog.Uint64("after", s.seq))
 		_ = sleep(ctx, s.c.cfg.RetryBackoff)
 	}
 	return nil
+}
+
+// requestFailed logs err, a failed request of run to the NATS server, as
+// msg: at WARN the first time and then at most once per lostLogEvery, at
+// DEBUG between, with the attempts so far and how long requests have been
+// failing (the rule of handler retries and of reattach). A NATS outage
+// fails a request every requestTimeout plus RetryBackoff, which logged
+// about ten WARNs a minute for as long as it lasted. answered ends the run.
+func (s *session) requestFailed(ctx context.Context, msg string, err error, attrs ...any) {
+	now := time.Now()
+	if s.down.tries == 0 {
+		s.down.since = now
+	}
+	s.down.tries++
+	level := slog.LevelDebug
+	if s.down.tries == 1 || now.Sub(s.down.warned) >= lostLogEvery {
+		level, s.down.warned = slog.LevelWarn, now
+	}
+	attrs = append([]any{slog.String("consumer", s.c.cfg.Durable)}, attrs...)
+	attrs = append(attrs, slog.Int("attempts", s.down.tries),
+		slog.Duration("failing_for", now.Sub(s.down.since).Round(time.Millisecond)), telemetry.Err(s.c.unreachable(err)))
+	s.c.cfg.Logger.Log(ctx, level, msg, attrs...)
+}
+
+// answered ends a run of failed requests to the NATS server (see
+// requestFailed) when the server answers one again, at INFO.
+func (s *session) answered(ctx context.Context) {
+	if s.down.tries == 0 {
+		return
+	}
+	s.c.cfg.Logger.InfoContext(ctx, "annals: the NATS server answers the consumer's requests again",
+		slog.String("consumer", s.c.cfg.Durable), slog.Int("attempts", s.down.tries),
+		slog.Duration("failing_for", time.Since(s.down.since).Round(time.Millisecond)))
+	s.down = outage{}
 }
 
 // reattach looks the stream and the durable consumer up again after cause
