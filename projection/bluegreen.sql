@@ -215,3 +215,19 @@ SELECT pg_catalog.pg_get_userbyid(n.nspowner)::text, n.nspowner IN (SELECT m.oid
   FROM pg_catalog.pg_namespace n
   JOIN pg_catalog.pg_roles o ON o.oid = n.nspowner
  WHERE n.nspname = $1;
+
+-- name: GenerationWriters
+-- The roles that may insert or update read_model_generations of schema $1
+-- (its owner and the grantees; members of those roles and superusers may
+-- too): who could have written a row a runner refuses.
+SELECT coalesce(string_agg(DISTINCT w.name, ', ' ORDER BY w.name), '')
+  FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+  CROSS JOIN LATERAL (
+      SELECT pg_catalog.pg_get_userbyid(c.relowner)::text
+      UNION ALL
+      SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.pg_get_userbyid(a.grantee)::text END
+        FROM pg_catalog.aclexplode(c.relacl) a
+       WHERE a.privilege_type IN ('INSERT', 'UPDATE')
+  ) w(name)
+ WHERE n.nspname = $1 AND c.relname = 'read_model_generations';

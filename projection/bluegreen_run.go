@@ -139,13 +139,36 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 	if err != nil {
 		return err
 	}
-	want := map[string]Generation{}
+	// The generations of this version to run, in generation order; a row
+	// naming what annals does not give its generation is left out (and
+	// logged, at most once a minute), whatever the others' rows say. One
+	// changed so after its generation started here does not stop it: what
+	// runs was checked when it started, and keeps the schema it had.
+	var want []Generation
+	ofVersion := 0
+	keep := map[string]bool{} // running, its row refused since
+	var liveRefused error
 	for _, x := range gens {
-		if x.Version == bg.cfg.Version && (x.State == GenerationBuilding || x.State == GenerationLive) {
-			want[x.Subscriber] = x
+		if x.Version != bg.cfg.Version || (x.State != GenerationBuilding && x.State != GenerationLive) {
+			continue
 		}
+		ofVersion++
+		if err := x.forged(reg.name); err != nil {
+			switch {
+			case runs[x.Subscriber] != nil:
+				keep[x.Subscriber] = true
+			case x.State == GenerationLive:
+				liveRefused = err
+			}
+			s.skipRefused(ctx, g, reg.name, x, err, lastLog)
+			continue
+		}
+		want = append(want, x)
 	}
-	if key := "idle:" + reg.name; len(want) == 0 && time.Since(lastLog[key]) >= time.Minute {
+	wanted := func(sub string) bool {
+		return keep[sub] || slices.ContainsFunc(want, func(x Generation) bool { return x.Subscriber == sub })
+	}
+	if key := "idle:" + reg.name; ofVersion == 0 && time.Since(lastLog[key]) >= time.Minute {
 		// This process runs nothing of the read model: say so, and why (an
 		// operator rolling out a new version may not know that instances of
 		// the old one must keep running meanwhile).
@@ -175,7 +198,7 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 			slog.String("projection", reg.name), slog.Int("version", bg.cfg.Version), slog.String("why", why))
 	}
 	for sub, x := range runs {
-		if _, ok := want[sub]; ok {
+		if wanted(sub) {
 			continue
 		}
 		if _, mine := generationOf(gens, sub); !mine {
@@ -186,11 +209,19 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 		delete(runs, sub)
 		r.cfg.Logger.InfoContext(ctx, "annals: stopped running a read-model generation", slog.String("subscriber", sub))
 	}
-	for sub, gen := range want {
+	for _, gen := range want {
+		sub := gen.Subscriber
 		if runs[sub] != nil {
 			continue
 		}
 		subs, err := r.generationSubs(ctx, reg, g, gen, nil)
+		if refusedGeneration(err) {
+			if gen.State == GenerationLive {
+				liveRefused = err
+			}
+			s.skipRefused(ctx, g, reg.name, gen, err, lastLog)
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -212,11 +243,17 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 		r.cfg.Logger.InfoContext(ctx, "annals: running a read-model generation", slog.String("projection", reg.name),
 			slog.Int("generation", gen.Generation), slog.String("state", string(gen.State)), slog.String("schema", gen.Schema))
 	}
+	if liveRefused != nil {
+		// The live generation's own row is refused (and it does not run
+		// here yet): the read model cannot run here; the other generations
+		// of its version run meanwhile, and nothing is cut over.
+		return liveRefused
+	}
 	// A building generation that has caught up with the live one: cut over.
 	old := live(gens)
 	for _, gen := range want {
-		if gen.State != GenerationBuilding {
-			continue
+		if gen.State != GenerationBuilding || runs[gen.Subscriber] == nil {
+			continue // or refused (skipRefused)
 		}
 		lo, _, n, err := g.positions(ctx, r.pool, gen.Subscriber, false)
 		if err != nil {
@@ -276,6 +313,80 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 	return nil
 }
 
+// refusedGeneration reports whether err refuses a generation's row
+// (ErrForgedGeneration, ErrForeignGenerationSchema): the row, which any
+// runner role may write, is at fault, not the database.
+func refusedGeneration(err error) bool {
+	return errors.Is(err, ErrForgedGeneration) || errors.Is(err, ErrForeignGenerationSchema)
+}
+
+// skipRefused logs, at most once a minute per row, that generation gen of
+// the read model name is not started because its row is refused (err,
+// from forged or generationSubs): the generations beside it run.
+func (s *blueGreenService) skipRefused(ctx context.Context, g *generations, name string, gen Generation, err error, lastLog map[string]time.Time) {
+	key := fmt.Sprintf("refused:%s:%d", name, gen.Generation)
+	if time.Since(lastLog[key]) < time.Minute {
+		return
+	}
+	lastLog[key] = time.Now()
+	s.r.warnRefused(ctx, g, name, gen, err)
+}
+
+// warnRefused logs that generation gen of the read model name is skipped
+// because its row is refused (err): the row, why, and the roles that could
+// have written it.
+func (r *Runner) warnRefused(ctx context.Context, g *generations, name string, gen Generation, err error) {
+	var writers string
+	if qerr := r.pool.QueryRow(ctx, g.q["GenerationWriters"], g.schema).Scan(&writers); qerr != nil {
+		writers = "unknown (" + qerr.Error() + ")"
+	}
+	r.cfg.Logger.WarnContext(ctx, "annals: blue/green: a generation's row is refused and skipped (nothing is started from it); the other generations run",
+		slog.String("projection", name), slog.Int("generation", gen.Generation), slog.Int("version", gen.Version),
+		slog.String("state", string(gen.State)), slog.String("schema", gen.Schema), slog.String("subscriber", gen.Subscriber),
+		slog.String("created_by", gen.CreatedBy), slog.String("why", err.Error()),
+		slog.String("written_by_one_of", writers+" (roles that may insert or update read_model_generations, and their members; superusers)"))
+}
+
+// runnable returns, with their subscriptions and in generation order, the
+// generations of gens of reg's version (live or building) that this runner
+// may run. A refused row (refusedGeneration) is left out and passed to
+// skipped, unless it is the live generation's, or no generation of the
+// version is left to run: then its refusal is returned (the read model
+// cannot run here).
+func (r *Runner) runnable(ctx context.Context, reg *registration, g *generations, gens []Generation, skipped func(Generation, error)) ([]Generation, [][]*catchup.Subscription, error) {
+	var (
+		out     []Generation
+		subs    [][]*catchup.Subscription
+		refused error
+	)
+	for _, gen := range gens {
+		if gen.Version != reg.bg.cfg.Version || (gen.State != GenerationBuilding && gen.State != GenerationLive) {
+			continue
+		}
+		s, err := r.generationSubs(ctx, reg, g, gen, nil)
+		if refusedGeneration(err) {
+			if gen.State == GenerationLive {
+				return nil, nil, err
+			}
+			if refused == nil {
+				refused = err
+			}
+			if skipped != nil {
+				skipped(gen, err)
+			}
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		out, subs = append(out, gen), append(subs, s)
+	}
+	if len(out) == 0 && refused != nil {
+		return nil, nil, refused
+	}
+	return out, subs, nil
+}
+
 // logWait logs that the cut-over of gen waits for its dead letters w: at
 // once, when their number changes, and every minute.
 func (s *blueGreenService) logWait(ctx context.Context, name string, gen Generation, w deadLetterWait, pos, livePos int64) {
@@ -318,15 +429,12 @@ func (r *Runner) catchUpBlueGreen(ctx context.Context, engine *catchup.Engine, h
 		if err != nil {
 			return err
 		}
-		for _, gen := range gens {
-			if gen.Version != reg.bg.cfg.Version || (gen.State != GenerationBuilding && gen.State != GenerationLive) {
-				continue
-			}
-			subs, err := r.generationSubs(ctx, reg, g, gen, nil)
-			if err != nil {
-				return err
-			}
-			for _, s := range subs {
+		run, subs, err := r.runnable(ctx, reg, g, gens, func(gen Generation, err error) { r.warnRefused(ctx, g, reg.name, gen, err) })
+		if err != nil {
+			return err
+		}
+		for i, gen := range run {
+			for _, s := range subs[i] {
 				if err := r.catchUp(ctx, engine, s, head); err != nil {
 					return err
 				}
@@ -383,15 +491,15 @@ func (r *Runner) checkGenerationLayouts(ctx context.Context, engine *catchup.Eng
 	if err != nil {
 		return err
 	}
-	for _, gen := range gens {
-		if gen.Version != reg.bg.cfg.Version || (gen.State != GenerationBuilding && gen.State != GenerationLive) {
-			continue
-		}
-		subs, err := r.generationSubs(ctx, reg, g, gen, nil)
-		if err != nil {
-			return err
-		}
-		for _, sc := range subs {
+	// A refused row is skipped here (the runner's rounds and
+	// RunUntilCaughtUp log it), unless it is the live generation's or
+	// nothing of this version is left to run.
+	run, subs, err := r.runnable(ctx, reg, g, gens, nil)
+	if err != nil {
+		return err
+	}
+	for i, gen := range run {
+		for _, sc := range subs[i] {
 			if err := engine.CheckLayout(ctx, sc); err != nil {
 				return layoutAdvice(err, reg, gen)
 			}
