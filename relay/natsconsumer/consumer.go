@@ -1148,10 +1148,15 @@ func request(ctx context.Context) (context.Context, context.CancelFunc) {
 // unreachable adds to err, when the consumer's NATS connection is not
 // connected (the server down or restarting), a word saying so: the errors
 // of JetStream requests made meanwhile ("context deadline exceeded") do
-// not tell an outage from a slow server.
+// not tell an outage from a slow server. A fetch in flight when the server
+// stops ends with "server shutdown" while the connection may still read
+// connected: it is said to be the start of an outage too.
 func (c *Consumer) unreachable(err error) error {
 	if st := c.js.Conn().Status(); st != nats.CONNECTED {
 		return errors.Wrapf(err, "the NATS connection is %s (no NATS server answers)", st)
+	}
+	if errors.Is(err, jetstream.ErrServerShutdown) {
+		return errors.Wrap(err, "the NATS server shut down (the connection reconnects to a server that answers)")
 	}
 	return err
 }
