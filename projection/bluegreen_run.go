@@ -116,11 +116,45 @@ func (s *blueGreenService) Run(ctx context.Context) error {
 	r.mu.Unlock()
 	lastLog := map[string]time.Time{}
 	s.waits = map[string]loggedWait{}
+	// failing is, per projection whose rounds fail, the first failure's
+	// time, the error last warned of, and when: a failure that lasts (a
+	// grant taken away, a row the rounds refuse) is a WARN at most once a
+	// minute while its error stays the same, not one every CheckInterval.
+	type failingRun struct {
+		since, warned time.Time
+		msg           string
+		rounds        int
+	}
+	failing := map[string]*failingRun{}
 	for {
 		for _, reg := range regs {
-			if err := s.check(ctx, engine, g, reg, runs, lastLog); err != nil && ctx.Err() == nil {
-				r.cfg.Logger.WarnContext(ctx, "annals: blue/green check failed", slog.String("projection", reg.name), telemetry.Err(err))
+			err := s.check(ctx, engine, g, reg, runs, lastLog)
+			if ctx.Err() != nil {
+				break
 			}
+			f := failing[reg.name]
+			if err == nil {
+				if f != nil {
+					delete(failing, reg.name)
+					r.cfg.Logger.InfoContext(ctx, "annals: blue/green checks work again", slog.String("projection", reg.name),
+						slog.Int("failed_rounds", f.rounds), slog.Duration("failed_for", time.Since(f.since).Round(time.Millisecond)))
+				}
+				continue
+			}
+			now := time.Now()
+			if f == nil {
+				f = &failingRun{since: now}
+				failing[reg.name] = f
+			}
+			f.rounds++
+			if msg := err.Error(); msg != f.msg || now.Sub(f.warned) >= bgCheckWarnEvery {
+				f.msg, f.warned = msg, now
+				r.cfg.Logger.WarnContext(ctx, "annals: blue/green check failed", slog.String("projection", reg.name),
+					slog.Int("failed_rounds", f.rounds), slog.Duration("failing_for", now.Sub(f.since).Round(time.Millisecond)), telemetry.Err(err))
+				continue
+			}
+			r.cfg.Logger.DebugContext(ctx, "annals: blue/green check failed (the same failure was warned of within the minute)",
+				slog.String("projection", reg.name), slog.Int("failed_rounds", f.rounds), telemetry.Err(err))
 		}
 		t := time.NewTimer(interval)
 		select {
@@ -131,6 +165,10 @@ func (s *blueGreenService) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// bgCheckWarnEvery is how often a blue/green round that keeps failing the
+// same way is logged at WARN (the rounds between log at DEBUG).
+const bgCheckWarnEvery = time.Minute
 
 // check does one round for one projection.
 func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g *generations, reg *registration, runs map[string]*running, lastLog map[string]time.Time) error {
