@@ -1513,16 +1513,28 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 
 // wentLive reports whether generation gen of name is live, read on a
 // connection of its own (ctx may have ended): after a cut-over that failed,
-// whether it committed all the same.
+// whether it committed all the same. It reads under the generations' lock,
+// which the cut-over's transaction holds until it ends on the server: the
+// client sees its connection cut before the server has run the COMMIT sent
+// on it, and a read without the lock could find the state from before it
+// (TestBlueGreenCutoverCommitLost failed so, now and then).
 func (rb *rebuild) wentLive(ctx context.Context, g *generations, name string, gen Generation) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	gens, err := g.list(ctx, rb.r.pool, name)
-	if err != nil {
-		return false
-	}
-	x, ok := generationOf(gens, gen.Subscriber)
-	return ok && x.State == GenerationLive
+	var live bool
+	err := pgx.BeginTxFunc(ctx, rb.r.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if err := g.lock(ctx, tx, name); err != nil {
+			return err
+		}
+		gens, err := g.list(ctx, tx, name)
+		if err != nil {
+			return err
+		}
+		x, ok := generationOf(gens, gen.Subscriber)
+		live = ok && x.State == GenerationLive
+		return nil
+	})
+	return err == nil && live
 }
 
 // settle replays every partition of generation gen through head and,

@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +22,11 @@ import (
 type cutOnCommitAfter struct {
 	match string
 	armed atomic.Bool
+	// freeze, when set, stops the connection's backend (SIGSTOP) before
+	// the COMMIT is sent and lets it go on that much later: the client sees
+	// its connection cut while the server has not run the COMMIT yet.
+	freeze time.Duration
+	froze  atomic.Bool
 }
 
 func (c *cutOnCommitAfter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
@@ -30,6 +36,13 @@ func (c *cutOnCommitAfter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ p
 func (c *cutOnCommitAfter) TraceQueryEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceQueryEndData) {
 	if d.Err == nil && strings.Contains(d.CommandTag.String(), "UPDATE") && conn != nil {
 		if cc, ok := conn.PgConn().Conn().(*annalstest.CutConn); ok && c.armed.CompareAndSwap(false, true) {
+			if c.freeze > 0 {
+				pid := int(conn.PgConn().PID())
+				if err := syscall.Kill(pid, syscall.SIGSTOP); err == nil {
+					c.froze.Store(true)
+					time.AfterFunc(c.freeze, func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+				}
+			}
 			cc.CutAfter(annalstest.HasCommit)
 		}
 	}
@@ -42,6 +55,22 @@ func (c *cutOnCommitAfter) TraceQueryEnd(_ context.Context, conn *pgx.Conn, d pg
 // it again, and so build a generation 3 of the same version (after which a
 // rollback goes to generation 2, not to version 1).
 func TestBlueGreenCutoverCommitLost(t *testing.T) {
+	cutoverCommitLost(t, 0)
+}
+
+// TestBlueGreenCutoverCommitLostBeforeTheServerCommits: the same, with the
+// server running the COMMIT only after the client has seen its connection
+// cut (its backend stopped for half a second), as a loaded machine does now
+// and then: RebuildBlueGreen read the generation's state at once, found it
+// building, and failed with "conn closed" (make test failed so once); it
+// reads it under the generations' lock, which the cut-over's transaction
+// holds until it ends on the server. The backend is the test cluster's,
+// on this machine (as the crash tests stop PostgreSQL's processes).
+func TestBlueGreenCutoverCommitLostBeforeTheServerCommits(t *testing.T) {
+	cutoverCommitLost(t, 500*time.Millisecond)
+}
+
+func cutoverCommitLost(t *testing.T, freeze time.Duration) {
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}
@@ -73,11 +102,14 @@ func TestBlueGreenCutoverCommitLost(t *testing.T) {
 	if err := r.Register(statsProjection(2), &projection.Options{BlueGreen: &projection.BlueGreen{Version: 2}}); err != nil {
 		t.Fatal(err)
 	}
-	tracer.cut = &cutOnCommitAfter{}
+	tracer.cut = &cutOnCommitAfter{freeze: freeze}
 	c, err := r.RebuildBlueGreen(ctx, bgName, nil)
 	t.Logf("RebuildBlueGreen: %+v, %v", c, err)
 	if !tracer.cut.armed.Load() {
 		t.Fatal("the cut-over's commit was not cut")
+	}
+	if freeze > 0 && !tracer.cut.froze.Load() {
+		t.Fatal("the cut-over's backend was not stopped (SIGSTOP): is the test cluster on this machine?")
 	}
 	if s := state(t, db, 2); s != projection.GenerationLive {
 		t.Fatalf("generation 2 is %s: the commit was lost?", s)
