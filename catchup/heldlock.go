@@ -57,21 +57,32 @@ type heldHolder struct {
 
 // heldSeen is what one poll saw of the wanted partitions held by another
 // session; its zero value (Config.HolderWarnAfter unset) records nothing.
+// Its maps are made at the first record: a poll that finds nothing held
+// allocates nothing.
 type heldSeen struct {
+	on   bool
 	now  map[string]int32 // held now: the holder's pid (0: unknown)
 	keep map[string]bool  // not looked at in this poll: their run goes on
 }
 
-func (h heldSeen) held(k string, pid int32) {
-	if h.now != nil {
-		h.now[k] = pid
+func (h *heldSeen) held(k string, pid int32) {
+	if !h.on {
+		return
 	}
+	if h.now == nil {
+		h.now = map[string]int32{}
+	}
+	h.now[k] = pid
 }
 
-func (h heldSeen) keepRun(k string) {
-	if h.keep != nil {
-		h.keep[k] = true
+func (h *heldSeen) keepRun(k string) {
+	if !h.on {
+		return
 	}
+	if h.keep == nil {
+		h.keep = map[string]bool{}
+	}
+	h.keep[k] = true
 }
 
 // heldInfoKey is one INFO of heldInfos: the holder, why its runs cleared
@@ -135,8 +146,8 @@ func partitionAttrs(parts []int) []any {
 // continues the others, and looks at the holders of those held past
 // Config.HolderWarnAfter that have not been looked at for as long.
 func (s *sessions) watchHeld(ctx context.Context, sb *advisorylock.Standby, st state, hs heldSeen) {
-	if hs.now == nil {
-		return
+	if !hs.on || (len(hs.now) == 0 && len(s.heldBy) == 0 && len(s.heldWarned) == 0) {
+		return // nothing held, nothing to end
 	}
 	log := s.e.cfg.Logger
 	now := time.Now()

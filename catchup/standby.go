@@ -631,7 +631,7 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 	// of such polls goes on unobserved in this poll (see heldRun).
 	var hs heldSeen
 	if s.e.cfg.HolderWarnAfter > 0 {
-		hs = heldSeen{now: map[string]int32{}, keep: map[string]bool{}}
+		hs = heldSeen{on: true}
 	}
 	for _, k := range st.keys {
 		ws := st.byKey[k]
@@ -707,7 +707,7 @@ func (s *sessions) cycle(ctx context.Context, sb *advisorylock.Standby, st state
 	if err != nil {
 		return err
 	}
-	if hs.now != nil {
+	if hs.on {
 		// An unbalanced partition's lock that was not won is held by
 		// another session (which one, the check finds out).
 		got := make(map[int]bool, len(won))
