@@ -78,8 +78,23 @@ func (cp *CutPool) Of(ctx context.Context, tx pgx.Tx) (*CutConn, error) {
 // CutConn is a client connection of a CutPool.
 type CutConn struct {
 	net.Conn
-	after atomic.Pointer[func([]byte) bool]
-	cut   atomic.Bool
+	after  atomic.Pointer[func([]byte) bool]
+	before atomic.Pointer[beforeWrite]
+	cut    atomic.Bool
+}
+
+// beforeWrite is what BeforeNext arms.
+type beforeWrite struct {
+	match func([]byte) bool
+	fn    func()
+}
+
+// BeforeNext arms the connection to call fn once, right before the next
+// write whose bytes (whole frontend messages) match: a test stops the
+// connection's backend there (SIGSTOP), so that the server runs what the
+// write sends only later, after the client has seen the connection cut.
+func (c *CutConn) BeforeNext(match func(b []byte) bool, fn func()) {
+	c.before.Store(&beforeWrite{match: match, fn: fn})
 }
 
 // CutNow closes the connection at once.
@@ -95,8 +110,11 @@ func (c *CutConn) CutAfter(match func(b []byte) bool) { c.after.Store(&match) }
 // Cut reports whether the connection was cut.
 func (c *CutConn) Cut() bool { return c.cut.Load() }
 
-// Write writes b, then closes the connection if it is armed and b matches.
+// Write writes b (after what BeforeNext armed, if b matches), then closes the connection if it is armed and b matches.
 func (c *CutConn) Write(b []byte) (int, error) {
+	if w := c.before.Load(); w != nil && w.match(b) && c.before.CompareAndSwap(w, nil) {
+		w.fn()
+	}
 	n, err := c.Conn.Write(b)
 	if m := c.after.Load(); err == nil && m != nil && (*m)(b) && c.after.CompareAndSwap(m, nil) {
 		c.CutNow()

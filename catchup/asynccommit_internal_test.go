@@ -158,13 +158,6 @@ func TestCommitFencedHeldNeedsTheLockHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	k1, k2 := lockkey.Pair(LockKey("annals", "held", 0))
-	commit := func(epoch, pos int64) error {
-		t.Helper()
-		return pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, e.q["CommitFencedHeld"], "held", 0, epoch, pos, k1, k2)
-			return err
-		})
-	}
 	position := func() (p int64) {
 		t.Helper()
 		if err := db.Pool.QueryRow(ctx, `SELECT position FROM annals.checkpoints WHERE subscriber_id = 'held'`).Scan(&p); err != nil {
@@ -172,8 +165,20 @@ func TestCommitFencedHeldNeedsTheLockHeld(t *testing.T) {
 		}
 		return p
 	}
+	// known: where the leader knows the checkpoint (10, unless said).
+	commitFrom := func(epoch, known, pos int64) error {
+		t.Helper()
+		return pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, e.q["CommitFencedHeld"], "held", 0, epoch, pos, k1, k2, known)
+			return err
+		})
+	}
+	commit := func(epoch, pos int64) error { return commitFrom(epoch, position(), pos) }
 	if err := commit(7, 20); err == nil || !strings.Contains(err.Error(), "checkpoint fenced") {
 		t.Fatalf("commit with the lock free: %v, want fenced", err)
+	}
+	if err := commitFrom(7, 5, 20); err == nil || !strings.Contains(err.Error(), "checkpoint fenced") {
+		t.Fatalf("commit with the lock free, the checkpoint past where the leader knows it: %v, want fenced", err)
 	}
 	holder, err := db.Pool.Acquire(ctx)
 	if err != nil {
@@ -189,6 +194,11 @@ func TestCommitFencedHeldNeedsTheLockHeld(t *testing.T) {
 	}
 	if p := position(); p != 30 {
 		t.Fatalf("position %d, want 30", p)
+	}
+	// A commit of this leader's whose answer was lost landed (the
+	// checkpoint is at 30, the leader knows it at 10): moved, not fenced.
+	if err := commitFrom(7, 10, 35); err == nil || !strings.Contains(err.Error(), "checkpoint moved past 10") {
+		t.Fatalf("commit with the checkpoint past where the leader knows it: %v, want moved", err)
 	}
 	if err := commit(6, 40); err == nil || !strings.Contains(err.Error(), "checkpoint fenced") {
 		t.Fatalf("commit with an old epoch: %v, want fenced", err)
@@ -215,5 +225,22 @@ func TestCommitFencedHeldNeedsTheLockHeld(t *testing.T) {
 	}
 	if p := position(); p != 30 {
 		t.Fatalf("position %d after the fenced CommitConn, want 30", p)
+	}
+	// In the epoch, with the checkpoint past where the lease knows it:
+	// checkpoint.ErrMoved, rolled back the same way.
+	lease.Epoch = 7
+	lease.known.Store(10)
+	if err := lease.CommitConn(ctx, conn.Conn(), true, 50); !errors.Is(err, checkpoint.ErrMoved) || errors.Is(err, checkpoint.ErrFenced) {
+		t.Fatalf("CommitConn with the checkpoint moved past what the lease knows: %v, want checkpoint.ErrMoved", err)
+	}
+	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
+		t.Fatalf("after a moved CommitConn with begin the connection's transaction status is %q, want idle", st)
+	}
+	lease.known.Store(30)
+	if err := lease.CommitConn(ctx, conn.Conn(), true, 50); err != nil {
+		t.Fatalf("CommitConn knowing the checkpoint: %v", err)
+	}
+	if p := position(); p != 50 || lease.known.Load() != 50 {
+		t.Fatalf("position %d, the lease knows %d; want 50, 50", p, lease.known.Load())
 	}
 }

@@ -442,6 +442,25 @@
 // confused by it: a batch read ahead is used only once the cursor has
 // reached its start, and its header was read before that.
 //
+// The header alone is not enough: the server may run the lost COMMIT late
+// (the backend was descheduled, or the bytes sat in its socket), after the
+// engine has read the checkpoint unmoved and while it applies the same
+// events again on another connection. Both transactions carry the
+// leadership's epoch, so the epoch alone would let both commit. So every
+// fenced move also needs the checkpoint not to be past where the lease
+// knows it (CommitFenced's "position <= known": the cursor, which the
+// engine gives the lease before each call of the processor, raised by each
+// commit since; an observer's batched checkpoint may be behind it, never
+// past it). The two transactions serialize on the checkpoint's row: the
+// later move waits for the earlier one's row lock and, under READ
+// COMMITTED, re-checks the row as committed, finds it past known, and
+// fails, so its transaction rolls back (checkpoint.ErrMoved). The engine
+// then reads again at once, and the header has the checkpoint past the
+// cursor. If the new attempt commits first, the late COMMIT's move fails
+// the same way. TestCommitAfterALostCommitLanded makes the first case,
+// and projection's TestCommitAnswerLostBeforeTheServerCommits the second
+// (the backend stopped while the client sees its connection cut).
+//
 // Projections add the other half (package projection): a handler whose
 // transaction's connection failed under it is not blamed for it (no
 // attempt is counted, so an outage cannot dead-letter events); the batch

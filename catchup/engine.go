@@ -87,13 +87,32 @@ type Lease struct {
 	behind bool
 	// CommitFencedHeld
 	commitHeldSQL string
+	// known is where this leadership knows the checkpoint (at it, or past
+	// it for batched observer checkpoints): the cursor, set by the engine
+	// before each call of the processor, and each move committed since. A
+	// commit fails with checkpoint.ErrMoved when the stored checkpoint is
+	// past it: one of this leadership's commits reported as failed landed.
+	known atomic.Int64
+}
+
+// moved records that the lease's checkpoint was moved to position.
+func (l *Lease) moved(position int64) {
+	for {
+		k := l.known.Load()
+		if position <= k || l.known.CompareAndSwap(k, position) {
+			return
+		}
+	}
 }
 
 // CommitTx writes the checkpoint at position in tx, fenced by the lease's
 // epoch, and commits tx, in one round trip (the fenced update and COMMIT
 // pipelined). On success tx is committed and must not be used again (not
 // even rolled back); on failure it is not, and the caller rolls it back. A
-// fenced lease gets checkpoint.ErrFenced and nothing is committed.
+// fenced lease gets checkpoint.ErrFenced and nothing is committed; so does
+// a commit that finds the checkpoint past where the lease knows it
+// (checkpoint.ErrMoved: an earlier commit of the lease's, reported as
+// failed, landed since; the engine goes on from the checkpoint).
 // Ephemeral leases only commit tx.
 func (l *Lease) CommitTx(ctx context.Context, tx pgx.Tx, position int64) error {
 	if l.Ephemeral() {
@@ -118,9 +137,9 @@ func (l *Lease) CommitConn(ctx context.Context, conn *pgx.Conn, begin bool, posi
 	switch {
 	case l.shared != nil:
 		k1, k2 := lockkey.Pair(l.shared.key)
-		b.Queue(l.commitHeldSQL, l.Subscriber, l.Partition, l.Epoch, position, k1, k2)
+		b.Queue(l.commitHeldSQL, l.Subscriber, l.Partition, l.Epoch, position, k1, k2, l.known.Load())
 	case !l.Ephemeral():
-		b.Queue(l.commitSQL, l.Subscriber, l.Partition, l.Epoch, position)
+		b.Queue(l.commitSQL, l.Subscriber, l.Partition, l.Epoch, position, l.known.Load())
 	}
 	if l.behind && l.asyncSQL != "" {
 		b.Queue(l.asyncSQL)
@@ -161,6 +180,12 @@ func (l *Lease) CommitConn(ctx context.Context, conn *pgx.Conn, begin bool, posi
 	}
 	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "annals: checkpoint fenced") {
 		return errors.Wrapf(checkpoint.ErrFenced, "commit %s/%d at epoch %d", l.Subscriber, l.Partition, l.Epoch)
+	}
+	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "annals: checkpoint moved past") {
+		return errors.Wrapf(checkpoint.ErrMoved, "commit %s/%d at %d: the checkpoint is past %d", l.Subscriber, l.Partition, position, l.known.Load())
+	}
+	if err == nil {
+		l.moved(position)
 	}
 	return errors.Wrapf(err, "catchup: commit %s/%d at %d", l.Subscriber, l.Partition, position)
 }
@@ -285,12 +310,21 @@ func (l *Lease) Handover() <-chan struct{} {
 
 // Commit writes the checkpoint at position on db (the lock's connection or a
 // transaction on it), fenced by the lease's epoch: checkpoint.ErrFenced when
-// another leader has claimed the partition since. No-op when ephemeral.
+// another leader has claimed the partition since, checkpoint.ErrMoved when
+// the checkpoint is past where the lease knows it (see CommitTx). No-op when
+// ephemeral.
 func (l *Lease) Commit(ctx context.Context, db checkpoint.DB, position int64) error {
 	if l.Ephemeral() {
 		return nil
 	}
-	return l.checkpoints.Commit(ctx, db, l.Subscriber, l.Partition, l.Epoch, position)
+	err := l.checkpoints.CommitFrom(ctx, db, l.Subscriber, l.Partition, l.Epoch, l.known.Load(), position)
+	if err == nil {
+		// In a transaction that may yet fail to commit: then the batch
+		// fails, and the engine sets known to its cursor again before it
+		// retries.
+		l.moved(position)
+	}
+	return err
 }
 
 // Processor handles the batches of one subscription.
@@ -885,6 +919,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		batchSize = 500
 	}
 	cursor := lease.Start
+	lease.known.Store(cursor)
 	// Reading ahead (see the package doc): pending are batches read
 	// ahead, in order; next is a read ahead in flight, which is always
 	// waited for before lead returns.
@@ -911,6 +946,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		// IdleDeadliner): 1 ms waits would each be followed by a read.
 		floor := time.Millisecond
 		called := time.Now()
+		lease.known.Store(cursor)
 		if err := sub.Processor.Idle(procCtx, lease); err != nil {
 			if isFatal(err) {
 				return err
@@ -1067,6 +1103,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 				}
 			}
 			redelivered = 0
+			lease.known.Store(cursor)
 			if err := sub.Processor.Redeliver(procCtx, lease); err != nil {
 				if isFatal(err) {
 					return err
@@ -1143,6 +1180,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		lease.changed = false
 		lease.behind = !sub.SyncCommits && batch.Through < min(batch.Head, target)
 		started := time.Now()
+		lease.known.Store(cursor)
 		done, err := sub.Processor.Process(procCtx, lease, batch)
 		slowest = max(slowest*7/8, time.Since(started)) // decays over a few quick batches
 		lease.behind = false
@@ -1170,6 +1208,16 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		if err != nil {
 			if isFatal(err) {
 				return err
+			}
+			if errors.Is(err, checkpoint.ErrMoved) {
+				// A commit of this leadership's that was reported as
+				// failed has landed, and nothing of this batch committed:
+				// read again at once, and go on from the checkpoint (the
+				// read's header has it past the cursor).
+				e.cfg.Logger.DebugContext(ctx, "annals: the checkpoint moved past the batch's start; reading again",
+					slog.String("subscriber", sub.Name), slog.Int("partition", sub.Partition),
+					slog.Int64("after", cursor), telemetry.Err(err))
+				continue
 			}
 			e.cfg.Logger.WarnContext(ctx, "annals: batch failed; retrying",
 				slog.String("subscriber", sub.Name), slog.Int("partition", sub.Partition),

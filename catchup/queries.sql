@@ -67,18 +67,29 @@ UNION ALL
 -- name: CommitFenced
 -- A projection batch's fenced checkpoint move, sent in one round trip with
 -- the transaction's COMMIT (Lease.CommitTx): $1 subscriber, $2 partition,
--- $3 epoch, $4 position. Pipelined, the COMMIT runs unless this statement
--- fails, so a fenced move (no row with this epoch) must fail rather than
--- change nothing: the cast of a message to int raises it (the message sits
--- in a subquery, so that the planner cannot fold it into an error at plan
--- time), and the client reports checkpoint.ErrFenced.
+-- $3 epoch, $4 position, $5 where the leader knows the checkpoint (the
+-- cursor its batch started from, or its last commit since). Pipelined, the
+-- COMMIT runs unless this statement fails, so a move that is fenced (no row
+-- with this epoch) or that finds the checkpoint past $5 (a commit of this
+-- leader's whose answer was lost has landed since: see "Commits whose
+-- outcome is unknown" in the package doc) must fail rather than change
+-- nothing: the cast of a message to int raises it (the message sits in a
+-- subquery, so that the planner cannot fold it into an error at plan time),
+-- and the client reports checkpoint.ErrFenced or checkpoint.ErrMoved. The
+-- message says moved when the row, as this statement's snapshot shows it,
+-- still has the epoch: the update may have waited for the landing commit
+-- (the row's lock) and seen its position, which the snapshot predates. A
+-- new leader's claim taken for a move is caught by the next read's epoch.
 WITH moved AS (
     UPDATE {{.Schema}}.checkpoints
        SET position = greatest(position, $4), updated_at = clock_timestamp()
-     WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3
+     WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3 AND position <= $5
     RETURNING position)
 SELECT CASE WHEN (SELECT count(*) FROM moved) = 1 THEN 1
-            ELSE ('annals: checkpoint fenced, rows moved: ' || (SELECT count(*) FROM moved))::int END;
+            ELSE ('annals: checkpoint '
+                  || coalesce((SELECT 'moved past ' || $5 FROM {{.Schema}}.checkpoints c
+                                WHERE c.subscriber_id = $1 AND c.partition = $2 AND c.epoch = $3), 'fenced')
+                  || ', rows moved: ' || (SELECT count(*) FROM moved))::int END;
 
 -- name: Head
 SELECT greatest((SELECT coalesce(max(global_sequence), 0) FROM {{.Schema}}.events),
@@ -190,8 +201,10 @@ SELECT k.i, h.pid, heartbeat_leader.instance_id, c.owner,
 -- free, and then the statement fails and its transaction rolls back,
 -- giving the shared lock back at once. It costs a lock-table probe where
 -- reading pg_locks (which copies the whole lock table) cost about 0.1 ms of
--- server CPU per batch.
--- When nothing moved, its error names the server session it ran on: on the
+-- server CPU per batch. $7 is CommitFenced's $5: where the leader knows
+-- the checkpoint; the move fails as moved when the row still has the epoch
+-- and the lock is held.
+-- When fenced, its error names the server session it ran on: on the
 -- one that holds the lock (a pooler in transaction mode ran the batch on
 -- the lock session's server session, where the shared try succeeds
 -- although the lock is held), no commit through that pooler can succeed,
@@ -203,8 +216,13 @@ WITH moved AS (
        SET position = greatest(position, $4), updated_at = clock_timestamp()
      WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3
        AND NOT pg_try_advisory_xact_lock_shared($5::int4, $6::int4)
+       AND position <= $7
     RETURNING position)
 SELECT CASE WHEN (SELECT count(*) FROM moved) = 1 THEN 1
+            WHEN EXISTS (SELECT FROM {{.Schema}}.checkpoints c
+                          WHERE c.subscriber_id = $1 AND c.partition = $2 AND c.epoch = $3)
+                 AND NOT pg_try_advisory_xact_lock_shared($5::int4, $6::int4)
+            THEN ('annals: checkpoint moved past ' || $7 || ', rows moved: ' || (SELECT count(*) FROM moved))::int
             ELSE ('annals: checkpoint fenced, rows moved: ' || (SELECT count(*) FROM moved)
                   || ', server session ' || pg_catalog.pg_backend_pid())::int END;
 

@@ -5,6 +5,7 @@ import (
 	"crypto/md5"
 	_ "embed"
 	"encoding/hex"
+	"math"
 	"strconv"
 	"time"
 
@@ -23,6 +24,13 @@ var (
 	// ErrFenced is returned by Commit when another leader has claimed the
 	// subscriber partition since this one did (the epoch moved on).
 	ErrFenced = errors.New("checkpoint: fenced off: another leader has claimed this subscriber partition")
+	// ErrMoved is returned by CommitFrom when the checkpoint is already past
+	// the position its leader knows it at, in the leader's own epoch: a
+	// commit of the leader's whose answer was lost (its connection failed
+	// after the COMMIT was sent) has landed since. Nothing is committed;
+	// the leader goes on from the stored checkpoint, and applying its
+	// events again would apply them twice.
+	ErrMoved = errors.New("checkpoint: moved past the position this leader knows: an earlier commit of its own, reported as failed, landed")
 	// ErrNotFound is returned by Load and Move for a subscriber partition
 	// with no checkpoint.
 	ErrNotFound = errors.New("checkpoint: not found")
@@ -138,7 +146,19 @@ func (s *Store) Load(ctx context.Context, db DB, sub string, part int) (Checkpoi
 
 // Commit moves the checkpoint to position if epoch is still the partition's
 // epoch; otherwise it fails with ErrFenced. It never moves it backwards.
+// A leader that may retry a commit whose answer it lost uses CommitFrom.
 func (s *Store) Commit(ctx context.Context, db DB, sub string, part int, epoch, position int64) error {
+	return s.CommitFrom(ctx, db, sub, part, epoch, math.MaxInt64, position)
+}
+
+// CommitFrom is Commit for a leader that knows the checkpoint at from (or
+// behind it): it also fails, with ErrMoved, when the checkpoint is past
+// from. A commit whose answer was lost may still land on the server after
+// its leader has read the checkpoint again and applied the same events
+// once more on another connection; both transactions pass the epoch fence,
+// but only the first one to move the checkpoint past from commits (they
+// serialize on the checkpoint's row). It never moves it backwards.
+func (s *Store) CommitFrom(ctx context.Context, db DB, sub string, part int, epoch, from, position int64) error {
 	if err := validate(sub, part); err != nil {
 		return err
 	}
@@ -146,8 +166,14 @@ func (s *Store) Commit(ctx context.Context, db DB, sub string, part int, epoch, 
 		return errors.Wrapf(ErrInvalid, "position %d is negative", position)
 	}
 	var got int64
-	err := db.QueryRow(ctx, s.q["Commit"], sub, part, epoch, position).Scan(&got)
+	err := db.QueryRow(ctx, s.q["Commit"], sub, part, epoch, position, from).Scan(&got)
 	if errors.Is(err, pgx.ErrNoRows) {
+		// Which fence it was: read the row (the update changed nothing, so
+		// the transaction, if any, is still usable). A read that fails says
+		// fenced, which ends the leadership: safe either way.
+		if c, lerr := s.Load(ctx, db, sub, part); lerr == nil && c.Epoch == epoch && c.Position > from {
+			return errors.Wrapf(ErrMoved, "commit %s/%d at %d: the checkpoint is at %d, past %d", sub, part, position, c.Position, from)
+		}
 		return errors.Wrapf(ErrFenced, "commit %s/%d at epoch %d", sub, part, epoch)
 	}
 	return errors.Wrapf(err, "checkpoint: commit %s/%d", sub, part)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/annalstest"
@@ -70,4 +71,61 @@ func TestFenceAnnounced(t *testing.T) {
 	if checkpoint.FencePayload(sub, 3) == checkpoint.FencePayload(sub, 4) {
 		t.Fatal("two partitions have the same payload")
 	}
+}
+
+// CommitFrom moves the checkpoint only while it is not past where the
+// leader knows it: past it in the leader's epoch is checkpoint.ErrMoved (a
+// commit of the leader's whose answer was lost landed), another epoch is
+// checkpoint.ErrFenced; neither moves anything. Commit knows no position.
+func TestCommitFrom(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := annalstest.NewDB(t, nil)
+	s, err := checkpoint.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Claim(ctx, db.Pool, "from", 0, "me")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := func(want int64) {
+		t.Helper()
+		got, err := s.Load(ctx, db.Pool, "from", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Position != want {
+			t.Fatalf("checkpoint at %d, want %d", got.Position, want)
+		}
+	}
+	if err := s.CommitFrom(ctx, db.Pool, "from", 0, c.Epoch, 0, 5); err != nil {
+		t.Fatal(err)
+	}
+	at(5)
+	if err := s.CommitFrom(ctx, db.Pool, "from", 0, c.Epoch, 0, 5); !errors.Is(err, checkpoint.ErrMoved) {
+		t.Fatalf("the same commit again from 0: %v, want ErrMoved", err)
+	}
+	if err := s.CommitFrom(ctx, db.Pool, "from", 0, c.Epoch, 3, 9); !errors.Is(err, checkpoint.ErrMoved) {
+		t.Fatalf("a commit from 3 with the checkpoint at 5: %v, want ErrMoved", err)
+	}
+	at(5)
+	if err := s.CommitFrom(ctx, db.Pool, "from", 0, c.Epoch, 7, 9); err != nil {
+		t.Fatalf("a commit from 7 with the checkpoint at 5 (behind, as an observer's batched write): %v", err)
+	}
+	at(9)
+	if err := s.Commit(ctx, db.Pool, "from", 0, c.Epoch, 8); err != nil {
+		t.Fatalf("Commit behind the checkpoint: %v", err)
+	}
+	at(9)
+	if _, err := s.Set(ctx, db.Pool, "from", 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CommitFrom(ctx, db.Pool, "from", 0, c.Epoch, 9, 12); !errors.Is(err, checkpoint.ErrFenced) {
+		t.Fatalf("a commit after the epoch moved: %v, want ErrFenced", err)
+	}
+	if err := s.CommitFrom(ctx, db.Pool, "from", 0, c.Epoch, 0, 12); !errors.Is(err, checkpoint.ErrFenced) {
+		t.Fatalf("a commit after the epoch moved, the checkpoint past from: %v, want ErrFenced", err)
+	}
+	at(2)
 }

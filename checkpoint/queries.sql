@@ -13,9 +13,11 @@ SELECT position, epoch, owner, updated_at
  WHERE subscriber_id = $1 AND partition = $2;
 
 -- name: Commit
+-- $3 the leader's epoch, $4 the new position, $5 where the leader knows the
+-- checkpoint (CommitFrom): no row when fenced or moved past $5.
 UPDATE {{.Schema}}.checkpoints
    SET position = greatest(position, $4), updated_at = clock_timestamp()
- WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3
+ WHERE subscriber_id = $1 AND partition = $2 AND epoch = $3 AND position <= $5
 RETURNING position;
 
 -- name: Set
