@@ -903,6 +903,7 @@ func (e *Engine) lead(ctx, procCtx context.Context, sub *Subscription, lease *Le
 		}
 	}
 	lease.stopping = ctx.Done()
+	lease.known.Store(lease.Start)
 	if err := sub.Processor.Start(procCtx, lease); err != nil {
 		return errors.Wrap(err, "catchup: start processor")
 	}
