@@ -13,7 +13,7 @@ TEST_FLAGS  ?= -race -count=1 -timeout 30m
 BENCH_FLAGS ?=
 PEERS_FLAGS ?=
 
-.PHONY: all test vet demo demo-build demo-steps demo-next dev bench bench-peers bench-appendcost postgres build fmt
+.PHONY: all test vet demo demo-build demo-steps demo-next dev bench bench-peers bench-appendcost soak postgres build fmt
 
 all: build
 
@@ -120,6 +120,24 @@ ifdef DATABASE_URL
 else
 	@$(MAKE) --no-print-directory postgres
 	$(ANNALS) dev -- sh -c '$(ANNALS) bench --json bench-results/bench.json $(BENCH_FLAGS) && $(GO) test -run "^$$" -bench . -benchtime 200x ./deadletter/'
+endif
+
+# soak: the adversarial tests (chaos, killed leaders and connections,
+# crashes and restarts, commits whose answer is lost, concurrent writers)
+# SOAK_COUNT times each, to find what one make test run hits rarely (a
+# race that shows once in many runs). Each chaos test logs its seed. About
+# 10 minutes per round on 2 cores; SOAK_TESTS narrows it, e.g.
+# make soak SOAK_TESTS=LifecycleChaos SOAK_COUNT=50.
+SOAK_COUNT ?= 5
+SOAK_TESTS ?= Chaos|Kill|Crash|Restart|CommitAnswerLost|CommitAfterALostCommitLanded|CutoverCommitLost|ExactlyOnce|Concurrent|Fencing|ConnectionCut
+SOAK_FLAGS ?= -race -timeout 0 -failfast
+
+soak:
+ifdef ANNALS_TEST_DATABASE_URL
+	$(GO) test $(SOAK_FLAGS) -count=$(SOAK_COUNT) -run '$(SOAK_TESTS)' ./...
+else
+	@$(MAKE) --no-print-directory postgres
+	$(ANNALS) dev --fsync=false -- sh -c '$(GO) test $(SOAK_FLAGS) -count=$(SOAK_COUNT) -run "$(SOAK_TESTS)" ./...'
 endif
 
 # bench-peers: annals beside raw INSERTs and watermill-sql v4 (bench/peers, a
