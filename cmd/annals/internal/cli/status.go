@@ -429,13 +429,17 @@ func writeStatusTable(w io.Writer, st *StatusJSON) error {
 		fmt.Fprintf(&b, "No subscribers yet: no checkpoints in schema %q (head of the log: %d).\n", st.Schema, st.Head)
 	} else {
 		var tbl textTable
-		tbl.add("SUBSCRIBER", "PARTITION", "POSITION", "HEAD", "LAG", "LAG TIME", "EPOCH", "LEADER")
+		tbl.add("SUBSCRIBER", "PARTITION", "KIND", "POSITION", "HEAD", "LAG", "LAG TIME", "EPOCH", "LEADER")
 		for _, s := range st.Subscribers {
 			lag := strconv.FormatInt(s.LagEvents, 10)
 			if !s.LagEventsExact {
 				lag = "~" + lag
 			}
-			tbl.add(textCell(s.Subscriber), strconv.Itoa(s.Partition), strconv.FormatInt(s.Position, 10), strconv.FormatInt(s.Head, 10),
+			kind := "-"
+			if s.Kind != nil {
+				kind = textCell(*s.Kind)
+			}
+			tbl.add(textCell(s.Subscriber), strconv.Itoa(s.Partition), kind, strconv.FormatInt(s.Position, 10), strconv.FormatInt(s.Head, 10),
 				lag, formatSeconds(s.LagSeconds), strconv.FormatInt(s.Epoch, 10), textCell(leaderText(s)))
 		}
 		_ = tbl.write(&b)

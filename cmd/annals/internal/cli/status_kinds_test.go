@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/annals-dev/annals/annalstest"
@@ -47,6 +48,20 @@ func TestStatusShowsSubscriberKinds(t *testing.T) {
 	got := kinds()
 	if k := got["mailer"]; k == nil || *k != "observer" {
 		t.Errorf("mailer's kind: %v; want observer", k)
+	}
+	// The text has a KIND column: the kind, or - when unknown.
+	text := annals(t, db.URL, "status")
+	if text.code != 0 {
+		t.Fatalf("status: %+v", text)
+	}
+	kindCol := map[string]string{}
+	for _, line := range strings.Split(text.stdout, "\n") {
+		if f := strings.Fields(line); len(f) >= 3 && (f[0] == "SUBSCRIBER" || f[0] == "mailer" || f[0] == "old") {
+			kindCol[f[0]] = f[2]
+		}
+	}
+	if kindCol["SUBSCRIBER"] != "KIND" || kindCol["mailer"] != "observer" || kindCol["old"] != "-" {
+		t.Errorf("status text's third column: %v; want KIND, observer for mailer, - for old:\n%s", kindCol, text.stdout)
 	}
 	if k, ok := got["old"]; !ok || k != nil {
 		t.Errorf("old's kind: %v (listed %v); want null", k, ok)

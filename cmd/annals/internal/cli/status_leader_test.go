@@ -63,7 +63,7 @@ func TestStatusLeaderAfterKills(t *testing.T) {
 		st := statusJSON(t, db.URL)
 		for _, s := range st.Subscribers {
 			cells := strings.Fields(tableLine(t, r.stdout, s.Subscriber, strconv.Itoa(s.Partition)))
-			cell := strings.Join(cells[7:], " ")
+			cell := strings.Join(cells[8:], " ")
 			if (s.Leader == nil && !strings.HasPrefix(cell, "(")) || (s.Leader != nil && !strings.HasPrefix(cell, *s.Leader+" ") && cell != *s.Leader) {
 				t.Errorf("%s/%d: LEADER %q, JSON leader %v", s.Subscriber, s.Partition, cell, deref(s.Leader))
 			}

@@ -116,13 +116,13 @@ func TestStatus(t *testing.T) {
 		if r.code != 0 {
 			t.Fatalf("status: %+v", r)
 		}
-		if l := tableLine(t, r.stdout, "projector", "0"); l != "projector 0 0 6 5 1h0m0s 3 inst-live" {
+		if l := tableLine(t, r.stdout, "projector", "0"); l != "projector 0 - 0 6 5 1h0m0s 3 inst-live" {
 			t.Errorf("projector/0: %q", l)
 		}
-		if l := tableLine(t, r.stdout, "projector", "1"); l != "projector 1 6 6 0 0s 2 inst-live" {
+		if l := tableLine(t, r.stdout, "projector", "1"); l != "projector 1 - 6 6 0 0s 2 inst-live" {
 			t.Errorf("projector/1: %q", l)
 		}
-		if l := tableLine(t, r.stdout, "mailer", "0"); !strings.HasPrefix(l, "mailer 0 3 6 2 ") || !strings.HasSuffix(l, " 1 inst-stale (no live leader)") {
+		if l := tableLine(t, r.stdout, "mailer", "0"); !strings.HasPrefix(l, "mailer 0 - 3 6 2 ") || !strings.HasSuffix(l, " 1 inst-stale (no live leader)") {
 			t.Errorf("mailer/0: %q", l)
 		}
 		if l := tableLine(t, r.stdout, "inst-live", "host-a", "101"); !strings.Contains(l, " live ") || !strings.HasSuffix(l, "projector/0, projector/1") {
@@ -210,7 +210,7 @@ func TestStatus(t *testing.T) {
 			t.Fatalf("checkpoint set: %+v", r)
 		}
 		r := annals(t, db.URL, "status")
-		if l := tableLine(t, r.stdout, "projector", "1"); l != "projector 1 6 6 0 0s 3 inst-live (at epoch 2)" {
+		if l := tableLine(t, r.stdout, "projector", "1"); l != "projector 1 - 6 6 0 0s 3 inst-live (at epoch 2)" {
 			t.Errorf("projector/1 after set: %q", l)
 		}
 	})

@@ -61,7 +61,7 @@ func TestStatusTableWide(t *testing.T) {
 	if len(subs) != 4 {
 		t.Fatalf("want the header and 3 subscribers:\n%s", out)
 	}
-	checkAligned(t, subs, 8)
+	checkAligned(t, subs, 9)
 	ins := tableLines(t, out, "INSTANCE")
 	if len(ins) != 3 {
 		t.Fatalf("want the header and 2 instances:\n%s", out)
