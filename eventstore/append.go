@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/freshids"
 	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/internal/txopts"
@@ -65,12 +66,18 @@ type AppendedEvent struct {
 //
 // Through group commit (the default) an Append returns at ctx's end even
 // while its group goes on for others. With inline projections (an Append
-// whose events one handles), a context error can mean either and matches
-// neither; re-append with caller-chosen event IDs to find out.
+// whose events one handles), the append and its COMMIT go together after
+// the handlers: sent without an answer (the connection failed, or ctx
+// ended once they were on their way), the error is an
+// *OutcomeUnknownError as above; a context error before they were sent
+// matches neither (nothing was written).
 //
 // An Append made again after an unknown outcome, while the first attempt
 // still commits, answers as the first: its stored positions, or
-// ErrEventIDConflict if the stored events differ.
+// ErrEventIDConflict if the stored events differ. So it does through inline
+// projections, also when a handler of the retry fails on what the first
+// attempt's handlers wrote (a read model row keyed by the event, which the
+// retry's waited for): the IDs are looked up again after such a failure.
 func (s *Store) Append(ctx context.Context, streamID string, expected ExpectedVersion, events ...EventData) (res AppendResult, err error) {
 	ctx, done := s.trace(ctx, "annals.append", streamID, expected, len(events))
 	defer func() { done(res, err) }()
@@ -589,7 +596,7 @@ func (s *Store) transact(ctx context.Context, opts pgx.TxOptions, fn func(ctx co
 		if err != nil {
 			_ = br.Close()
 			rollback()
-			return nil, err
+			return nil, s.sentLost(err)
 		}
 		results = append(results, res)
 	}
@@ -599,7 +606,7 @@ func (s *Store) transact(ctx context.Context, opts pgx.TxOptions, fn func(ctx co
 	}
 	if err != nil {
 		rollback()
-		return nil, errors.Wrap(err, "eventstore: commit")
+		return nil, s.sentLost(errors.Wrap(err, "eventstore: commit"))
 	}
 	if tag.String() != "COMMIT" {
 		rollback()
@@ -609,6 +616,22 @@ func (s *Store) transact(ctx context.Context, opts pgx.TxOptions, fn func(ctx co
 		return nil, errors.New("eventstore: transaction still open after COMMIT")
 	}
 	return results, nil
+}
+
+// errSentLost marks the error of a transaction's appends and COMMIT, sent
+// together, whose answer was lost (answerLost): the transaction may have
+// committed. appendInline makes it an *OutcomeUnknownError.
+var errSentLost = errors.New("eventstore: the appends and COMMIT were sent, and their answer was lost")
+
+// sentLost marks err with errSentLost when it leaves the outcome of the
+// appends and COMMIT sent unknown (in QueryExecModeSimpleProtocol, whenever
+// the server did not answer that they failed: pgx may report a lost answer
+// there as safe to retry, as appendAloneAsking says).
+func (s *Store) sentLost(err error) error {
+	if answerLost(err) || (s.mode == pgx.QueryExecModeSimpleProtocol && !answered(err)) {
+		return errmark.Mark(err, errSentLost)
+	}
+	return err
 }
 
 // appendArgs are the encoded arguments of one append: the JSON array that

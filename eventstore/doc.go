@@ -306,6 +306,6 @@
 // never sent (its context ended first): it may simply be made again. Both
 // also match the context's error when a context ended, and both match
 // under the standard library's errors.Is as under cockroachdb's. (Through
-// inline projections a context error is neither: give the events IDs of
-// your own to retry them.)
+// inline projections a context error that ended the append before its
+// append and COMMIT were sent is neither; nothing was written.)
 package eventstore

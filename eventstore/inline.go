@@ -369,11 +369,14 @@ func (s *Store) appendInline(ctx context.Context, a appendArgs) (AppendResult, e
 	hot := &s.inline.hot
 	for attempt := 1; ; attempt++ {
 		res, err := s.appendInlineOnce(ctx, a, attempt > 1 || hot.is(a.stream, time.Now()))
+		if errors.Is(err, errSentLost) {
+			return res, s.inlineOutcomeUnknown(ctx, a, err)
+		}
 		if err == nil || attempt == inlineRetries || ctx.Err() != nil {
 			return res, err
 		}
 		pinned := (a.exp == Any || a.exp == StreamExists) && errors.Is(err, ErrWrongExpectedVersion)
-		if !pinned && !errors.Is(err, ErrStoredConcurrently) {
+		if !pinned && !errors.Is(err, ErrStoredConcurrently) && !s.storedSince(ctx, a, err) {
 			return res, err
 		}
 		hot.mark(a.stream, time.Now())
@@ -385,6 +388,55 @@ func (s *Store) appendInline(ctx context.Context, a appendArgs) (AppendResult, e
 		case <-t.C:
 		}
 	}
+}
+
+// inlineOutcomeUnknown is the *OutcomeUnknownError of inline append a,
+// whose appends and COMMIT were sent and got no answer (errSentLost): it
+// may have been written, and the caller learns how with its event IDs.
+func (s *Store) inlineOutcomeUnknown(ctx context.Context, a appendArgs, err error) error {
+	if a.events == nil {
+		if evs, derr := decodePayload(a.payload); derr == nil {
+			a.events = evs
+		}
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return outcomeUnknown(&a, errors.WithSecondaryError(cerr, err), cancelledSent)
+	}
+	return outcomeUnknown(&a, err, answerMissing)
+}
+
+// storedSince reports whether err, an inline projection's failure on
+// append a with caller-chosen event IDs, came after some of those IDs were
+// stored by another transaction: they were not stored when apply looked
+// them up, and a handler then failed on what that transaction wrote (a read
+// model row it waited for, keyed as its own is). That is how the retry of
+// an outcome-unknown Append meets its first attempt, whose COMMIT the
+// server ran late, after the retry's look-up. The attempt is then made
+// again, as after ErrStoredConcurrently, and answers as an idempotent
+// re-append (or ErrEventIDConflict), as it would had the first attempt
+// committed before the look-up. The IDs are looked up again after the
+// handler failed: a handler that waited for the other transaction's row
+// failed only once that transaction ended.
+func (s *Store) storedSince(ctx context.Context, a appendArgs, err error) bool {
+	if !a.callerIDs || !errors.Is(err, ErrInlineProjection) {
+		return false
+	}
+	evs := a.events
+	if evs == nil {
+		var derr error
+		if evs, derr = decodePayload(a.payload); derr != nil {
+			return false
+		}
+	}
+	ids := make([]pgtype.UUID, len(evs))
+	for i, e := range evs {
+		ids[i] = pgtype.UUID{Bytes: e.id, Valid: true}
+	}
+	var stored int
+	if qerr := s.pool.QueryRow(ctx, s.q.storedIDs, ids).Scan(&stored); qerr != nil {
+		return false
+	}
+	return stored > 0
 }
 
 // inlineBackoff is the pause before retry attempt+1 of an inline append: a
