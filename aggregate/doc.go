@@ -54,6 +54,10 @@
 // bounded number of times with a jittered backoff (Config.UpdateRetries,
 // Config.UpdateBackoff) and then fails with ErrConflict. Create saves a new
 // aggregate and fails with ErrAlreadyExists if the stream exists.
+// CreateOrUpdate is Update for an aggregate that any command may start: the
+// command runs on a new aggregate when the stream has no events, and a
+// concurrent first command that created it meanwhile is retried as any
+// conflict (it runs again on the winner's events).
 //
 // A Save whose outcome is unknown (its context ended or its connection was
 // lost while the append was on its way: eventstore.ErrOutcomeUnknown) may

@@ -447,11 +447,45 @@ func (r *Repository[A]) Create(ctx context.Context, id string, command func(A) e
 //
 // The command's own error is returned as is, and nothing is saved (a nil
 // command is an error). Update of a missing aggregate fails with
-// ErrNotFound (use Create).
+// ErrNotFound (use Create, or CreateOrUpdate).
 func (r *Repository[A]) Update(ctx context.Context, id string, command func(A) error) (A, error) {
+	return r.update(ctx, id, command, "Update", r.Load)
+}
+
+// CreateOrUpdate is Update for an aggregate that any command may start (a
+// library book whose history begins with its first loan): command runs on
+// the aggregate as loaded, or on a new one (New) when its stream has no
+// events, and the save expects what it ran on. A concurrent first command
+// that wins the race to create the stream is a conflict like any other:
+// the aggregate is loaded again, with the winner's events, and command runs
+// again on it, so the rules decide (retried as Update retries, and with its
+// errors; a deleted stream fails with eventstore.ErrStreamDeleted, as
+// Load does).
+func (r *Repository[A]) CreateOrUpdate(ctx context.Context, id string, command func(A) error) (A, error) {
+	return r.update(ctx, id, command, "CreateOrUpdate", func(ctx context.Context, id string) (A, error) {
+		a, err := r.Load(ctx, id)
+		return r.orNew(id, a, err)
+	})
+}
+
+// orNew returns a new aggregate with the given ID when err, a load's, is
+// ErrNotFound, and a, err otherwise.
+func (r *Repository[A]) orNew(id string, a A, err error) (A, error) {
+	if errors.Is(err, ErrNotFound) {
+		return r.New(id)
+	}
+	return a, err
+}
+
+// update is Update and CreateOrUpdate (op names it in errors), with load.
+func (r *Repository[A]) update(ctx context.Context, id string, command func(A) error, op string, load func(context.Context, string) (A, error)) (A, error) {
 	var zero A
 	if command == nil {
-		return zero, errors.Newf("aggregate %s %q: Update with a nil command", r.typ, id)
+		return zero, errors.Newf("aggregate %s %q: %s with a nil command", r.typ, id, op)
+	}
+	verb := "update"
+	if op != "Update" {
+		verb = "create or update"
 	}
 	attempts := r.cfg.UpdateRetries + 1
 	var last error
@@ -461,11 +495,11 @@ func (r *Repository[A]) Update(ctx context.Context, id string, command func(A) e
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return zero, errors.Wrapf(errors.CombineErrors(ctx.Err(), last), "aggregate %s %q: update", r.typ, id)
+				return zero, errors.Wrapf(errors.CombineErrors(ctx.Err(), last), "aggregate %s %q: %s", r.typ, id, verb)
 			case <-t.C:
 			}
 		}
-		a, err := r.Load(ctx, id)
+		a, err := load(ctx, id)
 		if err != nil {
 			return zero, err
 		}
@@ -482,9 +516,9 @@ func (r *Repository[A]) Update(ctx context.Context, id string, command func(A) e
 		last = err
 	}
 	if attempts == 1 {
-		return zero, mark(errors.Wrapf(last, "aggregate %s %q: update gave up: the aggregate changed concurrently, and retries are off (UpdateRetries -1)", r.typ, id), ErrConflict)
+		return zero, mark(errors.Wrapf(last, "aggregate %s %q: %s gave up: the aggregate changed concurrently, and retries are off (UpdateRetries -1)", r.typ, id, verb), ErrConflict)
 	}
-	return zero, mark(errors.Wrapf(last, "aggregate %s %q: update gave up after %d attempts: the aggregate kept changing concurrently", r.typ, id, attempts), ErrConflict)
+	return zero, mark(errors.Wrapf(last, "aggregate %s %q: %s gave up after %d attempts: the aggregate kept changing concurrently", r.typ, id, verb, attempts), ErrConflict)
 }
 
 // CreateTx is Create inside tx (see SaveTx): a stream that exists fails
@@ -524,6 +558,29 @@ func (r *Repository[A]) UpdateTx(ctx context.Context, tx pgx.Tx, id string, comm
 	}
 	a, err := r.LoadTx(ctx, tx, id)
 	if err != nil {
+		return zero, err
+	}
+	if err := command(a); err != nil {
+		return zero, err
+	}
+	if err := r.SaveTx(ctx, tx, a); err != nil {
+		return zero, err
+	}
+	return a, nil
+}
+
+// CreateOrUpdateTx is CreateOrUpdate inside tx, without retries, as
+// UpdateTx: command runs on the aggregate as loaded in tx, or on a new one
+// when its stream has no events; a save that loses a race fails tx with
+// eventstore.ErrWrongExpectedVersion (also when a concurrent first command
+// created the stream), and the caller retries the whole transaction.
+func (r *Repository[A]) CreateOrUpdateTx(ctx context.Context, tx pgx.Tx, id string, command func(A) error) (A, error) {
+	var zero A
+	if command == nil {
+		return zero, errors.Newf("aggregate %s %q: CreateOrUpdateTx with a nil command", r.typ, id)
+	}
+	a, err := r.LoadTx(ctx, tx, id)
+	if a, err = r.orNew(id, a, err); err != nil {
 		return zero, err
 	}
 	if err := command(a); err != nil {
