@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/annals-dev/annals/internal/ratelog"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
 
@@ -22,63 +23,50 @@ const failureRunGap = time.Minute
 // (the database down: an engine's partitions retry their locks about once a
 // second, see lockFailures, the listener its connection) readable: the first failure of a run is a
 // WARN, the repeats are DEBUG with a WARN summary every failureSummary, and
-// the end of the run, when the caller sees it, an INFO line. Not safe for
-// concurrent use.
+// the end of the run, when the caller sees it, an INFO line (a ratelog.Run
+// whose Gap is failureRunGap). Not safe for concurrent use.
 type failureLog struct {
 	log *slog.Logger
 	now func() time.Time // nil: time.Now
 
-	failures            int // in the current run; 0: no run
-	first, last, warned time.Time
+	r ratelog.Run
 }
 
-func (f *failureLog) clock() time.Time {
-	if f.now == nil {
-		return time.Now()
-	}
-	return f.now()
+// run returns the failure log's ratelog.Run, set to its policy and clock.
+func (f *failureLog) run() *ratelog.Run {
+	f.r.Every, f.r.Gap, f.r.Now = failureSummary, failureRunGap, f.now
+	return &f.r
 }
 
 // running reports whether a run of failures is under way: a failure now
 // would continue it rather than start one.
 func (f *failureLog) running() bool {
-	return f.failures > 0 && f.clock().Sub(f.last) <= failureRunGap
+	return f.run().Failing()
 }
 
 // failed logs a failure: msg with attrs, at WARN or DEBUG (see failureLog).
 func (f *failureLog) failed(ctx context.Context, msg string, attrs ...slog.Attr) {
-	now := f.clock()
-	if f.failures == 0 || now.Sub(f.last) > failureRunGap {
-		f.failures, f.first, f.last, f.warned = 1, now, now, now
-		f.log.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
+	r := f.run()
+	level := r.Failed()
+	if r.Count() == 1 {
+		f.log.LogAttrs(ctx, level, msg, attrs...)
 		return
 	}
-	f.failures++
-	f.last = now
-	attrs = append(attrs, slog.Int("failures", f.failures), slog.Duration("since", now.Sub(f.first)))
-	if now.Sub(f.warned) >= failureSummary {
-		f.warned = now
-		f.log.LogAttrs(ctx, slog.LevelWarn, msg+" (still failing)", attrs...)
-		return
+	attrs = append(attrs, slog.Int("failures", r.Count()), slog.Duration("since", r.For()))
+	if level == slog.LevelWarn {
+		msg += " (still failing)"
 	}
-	f.log.LogAttrs(ctx, slog.LevelDebug, msg, attrs...)
+	f.log.LogAttrs(ctx, level, msg, attrs...)
 }
 
 // recovered ends the current run, if any, with msg at INFO, saying how many
 // failures it had and for how long. A run whose last failure is more than
 // failureRunGap ago has ended unseen: it ends without a line.
 func (f *failureLog) recovered(ctx context.Context, msg string, attrs ...slog.Attr) {
-	if f.failures == 0 {
-		return
+	if n, lasted, ok := f.run().Recovered(); ok {
+		attrs = append(attrs, slog.Int("failures", n), slog.Duration("after", lasted))
+		f.log.LogAttrs(ctx, slog.LevelInfo, msg, attrs...)
 	}
-	now := f.clock()
-	if now.Sub(f.last) > failureRunGap {
-		f.failures = 0
-		return
-	}
-	attrs = append(attrs, slog.Int("failures", f.failures), slog.Duration("after", now.Sub(f.first)))
-	f.failures = 0
-	f.log.LogAttrs(ctx, slog.LevelInfo, msg, attrs...)
 }
 
 // partitionID names a subscriber partition driven by an Engine.
