@@ -17,6 +17,7 @@ import (
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/failure"
+	"github.com/annals-dev/annals/internal/ratelog"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/migrations"
@@ -308,37 +309,20 @@ type session struct {
 	held bool
 	// handle handles one delivery (RunProjection: and saves the place).
 	handle func(context.Context, delivery) error
-	// lost is set while reattach fails: since when, how many times, and
-	// when it last logged so.
-	lost lostState
-	// down is the run of failed requests to the NATS server (see
-	// requestFailed); zero while they are answered.
-	down outage
-}
-
-// outage is a session's run of failed requests to the NATS server (a
-// fetch's error, the consumer's or the stream's info, a read by
-// sequence); zero while the server answers.
-type outage struct {
-	since, warned time.Time
-	tries         int
-}
-
-// lostState is a session's run of failed look-ups of its stream and
-// durable consumer (see reattach); zero while attached.
-type lostState struct {
-	since, logged time.Time
-	tries         int
+	// lost is the run of failed look-ups of the stream and the durable
+	// consumer (see reattach); none while attached.
+	lost ratelog.Run
+	// down is the run of failed requests to the NATS server (a fetch's
+	// error, the consumer's or the stream's info, a read by sequence; see
+	// requestFailed); none while the server answers.
+	down ratelog.Run
 }
 
 // Pauses of reattach while the stream or the durable consumer cannot be
 // found: from Config.RetryBackoff, doubled after each failure up to
-// maxLostBackoff; the failure is logged at its first and then at most once
-// per lostLogEvery.
-const (
-	maxLostBackoff = 5 * time.Second
-	lostLogEvery   = time.Minute
-)
+// maxLostBackoff; the failure is logged at WARN at its first and then at
+// most once a minute (a ratelog.Run).
+const maxLostBackoff = 5 * time.Second
 
 // attach looks the stream up by name and creates (or updates) the durable
 // consumer on it. A stream made after the one the session's place belongs
@@ -574,6 +558,14 @@ func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e e
 // nil when ctx ends, or OnGap's error, or the setup's, or that
 // *HandlerError, or a *RewoundError (ErrLogRewound), or, at its start,
 // ErrNoStream.
+//
+// The retry of a commit whose answer was lost may run while the server
+// has not yet run that COMMIT (its backend descheduled): its Handle then
+// waits for the first attempt's rows, and a projection keyed as most are
+// (a row per event) fails with a unique violation once the first attempt
+// lands. So when a transaction fails before its COMMIT, the checkpoint is
+// read before the failure is taken for the handler's: at or past the
+// event, the event was handled, as above.
 func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p interface {
 	Name() string
 	Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error
@@ -620,7 +612,9 @@ func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p inte
 		return err
 	}
 	s.handle = func(ctx context.Context, d delivery) error {
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		inTx := false // failed before its COMMIT: in the handler or the save
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+			defer func() { inTx = err != nil }()
 			if c.filter.Match(d.event.Type) {
 				if err := p.Handle(ctx, tx, d.event); err != nil {
 					return err
@@ -632,6 +626,9 @@ func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p inte
 			}
 			return s.unsaved(ctx, tx, q["Load"], d)
 		})
+		if inTx && !errors.Is(err, errHandledBefore) && ctx.Err() == nil && s.holds(ctx, pool, q["Load"], d) {
+			err = errHandledBefore
+		}
 		switch {
 		case errors.Is(err, errHandledBefore):
 			c.cfg.Logger.WarnContext(ctx, "annals: the checkpoint holds this relayed event already (an earlier commit of it landed though its answer was lost, "+
@@ -684,6 +681,28 @@ func (s *session) unsaved(ctx context.Context, tx pgx.Tx, load string, d deliver
 	}
 	return errors.Newf("natsconsumer: checkpoint of %s moved under us: saving it at stream message %d (position %d) of the stream made at %s changed nothing; it holds stream message %d (position %s) of the stream made at %s",
 		s.c.cfg.Durable, d.seq, d.event.GlobalSequence, s.created.Format(time.RFC3339Nano), seq, at, made)
+}
+
+// holds reports whether the checkpoint, read with load on pool, is at or
+// past d in the same stream: d was applied and committed before. It is
+// asked after a transaction for d failed before its COMMIT, before the
+// failure is taken for the handler's: the retry of a commit whose answer
+// was lost, which the server ran late, while the retry's handler ran,
+// fails in the handler when the projection's rows are keyed (a unique
+// violation, once the first attempt's row it waited for committed),
+// before its checkpoint save would have told (unsaved). A failed read
+// answers false: the failure stands, and the event is tried again.
+func (s *session) holds(ctx context.Context, pool *pgxpool.Pool, load string, d delivery) bool {
+	var (
+		seq     int64
+		pos     *int64
+		created *time.Time
+		posID   *uuid.UUID
+	)
+	if err := pool.QueryRow(ctx, load, s.c.cfg.Durable).Scan(&seq, &pos, &created, &posID); err != nil {
+		return false
+	}
+	return created != nil && sameStream(*created, s.created) && uint64(seq) >= d.seq
 }
 
 // setup reports the mistakes of a typed projection (Err), as
@@ -863,44 +882,34 @@ func (s *session) failed(ctx context.Context, err error) error {
 }
 
 // requestFailed logs err, a failed request of run to the NATS server, as
-// msg: at WARN the first time and then at most once per lostLogEvery, at
-// DEBUG between, with the attempts so far and how long requests have been
+// msg: at WARN the first time and then at most once a minute, at DEBUG
+// between, with the attempts so far and how long requests have been
 // failing (the rule of handler retries and of reattach). A NATS outage
 // fails a request every requestTimeout plus RetryBackoff, which logged
 // about ten WARNs a minute for as long as it lasted. answered ends the run.
 func (s *session) requestFailed(ctx context.Context, msg string, err error, attrs ...any) {
-	now := time.Now()
-	if s.down.tries == 0 {
-		s.down.since = now
-	}
-	s.down.tries++
-	level := slog.LevelDebug
-	if s.down.tries == 1 || now.Sub(s.down.warned) >= lostLogEvery {
-		level, s.down.warned = slog.LevelWarn, now
-	}
+	level := s.down.Failed()
 	attrs = append([]any{slog.String("consumer", s.c.cfg.Durable)}, attrs...)
-	attrs = append(attrs, slog.Int("attempts", s.down.tries),
-		slog.Duration("failing_for", now.Sub(s.down.since).Round(time.Millisecond)), telemetry.Err(s.c.unreachable(err)))
+	attrs = append(attrs, slog.Int("attempts", s.down.Count()),
+		slog.Duration("failing_for", s.down.For().Round(time.Millisecond)), telemetry.Err(s.c.unreachable(err)))
 	s.c.cfg.Logger.Log(ctx, level, msg, attrs...)
 }
 
 // answered ends a run of failed requests to the NATS server (see
 // requestFailed) when the server answers one again, at INFO.
 func (s *session) answered(ctx context.Context) {
-	if s.down.tries == 0 {
-		return
+	if n, lasted, ok := s.down.Recovered(); ok {
+		s.c.cfg.Logger.InfoContext(ctx, "annals: the NATS server answers the consumer's requests again",
+			slog.String("consumer", s.c.cfg.Durable), slog.Int("attempts", n),
+			slog.Duration("failing_for", lasted.Round(time.Millisecond)))
 	}
-	s.c.cfg.Logger.InfoContext(ctx, "annals: the NATS server answers the consumer's requests again",
-		slog.String("consumer", s.c.cfg.Durable), slog.Int("attempts", s.down.tries),
-		slog.Duration("failing_for", time.Since(s.down.since).Round(time.Millisecond)))
-	s.down = outage{}
 }
 
 // reattach looks the stream and the durable consumer up again after cause
 // said they were gone. When that fails too it pauses (run tries again at
 // its next fetch): Config.RetryBackoff, doubled after each failure in a row
 // up to maxLostBackoff; it logs the failure at WARN at the first and at
-// most every lostLogEvery after, saying that the stream is missing when
+// most once a minute after, saying that the stream is missing when
 // the server has none by the name (ErrNoStream: deleted, or lost with the
 // server's store, until the relay makes it again), and at DEBUG in
 // between; at INFO when the look-up succeeds again. It returns an error only when run must end with
@@ -909,12 +918,11 @@ func (s *session) reattach(ctx context.Context, cause error) error {
 	cfg := &s.c.cfg
 	err := s.attach(ctx)
 	if err == nil {
-		if s.lost.tries > 0 {
+		if n, lasted, ok := s.lost.Recovered(); ok {
 			cfg.Logger.InfoContext(ctx, "annals: the relay's stream and the durable consumer are found again",
 				slog.String("consumer", cfg.Durable), slog.String("stream", cfg.Stream),
-				slog.Duration("missing_for", time.Since(s.lost.since).Round(time.Millisecond)), slog.Int("attempts", s.lost.tries))
+				slog.Duration("missing_for", lasted.Round(time.Millisecond)), slog.Int("attempts", n))
 		}
-		s.lost = lostState{}
 		return nil
 	}
 	var st stop
@@ -924,30 +932,24 @@ func (s *session) reattach(ctx context.Context, cause error) error {
 	if ctx.Err() != nil {
 		return nil
 	}
-	now := time.Now()
-	if s.lost.tries == 0 {
-		s.lost.since = now
-	}
-	s.lost.tries++
+	level := s.lost.Failed()
 	pause := cfg.RetryBackoff
-	for i := 1; i < s.lost.tries && pause < maxLostBackoff; i++ {
+	for i := 1; i < s.lost.Count() && pause < maxLostBackoff; i++ {
 		pause *= 2
 	}
 	pause = max(min(pause, maxLostBackoff), cfg.RetryBackoff)
 	attrs := []any{slog.String("consumer", cfg.Durable), slog.String("stream", cfg.Stream),
-		slog.Time("since", s.lost.since), slog.Int("attempts", s.lost.tries), slog.Duration("retry_in", pause),
+		slog.Time("since", s.lost.Since()), slog.Int("attempts", s.lost.Count()), slog.Duration("retry_in", pause),
 		slog.String("cause", cause.Error())}
 	const failed = "annals: the relay's stream or the durable consumer is gone; looking them up again failed, retrying"
 	switch {
-	case !s.lost.logged.IsZero() && now.Sub(s.lost.logged) < lostLogEvery:
+	case level < slog.LevelWarn:
 		cfg.Logger.DebugContext(ctx, failed, append(attrs, telemetry.Err(err))...)
 	case errors.Is(err, ErrNoStream):
-		s.lost.logged = now
 		cfg.Logger.WarnContext(ctx, "annals: the relay's stream is missing (deleted, or lost with the NATS server's store); waiting for the relay to make it again "+
 			"(at its start or next leadership), looking it up with backoff",
 			append(attrs, telemetry.Err(errors.UnwrapAll(err)))...) // the server's answer, not noStream's advice to start the relay
 	default:
-		s.lost.logged = now
 		cfg.Logger.WarnContext(ctx, failed, append(attrs, telemetry.Err(err))...)
 	}
 	_ = sleep(ctx, pause)
@@ -1080,24 +1082,21 @@ func (s *session) gap(ctx context.Context, first, last uint64) error {
 
 // handle runs handle for d until it succeeds, pausing RetryBackoff after
 // each failure (the events after it wait). A failure is logged at WARN the
-// first time and then at most once per lostLogEvery (at DEBUG between),
+// first time and then at most once a minute (at DEBUG between),
 // with the attempts so far and how long it has been failing, and the
 // success after failures at INFO: a database or a dependency down for an
 // hour would otherwise log two WARNs a second. An error marked
 // failure.Permanent is not retried: it is logged at ERROR and returned as a
 // stop of its *HandlerError. It returns ctx's error when ctx ended first.
 func (c *Consumer) handle(ctx context.Context, d delivery, handle func(context.Context, delivery) error) error {
-	var (
-		fails         int
-		since, warned time.Time
-	)
+	var failing ratelog.Run
 	for {
 		err := handle(ctx, d)
 		if err == nil {
-			if fails > 0 {
+			if n, lasted, ok := failing.Recovered(); ok {
 				c.cfg.Logger.InfoContext(ctx, "annals: handled a relayed event after failures",
 					slog.String("consumer", c.cfg.Durable), slog.Int64("position", d.event.GlobalSequence),
-					slog.Int("attempts", fails+1), slog.Duration("failing_for", time.Since(since).Round(time.Millisecond)))
+					slog.Int("attempts", n+1), slog.Duration("failing_for", lasted.Round(time.Millisecond)))
 			}
 			return nil
 		}
@@ -1113,17 +1112,10 @@ func (c *Consumer) handle(ctx context.Context, d delivery, handle func(context.C
 				slog.String("type", d.event.Type), slog.String("stream_id", d.event.StreamID), telemetry.Err(err))
 			return stop{he}
 		}
-		now := time.Now()
-		if fails++; fails == 1 {
-			since = now
-		}
-		level := slog.LevelDebug
-		if fails == 1 || now.Sub(warned) >= lostLogEvery {
-			level, warned = slog.LevelWarn, now
-		}
+		level := failing.Failed()
 		c.cfg.Logger.Log(ctx, level, "annals: handling a relayed event failed; retrying",
 			slog.String("consumer", c.cfg.Durable), slog.Int64("position", d.event.GlobalSequence),
-			slog.Int("attempts", fails), slog.Duration("failing_for", now.Sub(since).Round(time.Millisecond)), telemetry.Err(err))
+			slog.Int("attempts", failing.Count()), slog.Duration("failing_for", failing.For().Round(time.Millisecond)), telemetry.Err(err))
 		if d.msg != nil {
 			_ = d.msg.InProgress() // keep the server from re-delivering it meanwhile
 		}
