@@ -100,3 +100,21 @@ SELECT has_table_privilege(to_regclass(format('%I.%I', $1::text, 'audit_log')), 
 -- name: AuditProbe
 -- Fails as PostgreSQL does when the schema has no audit_log table.
 SELECT FROM {{.Schema}}.audit_log LIMIT 0;
+
+-- name: Standbys
+-- The physical standbys streaming from this server (pg_stat_replication),
+-- with how far behind each has replayed: bytes of WAL (NULL on a server
+-- that is itself a standby, where pg_current_wal_lsn() fails, and when the
+-- LSN is hidden) and PostgreSQL's replay_lag (NULL once the standby is
+-- idle and caught up: it is measured as WAL flows). A role without
+-- pg_read_all_stats sees the walsender's pid and NULL for its details.
+-- Logical walsenders (annals' WAL sources, the relay's --wal) stream from
+-- a logical slot and are no standbys: left out.
+SELECT r.pid, r.application_name, host(r.client_addr), r.state, r.sync_state,
+       CASE WHEN r.replay_lsn IS NULL OR pg_catalog.pg_is_in_recovery() THEN NULL
+            ELSE pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), r.replay_lsn)::bigint END,
+       extract(epoch FROM r.replay_lag)::float8
+  FROM pg_catalog.pg_stat_replication r
+ WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_replication_slots s
+                    WHERE s.active_pid = r.pid AND s.slot_type = 'logical')
+ ORDER BY r.application_name, r.pid;

@@ -93,7 +93,9 @@ shown as led by two instances.
                     "leading": [{"subscriber", "partition", "epoch", "led_by"}],
                     "not_leading": [...the same]}],
    "replication_slots": [{"slot", "database", "active", "active_pid",
-                    "confirmed_flush_lsn", "retained_bytes", "wal_status"}]}
+                    "confirmed_flush_lsn", "retained_bytes", "wal_status"}],
+   "standbys":    [{"pid", "application_name", "client_addr", "state", "sync_state",
+                    "replay_lag_bytes", "replay_lag_seconds"}]}
 leader and leader_epoch are the LEADER column (null: nobody leads, or a session holds
 the lock that no instance or owner names); owner is the checkpoint's owner, the
 instance that claimed its epoch (null after an operator's set); heartbeat_leader and
@@ -115,7 +117,10 @@ empty.
 
 Replication slots (package walsource: a runner or relay woken from the WAL) are listed
 when there are any: an inactive slot retains WAL until its consumer returns or it is
-dropped; see docs/operations.md.`,
+dropped; see docs/operations.md. So are the physical standbys streaming from the
+server (a runner's read replica): REPLAY LAG is the WAL they have not replayed yet,
+REPLAY LAG TIME PostgreSQL's replay_lag (0s when caught up and idle); their details are
+null for a role without pg_read_all_stats.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if staleAfter <= 0 {
@@ -165,6 +170,35 @@ type StatusJSON struct {
 	// (package walsource: the WAL wake-up and the relay's --wal), ordered by
 	// name: whether a consumer streams, how far it confirmed, the WAL retained.
 	ReplicationSlots []walsource.SlotStatus `json:"replication_slots"`
+	// Standbys are the physical standbys streaming from the server
+	// (pg_stat_replication), such as the read replica of a runner's
+	// ReadPool: how far behind each has replayed.
+	Standbys []StandbyStatus `json:"standbys"`
+}
+
+// StandbyStatus is one physical standby in StatusJSON. Its details are
+// null for a role without pg_read_all_stats (PostgreSQL shows it only the
+// walsender's PID).
+type StandbyStatus struct {
+	// PID is the walsender's backend on this server.
+	PID int32 `json:"pid"`
+	// ApplicationName is the standby's application_name (its cluster_name
+	// or the name in its primary_conninfo).
+	ApplicationName *string `json:"application_name"`
+	// ClientAddr is the standby's address (null over a Unix socket).
+	ClientAddr *string `json:"client_addr"`
+	// State is the walsender's state: startup, catchup, streaming, backup
+	// or stopping.
+	State *string `json:"state"`
+	// SyncState is async, potential, sync or quorum.
+	SyncState *string `json:"sync_state"`
+	// ReplayLagBytes is the WAL written on this server that the standby
+	// has not replayed yet.
+	ReplayLagBytes *int64 `json:"replay_lag_bytes"`
+	// ReplayLagSeconds is PostgreSQL's replay_lag: how long the newest WAL
+	// the standby has replayed took to get there (null once idle and
+	// caught up).
+	ReplayLagSeconds *float64 `json:"replay_lag_seconds"`
 }
 
 // SubscriberStatus is one subscriber partition in StatusJSON.
@@ -356,6 +390,7 @@ func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, sc
 		Subscribers:       []SubscriberStatus{},
 		Instances:         []InstanceStatus{},
 		ReplicationSlots:  []walsource.SlotStatus{},
+		Standbys:          []StandbyStatus{},
 	}
 	stale := staleAfter.Microseconds()
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
@@ -413,7 +448,18 @@ func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, sc
 			return errors.Wrap(err, "status: read the replication slots")
 		}
 		st.ReplicationSlots = append(st.ReplicationSlots, slots...)
-		return nil
+		rows, err = tx.Query(ctx, q["Standbys"])
+		if err != nil {
+			return errors.Wrap(err, "status: read the standbys (pg_stat_replication)")
+		}
+		var sb StandbyStatus
+		_, err = pgx.ForEachRow(rows, []any{&sb.PID, &sb.ApplicationName, &sb.ClientAddr, &sb.State, &sb.SyncState,
+			&sb.ReplayLagBytes, &sb.ReplayLagSeconds}, func() error {
+			st.Standbys = append(st.Standbys, sb)
+			sb = StandbyStatus{}
+			return nil
+		})
+		return errors.Wrap(err, "status: read the standbys (pg_stat_replication)")
 	})
 	st.CheckedAt = st.CheckedAt.UTC()
 	return st, err
@@ -500,6 +546,7 @@ func writeStatusTable(w io.Writer, st *StatusJSON) error {
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
 	writeSlotsTable(tw, st.ReplicationSlots)
 	_ = tw.Flush()
+	writeStandbysTable(&b, st.Standbys)
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -3,6 +3,8 @@ package cli
 import (
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 
 	"github.com/annals-dev/annals/walsource"
 )
@@ -40,4 +42,41 @@ func formatBytes(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// writeStandbysTable appends the physical standbys to the status output,
+// when there are any. Names and addresses may be any text (textCell).
+func writeStandbysTable(w *strings.Builder, standbys []StandbyStatus) {
+	if len(standbys) == 0 {
+		return
+	}
+	orDash := func(p *string) string {
+		if p == nil || *p == "" {
+			return "-"
+		}
+		return textCell(*p)
+	}
+	w.WriteString("\n")
+	var tbl textTable
+	tbl.add("STANDBY", "PID", "ADDRESS", "STATE", "SYNC", "REPLAY LAG", "REPLAY LAG TIME")
+	hidden := false
+	for _, s := range standbys {
+		lag, lagTime := "-", "-"
+		if s.ReplayLagBytes != nil {
+			lag = formatBytes(*s.ReplayLagBytes)
+		}
+		if s.ReplayLagSeconds != nil {
+			lagTime = formatSeconds(*s.ReplayLagSeconds)
+		} else if s.ReplayLagBytes != nil && *s.ReplayLagBytes == 0 {
+			lagTime = "0s" // caught up and idle: PostgreSQL measures it only as WAL flows
+		}
+		if s.State == nil {
+			hidden = true
+		}
+		tbl.add(orDash(s.ApplicationName), strconv.Itoa(int(s.PID)), orDash(s.ClientAddr), orDash(s.State), orDash(s.SyncState), lag, lagTime)
+	}
+	_ = tbl.write(w)
+	if hidden {
+		w.WriteString("A standby's details are hidden from this role: grant it pg_read_all_stats to see them.\n")
+	}
 }
