@@ -24,6 +24,15 @@
 //
 // Commit never moves a checkpoint backwards (greatest(old, new)).
 //
+// The epoch does not fence a leader off from itself. A commit whose answer
+// was lost (the connection failed after COMMIT was sent) may still run on
+// the server after the leader has read the checkpoint again and applied the
+// same events once more on another connection: both transactions carry the
+// leader's epoch. CommitFrom takes where the leader knows the checkpoint
+// (from) and moves it only while it is not past that: the two transactions
+// serialize on the row, and the later one fails with ErrMoved and rolls
+// back. Package catchup's leases commit this way.
+//
 // # An operator's move
 //
 // Move (annals checkpoint set, the console's checkpoint set) moves an
