@@ -12,6 +12,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
@@ -219,7 +220,11 @@ func rebuildable(reg *registration) (Resetter, bool, error) {
 // connection is lost), nothing is lost or applied twice: the reset and the
 // checkpoint 0 committed together, and each batch committed with its
 // checkpoint, so a live instance takes the freed lock and simply continues
-// the replay from the last committed batch.
+// the replay from the last committed batch. A reset whose COMMIT got no
+// answer (its connection lost once it was sent) may still commit on the
+// server after Rebuild returned: the error says it may have committed, not
+// that nothing changed, and the live instances' claims wait for it on the
+// checkpoints' rows.
 //
 // A partition halted by a dead letter under the Stop policy ends the
 // rebuild with catchup.ErrStopped: nobody continues that partition's
@@ -560,8 +565,10 @@ func (rb *rebuild) relayout(ctx context.Context) error {
 	if err := rb.r.pool.QueryRow(ctx, rb.q["CanDeleteCheckpoints"], schemaname.Or(rb.r.cfg.Schema)).Scan(&surplus); err != nil {
 		return errors.Wrapf(err, "projection: rebuild %q: may the role delete checkpoints", name)
 	}
+	committing := false // the body is done: what fails now is the COMMIT
 	err = leases[0].Do(ctx, func(conn *pgx.Conn) error {
-		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+			defer func() { committing = err == nil }()
 			// The fence first: from here on no leader's batch commits.
 			if _, err := tx.Exec(ctx, rb.q["FenceAllCheckpoints"], name, RebuildOwnerPrefix+rb.r.cfg.InstanceID); err != nil {
 				return errors.Wrap(err, "set every checkpoint to 0")
@@ -583,10 +590,16 @@ func (rb *rebuild) relayout(ctx context.Context) error {
 					return errors.Wrap(err, "delete the checkpoints of the partitions the new layout lacks")
 				}
 			}
-			_, err := tx.Exec(ctx, rb.q["ReplaceLayout"], name, refused.Partitions, refused.PartitionBy)
+			_, err = tx.Exec(ctx, rb.q["ReplaceLayout"], name, refused.Partitions, refused.PartitionBy)
 			return errors.Wrap(err, "record the new layout")
 		})
 	})
+	if err != nil && committing && !refusedByServer(err) {
+		// As in reset: the COMMIT may land still, and the next claims wait
+		// for it on the checkpoints' rows.
+		return errors.Wrapf(err, "projection: rebuild %q: change the partition layout: its COMMIT got no answer, and it may have committed "+
+			"(the read model emptied, every checkpoint at 0, the new layout recorded) or rolled back; run the rebuild again", name)
+	}
 	if err != nil {
 		return errors.Wrapf(err, "projection: rebuild %q: change the partition layout (nothing changed)", name)
 	}
@@ -622,8 +635,10 @@ func (rb *rebuild) count(ctx context.Context, head int64, starts []int64) (total
 // settles the dead letters and forgets the failed attempts, in one transaction on the first partition's lock
 // connection, each checkpoint fenced by its partition's epoch.
 func (rb *rebuild) reset(ctx context.Context, leases []*catchup.Lease) error {
+	committing := false // the body is done: what fails now is the COMMIT
 	err := leases[0].Do(ctx, func(conn *pgx.Conn) error {
-		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+			defer func() { committing = err == nil }()
 			if err := rb.setupBeforeReset(ctx, tx); err != nil {
 				return err
 			}
@@ -648,6 +663,16 @@ func (rb *rebuild) reset(ctx context.Context, leases []*catchup.Lease) error {
 			return nil
 		})
 	})
+	if err != nil && committing && !refusedByServer(err) {
+		// The COMMIT was sent and got no answer (the connection lost): the
+		// server may run it still, after this returns (its backend
+		// descheduled, the bytes in its socket). The checkpoints' row
+		// locks, which the reset holds until it ends, make the next claim
+		// wait for it, so the live instances replay from where it left
+		// the checkpoints, either way.
+		return errors.Wrapf(err, "projection: rebuild %q: reset: its COMMIT got no answer, and it may have committed (the read model emptied, "+
+			"every checkpoint at 0: a live instance then replays it from the start) or rolled back; run the rebuild again", rb.reg.name)
+	}
 	if err != nil {
 		return errors.Wrapf(err, "projection: rebuild %q: reset (nothing changed)", rb.reg.name)
 	}
@@ -655,6 +680,21 @@ func (rb *rebuild) reset(ctx context.Context, leases []*catchup.Lease) error {
 		l.Start = 0
 	}
 	return nil
+}
+
+// refusedByServer reports whether err holds the server's answer that a
+// statement failed (an ERROR, not a FATAL that ends the session): then a
+// COMMIT that failed so rolled its transaction back.
+func refusedByServer(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	sev := pgErr.SeverityUnlocalized
+	if sev == "" {
+		sev = pgErr.Severity
+	}
+	return sev != "FATAL" && sev != "PANIC"
 }
 
 // replay drives one partition through head with engine e (rb.engine, or
