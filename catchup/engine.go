@@ -88,10 +88,11 @@ type Lease struct {
 	// CommitFencedHeld
 	commitHeldSQL string
 	// known is where this leadership knows the checkpoint (at it, or past
-	// it for batched observer checkpoints): the cursor, set by the engine
-	// before each call of the processor, and each move committed since. A
-	// commit fails with checkpoint.ErrMoved when the stored checkpoint is
-	// past it: one of this leadership's commits reported as failed landed.
+	// it for batched observer checkpoints): the position claimed, then the
+	// cursor, set by the engine before each call of the processor, and each
+	// move committed since. A commit fails with checkpoint.ErrMoved when the
+	// stored checkpoint is past it: one of this leadership's commits
+	// reported as failed landed.
 	known atomic.Int64
 }
 

@@ -1059,6 +1059,9 @@ func (e *Engine) claim(ctx context.Context, sub *Subscription, lease *Lease) (*L
 	err := lease.Do(ctx, func(conn *pgx.Conn) error {
 		cp, err := e.claimLaidOut(ctx, conn, sub)
 		lease.Epoch, lease.Start = cp.Epoch, cp.Position
+		// Known from the claim on: a TakeOver's caller may commit through
+		// the lease before any Drive (see Lease.CommitTx).
+		lease.known.Store(cp.Position)
 		return err
 	})
 	if err != nil {
