@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/annals-dev/annals/catchup"
+	"github.com/annals-dev/annals/internal/ratelog"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
 
@@ -116,16 +117,11 @@ func (s *blueGreenService) Run(ctx context.Context) error {
 	r.mu.Unlock()
 	lastLog := map[string]time.Time{}
 	s.waits = map[string]loggedWait{}
-	// failing is, per projection whose rounds fail, the first failure's
-	// time, the error last warned of, and when: a failure that lasts (a
-	// grant taken away, a row the rounds refuse) is a WARN at most once a
-	// minute while its error stays the same, not one every CheckInterval.
-	type failingRun struct {
-		since, warned time.Time
-		msg           string
-		rounds        int
-	}
-	failing := map[string]*failingRun{}
+	// failing is, per projection whose rounds fail, the run of failed
+	// rounds: a failure that lasts (a grant taken away, a row the rounds
+	// refuse) is a WARN at most once a minute while its error stays the
+	// same, not one every CheckInterval.
+	failing := map[string]*ratelog.Run{}
 	for {
 		for _, reg := range regs {
 			err := s.check(ctx, engine, g, reg, runs, lastLog)
@@ -136,25 +132,23 @@ func (s *blueGreenService) Run(ctx context.Context) error {
 			if err == nil {
 				if f != nil {
 					delete(failing, reg.name)
+					n, lasted, _ := f.Recovered()
 					r.cfg.Logger.InfoContext(ctx, "annals: blue/green checks work again", slog.String("projection", reg.name),
-						slog.Int("failed_rounds", f.rounds), slog.Duration("failed_for", time.Since(f.since).Round(time.Millisecond)))
+						slog.Int("failed_rounds", n), slog.Duration("failed_for", lasted.Round(time.Millisecond)))
 				}
 				continue
 			}
-			now := time.Now()
 			if f == nil {
-				f = &failingRun{since: now}
+				f = &ratelog.Run{Every: bgCheckWarnEvery}
 				failing[reg.name] = f
 			}
-			f.rounds++
-			if msg := err.Error(); msg != f.msg || now.Sub(f.warned) >= bgCheckWarnEvery {
-				f.msg, f.warned = msg, now
+			if f.FailedWith(err.Error()) == slog.LevelWarn {
 				r.cfg.Logger.WarnContext(ctx, "annals: blue/green check failed", slog.String("projection", reg.name),
-					slog.Int("failed_rounds", f.rounds), slog.Duration("failing_for", now.Sub(f.since).Round(time.Millisecond)), telemetry.Err(err))
+					slog.Int("failed_rounds", f.Count()), slog.Duration("failing_for", f.For().Round(time.Millisecond)), telemetry.Err(err))
 				continue
 			}
 			r.cfg.Logger.DebugContext(ctx, "annals: blue/green check failed (the same failure was warned of within the minute)",
-				slog.String("projection", reg.name), slog.Int("failed_rounds", f.rounds), telemetry.Err(err))
+				slog.String("projection", reg.name), slog.Int("failed_rounds", f.Count()), telemetry.Err(err))
 		}
 		t := time.NewTimer(interval)
 		select {
@@ -167,7 +161,8 @@ func (s *blueGreenService) Run(ctx context.Context) error {
 }
 
 // bgCheckWarnEvery is how often a blue/green round that keeps failing the
-// same way is logged at WARN (the rounds between log at DEBUG).
+// same way is logged at WARN (the rounds between log at DEBUG; a round
+// that fails another way is a WARN at once).
 const bgCheckWarnEvery = time.Minute
 
 // check does one round for one projection.
