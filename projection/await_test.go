@@ -380,7 +380,10 @@ func TestAwaitPartitionedByCategory(t *testing.T) {
 		returned := make(chan result, len(waiters))
 		for how, wait := range waiters {
 			go func() {
-				wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
+				// Longer than the two waits below together, so that a
+				// loaded machine's slow catch-up is not taken for an
+				// Await that returned early (its deadline's error).
+				wctx, wcancel := context.WithTimeout(t.Context(), 2*time.Minute)
 				defer wcancel()
 				returned <- result{how, wait(wctx, pos)}
 			}()
