@@ -480,6 +480,16 @@ func (b *Batch) Append(streamID string, expected ExpectedVersion, events ...Even
 //
 // If fn returns an error, or any append fails, the transaction rolls back
 // and nothing of it is kept. The results are in staging order.
+//
+// When the appends and the COMMIT were sent and their answer was lost (the
+// connection failed, or ctx ended once they were on their way), the error
+// matches ErrOutcomeUnknown (not as an *OutcomeUnknownError: there may be
+// several appends): the transaction, fn's own writes with it, may have
+// committed. Do not simply run fn's work again. Stage the same appends
+// with the same event IDs (give them IDs of your own, EventData.ID, if you
+// may retry): a committed first attempt makes them idempotent re-appends,
+// answered with its stored positions, so a fn that checks first (reading
+// the stream in tx, say) can tell.
 func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx, b *Batch) error) (results []AppendResult, err error) {
 	if fn == nil {
 		return nil, errors.New("eventstore: Transact: fn is nil")
@@ -491,6 +501,7 @@ func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pg
 		// afterwards, from start (internal/txopts).
 		opts, tctx := txopts.Take(ctx)
 		results, err = s.transact(tctx, opts, fn)
+		err = transactOutcome(err)
 		if err != nil || len(results) > 0 {
 			_, span := s.tel.Tracer.Start(ctx, "annals.transact", trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(start))
 			s.recordTransact(ctx, span, start, results, err)
@@ -503,7 +514,18 @@ func (s *Store) Transact(ctx context.Context, fn func(ctx context.Context, tx pg
 	// (internal/txopts: the scheduler's claims run READ COMMITTED), for this
 	// transaction only: the body gets a context that asks for nothing.
 	opts, ctx := txopts.Take(ctx)
-	return s.transact(ctx, opts, fn)
+	results, err = s.transact(ctx, opts, fn)
+	return results, transactOutcome(err)
+}
+
+// transactOutcome marks the error of a Transact whose appends and COMMIT
+// were sent and got no answer (errSentLost) with ErrOutcomeUnknown: the
+// transaction may have committed.
+func transactOutcome(err error) error {
+	if errors.Is(err, errSentLost) {
+		return errmark.Mark(err, ErrOutcomeUnknown)
+	}
+	return err
 }
 
 // recordTransact ends a Transact's span, begun at start, and records its

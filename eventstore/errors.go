@@ -122,7 +122,8 @@ var (
 	// *OutcomeUnknownError (errors.As), which holds the event IDs the append
 	// was sent with: append the same events again with those IDs
 	// (EventData.ID) to learn the outcome; that is idempotent (see
-	// OutcomeUnknownError).
+	// OutcomeUnknownError). A Transact whose appends and COMMIT got no
+	// answer matches it too (see Transact).
 	ErrOutcomeUnknown = errors.New("append outcome unknown: it may have been written")
 )
 
