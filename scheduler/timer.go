@@ -186,6 +186,13 @@ func storableTime(t time.Time) bool {
 // go within Config.ClaimTimeout, or that waits for a lock tx holds (after
 // an append in tx), makes Cancel fail with ErrTimerBusy: nothing cancelled,
 // tx still usable. With a tx, the cancellation takes effect if tx commits.
+//
+// Without a tx, a Cancel whose answer was lost (its connection failed, or
+// ctx ended, after the DELETE was sent) may have deleted the timer; a
+// second Cancel then reports false although the timer never fired. Where
+// that matters, cancel in a tx of your own and learn the outcome of its
+// commit there, or check the timer's effect (its event in the log) rather
+// than Cancel's answer.
 func (s *Scheduler) Cancel(ctx context.Context, tx pgx.Tx, id TimerID) (bool, error) {
 	n, err := s.cancel(ctx, tx, s.q.cancelTimer, id)
 	if err != nil {
