@@ -400,6 +400,12 @@ func (s *Store) trace(ctx context.Context, name, streamID string, expected Expec
 // AppendTx appends events to streamID inside tx. The append takes the
 // log's ordering lock, which is held until tx ends: make the append the last
 // statement of tx and commit promptly, or use Transact, which does both.
+//
+// The COMMIT is the caller's, and so is its outcome: a COMMIT whose answer
+// was lost (its connection failed after it was sent) may have committed the
+// append. Give the events IDs of your own (EventData.ID) if you may need to
+// learn it: appending them again answers with the stored positions if the
+// first transaction committed (see OutcomeUnknownError).
 func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expected ExpectedVersion, events ...EventData) (res AppendResult, err error) {
 	ctx, done := s.trace(ctx, "annals.append", streamID, expected, len(events))
 	defer func() { done(res, err) }()
