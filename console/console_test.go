@@ -37,7 +37,8 @@ func TestPages(t *testing.T) {
 		code int
 		want []string
 	}{
-		{"/", 200, []string{`id="head">12<`, "mailer", "running", "Dead letters open", `href="/dead-letters?status=open">1<`, "<polyline points="}},
+		{"/", 200, []string{`id="head">12<`, "mailer", "running", "Dead letters open", `href="/dead-letters?status=open">1<`, "<polyline points=",
+			"<th>Partition</th><th>Kind</th>", `<td class="kind">observer</td>`}},
 		{"/streams", 200, []string{"customer-7", "order-5"}},
 		{"/streams?prefix=order-", 200, []string{"order-1", "order-5"}},
 		{"/streams?prefix=order_", 200, []string{"No stream starts with"}}, // _ is not a wildcard
@@ -49,7 +50,7 @@ func TestPages(t *testing.T) {
 		{"/events?before=3", 200, []string{`href="/events/1"`, `href="/events/2"`}},
 		{"/events/" + strconv.FormatInt(declined, 10), 200, []string{"payment.declined", "&#34;reason&#34;: &#34;card expired&#34;", "order-3"}},
 		{"/events/1", 200, []string{"&#34;user&#34;: &#34;alice&#34;", "&#34;lines&#34;: [\n    &#34;book&#34;"}},
-		{"/subscribers/mailer", 200, []string{"Partitions", "running", "Failures in progress", "open 1"}},
+		{"/subscribers/mailer", 200, []string{"Partitions", "running", "Failures in progress", "open 1", `Kind: <span id="kind">observer</span>.`}},
 		{"/dead-letters", 200, []string{"smtp: 550 mailbox unavailable", "payment.declined", "mailer"}},
 		{"/dead-letters?status=resolved", 200, []string{"No dead letters match"}},
 		{fmt.Sprintf("/dead-letters/%d", f.dlID), 200, []string{"smtp: 550 mailbox unavailable for order-3", "card expired", "Stack"}},
@@ -805,4 +806,57 @@ func TestFailuresInProgress(t *testing.T) {
 			t.Errorf("subscriber page lacks %q", want)
 		}
 	}
+}
+
+// TestSubscriberKinds: the overview and a subscriber's page show the kind
+// the runner recorded for the name (subscriber_layouts.kind, migration
+// 0044), as `annals status` does, and "-" when it is unknown: a name no
+// runner since 0044 ran, a role that may not read subscriber_layouts, a
+// schema before 0044 (no kind column), where the pages still answer.
+func TestSubscriberKinds(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	ctx := t.Context()
+	f.stopRunner() // the schema changes below are not the runner's
+	// A subscriber an older runner ran: no kind recorded.
+	if _, err := f.db.Pool.Exec(ctx, `INSERT INTO annals.checkpoints (subscriber_id, partition, position) VALUES ('old', 0, 1)`); err != nil {
+		t.Fatal(err)
+	}
+	kinds := func(c *client, who string, mailer, old string) {
+		t.Helper()
+		if r := c.row("/", "mailer", "0"); !strings.HasPrefix(r, "mailer 0 "+mailer+" ") {
+			t.Errorf("overview's mailer row %s: %q; want kind %s", who, r, mailer)
+		}
+		if r := c.row("/", "old", "0"); !strings.HasPrefix(r, "old 0 "+old+" ") {
+			t.Errorf("overview's old row %s: %q; want kind %s", who, r, old)
+		}
+		for sub, want := range map[string]string{"mailer": mailer, "old": old} {
+			code, body := c.get("/subscribers/" + sub)
+			if w := `Kind: <span id="kind">` + want + `</span>.`; code != 200 || !strings.Contains(body, w) {
+				t.Errorf("/subscribers/%s %s: %d, lacks %q", sub, who, code, w)
+			}
+		}
+	}
+	c := f.client(t)
+	kinds(c, "as the owner", "observer", "-")
+
+	// A role that may not read subscriber_layouts (granted by an annals
+	// before it could).
+	p, role := rolePool(t, f.db, migrations.Reader)
+	if _, err := f.db.Pool.Exec(ctx, `REVOKE SELECT ON annals.subscriber_layouts FROM `+role); err != nil {
+		t.Fatal(err)
+	}
+	con, err := console.New(p, &console.Config{Schema: f.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(con)
+	t.Cleanup(srv.Close)
+	kinds(&client{t: t, base: srv.URL, hc: srv.Client()}, "as a role that may not read subscriber_layouts", "-", "-")
+
+	// A schema before migration 0044.
+	if _, err := f.db.Pool.Exec(ctx, `ALTER TABLE annals.subscriber_layouts DROP COLUMN kind`); err != nil {
+		t.Fatal(err)
+	}
+	kinds(c, "on a schema without kinds", "-", "-")
 }

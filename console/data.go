@@ -79,6 +79,22 @@ type Partition struct {
 	// read model (<read model>#g<N>, from read_model_generations; nil too
 	// when the console's role may not read that table).
 	Generation *Generation
+	// Kind is the kind of subscriber the runner recorded for the name
+	// (subscriber_layouts.kind, migration 0044: projection, observer,
+	// saga, processor, relay, tail), as `annals status` reads it; "" when
+	// unknown: a name only runners from before 0044 ran, a blue/green
+	// generation, a schema before 0044, or a role that may not read
+	// subscriber_layouts.
+	Kind string
+}
+
+// KindText is the Kind column, as `annals status` prints it: the kind, or
+// "-" when unknown.
+func (p Partition) KindText() string {
+	if p.Kind == "" {
+		return "-"
+	}
+	return p.Kind
 }
 
 // Generation says which blue/green generation a subscriber runs, as
@@ -332,6 +348,9 @@ func (c *reader) leadership(ctx context.Context, db queryer, head int64, sub *st
 	if err := c.readGenerations(ctx, db, parts, sub); err != nil {
 		return nil, nil, err
 	}
+	if err := c.readKinds(ctx, db, parts, sub); err != nil {
+		return nil, nil, err
+	}
 	ins, err := c.instanceRows(ctx, db)
 	if err != nil {
 		return nil, nil, err
@@ -434,6 +453,99 @@ func (c *reader) readGenerations(ctx context.Context, db queryer, parts []Partit
 		parts[i].Generation = gens[parts[i].Subscriber]
 	}
 	return nil
+}
+
+// readKinds fills in the kinds the runner recorded for the partitions
+// subscribers (of subscriber sub when it is not nil), as `annals status`
+// does: none when the role may not read subscriber_layouts, or the schema
+// predates migration 0044.
+func (c *reader) readKinds(ctx context.Context, db queryer, parts []Partition, sub *string) error {
+	if len(parts) == 0 {
+		return nil
+	}
+	var can bool
+	if err := db.QueryRow(ctx, c.q["CanReadKinds"], c.schema).Scan(&can); err != nil || !can {
+		return errors.Wrap(err, "read the subscriber kinds")
+	}
+	rows, err := db.Query(ctx, c.q["Kinds"], sub)
+	if err != nil {
+		return errors.Wrap(err, "read the subscriber kinds")
+	}
+	kinds := map[string]string{}
+	var s, kind string
+	if _, err := pgx.ForEachRow(rows, []any{&s, &kind}, func() error {
+		kinds[s] = kind
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "read the subscriber kinds")
+	}
+	for i := range parts {
+		parts[i].Kind = kinds[parts[i].Subscriber]
+	}
+	return nil
+}
+
+// Standby is a physical standby streaming from the server
+// (pg_stat_replication), such as the read replica of a runner's ReadPool,
+// as `annals status` lists it. Its details are nil for a role without
+// pg_read_all_stats: PostgreSQL shows it only the walsender's PID.
+type Standby struct {
+	// PID is the walsender's backend on this server.
+	PID int32
+	// ApplicationName is the standby's application_name (its cluster_name
+	// or the name in its primary_conninfo).
+	ApplicationName *string
+	// ClientAddr is the standby's address (nil over a Unix socket).
+	ClientAddr *string
+	// State is the walsender's state: startup, catchup, streaming, backup
+	// or stopping.
+	State *string
+	// SyncState is async, potential, sync or quorum.
+	SyncState *string
+	// ReplayLagBytes is the WAL written on this server that the standby
+	// has not replayed yet (nil: hidden, or this server is itself a
+	// standby).
+	ReplayLagBytes *int64
+	// ReplayLagSeconds is PostgreSQL's replay_lag: how long the newest WAL
+	// the standby has replayed took to get there (nil once idle and caught
+	// up, and when hidden).
+	ReplayLagSeconds *float64
+}
+
+// Hidden reports a standby whose details PostgreSQL hides from the
+// console's role (it lacks pg_read_all_stats).
+func (s Standby) Hidden() bool { return s.State == nil }
+
+// LagSeconds is the replay lag in seconds as `annals status` shows it:
+// replay_lag, or 0 for a standby caught up and idle (PostgreSQL measures
+// replay_lag only as WAL flows); nil when unknown.
+func (s Standby) LagSeconds() *float64 {
+	if s.ReplayLagSeconds != nil {
+		return s.ReplayLagSeconds
+	}
+	if s.ReplayLagBytes != nil && *s.ReplayLagBytes == 0 {
+		zero := 0.0
+		return &zero
+	}
+	return nil
+}
+
+// standbys reads the physical standbys streaming from the server; logical
+// walsenders (annals' WAL sources) are left out.
+func (c *reader) standbys(ctx context.Context, db queryer) ([]Standby, error) {
+	rows, err := db.Query(ctx, c.q["Standbys"])
+	if err != nil {
+		return nil, errors.Wrap(err, "read the standbys (pg_stat_replication)")
+	}
+	var out []Standby
+	var sb Standby
+	_, err = pgx.ForEachRow(rows, []any{&sb.PID, &sb.ApplicationName, &sb.ClientAddr, &sb.State, &sb.SyncState,
+		&sb.ReplayLagBytes, &sb.ReplayLagSeconds}, func() error {
+		out = append(out, sb)
+		sb = Standby{} // the pointers must not be shared
+		return nil
+	})
+	return out, errors.Wrap(err, "read the standbys (pg_stat_replication)")
 }
 
 // instanceList reads the runner instances with their states (see

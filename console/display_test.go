@@ -44,6 +44,10 @@ func TestDisguisingTextShown(t *testing.T) {
 		VALUES ($1, 0, 1, 1, $2, $3)`, sub, "host\u202e-1", "halted: \x1b[31mred"); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := f.db.Pool.Exec(ctx, `INSERT INTO annals.subscriber_layouts (subscriber_id, partitions, partition_by, kind)
+		VALUES ($1, 1, 'stream', $2)`, sub, "obs\u202eerver"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := f.db.Pool.Exec(ctx, `INSERT INTO annals.instances (instance_id, host, pid, started_at, last_heartbeat, leads)
 		VALUES ($1, $2, 1, now(), now(), jsonb_build_array(jsonb_build_object('subscriber', $3::text, 'partition', 0, 'epoch', 1)))`,
 		"inst\u202e-9", "host\u202e-9", sub); err != nil {
@@ -62,8 +66,8 @@ func TestDisguisingTextShown(t *testing.T) {
 		{"/dead-letters", []string{shown, `mail\u202eer`, `smtp: \u001b[2Jgone \u202eevil`, `href="/subscribers/mail%E2%80%AEer"`}},
 		{"/dead-letters/" + strconv.FormatInt(dl, 10), []string{shown, `mail\u202eer`, `smtp: \u001b[2Jgone \u202eevil`,
 			"line 1\nline 2\\u001b]0;title\\u0007", `data-confirm="Skip this event? It will never be delivered to mail\u202eer."`}},
-		{"/", []string{`mail\u202eer`, `inst\u202e-9`}},
-		{"/subscribers/mail%E2%80%AEer", []string{`<h1>Subscriber mail\u202eer</h1>`, `halted: \u001b[31mred`, `inst\u202e-9`}},
+		{"/", []string{`mail\u202eer`, `inst\u202e-9`, `<td class="kind">obs\u202eerver</td>`}},
+		{"/subscribers/mail%E2%80%AEer", []string{`<h1>Subscriber mail\u202eer</h1>`, `<span id="kind">obs\u202eerver</span>`, `halted: \u001b[31mred`, `inst\u202e-9`}},
 		{"/instances", []string{`inst\u202e-9`, `host\u202e-9`, `mail\u202eer/0`}},
 		{"/streams/nobody\u202e", []string{`No stream`}},
 	} {

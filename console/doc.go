@@ -24,8 +24,8 @@
 //
 //	/                    overview: head, appends per minute over the last hour (a
 //	                     sparkline, counted among the newest 100,000 events),
-//	                     subscriber partitions with lag, leader, state and dead
-//	                     letters, instances, timers
+//	                     subscriber partitions with kind, lag, leader, state and
+//	                     dead letters, instances, timers
 //	/streams             streams by ID prefix, keyset-paged
 //	/streams/{id}        a stream's events by version, 50 a page
 //	/events              the whole log paged by position, filtered by event-type
@@ -36,14 +36,16 @@
 //	                     once it can again
 //	/events/{pos}        one event: data and metadata pretty-printed
 //	/events/{pos}/data   the data (or /metadata) whole, as stored (JSON)
-//	/subscribers/{name}  partitions (leader, epoch, checkpoint, lag, stop),
+//	/subscribers/{name}  kind, partitions (leader, epoch, checkpoint, lag, stop),
 //	                     failures in progress (with the next retry, which the
 //	                     runner records in failures.retry_at), checkpoint set
 //	/dead-letters[/{id}] list with filters, one with its error, stack and event;
 //	                     retry, skip (one or many), retry all, purge
 //	/scheduler           cron tasks with their next tick, pause and resume;
 //	                     pending and failed timers
-//	/instances           runner instances, heartbeat age, live, lost or stale
+//	/instances           runner instances, heartbeat age, live, lost or stale;
+//	                     the physical standbys streaming from the server, with
+//	                     their replay lag, when there are any
 //	/audit               the audit log
 //	/metrics /healthz /readyz
 //
@@ -141,6 +143,15 @@
 // projection.Runner makes: 503 unless every registered subscriber partition
 // has a checkpoint, a live leader somewhere (this process or another), no
 // Stop, and a lag within HealthConfig's limits.
+//
+// A subscriber's kind (projection, observer, saga, processor, relay, tail)
+// is what the runner recorded in subscriber_layouts.kind (migration 0044),
+// read as `annals status` reads it: "-" when unknown, also on a schema
+// before 0044 and for a role that may not read subscriber_layouts. The
+// standbys are pg_stat_replication's physical walsenders (the WAL sources'
+// logical ones left out), as `annals status` lists them; a role without
+// pg_read_all_stats sees that they exist, their details hidden, and the
+// page says why.
 //
 // A retired blue/green generation (<read model>#g<N>, replaced at a
 // cut-over and kept for a rollback; read from read_model_generations as

@@ -115,6 +115,10 @@ var (
 	descStopped    = prometheus.NewDesc("annals_subscriber_stopped", "1 when the partition is halted by the Stop policy, else 0 (absent for a retired blue/green generation).", subLabels, nil)
 	descDLQ        = prometheus.NewDesc("annals_dead_letters", "Dead letters by subscriber and status (open, retry, resolved, skipped).", []string{"subscriber", "status"}, nil)
 	descGeneration = prometheus.NewDesc("annals_read_model_generation", "1 for each generation of a blue/green read model, by the subscriber that runs it and its state (building, live, retired): a building generation catches up from the log's start, so `unless on(subscriber) annals_read_model_generation{state=\"building\"}` leaves it out of lag alerts.", []string{"read_model", "generation", "subscriber", "state"}, nil)
+	descKind       = prometheus.NewDesc("annals_subscriber_kind", "1 for each subscriber whose kind the runner recorded (projection, observer, saga, processor, relay, tail; absent when unknown), as `annals status` reads it.", []string{"subscriber", "kind"}, nil)
+	descStandbys   = prometheus.NewDesc("annals_standbys", "Physical standbys streaming from the server (pg_stat_replication; logical walsenders left out).", nil, nil)
+	descReplay     = prometheus.NewDesc("annals_standby_replay_lag_bytes", "WAL written on the server that the standby has not replayed yet (absent while hidden from a role without pg_read_all_stats).", []string{"standby", "pid"}, nil)
+	descReplayTime = prometheus.NewDesc("annals_standby_replay_lag_seconds", "PostgreSQL's replay_lag of the standby (0 when caught up and idle; absent when unknown or hidden).", []string{"standby", "pid"}, nil)
 	descInstances  = prometheus.NewDesc("annals_instances", "Registered runner instances by state (live, lost, stale).", []string{"state"}, nil)
 	descTimers     = prometheus.NewDesc("annals_timers", "Scheduler timers by state (pending, failed).", []string{"state"}, nil)
 )
@@ -128,7 +132,7 @@ type dbCollector struct {
 
 func (d *dbCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, x := range []*prometheus.Desc{descUp, descScrape, descHead, descPosition, descLag, descLagTime, descEpoch,
-		descLed, descStopped, descGeneration, descDLQ, descInstances, descTimers} {
+		descLed, descStopped, descGeneration, descKind, descDLQ, descInstances, descTimers, descStandbys, descReplay, descReplayTime} {
 		ch <- x
 	}
 }
@@ -151,9 +155,13 @@ func (d *dbCollector) Collect(ch chan<- prometheus.Metric) {
 		if err != nil {
 			return err
 		}
-		generations := map[string]bool{}
+		generations, kinds := map[string]bool{}, map[string]bool{}
 		for _, p := range parts {
 			l := []string{p.Subscriber, strconv.Itoa(p.Partition)}
+			if p.Kind != "" && !kinds[p.Subscriber] {
+				kinds[p.Subscriber] = true
+				g(descKind, 1, p.Subscriber, p.Kind)
+			}
 			if gen := p.Generation; gen != nil && !generations[p.Subscriber] {
 				generations[p.Subscriber] = true
 				g(descGeneration, 1, gen.ReadModel, strconv.Itoa(gen.Generation), p.Subscriber, gen.State)
@@ -193,6 +201,23 @@ func (d *dbCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		g(descTimers, float64(pending), "pending")
 		g(descTimers, float64(failed), "failed")
+		standbys, err := d.rd.standbys(ctx, tx)
+		if err != nil {
+			return err
+		}
+		g(descStandbys, float64(len(standbys)))
+		for _, sb := range standbys {
+			l := []string{"", strconv.Itoa(int(sb.PID))}
+			if sb.ApplicationName != nil {
+				l[0] = *sb.ApplicationName
+			}
+			if sb.ReplayLagBytes != nil {
+				g(descReplay, float64(*sb.ReplayLagBytes), l...)
+			}
+			if sec := sb.LagSeconds(); sec != nil {
+				g(descReplayTime, *sec, l...)
+			}
+		}
 		return nil
 	})
 	if err != nil {

@@ -105,6 +105,7 @@ func TestMetrics(t *testing.T) {
 		{"annals_subscriber_epoch", sub, gt(0), "> 0"},
 		{"annals_subscriber_led", sub, eq(1), "1"},
 		{"annals_subscriber_stopped", sub, eq(0), "0"},
+		{"annals_subscriber_kind", map[string]string{"subscriber": "mailer", "kind": "observer"}, eq(1), "1"},
 		{"annals_dead_letters", map[string]string{"subscriber": "mailer", "status": "open"}, eq(1), "1"},
 		{"annals_dead_letters", map[string]string{"subscriber": "mailer", "status": "resolved"}, eq(0), "0"},
 		{"annals_instances", map[string]string{"state": "live"}, eq(1), "1"},

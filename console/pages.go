@@ -450,7 +450,10 @@ type failureRow struct {
 }
 
 type subscriberData struct {
-	Name       string
+	Name string
+	// Kind is the kind the runner recorded for the subscriber
+	// (Partition.KindText: "-" when unknown).
+	Kind       string
 	Head       int64
 	Partitions []Partition
 	Failures   []failureRow
@@ -472,6 +475,7 @@ func (c *Console) subscriber(r *http.Request) (*view, error) {
 		if len(d.Partitions) == 0 {
 			return notFound("No subscriber %q: it has no checkpoint.", name)
 		}
+		d.Kind = d.Partitions[0].KindText()
 		counts, err := c.deadLetterCounts(ctx, tx)
 		if err != nil {
 			return err
@@ -620,17 +624,33 @@ func (c *Console) scheduler(r *http.Request) (*view, error) {
 	return &view{Tpl: "scheduler", Title: "Scheduler", Nav: "scheduler", Data: d}, nil
 }
 
+type instancesData struct {
+	Instances []Instance
+	// Standbys are the physical standbys streaming from the server (a
+	// runner's read replica), shown when there are any; StandbysHidden
+	// reports that PostgreSQL hides their details from the console's role
+	// (it lacks pg_read_all_stats).
+	Standbys       []Standby
+	StandbysHidden bool
+}
+
 func (c *Console) instances(r *http.Request) (*view, error) {
-	var ins []Instance
+	var d instancesData
 	err := c.readOnlyTx(r.Context(), func(tx pgx.Tx) error {
 		var err error
-		ins, err = c.instanceList(r.Context(), tx)
+		if d.Instances, err = c.instanceList(r.Context(), tx); err != nil {
+			return err
+		}
+		d.Standbys, err = c.standbys(r.Context(), tx)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &view{Tpl: "instances", Title: "Instances", Nav: "instances", Data: ins}, nil
+	for _, sb := range d.Standbys {
+		d.StandbysHidden = d.StandbysHidden || sb.Hidden()
+	}
+	return &view{Tpl: "instances", Title: "Instances", Nav: "instances", Data: d}, nil
 }
 
 // AuditEntry is one row of the audit log.

@@ -38,7 +38,27 @@ var funcs = template.FuncMap{
 		}
 		return t.UTC().Format("2006-01-02 15:04:05Z")
 	},
-	"secs":  formatSeconds,
+	"secs": formatSeconds,
+	// The nil-able cells (a standby's details, hidden from a role without
+	// pg_read_all_stats): "-" for nil, as `annals status` shows them.
+	"secsp": func(sec *float64) string {
+		if sec == nil {
+			return "-"
+		}
+		return formatSeconds(*sec)
+	},
+	"bytesp": func(n *int64) string {
+		if n == nil {
+			return "-"
+		}
+		return formatBytes(*n)
+	},
+	"visp": func(s *string) string {
+		if s == nil || *s == "" {
+			return "-"
+		}
+		return visible(*s)
+	},
 	"pathq": pathSegment,
 	// vis shows stored text on one line, visl on several (it keeps tab and
 	// newline): every character that could disguise it escaped.
