@@ -32,7 +32,7 @@ import (
 func TestStandbysShown(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	cluster, pool := annalstest.PrivateCluster(t, ctx, &pgcluster.Options{Port: 55472})
+	cluster, pool := annalstest.PrivateCluster(t, ctx, nil)
 	if _, err := migrations.Up(ctx, pool, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestStandbysShown(t *testing.T) {
 		t.Errorf("annals_standbys before any: %v (%v), want 0", v, ok)
 	}
 
-	replica, err := pgcluster.StartReplica(ctx, cluster.URL(), &pgcluster.Options{Port: 55473})
+	replica, err := pgcluster.StartReplica(ctx, cluster.URL(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
