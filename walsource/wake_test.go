@@ -2,6 +2,7 @@ package walsource_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -162,9 +163,14 @@ func TestWakeDeliversExactlyOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := query(`SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, wake.Slot("applied", 0)); got != 1 {
-		t.Fatalf("the slot is gone or active while the runner is down")
-	}
+	// The walsender ends a moment after the runner's replication
+	// connection closes (make soak caught it still active once): poll.
+	annalstest.WaitForErr(t, 10*time.Second, func() error {
+		if got := query(`SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, wake.Slot("applied", 0)); got != 1 {
+			return errors.New("the slot is gone or active while the runner is down")
+		}
+		return nil
+	})
 	stop = start()
 	annalstest.WaitFor(t, 20*time.Second, func() bool { return applied() == n+40 })
 	annalstest.WaitFor(t, 20*time.Second, func() bool { return decodedIn(downFrom+1, downFrom+40) == 40 })
