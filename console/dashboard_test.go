@@ -11,7 +11,7 @@ import (
 // dbSeries matches the series /metrics reads from the database at each
 // scrape: every endpoint exports the same values, so a dashboard that sums
 // them over its scrape targets shows N times the value with N targets.
-var dbSeries = regexp.MustCompile(`annals_(?:database_[a-z_]+|head_position|subscriber_[a-z_]+|dead_letters|instances|timers)\b`)
+var dbSeries = regexp.MustCompile(`annals_(?:database_[a-z_]+|head_position|subscriber_[a-z_]+|dead_letters|instances|timers|standbys|standby_[a-z_]+)\b`)
 
 // acrossTargets matches what must come right before such a series in an
 // expression: an aggregation that takes one target's value (max or min by
