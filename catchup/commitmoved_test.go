@@ -80,10 +80,13 @@ func (p *landedProcessor) lateCommit(ctx context.Context, lease *catchup.Lease, 
 	}
 	applied := make(chan error, 1)
 	go func() { applied <- p.apply(ctx, lease, b) }()
+	// Waits for the earlier transaction's backend, not any in the cluster:
+	// the other tests' databases share it.
+	earlierPID := int32(earlier.Conn().PgConn().PID())
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		var waiting int
-		if err := p.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted`).Scan(&waiting); err != nil {
+		if err := p.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1::int4 = ANY(pg_blocking_pids(pid))`, earlierPID).Scan(&waiting); err != nil {
 			return err
 		}
 		if waiting > 0 {
