@@ -129,10 +129,12 @@ func TestInlineRetryBeforeTheLostCommitLands(t *testing.T) {
 		retried <- outcome{res, err}
 	}()
 	// Let the first attempt commit once the retry's handler waits for its
-	// row.
+	// row: for the stopped backend, not any in the cluster, which the other
+	// tests' databases share.
+	stopped := frozen.Load()
 	annalstest.WaitForErr(t, 20*time.Second, func() error {
 		var waiting int
-		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted`).Scan(&waiting); err != nil {
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1::int4 = ANY(pg_blocking_pids(pid))`, stopped).Scan(&waiting); err != nil {
 			return err
 		}
 		if waiting == 0 {
