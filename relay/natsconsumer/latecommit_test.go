@@ -102,13 +102,16 @@ func TestRunProjectionCommitLandsLateUnderAKeyedHandler(t *testing.T) {
 			_ = stop()
 		}
 	}()
-	// Let the first attempt commit once the retry's row waits for its.
+	// Let the first attempt commit once the retry's row waits for its: for
+	// the stopped backend, not any in the cluster, which the other tests'
+	// databases share.
 	annalstest.WaitForErr(t, 20*time.Second, func() error {
-		if frozen.Load() == 0 {
+		stopped := frozen.Load()
+		if stopped == 0 {
 			return errors.New("event 4's backend is not stopped yet (is the test cluster on this machine?)")
 		}
 		var waiting int
-		if err := e.dst.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted`).Scan(&waiting); err != nil {
+		if err := e.dst.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1::int4 = ANY(pg_blocking_pids(pid))`, stopped).Scan(&waiting); err != nil {
 			return err
 		}
 		if waiting == 0 {
