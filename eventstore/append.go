@@ -487,9 +487,10 @@ func (b *Batch) Append(streamID string, expected ExpectedVersion, events ...Even
 // If fn returns an error, or any append fails, the transaction rolls back
 // and nothing of it is kept. The results are in staging order.
 //
-// When the appends and the COMMIT were sent and their answer was lost (the
-// connection failed, or ctx ended once they were on their way), the error
-// matches ErrOutcomeUnknown (not as an *OutcomeUnknownError: there may be
+// When the appends and the COMMIT (or the COMMIT alone, with nothing
+// staged) were sent and their answer was lost (the connection failed, or
+// ctx ended once they were on their way), the error matches
+// ErrOutcomeUnknown (not as an *OutcomeUnknownError: there may be
 // several appends): the transaction, fn's own writes with it, may have
 // committed. Do not simply run fn's work again. Stage the same appends
 // with the same event IDs (give them IDs of your own, EventData.ID, if you
@@ -580,7 +581,21 @@ func (s *Store) transact(ctx context.Context, opts pgx.TxOptions, fn func(ctx co
 		return nil, errors.New("eventstore: the Transact body ended its transaction (it must not commit or roll back)")
 	}
 	if len(b.appends) == 0 {
-		return nil, errors.Wrap(tx.Commit(ctx), "eventstore: commit")
+		if err := tx.Commit(ctx); err != nil {
+			// Without the server's answer, the body's writes may have
+			// committed: outcome unknown, as with appends (Transact).
+			// Only an error the server answered, or a ctx that ended
+			// before the COMMIT left (pgx sends nothing then), says
+			// nothing committed: pgx reports a connection its background
+			// reader found closed while the COMMIT went out as "conn
+			// closed", safe to retry, although the COMMIT was sent.
+			err = errors.Wrap(err, "eventstore: commit")
+			if !answered(err) && !(ctx.Err() != nil && pgconn.SafeToRetry(err)) {
+				err = errmark.Mark(err, errSentLost)
+			}
+			return nil, err
+		}
+		return nil, nil
 	}
 	plans := make([]inlinePlan, len(b.appends))
 	for i := range plans {

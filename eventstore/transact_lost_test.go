@@ -83,4 +83,19 @@ func TestTransactCommitAnswerLost(t *testing.T) {
 	if !errors.Is(err, eventstore.ErrWrongExpectedVersion) || errors.Is(err, eventstore.ErrOutcomeUnknown) {
 		t.Fatalf("Transact refused by the server: %v; want ErrWrongExpectedVersion alone", err)
 	}
+	// A body that stages nothing: its COMMIT alone, cut after it is sent.
+	_, err = store.Transact(ctx, func(ctx context.Context, tx pgx.Tx, b *eventstore.Batch) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO transact_orders VALUES (2)`); err != nil {
+			return err
+		}
+		c, err := cp.Of(ctx, tx)
+		if err != nil {
+			return err
+		}
+		c.CutAfter(annalstest.HasCommit)
+		return nil
+	})
+	if !errors.Is(err, eventstore.ErrOutcomeUnknown) {
+		t.Fatalf("Transact staging nothing, its COMMIT's answer lost: %v; want ErrOutcomeUnknown", err)
+	}
 }
