@@ -69,8 +69,8 @@ type AppendedEvent struct {
 // whose events one handles), the append and its COMMIT go together after
 // the handlers: sent without an answer (the connection failed, or ctx
 // ended once they were on their way), the error is an
-// *OutcomeUnknownError as above; a context error before they were sent
-// matches neither (nothing was written).
+// *OutcomeUnknownError as above; a context that ended before they were
+// sent is ErrNotWritten (nothing was written).
 //
 // An Append made again after an unknown outcome, while the first attempt
 // still commits, answers as the first: its stored positions, or

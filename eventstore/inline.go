@@ -372,6 +372,13 @@ func (s *Store) appendInline(ctx context.Context, a appendArgs) (AppendResult, e
 		if errors.Is(err, errSentLost) {
 			return res, s.inlineOutcomeUnknown(ctx, a, err)
 		}
+		if err != nil && ctx.Err() != nil && !answered(err) {
+			// The context ended before the append and its COMMIT were
+			// sent (sent, they would have been errSentLost above, or
+			// answered): nothing was written, as an Append without
+			// inline projections says.
+			return res, errors.WithSecondaryError(notWritten(ctx.Err()), err)
+		}
 		if err == nil || attempt == inlineRetries || ctx.Err() != nil {
 			return res, err
 		}
