@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/cockroachdb/errors"
@@ -106,6 +107,27 @@ func (c *CutConn) CutNow() {
 // CutAfter arms the connection to close right after the next write whose
 // bytes (whole frontend messages) match: HasExecute, HasCommit.
 func (c *CutConn) CutAfter(match func(b []byte) bool) { c.after.Store(&match) }
+
+// StopServerAndCutAfter arms the connection for a COMMIT that its server
+// runs late: right before the next write whose bytes match, the
+// connection's backend, pid (a server on this machine, as the test
+// clusters are), is stopped with SIGSTOP, and right after that write the
+// connection is cut. The client sees its connection cut while the server
+// has not run what the write sent; it runs it once the backend is
+// continued (SIGCONT) and then finds the client gone. stopped, when not
+// nil, is called once the backend is stopped; a stop that fails fails t.
+func (c *CutConn) StopServerAndCutAfter(t testing.TB, match func(b []byte) bool, pid uint32, stopped func()) {
+	c.BeforeNext(match, func() {
+		if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
+			t.Errorf("annalstest: stop backend %d: %v", pid, err)
+			return
+		}
+		if stopped != nil {
+			stopped()
+		}
+	})
+	c.CutAfter(match)
+}
 
 // Cut reports whether the connection was cut.
 func (c *CutConn) Cut() bool { return c.cut.Load() }

@@ -94,14 +94,7 @@ func TestInlineRetryBeforeTheLostCommitLands(t *testing.T) {
 		// The append and its COMMIT go in one write, the first of
 		// several statements: the backend is stopped before it gets
 		// them, and the connection cut right after they are sent.
-		c.BeforeNext(pipelined, func() {
-			if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
-				t.Errorf("stop backend %d: %v", pid, err)
-				return
-			}
-			frozen.Store(int32(pid))
-		})
-		c.CutAfter(pipelined)
+		c.StopServerAndCutAfter(t, pipelined, pid, func() { frozen.Store(int32(pid)) })
 		cut.Store(c)
 		return nil
 	}}

@@ -47,14 +47,7 @@ func (p *lateCutProjection) Handle(ctx context.Context, tx pgx.Tx, e eventstore.
 		return err
 	}
 	pid := tx.Conn().PgConn().PID()
-	c.BeforeNext(annalstest.HasExecute, func() {
-		if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
-			p.t.Errorf("stop backend %d: %v", pid, err)
-			return
-		}
-		p.frozen.Store(int32(pid))
-	})
-	c.CutAfter(annalstest.HasExecute)
+	c.StopServerAndCutAfter(p.t, annalstest.HasExecute, pid, func() { p.frozen.Store(int32(pid)) })
 	return nil
 }
 

@@ -153,15 +153,10 @@ func TestCommitAnswerLostBeforeTheServerCommits(t *testing.T) {
 	t.Parallel()
 	var frozen atomic.Uint32
 	db, p := runCut(t, func(c *annalstest.CutConn, pid uint32) bool {
-		c.BeforeNext(annalstest.HasExecute, func() {
-			if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
-				t.Errorf("stop backend %d: %v", pid, err)
-				return
-			}
+		c.StopServerAndCutAfter(t, annalstest.HasExecute, pid, func() {
 			frozen.Store(pid)
 			time.AfterFunc(500*time.Millisecond, func() { _ = syscall.Kill(int(pid), syscall.SIGCONT) })
 		})
-		c.CutAfter(annalstest.HasExecute)
 		return false
 	})
 	pid := frozen.Load()

@@ -44,14 +44,7 @@ func (p *resetCut) Reset(ctx context.Context, tx pgx.Tx) error {
 		return err
 	}
 	pid := tx.Conn().PgConn().PID()
-	c.BeforeNext(annalstest.HasCommit, func() {
-		if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
-			p.t.Errorf("stop backend %d: %v", pid, err)
-			return
-		}
-		p.frozen.Store(int32(pid))
-	})
-	c.CutAfter(annalstest.HasCommit)
+	c.StopServerAndCutAfter(p.t, annalstest.HasCommit, pid, func() { p.frozen.Store(int32(pid)) })
 	return nil
 }
 

@@ -79,14 +79,7 @@ func TestRunProjectionCommitLandsLateUnderAKeyedHandler(t *testing.T) {
 			return err
 		}
 		pid := tx.Conn().PgConn().PID()
-		c.BeforeNext(annalstest.HasCommit, func() {
-			if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
-				t.Errorf("stop backend %d: %v", pid, err)
-				return
-			}
-			frozen.Store(int32(pid))
-		})
-		c.CutAfter(annalstest.HasCommit)
+		c.StopServerAndCutAfter(t, annalstest.HasCommit, pid, func() { frozen.Store(int32(pid)) })
 		cut.Store(c)
 		return nil
 	}}
