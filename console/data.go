@@ -19,6 +19,7 @@ import (
 	"github.com/annals-dev/annals/internal/leadership"
 	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/sqltmpl"
+	"github.com/annals-dev/annals/internal/standby"
 	"github.com/annals-dev/annals/projection"
 )
 
@@ -485,68 +486,10 @@ func (c *reader) readKinds(ctx context.Context, db queryer, parts []Partition, s
 	return nil
 }
 
-// Standby is a physical standby streaming from the server
-// (pg_stat_replication), such as the read replica of a runner's ReadPool,
-// as `annals status` lists it. Its details are nil for a role without
-// pg_read_all_stats: PostgreSQL shows it only the walsender's PID.
-type Standby struct {
-	// PID is the walsender's backend on this server.
-	PID int32
-	// ApplicationName is the standby's application_name (its cluster_name
-	// or the name in its primary_conninfo).
-	ApplicationName *string
-	// ClientAddr is the standby's address (nil over a Unix socket).
-	ClientAddr *string
-	// State is the walsender's state: startup, catchup, streaming, backup
-	// or stopping.
-	State *string
-	// SyncState is async, potential, sync or quorum.
-	SyncState *string
-	// ReplayLagBytes is the WAL written on this server that the standby
-	// has not replayed yet (nil: hidden, or this server is itself a
-	// standby).
-	ReplayLagBytes *int64
-	// ReplayLagSeconds is PostgreSQL's replay_lag: how long the newest WAL
-	// the standby has replayed took to get there (nil once idle and caught
-	// up, and when hidden).
-	ReplayLagSeconds *float64
-}
-
-// Hidden reports a standby whose details PostgreSQL hides from the
-// console's role (it lacks pg_read_all_stats).
-func (s Standby) Hidden() bool { return s.State == nil }
-
-// LagSeconds is the replay lag in seconds as `annals status` shows it:
-// replay_lag, or 0 for a standby caught up and idle (PostgreSQL measures
-// replay_lag only as WAL flows); nil when unknown.
-func (s Standby) LagSeconds() *float64 {
-	if s.ReplayLagSeconds != nil {
-		return s.ReplayLagSeconds
-	}
-	if s.ReplayLagBytes != nil && *s.ReplayLagBytes == 0 {
-		zero := 0.0
-		return &zero
-	}
-	return nil
-}
-
-// standbys reads the physical standbys streaming from the server; logical
-// walsenders (annals' WAL sources) are left out.
-func (c *reader) standbys(ctx context.Context, db queryer) ([]Standby, error) {
-	rows, err := db.Query(ctx, c.q["Standbys"])
-	if err != nil {
-		return nil, errors.Wrap(err, "read the standbys (pg_stat_replication)")
-	}
-	var out []Standby
-	var sb Standby
-	_, err = pgx.ForEachRow(rows, []any{&sb.PID, &sb.ApplicationName, &sb.ClientAddr, &sb.State, &sb.SyncState,
-		&sb.ReplayLagBytes, &sb.ReplayLagSeconds}, func() error {
-		out = append(out, sb)
-		sb = Standby{} // the pointers must not be shared
-		return nil
-	})
-	return out, errors.Wrap(err, "read the standbys (pg_stat_replication)")
-}
+// Standby is a physical standby streaming from the server, as `annals
+// status` lists it (package standby reads it for both). Its details are
+// nil for a role without pg_read_all_stats (Hidden).
+type Standby = standby.Standby
 
 // instanceList reads the runner instances with their states (see
 // leadership).

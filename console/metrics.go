@@ -18,6 +18,7 @@ import (
 
 	"github.com/annals-dev/annals/internal/leadership"
 	"github.com/annals-dev/annals/internal/schemaname"
+	"github.com/annals-dev/annals/internal/standby"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
 
@@ -201,7 +202,7 @@ func (d *dbCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		g(descTimers, float64(pending), "pending")
 		g(descTimers, float64(failed), "failed")
-		standbys, err := d.rd.standbys(ctx, tx)
+		standbys, err := standby.List(ctx, tx)
 		if err != nil {
 			return err
 		}

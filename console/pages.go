@@ -20,6 +20,7 @@ import (
 
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/deadletter"
+	"github.com/annals-dev/annals/internal/standby"
 	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/scheduler"
 )
@@ -641,7 +642,7 @@ func (c *Console) instances(r *http.Request) (*view, error) {
 		if d.Instances, err = c.instanceList(r.Context(), tx); err != nil {
 			return err
 		}
-		d.Standbys, err = c.standbys(r.Context(), tx)
+		d.Standbys, err = standby.List(r.Context(), tx)
 		return err
 	})
 	if err != nil {

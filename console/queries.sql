@@ -231,21 +231,3 @@ SELECT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1::text, 'dead_
 -- Pending and failed timers.
 SELECT count(*) FILTER (WHERE failed_at IS NULL), count(*) FILTER (WHERE failed_at IS NOT NULL)
   FROM {{.Schema}}.timers;
-
--- name: Standbys
--- The physical standbys streaming from this server (pg_stat_replication),
--- as `annals status` reads them, with how far behind each has replayed:
--- bytes of WAL (NULL on a server that is itself a standby, where
--- pg_current_wal_lsn() fails, and when the LSN is hidden) and PostgreSQL's
--- replay_lag (NULL once the standby is idle and caught up: it is measured
--- as WAL flows). A role without pg_read_all_stats sees the walsender's pid
--- and NULL for its details. Logical walsenders (annals' WAL sources, the
--- relay's --wal) stream from a logical slot and are no standbys: left out.
-SELECT r.pid, r.application_name, host(r.client_addr), r.state, r.sync_state,
-       CASE WHEN r.replay_lsn IS NULL OR pg_catalog.pg_is_in_recovery() THEN NULL
-            ELSE pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), r.replay_lsn)::bigint END,
-       extract(epoch FROM r.replay_lag)::float8
-  FROM pg_catalog.pg_stat_replication r
- WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_replication_slots s
-                    WHERE s.active_pid = r.pid AND s.slot_type = 'logical')
- ORDER BY r.application_name, r.pid;

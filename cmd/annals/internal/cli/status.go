@@ -18,6 +18,7 @@ import (
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/internal/leadership"
 	"github.com/annals-dev/annals/internal/lockkey"
+	"github.com/annals-dev/annals/internal/standby"
 	"github.com/annals-dev/annals/projection"
 	"github.com/annals-dev/annals/walsource"
 )
@@ -176,30 +177,10 @@ type StatusJSON struct {
 	Standbys []StandbyStatus `json:"standbys"`
 }
 
-// StandbyStatus is one physical standby in StatusJSON. Its details are
-// null for a role without pg_read_all_stats (PostgreSQL shows it only the
-// walsender's PID).
-type StandbyStatus struct {
-	// PID is the walsender's backend on this server.
-	PID int32 `json:"pid"`
-	// ApplicationName is the standby's application_name (its cluster_name
-	// or the name in its primary_conninfo).
-	ApplicationName *string `json:"application_name"`
-	// ClientAddr is the standby's address (null over a Unix socket).
-	ClientAddr *string `json:"client_addr"`
-	// State is the walsender's state: startup, catchup, streaming, backup
-	// or stopping.
-	State *string `json:"state"`
-	// SyncState is async, potential, sync or quorum.
-	SyncState *string `json:"sync_state"`
-	// ReplayLagBytes is the WAL written on this server that the standby
-	// has not replayed yet.
-	ReplayLagBytes *int64 `json:"replay_lag_bytes"`
-	// ReplayLagSeconds is PostgreSQL's replay_lag: how long the newest WAL
-	// the standby has replayed took to get there (null once idle and
-	// caught up).
-	ReplayLagSeconds *float64 `json:"replay_lag_seconds"`
-}
+// StandbyStatus is one physical standby in StatusJSON (package standby,
+// which the console reads too). Its details are null for a role without
+// pg_read_all_stats (PostgreSQL shows it only the walsender's PID).
+type StandbyStatus = standby.Standby
 
 // SubscriberStatus is one subscriber partition in StatusJSON.
 type SubscriberStatus struct {
@@ -448,18 +429,8 @@ func loadStatus(ctx context.Context, pool *pgxpool.Pool, q map[string]string, sc
 			return errors.Wrap(err, "status: read the replication slots")
 		}
 		st.ReplicationSlots = append(st.ReplicationSlots, slots...)
-		rows, err = tx.Query(ctx, q["Standbys"])
-		if err != nil {
-			return errors.Wrap(err, "status: read the standbys (pg_stat_replication)")
-		}
-		var sb StandbyStatus
-		_, err = pgx.ForEachRow(rows, []any{&sb.PID, &sb.ApplicationName, &sb.ClientAddr, &sb.State, &sb.SyncState,
-			&sb.ReplayLagBytes, &sb.ReplayLagSeconds}, func() error {
-			st.Standbys = append(st.Standbys, sb)
-			sb = StandbyStatus{}
-			return nil
-		})
-		return errors.Wrap(err, "status: read the standbys (pg_stat_replication)")
+		st.Standbys, err = standby.List(ctx, tx)
+		return errors.Wrap(err, "status")
 	})
 	st.CheckedAt = st.CheckedAt.UTC()
 	return st, err

@@ -65,14 +65,10 @@ func writeStandbysTable(w *strings.Builder, standbys []StandbyStatus) {
 		if s.ReplayLagBytes != nil {
 			lag = formatBytes(*s.ReplayLagBytes)
 		}
-		if s.ReplayLagSeconds != nil {
-			lagTime = formatSeconds(*s.ReplayLagSeconds)
-		} else if s.ReplayLagBytes != nil && *s.ReplayLagBytes == 0 {
-			lagTime = "0s" // caught up and idle: PostgreSQL measures it only as WAL flows
+		if sec := s.LagSeconds(); sec != nil {
+			lagTime = formatSeconds(*sec)
 		}
-		if s.State == nil {
-			hidden = true
-		}
+		hidden = hidden || s.Hidden()
 		tbl.add(orDash(s.ApplicationName), strconv.Itoa(int(s.PID)), orDash(s.ClientAddr), orDash(s.State), orDash(s.SyncState), lag, lagTime)
 	}
 	_ = tbl.write(w)
