@@ -583,17 +583,10 @@ func (s *Store) transact(ctx context.Context, opts pgx.TxOptions, fn func(ctx co
 	if len(b.appends) == 0 {
 		if err := tx.Commit(ctx); err != nil {
 			// Without the server's answer, the body's writes may have
-			// committed: outcome unknown, as with appends (Transact).
-			// Only an error the server answered, or a ctx that ended
-			// before the COMMIT left (pgx sends nothing then), says
-			// nothing committed: pgx reports a connection its background
-			// reader found closed while the COMMIT went out as "conn
-			// closed", safe to retry, although the COMMIT was sent.
-			err = errors.Wrap(err, "eventstore: commit")
-			if !answered(err) && !(ctx.Err() != nil && pgconn.SafeToRetry(err)) {
-				err = errmark.Mark(err, errSentLost)
-			}
-			return nil, err
+			// committed: outcome unknown, as with appends (Transact). pgx
+			// sends a lone COMMIT in the simple protocol, and reports a
+			// lost answer there as "conn closed", safe to retry.
+			return nil, s.sentLost(errors.Wrap(err, "eventstore: commit"), true)
 		}
 		return nil, nil
 	}
@@ -639,7 +632,7 @@ func (s *Store) transact(ctx context.Context, opts pgx.TxOptions, fn func(ctx co
 		if err != nil {
 			_ = br.Close()
 			rollback()
-			return nil, s.sentLost(err)
+			return nil, s.sentLost(err, s.mode == pgx.QueryExecModeSimpleProtocol)
 		}
 		results = append(results, res)
 	}
@@ -649,7 +642,7 @@ func (s *Store) transact(ctx context.Context, opts pgx.TxOptions, fn func(ctx co
 	}
 	if err != nil {
 		rollback()
-		return nil, s.sentLost(errors.Wrap(err, "eventstore: commit"))
+		return nil, s.sentLost(errors.Wrap(err, "eventstore: commit"), s.mode == pgx.QueryExecModeSimpleProtocol)
 	}
 	if tag.String() != "COMMIT" {
 		rollback()
@@ -667,11 +660,12 @@ func (s *Store) transact(ctx context.Context, opts pgx.TxOptions, fn func(ctx co
 var errSentLost = errors.New("eventstore: the appends and COMMIT were sent, and their answer was lost")
 
 // sentLost marks err with errSentLost when it leaves the outcome of the
-// appends and COMMIT sent unknown (in QueryExecModeSimpleProtocol, whenever
-// the server did not answer that they failed: pgx may report a lost answer
-// there as safe to retry, as appendAloneAsking says).
-func (s *Store) sentLost(err error) error {
-	if answerLost(err) || (s.mode == pgx.QueryExecModeSimpleProtocol && !answered(err)) {
+// appends and COMMIT sent unknown (when they went in the simple protocol,
+// whenever the server did not answer that they failed: pgx may report a
+// lost answer there as safe to retry, as appendAloneAsking says; a lone
+// COMMIT, tx.Commit's, always goes so, whatever the pool's mode).
+func (s *Store) sentLost(err error, simple bool) error {
+	if answerLost(err) || (simple && !answered(err)) {
 		return errmark.Mark(err, errSentLost)
 	}
 	return err
