@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,13 @@ type AppendConfig struct {
 	Batches []int
 	// Duration is how long each measurement runs. Defaults to 3s.
 	Duration time.Duration
+	// Rounds is how many times each contender runs each combination. The
+	// rounds interleave: a round measures every combination once, its
+	// contenders in an order that rotates from combination to combination
+	// and from round to round, so that none always runs first (on a fresh
+	// table, after a checkpoint) or last. Each figure is the median of its
+	// rounds. Defaults to 3.
+	Rounds int
 	// Progress receives a line as each measurement starts. Defaults to none.
 	Progress io.Writer
 }
@@ -46,15 +54,27 @@ type AppendConfig struct {
 type AppendResult struct {
 	Writers int `json:"writers"`
 	Batch   int `json:"batch"`
-	// Events per second of each contender.
+	// Events per second of each contender: the median of its rounds.
 	Raw       float64 `json:"raw_insert_events_per_sec"`
 	RawLocked float64 `json:"raw_insert_locked_events_per_sec"`
 	Annals    float64 `json:"annals_events_per_sec"`
-	// Ratios of annals to the baselines.
+	// Ratios of annals' median to the baselines' medians.
 	VsRaw       float64 `json:"annals_vs_raw"`
 	VsRawLocked float64 `json:"annals_vs_raw_locked"`
-	// CPU is the CPU time each contender spent per event.
+	// CPU is the CPU time each contender spent per event (each part's
+	// median over the rounds).
 	CPU AppendCPU `json:"cpu_us_per_event"`
+	// Rounds holds each round's rates, in round order.
+	Rounds AppendRounds `json:"rounds"`
+}
+
+// AppendRounds is the rate of each contender in each round, in events per
+// second, and annals' ratio to raw's within each round.
+type AppendRounds struct {
+	Raw       []float64 `json:"raw_insert"`
+	RawLocked []float64 `json:"raw_insert_locked"`
+	Annals    []float64 `json:"annals"`
+	VsRaw     []float64 `json:"annals_vs_raw"`
 }
 
 // AppendCPU is the CPU time per event, in microseconds, of each contender:
@@ -85,6 +105,9 @@ type AppendReport struct {
 	Fsync             string `json:"fsync"`
 	SynchronousCommit string `json:"synchronous_commit"`
 	DurationPerRun    string `json:"duration_per_run"`
+	// Rounds is the number of interleaved rounds each figure is the
+	// median of.
+	Rounds int `json:"rounds"`
 	// ServerCPUNote says why the server's CPU time was not measured; empty
 	// when it was.
 	ServerCPUNote string         `json:"server_cpu_note,omitempty"`
@@ -107,6 +130,9 @@ func (c *AppendConfig) withDefaults() AppendConfig {
 	}
 	if out.Duration <= 0 {
 		out.Duration = 3 * time.Second
+	}
+	if out.Rounds <= 0 {
+		out.Rounds = 3
 	}
 	if out.Progress == nil {
 		out.Progress = io.Discard
@@ -146,42 +172,46 @@ func RunAppend(ctx context.Context, pool *pgxpool.Pool, cfg *AppendConfig) (*App
 	if err != nil {
 		return nil, err
 	}
-	rep := &AppendReport{DurationPerRun: c.Duration.String()}
+	rep := &AppendReport{DurationPerRun: c.Duration.String(), Rounds: c.Rounds}
 	if err := pool.QueryRow(ctx, q["Settings"]).Scan(&rep.Fsync, &rep.SynchronousCommit, &rep.Server); err != nil {
 		return nil, errors.Wrap(err, "benchmark: read server settings")
 	}
 	meter, why := newCPUMeter(ctx, pool)
 	rep.ServerCPUNote = why
 	k1, k2 := lockkey.Pair(c.Schema + ":bench-baseline")
+	contenders := [contenderCount]appendFunc{
+		rawAppend(q["RawInsert"], "", 0, 0),
+		rawAppend(q["RawInsert"], q["Lock"], k1, k2),
+		func(ctx context.Context, _ *pgxpool.Pool, stream string, version int64, n int) error {
+			_, err := store.Append(ctx, stream, eventstore.Exact(version), makeEvents(n)...)
+			return err
+		},
+	}
+	type combination struct{ writers, batch int }
+	var combos []combination
+	for _, w := range c.Writers {
+		for _, b := range c.Batches {
+			combos = append(combos, combination{w, b})
+		}
+	}
+	// rounds[i][k] is contender k's measurements of combination i.
+	rounds := make([][contenderCount]contenderRounds, len(combos))
 	// The annals streams stay in the schema after a run: each run appends to
 	// streams of its own, so the next one on the same database starts at
 	// version 0 again.
 	runID := uuid.NewString()[:8]
-	run := 0
-	for _, w := range c.Writers {
-		for _, b := range c.Batches {
-			run++
-			r := AppendResult{Writers: w, Batch: b}
-			fmt.Fprintf(c.Progress, "append %d/%d: %d writer(s), %d event(s) per append ...\n", run, len(c.Writers)*len(c.Batches), w, b)
-			contenders := []struct {
-				out       *float64
-				cpuServer **float64
-				cpuClient *float64
-				fn        appendFunc
-			}{
-				{&r.Raw, &r.CPU.RawServer, &r.CPU.RawClient, rawAppend(q["RawInsert"], "", 0, 0)},
-				{&r.RawLocked, &r.CPU.RawLockedServer, &r.CPU.RawLockedClient, rawAppend(q["RawInsert"], q["Lock"], k1, k2)},
-				{&r.Annals, &r.CPU.AnnalsServer, &r.CPU.AnnalsClient, func(ctx context.Context, _ *pgxpool.Pool, stream string, version int64, n int) error {
-					_, err := store.Append(ctx, stream, eventstore.Exact(version), makeEvents(n)...)
-					return err
-				}},
-			}
-			for i, ct := range contenders {
+	order := []int{rawContender, rawLockedContender, annalsContender}
+	for round := range c.Rounds {
+		for i, cb := range combos {
+			fmt.Fprintf(c.Progress, "append round %d/%d, %d/%d: %d writer(s), %d event(s) per append ...\n",
+				round+1, c.Rounds, i+1, len(combos), cb.writers, cb.batch)
+			for _, k := range rotate(order, round+i) {
 				before, err := meter.sample()
 				if err != nil {
 					return nil, err
 				}
-				events, rate, err := measure(ctx, pool, fmt.Sprintf("%s-r%d-%d-%d", runID, run, i, w), w, b, c.Duration, ct.fn)
+				prefix := fmt.Sprintf("%s-r%d-%d-%d-%d", runID, round, i, k, cb.writers)
+				events, rate, err := measure(ctx, pool, prefix, cb.writers, cb.batch, c.Duration, contenders[k])
 				if err != nil {
 					return nil, err
 				}
@@ -189,20 +219,78 @@ func RunAppend(ctx context.Context, pool *pgxpool.Pool, cfg *AppendConfig) (*App
 				if err != nil {
 					return nil, err
 				}
-				*ct.out = rate
-				*ct.cpuServer, *ct.cpuClient = meter.perEvent(before, after, events)
+				server, client := meter.perEvent(before, after, events)
+				rounds[i][k].add(rate, server, client)
 			}
-			r.VsRaw = r.Annals / r.Raw
-			r.VsRawLocked = r.Annals / r.RawLocked
-			if r.CPU.RawServer != nil && *r.CPU.RawServer > 0 {
-				server := *r.CPU.AnnalsServer / *r.CPU.RawServer
-				total := (*r.CPU.AnnalsServer + r.CPU.AnnalsClient) / (*r.CPU.RawServer + r.CPU.RawClient)
-				r.CPU.AnnalsVsRawServer, r.CPU.AnnalsVsRawTotal = &server, &total
-			}
-			rep.Results = append(rep.Results, r)
 		}
 	}
+	for i, cb := range combos {
+		raw, locked, ann := &rounds[i][rawContender], &rounds[i][rawLockedContender], &rounds[i][annalsContender]
+		r := AppendResult{Writers: cb.writers, Batch: cb.batch}
+		r.Rounds = AppendRounds{Raw: raw.rates, RawLocked: locked.rates, Annals: ann.rates}
+		for j := range ann.rates {
+			r.Rounds.VsRaw = append(r.Rounds.VsRaw, ann.rates[j]/raw.rates[j])
+		}
+		r.Raw, r.RawLocked, r.Annals = raw.rate(), locked.rate(), ann.rate()
+		r.VsRaw = r.Annals / r.Raw
+		r.VsRawLocked = r.Annals / r.RawLocked
+		r.CPU.RawServer, r.CPU.RawClient = raw.cpu()
+		r.CPU.RawLockedServer, r.CPU.RawLockedClient = locked.cpu()
+		r.CPU.AnnalsServer, r.CPU.AnnalsClient = ann.cpu()
+		if r.CPU.RawServer != nil && *r.CPU.RawServer > 0 {
+			server := *r.CPU.AnnalsServer / *r.CPU.RawServer
+			total := (*r.CPU.AnnalsServer + r.CPU.AnnalsClient) / (*r.CPU.RawServer + r.CPU.RawClient)
+			r.CPU.AnnalsVsRawServer, r.CPU.AnnalsVsRawTotal = &server, &total
+		}
+		rep.Results = append(rep.Results, r)
+	}
 	return rep, nil
+}
+
+// The append benchmark's contenders, by index.
+const (
+	rawContender = iota
+	rawLockedContender
+	annalsContender
+	contenderCount
+)
+
+// contenderRounds is one contender's measurements of one combination, a
+// round each.
+type contenderRounds struct {
+	rates, client []float64
+	// server is nil when the server's CPU time is not measured.
+	server []float64
+}
+
+func (c *contenderRounds) add(rate float64, server *float64, client float64) {
+	c.rates = append(c.rates, rate)
+	c.client = append(c.client, client)
+	if server != nil {
+		c.server = append(c.server, *server)
+	}
+}
+
+// rate is the median rate.
+func (c *contenderRounds) rate() float64 { return median(slices.Clone(c.rates)) }
+
+// cpu is the median CPU time per event of the server (nil when not
+// measured in every round) and of this process.
+func (c *contenderRounds) cpu() (server *float64, client float64) {
+	if len(c.server) == len(c.rates) && len(c.server) > 0 {
+		m := median(slices.Clone(c.server))
+		server = &m
+	}
+	return server, median(slices.Clone(c.client))
+}
+
+// rotate returns s started at its k-th element (k taken modulo len(s)).
+func rotate[T any](s []T, k int) []T {
+	if len(s) == 0 {
+		return nil
+	}
+	k %= len(s)
+	return append(slices.Clone(s[k:]), s[:k]...)
 }
 
 // appendFunc appends n new events at the stream's current version. Each
@@ -288,12 +376,17 @@ func makePayload(n int) (json.RawMessage, error) {
 
 // WriteAppendTable prints the report as an aligned table.
 func WriteAppendTable(w io.Writer, rep *AppendReport) error {
-	fmt.Fprintf(w, "append throughput, events/s (PostgreSQL %s, fsync=%s, synchronous_commit=%s, %s per run)\n",
-		rep.Server, rep.Fsync, rep.SynchronousCommit, rep.DurationPerRun)
+	fmt.Fprintf(w, "append throughput, events/s, medians of %d interleaved round(s) (PostgreSQL %s, fsync=%s, synchronous_commit=%s, %s per run)\n",
+		rep.Rounds, rep.Server, rep.Fsync, rep.SynchronousCommit, rep.DurationPerRun)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "writers\tevents/append\traw insert\traw insert + lock\tannals\tannals/raw\tannals/raw+lock\t")
+	fmt.Fprintln(tw, "writers\tevents/append\traw insert\traw insert + lock\tannals\tannals/raw\tannals/raw+lock\tannals/raw by round\t")
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%d\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t\n", r.Writers, r.Batch, r.Raw, r.RawLocked, r.Annals, r.VsRaw, r.VsRawLocked)
+		byRound := make([]string, len(r.Rounds.VsRaw))
+		for i, x := range r.Rounds.VsRaw {
+			byRound[i] = fmt.Sprintf("%.2f", x)
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t%s\t\n", r.Writers, r.Batch, r.Raw, r.RawLocked, r.Annals, r.VsRaw, r.VsRawLocked,
+			strings.Join(byRound, " "))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -302,7 +395,7 @@ func WriteAppendTable(w io.Writer, rep *AppendReport) error {
 	if rep.ServerCPUNote != "" {
 		fmt.Fprintf(w, "CPU per event, µs, of this process only: %s\n", rep.ServerCPUNote)
 	} else {
-		fmt.Fprintln(w, "CPU per event, µs: PostgreSQL's processes + this process")
+		fmt.Fprintln(w, "CPU per event, µs (medians): PostgreSQL's processes + this process")
 	}
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "writers\tevents/append\traw insert\traw insert + lock\tannals\tannals/raw server\tannals/raw total\t")

@@ -6,7 +6,11 @@
 // 1 or 100 events per transaction, beside (a) a plain INSERT of the same rows
 // numbered by a sequence with no ordering lock and (b) the same INSERT under
 // a transaction-scoped advisory lock, each one statement per transaction in
-// one round trip. The three run back to back for every combination.
+// one round trip. The three run in interleaved rounds (3 by default): a
+// round measures every combination once, its contenders' order rotating
+// from one combination and one round to the next, so that none always runs
+// first (on fresh tables, right after a checkpoint) or last; each figure is
+// the median of its rounds, and each round's ratio is kept beside it.
 //
 // Catch-up (catchup.go): a fresh log of N events read from the start, 500 at
 // a time, by a raw paged SELECT scanning payloads into []byte, the same with

@@ -24,7 +24,7 @@ var benchmarks = []string{"append", "catchup", "latency", "takeover", "rebuild",
 // benchFlagsOf maps each benchmark to its own flags: given without --only,
 // they select their benchmarks alone.
 var benchFlagsOf = map[string][]string{
-	"append":   {"writers", "batch"},
+	"append":   {"writers", "batch", "append-rounds"},
 	"catchup":  {"events"},
 	"latency":  {"rates", "latency-writers"},
 	"takeover": {"rounds", "lock-retry"},
@@ -41,6 +41,7 @@ const cliMainPackage = "github.com/annals-dev/annals/cmd/annals"
 type benchJSON struct {
 	benchmark.Settings
 	DurationPerRun string                    `json:"duration_per_run,omitempty"`
+	AppendRounds   int                       `json:"append_rounds,omitempty"`
 	Results        []benchmark.AppendResult  `json:"results,omitempty"`
 	Catchup        *benchmark.CatchupReport  `json:"catchup,omitempty"`
 	Latency        *benchmark.LatencyReport  `json:"latency,omitempty"`
@@ -57,7 +58,7 @@ func (e *env) benchCommand() *cobra.Command {
 	var only []string
 	var writers, batches, rates []int
 	var latencyWriters int
-	var events, rounds, rebuildEvents, scaleoutEvents int
+	var events, rounds, appendRounds, rebuildEvents, scaleoutEvents int
 	var lockRetry []time.Duration
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -69,7 +70,9 @@ figures and ratios (tables on stdout, progress on stderr). The benchmarks, chose
   append    append throughput (1, 4 and 16 writers; 1 and 100 events per append) beside
             a plain INSERT numbered by a sequence and the same INSERT under an advisory
             lock, and each one's CPU time per event (PostgreSQL's, when it runs on this
-            machine, and this process's). Schema annals_bench.
+            machine, and this process's); --append-rounds interleaved rounds (default 3),
+            the contenders' order rotating, medians and each round's ratio. Schema
+            annals_bench.
   catchup   catch-up throughput: fill a log of --events events, then read it all with a
             raw paged SELECT (payloads scanned into []byte), the same plus a checkpoint
             write per page, a no-op Projection and a no-op Observer
@@ -94,7 +97,7 @@ figures and ratios (tables on stdout, progress on stderr). The benchmarks, chose
             catch-up throughput of --scaleout-events events with an upsert per event by 1,
             2 and 4 processes. Schema annals_bench_scaleout.
 
-Without --only, a benchmark's own flags (append: --writers, --batch; catchup: --events;
+Without --only, a benchmark's own flags (append: --writers, --batch, --append-rounds; catchup: --events;
 latency: --rates, --latency-writers; takeover: --rounds, --lock-retry; rebuild: --rebuild-events) select that
 benchmark alone. The catch-up, latency, takeover and rebuild schemas are dropped and recreated at the start and left
 behind for inspection. Run against a database with fsync on: fsync-off clusters hide the
@@ -112,7 +115,7 @@ smoke test).`,
 			if duration < 0 {
 				return usagef("--duration must not be negative (0: the default, 3s)")
 			}
-			appendCfg := &benchmark.AppendConfig{Writers: writers, Batches: batches, Duration: duration, Progress: e.stderr}
+			appendCfg := &benchmark.AppendConfig{Writers: writers, Batches: batches, Duration: duration, Rounds: appendRounds, Progress: e.stderr}
 			catchupCfg := &benchmark.CatchupConfig{Events: events, Progress: e.stderr}
 			latencyCfg := &benchmark.LatencyConfig{Rates: rates, Writers: latencyWriters, Duration: duration, Progress: e.stderr}
 			takeoverCfg := &benchmark.TakeoverConfig{LockRetry: lockRetry, Rounds: rounds, Progress: e.stderr}
@@ -122,6 +125,9 @@ smoke test).`,
 				appendCfg.Duration = 200 * time.Millisecond
 				if len(writers) == 0 {
 					appendCfg.Writers = []int{1, 4}
+				}
+				if !cmd.Flags().Changed("append-rounds") {
+					appendCfg.Rounds = 1
 				}
 				if !cmd.Flags().Changed("events") {
 					catchupCfg.Events = 5000
@@ -151,6 +157,9 @@ smoke test).`,
 				if b < 1 || b > 10000 {
 					return usagef("--batch %d: want 1..10000", b)
 				}
+			}
+			if appendCfg.Rounds < 1 || appendCfg.Rounds > 100 {
+				return usagef("--append-rounds %d: want 1..100", appendCfg.Rounds)
 			}
 			if catchupCfg.Events < 1 || catchupCfg.Events > 100_000_000 {
 				return usagef("--events %d: want 1..100000000", catchupCfg.Events)
@@ -221,7 +230,7 @@ smoke test).`,
 				if err != nil {
 					return err
 				}
-				doc.DurationPerRun, doc.Results = rep.DurationPerRun, rep.Results
+				doc.DurationPerRun, doc.AppendRounds, doc.Results = rep.DurationPerRun, rep.Rounds, rep.Results
 				if err := report(func(w io.Writer) error { return benchmark.WriteAppendTable(w, rep) }); err != nil {
 					return err
 				}
@@ -319,6 +328,7 @@ smoke test).`,
 	format = addOutputFlag(cmd, false, outputText, outputJSON)
 	cmd.Flags().IntSliceVar(&writers, "writers", nil, "append: writer counts (default 1,4,16)")
 	cmd.Flags().IntSliceVar(&batches, "batch", nil, "append: events per append (default 1,100)")
+	cmd.Flags().IntVar(&appendRounds, "append-rounds", 3, "append: interleaved rounds, each figure their median (quick: 1)")
 	cmd.Flags().IntVar(&events, "events", 1_000_000, "catchup: events in the log (quick: 5000)")
 	cmd.Flags().IntVar(&rebuildEvents, "rebuild-events", 200_000, "rebuild: events in the log (quick: 5000)")
 	cmd.Flags().IntVar(&scaleoutEvents, "scaleout-events", 100_000, "scaleout: events in the log of the throughput runs (quick: 5000)")

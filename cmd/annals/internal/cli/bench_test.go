@@ -238,7 +238,7 @@ func TestBenchAppendCPU(t *testing.T) {
 	db := annalstest.NewDB(t, nil)
 	jsonPath := filepath.Join(t.TempDir(), "append.json")
 	r := annals(t, db.URL, "bench", "--quick", "--only", "append", "--writers", "2", "--batch", "3", "--json", jsonPath)
-	if r.code != 0 || !strings.Contains(r.stdout, "CPU per event, µs: PostgreSQL's processes + this process") {
+	if r.code != 0 || !strings.Contains(r.stdout, "CPU per event, µs (medians): PostgreSQL's processes + this process") {
 		t.Fatalf("bench --only append: %+v", r)
 	}
 	raw, err := os.ReadFile(jsonPath)
@@ -273,6 +273,68 @@ func TestBenchAppendCPU(t *testing.T) {
 	}
 	if got, want := *c.VsRawServer, *c.AnnalsServer / *c.RawServer; got != want {
 		t.Fatalf("annals_vs_raw_server %v, want %v", got, want)
+	}
+}
+
+// The append benchmark measures each combination in interleaved rounds and
+// reports the medians, with each round's rates and ratio: one run on a
+// shared machine moves a lone measurement by a fifth.
+func TestBenchAppendRounds(t *testing.T) {
+	t.Parallel()
+	db := annalstest.NewDB(t, nil)
+	jsonPath := filepath.Join(t.TempDir(), "append.json")
+	r := annals(t, db.URL, "bench", "--quick", "--only", "append", "--writers", "1", "--batch", "2",
+		"--append-rounds", "3", "--duration", "100ms", "--json", jsonPath)
+	if r.code != 0 || !strings.Contains(r.stdout, "medians of 3 interleaved round(s)") ||
+		!strings.Contains(r.stdout, "annals/raw by round") || strings.Count(r.stderr, "append round ") != 3 {
+		t.Fatalf("bench --append-rounds 3: %+v", r)
+	}
+	raw, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Rounds  int `json:"append_rounds"`
+		Results []struct {
+			Raw    float64 `json:"raw_insert_events_per_sec"`
+			Locked float64 `json:"raw_insert_locked_events_per_sec"`
+			Annals float64 `json:"annals_events_per_sec"`
+			VsRaw  float64 `json:"annals_vs_raw"`
+			Rounds struct {
+				Raw    []float64 `json:"raw_insert"`
+				Locked []float64 `json:"raw_insert_locked"`
+				Annals []float64 `json:"annals"`
+				VsRaw  []float64 `json:"annals_vs_raw"`
+			} `json:"rounds"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil || rep.Rounds != 3 || len(rep.Results) != 1 {
+		t.Fatalf("append JSON (%v): %s", err, raw)
+	}
+	res := rep.Results[0]
+	mid := func(xs []float64) float64 {
+		s := slices.Clone(xs)
+		slices.Sort(s)
+		return s[1]
+	}
+	for name, c := range map[string]struct {
+		rounds []float64
+		median float64
+	}{"raw": {res.Rounds.Raw, res.Raw}, "raw locked": {res.Rounds.Locked, res.Locked}, "annals": {res.Rounds.Annals, res.Annals}} {
+		if len(c.rounds) != 3 || slices.Min(c.rounds) <= 0 || mid(c.rounds) != c.median {
+			t.Fatalf("%s: rounds %v, median %v: %s", name, c.rounds, c.median, raw)
+		}
+	}
+	if len(res.Rounds.VsRaw) != 3 || res.VsRaw != res.Annals/res.Raw {
+		t.Fatalf("ratios: %s", raw)
+	}
+	for i, x := range res.Rounds.VsRaw {
+		if x != res.Rounds.Annals[i]/res.Rounds.Raw[i] {
+			t.Fatalf("round %d's ratio %v: %s", i+1, x, raw)
+		}
+	}
+	if r := annals(t, db.URL, "bench", "--only", "append", "--append-rounds", "0"); r.code != 2 || !strings.Contains(r.stderr, "--append-rounds 0: want 1..100") {
+		t.Fatalf("--append-rounds 0: %+v", r)
 	}
 }
 
