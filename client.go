@@ -390,7 +390,7 @@ func (c *Client) setupInline(ctx context.Context) error {
 		if !ok || s.SetupVersion() <= 0 {
 			continue
 		}
-		err := pgx.BeginFunc(ctx, c.runnerPool, func(tx pgx.Tx) error {
+		err := pgx.BeginTxFunc(ctx, c.runnerPool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 			ran, err := projection.EnsureSetup(ctx, tx, c.cfg.Schema, p.Name(), s, c.runner.InstanceID())
 			if ran {
 				c.cfg.Logger.InfoContext(ctx, "annals: inline read model set up", "projection", p.Name(), "version", s.SetupVersion())

@@ -122,7 +122,12 @@
 // (EnsureSetup). So it runs once per version per database, never
 // concurrently with itself, even when instances start at once; a failed
 // setup records nothing and the runner does not start. Bump the version to
-// run a changed setup once more.
+// run a changed setup once more. The setup transactions are READ COMMITTED
+// whatever the session's default_transaction_isolation says: under
+// REPEATABLE READ or SERIALIZABLE, an instance that waited for the lock
+// would keep the snapshot it took before the wait, miss the record of the
+// setup it waited for and run the setup again. EnsureSetup called with
+// such a transaction fails with a *SetupIsolationError (ErrSetupIsolation).
 //
 // # Rebuilding a projection
 //

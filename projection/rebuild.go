@@ -567,7 +567,8 @@ func (rb *rebuild) relayout(ctx context.Context) error {
 	}
 	committing := false // the body is done: what fails now is the COMMIT
 	err = leases[0].Do(ctx, func(conn *pgx.Conn) error {
-		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+		// READ COMMITTED, as setupBeforeReset (EnsureSetup) needs it.
+		return pgx.BeginTxFunc(ctx, conn, setupTx, func(tx pgx.Tx) (err error) {
 			defer func() { committing = err == nil }()
 			// The fence first: from here on no leader's batch commits.
 			if _, err := tx.Exec(ctx, rb.q["FenceAllCheckpoints"], name, RebuildOwnerPrefix+rb.r.cfg.InstanceID); err != nil {
@@ -637,7 +638,8 @@ func (rb *rebuild) count(ctx context.Context, head int64, starts []int64) (total
 func (rb *rebuild) reset(ctx context.Context, leases []*catchup.Lease) error {
 	committing := false // the body is done: what fails now is the COMMIT
 	err := leases[0].Do(ctx, func(conn *pgx.Conn) error {
-		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+		// READ COMMITTED, as setupBeforeReset (EnsureSetup) needs it.
+		return pgx.BeginTxFunc(ctx, conn, setupTx, func(tx pgx.Tx) (err error) {
 			defer func() { committing = err == nil }()
 			if err := rb.setupBeforeReset(ctx, tx); err != nil {
 				return err

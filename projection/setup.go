@@ -3,6 +3,8 @@ package projection
 import (
 	"context"
 	_ "embed"
+	"fmt"
+	"strings"
 
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
@@ -46,6 +48,34 @@ func Statements(stmts ...string) func(ctx context.Context, tx pgx.Tx) error {
 	}
 }
 
+// ErrSetupIsolation is matched (errors.Is) by the error of EnsureSetup
+// called with a transaction that is not READ COMMITTED (a
+// *SetupIsolationError).
+var ErrSetupIsolation = errors.New("projection: a setup needs a READ COMMITTED transaction")
+
+// SetupIsolationError is the error of EnsureSetup called with a transaction
+// whose isolation level is not READ COMMITTED: REPEATABLE READ or
+// SERIALIZABLE take their snapshot at the transaction's first statement,
+// before the setup lock is granted, so a process that waited for another's
+// setup would not see its record and would run the setup a second time.
+type SetupIsolationError struct {
+	// Projection is the projection's name.
+	Projection string
+	// Isolation is the transaction's isolation level, as PostgreSQL names
+	// it ("repeatable read", "serializable").
+	Isolation string
+}
+
+// Error implements error.
+func (e *SetupIsolationError) Error() string {
+	return fmt.Sprintf("projection %q: the setup's transaction is %s; it must be READ COMMITTED "+
+		"(pgx.TxOptions{IsoLevel: pgx.ReadCommitted}): in another, a process that waited for another's setup "+
+		"would not see its record and would run the setup again", e.Projection, strings.ToUpper(e.Isolation))
+}
+
+// Is reports whether target is ErrSetupIsolation.
+func (e *SetupIsolationError) Is(target error) bool { return target == ErrSetupIsolation }
+
 // EnsureSetup runs s.Setup in tx for the projection name unless the
 // schema's read_model_setups table records version s.SetupVersion() (or a
 // later one) for it, and records the version. It first takes a
@@ -54,6 +84,16 @@ func Statements(stmts ...string) func(ctx context.Context, tx pgx.Tx) error {
 // concurrently: the others wait for the first one's commit, then find its
 // record. The setup, its record and whatever else tx does commit together;
 // a failed setup records nothing. It reports whether Setup ran.
+//
+// tx must be READ COMMITTED (begin it with pgx.TxOptions{IsoLevel:
+// pgx.ReadCommitted} when the session's default_transaction_isolation may
+// say otherwise): a REPEATABLE READ or SERIALIZABLE transaction keeps the
+// snapshot of its first statement, taken before the lock was granted, and
+// would not see the record of the setup it waited for. EnsureSetup returns
+// a *SetupIsolationError (ErrSetupIsolation) for such a transaction,
+// without taking the lock or running Setup. The runner, a rebuild, the
+// annals client, natsconsumer and testkit begin their setup transactions
+// READ COMMITTED whatever the session's default.
 func EnsureSetup(ctx context.Context, tx pgx.Tx, schema, name string, s Setupper, by string) (bool, error) {
 	v := s.SetupVersion()
 	if v <= 0 {
@@ -68,8 +108,13 @@ func EnsureSetup(ctx context.Context, tx pgx.Tx, schema, name string, s Setupper
 		return false, err
 	}
 	k1, k2 := lockkey.Pair(schema + ":setup:" + name)
-	if _, err := tx.Exec(ctx, q["SetupLock"], k1, k2); err != nil {
+	var isolation string
+	var locked bool
+	if err := tx.QueryRow(ctx, q["SetupLock"], k1, k2).Scan(&isolation, &locked); err != nil {
 		return false, errors.Wrapf(err, "projection %q: setup lock", name)
+	}
+	if !locked {
+		return false, errors.WithStack(&SetupIsolationError{Projection: name, Isolation: isolation})
 	}
 	var have int
 	switch err := tx.QueryRow(ctx, q["SetupVersion"], name).Scan(&have); {
@@ -88,6 +133,10 @@ func EnsureSetup(ctx context.Context, tx pgx.Tx, schema, name string, s Setupper
 	}
 	return true, nil
 }
+
+// setupTx are the options of the transactions that run EnsureSetup: READ
+// COMMITTED, whatever the session's default_transaction_isolation says.
+var setupTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 
 // setupOf returns the Setupper of a registered projection, or nil.
 func setupOf(reg *registration) Setupper {
@@ -119,7 +168,7 @@ func (r *Runner) Setup(ctx context.Context) error {
 		if s == nil {
 			continue
 		}
-		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginTxFunc(ctx, r.pool, setupTx, func(tx pgx.Tx) error {
 			ran, err := EnsureSetup(ctx, tx, r.cfg.Schema, reg.name, s, r.cfg.InstanceID)
 			if ran {
 				r.cfg.Logger.InfoContext(ctx, "annals: read model set up", "projection", reg.name, "version", s.SetupVersion())

@@ -344,7 +344,7 @@ func (r *Replay) setup(ctx context.Context) error {
 	if r.opts.Setup == nil && reset == nil && setup == nil {
 		return nil
 	}
-	return pgx.BeginFunc(ctx, r.DB.Pool, func(tx pgx.Tx) error {
+	return pgx.BeginTxFunc(ctx, r.DB.Pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if r.opts.Setup != nil {
 			if err := r.opts.Setup(ctx, tx); err != nil {
 				return errors.Wrap(err, "Setup")

@@ -722,7 +722,7 @@ func (c *Consumer) setup(ctx context.Context, pool *pgxpool.Pool, p interface{ N
 		return nil
 	}
 	var ran bool
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var err error
 		ran, err = projection.EnsureSetup(ctx, tx, c.cfg.Schema, p.Name(), s, "natsconsumer:"+c.cfg.Durable)
 		return err
