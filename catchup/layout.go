@@ -110,6 +110,10 @@ func (e *Engine) CheckLayout(ctx context.Context, sub *Subscription) error {
 	n, by := layoutOf(sub)
 	// A layout that a concurrent first run inserted after RecordLayout's
 	// snapshot was taken is neither inserted nor seen: read again.
+	// RecordLayout runs READ COMMITTED whatever the session's
+	// default_transaction_isolation: under REPEATABLE READ or SERIALIZABLE,
+	// its ON CONFLICT on a layout that a concurrent first run inserted after
+	// its snapshot fails to serialize (40001) instead of reading it.
 	for attempt := 0; ; attempt++ {
 		var (
 			written bool
@@ -120,7 +124,7 @@ func (e *Engine) CheckLayout(ctx context.Context, sub *Subscription) error {
 			moved   bool
 			refused = &PartitionLayoutError{Subscriber: sub.Name, Partitions: n, PartitionBy: by, HighestPartition: -1}
 		)
-		if err := e.pool.QueryRow(ctx, e.q["RecordLayout"], sub.Name, n, by).Scan(&written, &recN, &recBy, &highest, &count, &moved); err != nil {
+		if err := e.recordLayout(ctx, sub.Name, n, by, &written, &recN, &recBy, &highest, &count, &moved); err != nil {
 			return notGranted(errors.Wrapf(err, "catchup: record the partition layout of %s", sub.Name))
 		}
 		switch {
@@ -140,6 +144,29 @@ func (e *Engine) CheckLayout(ctx context.Context, sub *Subscription) error {
 		}
 		return errors.Newf("catchup: the partition layout of %s is neither recorded nor recordable", sub.Name)
 	}
+}
+
+// recordLayout runs RecordLayout for subscriber name, n partitions by key
+// by, in a READ COMMITTED transaction (BEGIN, the statement and COMMIT in
+// one round trip), and scans its row into dest. A batch that fails leaves
+// its connection in a transaction, which the pool discards.
+func (e *Engine) recordLayout(ctx context.Context, name string, n int, by string, dest ...any) error {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	b.Queue(e.q["RecordLayout"], name, n, by)
+	b.Queue("COMMIT")
+	br := e.pool.SendBatch(ctx, b)
+	_, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(dest...)
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // claimLaidOut is TakeOver's claim of sub's checkpoint (its partition) for

@@ -1,0 +1,96 @@
+package catchup_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/catchup"
+)
+
+// Two engines, each with a pool of its own whose sessions default to
+// REPEATABLE READ, record the layout of the same new subscriber at once
+// (two runners starting together): both pass, and the layout is recorded
+// once. The test holds the layouts table so that both statements are
+// waiting when it lets them go. Before, the second one's statement kept the
+// snapshot it took before the first one's insert, and its ON CONFLICT
+// failed to serialize (40001): the runner did not start.
+func TestCheckLayoutUnderRepeatableReadDefault(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	db := annalstest.NewDB(t, nil)
+	if _, err := db.Pool.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+
+		` SET default_transaction_isolation = 'repeatable read'`); err != nil {
+		t.Fatal(err)
+	}
+	engines := make([]*catchup.Engine, 2)
+	for i := range engines {
+		pool, err := pgxpool.New(ctx, db.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		var iso string
+		if err := pool.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&iso); err != nil || iso != "repeatable read" {
+			t.Fatalf("default_transaction_isolation = %q, %v; want repeatable read", iso, err)
+		}
+		if engines[i], err = catchup.NewEngine(pool, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	table := pgx.Identifier{db.Schema, "subscriber_layouts"}.Sanitize()
+	hold, err := db.Pool.Begin(ctx) // db.Pool's sessions predate the ALTER: READ COMMITTED
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = hold.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := hold.Exec(ctx, `LOCK TABLE `+table+` IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(engines))
+	for i, e := range engines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = e.CheckLayout(ctx, &catchup.Subscription{Name: "rr.orders", Partitions: 2})
+		}()
+	}
+	// Both statements wait for the table: let them go together.
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for waiting := 0; waiting < len(engines); {
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'relation' AND NOT granted AND relation = $1::regclass`, table).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting >= len(engines) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d of %d engines waited for the layouts table: %v", waiting, len(engines), ctx.Err())
+		case <-tick.C:
+		}
+	}
+	if err := hold.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("engine %d: %v", i, err)
+		}
+	}
+	var n, parts int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*), max(partitions) FROM `+table+
+		` WHERE subscriber_id = 'rr.orders'`).Scan(&n, &parts); err != nil || n != 1 || parts != 2 {
+		t.Fatalf("recorded layouts = %d (partitions %d), %v; want one of 2 partitions", n, parts, err)
+	}
+}
