@@ -459,6 +459,30 @@ func newGenerations(schema string) (*generations, error) {
 	return &generations{schema: schema, q: q}, nil
 }
 
+// generationsTx are the options of annals' transactions that take the
+// generations lock: READ COMMITTED whatever the session's
+// default_transaction_isolation, so that what they read after the lock
+// shows what its previous holder committed. Under REPEATABLE READ or
+// SERIALIZABLE they would keep the snapshot taken by the lock's statement,
+// before its wait, and miss (or fail to serialize with) the generation the
+// other process just created, cut over, rolled back or dropped.
+var generationsTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
+// beginGenerations begins a transaction on db for a change under the
+// generations lock: with generationsTx when db can begin one with options
+// (a pool, a connection), else with db.Begin (a caller's transaction,
+// whose savepoint keeps the caller's isolation).
+func beginGenerations(ctx context.Context, db interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}) (pgx.Tx, error) {
+	if b, ok := db.(interface {
+		BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+	}); ok {
+		return b.BeginTx(ctx, generationsTx)
+	}
+	return db.Begin(ctx)
+}
+
 func (g *generations) lock(ctx context.Context, tx pgx.Tx, name string) error {
 	k1, k2 := lockkey.Pair(g.schema + ":generations:" + name)
 	_, err := tx.Exec(ctx, g.q["GenLock"], k1, k2)
@@ -582,7 +606,7 @@ func (r *Runner) ensureGenerations(ctx context.Context, g *generations, name str
 		reason    string
 	}
 	var retired []abandoned
-	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, r.pool, generationsTx, func(tx pgx.Tx) error {
 		if err := g.lock(ctx, tx, name); err != nil {
 			return err
 		}
@@ -1025,8 +1049,9 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 	release := func() {} // the old generation's leaderGate, once held
 	// Released however the transaction ends (a panic in it included).
 	defer func() { release() }()
-	// Read committed: the transaction's reads see the leaders' commits.
-	err := pgx.BeginTxFunc(ctx, r.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	// Read committed (generationsTx): the transaction's reads see the
+	// leaders' commits.
+	err := pgx.BeginTxFunc(ctx, r.pool, generationsTx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, g.q["LockTimeout"], strconv.FormatInt(lockTimeout.Milliseconds(), 10)+"ms"); err != nil {
 			return err
 		}
@@ -1319,7 +1344,7 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	var gen, newer Generation
 	var retired []Generation
 	var reasons []string
-	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, r.pool, generationsTx, func(tx pgx.Tx) error {
 		if err := g.lock(ctx, tx, name); err != nil {
 			return err
 		}
@@ -1811,6 +1836,13 @@ func (rb *rebuild) driveAll(ctx, procCtx context.Context, e *catchup.Engine, sub
 // A rollback is the one way readers go back to an older version: a
 // cut-over never does (ErrCutoverOlderVersion).
 //
+// When db can begin a transaction with options (a pool, a connection), the
+// rollback's transaction is READ COMMITTED whatever the session's
+// default_transaction_isolation, so that it reads what a concurrent
+// rollback or cut-over it waited for committed; in a transaction of the
+// caller's (a pgx.Tx) it keeps the caller's isolation, which must be READ
+// COMMITTED for that.
+//
 // Rollback is not idempotent: run again, it goes one step further down the
 // chain. A caller that retries a rollback whose answer it did not get (the
 // connection cut after COMMIT was sent) should use RollbackFrom with the
@@ -1838,7 +1870,7 @@ func RollbackFrom(ctx context.Context, db interface {
 	}
 	c := Cutover{Projection: name, Attempts: 1}
 	start := time.Now()
-	tx, err := db.Begin(ctx)
+	tx, err := beginGenerations(ctx, db)
 	if err != nil {
 		return c, errors.Wrap(err, "projection: rollback")
 	}
@@ -1956,7 +1988,8 @@ func ListGenerations(ctx context.Context, db checkpoint.DB, schema, name string)
 // schemas depend on (ErrGenerationInUse: the reader schema's views of a
 // live generation another role marked retired, say); it and the ones after
 // it are left as they are: any runner role may write the rows, and the
-// drop (CASCADE) runs as this one.
+// drop (CASCADE) runs as this one. Its transactions are READ COMMITTED,
+// as Rollback's are.
 func DropRetired(ctx context.Context, db interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }, schema, name string, olderThan time.Duration) ([]int, error) {
@@ -1966,7 +1999,7 @@ func DropRetired(ctx context.Context, db interface {
 	}
 	var dropped []int
 	for {
-		tx, err := db.Begin(ctx)
+		tx, err := beginGenerations(ctx, db)
 		if err != nil {
 			return dropped, errors.Wrap(err, "projection: drop retired generations")
 		}
