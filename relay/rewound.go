@@ -377,7 +377,11 @@ func (r *Relay) recordRewound(ctx context.Context, rw Rewound, seq uint64, at *i
 	if err != nil {
 		return err
 	}
-	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+	// READ COMMITTED whatever the session's default_transaction_isolation:
+	// two instances recording at once take turns on the row (LockRewinds),
+	// and the second must read what the first recorded; under REPEATABLE
+	// READ or SERIALIZABLE its lock would fail to serialize (40001).
+	err = pgx.BeginTxFunc(ctx, r.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, q["EnsureAcksRow"], r.cfg.Name, rw.Stream, rw.Created.UnixNano(), int64(seq), rw.At); err != nil {
 			return err
 		}
