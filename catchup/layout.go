@@ -202,10 +202,14 @@ type statement struct {
 // checkpoint row, or no row when the layout refuses it) and COMMIT, in one
 // round trip: a takeover waits for it. A claim that fails leaves no
 // transaction open on a connection (it is rolled back); a pool's
-// connection left in a failed transaction is discarded by the pool.
+// connection left in a failed transaction is discarded by the pool. The
+// transaction is READ COMMITTED whatever the session's
+// default_transaction_isolation: a claim that waits for the checkpoint row
+// (a leader's commit in flight) then updates the row as committed; under
+// REPEATABLE READ or SERIALIZABLE it would fail to serialize (40001).
 func (e *Engine) claimTx(ctx context.Context, db claimDB, sub *Subscription, setup, claim statement) (checkpoint.Checkpoint, error) {
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	b.Queue(setup.sql, setup.args...)
 	b.Queue(claim.sql, claim.args...)
 	b.Queue("COMMIT")

@@ -94,3 +94,88 @@ func TestCheckLayoutUnderRepeatableReadDefault(t *testing.T) {
 		t.Fatalf("recorded layouts = %d (partitions %d), %v; want one of 2 partitions", n, parts, err)
 	}
 }
+
+// TestTakeOverClaimUnderRepeatableReadDefault: TakeOver, on an engine whose
+// pool's sessions default to REPEATABLE READ, claims a checkpoint that a
+// leader's commit holds for a moment (the test's update of the row): the
+// claim waits for the commit and takes the partition. Before, the claim
+// kept the snapshot it took before the wait and failed to serialize
+// (40001) once the commit landed: "a checkpoint row held for a moment
+// delays them, it does not fail them" held only under READ COMMITTED.
+func TestTakeOverClaimUnderRepeatableReadDefault(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	db := annalstest.NewDB(t, nil)
+	sub := &catchup.Subscription{Name: "rr.takeover", Processor: nopProcessor{}}
+	first, err := catchup.NewEngine(db.Pool, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.CatchUp(ctx, sub, 0); err != nil { // the checkpoint row
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+
+		` SET default_transaction_isolation = 'repeatable read'`); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var iso string
+	if err := pool.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&iso); err != nil || iso != "repeatable read" {
+		t.Fatalf("default_transaction_isolation = %q, %v; want repeatable read", iso, err)
+	}
+	e, err := catchup.NewEngine(pool, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := pgx.Identifier{db.Schema, "checkpoints"}.Sanitize()
+	hold, err := db.Pool.Begin(ctx) // db.Pool's sessions predate the ALTER: READ COMMITTED
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = hold.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := hold.Exec(ctx, `UPDATE `+table+` SET updated_at = clock_timestamp() WHERE subscriber_id = 'rr.takeover'`); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lease *catchup.Lease
+		err   error
+	}
+	got := make(chan result, 1)
+	go func() {
+		lease, err := e.TakeOver(ctx, sub, 30*time.Second)
+		got <- result{lease, err}
+	}()
+	// The claim waits for the row: let the "commit" land.
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for waiting := false; !waiting; {
+		if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'
+			  AND query LIKE '%checkpoints%' AND pid <> pg_backend_pid())`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case r := <-got:
+			t.Fatalf("TakeOver returned before it waited for the row: %v, %v", r.lease, r.err)
+		case <-ctx.Done():
+			t.Fatal("TakeOver's claim did not wait for the checkpoint row")
+		case <-tick.C:
+		}
+	}
+	if err := hold.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("TakeOver: %v", r.err)
+	}
+	e.Release(ctx, r.lease)
+}
