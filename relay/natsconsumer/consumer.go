@@ -17,6 +17,7 @@ import (
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/failure"
+	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/ratelog"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/internal/telemetry"
@@ -53,8 +54,9 @@ type Config struct {
 	RetryBackoff time.Duration
 	// Schema is the schema of the checkpoint table RunProjection keeps in the
 	// service's database ("<schema>.relay_checkpoints", created if
-	// missing), and the annals schema whose read_model_setups table records
-	// a projection's setup (see RunProjection). Defaults to "annals".
+	// missing, one consumer at a time: see the package doc), and the annals
+	// schema whose read_model_setups table records a projection's setup
+	// (see RunProjection). Defaults to "annals".
 	Schema string
 	// Logger receives handler failures, the stream found made again, and
 	// (the default OnGap) gaps. Defaults to warnings and errors on
@@ -574,10 +576,8 @@ func (c *Consumer) RunProjection(ctx context.Context, pool *pgxpool.Pool, p inte
 	if err != nil {
 		return err
 	}
-	for _, name := range []string{"CreateSchema", "CreateTable", "UpgradeTable"} {
-		if _, err := pool.Exec(ctx, q[name]); err != nil {
-			return errors.Wrap(err, "natsconsumer: create the checkpoint table")
-		}
+	if err := c.ensureTable(ctx, pool, q); err != nil {
+		return err
 	}
 	if err := c.setup(ctx, pool, p); err != nil {
 		return err
@@ -703,6 +703,29 @@ func (s *session) holds(ctx context.Context, pool *pgxpool.Pool, load string, d 
 		return false
 	}
 	return created != nil && sameStream(*created, s.created) && uint64(seq) >= d.seq
+}
+
+// ensureTable makes the checkpoint table unless it is there with every
+// column (TableReady, a query). Else it makes the schema and the table, or
+// adds the columns a table made before them lacks, in one query that is
+// one transaction under an advisory lock on the schema's key (Lock,
+// CreateTable): consumers starting at once (replicas, a service's
+// projections) on a database without it make it one after the other, as
+// CREATE ... IF NOT EXISTS alone fails for the loser of a concurrent
+// creation.
+func (c *Consumer) ensureTable(ctx context.Context, pool *pgxpool.Pool, q map[string]string) error {
+	var ready bool
+	if err := pool.QueryRow(ctx, q["TableReady"]).Scan(&ready); err != nil {
+		return errors.Wrap(err, "natsconsumer: look for the checkpoint table")
+	}
+	if ready {
+		return nil
+	}
+	k1, k2 := lockkey.Pair(c.cfg.Schema + ":relay-checkpoints")
+	if _, err := pool.Exec(ctx, fmt.Sprintf(q["Lock"], k1, k2)+"\n"+q["CreateTable"]); err != nil {
+		return errors.Wrap(err, "natsconsumer: create the checkpoint table")
+	}
+	return nil
 }
 
 // setup reports the mistakes of a typed projection (Err), as

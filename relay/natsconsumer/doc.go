@@ -130,6 +130,16 @@
 // RunProjection fails with migrations.ErrNotMigrated. A projection without
 // one needs only the checkpoint table, which RunProjection creates.
 //
+// RunProjection creates the checkpoint table (and its schema) only when it
+// is missing or lacks a column: then in one transaction under an advisory
+// lock on the schema's key (internal/lockkey, schema +
+// ":relay-checkpoints"), so consumers that start at once on a database
+// without it (replicas in a rollout, a service's projections) make it one
+// after the other; PostgreSQL's CREATE ... IF NOT EXISTS alone fails for
+// the loser of a concurrent creation. When the table is there with every
+// column it runs no DDL: a role that may not create (USAGE on the schema,
+// SELECT, INSERT and UPDATE on the table, which its owner made) runs it.
+//
 // A failed handler is retried in place after RetryBackoff (the message is
 // kept from re-delivery meanwhile); the events after it wait. It is
 // retried for ever, each failure logged at WARN ("handling a relayed event

@@ -1,12 +1,44 @@
--- name: CreateSchema
-CREATE SCHEMA IF NOT EXISTS {{.Schema}};
+-- name: TableReady
+-- Whether the checkpoint table is there with every column CreateTable
+-- makes (keep the two in step): then RunProjection runs no DDL, so a role
+-- that may not create (USAGE on the schema, rights on the table) starts,
+-- and a start takes no ACCESS EXCLUSIVE lock on the table that the other
+-- consumers' transactions would queue behind.
+SELECT pg_catalog.count(*) = 3
+  FROM pg_catalog.pg_attribute a
+  JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = {{.SchemaLiteral}} AND c.relname = 'relay_checkpoints'
+   AND a.attname IN ('position', 'stream_created', 'event_id') AND a.attnum > 0 AND NOT a.attisdropped;
+
+-- name: Lock
+-- Serializes the creators of the checkpoint table (consumers starting at
+-- once: replicas, or a service's projections): PostgreSQL's IF NOT EXISTS
+-- is not safe against a concurrent creator (the loser gets a unique
+-- violation on the catalogs, 23505, or 42P07). The start of CreateTable's
+-- transaction, READ COMMITTED whatever the session's default (a waiter's
+-- statements after the wait see what the lock's holder committed), its
+-- key filled in by fmt.Sprintf (the two verbs below; no other percent
+-- sign here) with lockkey.Pair(schema + ":relay-checkpoints"): literals,
+-- not parameters, as the whole transaction is one simple-protocol query.
+SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+SELECT pg_catalog.pg_advisory_xact_lock((%d)::int4, (%d)::int4);
 
 -- name: CreateTable
+-- Run after Lock in the same query (a Query message with several
+-- statements is one implicit transaction): under the lock to its commit,
+-- so a waiter finds what the lock's holder made and makes nothing.
+--
 -- The checkpoints of natsconsumer projections in the service's database,
 -- per durable consumer: the last JetStream stream sequence applied, in the
 -- stream made at stream_created (the stream's creation time: a stream made
 -- again starts its sequence again), and the position (Annals-Position) and
 -- ID of the last event applied.
+--
+-- Tables made before position, stream_created and event_id get them (the
+-- ALTER): their rows keep NULL there (unknown: the stream as it is now, no
+-- position, no ID to check) until the next save.
+CREATE SCHEMA IF NOT EXISTS {{.Schema}};
 CREATE TABLE IF NOT EXISTS {{.Schema}}.relay_checkpoints (
     consumer       text        NOT NULL PRIMARY KEY,
     stream_seq     bigint      NOT NULL,
@@ -15,11 +47,6 @@ CREATE TABLE IF NOT EXISTS {{.Schema}}.relay_checkpoints (
     updated_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
     event_id       uuid
 );
-
--- name: UpgradeTable
--- Tables made before position, stream_created and event_id: their rows
--- keep NULL there (unknown: the stream as it is now, no position, no ID to
--- check) until the next save.
 ALTER TABLE {{.Schema}}.relay_checkpoints
     ADD COLUMN IF NOT EXISTS position bigint,
     ADD COLUMN IF NOT EXISTS stream_created timestamptz,
