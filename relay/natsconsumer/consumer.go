@@ -707,8 +707,8 @@ func (s *session) holds(ctx context.Context, pool *pgxpool.Pool, load string, d 
 
 // ensureTable makes the checkpoint table unless it is there with every
 // column (TableReady, a query). Else it makes the schema and the table, or
-// adds the columns a table made before them lacks, in one query that is
-// one transaction under an advisory lock on the schema's key (Lock,
+// adds the columns a table made before them lacks, in one READ COMMITTED
+// transaction under an advisory lock on the schema's key (Lock,
 // CreateTable): consumers starting at once (replicas, a service's
 // projections) on a database without it make it one after the other, as
 // CREATE ... IF NOT EXISTS alone fails for the loser of a concurrent
@@ -722,10 +722,14 @@ func (c *Consumer) ensureTable(ctx context.Context, pool *pgxpool.Pool, q map[st
 		return nil
 	}
 	k1, k2 := lockkey.Pair(c.cfg.Schema + ":relay-checkpoints")
-	if _, err := pool.Exec(ctx, fmt.Sprintf(q["Lock"], k1, k2)+"\n"+q["CreateTable"]); err != nil {
-		return errors.Wrap(err, "natsconsumer: create the checkpoint table")
-	}
-	return nil
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, q["Lock"], k1, k2); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, q["CreateTable"])
+		return err
+	})
+	return errors.Wrap(err, "natsconsumer: create the checkpoint table")
 }
 
 // setup reports the mistakes of a typed projection (Err), as

@@ -15,19 +15,15 @@ SELECT pg_catalog.count(*) = 3
 -- Serializes the creators of the checkpoint table (consumers starting at
 -- once: replicas, or a service's projections): PostgreSQL's IF NOT EXISTS
 -- is not safe against a concurrent creator (the loser gets a unique
--- violation on the catalogs, 23505, or 42P07). The start of CreateTable's
--- transaction, READ COMMITTED whatever the session's default (a waiter's
--- statements after the wait see what the lock's holder committed), its
--- key filled in by fmt.Sprintf (the two verbs below; no other percent
--- sign here) with lockkey.Pair(schema + ":relay-checkpoints"): literals,
--- not parameters, as the whole transaction is one simple-protocol query.
-SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-SELECT pg_catalog.pg_advisory_xact_lock((%d)::int4, (%d)::int4);
+-- violation on the catalogs, 23505, or 42P07). Taken in CreateTable's
+-- transaction, which is READ COMMITTED whatever the session's default, so
+-- that a waiter's statements after the wait see what the lock's holder
+-- committed. $1, $2: lockkey.Pair(schema + ":relay-checkpoints").
+SELECT pg_catalog.pg_advisory_xact_lock($1::int4, $2::int4);
 
 -- name: CreateTable
--- Run after Lock in the same query (a Query message with several
--- statements is one implicit transaction): under the lock to its commit,
--- so a waiter finds what the lock's holder made and makes nothing.
+-- Run after Lock in its transaction: under the lock to its commit, so a
+-- waiter finds what the lock's holder made and makes nothing.
 --
 -- The checkpoints of natsconsumer projections in the service's database,
 -- per durable consumer: the last JetStream stream sequence applied, in the
