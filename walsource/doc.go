@@ -6,8 +6,9 @@
 // # Pieces
 //
 //   - A publication "<schema>_events" on the events table, inserts only
-//     (EnsurePublication creates it on first use; the events table is
-//     append-only, so inserts are all there is).
+//     (EnsurePublication creates it on first use, one process at a time
+//     under an advisory lock, so replicas starting at once all start; the
+//     events table is append-only, so inserts are all there is).
 //   - A replication slot per consumer: per subscriber partition, named by
 //     SlotName from the database, schema, subscriber and partition (slot
 //     names are cluster-wide). Only the partition's leader streams from it,

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/annals-dev/annals/internal/lockkey"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
@@ -59,10 +60,20 @@ func sanitize(s string) string {
 	return b.String()
 }
 
+// publicationExists looks the publication up.
+const publicationExists = `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = $1)`
+
 // EnsurePublication creates the publication of the schema's events table
 // (inserts only) unless it exists. The role needs CREATE on the database
 // and ownership of the events table (the schema owner that ran the
-// migrations has both).
+// migrations has both); it needs neither when the publication exists.
+//
+// Processes starting at once (replicas, each with a Wake) create it one
+// at a time: a READ COMMITTED transaction under an advisory lock on the
+// publication's name (lockkey.Pair("walsource:publication:" + name))
+// looks again and creates it only if still missing. A concurrent CREATE
+// PUBLICATION alone fails for the loser with a unique violation on the
+// catalogs (23505), not 42710.
 func EnsurePublication(ctx context.Context, pool *pgxpool.Pool, schema string) (string, error) {
 	schema, err := schemaname.Resolve(schema)
 	if err != nil {
@@ -70,7 +81,7 @@ func EnsurePublication(ctx context.Context, pool *pgxpool.Pool, schema string) (
 	}
 	name := PublicationName(schema)
 	var exists bool
-	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = $1)`, name).Scan(&exists); err != nil {
+	if err := pool.QueryRow(ctx, publicationExists, name).Scan(&exists); err != nil {
 		return "", errors.Wrap(err, "walsource: look up the publication")
 	}
 	if exists {
@@ -78,8 +89,24 @@ func EnsurePublication(ctx context.Context, pool *pgxpool.Pool, schema string) (
 	}
 	sql := "CREATE PUBLICATION " + pgx.Identifier{name}.Sanitize() + " FOR TABLE " +
 		pgx.Identifier{schema, "events"}.Sanitize() + " WITH (publish = 'insert')"
-	if _, err := pool.Exec(ctx, sql); err != nil && !isCode(err, "42710") { // duplicate_object: a racing creator
-		return "", errors.Wrapf(err, "walsource: create publication %s", name)
+	k1, k2 := lockkey.Pair("walsource:publication:" + name)
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_catalog.pg_advisory_xact_lock($1::int4, $2::int4)`, k1, k2); err != nil {
+			return errors.Wrap(err, "walsource: take the publication's lock")
+		}
+		// A statement after the wait: it sees what the lock's previous
+		// holder committed.
+		if err := tx.QueryRow(ctx, publicationExists, name).Scan(&exists); err != nil {
+			return errors.Wrap(err, "walsource: look up the publication")
+		}
+		if exists {
+			return nil
+		}
+		_, err := tx.Exec(ctx, sql)
+		return errors.Wrapf(err, "walsource: create publication %s", name)
+	})
+	if err != nil && !isCode(err, "42710") { // duplicate_object: made by hand meanwhile
+		return "", err
 	}
 	return name, nil
 }
