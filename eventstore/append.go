@@ -113,6 +113,7 @@ func (s *Store) appendAlone(ctx context.Context, args appendArgs) (AppendResult,
 		return AppendResult{}, err
 	}
 	defer conn.Release()
+	tries := 0
 	for again := false; ; again = true {
 		fn, err := s.appendFunction(ctx, conn.Conn())
 		if err != nil {
@@ -129,6 +130,11 @@ func (s *Store) appendAlone(ctx context.Context, args appendArgs) (AppendResult,
 			res, err = collectAppend(rows, qerr, args)
 		}
 		if s.appendRefused(conn.Conn(), q, err) && !again {
+			continue
+		}
+		// A transaction of its own that failed to serialize committed
+		// nothing (serializationFailure).
+		if tries++; serializationFailure(err) && tries < serializationRetries && ctx.Err() == nil {
 			continue
 		}
 		return res, err

@@ -363,6 +363,14 @@ func (c *committer) send(group []*pendingAppend) {
 	}
 
 	err := c.sendGroup(ctx, group)
+	for tries := 1; serializationFailure(err) && tries < serializationRetries && ctx.Err() == nil; tries++ {
+		// The group's statement was a transaction of its own and failed
+		// to serialize: nothing of it committed (see serializationFailure).
+		for _, p := range group {
+			p.res, p.err = AppendResult{}, nil
+		}
+		err = c.sendGroup(ctx, group)
+	}
 	if err == nil {
 		return
 	}
@@ -406,6 +414,29 @@ func (c *committer) send(group []*pendingAppend) {
 			p.err = failedErr(p.ctx, &p.args, p.err)
 		}
 	}
+}
+
+// serializationRetries bounds how many times an append's own transaction
+// (a group's statement, a lone append) is sent in all when it fails to
+// serialize. Each failure means another append to one of its streams
+// committed while it waited for the ordering lock, so the writers make
+// progress; the bound is for a stream that many processes append to at
+// once.
+const serializationRetries = 20
+
+// serializationFailure reports whether err is a serialization failure
+// (40001). Append's functions raise none under READ COMMITTED; under a
+// session whose default_transaction_isolation is REPEATABLE READ or
+// SERIALIZABLE, an append's snapshot is taken when its statement starts,
+// before its wait for the ordering lock, and its update of a stream's row
+// that another append changed meanwhile fails to serialize. The statement
+// (or the transaction Append began) then committed nothing, and is sent
+// again: its new snapshot sees the other append, and the append answers as
+// under READ COMMITTED (a wrong expected version, an idempotent
+// re-append).
+func serializationFailure(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40001"
 }
 
 // uniqueViolation reports whether err is a unique violation (23505): from

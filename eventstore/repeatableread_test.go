@@ -1,0 +1,93 @@
+package eventstore_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/cockroachdb/errors"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/annals-dev/annals/annalstest"
+	"github.com/annals-dev/annals/eventstore"
+)
+
+// Under a database whose default_transaction_isolation is REPEATABLE READ
+// (or SERIALIZABLE), an append that waited for the ordering lock while
+// another append to its stream committed took its snapshot before that
+// commit, and the update of the stream's row failed to serialize (40001):
+// Append returned "could not serialize access due to concurrent update"
+// where the same race under READ COMMITTED answers a wrong expected
+// version. Append's own transactions (a group's statement, a lone append,
+// the one-by-one re-sends) commit nothing when they fail to serialize, so
+// they are sent again, and the race answers as it does under READ
+// COMMITTED, whatever the session's default.
+func TestAppendRaceUnderRepeatableReadDefault(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, iso := range []string{"repeatable read", "serializable"} {
+		for _, disabled := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/group commit disabled %v", iso, disabled), func(t *testing.T) {
+				db := annalstest.NewDB(t, nil)
+				if _, err := db.Pool.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+
+					` SET default_transaction_isolation = '`+iso+`'`); err != nil {
+					t.Fatal(err)
+				}
+				// Writers in other processes: a pool (and Store) each, so that
+				// their appends are not grouped into one statement.
+				const writers = 4
+				stores := make([]*eventstore.Store, writers)
+				for i := range stores {
+					pool, err := pgxpool.New(ctx, db.URL)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(pool.Close)
+					var got string
+					if err := pool.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&got); err != nil || got != iso {
+						t.Fatalf("default_transaction_isolation %q (%v), want %q", got, err, iso)
+					}
+					cfg := &eventstore.Config{}
+					cfg.GroupCommit.Disabled = disabled
+					if stores[i], err = eventstore.New(pool, cfg); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for round := range 30 {
+					stream := fmt.Sprintf("race-%d", round)
+					start := make(chan struct{})
+					errs := make([]error, writers)
+					var wg sync.WaitGroup
+					for i, s := range stores {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							<-start
+							_, errs[i] = s.Append(ctx, stream, eventstore.NoStream,
+								eventstore.EventData{Type: "race.won", Data: json.RawMessage(`{}`)})
+						}()
+					}
+					close(start)
+					wg.Wait()
+					won := 0
+					for i, err := range errs {
+						var wrong *eventstore.WrongExpectedVersionError
+						switch {
+						case err == nil:
+							won++
+						case errors.As(err, &wrong):
+						default:
+							t.Fatalf("round %d, writer %d: %v; want success or a wrong expected version", round, i, err)
+						}
+					}
+					if won != 1 {
+						t.Fatalf("round %d: %d appends with NoStream won, want 1", round, won)
+					}
+				}
+			})
+		}
+	}
+}
