@@ -362,7 +362,8 @@ func (t Task) check(now time.Time) (zone string, err error) {
 // every process does at start) changes nothing stored; a changed definition
 // takes effect now (by the Clock), and no tick from before it fires. A new
 // task never fires ticks from before its creation. A paused task stays
-// paused.
+// paused. Processes adding one task at once (replicas starting together)
+// all succeed, whatever the session's default_transaction_isolation.
 func (s *Scheduler) AddTask(ctx context.Context, t Task) error {
 	now := s.cfg.Clock.Now()
 	zone, err := t.check(now)
@@ -376,7 +377,15 @@ func (s *Scheduler) AddTask(ctx context.Context, t Task) error {
 			return eventstore.EventData{Type: TickEventType, Data: TickData{Task: name, Tick: tick.UTC()}}, nil
 		}
 	}
-	if _, err := s.pool.Exec(ctx, s.q.upsertTask, t.Name, strings.TrimSpace(t.Spec), zone, t.StreamID, t.Missed.String(), now); err != nil {
+	// READ COMMITTED whatever the session's default: under REPEATABLE READ
+	// or SERIALIZABLE the upsert of a task another process inserted after
+	// its snapshot (replicas starting together) fails to serialize (40001)
+	// instead of finding the row.
+	err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, s.q.upsertTask, t.Name, strings.TrimSpace(t.Spec), zone, t.StreamID, t.Missed.String(), now)
+		return err
+	})
+	if err != nil {
 		return errors.Wrapf(err, "scheduler: store task %q", t.Name)
 	}
 	s.mu.Lock()
