@@ -9,6 +9,8 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/annals-dev/annals/internal/pgtx"
 )
 
 //go:embed kinds.sql
@@ -166,8 +168,13 @@ func (r *Runner) recordKinds(ctx context.Context) error {
 			}
 			var done bool
 			err = r.pool.QueryRow(ctx, r.q["RecordKind"], name, kind, recorded).Scan(&done)
-			if errors.Is(err, pgx.ErrNoRows) {
-				continue // recorded by another process since, or no layout row to record it in
+			if errors.Is(err, pgx.ErrNoRows) || pgtx.Retryable(err) {
+				// Recorded by another process since, or no layout row to
+				// record it in. Under a REPEATABLE READ or SERIALIZABLE
+				// default the UPDATE of a row another process changed after
+				// its snapshot fails to serialize instead (40001): read the
+				// kind again all the same, in a new statement and snapshot.
+				continue
 			}
 			if kindsUnreadable(err) {
 				return nil
