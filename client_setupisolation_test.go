@@ -2,7 +2,6 @@ package annals_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals"
 	"github.com/annals-dev/annals/annalstest"
@@ -31,10 +29,7 @@ func TestClientInlineSetupUnderRepeatableReadDefault(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	db := annalstest.NewDB(t, nil)
-	if _, err := db.Pool.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+
-		` SET default_transaction_isolation = 'repeatable read'`); err != nil {
-		t.Fatal(err)
-	}
+	db.SetDefaultIsolation(t, "repeatable read")
 	reg := eventstore.NewRegistry()
 	eventstore.MustRegister[clDeposited](reg, "cl.deposited")
 	var runs atomic.Int32
@@ -42,24 +37,8 @@ func TestClientInlineSetupUnderRepeatableReadDefault(t *testing.T) {
 	p.OnSetup(1, func(ctx context.Context, tx pgx.Tx) error {
 		if runs.Add(1) == 1 {
 			k1, k2 := lockkey.Pair(db.Schema + ":setup:cl.rr_inline")
-			tick := time.NewTicker(5 * time.Millisecond)
-			defer tick.Stop()
-			deadline := time.After(30 * time.Second)
-			for waiting := false; !waiting; {
-				if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
-					WHERE locktype = 'advisory' AND NOT granted
-					  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-					  AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2)`, k1, k2).Scan(&waiting); err != nil {
-					return err
-				}
-				if waiting {
-					break
-				}
-				select {
-				case <-deadline:
-					return errors.New("no session waited for the setup lock within 30s")
-				case <-tick.C:
-				}
+			if err := annalstest.WaitForLockWaiter(ctx, db.Pool, k1, k2); err != nil {
+				return err
 			}
 		}
 		_, err := tx.Exec(ctx, `CREATE TABLE cl_rr_inline (account text PRIMARY KEY)`)
@@ -69,16 +48,8 @@ func TestClientInlineSetupUnderRepeatableReadDefault(t *testing.T) {
 
 	clients := make([]*annals.Client, 2)
 	for i := range clients {
-		pool, err := pgxpool.New(ctx, db.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		var iso string
-		if err := pool.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&iso); err != nil || iso != "repeatable read" {
-			t.Fatalf("default_transaction_isolation = %q, %v; want repeatable read", iso, err)
-		}
-		if clients[i], err = annals.New(pool, &annals.Config{Registry: reg, SkipMigrations: true,
+		var err error
+		if clients[i], err = annals.New(db.NewPool(t), &annals.Config{Registry: reg, SkipMigrations: true,
 			Inline: []eventstore.InlineProjection{p}}); err != nil {
 			t.Fatal(err)
 		}

@@ -37,6 +37,9 @@ type DB struct {
 	Schema string
 	// Pool is connected to the database and closed when the test ends.
 	Pool *pgxpool.Pool
+	// isolation is the default_transaction_isolation SetDefaultIsolation
+	// gave the database's new sessions ("": the server's).
+	isolation string
 }
 
 const (

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/catchup"
@@ -25,22 +24,11 @@ func TestCheckLayoutUnderRepeatableReadDefault(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	db := annalstest.NewDB(t, nil)
-	if _, err := db.Pool.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+
-		` SET default_transaction_isolation = 'repeatable read'`); err != nil {
-		t.Fatal(err)
-	}
+	db.SetDefaultIsolation(t, "repeatable read")
 	engines := make([]*catchup.Engine, 2)
 	for i := range engines {
-		pool, err := pgxpool.New(ctx, db.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		var iso string
-		if err := pool.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&iso); err != nil || iso != "repeatable read" {
-			t.Fatalf("default_transaction_isolation = %q, %v; want repeatable read", iso, err)
-		}
-		if engines[i], err = catchup.NewEngine(pool, nil, nil); err != nil {
+		var err error
+		if engines[i], err = catchup.NewEngine(db.NewPool(t), nil, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -115,20 +103,8 @@ func TestTakeOverClaimUnderRepeatableReadDefault(t *testing.T) {
 	if err := first.CatchUp(ctx, sub, 0); err != nil { // the checkpoint row
 		t.Fatal(err)
 	}
-	if _, err := db.Pool.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+
-		` SET default_transaction_isolation = 'repeatable read'`); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	var iso string
-	if err := pool.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&iso); err != nil || iso != "repeatable read" {
-		t.Fatalf("default_transaction_isolation = %q, %v; want repeatable read", iso, err)
-	}
-	e, err := catchup.NewEngine(pool, nil, nil)
+	db.SetDefaultIsolation(t, "repeatable read")
+	e, err := catchup.NewEngine(db.NewPool(t), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

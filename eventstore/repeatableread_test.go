@@ -8,8 +8,6 @@ import (
 	"testing"
 
 	"github.com/cockroachdb/errors"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
@@ -32,27 +30,16 @@ func TestAppendRaceUnderRepeatableReadDefault(t *testing.T) {
 		for _, disabled := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/group commit disabled %v", iso, disabled), func(t *testing.T) {
 				db := annalstest.NewDB(t, nil)
-				if _, err := db.Pool.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+
-					` SET default_transaction_isolation = '`+iso+`'`); err != nil {
-					t.Fatal(err)
-				}
+				db.SetDefaultIsolation(t, iso)
 				// Writers in other processes: a pool (and Store) each, so that
 				// their appends are not grouped into one statement.
 				const writers = 4
 				stores := make([]*eventstore.Store, writers)
 				for i := range stores {
-					pool, err := pgxpool.New(ctx, db.URL)
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(pool.Close)
-					var got string
-					if err := pool.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&got); err != nil || got != iso {
-						t.Fatalf("default_transaction_isolation %q (%v), want %q", got, err, iso)
-					}
 					cfg := &eventstore.Config{}
 					cfg.GroupCommit.Disabled = disabled
-					if stores[i], err = eventstore.New(pool, cfg); err != nil {
+					var err error
+					if stores[i], err = eventstore.New(db.NewPool(t), cfg); err != nil {
 						t.Fatal(err)
 					}
 				}

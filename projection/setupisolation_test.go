@@ -26,29 +26,13 @@ import (
 )
 
 // repeatableReadDB is newSetupDB whose new sessions default to REPEATABLE
-// READ (ALTER DATABASE … SET default_transaction_isolation); it returns a
-// function making pools of such sessions, as another process's.
+// READ; it returns a function making pools of such sessions, as another
+// process's.
 func repeatableReadDB(t *testing.T) (*annalstest.DB, *eventstore.Registry, func() *pgxpool.Pool) {
 	t.Helper()
 	db, reg, _ := newSetupDB(t)
-	if _, err := db.Pool.Exec(t.Context(), `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+
-		` SET default_transaction_isolation = 'repeatable read'`); err != nil {
-		t.Fatal(err)
-	}
-	newPool := func() *pgxpool.Pool {
-		t.Helper()
-		pool, err := pgxpool.New(t.Context(), db.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		var iso string
-		if err := pool.QueryRow(t.Context(), `SHOW default_transaction_isolation`).Scan(&iso); err != nil || iso != "repeatable read" {
-			t.Fatalf("the new pool's default_transaction_isolation = %q, %v; want repeatable read", iso, err)
-		}
-		return pool
-	}
-	return db, reg, newPool
+	db.SetDefaultIsolation(t, "repeatable read")
+	return db, reg, func() *pgxpool.Pool { t.Helper(); return db.NewPool(t) }
 }
 
 // heldSetupProjection is su.balances with a setup that counts its runs and
@@ -79,32 +63,10 @@ func heldSetupProjection(t *testing.T, db *annalstest.DB, reg *eventstore.Regist
 }
 
 // waitForSetupWaiter polls pg_locks until a session of db waits for the
-// setup lock of the projection name (EnsureSetup's key), for 30 seconds at
-// most.
+// setup lock of the projection name (projection.EnsureSetup's key).
 func waitForSetupWaiter(ctx context.Context, db *annalstest.DB, name string) error {
 	k1, k2 := lockkey.Pair(db.Schema + ":setup:" + name)
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		var waiting bool
-		err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
-			WHERE locktype = 'advisory' AND NOT granted
-			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			  AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2)`, k1, k2).Scan(&waiting)
-		if err != nil {
-			return errors.Wrap(err, "wait for a session waiting for the setup lock")
-		}
-		if waiting {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return errors.Wrap(ctx.Err(), "no session waited for the setup lock")
-		case <-tick.C:
-		}
-	}
+	return annalstest.WaitForLockWaiter(ctx, db.Pool, k1, k2)
 }
 
 func TestSetupUnderRepeatableReadDefault(t *testing.T) {

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/relay"
@@ -38,22 +36,11 @@ func TestRelayRecordsRewindUnderRepeatableReadDefault(t *testing.T) {
 	}
 	annalstest.RewindLog(t, b.db.Pool, "annals", 10)
 	appendMany(t, b.store, 8)
-	if _, err := b.db.Pool.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{b.db.Name}.Sanitize()+
-		` SET default_transaction_isolation = 'repeatable read'`); err != nil {
-		t.Fatal(err)
-	}
+	b.db.SetDefaultIsolation(t, "repeatable read")
 	relays := make([]*relay.Relay, 2)
 	for i := range relays {
-		pool, err := pgxpool.New(ctx, b.db.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		var iso string
-		if err := pool.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&iso); err != nil || iso != "repeatable read" {
-			t.Fatalf("default_transaction_isolation = %q, %v; want repeatable read", iso, err)
-		}
-		if relays[i], err = relay.New(pool, b.nc, nil); err != nil {
+		var err error
+		if relays[i], err = relay.New(b.db.NewPool(t), b.nc, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

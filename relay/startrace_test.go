@@ -17,9 +17,8 @@ import (
 // connections of their own) released together on a fresh database and a
 // NATS server without the stream: every Run goes on (the stream made
 // once, JetStream's create of one config from several at once answering
-// each), one leads and the log is relayed exactly once. READ COMMITTED
-// sessions: under a REPEATABLE READ default the runner's start has a bug
-// of its own (projection/startrace_audit_test.go).
+// each), one leads and the log is relayed exactly once. Half of the
+// relays' sessions default to REPEATABLE READ.
 func TestRelaysStartingAtOnce(t *testing.T) {
 	t.Parallel()
 	for round := range 3 {
@@ -27,16 +26,12 @@ func TestRelaysStartingAtOnce(t *testing.T) {
 		const n = 4
 		relays := make([]*relay.Relay, n)
 		for i := range n {
-			cfg, err := pgxpool.ParseConfig(b.db.URL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.MaxConns = 4
-			pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
+			pool := b.db.NewPool(t, func(cfg *pgxpool.Config) {
+				cfg.MaxConns = 4
+				if i%2 == 1 {
+					cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+				}
+			})
 			if err := pool.Ping(t.Context()); err != nil {
 				t.Fatal(err)
 			}

@@ -6,9 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
@@ -30,10 +28,7 @@ func TestRunProjectionSetupUnderRepeatableReadDefault(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	dst := annalstest.NewDB(t, nil)
-	if _, err := dst.Pool.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{dst.Name}.Sanitize()+
-		` SET default_transaction_isolation = 'repeatable read'`); err != nil {
-		t.Fatal(err)
-	}
+	dst.SetDefaultIsolation(t, "repeatable read")
 	consumer, reg := relayedSetup(t, ctx, 3)
 	var runs atomic.Int32
 	p := projection.New("rr-copy", reg)
@@ -53,15 +48,7 @@ func TestRunProjectionSetupUnderRepeatableReadDefault(t *testing.T) {
 	durables := []string{"rr-a", "rr-b"}
 	done := make(chan error, len(durables))
 	for _, durable := range durables {
-		pool, err := pgxpool.New(ctx, dst.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		var iso string
-		if err := pool.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&iso); err != nil || iso != "repeatable read" {
-			t.Fatalf("default_transaction_isolation = %q, %v; want repeatable read", iso, err)
-		}
+		pool := dst.NewPool(t)
 		c := consumer(durable)
 		go func() { done <- c.RunProjection(rctx, pool, p) }()
 		// The second starts once the first is in its setup (past the
@@ -102,26 +89,5 @@ func TestRunProjectionSetupUnderRepeatableReadDefault(t *testing.T) {
 // seconds at most.
 func waitForSetupWaiter(ctx context.Context, db *annalstest.DB, name string) error {
 	k1, k2 := lockkey.Pair(db.Schema + ":setup:" + name)
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		var waiting bool
-		err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
-			WHERE locktype = 'advisory' AND NOT granted
-			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			  AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2)`, k1, k2).Scan(&waiting)
-		if err != nil {
-			return errors.Wrap(err, "wait for a session waiting for the setup lock")
-		}
-		if waiting {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return errors.Wrap(ctx.Err(), "no session waited for the setup lock")
-		case <-tick.C:
-		}
-	}
+	return annalstest.WaitForLockWaiter(ctx, db.Pool, k1, k2)
 }
