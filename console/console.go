@@ -1,8 +1,11 @@
 package console
 
 import (
+	"bytes"
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	_ "embed"
 	"fmt"
 	"log/slog"
@@ -62,6 +65,18 @@ type Config struct {
 	// Authorizer, when set, is asked first for every request. Defaults to
 	// nil. With neither AuthToken nor Authorizer the console cannot write.
 	Authorizer Authorizer
+	// SessionKey is the key that signs the console's cookies: the session
+	// of a token login and the CSRF tokens of its forms. Replicas of the
+	// console behind one load balancer need the same key, or a login or a
+	// form one of them made is refused by another (and a restart signs
+	// everyone out). It must be at least 32 bytes, random and secret like a
+	// password; New refuses a shorter one. Defaults to a key derived from
+	// AuthToken when that is set (HMAC-SHA256 keyed with the token), so that
+	// replicas given the same token share logins and a new token signs
+	// everyone out; without AuthToken, to 32 random bytes per process, so
+	// an embedding with only an Authorizer that runs several replicas must
+	// set it.
+	SessionKey []byte
 	// BasePath is the path the console is mounted at, e.g. "/annals" when a
 	// service routes "/annals/" to http.StripPrefix("/annals", console).
 	// Links and forms are made under it. It is path segments of letters,
@@ -154,11 +169,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	con := &Console{reader: rd, cfg: c, dlq: dlq, cps: cps, sched: sched, tpl: tpl, metrics: c.Metrics}
-	con.secret = make([]byte, 32)
-	if _, err := rand.Read(con.secret); err != nil {
-		return nil, errors.Wrap(err, "console: random secret")
+	secret, err := sessionKey(c.SessionKey, c.AuthToken)
+	if err != nil {
+		return nil, err
 	}
+	c.SessionKey = nil // one copy, in secret
+	con := &Console{reader: rd, cfg: c, dlq: dlq, cps: cps, sched: sched, tpl: tpl, metrics: c.Metrics, secret: secret}
 	if con.metrics == nil {
 		if con.metrics, err = NewMetrics(pool, &MetricsConfig{Schema: c.Schema, StaleAfter: c.StaleAfter}); err != nil {
 			return nil, err
@@ -166,6 +182,34 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 	}
 	con.routes()
 	return con, nil
+}
+
+// minSessionKey is the shortest Config.SessionKey New accepts.
+const minSessionKey = 32
+
+// sessionKeyLabel is what the session key derived from an AuthToken is
+// the HMAC of; a new derivation gets a new version, signing everyone out.
+const sessionKeyLabel = "annals console cookie key v1"
+
+// sessionKey returns the key that signs the console's cookies: a copy of
+// key, else one derived from token, else random bytes. The error never
+// holds the key.
+func sessionKey(key []byte, token string) ([]byte, error) {
+	switch {
+	case len(key) > 0 && len(key) < minSessionKey:
+		return nil, errors.Newf("console: SessionKey is %d bytes; it must be at least %d (random bytes, the same for every replica)", len(key), minSessionKey)
+	case len(key) > 0:
+		return bytes.Clone(key), nil
+	case token != "":
+		h := hmac.New(sha256.New, []byte(token))
+		h.Write([]byte(sessionKeyLabel))
+		return h.Sum(nil), nil
+	}
+	b := make([]byte, minSessionKey)
+	if _, err := rand.Read(b); err != nil {
+		return nil, errors.Wrap(err, "console: random session key")
+	}
+	return b, nil
 }
 
 // CheckBasePath reports whether p may be a Config.BasePath: "" (the root),

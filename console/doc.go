@@ -90,15 +90,15 @@
 // "Authorization: Bearer" token, one neither the token nor the Authorizer
 // accepts, is refused first: 401):
 //
-//  1. CSRF: the form carries a token, HMAC(secret, a random per-browser
-//     cookie) with a per-process secret, and an Origin header, when the
-//     browser sends one, names this host. A request authenticated with
-//     "Authorization: Bearer" carries no ambient credential and needs no
-//     token. Cookies are HttpOnly and SameSite=Strict.
+//  1. CSRF: the form carries a token, HMAC(key, a random per-browser
+//     cookie), and an Origin header, when the browser sends one, names
+//     this host. A request authenticated with "Authorization: Bearer"
+//     carries no ambient credential and needs no token. Cookies are
+//     HttpOnly and SameSite=Strict.
 //  2. Not read-only (Config.ReadOnly, `annals ui --read-only`).
 //  3. An operator principal: from Config.Authorizer (the embedding service's
 //     own login), or from the token (Config.AuthToken): a bearer header, or a
-//     session cookie the login form sets, signed with the secret and the
+//     session cookie the login form sets, signed with the key and the
 //     token, holding the name the operator gave and an expiry (12 hours).
 //     A bearer request names its operator in an X-Annals-Actor header;
 //     without one (or with one that is no name: empty, longer than 100
@@ -108,6 +108,15 @@
 //     `annals grant operator` (checked with has_table_privilege, each
 //     privilege on its own, cached for 30 s). Otherwise the database would refuse half-way; the console says
 //     so first.
+//
+// The key that signs the cookies is Config.SessionKey (at least 32 bytes).
+// Without one it is derived from Config.AuthToken (HMAC-SHA256 keyed with
+// the token), so consoles given the same token, such as replicas behind
+// one load balancer or a console restarted, accept each other's logins
+// and forms, and a new token signs everyone out; without a token either,
+// it is random per process, and a service that embeds the console with
+// an Authorizer and runs replicas must give them the same SessionKey, or
+// a form one made is refused by another.
 //
 // # Actions and the audit log
 //

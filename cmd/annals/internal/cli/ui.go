@@ -33,7 +33,9 @@ list) and sign in with it; API clients may send "Authorization: Bearer TOKEN", w
 "X-Annals-Actor: NAME" for the name the audit log records ("token" without it). The
 database role must have the operator privileges ('annals grant operator ROLE'); every
 change is recorded in the audit_log table. --read-only shows everything and changes
-nothing.
+nothing. Sign-ins and forms are signed with a key derived from the token: replicas behind
+one load balancer given the same token accept each other's, a restart keeps them, and a
+new token signs everyone out.
 
 The same server answers /metrics (Prometheus text format), /healthz (the process is up)
 and /readyz (the database answers); docs/operations.md lists the series.`,
