@@ -237,13 +237,10 @@
 //
 // A rebuild in place shows readers a partial read model for the whole
 // replay. A projection registered with Options.BlueGreen instead keeps its
-// read model in one PostgreSQL schema per generation (rm_<name>_g<N>; in
-// an annals schema other than the default one rm_<name>_g<N>_<tag>, with 8
-// hex digits of the annals schema's MD5, so that two annals schemas of a
-// database can each have a projection of the same name: Generation.Schema),
+// read model in one PostgreSQL schema per generation (rm_<name>_g<N>),
 // listed in the schema's read_model_generations table, and readers query
 // views in BlueGreen.ReaderSchema (public by default), one per relation of
-// the live generation (SELECT * FROM <generation schema>.<relation>). Each
+// the live generation (SELECT * FROM rm_<name>_g<N>.<relation>). Each
 // generation is a subscriber of its own (<name>#g<N>: own checkpoints, own
 // lock; Register refuses every name ending in #g and digits, which would
 // share them), and its handlers and setup run with the transaction's
