@@ -123,18 +123,9 @@ const (
 
 // Generation is one generation of a blue/green read model.
 type Generation struct {
-	Projection string `json:"projection"`
-	Generation int    `json:"generation"`
-	Version    int    `json:"version"`
-	// Schema is the PostgreSQL schema of the generation's read model:
-	// rm_<name>_g<N> in the default annals schema ("annals"), and
-	// rm_<name>_g<N>_<tag> in any other (tag: 8 hex digits of the MD5 of
-	// the annals schema's name), so that two annals schemas of a database
-	// can each have a projection of the same name. A generation made by a
-	// version before that keeps its rm_<name>_g<N>. The name is lower-cased,
-	// with characters outside [a-z0-9_] replaced by _ and a hash of the
-	// projection's name added when that changed it or it is long. Code that
-	// needs a generation's schema reads it here (ListGenerations).
+	Projection string          `json:"projection"`
+	Generation int             `json:"generation"`
+	Version    int             `json:"version"`
 	Schema     string          `json:"schema"`
 	Reader     string          `json:"reader_schema"`
 	Subscriber string          `json:"subscriber"`
@@ -228,8 +219,7 @@ var (
 	// runner's round of its blue/green projections, RebuildBlueGreen and
 	// DropRetired when a row of read_model_generations they would act on names another
 	// schema or subscriber than annals gives that generation
-	// (rm_<name>_g<N>, or rm_<name>_g<N>_<tag> outside the default annals
-	// schema, see Generation.Schema; <name>#g<N>), or a reader schema that is not the
+	// (rm_<name>_g<N>, <name>#g<N>), or a reader schema that is not the
 	// read model's: any runner role may write the rows, and the views,
 	// schemas and checkpoints they name are changed as the caller's role.
 	// Nothing is changed; see who wrote read_model_generations.
@@ -309,7 +299,7 @@ func (g *generations) abandon(ctx context.Context, tx pgx.Tx, name string, gen, 
 // checkpoints get reason as their stop reason and a new epoch (fencing its
 // leaders, announced), and it is marked retired.
 func (g *generations) retire(ctx context.Context, tx pgx.Tx, name string, gen Generation, reason string) error {
-	if err := gen.forged(g.schema, name); err != nil {
+	if err := gen.forged(name); err != nil {
 		return err
 	}
 	if _, err := tx.Exec(ctx, g.q["RetireCheckpoints"], gen.Subscriber, reason); err != nil {
@@ -391,55 +381,11 @@ type blueGreenReg struct {
 	cut   CommitCutter
 }
 
-// generationSchema returns the schema annals gives a new generation gen of
-// projection name in the annals schema schema (resolved: schemaname.Resolve).
-//
-// In the default schema (schemaname.Default, "annals") it is
-// rm_<name>_g<gen>, as annals has always named generations
-// (unscopedGenerationSchema): a deployment on the default schema, which is
-// most of them, keeps the names its operators, scripts and dashboards know,
-// and its old and new generations are named alike. In any other schema it
-// is rm_<name>_g<gen>_<tag>, where tag is 8 hex digits of the MD5 of the
-// annals schema's name (scopedGenerationSchema): two annals schemas of one
-// database (a service or a tenant per schema, Config.Schema) that each run
-// a blue/green projection of the same name get schemas of their own. The
-// two forms cannot give the same name: an unscoped name ends in _g and
-// decimal digits, a scoped one in _ and 8 hex digits (no g).
-func generationSchema(schema, name string, gen int) string {
-	if schema == schemaname.Default {
-		return unscopedGenerationSchema(name, gen)
-	}
-	return scopedGenerationSchema(schema, name, gen)
-}
-
-// generationSchemas returns the names a generation gen of projection name
-// in annals schema schema may have: the one annals gives it now
-// (generationSchema) and the unscoped one versions before gave generations
-// of every annals schema (unscopedGenerationSchema; the same name in the
-// default schema). A row naming either was written by annals; no other.
-func generationSchemas(schema, name string, gen int) (current, unscoped string) {
-	return generationSchema(schema, name, gen), unscopedGenerationSchema(name, gen)
-}
-
-// unscopedGenerationSchema returns rm_<name>_g<gen>: the schema of
-// generation gen of projection name in the default annals schema, and in
-// every annals schema before annals scoped the names of the others.
-func unscopedGenerationSchema(name string, gen int) string {
-	return rmSchema(name, "_g"+strconv.Itoa(gen))
-}
-
-// scopedGenerationSchema returns rm_<name>_g<gen>_<tag>, tag being the
-// first 4 bytes, in hex, of the MD5 of annals schema schema.
-func scopedGenerationSchema(schema, name string, gen int) string {
-	h := md5.Sum([]byte(schema))
-	return rmSchema(name, "_g"+strconv.Itoa(gen)+"_"+hex.EncodeToString(h[:4]))
-}
-
-// rmSchema returns rm_<name><suffix>, with the name lower-cased, every
-// character outside [a-z0-9_] replaced by _, and (when that changed the
-// name or it is long) a hash of the name added, within PostgreSQL's 63
-// bytes.
-func rmSchema(name, suffix string) string {
+// generationSchema returns the schema of generation gen of projection name:
+// rm_<name>_g<gen>, with the name lower-cased, every character outside
+// [a-z0-9_] replaced by _, and (when that changed the name or it is long) a
+// hash of the name added, within PostgreSQL's 63 bytes.
+func generationSchema(name string, gen int) string {
 	var b strings.Builder
 	for _, r := range strings.ToLower(name) {
 		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') || r == '_' {
@@ -449,6 +395,7 @@ func rmSchema(name, suffix string) string {
 		}
 	}
 	s := b.String()
+	suffix := "_g" + strconv.Itoa(gen)
 	if s != name || len("rm_"+s+suffix) > 63 {
 		h := md5.Sum([]byte(name))
 		tag := "_" + hex.EncodeToString(h[:4])
@@ -464,38 +411,21 @@ func generationSubscriber(name string, gen int) string {
 
 // forged returns an error (ErrForgedGeneration) when x's row names another
 // schema or subscriber than annals gives generation x.Generation of
-// projection name in annals schema schema (generationSchemas: the name it
-// gives now, or the unscoped one of generations made before;
-// generationSubscriber): any runner role may write read_model_generations,
-// and what the row names is changed as the caller's role (views pointed at
-// the schema, handlers run with it first on the search_path, the
-// subscriber's checkpoints fenced). As DropRetired checks the schema it
-// drops.
-func (x Generation) forged(schema, name string) error {
-	if err := forgedSchema(schema, name, x.Generation, x.Schema); err != nil {
-		return err
+// projection name (generationSchema, generationSubscriber): any runner role
+// may write read_model_generations, and what the row names is changed as
+// the caller's role (views pointed at the schema, handlers run with it
+// first on the search_path, the subscriber's checkpoints fenced). As
+// DropRetired checks the schema it drops.
+func (x Generation) forged(name string) error {
+	if want := generationSchema(name, x.Generation); x.Schema != want {
+		return errors.Wrapf(ErrForgedGeneration, "projection %q: generation %d names schema %q, not %q as annals names it "+
+			"(a row annals did not write, or changed: see who wrote read_model_generations)", name, x.Generation, x.Schema, want)
 	}
 	if want := generationSubscriber(name, x.Generation); x.Subscriber != want {
 		return errors.Wrapf(ErrForgedGeneration, "projection %q: generation %d names subscriber %q, not %q as annals names it "+
 			"(a row annals did not write, or changed: see who wrote read_model_generations)", name, x.Generation, x.Subscriber, want)
 	}
 	return nil
-}
-
-// forgedSchema returns an error (ErrForgedGeneration) when got is neither
-// name annals could have given generation gen of projection name in annals
-// schema schema (generationSchemas).
-func forgedSchema(schema, name string, gen int, got string) error {
-	current, unscoped := generationSchemas(schema, name, gen)
-	if got == current || got == unscoped {
-		return nil
-	}
-	want := fmt.Sprintf("%q", current)
-	if unscoped != current {
-		want += fmt.Sprintf(" (or %q, made by an earlier version)", unscoped)
-	}
-	return errors.Wrapf(ErrForgedGeneration, "projection %q: generation %d names schema %q, not %s as annals names it "+
-		"(a row annals did not write, or changed: see who wrote read_model_generations)", name, gen, got, want)
 }
 
 // checkName refuses a subscriber name that ends like a generation's
@@ -625,7 +555,7 @@ func (r *Runner) createGeneration(ctx context.Context, tx pgx.Tx, g *generations
 	if err := tx.QueryRow(ctx, g.q["NextGeneration"], name).Scan(&n); err != nil {
 		return Generation{}, errors.Wrapf(err, "projection %q: number the generation", name)
 	}
-	gen := Generation{Projection: name, Generation: n, Version: bg.cfg.Version, Schema: generationSchema(g.schema, name, n),
+	gen := Generation{Projection: name, Generation: n, Version: bg.cfg.Version, Schema: generationSchema(name, n),
 		Reader: bg.cfg.ReaderSchema, Subscriber: generationSubscriber(name, n), State: state, CreatedBy: r.cfg.InstanceID}
 	if _, err := tx.Exec(ctx, g.q["InsertGeneration"], name, n, gen.Version, gen.Schema, gen.Reader, gen.Subscriber, string(state), gen.CreatedBy); err != nil {
 		return Generation{}, errors.Wrapf(err, "projection %q: register generation %d", name, n)
@@ -827,7 +757,7 @@ func (g *generationProjection) Handle(ctx context.Context, tx pgx.Tx, e eventsto
 // missing): the handlers would write what that role may read and change.
 // A schema this role owns stays its own (only its owner may give it away).
 func (r *Runner) generationSubs(ctx context.Context, reg *registration, g *generations, gen Generation, wrap func(catchup.Processor) catchup.Processor) ([]*catchup.Subscription, error) {
-	if err := gen.forged(g.schema, reg.name); err != nil {
+	if err := gen.forged(reg.name); err != nil {
 		return nil, err
 	}
 	if err := g.owned(ctx, r.pool, reg.name, gen); err != nil {
@@ -1144,7 +1074,7 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 		}
 		// Any runner role may write the rows: the views are made where
 		// they say, as this role.
-		if err := next.forged(g.schema, name); err != nil {
+		if err := next.forged(name); err != nil {
 			return err
 		}
 		if next.Reader != bg.cfg.ReaderSchema {
@@ -1153,7 +1083,7 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 				name, to, next.Reader, bg.cfg.ReaderSchema)
 		}
 		if l := live(gens); l != nil {
-			if err := l.forged(g.schema, name); err != nil {
+			if err := l.forged(name); err != nil {
 				return err
 			}
 		}
@@ -1994,7 +1924,7 @@ func RollbackFrom(ctx context.Context, db interface {
 	// say, as this role. The reader schema is not derived from the name:
 	// it must hold views annals made of either generation.
 	for _, x := range []*Generation{cur, prev} {
-		if err := x.forged(g.schema, name); err != nil {
+		if err := x.forged(name); err != nil {
 			return c, err
 		}
 	}
@@ -2053,7 +1983,7 @@ func ListGenerations(ctx context.Context, db checkpoint.DB, schema, name string)
 // transaction under the generations lock, and marks them dropped. It
 // returns the generations dropped. Runners do it by themselves after
 // BlueGreen.Retention. A generation whose row names another schema than
-// the one annals gives it (see Generation.Schema) is an error
+// the one annals gives it (rm_<name>_g<N>) is an error
 // (ErrForgedGeneration), and so is one whose schema objects of other
 // schemas depend on (ErrGenerationInUse: the reader schema's views of a
 // live generation another role marked retired, say); it and the ones after
@@ -2092,8 +2022,9 @@ func DropRetired(ctx context.Context, db interface {
 			// Every runner role may write read_model_generations: a row
 			// naming another schema than annals gave the generation would
 			// have this role drop that schema, whatever it holds.
-			if err := forgedSchema(g.schema, name, gen, schema); err != nil {
-				return 0, errors.Wrapf(err, "projection %q: retired generation %d: not dropped", name, gen)
+			if want := generationSchema(name, gen); schema != want {
+				return 0, errors.Wrapf(ErrForgedGeneration, "projection %q: retired generation %d names schema %q, not %q as annals names it: not dropped "+
+					"(a row annals did not write, or changed: see who wrote read_model_generations)", name, gen, schema, want)
 			}
 			// Nor would a row naming the live generation's own schema,
 			// marked retired by another runner role: the rows cannot tell
