@@ -731,9 +731,13 @@ func TestDo(t *testing.T) {
 			defer cancel()
 			deadline := time.Now().Add(30 * time.Second)
 			for time.Now().Before(deadline) && ctx.Err() == nil {
+				// A failed look (a loaded server refusing a connection) is
+				// looked again: cancelling then would end the context before
+				// Do sent its statement.
 				var running bool
 				if err := b.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
-					WHERE query = 'SELECT pg_sleep(5)::text' AND state = 'active')`).Scan(&running); err != nil || running {
+					WHERE datname = current_database() AND query = 'SELECT pg_sleep(5)::text'
+					  AND state = 'active')`).Scan(&running); err == nil && running {
 					return
 				}
 				time.Sleep(5 * time.Millisecond)

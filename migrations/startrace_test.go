@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -64,16 +65,19 @@ func TestUpOfTwoSchemasAtOnceInOneDatabase(t *testing.T) {
 	defer cancel()
 	for _, iso := range []string{"", "repeatable read"} {
 		for round := range 2 {
-			db := annalstest.NewDB(t, nil)
-			errs := atOnce(t, db, 8, iso, func(i int, pool *pgxpool.Pool) error {
-				_, err := migrations.Up(ctx, pool, &migrations.Config{Schema: []string{"svc_a", "svc_b"}[i%2]})
-				return err
-			})
-			for i, err := range errs {
-				if err != nil {
-					t.Fatalf("%q round %d: replica %d: %v", iso, round, i, err)
+			// A subtest per round: its database and pools go at its end.
+			t.Run(fmt.Sprintf("round %d", round), func(t *testing.T) {
+				db := annalstest.NewDB(t, nil)
+				errs := atOnce(t, db, 8, iso, func(i int, pool *pgxpool.Pool) error {
+					_, err := migrations.Up(ctx, pool, &migrations.Config{Schema: []string{"svc_a", "svc_b"}[i%2]})
+					return err
+				})
+				for i, err := range errs {
+					if err != nil {
+						t.Fatalf("%q round %d: replica %d: %v", iso, round, i, err)
+					}
 				}
-			}
+			})
 		}
 	}
 }
@@ -91,27 +95,30 @@ func TestGrantsAtOnce(t *testing.T) {
 	defer cancel()
 	for _, iso := range []string{"", "repeatable read"} {
 		for round := range 2 {
-			db := annalstest.NewDB(t, nil)
-			if _, err := migrations.Up(ctx, db.Pool, &migrations.Config{Schema: "second"}); err != nil {
-				t.Fatal(err)
-			}
-			w := newRole(t, db, migrations.Writer)
-			r, o := newRole(t, db, migrations.Runner), newRole(t, db, migrations.Operator)
-			errs := atOnce(t, db, 8, iso, func(i int, pool *pgxpool.Pool) error {
-				role, kind := w.Name, migrations.Writer // twice on each schema
-				switch i % 4 {
-				case 2:
-					role, kind = r.Name, migrations.Runner
-				case 3:
-					role, kind = o.Name, migrations.Operator
+			// A subtest per round: its database and pools go at its end.
+			t.Run(fmt.Sprintf("round %d", round), func(t *testing.T) {
+				db := annalstest.NewDB(t, nil)
+				if _, err := migrations.Up(ctx, db.Pool, &migrations.Config{Schema: "second"}); err != nil {
+					t.Fatal(err)
 				}
-				return migrations.Grant(ctx, pool, role, kind, &migrations.Config{Schema: []string{"annals", "second"}[i%2]})
+				w := newRole(t, db, migrations.Writer)
+				r, o := newRole(t, db, migrations.Runner), newRole(t, db, migrations.Operator)
+				errs := atOnce(t, db, 8, iso, func(i int, pool *pgxpool.Pool) error {
+					role, kind := w.Name, migrations.Writer // twice on each schema
+					switch i % 4 {
+					case 2:
+						role, kind = r.Name, migrations.Runner
+					case 3:
+						role, kind = o.Name, migrations.Operator
+					}
+					return migrations.Grant(ctx, pool, role, kind, &migrations.Config{Schema: []string{"annals", "second"}[i%2]})
+				})
+				for i, err := range errs {
+					if err != nil {
+						t.Fatalf("%q round %d: grant %d: %v", iso, round, i, err)
+					}
+				}
 			})
-			for i, err := range errs {
-				if err != nil {
-					t.Fatalf("%q round %d: grant %d: %v", iso, round, i, err)
-				}
-			}
 		}
 	}
 }

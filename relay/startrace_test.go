@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -22,64 +23,67 @@ import (
 func TestRelaysStartingAtOnce(t *testing.T) {
 	t.Parallel()
 	for round := range 3 {
-		b := setup(t)
-		const n = 4
-		relays := make([]*relay.Relay, n)
-		for i := range n {
-			pool := b.db.NewPool(t, func(cfg *pgxpool.Config) {
-				cfg.MaxConns = 4
-				if i%2 == 1 {
-					cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+		// A subtest per round: its database and pools go at its end.
+		t.Run(fmt.Sprintf("round %d", round), func(t *testing.T) {
+			b := setup(t)
+			const n = 4
+			relays := make([]*relay.Relay, n)
+			for i := range n {
+				pool := b.db.NewPool(t, func(cfg *pgxpool.Config) {
+					cfg.MaxConns = 4
+					if i%2 == 1 {
+						cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+					}
+				})
+				if err := pool.Ping(t.Context()); err != nil {
+					t.Fatal(err)
 				}
+				nc, err := nats.Connect(b.ns.ClientURL())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer nc.Close()
+				if relays[i], err = relay.New(pool, nc, &relay.Config{BatchSize: 7}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			start := make(chan struct{})
+			ended := make(chan error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					ended <- relays[i].Run(ctx)
+				}()
+			}
+			close(start)
+			appendMany(t, b.store, 20)
+			annalstest.WaitFor(t, 30*time.Second, func() bool {
+				select {
+				case err := <-ended:
+					t.Fatalf("round %d: a relay ended while running: %v", round, err)
+				default:
+				}
+				s, err := b.js.Stream(ctx, "ANNALS")
+				if err != nil {
+					return false
+				}
+				info, err := s.Info(ctx)
+				return err == nil && info.State.Msgs == 20
 			})
-			if err := pool.Ping(t.Context()); err != nil {
-				t.Fatal(err)
+			checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
+			cancel()
+			wg.Wait()
+			close(ended)
+			for err := range ended {
+				if err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
 			}
-			nc, err := nats.Connect(b.ns.ClientURL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer nc.Close()
-			if relays[i], err = relay.New(pool, nc, &relay.Config{BatchSize: 7}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		start := make(chan struct{})
-		ended := make(chan error, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				ended <- relays[i].Run(ctx)
-			}()
-		}
-		close(start)
-		appendMany(t, b.store, 20)
-		annalstest.WaitFor(t, 30*time.Second, func() bool {
-			select {
-			case err := <-ended:
-				t.Fatalf("round %d: a relay ended while running: %v", round, err)
-			default:
-			}
-			s, err := b.js.Stream(ctx, "ANNALS")
-			if err != nil {
-				return false
-			}
-			info, err := s.Info(ctx)
-			return err == nil && info.State.Msgs == 20
 		})
-		checkExactlyOnce(t, b.relayed("ANNALS"), b.log())
-		cancel()
-		wg.Wait()
-		close(ended)
-		for err := range ended {
-			if err != nil {
-				t.Fatalf("round %d: %v", round, err)
-			}
-		}
 	}
 }

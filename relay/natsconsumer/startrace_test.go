@@ -62,60 +62,63 @@ func TestConsumersStartingAtOnceOnAFreshSchema(t *testing.T) {
 		pools[i] = pool
 	}
 	for round := range rounds {
-		schema := fmt.Sprintf("start_race_%d", round)
-		cs := make([]*natsconsumer.Consumer, consumers)
-		durables := make([]string, consumers)
-		for i := range cs {
-			durables[i] = fmt.Sprintf("race-%d-%d", round, i)
-			c, err := natsconsumer.New(ctx, e.nc, &natsconsumer.Config{Durable: durables[i], Schema: schema,
-				RetryBackoff: 20 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
-			cs[i] = c
-		}
-		rctx, stop := context.WithCancel(ctx)
-		release := make(chan struct{})
-		done := make(chan error, consumers)
-		for i, c := range cs {
-			go func() {
-				<-release
-				done <- c.RunProjection(rctx, pools[i], nothing{})
-			}()
-		}
-		close(release)
-		var early error
-		returned := 0
-		annalstest.WaitFor(t, 30*time.Second, func() bool {
-			select {
-			case early = <-done:
-				returned++
-				if early == nil {
-					early = fmt.Errorf("RunProjection returned nil before its context ended")
+		// A subtest per round: its database and pools go at its end.
+		t.Run(fmt.Sprintf("round %d", round), func(t *testing.T) {
+			schema := fmt.Sprintf("start_race_%d", round)
+			cs := make([]*natsconsumer.Consumer, consumers)
+			durables := make([]string, consumers)
+			for i := range cs {
+				durables[i] = fmt.Sprintf("race-%d-%d", round, i)
+				c, err := natsconsumer.New(ctx, e.nc, &natsconsumer.Config{Durable: durables[i], Schema: schema,
+					RetryBackoff: 20 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
 				}
-				return true
-			default:
+				cs[i] = c
 			}
-			var n int
-			_ = e.dst.Pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "relay_checkpoints"}.Sanitize()+
-				` WHERE consumer = ANY($1) AND stream_seq = 1`, durables).Scan(&n)
-			return n == consumers
-		})
-		stop()
-		for range consumers - returned {
-			if err := <-done; err != nil && early == nil {
-				early = err
+			rctx, stop := context.WithCancel(ctx)
+			release := make(chan struct{})
+			done := make(chan error, consumers)
+			for i, c := range cs {
+				go func() {
+					<-release
+					done <- c.RunProjection(rctx, pools[i], nothing{})
+				}()
 			}
-		}
-		if early != nil {
-			t.Fatalf("round %d: a consumer starting with %d others on a fresh schema stopped: %v", round, consumers-1, early)
-		}
-		var tables int
-		if err := e.dst.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_class c
+			close(release)
+			var early error
+			returned := 0
+			annalstest.WaitFor(t, 30*time.Second, func() bool {
+				select {
+				case early = <-done:
+					returned++
+					if early == nil {
+						early = fmt.Errorf("RunProjection returned nil before its context ended")
+					}
+					return true
+				default:
+				}
+				var n int
+				_ = e.dst.Pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "relay_checkpoints"}.Sanitize()+
+					` WHERE consumer = ANY($1) AND stream_seq = 1`, durables).Scan(&n)
+				return n == consumers
+			})
+			stop()
+			for range consumers - returned {
+				if err := <-done; err != nil && early == nil {
+					early = err
+				}
+			}
+			if early != nil {
+				t.Fatalf("round %d: a consumer starting with %d others on a fresh schema stopped: %v", round, consumers-1, early)
+			}
+			var tables int
+			if err := e.dst.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_class c
 			JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 			WHERE n.nspname = $1 AND c.relname = 'relay_checkpoints'`, schema).Scan(&tables); err != nil || tables != 1 {
-			t.Fatalf("round %d: %d checkpoint tables in %s, %v; want one", round, tables, schema, err)
-		}
+				t.Fatalf("round %d: %d checkpoint tables in %s, %v; want one", round, tables, schema, err)
+			}
+		})
 	}
 }
 
@@ -137,21 +140,24 @@ func TestReplicasMakingTheirDurableAtOnce(t *testing.T) {
 		conns[i] = e.connect(t)
 	}
 	for round := range rounds {
-		release := make(chan struct{})
-		done := make(chan error, replicas)
-		for _, nc := range conns {
-			go func() {
-				<-release
-				_, err := natsconsumer.New(ctx, nc, &natsconsumer.Config{Durable: fmt.Sprintf("replicated-%d", round)})
-				done <- err
-			}()
-		}
-		close(release)
-		for range replicas {
-			if err := <-done; err != nil {
-				t.Fatalf("round %d: New with a durable %d others make at once: %v", round, replicas-1, err)
+		// A subtest per round: its database and pools go at its end.
+		t.Run(fmt.Sprintf("round %d", round), func(t *testing.T) {
+			release := make(chan struct{})
+			done := make(chan error, replicas)
+			for _, nc := range conns {
+				go func() {
+					<-release
+					_, err := natsconsumer.New(ctx, nc, &natsconsumer.Config{Durable: fmt.Sprintf("replicated-%d", round)})
+					done <- err
+				}()
 			}
-		}
+			close(release)
+			for range replicas {
+				if err := <-done; err != nil {
+					t.Fatalf("round %d: New with a durable %d others make at once: %v", round, replicas-1, err)
+				}
+			}
+		})
 	}
 }
 
