@@ -3,9 +3,7 @@ package console
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	_ "embed"
 	"fmt"
 	"log/slog"
@@ -68,14 +66,16 @@ type Config struct {
 	// SessionKey is the key that signs the console's cookies: the session
 	// of a token login and the CSRF tokens of its forms. Replicas of the
 	// console behind one load balancer need the same key, or a login or a
-	// form one of them made is refused by another (and a restart signs
-	// everyone out). It must be at least 32 bytes, random and secret like a
-	// password; New refuses a shorter one. Defaults to a key derived from
-	// AuthToken when that is set (HMAC-SHA256 keyed with the token), so that
-	// replicas given the same token share logins and a new token signs
-	// everyone out; without AuthToken, to 32 random bytes per process, so
-	// an embedding with only an Authorizer that runs several replicas must
-	// set it.
+	// form one of them made is refused by another; with a key that
+	// outlives the process, a restart does not sign everyone out. It must
+	// be at least MinSessionKey (32) random bytes, kept secret like a
+	// password (New refuses a shorter one, and keeps no copy of it in the
+	// Config). Defaults to 32 random bytes of this process. It is not
+	// derived from AuthToken: the login page gives any visitor a CSRF
+	// cookie and its token, from which a key derived from the token would
+	// let them test guesses of the token offline. Changing AuthToken signs
+	// everyone out whatever the key (a session is signed with the token
+	// too).
 	SessionKey []byte
 	// BasePath is the path the console is mounted at, e.g. "/annals" when a
 	// service routes "/annals/" to http.StripPrefix("/annals", console).
@@ -169,7 +169,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	secret, err := sessionKey(c.SessionKey, c.AuthToken)
+	secret, err := sessionKey(c.SessionKey)
 	if err != nil {
 		return nil, err
 	}
@@ -184,28 +184,22 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 	return con, nil
 }
 
-// minSessionKey is the shortest Config.SessionKey New accepts.
-const minSessionKey = 32
-
-// sessionKeyLabel is what the session key derived from an AuthToken is
-// the HMAC of; a new derivation gets a new version, signing everyone out.
-const sessionKeyLabel = "annals console cookie key v1"
+// MinSessionKey is the shortest Config.SessionKey New accepts, in bytes.
+const MinSessionKey = 32
 
 // sessionKey returns the key that signs the console's cookies: a copy of
-// key, else one derived from token, else random bytes. The error never
-// holds the key.
-func sessionKey(key []byte, token string) ([]byte, error) {
+// key, else random bytes. It is never derived from the AuthToken: the
+// login page hands any visitor a CSRF cookie and its token, which would
+// let them test guesses of the AuthToken offline. The error never holds
+// the key.
+func sessionKey(key []byte) ([]byte, error) {
 	switch {
-	case len(key) > 0 && len(key) < minSessionKey:
-		return nil, errors.Newf("console: SessionKey is %d bytes; it must be at least %d (random bytes, the same for every replica)", len(key), minSessionKey)
+	case len(key) > 0 && len(key) < MinSessionKey:
+		return nil, errors.Newf("console: SessionKey is %d bytes; it must be at least %d (random bytes, the same for every replica)", len(key), MinSessionKey)
 	case len(key) > 0:
 		return bytes.Clone(key), nil
-	case token != "":
-		h := hmac.New(sha256.New, []byte(token))
-		h.Write([]byte(sessionKeyLabel))
-		return h.Sum(nil), nil
 	}
-	b := make([]byte, minSessionKey)
+	b := make([]byte, MinSessionKey)
 	if _, err := rand.Read(b); err != nil {
 		return nil, errors.Wrap(err, "console: random session key")
 	}

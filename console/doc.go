@@ -109,14 +109,13 @@
 //     privilege on its own, cached for 30 s). Otherwise the database would refuse half-way; the console says
 //     so first.
 //
-// The key that signs the cookies is Config.SessionKey (at least 32 bytes).
-// Without one it is derived from Config.AuthToken (HMAC-SHA256 keyed with
-// the token), so consoles given the same token, such as replicas behind
-// one load balancer or a console restarted, accept each other's logins
-// and forms, and a new token signs everyone out; without a token either,
-// it is random per process, and a service that embeds the console with
-// an Authorizer and runs replicas must give them the same SessionKey, or
-// a form one made is refused by another.
+// The key that signs the cookies is Config.SessionKey (at least 32 random
+// bytes), else random per process. Replicas behind one load balancer must
+// be given the same SessionKey, or a login or a form one made is refused
+// by another (and a restart signs everyone out). It is never derived from
+// the AuthToken: the login page gives any visitor a CSRF cookie and its
+// token, from which such a key would let them test guesses of the token
+// offline. A new token signs everyone out whatever the key.
 //
 // # Actions and the audit log
 //

@@ -73,17 +73,29 @@ func (rs *replicas) pause(tok string, hdr ...string) (int, string) {
 	return code, h.Get("Location")
 }
 
-// TestSessionKeyFromToken: consoles given the same AuthToken sign their
-// cookies with the same key, so behind one load balancer a token login
-// and a form one replica made are accepted by another, and by a console
-// restarted with the token; a console with another token refuses both.
-func TestSessionKeyFromToken(t *testing.T) {
+// TestTokenAloneSharesNoSessions: consoles given the same AuthToken and no
+// SessionKey sign with keys of their own (random per process: a key
+// derived from the token would let a visitor test guesses of the token
+// offline, from the CSRF cookie and token the sign-in page gives anyone),
+// so a form one made is refused by another. Given the same SessionKey too,
+// a token login and a form one replica made are accepted by another and by
+// a console restarted with that key; a console with another token refuses
+// the session.
+func TestTokenAloneSharesNoSessions(t *testing.T) {
 	t.Parallel()
 	rs := newReplicas(t)
-	a := rs.replica(console.Config{AuthToken: token})
-	b := rs.replica(console.Config{AuthToken: token})
-	rs.to(a)
+	rs.to(rs.replica(console.Config{AuthToken: token}))
 	tok := rs.c.login("ada")
+	rs.to(rs.replica(console.Config{AuthToken: token}))
+	if code, _ := rs.pause(tok); code != http.StatusForbidden {
+		t.Fatalf("a form of another console of the same token and no key: %d, want 403", code)
+	}
+
+	key := bytes.Repeat([]byte("k"), 32)
+	a := rs.replica(console.Config{AuthToken: token, SessionKey: key})
+	b := rs.replica(console.Config{AuthToken: token, SessionKey: bytes.Clone(key)})
+	rs.to(a)
+	tok = rs.c.login("ada")
 	rs.to(b)
 	code, loc := rs.pause(tok)
 	if code != http.StatusSeeOther {
@@ -95,18 +107,12 @@ func TestSessionKeyFromToken(t *testing.T) {
 	if code, body := rs.c.get(strings.TrimPrefix(loc, rs.c.base)); code != 200 || !strings.Contains(body, "Task nightly-report: pause done.") {
 		t.Errorf("replica a showing replica b's redirect %s: %d, no done message", loc, code)
 	}
-
-	rs.to(rs.replica(console.Config{AuthToken: token}))
+	rs.to(rs.replica(console.Config{AuthToken: token, SessionKey: bytes.Clone(key)}))
 	if code, _ := rs.pause(tok); code != http.StatusSeeOther {
-		t.Errorf("a write after a restart: %d, want 303", code)
+		t.Errorf("a write after a restart with the key: %d, want 303", code)
 	}
-
-	other := rs.replica(console.Config{AuthToken: token + "-other"})
-	rs.to(other)
-	if code, _ := rs.pause(tok); code != http.StatusForbidden {
-		t.Errorf("a form of replica a sent to a console with another token: %d, want 403", code)
-	}
-	// With a form of its own, the session of the old token is still refused.
+	// Another token signs everyone out, whatever the key.
+	rs.to(rs.replica(console.Config{AuthToken: token + "-other", SessionKey: bytes.Clone(key)}))
 	if code, _ := rs.pause(rs.c.csrf()); code != http.StatusUnauthorized {
 		t.Errorf("a session of another token: %d, want 401", code)
 	}

@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -15,7 +17,7 @@ import (
 )
 
 func (e *env) uiCommand() *cobra.Command {
-	var listen, token, basePath string
+	var listen, token, basePath, sessionKeyFile string
 	var readOnly bool
 	var staleAfter time.Duration
 	cmd := &cobra.Command{
@@ -33,8 +35,9 @@ list) and sign in with it; API clients may send "Authorization: Bearer TOKEN", w
 "X-Annals-Actor: NAME" for the name the audit log records ("token" without it). The
 database role must have the operator privileges ('annals grant operator ROLE'); every
 change is recorded in the audit_log table. --read-only shows everything and changes
-nothing. Sign-ins and forms are signed with a key derived from the token: replicas behind
-one load balancer given the same token accept each other's, a restart keeps them, and a
+nothing. Sign-ins and forms are signed with a key random to this process: give replicas
+behind one load balancer the same --session-key-file (at least 32 random bytes, e.g.
+'openssl rand -hex 32'), so that they accept each other's and a restart keeps them; a
 new token signs everyone out.
 
 The same server answers /metrics (Prometheus text format), /healthz (the process is up)
@@ -55,6 +58,17 @@ and /readyz (the database answers); docs/operations.md lists the series.`,
 			if staleAfter <= 0 {
 				return usagef("--stale-after must be positive")
 			}
+			var sessionKey []byte
+			if sessionKeyFile != "" {
+				b, err := os.ReadFile(sessionKeyFile)
+				if err != nil {
+					return usagef("--session-key-file: %v", err)
+				}
+				if sessionKey = bytes.TrimRight(b, " \t\r\n"); len(sessionKey) < console.MinSessionKey {
+					return usagef("--session-key-file %s holds %d bytes; the key must be at least %d (e.g. openssl rand -hex 32)",
+						sessionKeyFile, len(sessionKey), console.MinSessionKey)
+				}
+			}
 			ctx := cmd.Context()
 			pool, err := e.connect(ctx, 8)
 			if err != nil {
@@ -69,7 +83,7 @@ and /readyz (the database answers); docs/operations.md lists the series.`,
 			// Instruments of this process (none run here today, but a
 			// library call made by a plugin would report) go to /metrics.
 			otel.SetMeterProvider(metrics.MeterProvider())
-			con, err := console.New(pool, &console.Config{Schema: e.schema, ReadOnly: readOnly, AuthToken: token,
+			con, err := console.New(pool, &console.Config{Schema: e.schema, ReadOnly: readOnly, AuthToken: token, SessionKey: sessionKey,
 				BasePath: basePath, StaleAfter: staleAfter, Metrics: metrics})
 			if err != nil {
 				return err
@@ -112,6 +126,7 @@ and /readyz (the database answers); docs/operations.md lists the series.`,
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve on")
 	cmd.Flags().StringVar(&token, "auth-token", "", "operator token, at least 16 characters (default $ANNALS_UI_TOKEN); without one nobody can change anything")
 	cmd.Flags().BoolVar(&readOnly, "read-only", false, "show everything, change nothing")
+	cmd.Flags().StringVar(&sessionKeyFile, "session-key-file", "", "file holding the key (at least 32 random bytes) that signs sign-ins and forms: the same for every replica (default: random per process)")
 	cmd.Flags().StringVar(&basePath, "base-path", "", "serve the console under this path (e.g. /annals, behind a proxy)")
 	cmd.Flags().DurationVar(&staleAfter, "stale-after", defaultStaleAfter, "an instance whose last heartbeat is older than this is stale")
 	return cmd
