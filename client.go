@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/migrations"
 	"github.com/annals-dev/annals/projection"
@@ -390,7 +391,7 @@ func (c *Client) setupInline(ctx context.Context) error {
 		if !ok || s.SetupVersion() <= 0 {
 			continue
 		}
-		err := pgx.BeginTxFunc(ctx, c.runnerPool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		err := pgx.BeginTxFunc(ctx, c.runnerPool, pgtx.ReadCommitted, func(tx pgx.Tx) error {
 			ran, err := projection.EnsureSetup(ctx, tx, c.cfg.Schema, p.Name(), s, c.runner.InstanceID())
 			if ran {
 				c.cfg.Logger.InfoContext(ctx, "annals: inline read model set up", "projection", p.Name(), "version", s.SetupVersion())

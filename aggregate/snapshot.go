@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/internal/lockfallback"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
 
@@ -108,7 +109,7 @@ func (r *Repository[A]) saveSnapshot(ctx context.Context, a A, stream string) {
 		// READ COMMITTED whatever the session's default: SaveSnapshot must
 		// read what committed before the lock was granted.
 		for again := false; ; again = true {
-			err = pgx.BeginTxFunc(ctx, r.store.Pool(), pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			err = pgx.BeginTxFunc(ctx, r.store.Pool(), pgtx.ReadCommitted, func(tx pgx.Tx) error {
 				locked, err := r.snapshotLock(ctx, tx, again)
 				if err != nil {
 					return err

@@ -11,6 +11,7 @@ import (
 	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/lockfallback"
 	"github.com/annals-dev/annals/internal/lockkey"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/recovered"
 	"github.com/cockroachdb/errors"
 	"github.com/google/uuid"
@@ -474,7 +475,7 @@ func (s *Store) appendInlineOnce(ctx context.Context, a appendArgs, serialize bo
 		// READ the snapshot would be taken by the lock statement, before
 		// its wait, and every read after it would miss the commit it
 		// waited for.
-		res, err := s.transact(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(ctx context.Context, tx pgx.Tx, b *Batch) error {
+		res, err := s.transact(ctx, pgtx.ReadCommitted, func(ctx context.Context, tx pgx.Tx, b *Batch) error {
 			if serialize {
 				if err := s.lockInlineStream(ctx, tx, a.stream, again); err != nil {
 					return err

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/internal/errmark"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
 
@@ -339,7 +340,7 @@ func (s *Store) Forget(ctx context.Context, subject string) (ForgetResult, error
 	// must see the snapshots committed while it waited for the forget
 	// lock): READ COMMITTED whatever the role's or database's
 	// default_transaction_isolation.
-	err := pgx.BeginTxFunc(ctx, s.keys.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, s.keys.pool, pgtx.ReadCommitted, func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, s.keys.q.forget, subject).Scan(&res.HadKey, &res.SnapshotsDeleted)
 	})
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/internal/errmark"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/internal/telemetry"
@@ -213,7 +214,7 @@ func up(ctx context.Context, pool *pgxpool.Pool, cfg *Config, edit func([]Migrat
 	// statement must see what an Up that held it before has committed.
 	var done []Migration
 	var took []time.Duration
-	err = pgx.BeginTxFunc(ctx, conn.Conn(), pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, conn.Conn(), pgtx.ReadCommitted, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, q["Lock"], k1, k2); err != nil {
 			var pe *pgconn.PgError
 			if errors.As(err, &pe) && pe.Code == "42501" {

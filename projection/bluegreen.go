@@ -23,6 +23,7 @@ import (
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/lockkey"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/internal/telemetry"
@@ -466,7 +467,7 @@ func newGenerations(schema string) (*generations, error) {
 // SERIALIZABLE they would keep the snapshot taken by the lock's statement,
 // before its wait, and miss (or fail to serialize with) the generation the
 // other process just created, cut over, rolled back or dropped.
-var generationsTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+var generationsTx = pgtx.ReadCommitted
 
 // beginGenerations begins a transaction on db for a change under the
 // generations lock: with generationsTx when db can begin one with options

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/annals-dev/annals/internal/lockkey"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
@@ -136,7 +137,7 @@ func EnsureSetup(ctx context.Context, tx pgx.Tx, schema, name string, s Setupper
 
 // setupTx are the options of the transactions that run EnsureSetup: READ
 // COMMITTED, whatever the session's default_transaction_isolation says.
-var setupTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+var setupTx = pgtx.ReadCommitted
 
 // setupOf returns the Setupper of a registered projection, or nil.
 func setupOf(reg *registration) Setupper {

@@ -12,6 +12,8 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/annals-dev/annals/internal/pgtx"
 )
 
 // MetadataRewinds is the key of the stamp a relay puts into the Metadata of
@@ -381,7 +383,7 @@ func (r *Relay) recordRewound(ctx context.Context, rw Rewound, seq uint64, at *i
 	// two instances recording at once take turns on the row (LockRewinds),
 	// and the second must read what the first recorded; under REPEATABLE
 	// READ or SERIALIZABLE its lock would fail to serialize (40001).
-	err = pgx.BeginTxFunc(ctx, r.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, r.pool, pgtx.ReadCommitted, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, q["EnsureAcksRow"], r.cfg.Name, rw.Stream, rw.Created.UnixNano(), int64(seq), rw.At); err != nil {
 			return err
 		}

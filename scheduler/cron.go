@@ -13,6 +13,7 @@ import (
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/errmark"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/recovered"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
@@ -381,7 +382,7 @@ func (s *Scheduler) AddTask(ctx context.Context, t Task) error {
 	// or SERIALIZABLE the upsert of a task another process inserted after
 	// its snapshot (replicas starting together) fails to serialize (40001)
 	// instead of finding the row.
-	err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, s.pool, pgtx.ReadCommitted, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, s.q.upsertTask, t.Name, strings.TrimSpace(t.Spec), zone, t.StreamID, t.Missed.String(), now)
 		return err
 	})

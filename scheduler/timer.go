@@ -18,6 +18,7 @@ import (
 
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/errmark"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/internal/txopts"
 )
@@ -246,7 +247,7 @@ func (s *Scheduler) cancel(ctx context.Context, tx pgx.Tx, sql string, arg any) 
 		// READ COMMITTED whatever the server's default: the DELETE that
 		// waited for a firing dispatcher then sees its outcome (the row
 		// gone: it fired) instead of failing to serialize.
-		err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, run)
+		err = pgx.BeginTxFunc(ctx, s.pool, pgtx.ReadCommitted, run)
 	}
 	var pgErr *pgconn.PgError
 	switch {
@@ -531,7 +532,7 @@ func claimContext(ctx context.Context) context.Context {
 // 1 valid timers ended failed. Cancel runs READ COMMITTED for the same
 // reason.
 func readCommitted(ctx context.Context) context.Context {
-	return txopts.With(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	return txopts.With(ctx, pgtx.ReadCommitted)
 }
 
 // transient reports whether err is a serialization failure (40001) or a

@@ -13,6 +13,7 @@ import (
 
 	"github.com/annals-dev/annals/annalstest"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/projection"
 )
 
@@ -344,7 +345,7 @@ func (r *Replay) setup(ctx context.Context) error {
 	if r.opts.Setup == nil && reset == nil && setup == nil {
 		return nil
 	}
-	return pgx.BeginTxFunc(ctx, r.DB.Pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	return pgx.BeginTxFunc(ctx, r.DB.Pool, pgtx.ReadCommitted, func(tx pgx.Tx) error {
 		if r.opts.Setup != nil {
 			if err := r.opts.Setup(ctx, tx); err != nil {
 				return errors.Wrap(err, "Setup")

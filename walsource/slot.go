@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/annals-dev/annals/internal/lockkey"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 )
@@ -90,7 +91,7 @@ func EnsurePublication(ctx context.Context, pool *pgxpool.Pool, schema string) (
 	sql := "CREATE PUBLICATION " + pgx.Identifier{name}.Sanitize() + " FOR TABLE " +
 		pgx.Identifier{schema, "events"}.Sanitize() + " WITH (publish = 'insert')"
 	k1, k2 := lockkey.Pair("walsource:publication:" + name)
-	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, pool, pgtx.ReadCommitted, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_catalog.pg_advisory_xact_lock($1::int4, $2::int4)`, k1, k2); err != nil {
 			return errors.Wrap(err, "walsource: take the publication's lock")
 		}

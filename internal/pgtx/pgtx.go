@@ -8,6 +8,16 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// ReadCommitted are the options of annals' own transactions that take a
+// lock and then read what the lock's previous holder committed, or update
+// a row another process may update at once: READ COMMITTED whatever the
+// session's default_transaction_isolation says. Under REPEATABLE READ or
+// SERIALIZABLE the snapshot of the transaction's first statement, taken
+// before the wait, would miss the other process's work or fail to
+// serialize (docs/operations.md, "A REPEATABLE READ or SERIALIZABLE
+// default_transaction_isolation").
+var ReadCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
 // Attempts is how many times Retrying runs a transaction at most.
 const Attempts = 3
 

@@ -18,6 +18,7 @@ import (
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/failure"
 	"github.com/annals-dev/annals/internal/lockkey"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/ratelog"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/internal/telemetry"
@@ -722,7 +723,7 @@ func (c *Consumer) ensureTable(ctx context.Context, pool *pgxpool.Pool, q map[st
 		return nil
 	}
 	k1, k2 := lockkey.Pair(c.cfg.Schema + ":relay-checkpoints")
-	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, pool, pgtx.ReadCommitted, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, q["Lock"], k1, k2); err != nil {
 			return err
 		}
@@ -749,7 +750,7 @@ func (c *Consumer) setup(ctx context.Context, pool *pgxpool.Pool, p interface{ N
 		return nil
 	}
 	var ran bool
-	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, pool, pgtx.ReadCommitted, func(tx pgx.Tx) error {
 		var err error
 		ran, err = projection.EnsureSetup(ctx, tx, c.cfg.Schema, p.Name(), s, "natsconsumer:"+c.cfg.Durable)
 		return err
