@@ -123,13 +123,13 @@ else
 endif
 
 # soak: the adversarial tests (chaos, killed leaders and connections,
-# crashes and restarts, commits whose answer is lost, concurrent writers)
-# SOAK_COUNT times each, to find what one make test run hits rarely (a
+# crashes and restarts, commits whose answer is lost, concurrent writers,
+# replicas starting at once, a REPEATABLE READ default) SOAK_COUNT times each, to find what one make test run hits rarely (a
 # race that shows once in many runs). Each chaos test logs its seed. About
 # 10 minutes per round on 2 cores; SOAK_TESTS narrows it, e.g.
 # make soak SOAK_TESTS=LifecycleChaos SOAK_COUNT=50.
 SOAK_COUNT ?= 5
-SOAK_TESTS ?= Chaos|Kill|Crash|Restart|CommitAnswerLost|CommitAfterALostCommitLanded|CutoverCommitLost|LostCommitLands|CommitLostBefore|CommitLandsLate|ExactlyOnce|Concurrent|Fencing|ConnectionCut
+SOAK_TESTS ?= Chaos|Kill|Crash|Restart|CommitAnswerLost|CommitAfterALostCommitLanded|CutoverCommitLost|LostCommitLands|CommitLostBefore|CommitLandsLate|ExactlyOnce|Concurrent|Fencing|ConnectionCut|StartingAtOnce|AtOnce|UnderRepeatableReadDefault
 SOAK_FLAGS ?= -race -timeout 0 -failfast
 
 soak:
