@@ -3,7 +3,6 @@ package migrations_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,45 +12,17 @@ import (
 	"github.com/annals-dev/annals/migrations"
 )
 
-// atOnce runs fn(i, pool) for n pools of one connection each (processes),
-// connected to db before they are released together, and returns their
-// errors. isolation, when not empty, is the pools' default isolation.
+// atOnce runs fn(i, pool) for n pools of one connection each (processes)
+// released together (annalstest's AtOnce) and returns their errors.
+// isolation, when not empty, is the pools' default isolation.
 func atOnce(t *testing.T, db *annalstest.DB, n int, isolation string, fn func(i int, pool *pgxpool.Pool) error) []error {
 	t.Helper()
-	pools := make([]*pgxpool.Pool, n)
-	for i := range pools {
-		cfg, err := pgxpool.ParseConfig(db.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
+	return db.AtOnce(t, n, func(_ int, cfg *pgxpool.Config) {
 		cfg.MaxConns = 1
 		if isolation != "" {
 			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = isolation
 		}
-		p, err := pgxpool.NewWithConfig(t.Context(), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer p.Close()
-		if err := p.Ping(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		pools[i] = p
-	}
-	start := make(chan struct{})
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			errs[i] = fn(i, pools[i])
-		}()
-	}
-	close(start)
-	wg.Wait()
-	return errs
+	}, fn)
 }
 
 // TestUpOfTwoSchemasAtOnceInOneDatabase: two services migrating schemas

@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,51 +27,23 @@ func TestAddTaskFromReplicasStartingAtOnce(t *testing.T) {
 		t.Run(fmt.Sprintf("round %d", round), func(t *testing.T) {
 			db := annalstest.NewDB(t, nil)
 			const n = 6
-			scheds := make([]*Scheduler, n)
-			for i := range n {
-				pcfg, err := pgxpool.ParseConfig(db.URL)
-				if err != nil {
-					t.Fatal(err)
-				}
-				pcfg.MaxConns = 2
-				if i%2 == 1 {
-					pcfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
-				}
-				pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer pool.Close()
-				if err := pool.Ping(ctx); err != nil { // connected before the release
-					t.Fatal(err)
-				}
+			// The Store and Scheduler read nothing from the database when made.
+			errs := db.AtOnce(t, n, annalstest.HalfRepeatableRead(2), func(_ int, pool *pgxpool.Pool) error {
 				store, err := eventstore.New(pool, &eventstore.Config{Schema: db.Schema})
 				if err != nil {
-					t.Fatal(err)
+					return err
 				}
-				scheds[i], err = New(store, nil)
+				sched, err := New(store, nil)
 				if err != nil {
-					t.Fatal(err)
+					return err
 				}
-			}
-			start := make(chan struct{})
-			errs := make([]error, n)
-			var wg sync.WaitGroup
-			for i := range n {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					<-start
-					for _, name := range []string{"a", "b", "c", "d"} {
-						if err := scheds[i].AddTask(ctx, Task{Name: name, Spec: "@every 1h", StreamID: "ticks"}); err != nil {
-							errs[i] = err
-							return
-						}
+				for _, name := range []string{"a", "b", "c", "d"} {
+					if err := sched.AddTask(ctx, Task{Name: name, Spec: "@every 1h", StreamID: "ticks"}); err != nil {
+						return err
 					}
-				}()
-			}
-			close(start)
-			wg.Wait()
+				}
+				return nil
+			})
 			for i, err := range errs {
 				if err != nil {
 					t.Fatalf("round %d: process %d: %v", round, i, err)

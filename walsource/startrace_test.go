@@ -3,7 +3,6 @@ package walsource_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,39 +27,10 @@ func TestWakesStartingAtOnceOnAFreshDatabase(t *testing.T) {
 		t.Run(fmt.Sprintf("round %d", round), func(t *testing.T) {
 			db := annalstest.NewDB(t, nil)
 			const n = 6
-			pools := make([]*pgxpool.Pool, n)
-			for i := range pools {
-				cfg, err := pgxpool.ParseConfig(db.URL)
-				if err != nil {
-					t.Fatal(err)
-				}
-				cfg.MaxConns = 1
-				if i%2 == 1 {
-					cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
-				}
-				p, err := pgxpool.NewWithConfig(ctx, cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer p.Close()
-				if err := p.Ping(ctx); err != nil { // connected before the release
-					t.Fatal(err)
-				}
-				pools[i] = p
-			}
-			start := make(chan struct{})
-			errs := make([]error, n)
-			var wg sync.WaitGroup
-			for i := range n {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					<-start
-					_, errs[i] = walsource.NewWake(ctx, pools[i], nil)
-				}()
-			}
-			close(start)
-			wg.Wait()
+			errs := db.AtOnce(t, n, annalstest.HalfRepeatableRead(1), func(i int, pool *pgxpool.Pool) error {
+				_, err := walsource.NewWake(ctx, pool, nil)
+				return err
+			})
 			for i, err := range errs {
 				if err != nil {
 					t.Fatalf("round %d: replica %d: %v", round, i, err)
