@@ -124,9 +124,16 @@ const (
 
 // Generation is one generation of a blue/green read model.
 type Generation struct {
-	Projection string          `json:"projection"`
-	Generation int             `json:"generation"`
-	Version    int             `json:"version"`
+	Projection string `json:"projection"`
+	Generation int    `json:"generation"`
+	Version    int    `json:"version"`
+	// Schema is the PostgreSQL schema of the generation's read model:
+	// rm_<name>_g<N>, or, when a schema of that name already existed as
+	// the generation was created (another annals schema of the database
+	// with a blue/green projection of the same name, say),
+	// rm_<name>_g<N>_<tag> (tag: 8 hex digits of the MD5 of the annals
+	// schema's name). Code that needs a generation's schema reads it here
+	// (ListGenerations), not from the name.
 	Schema     string          `json:"schema"`
 	Reader     string          `json:"reader_schema"`
 	Subscriber string          `json:"subscriber"`
@@ -220,7 +227,8 @@ var (
 	// runner's round of its blue/green projections, RebuildBlueGreen and
 	// DropRetired when a row of read_model_generations they would act on names another
 	// schema or subscriber than annals gives that generation
-	// (rm_<name>_g<N>, <name>#g<N>), or a reader schema that is not the
+	// (rm_<name>_g<N>, or rm_<name>_g<N>_<tag> when that was taken, see
+	// Generation.Schema; <name>#g<N>), or a reader schema that is not the
 	// read model's: any runner role may write the rows, and the views,
 	// schemas and checkpoints they name are changed as the caller's role.
 	// Nothing is changed; see who wrote read_model_generations.
@@ -300,7 +308,7 @@ func (g *generations) abandon(ctx context.Context, tx pgx.Tx, name string, gen, 
 // checkpoints get reason as their stop reason and a new epoch (fencing its
 // leaders, announced), and it is marked retired.
 func (g *generations) retire(ctx context.Context, tx pgx.Tx, name string, gen Generation, reason string) error {
-	if err := gen.forged(name); err != nil {
+	if err := gen.forged(g.schema, name); err != nil {
 		return err
 	}
 	if _, err := tx.Exec(ctx, g.q["RetireCheckpoints"], gen.Subscriber, reason); err != nil {
@@ -382,11 +390,40 @@ type blueGreenReg struct {
 	cut   CommitCutter
 }
 
-// generationSchema returns the schema of generation gen of projection name:
-// rm_<name>_g<gen>, with the name lower-cased, every character outside
-// [a-z0-9_] replaced by _, and (when that changed the name or it is long) a
-// hash of the name added, within PostgreSQL's 63 bytes.
+// generationSchemas returns the two names annals may give generation gen
+// of projection name in annals schema schema (resolved:
+// schemaname.Resolve), and no other:
+//
+//   - unscoped, rm_<name>_g<gen>, the name annals has always given and
+//     still gives whenever no schema of that name exists yet;
+//   - scoped, rm_<name>_g<gen>_<tag>, tag being 8 hex digits of the MD5 of
+//     the annals schema's name, which a new generation takes when the
+//     unscoped name is already taken (another annals schema of the database
+//     with a blue/green projection of the same name, a leftover of one, or
+//     anything else), or is taken under it by a concurrent creation
+//     (createGeneration).
+//
+// The two forms cannot give the same name, whatever the projection's name:
+// an unscoped name ends in _g and decimal digits, a scoped one in _ and 8
+// hex digits (no g). The projection's name is lower-cased, every character
+// outside [a-z0-9_] replaced by _, and (when that changed the name or it
+// is long) a hash of the name added, within PostgreSQL's 63 bytes.
+func generationSchemas(schema, name string, gen int) (unscoped, scoped string) {
+	h := md5.Sum([]byte(schema))
+	return generationSchema(name, gen), rmSchema(name, "_g"+strconv.Itoa(gen)+"_"+hex.EncodeToString(h[:4]))
+}
+
+// generationSchema returns rm_<name>_g<gen>: the unscoped name of
+// generation gen of projection name (generationSchemas).
 func generationSchema(name string, gen int) string {
+	return rmSchema(name, "_g"+strconv.Itoa(gen))
+}
+
+// rmSchema returns rm_<name><suffix>, with the name lower-cased, every
+// character outside [a-z0-9_] replaced by _, and (when that changed the
+// name or it is long) a hash of the name added, within PostgreSQL's 63
+// bytes.
+func rmSchema(name, suffix string) string {
 	var b strings.Builder
 	for _, r := range strings.ToLower(name) {
 		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') || r == '_' {
@@ -396,7 +433,6 @@ func generationSchema(name string, gen int) string {
 		}
 	}
 	s := b.String()
-	suffix := "_g" + strconv.Itoa(gen)
 	if s != name || len("rm_"+s+suffix) > 63 {
 		h := md5.Sum([]byte(name))
 		tag := "_" + hex.EncodeToString(h[:4])
@@ -411,22 +447,34 @@ func generationSubscriber(name string, gen int) string {
 }
 
 // forged returns an error (ErrForgedGeneration) when x's row names another
-// schema or subscriber than annals gives generation x.Generation of
-// projection name (generationSchema, generationSubscriber): any runner role
-// may write read_model_generations, and what the row names is changed as
-// the caller's role (views pointed at the schema, handlers run with it
-// first on the search_path, the subscriber's checkpoints fenced). As
-// DropRetired checks the schema it drops.
-func (x Generation) forged(name string) error {
-	if want := generationSchema(name, x.Generation); x.Schema != want {
-		return errors.Wrapf(ErrForgedGeneration, "projection %q: generation %d names schema %q, not %q as annals names it "+
-			"(a row annals did not write, or changed: see who wrote read_model_generations)", name, x.Generation, x.Schema, want)
+// schema or subscriber than annals could have given generation
+// x.Generation of projection name in annals schema schema
+// (forgedSchema, generationSubscriber): any runner role may write
+// read_model_generations, and what the row names is changed as the
+// caller's role (views pointed at the schema, handlers run with it first
+// on the search_path, the subscriber's checkpoints fenced). As DropRetired
+// checks the schema it drops.
+func (x Generation) forged(schema, name string) error {
+	if err := forgedSchema(schema, name, x.Generation, x.Schema); err != nil {
+		return err
 	}
 	if want := generationSubscriber(name, x.Generation); x.Subscriber != want {
 		return errors.Wrapf(ErrForgedGeneration, "projection %q: generation %d names subscriber %q, not %q as annals names it "+
 			"(a row annals did not write, or changed: see who wrote read_model_generations)", name, x.Generation, x.Subscriber, want)
 	}
 	return nil
+}
+
+// forgedSchema returns an error (ErrForgedGeneration) when got is neither
+// name annals could have given generation gen of projection name in annals
+// schema schema: the unscoped one or the scoped one (generationSchemas).
+func forgedSchema(schema, name string, gen int, got string) error {
+	unscoped, scoped := generationSchemas(schema, name, gen)
+	if got == unscoped || got == scoped {
+		return nil
+	}
+	return errors.Wrapf(ErrForgedGeneration, "projection %q: generation %d names schema %q, not %q or %q as annals names it "+
+		"(a row annals did not write, or changed: see who wrote read_model_generations)", name, gen, got, unscoped, scoped)
 }
 
 // checkName refuses a subscriber name that ends like a generation's
@@ -556,13 +604,11 @@ func (r *Runner) createGeneration(ctx context.Context, tx pgx.Tx, g *generations
 	if err := tx.QueryRow(ctx, g.q["NextGeneration"], name).Scan(&n); err != nil {
 		return Generation{}, errors.Wrapf(err, "projection %q: number the generation", name)
 	}
-	gen := Generation{Projection: name, Generation: n, Version: bg.cfg.Version, Schema: generationSchema(name, n),
+	gen := Generation{Projection: name, Generation: n, Version: bg.cfg.Version,
 		Reader: bg.cfg.ReaderSchema, Subscriber: generationSubscriber(name, n), State: state, CreatedBy: r.cfg.InstanceID}
-	if _, err := tx.Exec(ctx, g.q["InsertGeneration"], name, n, gen.Version, gen.Schema, gen.Reader, gen.Subscriber, string(state), gen.CreatedBy); err != nil {
-		return Generation{}, errors.Wrapf(err, "projection %q: register generation %d", name, n)
-	}
-	if _, err := tx.Exec(ctx, g.q["CreateSchema"], name, n); err != nil {
-		return Generation{}, errors.Wrapf(err, "projection %q: create the schema of generation %d", name, n)
+	var err error
+	if gen.Schema, err = g.makeSchema(ctx, tx, gen); err != nil {
+		return Generation{}, err
 	}
 	if _, err := tx.Exec(ctx, g.q["SearchPath"], gen.Schema); err != nil {
 		return Generation{}, errors.Wrapf(err, "projection %q: search_path", name)
@@ -585,6 +631,59 @@ func (r *Runner) createGeneration(ctx context.Context, tx pgx.Tx, g *generations
 	r.cfg.Logger.InfoContext(ctx, "annals: read-model generation set up", slog.String("projection", name),
 		slog.Int("generation", n), slog.Int("version", gen.Version), slog.String("schema", gen.Schema), slog.String("state", string(state)))
 	return gen, nil
+}
+
+// makeSchema registers generation gen (its row) and creates its schema, in
+// tx, under the name annals gives it (generationSchemas), which it
+// returns: the unscoped rm_<name>_g<N> when no schema of that name exists,
+// else the scoped rm_<name>_g<N>_<tag>. The generations lock is per annals
+// schema, so another annals schema of the database may be creating the
+// unscoped name at the same time: the CREATE SCHEMA that loses (42P06 once
+// the other committed, 23505 on pg_namespace while it had not) is undone
+// to a savepoint taken before the row, and the generation registered and
+// created again under the scoped name. A scoped name taken too (a leftover
+// of an annals schema of the same name) is an error.
+func (g *generations) makeSchema(ctx context.Context, tx pgx.Tx, gen Generation) (string, error) {
+	unscoped, scoped := generationSchemas(g.schema, gen.Projection, gen.Generation)
+	var taken bool
+	if err := tx.QueryRow(ctx, g.q["SchemaExists"], unscoped).Scan(&taken); err != nil {
+		return "", errors.Wrapf(err, "projection %q: look for schema %s", gen.Projection, unscoped)
+	}
+	if taken {
+		return scoped, g.insertSchema(ctx, tx, gen, scoped)
+	}
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return "", errors.Wrapf(err, "projection %q: savepoint", gen.Projection)
+	}
+	err = g.insertSchema(ctx, sp, gen, unscoped)
+	if err == nil {
+		return unscoped, errors.Wrapf(sp.Commit(ctx), "projection %q: release the savepoint", gen.Projection)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || (pgErr.Code != "42P06" && pgErr.Code != "23505") || !errors.Is(err, errCreateSchema) {
+		return "", err
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		return "", errors.Wrapf(err, "projection %q: roll back to the savepoint", gen.Projection)
+	}
+	return scoped, g.insertSchema(ctx, tx, gen, scoped)
+}
+
+// errCreateSchema marks an error of read_model_create_schema (insertSchema).
+var errCreateSchema = errors.New("create the schema")
+
+// insertSchema inserts generation gen's row naming schema and creates the
+// schema (read_model_create_schema reads the name from the row).
+func (g *generations) insertSchema(ctx context.Context, tx pgx.Tx, gen Generation, schema string) error {
+	name, n := gen.Projection, gen.Generation
+	if _, err := tx.Exec(ctx, g.q["InsertGeneration"], name, n, gen.Version, schema, gen.Reader, gen.Subscriber, string(gen.State), gen.CreatedBy); err != nil {
+		return errors.Wrapf(err, "projection %q: register generation %d", name, n)
+	}
+	if _, err := tx.Exec(ctx, g.q["CreateSchema"], name, n); err != nil {
+		return errors.Wrapf(errors.Mark(err, errCreateSchema), "projection %q: create the schema %s of generation %d", name, schema, n)
+	}
+	return nil
 }
 
 // ensureGenerations creates what this runner's version needs: the first
@@ -758,7 +857,7 @@ func (g *generationProjection) Handle(ctx context.Context, tx pgx.Tx, e eventsto
 // missing): the handlers would write what that role may read and change.
 // A schema this role owns stays its own (only its owner may give it away).
 func (r *Runner) generationSubs(ctx context.Context, reg *registration, g *generations, gen Generation, wrap func(catchup.Processor) catchup.Processor) ([]*catchup.Subscription, error) {
-	if err := gen.forged(reg.name); err != nil {
+	if err := gen.forged(g.schema, reg.name); err != nil {
 		return nil, err
 	}
 	if err := g.owned(ctx, r.pool, reg.name, gen); err != nil {
@@ -1075,7 +1174,7 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 		}
 		// Any runner role may write the rows: the views are made where
 		// they say, as this role.
-		if err := next.forged(name); err != nil {
+		if err := next.forged(g.schema, name); err != nil {
 			return err
 		}
 		if next.Reader != bg.cfg.ReaderSchema {
@@ -1084,7 +1183,7 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 				name, to, next.Reader, bg.cfg.ReaderSchema)
 		}
 		if l := live(gens); l != nil {
-			if err := l.forged(name); err != nil {
+			if err := l.forged(g.schema, name); err != nil {
 				return err
 			}
 		}
@@ -1925,7 +2024,7 @@ func RollbackFrom(ctx context.Context, db interface {
 	// say, as this role. The reader schema is not derived from the name:
 	// it must hold views annals made of either generation.
 	for _, x := range []*Generation{cur, prev} {
-		if err := x.forged(name); err != nil {
+		if err := x.forged(g.schema, name); err != nil {
 			return c, err
 		}
 	}
@@ -1984,7 +2083,8 @@ func ListGenerations(ctx context.Context, db checkpoint.DB, schema, name string)
 // transaction under the generations lock, and marks them dropped. It
 // returns the generations dropped. Runners do it by themselves after
 // BlueGreen.Retention. A generation whose row names another schema than
-// the one annals gives it (rm_<name>_g<N>) is an error
+// annals could have given it (rm_<name>_g<N>, or rm_<name>_g<N>_<tag>: see
+// Generation.Schema) is an error
 // (ErrForgedGeneration), and so is one whose schema objects of other
 // schemas depend on (ErrGenerationInUse: the reader schema's views of a
 // live generation another role marked retired, say); it and the ones after
@@ -2023,9 +2123,8 @@ func DropRetired(ctx context.Context, db interface {
 			// Every runner role may write read_model_generations: a row
 			// naming another schema than annals gave the generation would
 			// have this role drop that schema, whatever it holds.
-			if want := generationSchema(name, gen); schema != want {
-				return 0, errors.Wrapf(ErrForgedGeneration, "projection %q: retired generation %d names schema %q, not %q as annals names it: not dropped "+
-					"(a row annals did not write, or changed: see who wrote read_model_generations)", name, gen, schema, want)
+			if err := forgedSchema(g.schema, name, gen, schema); err != nil {
+				return 0, errors.Wrapf(err, "retired generation %d: not dropped", gen)
 			}
 			// Nor would a row naming the live generation's own schema,
 			// marked retired by another runner role: the rows cannot tell

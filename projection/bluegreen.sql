@@ -37,6 +37,11 @@ INSERT INTO {{.Schema}}.read_model_generations
        (projection, generation, version, schema_name, reader_schema, subscriber, state, created_by, live_since)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CASE WHEN $7 = 'live' THEN clock_timestamp() END);
 
+-- name: SchemaExists
+-- Whether schema $1 exists: a new generation takes its unscoped name
+-- unless another annals schema (or anything else) has it.
+SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = $1);
+
 -- name: CreateSchema
 SELECT {{.Schema}}.read_model_create_schema($1, $2);
 

@@ -186,7 +186,7 @@ func (s *blueGreenService) check(ctx context.Context, engine *catchup.Engine, g 
 			continue
 		}
 		ofVersion++
-		if err := x.forged(reg.name); err != nil {
+		if err := x.forged(g.schema, reg.name); err != nil {
 			switch {
 			case runs[x.Subscriber] != nil:
 				keep[x.Subscriber] = true
