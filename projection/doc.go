@@ -240,7 +240,13 @@
 // read model in one PostgreSQL schema per generation (rm_<name>_g<N>),
 // listed in the schema's read_model_generations table, and readers query
 // views in BlueGreen.ReaderSchema (public by default), one per relation of
-// the live generation (SELECT * FROM rm_<name>_g<N>.<relation>). Each
+// the live generation (SELECT * FROM rm_<name>_g<N>.<relation>). When a
+// schema rm_<name>_g<N> already exists as the generation is created
+// (another annals schema of the database, Config.Schema, runs a blue/green
+// projection of the same name, or left one behind), the generation takes
+// rm_<name>_g<N>_<tag> instead, tag being 8 hex digits of the MD5 of the
+// annals schema's name; so does the loser of two annals schemas creating
+// the name at once. Generation.Schema (ListGenerations) says which. Each
 // generation is a subscriber of its own (<name>#g<N>: own checkpoints, own
 // lock; Register refuses every name ending in #g and digits, which would
 // share them), and its handlers and setup run with the transaction's
