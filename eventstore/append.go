@@ -19,6 +19,7 @@ import (
 
 	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/freshids"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/internal/txopts"
 )
@@ -133,8 +134,8 @@ func (s *Store) appendAlone(ctx context.Context, args appendArgs) (AppendResult,
 			continue
 		}
 		// A transaction of its own that failed to serialize committed
-		// nothing (serializationFailure).
-		if tries++; serializationFailure(err) && tries < serializationRetries && ctx.Err() == nil {
+		// nothing (serializationRetries).
+		if tries++; pgtx.Retryable(err) && tries < serializationRetries && ctx.Err() == nil {
 			continue
 		}
 		return res, err

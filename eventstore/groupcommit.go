@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/annals-dev/annals/internal/pgtx"
 )
 
 // GroupCommit configures how Store.Append coalesces concurrent appends of a
@@ -363,9 +365,9 @@ func (c *committer) send(group []*pendingAppend) {
 	}
 
 	err := c.sendGroup(ctx, group)
-	for tries := 1; serializationFailure(err) && tries < serializationRetries && ctx.Err() == nil; tries++ {
+	for tries := 1; pgtx.Retryable(err) && tries < serializationRetries && ctx.Err() == nil; tries++ {
 		// The group's statement was a transaction of its own and failed
-		// to serialize: nothing of it committed (see serializationFailure).
+		// to serialize: nothing of it committed (see serializationRetries).
 		for _, p := range group {
 			p.res, p.err = AppendResult{}, nil
 		}
@@ -422,22 +424,17 @@ func (c *committer) send(group []*pendingAppend) {
 // committed while it waited for the ordering lock, so the writers make
 // progress; the bound is for a stream that many processes append to at
 // once.
+//
+// Append's functions fail to serialize only under a session whose
+// default_transaction_isolation is REPEATABLE READ or SERIALIZABLE: an
+// append's snapshot is taken when its statement starts, before its wait for
+// the ordering lock, and its update of a stream's row that another append
+// changed meanwhile fails to serialize (40001). The statement (or the
+// transaction Append began) then committed nothing, and is sent again
+// (pgtx.Retryable, which takes a deadlock too): its new snapshot sees the
+// other append, and the append answers as under READ COMMITTED (a wrong
+// expected version, an idempotent re-append).
 const serializationRetries = 20
-
-// serializationFailure reports whether err is a serialization failure
-// (40001). Append's functions raise none under READ COMMITTED; under a
-// session whose default_transaction_isolation is REPEATABLE READ or
-// SERIALIZABLE, an append's snapshot is taken when its statement starts,
-// before its wait for the ordering lock, and its update of a stream's row
-// that another append changed meanwhile fails to serialize. The statement
-// (or the transaction Append began) then committed nothing, and is sent
-// again: its new snapshot sees the other append, and the append answers as
-// under READ COMMITTED (a wrong expected version, an idempotent
-// re-append).
-func serializationFailure(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "40001"
-}
 
 // uniqueViolation reports whether err is a unique violation (23505): from
 // append_one or append_batch, an event ID stored while the call waited for

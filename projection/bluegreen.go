@@ -508,26 +508,23 @@ func newGenerations(schema string) (*generations, error) {
 	return &generations{schema: schema, q: q}, nil
 }
 
-// generationsTx are the options of annals' transactions that take the
-// generations lock: READ COMMITTED whatever the session's
-// default_transaction_isolation, so that what they read after the lock
-// shows what its previous holder committed. Under REPEATABLE READ or
-// SERIALIZABLE they would keep the snapshot taken by the lock's statement,
-// before its wait, and miss (or fail to serialize with) the generation the
-// other process just created, cut over, rolled back or dropped.
-var generationsTx = pgtx.ReadCommitted
-
 // beginGenerations begins a transaction on db for a change under the
-// generations lock: with generationsTx when db can begin one with options
-// (a pool, a connection), else with db.Begin (a caller's transaction,
-// whose savepoint keeps the caller's isolation).
+// generations lock: READ COMMITTED (pgtx.ReadCommitted) when db can begin
+// one with options (a pool, a connection), else with db.Begin (a caller's
+// transaction, whose savepoint keeps the caller's isolation). Every
+// transaction that takes the generations lock is READ COMMITTED, so that
+// what it reads after the lock shows what the lock's previous holder
+// committed: under REPEATABLE READ or SERIALIZABLE it would keep the
+// snapshot taken before the wait, and miss (or fail to serialize with) the
+// generation another process just created, cut over, rolled back or
+// dropped.
 func beginGenerations(ctx context.Context, db interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }) (pgx.Tx, error) {
 	if b, ok := db.(interface {
 		BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 	}); ok {
-		return b.BeginTx(ctx, generationsTx)
+		return b.BeginTx(ctx, pgtx.ReadCommitted)
 	}
 	return db.Begin(ctx)
 }
@@ -706,7 +703,7 @@ func (r *Runner) ensureGenerations(ctx context.Context, g *generations, name str
 		reason    string
 	}
 	var retired []abandoned
-	err = pgx.BeginTxFunc(ctx, r.pool, generationsTx, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, r.pool, pgtx.ReadCommitted, func(tx pgx.Tx) error {
 		if err := g.lock(ctx, tx, name); err != nil {
 			return err
 		}
@@ -1149,9 +1146,9 @@ func (r *Runner) cutover(ctx context.Context, g *generations, name string, bg *b
 	release := func() {} // the old generation's leaderGate, once held
 	// Released however the transaction ends (a panic in it included).
 	defer func() { release() }()
-	// Read committed (generationsTx): the transaction's reads see the
+	// Read committed (pgtx.ReadCommitted): the transaction's reads see the
 	// leaders' commits.
-	err := pgx.BeginTxFunc(ctx, r.pool, generationsTx, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, r.pool, pgtx.ReadCommitted, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, g.q["LockTimeout"], strconv.FormatInt(lockTimeout.Milliseconds(), 10)+"ms"); err != nil {
 			return err
 		}
@@ -1444,7 +1441,7 @@ func (r *Runner) RebuildBlueGreen(ctx context.Context, name string, opts *Rebuil
 	var gen, newer Generation
 	var retired []Generation
 	var reasons []string
-	err = pgx.BeginTxFunc(ctx, r.pool, generationsTx, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, r.pool, pgtx.ReadCommitted, func(tx pgx.Tx) error {
 		if err := g.lock(ctx, tx, name); err != nil {
 			return err
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/internal/errmark"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/poolconn"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
@@ -568,7 +569,7 @@ func (rb *rebuild) relayout(ctx context.Context) error {
 	committing := false // the body is done: what fails now is the COMMIT
 	err = leases[0].Do(ctx, func(conn *pgx.Conn) error {
 		// READ COMMITTED, as setupBeforeReset (EnsureSetup) needs it.
-		return pgx.BeginTxFunc(ctx, conn, setupTx, func(tx pgx.Tx) (err error) {
+		return pgx.BeginTxFunc(ctx, conn, pgtx.ReadCommitted, func(tx pgx.Tx) (err error) {
 			defer func() { committing = err == nil }()
 			// The fence first: from here on no leader's batch commits.
 			if _, err := tx.Exec(ctx, rb.q["FenceAllCheckpoints"], name, RebuildOwnerPrefix+rb.r.cfg.InstanceID); err != nil {
@@ -639,7 +640,7 @@ func (rb *rebuild) reset(ctx context.Context, leases []*catchup.Lease) error {
 	committing := false // the body is done: what fails now is the COMMIT
 	err := leases[0].Do(ctx, func(conn *pgx.Conn) error {
 		// READ COMMITTED, as setupBeforeReset (EnsureSetup) needs it.
-		return pgx.BeginTxFunc(ctx, conn, setupTx, func(tx pgx.Tx) (err error) {
+		return pgx.BeginTxFunc(ctx, conn, pgtx.ReadCommitted, func(tx pgx.Tx) (err error) {
 			defer func() { committing = err == nil }()
 			if err := rb.setupBeforeReset(ctx, tx); err != nil {
 				return err

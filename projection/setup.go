@@ -135,10 +135,6 @@ func EnsureSetup(ctx context.Context, tx pgx.Tx, schema, name string, s Setupper
 	return true, nil
 }
 
-// setupTx are the options of the transactions that run EnsureSetup: READ
-// COMMITTED, whatever the session's default_transaction_isolation says.
-var setupTx = pgtx.ReadCommitted
-
 // setupOf returns the Setupper of a registered projection, or nil.
 func setupOf(reg *registration) Setupper {
 	if reg.bg != nil {
@@ -169,7 +165,7 @@ func (r *Runner) Setup(ctx context.Context) error {
 		if s == nil {
 			continue
 		}
-		err := pgx.BeginTxFunc(ctx, r.pool, setupTx, func(tx pgx.Tx) error {
+		err := pgx.BeginTxFunc(ctx, r.pool, pgtx.ReadCommitted, func(tx pgx.Tx) error {
 			ran, err := EnsureSetup(ctx, tx, r.cfg.Schema, reg.name, s, r.cfg.InstanceID)
 			if ran {
 				r.cfg.Logger.InfoContext(ctx, "annals: read model set up", "projection", reg.name, "version", s.SetupVersion())
