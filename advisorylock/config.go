@@ -5,6 +5,7 @@ import (
 
 	"context"
 	"log/slog"
+	"math"
 	"net"
 	"strconv"
 	"sync"
@@ -29,6 +30,14 @@ const (
 	DefaultKeepAliveCount = 3
 	// DefaultUserTimeout is the default Config.UserTimeout.
 	DefaultUserTimeout = 10 * time.Second
+	// DefaultFreezeTimeout is the default Config.FreezeTimeout: the same as
+	// annals status's default --stale-after and the projection runner's
+	// warning of a lock no live instance holds (three heartbeats of 10 s).
+	DefaultFreezeTimeout = 30 * time.Second
+	// MinFreezeTimeout is the shortest Config.FreezeTimeout: the lock pings
+	// every third of it, and a holder must not lose its lock to a garbage
+	// collection pause or a slow round trip.
+	MinFreezeTimeout = 100 * time.Millisecond
 )
 
 // Config configures TryAcquire. A nil *Config means defaults.
@@ -65,6 +74,19 @@ type Config struct {
 	// on the client on Linux). It covers what keepalives do not: a peer that
 	// vanishes while data is in flight. Defaults to 10s.
 	UserTimeout time.Duration
+	// FreezeTimeout bounds how long a holder that stops running while its
+	// connections stay up (SIGSTOP, a paused container or VM, a debugger)
+	// keeps its locks: it sets idle_session_timeout for the session, and
+	// the holder pings it (an empty statement) every third of it while it
+	// has nothing else to send, so a live holder keeps its locks however
+	// long it idles, and a frozen one, which the kernel still answers TCP
+	// keepalives for, has its session ended by the server after it: the
+	// locks are freed, and once resumed it finds them lost. It covers an
+	// idle session only, not one frozen in the middle of a transaction
+	// (see "A frozen holder" in the package documentation). PostgreSQL 14
+	// or later. Whole milliseconds; at least MinFreezeTimeout; -1 sets
+	// nothing and pings nothing. Defaults to 30s.
+	FreezeTimeout time.Duration
 	// Logger receives a warning when a lock is lost, and debug lines when a
 	// lock is acquired or released. Defaults to warnings and errors on
 	// slog.Default() (information and debug records dropped).
@@ -87,6 +109,10 @@ type Config struct {
 	// Defaults to pgx.ConnectConfig.
 	Connect func(ctx context.Context, connConfig *pgx.ConnConfig) (*pgx.Conn, error)
 }
+
+// maxFreezeTimeout is the longest idle_session_timeout PostgreSQL takes
+// (INT_MAX milliseconds, about 24.8 days).
+const maxFreezeTimeout = math.MaxInt32 * time.Millisecond
 
 // maxChannelLen is the longest notification channel name PostgreSQL takes
 // (NAMEDATALEN - 1).
@@ -112,6 +138,9 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.UserTimeout == 0 {
 		out.UserTimeout = DefaultUserTimeout
 	}
+	if out.FreezeTimeout == 0 {
+		out.FreezeTimeout = DefaultFreezeTimeout
+	}
 	if out.Connect == nil {
 		out.Connect = pgx.ConnectConfig
 	}
@@ -123,6 +152,12 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, errors.Newf("advisorylock: CheckInterval %s is below the server's resolution of 1ms", out.CheckInterval)
 	case out.UserTimeout > 0 && out.UserTimeout < time.Millisecond:
 		return out, errors.Newf("advisorylock: UserTimeout %s is below the resolution of 1ms", out.UserTimeout)
+	case out.FreezeTimeout > 0 && out.FreezeTimeout < MinFreezeTimeout:
+		return out, errors.Newf("advisorylock: FreezeTimeout %s is below the minimum of %s (or -1 for none)", out.FreezeTimeout, MinFreezeTimeout)
+	case out.FreezeTimeout > 0 && out.FreezeTimeout%time.Millisecond != 0:
+		return out, errors.Newf("advisorylock: FreezeTimeout %s is not a whole number of milliseconds", out.FreezeTimeout)
+	case out.FreezeTimeout > maxFreezeTimeout:
+		return out, errors.Newf("advisorylock: FreezeTimeout %s is above the server's maximum of %s", out.FreezeTimeout, maxFreezeTimeout)
 	case out.KeepAliveIdle > 0 && out.KeepAliveIdle%time.Second != 0:
 		return out, errors.Newf("advisorylock: KeepAliveIdle %s is not a whole number of seconds", out.KeepAliveIdle)
 	case out.KeepAliveInterval > 0 && out.KeepAliveInterval%time.Second != 0:
@@ -131,6 +166,31 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, errors.Newf("advisorylock: ReleaseChannel %q is longer than %d bytes", out.ReleaseChannel, maxChannelLen)
 	}
 	return out, nil
+}
+
+// pingEvery is how often an idle lock session is pinged: a third of
+// FreezeTimeout, so that a ping that comes a little late, or a round trip
+// that is slow, still lands well within it. 0: never.
+func (c *Config) pingEvery() time.Duration {
+	if c.FreezeTimeout <= 0 {
+		return 0
+	}
+	return c.FreezeTimeout / 3
+}
+
+// pingTimeout bounds a ping's round trip: a server that does not answer
+// an empty statement within FreezeTimeout (at least closeTimeout) is taken
+// to be gone, and the connection is closed, which frees its locks.
+func (c *Config) pingTimeout() time.Duration { return max(c.FreezeTimeout, closeTimeout) }
+
+// ping sends the server an empty statement (a comment: parsed, nothing
+// planned or run), which ends the session's idle time, within timeout. It
+// uses a context of its own, not the watcher's or a Wait's: a ping that is
+// cut in the middle closes the connection, so nothing interrupts it.
+func ping(conn *pgx.Conn, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return conn.PgConn().Ping(ctx)
 }
 
 // connConfig returns a copy of base set up for a lock connection: the
@@ -154,6 +214,7 @@ func (c *Config) connConfig(base *pgx.ConnConfig) (cc *pgx.ConnConfig, handler f
 		cc.RuntimeParams["tcp_keepalives_count"] = strconv.Itoa(c.KeepAliveCount)
 	}
 	setMillis("tcp_user_timeout", c.UserTimeout)
+	setMillis("idle_session_timeout", c.FreezeTimeout)
 
 	dial := cc.DialFunc
 	cc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {

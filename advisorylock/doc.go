@@ -45,8 +45,8 @@
 //
 // # Noticing a dead peer
 //
-// Two things must be bounded: how long a dead holder keeps the lock (the
-// server must notice that the client is gone), and how long a holder goes on
+// Two things must be bounded: how long a dead or frozen holder keeps the
+// lock (the server must notice that the client is gone, or stopped), and how long a holder goes on
 // believing it leads after its session has ended (the client must notice
 // that the server is gone). The lock's connection is therefore set up with
 // (see Config):
@@ -62,6 +62,10 @@
 //   - TCP user timeout (tcp_user_timeout on the server, TCP_USER_TIMEOUT on
 //     the client on Linux): the same while data is waiting to be
 //     acknowledged, where keepalives do not apply.
+//   - idle_session_timeout (Config.FreezeTimeout, PostgreSQL 14 or later),
+//     with a ping of the idle session every third of it: the server ends a
+//     session that has sent nothing for that long, which only a holder that
+//     stopped running leaves so (see "A frozen holder" below).
 //
 // # Life cycle
 //
@@ -71,15 +75,20 @@
 //	              │                                         (connection closed)
 //	              ▼
 //	 ┌─────── held, idle ◄──────┐
-//	 │       (watching)         │ fn returns, session alive
+//	 │       (watching,         │ fn returns, session alive
+//	 │        pinging)          │
 //	 │            │ Do, Verify  │
 //	 │            ▼             │
 //	 │      held, in use ───────┘
 //	 │            │
 //	 │ session    │ session gone, lock not held (Verify),
-//	 │ gone       │ or the connection closed under fn
+//	 │ gone,      │ or the connection closed under fn
+//	 │ ping failed│
 //	 ▼            ▼
 //	lost: Lost closed, Err matches ErrLost, connection closed
+//
+//	held, idle ── process frozen for FreezeTimeout ──► the server ends the
+//	              session (the lock is free for others); resumed: lost
 //
 //	held or lost ── Release ──► released: unlocked, connection closed,
 //	                           Lost closed (Err matches ErrReleased,
@@ -90,15 +99,52 @@
 // nothing; a terminated backend sends a FATAL error and closes the socket,
 // and a dead connection fails the read (keepalives, user timeout). Either
 // ends the read with an error, and the lock is marked lost at once, without
-// polling.
+// polling. The watcher also pings the session every third of
+// Config.FreezeTimeout (an empty statement, one round trip), keeping that
+// cadence across Do and Verify, so that the server never finds a live
+// holder's session idle for FreezeTimeout; a failed ping loses the lock.
 //
 // Do and Verify stop the watcher and wait for it to return before they use
 // the connection, and start it again afterwards. Stopping cancels the
 // watcher's context, which sets an immediate deadline on the socket; pgconn
 // treats the read timeout as not fatal and resumes a message cut in the
 // middle, so the connection stays usable (the tests run hundreds of Do calls
-// through it, also with notifications arriving). Do, Verify and Release take
-// turns: one uses the connection at a time.
+// through it, also with notifications arriving). A ping is not cut (pgconn
+// closes a connection whose statement is cut): Do waits for its answer, a
+// round trip, at most once per ping. Do, Verify and Release take turns: one
+// uses the connection at a time.
+//
+// # A frozen holder
+//
+// A holder that stops running while its connections stay up (SIGSTOP, a
+// container paused with docker pause or the cgroup freezer, a debugger, a
+// VM that is stuck while its host still answers TCP) used to keep its locks
+// for ever: the kernel answers TCP keepalives for it, and PostgreSQL keeps
+// an idle session. Every lock session is therefore opened with
+// idle_session_timeout = Config.FreezeTimeout (30 s by default), and a
+// live holder pings it: the watcher of an idle Lock, and a Standby's Wait,
+// every third of it. A frozen holder pings nothing, so the server ends its
+// session once it has idled for FreezeTimeout, which frees its locks; other
+// processes take them at their next try (a Standby's next poll). When the
+// frozen process is resumed it finds its session gone: Lost closes, Err
+// matches ErrLost, a Standby's Wait fails. Nothing it did under the lock
+// commits afterwards: a transaction in Do died with the session, and a
+// holder on a shared session fences its commits otherwise (package
+// catchup: by epoch).
+//
+// This covers a session that is idle outside a transaction, where a
+// holder that waits for work, or runs it on other connections, spends its
+// time. A holder frozen in the middle of a transaction on the lock's
+// connection (a projection's batch in Do) leaves it idle in transaction,
+// which idle_session_timeout does not end: it keeps the lock until it is
+// resumed or its session is ended (pg_terminate_backend).
+// idle_in_transaction_session_timeout would end it too, but also every
+// batch whose handlers take that long between two statements; the package
+// does not set it. For the same reason Do's fn must not leave the session
+// idle outside a transaction for FreezeTimeout: nothing pings while it
+// runs. Through a pooler the timeout reaches the server only if the pooler
+// passes it on (PgBouncer drops the start-up parameters it is told to
+// ignore: see below).
 //
 // # Standing by for many locks: Standby
 //
@@ -124,6 +170,16 @@
 // leader from its lock, and its death frees nothing. Its poll costs one
 // round trip and a lookup in the server's lock table per key; while
 // standing by it is an idle session.
+//
+// A Standby's session, too, is opened with FreezeTimeout, and Wait pings
+// it when it has run no statement for a third of it (a standby that polls
+// every few milliseconds never does). The alternative, a session without
+// the timeout that sets it when TryLock wins, would add a round trip (SET)
+// to the takeover after a leader's crash, which otherwise costs one
+// statement; and a Standby that keeps what it takes (Take, below) holds
+// leaders' locks on that very session, which must be evicted when its
+// process freezes. So every lock session has it from its start-up, and
+// TryLock's Lock needs nothing more: its watcher pings from then on.
 //
 //	NewStandby ──► standing by ◄────────────┐
 //	(LISTEN on     │ TryLock                │ none free (ErrNotAcquired):
@@ -179,8 +235,8 @@
 // an application may use transaction pooling; only connConfig matters here.)
 //
 // Two checks catch the mistake. PgBouncer refuses the start-up parameters
-// every lock connection sends (keepalives, user timeout, check interval)
-// unless told to ignore them: connecting then fails with an error that
+// every lock connection sends (keepalives, user timeout, check interval,
+// idle timeout) unless told to ignore them: connecting then fails with an error that
 // says the above. And every lock session marks its server session (a
 // random value in the custom setting annals.standby_session, whose name
 // predates the single locks' use of it) and takes locks only on a session

@@ -71,6 +71,12 @@ type Lock struct {
 	stopWatching context.CancelFunc
 	watcherDone  chan struct{}
 	watchers     atomic.Int32 // watcher goroutines that started and have not returned, for the tests
+	// pingEvery is how often the watcher pings the idle session (0: never),
+	// and pingTimeout bounds a ping (see Config.pingEvery, pingTimeout).
+	pingEvery, pingTimeout time.Duration
+	// nextPing is when the watcher pings next (only the watcher, or whoever
+	// holds the turn while none runs, touches it).
+	nextPing time.Time
 
 	mu       sync.Mutex
 	err      error         // why the lock is no longer held; nil while held
@@ -289,6 +295,10 @@ func newLock(ctx context.Context, key string, conn *pgx.Conn, h *ctxHandler, c *
 		channel: c.ReleaseChannel,
 		turn:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
+
+		pingEvery:   c.pingEvery(),
+		pingTimeout: c.pingTimeout(),
+		nextPing:    time.Now().Add(c.pingEvery()),
 	}
 	l.startWatching()
 	l.logger.DebugContext(ctx, "advisorylock: acquired", slog.String("key", key), slog.Uint64("pid", uint64(l.pid)))
@@ -304,7 +314,7 @@ func connectHint(err error) error {
 	}
 	if strings.Contains(err.Error(), "unsupported startup parameter") {
 		// PgBouncer's answer to the start-up parameters the lock session
-		// sends (keepalives, user timeout, check interval).
+		// sends (keepalives, user timeout, check interval, idle timeout).
 		return errors.Wrap(err, "a pooler refused the lock session's start-up parameters: session locks need a direct "+
 			"connection to PostgreSQL, or a pooler in session mode (PgBouncer in session mode only: list them in ignore_startup_parameters, "+
 			"which drops them, so a dead holder's lock is freed later; in transaction mode, locks would stay on the pooler's server sessions; "+
@@ -312,6 +322,9 @@ func connectHint(err error) error {
 	}
 	if strings.Contains(err.Error(), "client_connection_check_interval") {
 		return errors.Wrap(err, "Config.CheckInterval needs a PostgreSQL 14 or later server on Linux; set it to -1 to leave it unset")
+	}
+	if strings.Contains(err.Error(), "idle_session_timeout") {
+		return errors.Wrap(err, "Config.FreezeTimeout needs a PostgreSQL 14 or later server; set it to -1 to leave it unset")
 	}
 	return err
 }
@@ -355,6 +368,12 @@ func (l *Lock) Err() error {
 // lock. A connConfig whose BuildContextWatcherHandler returns a
 // pgconn.CancelRequestContextWatcherHandler (with a DeadlineDelay of some
 // seconds) has the server cancel the statement instead, and the lock stays.
+//
+// While fn runs nothing pings the session (see Config.FreezeTimeout): fn
+// must not leave conn idle outside a transaction for FreezeTimeout, or the
+// server ends the session and the lock is lost. Idle inside a transaction
+// it may stay as long as it likes (which is also why a holder frozen in
+// the middle of fn's transaction keeps the lock).
 //
 // If the connection is closed when fn returns, the lock is lost: Do returns
 // an error that matches ErrLost and fn's error. After loss or Release, Do

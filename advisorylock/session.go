@@ -30,6 +30,7 @@ func (s *Standby) Take(ctx context.Context, keys []string) (won []int, err error
 	if err != nil {
 		return nil, err
 	}
+	defer s.ran()
 	rows, err := s.conn.Query(ctx, q.tryLocks, k1, k2, s.mark)
 	if err != nil {
 		return nil, errors.Wrap(err, "advisorylock: standby: take locks")
@@ -60,6 +61,7 @@ func (s *Standby) Give(ctx context.Context, keys []string) (int, error) {
 		return 0, err
 	}
 	var n int
+	defer s.ran()
 	if s.cfg.ReleaseChannel != "" {
 		err = s.conn.QueryRow(ctx, giveNotify, k1, k2, keys, s.cfg.ReleaseChannel).Scan(&n)
 	} else {
@@ -70,7 +72,9 @@ func (s *Standby) Give(ctx context.Context, keys []string) (int, error) {
 
 // Do runs fn on the standby's connection (for statements that belong on
 // the session, such as a look at pg_locks in the poll's round trip). fn
-// must not close the connection, keep it, or leave a transaction open.
+// must not close the connection, keep it, or leave a transaction open,
+// nor leave it idle for FreezeTimeout. (Wait does not count what fn runs:
+// it pings as if fn had run nothing.)
 func (s *Standby) Do(ctx context.Context, fn func(conn *pgx.Conn) error) error {
 	if s.spent {
 		return errors.New("advisorylock: standby: Do after the session went to a Lock or was closed")

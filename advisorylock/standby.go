@@ -30,10 +30,16 @@ type Standby struct {
 	keys    []string
 	k1, k2  []int32
 	claimed []int64 // TryLock's result rows, reused
+	// pingEvery is how often Wait pings an idle session (0: never), and
+	// pingTimeout bounds a ping (see Config.pingEvery, pingTimeout).
+	pingEvery, pingTimeout time.Duration
+	// used is when the session last ran a statement (the end of the last
+	// call that sent one): the server counts its idle time from then.
+	used time.Time
 
 	mu          sync.Mutex
 	waiting     bool // a Wait reads the socket (under a read deadline)
-	interrupted bool // Interrupt came while no Wait read: the next Wait returns at once
+	interrupted bool // Interrupt came since the last Wait returned: the next read ends at once
 }
 
 // NewStandby opens a connection for a Standby with connConfig (as
@@ -68,7 +74,8 @@ func NewStandby(ctx context.Context, connConfig *pgx.ConnConfig, cfg *Config) (*
 	if err != nil {
 		return nil, errors.CombineErrors(errors.Wrap(err, "advisorylock: standby: mark the session and listen"), closeConn(ctx, conn))
 	}
-	return &Standby{conn: conn, sock: conn.PgConn().Conn(), ctxh: handler(conn.PgConn()), cfg: c, pid: uint32(server), mark: mark}, nil
+	return &Standby{conn: conn, sock: conn.PgConn().Conn(), ctxh: handler(conn.PgConn()), cfg: c, pid: uint32(server), mark: mark,
+		pingEvery: c.pingEvery(), pingTimeout: c.pingTimeout(), used: time.Now()}, nil
 }
 
 // PID returns the process ID of the standby's server backend, as the
@@ -107,6 +114,7 @@ func (s *Standby) TryLock(ctx context.Context, keys []string) (lock *Lock, won [
 		k1, k2 := Key(k)
 		s.keys, s.k1, s.k2 = append(s.keys, k), append(s.k1, k1), append(s.k2, k2)
 	}
+	defer s.ran()
 	rows, err := s.conn.Query(ctx, q.tryLocks, s.k1, s.k2, s.mark)
 	if err != nil {
 		return nil, nil, errors.Wrap(err, "advisorylock: standby: try locks")
@@ -172,6 +180,13 @@ func (s *Standby) drainNotifications() {
 // It waits with a read deadline on the socket, which pgconn survives (a
 // timeout is not fatal to it), not with a context: a standby waits about
 // fifty times a second, and this costs a timer and no goroutine.
+//
+// With a FreezeTimeout, Wait pings the session (an empty statement) when
+// it has run no statement for a third of it, as often as needed during a
+// long Wait, so that the server, which ends a session idle for
+// FreezeTimeout, never ends a Standby that waits. A Standby used otherwise
+// (one that holds locks taken with Take, say) must run a statement or be
+// in Wait at least that often.
 func (s *Standby) Wait(ctx context.Context, d time.Duration) (announced bool, err error) {
 	if s.spent {
 		return false, errors.New("advisorylock: standby: Wait after the session went to a Lock or was closed")
@@ -179,42 +194,76 @@ func (s *Standby) Wait(ctx context.Context, d time.Duration) (announced bool, er
 	if n, _ := s.conn.WaitForNotification(doneContext); n != nil {
 		return true, nil // buffered during TryLock
 	}
-	s.mu.Lock()
-	if s.interrupted || ctx.Err() != nil {
-		s.interrupted = false
-		s.mu.Unlock()
-		return false, nil
-	}
-	s.waiting = true
-	err = s.sock.SetReadDeadline(time.Now().Add(d))
-	s.mu.Unlock()
-	if err != nil {
-		s.endWait()
-		return false, errors.Wrap(err, "advisorylock: standby: set the read deadline")
-	}
+	end := time.Now().Add(d)
 	stop := context.AfterFunc(ctx, s.Interrupt)
-	n, err := s.conn.WaitForNotification(context.Background())
-	stop()
-	s.endWait()
-	switch {
-	case n != nil:
-		return true, nil
-	case err == nil:
-		return false, nil
-	case pgconn.Timeout(err) && !s.conn.IsClosed():
-		return false, nil
-	default:
-		return false, errors.Wrap(err, "advisorylock: standby: session lost")
+	defer stop()
+	for {
+		s.mu.Lock()
+		if s.interrupted || ctx.Err() != nil {
+			s.interrupted = false
+			s.mu.Unlock()
+			return false, nil
+		}
+		until, pingDue := end, false
+		if s.pingEvery > 0 {
+			if due := s.used.Add(s.pingEvery); due.Before(end) {
+				until, pingDue = due, true
+			}
+		}
+		s.waiting = true
+		err = s.sock.SetReadDeadline(until)
+		s.mu.Unlock()
+		if err != nil {
+			s.endWait()
+			return false, errors.Wrap(err, "advisorylock: standby: set the read deadline")
+		}
+		n, err := s.conn.WaitForNotification(context.Background())
+		interrupted := s.endRead()
+		switch {
+		case n != nil:
+			s.endWait()
+			return true, nil
+		case err == nil:
+			s.endWait()
+			return false, nil
+		case !pgconn.Timeout(err) || s.conn.IsClosed():
+			s.endWait()
+			return false, errors.Wrap(err, "advisorylock: standby: session lost")
+		case interrupted || !pingDue:
+			s.endWait()
+			return false, nil
+		}
+		// A ping is due before the wait is over. Interrupt does not cut it
+		// (pgconn would close the connection): the loop looks at it after.
+		err = ping(s.conn, s.pingTimeout)
+		s.ran()
+		if err != nil {
+			s.endWait()
+			return false, errors.Wrap(err, "advisorylock: standby: session lost (ping)")
+		}
 	}
 }
 
-// endWait ends a Wait's read: no deadline, no interrupt pending (the caller
-// is about to poll anyway).
+// ran notes that the session ran a statement just now.
+func (s *Standby) ran() { s.used = time.Now() }
+
+// endRead ends a Wait's read: no deadline; it reports whether Interrupt
+// was called meanwhile (which it leaves pending).
+func (s *Standby) endRead() (interrupted bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waiting = false
+	_ = s.sock.SetReadDeadline(time.Time{}) // fails only on a closed socket, which the next use reports
+	return s.interrupted
+}
+
+// endWait ends a Wait: no deadline, no interrupt pending (the caller is
+// about to poll anyway).
 func (s *Standby) endWait() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.waiting, s.interrupted = false, false
-	_ = s.sock.SetReadDeadline(time.Time{}) // fails only on a closed socket, which the next use reports
+	_ = s.sock.SetReadDeadline(time.Time{}) // as in endRead
 }
 
 // Interrupt makes the Wait in progress return at once, or, if none is in
@@ -223,11 +272,10 @@ func (s *Standby) endWait() {
 func (s *Standby) Interrupt() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.waiting {
-		_ = s.sock.SetReadDeadline(time.Now()) // as in endWait
-		return
-	}
 	s.interrupted = true
+	if s.waiting {
+		_ = s.sock.SetReadDeadline(time.Now()) // as in endRead
+	}
 }
 
 // doneContext is a context that is already done.

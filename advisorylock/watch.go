@@ -2,6 +2,7 @@ package advisorylock
 
 import (
 	"context"
+	"time"
 
 	"github.com/cockroachdb/errors"
 )
@@ -11,6 +12,12 @@ import (
 // nothing (except notifications, if a Do subscribed to some); a terminated
 // backend sends a FATAL error and closes the socket, and a dead socket fails
 // the read. Either ends the wait with an error, and the lock is lost.
+//
+// With a FreezeTimeout the watcher also pings the session every third of
+// it (Config.pingEvery), so that the server, which ends a session idle for
+// FreezeTimeout, never ends a live holder's. The pings keep their cadence
+// across Do and Verify (a ping due while one runs is sent as soon as the
+// watcher is back): a Do need not send a statement.
 //
 // The caller holds the turn.
 func (l *Lock) startWatching() {
@@ -24,7 +31,9 @@ func (l *Lock) startWatching() {
 // caller may use the connection. Stopping sets an immediate deadline on the
 // socket (see ctxHandler); pgconn does not close the connection on a read
 // timeout, and its message reader resumes a message that was cut in the
-// middle, so the connection is left as it was.
+// middle, so the connection is left as it was. A ping in flight is not
+// cut (pgconn would close the connection): stopWatcher waits for its
+// answer, a round trip.
 //
 // The caller holds the turn.
 func (l *Lock) stopWatcher() {
@@ -41,13 +50,33 @@ func (l *Lock) watch(ctx context.Context, done chan<- struct{}) {
 	l.watchers.Add(1)
 	defer l.watchers.Add(-1)
 	for {
-		err := l.conn.PgConn().WaitForNotification(ctx)
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if l.pingEvery > 0 {
+			// Derived from ctx: its end, too, is the watcher's (ctxHandler).
+			wctx, cancel = context.WithDeadline(ctx, l.nextPing)
+		}
+		err := l.conn.PgConn().WaitForNotification(wctx)
+		cancel()
 		switch {
 		case err == nil:
 			// A notification; pgx.Conn keeps it for the next Do to read.
 			continue
 		case ctx.Err() != nil && !l.conn.IsClosed():
 			return // stopped by stopWatcher
+		case wctx.Err() != nil && !l.conn.IsClosed():
+			// A ping is due.
+			if err := ping(l.conn, l.pingTimeout); err != nil {
+				l.markLost(errors.Wrap(err, "ping"))
+				if !l.conn.IsClosed() {
+					// Not a failure of the connection (it would be closed),
+					// yet no answer to trust: close it, which frees the lock.
+					cctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+					_ = l.conn.Close(cctx)
+					cancel()
+				}
+				return
+			}
+			l.nextPing = time.Now().Add(l.pingEvery)
 		default:
 			if errors.Is(err, context.Canceled) {
 				err = errors.New("the connection was closed") // while the watcher was being stopped
