@@ -58,6 +58,9 @@ type childMode struct {
 	// (LockRetryInterval, PollInterval, the lock's CheckInterval) instead of
 	// the child tuning below.
 	Defaults bool `json:"defaults,omitempty"`
+	// FreezeTimeout goes to the lock's advisorylock.Config (zero: its
+	// default).
+	FreezeTimeout time.Duration `json:"freeze_timeout,omitempty"`
 }
 
 // subscriber returns the subscriber name the mode's handler registers.
@@ -140,6 +143,7 @@ func runChild(raw string) int {
 	if spec.Defaults {
 		cfg.PollInterval, cfg.LockRetryInterval, cfg.Lock = 0, 0, &advisorylock.Config{Logger: logger}
 	}
+	cfg.Lock.FreezeTimeout = spec.FreezeTimeout
 	r, err := projection.NewRunner(pool, cfg)
 	if err != nil {
 		logger.Error("child: new runner", slog.Any("error", err))

@@ -1,0 +1,134 @@
+package projection_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/annals-dev/annals/advisorylock"
+	"github.com/annals-dev/annals/internal/childproc"
+	"github.com/annals-dev/annals/projection"
+)
+
+// A leader that stops running while its connections stay up (SIGSTOP: a
+// paused container, a debugger) is evicted by the server once its lock
+// session has idled for the lock's FreezeTimeout, and a standby takes its
+// partition within about FreezeTimeout + LockRetryInterval of the stop. The
+// resumed leader finds its lock session gone and stands by; nothing it had
+// in hand is applied twice. Before FreezeTimeout, the frozen leader kept
+// the partition for as long as it stayed stopped.
+func TestFrozenLeaderIsTakenOver(t *testing.T) {
+	t.Parallel()
+	const freeze = time.Second
+	f := newFleet(t, childMode{Kind: kindProjection, BatchSize: 50, FreezeTimeout: freeze})
+	f.appendEvents(200)
+	leader := f.start("frozen")
+	f.waitLeader(leader, 15*time.Second)
+	f.waitCaughtUp(15 * time.Second)
+
+	// A runner in this process stands by, as the children do.
+	const standby = "parent"
+	pool, err := childproc.Pool(t.Context(), f.b.db.URL, standby)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With(slog.String("instance", standby))
+	r, err := projection.NewRunner(pool, &projection.Config{
+		InstanceID:        standby,
+		PollInterval:      childPoll,
+		LockRetryInterval: childLockRetry,
+		RetryBackoff:      childRetryBackoff,
+		HeartbeatInterval: time.Second,
+		Lock:              &advisorylock.Config{CheckInterval: childCheckInterval, FreezeTimeout: freeze, Logger: logger},
+		Logger:            logger,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(recordingBalances(f.b.reg, standby), &projection.Options{BatchSize: 50}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := r.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	t.Cleanup(func() { cancel(); wg.Wait(); pool.Close() }) // before the database is dropped
+	if _, ok := eventually(20*time.Second, func() bool {
+		return f.queryInt(`SELECT count(*) FROM pg_stat_activity
+		                    WHERE datname = current_database() AND application_name = $1
+		                      AND (query LIKE '%unnest%pg_try_advisory_lock%' OR query LIKE '%pg_locks%unnest%')`, standby) > 0
+	}); !ok {
+		t.Fatal("the runner in this process has no lock session polling within 20s")
+	}
+
+	before := f.checkpoint()
+	byLeader := f.appliedBy(leader.ID)
+	if err := syscall.Kill(leader.PID(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = syscall.Kill(leader.PID(), syscall.SIGCONT)
+		}
+	}
+	defer resume()
+	f.appendEvents(100) // for the new leader
+
+	// Within FreezeTimeout (the frozen session's idle time; it pinged at
+	// most a third of it before the stop) plus a poll (LockRetryInterval
+	// ±25%) and the claim; the rest is slack for a loaded machine.
+	limit := freeze + childLockRetry*5/4 + 3*time.Second
+	var cp cpState
+	if _, ok := eventually(limit, func() bool {
+		cp = f.checkpoint()
+		return cp.Epoch > before.Epoch
+	}); !ok {
+		h, held := f.holder()
+		t.Fatalf("no new leader %v after SIGSTOP of the leader: checkpoint %s, lock holder %+v (held %v)", time.Since(stopped), cp, h, held)
+	}
+	took := time.Since(stopped)
+	if cp.Owner != standby {
+		t.Fatalf("%q claimed epoch %d, want the runner in this process", cp.Owner, cp.Epoch)
+	}
+	t.Logf("SIGSTOP of the leader; %s claimed epoch %d after %v (FreezeTimeout %v, LockRetryInterval %v)",
+		standby, cp.Epoch, took.Round(time.Millisecond), freeze, childLockRetry)
+	f.waitCaughtUp(15 * time.Second)
+
+	// Resumed, the old leader finds its lock session ended by the server,
+	// stops leading and stands by again; it applies nothing more.
+	resume()
+	// (Its poller finds out in its Wait, "lock session lost", or in its
+	// next poll's statement, "lock session failed", whichever comes first.)
+	if _, ok := eventually(10*time.Second, func() bool {
+		return strings.Contains(leader.Log(), "lock session") && strings.Contains(leader.Log(), "idle-session timeout")
+	}); !ok {
+		t.Fatalf("the resumed leader did not notice its lock session's end within 10s; it is %s", leader.State())
+	}
+	f.waitStandingBy(leader)
+	f.appendEvents(100)
+	end := f.waitCaughtUp(15 * time.Second)
+	if h, held := f.holder(); !held || h.App != standby {
+		t.Errorf("after the old leader resumed, the lock is held by %+v (held %v), want %s", h, held, standby)
+	}
+	if cp := f.checkpoint(); cp.Owner != standby {
+		t.Errorf("after the old leader resumed: checkpoint %s, want owner %s", cp, standby)
+	}
+	if n := f.appliedBy(leader.ID); n != byLeader {
+		t.Errorf("the frozen leader applied %d events, %d of them after it was stopped", n, n-byLeader)
+	}
+	if !leader.Alive() {
+		t.Errorf("the resumed leader exited: %s", leader.State())
+	}
+	f.checkExactlyOnce(end.Position)
+}
