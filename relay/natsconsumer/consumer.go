@@ -448,32 +448,103 @@ type delivery struct {
 	event eventstore.Event
 }
 
-// fetch returns the next messages (up to Batch): those the server has at
-// once when noWait, else waiting up to a second.
-func (s *session) fetch(noWait bool) ([]delivery, error) {
+// fetch asks the server for the next messages (up to Batch): those it has
+// at once when noWait, else those it delivers within fetchWait. They come
+// on the batch's channel as the server delivers them (see take), not when
+// the fetch ends.
+func (s *session) fetch(noWait bool) (jetstream.MessageBatch, error) {
 	var batch jetstream.MessageBatch
 	var err error
 	if noWait {
 		batch, err = s.cons.FetchNoWait(s.c.cfg.Batch)
 	} else {
-		batch, err = s.cons.Fetch(s.c.cfg.Batch, jetstream.FetchMaxWait(time.Second))
+		batch, err = s.cons.Fetch(s.c.cfg.Batch, jetstream.FetchMaxWait(fetchWait))
 	}
+	return batch, errors.Wrap(err, "natsconsumer: fetch")
+}
+
+// fetchWait is how long a fetch's pull request waits on the server for
+// messages (its expiry): a consumer idle or behind a trickle of events
+// makes one a second. Messages are handled as they arrive, so it bounds
+// no latency; nats.go gives up on a pull request whose end never came a
+// second after its expiry.
+const fetchWait = time.Second
+
+// toDelivery returns the delivery of m, a fetched message.
+func (s *session) toDelivery(m jetstream.Msg) (delivery, error) {
+	md, err := m.Metadata()
 	if err != nil {
-		return nil, errors.Wrap(err, "natsconsumer: fetch")
+		return delivery{}, errors.Wrap(err, "natsconsumer: message metadata")
 	}
-	var out []delivery
-	for m := range batch.Messages() {
-		md, err := m.Metadata()
-		if err != nil {
-			return out, errors.Wrap(err, "natsconsumer: message metadata")
-		}
-		e, err := s.c.decode(md.Sequence.Stream, m.Headers(), m.Data())
-		if err != nil {
-			return out, err
-		}
-		out = append(out, delivery{msg: m, seq: md.Sequence.Stream, event: e})
+	e, err := s.c.decode(md.Sequence.Stream, m.Headers(), m.Data())
+	if err != nil {
+		return delivery{}, err
 	}
-	return out, errors.Wrap(batch.Error(), "natsconsumer: fetch")
+	return delivery{msg: m, seq: md.Sequence.Stream, event: e}, nil
+}
+
+// take handles the messages of batch in order as they arrive (deliver),
+// until the fetch ends (n is how many came, ferr the fetch's error), ctx
+// ends, or a delivery is not handled: then the message and the rest of
+// the batch, those still to arrive too, are handed back (handBack), and
+// err is the delivery's failure when run must end with it (see failed).
+// The messages behind one whose handler fails and is retried wait in the
+// batch (they are handled after it, not fetched again). A message that
+// does not decode ends the batch (handed back with the rest) with ferr.
+func (s *session) take(ctx context.Context, batch jetstream.MessageBatch) (n int, ferr, err error) {
+	msgs := batch.Messages()
+	for {
+		var m jetstream.Msg
+		var ok bool
+		select {
+		case m, ok = <-msgs:
+		case <-ctx.Done():
+			// Stopping: hand the rest back at once rather than after
+			// AckWait, without waiting for the fetch to end.
+			handBack(msgs)
+			return n, nil, nil
+		}
+		if !ok {
+			return n, errors.Wrap(batch.Error(), "natsconsumer: fetch"), nil
+		}
+		if n++; n == 1 {
+			s.answered(ctx) // a message: the server answers
+		}
+		d, derr := s.toDelivery(m)
+		if derr != nil {
+			handBack(msgs, m)
+			return n, derr, nil
+		}
+		handled, cause := s.deliver(ctx, d)
+		if !handled {
+			handBack(msgs, m)
+			if cause != nil {
+				return n, nil, s.failed(ctx, cause)
+			}
+			return n, nil, nil
+		}
+	}
+}
+
+// handBack gives the messages of a fetch that will not be handled back to
+// the server unacknowledged (Nak), so that it delivers them again at once
+// rather than after AckWait: taken (taken from the fetch) and every message
+// the fetch still brings. The fetch's pull request stays open on the
+// server until it has brought Batch messages or expires (fetchWait after it
+// was made; nats.go gives up on it a second after that), and the server
+// delivers to it meanwhile, whatever the consumer does; handBack does not
+// wait for that: a goroutine takes the messages until the fetch ends and
+// then Naks them all. (Not each as it comes: the server would deliver a
+// message Nak'd while the pull request is open to it again.)
+func handBack(msgs <-chan jetstream.Msg, taken ...jetstream.Msg) {
+	go func() {
+		for m := range msgs {
+			taken = append(taken, m)
+		}
+		for _, m := range taken {
+			_ = m.Nak()
+		}
+	}()
 }
 
 // decode returns the event of stream message seq, upcast.
@@ -491,7 +562,8 @@ func (c *Consumer) decode(seq uint64, h nats.Header, data []byte) (eventstore.Ev
 }
 
 // Run calls handle for each relayed event whose type matches, in stream
-// order, and acknowledges it once handle returned nil: at-least-once (a
+// order, as it arrives (a live event within milliseconds of its publish),
+// and acknowledges it once handle returned nil: at-least-once (a
 // crash between the two delivers the event again; handle gets e.ID for
 // idempotency). An acknowledgement that fails after handle returned nil
 // (the NATS connection lost) is logged at WARN, not retried, and the event
@@ -504,9 +576,10 @@ func (c *Consumer) decode(seq uint64, h nats.Header, data []byte) (eventstore.Ev
 // Run logs it at ERROR and returns it in a *HandlerError (errors.Is
 // matches ErrHandlerFailed and the handler's error), the event not
 // acknowledged but handed back, so the next Run starts at it again (fix
-// the handler first). It returns nil when ctx ends, or OnGap's error, or
-// that *HandlerError, or a *RewoundError (ErrLogRewound), or, at its start,
-// ErrNoStream.
+// the handler first). It returns nil when ctx ends (at once: the messages
+// its last fetch brings are handed back, as the package doc says), or
+// OnGap's error, or that *HandlerError, or a *RewoundError
+// (ErrLogRewound), or, at its start, ErrNoStream.
 func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e eventstore.Event) error) error {
 	s := &session{c: c}
 	if err := s.attach(ctx); err != nil {
@@ -558,9 +631,9 @@ func (c *Consumer) Run(ctx context.Context, handle func(ctx context.Context, e e
 // marked failure.Permanent (as a typed projection marks an event it cannot
 // decode) stops it as it stops Run: the transaction rolled back, the
 // checkpoint left before the event, a *HandlerError returned. It returns
-// nil when ctx ends, or OnGap's error, or the setup's, or that
-// *HandlerError, or a *RewoundError (ErrLogRewound), or, at its start,
-// ErrNoStream.
+// nil when ctx ends (at once, as Run), or OnGap's error, or the setup's,
+// or that *HandlerError, or a *RewoundError (ErrLogRewound), or, at its
+// start, ErrNoStream.
 //
 // The retry of a commit whose answer was lost may run while the server
 // has not yet run that COMMIT (its backend descheduled): its Handle then
@@ -797,7 +870,10 @@ func (s *session) ack(ctx context.Context, d delivery) {
 
 // run fetches and handles in stream order, from the sequence after s.seq
 // (RunProjection: its checkpoint; Run: the consumer's acknowledgement
-// floor), which it moves as each message is handled. A message at or below
+// floor), which it moves as each message is handled. Each fetched message
+// is handled as it arrives (take), not when its fetch ends: a pull request
+// for Batch messages stays open on the server until they came or it
+// expires, a second after it was made. A message at or below
 // s.seq was handled already (a re-delivery) and is acknowledged. A message
 // further than one past s.seq means that the ones before it are still
 // unacknowledged somewhere: a process that fetched them crashed, and the
@@ -815,23 +891,30 @@ func (s *session) ack(ctx context.Context, d delivery) {
 // sequence and then delivered again. A failed delivery is retried in
 // place after RetryBackoff; the rest of the fetched batch waits (it is
 // handled after it, not re-fetched); one failed permanently ends run with
-// a *HandlerError, the rest of the batch handed back. A stream or consumer
-// found gone (or the stream made again) is looked up again by name.
+// a *HandlerError, the rest of the batch handed back, those of its
+// messages still to come too (handBack). A stream or consumer
+// found gone (or the stream made again) is looked up again by name. When
+// ctx ends run returns at once, the open fetch's messages handed back
+// (handBack) as they come.
 func (s *session) run(ctx context.Context) error {
 	// Held messages are looked for at once (the first fetch does not wait
 	// for new ones): a checkpoint behind the server's place catches up on
 	// an idle stream without waiting out a fetch.
 	noWait := s.held
 	for ctx.Err() == nil {
-		ds, ferr := s.fetch(noWait)
+		var n int
+		batch, ferr := s.fetch(noWait)
 		noWait = false
-		if ferr == nil && (len(ds) > 0 || s.c.js.Conn().Status() == nats.CONNECTED) {
+		if ferr == nil {
+			var err error
+			if n, ferr, err = s.take(ctx, batch); err != nil {
+				return err
+			}
+		}
+		if ferr == nil && n == 0 && s.c.js.Conn().Status() == nats.CONNECTED {
 			// A fetch that returned nothing says nothing of the server
 			// while the connection is down: it ends empty on its own.
 			s.answered(ctx)
-		}
-		if err := s.deliver(ctx, ds); err != nil {
-			return err
 		}
 		switch {
 		case ctx.Err() != nil:
@@ -842,7 +925,7 @@ func (s *session) run(ctx context.Context) error {
 		case ferr != nil && !errors.Is(ferr, nats.ErrTimeout):
 			s.requestFailed(ctx, "annals: fetching relayed events failed", ferr)
 			_ = sleep(ctx, s.c.cfg.RetryBackoff)
-		case len(ds) == 0 && s.held:
+		case n == 0 && s.held:
 			more, err := s.behind(ctx)
 			if err != nil {
 				if err := s.failed(ctx, err); err != nil {
@@ -857,36 +940,27 @@ func (s *session) run(ctx context.Context) error {
 	return nil
 }
 
-// deliver handles a fetched batch in order (see run). It returns an error
-// only when run must end with it.
-func (s *session) deliver(ctx context.Context, ds []delivery) error {
-	for i, d := range ds {
-		handBack := func() {
-			for _, rest := range ds[i:] {
-				_ = rest.msg.Nak()
-			}
-		}
-		if ctx.Err() != nil {
-			// Stopping: hand the rest back at once rather than after AckWait.
-			handBack()
-			return nil
-		}
-		if d.seq <= s.seq {
-			_ = d.msg.Ack()
-			continue
-		}
-		if d.seq > s.seq+1 {
-			if _, err := s.fill(ctx, d.seq, 0); err != nil {
-				handBack()
-				return s.failed(ctx, err)
-			}
-		}
-		if err := s.handleOne(ctx, d); err != nil {
-			handBack()
-			return s.failed(ctx, err)
+// deliver handles d, a fetched message, in order (see run). It reports
+// whether d was handled (or acknowledged as a re-delivery); when not, the
+// caller hands it back with the rest of its batch, and cause, when not
+// nil, is the failure of fill or handleOne, for failed (nil: ctx ended).
+func (s *session) deliver(ctx context.Context, d delivery) (handled bool, cause error) {
+	if ctx.Err() != nil {
+		return false, nil
+	}
+	if d.seq <= s.seq {
+		_ = d.msg.Ack()
+		return true, nil
+	}
+	if d.seq > s.seq+1 {
+		if _, err := s.fill(ctx, d.seq, 0); err != nil {
+			return false, err
 		}
 	}
-	return nil
+	if err := s.handleOne(ctx, d); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // failed deals with fill's error or handleOne's: a stop (OnGap's error, a

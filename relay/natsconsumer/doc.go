@@ -15,8 +15,12 @@
 // stream gone missing (below).
 // Event-type globs (Config.Types) are applied here, not as a server-side
 // filter, so that stream sequences arrive without gaps. Messages are
-// fetched Batch at a time and handled one by one in stream order; each is
-// decoded from its headers (relay.Decode) and upcast with Config.Registry.
+// fetched Batch at a time (a pull request that the server keeps open
+// until Batch messages came or a second passed) and handled one by one in
+// stream order, each as it arrives: an event on a live stream is handled
+// within milliseconds of its publish, not when its pull request ends (up
+// to a second later, as before). Each is decoded from its headers
+// (relay.Decode) and upcast with Config.Registry.
 //
 // RunProjection keeps a checkpoint in the service's database
 // ("<schema>.relay_checkpoints": consumer, stream sequence, the stream's
@@ -153,13 +157,24 @@
 // a *HandlerError (errors.Is matches ErrHandlerFailed and the handler's
 // error; it names the event: stream sequence, position, ID, type). The
 // place is left before the event: it is handed back (Nak) unacknowledged
-// with the fetched messages after it, and RunProjection's transaction is
+// with the fetched messages after it (those its fetch still brings too, as
+// on shutdown, below), and RunProjection's transaction is
 // rolled back, its checkpoint unmoved, so the next Run or RunProjection
 // starts at that event again; fix the handler (or the event's data)
-// first. On shutdown the fetched but unhandled messages are handed back
-// (Nak) at once; after a crash the server re-delivers them after AckWait
-// (default 30 s), and the next consumer has read them from the stream
-// already (above).
+// first.
+//
+// On shutdown (ctx ends) Run and RunProjection return at once, without
+// waiting for the open fetch to end. Its pull request stays open on the
+// server until it expires (a second after it was made; nats.go gives up on
+// it a second after that) and the server delivers to it meanwhile: a
+// goroutine takes those messages and, when the pull request ends, hands
+// them back (Nak) with the fetched but unhandled ones, so they are
+// delivered again within a second or two rather than after AckWait. Until
+// then they count as delivered, unacknowledged: a consumer started on the
+// durable consumer meanwhile reads them from the stream by sequence, as
+// after a crash (above). After a crash the server re-delivers the
+// messages the process held after AckWait (default 30 s), and the next
+// consumer has read them from the stream already (above).
 //
 // An acknowledgement that fails after the event was handled (committed,
 // for RunProjection; the NATS connection lost, say) is not the handler's
