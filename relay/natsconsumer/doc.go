@@ -19,7 +19,7 @@
 // until Batch messages came or a second passed) and handled one by one in
 // stream order, each as it arrives: an event on a live stream is handled
 // within milliseconds of its publish, not when its pull request ends (up
-// to a second later, as before). Each is decoded from its headers
+// to a second later). Each is decoded from its headers
 // (relay.Decode) and upcast with Config.Registry.
 //
 // RunProjection keeps a checkpoint in the service's database
