@@ -99,9 +99,12 @@
 // the wanted partitions), two or three when something is (pg_try_advisory_lock
 // over unnest, then the claims, on the same session). The session is set up
 // like any lock connection (client_connection_check_interval, keepalives,
-// user timeout), so that the server frees its locks within about a second
-// of the process's end even mid-query, and at once when the process dies
-// and the kernel closes its socket. It is opened as the engine's pool opens
+// user timeout, idle_session_timeout), so that the server frees its locks
+// within about a second of the process's end even mid-query, at once when
+// the process dies and the kernel closes its socket, and after the lock's
+// FreezeTimeout when the process is frozen with its connections up (the
+// poller's Wait pings the session when it has run no statement for a
+// third of it). It is opened as the engine's pool opens
 // its connections: the pool's BeforeConnect runs on a copy of its
 // ConnConfig at every dial (rotating credentials), then its AfterConnect
 // (Config.Lock.Connect, unless the caller sets its own).
@@ -269,7 +272,15 @@
 // transaction-mode PgBouncer took the lock before it died, a runner frozen
 // with its connections up, the backend of a killed process the server has
 // not noticed yet) keeps the partition unled for as long as it lives, and
-// every standby stands by behind it. With Config.HolderWarnAfter (the
+// every standby stands by behind it. A frozen runner's lock session lives
+// only until it has idled for the lock's FreezeTimeout (30 s by default):
+// the server ends it (idle_session_timeout; a live poller pings it, see
+// advisorylock, "A frozen holder"), its locks are freed and the standbys
+// take them at their next poll; resumed, the runner finds the session gone
+// (the poller's Wait or next statement fails, every lease is lost) and its
+// commits fenced by the new leader's epoch. Not so a session frozen idle
+// in a transaction, nor one whose pooler dropped the timeout: those the
+// warning below is for. With Config.HolderWarnAfter (the
 // projection runner: three heartbeats, 30 s by default) the poller tracks,
 // per partition it wants (a balanced one while its member is owed
 // partitions, an unbalanced one always), since when it has been held by
