@@ -643,8 +643,10 @@ func (c *chaos) children() int {
 // freeze makes a leader stale in the middle of a batch: it holds the gate
 // lock, appends an event to a gate stream of a partition that a child
 // process leads, and once that child's batch waits for the gate, stops the
-// child (SIGSTOP) and terminates its lock session, as a frozen process is
-// dealt with (docs/operations.md, "A frozen process is not taken over").
+// child (SIGSTOP) and terminates its lock session, as the server does once
+// it has idled for the lock's FreezeTimeout (here at once, not after it;
+// docs/operations.md, "A frozen process is taken over after the lock's
+// FreezeTimeout").
 // The other members take its partitions; then the gate opens (the frozen
 // batch's statement completes on the server, and the new leader's batch
 // waits for its row of counts) and the child resumes (SIGCONT): its batch
