@@ -168,6 +168,15 @@ func (c *Config) withDefaults() (Config, error) {
 	return out, nil
 }
 
+// freezeSetting is the session's idle_session_timeout as MarkSession sets
+// it: nil (none) unless FreezeTimeout is set.
+func (c *Config) freezeSetting() any {
+	if c.FreezeTimeout <= 0 {
+		return nil
+	}
+	return strconv.FormatInt(c.FreezeTimeout.Milliseconds(), 10) + "ms"
+}
+
 // pingEvery is how often an idle lock session is pinged: a third of
 // FreezeTimeout, so that a ping that comes a little late, or a round trip
 // that is slow, still lands well within it. 0: never.
@@ -214,7 +223,6 @@ func (c *Config) connConfig(base *pgx.ConnConfig) (cc *pgx.ConnConfig, handler f
 		cc.RuntimeParams["tcp_keepalives_count"] = strconv.Itoa(c.KeepAliveCount)
 	}
 	setMillis("tcp_user_timeout", c.UserTimeout)
-	setMillis("idle_session_timeout", c.FreezeTimeout)
 
 	dial := cc.DialFunc
 	cc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {

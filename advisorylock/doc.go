@@ -65,7 +65,10 @@
 //   - idle_session_timeout (Config.FreezeTimeout, PostgreSQL 14 or later),
 //     with a ping of the idle session every third of it: the server ends a
 //     session that has sent nothing for that long, which only a holder that
-//     stopped running leaves so (see "A frozen holder" below).
+//     stopped running leaves so (see "A frozen holder" below). Unlike the
+//     others it is set by the session's first statement (MarkSession, in
+//     the round trip of the first lock try), not as a start-up parameter,
+//     so it reaches the server through a pooler in session mode too.
 //
 // # Life cycle
 //
@@ -142,9 +145,8 @@
 // batch whose handlers take that long between two statements; the package
 // does not set it. For the same reason Do's fn must not leave the session
 // idle outside a transaction for FreezeTimeout: nothing pings while it
-// runs. Through a pooler the timeout reaches the server only if the pooler
-// passes it on (PgBouncer drops the start-up parameters it is told to
-// ignore: see below).
+// runs. The timeout is set by a statement (the session's mark, below), so
+// it reaches the server through PgBouncer in session mode as well.
 //
 // # Standing by for many locks: Standby
 //
@@ -178,8 +180,10 @@
 // to the takeover after a leader's crash, which otherwise costs one
 // statement; and a Standby that keeps what it takes (Take, below) holds
 // leaders' locks on that very session, which must be evicted when its
-// process freezes. So every lock session has it from its start-up, and
-// TryLock's Lock needs nothing more: its watcher pings from then on.
+// process freezes. So every lock session has it from its first statement
+// (the mark, in NewStandby's round trip, and in TryAcquire's and Acquire's
+// first round trip), and TryLock's Lock needs nothing more: its watcher
+// pings from then on.
 //
 //	NewStandby ──► standing by ◄────────────┐
 //	(LISTEN on     │ TryLock                │ none free (ErrNotAcquired):
@@ -235,8 +239,8 @@
 // an application may use transaction pooling; only connConfig matters here.)
 //
 // Two checks catch the mistake. PgBouncer refuses the start-up parameters
-// every lock connection sends (keepalives, user timeout, check interval,
-// idle timeout) unless told to ignore them: connecting then fails with an error that
+// every lock connection sends (keepalives, user timeout, check interval)
+// unless told to ignore them: connecting then fails with an error that
 // says the above. And every lock session marks its server session (a
 // random value in the custom setting annals.standby_session, whose name
 // predates the single locks' use of it) and takes locks only on a session

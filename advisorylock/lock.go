@@ -110,7 +110,7 @@ func TryAcquire(ctx context.Context, connConfig *pgx.ConnConfig, key string, cfg
 	k1, k2 := Key(key)
 	mark := newMark()
 	b := &pgx.Batch{}
-	b.Queue(q.markSession, mark)
+	b.Queue(q.markSession, mark, c.freezeSetting())
 	b.Queue(q.tryLock, k1, k2, mark)
 	br := conn.SendBatch(ctx, b)
 	marked, _, err := scanMark(br.QueryRow())
@@ -167,7 +167,7 @@ func AcquireQueued(ctx context.Context, connConfig *pgx.ConnConfig, key string, 
 	marked := false
 	if asking != nil {
 		var pid int32
-		marked, pid, err = scanMark(conn.QueryRow(ctx, q.markSession, mark))
+		marked, pid, err = scanMark(conn.QueryRow(ctx, q.markSession, mark, c.freezeSetting()))
 		if err != nil {
 			return nil, errors.CombineErrors(errors.Wrapf(err, "advisorylock: key %q: mark the session and read the backend PID", key), closeConn(ctx, conn))
 		}
@@ -184,7 +184,7 @@ func AcquireQueued(ctx context.Context, connConfig *pgx.ConnConfig, key string, 
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	if asking == nil {
-		b.Queue(q.markSession, mark)
+		b.Queue(q.markSession, mark, c.freezeSetting())
 	}
 	b.Queue(q.waitUnbounded)
 	b.Queue(q.lock, k1, k2, mark)
@@ -229,7 +229,7 @@ func newMark() string {
 // scanMark reads MarkSession's answer: whether it marked the server
 // session, and the session's backend PID if it did.
 func scanMark(row pgx.Row) (marked bool, pid int32, err error) {
-	err = row.Scan(nil, &pid)
+	err = row.Scan(nil, &pid, nil)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, 0, nil
 	}

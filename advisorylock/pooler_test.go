@@ -258,6 +258,15 @@ func TestThroughASessionPoolerSingleLocksTake(t *testing.T) {
 			t.Fatalf("a second session's TryAcquire of %s's key: %v; want ErrNotAcquired", name, err)
 		}
 		b.notAcquired(t, key)
+		// FreezeTimeout reaches the server session through the pooler: it is
+		// set by a statement, not a start-up parameter (which PgBouncer
+		// refuses, or drops when told to ignore it).
+		var idle string
+		if err := l.Do(ctx, func(conn *pgx.Conn) error {
+			return conn.QueryRow(ctx, `SHOW idle_session_timeout`).Scan(&idle)
+		}); err != nil || idle != "30s" {
+			t.Fatalf("%s through a session pooler: idle_session_timeout %q, %v; want 30s (FreezeTimeout's default)", name, idle, err)
+		}
 		if err := l.Release(ctx); err != nil {
 			t.Fatalf("%s: Release: %v", name, err)
 		}

@@ -43,8 +43,13 @@ SELECT pg_advisory_unlock($1::int4, $2::int4), pg_notify($3::text, $4::text);
 -- session's statements take those locks again (re-entrant). Marking a
 -- session replaces the mark of another lock session that holds nothing on
 -- it, whose statements then take nothing there. It returns the server's
--- backend PID too.
-SELECT pg_catalog.set_config('annals.standby_session', $1::text, false), pg_catalog.pg_backend_pid()
+-- backend PID too. $2, unless NULL, is the session's idle_session_timeout
+-- (Config.FreezeTimeout), set here rather than as a start-up parameter: a
+-- pooler in session mode passes a statement on, while PgBouncer refuses
+-- start-up parameters it does not know (or drops those listed in its
+-- ignore_startup_parameters).
+SELECT pg_catalog.set_config('annals.standby_session', $1::text, false), pg_catalog.pg_backend_pid(),
+       CASE WHEN $2::text IS NOT NULL THEN pg_catalog.set_config('idle_session_timeout', $2::text, false) END
  WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_locks l
                     WHERE l.locktype = 'advisory' AND l.pid = pg_catalog.pg_backend_pid());
 

@@ -59,7 +59,7 @@ func NewStandby(ctx context.Context, connConfig *pgx.ConnConfig, cfg *Config) (*
 	}
 	mark := newMark()
 	batch := &pgx.Batch{}
-	batch.Queue(q.markSession, mark)
+	batch.Queue(q.markSession, mark, c.freezeSetting())
 	if c.ReleaseChannel != "" {
 		batch.Queue("LISTEN " + pgx.Identifier{c.ReleaseChannel}.Sanitize())
 	}

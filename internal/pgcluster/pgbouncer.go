@@ -29,7 +29,7 @@ var ErrNoPgBouncer = errors.New("pgcluster: no pgbouncer binary found")
 // package advisorylock sends, which PgBouncer refuses unless they are in
 // PgBouncerOptions.IgnoreStartupParameters.
 var LockSessionParameters = []string{"tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
-	"tcp_user_timeout", "client_connection_check_interval", "idle_session_timeout"}
+	"tcp_user_timeout", "client_connection_check_interval"}
 
 // PgBouncerOptions configure StartPgBouncer.
 type PgBouncerOptions struct {
