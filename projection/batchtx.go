@@ -14,8 +14,9 @@ import (
 var errTxOwned = errors.New("projection: the batch's transaction is committed or rolled back by the runner, not by a handler")
 
 // batchTx is the pgx.Tx a projection's handlers get: the batch's
-// transaction on the lock's connection, begun lazily so that BEGIN costs
-// no round trip of its own. It is sent together with the first Exec that
+// transaction on the lease's connection, begun lazily so that BEGIN costs
+// no round trip of its own (except on a lease's own lock connection, where
+// inBatchTx begins it first). It is sent together with the first Exec that
 // has arguments (pipelined), or with the checkpoint and COMMIT when no
 // handler wrote anything; anything else (Query, QueryRow, SendBatch,
 // CopyFrom, Prepare, Conn, Begin, LargeObjects) begins it first, as pgx

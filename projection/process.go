@@ -548,12 +548,23 @@ func explain(err error, atCommit bool) error {
 	return err
 }
 
-// inBatchTx runs fn in the batch's transaction on the lock's connection
+// inBatchTx runs fn in the batch's transaction on the lease's connection
 // (a batchTx: BEGIN is sent with the first statement) and commits it
 // together with the fenced checkpoint move to the position fn returns, in
 // one round trip (Lease.CommitConn): a batch whose handlers write nothing
 // costs one round trip, one that writes costs one more than its own
 // statements. Anything that fails rolls it back.
+//
+// On a lease with a lock of its own (a rebuild's or a blue/green
+// cut-over's TakeOver), whose batches run on the lock's connection, BEGIN
+// is sent first, in a round trip of its own: that session has
+// idle_session_timeout (advisorylock.Config.FreezeTimeout), nothing pings
+// it while the batch runs, and handlers that worked that long before the
+// batch's first statement (a call to another service, within their
+// HandlerTimeout) would leave it idle outside a transaction, so the server
+// would end it and the lock would be lost. Idle in a transaction, it is
+// not ended. (A lease on the engine's lock session runs its batches on a
+// pool connection, which has no such timeout.)
 func (t *txProcessor) inBatchTx(ctx context.Context, lease *catchup.Lease, fn func(tx pgx.Tx) (int64, error)) error {
 	return lease.Do(ctx, func(conn *pgx.Conn) (err error) {
 		tx := &batchTx{ctx: ctx, conn: conn}
@@ -562,6 +573,11 @@ func (t *txProcessor) inBatchTx(ctx context.Context, lease *catchup.Lease, fn fu
 				tx.rollback(ctx)
 			}
 		}()
+		if lease.Lock != nil {
+			if err := tx.begin(ctx); err != nil {
+				return err
+			}
+		}
 		pos, err := fn(tx)
 		if err != nil {
 			return err
