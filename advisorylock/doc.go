@@ -114,8 +114,10 @@
 // middle, so the connection stays usable (the tests run hundreds of Do calls
 // through it, also with notifications arriving). A ping is not cut (pgconn
 // closes a connection whose statement is cut): Do waits for its answer, a
-// round trip, at most once per ping. Do, Verify and Release take turns: one
-// uses the connection at a time.
+// round trip, at most once per ping, or until its ctx ends (a ping the
+// server does not answer: Do then returns ctx's error, and Release closes
+// the connection). Do, Verify and Release take turns: one uses the
+// connection at a time.
 //
 // # A frozen holder
 //

@@ -77,6 +77,8 @@ type Lock struct {
 	// nextPing is when the watcher pings next (only the watcher, or whoever
 	// holds the turn while none runs, touches it).
 	nextPing time.Time
+	// pinging is set while the watcher pings (see stopWatcher).
+	pinging atomic.Bool
 
 	mu       sync.Mutex
 	err      error         // why the lock is no longer held; nil while held
@@ -362,7 +364,9 @@ func (l *Lock) Err() error {
 // it back and returns an error).
 //
 // Calls to Do, Verify and Release take turns, so fn must not call them on
-// the same Lock. ctx bounds the wait for the turn, and fn should use it for
+// the same Lock. ctx bounds the wait for the turn (a ping of the watcher's
+// in flight included: Do then returns ctx's error, and the turn goes back
+// once the ping is over), and fn should use it for
 // its statements. With pgx's default context handling a statement whose
 // context ends closes the connection, which ends the session and loses the
 // lock. A connConfig whose BuildContextWatcherHandler returns a
@@ -446,9 +450,10 @@ func (l *Lock) Verify(ctx context.Context) error {
 // closes Lost, and Err then matches ErrReleased (unless the lock was lost
 // before).
 //
-// Release waits for a running Do to return. If ctx ends first, it closes
-// the socket under the Do, which ends the session and so frees the lock
-// once the server notices, and returns ctx's error. If the unlock shows that
+// Release waits for a running Do to return, and for the answer to a ping
+// of the watcher's in flight. If ctx ends first, it closes the socket under
+// the Do (or the ping), which ends the session and so frees the lock once
+// the server notices, and returns ctx's error. If the unlock shows that
 // the session no longer held the lock, Release returns an error matching
 // ErrLost: whatever ran under the lock since the loss was not protected.
 func (l *Lock) Release(ctx context.Context) error {
@@ -473,9 +478,17 @@ func (l *Lock) Release(ctx context.Context) error {
 		}
 	}
 	defer func() { <-l.turn }()
-	l.stopWatcher()
-
 	var err error
+	if !l.stopWatcher(ctx) {
+		// A ping in flight has had no answer, and ctx ended: cut it, as a
+		// Do is cut above (the watcher then finds the connection closed).
+		l.setDone(l.releasedErr())
+		err = errors.CombineErrors(
+			errors.Wrapf(ctx.Err(), "advisorylock: key %q: release: a ping had no answer; its connection was closed", l.key),
+			l.sock.Close())
+		l.finishStop()
+	}
+
 	if l.Err() == nil && !l.conn.IsClosed() {
 		var was bool
 		var qerr error
@@ -510,7 +523,15 @@ func (l *Lock) takeTurn(ctx context.Context) error {
 	case <-ctx.Done():
 		return errors.Wrapf(ctx.Err(), "advisorylock: key %q: wait for the connection", l.key)
 	}
-	l.stopWatcher()
+	if !l.stopWatcher(ctx) {
+		// A ping in flight has had no answer, and ctx ended: the turn goes
+		// back once the ping is over (answered, or failed: the lock lost).
+		go func() {
+			l.finishStop()
+			l.endTurn()
+		}()
+		return errors.Wrapf(ctx.Err(), "advisorylock: key %q: wait for the connection (a ping in flight)", l.key)
+	}
 	if err := l.Err(); err != nil {
 		l.endTurn()
 		return err

@@ -33,14 +33,34 @@ func (l *Lock) startWatching() {
 // timeout, and its message reader resumes a message that was cut in the
 // middle, so the connection is left as it was. A ping in flight is not
 // cut (pgconn would close the connection): stopWatcher waits for its
-// answer, a round trip.
+// answer, a round trip, or until ctx ends (only then: a watcher that is
+// not pinging returns at once, whatever ctx). Then it returns false: the
+// watcher, stopping, still uses the connection until watcherDone is
+// closed (finishStop waits for that).
 //
 // The caller holds the turn.
-func (l *Lock) stopWatcher() {
+func (l *Lock) stopWatcher(ctx context.Context) bool {
 	if l.stopWatching == nil {
-		return
+		return true
 	}
 	l.stopWatching()
+	// Seen false here, pinging is set, if ever, after the stop, and the
+	// watcher then sees the stop before it pings (see watch).
+	if l.pinging.Load() {
+		select {
+		case <-l.watcherDone:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	l.finishStop()
+	return true
+}
+
+// finishStop waits for the watcher that stopWatcher stopped to return.
+//
+// The caller holds the turn.
+func (l *Lock) finishStop() {
 	<-l.watcherDone
 	l.stopWatching, l.watcherDone = nil, nil
 }
@@ -64,8 +84,16 @@ func (l *Lock) watch(ctx context.Context, done chan<- struct{}) {
 		case ctx.Err() != nil && !l.conn.IsClosed():
 			return // stopped by stopWatcher
 		case wctx.Err() != nil && !l.conn.IsClosed():
-			// A ping is due.
-			if err := ping(l.conn, l.pingTimeout); err != nil {
+			// A ping is due, unless the watcher is being stopped (checked
+			// after pinging is set: see stopWatcher).
+			l.pinging.Store(true)
+			if ctx.Err() != nil {
+				l.pinging.Store(false)
+				return
+			}
+			err := ping(l.conn, l.pingTimeout)
+			l.pinging.Store(false)
+			if err != nil {
 				l.markLost(errors.Wrap(err, "ping"))
 				if !l.conn.IsClosed() {
 					// Not a failure of the connection (it would be closed),
