@@ -30,14 +30,15 @@ func (s *Standby) Take(ctx context.Context, keys []string) (won []int, err error
 	if err != nil {
 		return nil, err
 	}
-	defer s.ran()
-	rows, err := s.conn.Query(ctx, q.tryLocks, k1, k2, s.mark)
-	if err != nil {
-		return nil, errors.Wrap(err, "advisorylock: standby: take locks")
+	var qerr error // the statement's
+	defer func() { s.ran(qerr) }()
+	rows, qerr := s.conn.Query(ctx, q.tryLocks, k1, k2, s.mark)
+	if qerr != nil {
+		return nil, errors.Wrap(qerr, "advisorylock: standby: take locks")
 	}
 	var i int64
-	if _, err := pgx.ForEachRow(rows, []any{&i}, func() error { won = append(won, int(i)-1); return nil }); err != nil {
-		return nil, errors.Wrap(err, "advisorylock: standby: take locks")
+	if _, qerr = pgx.ForEachRow(rows, []any{&i}, func() error { won = append(won, int(i)-1); return nil }); qerr != nil {
+		return nil, errors.Wrap(qerr, "advisorylock: standby: take locks")
 	}
 	if slices.Contains(won, -1) {
 		return nil, errors.WithStack(ErrPooledSession)
@@ -61,7 +62,7 @@ func (s *Standby) Give(ctx context.Context, keys []string) (int, error) {
 		return 0, err
 	}
 	var n int
-	defer s.ran()
+	defer func() { s.ran(err) }()
 	if s.cfg.ReleaseChannel != "" {
 		err = s.conn.QueryRow(ctx, giveNotify, k1, k2, keys, s.cfg.ReleaseChannel).Scan(&n)
 	} else {

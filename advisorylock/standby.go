@@ -114,15 +114,16 @@ func (s *Standby) TryLock(ctx context.Context, keys []string) (lock *Lock, won [
 		k1, k2 := Key(k)
 		s.keys, s.k1, s.k2 = append(s.keys, k), append(s.k1, k1), append(s.k2, k2)
 	}
-	defer s.ran()
-	rows, err := s.conn.Query(ctx, q.tryLocks, s.k1, s.k2, s.mark)
-	if err != nil {
-		return nil, nil, errors.Wrap(err, "advisorylock: standby: try locks")
+	var qerr error // the statement's
+	defer func() { s.ran(qerr) }()
+	rows, qerr := s.conn.Query(ctx, q.tryLocks, s.k1, s.k2, s.mark)
+	if qerr != nil {
+		return nil, nil, errors.Wrap(qerr, "advisorylock: standby: try locks")
 	}
 	s.claimed = s.claimed[:0]
 	var i int64
-	if _, err := pgx.ForEachRow(rows, []any{&i}, func() error { s.claimed = append(s.claimed, i); return nil }); err != nil {
-		return nil, nil, errors.Wrap(err, "advisorylock: standby: try locks")
+	if _, qerr = pgx.ForEachRow(rows, []any{&i}, func() error { s.claimed = append(s.claimed, i); return nil }); qerr != nil {
+		return nil, nil, errors.Wrap(qerr, "advisorylock: standby: try locks")
 	}
 	if slices.Contains(s.claimed, 0) {
 		return nil, nil, errors.WithStack(ErrPooledSession)
@@ -183,14 +184,28 @@ func (s *Standby) drainNotifications() {
 //
 // With a FreezeTimeout, Wait pings the session (an empty statement) when
 // it has run no statement for a third of it, as often as needed during a
-// long Wait, so that the server, which ends a session idle for
-// FreezeTimeout, never ends a Standby that waits. A Standby used otherwise
-// (one that holds locks taken with Take, say) must run a statement or be
-// in Wait at least that often.
+// long Wait, and before it returns if one is due (a Wait that a
+// notification or Interrupt ends at once), so that the server, which ends
+// a session idle for FreezeTimeout, never ends a Standby that waits. A
+// Standby used otherwise (one that holds locks taken with Take, say) must
+// run a statement or call Wait at least that often. Only statements that
+// reached the server count (TryLock, Take, Give, pings; not what Do's fn
+// runs).
 func (s *Standby) Wait(ctx context.Context, d time.Duration) (announced bool, err error) {
 	if s.spent {
 		return false, errors.New("advisorylock: standby: Wait after the session went to a Lock or was closed")
 	}
+	announced, err = s.wait(ctx, d)
+	if err == nil && s.pingEvery > 0 && time.Since(s.used) >= s.pingEvery {
+		// A ping came due, and the wait ended before it (a notification,
+		// Interrupt): a standby whose Waits all end so is pinged too.
+		err = s.ping()
+	}
+	return announced, err
+}
+
+// wait is Wait, but for a ping due when it ends.
+func (s *Standby) wait(ctx context.Context, d time.Duration) (announced bool, err error) {
 	if n, _ := s.conn.WaitForNotification(doneContext); n != nil {
 		return true, nil // buffered during TryLock
 	}
@@ -235,17 +250,32 @@ func (s *Standby) Wait(ctx context.Context, d time.Duration) (announced bool, er
 		}
 		// A ping is due before the wait is over. Interrupt does not cut it
 		// (pgconn would close the connection): the loop looks at it after.
-		err = ping(s.conn, s.pingTimeout)
-		s.ran()
-		if err != nil {
+		if err := s.ping(); err != nil {
 			s.endWait()
-			return false, errors.Wrap(err, "advisorylock: standby: session lost (ping)")
+			return false, err
 		}
 	}
 }
 
-// ran notes that the session ran a statement just now.
-func (s *Standby) ran() { s.used = time.Now() }
+// ping pings the session (see Wait).
+func (s *Standby) ping() error {
+	err := ping(s.conn, s.pingTimeout)
+	s.ran(err)
+	return errors.Wrap(err, "advisorylock: standby: session lost (ping)")
+}
+
+// ran notes that the session ran a statement just now, unless err, the
+// statement's error, says that it may not have reached the server (only
+// the server's answer, success or an error of its own, says it did). The
+// next ping is due a third of FreezeTimeout after the last statement that
+// ran: counting one that did not would put it off past the server's
+// timeout.
+func (s *Standby) ran(err error) {
+	var pgErr *pgconn.PgError
+	if err == nil || errors.As(err, &pgErr) {
+		s.used = time.Now()
+	}
+}
 
 // endRead ends a Wait's read: no deadline; it reports whether Interrupt
 // was called meanwhile (which it leaves pending).
