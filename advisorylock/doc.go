@@ -212,7 +212,10 @@
 // usable (Wait, Take, Give go on); Give unlocks keys and announces each on
 // the ReleaseChannel, in one statement. A process can thus hold every lock
 // it leads and stand by for the rest on one connection (package catchup's
-// lock session). The locks then fence nothing by themselves (they are not
+// lock session, whose poller calls Wait every LockRetryInterval). Nothing
+// but Wait pings that session: its owner must call Wait (or run a
+// statement) at least every third of FreezeTimeout while it holds locks,
+// or a live process loses them as a frozen one would. The locks then fence nothing by themselves (they are not
 // on the connection that does the work): whoever holds them must fence its
 // writes otherwise, as catchup does with an epoch and a pg_locks check in
 // the commit. Do runs statements of the caller's on the session (a look at

@@ -316,7 +316,8 @@ func connectHint(err error) error {
 	}
 	if strings.Contains(err.Error(), "unsupported startup parameter") {
 		// PgBouncer's answer to the start-up parameters the lock session
-		// sends (keepalives, user timeout, check interval, idle timeout).
+		// sends (keepalives, user timeout, check interval; not
+		// idle_session_timeout, which MarkSession sets).
 		return errors.Wrap(err, "a pooler refused the lock session's start-up parameters: session locks need a direct "+
 			"connection to PostgreSQL, or a pooler in session mode (PgBouncer in session mode only: list them in ignore_startup_parameters, "+
 			"which drops them, so a dead holder's lock is freed later; in transaction mode, locks would stay on the pooler's server sessions; "+

@@ -243,8 +243,11 @@ func (l *Lease) Ephemeral() bool { return l.Lock == nil && l.shared == nil }
 // the connection: a lease held on the lock session may lose its lock while
 // fn runs, and a commit fenced since fails with checkpoint.ErrFenced. fn
 // must not keep the connection or leave a transaction open (Do rolls it
-// back and returns an error). After the lock is lost or released, Do
-// returns the lease's Err without calling fn.
+// back and returns an error). On a lease with a Lock, fn must not leave
+// the connection idle outside a transaction for the lock's FreezeTimeout
+// either: nothing pings it meanwhile, and the server would end the
+// session, which loses the lock (see advisorylock.Lock.Do). After the lock
+// is lost or released, Do returns the lease's Err without calling fn.
 func (l *Lease) Do(ctx context.Context, fn func(conn *pgx.Conn) error) error {
 	if l.Lock != nil {
 		return l.Lock.Do(ctx, fn)
