@@ -31,24 +31,7 @@ group() {
 		echo "SELECT status FROM appendcost_groups.lean(ARRAY[$streams], ARRAY[$expected]::bigint[], ARRAY[$ids], ARRAY[$types], ARRAY[$data], ARRAY[$meta]::text[], true);" >"$dir/$name.sql"
 	fi
 }
-cpu() {
-	pgbench -n -M prepared -c 1 -T "$secs" -f "$dir/$1.sql" "$DATABASE_URL" >"$dir/out" 2>&1 &
-	local bench=$! pid="" t0 t1 w0 w1
-	for _ in $(seq 1 50); do
-		sleep 0.3
-		pid=$(psql -X -At "$DATABASE_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgbench' LIMIT 1")
-		[ -n "$pid" ] && [ -e "/proc/$pid/stat" ] && break
-	done
-	w0=$(date +%s.%N)
-	t0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
-	sleep "$((secs - 1))"
-	t1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
-	w1=$(date +%s.%N)
-	wait "$bench"
-	awk -v t="$((t1 - t0))" -v w="$w0" -v w1="$w1" -v hz="$(getconf CLK_TCK)" -v name="$1" \
-		-v tps="$(awk '/^tps/ {print $3}' "$dir/out")" \
-		'BEGIN { printf "%-9s %6.0f µs backend CPU per call, %6.0f calls/s\n", name, t / hz / (tps * (w1 - w)) * 1e6, tps }'
-}
+. ./cpu.sh # cpu SCRIPT: the backend's CPU per call, as in run.sh
 for n in 1 4 16; do
 	group "batch$n" batch "$n"
 	group "lean$n" lean "$n"
