@@ -129,7 +129,7 @@ endif
 # 10 minutes per round on 2 cores; SOAK_TESTS narrows it, e.g.
 # make soak SOAK_TESTS=LifecycleChaos SOAK_COUNT=50.
 SOAK_COUNT ?= 5
-SOAK_TESTS ?= Chaos|Kill|Crash|Restart|CommitAnswerLost|CommitAfterALostCommitLanded|CutoverCommitLost|LostCommitLands|CommitLostBefore|CommitLandsLate|ExactlyOnce|Concurrent|Fencing|ConnectionCut|StartingAtOnce|AtOnce|UnderRepeatableReadDefault|Frozen|IdleHolderKeepsItsLocks|PingsTakeTurns|ALiveEventIsHandledAtOnce|AStopIsPrompt|AStopHandsBack
+SOAK_TESTS ?= Chaos|Kill|Crash|Restart|CommitAnswerLost|CommitAfterALostCommitLanded|CutoverCommitLost|LostCommitLands|CommitLostBefore|CommitLandsLate|ExactlyOnce|Concurrent|Fencing|ConnectionCut|StartingAtOnce|AtOnce|UnderRepeatableReadDefault|Frozen|IdleHolderKeepsItsLocks|PingsTakeTurns|ALiveEventIsHandledAtOnce|AStopIsPrompt|AStopHandsBack|UnansweredPing|StandbyCountsOnlyStatementsThatRan|StandbyInterruptedWaitsPing|HandlerWorkBeforeItsFirstStatement
 SOAK_FLAGS ?= -race -timeout 0 -failfast
 
 soak:
