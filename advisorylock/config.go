@@ -36,8 +36,10 @@ const (
 	DefaultFreezeTimeout = 30 * time.Second
 	// MinFreezeTimeout is the shortest Config.FreezeTimeout: the lock pings
 	// every third of it, and a holder must not lose its lock to a garbage
-	// collection pause or a slow round trip.
-	MinFreezeTimeout = 100 * time.Millisecond
+	// collection pause, a slow round trip or a loaded machine's scheduling
+	// (at 100 ms, a ping every 33 ms, a test lost its lock under load on 2
+	// cores).
+	MinFreezeTimeout = time.Second
 )
 
 // Config configures TryAcquire. A nil *Config means defaults.

@@ -320,9 +320,9 @@ func TestFreezeTimeoutConfig(t *testing.T) {
 	b := newBundle(t)
 	ctx := t.Context()
 	for _, d := range []time.Duration{
-		time.Millisecond, 99 * time.Millisecond, // below the minimum
-		150*time.Millisecond + 500*time.Microsecond, // not whole milliseconds
-		1 << 31 * time.Millisecond,                  // beyond the server's int
+		time.Millisecond, 999 * time.Millisecond, // below the minimum
+		1500*time.Millisecond + 500*time.Microsecond, // not whole milliseconds
+		1 << 31 * time.Millisecond,                   // beyond the server's int
 	} {
 		_, err := advisorylock.TryAcquire(ctx, b.cc, "config", &advisorylock.Config{FreezeTimeout: d})
 		if err == nil || !strings.Contains(err.Error(), "FreezeTimeout") {
