@@ -734,10 +734,13 @@ func TestDo(t *testing.T) {
 				// A failed look (a loaded server refusing a connection) is
 				// looked again: cancelling then would end the context before
 				// Do sent its statement.
+				// Sleeping, not only parsed: the statement shows as active
+				// while pgx prepares it too, and a context ended then ends
+				// it before its execution is sent ("context already done").
 				var running bool
 				if err := b.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
 					WHERE datname = current_database() AND query = 'SELECT pg_sleep(5)::text'
-					  AND state = 'active')`).Scan(&running); err == nil && running {
+					  AND state = 'active' AND wait_event = 'PgSleep')`).Scan(&running); err == nil && running {
 					return
 				}
 				time.Sleep(5 * time.Millisecond)

@@ -44,7 +44,7 @@ func (p *rbThinker) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) e
 // idle, and the rebuild failed with its lock lost.
 func TestRebuildHandlerWorkBeforeItsFirstStatementKeepsTheLock(t *testing.T) {
 	t.Parallel()
-	const freeze = 300 * time.Millisecond
+	const freeze = advisorylock.MinFreezeTimeout
 	h := newRBHarness(t)
 	h.fill(20, 5)
 	thinkAt := h.queryInt(`SELECT min(global_sequence) FROM annals.events WHERE event_type = 'rb.deposited'`)
