@@ -533,10 +533,16 @@ func TestBlueGreenChaos(t *testing.T) {
 				return
 			}
 			ev := res.Events[0]
+			// The rollbacks before the wait, ended first: s0 == e0 says
+			// none was under way when the wait began. (Read after the
+			// wait, a rollback that committed after Await's last read but
+			// before this load went unseen: Await rightly answered for
+			// generation 2, and the read below saw generation 1.)
+			e0 := c.rbEnd.Load()
+			s0 := c.rbStart.Load()
 			actx, cancel := context.WithTimeout(ctx, 20*time.Second)
 			err = awaiter.Await(actx, bgcName, ev.GlobalSequence)
 			cancel()
-			s1, e1 := c.rbStart.Load(), c.rbEnd.Load()
 			if err != nil {
 				fail(errors.Wrapf(err, "awaiter: Await %d", ev.GlobalSequence))
 				return
@@ -548,7 +554,7 @@ func TestBlueGreenChaos(t *testing.T) {
 				fail(errors.Wrap(err, "awaiter: read"))
 				return
 			}
-			if s1 != e1 || c.rbStart.Load() != s1 {
+			if s0 != e0 || c.rbStart.Load() != s0 {
 				continue // a rollback around: readers may be taken back before the event
 			}
 			checked.Add(1)
