@@ -143,11 +143,14 @@
 // connection (a projection's batch in Do) leaves it idle in transaction,
 // which idle_session_timeout does not end: it keeps the lock until it is
 // resumed or its session is ended (pg_terminate_backend).
-// idle_in_transaction_session_timeout would end it too, but also every
-// batch whose handlers take that long between two statements; the package
-// does not set it. For the same reason Do's fn must not leave the session
-// idle outside a transaction for FreezeTimeout: nothing pings while it
-// runs. The timeout is set by a statement (the session's mark, below), so
+// idle_in_transaction_session_timeout would end it too, but how long a
+// transaction may idle between two statements is its holder's to say, so
+// the package does not set it for the session: the holder sets it for the
+// transaction (package projection sets it to the handler timeout plus
+// FreezeTimeout for every transaction that runs handlers, a rebuild's
+// batch on its lock's connection among them). Do's fn must not leave the
+// session idle outside a transaction for FreezeTimeout: nothing pings
+// while it runs. The timeout is set by a statement (the session's mark, below), so
 // it reaches the server through PgBouncer in session mode as well.
 //
 // # Standing by for many locks: Standby

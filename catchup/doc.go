@@ -279,7 +279,10 @@
 // take them at their next poll; resumed, the runner finds the session gone
 // (the poller's Wait or next statement fails, every lease is lost) and its
 // commits fenced by the new leader's epoch. Not so a session frozen idle
-// in a transaction, nor one whose FreezeTimeout is off (-1): those the
+// in a transaction that its holder does not limit (package projection
+// limits its batches', a rebuild's on its lock session among them, with
+// idle_in_transaction_session_timeout), nor one whose FreezeTimeout is
+// off (-1): those the
 // warning below is for. With Config.HolderWarnAfter (the
 // projection runner: three heartbeats, 30 s by default) the poller tracks,
 // per partition it wants (a balanced one while its member is owed

@@ -21,9 +21,13 @@ var errTxOwned = errors.New("projection: the batch's transaction is committed or
 // handler wrote anything; anything else (Query, QueryRow, SendBatch,
 // CopyFrom, Prepare, Conn, Begin, LargeObjects) begins it first, as pgx
 // does. Commit and Rollback belong to the runner (batchTx.commit/rollback).
+//
+// BEGIN comes with the statement setup, when there is one: the
+// transaction's idle limit (idleLimit), in the same round trip.
 type batchTx struct {
 	ctx   context.Context // for Conn and LargeObjects, which take none
 	conn  *pgx.Conn
+	setup string // run right after BEGIN ("": nothing)
 	begun bool   // BEGIN has been sent
 	tx    pgx.Tx // a pgx handle on the transaction, for savepoints and large objects
 	ended bool
@@ -37,8 +41,17 @@ func (t *batchTx) begin(ctx context.Context) error {
 		return nil
 	}
 	t.begun = true
-	_, err := t.conn.Exec(ctx, "BEGIN")
+	_, err := t.conn.Exec(ctx, t.beginSQL())
 	return err
+}
+
+// beginSQL is BEGIN and the setup, one simple-protocol string (pgx sends a
+// statement without arguments that way): one round trip.
+func (t *batchTx) beginSQL() string {
+	if t.setup == "" {
+		return "BEGIN"
+	}
+	return "BEGIN; " + t.setup
 }
 
 // handle returns a pgx transaction handle (pgx.Tx) on the open transaction.
@@ -49,7 +62,7 @@ func (t *batchTx) handle(ctx context.Context) (pgx.Tx, error) {
 	if t.tx != nil {
 		return t.tx, nil
 	}
-	opts := pgx.TxOptions{}
+	opts := pgx.TxOptions{BeginQuery: t.beginSQL()}
 	if t.begun {
 		// Already in the transaction: only the handle is wanted.
 		opts.BeginQuery = "SELECT"
@@ -79,9 +92,15 @@ func (t *batchTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 	t.begun = true
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
+	if t.setup != "" {
+		b.Queue(t.setup)
+	}
 	b.Queue(sql, args...)
 	br := t.conn.SendBatch(ctx, b)
 	_, err := br.Exec()
+	if err == nil && t.setup != "" {
+		_, err = br.Exec()
+	}
 	var tag pgconn.CommandTag
 	if err == nil {
 		tag, err = br.Exec()

@@ -61,6 +61,13 @@ type childMode struct {
 	// FreezeTimeout goes to the lock's advisorylock.Config (zero: its
 	// default).
 	FreezeTimeout time.Duration `json:"freeze_timeout,omitempty"`
+	// HandlerTimeout goes to projection.Options (zero: the default).
+	HandlerTimeout time.Duration `json:"handler_timeout,omitempty"`
+	// PauseStream, if set, makes the projection work PauseFor after it
+	// has written each event of that stream, before the handler returns
+	// (its transaction idle meanwhile; kindProjection only).
+	PauseStream string        `json:"pause_stream,omitempty"`
+	PauseFor    time.Duration `json:"pause_for,omitempty"`
 }
 
 // subscriber returns the subscriber name the mode's handler registers.
@@ -154,6 +161,7 @@ func runChild(raw string) int {
 		CheckpointEvery:    spec.CheckpointEvery,
 		CheckpointInterval: spec.CheckpointInterval,
 		Partitions:         spec.Partitions,
+		HandlerTimeout:     spec.HandlerTimeout,
 	}
 	var handler any
 	switch spec.Kind {
@@ -161,6 +169,9 @@ func runChild(raw string) int {
 		var p projection.Projection = recordingBalances(reg, spec.Instance)
 		if spec.FailStream != "" {
 			p = failingStream{Projection: p, stream: spec.FailStream, instance: spec.Instance}
+		}
+		if spec.PauseStream != "" {
+			p = pausingStream{Projection: p, stream: spec.PauseStream, pause: spec.PauseFor}
 		}
 		handler = p
 	case kindObserver:
@@ -228,6 +239,28 @@ func (f failingStream) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event
 		return errors.Newf("child %s: stream %q always fails (event %d)", f.instance, f.stream, e.GlobalSequence)
 	}
 	return f.Projection.Handle(ctx, tx, e)
+}
+
+// pausingStream is a projection that, after the projection it wraps has
+// written an event of one stream, works for a while before it returns (a
+// call to another service, say), within its HandlerTimeout: the batch's
+// transaction is idle meanwhile, holding the rows it wrote.
+type pausingStream struct {
+	projection.Projection
+	stream string
+	pause  time.Duration
+}
+
+func (p pausingStream) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
+	if err := p.Projection.Handle(ctx, tx, e); err != nil || e.StreamID != p.stream {
+		return err
+	}
+	select {
+	case <-time.After(p.pause): // the handler's work, not a wait for a condition
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // deliveryObserver records every delivery in delivered, through the pool:

@@ -110,6 +110,26 @@
 // at its next read and goes on from the checkpoint, so those events are not
 // applied twice (package catchup, "Commits whose outcome is unknown").
 //
+// # A leader frozen in a transaction
+//
+// A leader that stops running with its connections up (SIGSTOP, a paused
+// container) loses its partitions once its lock session has idled for the
+// lock's FreezeTimeout (advisorylock, "A frozen holder"). Its batch's
+// transaction, on a connection of the pool, would still hold the row locks
+// of what its handlers wrote, and the new leader's handlers that write the
+// same rows would wait for them, fail on their HandlerTimeout and, in the
+// end, dead-letter events that are not to blame. So every transaction a
+// leader opens on its lease's connection (its batches, a rebuild's batches
+// on the rebuild's lock session, dead letters, re-deliveries) begins with
+// idle_in_transaction_session_timeout set to HandlerTimeout plus
+// FreezeTimeout (SET LOCAL, in BEGIN's round trip or pipelined with the
+// first statement; a shorter setting of the session's own stays). A
+// handler works at most HandlerTimeout between two statements, so only a
+// frozen process's transaction (or an overrunning handler's, whose batch
+// fails anyway) idles that long; the server ends its session, and the new
+// leader applies the event once it is gone. No limit is set without a
+// HandlerTimeout, or with FreezeTimeout -1.
+//
 // # Read-model setup
 //
 // A projection declares what its read model needs with Typed.OnSetup (or by

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/annals-dev/annals/advisorylock"
+	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/childproc"
 	"github.com/annals-dev/annals/projection"
 )
@@ -33,41 +34,7 @@ func TestFrozenLeaderIsTakenOver(t *testing.T) {
 
 	// A runner in this process stands by, as the children do.
 	const standby = "parent"
-	pool, err := childproc.Pool(t.Context(), f.b.db.URL, standby)
-	if err != nil {
-		t.Fatal(err)
-	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With(slog.String("instance", standby))
-	r, err := projection.NewRunner(pool, &projection.Config{
-		InstanceID:        standby,
-		PollInterval:      childPoll,
-		LockRetryInterval: childLockRetry,
-		RetryBackoff:      childRetryBackoff,
-		HeartbeatInterval: time.Second,
-		Lock:              &advisorylock.Config{CheckInterval: childCheckInterval, FreezeTimeout: freeze, Logger: logger},
-		Logger:            logger,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Register(recordingBalances(f.b.reg, standby), &projection.Options{BatchSize: 50}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := r.Run(ctx); err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	t.Cleanup(func() { cancel(); wg.Wait(); pool.Close() }) // before the database is dropped
-	if _, ok := eventually(20*time.Second, func() bool {
-		return f.queryInt(`SELECT count(*) FROM pg_stat_activity
-		                    WHERE datname = current_database() AND application_name = $1
-		                      AND (query LIKE '%unnest%pg_try_advisory_lock%' OR query LIKE '%pg_locks%unnest%')`, standby) > 0
-	}); !ok {
-		t.Fatal("the runner in this process has no lock session polling within 20s")
-	}
+	f.standbyInParent(standby, freeze)
 
 	before := f.checkpoint()
 	byLeader := f.appliedBy(leader.ID)
@@ -134,4 +101,154 @@ func TestFrozenLeaderIsTakenOver(t *testing.T) {
 		t.Errorf("the resumed leader exited: %s", leader.State())
 	}
 	f.checkExactlyOnce(end.Position)
+}
+
+// A leader frozen in the middle of a batch, its transaction idle after a
+// handler wrote a row (the handler working, within its HandlerTimeout),
+// is taken over as an idle one is; and the frozen transaction, which holds
+// the row's lock, is ended by the server once it has been idle for the
+// handler timeout plus FreezeTimeout (the batch's
+// idle_in_transaction_session_timeout), so the new leader's handler, which
+// writes the same row, waits that long and no longer. Before, the frozen
+// transaction held the row for as long as the process stayed stopped, and
+// the new leader's attempts at the event failed on their HandlerTimeout
+// one after another until it was dead-lettered.
+func TestLeaderFrozenMidBatchIsTakenOver(t *testing.T) {
+	t.Parallel()
+	const (
+		freeze  = time.Second
+		handler = 4 * time.Second
+		pause   = 3 * time.Second // the handler's work after its write, within handler
+		stream  = "acct-paused"
+	)
+	f := newFleet(t, childMode{Kind: kindProjection, BatchSize: 50, FreezeTimeout: freeze,
+		HandlerTimeout: handler, PauseStream: stream, PauseFor: pause})
+	f.appendEvents(100)
+	leader := f.start("frozen")
+	f.waitLeader(leader, 15*time.Second)
+	f.waitCaughtUp(15 * time.Second)
+	const standby = "parent"
+	f.standbyInParent(standby, freeze)
+	before := f.checkpoint()
+	byLeader := f.appliedBy(leader.ID)
+
+	// The leader writes the event's rows, then works: its batch's
+	// transaction is idle, holding them. Stop it there.
+	ctx, cancel := f.ctx()
+	defer cancel()
+	if _, err := f.b.store.Append(ctx, stream, eventstore.Any, eventstore.NewEvent(Deposited{Amount: 7})); err != nil {
+		t.Fatal(err)
+	}
+	var frozenPID int64
+	if _, ok := eventually(10*time.Second, func() bool {
+		frozenPID = f.queryInt(`SELECT coalesce(max(pid), 0) FROM pg_stat_activity
+		                         WHERE datname = current_database() AND application_name = $1
+		                           AND state = 'idle in transaction' AND backend_xid IS NOT NULL`, leader.ID)
+		return frozenPID != 0
+	}); !ok {
+		t.Fatalf("the leader has no batch idle in a transaction that wrote within 10s; it is %s", leader.State())
+	}
+	if err := syscall.Kill(leader.PID(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = syscall.Kill(leader.PID(), syscall.SIGCONT)
+		}
+	}
+	defer resume()
+	if n := f.queryInt(`SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'idle in transaction'`, frozenPID); n != 1 {
+		t.Fatalf("the leader's batch was no longer idle in its transaction when the leader was stopped (the pause is %v); rerun", pause)
+	}
+	f.appendEvents(50) // for the new leader, behind the frozen event
+
+	// The partition is taken over as from a leader frozen while idle.
+	limit := freeze + childLockRetry*5/4 + 3*time.Second
+	var cp cpState
+	if _, ok := eventually(limit, func() bool {
+		cp = f.checkpoint()
+		return cp.Epoch > before.Epoch
+	}); !ok {
+		h, held := f.holder()
+		t.Fatalf("no new leader %v after SIGSTOP of the leader mid-batch: checkpoint %s, lock holder %+v (held %v)", time.Since(stopped), cp, h, held)
+	}
+	if cp.Owner != standby {
+		t.Fatalf("%q claimed epoch %d, want the runner in this process", cp.Owner, cp.Epoch)
+	}
+	// The frozen transaction was idle from its write (before the stop);
+	// the server ends it within handler + freeze of that, and the new
+	// leader applies the event then. The rest is slack for a loaded machine.
+	if _, ok := eventually(handler+freeze+5*time.Second, func() bool {
+		return f.queryInt(`SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, frozenPID) == 0
+	}); !ok {
+		t.Fatalf("the frozen batch's transaction (backend %d) is still open %v after the stop", frozenPID, time.Since(stopped))
+	}
+	ended := time.Since(stopped)
+	f.waitCaughtUp(10 * time.Second)
+	t.Logf("SIGSTOP of the leader mid-batch; %s led at epoch %d; the frozen transaction ended after %v; caught up after %v (handler timeout %v, FreezeTimeout %v)",
+		standby, cp.Epoch, ended.Round(time.Millisecond), time.Since(stopped).Round(time.Millisecond), handler, freeze)
+
+	// Resumed, the old leader finds its sessions ended, stands by, and
+	// applies nothing more.
+	resume()
+	f.waitStandingBy(leader)
+	f.appendEvents(50)
+	end := f.waitCaughtUp(15 * time.Second)
+	if n := f.appliedBy(leader.ID); n != byLeader {
+		t.Errorf("the frozen leader applied %d events, %d of them after it was stopped", n, n-byLeader)
+	}
+	if n := f.queryInt(`SELECT count(*) FROM annals.dead_letters`); n != 0 {
+		t.Errorf("%d events were dead-lettered", n)
+	}
+	if !leader.Alive() {
+		t.Errorf("the resumed leader exited: %s", leader.State())
+	}
+	f.checkExactlyOnce(end.Position)
+}
+
+// standbyInParent starts a runner of the balances projection in the test's
+// process, tuned as the children are (lock FreezeTimeout freeze), and
+// waits until its lock session polls: it stands by. It stops at the end of
+// the test.
+func (f *fleet) standbyInParent(standby string, freeze time.Duration) {
+	t := f.t
+	t.Helper()
+	pool, err := childproc.Pool(t.Context(), f.b.db.URL, standby)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With(slog.String("instance", standby))
+	r, err := projection.NewRunner(pool, &projection.Config{
+		InstanceID:        standby,
+		PollInterval:      childPoll,
+		LockRetryInterval: childLockRetry,
+		RetryBackoff:      childRetryBackoff,
+		HeartbeatInterval: time.Second,
+		Lock:              &advisorylock.Config{CheckInterval: childCheckInterval, FreezeTimeout: freeze, Logger: logger},
+		Logger:            logger,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(recordingBalances(f.b.reg, standby), &projection.Options{BatchSize: 50}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := r.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	t.Cleanup(func() { cancel(); wg.Wait(); pool.Close() }) // before the database is dropped
+	if _, ok := eventually(20*time.Second, func() bool {
+		return f.queryInt(`SELECT count(*) FROM pg_stat_activity
+		                    WHERE datname = current_database() AND application_name = $1
+		                      AND (query LIKE '%unnest%pg_try_advisory_lock%' OR query LIKE '%pg_locks%unnest%')`, standby) > 0
+	}); !ok {
+		t.Fatal("the runner in this process has no lock session polling within 20s")
+	}
 }

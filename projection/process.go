@@ -30,12 +30,16 @@ type failures struct {
 	retry  RetryPolicy
 	policy DeadLetterPolicy
 	// timeout is the HandlerTimeout; 0 means none (see unboundedTimeout).
-	timeout    time.Duration
-	clock      Clock
-	hooks      Hooks
-	logger     *slog.Logger
-	tel        *telemetry.Subscription
-	childSpans bool
+	timeout time.Duration
+	// setup is the statement that sets the idle limit (idleLimit) of a
+	// transaction on the lease's connection, and begin the BEGIN that sets
+	// it too (one simple-protocol string); both "" when there is none.
+	setup, begin string
+	clock        Clock
+	hooks        Hooks
+	logger       *slog.Logger
+	tel          *telemetry.Subscription
+	childSpans   bool
 	// eventSpans: a span and a duration record per handler call
 	// (Config.HandlerSpans); otherwise per batch only.
 	eventSpans bool
@@ -567,7 +571,7 @@ func explain(err error, atCommit bool) error {
 // pool connection, which has no such timeout.)
 func (t *txProcessor) inBatchTx(ctx context.Context, lease *catchup.Lease, fn func(tx pgx.Tx) (int64, error)) error {
 	return lease.Do(ctx, func(conn *pgx.Conn) (err error) {
-		tx := &batchTx{ctx: ctx, conn: conn}
+		tx := &batchTx{ctx: ctx, conn: conn, setup: t.f.setup}
 		defer func() {
 			if err != nil {
 				tx.rollback(ctx)
@@ -593,7 +597,7 @@ func (t *txProcessor) inBatchTx(ctx context.Context, lease *catchup.Lease, fn fu
 }
 
 func (t *txProcessor) inTx(ctx context.Context, lease *catchup.Lease, fn func(tx pgx.Tx) error) error {
-	return lease.Do(ctx, func(conn *pgx.Conn) error { return pgx.BeginFunc(ctx, conn, fn) })
+	return lease.Do(ctx, func(conn *pgx.Conn) error { return t.f.beginFunc(ctx, conn, fn) })
 }
 
 // apply runs events in one transaction with the checkpoint at through;
@@ -818,7 +822,7 @@ func redeliver(ctx context.Context, f *failures, lease *catchup.Lease, deliver f
 			return ferr
 		}
 		err = lease.Do(ctx, func(conn *pgx.Conn) error {
-			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			return f.beginFunc(ctx, conn, func(tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, f.q["Reopen"], lease.Subscriber, lease.Partition, en.id, en.e.StreamID, errorText(cause), errorDetail(cause))
 				if err != nil || f.policy != Stop {
 					return err
@@ -846,7 +850,7 @@ func redeliver(ctx context.Context, f *failures, lease *catchup.Lease, deliver f
 func settleGone(ctx context.Context, f *failures, lease *catchup.Lease, ids []int64, first eventstore.Event) (int, error) {
 	var settled []int64
 	err := lease.Do(ctx, func(conn *pgx.Conn) error {
-		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		return f.beginFunc(ctx, conn, func(tx pgx.Tx) error {
 			// Fenced like every write: a no-op checkpoint move checks the epoch.
 			if err := lease.Commit(ctx, tx, 0); err != nil {
 				return err
@@ -970,7 +974,7 @@ func (p *observerProcessor) process(ctx context.Context, lease *catchup.Lease, b
 		// Everything before e is delivered or dead-lettered, so the dead
 		// letter (and a stop) and the checkpoint at e commit together.
 		if err := p.inLock(ctx, lease, func(conn *pgx.Conn) error {
-			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			return p.f.beginFunc(ctx, conn, func(tx pgx.Tx) error {
 				if err := p.f.deadLetter(ctx, tx, lease, e, "failed", "open", err); err != nil {
 					return err
 				}
@@ -1019,7 +1023,7 @@ func (p *observerProcessor) Redeliver(ctx context.Context, lease *catchup.Lease)
 	defer p.f.releaseContext()
 	return redeliver(ctx, p.f, lease, func(e eventstore.Event, id int64) error {
 		return lease.Do(ctx, func(conn *pgx.Conn) error {
-			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			return p.f.beginFunc(ctx, conn, func(tx pgx.Tx) error {
 				// Fenced like every write, before the handler runs (a fenced
 				// leader delivers nothing): a no-op checkpoint move checks the
 				// epoch. It locks the checkpoint row before the dead letter's,
@@ -1075,4 +1079,51 @@ func (p *observerProcessor) End(ctx context.Context, _ *catchup.Lease) error {
 		return nil
 	}
 	return p.batcher.Flush(ctx)
+}
+
+// idleLimit is the idle_in_transaction_session_timeout of the transactions
+// a leader opens on its lease's connection (its batches, dead letters and
+// re-deliveries): the handler timeout (the longest a handler may work
+// between two statements of the transaction) plus the lock's FreezeTimeout
+// (the longest a live process may go without running; nil lock: its
+// default). A transaction idle for longer is a frozen process's (or a
+// handler's that overran its timeout by that much, whose batch fails
+// anyway): the server ends its session, and with it the row locks that
+// would hold up the partition's next leader, which took the partition over
+// once the frozen lock session was ended (advisorylock, "A frozen holder").
+// 0: none, when the handlers have no timeout, FreezeTimeout is -1, or the
+// sum is beyond what the server takes.
+func idleLimit(handler time.Duration, lock *advisorylock.Config) time.Duration {
+	freeze := advisorylock.DefaultFreezeTimeout
+	if lock != nil && lock.FreezeTimeout != 0 {
+		freeze = lock.FreezeTimeout
+	}
+	if handler <= 0 || freeze < 0 {
+		return 0
+	}
+	d := (handler + freeze + time.Millisecond - 1).Truncate(time.Millisecond)
+	if d/time.Millisecond > math.MaxInt32 {
+		return 0
+	}
+	return d
+}
+
+// idleSetup is the statement that sets the idle limit d for the
+// transaction it runs in ("" for none), unless the session has a shorter
+// one of its own (a role's or a connection's setting, which it keeps). The
+// value is a number this package formats, never input.
+func idleSetup(d time.Duration) string {
+	if d <= 0 {
+		return ""
+	}
+	ms := strconv.FormatInt(d.Milliseconds(), 10)
+	return `SELECT pg_catalog.set_config('idle_in_transaction_session_timeout', ` +
+		`(CASE WHEN s.ms > 0 AND s.ms < ` + ms + ` THEN s.ms ELSE ` + ms + ` END)::text, true) ` +
+		`FROM (SELECT (extract(epoch FROM pg_catalog.current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint AS ms) s`
+}
+
+// beginFunc runs fn in a transaction on conn, begun with its idle limit
+// (in BEGIN's round trip), as pgx.BeginFunc does.
+func (f *failures) beginFunc(ctx context.Context, conn *pgx.Conn, fn func(tx pgx.Tx) error) error {
+	return pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{BeginQuery: f.begin}, fn)
 }

@@ -167,7 +167,10 @@ type Options struct {
 	// HandlerTimeout bounds each Handle call through its context; a timeout
 	// is a failed attempt. Defaults to 30s. A timeout of 100 years or more
 	// (math.MaxInt64, say) means none: the handler's context then has no
-	// deadline of its own.
+	// deadline of its own. HandlerTimeout plus the lock's FreezeTimeout is
+	// also how long the subscriber's transactions may idle between two
+	// statements before the server ends them (see "A leader frozen in a
+	// transaction" in the package documentation).
 	HandlerTimeout time.Duration
 	// SyncCommits makes every batch of a projection wait for its commit's
 	// WAL flush. By default a batch read while the projection is behind the
@@ -611,9 +614,14 @@ func (r *Runner) failures(name string, o Options) *failures {
 		timeout = 0 // none
 	}
 	sub := telemetry.Subscriber.String(name)
+	setup := idleSetup(idleLimit(timeout, r.cfg.Lock))
+	begin := ""
+	if setup != "" {
+		begin = "BEGIN; " + setup
+	}
 	return &failures{
 		name: name, q: r.fq, retry: policy.withDefaults(), policy: o.OnDeadLetter,
-		timeout: timeout, clock: r.cfg.Clock, hooks: r.cfg.Hooks, logger: r.cfg.Logger,
+		timeout: timeout, setup: setup, begin: begin, clock: r.cfg.Clock, hooks: r.cfg.Hooks, logger: r.cfg.Logger,
 		tel: r.tel, childSpans: r.cfg.HandlerSpanParent, eventSpans: r.cfg.HandlerSpans, registry: r.cfg.Registry, attempts: map[uuid.UUID]int{},
 		subAttrs: metric.WithAttributes(sub),
 		okAttrs:  metric.WithAttributes(sub, telemetry.Outcome.String("ok")),
