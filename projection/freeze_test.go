@@ -38,36 +38,11 @@ func TestFrozenLeaderIsTakenOver(t *testing.T) {
 
 	before := f.checkpoint()
 	byLeader := f.appliedBy(leader.ID)
-	if err := syscall.Kill(leader.PID(), syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	stopped := time.Now()
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			_ = syscall.Kill(leader.PID(), syscall.SIGCONT)
-		}
-	}
-	defer resume()
+	stopped, resume := f.freeze(leader)
 	f.appendEvents(100) // for the new leader
 
-	// Within FreezeTimeout (the frozen session's idle time; it pinged at
-	// most a third of it before the stop) plus a poll (LockRetryInterval
-	// ±25%) and the claim; the rest is slack for a loaded machine.
-	limit := freeze + childLockRetry*5/4 + 3*time.Second
-	var cp cpState
-	if _, ok := eventually(limit, func() bool {
-		cp = f.checkpoint()
-		return cp.Epoch > before.Epoch
-	}); !ok {
-		h, held := f.holder()
-		t.Fatalf("no new leader %v after SIGSTOP of the leader: checkpoint %s, lock holder %+v (held %v)", time.Since(stopped), cp, h, held)
-	}
+	cp := f.waitTakenOver(before, standby, stopped, freeze)
 	took := time.Since(stopped)
-	if cp.Owner != standby {
-		t.Fatalf("%q claimed epoch %d, want the runner in this process", cp.Owner, cp.Epoch)
-	}
 	t.Logf("SIGSTOP of the leader; %s claimed epoch %d after %v (FreezeTimeout %v, LockRetryInterval %v)",
 		standby, cp.Epoch, took.Round(time.Millisecond), freeze, childLockRetry)
 	f.waitCaughtUp(15 * time.Second)
@@ -148,36 +123,14 @@ func TestLeaderFrozenMidBatchIsTakenOver(t *testing.T) {
 	}); !ok {
 		t.Fatalf("the leader has no batch idle in a transaction that wrote within 10s; it is %s", leader.State())
 	}
-	if err := syscall.Kill(leader.PID(), syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	stopped := time.Now()
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			_ = syscall.Kill(leader.PID(), syscall.SIGCONT)
-		}
-	}
-	defer resume()
+	stopped, resume := f.freeze(leader)
 	if n := f.queryInt(`SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'idle in transaction'`, frozenPID); n != 1 {
 		t.Fatalf("the leader's batch was no longer idle in its transaction when the leader was stopped (the pause is %v); rerun", pause)
 	}
 	f.appendEvents(50) // for the new leader, behind the frozen event
 
 	// The partition is taken over as from a leader frozen while idle.
-	limit := freeze + childLockRetry*5/4 + 3*time.Second
-	var cp cpState
-	if _, ok := eventually(limit, func() bool {
-		cp = f.checkpoint()
-		return cp.Epoch > before.Epoch
-	}); !ok {
-		h, held := f.holder()
-		t.Fatalf("no new leader %v after SIGSTOP of the leader mid-batch: checkpoint %s, lock holder %+v (held %v)", time.Since(stopped), cp, h, held)
-	}
-	if cp.Owner != standby {
-		t.Fatalf("%q claimed epoch %d, want the runner in this process", cp.Owner, cp.Epoch)
-	}
+	cp := f.waitTakenOver(before, standby, stopped, freeze)
 	// The frozen transaction was idle from its write (before the stop);
 	// the server ends it within handler + freeze of that, and the new
 	// leader applies the event then. The rest is slack for a loaded machine.
@@ -251,4 +204,39 @@ func (f *fleet) standbyInParent(standby string, freeze time.Duration) {
 	}); !ok {
 		t.Fatal("the runner in this process has no lock session polling within 20s")
 	}
+}
+
+// freeze stops c with SIGSTOP and returns when, and a func that resumes it
+// (SIGCONT), at most once; the test's end resumes it too.
+func (f *fleet) freeze(c *childproc.Child) (time.Time, func()) {
+	f.t.Helper()
+	if err := syscall.Kill(c.PID(), syscall.SIGSTOP); err != nil {
+		f.t.Fatal(err)
+	}
+	stopped := time.Now()
+	var once sync.Once
+	resume := func() { once.Do(func() { _ = syscall.Kill(c.PID(), syscall.SIGCONT) }) }
+	f.t.Cleanup(resume)
+	return stopped, resume
+}
+
+// waitTakenOver waits until standby has claimed the partition at an epoch
+// past before's, after a leader frozen at stopped: within FreezeTimeout
+// (the frozen session's idle time; it pinged at most a third of it before
+// the stop) plus a poll (LockRetryInterval ±25%) and the claim; the rest
+// is slack for a loaded machine. It returns the checkpoint.
+func (f *fleet) waitTakenOver(before cpState, standby string, stopped time.Time, freeze time.Duration) cpState {
+	f.t.Helper()
+	var cp cpState
+	if _, ok := eventually(freeze+childLockRetry*5/4+3*time.Second, func() bool {
+		cp = f.checkpoint()
+		return cp.Epoch > before.Epoch
+	}); !ok {
+		h, held := f.holder()
+		f.t.Fatalf("no new leader %v after SIGSTOP of the leader: checkpoint %s, lock holder %+v (held %v)", time.Since(stopped), cp, h, held)
+	}
+	if cp.Owner != standby {
+		f.t.Fatalf("%q claimed epoch %d, want the runner in this process", cp.Owner, cp.Epoch)
+	}
+	return cp
 }

@@ -566,9 +566,11 @@ func explain(err error, atCommit bool) error {
 // it while the batch runs, and handlers that worked that long before the
 // batch's first statement (a call to another service, within their
 // HandlerTimeout) would leave it idle outside a transaction, so the server
-// would end it and the lock would be lost. Idle in a transaction, it is
-// not ended. (A lease on the engine's lock session runs its batches on a
-// pool connection, which has no such timeout.)
+// would end it and the lock would be lost. Idle in the transaction, it is
+// ended only after the transaction's idle limit (idleLimit: the handler
+// timeout plus FreezeTimeout), which BEGIN sets, as on every batch. (A
+// lease on the engine's lock session runs its batches on a pool
+// connection, which has no idle_session_timeout.)
 func (t *txProcessor) inBatchTx(ctx context.Context, lease *catchup.Lease, fn func(tx pgx.Tx) (int64, error)) error {
 	return lease.Do(ctx, func(conn *pgx.Conn) (err error) {
 		tx := &batchTx{ctx: ctx, conn: conn, setup: t.f.setup}
