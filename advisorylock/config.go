@@ -170,6 +170,21 @@ func (c *Config) withDefaults() (Config, error) {
 	return out, nil
 }
 
+// FreezeTimeoutOf returns the FreezeTimeout of a lock opened with cfg: its
+// FreezeTimeout, DefaultFreezeTimeout when cfg is nil or leaves it 0, and 0
+// when it is -1 (none). A holder that limits how long its own
+// transactions on other connections may idle (a projection's batches)
+// bounds them with it.
+func FreezeTimeoutOf(cfg *Config) time.Duration {
+	switch {
+	case cfg == nil || cfg.FreezeTimeout == 0:
+		return DefaultFreezeTimeout
+	case cfg.FreezeTimeout < 0:
+		return 0
+	}
+	return cfg.FreezeTimeout
+}
+
 // freezeSetting is the session's idle_session_timeout as MarkSession sets
 // it: nil (none) unless FreezeTimeout is set.
 func (c *Config) freezeSetting() any {

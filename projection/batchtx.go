@@ -23,14 +23,60 @@ var errTxOwned = errors.New("projection: the batch's transaction is committed or
 // does. Commit and Rollback belong to the runner (batchTx.commit/rollback).
 //
 // BEGIN comes with the statement setup, when there is one: the
-// transaction's idle limit (idleLimit), in the same round trip.
+// transaction's idle limit (idleLimit), in the same round trip. The limit
+// is per gap between two statements, while HandlerTimeout bounds each
+// handler call, and a batch's handlers may run one after another without
+// a statement; so between two handler calls a transaction that has sent
+// nothing for every is pinged (keepAlive), and a live batch idles at most
+// every plus one handler call. A handler call after which the transaction
+// has idled for idle - every (it overran its HandlerTimeout, ignoring its
+// context) may have had its session ended by the server: it fails as a
+// timed-out attempt (overran).
 type batchTx struct {
 	ctx   context.Context // for Conn and LargeObjects, which take none
 	conn  *pgx.Conn
 	setup string // run right after BEGIN ("": nothing)
-	begun bool   // BEGIN has been sent
-	tx    pgx.Tx // a pgx handle on the transaction, for savepoints and large objects
-	ended bool
+	// idle is the transaction's idle limit, every the keepAlive interval
+	// (both 0: none); sent is when a statement was last sent, since base
+	// (monotonic), tracked only with a limit.
+	idle, every time.Duration
+	base        time.Time
+	sent        time.Duration
+	begun       bool   // BEGIN has been sent
+	tx          pgx.Tx // a pgx handle on the transaction, for savepoints and large objects
+	ended       bool
+}
+
+// mark records that a statement is being sent now.
+func (t *batchTx) mark() {
+	if t.every > 0 {
+		t.sent = time.Since(t.base)
+	}
+}
+
+// idleFor is how long the open transaction has sent nothing (0 when it is
+// not open or has no limit).
+func (t *batchTx) idleFor() time.Duration {
+	if t.every <= 0 || !t.begun || t.ended {
+		return 0
+	}
+	return time.Since(t.base) - t.sent
+}
+
+// keepAlive pings the open transaction's session (an empty statement) if
+// it has sent nothing for every: see batchTx.
+func (t *batchTx) keepAlive(ctx context.Context) error {
+	if t.every <= 0 || t.idleFor() < t.every {
+		return nil
+	}
+	t.mark()
+	return t.conn.PgConn().Ping(ctx)
+}
+
+// overran reports whether the open transaction has idled long enough for
+// the server to have ended its session, or nearly: see batchTx.
+func (t *batchTx) overran() bool {
+	return t.every > 0 && t.idleFor() >= t.idle-t.every
 }
 
 func (t *batchTx) begin(ctx context.Context) error {
@@ -41,6 +87,7 @@ func (t *batchTx) begin(ctx context.Context) error {
 		return nil
 	}
 	t.begun = true
+	t.mark()
 	_, err := t.conn.Exec(ctx, t.beginSQL())
 	return err
 }
@@ -68,6 +115,7 @@ func (t *batchTx) handle(ctx context.Context) (pgx.Tx, error) {
 		opts.BeginQuery = "SELECT"
 	}
 	t.begun = true
+	t.mark()
 	tx, err := t.conn.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, err
@@ -87,9 +135,11 @@ func (t *batchTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 		if err := t.begin(ctx); err != nil {
 			return pgconn.CommandTag{}, err
 		}
+		t.mark()
 		return t.conn.Exec(ctx, sql, args...)
 	}
 	t.begun = true
+	t.mark()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	if t.setup != "" {
@@ -115,6 +165,7 @@ func (t *batchTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 	if err := t.begin(ctx); err != nil {
 		return nil, err
 	}
+	t.mark()
 	return t.conn.Query(ctx, sql, args...)
 }
 
@@ -122,6 +173,7 @@ func (t *batchTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	if err := t.begin(ctx); err != nil {
 		return errRow{err}
 	}
+	t.mark()
 	return t.conn.QueryRow(ctx, sql, args...)
 }
 
@@ -129,6 +181,7 @@ func (t *batchTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 	if err := t.begin(ctx); err != nil {
 		return errBatchResults{err}
 	}
+	t.mark()
 	return t.conn.SendBatch(ctx, b)
 }
 
@@ -136,6 +189,7 @@ func (t *batchTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []
 	if err := t.begin(ctx); err != nil {
 		return 0, err
 	}
+	t.mark()
 	return t.conn.CopyFrom(ctx, table, columns, src)
 }
 
@@ -143,6 +197,7 @@ func (t *batchTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Statem
 	if err := t.begin(ctx); err != nil {
 		return nil, err
 	}
+	t.mark()
 	return t.conn.Prepare(ctx, name, sql)
 }
 

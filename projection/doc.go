@@ -118,17 +118,22 @@
 // transaction, on a connection of the pool, would still hold the row locks
 // of what its handlers wrote, and the new leader's handlers that write the
 // same rows would wait for them, fail on their HandlerTimeout and, in the
-// end, dead-letter events that are not to blame. So every transaction a
-// leader opens on its lease's connection (its batches, a rebuild's batches
-// on the rebuild's lock session, dead letters, re-deliveries) begins with
-// idle_in_transaction_session_timeout set to HandlerTimeout plus
-// FreezeTimeout (SET LOCAL, in BEGIN's round trip or pipelined with the
-// first statement; a shorter setting of the session's own stays). A
-// handler works at most HandlerTimeout between two statements, so only a
-// frozen process's transaction (or an overrunning handler's, whose batch
-// fails anyway) idles that long; the server ends its session, and the new
-// leader applies the event once it is gone. No limit is set without a
-// HandlerTimeout, or with FreezeTimeout -1.
+// end, dead-letter events that are not to blame. So the transactions a
+// leader opens on its lease's connection to run handlers or to record a
+// dead letter (its batches, a rebuild's batches on the rebuild's lock
+// session, re-deliveries) begin with idle_in_transaction_session_timeout
+// set to HandlerTimeout plus FreezeTimeout (local to the transaction, in
+// BEGIN's round trip or pipelined with the first statement; a shorter
+// setting of the session's own stays). The limit is per gap between two
+// statements and HandlerTimeout per handler call, so between two handler
+// calls a batch whose transaction has sent nothing for a third of
+// FreezeTimeout pings it: a live batch idles at most that plus one call.
+// A call that returns after the transaction has idled for HandlerTimeout
+// plus two thirds of FreezeTimeout (its handler ignored its context) may
+// have lost its session to the server: it is a timed-out attempt. Only a
+// frozen process's transaction idles for the whole limit; the server ends
+// its session, and the new leader applies the event once it is gone. No
+// limit is set without a HandlerTimeout, or with FreezeTimeout -1.
 //
 // # Read-model setup
 //

@@ -147,12 +147,18 @@ SELECT f.event_id, max(f.attempt)
 -- so that an entry the handler got is never marked skipped (resolved
 -- without delivery), and the runner delivers nothing an operator skipped
 -- first (status is no longer retry then). $2, when not NULL, is the
--- transaction's idle_in_transaction_session_timeout (in milliseconds): an
--- observer's handler runs while the transaction waits, and a handler that
--- overruns its timeout must not hold the lock for long.
-WITH bound AS (
-    SELECT set_config('idle_in_transaction_session_timeout',
-                      coalesce($2::text, current_setting('idle_in_transaction_session_timeout')), true)
+-- transaction's idle_in_transaction_session_timeout (in milliseconds), unless
+-- the one in force is shorter already (a role's setting, the limit BEGIN
+-- set): an observer's
+-- handler runs while the transaction waits, and a handler that overruns its
+-- timeout must not hold the lock for long.
+WITH cur AS (
+    SELECT (extract(epoch FROM pg_catalog.current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint AS ms
+), bound AS (
+    SELECT pg_catalog.set_config('idle_in_transaction_session_timeout',
+                                 (CASE WHEN $2::bigint IS NULL OR (cur.ms > 0 AND cur.ms < $2::bigint) THEN cur.ms
+                                       ELSE $2::bigint END)::text, true)
+      FROM cur
 )
 SELECT d.status
   FROM {{.Schema}}.dead_letters d, bound

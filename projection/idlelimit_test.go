@@ -2,7 +2,9 @@ package projection_test
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -174,9 +176,169 @@ func TestHandlerTransactionsIdleLimit(t *testing.T) {
 			if err := r.Rebuild(ctx, "idleprobe", nil); err != nil {
 				t.Fatal(err)
 			}
-			check("a rebuild's batch (pipelined)", "exec", 1)
+			check("a rebuild's batch (BEGIN sent first)", "exec", 1)
 			check("a rebuild's batch", "query", 1)
 			check("a rebuild's batch", "fail", 1)
 		})
+	}
+}
+
+// slowProbe writes each event (idle_seen, its stream), except those of
+// streams "slow-N" after "slow-0", and then works for pause without a
+// statement: handlers that together send nothing for far longer than the
+// transaction's idle limit, each within its HandlerTimeout.
+// An event of stream "overrun" instead works for overrun, ignoring its
+// context, and returns nil.
+type slowProbe struct {
+	pause, overrun time.Duration
+	calls          atomic.Int64
+}
+
+func (p *slowProbe) Name() string { return "slowprobe" }
+
+func (p *slowProbe) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
+	p.calls.Add(1)
+	// Of the slow ones, only the first writes: the others send nothing.
+	if !strings.HasPrefix(e.StreamID, "slow-") || e.StreamID == "slow-0" {
+		if _, err := tx.Exec(ctx, `INSERT INTO idle_seen (stream, setting) VALUES ($1, $2)`, e.StreamID, e.ID.String()); err != nil {
+			return err
+		}
+	}
+	if e.StreamID == "overrun" {
+		time.Sleep(p.overrun) // a handler that ignores its context: not a wait for a condition
+		return nil
+	}
+	select {
+	case <-time.After(p.pause): // the handler's work, not a wait for a condition
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *slowProbe) Reset(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `DELETE FROM idle_seen`)
+	return err
+}
+
+// The idle limit is per gap between two statements, and a batch's handlers
+// may run one after another without any: a batch pings its transaction
+// between two handler calls when it has sent nothing for a third of
+// FreezeTimeout, so handlers that each stay within their HandlerTimeout
+// never add up to the limit, in a runner's batch as in a rebuild's (whose
+// transaction begins before its first handler). Without the pings the
+// server ended such a batch's session, and the batch failed again at
+// every retry.
+func TestHandlersWithoutStatementsDoNotAddUpToTheIdleLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+	if _, err := b.db.Pool.Exec(ctx, `CREATE TABLE idle_seen (id bigserial PRIMARY KEY, stream text NOT NULL, setting text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	// 6 events of 600 ms each: 3.6 s in one batch, against a limit of
+	// 2 s (HandlerTimeout 1 s + FreezeTimeout 1 s).
+	for i := range 6 {
+		if _, err := b.store.Append(ctx, fmt.Sprintf("slow-%d", i), eventstore.Any, eventstore.NewEvent(Deposited{Amount: 1})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := &slowProbe{pause: 600 * time.Millisecond}
+	r, err := projection.NewRunner(b.db.Pool, &projection.Config{
+		RetryBackoff: 100 * time.Millisecond, ShutdownTimeout: time.Second,
+		Lock: &advisorylock.Config{FreezeTimeout: time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(p, &projection.Options{BatchSize: 10, HandlerTimeout: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string) {
+		t.Helper()
+		if n := p.calls.Load(); n != 6 {
+			t.Errorf("%s: %d handler calls for 6 events, want 6 (a batch failed and was retried)", what, n)
+		}
+		var rows int
+		if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM idle_seen`).Scan(&rows); err != nil || rows != 1 {
+			t.Fatalf("%s: %d rows applied (%v), want 1", what, rows, err)
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := r.RunUntilCaughtUp(rctx); err != nil {
+		t.Fatalf("the runner's batch: %v", err)
+	}
+	check("the runner's batch")
+	p.calls.Store(0)
+	if err := r.Rebuild(rctx, "slowprobe", nil); err != nil {
+		t.Fatalf("the rebuild's batch: %v", err)
+	}
+	check("the rebuild's batch")
+}
+
+// A handler that ignores its context and returns nil long after its
+// HandlerTimeout, its batch's transaction idle meanwhile, may have had its
+// session ended by the server (the transaction's idle limit): its call is a
+// timed-out attempt, retried by the RetryPolicy and in the end
+// dead-lettered, like a handler that returns its context's error. Before,
+// the failure showed only at the next statement, as a lost connection,
+// which is nobody's fault: the batch was retried for ever.
+func TestHandlerThatOverrunsItsTimeoutIdleFails(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+	if _, err := b.db.Pool.Exec(ctx, `CREATE TABLE idle_seen (id bigserial PRIMARY KEY, stream text NOT NULL, setting text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, stream := range []string{"before", "overrun", "after"} {
+		if _, err := b.store.Append(ctx, stream, eventstore.Any, eventstore.NewEvent(Deposited{Amount: 1})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// HandlerTimeout 1 s + FreezeTimeout 1 s: the server ends a
+	// transaction idle for 2 s; the handler works 2.5 s.
+	p := &slowProbe{overrun: 2500 * time.Millisecond}
+	r, err := projection.NewRunner(b.db.Pool, &projection.Config{
+		PollInterval: 50 * time.Millisecond, RetryBackoff: 100 * time.Millisecond, ShutdownTimeout: time.Second,
+		Retry: &projection.RetryPolicy{MaxRetries: 1, InitialDelay: 50 * time.Millisecond, Jitter: -1},
+		Lock:  &advisorylock.Config{FreezeTimeout: time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(p, &projection.Options{BatchSize: 10, HandlerTimeout: time.Second, OnDeadLetter: projection.SkipEvent}); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	var dead int
+	var why string
+	if _, ok := eventually(30*time.Second, func() bool {
+		err := b.db.Pool.QueryRow(ctx, `SELECT count(*), coalesce(max(error), '') FROM annals.dead_letters WHERE subscriber_id = 'slowprobe'`).Scan(&dead, &why)
+		return err == nil && dead > 0
+	}); !ok {
+		t.Fatalf("the overrunning event was not dead-lettered within 30s (%d handler calls)", p.calls.Load())
+	}
+	if !strings.Contains(why, "past its HandlerTimeout") {
+		t.Errorf("the dead letter's error %q does not say the handler overran its timeout", why)
+	}
+	var streams []string
+	if _, ok := eventually(10*time.Second, func() bool {
+		rows, err := b.db.Pool.Query(ctx, `SELECT stream FROM idle_seen ORDER BY id`)
+		if err != nil {
+			return false
+		}
+		streams, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err == nil && len(streams) == 2
+	}); !ok || streams[0] != "before" || streams[1] != "after" {
+		t.Fatalf("applied %v, want [before after]", streams)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"math"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
+	"github.com/annals-dev/annals/internal/errmark"
 	"github.com/annals-dev/annals/internal/telemetry"
 )
 
@@ -31,9 +31,12 @@ type failures struct {
 	policy DeadLetterPolicy
 	// timeout is the HandlerTimeout; 0 means none (see unboundedTimeout).
 	timeout time.Duration
-	// setup is the statement that sets the idle limit (idleLimit) of a
-	// transaction on the lease's connection, and begin the BEGIN that sets
-	// it too (one simple-protocol string); both "" when there is none.
+	// idle is the idle limit (idleLimit) of a transaction on the lease's
+	// connection, and every how often a batch whose handlers send nothing
+	// pings it (a third of FreezeTimeout; both 0: none). setup is the
+	// statement that sets the limit, and begin the BEGIN that sets it too
+	// (one simple-protocol string); both "" when there is none.
+	idle, every  time.Duration
 	setup, begin string
 	clock        Clock
 	hooks        Hooks
@@ -571,9 +574,12 @@ func explain(err error, atCommit bool) error {
 // timeout plus FreezeTimeout), which BEGIN sets, as on every batch. (A
 // lease on the engine's lock session runs its batches on a pool
 // connection, which has no idle_session_timeout.)
-func (t *txProcessor) inBatchTx(ctx context.Context, lease *catchup.Lease, fn func(tx pgx.Tx) (int64, error)) error {
+func (t *txProcessor) inBatchTx(ctx context.Context, lease *catchup.Lease, fn func(tx *batchTx) (int64, error)) error {
 	return lease.Do(ctx, func(conn *pgx.Conn) (err error) {
-		tx := &batchTx{ctx: ctx, conn: conn, setup: t.f.setup}
+		tx := &batchTx{ctx: ctx, conn: conn, setup: t.f.setup, idle: t.f.idle, every: t.f.every}
+		if tx.every > 0 {
+			tx.base = time.Now()
+		}
 		defer func() {
 			if err != nil {
 				tx.rollback(ctx)
@@ -611,7 +617,7 @@ func (t *txProcessor) inTx(ctx context.Context, lease *catchup.Lease, fn func(tx
 func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []eventstore.Event, park parked, through int64) (failedAt, cutAt int, err error) {
 	failedAt, cutAt = -1, -1
 	var parkedNow, forgotten []eventstore.Event
-	err = t.inBatchTx(ctx, lease, func(tx pgx.Tx) (int64, error) {
+	err = t.inBatchTx(ctx, lease, func(tx *batchTx) (int64, error) {
 		parkedNow, forgotten, cutAt = parkedNow[:0], forgotten[:0], -1
 		handle := func(ctx context.Context, e eventstore.Event) error { return t.p.Handle(ctx, tx, e) }
 		for i, e := range events {
@@ -622,7 +628,18 @@ func (t *txProcessor) apply(ctx context.Context, lease *catchup.Lease, events []
 				parkedNow = append(parkedNow, e)
 				continue
 			}
+			// The transaction's idle limit is per gap between statements:
+			// handlers that send nothing, one after another, must not add
+			// up to it (batchTx).
+			if err := tx.keepAlive(ctx); err != nil {
+				return 0, errors.Wrapf(err, "projection %q: keep the batch's transaction from idling", t.p.Name())
+			}
 			err := t.f.deliver(ctx, e, handle)
+			if err == nil && tx.overran() {
+				err = errmark.Mark(errors.Newf("its handler returned after the batch's transaction had sent nothing for %s: "+
+					"past its HandlerTimeout (%s), ignoring its context, and near the transaction's idle limit (%s, HandlerTimeout plus the lock's FreezeTimeout), "+
+					"after which the server ends the session", tx.idleFor().Round(time.Millisecond), t.f.timeout, tx.idle), errHandlerTimedOut)
+			}
 			if err != nil && connLost(ctx, tx, err) {
 				return 0, errors.Wrapf(err, "projection %q: event %d: the connection failed under its handler (the event is not to blame)",
 					t.p.Name(), e.GlobalSequence)
@@ -705,15 +722,15 @@ func (t *txProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error
 // "skipped" (resolved without delivery) although its event was delivered.
 // bounded (an observer's re-delivery, whose handler runs while tx waits)
 // sets the transaction's idle_in_transaction_session_timeout to the
-// handler timeout and redeliverySlack, so that a handler that ignores its
-// context and overruns cannot hold the lock for longer: the server ends
-// the session, the transaction rolls back, and the entry is delivered
-// again later.
+// handler timeout and redeliverySlack (unless the limit in force is
+// shorter: the session's own, or the one BEGIN set), so that a handler that
+// ignores its context and overruns cannot hold the lock for longer: the
+// server ends the session, the transaction rolls back, and the entry is
+// delivered again later.
 func lockRedelivery(ctx context.Context, tx pgx.Tx, f *failures, id int64, bounded bool) (bool, error) {
-	var idle *string
+	var idle *int64
 	if ms := (f.timeout + redeliverySlack).Milliseconds(); bounded && f.timeout > 0 && ms <= math.MaxInt32 {
-		v := strconv.FormatInt(ms, 10)
-		idle = &v
+		idle = &ms
 	}
 	var status string
 	err := tx.QueryRow(ctx, f.q["LockRedelivery"], id, idle).Scan(&status)
@@ -1087,41 +1104,19 @@ func (p *observerProcessor) End(ctx context.Context, _ *catchup.Lease) error {
 // a leader opens on its lease's connection (its batches, dead letters and
 // re-deliveries): the handler timeout (the longest a handler may work
 // between two statements of the transaction) plus the lock's FreezeTimeout
-// (the longest a live process may go without running; nil lock: its
-// default). A transaction idle for longer is a frozen process's (or a
-// handler's that overran its timeout by that much, whose batch fails
-// anyway): the server ends its session, and with it the row locks that
-// would hold up the partition's next leader, which took the partition over
-// once the frozen lock session was ended (advisorylock, "A frozen holder").
-// 0: none, when the handlers have no timeout, FreezeTimeout is -1, or the
-// sum is beyond what the server takes.
+// (the longest a live process may go without running). A transaction idle
+// for longer is a frozen process's (or a handler's that overran its
+// timeout by that much, whose batch fails anyway): the server ends its
+// session, and with it the row locks that would hold up the partition's
+// next leader, which took the partition over once the frozen lock session
+// was ended (advisorylock, "A frozen holder"). 0: none, when the handlers
+// have no timeout or FreezeTimeout is -1.
 func idleLimit(handler time.Duration, lock *advisorylock.Config) time.Duration {
-	freeze := advisorylock.DefaultFreezeTimeout
-	if lock != nil && lock.FreezeTimeout != 0 {
-		freeze = lock.FreezeTimeout
-	}
-	if handler <= 0 || freeze < 0 {
+	freeze := advisorylock.FreezeTimeoutOf(lock)
+	if handler <= 0 || freeze <= 0 {
 		return 0
 	}
-	d := (handler + freeze + time.Millisecond - 1).Truncate(time.Millisecond)
-	if d/time.Millisecond > math.MaxInt32 {
-		return 0
-	}
-	return d
-}
-
-// idleSetup is the statement that sets the idle limit d for the
-// transaction it runs in ("" for none), unless the session has a shorter
-// one of its own (a role's or a connection's setting, which it keeps). The
-// value is a number this package formats, never input.
-func idleSetup(d time.Duration) string {
-	if d <= 0 {
-		return ""
-	}
-	ms := strconv.FormatInt(d.Milliseconds(), 10)
-	return `SELECT pg_catalog.set_config('idle_in_transaction_session_timeout', ` +
-		`(CASE WHEN s.ms > 0 AND s.ms < ` + ms + ` THEN s.ms ELSE ` + ms + ` END)::text, true) ` +
-		`FROM (SELECT (extract(epoch FROM pg_catalog.current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint AS ms) s`
+	return handler + freeze
 }
 
 // beginFunc runs fn in a transaction on conn, begun with its idle limit

@@ -25,6 +25,7 @@ import (
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/errmark"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/schemaname"
 	"github.com/annals-dev/annals/internal/sqltmpl"
 	"github.com/annals-dev/annals/internal/telemetry"
@@ -614,14 +615,15 @@ func (r *Runner) failures(name string, o Options) *failures {
 		timeout = 0 // none
 	}
 	sub := telemetry.Subscriber.String(name)
-	setup := idleSetup(idleLimit(timeout, r.cfg.Lock))
-	begin := ""
-	if setup != "" {
-		begin = "BEGIN; " + setup
+	idle, every := idleLimit(timeout, r.cfg.Lock), time.Duration(0)
+	if pgtx.IdleSetup(idle) == "" {
+		idle = 0 // none, or longer than the server takes
+	} else {
+		every = (idle - timeout) / 3 // a third of FreezeTimeout, as a lock pings its session
 	}
 	return &failures{
 		name: name, q: r.fq, retry: policy.withDefaults(), policy: o.OnDeadLetter,
-		timeout: timeout, setup: setup, begin: begin, clock: r.cfg.Clock, hooks: r.cfg.Hooks, logger: r.cfg.Logger,
+		timeout: timeout, idle: idle, every: every, setup: pgtx.IdleSetup(idle), begin: pgtx.BeginIdle(idle), clock: r.cfg.Clock, hooks: r.cfg.Hooks, logger: r.cfg.Logger,
 		tel: r.tel, childSpans: r.cfg.HandlerSpanParent, eventSpans: r.cfg.HandlerSpans, registry: r.cfg.Registry, attempts: map[uuid.UUID]int{},
 		subAttrs: metric.WithAttributes(sub),
 		okAttrs:  metric.WithAttributes(sub, telemetry.Outcome.String("ok")),

@@ -17,10 +17,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/annals-dev/annals/advisorylock"
 	"github.com/annals-dev/annals/catchup"
 	"github.com/annals-dev/annals/checkpoint"
 	"github.com/annals-dev/annals/eventstore"
 	"github.com/annals-dev/annals/internal/errmark"
+	"github.com/annals-dev/annals/internal/pgtx"
 	"github.com/annals-dev/annals/internal/telemetry"
 	"github.com/annals-dev/annals/migrations"
 )
@@ -237,7 +239,7 @@ func (p *publisher) behind(ctx context.Context, lease *catchup.Lease, st stored)
 		return err
 	}
 	if err := lease.Do(ctx, func(conn *pgx.Conn) error {
-		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		return pgx.BeginTxFunc(ctx, conn, p.r.txOptions(), func(tx pgx.Tx) error {
 			var pos int64
 			err := tx.QueryRow(ctx, q["MoveBack"], lease.Subscriber, lease.Partition, lease.Epoch, st.pos, lease.Start).Scan(&pos)
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -858,7 +860,7 @@ func (p *publisher) commit(ctx context.Context, lease *catchup.Lease) error {
 	}
 	pos, seq := p.acked, int64(p.ackSeq)
 	if err := lease.Do(ctx, func(conn *pgx.Conn) error {
-		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		return pgx.BeginTxFunc(ctx, conn, p.r.txOptions(), func(tx pgx.Tx) error {
 			if err := lease.Commit(ctx, tx, pos); err != nil {
 				return err
 			}
@@ -914,4 +916,17 @@ func (p *publisher) End(ctx context.Context, lease *catchup.Lease) error {
 		return nil
 	}
 	return p.Idle(ctx, lease)
+}
+
+// txOptions begin the relay's transactions on its lease's connection (a
+// checkpoint commit, a move back after a loss) as pgx.BeginFunc does,
+// limited to the lock's FreezeTimeout of idle time between statements
+// (pgtx.BeginIdle; nothing when it is -1). They hold the
+// checkpoint's row, and only run statements: one idle that long belongs to
+// a relay that is frozen (SIGSTOP, a paused container), whose lock
+// session the server ends after the same time; the server then ends this
+// one too, so that the next leader's claim of the row does not wait for
+// the frozen process.
+func (r *Relay) txOptions() pgx.TxOptions {
+	return pgx.TxOptions{BeginQuery: pgtx.BeginIdle(advisorylock.FreezeTimeoutOf(r.cfg.Lock))}
 }

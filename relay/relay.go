@@ -105,6 +105,9 @@ type Config struct {
 	LockRetryInterval time.Duration
 	RetryBackoff      time.Duration
 	// Lock configures the lock's connection. Defaults to advisorylock's.
+	// Its FreezeTimeout also bounds how long the relay's checkpoint
+	// commits may idle between their statements (a frozen relay's commit
+	// is ended by the server after it, as its lock session is).
 	Lock *advisorylock.Config
 	// Logger receives leadership changes and publish failures. Defaults to
 	// warnings and errors on slog.Default() (information and debug records
