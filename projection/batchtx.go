@@ -33,9 +33,12 @@ var errTxOwned = errors.New("projection: the batch's transaction is committed or
 // context) may have had its session ended by the server: it fails as a
 // timed-out attempt (overran).
 type batchTx struct {
-	ctx   context.Context // for Conn and LargeObjects, which take none
-	conn  *pgx.Conn
-	setup string // run right after BEGIN ("": nothing)
+	ctx  context.Context // for Conn and LargeObjects, which take none
+	conn *pgx.Conn
+	// setup is run right after BEGIN, pipelined with the first statement
+	// ("": nothing); beginQuery is BEGIN with it, one simple-protocol
+	// string ("": BEGIN alone).
+	setup, beginQuery string
 	// idle is the transaction's idle limit, every the keepAlive interval
 	// (both 0: none); sent is when a statement was last sent, since base
 	// (monotonic), tracked only with a limit.
@@ -95,10 +98,10 @@ func (t *batchTx) begin(ctx context.Context) error {
 // beginSQL is BEGIN and the setup, one simple-protocol string (pgx sends a
 // statement without arguments that way): one round trip.
 func (t *batchTx) beginSQL() string {
-	if t.setup == "" {
+	if t.beginQuery == "" {
 		return "BEGIN"
 	}
-	return "BEGIN; " + t.setup
+	return t.beginQuery
 }
 
 // handle returns a pgx transaction handle (pgx.Tx) on the open transaction.

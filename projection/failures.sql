@@ -146,21 +146,9 @@ SELECT f.event_id, max(f.attempt)
 -- Purge) of it waits until the re-delivery has committed or rolled back,
 -- so that an entry the handler got is never marked skipped (resolved
 -- without delivery), and the runner delivers nothing an operator skipped
--- first (status is no longer retry then). $2, when not NULL, is the
--- transaction's idle_in_transaction_session_timeout (in milliseconds), unless
--- the one in force is shorter already (a role's setting, the limit BEGIN
--- set): an observer's
--- handler runs while the transaction waits, and a handler that overruns its
--- timeout must not hold the lock for long.
-WITH cur AS (
-    SELECT (extract(epoch FROM pg_catalog.current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint AS ms
-), bound AS (
-    SELECT pg_catalog.set_config('idle_in_transaction_session_timeout',
-                                 (CASE WHEN $2::bigint IS NULL OR (cur.ms > 0 AND cur.ms < $2::bigint) THEN cur.ms
-                                       ELSE $2::bigint END)::text, true)
-      FROM cur
-)
+-- first (status is no longer retry then). (How long the lock may be held
+-- idle is the transaction's idle limit, set by its BEGIN.)
 SELECT d.status
-  FROM {{.Schema}}.dead_letters d, bound
+  FROM {{.Schema}}.dead_letters d
  WHERE d.id = $1
    FOR UPDATE OF d;

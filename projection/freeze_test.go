@@ -85,9 +85,9 @@ func TestFrozenLeaderIsTakenOver(t *testing.T) {
 // handler timeout plus FreezeTimeout (the batch's
 // idle_in_transaction_session_timeout), so the new leader's handler, which
 // writes the same row, waits that long and no longer. Before, the frozen
-// transaction held the row for as long as the process stayed stopped, and
-// the new leader's attempts at the event failed on their HandlerTimeout
-// one after another until it was dead-lettered.
+// transaction held the row for as long as the process stayed stopped (the
+// test fails on that), and the new leader's attempts at the event would
+// fail on their HandlerTimeout one after another until dead-lettered.
 func TestLeaderFrozenMidBatchIsTakenOver(t *testing.T) {
 	t.Parallel()
 	const (

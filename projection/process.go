@@ -3,7 +3,6 @@ package projection
 import (
 	"context"
 	"log/slog"
-	"math"
 	"sort"
 	"strings"
 	"time"
@@ -36,13 +35,16 @@ type failures struct {
 	// pings it (a third of FreezeTimeout; both 0: none). setup is the
 	// statement that sets the limit, and begin the BEGIN that sets it too
 	// (one simple-protocol string); both "" when there is none.
-	idle, every  time.Duration
-	setup, begin string
-	clock        Clock
-	hooks        Hooks
-	logger       *slog.Logger
-	tel          *telemetry.Subscription
-	childSpans   bool
+	// redeliveryBegin is the BEGIN of an observer's re-delivery, whose
+	// handler runs while the transaction holds the dead letter's lock: the
+	// idle limit, or the handler timeout and redeliverySlack if shorter.
+	idle, every                   time.Duration
+	setup, begin, redeliveryBegin string
+	clock                         Clock
+	hooks                         Hooks
+	logger                        *slog.Logger
+	tel                           *telemetry.Subscription
+	childSpans                    bool
 	// eventSpans: a span and a duration record per handler call
 	// (Config.HandlerSpans); otherwise per batch only.
 	eventSpans bool
@@ -576,7 +578,7 @@ func explain(err error, atCommit bool) error {
 // connection, which has no idle_session_timeout.)
 func (t *txProcessor) inBatchTx(ctx context.Context, lease *catchup.Lease, fn func(tx *batchTx) (int64, error)) error {
 	return lease.Do(ctx, func(conn *pgx.Conn) (err error) {
-		tx := &batchTx{ctx: ctx, conn: conn, setup: t.f.setup, idle: t.f.idle, every: t.f.every}
+		tx := &batchTx{ctx: ctx, conn: conn, setup: t.f.setup, beginQuery: t.f.begin, idle: t.f.idle, every: t.f.every}
 		if tx.every > 0 {
 			tx.base = time.Now()
 		}
@@ -688,7 +690,7 @@ func (t *txProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error
 			if err := lease.Commit(ctx, tx, 0); err != nil {
 				return err
 			}
-			if ok, err := lockRedelivery(ctx, tx, t.f, id, false); err != nil || !ok {
+			if ok, err := lockRedelivery(ctx, tx, t.f, id); err != nil || !ok {
 				return err
 			}
 			err := t.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return t.p.Handle(ctx, tx, e) })
@@ -720,20 +722,14 @@ func (t *txProcessor) Redeliver(ctx context.Context, lease *catchup.Lease) error
 // the re-delivery, which it then finds resolved: without it, a Skip
 // while an observer's handler ran succeeded, and the entry stayed
 // "skipped" (resolved without delivery) although its event was delivered.
-// bounded (an observer's re-delivery, whose handler runs while tx waits)
-// sets the transaction's idle_in_transaction_session_timeout to the
-// handler timeout and redeliverySlack (unless the limit in force is
-// shorter: the session's own, or the one BEGIN set), so that a handler that
-// ignores its context and overruns cannot hold the lock for longer: the
-// server ends the session, the transaction rolls back, and the entry is
-// delivered again later.
-func lockRedelivery(ctx context.Context, tx pgx.Tx, f *failures, id int64, bounded bool) (bool, error) {
-	var idle *int64
-	if ms := (f.timeout + redeliverySlack).Milliseconds(); bounded && f.timeout > 0 && ms <= math.MaxInt32 {
-		idle = &ms
-	}
+// An observer's re-delivery, whose handler runs while tx waits, begins tx
+// with a tighter idle limit (failures.redeliveryBegin), so that a handler
+// that ignores its context and overruns cannot hold the lock for longer:
+// the server ends the session, the transaction rolls back, and the entry
+// is delivered again later.
+func lockRedelivery(ctx context.Context, tx pgx.Tx, f *failures, id int64) (bool, error) {
 	var status string
-	err := tx.QueryRow(ctx, f.q["LockRedelivery"], id, idle).Scan(&status)
+	err := tx.QueryRow(ctx, f.q["LockRedelivery"], id).Scan(&status)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		status = "gone"
@@ -749,7 +745,8 @@ func lockRedelivery(ctx context.Context, tx pgx.Tx, f *failures, id int64, bound
 }
 
 // redeliverySlack is how much longer than the handler timeout an observer's
-// re-delivery transaction may wait for its handler (see lockRedelivery).
+// re-delivery transaction may wait for its handler (see lockRedelivery),
+// unless the idle limit is shorter still.
 const redeliverySlack = 5 * time.Second
 
 // resolve marks a re-delivered dead letter resolved; if it is no longer
@@ -1042,7 +1039,7 @@ func (p *observerProcessor) Redeliver(ctx context.Context, lease *catchup.Lease)
 	defer p.f.releaseContext()
 	return redeliver(ctx, p.f, lease, func(e eventstore.Event, id int64) error {
 		return lease.Do(ctx, func(conn *pgx.Conn) error {
-			return p.f.beginFunc(ctx, conn, func(tx pgx.Tx) error {
+			return pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{BeginQuery: p.f.redeliveryBegin}, func(tx pgx.Tx) error {
 				// Fenced like every write, before the handler runs (a fenced
 				// leader delivers nothing): a no-op checkpoint move checks the
 				// epoch. It locks the checkpoint row before the dead letter's,
@@ -1051,7 +1048,7 @@ func (p *observerProcessor) Redeliver(ctx context.Context, lease *catchup.Lease)
 				if err := lease.Commit(ctx, tx, 0); err != nil {
 					return err
 				}
-				if ok, err := lockRedelivery(ctx, tx, p.f, id, true); err != nil || !ok {
+				if ok, err := lockRedelivery(ctx, tx, p.f, id); err != nil || !ok {
 					return err
 				}
 				if err := p.f.deliver(ctx, e, func(ctx context.Context, e eventstore.Event) error { return p.o.Handle(ctx, e) }); err != nil {

@@ -616,14 +616,20 @@ func (r *Runner) failures(name string, o Options) *failures {
 	}
 	sub := telemetry.Subscriber.String(name)
 	idle, every := idleLimit(timeout, r.cfg.Lock), time.Duration(0)
-	if pgtx.IdleSetup(idle) == "" {
+	setup := pgtx.IdleSetup(idle)
+	if setup == "" {
 		idle = 0 // none, or longer than the server takes
 	} else {
 		every = (idle - timeout) / 3 // a third of FreezeTimeout, as a lock pings its session
 	}
+	redelivery := idle
+	if timeout > 0 && (idle == 0 || timeout+redeliverySlack < idle) {
+		redelivery = timeout + redeliverySlack
+	}
 	return &failures{
 		name: name, q: r.fq, retry: policy.withDefaults(), policy: o.OnDeadLetter,
-		timeout: timeout, idle: idle, every: every, setup: pgtx.IdleSetup(idle), begin: pgtx.BeginIdle(idle), clock: r.cfg.Clock, hooks: r.cfg.Hooks, logger: r.cfg.Logger,
+		timeout: timeout, idle: idle, every: every, setup: setup, begin: pgtx.BeginIdle(idle), redeliveryBegin: pgtx.BeginIdle(redelivery),
+		clock: r.cfg.Clock, hooks: r.cfg.Hooks, logger: r.cfg.Logger,
 		tel: r.tel, childSpans: r.cfg.HandlerSpanParent, eventSpans: r.cfg.HandlerSpans, registry: r.cfg.Registry, attempts: map[uuid.UUID]int{},
 		subAttrs: metric.WithAttributes(sub),
 		okAttrs:  metric.WithAttributes(sub, telemetry.Outcome.String("ok")),
