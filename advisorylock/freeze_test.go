@@ -15,7 +15,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -128,17 +127,7 @@ func TestFrozenHolderIsEvicted(t *testing.T) {
 		t.Fatalf("Take of the child's keys while it runs = %v, %v; want none", won, err)
 	}
 
-	if err := syscall.Kill(c.PID(), syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	stopped := time.Now()
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			_ = syscall.Kill(c.PID(), syscall.SIGCONT)
-		}
-	}
+	stopped, resume := c.Freeze()
 	defer resume()
 
 	// The standby here takes each key once the server has ended the

@@ -6,7 +6,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -38,7 +37,7 @@ func TestFrozenLeaderIsTakenOver(t *testing.T) {
 
 	before := f.checkpoint()
 	byLeader := f.appliedBy(leader.ID)
-	stopped, resume := f.freeze(leader)
+	stopped, resume := leader.Freeze()
 	f.appendEvents(100) // for the new leader
 
 	cp := f.waitTakenOver(before, standby, stopped, freeze)
@@ -123,7 +122,7 @@ func TestLeaderFrozenMidBatchIsTakenOver(t *testing.T) {
 	}); !ok {
 		t.Fatalf("the leader has no batch idle in a transaction that wrote within 10s; it is %s", leader.State())
 	}
-	stopped, resume := f.freeze(leader)
+	stopped, resume := leader.Freeze()
 	if n := f.queryInt(`SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'idle in transaction'`, frozenPID); n != 1 {
 		t.Fatalf("the leader's batch was no longer idle in its transaction when the leader was stopped (the pause is %v); rerun", pause)
 	}
@@ -204,20 +203,6 @@ func (f *fleet) standbyInParent(standby string, freeze time.Duration) {
 	}); !ok {
 		t.Fatal("the runner in this process has no lock session polling within 20s")
 	}
-}
-
-// freeze stops c with SIGSTOP and returns when, and a func that resumes it
-// (SIGCONT), at most once; the test's end resumes it too.
-func (f *fleet) freeze(c *childproc.Child) (time.Time, func()) {
-	f.t.Helper()
-	if err := syscall.Kill(c.PID(), syscall.SIGSTOP); err != nil {
-		f.t.Fatal(err)
-	}
-	stopped := time.Now()
-	var once sync.Once
-	resume := func() { once.Do(func() { _ = syscall.Kill(c.PID(), syscall.SIGCONT) }) }
-	f.t.Cleanup(resume)
-	return stopped, resume
 }
 
 // waitTakenOver waits until standby has claimed the partition at an epoch

@@ -676,15 +676,8 @@ func (c *chaos) freeze() {
 	}
 	before := c.queryInt(`SELECT epoch FROM annals.checkpoints WHERE subscriber_id = 'counter' AND partition = $1`, part)
 
-	if err := syscall.Kill(x.child.PID(), syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	stopped := true
-	defer func() {
-		if stopped {
-			_ = syscall.Kill(x.child.PID(), syscall.SIGCONT)
-		}
-	}()
+	_, resume := x.child.Freeze()
+	defer resume()
 	start := time.Now()
 	if n := c.queryInt(`
 		SELECT count(pg_terminate_backend(pid)) FROM (
@@ -715,10 +708,7 @@ func (c *chaos) freeze() {
 	}); !ok {
 		t.Fatalf("%s's batch of %s neither waits for the frozen batch nor committed", taker, gated)
 	}
-	if err := syscall.Kill(x.child.PID(), syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	stopped = false
+	resume()
 	if _, ok := eventually(20*time.Second, func() bool {
 		return c.queryInt(`SELECT count(*) FROM counted WHERE stream_id = $1`, gated) > 0
 	}); !ok {
