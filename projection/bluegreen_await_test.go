@@ -17,6 +17,7 @@ import (
 // and a wait that a cut-over interrupts follows readers to the new
 // generation.
 func TestBlueGreenAwait(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}

@@ -43,6 +43,7 @@ func (b *beforeQuery) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEn
 // longer live. A tracer on the Awaiter's pool runs the rollback just
 // before the checkpoints' read, so the race is hit every time.
 func TestBlueGreenAwaitRollbackBetweenReads(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}
@@ -100,6 +101,7 @@ func TestBlueGreenAwaitRollbackBetweenReads(t *testing.T) {
 // (between its read of the live generation and of its checkpoints) has
 // made g1 live, which may apply the event; it waits for g1.
 func TestBlueGreenAwaitRollbackDeadLetter(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}

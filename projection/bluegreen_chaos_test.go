@@ -401,6 +401,7 @@ func (c *bgcChaos) exact(gen int) int64 {
 // that TestBlueGreenAwaitRollbackBetweenReads pins was found reading the
 // code for this test; the test itself seldom hits it.)
 func TestBlueGreenChaos(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	seed := time.Now().UnixNano()

@@ -55,6 +55,7 @@ func (c *cutOnCommitAfter) TraceQueryEnd(_ context.Context, conn *pgx.Conn, d pg
 // it again, and so build a generation 3 of the same version (after which a
 // rollback goes to generation 2, not to version 1).
 func TestBlueGreenCutoverCommitLost(t *testing.T) {
+	t.Parallel()
 	cutoverCommitLost(t, 0)
 }
 
@@ -67,6 +68,7 @@ func TestBlueGreenCutoverCommitLost(t *testing.T) {
 // holds until it ends on the server. The backend is the test cluster's,
 // on this machine (as the crash tests stop PostgreSQL's processes).
 func TestBlueGreenCutoverCommitLostBeforeTheServerCommits(t *testing.T) {
+	t.Parallel()
 	cutoverCommitLost(t, 500*time.Millisecond)
 }
 

@@ -70,6 +70,7 @@ func unresolved(t *testing.T, db *annalstest.DB, gen int) int {
 // logs why; after dlq retry (the handler fixed) the events are re-delivered
 // and it cuts over to a complete read model.
 func TestBlueGreenCutoverWaitsForDeadLetters(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}
@@ -121,6 +122,7 @@ func TestBlueGreenCutoverWaitsForDeadLetters(t *testing.T) {
 // operator's dlq skip (a deliberate choice to do without those events)
 // lets it cut over.
 func TestBlueGreenRebuildWaitsForDeadLetters(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}

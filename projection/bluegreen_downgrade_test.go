@@ -105,6 +105,7 @@ func stoppedReason(t *testing.T, db *annalstest.DB, sub string) (string, int) {
 // but retire it, with a warning, and run nothing; version 3 keeps the read
 // model up to date.
 func TestBlueGreenOlderVersionNeverCutsOverNewer(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}
@@ -174,6 +175,7 @@ func TestBlueGreenOlderVersionNeverCutsOverNewer(t *testing.T) {
 // a RebuildBlueGreen of version 2 started after that is refused at once,
 // setting up nothing.
 func TestBlueGreenRebuildOfOlderVersionRefused(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}

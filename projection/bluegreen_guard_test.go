@@ -55,6 +55,7 @@ func generationCount(t *testing.T, db *annalstest.DB) int {
 // NewLayout itself is refused for a blue/green projection. The same layout
 // still rebuilds.
 func TestBlueGreenRebuildRefusesLayoutWithoutVersion(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}
@@ -110,6 +111,7 @@ func TestBlueGreenRebuildRefusesLayoutWithoutVersion(t *testing.T) {
 // projection, instead of fencing the first one's partitions halfway; the
 // first cuts over.
 func TestBlueGreenRebuildConcurrentRefused(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}
@@ -178,6 +180,7 @@ func terminateLockHolder(t *testing.T, db *annalstest.DB, key string) {
 // says that the rebuild lock was lost and why, not only the "context
 // canceled" of the replay it stopped; both still match.
 func TestRebuildLostLockSaysSo(t *testing.T) {
+	t.Parallel()
 	check := func(t *testing.T, err error) {
 		t.Helper()
 		if err == nil {
@@ -226,6 +229,7 @@ func TestRebuildLostLockSaysSo(t *testing.T) {
 // progress starts there and ends at 100% (Done == Total), with no ETA once
 // finished.
 func TestBlueGreenResumedProgress(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}

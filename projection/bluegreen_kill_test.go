@@ -136,6 +136,7 @@ func checkpointOf(t *testing.T, db *annalstest.DB, sub string) int64 {
 // see version 1), and the rebuild run again continues generation 2 from its
 // checkpoint and cuts over. Both generations hold every event exactly once.
 func TestBlueGreenKilled(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}

@@ -19,6 +19,7 @@ import (
 // and the advice that fits blue/green (raise the version), instead of Run
 // running nothing and returning nil when it ends.
 func TestBlueGreenLayoutChangedSameVersion(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}

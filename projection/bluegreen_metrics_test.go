@@ -15,6 +15,7 @@ import (
 // TestBlueGreenMetrics: the leadership and lag of a generation's subscriber
 // are reported under its own name (bgstats#g1).
 func TestBlueGreenMetrics(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	log := &bgLog{db: db}
 	if err := log.add(t.Context(), 5, 10); err != nil {

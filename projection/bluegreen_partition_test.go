@@ -22,6 +22,7 @@ import (
 // several partitions at once.) Every event fails its handler once, so each
 // becomes a dead letter that records the partition that handled it.
 func TestBlueGreenPartitionBy(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	schema := pgx.Identifier{db.Schema}.Sanitize()
@@ -96,6 +97,7 @@ func TestBlueGreenPartitionBy(t *testing.T) {
 // version keep running the live generation with its own; the cut-over
 // gives readers a complete model of the new version.
 func TestBlueGreenNewPartitionCount(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}

@@ -367,6 +367,7 @@ func TestBlueGreenReadReplica(t *testing.T) {
 // round replays from it. The primary still has every event: the rebuild
 // finishes from it rather than retry the dead replica until ctx ends.
 func TestBlueGreenReadPoolGoneMidReplay(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}

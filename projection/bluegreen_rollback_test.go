@@ -51,6 +51,7 @@ func replacedOf(t *testing.T, db *annalstest.DB, gen int) int {
 // not to g2, the generation rolled back from; and from g1, which replaced
 // nothing, there is no rollback.
 func TestRollbackGoesToWhatTheCutoverReplaced(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}
@@ -94,6 +95,7 @@ func TestRollbackGoesToWhatTheCutoverReplaced(t *testing.T) {
 // dropped; the rollback fails with ErrNoRollback and does not fall back to
 // another retired generation.
 func TestRollbackReplacedDropped(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}
@@ -120,6 +122,7 @@ func TestRollbackReplacedDropped(t *testing.T) {
 // 0030 (replaced NULL) rolls back by the earlier rule, to the retired
 // generation with the highest number below it.
 func TestRollbackWithoutReplaced(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}
@@ -144,6 +147,7 @@ func TestRollbackWithoutReplaced(t *testing.T) {
 // went live before migration 0039 recorded the first time (its
 // first_live_since NULL) keeps the time it had the same way.
 func TestRollbackKeepsFirstLiveTime(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}
@@ -182,6 +186,7 @@ func TestRollbackKeepsFirstLiveTime(t *testing.T) {
 // with the generation it rolled back from refuses with ErrNotLive and
 // changes nothing.
 func TestRollbackFrom(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}

@@ -129,6 +129,7 @@ func exactThroughCheckpoints(t *testing.T, db *annalstest.DB, table, sub string,
 // live read model stood still for good. The rebuild must cut over, the old
 // generation stop exactly there, and both hold each event once.
 func TestBlueGreenCutoverSharesPoolWithLiveLeaders(t *testing.T) {
+	t.Parallel()
 	cutoverBesideLiveLeaders(t, 1)
 }
 
@@ -140,6 +141,7 @@ func TestBlueGreenCutoverSharesPoolWithLiveLeaders(t *testing.T) {
 // off the pool while the cut-over holds their checkpoints, not left to
 // block on them, a connection each).
 func TestBlueGreenCutoverOfNewVersionSharesPoolWithLiveLeaders(t *testing.T) {
+	t.Parallel()
 	cutoverBesideLiveLeaders(t, 2)
 }
 

@@ -144,6 +144,7 @@ func scopedName(schema string, gen int) string {
 // over, rolls back and drops its own generations, and the other's readers
 // and schemas are untouched at every step.
 func TestBlueGreenTwoAnnalsSchemas(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ a, b string }{
 		{"annals", "tenant_b"},
 		{"tenant_a", `Tenant "B"`},

@@ -84,6 +84,10 @@ func appendSteadily(t *testing.T, log *bgLog, per int, interval time.Duration) (
 // ErrCutoverBehind. The rebuild now catches up outside the cut-over until
 // what is left fits the timeout at the pace it measured, and the deadline
 // stops the catch-up between batches.
+//
+// Not parallel: the rebuild must outpace the writer, and its pace is
+// measured; beside other tests of the package on a loaded 2-core machine
+// it took up to 74 s instead of 15.
 func TestBlueGreenRebuildWithSlowHandlerCutsOver(t *testing.T) {
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()

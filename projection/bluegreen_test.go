@@ -273,6 +273,7 @@ func state(t *testing.T, db *annalstest.DB, gen int) projection.GenerationState 
 // back, and after the cut-over the reader sees version 2. Then a rollback
 // brings version 1 back, caught up by its runner.
 func TestBlueGreenReaderNeverSeesPartialState(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}
@@ -478,6 +479,7 @@ func headOf(t *testing.T, db *annalstest.DB) int64 {
 // generation 1, and version 2 then follows the log live. Each generation
 // holds every event exactly once.
 func TestBlueGreenAutoRebuild(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	log := &bgLog{db: db}
@@ -528,6 +530,7 @@ func TestBlueGreenAutoRebuild(t *testing.T) {
 
 // TestBlueGreenBadInput: mistakes are reported and change nothing.
 func TestBlueGreenBadInput(t *testing.T) {
+	t.Parallel()
 	db := annalstest.NewDB(t, nil)
 	ctx := t.Context()
 	r, err := projection.NewRunner(db.Pool, nil)

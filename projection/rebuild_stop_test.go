@@ -32,6 +32,7 @@ func (p *rbFailing) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) e
 // partition's replay waits for an operator's dlq retry or skip, not that a
 // live instance continues it (none does until then).
 func TestRebuildStoppedByDeadLetterSaysWhatIsTrue(t *testing.T) {
+	t.Parallel()
 	h := newRBHarness(t)
 	h.fill(20, 5)
 	p := &rbFailing{rbProjection: &rbProjection{name: "stopper", writer: "rebuild"}, failAt: 5}

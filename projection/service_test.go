@@ -32,6 +32,7 @@ type funcService func(ctx context.Context) error
 func (f funcService) Run(ctx context.Context) error { return f(ctx) }
 
 func TestServiceRunsBesideSubscribers(t *testing.T) {
+	t.Parallel()
 	h := newLiveHarness(t)
 	r, err := projection.NewRunner(h.pool, testConfig(50*time.Millisecond))
 	if err != nil {
