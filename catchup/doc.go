@@ -304,7 +304,10 @@
 // per holder (backend pid) and subscriber, naming every partition of the
 // subscriber the last look found that pid holding for no live instance
 // (partition, the lowest; partitions, their number; partition_list, the
-// first eight), at most once a minute per holder, whatever the number of
+// first eight; a look at a holder takes in every partition of the
+// subscriber it is seen holding, also those whose run is younger than
+// HolderWarnAfter, as a runner's partitions may start waiting a poll or
+// two apart), at most once a minute per holder, whatever the number of
 // partitions (a dead runner's pooler session holding 64 partitions made
 // 64 WARNs a minute on every standby when it was per partition); looks
 // within the minute say it at debug level. An INFO per holder, naming

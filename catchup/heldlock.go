@@ -188,10 +188,40 @@ func (s *sessions) watchHeld(ctx context.Context, sb *advisorylock.Standby, st s
 			due = append(due, k)
 		}
 	}
+	due = append(due, sameHolder(s.heldBy, hs.now, due, now, after)...)
 	infos.log(ctx, log)
 	if len(due) > 0 {
 		s.checkHeld(ctx, sb, due, now)
 	}
+}
+
+// sameHolder returns the partitions held now (held) that are not due but
+// whose holder, a known pid, holds a due partition of the same subscriber,
+// unless looked at within after: a look at a holder takes in every
+// partition of the subscriber it is seen holding, so that its WARN names
+// them all. Their runs may be younger than after: a runner's partitions
+// start waiting one by one, and on a loaded machine a poll or two apart,
+// which made the WARN name some of a holder's partitions and the INFO at
+// its end only those.
+func sameHolder(runs map[string]*heldRun, held map[string]int32, due []string, now time.Time, after time.Duration) []string {
+	if len(due) == 0 || len(due) == len(held) {
+		return nil
+	}
+	holders := make(map[heldHolder]bool, len(due))
+	for _, k := range due {
+		if r := runs[k]; r.pid != 0 {
+			holders[heldHolder{r.sub.Name, r.pid}] = true
+		}
+	}
+	var more []string
+	for k := range held {
+		r := runs[k]
+		if slices.Contains(due, k) || r.pid == 0 || now.Sub(r.checked) < after || !holders[heldHolder{r.sub.Name, r.pid}] {
+			continue
+		}
+		more = append(more, k)
+	}
+	return more
 }
 
 // checkHeld looks, in one statement on the lock session, at the holders of
