@@ -11,8 +11,9 @@ GO          ?= go
 ANNALS      := $(GO) run ./cmd/annals
 # -parallel 4: most tests wait (for a lock's timeout, a poll, a child
 # process), not compute; at the default (GOMAXPROCS, 2 here) the whole run
-# used under one core of two and took 8 min of go test on a fast day, 4.9
-# min at 4. Tests that measure a pace stay serial (see
+# used under one core of two and its go test ./... took 8 min on a fast
+# day, 4.9 min at 4 (make test, with vet, the cluster and bench/peers:
+# 6.3 min). Tests that measure a pace stay serial (see
 # projection/bluegreen_slowcutover_test.go).
 TEST_FLAGS  ?= -race -count=1 -parallel 4 -timeout 30m
 BENCH_FLAGS ?=

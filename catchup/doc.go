@@ -304,14 +304,17 @@
 // per holder (backend pid) and subscriber, naming every partition of the
 // subscriber the last look found that pid holding for no live instance
 // (partition, the lowest; partitions, their number; partition_list, the
-// first eight; a look at a holder takes in every partition of the
-// subscriber it is seen holding, also those whose run is younger than
-// HolderWarnAfter, as a runner's partitions may start waiting a poll or
-// two apart), at most once a minute per holder, whatever the number of
+// first eight), at most once a minute per holder, whatever the number of
 // partitions (a dead runner's pooler session holding 64 partitions made
 // 64 WARNs a minute on every standby when it was per partition); looks
 // within the minute say it at debug level. An INFO per holder, naming
 // the partitions that cleared together, follows once the runs end.
+// A look that a partition's run past HolderWarnAfter causes also takes in
+// the younger runs of balanced partitions of the subscriber held by the
+// same pid (a runner's partitions may start waiting a poll or two apart);
+// found unlisted, they are named in that WARN, but cause none of their
+// own before their run is due (a live leader that has just taken one has
+// not listed it in its heartbeat yet).
 // The holder of an unbalanced partition is learnt at the first look, so
 // its WARN waits for a second look to find the same pid (and a balanced
 // one's whose pid changed starts over: a handover between live

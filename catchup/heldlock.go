@@ -31,8 +31,9 @@ const heldListMax = 8
 // always) held by another session: the input of Config.HolderWarnAfter. A
 // healthy fleet has none for long: a member owed a partition gets it
 // within a poll or two of a handover, so the statement that looks at the
-// holder (HeldLocks) runs only for runs past HolderWarnAfter, at most once
-// per HolderWarnAfter per run.
+// holder (HeldLocks) runs only once a run is past HolderWarnAfter, at most
+// once per HolderWarnAfter per run (younger runs of the same holder join
+// it: sameHolder).
 type heldRun struct {
 	sub     *Subscription
 	since   time.Time // first seen held
@@ -144,7 +145,8 @@ func partitionAttrs(parts []int) []any {
 // watchHeld ends the runs of the partitions that this poll did not find
 // held (an INFO per holder for those that had been warned of), starts or
 // continues the others, and looks at the holders of those held past
-// Config.HolderWarnAfter that have not been looked at for as long.
+// Config.HolderWarnAfter that have not been looked at for as long (and at
+// the holder's other partitions of the subscriber: sameHolder).
 func (s *sessions) watchHeld(ctx context.Context, sb *advisorylock.Standby, st state, hs heldSeen) {
 	if !hs.on || (len(hs.now) == 0 && len(s.heldBy) == 0 && len(s.heldWarned) == 0) {
 		return // nothing held, nothing to end
@@ -188,27 +190,31 @@ func (s *sessions) watchHeld(ctx context.Context, sb *advisorylock.Standby, st s
 			due = append(due, k)
 		}
 	}
-	due = append(due, sameHolder(s.heldBy, hs.now, due, now, after)...)
+	joined := sameHolder(s.heldBy, hs.now, due, now, after)
 	infos.log(ctx, log)
 	if len(due) > 0 {
-		s.checkHeld(ctx, sb, due, now)
+		s.checkHeld(ctx, sb, due, joined, now)
 	}
 }
 
 // sameHolder returns the partitions held now (held) that are not due but
 // whose holder, a known pid, holds a due partition of the same subscriber,
-// unless looked at within after: a look at a holder takes in every
-// partition of the subscriber it is seen holding, so that its WARN names
-// them all. Their runs may be younger than after: a runner's partitions
-// start waiting one by one, and on a loaded machine a poll or two apart,
-// which made the WARN name some of a holder's partitions and the INFO at
-// its end only those.
+// unless looked at within after. They join the look at that holder
+// (checkHeld), so that its WARN names them too: a runner's partitions
+// start waiting one by one, on a loaded machine a poll or two apart, and
+// the WARN named some of a holder's partitions and the INFO at its end
+// only those. Their runs may be younger than after, so they only join:
+// found unlisted, they are named in a WARN that a due partition caused,
+// and cause none themselves (a live leader that has just taken one has
+// not listed it in its heartbeat yet).
 func sameHolder(runs map[string]*heldRun, held map[string]int32, due []string, now time.Time, after time.Duration) []string {
 	if len(due) == 0 || len(due) == len(held) {
 		return nil
 	}
+	isDue := make(map[string]bool, len(due))
 	holders := make(map[heldHolder]bool, len(due))
 	for _, k := range due {
+		isDue[k] = true
 		if r := runs[k]; r.pid != 0 {
 			holders[heldHolder{r.sub.Name, r.pid}] = true
 		}
@@ -216,7 +222,7 @@ func sameHolder(runs map[string]*heldRun, held map[string]int32, due []string, n
 	var more []string
 	for k := range held {
 		r := runs[k]
-		if slices.Contains(due, k) || r.pid == 0 || now.Sub(r.checked) < after || !holders[heldHolder{r.sub.Name, r.pid}] {
+		if isDue[k] || r.pid == 0 || now.Sub(r.checked) < after || !holders[heldHolder{r.sub.Name, r.pid}] {
 			continue
 		}
 		more = append(more, k)
@@ -225,9 +231,13 @@ func sameHolder(runs map[string]*heldRun, held map[string]int32, due []string, n
 }
 
 // checkHeld looks, in one statement on the lock session, at the holders of
-// the partitions due, and logs those that no live instance lists: one WARN
-// per holder and subscriber, naming all its partitions found so.
-func (s *sessions) checkHeld(ctx context.Context, sb *advisorylock.Standby, due []string, now time.Time) {
+// the partitions due and of those joining them (sameHolder), and logs
+// those that no live instance lists: one WARN per holder and subscriber
+// that a due partition was found held by, naming all its partitions found
+// so.
+func (s *sessions) checkHeld(ctx context.Context, sb *advisorylock.Standby, due, joined []string, now time.Time) {
+	nDue := len(due)
+	due = append(due[:nDue:nDue], joined...)
 	n := len(due)
 	subs, parts := make([]string, n), make([]int32, n)
 	k1, k2, r1, r2 := make([]int32, n), make([]int32, n), make([]*int32, n), make([]*int32, n)
@@ -319,9 +329,16 @@ func (s *sessions) checkHeld(ctx context.Context, sb *advisorylock.Standby, due 
 				r.idle = &d
 			}
 			r.act = activityAttrs(x.user, x.app, x.addr, x.state, x.backendStart, x.stateChange)
-			if h := (heldHolder{r.sub.Name, r.pid}); !slices.Contains(found, h) {
+			if h := (heldHolder{r.sub.Name, r.pid}); int(x.i) <= nDue && !slices.Contains(found, h) {
 				found = append(found, h)
 			}
+		}
+	}
+	for _, k := range due[nDue:] {
+		// A joining partition whose holder no due one was found held by:
+		// not foreign until its own run is due.
+		if r := s.heldBy[k]; r.foreign && !slices.Contains(found, heldHolder{r.sub.Name, r.pid}) {
+			r.foreign = false
 		}
 	}
 	infos.log(ctx, log)

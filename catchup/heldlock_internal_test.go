@@ -6,12 +6,13 @@ import (
 	"time"
 )
 
-// A look at a holder takes in every partition of the subscriber that the
-// same pid is seen holding, young runs too (a runner's partitions start
-// waiting a poll or two apart on a loaded machine): the WARN then names
-// them all, and so does the INFO at their end. Not those of another
-// subscriber or another pid, not those whose holder is unknown yet, and
-// not those looked at within HolderWarnAfter.
+// The partitions that join a look at a holder (sameHolder): those of the
+// subscriber that the same pid is seen holding, young runs too (a
+// runner's partitions start waiting a poll or two apart on a loaded
+// machine); not those of another subscriber or another pid, not those
+// whose holder is unknown yet, and not those looked at within
+// HolderWarnAfter. (That the WARN then names them all is
+// projection.TestStandbyWarnsOncePerHolder's.)
 func TestSameHolderJoinsTheLook(t *testing.T) {
 	now := time.Now()
 	const after = 200 * time.Millisecond

@@ -156,7 +156,8 @@ SELECT k.i, l.granted, l.pid
 
 -- name: HeldLocks
 -- Who holds the locks of the partitions a standby has found held by another
--- session for long (heldRun in standby.go): run only then, never per poll.
+-- session for long (heldRun in heldlock.go), and of that holder's other
+-- partitions of the subscriber: run only then, never per poll.
 -- $1 subscribers, $2 partitions, $3 and $4 the partitions' two-int4 lock
 -- keys, $5 and $6 the keys of the lock a rebuild of each subscriber holds
 -- for its whole run (NULL: none), $7 the staleness threshold in

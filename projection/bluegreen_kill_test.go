@@ -176,7 +176,7 @@ func TestBlueGreenKilled(t *testing.T) {
 	annalstest.WaitForErr(t, 60*time.Second, func() error {
 		var waiting bool
 		err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE application_name = 'bg-cutover' AND wait_event_type = 'Lock' AND query LIKE '%read_model_swap_views%')`).Scan(&waiting)
+			WHERE datname = current_database() AND application_name = 'bg-cutover' AND wait_event_type = 'Lock' AND query LIKE '%read_model_swap_views%')`).Scan(&waiting)
 		if err == nil && !waiting {
 			if !child.Alive() {
 				t.Fatalf("the child exited before its cut-over waited:\n%s", childproc.Tail(child.Log(), 4000))
@@ -193,7 +193,7 @@ func TestBlueGreenKilled(t *testing.T) {
 	// no client and rolls back.
 	annalstest.WaitForErr(t, 30*time.Second, func() error {
 		var n int
-		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'bg-cutover'`).Scan(&n); err != nil {
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'bg-cutover'`).Scan(&n); err != nil {
 			return err
 		}
 		if n > 0 {

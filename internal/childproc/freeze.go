@@ -1,6 +1,8 @@
 package childproc
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -25,55 +27,68 @@ import (
 func (c *Child) Freeze() (sent time.Time, resume func()) {
 	c.t.Helper()
 	pid := c.PID()
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+	// Through os.Process (a pidfd): never a process that reused the pid.
+	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		c.t.Fatalf("SIGSTOP child %s: %v (%s)", c.ID, err, c.State())
 	}
 	sent = time.Now()
 	var once sync.Once
-	resume = func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
+	resume = func() { once.Do(func() { _ = c.cmd.Process.Signal(syscall.SIGCONT) }) }
 	c.t.Cleanup(resume)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		running, err := runningThreads(pid)
-		if err == nil && running == 0 {
-			return sent, resume
-		}
+		running, stopped, err := threadStates(pid)
 		if !c.Alive() {
 			c.t.Fatalf("child %s exited while being stopped: %s", c.ID, c.State())
 		}
+		if err == nil && running == 0 && stopped > 0 {
+			return sent, resume
+		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("child %s (pid %d): %d thread(s) not stopped 10s after SIGSTOP (%v)", c.ID, pid, running, err)
+			c.t.Fatalf("child %s (pid %d): %d thread(s) running, %d stopped 10s after SIGSTOP (/proc: %v)", c.ID, pid, running, stopped, err)
 		}
 		time.Sleep(time.Millisecond)
 	}
 }
 
-// runningThreads counts the threads of process pid that are not stopped
-// (state T, or t when traced, in /proc/PID/task/TID/stat).
-func runningThreads(pid int) (int, error) {
+// threadStates counts the threads of process pid that run (or may: any
+// state but stopped, zombie or dead) and those stopped (state T, or t when
+// traced), from /proc/PID/task/TID/stat. A thread that exits meanwhile is
+// not counted.
+func threadStates(pid int) (running, stopped int, err error) {
 	dir := filepath.Join("/proc", strconv.Itoa(pid), "task")
 	tasks, err := os.ReadDir(dir)
 	if err != nil {
-		return -1, err
+		return 0, 0, err
 	}
-	running := 0
 	for _, task := range tasks {
 		b, err := os.ReadFile(filepath.Join(dir, task.Name(), "stat"))
 		if err != nil {
-			if os.IsNotExist(err) {
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
 				continue // the thread exited
 			}
-			return -1, err
+			return 0, 0, err
 		}
-		// "tid (comm) S ...": comm may hold spaces and parentheses.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 || i+2 >= len(s) {
-			return -1, os.ErrInvalid
-		}
-		if st := s[i+2]; st != 'T' && st != 't' {
+		switch threadState(string(b)) {
+		case 'T', 't':
+			stopped++
+		case 'Z', 'X':
+		case 0:
+			return 0, 0, errors.New("childproc: unexpected " + filepath.Join(dir, task.Name(), "stat"))
+		default:
 			running++
 		}
 	}
-	return running, nil
+	return running, stopped, nil
+}
+
+// threadState is the state letter of a /proc/PID/task/TID/stat line,
+// "tid (comm) S ..." (comm may hold spaces and parentheses), or 0 when
+// the line has none.
+func threadState(stat string) byte {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 || i+2 >= len(stat) || stat[i+1] != ' ' {
+		return 0
+	}
+	return stat[i+2]
 }
