@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/cockroachdb/errors"
@@ -114,10 +115,11 @@ func TestInputRulesCheaperFormsAgree(t *testing.T) {
 		str(`"s"`), str("1"), str(" x{"), str("é{}"), str(`{"é": "ü"}`), str(`{"a": "\u0000"}`),
 		str(`{"a": "\\u0041"}`), str(`{"a": "\n"}`), str(`{"a": "\\"}`), str(`{"a": "\ud800"}`),
 		str(`{"$personal": {"n": 1e99999}}`), str(`{"$personal": {"n": 1}}`), str(`\u`), str(`\`),
-		str(`{"a": 1} `), str("{"), str("\u3000{}")}
+		str(`{"a": 1} `), str("{"), str("\u3000{}"), str(`{"a": "\u00e9"}`), str(`{"$personal": "\u00e9"}`)}
 	types := []*string{nil, str("t"), str(""), str(" "), str("$stream.deleted"), str("é"), str("order.placed")}
 	metas := []*string{nil, str(""), str("{}"), str(" {}"), str("[]"), str(" []"), str("x"), str(`{"a": "\u0000"}`),
-		str(`{"a": "\\u0041"}`), str(`{"a": "\n"}`), str(`{"correlation_id": "c"}`), str("\u3000{}"), str(`{"a": "\ud800"}`)}
+		str(`{"a": "\\u0041"}`), str(`{"a": "\n"}`), str(`{"correlation_id": "c"}`), str("\u3000{}"), str(`{"a": "\ud800"}`),
+		str("{"), str("{x"), str(" {x"), str(`{"a": "\u00e9"}`), str(`{"correlation_id": 7}`)}
 
 	// answer evaluates expr over (ty, d, m) in a statement of its own: its
 	// result, or the SQLSTATE it failed with.
@@ -142,11 +144,14 @@ func TestInputRulesCheaperFormsAgree(t *testing.T) {
 		}
 		return fmt.Sprintf("%q", *p)
 	}
-	compared, failed := 0, 0
+	compared, failed, errorsSeen := 0, 0, 0
 	check := func(ty, d, m *string) {
 		compared++
 		for _, pair := range [][2]string{{oldBad, newBad}, {oldUnstorable, newUnstorable}} {
 			was, is := answer(pair[0], ty, d, m), answer(pair[1], ty, d, m)
+			if strings.HasPrefix(was, "error") {
+				errorsSeen++
+			}
 			if was != is {
 				failed++
 				t.Errorf("type %s, data %s, metadata %s: 0032's form answers %s, 0045's %s (%s)",
@@ -174,8 +179,11 @@ func TestInputRulesCheaperFormsAgree(t *testing.T) {
 			accepted++
 		}
 	}
+	if errorsSeen == 0 {
+		t.Fatal("no input made 0032's form fail: the comparison of failures is empty")
+	}
 	if refused == 0 || accepted == 0 {
 		t.Fatalf("inputs refused %d, accepted %d: want both", refused, accepted)
 	}
-	t.Logf("%d inputs compared, %d disagreements", compared, failed)
+	t.Logf("%d inputs compared (%d answers were failures), %d disagreements", compared, errorsSeen, failed)
 }

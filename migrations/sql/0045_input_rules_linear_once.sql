@@ -24,10 +24,12 @@
 -- answers as the old one for every text, NULL included:
 -- migrations/TestInputRulesCheaperFormsAgree), and they stay one expression
 -- each, so PostgreSQL still inlines them (migrations/TestInputRulesInlined).
--- Measured: event_input_bad over 200,000 200-byte payloads, 1.97 -> 0.9 µs
--- an event (docs/benchmarks.md, "Third 2026-12-01 session"). Signatures,
--- owner and grants are kept (CREATE OR REPLACE); every name the bodies call
--- is one pg_catalog matches exactly (see 0042).
+-- Measured: event_input_bad over 200,000 200-byte payloads, 2.5-2.7 ->
+-- 1.2-1.3 µs an event (docs/benchmarks.md, "Third 2026-12-01 session").
+-- Signatures, owner and grants are kept (CREATE OR REPLACE; a schema that a
+-- build of 0032 without data_unstorable migrated gets it created here, with
+-- the rights 0032 gives it); every name the bodies call is one pg_catalog
+-- matches exactly (see 0042).
 
 -- data_unstorable as in 0032, the \u search behind a backslash's.
 CREATE OR REPLACE FUNCTION {{.Schema}}.data_unstorable(p_data text)
